@@ -1,0 +1,29 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// openStore opens the store a --store URL names. Each store package adds
+// its scheme here.
+func openStore(ctx context.Context, url string) (drip.Store, func(), error) {
+	switch {
+	case url == "" || url == "memory" || strings.HasPrefix(url, "memory:"):
+		s := memstore.New()
+		return s, func() { s.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://... or redis://...", url)
+}
+
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}

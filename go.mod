@@ -1,0 +1,3 @@
+module github.com/driplimit/drip
+
+go 1.26

@@ -1,0 +1,43 @@
+package drip
+
+import (
+	"hash/fnv"
+	"math"
+	"time"
+)
+
+// JitterFraction returns a number in [0, 1) fixed by identity: the same
+// identity always gets the same fraction, different identities spread
+// evenly.
+func JitterFraction(identity string) float64 {
+	h := fnv.New64a()
+	h.Write([]byte(identity))
+	// Mix the bits (splitmix64's finalizer) so that similar identities
+	// land far apart.
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return float64(x>>11) / (1 << 53)
+}
+
+// Jitter returns d stretched by up to frac of itself, deterministically per
+// identity: d * (1 + frac*JitterFraction(identity)). Spreading the retries of
+// clients that hit a limit at once avoids a thundering herd, while the same
+// client always hears the same answer.
+func Jitter(identity string, d time.Duration, frac float64) time.Duration {
+	return d + time.Duration(float64(d)*frac*JitterFraction(identity))
+}
+
+// RetryAfterSeconds is the value of a Retry-After header for a wait of d:
+// ceil(d) whole seconds plus a jitter of up to frac of it (SPEC 3 uses 0.5),
+// rounded up. It is at least 1 for any positive d, and 0 for d <= 0.
+func RetryAfterSeconds(identity string, d time.Duration, frac float64) int64 {
+	if d <= 0 {
+		return 0
+	}
+	raw := math.Ceil(d.Seconds())
+	return int64(math.Ceil(raw * (1 + frac*JitterFraction(identity))))
+}

@@ -1,0 +1,154 @@
+package drip
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// The JSON shapes of SPEC 2, shared by drip replay, the decision API and
+// the rules file: times are seconds as numbers, a period is a Go duration
+// string ("10s") or a number of seconds.
+
+type limitJSON struct {
+	Algorithm   Algorithm `json:"algorithm,omitempty"`
+	Rate        float64   `json:"rate"`
+	Period      Seconds   `json:"period,omitempty"`
+	Burst       float64   `json:"burst,omitempty"`
+	Refill      Refill    `json:"refill,omitempty"`
+	Start       *Seconds  `json:"start,omitempty"`
+	MaxReserved float64   `json:"max_reserved,omitempty"`
+}
+
+// MarshalJSON encodes l as {"rate": 10, "period": "1s", ...}.
+func (l Limit) MarshalJSON() ([]byte, error) {
+	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Period: Seconds(l.Period), Burst: l.Burst, Refill: l.Refill, MaxReserved: l.MaxReserved}
+	if l.Start != 0 {
+		s := Seconds(l.Start)
+		j.Start = &s
+	}
+	return json.Marshal(j)
+}
+
+// UnmarshalJSON decodes a limit strictly: unknown fields are errors. An
+// explicit "start": 0 aligns fixed windows with the epoch.
+func (l *Limit) UnmarshalJSON(b []byte) error {
+	var j limitJSON
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return fmt.Errorf("limit: %w", err)
+	}
+	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Period: time.Duration(j.Period), Burst: j.Burst, Refill: j.Refill, MaxReserved: j.MaxReserved}
+	if j.Start != nil {
+		l.Start = time.Duration(*j.Start)
+		if l.Start == 0 {
+			l.Start = l.period()
+		}
+	}
+	return nil
+}
+
+// Seconds is a duration that reads from JSON as a Go duration string
+// ("1.5s", "2m") or a number of seconds (1.5, "1.5"), and writes as a Go
+// duration string.
+type Seconds time.Duration
+
+// MarshalJSON writes s as a Go duration string.
+func (s Seconds) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(s).String())
+}
+
+// UnmarshalJSON reads a duration string or a number of seconds.
+func (s *Seconds) UnmarshalJSON(b []byte) error {
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	d, err := ParseSeconds(v)
+	if err != nil {
+		return err
+	}
+	*s = Seconds(d)
+	return nil
+}
+
+// ParseSeconds reads a JSON value as a duration: a number of seconds, a
+// numeric string of seconds, or a Go duration string.
+func ParseSeconds(v any) (time.Duration, error) {
+	switch x := v.(type) {
+	case float64:
+		return secondsToDuration(x)
+	case json.Number:
+		f, err := x.Float64()
+		if err != nil {
+			return 0, err
+		}
+		return secondsToDuration(f)
+	case string:
+		if f, err := strconv.ParseFloat(x, 64); err == nil {
+			return secondsToDuration(f)
+		}
+		d, err := time.ParseDuration(x)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a duration (\"10s\") or a number of seconds", x)
+		}
+		return d, nil
+	}
+	return 0, fmt.Errorf("%v is not a duration (\"10s\") or a number of seconds", v)
+}
+
+func secondsToDuration(f float64) (time.Duration, error) {
+	if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > 9e9 {
+		return 0, fmt.Errorf("%v is not a usable number of seconds", f)
+	}
+	return time.Duration(math.Round(f * 1e9)), nil
+}
+
+type decisionJSON struct {
+	Allowed    bool    `json:"allowed"`
+	Tokens     float64 `json:"tokens"`
+	Remaining  int64   `json:"remaining"`
+	Limit      float64 `json:"limit"`
+	RetryAfter float64 `json:"retry_after"`
+	ResetAfter float64 `json:"reset_after"`
+}
+
+// MarshalJSON encodes d as in SPEC 2, with times in seconds.
+func (d Decision) MarshalJSON() ([]byte, error) {
+	return json.Marshal(decisionJSON{d.Allowed, d.Tokens, d.Remaining, d.Limit, d.RetryAfter.Seconds(), d.ResetAfter.Seconds()})
+}
+
+// UnmarshalJSON decodes the SPEC 2 shape.
+func (d *Decision) UnmarshalJSON(b []byte) error {
+	var j decisionJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*d = Decision{j.Allowed, j.Tokens, j.Remaining, j.Limit, time.Duration(math.Round(j.RetryAfter * 1e9)), time.Duration(math.Round(j.ResetAfter * 1e9))}
+	return nil
+}
+
+type multiJSON struct {
+	Allowed    bool       `json:"allowed"`
+	RetryAfter float64    `json:"retry_after"`
+	Results    []Decision `json:"results"`
+}
+
+// MarshalJSON encodes m as {"allowed", "retry_after", "results"}.
+func (m Multi) MarshalJSON() ([]byte, error) {
+	return json.Marshal(multiJSON{m.Allowed, m.RetryAfter.Seconds(), m.Decisions})
+}
+
+// UnmarshalJSON decodes the shape MarshalJSON writes.
+func (m *Multi) UnmarshalJSON(b []byte) error {
+	var j multiJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*m = Multi{j.Allowed, time.Duration(math.Round(j.RetryAfter * 1e9)), j.Results}
+	return nil
+}

@@ -1,0 +1,228 @@
+package drip
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Algorithm names how a bucket refills.
+type Algorithm string
+
+const (
+	// TokenBucket refills continuously (or on an interval grid, see Refill).
+	// It is the default.
+	TokenBucket Algorithm = "token_bucket"
+	// FixedWindow adds Rate tokens at the start of every window of length
+	// Period, on a grid anchored at Start.
+	FixedWindow Algorithm = "fixed_window"
+)
+
+// Refill names how a token bucket refills.
+type Refill string
+
+const (
+	// Continuous adds tokens at Rate/Period at every instant. The default.
+	Continuous Refill = "continuous"
+	// Interval adds Rate tokens at once each time a whole Period has passed
+	// since the bucket's grid began (its first request).
+	Interval Refill = "interval"
+)
+
+// Amounts (rates, bursts, costs, tokens) are held as fixed-point integers of
+// Micro units per token, so that state never drifts. An amount is rounded to
+// the nearest millionth of a token when it enters drip.
+const Micro = 1_000_000
+
+// maxAmount bounds rates, bursts and costs so that fixed-point values keep
+// headroom in an int64.
+const maxAmount = 1e12
+
+// Limit describes one rate limit. The zero value is not usable: Rate must be
+// set. A Limit is a small value type; it is safe to copy and compare.
+type Limit struct {
+	// Algorithm is TokenBucket (the zero value) or FixedWindow.
+	Algorithm Algorithm
+	// Rate is how many tokens are added per Period. Must be > 0; fractional
+	// rates are allowed.
+	Rate float64
+	// Period is the length of time over which Rate tokens are added. Zero
+	// means one second.
+	Period time.Duration
+	// Burst is the bucket's capacity. Zero means Rate.
+	Burst float64
+	// Refill is Continuous (the zero value) or Interval; token buckets only.
+	Refill Refill
+	// Start is, for fixed windows, the offset of the window grid from the
+	// Unix epoch, taken modulo Period. Zero means an offset derived from a
+	// hash of the key, so that the windows of different keys do not all open
+	// at once. To align windows with the epoch (on the minute, on the hour),
+	// set Start to Period.
+	Start time.Duration
+	// MaxReserved is the most debt (in tokens) a reservation may run up.
+	// Zero means no bound.
+	MaxReserved float64
+}
+
+// PerSecond returns a token bucket of rate tokens per second, with a burst
+// of rate.
+func PerSecond(rate float64) Limit { return Every(rate, time.Second) }
+
+// PerMinute returns a token bucket of rate tokens per minute, with a burst
+// of rate.
+func PerMinute(rate float64) Limit { return Every(rate, time.Minute) }
+
+// PerHour returns a token bucket of rate tokens per hour, with a burst of
+// rate.
+func PerHour(rate float64) Limit { return Every(rate, time.Hour) }
+
+// Every returns a token bucket of rate tokens per period, with a burst of
+// rate.
+func Every(rate float64, period time.Duration) Limit {
+	return Limit{Rate: rate, Period: period}
+}
+
+// WithBurst returns l with capacity burst.
+func (l Limit) WithBurst(burst float64) Limit { l.Burst = burst; return l }
+
+// WithRefill returns l with the given refill.
+func (l Limit) WithRefill(r Refill) Limit { l.Refill = r; return l }
+
+// WithMaxReserved returns l with a bound on reservation debt.
+func (l Limit) WithMaxReserved(n float64) Limit { l.MaxReserved = n; return l }
+
+// Window returns l as a fixed window limit.
+func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
+
+// Errors returned for bad input. They are wrapped with details; test with
+// errors.Is.
+var (
+	ErrInvalidLimit     = errors.New("invalid limit")
+	ErrInvalidCost      = errors.New("invalid cost")
+	ErrMissingKey       = errors.New("missing key")
+	ErrCostExceedsBurst = errors.New("cost exceeds burst")
+	ErrNoRequests   = errors.New("no requests")
+	ErrDuplicateKey = errors.New("duplicate key in multi-take")
+)
+
+func (l Limit) period() time.Duration {
+	if l.Period == 0 {
+		return time.Second
+	}
+	return l.Period
+}
+
+func (l Limit) burst() float64 {
+	if l.Burst == 0 {
+		return l.Rate
+	}
+	return l.Burst
+}
+
+// Validate reports whether l is usable, and why not.
+func (l Limit) Validate() error {
+	var problems []string
+	switch l.Algorithm {
+	case "", TokenBucket:
+	case FixedWindow:
+		if l.Refill != "" {
+			problems = append(problems, "refill applies to token_bucket only")
+		}
+	default:
+		problems = append(problems, fmt.Sprintf("algorithm %q is not token_bucket or fixed_window", l.Algorithm))
+	}
+	switch l.Refill {
+	case "", Continuous, Interval:
+	default:
+		problems = append(problems, fmt.Sprintf("refill %q is not continuous or interval", l.Refill))
+	}
+	if bad := checkAmount(l.Rate); bad != "" {
+		problems = append(problems, "rate "+bad)
+	}
+	if l.Period < 0 {
+		problems = append(problems, "period must be > 0")
+	}
+	if l.Burst != 0 || l.Rate > 0 {
+		if bad := checkAmount(l.burst()); bad != "" {
+			problems = append(problems, "burst "+bad)
+		}
+	}
+	if l.MaxReserved < 0 || math.IsNaN(l.MaxReserved) || l.MaxReserved > maxAmount {
+		problems = append(problems, "max_reserved must be >= 0 and at most 1e12")
+	}
+	if l.Start < 0 {
+		problems = append(problems, "start must be >= 0")
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidLimit, strings.Join(problems, "; "))
+}
+
+func checkAmount(x float64) string {
+	switch {
+	case math.IsNaN(x) || math.IsInf(x, 0):
+		return "must be a finite number"
+	case x <= 0:
+		return "must be > 0"
+	case x > maxAmount:
+		return "must be at most 1e12"
+	case toMicro(x) == 0:
+		return "must be at least 0.000001"
+	}
+	return ""
+}
+
+// String renders l compactly, e.g. "10/1s burst 20" or
+// "fixed_window 100/1m0s burst 100".
+func (l Limit) String() string {
+	var b strings.Builder
+	if l.Algorithm == FixedWindow {
+		b.WriteString("fixed_window ")
+	}
+	b.WriteString(strconv.FormatFloat(l.Rate, 'g', -1, 64))
+	b.WriteString("/")
+	b.WriteString(l.period().String())
+	b.WriteString(" burst ")
+	b.WriteString(strconv.FormatFloat(l.burst(), 'g', -1, 64))
+	if l.Refill == Interval {
+		b.WriteString(" interval")
+	}
+	if l.MaxReserved > 0 {
+		b.WriteString(" max_reserved ")
+		b.WriteString(strconv.FormatFloat(l.MaxReserved, 'g', -1, 64))
+	}
+	return b.String()
+}
+
+// WindowStart is the default grid offset of a fixed window for key: a hash
+// of the key modulo period, so that windows of different keys are spread
+// over the period. The same key always gets the same offset.
+func WindowStart(key string, period time.Duration) time.Duration {
+	if period <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return time.Duration(h.Sum64() % uint64(period))
+}
+
+// ForKey returns l with every default that depends on the key made
+// explicit: for a fixed window without Start, the hashed offset of key.
+// Stores call it through Prepare; callers that rename keys (a prefix) can
+// call it first with the name they want the grid derived from.
+func (l Limit) ForKey(key string) Limit {
+	if l.Algorithm == FixedWindow && l.Start == 0 {
+		l.Start = WindowStart(key, l.period())
+		if l.Start == 0 {
+			l.Start = l.period()
+		}
+	}
+	return l
+}
+
+func toMicro(x float64) int64 { return int64(math.Round(x * Micro)) }

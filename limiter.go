@@ -1,0 +1,152 @@
+package drip
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Limiter applies one Limit to many keys, with state in a Store. It is safe
+// for concurrent use. Construct it with New.
+type Limiter struct {
+	store Store
+	limit Limit
+	now   func() time.Time // nil: the store's clock
+}
+
+// Option configures a Limiter.
+type Option func(*Limiter)
+
+// WithClock makes the limiter pass now() as the time of every decision
+// instead of using the store's clock.
+func WithClock(now func() time.Time) Option { return func(l *Limiter) { l.now = now } }
+
+// New returns a Limiter that holds keys to limit, with state in store.
+func New(store Store, limit Limit, opts ...Option) *Limiter {
+	l := &Limiter{store: store, limit: limit}
+	for _, o := range opts {
+		o(l)
+	}
+	return l
+}
+
+// Limit returns the limiter's limit.
+func (l *Limiter) Limit() Limit { return l.limit }
+
+// Store returns the limiter's store.
+func (l *Limiter) Store() Store { return l.store }
+
+func (l *Limiter) at() time.Time {
+	if l.now == nil {
+		return time.Time{}
+	}
+	return l.now()
+}
+
+// Take takes one token from key's bucket.
+func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
+	return l.TakeN(ctx, key, 1)
+}
+
+// TakeN takes cost tokens from key's bucket. A denial is a Decision with
+// Allowed false; an error means bad input or a failing store.
+func (l *Limiter) TakeN(ctx context.Context, key string, cost float64) (Decision, error) {
+	return l.store.Apply(ctx, OpTake, l.at(), Request{Key: key, Limit: l.limit, Cost: cost})
+}
+
+// Reserve takes cost tokens, going into debt if there are too few (up to
+// the limit's MaxReserved). When allowed, the reserved work may run after
+// Decision.RetryAfter.
+func (l *Limiter) Reserve(ctx context.Context, key string, cost float64) (Decision, error) {
+	return l.store.Apply(ctx, OpTake, l.at(), Request{Key: key, Limit: l.limit, Cost: cost, Reserve: true})
+}
+
+// Peek reports what Take would decide, and changes nothing.
+func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
+	return l.PeekN(ctx, key, 1)
+}
+
+// PeekN reports what TakeN would decide for cost, and changes nothing.
+func (l *Limiter) PeekN(ctx context.Context, key string, cost float64) (Decision, error) {
+	return l.store.Apply(ctx, OpPeek, l.at(), Request{Key: key, Limit: l.limit, Cost: cost})
+}
+
+// Refund gives back cost tokens that were taken for work that did not
+// happen. The bucket never holds more than its burst.
+func (l *Limiter) Refund(ctx context.Context, key string, cost float64) (Decision, error) {
+	return l.store.Apply(ctx, OpRefund, l.at(), Request{Key: key, Limit: l.limit, Cost: cost})
+}
+
+// Reset forgets key's bucket: it is full again.
+func (l *Limiter) Reset(ctx context.Context, key string) error {
+	return l.store.Reset(ctx, key)
+}
+
+// TakeMulti takes from several buckets, each with its own limit and cost,
+// all or nothing. Requests with a zero Limit use the limiter's.
+func (l *Limiter) TakeMulti(ctx context.Context, rs ...Request) (Multi, error) {
+	if len(rs) == 0 {
+		return Multi{}, ErrNoRequests
+	}
+	own := make([]Request, len(rs))
+	for i, r := range rs {
+		if r.Limit == (Limit{}) {
+			r.Limit = l.limit
+		}
+		own[i] = r
+	}
+	return l.store.ApplyMulti(ctx, OpTake, l.at(), own)
+}
+
+// Wait blocks until one token of key's bucket is granted, or ctx ends.
+func (l *Limiter) Wait(ctx context.Context, key string) error {
+	return l.WaitN(ctx, key, 1)
+}
+
+// ErrWouldExceedDeadline is returned by Wait when the context's deadline
+// comes before the tokens would be granted; nothing is taken.
+var ErrWouldExceedDeadline = errors.New("drip: wait would exceed context deadline")
+
+// WaitN blocks until cost tokens of key's bucket are granted, or ctx ends.
+// It reserves the tokens in one store call and sleeps until the reservation
+// is due, so waiters are served in order. If the context's deadline comes
+// first, the reservation is refunded and ErrWouldExceedDeadline returned.
+func (l *Limiter) WaitN(ctx context.Context, key string, cost float64) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d, err := l.Reserve(ctx, key, cost)
+		if err != nil {
+			return err
+		}
+		if d.Allowed && d.RetryAfter == 0 {
+			return nil
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d.RetryAfter {
+			if d.Allowed {
+				// Give the reservation back; the context's end is near, so
+				// use a fresh one for the refund.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				_, _ = l.Refund(rctx, key, cost)
+				cancel()
+			}
+			return ErrWouldExceedDeadline
+		}
+		t := time.NewTimer(d.RetryAfter)
+		select {
+		case <-t.C:
+			if d.Allowed {
+				return nil
+			}
+		case <-ctx.Done():
+			t.Stop()
+			if d.Allowed {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				_, _ = l.Refund(rctx, key, cost)
+				cancel()
+			}
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,311 @@
+package drip
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"time"
+)
+
+// This file is the math of SPEC section 1, written once. It is a pure
+// function of (bucket, params, now, request): no I/O, no clock. The Lua and
+// SQL versions in the stores are held to it by storetest.
+//
+// Representation. Amounts are int64 millionths of a token; times are int64
+// nanoseconds. Interval and fixed-window refills are then exact integer
+// arithmetic. A continuous refill of e nanoseconds adds e*Rate/Period
+// micro-tokens, a rational number: the whole micro-tokens are added and the
+// remainder is kept by leaving TS behind now by the time that remainder is
+// worth (less than one micro-token's worth). Refill is therefore never lost
+// to rounding except for under one nanosecond's worth per decision, and
+// never over-granted: tokens granted differ from exact arithmetic by at most
+// min(1, Rate/Period) micro-tokens per decision that refills a bucket which
+// is not full (for 10/s that is 1e-8 token), and by nothing once a bucket
+// fills. Stores may keep TS exactly as the math returns it.
+
+// Kind is a limit's refill rule, as the math sees it.
+type Kind uint8
+
+const (
+	KindContinuous Kind = iota // token bucket, continuous refill
+	KindInterval               // token bucket, refill on a grid
+	KindWindow                 // fixed window
+)
+
+// Params is a validated limit in fixed point: what the math and the stores'
+// scripts take. Rate, Burst and MaxReserved are micro-tokens; Period and
+// Start are nanoseconds. MaxReserved < 0 means no bound.
+type Params struct {
+	Kind        Kind
+	Rate        int64
+	Period      int64
+	Burst       int64
+	MaxReserved int64
+	Start       int64
+}
+
+// Bucket is the stored state of one key: Tokens in micro-tokens (negative
+// while a reservation is in debt) and TS in nanoseconds.
+type Bucket struct {
+	Tokens int64
+	TS     int64
+}
+
+// Op is what a store does with a request.
+type Op uint8
+
+const (
+	OpTake Op = iota
+	OpPeek
+	OpRefund
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpTake:
+		return "take"
+	case OpPeek:
+		return "peek"
+	case OpRefund:
+		return "refund"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Prepared is a request checked and turned into fixed point.
+type Prepared struct {
+	Key     string
+	Params  Params
+	Cost    int64
+	Reserve bool
+}
+
+// Prepare validates r and resolves its limit and cost to fixed point. Every
+// store calls it, so bad input gets the same error on every store.
+func Prepare(r Request) (Prepared, error) {
+	if r.Key == "" {
+		return Prepared{}, ErrMissingKey
+	}
+	if err := r.Limit.Validate(); err != nil {
+		return Prepared{}, err
+	}
+	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > maxAmount {
+		return Prepared{}, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, r.Cost)
+	}
+	l := r.Limit.ForKey(r.Key)
+	p := Params{
+		Rate:        toMicro(l.Rate),
+		Period:      int64(l.period()),
+		Burst:       toMicro(l.burst()),
+		MaxReserved: -1,
+	}
+	if l.MaxReserved > 0 {
+		p.MaxReserved = toMicro(l.MaxReserved)
+	}
+	switch {
+	case l.Algorithm == FixedWindow:
+		p.Kind = KindWindow
+		p.Start = int64(l.Start) % p.Period
+	case l.Refill == Interval:
+		p.Kind = KindInterval
+	}
+	cost := toMicro(r.Cost)
+	if cost > p.Burst && !r.Reserve {
+		return Prepared{}, fmt.Errorf("%w: cost %v > burst %v can never succeed without reserve", ErrCostExceedsBurst, r.Cost, l.burst())
+	}
+	return Prepared{Key: r.Key, Params: p, Cost: cost, Reserve: r.Reserve}, nil
+}
+
+// Fresh is the bucket of a key never seen before (or expired) at now: full,
+// with TS now, or for a fixed window the start of the current window.
+func (p Params) Fresh(now int64) Bucket {
+	ts := now
+	if p.Kind == KindWindow {
+		ts = now - floorMod(now-p.Start, p.Period)
+	}
+	return Bucket{Tokens: p.Burst, TS: ts}
+}
+
+// Refilled is b brought forward to now: the tokens available and the new
+// TS. A clock that went backwards (now < TS) changes nothing.
+func (p Params) Refilled(b Bucket, now int64) Bucket {
+	if now <= b.TS {
+		b.Tokens = min(b.Tokens, p.Burst)
+		return b
+	}
+	e := now - b.TS
+	missing := p.Burst - b.Tokens
+	if p.Kind == KindContinuous {
+		if missing <= 0 {
+			return Bucket{Tokens: p.Burst, TS: now}
+		}
+		hi, lo := bits.Mul64(uint64(e), uint64(p.Rate))
+		if hi >= uint64(p.Period) {
+			return Bucket{Tokens: p.Burst, TS: now}
+		}
+		q, rem := bits.Div64(hi, lo, uint64(p.Period))
+		if q >= uint64(missing) {
+			return Bucket{Tokens: p.Burst, TS: now}
+		}
+		return Bucket{Tokens: b.Tokens + int64(q), TS: now - int64(rem/uint64(p.Rate))}
+	}
+	// Interval and fixed window: whole periods only, and the grid stays put
+	// even while the bucket is full.
+	n := e / p.Period
+	b.TS += n * p.Period
+	if missing <= 0 || n >= ceilDiv(missing, p.Rate) {
+		b.Tokens = p.Burst
+	} else {
+		b.Tokens += n * p.Rate
+	}
+	return b
+}
+
+// Until is how long after now the bucket b (already refilled to now) holds
+// at least target micro-tokens. It is 0 when it already does. For interval
+// and fixed-window refills the answer lands on the grid.
+func (p Params) Until(b Bucket, target, now int64) time.Duration {
+	need := target - b.Tokens
+	if need <= 0 {
+		return 0
+	}
+	var d int64
+	if p.Kind == KindContinuous {
+		d = mulDivCeil(need, p.Period, p.Rate)
+	} else {
+		k := ceilDiv(need, p.Rate)
+		if k > math.MaxInt64/p.Period {
+			return time.Duration(math.MaxInt64)
+		}
+		d = k * p.Period
+	}
+	if d > math.MaxInt64-b.TS {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(max(0, b.TS+d-now))
+}
+
+// Eval decides one request against bucket b (found reports whether the key
+// had state) at now. It returns the decision, the bucket to store, and
+// whether it must be written: a denial or a peek writes nothing.
+func Eval(op Op, b Bucket, found bool, p Params, cost int64, reserve bool, now int64) (Decision, Bucket, bool) {
+	if !found {
+		b = p.Fresh(now)
+	}
+	a := p.Refilled(b, now)
+	switch op {
+	case OpRefund:
+		n := Bucket{Tokens: min(p.Burst, a.Tokens+cost), TS: a.TS}
+		return p.decide(true, n, 0, now), n, true
+	}
+	allowed := false
+	var retry time.Duration
+	n := a
+	switch {
+	case a.Tokens >= cost:
+		allowed = true
+		n.Tokens -= cost
+	case reserve && (p.MaxReserved < 0 || cost-a.Tokens <= p.MaxReserved):
+		allowed = true
+		n.Tokens -= cost
+		retry = p.Until(n, 0, now)
+	default:
+		retry = p.Until(a, cost, now)
+	}
+	d := p.decide(allowed, n, retry, now)
+	return d, n, allowed && op == OpTake
+}
+
+func (p Params) decide(allowed bool, b Bucket, retry time.Duration, now int64) Decision {
+	return Decision{
+		Allowed:    allowed,
+		Tokens:     float64(b.Tokens) / Micro,
+		Remaining:  max(0, b.Tokens) / Micro,
+		Limit:      float64(p.Burst) / Micro,
+		RetryAfter: retry,
+		ResetAfter: p.Until(b, p.Burst, now),
+	}
+}
+
+// ExpiresAt is the time at which b, stored under p, is full again and its
+// state may be dropped.
+func (p Params) ExpiresAt(b Bucket, now int64) int64 {
+	d := p.Until(b, p.Burst, now)
+	if int64(d) > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return now + int64(d)
+}
+
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a > 0) == (b > 0) {
+		q++
+	}
+	return q
+}
+
+func floorMod(a, m int64) int64 {
+	r := a % m
+	if r < 0 {
+		r += m
+	}
+	return r
+}
+
+// mulDivCeil returns ceil(a*b/c) for a, b >= 0 and c > 0, saturating at
+// MaxInt64.
+func mulDivCeil(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, rem := bits.Div64(hi, lo, uint64(c))
+	if rem != 0 {
+		q++
+	}
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// PrepareMulti prepares every request of a multi-take; keys must be
+// distinct. The first bad request's error is returned, with its index.
+func PrepareMulti(rs []Request) ([]Prepared, error) {
+	if len(rs) == 0 {
+		return nil, ErrNoRequests
+	}
+	ps := make([]Prepared, len(rs))
+	seen := make(map[string]struct{}, len(rs))
+	for i, r := range rs {
+		p, err := Prepare(r)
+		if err != nil {
+			return nil, fmt.Errorf("requests[%d]: %w", i, err)
+		}
+		if _, dup := seen[r.Key]; dup {
+			return nil, fmt.Errorf("requests[%d]: %w: %q", i, ErrDuplicateKey, r.Key)
+		}
+		seen[r.Key] = struct{}{}
+		ps[i] = p
+	}
+	return ps, nil
+}
+
+// EvalMulti decides prepared requests (distinct keys) against their
+// buckets as one step. It returns the Multi and, for each request, the
+// bucket to store and whether to write it: for OpTake nothing is written
+// unless every request is allowed.
+func EvalMulti(op Op, ps []Prepared, buckets []Bucket, found []bool, now int64) (Multi, []Bucket, []bool) {
+	ds := make([]Decision, len(ps))
+	next := make([]Bucket, len(ps))
+	write := make([]bool, len(ps))
+	for i, p := range ps {
+		ds[i], next[i], write[i] = Eval(op, buckets[i], found[i], p.Params, p.Cost, p.Reserve, now)
+	}
+	m := Combine(ds)
+	if !m.Allowed && op == OpTake {
+		clear(write)
+	}
+	return m, next, write
+}

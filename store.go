@@ -1,0 +1,41 @@
+package drip
+
+import (
+	"context"
+	"time"
+)
+
+// Request is one rate-limited request: which bucket, under which limit, at
+// which cost.
+type Request struct {
+	// Key names the bucket. Required.
+	Key string
+	// Limit is the limit the bucket is held to.
+	Limit Limit
+	// Cost is how many tokens the request takes (or refunds). It must be
+	// >= 0; zero is valid. Callers that want the customary default of 1 set
+	// it (the Limiter does).
+	Cost float64
+	// Reserve lets a take that finds too few tokens go into debt (up to
+	// Limit.MaxReserved): it is allowed, and Decision.RetryAfter says when
+	// the reserved work may run.
+	Reserve bool
+}
+
+// Store holds bucket state and makes each decision one atomic step. It is
+// the interface store implementers write; users call a Limiter.
+//
+// A zero at means the store's own clock (a shared store uses its server's,
+// so that instances with skewed clocks agree); any other value is the time
+// of the decision, which tests and replays supply. Implementations must be
+// safe for concurrent use, and must pass storetest.Run.
+type Store interface {
+	// Apply performs op for one request.
+	Apply(ctx context.Context, op Op, at time.Time, r Request) (Decision, error)
+	// ApplyMulti performs op for several requests as one atomic step. For
+	// OpTake it is all-or-nothing: if any request is denied none is
+	// applied. Keys must be distinct (PrepareMulti checks it).
+	ApplyMulti(ctx context.Context, op Op, at time.Time, rs []Request) (Multi, error)
+	// Reset deletes the bucket of key: it is full again.
+	Reset(ctx context.Context, key string) error
+}
