@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/driplimit/drip/server"
+)
+
+func init() {
+	register(command{name: "serve", brief: "run the decision API or gateway, with metrics and an admin API (SPEC 3)", run: runServe})
+}
+
+func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c server.Config
+	fs.StringVar(&c.Listen, "listen", envOr("DRIP_LISTEN", server.DefaultListen), "address of the decision API, or of the gateway with --upstream (env DRIP_LISTEN)")
+	fs.StringVar(&c.AdminListen, "admin-listen", envOr("DRIP_ADMIN_LISTEN", server.DefaultAdminListen), `address of /metrics, /healthz, /readyz and the admin API; "off" disables it (env DRIP_ADMIN_LISTEN)`)
+	fs.StringVar(&c.AdminToken, "admin-token", envOr("DRIP_ADMIN_TOKEN", ""), "bearer token of the admin API; without one the admin API is off (env DRIP_ADMIN_TOKEN)")
+	fs.StringVar(&c.Rules, "rules", envOr("DRIP_RULES", ""), "rules file, JSON or YAML (default: the built-in rules) (env DRIP_RULES)")
+	fs.StringVar(&c.Store, "store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://... (env DRIP_STORE)")
+	fs.StringVar(&c.Upstream, "upstream", envOr("DRIP_UPSTREAM", ""), "upstream URL: serve as a gateway that applies the rules to every request (env DRIP_UPSTREAM)")
+	fs.StringVar(&c.GRPCListen, "grpc-listen", envOr("DRIP_GRPC_LISTEN", ""), "address of Envoy's rate limit gRPC service (env DRIP_GRPC_LISTEN)")
+	timeoutDefault := server.DefaultStoreTimeout
+	if v := envOr("DRIP_STORE_TIMEOUT", ""); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			fmt.Fprintf(stderr, "drip serve: DRIP_STORE_TIMEOUT=%q is not a positive duration\n", v)
+			return 2
+		}
+		timeoutDefault = d
+	}
+	storeTimeout := fs.Duration("store-timeout", timeoutDefault, "deadline of each store call (env DRIP_STORE_TIMEOUT)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "drip serve: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	c.StoreTimeout = *storeTimeout
+	c.Logger = slog.New(slog.NewTextHandler(stderr, nil))
+
+	store, closeStore, err := openStore(ctx, c.Store)
+	if err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 1
+	}
+	defer closeStore()
+	s, err := server.New(c, store)
+	if err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 1
+	}
+	if err := s.Listen(); err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 1
+	}
+
+	// SIGHUP reloads the rules; registered before the banner, so that a
+	// SIGHUP sent once drip says it listens never kills it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			_ = s.Reload() // logged and counted by Reload
+		}
+	}()
+
+	rules := c.Rules
+	if rules == "" {
+		rules = "built-in defaults"
+	}
+	if c.Upstream != "" {
+		fmt.Fprintf(stdout, "drip serve: gateway on http://%s -> %s (store %s, rules %s)\n", s.Addr(), c.Upstream, c.Store, rules)
+	} else {
+		fmt.Fprintf(stdout, "drip serve: decision API on http://%s (POST /v1/take, /v1/peek, /v1/refund, /v1/reset; store %s, rules %s)\n", s.Addr(), c.Store, rules)
+	}
+	if a := s.AdminAddr(); a != nil {
+		admin := "off (no --admin-token)"
+		if c.AdminToken != "" {
+			admin = "on"
+		}
+		fmt.Fprintf(stdout, "drip serve: metrics on http://%s/metrics, health on /healthz and /readyz, admin API %s\n", a, admin)
+	}
+	if err := s.Serve(ctx); err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 1
+	}
+	return 0
+}

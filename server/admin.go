@@ -1,0 +1,172 @@
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/driplimit/drip"
+)
+
+// The admin listener:
+//   GET  /metrics          Prometheus metrics (no token)
+//   GET  /healthz          200 while the process serves (no token)
+//   GET  /readyz           200 if the store answers a peek within the store deadline, else 503 (no token)
+//   GET  /v1/admin/bucket?rule=NAME&value=V[&value=V2...]
+//   GET  /v1/admin/bucket?rule=NAME&key=KEY
+//                          inspect a bucket: a peek, which changes nothing
+//   POST /v1/admin/reset   {"rule": NAME, "values": [...]} or {"key": KEY}: the bucket is full again
+//   POST /v1/admin/reload  reload the rules file now
+//   GET  /v1/admin/rules   the rules in force
+// The /v1/admin/ endpoints answer 401 without "Authorization: Bearer
+// <token>", and 404 when the server has no admin token.
+
+// readyKey is the bucket /readyz peeks at.
+const readyKey = "drip:readyz"
+
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", s.ready)
+	mux.Handle("GET /v1/admin/bucket", s.auth(http.HandlerFunc(s.inspect)))
+	mux.Handle("POST /v1/admin/reset", s.auth(http.HandlerFunc(s.adminReset)))
+	mux.Handle("POST /v1/admin/reload", s.auth(http.HandlerFunc(s.adminReload)))
+	mux.Handle("GET /v1/admin/rules", s.auth(http.HandlerFunc(s.adminRules)))
+	mux.Handle("/v1/admin/", s.auth(http.NotFoundHandler()))
+	return mux
+}
+
+// auth guards the admin API with the bearer token.
+func (s *Server) auth(next http.Handler) http.Handler {
+	token := []byte(s.cfg.AdminToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(token) == 0 {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "the admin API is off: start drip serve with --admin-token"})
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), token) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="drip admin"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+	defer cancel()
+	_, err := s.store.Apply(ctx, drip.OpPeek, timeZero, drip.Request{Key: readyKey, Limit: drip.PerSecond(1), Cost: 1})
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unreachable", "error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// inspection is the admin API's view of one bucket.
+type inspection struct {
+	Rule     string        `json:"rule"`
+	Key      string        `json:"key"`
+	Limit    drip.Limit    `json:"limit"`
+	Decision drip.Decision `json:"decision"`
+}
+
+func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	name := q.Get("rule")
+	if name == "" {
+		writeError(w, errorf(http.StatusBadRequest, "give rule=NAME and value=... (one per limit key), or rule=NAME and key=KEY"))
+		return
+	}
+	var req drip.Request
+	var err error
+	if key := q.Get("key"); key != "" {
+		if q.Has("value") {
+			writeError(w, errorf(http.StatusBadRequest, "give value or key, not both"))
+			return
+		}
+		req, err = s.ruleRequest(name, nil)
+		if err != nil && !isStatus(err, http.StatusBadRequest) {
+			writeError(w, err)
+			return
+		}
+		req.Key = key
+		req.Cost = 1
+	} else {
+		vals, _ := json.Marshal(q["value"])
+		if !q.Has("value") {
+			vals = nil
+		}
+		req, err = s.ruleRequest(name, vals)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		req.Cost = 1
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+	defer cancel()
+	d, err := s.store.Apply(ctx, drip.OpPeek, timeZero, req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, inspection{Rule: name, Key: req.Key, Limit: req.Limit, Decision: d})
+}
+
+func isStatus(err error, status int) bool {
+	he, ok := err.(*httpError)
+	return ok && he.status == status
+}
+
+func (s *Server) adminReset(w http.ResponseWriter, r *http.Request) {
+	var it item
+	if err := decode(w, r, &it); err != nil {
+		writeError(w, err)
+		return
+	}
+	var key string
+	switch {
+	case it.Rule != "" && it.Key == "":
+		req, err := s.ruleRequest(it.Rule, it.Values)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		key = req.Key
+	case it.Rule == "" && it.Key != "" && it.Values == nil:
+		key = it.Key
+	default:
+		writeError(w, errorf(http.StatusBadRequest, `give {"rule": NAME, "values": [...]} or {"key": KEY}`))
+		return
+	}
+	if it.Limit != nil || it.Cost != nil || it.Reserve {
+		writeError(w, errorf(http.StatusBadRequest, "a reset takes only rule and values, or key"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+	defer cancel()
+	if err := s.store.Reset(ctx, key); err != nil {
+		writeError(w, err)
+		return
+	}
+	s.log.Info("drip serve: bucket reset by the admin API", "key", key)
+	writeJSON(w, http.StatusOK, map[string]any{"reset": true, "key": key})
+}
+
+func (s *Server) adminReload(w http.ResponseWriter, r *http.Request) {
+	if err := s.Reload(); err != nil {
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"reloaded": false, "error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"reloaded": true})
+}

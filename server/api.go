@@ -1,0 +1,307 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/driplimit/drip"
+)
+
+// The decision API: POST /v1/take, /v1/peek, /v1/refund and /v1/reset,
+// with the request and decision shapes of SPEC 2 (drip replay's), minus
+// "at" and "op" (the time is the store's, the op is the path).
+//
+// A request names its bucket in one of two ways:
+//   - inline: {"key": "user:1", "limit": {"rate": 10, "burst": 20}, "cost": 1}
+//     The key is used as it is.
+//   - by rule: {"rule": "free", "values": ["k-123"], "cost": 1}
+//     The rule's limit, and the bucket the middleware and gateway use for
+//     a request with those key values. "values" lists one value per entry
+//     of the rule's limit_keys, in order, or maps each limit key to its
+//     value: {"values": {"header:x-api-key": "k-123"}}. Without "cost" the
+//     rule's fixed_cost (cost_source fixed) or default_cost applies.
+//
+// A multi-take (/v1/take and /v1/peek) replaces the single request by
+// "requests": [...], each inline or by rule, all-or-nothing.
+//
+// Answers: 200 with a decision (SPEC 2: allowed, tokens, remaining, limit,
+// retry_after, reset_after; a denial is a 200 with "allowed": false), a
+// multi-take's {"allowed", "retry_after", "results"}, or {"reset": true};
+// 400 {"error": "..."} for a body that is not valid (bad JSON, unknown
+// field, bad limit or cost, missing key, cost over burst), 404 for an
+// unknown rule, 413 for a body over 1 MiB, 503 when the store fails or
+// times out.
+
+// maxBody bounds a decision API or admin request body.
+const maxBody = 1 << 20
+
+// item is one request of a decision API body.
+type item struct {
+	Key     string          `json:"key"`
+	Cost    *float64        `json:"cost"`
+	Reserve bool            `json:"reserve"`
+	Limit   *drip.Limit     `json:"limit"`
+	Rule    string          `json:"rule"`
+	Values  json.RawMessage `json:"values"`
+}
+
+type body struct {
+	item
+	Requests []item `json:"requests"`
+}
+
+// httpError is an error with the HTTP status that reports it.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func errorf(status int, format string, args ...any) error {
+	return &httpError{status, fmt.Sprintf(format, args...)}
+}
+
+// badInput reports whether err is the caller's fault (drip's input errors)
+// rather than the store's.
+func badInput(err error) bool {
+	for _, e := range []error{drip.ErrInvalidLimit, drip.ErrInvalidCost, drip.ErrMissingKey,
+		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// decode reads a JSON body strictly: unknown fields and trailing data are
+// errors.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxBody)
+		}
+		return errorf(http.StatusBadRequest, "reading body: %v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if err == io.EOF {
+			return errorf(http.StatusBadRequest, "bad JSON: empty body")
+		}
+		return errorf(http.StatusBadRequest, "bad JSON: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errorf(http.StatusBadRequest, "bad JSON: more than one value in the body")
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status := http.StatusServiceUnavailable
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		status = he.status
+	case badInput(err):
+		status = http.StatusBadRequest
+	default:
+		err = fmt.Errorf("store: %w", err)
+	}
+	writeJSON(w, status, map[string]string{"error": err.Error()})
+}
+
+// apiHandler serves the decision API.
+func (s *Server) apiHandler() http.Handler {
+	mux := http.NewServeMux()
+	for _, op := range []string{"take", "peek", "refund", "reset"} {
+		mux.Handle("/v1/"+op, s.decideHandler(op))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found: the decision API is POST /v1/take, /v1/peek, /v1/refund and /v1/reset"})
+	})
+	return mux
+}
+
+func (s *Server) decideHandler(opName string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "use POST"})
+			return
+		}
+		var b body
+		if err := decode(w, r, &b); err != nil {
+			writeError(w, err)
+			return
+		}
+		out, err := s.decide(r.Context(), opName, b)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+}
+
+// decide performs one decision API body.
+func (s *Server) decide(ctx context.Context, opName string, b body) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	defer cancel()
+	if b.Requests != nil {
+		if b.Key != "" || b.Cost != nil || b.Limit != nil || b.Reserve || b.Rule != "" || b.Values != nil {
+			return nil, errorf(http.StatusBadRequest, "a multi-take has requests instead of key, limit, rule, values, cost and reserve")
+		}
+		if opName != "take" && opName != "peek" {
+			return nil, errorf(http.StatusBadRequest, "/v1/%s does not take requests: a multi-take is /v1/take or /v1/peek", opName)
+		}
+		if len(b.Requests) == 0 {
+			return nil, errorf(http.StatusBadRequest, "%v", drip.ErrNoRequests)
+		}
+		rs := make([]drip.Request, len(b.Requests))
+		names := make([]string, len(b.Requests))
+		for i, it := range b.Requests {
+			r, name, err := s.request(it, opName)
+			if err != nil {
+				return nil, prefixed(fmt.Sprintf("requests[%d]: ", i), err)
+			}
+			rs[i], names[i] = r, name
+		}
+		if _, err := drip.PrepareMulti(rs); err != nil {
+			return nil, err
+		}
+		op, _ := opOf(opName)
+		m, err := s.store.ApplyMulti(ctx, op, timeZero, rs)
+		if err != nil {
+			if !badInput(err) {
+				for _, n := range names {
+					s.metrics.decisions.WithLabelValues(n, outcomeError).Inc()
+				}
+			}
+			return nil, err
+		}
+		if op == drip.OpTake {
+			outcome := outcomeDenied
+			if m.Allowed {
+				outcome = outcomeAllowed
+			}
+			for _, n := range names {
+				s.metrics.decisions.WithLabelValues(n, outcome).Inc()
+			}
+		}
+		return m, nil
+	}
+
+	r, name, err := s.request(b.item, opName)
+	if err != nil {
+		return nil, err
+	}
+	if opName == "reset" {
+		if err := s.store.Reset(ctx, r.Key); err != nil {
+			return nil, err
+		}
+		return map[string]bool{"reset": true}, nil
+	}
+	if _, err := drip.Prepare(r); err != nil {
+		return nil, err
+	}
+	op, _ := opOf(opName)
+	d, err := s.store.Apply(ctx, op, timeZero, r)
+	if op == drip.OpTake {
+		s.count(name, d, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (s *Server) count(rule string, d drip.Decision, err error) {
+	switch {
+	case err != nil:
+		if !badInput(err) {
+			s.metrics.decisions.WithLabelValues(rule, outcomeError).Inc()
+		}
+	case d.Allowed:
+		s.metrics.decisions.WithLabelValues(rule, outcomeAllowed).Inc()
+	default:
+		s.metrics.decisions.WithLabelValues(rule, outcomeDenied).Inc()
+	}
+}
+
+// request turns one item into a drip.Request and the rule label of its
+// metrics ("inline" for an inline limit). For reset only the key matters.
+func (s *Server) request(it item, opName string) (drip.Request, string, error) {
+	if it.Rule != "" {
+		if it.Key != "" || it.Limit != nil {
+			return drip.Request{}, "", errorf(http.StatusBadRequest, "a request by rule has values instead of key and limit")
+		}
+		r, err := s.ruleRequest(it.Rule, it.Values)
+		if err != nil {
+			return drip.Request{}, "", err
+		}
+		if it.Cost != nil {
+			r.Cost = *it.Cost
+		}
+		r.Reserve = it.Reserve
+		return r, it.Rule, nil
+	}
+	if it.Values != nil {
+		return drip.Request{}, "", errorf(http.StatusBadRequest, "values need a rule")
+	}
+	if it.Key == "" {
+		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: give key and limit, or rule and values", drip.ErrMissingKey)
+	}
+	if opName == "reset" {
+		if it.Limit != nil || it.Cost != nil || it.Reserve {
+			return drip.Request{}, "", errorf(http.StatusBadRequest, "a reset takes only key (or rule and values)")
+		}
+		return drip.Request{Key: it.Key}, "inline", nil
+	}
+	if it.Limit == nil {
+		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: missing limit", drip.ErrInvalidLimit)
+	}
+	cost := 1.0
+	if it.Cost != nil {
+		cost = *it.Cost
+	}
+	return drip.Request{Key: it.Key, Limit: *it.Limit, Cost: cost, Reserve: it.Reserve}, "inline", nil
+}
+
+func prefixed(p string, err error) error {
+	var he *httpError
+	if errors.As(err, &he) {
+		return &httpError{he.status, p + he.msg}
+	}
+	if badInput(err) {
+		return errorf(http.StatusBadRequest, "%s%v", p, err)
+	}
+	return err
+}
+
+func opOf(name string) (drip.Op, bool) {
+	switch name {
+	case "take":
+		return drip.OpTake, true
+	case "peek":
+		return drip.OpPeek, true
+	case "refund":
+		return drip.OpRefund, true
+	}
+	return 0, false
+}

@@ -1,0 +1,83 @@
+package server
+
+import (
+	"log/slog"
+	"time"
+)
+
+// Config holds every setting of drip serve. The zero value is usable: it
+// serves the decision API on DefaultListen and the admin endpoints on
+// DefaultAdminListen, with the built-in default rules. cmd/drip fills it
+// from flags and DRIP_* environment variables.
+type Config struct {
+	// Listen is the address of the decision API, or of the gateway when
+	// Upstream is set (--listen, DRIP_LISTEN). Empty means DefaultListen.
+	Listen string
+	// AdminListen is the address of /metrics, /healthz, /readyz and the
+	// admin API (--admin-listen, DRIP_ADMIN_LISTEN). Empty means
+	// DefaultAdminListen; "off" disables the admin listener.
+	AdminListen string
+	// AdminToken guards the admin API: its endpoints answer 401 without
+	// "Authorization: Bearer <AdminToken>", and 404 when it is empty
+	// (--admin-token, DRIP_ADMIN_TOKEN). Metrics and health need no token.
+	AdminToken string
+	// Rules is the rules file (--rules, DRIP_RULES). Empty means the
+	// built-in default rules.
+	Rules string
+	// Store names the store (--store, DRIP_STORE), for logs and /readyz;
+	// the caller opens it and passes it to New.
+	Store string
+	// Upstream, when set, turns Listen into a gateway: a reverse proxy to
+	// this URL that applies the rules to every request (--upstream,
+	// DRIP_UPSTREAM).
+	Upstream string
+	// GRPCListen is the address of Envoy's rate limit service
+	// (--grpc-listen, DRIP_GRPC_LISTEN). Empty disables it.
+	GRPCListen string
+
+	// StoreTimeout is the deadline of each store call (default 500ms).
+	StoreTimeout time.Duration
+	// WatchEvery is how often the rules file is checked for changes
+	// (default 1s; negative disables polling; SIGHUP and the admin API
+	// still reload).
+	WatchEvery time.Duration
+	// ShutdownTimeout bounds a graceful shutdown: in-flight requests get
+	// this long to finish (default 10s).
+	ShutdownTimeout time.Duration
+	// Logger receives the server's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultListen          = "127.0.0.1:8080"
+	DefaultAdminListen     = "127.0.0.1:9090"
+	DefaultStoreTimeout    = 500 * time.Millisecond
+	DefaultWatchEvery      = time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+func (c Config) withDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.AdminListen == "" {
+		c.AdminListen = DefaultAdminListen
+	}
+	if c.Store == "" {
+		c.Store = "memory"
+	}
+	if c.StoreTimeout <= 0 {
+		c.StoreTimeout = DefaultStoreTimeout
+	}
+	if c.WatchEvery == 0 {
+		c.WatchEvery = DefaultWatchEvery
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}

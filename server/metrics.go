@@ -1,0 +1,151 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/driplimit/drip"
+)
+
+// metrics are the server's Prometheus series, in a registry of its own so
+// that several servers can live in one process (tests do).
+type metrics struct {
+	reg *prometheus.Registry
+
+	decisions     *prometheus.CounterVec // rule, outcome
+	shadowDenials *prometheus.CounterVec // rule
+	storeSeconds  *prometheus.HistogramVec
+	storeErrors   *prometheus.CounterVec // op
+	reloads       *prometheus.CounterVec // result
+	rulesOK       prometheus.Gauge
+	rulesLoaded   prometheus.Gauge
+	reloadTime    prometheus.Gauge
+	fallback      *prometheus.CounterVec // rule
+	circuitOpen   prometheus.Gauge
+}
+
+// Outcomes of a decision, the "outcome" label of drip_decisions_total.
+const (
+	outcomeAllowed = "allowed"
+	outcomeDenied  = "denied"
+	outcomeError   = "error"
+)
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_decisions_total",
+			Help: "Decisions by rule (\"inline\" for the decision API's inline limits) and outcome (allowed, denied, error).",
+		}, []string{"rule", "outcome"}),
+		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_shadow_denials_total",
+			Help: "Requests a shadow-mode rule would have denied (and let through).",
+		}, []string{"rule"}),
+		storeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "drip_store_duration_seconds",
+			Help:    "Latency of store calls by operation.",
+			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_store_errors_total",
+			Help: "Store calls that failed or timed out (bad input is not counted), by operation.",
+		}, []string{"op"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_rules_reloads_total",
+			Help: "Rules reloads by result (ok, error). A failed reload keeps the previous rules.",
+		}, []string{"result"}),
+		rulesOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "drip_rules_last_reload_ok",
+			Help: "1 if the last rules load succeeded, 0 if the file on disk is bad and older rules are in force.",
+		}),
+		rulesLoaded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "drip_rules_loaded",
+			Help: "Number of rules in force.",
+		}),
+		reloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "drip_rules_last_reload_timestamp_seconds",
+			Help: "When the rules in force were loaded (Unix time).",
+		}),
+		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_local_fallback_decisions_total",
+			Help: "Decisions made by the per-instance local limiter while the store was failing (on_error: local), by rule.",
+		}, []string{"rule"}),
+		circuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "drip_store_circuit_open",
+			Help: "1 while the circuit breaker in front of the store is open (decisions go to the local fallback or the on_error policy without calling the store).",
+		}),
+	}
+	m.reg.MustRegister(m.decisions, m.shadowDenials, m.storeSeconds, m.storeErrors,
+		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime, m.fallback, m.circuitOpen,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// observed is a drip.Store that times every call and counts failures: the
+// store latency and error series. Telemetry stays out of the stores
+// themselves.
+type observed struct {
+	drip.Store
+	take, peek, refund, multi, reset prometheus.Observer
+	errs                             *prometheus.CounterVec
+}
+
+func (m *metrics) observe(s drip.Store) *observed {
+	return &observed{
+		Store:  s,
+		take:   m.storeSeconds.WithLabelValues("take"),
+		peek:   m.storeSeconds.WithLabelValues("peek"),
+		refund: m.storeSeconds.WithLabelValues("refund"),
+		multi:  m.storeSeconds.WithLabelValues("multi"),
+		reset:  m.storeSeconds.WithLabelValues("reset"),
+		errs:   m.storeErrors,
+	}
+}
+
+func (o *observed) obs(op drip.Op) (prometheus.Observer, string) {
+	switch op {
+	case drip.OpPeek:
+		return o.peek, "peek"
+	case drip.OpRefund:
+		return o.refund, "refund"
+	}
+	return o.take, "take"
+}
+
+// Apply implements drip.Store.
+func (o *observed) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	start := time.Now()
+	d, err := o.Store.Apply(ctx, op, at, r)
+	h, name := o.obs(op)
+	h.Observe(time.Since(start).Seconds())
+	if err != nil && !badInput(err) {
+		o.errs.WithLabelValues(name).Inc()
+	}
+	return d, err
+}
+
+// ApplyMulti implements drip.Store.
+func (o *observed) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
+	start := time.Now()
+	m, err := o.Store.ApplyMulti(ctx, op, at, rs)
+	o.multi.Observe(time.Since(start).Seconds())
+	if err != nil && !badInput(err) {
+		o.errs.WithLabelValues("multi").Inc()
+	}
+	return m, err
+}
+
+// Reset implements drip.Store.
+func (o *observed) Reset(ctx context.Context, key string) error {
+	start := time.Now()
+	err := o.Store.Reset(ctx, key)
+	o.reset.Observe(time.Since(start).Seconds())
+	if err != nil && !badInput(err) {
+		o.errs.WithLabelValues("reset").Inc()
+	}
+	return err
+}

@@ -1,0 +1,212 @@
+// Package server is drip serve: the decision API (or, with an upstream,
+// the gateway), and an admin listener with Prometheus metrics, health
+// checks and the admin API (inspect and reset buckets, reload rules).
+//
+// A Server is built from a Config and an open drip.Store. Listen binds its
+// listeners (so that port 0 resolves before anyone connects), Serve runs
+// them until its context ends and then shuts down gracefully; Run does both.
+//
+// Rules reload on Reload (which the admin API, SIGHUP in cmd/drip and the
+// file watcher call): the new rules are loaded and validated aside and
+// swapped in as one immutable snapshot; a bad file keeps the rules in
+// force, and is logged and counted (drip_rules_reloads_total{result="error"},
+// drip_rules_last_reload_ok 0). Bucket keys depend on the rule name and the
+// key values only, so buckets keep their state across reloads.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/driplimit/drip"
+)
+
+// timeZero asks a store for a decision on its own clock.
+var timeZero time.Time
+
+// Server is drip serve. Construct it with New; it is safe for concurrent
+// use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	store   drip.Store // instrumented
+
+	rs *ruleState
+
+	mu        sync.Mutex
+	listeners []*listener
+	served    bool
+}
+
+// listener is one endpoint of the server: its address, the bound socket,
+// and how to serve and stop it. A new transport (Envoy's gRPC service on
+// Config.GRPCListen) is one more listener, added in New.
+type listener struct {
+	name     string // "api", "gateway", "admin", "grpc": for logs
+	addr     string
+	ln       net.Listener
+	serve    func(net.Listener) error
+	shutdown func(context.Context) error
+}
+
+// New returns a server for cfg with state in store. It loads the rules
+// (Config.Rules, or the built-in default) and fails if they are not valid.
+// The caller keeps ownership of store and closes it after Serve returns.
+func New(cfg Config, store drip.Store) (*Server, error) {
+	cfg = cfg.withDefaults()
+	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics()}
+	s.store = s.metrics.observe(store)
+	rs, err := s.loadRules()
+	if err != nil {
+		return nil, err
+	}
+	s.rs = rs
+
+	front, name := s.apiHandler(), "api"
+	if cfg.Upstream != "" {
+		front, err = s.gateway()
+		if err != nil {
+			return nil, err
+		}
+		name = "gateway"
+	}
+	s.addHTTP(name, cfg.Listen, front)
+	if cfg.AdminListen != "off" {
+		s.addHTTP("admin", cfg.AdminListen, s.adminHandler())
+	}
+	if cfg.GRPCListen != "" {
+		// Hook: Envoy's envoy.service.ratelimit.v3.RateLimitService is
+		// served here, as one more listener:
+		//   s.listeners = append(s.listeners, &listener{name: "grpc",
+		//       addr: cfg.GRPCListen, serve: g.Serve, shutdown: ...})
+		return nil, errors.New("--grpc-listen: Envoy's rate limit service is not built into this drip yet")
+	}
+	return s, nil
+}
+
+// addHTTP adds an HTTP listener serving h on addr.
+func (s *Server) addHTTP(name, addr string, h http.Handler) {
+	hs := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.listeners = append(s.listeners, &listener{
+		name:     name,
+		addr:     addr,
+		serve:    hs.Serve,
+		shutdown: hs.Shutdown,
+	})
+}
+
+// Listen binds every listener. Addresses with port 0 get a free port:
+// Addr and AdminAddr tell which.
+func (s *Server) Listen() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, l := range s.listeners {
+		if l.ln != nil {
+			continue
+		}
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, p := range s.listeners[:i] {
+				p.ln.Close()
+				p.ln = nil
+			}
+			return fmt.Errorf("%s listener: %w", l.name, err)
+		}
+		l.ln = ln
+	}
+	return nil
+}
+
+// Addr is the address of the decision API (or gateway), once Listen has
+// bound it; nil before.
+func (s *Server) Addr() net.Addr { return s.addr("api", "gateway") }
+
+// AdminAddr is the address of the admin listener, once bound; nil before
+// or when it is off.
+func (s *Server) AdminAddr() net.Addr { return s.addr("admin") }
+
+func (s *Server) addr(names ...string) net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range s.listeners {
+		for _, n := range names {
+			if l.name == n && l.ln != nil {
+				return l.ln.Addr()
+			}
+		}
+	}
+	return nil
+}
+
+// Run binds the listeners and serves until ctx ends; see Serve.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.Listen(); err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
+
+// Serve serves on the listeners (binding any that Listen has not) and
+// watches the rules file, until ctx ends or a listener fails. Then it shuts
+// down gracefully: listeners stop accepting, and in-flight requests get
+// Config.ShutdownTimeout to finish. It returns nil after a shutdown
+// caused by ctx.
+func (s *Server) Serve(ctx context.Context) error {
+	if err := s.Listen(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.served {
+		s.mu.Unlock()
+		return errors.New("server: Serve called twice")
+	}
+	s.served = true
+	ls := append([]*listener(nil), s.listeners...)
+	s.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.watch(ctx) })
+
+	errc := make(chan error, len(ls))
+	for _, l := range ls {
+		s.log.Info("drip serve: listening", "listener", l.name, "addr", l.ln.Addr().String())
+		go func() {
+			if err := l.serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s listener: %w", l.name, err)
+				return
+			}
+			errc <- nil
+		}()
+	}
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	cancel()
+	s.log.Info("drip serve: shutting down")
+	sctx, scancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer scancel()
+	for _, l := range ls {
+		if e := l.shutdown(sctx); e != nil && err == nil {
+			err = fmt.Errorf("%s listener shutdown: %w", l.name, e)
+		}
+	}
+	wg.Wait()
+	return err
+}
