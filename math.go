@@ -165,9 +165,18 @@ func (p Params) Refilled(b Bucket, now int64) Bucket {
 // at least target micro-tokens. It is 0 when it already does. For interval
 // and fixed-window refills the answer lands on the grid.
 func (p Params) Until(b Bucket, target, now int64) time.Duration {
+	if b.Tokens >= target {
+		return 0
+	}
+	return time.Duration(max(0, p.reach(b, target)-now))
+}
+
+// reach is the instant at which b holds target micro-tokens (b.TS if it
+// already does), saturating at MaxInt64.
+func (p Params) reach(b Bucket, target int64) int64 {
 	need := target - b.Tokens
 	if need <= 0 {
-		return 0
+		return b.TS
 	}
 	var d int64
 	if p.Kind == KindContinuous {
@@ -175,21 +184,37 @@ func (p Params) Until(b Bucket, target, now int64) time.Duration {
 	} else {
 		k := ceilDiv(need, p.Rate)
 		if k > math.MaxInt64/p.Period {
-			return time.Duration(math.MaxInt64)
+			return math.MaxInt64
 		}
 		d = k * p.Period
 	}
 	if d > math.MaxInt64-b.TS {
-		return time.Duration(math.MaxInt64)
+		return math.MaxInt64
 	}
-	return time.Duration(max(0, b.TS+d-now))
+	return b.TS + d
+}
+
+// ExpiresAt is the instant from which the stored bucket b carries no
+// information, so a store may drop it and Eval treats it as fresh: when it
+// is full again, and for an interval refill one whole period later (until
+// then the bucket keeps its grid; after a full period of being full, the
+// next request starts a new grid). Stores set their TTLs from it.
+func (p Params) ExpiresAt(b Bucket) int64 {
+	t := p.reach(b, p.Burst)
+	if p.Kind == KindInterval {
+		if t > math.MaxInt64-p.Period {
+			return math.MaxInt64
+		}
+		t += p.Period
+	}
+	return t
 }
 
 // Eval decides one request against bucket b (found reports whether the key
 // had state) at now. It returns the decision, the bucket to store, and
 // whether it must be written: a denial or a peek writes nothing.
 func Eval(op Op, b Bucket, found bool, p Params, cost int64, reserve bool, now int64) (Decision, Bucket, bool) {
-	if !found {
+	if !found || now >= p.ExpiresAt(b) {
 		b = p.Fresh(now)
 	}
 	a := p.Refilled(b, now)
@@ -225,16 +250,6 @@ func (p Params) decide(allowed bool, b Bucket, retry time.Duration, now int64) D
 		RetryAfter: retry,
 		ResetAfter: p.Until(b, p.Burst, now),
 	}
-}
-
-// ExpiresAt is the time at which b, stored under p, is full again and its
-// state may be dropped.
-func (p Params) ExpiresAt(b Bucket, now int64) int64 {
-	d := p.Until(b, p.Burst, now)
-	if int64(d) > math.MaxInt64-now {
-		return math.MaxInt64
-	}
-	return now + int64(d)
 }
 
 func ceilDiv(a, b int64) int64 {
@@ -277,16 +292,16 @@ func PrepareMulti(rs []Request) ([]Prepared, error) {
 		return nil, ErrNoRequests
 	}
 	ps := make([]Prepared, len(rs))
-	seen := make(map[string]struct{}, len(rs))
+	seen := make(map[string]int, len(rs))
 	for i, r := range rs {
 		p, err := Prepare(r)
 		if err != nil {
 			return nil, fmt.Errorf("requests[%d]: %w", i, err)
 		}
-		if _, dup := seen[r.Key]; dup {
-			return nil, fmt.Errorf("requests[%d]: %w: %q", i, ErrDuplicateKey, r.Key)
+		if j, dup := seen[r.Key]; dup {
+			return nil, fmt.Errorf("requests[%d]: %w (the key of requests[%d])", i, ErrDuplicateKey, j)
 		}
-		seen[r.Key] = struct{}{}
+		seen[r.Key] = i
 		ps[i] = p
 	}
 	return ps, nil

@@ -140,17 +140,32 @@ func Op(name string) (drip.Op, bool) {
 	return drip.OpTake, true
 }
 
-// Epoch is the instant virtual time 0 maps to.
-var Epoch = time.Unix(0, 0)
+// Epoch returns the instant virtual time 0 maps to for a run starting now:
+// the current time, truncated to the second. Virtual times then lie near
+// real time, so that a shared store's expiry (Redis TTLs, Postgres'
+// expiry of idle rows) treats replayed buckets as it treats live ones.
+func Epoch() time.Time { return time.Now().Truncate(time.Second) }
 
-// Do performs one line on store, with keys prefixed by prefix, and returns
-// the JSON output value.
-func Do(ctx context.Context, store drip.Store, prefix string, l Line) (any, error) {
-	at := Epoch.Add(l.At)
+// Do performs one line on store at epoch + l.At, with keys prefixed by
+// prefix, and returns the JSON output value. The output does not depend on
+// the prefix or the epoch: a fixed window's grid is derived from the
+// unprefixed key and counted from the epoch, as if the trace began at the
+// Unix epoch.
+func Do(ctx context.Context, store drip.Store, epoch time.Time, prefix string, l Line) (any, error) {
+	at := epoch.Add(l.At)
 	fix := func(r drip.Request) drip.Request {
-		// Derive a fixed window's grid from the unprefixed key, so the
-		// output does not depend on the prefix.
 		r.Limit = r.Limit.ForKey(r.Key)
+		if r.Limit.Algorithm == drip.FixedWindow {
+			p := r.Limit.Period
+			if p == 0 {
+				p = time.Second
+			}
+			shift := time.Duration(epoch.UnixNano() % int64(p))
+			r.Limit.Start = (r.Limit.Start+shift)%p + p // never 0: 0 means "derive"
+			if r.Limit.Start > p {
+				r.Limit.Start -= p
+			}
+		}
 		r.Key = prefix + r.Key
 		return r
 	}
@@ -175,6 +190,11 @@ func Do(ctx context.Context, store drip.Store, prefix string, l Line) (any, erro
 // Bad lines print {"error": "..."} and the run goes on; a failing store
 // also prints an error line for that request. Run returns only I/O errors.
 func Run(ctx context.Context, store drip.Store, prefix string, r io.Reader, w io.Writer) error {
+	return RunAt(ctx, store, Epoch(), prefix, r, w)
+}
+
+// RunAt is Run with virtual time 0 at epoch.
+func RunAt(ctx context.Context, store drip.Store, epoch time.Time, prefix string, r io.Reader, w io.Writer) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	bw := bufio.NewWriter(w)
@@ -188,7 +208,7 @@ func Run(ctx context.Context, store drip.Store, prefix string, r io.Reader, w io
 		var out any
 		l, err := Parse(line)
 		if err == nil {
-			out, err = Do(ctx, store, prefix, l)
+			out, err = Do(ctx, store, epoch, prefix, l)
 		}
 		if err != nil {
 			out = map[string]string{"error": err.Error()}

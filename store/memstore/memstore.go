@@ -108,10 +108,15 @@ func (s *Store) sweeper(every time.Duration) {
 	}
 }
 
-// Sweep drops every bucket that is full again at now. It locks one shard
-// at a time.
+// SweepMargin is how long after a bucket expires (drip.Params.ExpiresAt)
+// the sweeper drops it. Until then a decision made with a clock that went
+// back a little still sees the bucket's own ts.
+const SweepMargin = time.Minute
+
+// Sweep drops every bucket that expired SweepMargin before now. It locks
+// one shard at a time.
 func (s *Store) Sweep(now time.Time) int {
-	n := now.UnixNano()
+	n := now.Add(-SweepMargin).UnixNano()
 	dropped := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -160,9 +165,6 @@ func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Reques
 	sh := s.shardOf(r.Key)
 	sh.mu.Lock()
 	e, found := sh.m[r.Key]
-	if found && e.exp <= now {
-		found = false // expired: a full bucket, whatever was stored
-	}
 	d, next, write := drip.Eval(op, e.b, found, p.Params, p.Cost, p.Reserve, now)
 	if write {
 		s.put(sh, r.Key, next, p.Params, now)
@@ -174,11 +176,7 @@ func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Reques
 // put stores b under key, evicting if the shard is at its bound. The
 // caller holds sh.mu.
 func (s *Store) put(sh *shard, key string, b drip.Bucket, p drip.Params, now int64) {
-	exp := p.ExpiresAt(b, now)
-	if exp <= now {
-		delete(sh.m, key) // full again at once: nothing worth keeping
-		return
-	}
+	exp := p.ExpiresAt(b)
 	if e, ok := sh.m[key]; ok {
 		e.b, e.exp = b, exp
 		sh.m[key] = e
@@ -230,7 +228,7 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 	found := make([]bool, len(ps))
 	for i, p := range ps {
 		e, ok := s.shardOf(p.Key).m[p.Key]
-		buckets[i], found[i] = e.b, ok && e.exp > now
+		buckets[i], found[i] = e.b, ok
 	}
 	m, next, write := drip.EvalMulti(op, ps, buckets, found, now)
 	for i, p := range ps {

@@ -1,0 +1,189 @@
+package storetest
+
+import (
+	"math/big"
+	"time"
+
+	"github.com/driplimit/drip"
+)
+
+// Model is the reference model of SPEC section 1 in exact rational
+// arithmetic: tokens and times are big.Rat, with ts = max(ts, now) exactly
+// as the spec writes it. It is slow and obviously right; stores are
+// compared against it. It never drops state.
+type Model struct {
+	buckets map[string]*modelBucket
+}
+
+type modelBucket struct {
+	tokens, ts *big.Rat // tokens in tokens, ts in nanoseconds
+}
+
+// NewModel returns an empty model.
+func NewModel() *Model { return &Model{buckets: map[string]*modelBucket{}} }
+
+// ModelDecision is a decision in exact arithmetic.
+type ModelDecision struct {
+	Allowed           bool
+	Tokens            *big.Rat
+	RetryNs, ResetNs  *big.Rat
+	Burst, Cost, Need *big.Rat
+}
+
+type mlimit struct {
+	kind                drip.Kind
+	rate, period, burst *big.Rat
+	maxReserved         *big.Rat // nil: no bound
+	start               *big.Rat
+}
+
+func rat(f float64) *big.Rat { r := new(big.Rat); r.SetFloat64(f); return r }
+
+// modelLimit reads a limit exactly as a user wrote it (rounded to the
+// micro-token, as drip documents).
+func modelLimit(p drip.Params) mlimit {
+	m := mlimit{
+		kind:   p.Kind,
+		rate:   big.NewRat(p.Rate, drip.Micro),
+		period: new(big.Rat).SetInt64(p.Period),
+		burst:  big.NewRat(p.Burst, drip.Micro),
+		start:  new(big.Rat).SetInt64(p.Start),
+	}
+	if p.MaxReserved >= 0 {
+		m.maxReserved = big.NewRat(p.MaxReserved, drip.Micro)
+	}
+	return m
+}
+
+func minRat(a, b *big.Rat) *big.Rat {
+	if a.Cmp(b) < 0 {
+		return a
+	}
+	return b
+}
+
+func floorRat(r *big.Rat) *big.Int {
+	q := new(big.Int)
+	m := new(big.Int)
+	q.DivMod(r.Num(), r.Denom(), m) // Euclidean: floor for positive denominators
+	return q
+}
+
+func ceilRat(r *big.Rat) *big.Int {
+	f := floorRat(r)
+	if new(big.Rat).SetInt(f).Cmp(r) != 0 {
+		f.Add(f, big.NewInt(1))
+	}
+	return f
+}
+
+func (m *Model) state(key string, l mlimit, now *big.Rat) (tokens, ts *big.Rat) {
+	b, ok := m.buckets[key]
+	if ok && l.kind == drip.KindInterval {
+		// An interval bucket full for a whole period starts a new grid
+		// (drip.Params.ExpiresAt); the stale state stays until a write.
+		full := new(big.Rat).Add(b.ts, l.until(b.tokens, b.ts, l.burst, b.ts))
+		if now.Cmp(full.Add(full, l.period)) >= 0 {
+			ok = false
+		}
+	}
+	if !ok {
+		ts := new(big.Rat).Set(now)
+		if l.kind == drip.KindWindow {
+			// ts = now - ((now - start) mod period)
+			d := new(big.Rat).Sub(now, l.start)
+			k := floorRat(new(big.Rat).Quo(d, l.period))
+			ts = new(big.Rat).Add(l.start, new(big.Rat).Mul(new(big.Rat).SetInt(k), l.period))
+		}
+		return new(big.Rat).Set(l.burst), ts
+	}
+	tokens = new(big.Rat).Set(b.tokens)
+	ts = new(big.Rat).Set(b.ts)
+	if now.Cmp(ts) <= 0 {
+		return minRat(tokens, l.burst), ts
+	}
+	e := new(big.Rat).Sub(now, ts)
+	if l.kind == drip.KindContinuous {
+		add := new(big.Rat).Quo(new(big.Rat).Mul(e, l.rate), l.period)
+		return minRat(tokens.Add(tokens, add), l.burst), new(big.Rat).Set(now)
+	}
+	n := new(big.Rat).SetInt(floorRat(new(big.Rat).Quo(e, l.period)))
+	tokens.Add(tokens, new(big.Rat).Mul(n, l.rate))
+	ts.Add(ts, new(big.Rat).Mul(n, l.period))
+	return minRat(tokens, l.burst), ts
+}
+
+func (l mlimit) until(tokens, ts, target, now *big.Rat) *big.Rat {
+	need := new(big.Rat).Sub(target, tokens)
+	if need.Sign() <= 0 {
+		return new(big.Rat)
+	}
+	var d *big.Rat
+	if l.kind == drip.KindContinuous {
+		d = new(big.Rat).Quo(new(big.Rat).Mul(need, l.period), l.rate)
+	} else {
+		k := ceilRat(new(big.Rat).Quo(need, l.rate))
+		d = new(big.Rat).Mul(new(big.Rat).SetInt(k), l.period)
+	}
+	t := new(big.Rat).Sub(new(big.Rat).Add(ts, d), now)
+	if t.Sign() < 0 {
+		return new(big.Rat)
+	}
+	return t
+}
+
+// Apply decides a prepared request at now (ns). follow, when not nil,
+// is the store's answer: where the exact answer and the store's differ by
+// less than tol tokens (drip's documented fixed-point tolerance), the model
+// follows the store, so both keep the same state.
+func (m *Model) Apply(op drip.Op, p drip.Prepared, at time.Time, write bool, follow *drip.Decision, tol *big.Rat) ModelDecision {
+	l := modelLimit(p.Params)
+	now := new(big.Rat).SetInt64(at.UnixNano())
+	cost := big.NewRat(p.Cost, drip.Micro)
+	tokens, ts := m.state(p.Key, l, now)
+	d := ModelDecision{Burst: l.burst, Cost: cost}
+	if op == drip.OpRefund {
+		n := minRat(new(big.Rat).Add(tokens, cost), l.burst)
+		d.Allowed, d.Tokens, d.RetryNs = true, n, new(big.Rat)
+		d.ResetNs = l.until(n, ts, l.burst, now)
+		if write {
+			m.buckets[p.Key] = &modelBucket{n, ts}
+		}
+		return d
+	}
+	debt := new(big.Rat).Sub(cost, tokens)
+	canReserve := p.Reserve && (l.maxReserved == nil || debt.Cmp(l.maxReserved) <= 0)
+	allowed := tokens.Cmp(cost) >= 0
+	if follow != nil && !canReserve && new(big.Rat).Abs(debt).Cmp(tol) <= 0 {
+		allowed = follow.Allowed // at the boundary, within tolerance
+	}
+	switch {
+	case allowed:
+		n := new(big.Rat).Sub(tokens, cost)
+		d.Allowed, d.Tokens, d.RetryNs = true, n, new(big.Rat)
+		if n.Sign() < 0 { // tolerance case: the store rounded the other way
+			n = new(big.Rat)
+			d.Tokens = n
+		}
+		d.ResetNs = l.until(n, ts, l.burst, now)
+		if write && op == drip.OpTake {
+			m.buckets[p.Key] = &modelBucket{n, ts}
+		}
+	case canReserve:
+		n := new(big.Rat).Sub(tokens, cost)
+		d.Allowed, d.Tokens = true, n
+		d.RetryNs = l.until(n, ts, new(big.Rat), now)
+		d.ResetNs = l.until(n, ts, l.burst, now)
+		if write && op == drip.OpTake {
+			m.buckets[p.Key] = &modelBucket{n, ts}
+		}
+	default:
+		d.Tokens = tokens
+		d.RetryNs = l.until(tokens, ts, cost, now)
+		d.ResetNs = l.until(tokens, ts, l.burst, now)
+	}
+	return d
+}
+
+// Reset forgets key.
+func (m *Model) Reset(key string) { delete(m.buckets, key) }

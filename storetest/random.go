@@ -1,0 +1,222 @@
+package storetest
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/replay"
+)
+
+// randomLimits are the limits random traces draw from: exact and inexact
+// rates, every refill, reservations with and without a bound.
+var randomLimits = []drip.Limit{
+	{Rate: 10, Burst: 20},
+	{Rate: 7, Period: 3 * s, Burst: 5},
+	{Rate: 0.5, Burst: 2},
+	{Rate: 1000, Burst: 100},
+	{Rate: 2, Burst: 4, MaxReserved: 3},
+	{Rate: 5, Period: 10 * s, Burst: 20, Refill: drip.Interval},
+	{Rate: 3, Period: 700 * ms, Burst: 4, Refill: drip.Interval},
+	{Algorithm: drip.FixedWindow, Rate: 3, Period: time.Minute, Burst: 5, Start: time.Minute},
+	{Algorithm: drip.FixedWindow, Rate: 2, Period: 7 * s},
+}
+
+// RandomLines returns a random trace of n lines in the replay format (as
+// parsed lines), reproducible from seed.
+func RandomLines(seed uint64, n int) []replay.Line {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	keys := []string{"a", "b", "c", "d"}
+	lim := map[string]drip.Limit{}
+	for _, k := range keys {
+		lim[k] = randomLimits[rng.IntN(len(randomLimits))]
+	}
+	steps := []time.Duration{0, 0, 1 * ms, 7 * ms, 50 * ms, 100 * ms, 333 * ms, 1 * s, 2500 * ms, 12 * s}
+	costs := []float64{0, 0.5, 1, 1, 1, 2, 3.25}
+	var at time.Duration = 10 * s
+	req := func(k string) drip.Request {
+		l := lim[k]
+		r := drip.Request{Key: k, Limit: l, Cost: costs[rng.IntN(len(costs))], Reserve: rng.IntN(6) == 0}
+		switch rng.IntN(12) {
+		case 0:
+			r.Cost = limBurst(l)
+		case 1:
+			r.Cost = limBurst(l) + 1 // over the burst: an error unless reserved
+		}
+		return r
+	}
+	lines := make([]replay.Line, 0, n)
+	for range n {
+		if rng.IntN(20) == 0 {
+			at -= []time.Duration{1 * ms, 200 * ms, 3 * s}[rng.IntN(3)]
+		} else {
+			at += steps[rng.IntN(len(steps))]
+		}
+		l := replay.Line{At: at}
+		switch x := rng.IntN(100); {
+		case x < 55:
+			l.Op, l.Request = "take", req(keys[rng.IntN(len(keys))])
+		case x < 70:
+			l.Op, l.Request = "peek", req(keys[rng.IntN(len(keys))])
+		case x < 78:
+			l.Op, l.Request = "refund", req(keys[rng.IntN(len(keys))])
+			l.Request.Reserve = false
+		case x < 82:
+			l.Op, l.Request = "reset", drip.Request{Key: keys[rng.IntN(len(keys))]}
+		default:
+			l.Op = "take"
+			perm := rng.Perm(len(keys))
+			for _, i := range perm[:2+rng.IntN(2)] {
+				l.Requests = append(l.Requests, req(keys[i]))
+			}
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
+// RunRandom runs a random trace of n operations on the store and on the
+// exact Model, and compares every decision.
+func RunRandom(t *testing.T, newStore NewStore, seeds, n int) {
+	for seed := range seeds {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			st := newStore(t)
+			CompareWithModel(t, st, RandomLines(uint64(seed), n))
+		})
+	}
+}
+
+// Tolerance is how far, in tokens, a store may be from exact arithmetic
+// over a random trace of a few hundred decisions: drip's fixed point loses
+// at most min(1, Rate/Period in micro-tokens per ns) micro-tokens per
+// decision (see math.go), never over-grants, and is exact at every
+// representable boundary.
+var Tolerance = big.NewRat(1, 1000)
+
+// CompareWithModel runs lines on the store and on a fresh Model and fails
+// on any disagreement beyond Tolerance.
+func CompareWithModel(t *testing.T, st drip.Store, lines []replay.Line) {
+	t.Helper()
+	c := ctx(t)
+	p := prefix()
+	b := base()
+	m := NewModel()
+	for i, l := range lines {
+		at := b.Add(l.At)
+		where := fmt.Sprintf("line %d (%s at %v)", i, l.Op, l.At)
+		if l.Op == "reset" {
+			if err := st.Reset(c, p+l.Request.Key); err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			m.Reset(p + l.Request.Key)
+			continue
+		}
+		op, _ := replay.Op(l.Op)
+		rs := l.Requests
+		if rs == nil {
+			rs = []drip.Request{l.Request}
+		}
+		own := make([]drip.Request, len(rs))
+		for j, r := range rs {
+			r.Key = p + r.Key
+			own[j] = r
+		}
+		ps, perr := drip.PrepareMulti(own)
+		if perr != nil && l.Requests == nil {
+			_, perr = drip.Prepare(own[0])
+		}
+		var got []drip.Decision
+		var err error
+		if l.Requests == nil {
+			var d drip.Decision
+			d, err = st.Apply(c, op, at, own[0])
+			got = []drip.Decision{d}
+		} else {
+			var mm drip.Multi
+			mm, err = st.ApplyMulti(c, op, at, own)
+			got = mm.Decisions
+			if err == nil && mm.Allowed != allAllowed(got) {
+				t.Fatalf("%s: Multi.Allowed %v but decisions %+v", where, mm.Allowed, got)
+			}
+		}
+		if perr != nil {
+			if err == nil || !strings.Contains(err.Error(), perr.Error()) {
+				t.Fatalf("%s: store err = %v, want %v", where, err, perr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		// The model decides each request, following the store only at a
+		// boundary within tolerance; then applies all or none.
+		want := make([]ModelDecision, len(ps))
+		for j, pr := range ps {
+			want[j] = m.Apply(op, pr, at, false, &got[j], Tolerance)
+		}
+		all := true
+		for _, w := range want {
+			all = all && w.Allowed
+		}
+		if op == drip.OpRefund || (op == drip.OpTake && (all || len(ps) == 1)) {
+			for j, pr := range ps {
+				if want[j].Allowed || op == drip.OpRefund {
+					m.Apply(op, pr, at, true, &got[j], Tolerance)
+				}
+			}
+		}
+		for j := range ps {
+			if msg := compare(got[j], want[j], ps[j].Params); msg != "" {
+				t.Fatalf("%s, request %d (%s cost %v reserve %v, limit %v): %s", where, j, rs[j].Key, rs[j].Cost, rs[j].Reserve, rs[j].Limit, msg)
+			}
+		}
+	}
+}
+
+func allAllowed(ds []drip.Decision) bool {
+	for _, d := range ds {
+		if !d.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+func compare(got drip.Decision, want ModelDecision, p drip.Params) string {
+	tol, _ := Tolerance.Float64()
+	wt, _ := want.Tokens.Float64()
+	// How long tol tokens take to refill, plus a microsecond of slack.
+	ttol := time.Duration(tol*float64(p.Period)/(float64(p.Rate)/drip.Micro)) + time.Microsecond
+	if p.Kind != drip.KindContinuous {
+		ttol = time.Microsecond
+	}
+	retry, _ := want.RetryNs.Float64()
+	reset, _ := want.ResetNs.Float64()
+	switch {
+	case got.Allowed != want.Allowed:
+		return fmt.Sprintf("allowed %v, exact model says %v (got %+v, exact tokens %v)", got.Allowed, want.Allowed, got, wt)
+	case math.Abs(got.Tokens-wt) > tol:
+		return fmt.Sprintf("tokens %v, exact %v", got.Tokens, wt)
+	case got.Remaining != int64(math.Floor(math.Max(0, got.Tokens))):
+		return fmt.Sprintf("remaining %v for tokens %v", got.Remaining, got.Tokens)
+	case got.Limit != float64(p.Burst)/drip.Micro:
+		return fmt.Sprintf("limit %v, want %v", got.Limit, float64(p.Burst)/drip.Micro)
+	case absDur(got.RetryAfter-time.Duration(math.Round(retry))) > ttol:
+		return fmt.Sprintf("retry_after %v, exact %v", got.RetryAfter, time.Duration(retry))
+	case absDur(got.ResetAfter-time.Duration(math.Round(reset))) > ttol:
+		return fmt.Sprintf("reset_after %v, exact %v", got.ResetAfter, time.Duration(reset))
+	}
+	return ""
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}

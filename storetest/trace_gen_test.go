@@ -1,0 +1,128 @@
+package storetest
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+var update = flag.Bool("update", false, "rewrite the random traces and every golden output from the memory store")
+
+// encodeLine writes l in the replay format.
+func encodeLine(l replay.Line) string {
+	type req struct {
+		Key     string      `json:"key"`
+		Cost    *float64    `json:"cost,omitempty"`
+		Reserve bool        `json:"reserve,omitempty"`
+		Limit   *drip.Limit `json:"limit,omitempty"`
+	}
+	conv := func(r drip.Request) req {
+		c, lim := r.Cost, r.Limit
+		return req{Key: r.Key, Cost: &c, Reserve: r.Reserve, Limit: &lim}
+	}
+	m := map[string]any{"at": json.Number(fmt.Sprintf("%.3f", l.At.Seconds())), "op": l.Op}
+	switch {
+	case l.Requests != nil:
+		var rs []req
+		for _, r := range l.Requests {
+			rs = append(rs, conv(r))
+		}
+		m["requests"] = rs
+	case l.Op == "reset":
+		m["key"] = l.Request.Key
+	default:
+		r := conv(l.Request)
+		m["key"], m["cost"], m["limit"] = r.Key, r.Cost, r.Limit
+		if r.Reserve {
+			m["reserve"] = true
+		}
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// TestGolden checks that the memory store reproduces every golden output
+// (with -update, rewrites them), and that the random traces' goldens agree
+// with the exact model.
+func TestGolden(t *testing.T) {
+	if *update {
+		for i, seed := range []uint64{1, 2, 3} {
+			var b strings.Builder
+			for _, l := range RandomLines(seed, 400) {
+				b.WriteString(encodeLine(l) + "\n")
+			}
+			name := filepath.Join("testdata", fmt.Sprintf("random-%d.jsonl", i+1))
+			if err := os.WriteFile(name, []byte(b.String()), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	entries, _ := os.ReadDir("testdata")
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".jsonl")
+		if !ok {
+			continue
+		}
+		in, _ := os.ReadFile(filepath.Join("testdata", e.Name()))
+		st := memstore.New()
+		var out bytes.Buffer
+		if err := replay.RunAt(t.Context(), st, base(), "g:", bytes.NewReader(in), &out); err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		gp := filepath.Join("testdata", name+".golden")
+		if *update {
+			if err := os.WriteFile(gp, out.Bytes(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, _ := os.ReadFile(gp)
+		if !bytes.Equal(out.Bytes(), want) {
+			t.Errorf("%s: the memory store's output differs from the golden file (go test ./storetest -run TestGolden -update)", name)
+		}
+	}
+}
+
+// TestGoldenAgreesWithModel replays the random traces' lines on the exact
+// model and checks the golden decisions against it.
+func TestGoldenAgreesWithModel(t *testing.T) {
+	for i, seed := range []uint64{1, 2, 3} {
+		st := memstore.New()
+		CompareWithModel(t, st, RandomLines(seed, 400))
+		st.Close()
+		in, golden := ReadTrace(fmt.Sprintf("random-%d", i+1))
+		if len(in) != 400 || len(golden) != 400 {
+			t.Fatalf("random-%d: %d lines, %d golden", i+1, len(in), len(golden))
+		}
+		for j, l := range RandomLines(seed, 400) {
+			if encodeLine(l) != in[j] {
+				t.Fatalf("random-%d line %d is not what RandomLines(%d) gives: regenerate with -update", i+1, j+1, seed)
+			}
+		}
+	}
+}
+
+// TestModelWorkedExample holds the model itself to SPEC's boundary example.
+func TestModelWorkedExample(t *testing.T) {
+	m := NewModel()
+	p, _ := drip.Prepare(drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 10})
+	at := time.Unix(100, 0)
+	if d := m.Apply(drip.OpTake, p, at, true, nil, nil); !d.Allowed || d.Tokens.Sign() != 0 {
+		t.Fatalf("burst: %+v", d)
+	}
+	p.Cost = drip.Micro
+	if d := m.Apply(drip.OpTake, p, at.Add(100*time.Millisecond), true, nil, nil); !d.Allowed || d.Tokens.Cmp(big.NewRat(0, 1)) != 0 {
+		t.Fatalf("0.1 s later: %+v", d)
+	}
+}
