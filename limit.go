@@ -105,8 +105,8 @@ var (
 	ErrInvalidCost      = errors.New("invalid cost")
 	ErrMissingKey       = errors.New("missing key")
 	ErrCostExceedsBurst = errors.New("cost exceeds burst")
-	ErrNoRequests   = errors.New("no requests")
-	ErrDuplicateKey = errors.New("duplicate key in multi-take")
+	ErrNoRequests       = errors.New("no requests")
+	ErrDuplicateKey     = errors.New("duplicate key in multi-take")
 )
 
 func (l Limit) period() time.Duration {

@@ -40,8 +40,8 @@ type ReqJSON struct {
 }
 
 type lineJSON struct {
-	At       json.RawMessage `json:"at"`
-	Op       string          `json:"op"`
+	At json.RawMessage `json:"at"`
+	Op string          `json:"op"`
 	ReqJSON
 	Requests []ReqJSON `json:"requests"`
 }
