@@ -1,0 +1,224 @@
+package drip_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"go/build"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+func TestLimitValidate(t *testing.T) {
+	good := []drip.Limit{drip.PerSecond(10), drip.PerMinute(0.5).WithBurst(3), drip.Every(5, 10*time.Second).WithRefill(drip.Interval),
+		drip.PerHour(100).Window(), drip.PerSecond(1).WithMaxReserved(10)}
+	for _, l := range good {
+		if err := l.Validate(); err != nil {
+			t.Errorf("%v: %v", l, err)
+		}
+	}
+	bad := map[string]drip.Limit{
+		"rate must be > 0":                    {},
+		"rate must be a finite number":        {Rate: float64Inf()},
+		"period must be > 0":                  {Rate: 1, Period: -1},
+		"burst must be > 0":                   {Rate: 1, Burst: -2},
+		"refill applies to token_bucket only": {Rate: 1, Algorithm: drip.FixedWindow, Refill: drip.Interval},
+		"is not token_bucket or fixed_window": {Rate: 1, Algorithm: "gcra"},
+		"rate must be at least 0.000001":      {Rate: 1e-9},
+	}
+	for want, l := range bad {
+		err := l.Validate()
+		if !errors.Is(err, drip.ErrInvalidLimit) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%+v: err = %v, want %q", l, err, want)
+		}
+	}
+}
+
+func float64Inf() float64 { var z float64; return 1 / z }
+
+func TestLimitString(t *testing.T) {
+	for l, want := range map[drip.Limit]string{
+		drip.PerSecond(10): "10/1s burst 10",
+		drip.Every(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval): "5/10s burst 20 interval",
+		drip.PerMinute(3).Window(): "fixed_window 3/1m0s burst 3",
+	} {
+		if got := l.String(); got != want {
+			t.Errorf("String() = %q, want %q", got, want)
+		}
+	}
+}
+
+func TestLimitJSON(t *testing.T) {
+	var l drip.Limit
+	if err := json.Unmarshal([]byte(`{"algorithm":"fixed_window","rate":5,"period":"10s","burst":20,"start":0}`), &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Period != 10*time.Second || l.Start != 10*time.Second || l.Burst != 20 {
+		t.Errorf("decoded %+v", l)
+	}
+	if err := json.Unmarshal([]byte(`{"rate":5,"period":2.5}`), &l); err != nil || l.Period != 2500*time.Millisecond {
+		t.Errorf("period in seconds: %+v %v", l, err)
+	}
+	if err := json.Unmarshal([]byte(`{"rate":5,"perod":"1s"}`), &l); err == nil {
+		t.Error("an unknown field must be an error")
+	}
+	if err := json.Unmarshal([]byte(`{"rate":5,"period":"soon"}`), &l); err == nil {
+		t.Error("a bad period must be an error")
+	}
+	b, _ := json.Marshal(drip.PerSecond(10).WithBurst(20))
+	if string(b) != `{"rate":10,"period":"1s","burst":20}` {
+		t.Errorf("marshal: %s", b)
+	}
+}
+
+func TestJitter(t *testing.T) {
+	if drip.JitterFraction("alice") != drip.JitterFraction("alice") {
+		t.Fatal("the same identity must get the same offset")
+	}
+	seen := map[int64]bool{}
+	for _, id := range []string{"alice", "bob", "carol", "dave", "erin", "frank", "10.0.0.1", "10.0.0.2"} {
+		f := drip.JitterFraction(id)
+		if f < 0 || f >= 1 {
+			t.Fatalf("fraction %v out of [0,1)", f)
+		}
+		s := drip.RetryAfterSeconds(id, 10*time.Second, 0.5)
+		if s < 10 || s > 15 {
+			t.Errorf("%s: Retry-After %d outside [10, 15]", id, s)
+		}
+		seen[s] = true
+	}
+	if len(seen) < 3 {
+		t.Errorf("8 clients got only %d distinct Retry-After values", len(seen))
+	}
+	if got := drip.RetryAfterSeconds("x", 100*time.Millisecond, 0); got != 1 {
+		t.Errorf("0.1 s rounds up to 1 s, got %d", got)
+	}
+}
+
+// TestSharded checks that a sharded key never grants more than the whole
+// limit, and that the two choices use nearly all of it.
+func TestSharded(t *testing.T) {
+	s := memstore.New()
+	defer s.Close()
+	sh := drip.Sharded{Store: s, N: 4}
+	at := time.Unix(1000, 0)
+	granted := 0
+	for range 200 {
+		d, err := sh.Apply(context.Background(), drip.OpTake, at, drip.Request{Key: "hot", Limit: drip.PerSecond(100), Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			granted++
+		}
+	}
+	if granted > 100 || granted < 96 {
+		t.Fatalf("4 shards of a 100-token burst granted %d, want 96..100", granted)
+	}
+	if err := sh.Reset(context.Background(), "hot"); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := sh.Apply(context.Background(), drip.OpTake, at, drip.Request{Key: "hot", Limit: drip.PerSecond(100), Cost: 1})
+	if !d.Allowed || d.Tokens != 24 {
+		t.Fatalf("after reset: %+v", d)
+	}
+}
+
+func TestLimiter(t *testing.T) {
+	s := memstore.New()
+	defer s.Close()
+	now := time.Unix(1000, 0)
+	l := drip.New(s, drip.PerSecond(2).WithBurst(3).WithMaxReserved(2), drip.WithClock(func() time.Time { return now }))
+	ctx := context.Background()
+	for i := range 3 {
+		if d, err := l.Take(ctx, "u"); err != nil || !d.Allowed {
+			t.Fatalf("take %d: %+v %v", i, d, err)
+		}
+	}
+	if d, _ := l.Peek(ctx, "u"); d.Allowed || d.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("peek on empty: %+v", d)
+	}
+	if d, _ := l.Reserve(ctx, "u", 2); !d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("reserve: %+v", d)
+	}
+	if d, _ := l.Reserve(ctx, "u", 1); d.Allowed {
+		t.Fatalf("a reservation past max_reserved must be denied: %+v", d)
+	}
+	if d, _ := l.Refund(ctx, "u", 2); d.Tokens != 0 {
+		t.Fatalf("refund: %+v", d)
+	}
+	if err := l.Reset(ctx, "u"); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = l.Take(ctx, "u")
+	m, err := l.TakeMulti(ctx, drip.Request{Key: "u", Cost: 3}, drip.Request{Key: "t", Limit: drip.PerSecond(1).WithBurst(2), Cost: 2}, drip.Request{Key: "v", Limit: drip.PerSecond(1), Cost: 1})
+	if err != nil || m.Allowed {
+		t.Fatalf("multi: %+v %v", m, err)
+	}
+	if !m.Decisions[1].Allowed || m.Decisions[0].Allowed {
+		t.Fatalf("per-request results: %+v", m)
+	}
+	if d, _ := l.PeekN(ctx, "t", 2); !d.Allowed {
+		t.Fatalf("the denied multi-take consumed: %+v", d)
+	}
+}
+
+// TestWait runs Wait in a synctest bubble: virtual time, no real sleeping.
+func TestWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := memstore.New(memstore.WithSweep(0))
+		defer s.Close()
+		l := drip.New(s, drip.PerSecond(10), drip.WithClock(time.Now))
+		ctx := context.Background()
+		start := time.Now()
+		var done atomic.Int64
+		for range 15 {
+			go func() {
+				if err := l.Wait(ctx, "w"); err != nil {
+					t.Error(err)
+				}
+				done.Add(1)
+			}()
+		}
+		synctest.Wait()
+		if done.Load() != 10 {
+			t.Fatalf("at once: %d of 15 passed, want the burst of 10", done.Load())
+		}
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		if done.Load() != 15 {
+			t.Fatalf("after 0.5 s: %d passed, want 15", done.Load())
+		}
+		if el := time.Since(start); el != 500*time.Millisecond {
+			t.Fatalf("virtual time %v", el)
+		}
+		// A deadline too short for the wait: refused, and nothing kept.
+		dctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		if err := l.Wait(dctx, "w"); !errors.Is(err, drip.ErrWouldExceedDeadline) {
+			t.Fatalf("err = %v", err)
+		}
+		if d, _ := l.Peek(ctx, "w"); d.RetryAfter != 100*time.Millisecond {
+			t.Fatalf("the refused wait kept its reservation: %+v", d)
+		}
+	})
+}
+
+// TestCoreImportsStdlibOnly keeps the core package free of dependencies.
+func TestCoreImportsStdlibOnly(t *testing.T) {
+	pkg, err := build.ImportDir(".", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, imp := range pkg.Imports {
+		if strings.Contains(strings.Split(imp, "/")[0], ".") {
+			t.Errorf("package drip imports %s: the core must use the standard library only", imp)
+		}
+	}
+}
