@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/xml"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func simulateCmd(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), append([]string{"simulate"}, args...), strings.NewReader(stdin), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestSimulateCommand(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "out.svg")
+	code, out, errOut := simulateCmd(t, "", "--rate", "10", "--burst", "50", "--rps", "60", "--for", "10s", "--svg", svg, "--requests", "2")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"limit           10/1s burst 50\n",
+		"traffic         60/s for 10s\n",
+		"requests        600 over 10s, 1 key\n",
+		"accepted        149 (24.8%), 14.9/s\n",
+		"first denial    request 60 at 0.983s: 0.83 tokens left, retry after 0.017s (Retry-After: 1)\n",
+		"steady state    16.7% accepted, 10.0/s (5s to 10s, the second half of the run)\n",
+		"     2     0.017s         48.17  accepted\n",
+		"0-1                 60        59        1      98.3%  1.00\n",
+		"9-10                60        10       50      16.7%  1.00\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	for {
+		if _, err := dec.Token(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("chart is not well-formed: %v", err)
+		}
+	}
+}
+
+func TestSimulateSeed004Interval(t *testing.T) {
+	code, out, errOut := simulateCmd(t, "", "--rate", "10", "--burst", "50", "--refill", "interval", "--pattern", "60/s for 10s, idle 5s, 60/s for 1s")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"first denial    request 51 at 0.833s: 0.00 tokens left, retry after 0.167s (Retry-After: 1)",
+		"0-1                 60        50       10      83.3%  10.00",
+		"14-15                0         0        0          -  50.00",
+		"15-16               60        50       10      83.3%  10.00",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestSimulateInputs(t *testing.T) {
+	trace := `{"at": 0, "key": "a", "limit": {"rate": 1, "burst": 1}}
+{"at": 0.5, "key": "a", "limit": {"rate": 1, "burst": 1}}
+`
+	code, out, errOut := simulateCmd(t, trace, "--trace", "-")
+	if code != 0 || !strings.Contains(out, "first denial    request 2 at 0.500s") {
+		t.Errorf("trace with its own limits: exit %d, %s%s", code, out, errOut)
+	}
+	// The command's limit replaces the trace's.
+	code, out, errOut = simulateCmd(t, trace, "--trace", "-", "--rate", "5")
+	if code != 0 || !strings.Contains(out, "first denial    none") {
+		t.Errorf("trace with --rate: exit %d, %s%s", code, out, errOut)
+	}
+
+	log := `10.0.0.1 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1" 200 1
+10.0.0.1 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1" 200 1
+10.0.0.2 - - [10/Oct/2000:13:55:36 -0700] "GET / HTTP/1.1" 200 1
+`
+	code, out, errOut = simulateCmd(t, log, "--log", "-", "--key-field", "1", "--rate", "1")
+	if code != 0 || !strings.Contains(out, "3 over 1s, 2 keys") || !strings.Contains(out, `first denial    request 2 at 0.000s (key "10.0.0.1")`) {
+		t.Errorf("log: exit %d, %s%s", code, out, errOut)
+	}
+}
+
+func TestSimulateUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rate", "10"}, "give one traffic source"},
+		{[]string{"--rate", "10", "--rps", "5", "--pattern", "idle 1s"}, "give one traffic source"},
+		{[]string{"--rps", "5"}, "give a limit"},
+		{[]string{"--rate", "-1", "--rps", "5"}, "rate must be > 0"},
+		{[]string{"--rate", "10", "--pattern", "lots"}, `phase 1 "lots"`},
+		{[]string{"--rate", "10", "--rps", "5", "--cost", "11"}, "cost exceeds burst"},
+		{[]string{"--rate", "10", "--period", "soon", "--rps", "5"}, "invalid value"},
+	} {
+		code, _, errOut := simulateCmd(t, "", c.args...)
+		if code == 0 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%q: exit %d, stderr %q, want %q", c.args, code, errOut, c.want)
+		}
+	}
+}
