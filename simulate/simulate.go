@@ -360,13 +360,19 @@ func periodOf(l drip.Limit) time.Duration {
 }
 
 // thinner keeps, of the samples of each step of time, the first, the
-// lowest and the highest (in time order): enough to draw the envelope of a
-// sawtooth faithfully at any zoom, in bounded memory.
+// lowest and the highest, in the order they came: enough to draw the
+// envelope of a sawtooth faithfully at any zoom, in bounded memory.
 type thinner struct {
 	step time.Duration
 	out  []Sample
 	cur  int64
-	bin  []Sample // first, min, max of the current step
+	n    int
+	bin  []seqSample // first, min, max of the current step
+}
+
+type seqSample struct {
+	Sample
+	seq int
 }
 
 func (t *thinner) add(s Sample) {
@@ -375,28 +381,23 @@ func (t *thinner) add(s Sample) {
 		t.flush()
 	}
 	t.cur = b
-	switch len(t.bin) {
-	case 0:
-		t.bin = append(t.bin, s, s, s)
-	default:
-		if s.Tokens < t.bin[1].Tokens {
-			t.bin[1] = s
-		}
-		if s.Tokens > t.bin[2].Tokens {
-			t.bin[2] = s
-		}
+	t.n++
+	x := seqSample{s, t.n}
+	switch {
+	case len(t.bin) == 0:
+		t.bin = append(t.bin, x, x, x)
+	case s.Tokens < t.bin[1].Tokens:
+		t.bin[1] = x
+	case s.Tokens > t.bin[2].Tokens:
+		t.bin[2] = x
 	}
 }
 
 func (t *thinner) flush() {
-	first, lo, hi := t.bin[0], t.bin[1], t.bin[2]
-	if hi.At < lo.At || (hi.At == lo.At && hi.Tokens < lo.Tokens) {
-		lo, hi = hi, lo // keep time order: [first, earlier, later]
-	}
-	t.out = append(t.out, first)
-	for _, s := range []Sample{lo, hi} {
-		if last := t.out[len(t.out)-1]; s != last {
-			t.out = append(t.out, s)
+	slices.SortFunc(t.bin, func(a, b seqSample) int { return cmp.Compare(a.seq, b.seq) })
+	for i, x := range t.bin {
+		if i == 0 || x.seq != t.bin[i-1].seq {
+			t.out = append(t.out, x.Sample)
 		}
 	}
 	t.bin = t.bin[:0]

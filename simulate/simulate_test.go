@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -266,5 +267,47 @@ func BenchmarkRun(b *testing.B) {
 		if _, err := Run(context.Background(), evs, Options{Limit: seed004, End: p.Duration()}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// The chart's samples are in time order, start full, reach the bottom of
+// every sawtooth tooth and end at the end of the run.
+func TestTokenSamples(t *testing.T) {
+	res := run(t, "60/s for 10s", seed004, Event{Cost: 1}, 0)
+	s := res.Tokens
+	if len(s) < 100 || len(s) > 3*800+3 {
+		t.Fatalf("%d samples", len(s))
+	}
+	if s[0] != (Sample{0, 50}) || s[len(s)-1].At != res.End {
+		t.Errorf("samples from %+v to %+v, want from 50 tokens at 0 to the end", s[0], s[len(s)-1])
+	}
+	zeros := 0
+	for i := range s {
+		if i > 0 && s[i].At < s[i-1].At {
+			t.Fatalf("sample %d at %v before sample %d at %v", i, s[i].At, i-1, s[i-1].At)
+		}
+		// Drops happen at one instant: the tokens before a take, then after.
+		if i > 0 && s[i].At == s[i-1].At && s[i].Tokens > s[i-1].Tokens {
+			t.Errorf("a rise at one instant, %+v then %+v", s[i-1], s[i])
+		}
+		if s[i].Tokens == 0 {
+			zeros++
+		}
+	}
+	// From 1 s on, the bucket is emptied ten times a second.
+	if zeros < 90 {
+		t.Errorf("the bucket is empty in %d samples, want at least 90", zeros)
+	}
+}
+
+func TestThinner(t *testing.T) {
+	th := thinner{step: time.Second}
+	for _, s := range []Sample{{0, 5}, {100, 5}, {100, 4}, {200, 4.5}, {300, 4.5}, {300, 3}, {time.Second, 3.5}} {
+		th.add(s)
+	}
+	got := th.done()
+	want := []Sample{{0, 5}, {300, 3}, {time.Second, 3.5}}
+	if !slices.Equal(got, want) {
+		t.Errorf("thinned to %v, want %v", got, want)
 	}
 }
