@@ -1,0 +1,172 @@
+package httplimit
+
+import (
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/driplimit/drip/rules"
+)
+
+// maxTokenLen bounds the bearer tokens that are parsed at all.
+const maxTokenLen = 16 << 10
+
+// verifier reads the claims of a request's bearer token, as a rules
+// file's "jwt" setting says. A token that fails verification (signature,
+// algorithm, exp, nbf, iss, aud) contributes no claims.
+type verifier struct {
+	cfg       *rules.JWT
+	parser    *jwt.Parser
+	validator *jwt.Validator // for "verify": false
+	keys      jwt.Keyfunc
+}
+
+func newVerifier(cfg *rules.JWT, now func() time.Time) *verifier {
+	if cfg == nil {
+		return nil
+	}
+	opts := []jwt.ParserOption{jwt.WithJSONNumber(), jwt.WithLeeway(cfg.Leeway)}
+	if now != nil {
+		opts = append(opts, jwt.WithTimeFunc(now))
+	}
+	if cfg.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
+	}
+	if cfg.Audience != "" {
+		opts = append(opts, jwt.WithAudience(cfg.Audience))
+	}
+	v := &verifier{cfg: cfg}
+	if !cfg.Verify {
+		v.parser = jwt.NewParser(opts...)
+		v.validator = jwt.NewValidator(opts...)
+		return v
+	}
+	// Only the algorithms of the configured keys are accepted: never
+	// "none", and never an HMAC token checked against a public key.
+	var methods []string
+	if cfg.HMACSecret != nil {
+		methods = append(methods, "HS256", "HS384", "HS512")
+	}
+	var hasRSA, hasEC, hasEd bool
+	for _, k := range cfg.Keys {
+		switch k.Key.(type) {
+		case *rsa.PublicKey:
+			hasRSA = true
+		case *ecdsa.PublicKey:
+			hasEC = true
+		case ed25519.PublicKey:
+			hasEd = true
+		}
+	}
+	if hasRSA {
+		methods = append(methods, "RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+	}
+	if hasEC {
+		methods = append(methods, "ES256", "ES384", "ES512")
+	}
+	if hasEd {
+		methods = append(methods, "EdDSA")
+	}
+	v.parser = jwt.NewParser(append(opts, jwt.WithValidMethods(methods))...)
+	v.keys = v.keyfunc
+	return v
+}
+
+// keyfunc picks the keys that may have signed t: the HMAC secret, or the
+// public keys of the algorithm's type, narrowed to the token's kid when a
+// key has that id.
+func (v *verifier) keyfunc(t *jwt.Token) (any, error) {
+	alg := t.Method.Alg()
+	if strings.HasPrefix(alg, "HS") {
+		return v.cfg.HMACSecret, nil
+	}
+	kid, _ := t.Header["kid"].(string)
+	var set, byKid []jwt.VerificationKey
+	for _, k := range v.cfg.Keys {
+		if !keyFits(alg, k) {
+			continue
+		}
+		set = append(set, k.Key)
+		if kid != "" && k.ID == kid {
+			byKid = append(byKid, k.Key)
+		}
+	}
+	if len(byKid) > 0 {
+		set = byKid
+	}
+	return jwt.VerificationKeySet{Keys: set}, nil
+}
+
+func keyFits(alg string, k rules.PublicKey) bool {
+	if k.Alg != "" && k.Alg != alg {
+		return false
+	}
+	switch k.Key.(type) {
+	case *rsa.PublicKey:
+		return strings.HasPrefix(alg, "RS") || strings.HasPrefix(alg, "PS")
+	case *ecdsa.PublicKey:
+		return strings.HasPrefix(alg, "ES")
+	case ed25519.PublicKey:
+		return alg == "EdDSA"
+	}
+	return false
+}
+
+// bearer returns the bearer token of r's Authorization header.
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	if len(h) < 7 || !strings.EqualFold(h[:7], "bearer ") {
+		return "", false
+	}
+	t := strings.TrimSpace(h[7:])
+	if t == "" || len(t) > maxTokenLen {
+		return "", false
+	}
+	return t, true
+}
+
+// claims returns the verified claims of r's bearer token, or nil.
+func (v *verifier) claims(r *http.Request) jwt.MapClaims {
+	tok, ok := bearer(r)
+	if !ok {
+		return nil
+	}
+	claims := jwt.MapClaims{}
+	if !v.cfg.Verify {
+		if _, _, err := v.parser.ParseUnverified(tok, claims); err != nil {
+			return nil
+		}
+		if err := v.validator.Validate(claims); err != nil {
+			return nil
+		}
+		return claims
+	}
+	t, err := v.parser.ParseWithClaims(tok, claims, v.keys)
+	if err != nil || !t.Valid {
+		return nil
+	}
+	return claims
+}
+
+// claimText is the text of a scalar claim (string, number, boolean);
+// lists and objects have none.
+func claimText(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case json.Number:
+		return string(x), true
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64), true
+	case bool:
+		return strconv.FormatBool(x), true
+	}
+	return "", false
+}

@@ -1,0 +1,272 @@
+// Package rules reads drip's rules files (SPEC 3): which requests are
+// limited, by which keys, under which limits, and what to do when the
+// store fails. Files are JSON or YAML, decoded strictly: unknown fields
+// are errors, and every problem is reported at once with its path
+// (rules[2].algorithm_config.burst: must be >= rps).
+//
+// A Set is immutable once loaded; a reload builds a new Set and swaps it
+// in whole. The same loader backs drip check, drip serve and the
+// httplimit middleware.
+package rules
+
+import (
+	"crypto"
+	_ "embed"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/driplimit/drip"
+)
+
+// Mode is whether a rule blocks.
+type Mode string
+
+const (
+	// Enforce rules deny requests over the limit (429). The default.
+	Enforce Mode = "enforce"
+	// Shadow rules are decided and counted but never block.
+	Shadow Mode = "shadow"
+)
+
+// OnError is what a rule does when the store fails or times out.
+type OnError string
+
+const (
+	// Allow lets the request through (logged and counted). The default.
+	Allow OnError = "allow"
+	// Deny answers 503.
+	Deny OnError = "deny"
+	// Local falls back to a per-instance memory limiter at LocalShare of
+	// the rule's rate and burst, behind a circuit breaker, until the store
+	// is back.
+	Local OnError = "local"
+)
+
+// Defaults of the global settings.
+const (
+	DefaultIPv6Prefix      = 64
+	DefaultLocalShare      = 0.5
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = 5 * time.Second
+	defaultCost            = 1.0
+	maxRuleName            = 128
+	maxNestingDepth        = 64
+	maxYAMLNodes           = 100_000
+)
+
+// Set is a loaded rules file. It is immutable: do not modify it or what
+// it holds; a reload builds a new Set.
+type Set struct {
+	// Rules in file order.
+	Rules []Rule
+	// JWT says how bearer tokens are verified; nil when the file has no
+	// "jwt" setting (then no rule uses jwt: sources).
+	JWT *JWT
+	// TrustedProxies are the proxies whose X-Forwarded-For is believed.
+	// Empty: the client IP is the peer address.
+	TrustedProxies []netip.Prefix
+	// IPv6Prefix is the prefix length by which IPv6 clients are keyed
+	// (default 64): one client usually holds a whole /64.
+	IPv6Prefix int
+	// OnError is the default fail policy of rules that set none.
+	OnError OnError
+	// LocalShare is the default share of a rule's rate and burst that the
+	// local fallback grants (0 < share <= 1, default 0.5).
+	LocalShare float64
+	// StoreTimeout is the deadline of each store call; zero leaves it to
+	// the middleware's option (httplimit.WithTimeout).
+	StoreTimeout time.Duration
+	// Breaker configures the circuit breaker in front of the store.
+	Breaker Breaker
+	// File is the name the set was loaded from.
+	File string
+
+	byName map[string]int
+}
+
+// Breaker configures the circuit breaker: after Failures consecutive store
+// failures the store is not called for Cooldown, then one probe decides
+// whether it is back.
+type Breaker struct {
+	Failures int
+	Cooldown time.Duration
+}
+
+// JWT says how bearer tokens are verified. Exactly one way is set:
+// HMACSecret, Keys, or Verify false.
+type JWT struct {
+	// Verify is false only when the file says "verify": false: claims are
+	// then read without checking the signature (a gateway in front has).
+	// Expiry (exp, nbf) is checked either way.
+	Verify bool
+	// HMACSecret is the secret read from hmac_secret_env at load time.
+	HMACSecret []byte
+	// Keys are the public keys of public_key_files or jwks_file.
+	Keys []PublicKey
+	// Issuer and Audience, when set, must match the token's iss and aud.
+	Issuer   string
+	Audience string
+	// Leeway is the clock skew allowed when checking exp and nbf.
+	Leeway time.Duration
+}
+
+// PublicKey is one verification key: an *rsa.PublicKey,
+// *ecdsa.PublicKey or ed25519.PublicKey, with its JWKS key id and
+// algorithm when it came from a JWKS file.
+type PublicKey struct {
+	ID  string
+	Alg string
+	Key crypto.PublicKey
+}
+
+// Rule is one rule of a Set.
+type Rule struct {
+	// Name identifies the rule: in bucket keys, headers, metrics and the
+	// decision API. Unique within a Set.
+	Name string
+	// Group: within a group only the first matching rule (in file order)
+	// applies. Empty: the rule is in no group.
+	Group string
+	// LimitKeys are the sources whose values, with the name, make the
+	// bucket key. A request lacking one of them (or with it empty) is not
+	// limited by this rule, and the next rule of its group may apply.
+	LimitKeys []Source
+	// Match holds conditions that must all hold for the rule to apply.
+	Match []Condition
+	// Mode is Enforce or Shadow.
+	Mode Mode
+	// Limit is the rule's limit (algorithm, rate, period, burst, refill).
+	Limit drip.Limit
+	// CostSource is where a request's cost is read: Kind KindFixed (cost
+	// FixedCost), KindHeader or KindQuery.
+	CostSource Source
+	// FixedCost is the cost of every request when CostSource is fixed.
+	FixedCost float64
+	// DefaultCost is the cost when the header or query value is absent,
+	// not a number, negative or not finite.
+	DefaultCost float64
+	// OnError is the rule's fail policy (the file's default when unset).
+	OnError OnError
+	// LocalShare is the share of Limit's rate and burst that the local
+	// fallback grants.
+	LocalShare float64
+	// Index is the rule's position in the file.
+	Index int
+}
+
+// Rule returns the rule called name.
+func (s *Set) Rule(name string) (*Rule, bool) {
+	i, ok := s.byName[name]
+	if !ok {
+		return nil, false
+	}
+	return &s.Rules[i], true
+}
+
+// UsesJWT reports whether any rule reads jwt: claims.
+func (s *Set) UsesJWT() bool {
+	for i := range s.Rules {
+		if s.Rules[i].usesJWT() {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Rule) usesJWT() bool {
+	for _, k := range r.LimitKeys {
+		if k.Kind == KindJWT {
+			return true
+		}
+	}
+	for _, c := range r.Match {
+		if c.Source.Kind == KindJWT {
+			return true
+		}
+	}
+	return false
+}
+
+// Problem is one problem of a rules file: where (a path such as
+// rules[2].algorithm_config.burst; empty for the whole file) and what.
+type Problem struct {
+	Path    string
+	Message string
+}
+
+func (p Problem) String() string {
+	if p.Path == "" {
+		return p.Message
+	}
+	return p.Path + ": " + p.Message
+}
+
+// Error is a rules file that cannot be used, with every problem found.
+type Error struct {
+	File     string
+	Problems []Problem
+}
+
+// Error lists the problems one per line, each as "file: path: message".
+func (e *Error) Error() string {
+	var b strings.Builder
+	for i, p := range e.Problems {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		if e.File != "" {
+			b.WriteString(e.File)
+			b.WriteString(": ")
+		}
+		b.WriteString(p.String())
+	}
+	return b.String()
+}
+
+// Load reads and parses the rules file at path. Key files named in it are
+// read relative to the file's directory.
+func Load(path string) (*Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("rules: %w", err)
+	}
+	return Parse(data, path)
+}
+
+// Parse decodes and validates a rules file. name tells the format (.json,
+// .yaml or .yml; otherwise it is sniffed: JSON starts with '{'), names the
+// file in errors, and is the base for relative key file paths. A bad file
+// gives an *Error listing every problem.
+func Parse(data []byte, name string) (*Set, error) {
+	v, problems := decode(data, name)
+	if len(problems) > 0 {
+		return nil, &Error{File: name, Problems: problems}
+	}
+	c := &checker{file: name}
+	set := c.set(v)
+	if len(c.problems) > 0 {
+		return nil, &Error{File: name, Problems: c.problems}
+	}
+	set.File = name
+	return set, nil
+}
+
+// DefaultJSON is the built-in rules file that drip serve uses when it is
+// given none: every client IP gets a token bucket of 10 requests per
+// second with bursts of 20, and a shadow rule counts (without blocking)
+// how often all traffic together would exceed 1000 per second.
+//
+//go:embed default.json
+var DefaultJSON []byte
+
+// Default returns the parsed DefaultJSON.
+func Default() *Set {
+	s, err := Parse(DefaultJSON, "default.json")
+	if err != nil {
+		panic("rules: the built-in default is invalid: " + err.Error())
+	}
+	return s
+}
