@@ -1,0 +1,107 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testserver.StopShared()
+	os.Exit(code)
+}
+
+// open returns a store on url, closed when the test ends.
+func open(t testing.TB, url string, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.Open(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func randomTag() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func TestConformance(t *testing.T) {
+	url := testserver.SharedRedisURL(t)
+	s := open(t, url)
+	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+}
+
+// TestConformanceCluster runs the suite on Redis Cluster. Each test gets a
+// prefix with its own hash tag, so that its multi-takes can span its keys
+// while the tests spread over the cluster's masters.
+func TestConformanceCluster(t *testing.T) {
+	url := testserver.SharedRedisClusterURL(t)
+	c := open(t, url).Client()
+	storetest.Run(t, func(t *testing.T) drip.Store {
+		return redisstore.New(c, redisstore.WithPrefix("drip:{"+randomTag()+"}:"))
+	})
+}
+
+func TestClusterCrossSlot(t *testing.T) {
+	url := testserver.SharedRedisClusterURL(t)
+	s := open(t, url)
+	ctx := context.Background()
+	tag := randomTag()
+	l := drip.PerSecond(10)
+	// Keys under one hash tag: one slot, one call, all-or-nothing.
+	rs := []drip.Request{
+		{Key: redisstore.Tag(tag, "user:1"), Limit: l, Cost: 1},
+		{Key: redisstore.Tag(tag, ""), Limit: drip.PerSecond(100), Cost: 1},
+	}
+	m, err := s.ApplyMulti(ctx, drip.OpTake, time.Time{}, rs)
+	if err != nil || !m.Allowed {
+		t.Fatalf("tagged multi-take: %+v, %v", m, err)
+	}
+	// Keys without a shared tag: a clear error, and nothing taken.
+	a, b := "user:"+tag+":a", "user:"+tag+":b"
+	for i := 0; redisstore.Slot(redisstore.DefaultPrefix+a) == redisstore.Slot(redisstore.DefaultPrefix+b); i++ {
+		b += "x"
+	}
+	_, err = s.ApplyMulti(ctx, drip.OpTake, time.Time{}, []drip.Request{
+		{Key: a, Limit: l, Cost: 5}, {Key: b, Limit: l, Cost: 5},
+	})
+	if !errors.Is(err, redisstore.ErrCrossSlot) {
+		t.Fatalf("cross-slot multi-take: err %v, want ErrCrossSlot", err)
+	}
+	d, err := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: a, Limit: l, Cost: 0})
+	if err != nil || d.Tokens != 10 {
+		t.Fatalf("after a refused multi-take %q holds %v tokens (%v), want 10", a, d.Tokens, err)
+	}
+}
+
+// TestSlot holds Slot to the server's CLUSTER KEYSLOT.
+func TestSlot(t *testing.T) {
+	c := open(t, testserver.SharedRedisClusterURL(t)).Client()
+	keys := []string{"123456789", "foo", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{", "}{a}", "", "drip:{t}:x", "\xff\x00"}
+	for i := range 50 {
+		keys = append(keys, randomTag()+strconv.Itoa(i))
+	}
+	for _, key := range keys {
+		want, err := c.Do(context.Background(), c.B().ClusterKeyslot().Key(key).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := redisstore.Slot(key); int64(got) != want {
+			t.Errorf("Slot(%q) = %d, want %d", key, got, want)
+		}
+	}
+}
