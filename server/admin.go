@@ -18,7 +18,8 @@ import (
 //   GET  /readyz           200 if the store answers a peek within the store deadline, else 503 (no token)
 //   GET  /v1/admin/bucket?rule=NAME&value=V[&value=V2...]
 //   GET  /v1/admin/bucket?rule=NAME&key=KEY
-//                          inspect a bucket: a peek, which changes nothing
+//                          inspect a bucket: a peek of cost 0, which changes nothing;
+//                          its tokens are the bucket's content now
 //   POST /v1/admin/reset   {"rule": NAME, "values": [...]} or {"key": KEY}: the bucket is full again
 //   POST /v1/admin/reload  reload the rules file now
 //   GET  /v1/admin/rules   the rules in force
@@ -94,13 +95,13 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 			writeError(w, errorf(http.StatusBadRequest, "give value or key, not both"))
 			return
 		}
-		req, err = s.ruleRequest(name, nil)
-		if err != nil && !isStatus(err, http.StatusBadRequest) {
+		ru, err := s.rule(name)
+		if err != nil {
 			writeError(w, err)
 			return
 		}
-		req.Key = key
-		req.Cost = 1
+		req = drip.Request{Key: key, Limit: ru.Limit}
+		req.Cost = 0 // the bucket as it is: tokens is its content now
 	} else {
 		vals, _ := json.Marshal(q["value"])
 		if !q.Has("value") {
@@ -111,7 +112,7 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		req.Cost = 1
+		req.Cost = 0 // the bucket as it is: tokens is its content now
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
 	defer cancel()
@@ -121,11 +122,6 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, inspection{Rule: name, Key: req.Key, Limit: req.Limit, Decision: d})
-}
-
-func isStatus(err error, status int) bool {
-	he, ok := err.(*httpError)
-	return ok && he.status == status
 }
 
 func (s *Server) adminReset(w http.ResponseWriter, r *http.Request) {

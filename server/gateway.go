@@ -7,6 +7,9 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"time"
+
+	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/rules"
 )
 
 // gateway returns the reverse proxy to Config.Upstream, behind the rules.
@@ -44,6 +47,19 @@ func (s *Server) gateway() (http.Handler, error) {
 	return s.limit(proxy), nil
 }
 
-// limit puts the rules in front of next. (Interim: until httplimit lands
-// it passes requests through.)
-func (s *Server) limit(next http.Handler) http.Handler { return next }
+// limit puts the rules in front of next: the httplimit middleware, with
+// state in the (instrumented) store and its decisions in the metrics.
+func (s *Server) limit(next http.Handler) http.Handler {
+	s.lim = httplimit.New(s.store, s.rules(),
+		httplimit.WithLogger(s.log),
+		httplimit.WithTimeout(s.cfg.StoreTimeout),
+		httplimit.WithObserver(observer{s.metrics}))
+	return s.lim.Handler(next)
+}
+
+// swapLimiter hands reloaded rules to the middleware.
+func (s *Server) swapLimiter(set *rules.Set) {
+	if s.lim != nil {
+		s.lim.Swap(set)
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/rules"
 )
 
 // metrics are the server's Prometheus series, in a registry of its own so
@@ -24,7 +26,7 @@ type metrics struct {
 	rulesLoaded   prometheus.Gauge
 	reloadTime    prometheus.Gauge
 	fallback      *prometheus.CounterVec // rule
-	circuitOpen   prometheus.Gauge
+	circuit       *prometheus.GaugeVec   // state
 }
 
 // Outcomes of a decision, the "outcome" label of drip_decisions_total.
@@ -39,7 +41,7 @@ func newMetrics() *metrics {
 		reg: prometheus.NewRegistry(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions by rule (\"inline\" for the decision API's inline limits) and outcome (allowed, denied, error).",
+			Help: "Decisions by rule (\"inline\" for the decision API's inline limits) and outcome: allowed, denied, error (decision API); allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied (gateway).",
 		}, []string{"rule", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
@@ -74,16 +76,55 @@ func newMetrics() *metrics {
 			Name: "drip_local_fallback_decisions_total",
 			Help: "Decisions made by the per-instance local limiter while the store was failing (on_error: local), by rule.",
 		}, []string{"rule"}),
-		circuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "drip_store_circuit_open",
-			Help: "1 while the circuit breaker in front of the store is open (decisions go to the local fallback or the on_error policy without calling the store).",
-		}),
+		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "drip_store_circuit_state",
+			Help: "The state of the gateway's circuit breaker in front of the store: 1 for the current state (closed; open: the store is not called, rules follow on_error; half_open: one probe decides), 0 for the others.",
+		}, []string{"state"}),
 	}
 	m.reg.MustRegister(m.decisions, m.shadowDenials, m.storeSeconds, m.storeErrors,
-		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime, m.fallback, m.circuitOpen,
+		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime, m.fallback, m.circuit,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.setCircuit(httplimit.BreakerClosed)
 	return m
 }
+
+func (m *metrics) setCircuit(state string) {
+	for _, s := range []string{httplimit.BreakerClosed, httplimit.BreakerOpen, httplimit.BreakerHalfOpen} {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.circuit.WithLabelValues(s).Set(v)
+	}
+}
+
+// observer feeds the middleware's decisions and breaker changes into the
+// metrics. Store latency and errors come from the observed store instead,
+// which sees the decision API's calls too.
+type observer struct{ m *metrics }
+
+var _ httplimit.Observer = observer{}
+
+// Decision implements httplimit.Observer.
+func (o observer) Decision(rule string, mode rules.Mode, outcome httplimit.Outcome) {
+	o.m.decisions.WithLabelValues(rule, string(outcome)).Inc()
+	switch outcome {
+	case httplimit.LocalAllowed, httplimit.LocalDenied:
+		o.m.fallback.WithLabelValues(rule).Inc()
+	}
+	if mode == rules.Shadow && (outcome == httplimit.Denied || outcome == httplimit.LocalDenied) {
+		o.m.shadowDenials.WithLabelValues(rule).Inc()
+	}
+}
+
+// StoreError implements httplimit.Observer; see observed.
+func (observer) StoreError(error) {}
+
+// StoreLatency implements httplimit.Observer; see observed.
+func (observer) StoreLatency(time.Duration) {}
+
+// BreakerState implements httplimit.Observer.
+func (o observer) BreakerState(state string) { o.m.setCircuit(state) }
 
 // observed is a drip.Store that times every call and counts failures: the
 // store latency and error series. Telemetry stays out of the stores

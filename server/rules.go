@@ -1,24 +1,99 @@
 package server
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/netip"
+	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/rules"
 )
 
-// ruleState is the rules in force and the bookkeeping of reloads.
-// (Interim: the rules package has not landed yet; rule lookups answer 404.)
+// ruleState is the rules in force, an immutable snapshot swapped whole on
+// reload, and the bookkeeping of reloads.
 type ruleState struct {
-	mu   sync.Mutex
-	hash [32]byte
+	set atomic.Pointer[rules.Set]
+
+	mu       sync.Mutex // serializes reloads
+	hash     [32]byte   // of the file content last loaded or tried
+	loadedAt time.Time
 }
 
-func (s *Server) loadRules() (*ruleState, error) { return &ruleState{}, nil }
+// rules returns the rules in force.
+func (s *Server) rules() *rules.Set { return s.rs.set.Load() }
 
-// Reload loads the rules file again and swaps it in.
-func (s *Server) Reload() error { return nil }
+// loadRules loads the rules at start: a bad file is an error here (there
+// are no older rules to keep).
+func (s *Server) loadRules() (*ruleState, error) {
+	rs := &ruleState{}
+	var set *rules.Set
+	if s.cfg.Rules == "" {
+		set = rules.Default()
+	} else {
+		data, err := os.ReadFile(s.cfg.Rules)
+		if err != nil {
+			return nil, fmt.Errorf("rules: %w", err)
+		}
+		rs.hash = sha256.Sum256(data)
+		set, err = rules.Parse(data, s.cfg.Rules)
+		if err != nil {
+			return nil, err
+		}
+	}
+	rs.set.Store(set)
+	rs.loadedAt = time.Now()
+	s.metrics.rulesOK.Set(1)
+	s.metrics.rulesLoaded.Set(float64(len(set.Rules)))
+	s.metrics.reloadTime.Set(float64(rs.loadedAt.UnixNano()) / 1e9)
+	return rs, nil
+}
+
+// Reload reads the rules file again and, if it is valid, swaps it in as
+// one snapshot: requests already deciding finish on the old rules, later
+// ones see the new. If it is not valid the rules in force stay, and the
+// error (every problem of the file) is logged, counted in
+// drip_rules_reloads_total{result="error"} and returned. Buckets are
+// keyed by rule name and key values, so a rule that keeps its name keeps
+// its buckets. With the built-in rules there is nothing to reload.
+func (s *Server) Reload() error {
+	s.rs.mu.Lock()
+	defer s.rs.mu.Unlock()
+	if s.cfg.Rules == "" {
+		return nil
+	}
+	data, err := os.ReadFile(s.cfg.Rules)
+	var set *rules.Set
+	if err == nil {
+		s.rs.hash = sha256.Sum256(data)
+		set, err = rules.Parse(data, s.cfg.Rules)
+	} else {
+		err = fmt.Errorf("rules: %w", err)
+	}
+	if err != nil {
+		s.metrics.reloads.WithLabelValues("error").Inc()
+		s.metrics.rulesOK.Set(0)
+		s.log.Error("drip serve: rules reload failed; the rules in force stay", "file", s.cfg.Rules, "err", err.Error())
+		return err
+	}
+	s.rs.set.Store(set)
+	s.swapLimiter(set)
+	s.rs.loadedAt = time.Now()
+	s.metrics.reloads.WithLabelValues("ok").Inc()
+	s.metrics.rulesOK.Set(1)
+	s.metrics.rulesLoaded.Set(float64(len(set.Rules)))
+	s.metrics.reloadTime.Set(float64(s.rs.loadedAt.UnixNano()) / 1e9)
+	s.log.Info("drip serve: rules reloaded", "file", s.cfg.Rules, "rules", len(set.Rules))
+	return nil
+}
 
 func (s *Server) lastHash() [32]byte {
 	s.rs.mu.Lock()
@@ -26,10 +101,133 @@ func (s *Server) lastHash() [32]byte {
 	return s.rs.hash
 }
 
+// ruleRequest builds the request of rule name for key values given as a
+// JSON list (one per limit key but "global", in order) or object (limit
+// key to value). Its cost is the rule's fixed_cost, or default_cost when
+// the rule reads costs from requests.
 func (s *Server) ruleRequest(name string, values json.RawMessage) (drip.Request, error) {
-	return drip.Request{}, errorf(http.StatusNotFound, "unknown rule %q", name)
+	r, err := s.rule(name)
+	if err != nil {
+		return drip.Request{}, err
+	}
+	key, err := ruleKey(r, values, s.rules().IPv6Prefix)
+	if err != nil {
+		return drip.Request{}, err
+	}
+	cost := r.DefaultCost
+	if r.CostSource.Kind == rules.KindFixed || r.CostSource.Kind == "" {
+		cost = r.FixedCost
+	}
+	return drip.Request{Key: key, Limit: r.Limit, Cost: cost}, nil
+}
+
+// rule returns the rule in force called name, or a 404.
+func (s *Server) rule(name string) (*rules.Rule, error) {
+	r, ok := s.rules().Rule(name)
+	if !ok {
+		return nil, errorf(http.StatusNotFound, "unknown rule %q", name)
+	}
+	return r, nil
+}
+
+// ruleKey builds the bucket key of r from values as the decision API
+// takes them. An ip:address value is keyed as the middleware keys client
+// addresses (an IPv6 address by its prefix of v6bits), so that
+// "2001:db8::1" and "2001:db8::2" share the bucket of 2001:db8::/64.
+func ruleKey(r *rules.Rule, values json.RawMessage, v6bits int) (string, error) {
+	srcs := r.KeySources()
+	want := func() string {
+		names := make([]string, len(srcs))
+		for i, s := range srcs {
+			names[i] = s.String()
+		}
+		return "[" + strings.Join(names, ", ") + "]"
+	}
+	v := bytes.TrimSpace(values)
+	switch {
+	case len(v) == 0 || string(v) == "null":
+		if len(srcs) > 0 {
+			return "", errorf(http.StatusBadRequest, "rule %q needs values for %s", r.Name, want())
+		}
+		return r.Key(nil), nil
+	case v[0] == '[':
+		var list []string
+		if err := json.Unmarshal(v, &list); err != nil {
+			return "", errorf(http.StatusBadRequest, "values: want a list of strings: %v", err)
+		}
+		if len(list) != len(srcs) {
+			return "", errorf(http.StatusBadRequest, "rule %q needs %d values, for %s; got %d", r.Name, len(srcs), want(), len(list))
+		}
+		for i, x := range list {
+			if x == "" {
+				return "", errorf(http.StatusBadRequest, "values[%d] (%s) is empty", i, srcs[i])
+			}
+		}
+		for i, src := range srcs {
+			if src.Kind == rules.KindIP {
+				list[i] = keyIP(list[i], v6bits)
+			}
+		}
+		return r.Key(list), nil
+	case v[0] == '{':
+		var m map[string]string
+		if err := json.Unmarshal(v, &m); err != nil {
+			return "", errorf(http.StatusBadRequest, "values: want an object of strings: %v", err)
+		}
+		for k, x := range m {
+			if src, err := rules.ParseSource(k); err == nil && src.Kind == rules.KindIP {
+				m[k] = keyIP(x, v6bits)
+			}
+		}
+		key, err := r.KeyFrom(m)
+		if err != nil {
+			return "", errorf(http.StatusBadRequest, "values: %v", err)
+		}
+		return key, nil
+	}
+	return "", errorf(http.StatusBadRequest, "values: want a list of strings, one for each of %s, or an object from limit key to value", want())
+}
+
+// ruleView is a rule as the admin API shows it.
+type ruleView struct {
+	Name      string     `json:"name"`
+	Group     string     `json:"group,omitempty"`
+	LimitKeys []string   `json:"limit_keys"`
+	Mode      string     `json:"mode"`
+	Limit     drip.Limit `json:"limit"`
+	OnError   string     `json:"on_error"`
 }
 
 func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"rules": []any{}})
+	set := s.rules()
+	s.rs.mu.Lock()
+	loaded := s.rs.loadedAt
+	s.rs.mu.Unlock()
+	file := s.cfg.Rules
+	if file == "" {
+		file = "(built-in default)"
+	}
+	out := struct {
+		File     string     `json:"file"`
+		LoadedAt time.Time  `json:"loaded_at"`
+		Rules    []ruleView `json:"rules"`
+	}{File: file, LoadedAt: loaded, Rules: []ruleView{}}
+	for _, ru := range set.Rules {
+		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), LimitKeys: []string{}}
+		for _, k := range ru.LimitKeys {
+			v.LimitKeys = append(v.LimitKeys, k.String())
+		}
+		out.Rules = append(out.Rules, v)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// keyIP normalizes an IP address value as httplimit keys client IPs; a
+// value that is not an address (say, a prefix already) is kept as is.
+func keyIP(v string, v6bits int) string {
+	a, err := netip.ParseAddr(v)
+	if err != nil {
+		return v
+	}
+	return httplimit.KeyIP(a.WithZone("").Unmap(), v6bits)
 }

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/httplimit"
 )
 
 // timeZero asks a store for a decision on its own clock.
@@ -38,7 +39,8 @@ type Server struct {
 	metrics *metrics
 	store   drip.Store // instrumented
 
-	rs *ruleState
+	rs  *ruleState
+	lim *httplimit.Limiter // the gateway's middleware; nil without an upstream
 
 	mu        sync.Mutex
 	listeners []*listener
@@ -208,5 +210,8 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
+	if s.lim != nil {
+		s.lim.Close()
+	}
 	return err
 }

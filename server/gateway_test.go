@@ -1,0 +1,256 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// upstream is a real HTTP server behind the gateway that counts the
+// requests reaching it.
+type upstream struct {
+	*httptest.Server
+	hits atomic.Int64
+	mu   sync.Mutex
+	last http.Header
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		u.mu.Lock()
+		u.last = r.Header.Clone()
+		u.mu.Unlock()
+		w.Header().Set("X-Upstream", "yes")
+		fmt.Fprintf(w, "upstream saw %s %s", r.Method, r.URL.Path)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) lastHeader() http.Header {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.last
+}
+
+// gwGet sends GET path to the gateway with the x-api-key header (if key is
+// not empty) and returns the response with its body read.
+func gwGet(t *testing.T, base, path, key string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", base+path, nil)
+	if key != "" {
+		req.Header.Set("X-Api-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
+
+func TestGateway(t *testing.T) {
+	up := newUpstream(t)
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"rules": [
+	  {"name": "free", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+	   "algorithm_config": {"rate": 1, "period": "1h", "burst": 3}},
+	  {"name": "watch", "limit_keys": ["header:x-api-key"], "mode": "shadow", "algorithm": "token_bucket",
+	   "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}}
+	]}`)
+	srv := start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1}, memstore.New())
+
+	for i := range 3 {
+		resp, body := gwGet(t, srv.base, "/hello", "k1")
+		if resp.StatusCode != 200 || body != "upstream saw GET /hello" || resp.Header.Get("X-Upstream") != "yes" {
+			t.Fatalf("request %d through the gateway: %d %q", i, resp.StatusCode, body)
+		}
+		want := map[string]string{
+			"RateLimit-Policy":    `"free";q=3;w=10800`,
+			"RateLimit":           fmt.Sprintf(`"free";r=%d;t=%d`, 2-i, 3600*(i+1)),
+			"RateLimit-Limit":     "3",
+			"RateLimit-Remaining": strconv.Itoa(2 - i),
+			"RateLimit-Reset":     strconv.Itoa(3600 * (i + 1)),
+		}
+		for h, v := range want {
+			if got := resp.Header.Get(h); got != v {
+				t.Errorf("request %d: %s: %q, want %q", i, h, got, v)
+			}
+		}
+	}
+	if xff := up.lastHeader().Get("X-Forwarded-For"); xff != "127.0.0.1" {
+		t.Errorf("upstream saw X-Forwarded-For %q, want 127.0.0.1", xff)
+	}
+
+	resp, body := gwGet(t, srv.base, "/hello", "k1")
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("fourth request: %d %q, want 429", resp.StatusCode, body)
+	}
+	if up.hits.Load() != 3 {
+		t.Fatalf("upstream hits %d, want 3: a denied request reached it", up.hits.Load())
+	}
+	ra, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || ra < 3600 || ra > 5400 {
+		t.Fatalf("Retry-After %q, want within [3600, 5400]", resp.Header.Get("Retry-After"))
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/problem+json") {
+		t.Errorf("429 Content-Type %q", ct)
+	}
+	var problem map[string]any
+	if err := json.Unmarshal([]byte(body), &problem); err != nil || !strings.Contains(body, "free") || !strings.Contains(body, "token_bucket_exceeded") {
+		t.Errorf("429 body %q: want problem+json naming the rule and the reason (%v)", body, err)
+	}
+	if got := resp.Header.Get("RateLimit-Remaining"); got != "0" {
+		t.Errorf("429 RateLimit-Remaining %q", got)
+	}
+
+	// Another key has its own bucket; a request without the key is not
+	// limited by the rule (and carries no headers).
+	if resp, _ := gwGet(t, srv.base, "/", "k2"); resp.StatusCode != 200 || resp.Header.Get("RateLimit-Remaining") != "2" {
+		t.Fatalf("other key: %d %v", resp.StatusCode, resp.Header)
+	}
+	for range 5 {
+		if resp, _ := gwGet(t, srv.base, "/", ""); resp.StatusCode != 200 || resp.Header.Get("RateLimit") != "" {
+			t.Fatalf("request without a key: %d %v", resp.StatusCode, resp.Header)
+		}
+	}
+	// The decision API is not served in gateway mode: it goes upstream.
+	if resp, body := gwGet(t, srv.base, "/v1/take", ""); resp.StatusCode != 200 || !strings.HasPrefix(body, "upstream saw") {
+		t.Fatalf("/v1/take on the gateway: %d %q", resp.StatusCode, body)
+	}
+
+	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
+	for _, want := range []string{
+		`drip_decisions_total{outcome="allowed",rule="free"} 4`,
+		`drip_decisions_total{outcome="denied",rule="free"} 1`,
+		`drip_shadow_denials_total{rule="watch"} 3`, // k1's 2nd, 3rd and 4th (the 4th, denied by free, is only peeked)
+		`drip_store_circuit_state{state="closed"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %q:\n%s", want, grep(metrics, "drip_decisions_total")+grep(metrics, "shadow")+grep(metrics, "circuit"))
+		}
+	}
+}
+
+func TestGatewayUpstreamDown(t *testing.T) {
+	up := newUpstream(t)
+	up.Close()
+	srv := start(t, Config{Upstream: up.URL}, memstore.New())
+	resp, body := gwGet(t, srv.base, "/", "")
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "upstream unavailable") {
+		t.Fatalf("upstream down: %d %q, want 502", resp.StatusCode, body)
+	}
+}
+
+// TestGatewayStoreDown: each on_error policy with a store that is down.
+func TestGatewayStoreDown(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		codes  []int // for 5 requests of one client
+		metric string
+	}{
+		{"allow", []int{200, 200, 200, 200, 200}, `drip_decisions_total{outcome="error_allowed",rule="r"} 5`},
+		{"deny", []int{503, 503, 503, 503, 503}, `drip_decisions_total{outcome="error_denied",rule="r"} 5`},
+		// local: half of the burst of 4, per instance.
+		{"local", []int{200, 200, 429, 429, 429}, `drip_local_fallback_decisions_total{rule="r"} 5`},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			up := newUpstream(t)
+			path := filepath.Join(t.TempDir(), "rules.json")
+			writeFile(t, path, `{"on_error": "`+tc.policy+`", "local_share": 0.5,
+			  "circuit_breaker": {"failures": 2, "cooldown": "1h"},
+			  "rules": [{"name": "r", "limit_keys": ["header:x-api-key"],
+			    "algorithm_config": {"rate": 1, "period": "1h", "burst": 4}}]}`)
+			srv := start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1}, failing{})
+			for i, want := range tc.codes {
+				resp, body := gwGet(t, srv.base, "/", "k")
+				if resp.StatusCode != want {
+					t.Fatalf("request %d with the store down and on_error %s: %d %q, want %d", i, tc.policy, resp.StatusCode, body, want)
+				}
+			}
+			_, metrics := call(t, "GET", srv.admin+"/metrics", "")
+			for _, want := range []string{
+				tc.metric,
+				`drip_store_errors_total{op="take"} 2`, // then the breaker opened: no more calls
+				`drip_store_circuit_state{state="open"} 1`,
+			} {
+				if !strings.Contains(metrics, want) {
+					t.Errorf("metrics lack %q:\n%s", want, grep(metrics, "drip_"))
+				}
+			}
+			if code, _ := call(t, "GET", srv.admin+"/readyz", ""); code != 503 {
+				t.Errorf("/readyz with the store down: %d", code)
+			}
+		})
+	}
+}
+
+// TestGatewayReloadUnderLoad: clients keep going through the gateway while
+// the rules are reloaded again and again; the buckets are keyed by rule
+// name, so exactly the burst is granted.
+func TestGatewayReloadUnderLoad(t *testing.T) {
+	testGatewayReloadUnderLoad(t, memstore.New())
+}
+
+func testGatewayReloadUnderLoad(t *testing.T, store drip.Store) {
+	const burst = 25
+	up := newUpstream(t)
+	path := rulesFile(t, "", burst, "api")
+	srv := start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1, StoreTimeout: 5 * time.Second}, store)
+	key := fmt.Sprintf("load-%d", time.Now().UnixNano()) // fresh on a shared store
+	var granted, denied atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, body := gwGet(t, srv.base, "/", key)
+				switch resp.StatusCode {
+				case 200:
+					granted.Add(1)
+				case 429:
+					denied.Add(1)
+				default:
+					t.Errorf("gateway during reloads: %d %q", resp.StatusCode, body)
+					return
+				}
+			}
+		})
+	}
+	for i := range 40 {
+		if i%2 == 0 {
+			rulesFile(t, path, burst, "api", fmt.Sprint("extra", i))
+		} else {
+			rulesFile(t, path, burst, "api")
+		}
+		if err := srv.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if g := granted.Load(); g != burst || denied.Load() == 0 || up.hits.Load() != burst {
+		t.Fatalf("granted %d, denied %d, upstream hits %d across 40 reloads; want exactly %d granted", g, denied.Load(), up.hits.Load(), burst)
+	}
+}
