@@ -259,7 +259,10 @@ end
 
 -- str formats an integer as a decimal string.
 local function str(a)
-  if type(a) == 'number' then return string.format('%.0f', a) end
+  if type(a) == 'number' then
+    if a == 0 then return '0' end -- not '-0'
+    return string.format('%.0f', a)
+  end
   local t = {}
   for i = 1, #a do t[i] = a[i] end
   local parts = {}

@@ -1,0 +1,89 @@
+package redisstore_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// TestExtremeAgainstMemstore drives the script where doubles cannot go:
+// bursts of 1e12 tokens, rates of a millionth of a token, periods of
+// centuries, times near the ends of int64 nanoseconds and before 1970,
+// clocks stepping back, and huge reservations. Every decision must equal
+// the memory store's (drip.Eval), field for field.
+func TestExtremeAgainstMemstore(t *testing.T) {
+	rs := open(t, testserver.SharedRedisURL(t))
+	ms := memstore.New(memstore.WithSweep(0))
+	defer ms.Close()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 11))
+	limits := []drip.Limit{
+		{Rate: 1e12, Period: 1, Burst: 1e12},
+		{Rate: 1e-6, Period: 290 * 365 * 24 * time.Hour, Burst: 1e12},
+		{Rate: 999999.999999, Period: 3 * time.Nanosecond, Burst: 7.5},
+		{Rate: 3, Period: 700 * time.Millisecond, Burst: 1e12, Refill: drip.Interval},
+		{Rate: 1e12, Period: 100 * 365 * 24 * time.Hour, Burst: 1, Refill: drip.Interval},
+		{Algorithm: drip.FixedWindow, Rate: 123456.789, Period: 97 * 365 * 24 * time.Hour, Start: 5},
+		{Algorithm: drip.FixedWindow, Rate: 1e-6, Period: 7 * time.Second, Burst: 1e12},
+		{Rate: 7, Period: 3 * time.Second, Burst: 5, MaxReserved: 1e12},
+	}
+	starts := []int64{time.Now().UnixNano(), 9_000_000_000_000_000_000, -2_000_000_000_000_000_000, 0, 1 << 53}
+	var errs, allowed, denied int
+	for round, start := range starts {
+		now := start
+		prefix := "extreme:" + randomTag() + ":"
+		for step := range 300 {
+			switch rng.IntN(6) {
+			case 0:
+				now -= rng.Int64N(int64(time.Hour)) // the clock steps back
+			case 1:
+				now += rng.Int64N(int64(100 * 365 * 24 * time.Hour))
+			default:
+				now += rng.Int64N(int64(10 * time.Second))
+			}
+			if now > 9_200_000_000_000_000_000 {
+				now = 9_200_000_000_000_000_000
+			}
+			at := time.Unix(0, now)
+			li := rng.IntN(len(limits))
+			r := drip.Request{Key: prefix + string(rune('a'+li)), Limit: limits[li]}
+			burst := r.Limit.Burst
+			if burst == 0 {
+				burst = r.Limit.Rate
+			}
+			switch rng.IntN(4) {
+			case 0:
+				r.Cost = burst
+			case 1:
+				r.Cost = float64(rng.IntN(3))
+			case 2:
+				r.Cost = burst * rng.Float64()
+			default:
+				r.Cost, r.Reserve = burst*3*rng.Float64(), true
+			}
+			op := []drip.Op{drip.OpTake, drip.OpTake, drip.OpPeek, drip.OpRefund}[rng.IntN(4)]
+			want, werr := ms.Apply(ctx, op, at, r)
+			got, gerr := rs.Apply(ctx, op, at, r)
+			if (werr == nil) != (gerr == nil) || got != want {
+				t.Fatalf("round %d step %d: %s %+v at %d:\n got  %+v (%v)\n want %+v (%v)", round, step, op, r, now, got, gerr, want, werr)
+			}
+			switch {
+			case werr != nil:
+				errs++
+			case want.Allowed:
+				allowed++
+			default:
+				denied++
+			}
+		}
+	}
+	t.Logf("%d allowed, %d denied, %d errors", allowed, denied, errs)
+	if denied < 100 || allowed < 100 {
+		t.Errorf("the run should both allow and deny often")
+	}
+}
