@@ -17,6 +17,8 @@ func openStore(ctx context.Context, url string) (drip.Store, func(), error) {
 	case url == "" || url == "memory" || strings.HasPrefix(url, "memory:"):
 		s := memstore.New()
 		return s, func() { s.Close() }, nil
+	case strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://"):
+		return openRedis(ctx, url)
 	}
 	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://... or redis://...", url)
 }
