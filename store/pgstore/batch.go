@@ -1,0 +1,166 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/driplimit/drip"
+)
+
+// batcher coalesces concurrent single-key decisions into batch.sql
+// statements. Up to conns workers each take the first waiting request,
+// gather more (those already waiting, and with a window those that arrive
+// within it) up to max, and decide them in one statement. Under light load
+// a request goes alone at once; under heavy load, batches form while the
+// workers are busy.
+type batcher struct {
+	s   *Store
+	ch  chan *call
+	max int
+	win time.Duration
+}
+
+type call struct {
+	op   drip.Op
+	key  []byte
+	p    drip.Prepared
+	at   *int64
+	res  result
+	err  error
+	done chan struct{}
+}
+
+var errClosed = errors.New("pgstore: store closed")
+
+func newBatcher(s *Store) *batcher {
+	b := &batcher{s: s, ch: make(chan *call, 4*s.cfg.batchMax), max: s.cfg.batchMax, win: s.cfg.batchWindow}
+	for range s.cfg.batchConns {
+		s.wg.Add(1)
+		go b.work()
+	}
+	return b
+}
+
+// do queues one decision and waits for it. If ctx ends first the request
+// may still be decided (and applied) by its batch.
+func (b *batcher) do(ctx context.Context, op drip.Op, p drip.Prepared, at *int64) (result, error) {
+	c := &call{op: op, key: storeKey(p.Key), p: p, at: at, done: make(chan struct{})}
+	if op == drip.OpTake && alwaysDenied(p) {
+		c.op = drip.OpPeek // no bucket could allow it; see take.sql
+	}
+	select {
+	case b.ch <- c:
+	case <-ctx.Done():
+		return result{}, ctx.Err()
+	case <-b.s.stop:
+		return result{}, errClosed
+	}
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-ctx.Done():
+		return result{}, ctx.Err()
+	}
+}
+
+func (b *batcher) work() {
+	defer b.s.wg.Done()
+	calls := make([]*call, 0, b.max)
+	for {
+		calls = calls[:0]
+		select {
+		case <-b.s.stop:
+			b.drain()
+			return
+		case c := <-b.ch:
+			calls = append(calls, c)
+		}
+		var timeout <-chan time.Time
+		var t *time.Timer
+		if b.win > 0 {
+			t = time.NewTimer(b.win)
+			timeout = t.C
+		}
+	gather:
+		for len(calls) < b.max {
+			if timeout == nil {
+				select {
+				case c := <-b.ch:
+					calls = append(calls, c)
+				default:
+					break gather
+				}
+			} else {
+				select {
+				case c := <-b.ch:
+					calls = append(calls, c)
+				case <-timeout:
+					break gather
+				}
+			}
+		}
+		if t != nil {
+			t.Stop()
+		}
+		b.run(calls)
+	}
+}
+
+// drain fails the requests still queued when the store closes.
+func (b *batcher) drain() {
+	for {
+		select {
+		case c := <-b.ch:
+			c.err = errClosed
+			close(c.done)
+		default:
+			return
+		}
+	}
+}
+
+// run decides calls in one statement and hands each its result.
+func (b *batcher) run(calls []*call) {
+	a := newArrays(len(calls))
+	for _, c := range calls {
+		a.add(c.op, c.key, c.p, c.at)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res := make([]result, len(calls))
+	err := b.s.retry(ctx, func() error {
+		rows, err := b.s.db.Query(ctx, batchSQL, a.ops, a.keys, a.kinds, a.rates, a.periods,
+			a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for rows.Next() {
+			var i int64
+			var r result
+			if err := rows.Scan(&i, &r.allowed, &r.tokens, &r.retry, &r.reset); err != nil {
+				rows.Close()
+				return err
+			}
+			if i < 1 || int(i) > len(res) {
+				rows.Close()
+				return fmt.Errorf("pgstore: batch returned index %d of %d", i, len(res))
+			}
+			res[i-1] = r
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if n != len(calls) {
+			return fmt.Errorf("pgstore: batch returned %d rows for %d requests", n, len(calls))
+		}
+		return nil
+	})
+	for i, c := range calls {
+		c.res, c.err = res[i], err
+		close(c.done)
+	}
+}

@@ -1,0 +1,218 @@
+package pgstore
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed sql/*.sql
+var sqlFiles embed.FS
+
+func mustSQL(name string) string {
+	b, err := sqlFiles.ReadFile("sql/" + name)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+var (
+	takeSQL   = mustSQL("take.sql")
+	peekSQL   = mustSQL("peek.sql")
+	multiSQL  = mustSQL("multi.sql")
+	batchSQL  = mustSQL("batch.sql")
+	sweepSQL  = mustSQL("sweep.sql")
+	resetSQL  = "DELETE FROM drip.buckets WHERE key = $1::bytea"
+	migration = []string{mustSQL("001_schema.sql")}
+)
+
+// SchemaVersion is the version of the drip schema this package installs
+// and expects. Install migrates older schemas to it.
+var SchemaVersion = len(migration)
+
+// InstallOptions tunes Install.
+type InstallOptions struct {
+	// Unlogged makes the bucket table UNLOGGED: faster (no WAL), but
+	// emptied by crash recovery, which can admit up to one extra burst per
+	// key after a crash. An existing table is converted (ALTER TABLE ...
+	// SET UNLOGGED rewrites it under an exclusive lock).
+	Unlogged bool
+	// Logged converts an existing UNLOGGED table back to a logged one.
+	Logged bool
+}
+
+// installLock is the advisory lock that serializes concurrent installs.
+const installLock = 0x64726970 // "drip"
+
+// Install creates the drip schema, or migrates it to SchemaVersion, and
+// (re)creates its functions, in one transaction. It is idempotent and safe
+// to run from several processes at once.
+func Install(ctx context.Context, db DB, o InstallOptions) error {
+	if o.Logged && o.Unlogged {
+		return errors.New("pgstore: install: Logged and Unlogged both set")
+	}
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", installLock); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS drip;
+CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != nil {
+			return err
+		}
+		var v int
+		if err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM drip.schema_version").Scan(&v); err != nil {
+			return err
+		}
+		if v > SchemaVersion {
+			return fmt.Errorf("drip schema version %d is newer than this drip (%d): upgrade drip", v, SchemaVersion)
+		}
+		for i := v; i < SchemaVersion; i++ {
+			sql := migration[i]
+			persistence := ""
+			if o.Unlogged {
+				persistence = "UNLOGGED"
+			}
+			sql = strings.ReplaceAll(sql, "{{PERSISTENCE}}", persistence)
+			if _, err := tx.Exec(ctx, sql); err != nil {
+				return fmt.Errorf("migration %d: %w", i+1, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM drip.schema_version; INSERT INTO drip.schema_version VALUES ("+strconv.Itoa(SchemaVersion)+")"); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, mustSQL("functions.sql")); err != nil {
+			return fmt.Errorf("functions.sql: %w", err)
+		}
+		// take.sql and peek.sql as SQL functions, so that drip.take runs
+		// the very statements the Go store runs.
+		sig := "(bytea, int, int, bigint, bigint, bigint, bigint, bigint, bigint, bool, bigint) RETURNS TABLE (src text, allowed bool, n_tokens bigint, retry bigint, reset bigint) LANGUAGE sql VOLATILE AS $drip$\n"
+		for name, body := range map[string]string{"apply_one": takeSQL, "peek_one": peekSQL} {
+			if _, err := tx.Exec(ctx, "CREATE OR REPLACE FUNCTION drip."+name+sig+body+"\n$drip$"); err != nil {
+				return fmt.Errorf("drip.%s: %w", name, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, mustSQL("api.sql")); err != nil {
+			return fmt.Errorf("api.sql: %w", err)
+		}
+		if o.Unlogged || o.Logged {
+			var persistence string
+			if err := tx.QueryRow(ctx, "SELECT relpersistence::text FROM pg_class WHERE oid = 'drip.buckets'::regclass").Scan(&persistence); err != nil {
+				return err
+			}
+			if o.Unlogged && persistence != "u" {
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED")
+				return err
+			}
+			if o.Logged && persistence == "u" {
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED")
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("pgstore: install: %w", err)
+	}
+	return nil
+}
+
+// checkVersion fails with a hint when the schema is missing or not the one
+// this package expects.
+func checkVersion(ctx context.Context, db DB) error {
+	var v int
+	err := db.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM drip.schema_version").Scan(&v)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000") {
+		return errors.New("pgstore: the drip schema is not installed: run `drip pg install --url ...` or open the store with pgstore.WithInstall")
+	}
+	if err != nil {
+		return fmt.Errorf("pgstore: %w", err)
+	}
+	if v != SchemaVersion {
+		return fmt.Errorf("pgstore: drip schema version %d, want %d: run `drip pg install --url ...` to migrate", v, SchemaVersion)
+	}
+	return nil
+}
+
+// Open connects to the PostgreSQL server at rawURL with a pool of its own
+// (closed by Close) and returns a store on it. Besides pgx's own
+// parameters (pool_max_conns, ...), the URL may carry drip's, which are
+// removed before connecting:
+//
+//	drip_install=true       install or migrate the schema first (WithInstall)
+//	drip_unlogged=true      with drip_install: an UNLOGGED table
+//	drip_sweep=1m           sweeper interval, 0 to turn it off (WithSweep)
+//	drip_batch=200us        turn batching on with this window (WithBatching)
+//	drip_batch_max=128      largest batch
+//	drip_batch_conns=4      batches in flight at once
+//
+// Options given in opts apply after the URL's.
+func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: bad URL: %w", err)
+	}
+	q := u.Query()
+	var urlOpts []Option
+	var inst InstallOptions
+	install := false
+	batchWindow, batchMax, batchConns, batch := time.Duration(0), 0, 0, false
+	for k, vs := range q {
+		if !strings.HasPrefix(k, "drip_") {
+			continue
+		}
+		v := vs[len(vs)-1]
+		q.Del(k)
+		var perr error
+		switch k {
+		case "drip_install":
+			install, perr = strconv.ParseBool(v)
+		case "drip_unlogged":
+			inst.Unlogged, perr = strconv.ParseBool(v)
+		case "drip_sweep":
+			var d time.Duration
+			d, perr = time.ParseDuration(v)
+			urlOpts = append(urlOpts, WithSweep(d))
+		case "drip_batch":
+			batch = true
+			batchWindow, perr = time.ParseDuration(v)
+		case "drip_batch_max":
+			batchMax, perr = strconv.Atoi(v)
+		case "drip_batch_conns":
+			batchConns, perr = strconv.Atoi(v)
+		default:
+			perr = errors.New("unknown parameter")
+		}
+		if perr != nil {
+			return nil, fmt.Errorf("pgstore: URL parameter %s=%q: %v", k, v, perr)
+		}
+	}
+	if install {
+		urlOpts = append(urlOpts, WithInstall(inst))
+	}
+	if batch {
+		urlOpts = append(urlOpts, WithBatching(batchWindow, batchMax, batchConns))
+	}
+	u.RawQuery = q.Encode()
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	s, err := New(ctx, pool, append(urlOpts, opts...)...)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.closeDB = pool.Close
+	return s, nil
+}

@@ -1,0 +1,62 @@
+package pgstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/pgstore"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testserver.StopSharedPostgres()
+	os.Exit(code)
+}
+
+// pool connects to the shared test server, with the schema installed.
+func pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pg := testserver.SharedPostgres(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 70
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	if err := pgstore.Install(ctx, p, pgstore.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// newStore returns a store on the shared server.
+func newStore(t testing.TB, opts ...pgstore.Option) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.New(context.Background(), pool(t), append([]pgstore.Option{pgstore.WithSweep(0)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// prefix is a fresh key prefix, so tests sharing a server keep apart.
+func prefix() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "t" + hex.EncodeToString(b[:]) + ":"
+}
+
+var t0 = time.Unix(1_700_000_000, 0)

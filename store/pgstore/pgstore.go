@@ -1,0 +1,445 @@
+// Package pgstore keeps drip's buckets in PostgreSQL (and in the distributed
+// SQL databases that speak its protocol: YugabyteDB, CockroachDB).
+//
+// Every decision is one SQL statement in one round trip, with the math of
+// drip.Eval written in SQL (sql/functions.sql) on exact integers:
+//   - a take or refund is one INSERT ... ON CONFLICT DO UPDATE ... WHERE
+//     <allowed> RETURNING (sql/take.sql): a denied request writes nothing;
+//   - a peek is one SELECT (sql/peek.sql), a reset one DELETE;
+//   - a multi-take is one statement that locks the buckets in key order,
+//     decides every request and writes them all only if all are allowed
+//     (sql/multi.sql);
+//   - with batching on, concurrent decisions are coalesced into one
+//     statement over arrays (sql/batch.sql).
+//
+// Schema. Everything lives in the schema drip: the table drip.buckets and
+// the SQL functions, including drip.take, drip.peek, drip.refund and
+// drip.reset for services in other languages, which share the buckets with
+// the Go store. Install creates and migrates it (drip pg install --url does
+// the same); WithInstall does it when the store opens. The table is logged
+// by default; an UNLOGGED table (InstallOptions.Unlogged) is faster, but
+// PostgreSQL empties it after a crash, so each key may then admit up to one
+// extra burst.
+//
+// Clock. A zero time means the server's clock_timestamp(), so that app
+// instances with skewed clocks agree; a caller-supplied time is used as
+// given (drip replay does). A bucket's ts never moves backwards: a statement
+// whose time is behind the stored ts (it waited on the row lock while a
+// later one wrote) refills nothing and leaves ts as it is.
+//
+// Keys. Keys are stored as bytes. A key longer than MaxKeyLen bytes (or
+// starting with the byte 0xff) is stored as 0xff followed by its SHA-256, so
+// every index entry stays far below PostgreSQL's limit (about 2700 bytes);
+// drip.key() in SQL does the same for SQL callers.
+//
+// Expiry. A bucket that is full again carries no information: it is read as
+// a fresh bucket, and a sweeper deletes such rows, walking the table in key
+// order in pages of 1000 rows (one short statement each, skipping rows that
+// decisions hold), one pass per minute by default (WithSweep).
+//
+// Errors. Serialization failures (SQLSTATE 40001) and deadlocks (40P01),
+// which distributed SQL databases raise under contention and PostgreSQL
+// raises at SERIALIZABLE, are retried with bounded, jittered exponential
+// backoff (WithRetry), then returned. Any other failure (a dropped
+// connection, a server restart) is returned as an error, never turned into
+// a decision; the pool reconnects by itself.
+package pgstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/driplimit/drip"
+)
+
+// MaxKeyLen is the longest key stored as it is; longer keys are stored
+// hashed (see the package doc).
+const MaxKeyLen = 512
+
+// DB is what the store needs of a connection pool. *pgxpool.Pool has it.
+// It must be safe for concurrent use.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Store is the PostgreSQL store. It is safe for concurrent use. Construct
+// it with New or Open; Close stops its background work.
+type Store struct {
+	db  DB
+	cfg config
+
+	batch *batcher
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+	closeDB  func()
+
+	retries atomic.Int64
+	swept   atomic.Int64
+}
+
+var _ drip.Store = (*Store)(nil)
+
+type config struct {
+	install     bool
+	installOpts InstallOptions
+	sweepEvery  time.Duration
+	sweepPage   int
+	attempts    int
+	backoff     time.Duration
+	maxBackoff  time.Duration
+	batchWindow time.Duration
+	batchMax    int
+	batchConns  int
+}
+
+// DefaultSweep is how often the sweeper walks the table (see WithSweep).
+const DefaultSweep = time.Minute
+
+// Option configures a Store.
+type Option func(*config)
+
+// WithInstall installs or migrates the schema when the store opens (see
+// Install). Without it the schema must already be installed.
+func WithInstall(o InstallOptions) Option {
+	return func(c *config) { c.install, c.installOpts = true, o }
+}
+
+// WithSweep sets how often the sweeper walks the table deleting idle
+// buckets (default DefaultSweep); 0 turns it off. The sweeper reads the
+// server's clock: a store used only with caller-supplied times far from it
+// (a replay of an old trace) may want it off.
+func WithSweep(every time.Duration) Option { return func(c *config) { c.sweepEvery = every } }
+
+// WithSweepPage sets how many rows one sweep statement examines (default
+// 1000).
+func WithSweepPage(n int) Option { return func(c *config) { c.sweepPage = max(1, n) } }
+
+// WithRetry sets how often a statement that failed with a serialization
+// failure or a deadlock is tried in all (default 10) and the first backoff
+// (default 1ms; it doubles up to 100ms, each wait jittered between half and
+// all of it). attempts 1 means no retry.
+func WithRetry(attempts int, backoff time.Duration) Option {
+	return func(c *config) { c.attempts, c.backoff = max(1, attempts), backoff }
+}
+
+// WithBatching coalesces concurrent single-key decisions into one
+// statement each: up to max requests, gathered for at most window after
+// the first (0: only those already waiting), on up to conns statements at
+// once. Off by default; see BENCHMARKS.md for when it pays.
+func WithBatching(window time.Duration, max, conns int) Option {
+	return func(c *config) {
+		c.batchWindow, c.batchMax, c.batchConns = window, max, conns
+		if c.batchMax <= 0 {
+			c.batchMax = 128
+		}
+		if c.batchConns <= 0 {
+			c.batchConns = 4
+		}
+	}
+}
+
+// New returns a store on db, a pool the caller owns (the store does not
+// close it).
+func New(ctx context.Context, db DB, opts ...Option) (*Store, error) {
+	s := &Store{db: db, stop: make(chan struct{})}
+	s.cfg = config{sweepEvery: DefaultSweep, sweepPage: 1000, attempts: 10, backoff: time.Millisecond, maxBackoff: 100 * time.Millisecond}
+	for _, o := range opts {
+		o(&s.cfg)
+	}
+	if s.cfg.install {
+		if err := Install(ctx, db, s.cfg.installOpts); err != nil {
+			return nil, err
+		}
+	} else if err := checkVersion(ctx, db); err != nil {
+		return nil, err
+	}
+	if s.cfg.batchMax > 0 {
+		s.batch = newBatcher(s)
+	}
+	if s.cfg.sweepEvery > 0 {
+		s.wg.Add(1)
+		go s.sweeper()
+	}
+	return s, nil
+}
+
+// Close stops the sweeper and the batcher, and closes the pool if Open
+// made it. Decisions after Close fail.
+func (s *Store) Close() error {
+	s.stopOnce.Do(func() {
+		close(s.stop)
+		s.wg.Wait()
+		if s.closeDB != nil {
+			s.closeDB()
+		}
+	})
+	return nil
+}
+
+// Retries is the number of statements retried after a serialization
+// failure or deadlock since the store opened.
+func (s *Store) Retries() int64 { return s.retries.Load() }
+
+// storeKey is the stored form of key (see MaxKeyLen).
+func storeKey(key string) []byte {
+	if len(key) > MaxKeyLen || key[0] == 0xff {
+		h := sha256.Sum256([]byte(key))
+		return append([]byte{0xff}, h[:]...)
+	}
+	return []byte(key)
+}
+
+func nanos(at time.Time) *int64 {
+	if at.IsZero() {
+		return nil
+	}
+	n := at.UnixNano()
+	return &n
+}
+
+// result is one decision as the SQL returns it.
+type result struct {
+	src     string
+	allowed bool
+	tokens  int64
+	retry   int64
+	reset   int64
+}
+
+func (r result) decision(p drip.Params) drip.Decision {
+	return drip.Decision{
+		Allowed:    r.allowed,
+		Tokens:     float64(r.tokens) / drip.Micro,
+		Remaining:  max(0, r.tokens) / drip.Micro,
+		Limit:      float64(p.Burst) / drip.Micro,
+		RetryAfter: time.Duration(r.retry),
+		ResetAfter: time.Duration(r.reset),
+	}
+}
+
+// alwaysDenied reports whether no bucket could allow a take of p: the cost
+// is over the burst by more than the reservation bound. Such a take is
+// decided by a peek (take.sql relies on it: a fresh bucket always allows).
+func alwaysDenied(p drip.Prepared) bool {
+	return p.Cost > p.Params.Burst && p.Params.MaxReserved >= 0 && p.Cost-p.Params.Burst > p.Params.MaxReserved
+}
+
+// errRace is take.sql's "no row": the bucket appeared after the
+// statement's snapshot. The statement is run again at once.
+var errRace = errors.New("pgstore: bucket appeared after the statement's snapshot")
+
+// Apply implements drip.Store.
+func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	p, err := drip.Prepare(r)
+	if err != nil {
+		return drip.Decision{}, err
+	}
+	if op != drip.OpTake && op != drip.OpPeek && op != drip.OpRefund {
+		return drip.Decision{}, fmt.Errorf("pgstore: unknown op %v", op)
+	}
+	if s.batch != nil {
+		res, err := s.batch.do(ctx, op, p, nanos(at))
+		if err != nil {
+			return drip.Decision{}, err
+		}
+		return res.decision(p.Params), nil
+	}
+	sql := takeSQL
+	if op == drip.OpPeek || (op == drip.OpTake && alwaysDenied(p)) {
+		sql = peekSQL
+	}
+	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
+		p.Params.Burst, p.Params.MaxReserved, p.Params.Start, p.Cost, p.Reserve, nanos(at)}
+	var res result
+	err = s.retry(ctx, func() error {
+		rows, err := s.db.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for rows.Next() {
+			if err := rows.Scan(&res.src, &res.allowed, &res.tokens, &res.retry, &res.reset); err != nil {
+				rows.Close()
+				return err
+			}
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if n != 1 || (res.src == "r" && res.allowed && op != drip.OpPeek && sql == takeSQL) {
+			return errRace
+		}
+		return nil
+	})
+	if err != nil {
+		return drip.Decision{}, err
+	}
+	return res.decision(p.Params), nil
+}
+
+// ApplyMulti implements drip.Store: one statement, all or nothing.
+func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
+	ps, err := drip.PrepareMulti(rs)
+	if err != nil {
+		return drip.Multi{}, err
+	}
+	if op != drip.OpTake && op != drip.OpPeek && op != drip.OpRefund {
+		return drip.Multi{}, fmt.Errorf("pgstore: unknown op %v", op)
+	}
+	a := newArrays(len(ps))
+	seen := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		k := storeKey(p.Key)
+		if seen[string(k)] {
+			return drip.Multi{}, fmt.Errorf("%w: two keys hash to the same stored key", drip.ErrDuplicateKey)
+		}
+		seen[string(k)] = true
+		a.add(op, k, p, nil)
+	}
+	ds := make([]drip.Decision, len(ps))
+	err = s.retry(ctx, func() error {
+		rows, err := s.db.Query(ctx, multiSQL, int(op), a.keys, a.kinds, a.rates, a.periods,
+			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at))
+		if err != nil {
+			return err
+		}
+		i := 0
+		for rows.Next() {
+			var r result
+			if err := rows.Scan(&r.allowed, &r.tokens, &r.retry, &r.reset); err != nil {
+				rows.Close()
+				return err
+			}
+			if i < len(ds) {
+				ds[i] = r.decision(ps[i].Params)
+			}
+			i++
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if i != len(ds) {
+			return fmt.Errorf("pgstore: multi-take returned %d rows for %d requests", i, len(ds))
+		}
+		return nil
+	})
+	if err != nil {
+		return drip.Multi{}, err
+	}
+	return drip.Combine(ds), nil
+}
+
+// Reset implements drip.Store: one DELETE.
+func (s *Store) Reset(ctx context.Context, key string) error {
+	if key == "" {
+		return drip.ErrMissingKey
+	}
+	return s.retry(ctx, func() error {
+		_, err := s.db.Exec(ctx, resetSQL, storeKey(key))
+		return err
+	})
+}
+
+// retryable reports whether err is a serialization failure or a deadlock:
+// the statement was rolled back and may be run again.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	return false
+}
+
+// retry runs f until it succeeds, fails with an error that is not
+// retryable, or has been tried cfg.attempts times.
+func (s *Store) retry(ctx context.Context, f func() error) error {
+	wait := s.cfg.backoff
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = f()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, errRace) {
+			if attempt >= 2*s.cfg.attempts {
+				return err
+			}
+			s.retries.Add(1)
+			continue
+		}
+		if !retryable(err) {
+			return err
+		}
+		if attempt >= s.cfg.attempts {
+			return fmt.Errorf("pgstore: gave up after %d attempts: %w", attempt, err)
+		}
+		s.retries.Add(1)
+		d := wait/2 + rand.N(wait/2+1)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("pgstore: %w (while retrying: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, s.cfg.maxBackoff)
+	}
+}
+
+// arrays holds requests as one array per field, for multi.sql and
+// batch.sql.
+type arrays struct {
+	ops      []int32
+	keys     [][]byte
+	kinds    []int32
+	rates    []int64
+	periods  []int64
+	bursts   []int64
+	maxres   []int64
+	starts   []int64
+	costs    []int64
+	reserves []bool
+	ats      []*int64
+}
+
+func newArrays(n int) *arrays {
+	return &arrays{
+		ops: make([]int32, 0, n), keys: make([][]byte, 0, n), kinds: make([]int32, 0, n),
+		rates: make([]int64, 0, n), periods: make([]int64, 0, n), bursts: make([]int64, 0, n),
+		maxres: make([]int64, 0, n), starts: make([]int64, 0, n), costs: make([]int64, 0, n),
+		reserves: make([]bool, 0, n), ats: make([]*int64, 0, n),
+	}
+}
+
+func (a *arrays) add(op drip.Op, key []byte, p drip.Prepared, at *int64) {
+	a.ops = append(a.ops, int32(op))
+	a.keys = append(a.keys, key)
+	a.kinds = append(a.kinds, int32(p.Params.Kind))
+	a.rates = append(a.rates, p.Params.Rate)
+	a.periods = append(a.periods, p.Params.Period)
+	a.bursts = append(a.bursts, p.Params.Burst)
+	a.maxres = append(a.maxres, p.Params.MaxReserved)
+	a.starts = append(a.starts, p.Params.Start)
+	a.costs = append(a.costs, p.Cost)
+	a.reserves = append(a.reserves, p.Reserve)
+	a.ats = append(a.ats, at)
+}
+
+// IsSerializationFailure reports whether err is (or wraps) a serialization
+// failure or deadlock that survived the store's retries.
+func IsSerializationFailure(err error) bool { return retryable(err) }

@@ -1,0 +1,285 @@
+package pgstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/pgstore"
+	"github.com/driplimit/drip/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	st := newStore(t)
+	storetest.Run(t, func(t *testing.T) drip.Store { return st })
+}
+
+func TestConformanceBatching(t *testing.T) {
+	st := newStore(t, pgstore.WithBatching(0, 64, 4))
+	storetest.Run(t, func(t *testing.T) drip.Store { return st })
+}
+
+// TestSameAsMemstore runs random traces on the memory store and on
+// PostgreSQL, and wants every output identical: the SQL math is drip.Eval
+// bit for bit (storetest allows a tolerance against its exact model; this
+// allows none against the Go math).
+func TestSameAsMemstore(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		opts []pgstore.Option
+	}{
+		{"statement", nil},
+		{"batching", []pgstore.Option{pgstore.WithBatching(0, 16, 2)}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			pg := newStore(t, mode.opts...)
+			ctx := context.Background()
+			for seed := range uint64(4) {
+				mem := memstore.New(memstore.WithSweep(0))
+				p := prefix()
+				epoch := time.Now().Truncate(time.Second)
+				for i, l := range storetest.RandomLines(seed+100, 400) {
+					want := do(ctx, mem, epoch, "", l)
+					got := do(ctx, pg, epoch, p, l)
+					if got != want {
+						t.Fatalf("seed %d line %d (%+v):\npostgres %s\nmemory   %s", seed, i, l, got, want)
+					}
+				}
+				mem.Close()
+			}
+		})
+	}
+}
+
+func do(ctx context.Context, st drip.Store, epoch time.Time, prefix string, l replay.Line) string {
+	out, err := replay.Do(ctx, st, epoch, prefix, l)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	b, _ := json.Marshal(out)
+	return string(b)
+}
+
+// TestHammerOneKey: 64 connections taking from one key at once never get
+// more than burst + rate*T, on the server's clock.
+func TestHammerOneKey(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		opts []pgstore.Option
+	}{
+		{"statement", nil},
+		{"batching", []pgstore.Option{pgstore.WithBatching(0, 64, 4)}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			st := newStore(t, mode.opts...)
+			ctx := context.Background()
+			key := prefix() + "hot"
+			lim := drip.PerSecond(100).WithBurst(50)
+			var granted, calls atomic.Int64
+			start := time.Now()
+			deadline := start.Add(time.Second)
+			var wg sync.WaitGroup
+			errs := make(chan error, 64)
+			for range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for time.Now().Before(deadline) {
+						d, err := st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
+						if err != nil {
+							errs <- err
+							return
+						}
+						calls.Add(1)
+						if d.Allowed {
+							granted.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			el := time.Since(start)
+			bound := 50 + 100*el.Seconds() + 1
+			t.Logf("%d decisions, %d granted in %v (bound %.1f)", calls.Load(), granted.Load(), el, bound)
+			if g := float64(granted.Load()); g > bound || g < 50 {
+				t.Fatalf("granted %v in %v, want between the burst 50 and %.1f", g, el, bound)
+			}
+		})
+	}
+}
+
+// TestSerializableRetries runs the store at SERIALIZABLE, where
+// PostgreSQL itself raises 40001 under contention as distributed SQL
+// databases do: the store retries, grants stay exact, and with retries
+// turned off the error surfaces.
+func TestSerializableRetries(t *testing.T) {
+	pg := pool(t)
+	ctx := context.Background()
+	cfg := pg.Config().ConnConfig.Config
+	_ = cfg
+	url := pg.Config().ConnString() + "&default_transaction_isolation=serializable"
+	open := func(opts ...pgstore.Option) *pgstore.Store {
+		s, err := pgstore.Open(ctx, url+"&pool_max_conns=32", append([]pgstore.Option{pgstore.WithSweep(0)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	hammer := func(st *pgstore.Store, key string, lim drip.Limit, at time.Time) (granted int64, err error) {
+		var g atomic.Int64
+		var wg sync.WaitGroup
+		var once sync.Once
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 10 {
+					d, e := st.Apply(ctx, drip.OpTake, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+					if e != nil {
+						once.Do(func() { err = e })
+						return
+					}
+					if d.Allowed {
+						g.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return g.Load(), err
+	}
+	lim := drip.PerMinute(1).WithBurst(100)
+
+	st := open(pgstore.WithRetry(1000, 100*time.Microsecond))
+	key := prefix() + "ser"
+	if _, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: key, Limit: lim, Cost: 0}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := hammer(st, key, lim, t0)
+	if err != nil {
+		t.Fatalf("with retries: %v", err)
+	}
+	if g != 100 {
+		t.Fatalf("granted %d of 320 at one instant, want exactly the burst 100", g)
+	}
+	if st.Retries() == 0 {
+		t.Fatal("no serialization failure was retried: the test did not exercise the retry path")
+	}
+	t.Logf("%d retries", st.Retries())
+
+	noRetry := open(pgstore.WithRetry(1, 0))
+	key = prefix() + "ser"
+	if _, err := noRetry.Apply(ctx, drip.OpTake, t0, drip.Request{Key: key, Limit: lim, Cost: 0}); err != nil {
+		t.Fatal(err)
+	}
+	var surfaced error
+	for range 20 {
+		if _, err = hammer(noRetry, key, lim, t0); err != nil {
+			surfaced = err
+			break
+		}
+	}
+	if !pgstore.IsSerializationFailure(surfaced) {
+		t.Fatalf("without retries, want a 40001 error to surface, got %v", surfaced)
+	}
+}
+
+// TestLongKeys: keys beyond an index entry's size are hashed, and keys
+// that differ only past the limit stay apart.
+func TestLongKeys(t *testing.T) {
+	st := newStore(t)
+	ctx := context.Background()
+	lim := drip.PerMinute(1).WithBurst(1)
+	p := prefix()
+	a := p + strings.Repeat("x", 10_000) + "a"
+	b := p + strings.Repeat("x", 10_000) + "b"
+	for _, k := range []string{a, b, "\xff" + p} {
+		d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: k, Limit: lim, Cost: 1})
+		if err != nil || !d.Allowed {
+			t.Fatalf("first take on a long key: %+v %v", d, err)
+		}
+		d, err = st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: k, Limit: lim, Cost: 1})
+		if err != nil || d.Allowed {
+			t.Fatalf("second take on a long key: %+v %v", d, err)
+		}
+	}
+	if err := st.Reset(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: a, Limit: lim, Cost: 1}); err != nil || !d.Allowed {
+		t.Fatalf("after reset: %+v %v", d, err)
+	}
+}
+
+// TestSweep deletes idle buckets, and only those.
+func TestSweep(t *testing.T) {
+	db := pool(t)
+	st := newStore(t)
+	ctx := context.Background()
+	p := prefix()
+	lim := drip.PerSecond(10)
+	now := time.Now()
+	// Ten buckets that were full again long ago, and ten that will be
+	// for an hour.
+	for i := range 10 {
+		if _, err := st.Apply(ctx, drip.OpTake, now.Add(-2*time.Hour), drip.Request{Key: p + "old" + string(rune('a'+i)), Limit: lim, Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Apply(ctx, drip.OpTake, now, drip.Request{Key: p + "new" + string(rune('a'+i)), Limit: drip.PerHour(1), Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(pat string) int {
+		var n int
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key LIKE $1::bytea", []byte(p+pat+"%")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if count("old") != 10 || count("new") != 10 {
+		t.Fatalf("before the sweep: %d old, %d new rows", count("old"), count("new"))
+	}
+	st2, err := pgstore.New(ctx, db, pgstore.WithSweep(0), pgstore.WithSweepPage(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	if _, err := st2.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if count("old") != 0 || count("new") != 10 {
+		t.Fatalf("after the sweep: %d old rows (want 0), %d new (want 10)", count("old"), count("new"))
+	}
+}
+
+// TestInstall is idempotent, and a store refuses to open without it.
+func TestInstall(t *testing.T) {
+	db := pool(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = pgstore.Install(ctx, db, pgstore.InstallOptions{}) }()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS other"); err != nil {
+		t.Fatal(err)
+	}
+}

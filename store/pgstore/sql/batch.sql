@@ -1,0 +1,74 @@
+-- batch.sql: many independent decisions (from concurrent callers) as one
+-- statement. Each element is decided as if alone, in array order per key:
+-- requests for the same key form a chain, each seeing the bucket the one
+-- before left, and each bucket is written once, at the end.
+--
+-- One array per field: $1 ops, $2 keys, $3 kinds, $4 rates, $5 periods,
+-- $6 bursts, $7 max reserved, $8 starts, $9 costs, $10 reserves, $11 times
+-- in ns (NULL elements: the server's clock, read once per statement).
+--
+-- Locking as in multi.sql: existing buckets are locked in key order, so
+-- batches never deadlock; a bucket that appeared after the locking read
+-- makes drip.ensure raise 40001 and the batch is retried.
+WITH RECURSIVE
+p AS MATERIALIZED (
+    SELECT drip.clock() AS clock
+),
+r AS MATERIALIZED (
+    SELECT u.*, coalesce(u.at, p.clock) AS now,
+           row_number() OVER (PARTITION BY u.key ORDER BY u.i) AS seq
+    FROM p, unnest($1::int[], $2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
+                   $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $11::bigint[])
+        WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, i)
+),
+cur AS MATERIALIZED (
+    SELECT b.key, b.tokens, b.ts, b.expires
+    FROM drip.buckets b
+    WHERE b.key IN (SELECT key FROM r)
+    ORDER BY b.key
+    FOR UPDATE OF b
+),
+-- chain: one row per request, with the bucket after it (ex: a row exists;
+-- st, ss, sx: its tokens, ts, expires) and whether any step wrote.
+chain (i, key, seq, allowed, tokens, retry, reset, ex, st, ss, sx, dirty) AS (
+    SELECT r.i, r.key, r.seq, e.allowed, e.n_tokens, e.retry, e.reset,
+           e.write OR c.key IS NOT NULL,
+           CASE WHEN e.write THEN e.n_tokens ELSE c.tokens END,
+           CASE WHEN e.write THEN e.n_ts ELSE c.ts END,
+           CASE WHEN e.write THEN e.expires ELSE c.expires END,
+           e.write
+    FROM r
+    LEFT JOIN cur c ON c.key = r.key
+    CROSS JOIN LATERAL drip.eval(r.op, c.key IS NOT NULL, c.tokens, c.ts, r.kind, r.rate,
+                                 r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now) e
+    WHERE r.seq = 1
+    UNION ALL
+    SELECT r.i, r.key, r.seq, e.allowed, e.n_tokens, e.retry, e.reset,
+           e.write OR h.ex,
+           CASE WHEN e.write THEN e.n_tokens ELSE h.st END,
+           CASE WHEN e.write THEN e.n_ts ELSE h.ss END,
+           CASE WHEN e.write THEN e.expires ELSE h.sx END,
+           e.write OR h.dirty
+    FROM chain h
+    JOIN r ON r.key = h.key AND r.seq = h.seq + 1
+    CROSS JOIN LATERAL drip.eval(r.op, h.ex, h.st, h.ss, r.kind, r.rate,
+                                 r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now) e
+),
+w AS MATERIALIZED (
+    SELECT key, st, ss, sx FROM (
+        SELECT DISTINCT ON (key) key, st, ss, sx, dirty FROM chain ORDER BY key, seq DESC
+    ) last
+    WHERE dirty
+),
+up AS (
+    INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
+    SELECT key, st, ss, sx FROM w ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
+    WHERE b.key IN (SELECT key FROM cur)
+    RETURNING 1
+)
+SELECT c.i, c.allowed, c.tokens, c.retry, c.reset
+FROM chain c
+WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
+ORDER BY c.i

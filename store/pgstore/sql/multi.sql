@@ -1,0 +1,53 @@
+-- multi.sql: a multi-take (or multi-peek, multi-refund) as one statement,
+-- all or nothing.
+--
+-- $1 op, then one array per field, one element per request (distinct
+-- keys): $2 keys, $3 kinds, $4 rates, $5 periods, $6 bursts, $7 max
+-- reserved, $8 starts, $9 costs, $10 reserves; $11 now in ns (NULL: the
+-- server's clock).
+--
+-- cur locks the buckets that exist in key order (so multi-takes never
+-- deadlock each other) and reads their latest versions; every decision is
+-- computed from them; the new buckets are written only if every take is
+-- allowed. A bucket that appeared after the locking read (a concurrent
+-- first request) makes drip.ensure raise 40001: the statement rolls back and
+-- the store retries it.
+WITH p AS MATERIALIZED (
+    SELECT $1::int AS op, coalesce($11::bigint, drip.clock()) AS now
+),
+r AS MATERIALIZED (
+    SELECT * FROM unnest($2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
+                         $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[])
+        WITH ORDINALITY AS u(key, kind, rate, period, burst, maxres, start, cost, reserve, i)
+),
+cur AS MATERIALIZED (
+    SELECT b.key, b.tokens, b.ts, b.expires
+    FROM drip.buckets b
+    WHERE b.key IN (SELECT key FROM r)
+    ORDER BY b.key
+    FOR UPDATE OF b
+),
+d AS MATERIALIZED (
+    SELECT r.i, r.key, e.*
+    FROM p, r
+    LEFT JOIN cur c ON c.key = r.key
+    CROSS JOIN LATERAL drip.eval(p.op, c.key IS NOT NULL, c.tokens, c.ts, r.kind, r.rate,
+                                 r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, p.now) e
+),
+w AS MATERIALIZED (
+    SELECT d.key, d.n_tokens, d.n_ts, d.expires
+    FROM d, p
+    WHERE d.write AND (p.op <> 0 OR NOT EXISTS (SELECT FROM d d2 WHERE NOT d2.allowed))
+),
+up AS (
+    INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
+    SELECT key, n_tokens, n_ts, expires FROM w ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
+    WHERE b.key IN (SELECT key FROM cur)
+    RETURNING 1
+)
+SELECT d.allowed, d.n_tokens, d.retry, d.reset
+FROM d
+WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
+ORDER BY d.i
