@@ -86,13 +86,20 @@ func Prepare(r Request) (Prepared, error) {
 	if r.Key == "" {
 		return Prepared{}, ErrMissingKey
 	}
-	if err := r.Limit.Validate(); err != nil {
+	p, err := ParamsOf(r.Limit, r.Key)
+	if err != nil {
 		return Prepared{}, err
 	}
-	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > maxAmount {
-		return Prepared{}, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, r.Cost)
+	return PrepareWith(r, p)
+}
+
+// ParamsOf validates l and resolves it to fixed point for key (the key
+// matters only to a fixed window without Start; see KeyDependent).
+func ParamsOf(l Limit, key string) (Params, error) {
+	if err := l.Validate(); err != nil {
+		return Params{}, err
 	}
-	l := r.Limit.ForKey(r.Key)
+	l = l.ForKey(key)
 	p := Params{
 		Rate:        toMicro(l.Rate),
 		Period:      int64(l.period()),
@@ -109,9 +116,25 @@ func Prepare(r Request) (Prepared, error) {
 	case l.Refill == Interval:
 		p.Kind = KindInterval
 	}
+	return p, nil
+}
+
+// KeyDependent reports whether l's Params depend on the key, so that a
+// store may cache ParamsOf(l, "") for every key when it does not.
+func (l Limit) KeyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
+
+// PrepareWith checks r's key and cost against params p (from ParamsOf for
+// r.Limit and r.Key) and turns the cost to fixed point.
+func PrepareWith(r Request, p Params) (Prepared, error) {
+	if r.Key == "" {
+		return Prepared{}, ErrMissingKey
+	}
+	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > maxAmount {
+		return Prepared{}, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, r.Cost)
+	}
 	cost := toMicro(r.Cost)
 	if cost > p.Burst && !r.Reserve {
-		return Prepared{}, fmt.Errorf("%w: cost %v > burst %v can never succeed without reserve", ErrCostExceedsBurst, r.Cost, l.burst())
+		return Prepared{}, fmt.Errorf("%w: cost %v > burst %v can never succeed without reserve", ErrCostExceedsBurst, r.Cost, float64(p.Burst)/Micro)
 	}
 	return Prepared{Key: r.Key, Params: p, Cost: cost, Reserve: r.Reserve}, nil
 }

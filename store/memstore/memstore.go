@@ -14,7 +14,9 @@ package memstore
 import (
 	"context"
 	"hash/maphash"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -33,7 +35,9 @@ const (
 // It is safe for concurrent use.
 type Store struct {
 	seed       maphash.Seed
-	now        func() time.Time
+	now        func() time.Time // nil: the monotonic clock below
+	start      time.Time        // wall time at New, with its monotonic reading
+	last       atomic.Pointer[cached]
 	perShard   int
 	shards     [shardCount]shard
 	stop       chan struct{}
@@ -43,8 +47,15 @@ type Store struct {
 
 type shard struct {
 	mu sync.Mutex
-	m  map[string]entry
+	m  map[string]*entry
 	_  [40]byte // keep shards on separate cache lines
+}
+
+// cached is the last limit the store resolved, so that the common case (one
+// limit, many keys) skips validation.
+type cached struct {
+	limit  drip.Limit
+	params drip.Params
 }
 
 // entry is a bucket and the time it is full again (its expiry).
@@ -64,6 +75,9 @@ func WithMaxKeys(n int) Option {
 }
 
 // WithClock sets the clock used when a decision is made without a time.
+// By default the store reads the wall clock once, at New, and counts from
+// there on the monotonic clock: decisions never see the wall clock step
+// back or jump, and reading it costs one call instead of two.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
 
 // WithSweep sets how often expired buckets are swept away (default one
@@ -74,14 +88,14 @@ func WithSweep(every time.Duration) Option {
 
 // New returns an empty store. Call Close to stop its sweeper.
 func New(opts ...Option) *Store {
-	s := &Store{seed: maphash.MakeSeed(), now: time.Now, stop: make(chan struct{})}
+	s := &Store{seed: maphash.MakeSeed(), start: time.Now(), stop: make(chan struct{})}
 	WithMaxKeys(DefaultMaxKeys)(s)
 	s.sweepEvery = time.Minute
 	for _, o := range opts {
 		o(s)
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]entry)
+		s.shards[i].m = make(map[string]*entry)
 	}
 	if s.sweepEvery > 0 {
 		go s.sweeper(s.sweepEvery)
@@ -103,7 +117,7 @@ func (s *Store) sweeper(every time.Duration) {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.Sweep(s.now())
+			s.Sweep(time.Unix(0, s.clock()))
 		}
 	}
 }
@@ -150,14 +164,33 @@ func (s *Store) shardOf(key string) *shard {
 
 func (s *Store) nanos(at time.Time) int64 {
 	if at.IsZero() {
-		return s.now().UnixNano()
+		return s.clock()
 	}
 	return at.UnixNano()
 }
 
+func (s *Store) clock() int64 {
+	if s.now != nil {
+		return s.now().UnixNano()
+	}
+	return s.start.UnixNano() + int64(time.Since(s.start))
+}
+
+// prepare is drip.Prepare with the last key-independent limit cached.
+func (s *Store) prepare(r drip.Request) (drip.Prepared, error) {
+	if c := s.last.Load(); c != nil && c.limit == r.Limit {
+		return drip.PrepareWith(r, c.params)
+	}
+	p, err := drip.Prepare(r)
+	if err == nil && !r.Limit.KeyDependent() {
+		s.last.Store(&cached{r.Limit, p.Params})
+	}
+	return p, err
+}
+
 // Apply implements drip.Store.
 func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, err := drip.Prepare(r)
+	p, err := s.prepare(r)
 	if err != nil {
 		return drip.Decision{}, err
 	}
@@ -165,9 +198,17 @@ func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Reques
 	sh := s.shardOf(r.Key)
 	sh.mu.Lock()
 	e, found := sh.m[r.Key]
-	d, next, write := drip.Eval(op, e.b, found, p.Params, p.Cost, p.Reserve, now)
+	var b drip.Bucket
+	if found {
+		b = e.b
+	}
+	d, next, write := drip.Eval(op, b, found, p.Params, p.Cost, p.Reserve, now)
 	if write {
-		s.put(sh, r.Key, next, p.Params, now)
+		if found {
+			e.b, e.exp = next, p.Params.ExpiresAt(next)
+		} else {
+			s.put(sh, r.Key, next, p.Params, now)
+		}
 	}
 	sh.mu.Unlock()
 	return d, nil
@@ -179,13 +220,12 @@ func (s *Store) put(sh *shard, key string, b drip.Bucket, p drip.Params, now int
 	exp := p.ExpiresAt(b)
 	if e, ok := sh.m[key]; ok {
 		e.b, e.exp = b, exp
-		sh.m[key] = e
 		return
 	}
 	if len(sh.m) >= s.perShard {
 		s.evict(sh, now)
 	}
-	sh.m[key] = entry{b: b, exp: exp}
+	sh.m[strings.Clone(key)] = &entry{b: b, exp: exp} // the clone does not pin the caller's memory
 }
 
 // evict drops one bucket: an expired one if the sample finds one, else the
@@ -227,8 +267,9 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 	buckets := make([]drip.Bucket, len(ps))
 	found := make([]bool, len(ps))
 	for i, p := range ps {
-		e, ok := s.shardOf(p.Key).m[p.Key]
-		buckets[i], found[i] = e.b, ok
+		if e, ok := s.shardOf(p.Key).m[p.Key]; ok {
+			buckets[i], found[i] = e.b, true
+		}
 	}
 	m, next, write := drip.EvalMulti(op, ps, buckets, found, now)
 	for i, p := range ps {

@@ -1,0 +1,204 @@
+package bench
+
+// The memory store beside the in-process peers, in one process and one
+// run, so that the ratios in BENCHMARKS.md compare like with like:
+//
+//	cd bench && go test -run '^$' -bench 'Keyed|HotKey|IdleBucket' -benchmem -count 5
+//
+// Every limiter holds the same limit: 100 per second, burst 100.
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sethvargo/go-limiter/memorystore"
+	"github.com/throttled/throttled/v2"
+	throttledmem "github.com/throttled/throttled/v2/store/memstore"
+	"golang.org/x/time/rate"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+const (
+	keyCount = 100_000
+	perSec   = 100
+)
+
+var keys = func() []string {
+	k := make([]string, keyCount)
+	for i := range k {
+		k[i] = fmt.Sprintf("user:%d", i)
+	}
+	return k
+}()
+
+// keyedLimiter is a peer's per-key decision.
+type keyedLimiter interface{ allow(key string) bool }
+
+// dripMem is drip's memory store through the Limiter users call.
+type dripMem struct{ l *drip.Limiter }
+
+func newDripMem(maxKeys int) *dripMem {
+	return &dripMem{drip.New(memstore.New(memstore.WithMaxKeys(maxKeys)), drip.PerSecond(perSec))}
+}
+
+func (d *dripMem) allow(key string) bool {
+	dec, err := d.l.Take(context.Background(), key)
+	return err == nil && dec.Allowed
+}
+
+// xrate is golang.org/x/time/rate keyed the way users key it: one Limiter
+// per key in a map (sync.Map, the faster of the two usual maps for a
+// read-mostly key set).
+type xrate struct{ m sync.Map }
+
+func (x *xrate) allow(key string) bool {
+	v, ok := x.m.Load(key)
+	if !ok {
+		v, _ = x.m.LoadOrStore(key, rate.NewLimiter(perSec, perSec))
+	}
+	return v.(*rate.Limiter).Allow()
+}
+
+type goLimiter struct {
+	s interface {
+		Take(context.Context, string) (uint64, uint64, uint64, bool, error)
+	}
+}
+
+func newGoLimiter() *goLimiter {
+	s, err := memorystore.New(&memorystore.Config{Tokens: perSec, Interval: time.Second})
+	if err != nil {
+		panic(err)
+	}
+	return &goLimiter{s}
+}
+
+func (g *goLimiter) allow(key string) bool {
+	_, _, _, ok, _ := g.s.Take(context.Background(), key)
+	return ok
+}
+
+type throttledGCRA struct{ rl *throttled.GCRARateLimiterCtx }
+
+func newThrottled(maxKeys int) *throttledGCRA {
+	st, err := throttledmem.NewCtx(maxKeys)
+	if err != nil {
+		panic(err)
+	}
+	rl, err := throttled.NewGCRARateLimiterCtx(st, throttled.RateQuota{MaxRate: throttled.PerSec(perSec), MaxBurst: perSec - 1})
+	if err != nil {
+		panic(err)
+	}
+	return &throttledGCRA{rl}
+}
+
+func (t *throttledGCRA) allow(key string) bool {
+	limited, _, _ := t.rl.RateLimitCtx(context.Background(), key, 1)
+	return !limited
+}
+
+func peers(maxKeys int) []struct {
+	name string
+	l    keyedLimiter
+} {
+	return []struct {
+		name string
+		l    keyedLimiter
+	}{
+		{"drip-memstore", newDripMem(maxKeys)},
+		{"x-time-rate", &xrate{}},
+		{"go-limiter", newGoLimiter()},
+		{"throttled-gcra", newThrottled(maxKeys)},
+	}
+}
+
+// BenchmarkKeyed: 100,000 keys, parallel callers, cost 1.
+func BenchmarkKeyed(b *testing.B) {
+	for _, p := range peers(4 * keyCount) {
+		for _, k := range keys { // warm: every key exists
+			p.l.allow(k)
+		}
+		b.Run(p.name, func(b *testing.B) {
+			var seq atomic.Uint64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(seq.Add(1) * 7919)
+				for pb.Next() {
+					p.l.allow(keys[i%keyCount])
+					i++
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkHotKey: one key, parallel callers; x/time/rate is one Limiter.
+func BenchmarkHotKey(b *testing.B) {
+	b.Run("drip-memstore", func(b *testing.B) {
+		d := newDripMem(1024)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				d.allow("hot")
+			}
+		})
+	})
+	b.Run("x-time-rate", func(b *testing.B) {
+		l := rate.NewLimiter(perSec, perSec)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				l.Allow()
+			}
+		})
+	})
+}
+
+// BenchmarkIdleBucket reports the heap bytes per idle bucket with
+// 1,000,000 keys held ("B/bucket"; keys are "user:N", 6 to 12 bytes).
+func BenchmarkIdleBucket(b *testing.B) {
+	const n = 1_000_000
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprintf("user:%d", i)
+	}
+	for _, p := range []struct {
+		name string
+		mk   func() keyedLimiter
+	}{
+		{"drip-memstore", func() keyedLimiter { return newDripMem(2 * n) }},
+		{"x-time-rate", func() keyedLimiter { return &xrate{} }},
+		{"go-limiter", func() keyedLimiter { return newGoLimiter() }},
+		{"throttled-gcra", func() keyedLimiter { return newThrottled(2 * n) }},
+	} {
+		b.Run(p.name, func(b *testing.B) {
+			for range b.N {
+				before := heap()
+				l := p.mk()
+				for _, k := range ks {
+					l.allow(k)
+				}
+				after := heap()
+				b.ReportMetric(float64(after-before)/n, "B/bucket")
+				runtime.KeepAlive(l)
+				runtime.KeepAlive(ks)
+			}
+		})
+	}
+}
+
+func heap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
