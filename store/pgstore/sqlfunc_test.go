@@ -1,0 +1,160 @@
+package pgstore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// sqlTake calls drip.take (or drip.peek, drip.refund) through SQL, as a
+// service in another language would.
+func sqlCall(t *testing.T, db *pgxpool.Pool, fn, key string, l drip.Limit, cost float64, reserve bool, at time.Time) drip.Decision {
+	t.Helper()
+	refill := string(l.Refill)
+	if refill == "" {
+		refill = "continuous"
+	}
+	alg := string(l.Algorithm)
+	if alg == "" {
+		alg = "token_bucket"
+	}
+	var burst *float64
+	if l.Burst != 0 {
+		burst = &l.Burst
+	}
+	period := l.Period
+	if period == 0 {
+		period = time.Second
+	}
+	var start *time.Duration
+	if l.Start != 0 {
+		start = &l.Start
+	}
+	var d drip.Decision
+	var retry, reset float64
+	var sql string
+	var args []any
+	if fn == "refund" {
+		sql = "SELECT * FROM drip.refund($1, $2, $3, $4, $5, refill => $6, algorithm => $7, start => $8, at => $9)"
+		args = []any{key, l.Rate, period, burst, cost, refill, alg, start, at}
+		if l.Algorithm == drip.FixedWindow {
+			sql = "SELECT * FROM drip.refund($1, $2, $3, $4, $5, algorithm => $6, start => $7, at => $8)"
+			args = []any{key, l.Rate, period, burst, cost, alg, start, at}
+		}
+	} else {
+		sql = "SELECT * FROM drip." + fn + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+		if l.Algorithm == drip.FixedWindow {
+			refill = ""
+		}
+		var r *string
+		if refill != "" {
+			r = &refill
+		}
+		args = []any{key, l.Rate, period, burst, cost, reserve, r, alg, l.MaxReserved, start, at}
+	}
+	if err := db.QueryRow(context.Background(), sql, args...).Scan(&d.Allowed, &d.Tokens, &d.Remaining, &d.Limit, &retry, &reset); err != nil {
+		t.Fatalf("%s: %v", fn, err)
+	}
+	d.RetryAfter = time.Duration(retry*1e9 + 0.5)
+	d.ResetAfter = time.Duration(reset*1e9 + 0.5)
+	return d
+}
+
+// TestSQLFunctions: drip.take, drip.peek, drip.refund and drip.reset,
+// called through SQL, decide as the Go store does (times to the
+// nanosecond, as seconds in float8), on the same buckets.
+func TestSQLFunctions(t *testing.T) {
+	st := newStore(t)
+	db := pool(t)
+	ctx := context.Background()
+	p := prefix()
+	mem := memstore.New(memstore.WithSweep(0))
+	defer mem.Close()
+	limits := []drip.Limit{
+		drip.PerSecond(10).WithBurst(20),
+		{Rate: 7, Period: 3 * time.Second, Burst: 5},
+		{Rate: 5, Period: 10 * time.Second, Burst: 20, Refill: drip.Interval},
+		{Algorithm: drip.FixedWindow, Rate: 3, Period: time.Minute},
+		{Algorithm: drip.FixedWindow, Rate: 3, Period: time.Minute, Start: 17 * time.Second},
+		{Rate: 2, Burst: 4, MaxReserved: 3},
+	}
+	near := func(a, b time.Duration) bool { return (a - b).Abs() <= time.Microsecond }
+	for li, l := range limits {
+		key := p + "k" + string(rune('a'+li))
+		at := t0
+		for i := range 40 {
+			at = at.Add(time.Duration(i%7) * 113 * time.Millisecond)
+			cost := []float64{1, 0.5, 2, 3.25}[i%4]
+			reserve := i%5 == 0
+			op, fn := drip.OpTake, "take"
+			switch i % 6 {
+			case 3:
+				op, fn = drip.OpPeek, "peek"
+			case 5:
+				op, fn, reserve = drip.OpRefund, "refund", false
+			}
+			want, werr := mem.Apply(ctx, op, at, drip.Request{Key: key, Limit: l, Cost: cost, Reserve: reserve})
+			if werr != nil {
+				continue // bad input: tested below
+			}
+			got := sqlCall(t, db, fn, key, l, cost, reserve, at)
+			if got.Allowed != want.Allowed || got.Tokens != want.Tokens || got.Remaining != want.Remaining ||
+				got.Limit != want.Limit || !near(got.RetryAfter, want.RetryAfter) || !near(got.ResetAfter, want.ResetAfter) {
+				t.Fatalf("limit %v step %d %s cost %v reserve %v:\nsql  %+v\ngo   %+v", l, i, fn, cost, reserve, got, want)
+			}
+			// The Go store sees what SQL wrote.
+			peek, err := st.Apply(ctx, drip.OpPeek, at, drip.Request{Key: key, Limit: l, Cost: 0.5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mpeek, _ := mem.Apply(ctx, drip.OpPeek, at, drip.Request{Key: key, Limit: l, Cost: 0.5})
+			if peek != mpeek {
+				t.Fatalf("limit %v step %d: the Go store reads %+v after SQL, want %+v", l, i, peek, mpeek)
+			}
+		}
+	}
+
+	// A long key through SQL and through Go is the same bucket.
+	long := p + strings.Repeat("y", 3000)
+	l := drip.PerHour(1).WithBurst(2)
+	if d := sqlCall(t, db, "take", long, l, 1, false, t0); !d.Allowed || d.Tokens != 1 {
+		t.Fatalf("sql take on a long key: %+v", d)
+	}
+	if d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: long, Limit: l, Cost: 1}); err != nil || !d.Allowed || d.Tokens != 0 {
+		t.Fatalf("go take after sql on a long key: %+v %v", d, err)
+	}
+	var had bool
+	if err := db.QueryRow(ctx, "SELECT drip.reset($1)", long).Scan(&had); err != nil || !had {
+		t.Fatalf("drip.reset: %v %v", had, err)
+	}
+	if d := sqlCall(t, db, "peek", long, l, 0, false, t0); d.Tokens != 2 {
+		t.Fatalf("after drip.reset: %+v", d)
+	}
+
+	// The example of the issue, on the server's clock.
+	var allowed bool
+	var remaining int64
+	if err := db.QueryRow(ctx, "SELECT allowed, remaining FROM drip.take($1, 10, '1 second', 20, 1)", p+"user:1").Scan(&allowed, &remaining); err != nil || !allowed || remaining != 19 {
+		t.Fatalf("drip.take('user:1', 10, '1 second', 20, 1): %v %v %v", allowed, remaining, err)
+	}
+
+	// Bad input is an error, as in Go.
+	for _, bad := range []string{
+		"SELECT * FROM drip.take('', 10)",
+		"SELECT * FROM drip.take('k', 0)",
+		"SELECT * FROM drip.take('k', 10, '0 seconds')",
+		"SELECT * FROM drip.take('k', 10, '1 second', 5, 6)",
+		"SELECT * FROM drip.take('k', 10, cost => -1)",
+		"SELECT * FROM drip.take('k', 10, refill => 'sometimes')",
+	} {
+		if _, err := db.Exec(ctx, bad); err == nil || !strings.Contains(err.Error(), "drip:") {
+			t.Errorf("%s: want a drip error, got %v", bad, err)
+		}
+	}
+}
