@@ -35,6 +35,7 @@ type Postgres struct {
 	port     int
 	external string
 	cred     *syscall.Credential
+	args     []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -126,8 +127,11 @@ var errMissing = errors.New("PostgreSQL server binaries (initdb, postgres) not f
 
 // NewPostgres initializes and starts a server. The caller must Stop and
 // Remove it. It is the building block of StartPostgres and SharedPostgres,
-// for TestMain and benchmarks.
-func NewPostgres() (*Postgres, error) {
+// for TestMain and benchmarks. settings are extra server settings
+// ("fsync=on", "max_connections=300"), applied after the defaults (fsync
+// off: a crash of the machine may lose data, a crash of the server does
+// not).
+func NewPostgres(settings ...string) (*Postgres, error) {
 	bin := PostgresBinDir()
 	if bin == "" {
 		return nil, errMissing
@@ -138,7 +142,7 @@ func NewPostgres() (*Postgres, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Postgres{bin: bin, dir: dir}
+	p := &Postgres{bin: bin, dir: dir, args: settings}
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
@@ -218,12 +222,14 @@ func (p *Postgres) start() error {
 		"-c", "listen_addresses=127.0.0.1",
 		"-c", "unix_socket_directories="+p.dir,
 		"-c", "fsync=off",
-		"-c", "synchronous_commit=off",
 		"-c", "full_page_writes=off",
 		"-c", "max_connections=200",
 		"-c", "shared_buffers=128MB",
 		"-c", "autovacuum_naptime=10s",
 	)
+	for _, a := range p.args {
+		cmd.Args = append(cmd.Args, "-c", a)
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	// Pdeathsig: if the test binary dies without stopping the server, the
 	// server shuts down at once instead of lingering.

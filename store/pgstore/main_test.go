@@ -41,6 +41,17 @@ func pool(t testing.TB) *pgxpool.Pool {
 	return p
 }
 
+// mustPool connects to url.
+func mustPool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
 // newStore returns a store on the shared server.
 func newStore(t testing.TB, opts ...pgstore.Option) *pgstore.Store {
 	t.Helper()
