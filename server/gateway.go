@@ -54,6 +54,7 @@ func (s *Server) limit(next http.Handler) http.Handler {
 		httplimit.WithLogger(s.log),
 		httplimit.WithTimeout(s.cfg.StoreTimeout),
 		httplimit.WithObserver(observer{s.metrics}))
+	s.metrics.setCircuit(httplimit.BreakerClosed)
 	return s.lim.Handler(next)
 }
 

@@ -84,7 +84,6 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(m.decisions, m.shadowDenials, m.storeSeconds, m.storeErrors,
 		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime, m.fallback, m.circuit,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.setCircuit(httplimit.BreakerClosed)
 	return m
 }
 
