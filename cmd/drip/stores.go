@@ -19,6 +19,8 @@ func openStore(ctx context.Context, url string) (drip.Store, func(), error) {
 		return s, func() { s.Close() }, nil
 	case strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://"):
 		return openRedis(ctx, url)
+	case strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://"):
+		return openPostgres(ctx, url)
 	}
 	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://... or redis://...", url)
 }

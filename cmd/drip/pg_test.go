@@ -1,0 +1,51 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/storetest"
+)
+
+// TestReplayPostgres installs the schema with drip pg install (twice: it is
+// idempotent), then runs drip replay --store postgres://... on every trace
+// of storetest and wants the memory store's output, line for line.
+func TestReplayPostgres(t *testing.T) {
+	defer testserver.StopSharedPostgres()
+	url := testserver.SharedPostgres(t).URL()
+	ctx := context.Background()
+	for range 2 {
+		var out, errb bytes.Buffer
+		if code := run(ctx, []string{"pg", "install", "--url", url}, nil, &out, &errb); code != 0 {
+			t.Fatalf("drip pg install: exit %d: %s", code, errb.String())
+		}
+	}
+	replay := func(store string, in []string) []string {
+		var out, errb bytes.Buffer
+		code := run(ctx, []string{"replay", "--store", store}, strings.NewReader(strings.Join(in, "\n")), &out, &errb)
+		if code != 0 {
+			t.Fatalf("replay --store %s: exit %d: %s", store, code, errb.String())
+		}
+		return strings.Split(strings.TrimSpace(out.String()), "\n")
+	}
+	for _, name := range storetest.TraceNames() {
+		in, _ := storetest.ReadTrace(name)
+		want := replay("memory", in)
+		got := replay(url, in)
+		if len(got) != len(want) {
+			t.Fatalf("%s: %d lines, want %d", name, len(got), len(want))
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Errorf("%s line %d:\n postgres %s\n memory   %s", name, i+1, got[i], want[i])
+			}
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run(ctx, []string{"pg", "install"}, nil, &out, &errb); code != 2 {
+		t.Errorf("drip pg install without --url: exit %d, want 2", code)
+	}
+}
