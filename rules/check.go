@@ -632,6 +632,8 @@ func (c *checker) jwt(p string, v any) *JWT {
 				c.add(fp, "must name an environment variable")
 			} else if sec := os.Getenv(name); sec == "" {
 				c.add(fp, "environment variable %s is not set or empty", name)
+			} else if len(sec) < minHMACSecret {
+				c.add(fp, "the secret in %s has %d bytes; HMAC needs at least %d (RFC 7518 section 3.2)", name, len(sec), minHMACSecret)
 			} else {
 				j.HMACSecret = []byte(sec)
 			}
@@ -682,10 +684,14 @@ func (c *checker) jwt(p string, v any) *JWT {
 	case j.Verify && len(ways) == 0:
 		c.add(p, "set one of hmac_secret_env, public_key_files or jwks_file, or \"verify\": false")
 	case len(ways) > 1:
-		c.add(p, "set only one of %s", strings.Join(ways, ", "))
+		c.add(p, "set only one of %s", strings.Join(ways, " and "))
 	}
 	return j
 }
+
+// minHMACSecret is the shortest HMAC secret accepted: a key as long as
+// the SHA-256 output, as RFC 7518 requires for HS256.
+const minHMACSecret = 32
 
 func resolve(base, name string) string {
 	if filepath.IsAbs(name) {
