@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/driplimit/drip/httplimit"
@@ -36,7 +37,8 @@ func (s *Server) gateway() (http.Handler, error) {
 			pr.SetURL(u)
 			pr.SetXForwarded()
 		},
-		Transport: tr,
+		Transport:  tr,
+		BufferPool: bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("drip serve: upstream failed", "err", err, "path", r.URL.Path)
 			w.Header().Set("Content-Type", "application/problem+json")
@@ -62,5 +64,18 @@ func (s *Server) limit(next http.Handler) http.Handler {
 func (s *Server) swapLimiter(set *rules.Set) {
 	if s.lim != nil {
 		s.lim.Swap(set)
+	}
+}
+
+// bufferPool recycles the proxy's copy buffers (32 KiB each), which
+// httputil.ReverseProxy otherwise allocates per response.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (bufferPool) Get() []byte { return copyBuffers.Get().(*[32 << 10]byte)[:] }
+func (bufferPool) Put(b []byte) {
+	if cap(b) == 32<<10 {
+		copyBuffers.Put((*[32 << 10]byte)(b[:32<<10]))
 	}
 }
