@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
@@ -20,6 +22,7 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	testserver.StopShared()
+	testserver.StopSharedPostgres()
 	os.Exit(code)
 }
 
@@ -38,7 +41,59 @@ func freshPrefix() string {
 	return "drip-server-test:" + hex.EncodeToString(b[:]) + ":"
 }
 
+// prefixStore puts a prefix before every key, to keep a test's buckets
+// apart on a shared server whose store has no prefix option.
+type prefixStore struct {
+	drip.Store
+	p string
+}
+
+func (s prefixStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	r.Key = s.p + r.Key
+	return s.Store.Apply(ctx, op, at, r)
+}
+
+func (s prefixStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
+	rs = append([]drip.Request(nil), rs...)
+	for i := range rs {
+		rs[i].Key = s.p + rs[i].Key
+	}
+	return s.Store.ApplyMulti(ctx, op, at, rs)
+}
+
+func (s prefixStore) Reset(ctx context.Context, key string) error {
+	return s.Store.Reset(ctx, s.p+key)
+}
+
+func openPostgres(t *testing.T, url string) *pgstore.Store {
+	t.Helper()
+	s, err := pgstore.Open(context.Background(), url+"&drip_install=true&drip_sweep=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 var backends = []backend{
+	{
+		name: "postgres",
+		shared: func(t *testing.T) drip.Store {
+			return prefixStore{openPostgres(t, testserver.SharedPostgres(t).URL()), freshPrefix()}
+		},
+		own: func(t *testing.T) (drip.Store, func(), func()) {
+			pg := testserver.StartPostgres(t)
+			return openPostgres(t, pg.URL()), func() {
+					if err := pg.Kill(); err != nil {
+						t.Fatal(err)
+					}
+				}, func() {
+					if err := pg.Start(); err != nil {
+						t.Fatal(err)
+					}
+				}
+		},
+	},
 	{
 		name: "redis",
 		shared: func(t *testing.T) drip.Store {
