@@ -254,3 +254,71 @@ func testGatewayReloadUnderLoad(t *testing.T, store drip.Store) {
 		t.Fatalf("granted %d, denied %d, upstream hits %d across 40 reloads; want exactly %d granted", g, denied.Load(), up.hits.Load(), burst)
 	}
 }
+
+// TestGatewayClients: client identity and costs end to end: a spoofed
+// X-Forwarded-For from an untrusted peer changes nothing; behind a trusted
+// proxy each client has its own bucket and its own, stable, Retry-After
+// jitter; a cost header of 5 takes 5, and abc or -3 take default_cost.
+func TestGatewayClients(t *testing.T) {
+	up := newUpstream(t)
+	get := func(base string, hdr ...string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", base+"/", nil)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	rule := `{"name": "ip", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 10,
+	   "cost_source": "header:x-weight", "default_cost": 2}}`
+
+	untrusted := filepath.Join(t.TempDir(), "untrusted.json")
+	writeFile(t, untrusted, `{"rules": [`+rule+`]}`)
+	srv := start(t, Config{Rules: untrusted, Upstream: up.URL, WatchEvery: -1}, memstore.New())
+	for i, tc := range []struct{ xff, weight, remaining string }{
+		{"", "5", "5"},
+		{"203.0.113.1", "abc", "3"}, // spoofed: still the peer's bucket; abc costs default_cost
+		{"203.0.113.2", "-3", "1"},
+	} {
+		resp := get(srv.base, "X-Forwarded-For", tc.xff, "X-Weight", tc.weight)
+		if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Remaining") != tc.remaining {
+			t.Fatalf("request %d (X-Forwarded-For %q, X-Weight %q): %d, remaining %q, want %s", i, tc.xff, tc.weight, resp.StatusCode, resp.Header.Get("RateLimit-Remaining"), tc.remaining)
+		}
+	}
+
+	trusted := filepath.Join(t.TempDir(), "trusted.json")
+	writeFile(t, trusted, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [`+rule+`]}`)
+	srv = start(t, Config{Rules: trusted, Upstream: up.URL, WatchEvery: -1}, memstore.New())
+	retry := map[string]string{}
+	for c := range 8 {
+		client := fmt.Sprintf("198.51.100.%d", c+1)
+		for range 5 {
+			get(srv.base, "X-Forwarded-For", client) // 5 x 2 = the burst
+		}
+		for range 3 {
+			resp := get(srv.base, "X-Forwarded-For", client)
+			ra := resp.Header.Get("Retry-After")
+			n, err := strconv.Atoi(ra)
+			if resp.StatusCode != 429 || err != nil || n < 7200 || n > 10800 {
+				t.Fatalf("client %s over its burst: %d, Retry-After %q, want 429 within [7200, 10800]", client, resp.StatusCode, ra)
+			}
+			if prev, ok := retry[client]; ok && prev != ra {
+				t.Fatalf("client %s got Retry-After %s then %s: want the same", client, prev, ra)
+			}
+			retry[client] = ra
+		}
+	}
+	distinct := map[string]bool{}
+	for _, ra := range retry {
+		distinct[ra] = true
+	}
+	if len(distinct) < 4 {
+		t.Fatalf("8 clients got only %d distinct Retry-After values: %v", len(distinct), retry)
+	}
+}
