@@ -160,6 +160,10 @@ func (s *Server) adminReset(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) adminReload(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Rules == "" {
+		writeJSON(w, http.StatusOK, map[string]any{"reloaded": false, "reason": "the built-in rules are in force: there is no file to reload"})
+		return
+	}
 	if err := s.Reload(); err != nil {
 		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{"reloaded": false, "error": err.Error()})
 		return

@@ -70,9 +70,16 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	hupDone := make(chan struct{})
+	defer close(hupDone)
 	go func() {
-		for range hup {
-			_ = s.Reload() // logged and counted by Reload
+		for {
+			select {
+			case <-hup:
+				_ = s.Reload() // logged and counted by Reload
+			case <-hupDone:
+				return
+			}
 		}
 	}()
 
