@@ -27,6 +27,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -373,11 +374,49 @@ func (l *Limiter) settle(res *Result, enf []Applied, m drip.Multi, local bool) {
 			a.Outcome = allowed
 		default:
 			a.Outcome = NotTaken
+			a.Decision = untake(a.Decision, a.Limit, a.Cost)
 		}
 	}
 	if !m.Allowed {
 		res.deny(http.StatusTooManyRequests, "")
 	}
+}
+
+// untake turns the decision of a request that its own bucket allowed but
+// that was not taken (another rule denied it) into the bucket as it is:
+// a multi-take reports the tokens each request would have left, but the
+// headers must show what is left. The cost is added back to the tokens,
+// and the time to fill shortened by the time the cost takes to refill
+// (whole periods on a grid).
+func untake(d drip.Decision, l drip.Limit, cost float64) drip.Decision {
+	c := int64(math.Round(cost * drip.Micro))
+	if c == 0 {
+		return d
+	}
+	after := int64(math.Round(d.Tokens * drip.Micro))
+	avail := after + c
+	d.Tokens = float64(avail) / drip.Micro
+	d.Remaining = max(0, avail) / drip.Micro
+	b := int64(math.Round(burst(l) * drip.Micro))
+	r := int64(math.Round(l.Rate * drip.Micro))
+	p := l.Period
+	if p == 0 {
+		p = time.Second
+	}
+	var back time.Duration
+	if l.Algorithm == drip.FixedWindow || l.Refill == drip.Interval {
+		periods := func(x int64) int64 {
+			if x >= b {
+				return 0
+			}
+			return (b - x + r - 1) / r
+		}
+		back = time.Duration(periods(after)-periods(avail)) * p
+	} else {
+		back = time.Duration(float64(c) * float64(p) / float64(r))
+	}
+	d.ResetAfter = max(0, d.ResetAfter-back)
+	return d
 }
 
 // fail applies the rules' fail policies after the store failed.

@@ -1,0 +1,192 @@
+package httplimit
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"net/http/httptest"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+func TestClientIP(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48")}
+	for _, c := range []struct {
+		remote  string
+		xff     []string
+		trusted []netip.Prefix
+		want    string
+	}{
+		{"192.0.2.1:1234", nil, nil, "192.0.2.1"},
+		{"192.0.2.1:1234", []string{"198.51.100.7"}, nil, "192.0.2.1"},           // never trusted by default
+		{"192.0.2.1:1234", []string{"198.51.100.7"}, trusted, "192.0.2.1"},       // peer not a proxy
+		{"10.1.1.1:1234", []string{"198.51.100.7"}, trusted, "198.51.100.7"},     // one trusted hop
+		{"10.1.1.1:1234", []string{"1.1.1.1, 198.51.100.7"}, trusted, "198.51.100.7"},
+		{"10.1.1.1:1234", []string{"1.1.1.1, 198.51.100.7, 10.2.2.2"}, trusted, "198.51.100.7"}, // right to left, skipping trusted hops
+		{"10.1.1.1:1234", []string{"1.1.1.1", "198.51.100.7, 10.2.2.2"}, trusted, "198.51.100.7"}, // several header lines
+		{"10.1.1.1:1234", []string{"10.3.3.3, 10.2.2.2"}, trusted, "10.3.3.3"},                   // all trusted: the leftmost
+		{"10.1.1.1:1234", []string{"198.51.100.7, garbage, 10.2.2.2"}, trusted, "10.2.2.2"},      // garbage: the last good hop
+		{"10.1.1.1:1234", []string{"[2001:db8::7]:443"}, trusted, "2001:db8::7"},
+		{"10.1.1.1:1234", []string{"198.51.100.7:8080"}, trusted, "198.51.100.7"},
+		{"10.1.1.1:1234", []string{" , "}, trusted, "10.1.1.1"},
+		{"10.1.1.1:1234", nil, trusted, "10.1.1.1"},
+		{"[2001:db8:ffff::1]:1234", []string{"::ffff:198.51.100.9"}, trusted, "198.51.100.9"}, // 4in6 unmapped
+		{"[fe80::1%eth0]:1234", nil, nil, "fe80::1"},
+		{"192.0.2.1", nil, nil, "192.0.2.1"},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = c.remote
+		for _, x := range c.xff {
+			r.Header.Add("X-Forwarded-For", x)
+		}
+		a, ok := ClientIP(r, c.trusted)
+		if !ok || a.String() != c.want {
+			t.Errorf("ClientIP(%s, %q) = %v, %v; want %s", c.remote, c.xff, a, ok, c.want)
+		}
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "@"
+	if _, ok := ClientIP(r, nil); ok {
+		t.Error("a unix socket peer has an IP")
+	}
+}
+
+func TestKeyIP(t *testing.T) {
+	for _, c := range []struct {
+		ip   string
+		bits int
+		want string
+	}{
+		{"192.0.2.1", 64, "192.0.2.1"},
+		{"2001:db8:1:2:3:4:5:6", 64, "2001:db8:1:2::/64"},
+		{"2001:db8:1:2:ffff::1", 64, "2001:db8:1:2::/64"},
+		{"2001:db8:1:2:3:4:5:6", 48, "2001:db8:1::/48"},
+		{"2001:db8:1:2:3:4:5:6", 128, "2001:db8:1:2:3:4:5:6"},
+	} {
+		if got := KeyIP(netip.MustParseAddr(c.ip), c.bits); got != c.want {
+			t.Errorf("KeyIP(%s, %d) = %s, want %s", c.ip, c.bits, got, c.want)
+		}
+	}
+}
+
+func TestParseCost(t *testing.T) {
+	good := map[string]float64{"5": 5, "0": 0, "2.5": 2.5, " 7\t": 7, "007": 7, "1000000000000": 1e12}
+	for s, want := range good {
+		if got, ok := ParseCost(s); !ok || got != want {
+			t.Errorf("ParseCost(%q) = %v, %v", s, got, ok)
+		}
+	}
+	for _, s := range []string{"", " ", "abc", "-3", "+3", "NaN", "nan", "Inf", "-Inf", "infinity", "1e3", "0x10", "1_000", ".5", "5.", "1.2.3", "5 5", "1000000000001", strings.Repeat("9", 40)} {
+		if got, ok := ParseCost(s); ok {
+			t.Errorf("ParseCost(%q) = %v, accepted", s, got)
+		}
+	}
+}
+
+func FuzzParseCost(f *testing.F) {
+	for _, s := range []string{"5", "abc", "-3", "NaN", "Inf", "2.5", " 1 ", "1e3", "0x1p4", "1_0"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		c, ok := ParseCost(s)
+		if !ok {
+			return
+		}
+		if math.IsNaN(c) || math.IsInf(c, 0) || c < 0 || c > maxCost {
+			t.Fatalf("ParseCost(%q) = %v", s, c)
+		}
+		want, err := strconv.ParseFloat(strings.Trim(s, " \t"), 64)
+		if err != nil || want != c {
+			t.Fatalf("ParseCost(%q) = %v, strconv says %v %v", s, c, want, err)
+		}
+	})
+}
+
+// FuzzClientIP reads arbitrary peers and X-Forwarded-For headers: never a
+// panic, never an address the request did not carry, and never the header
+// when the peer is not a trusted proxy.
+func FuzzClientIP(f *testing.F) {
+	f.Add("10.0.0.1:80", "198.51.100.1, 10.0.0.2")
+	f.Add("192.0.2.1:80", "198.51.100.1")
+	f.Add("[2001:db8::1]:80", "[::1]:9, x, ::ffff:1.2.3.4")
+	f.Add("10.0.0.1:80", ",,, ,")
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}
+	f.Fuzz(func(t *testing.T, remote, xff string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = remote
+		r.Header.Set("X-Forwarded-For", xff)
+		a, ok := ClientIP(r, trusted)
+		peer, pok := parseAddr(remote)
+		if ok != pok {
+			t.Fatalf("ok %v for peer %q", ok, remote)
+		}
+		if !ok {
+			return
+		}
+		if !isTrusted(peer, trusted) && a != peer {
+			t.Fatalf("untrusted peer %v, client %v from %q", peer, a, xff)
+		}
+		if a != peer {
+			found := false
+			for _, e := range strings.Split(xff, ",") {
+				if x, ok := parseAddr(strings.TrimSpace(e)); ok && x == a {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("client %v is not in %q", a, xff)
+			}
+		}
+		if a, ok := ClientIP(r, nil); !ok || a != peer {
+			t.Fatalf("without trusted proxies: %v", a)
+		}
+		_ = KeyIP(a, 64)
+	})
+}
+
+// FuzzDecide runs whole requests with arbitrary header values through the
+// middleware: no panic, and every answer is an allow or a well-formed 429.
+func FuzzDecide(f *testing.F) {
+	f.Add("/api/x", "5", "198.51.100.1, 10.0.0.2", "Bearer a.b.c", "k")
+	f.Add("/a/../api/", "abc", "garbage", "bearer ", "")
+	f.Add("/", "99999", "", "Basic x", "k|x")
+	set, err := rules.Parse([]byte(`{"trusted_proxies": ["10.0.0.0/8"], "jwt": {"verify": false}, "rules": [
+		{"name": "t", "group": "g", "limit_keys": ["jwt:sub"], "match": {"jwt:plan": "pro"}, "algorithm_config": {"rps": 5, "burst": 10}},
+		{"name": "k", "group": "g", "limit_keys": ["header:x-key", "ip:address"], "match": {"path": "/api/*"},
+		 "algorithm_config": {"rps": 1, "burst": 3, "cost_source": "header:x-weight", "default_cost": 1}},
+		{"name": "s", "mode": "shadow", "limit_keys": ["path"], "algorithm": "fixed_window", "algorithm_config": {"rate": 2, "period": "1m"}}]}`), "f.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	l := New(memstore.New(), set, WithLogger(slog.New(slog.DiscardHandler)))
+	f.Fuzz(func(t *testing.T, path, weight, xff, auth, key string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.URL.Path = path
+		r.RemoteAddr = "10.0.0.1:5"
+		r.Header.Set("X-Weight", weight)
+		r.Header.Set("X-Forwarded-For", xff)
+		r.Header.Set("Authorization", auth)
+		r.Header.Set("X-Key", key)
+		res := l.Decide(context.Background(), r)
+		rec := httptest.NewRecorder()
+		res.WriteHeaders(rec.Header())
+		if res.Allowed {
+			if res.Status != 0 || res.RetryAfter != 0 {
+				t.Fatalf("allowed with %+v", res)
+			}
+			return
+		}
+		res.WriteError(rec)
+		if rec.Code != 429 || res.Top == nil || rec.Header().Get("RateLimit-Policy") == "" {
+			t.Fatalf("denied: %d %v %+v", rec.Code, rec.Header(), res)
+		}
+		if res.Reason != ReasonCostExceedsBurst && res.RetryAfter < 1 {
+			t.Fatalf("Retry-After %d", res.RetryAfter)
+		}
+	})
+}
