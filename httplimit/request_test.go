@@ -23,14 +23,14 @@ func TestClientIP(t *testing.T) {
 		want    string
 	}{
 		{"192.0.2.1:1234", nil, nil, "192.0.2.1"},
-		{"192.0.2.1:1234", []string{"198.51.100.7"}, nil, "192.0.2.1"},           // never trusted by default
-		{"192.0.2.1:1234", []string{"198.51.100.7"}, trusted, "192.0.2.1"},       // peer not a proxy
-		{"10.1.1.1:1234", []string{"198.51.100.7"}, trusted, "198.51.100.7"},     // one trusted hop
+		{"192.0.2.1:1234", []string{"198.51.100.7"}, nil, "192.0.2.1"},       // never trusted by default
+		{"192.0.2.1:1234", []string{"198.51.100.7"}, trusted, "192.0.2.1"},   // peer not a proxy
+		{"10.1.1.1:1234", []string{"198.51.100.7"}, trusted, "198.51.100.7"}, // one trusted hop
 		{"10.1.1.1:1234", []string{"1.1.1.1, 198.51.100.7"}, trusted, "198.51.100.7"},
-		{"10.1.1.1:1234", []string{"1.1.1.1, 198.51.100.7, 10.2.2.2"}, trusted, "198.51.100.7"}, // right to left, skipping trusted hops
+		{"10.1.1.1:1234", []string{"1.1.1.1, 198.51.100.7, 10.2.2.2"}, trusted, "198.51.100.7"},   // right to left, skipping trusted hops
 		{"10.1.1.1:1234", []string{"1.1.1.1", "198.51.100.7, 10.2.2.2"}, trusted, "198.51.100.7"}, // several header lines
-		{"10.1.1.1:1234", []string{"10.3.3.3, 10.2.2.2"}, trusted, "10.3.3.3"},                   // all trusted: the leftmost
-		{"10.1.1.1:1234", []string{"198.51.100.7, garbage, 10.2.2.2"}, trusted, "10.2.2.2"},      // garbage: the last good hop
+		{"10.1.1.1:1234", []string{"10.3.3.3, 10.2.2.2"}, trusted, "10.3.3.3"},                    // all trusted: the leftmost
+		{"10.1.1.1:1234", []string{"198.51.100.7, garbage, 10.2.2.2"}, trusted, "10.2.2.2"},       // garbage: the last good hop
 		{"10.1.1.1:1234", []string{"[2001:db8::7]:443"}, trusted, "2001:db8::7"},
 		{"10.1.1.1:1234", []string{"198.51.100.7:8080"}, trusted, "198.51.100.7"},
 		{"10.1.1.1:1234", []string{" , "}, trusted, "10.1.1.1"},
