@@ -131,9 +131,9 @@ type Result struct {
 	// LongestDelay is the reserved take with the longest RetryAfter (the
 	// longest wait of reserved work), or nil.
 	LongestDelay *Outcome
-	// Steady counts the takes of the second half of the run, from End/2 to
-	// End: after an initial burst has been spent, how the limit holds a
-	// sustained load.
+	// Steady counts the takes of the end of the run: its second half, cut
+	// to whole periods of the limit when it holds one or more. It shows how
+	// the limit holds a sustained load once an initial burst is spent.
 	Steady Row
 	// Rows counts the takes of each step of the run.
 	Rows []Row
@@ -214,7 +214,11 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 	res.Rows = spans(end, step)
 	res.Bars = spans(end, barStep)
 	res.Total = Row{To: end}
-	res.Steady = Row{From: end / 2, To: end}
+	half := end / 2
+	if p := periodOf(res.Limit); half >= p {
+		half -= half % p // whole periods, so a window's refill counts once
+	}
+	res.Steady = Row{From: end - half, To: end}
 
 	store := memstore.New(memstore.WithSweep(0), memstore.WithMaxKeys(max(1024, 2*len(takes))))
 	defer store.Close()

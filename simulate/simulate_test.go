@@ -157,6 +157,10 @@ func TestFixedWindow(t *testing.T) {
 			t.Errorf("window %v: %+v, want 10 accepted", r.From, r)
 		}
 	}
+	// The steady state is cut to whole windows: the last one, 2s to 3s.
+	if s := res.Steady; s.From != 2*time.Second || s.Accepted != 10 || s.AcceptedPerSecond() != 10 {
+		t.Errorf("steady %+v, want the last window, 10 accepted", s)
+	}
 	if d := res.FirstDenial; d == nil || d.N != 11 || !near(d.Decision.RetryAfter, time.Second-secondsAt(10, 60)) {
 		t.Errorf("first denial %+v, want request 11 waiting for the next window", d)
 	}

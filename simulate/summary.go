@@ -20,6 +20,11 @@ func (r *Result) WriteSummary(w io.Writer, traffic string) error {
 		fmt.Fprintf(b, "%-15s %s\n", label, fmt.Sprintf(format, args...))
 	}
 	p("limit", "%s", r.Limit)
+	if r.Limit.Algorithm == drip.FixedWindow {
+		period := periodOf(r.Limit)
+		start := r.Limit.ForKey(r.ChartKey).Start % period
+		p("windows", "open at %.3fs and every %s after (the grid's offset: --window-start)", start.Seconds(), period)
+	}
 	if traffic != "" {
 		p("traffic", "%s", traffic)
 	}
@@ -39,7 +44,7 @@ func (r *Result) WriteSummary(w io.Writer, traffic string) error {
 	} else {
 		p("first denial", "none")
 	}
-	p("steady state", "%s accepted, %s/s (%ss to %ss, the second half of the run)",
+	p("steady state", "%s accepted, %s/s (from %ss to the end at %ss)",
 		share(r.Steady.Accepted, r.Steady.Sent), rate(r.Steady.AcceptedPerSecond()), secs(r.Steady.From), secs(r.Steady.To))
 	if d := r.LongestRetry; d != nil {
 		p("longest retry", "%.3fs (Retry-After: %d), request %d at %.3fs%s",

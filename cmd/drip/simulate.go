@@ -218,7 +218,10 @@ func withInput(name string, stdin io.Reader, read func(io.Reader) error) error {
 // "2m") or a number of seconds, as the rules file and traces do.
 func secondsFlag(fs *flag.FlagSet, name string, def time.Duration, usage string) *time.Duration {
 	d := def
-	fs.Func(name, fmt.Sprintf("%s (default %v)", usage, def), func(s string) error {
+	if def != 0 {
+		usage = fmt.Sprintf("%s (default %v)", usage, def)
+	}
+	fs.Func(name, usage, func(s string) error {
 		v, err := drip.ParseSeconds(s)
 		if err != nil {
 			return err

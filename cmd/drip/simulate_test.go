@@ -30,7 +30,7 @@ func TestSimulateCommand(t *testing.T) {
 		"requests        600 over 10s, 1 key\n",
 		"accepted        149 (24.8%), 14.9/s\n",
 		"first denial    request 60 at 0.983s: 0.83 tokens left, retry after 0.017s (Retry-After: 1)\n",
-		"steady state    16.7% accepted, 10.0/s (5s to 10s, the second half of the run)\n",
+		"steady state    16.7% accepted, 10.0/s (from 5s to the end at 10s)\n",
 		"     2     0.017s         48.17  accepted\n",
 		"0-1                 60        59        1      98.3%  1.00\n",
 		"9-10                60        10       50      16.7%  1.00\n",
