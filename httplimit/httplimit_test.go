@@ -20,6 +20,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -641,7 +642,10 @@ func TestDecideWithoutRules(t *testing.T) {
 func TestMain(m *testing.M) {
 	// The JWT tests read their HMAC secret from the environment.
 	os.Setenv("DRIP_TEST_JWT_SECRET", hmacSecret)
-	os.Exit(m.Run())
+	code := m.Run()
+	testserver.StopSharedPostgres()
+	testserver.StopShared()
+	os.Exit(code)
 }
 
 func (o *observer) errs() int {
