@@ -1,0 +1,539 @@
+package envoy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"gopkg.in/yaml.v3"
+
+	"github.com/driplimit/drip"
+)
+
+// Config is a set of domains loaded from envoyproxy/ratelimit configuration
+// files. It is immutable once built: a reload builds a new one. The zero
+// value (and nil) has no domain, so that every request is OK.
+type Config struct {
+	domains map[string]*node
+	files   []string
+}
+
+// node is one level of a domain's descriptor tree.
+type node struct {
+	// children by "key_value", or "key" for a key-only (any value) entry;
+	// a value ending in '*' is a prefix wildcard.
+	children map[string]*node
+	// wildcards are the keys of children that end in '*', in file order:
+	// the first whose prefix matches wins.
+	wildcards []string
+	limit     *Limit
+	// share is the wildcard value (e.g. "files*") when share_threshold is
+	// set: every value the wildcard matches then shares one bucket.
+	share string
+}
+
+// Limit is one configured rate_limit, as a drip token bucket.
+type Limit struct {
+	// Path is the descriptor's place in the config, as envoyproxy/ratelimit
+	// names it in stats: "domain.key_value.key".
+	Path string
+	// Name is rate_limit.name, which replaces refers to.
+	Name string
+	// Replaces names the limits this one replaces when both apply.
+	Replaces []string
+	// Unlimited descriptors are always OK and never reach the store.
+	Unlimited bool
+	// Shadow descriptors are decided and counted but never deny.
+	Shadow bool
+	// RequestsPerUnit and Unit are the limit as configured; a limit of 0
+	// requests denies every request, as in envoyproxy/ratelimit.
+	RequestsPerUnit uint32
+	Unit            rlsv3.RateLimitResponse_RateLimit_Unit
+	// UnitMultiplier stretches the unit (request overrides only; 1 in files).
+	UnitMultiplier uint32
+	// Limit is the drip limit: a token bucket of RequestsPerUnit per unit
+	// with a burst of RequestsPerUnit (or the file's drip "burst"); zero
+	// when Unlimited or RequestsPerUnit is 0.
+	Limit drip.Limit
+
+	qname  string // the quoted name of RateLimit headers
+	policy string // the RateLimit-Policy item
+}
+
+// units maps envoyproxy/ratelimit's unit names to their durations (a month
+// is 30 days and a year 365, as envoyproxy/ratelimit counts them).
+var units = map[rlsv3.RateLimitResponse_RateLimit_Unit]time.Duration{
+	rlsv3.RateLimitResponse_RateLimit_SECOND: time.Second,
+	rlsv3.RateLimitResponse_RateLimit_MINUTE: time.Minute,
+	rlsv3.RateLimitResponse_RateLimit_HOUR:   time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_DAY:    24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_WEEK:   7 * 24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_MONTH:  30 * 24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_YEAR:   365 * 24 * time.Hour,
+}
+
+// newLimit completes l from its RequestsPerUnit, Unit and multiplier, with
+// burst (0: RequestsPerUnit) and algorithm ("" or drip.FixedWindow).
+func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
+	if l.UnitMultiplier == 0 {
+		l.UnitMultiplier = 1
+	}
+	if l.Unlimited || l.RequestsPerUnit == 0 {
+		return nil
+	}
+	d, ok := units[l.Unit]
+	if !ok {
+		return fmt.Errorf("invalid rate limit unit %q", l.Unit)
+	}
+	l.Limit = drip.Limit{Rate: float64(l.RequestsPerUnit), Period: d * time.Duration(l.UnitMultiplier), Burst: burst}
+	if algo == drip.FixedWindow {
+		// Windows on the unit's grid from the epoch, as envoyproxy/ratelimit
+		// counts them.
+		l.Limit.Algorithm, l.Limit.Start = drip.FixedWindow, l.Limit.Period
+	}
+	if err := l.Limit.Validate(); err != nil {
+		return err
+	}
+	name := l.Name
+	if name == "" {
+		name = l.Path
+	}
+	l.qname = strconv.Quote(name)
+	l.policy = l.qname + ";q=" + amount(l.burst()) + ";w=" + strconv.FormatInt(fillSeconds(l.Limit), 10)
+	return nil
+}
+
+func (l *Limit) burst() float64 {
+	if l.Limit.Burst == 0 {
+		return l.Limit.Rate
+	}
+	return l.Limit.Burst
+}
+
+// blocks reports whether l denies every request (requests_per_unit 0).
+func (l *Limit) blocks() bool { return !l.Unlimited && l.RequestsPerUnit == 0 }
+
+// Domains returns the configured domains, sorted.
+func (c *Config) Domains() []string {
+	if c == nil {
+		return nil
+	}
+	out := make([]string, 0, len(c.domains))
+	for d := range c.domains {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Files returns the files the config was loaded from, in load order.
+func (c *Config) Files() []string {
+	if c == nil {
+		return nil
+	}
+	return slices.Clone(c.files)
+}
+
+// Error is a configuration that failed to load: every problem found, each
+// as "file: path: message".
+type Error struct {
+	Problems []string
+}
+
+func (e *Error) Error() string {
+	if len(e.Problems) == 1 {
+		return "envoy ratelimit config: " + e.Problems[0]
+	}
+	return "envoy ratelimit config: " + strconv.Itoa(len(e.Problems)) + " problems:\n  " + strings.Join(e.Problems, "\n  ")
+}
+
+// IsConfig reports whether data is an envoyproxy/ratelimit configuration
+// file: a YAML (or JSON) mapping with a top-level "domain" key. drip's own
+// rules files have "rules" instead.
+func IsConfig(data []byte) bool {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
+		return false
+	}
+	m := doc.Content[0]
+	if m.Kind != yaml.MappingNode {
+		return false
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == "domain" {
+			return true
+		}
+	}
+	return false
+}
+
+// File is one configuration file's name and content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Parse builds a Config from configuration files, one domain each, in
+// envoyproxy/ratelimit's format; two files of one domain are an error, as
+// in envoyproxy/ratelimit by default. Every problem of every file is
+// reported at once, in an *Error.
+func Parse(files ...File) (*Config, error) {
+	c := &Config{domains: map[string]*node{}}
+	var problems []string
+	domainFile := map[string]string{}
+	for _, f := range files {
+		p := &parser{file: f.Name}
+		domain, root := p.parse(f.Data)
+		if domain != "" && root != nil {
+			if other, dup := domainFile[domain]; dup {
+				p.add("domain", "duplicate domain %q (also in %s)", domain, other)
+			} else {
+				domainFile[domain] = f.Name
+				c.domains[domain] = root
+			}
+		}
+		problems = append(problems, p.problems...)
+		c.files = append(c.files, f.Name)
+	}
+	if len(problems) > 0 {
+		return nil, &Error{Problems: problems}
+	}
+	return c, nil
+}
+
+// Load reads a configuration file, or every *.yaml, *.yml and *.json file
+// of a directory (as envoyproxy/ratelimit loads one file per domain), and
+// parses it. Files whose names begin with '.' are skipped.
+func Load(path string) (*Config, error) {
+	names, err := ConfigFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	files := make([]File, 0, len(names))
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, File{Name: n, Data: b})
+	}
+	return Parse(files...)
+}
+
+// ConfigFiles lists the files at path: path itself when it is a file, or
+// the *.yaml, *.yml and *.json files of a directory (not its
+// subdirectories nor dotfiles), sorted by name.
+func ConfigFiles(path string) ([]string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		return []string{path}, nil
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") {
+			continue
+		}
+		switch strings.ToLower(filepath.Ext(n)) {
+		case ".yaml", ".yml", ".json":
+		default:
+			continue
+		}
+		full := filepath.Join(path, n)
+		if st, err := os.Stat(full); err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		out = append(out, full)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no *.yaml, *.yml or *.json file in the directory", path)
+	}
+	return out, nil
+}
+
+// parser decodes one file strictly, collecting every problem.
+type parser struct {
+	file     string
+	problems []string
+}
+
+func (p *parser) add(path, format string, args ...any) { p.addAt(nil, path, format, args...) }
+
+// addAt reports a problem at node n (for its line; nil when unknown) and
+// path: "file:line: path: message".
+func (p *parser) addAt(n *yaml.Node, path, format string, args ...any) {
+	var b strings.Builder
+	b.WriteString(p.file)
+	if n != nil && n.Line > 0 {
+		b.WriteString(":" + strconv.Itoa(n.Line))
+	}
+	b.WriteString(": ")
+	if path != "" {
+		b.WriteString(path + ": ")
+	}
+	fmt.Fprintf(&b, format, args...)
+	p.problems = append(p.problems, b.String())
+}
+
+// fields walks a mapping node: known keys to their values, unknown keys
+// reported.
+func (p *parser) fields(n *yaml.Node, path string, known ...string) map[string]*yaml.Node {
+	out := map[string]*yaml.Node{}
+	if n.Kind != yaml.MappingNode {
+		p.addAt(n, path, "must be a mapping")
+		return out
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		kp := join(path, k.Value)
+		if !slices.Contains(known, k.Value) {
+			p.addAt(k, kp, "unknown key (want one of %s)", strings.Join(known, ", "))
+			continue
+		}
+		if _, dup := out[k.Value]; dup {
+			p.addAt(k, kp, "repeated key")
+			continue
+		}
+		out[k.Value] = v
+	}
+	return out
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+func (p *parser) str(n *yaml.Node, path string) (string, bool) {
+	if n == nil || n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
+		p.addAt(n, path, "must be a string")
+		return "", false
+	}
+	return n.Value, true
+}
+
+func (p *parser) boolean(n *yaml.Node, path string) bool {
+	var b bool
+	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
+		p.addAt(n, path, "must be true or false")
+		return false
+	}
+	return b
+}
+
+// parse decodes a file into its domain and descriptor tree.
+func (p *parser) parse(data []byte) (string, *node) {
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		p.add("", "not valid YAML: %v", err)
+		return "", nil
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		p.add("", "holds more than one YAML document")
+	}
+	if len(doc.Content) == 0 {
+		p.add("", "empty file")
+		return "", nil
+	}
+	f := p.fields(doc.Content[0], "", "domain", "descriptors")
+	domain := ""
+	if v, ok := f["domain"]; !ok {
+		p.add("domain", "required")
+	} else if d, ok := p.str(v, "domain"); ok {
+		if d == "" {
+			p.addAt(v, "domain", "config file cannot have empty domain")
+		}
+		domain = d
+	}
+	root := &node{children: map[string]*node{}}
+	if v, ok := f["descriptors"]; ok && !(v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
+		p.descriptors(root, v, "descriptors", domain+".")
+	}
+	return domain, root
+}
+
+var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold"}
+var rateLimitKeys = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "algorithm"}
+
+// descriptors loads a descriptor list into parent.
+func (p *parser) descriptors(parent *node, n *yaml.Node, path, parentKey string) {
+	if n.Kind != yaml.SequenceNode {
+		p.addAt(n, path, "must be a list of descriptors")
+		return
+	}
+	for i, dn := range n.Content {
+		dp := path + "[" + strconv.Itoa(i) + "]"
+		f := p.fields(dn, dp, descriptorKeys...)
+		key, value := "", ""
+		if v, ok := f["key"]; !ok {
+			p.addAt(dn, dp+".key", "descriptor has empty key")
+			continue
+		} else if k, ok := p.str(v, dp+".key"); !ok {
+			continue
+		} else if k == "" {
+			p.addAt(v, dp+".key", "descriptor has empty key")
+			continue
+		} else {
+			key = k
+		}
+		if v, ok := f["value"]; ok {
+			if s, ok := p.str(v, dp+".value"); ok {
+				value = s
+			}
+		}
+		finalKey := key
+		if value != "" {
+			finalKey += "_" + value
+		}
+		full := parentKey + finalKey
+		if _, dup := parent.children[finalKey]; dup {
+			p.addAt(dn, dp, "duplicate descriptor composite key '%s'", full)
+			continue
+		}
+		child := &node{children: map[string]*node{}}
+		shadow := false
+		if v, ok := f["shadow_mode"]; ok {
+			shadow = p.boolean(v, dp+".shadow_mode")
+		}
+		for _, k := range []string{"detailed_metric", "value_to_metric"} {
+			if v, ok := f[k]; ok {
+				p.boolean(v, dp+"."+k) // stats only: accepted, no effect on limits
+			}
+		}
+		wildcard := strings.HasSuffix(finalKey, "*")
+		if v, ok := f["share_threshold"]; ok && p.boolean(v, dp+".share_threshold") {
+			if !wildcard {
+				p.addAt(v, dp+".share_threshold", "share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", finalKey)
+			} else {
+				child.share = value
+			}
+		}
+		if v, ok := f["rate_limit"]; ok {
+			child.limit = p.rateLimit(v, dp+".rate_limit", full, shadow)
+		}
+		if v, ok := f["descriptors"]; ok {
+			p.descriptors(child, v, dp+".descriptors", full+".")
+		}
+		if wildcard {
+			parent.wildcards = append(parent.wildcards, finalKey)
+		}
+		parent.children[finalKey] = child
+	}
+}
+
+// rateLimit loads a rate_limit block.
+func (p *parser) rateLimit(n *yaml.Node, path, full string, shadow bool) *Limit {
+	f := p.fields(n, path, rateLimitKeys...)
+	l := &Limit{Path: full, Shadow: shadow, UnitMultiplier: 1}
+	ok := true
+	if v, has := f["unlimited"]; has {
+		l.Unlimited = p.boolean(v, path+".unlimited")
+	}
+	if v, has := f["name"]; has {
+		l.Name, _ = p.str(v, path+".name")
+	}
+	if v, has := f["replaces"]; has {
+		if v.Kind != yaml.SequenceNode {
+			p.addAt(v, path+".replaces", "must be a list of {name: ...}")
+			ok = false
+		} else {
+			for i, rn := range v.Content {
+				rp := path + ".replaces[" + strconv.Itoa(i) + "]"
+				rf := p.fields(rn, rp, "name")
+				name := ""
+				if nv, has := rf["name"]; has {
+					name, _ = p.str(nv, rp+".name")
+				}
+				switch {
+				case name == "":
+					p.addAt(rn, rp, "should not have an empty replaces entry")
+					ok = false
+				case name == l.Name:
+					p.addAt(rn, rp, "replaces should not contain name of same descriptor")
+					ok = false
+				default:
+					l.Replaces = append(l.Replaces, name)
+				}
+			}
+		}
+	}
+	unit, hasUnit := f["unit"]
+	if hasUnit {
+		s, _ := p.str(unit, path+".unit")
+		u, valid := rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(s)]
+		switch {
+		case l.Unlimited && valid && u != 0:
+			p.addAt(unit, path+".unit", "should not specify rate limit unit when unlimited")
+			ok = false
+		case !l.Unlimited && (!valid || u == 0):
+			p.addAt(unit, path+".unit", "invalid rate limit unit '%s' (want second, minute, hour, day, week, month or year)", s)
+			ok = false
+		default:
+			l.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(u)
+		}
+	} else if !l.Unlimited {
+		p.addAt(n, path+".unit", "invalid rate limit unit '' (want second, minute, hour, day, week, month or year)")
+		ok = false
+	}
+	if v, has := f["requests_per_unit"]; has {
+		var rpu uint32
+		if v.Kind != yaml.ScalarNode || v.Decode(&rpu) != nil {
+			p.addAt(v, path+".requests_per_unit", "must be a whole number from 0 to 4294967295, not %q", v.Value)
+			ok = false
+		}
+		l.RequestsPerUnit = rpu
+	}
+	var burst float64
+	if v, has := f["burst"]; has {
+		if v.Kind != yaml.ScalarNode || v.Decode(&burst) != nil || !(burst > 0) || math.IsInf(burst, 0) {
+			p.addAt(v, path+".burst", "must be a number > 0, not %q", v.Value)
+			ok = false
+		} else if l.Unlimited || l.RequestsPerUnit == 0 {
+			p.addAt(v, path+".burst", "needs a limit of requests_per_unit > 0")
+			ok = false
+		}
+	}
+	var algo drip.Algorithm
+	if v, has := f["algorithm"]; has {
+		s, _ := p.str(v, path+".algorithm")
+		switch drip.Algorithm(s) {
+		case drip.TokenBucket:
+		case drip.FixedWindow:
+			algo = drip.FixedWindow
+		default:
+			p.addAt(v, path+".algorithm", "must be token_bucket or fixed_window, not %q", s)
+			ok = false
+		}
+	}
+	if !ok {
+		return nil
+	}
+	if err := newLimit(l, burst, algo); err != nil {
+		p.addAt(n, path, "%s", strings.TrimPrefix(err.Error(), drip.ErrInvalidLimit.Error()+": "))
+		return nil
+	}
+	return l
+}
+
+// errUnit is the error of a request override with no known unit.
+var errUnit = errors.New("unknown unit")

@@ -1,0 +1,163 @@
+package envoy
+
+import (
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/driplimit/drip"
+)
+
+// match is the limit a descriptor maps to.
+type match struct {
+	limit *Limit
+	// shared holds, for entries matched by a share_threshold wildcard, the
+	// wildcard value that keys the bucket instead of the entry's value;
+	// nil when there is none.
+	shared []string
+}
+
+// Match returns the limit that applies to a descriptor of domain, exactly
+// as envoyproxy/ratelimit chooses it: level by level, the entry's
+// "key_value" first, then a prefix wildcard "key_prefix*" of that level
+// (the first in file order), then the key alone (any value); the limit
+// applies only if it sits at the descriptor's last entry. It returns nil
+// when no limit applies (unknown domain, no match, or a match at another
+// depth).
+func (c *Config) Match(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry) *Limit {
+	return c.match(domain, entries).limit
+}
+
+func (c *Config) match(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry) match {
+	var m match
+	if c == nil {
+		return m
+	}
+	cur := c.domains[domain]
+	if cur == nil {
+		return m
+	}
+	var buf []byte
+	for i, e := range entries {
+		buf = append(append(append(buf[:0], e.Key...), '_'), e.Value...)
+		next := cur.children[string(buf)]
+		if next == nil {
+			for _, w := range cur.wildcards {
+				if strings.HasPrefix(string(buf), w[:len(w)-1]) {
+					next = cur.children[w]
+					if next.share != "" {
+						if m.shared == nil {
+							m.shared = make([]string, len(entries))
+						}
+						m.shared[i] = next.share
+					}
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = cur.children[e.Key]
+		}
+		if next != nil && next.limit != nil && i == len(entries)-1 {
+			m.limit = next.limit
+		}
+		if next == nil || len(next.children) == 0 {
+			break
+		}
+		cur = next
+	}
+	if m.limit == nil {
+		m.shared = nil
+	}
+	return m
+}
+
+// bucketKey is the drip key of a descriptor: the domain and every entry's
+// key and value (a share_threshold wildcard's value stands for the values
+// it matches), each length-prefixed so that no two descriptors share a key
+// by accident. Rule names of drip's rules files cannot contain ':', so
+// these keys never meet a rule's buckets.
+func bucketKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, shared []string) string {
+	n := len("envoy:") + len(domain) + 4
+	for _, e := range entries {
+		n += len(e.Key) + len(e.Value) + 8
+	}
+	b := make([]byte, 0, n)
+	b = append(b, "envoy:"...)
+	b = netstring(b, domain)
+	for i, e := range entries {
+		b = netstring(b, e.Key)
+		if shared != nil && shared[i] != "" {
+			b = append(b, '*')
+			b = netstring(b, shared[i])
+			continue
+		}
+		b = netstring(b, e.Value)
+	}
+	return string(b)
+}
+
+func netstring(b []byte, s string) []byte {
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	return append(b, s...)
+}
+
+// amount formats a number of tokens: an integer when it is one.
+func amount(x float64) string {
+	if x == math.Trunc(x) && math.Abs(x) < 1e15 {
+		return strconv.FormatInt(int64(x), 10)
+	}
+	return strconv.FormatFloat(x, 'f', -1, 64)
+}
+
+// fillSeconds is how long an empty bucket of l takes to fill, in whole
+// seconds rounded up (SPEC 3's "w"), in drip's fixed point: burst/rate
+// periods, or whole periods for a fixed window.
+func fillSeconds(l drip.Limit) int64 {
+	period := l.Period
+	if period == 0 {
+		period = time.Second
+	}
+	burst := l.Burst
+	if burst == 0 {
+		burst = l.Rate
+	}
+	b := big.NewInt(int64(math.Round(burst * drip.Micro)))
+	r := big.NewInt(int64(math.Round(l.Rate * drip.Micro)))
+	if r.Sign() <= 0 {
+		return 0
+	}
+	p := big.NewInt(int64(period))
+	var ns *big.Int
+	if l.Algorithm == drip.FixedWindow || l.Refill == drip.Interval {
+		ns = new(big.Int).Mul(ceilDiv(b, r), p)
+	} else {
+		ns = ceilDiv(new(big.Int).Mul(b, p), r)
+	}
+	s := ceilDiv(ns, big.NewInt(int64(time.Second)))
+	if !s.IsInt64() {
+		return math.MaxInt64
+	}
+	return s.Int64()
+}
+
+func ceilDiv(a, b *big.Int) *big.Int {
+	q, m := new(big.Int).QuoRem(a, b, new(big.Int))
+	if m.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	return q
+}
+
+// ceilSeconds is d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}

@@ -1,0 +1,478 @@
+package envoy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/pgstore"
+	"github.com/driplimit/drip/store/redisstore"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testserver.StopShared()
+	testserver.StopSharedPostgres()
+	os.Exit(code)
+}
+
+// prefixed keeps a test's buckets apart from other tests' on a shared
+// server: it prefixes every key.
+type prefixed struct {
+	drip.Store
+	prefix string
+}
+
+func (p prefixed) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	r.Key = p.prefix + r.Key
+	return p.Store.Apply(ctx, op, at, r)
+}
+
+func (p prefixed) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
+	rs = append([]drip.Request(nil), rs...)
+	for i := range rs {
+		rs[i].Key = p.prefix + rs[i].Key
+	}
+	return p.Store.ApplyMulti(ctx, op, at, rs)
+}
+
+func (p prefixed) Reset(ctx context.Context, key string) error {
+	return p.Store.Reset(ctx, p.prefix+key)
+}
+
+func fresh() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return "envoy-test:" + hex.EncodeToString(b[:]) + ":"
+}
+
+// stores are the stores every end-to-end case runs on.
+var stores = []struct {
+	name string
+	open func(t *testing.T) drip.Store
+}{
+	{"memory", func(t *testing.T) drip.Store {
+		s := memstore.New()
+		t.Cleanup(func() { s.Close() })
+		return s
+	}},
+	{"postgres", func(t *testing.T) drip.Store {
+		pg := testserver.SharedPostgres(t)
+		s, err := pgstore.Open(context.Background(), pg.URL(), pgstore.WithInstall(pgstore.InstallOptions{}), pgstore.WithSweep(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return prefixed{s, fresh()}
+	}},
+	{"redis", func(t *testing.T) drip.Store {
+		s, err := redisstore.Open(testserver.SharedRedisURL(t), redisstore.WithPrefix(fresh()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}},
+}
+
+// clock is a settable time, so that no test sleeps.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// running is a gRPC server on a free port and a client of it.
+type running struct {
+	svc    *Service
+	srv    *Server
+	conn   *grpc.ClientConn
+	client rlsv3.RateLimitServiceClient
+	clock  *clock
+}
+
+func serve(t *testing.T, store drip.Store, cfg *Config, reflect bool) *running {
+	t.Helper()
+	ck := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	svc := NewService(store, cfg, WithClock(ck.now), WithTimeout(5*time.Second))
+	srv := NewServer(svc, reflect)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return &running{svc: svc, srv: srv, conn: conn, client: rlsv3.NewRateLimitServiceClient(conn), clock: ck}
+}
+
+// desc builds a descriptor from "key=value" pairs.
+func desc(kvs ...string) *ratelimitv3.RateLimitDescriptor {
+	return &ratelimitv3.RateLimitDescriptor{Entries: entries(kvs...)}
+}
+
+func (r *running) call(t *testing.T, domain string, hits uint32, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	t.Helper()
+	resp, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds, HitsAddend: hits})
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	return resp
+}
+
+func hdrs(h []*corev3.HeaderValue) string {
+	var b strings.Builder
+	for _, v := range h {
+		fmt.Fprintf(&b, "%s: %s\n", v.Key, v.Value)
+	}
+	return b.String()
+}
+
+// TestEndToEnd runs the README configuration through a real gRPC client
+// on every store.
+func TestEndToEnd(t *testing.T) {
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			r := serve(t, st.open(t), loadReadme(t), false)
+			t.Run("burst", func(t *testing.T) { testBurst(t, r) })
+			t.Run("all-or-nothing", func(t *testing.T) { testAllOrNothing(t, r) })
+			t.Run("shadow", func(t *testing.T) { testShadow(t, r) })
+			t.Run("hits", func(t *testing.T) { testHits(t, r) })
+			t.Run("kinds", func(t *testing.T) { testKinds(t, r) })
+		})
+	}
+}
+
+// testBurst: a limit of 10/s allows exactly its burst of 10 at one
+// instant, then denies with exact statuses and headers, and refills
+// continuously.
+func testBurst(t *testing.T, r *running) {
+	d := desc("remote_address=10.0.0.1")
+	key := bucketKey("edge_proxy_per_ip", d.Entries, nil)
+	for i := range 10 {
+		resp := r.call(t, "edge_proxy_per_ip", 0, d)
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("call %d: %v, want OK", i+1, resp.OverallCode)
+		}
+		s := resp.Statuses[0]
+		if s.Code != rlsv3.RateLimitResponse_OK || s.LimitRemaining != uint32(9-i) ||
+			s.CurrentLimit.GetRequestsPerUnit() != 10 || s.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
+			t.Fatalf("call %d: status %v", i+1, s)
+		}
+		if got, want := s.DurationUntilReset.AsDuration(), time.Duration(i+1)*100*time.Millisecond; got != want {
+			t.Fatalf("call %d: duration_until_reset %v, want %v", i+1, got, want)
+		}
+		if i == 0 {
+			want := "RateLimit-Policy: \"edge_proxy_per_ip.remote_address\";q=10;w=1\n" +
+				"RateLimit: \"edge_proxy_per_ip.remote_address\";r=9;t=1\n" +
+				"RateLimit-Limit: 10\nRateLimit-Remaining: 9\nRateLimit-Reset: 1\n"
+			if got := hdrs(resp.ResponseHeadersToAdd); got != want {
+				t.Fatalf("headers:\n%s\nwant:\n%s", got, want)
+			}
+		}
+	}
+	resp := r.call(t, "edge_proxy_per_ip", 0, d)
+	s := resp.Statuses[0]
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || s.Code != rlsv3.RateLimitResponse_OVER_LIMIT || s.LimitRemaining != 0 {
+		t.Fatalf("call 11: %v %v, want OVER_LIMIT", resp.OverallCode, s)
+	}
+	if got := s.DurationUntilReset.AsDuration(); got != 100*time.Millisecond {
+		t.Fatalf("call 11: duration_until_reset %v, want the wait of 100ms", got)
+	}
+	retry := drip.RetryAfterSeconds(key, 100*time.Millisecond, 0.5)
+	if retry < 1 || retry > 2 {
+		t.Fatalf("retry %d", retry)
+	}
+	want := "RateLimit-Policy: \"edge_proxy_per_ip.remote_address\";q=10;w=1\n" +
+		fmt.Sprintf("RateLimit: \"edge_proxy_per_ip.remote_address\";r=0;t=%d\n", retry) +
+		fmt.Sprintf("RateLimit-Limit: 10\nRateLimit-Remaining: 0\nRateLimit-Reset: %d\nRetry-After: %d\n", retry, retry)
+	if got := hdrs(resp.ResponseHeadersToAdd); got != want {
+		t.Fatalf("headers on denial:\n%s\nwant:\n%s", got, want)
+	}
+	// Continuous refill: one request every 100ms, not 10 at the next
+	// second.
+	r.clock.add(99 * time.Millisecond)
+	if resp := r.call(t, "edge_proxy_per_ip", 0, d); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatal("allowed before a token refilled")
+	}
+	r.clock.add(time.Millisecond)
+	if resp := r.call(t, "edge_proxy_per_ip", 0, d); resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("after 100ms: %v", resp)
+	}
+	if resp := r.call(t, "edge_proxy_per_ip", 0, d); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatal("a second request allowed on one refilled token")
+	}
+	// Another address has its own bucket.
+	if resp := r.call(t, "edge_proxy_per_ip", 0, desc("remote_address=10.0.0.2")); resp.Statuses[0].LimitRemaining != 9 {
+		t.Fatalf("other address: %v", resp.Statuses[0])
+	}
+}
+
+// testAllOrNothing: when one descriptor is over its limit, none is
+// charged.
+func testAllOrNothing(t *testing.T, r *running) {
+	marketing, number := desc("message_type=marketing", "to_number=2061111111"), desc("to_number=2061111111")
+	for i := range 5 {
+		resp := r.call(t, "messaging", 0, marketing, number)
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != uint32(4-i) || resp.Statuses[1].LimitRemaining != uint32(99-i) {
+			t.Fatalf("call %d: %v", i+1, resp)
+		}
+	}
+	resp := r.call(t, "messaging", 0, marketing, number)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		resp.Statuses[1].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[1].LimitRemaining != 95 {
+		t.Fatalf("call 6: %v", resp)
+	}
+	if !strings.Contains(hdrs(resp.ResponseHeadersToAdd), `"messaging.to_number";r=95;`) {
+		t.Fatalf("headers: %s", hdrs(resp.ResponseHeadersToAdd))
+	}
+	// The denied call took nothing from to_number.
+	resp = r.call(t, "messaging", 0, number)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 94 {
+		t.Fatalf("to_number after a denied call: %v", resp.Statuses[0])
+	}
+}
+
+// testShadow: shadow mode never denies, and never blocks the others.
+func testShadow(t *testing.T, r *running) {
+	a, b := desc("service=auth", "user=user-a"), desc("service=auth", "user=user-b")
+	for i := range 25 {
+		resp := r.call(t, "example6", 0, a)
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("shadow call %d: %v", i+1, resp)
+		}
+		if len(resp.ResponseHeadersToAdd) != 0 {
+			t.Fatalf("shadow descriptors in headers: %s", hdrs(resp.ResponseHeadersToAdd))
+		}
+		if want := uint32(max(0, 9-i)); resp.Statuses[0].LimitRemaining != want {
+			t.Fatalf("shadow call %d: remaining %d, want %d", i+1, resp.Statuses[0].LimitRemaining, want)
+		}
+	}
+	for i := range 20 {
+		resp := r.call(t, "example6", 0, a, b)
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[1].LimitRemaining != uint32(19-i) {
+			t.Fatalf("call %d with a spent shadow limit: %v", i+1, resp)
+		}
+	}
+	if resp := r.call(t, "example6", 0, a, b); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("user-b past 20: %v", resp)
+	}
+}
+
+// testHits: hits_addend is the cost; the descriptor's own wins.
+func testHits(t *testing.T, r *running) {
+	d := desc("remote_address=10.1.0.1")
+	if resp := r.call(t, "edge_proxy_per_ip", 3, d); resp.Statuses[0].LimitRemaining != 7 {
+		t.Fatalf("hits_addend 3: %v", resp.Statuses[0])
+	}
+	d.HitsAddend = wrapperspb.UInt64(5)
+	if resp := r.call(t, "edge_proxy_per_ip", 3, d); resp.Statuses[0].LimitRemaining != 2 {
+		t.Fatalf("descriptor hits_addend 5: %v", resp.Statuses[0])
+	}
+	if resp := r.call(t, "edge_proxy_per_ip", 3, d); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].LimitRemaining != 2 {
+		t.Fatalf("5 of 2: %v", resp)
+	}
+	d.HitsAddend = wrapperspb.UInt64(11)
+	resp := r.call(t, "edge_proxy_per_ip", 0, d)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("cost 11 > burst 10: %v", resp)
+	}
+	// Negative hits give back.
+	d.HitsAddend, d.IsNegativeHits = wrapperspb.UInt64(4), true
+	if resp := r.call(t, "edge_proxy_per_ip", 0, d); resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 6 {
+		t.Fatalf("refund 4: %v", resp.Statuses[0])
+	}
+	// Two descriptors of one bucket add up.
+	e := desc("remote_address=10.1.0.2")
+	if resp := r.call(t, "edge_proxy_per_ip", 4, e, e); resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[1].LimitRemaining != 2 {
+		t.Fatalf("4+4: %v", resp)
+	}
+	if resp := r.call(t, "edge_proxy_per_ip", 6, e, e); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].LimitRemaining != 2 {
+		t.Fatalf("6+6 > burst: %v", resp)
+	}
+}
+
+// testKinds: no limit, unknown domains, unlimited, blocked, replaces.
+func testKinds(t *testing.T, r *running) {
+	for _, c := range []struct {
+		domain string
+		d      *ratelimitv3.RateLimitDescriptor
+	}{{"nope", desc("a=b")}, {"mongo_cps", desc("database=other")}, {"example4", desc("key=value")}} {
+		resp := r.call(t, c.domain, 0, c.d)
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || len(resp.ResponseHeadersToAdd) != 0 {
+			t.Fatalf("%s %v: %v, want OK without a limit", c.domain, c.d, resp)
+		}
+	}
+	resp := r.call(t, "internal", 0, desc("ldap=x"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != math.MaxUint32 {
+		t.Fatalf("unlimited: %v", resp)
+	}
+	resp = r.call(t, "edge_proxy_per_ip", 0, desc("remote_address=50.0.0.5"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("requests_per_unit 0: %v", resp)
+	}
+	// Example 7: the replacing limit applies, the replaced one is
+	// neither applied nor charged.
+	one, two := desc("key_1=value_1", "user=bkthomps"), desc("key_2=value_2", "user=bkthomps")
+	for i := range 10 {
+		resp := r.call(t, "example7", 0, one, two)
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].LimitRemaining != uint32(9-i) {
+			t.Fatalf("replaces, call %d: %v", i+1, resp)
+		}
+	}
+	if resp := r.call(t, "example7", 0, one); resp.Statuses[0].LimitRemaining != 4 || resp.Statuses[0].CurrentLimit.GetName() != "specific_limit" {
+		t.Fatalf("replaced limit charged: %v", resp.Statuses[0])
+	}
+	// A request's own limit override.
+	o := desc("database=users")
+	o.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_MINUTE}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if resp := r.call(t, "mongo_cps", 0, o); resp.OverallCode != want {
+			t.Fatalf("override, call %d: %v, want %v", i+1, resp, want)
+		}
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	r := serve(t, memstore.New(), loadReadme(t), false)
+	many := make([]*ratelimitv3.RateLimitDescriptor, MaxDescriptors+1)
+	for i := range many {
+		many[i] = desc("a=b")
+	}
+	bad := desc("a=b")
+	bad.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2}
+	for _, c := range []struct {
+		req  *rlsv3.RateLimitRequest
+		want string
+	}{
+		{&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("a=b")}}, "rate limit domain must not be empty"},
+		{&rlsv3.RateLimitRequest{Domain: "d"}, "rate limit descriptor list must not be empty"},
+		{&rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("a=b"), {}}}, "descriptors[1]: no entries"},
+		{&rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("a=b", "=c")}}, "descriptors[0].entries[1]: empty key"},
+		{&rlsv3.RateLimitRequest{Domain: "d", Descriptors: many}, "65 descriptors: at most 64 per request"},
+		{&rlsv3.RateLimitRequest{Domain: "mongo_cps", Descriptors: []*ratelimitv3.RateLimitDescriptor{bad}}, "descriptors[0].limit: unknown unit UNKNOWN"},
+	} {
+		_, err := r.client.ShouldRateLimit(context.Background(), c.req)
+		if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || st.Message() != c.want {
+			t.Errorf("%v: %v, want InvalidArgument %q", c.req, err, c.want)
+		}
+	}
+}
+
+// down is a store that has failed.
+type down struct{}
+
+var errDown = errors.New("connection refused")
+
+func (down) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
+	return drip.Decision{}, errDown
+}
+func (down) ApplyMulti(context.Context, drip.Op, time.Time, []drip.Request) (drip.Multi, error) {
+	return drip.Multi{}, errDown
+}
+func (down) Reset(context.Context, string) error { return errDown }
+
+func TestStoreDown(t *testing.T) {
+	r := serve(t, down{}, loadReadme(t), false)
+	_, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge_proxy_per_ip", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address=1")}})
+	if st, _ := status.FromError(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "connection refused") {
+		t.Fatalf("store down: %v, want Unavailable (Envoy then applies its failure_mode_deny)", err)
+	}
+	// No store call at all for what needs none.
+	if resp := r.call(t, "internal", 0, desc("ldap=x")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("unlimited with the store down: %v", resp)
+	}
+}
+
+func TestHealthAndReflection(t *testing.T) {
+	for _, reflect := range []bool{false, true} {
+		r := serve(t, memstore.New(), nil, reflect)
+		h := healthpb.NewHealthClient(r.conn)
+		for _, svc := range []string{"", ServiceName} {
+			resp, err := h.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+			if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+				t.Fatalf("health %q: %v %v", svc, resp, err)
+			}
+		}
+		stream, err := reflectionpb.NewServerReflectionClient(r.conn).ServerReflectionInfo(context.Background())
+		if err == nil {
+			err = stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
+		}
+		var resp *reflectionpb.ServerReflectionResponse
+		if err == nil {
+			resp, err = stream.Recv()
+		}
+		if !reflect {
+			if status.Code(err) != codes.Unimplemented {
+				t.Fatalf("reflection off: %v %v, want Unimplemented", resp, err)
+			}
+			continue
+		}
+		if err != nil || !strings.Contains(resp.String(), ServiceName) {
+			t.Fatalf("reflection on: %v %v", resp, err)
+		}
+	}
+}
+
+func TestSwapKeepsBuckets(t *testing.T) {
+	r := serve(t, memstore.New(), loadReadme(t), false)
+	d := desc("remote_address=10.9.0.1")
+	r.call(t, "edge_proxy_per_ip", 4, d)
+	c, err := Parse(File{Name: "new.yaml", Data: []byte("domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10, burst: 20}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.svc.Swap(c)
+	if resp := r.call(t, "edge_proxy_per_ip", 0, d); resp.Statuses[0].LimitRemaining != 5 || resp.Statuses[0].CurrentLimit.RequestsPerUnit != 10 {
+		t.Fatalf("after swap: %v", resp.Statuses[0])
+	}
+	r.svc.Swap(nil)
+	if resp := r.call(t, "edge_proxy_per_ip", 0, d); resp.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("after swap to nothing: %v", resp.Statuses[0])
+	}
+}
