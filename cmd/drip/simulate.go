@@ -8,9 +8,12 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/simulate"
 )
 
@@ -26,6 +29,7 @@ steady state, the longest Retry-After and a row per second.
 
 LIMIT:   --rate N [--period D] [--burst N] [--refill interval]
          [--algorithm fixed_window [--window-start D]] [--max-reserved N]
+         or --rules FILE --rule NAME (a rule's limit and fixed cost)
 TRAFFIC: --rps N [--for D]       shorthand for --pattern "N/s for D"
          --pattern "60/s for 10s, idle 5s, 100 at once, 10/s for 5s"
          --trace FILE            JSON lines of drip replay ("-": stdin)
@@ -52,6 +56,8 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	algorithm := fs.String("algorithm", "token_bucket", "token_bucket or fixed_window")
 	windowStart := secondsFlag(fs, "window-start", 0, "fixed window: offset of the window grid from the start of the run (default: derived from the key, as in production)")
 	fs.Float64Var(&l.MaxReserved, "max-reserved", 0, "most debt a reservation may run up (default: unbounded)")
+	rulesFile := fs.String("rules", "", "a rules file (JSON or YAML) to take the limit from, with --rule")
+	ruleName := fs.String("rule", "", "with --rules: the rule whose limit and cost to simulate (default: the file's only rule)")
 
 	rps := fs.Float64("rps", 0, "steady traffic: requests per second")
 	forD := secondsFlag(fs, "for", 10*time.Second, "with --rps: how long")
@@ -83,20 +89,50 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
-	haveLimit := set["rate"]
-	l.Period = *period
-	l.Algorithm = drip.Algorithm(*algorithm)
-	if set["refill"] || l.Algorithm != drip.FixedWindow {
-		l.Refill = drip.Refill(*refill)
-	}
-	if set["window-start"] {
-		// Virtual time 0 is the Unix epoch, so an offset from the start
-		// of the run is one from the epoch; 0 is spelt as a whole period.
-		l.Start = *windowStart
-		if p := l.Period; p > 0 && l.Start%p == 0 {
-			l.Start = p
+	var ruleNote string
+	switch {
+	case set["rules"] || set["rule"]:
+		for _, name := range []string{"rate", "period", "burst", "refill", "algorithm", "window-start"} {
+			if set[name] {
+				return fail(2, fmt.Errorf("--%s and --rules: the limit comes from one or the other", name))
+			}
+		}
+		r, err := ruleOf(*rulesFile, *ruleName)
+		if err != nil {
+			return fail(2, err)
+		}
+		maxReserved := l.MaxReserved
+		l = r.Limit
+		if set["max-reserved"] {
+			l.MaxReserved = maxReserved
+		}
+		if !set["cost"] {
+			*cost = r.FixedCost
+			if r.CostSource.Kind != rules.KindFixed {
+				*cost = r.DefaultCost // a simulation has no request headers
+			}
+		}
+		ruleNote = fmt.Sprintf("%q of %s", r.Name, *rulesFile)
+		if r.Mode == rules.Shadow {
+			ruleNote += " (shadow: it never blocks; shown as if enforced)"
+		}
+	case set["rate"]:
+		l.Period = *period
+		l.Algorithm = drip.Algorithm(*algorithm)
+		if set["refill"] || l.Algorithm != drip.FixedWindow {
+			l.Refill = drip.Refill(*refill)
+		}
+		if set["window-start"] {
+			// Virtual time 0 is the Unix epoch, so an offset from the
+			// start of the run is one from the epoch; 0 is spelt as a
+			// whole period.
+			l.Start = *windowStart
+			if p := l.Period; p > 0 && l.Start%p == 0 {
+				l.Start = p
+			}
 		}
 	}
+	haveLimit := set["rate"] || ruleNote != ""
 	if haveLimit {
 		if err := l.Validate(); err != nil {
 			return fail(2, err)
@@ -113,7 +149,7 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		return fail(2, errors.New("give one traffic source: --rps N [--for D], --pattern P, --trace FILE or --log FILE"))
 	}
 	if !haveLimit && !set["trace"] {
-		return fail(2, errors.New("give a limit: --rate N [--period D] [--burst N]"))
+		return fail(2, errors.New("give a limit: --rate N [--period D] [--burst N], or --rules FILE --rule NAME"))
 	}
 
 	tmpl := simulate.Event{Cost: *cost, Reserve: *reserve}
@@ -181,6 +217,9 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if err != nil {
 		return fail(1, err)
 	}
+	if ruleNote != "" {
+		fmt.Fprintf(stdout, "%-15s %s\n", "rule", ruleNote)
+	}
 	if err := res.WriteSummary(stdout, traffic); err != nil {
 		return fail(1, err)
 	}
@@ -189,7 +228,11 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		if err != nil {
 			return fail(1, err)
 		}
-		err = res.WriteSVG(f, fmt.Sprintf("drip simulate: %s, %s", res.Limit, traffic))
+		title := fmt.Sprintf("drip simulate: %s, %s", res.Limit, traffic)
+		if ruleNote != "" {
+			title = fmt.Sprintf("drip simulate: rule %s, %s", ruleNote, traffic)
+		}
+		err = res.WriteSVG(f, title)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
@@ -199,6 +242,32 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		fmt.Fprintf(stdout, "\nchart written to %s\n", *svgFile)
 	}
 	return 0
+}
+
+// ruleOf loads a rules file and returns the rule called name, or its only
+// rule when name is empty.
+func ruleOf(file, name string) (*rules.Rule, error) {
+	if file == "" {
+		return nil, errors.New("--rule needs --rules FILE")
+	}
+	set, err := rules.Load(file)
+	if err != nil {
+		return nil, err
+	}
+	if name == "" && len(set.Rules) == 1 {
+		return &set.Rules[0], nil
+	}
+	if r, ok := set.Rule(name); ok {
+		return r, nil
+	}
+	names := make([]string, len(set.Rules))
+	for i, r := range set.Rules {
+		names[i] = strconv.Quote(r.Name)
+	}
+	if name == "" {
+		return nil, fmt.Errorf("%s has %d rules: choose one with --rule (%s)", file, len(names), strings.Join(names, ", "))
+	}
+	return nil, fmt.Errorf("%s has no rule %q; it has %s", file, name, strings.Join(names, ", "))
 }
 
 // withInput calls read with the named file, or stdin for "-".

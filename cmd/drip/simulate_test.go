@@ -113,3 +113,52 @@ func TestSimulateUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestSimulateRules(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "rules.json")
+	err := os.WriteFile(file, []byte(`{"rules": [
+  {"name": "free", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
+   "algorithm_config": {"rps": 10, "burst": 50}},
+  {"name": "heavy", "limit_keys": ["ip:address"], "mode": "shadow", "algorithm": "token_bucket",
+   "algorithm_config": {"rps": 10, "burst": 50, "fixed_cost": 2}}
+]}`), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The rule's limit gives the same figures as the flags.
+	code, out, errOut := simulateCmd(t, "", "--rules", file, "--rule", "free", "--rps", "60")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		`rule            "free" of ` + file + "\n",
+		"limit           10/1s burst 50\n",
+		"first denial    request 60 at 0.983s",
+		"steady state    16.7% accepted, 10.0/s",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// The rule's fixed cost applies: 2 tokens a request, 5 per second.
+	code, out, errOut = simulateCmd(t, "", "--rules", file, "--rule", "heavy", "--rps", "60")
+	if code != 0 || !strings.Contains(out, "(shadow: it never blocks") || !strings.Contains(out, "steady state    8.3% accepted, 5.0/s") {
+		t.Errorf("heavy: exit %d: %s%s", code, out, errOut)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rules", file, "--rps", "1"}, `has 2 rules: choose one with --rule ("free", "heavy")`},
+		{[]string{"--rules", file, "--rule", "paid", "--rps", "1"}, `has no rule "paid"`},
+		{[]string{"--rules", file, "--rule", "free", "--rate", "5", "--rps", "1"}, "--rate and --rules"},
+		{[]string{"--rule", "free", "--rps", "1"}, "--rule needs --rules FILE"},
+		{[]string{"--rules", filepath.Join(dir, "none.json"), "--rps", "1"}, "no such file"},
+	} {
+		code, _, errOut := simulateCmd(t, "", c.args...)
+		if code == 0 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%q: exit %d, stderr %q, want %q", c.args, code, errOut, c.want)
+		}
+	}
+}
