@@ -166,6 +166,16 @@ func (l *Limiter) Swap(set *rules.Set) {
 	if set.StoreTimeout > 0 {
 		s.timeout = set.StoreTimeout
 	}
+	if s.timeout <= 0 {
+		s.timeout = DefaultTimeout
+	}
+	s.breaker = set.Breaker
+	if s.breaker.Failures <= 0 {
+		s.breaker.Failures = rules.DefaultBreakerFailures
+	}
+	if s.breaker.Cooldown <= 0 {
+		s.breaker.Cooldown = rules.DefaultBreakerCooldown
+	}
 	s.policy = make([]string, len(set.Rules))
 	for i := range set.Rules {
 		s.policy[i] = policyItem(set.Rules[i].Name, set.Rules[i].Limit)
@@ -198,6 +208,7 @@ type snapshot struct {
 	set     *rules.Set
 	jwt     *verifier
 	timeout time.Duration
+	breaker rules.Breaker
 	policy  []string // per rule: `"name";q=20;w=2`
 }
 
@@ -585,12 +596,15 @@ func burst(l drip.Limit) float64 {
 	return l.Burst
 }
 
-// share is the local fallback's limit: share of the rate and the burst.
+// share is the local fallback's limit: share of the rate and the burst,
+// with a burst of at least one token (or the whole burst, if smaller) so
+// that a small bucket's fallback still admits requests of cost 1.
 func share(l drip.Limit, f float64) drip.Limit {
 	if f <= 0 || f > 1 {
 		f = rules.DefaultLocalShare
 	}
-	l.Burst = burst(l) * f
+	b := burst(l)
+	l.Burst = max(b*f, min(b, 1))
 	l.Rate *= f
 	return l
 }
@@ -655,9 +669,9 @@ func (l *Limiter) apply(ctx context.Context, s *snapshot, op drip.Op, reqs []dri
 		l.obs.StoreError(err)
 		l.logError("store call failed", err)
 		if ctx.Err() == nil { // the caller gave up: not the store's fault
-			l.breakerChanged(l.brk.failure(l.clock(), s.set.Breaker.Failures, s.set.Breaker.Cooldown, probe))
+			l.breakerChanged(l.brk.failure(l.clock(), s.breaker.Failures, s.breaker.Cooldown, probe))
 		} else if probe {
-			l.breakerChanged(l.brk.failure(l.clock(), s.set.Breaker.Failures, s.set.Breaker.Cooldown, probe))
+			l.breakerChanged(l.brk.failure(l.clock(), s.breaker.Failures, s.breaker.Cooldown, probe))
 		}
 		return drip.Multi{}, err
 	}
