@@ -110,7 +110,11 @@ func (r *Result) WriteSVG(w io.Writer, title string) error {
 		rect(b, x0+gap, rateY(all), x1-x0-2*gap, rateY(acc)-rateY(all), colDeny)
 	}
 	guide(b, xOf(end), rateY(rateLimit), "rate "+strconv.FormatFloat(rateLimit, 'g', 4, 64)+"/s")
-	legend(b, ratesTop-8, []legendItem{{colAccept, "box", "accepted"}, {colDeny, "box", "denied"}, {colGuide, "dash", "limit rate"}})
+	rateKey := "limit rate"
+	if r.Keys > 1 {
+		rateKey = "limit rate (of each key; the bars count all keys)"
+	}
+	legend(b, ratesTop-8, []legendItem{{colAccept, "box", "accepted"}, {colDeny, "box", "denied"}, {colGuide, "dash", rateKey}})
 
 	fmt.Fprintf(b, `<text x="%s" y="%d" text-anchor="middle">time (s)</text>`+"\n", num((plotLeft+plotRight)/2.0), ratesBot+44)
 	fmt.Fprintln(b, "</svg>")
