@@ -47,9 +47,6 @@ func newBatcher(s *Store) *batcher {
 // may still be decided (and applied) by its batch.
 func (b *batcher) do(ctx context.Context, op drip.Op, p drip.Prepared, at *int64) (result, error) {
 	c := &call{op: op, key: storeKey(p.Key), p: p, at: at, done: make(chan struct{})}
-	if op == drip.OpTake && alwaysDenied(p) {
-		c.op = drip.OpPeek // no bucket could allow it; see take.sql
-	}
 	select {
 	case b.ch <- c:
 	case <-ctx.Done():

@@ -26,11 +26,16 @@ func mustSQL(name string) string {
 	return string(b)
 }
 
+// withEval is a statement with the math of eval.sql in place of {{EVAL}}.
+func withEval(name string) string {
+	return strings.ReplaceAll(mustSQL(name), "{{EVAL}}", "\n"+mustSQL("eval.sql"))
+}
+
 var (
-	takeSQL   = mustSQL("take.sql")
-	peekSQL   = mustSQL("peek.sql")
-	multiSQL  = mustSQL("multi.sql")
-	batchSQL  = mustSQL("batch.sql")
+	takeSQL   = withEval("take.sql")
+	peekSQL   = withEval("peek.sql")
+	multiSQL  = withEval("multi.sql")
+	batchSQL  = withEval("batch.sql")
 	sweepSQL  = mustSQL("sweep.sql")
 	resetSQL  = "DELETE FROM drip.buckets WHERE key = $1::bytea"
 	migration = []string{mustSQL("001_schema.sql")}
@@ -95,7 +100,7 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 		}
 		// take.sql and peek.sql as SQL functions, so that drip.take runs
 		// the very statements the Go store runs.
-		sig := "(bytea, int, int, bigint, bigint, bigint, bigint, bigint, bigint, bool, bigint) RETURNS TABLE (src text, allowed bool, n_tokens bigint, retry bigint, reset bigint) LANGUAGE sql VOLATILE AS $drip$\n"
+		sig := "(bytea, int, int, bigint, bigint, bigint, bigint, bigint, bigint, bool, bigint) RETURNS TABLE (allowed bool, n_tokens bigint, retry bigint, reset bigint, ok bool) LANGUAGE sql VOLATILE AS $drip$\n"
 		for name, body := range map[string]string{"apply_one": takeSQL, "peek_one": peekSQL} {
 			if _, err := tx.Exec(ctx, "CREATE OR REPLACE FUNCTION drip."+name+sig+body+"\n$drip$"); err != nil {
 				return fmt.Errorf("drip.%s: %w", name, err)

@@ -213,7 +213,6 @@ func nanos(at time.Time) *int64 {
 
 // result is one decision as the SQL returns it.
 type result struct {
-	src     string
 	allowed bool
 	tokens  int64
 	retry   int64
@@ -231,16 +230,10 @@ func (r result) decision(p drip.Params) drip.Decision {
 	}
 }
 
-// alwaysDenied reports whether no bucket could allow a take of p: the cost
-// is over the burst by more than the reservation bound. Such a take is
-// decided by a peek (take.sql relies on it: a fresh bucket always allows).
-func alwaysDenied(p drip.Prepared) bool {
-	return p.Cost > p.Params.Burst && p.Params.MaxReserved >= 0 && p.Cost-p.Params.Burst > p.Params.MaxReserved
-}
-
-// errRace is take.sql's "no row": the bucket appeared after the
-// statement's snapshot. The statement is run again at once.
-var errRace = errors.New("pgstore: bucket appeared after the statement's snapshot")
+// errRace is take.sql's "not ok": the key had no row when the statement
+// locked it, and a concurrent statement inserted one before it wrote.
+// Nothing was written; the statement is run again at once.
+var errRace = errors.New("pgstore: bucket appeared during the statement")
 
 // Apply implements drip.Store.
 func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
@@ -259,7 +252,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 		return res.decision(p.Params), nil
 	}
 	sql := takeSQL
-	if op == drip.OpPeek || (op == drip.OpTake && alwaysDenied(p)) {
+	if op == drip.OpPeek {
 		sql = peekSQL
 	}
 	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
@@ -271,8 +264,9 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 			return err
 		}
 		n := 0
+		ok := false
 		for rows.Next() {
-			if err := rows.Scan(&res.src, &res.allowed, &res.tokens, &res.retry, &res.reset); err != nil {
+			if err := rows.Scan(&res.allowed, &res.tokens, &res.retry, &res.reset, &ok); err != nil {
 				rows.Close()
 				return err
 			}
@@ -281,7 +275,10 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		if n != 1 || (res.src == "r" && res.allowed && op != drip.OpPeek && sql == takeSQL) {
+		if n != 1 {
+			return fmt.Errorf("pgstore: %d rows for one decision", n)
+		}
+		if !ok {
 			return errRace
 		}
 		return nil

@@ -24,22 +24,17 @@ DECLARE
     pr record;
     d record;
     now_ns bigint := (extract(epoch FROM at) * 1000000000)::bigint;
-    peek bool := op = 1;
 BEGIN
     pr := drip.prepare(key, rate, period, burst, cost, reserve, refill, algorithm, max_reserved, start);
-    -- A request no bucket could allow is decided by a peek (see take.sql).
-    IF op = 0 AND pr.p_cost > pr.p_burst AND pr.p_maxres >= 0 AND pr.p_cost - pr.p_burst > pr.p_maxres THEN
-        peek := true;
-    END IF;
     FOR attempt IN 1 .. 10 LOOP
-        IF peek THEN
+        IF op = 1 THEN
             SELECT * INTO d FROM drip.peek_one(pr.k, op, pr.kind, pr.p_rate, pr.p_period, pr.p_burst,
                 pr.p_maxres, pr.p_start, pr.p_cost, coalesce(reserve, false), now_ns);
         ELSE
             SELECT * INTO d FROM drip.apply_one(pr.k, op, pr.kind, pr.p_rate, pr.p_period, pr.p_burst,
                 pr.p_maxres, pr.p_start, pr.p_cost, coalesce(reserve, false), now_ns);
         END IF;
-        IF FOUND AND NOT (d.src = 'r' AND d.allowed AND op <> 1) THEN
+        IF FOUND AND d.ok THEN
             allowed := d.allowed;
             tokens := d.n_tokens::float8 / 1000000;
             remaining := greatest(0, d.n_tokens) / 1000000;

@@ -39,8 +39,9 @@ chain (i, key, seq, allowed, tokens, retry, reset, ex, st, ss, sx, dirty) AS (
            e.write
     FROM r
     LEFT JOIN cur c ON c.key = r.key
-    CROSS JOIN LATERAL drip.eval(r.op, c.key IS NOT NULL, c.tokens, c.ts, r.kind, r.rate,
-                                 r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now) e
+    CROSS JOIN LATERAL (SELECT r.op, c.key IS NOT NULL AS present, c.tokens, c.ts, r.kind, r.rate,
+                               r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now) i
+    CROSS JOIN LATERAL ({{EVAL}}) e
     WHERE r.seq = 1
     UNION ALL
     SELECT r.i, r.key, r.seq, e.allowed, e.n_tokens, e.retry, e.reset,
@@ -51,8 +52,9 @@ chain (i, key, seq, allowed, tokens, retry, reset, ex, st, ss, sx, dirty) AS (
            e.write OR h.dirty
     FROM chain h
     JOIN r ON r.key = h.key AND r.seq = h.seq + 1
-    CROSS JOIN LATERAL drip.eval(r.op, h.ex, h.st, h.ss, r.kind, r.rate,
-                                 r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now) e
+    CROSS JOIN LATERAL (SELECT r.op, h.ex AS present, h.st AS tokens, h.ss AS ts, r.kind, r.rate,
+                               r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now) i
+    CROSS JOIN LATERAL ({{EVAL}}) e
 ),
 w AS MATERIALIZED (
     SELECT key, st, ss, sx FROM (

@@ -1,6 +1,7 @@
--- drip's SQL functions: the math of math.go in PL/pgSQL (bit for bit: int8
--- and exact numeric arithmetic, never floats), and the functions any
--- language can call. Installed (CREATE OR REPLACE) by every drip pg install.
+-- drip's SQL functions: the helpers of the math of math.go (bit for bit:
+-- int8 and exact numeric arithmetic, never floats; the rest of the math is
+-- eval.sql), and the functions any language can call. Installed (CREATE OR
+-- REPLACE) by every drip pg install.
 --
 -- Units: amounts are bigint micro-tokens (1e6 per token), times bigint
 -- nanoseconds since the Unix epoch. kind: 0 continuous token bucket,
@@ -11,48 +12,41 @@ CREATE OR REPLACE FUNCTION drip.clock() RETURNS bigint
 LANGUAGE sql VOLATILE PARALLEL SAFE
 AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint $$;
 
+-- The math that statements run is plain SQL: drip.reach, drip.until and
+-- drip.expires_at below are one-expression SQL functions that the planner
+-- inlines, and eval.sql is a fragment of the statements themselves. Only
+-- exact arithmetic: int8, and numeric where math.go needs 128 bits.
+
+-- drip.reach_n is drip.reach without saturation, as numeric: ts plus
+-- ceil(need * period / rate) ns (continuous) or ceil(need / rate) whole
+-- periods (interval, fixed window). need must be > 0.
+CREATE OR REPLACE FUNCTION drip.reach_n(kind int, rate bigint, period bigint,
+    tokens bigint, ts bigint, target bigint) RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ts::numeric + CASE WHEN kind = 0
+        THEN div((target - tokens)::numeric * period + (rate - 1), rate)
+        ELSE div((target - tokens)::numeric + (rate - 1), rate) * period END
+$$;
+
 -- drip.reach is Params.reach: the instant (ns) at which a bucket of
 -- (tokens, ts) holds target micro-tokens (ts if it already does),
--- saturating; on the grid for kinds 1 and 2.
+-- saturating at the largest bigint; on the grid for kinds 1 and 2. (For
+-- ts >= 0, which drip's times are, min(ts + d, max) is math.go's
+-- saturating sum.)
 CREATE OR REPLACE FUNCTION drip.reach(kind int, rate bigint, period bigint,
     tokens bigint, ts bigint, target bigint) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-DECLARE
-    maxi CONSTANT bigint := 9223372036854775807;
-    need bigint := target - tokens;
-    d numeric;
-    k bigint;
-BEGIN
-    IF need <= 0 THEN
-        RETURN ts;
-    END IF;
-    IF kind = 0 THEN
-        -- mulDivCeil, saturating; div and mod are exact on numeric.
-        d := div(need::numeric * period, rate);
-        IF mod(need::numeric * period, rate) <> 0 THEN
-            d := d + 1;
-        END IF;
-        d := least(d, maxi);
-    ELSE
-        k := need / rate + (need % rate <> 0)::int;
-        IF k > maxi / period THEN
-            RETURN maxi;
-        END IF;
-        d := k * period;
-    END IF;
-    IF d > maxi - ts THEN
-        RETURN maxi;
-    END IF;
-    RETURN ts + d::bigint;
-END $$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN tokens >= target THEN ts
+        ELSE least(drip.reach_n(kind, rate, period, tokens, ts, target), 9223372036854775807)::bigint END
+$$;
 
 -- drip.until is Params.Until: nanoseconds after now until a bucket of
 -- (tokens, ts) holds target micro-tokens.
 CREATE OR REPLACE FUNCTION drip.until(kind int, rate bigint, period bigint,
     tokens bigint, ts bigint, target bigint, now bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN tokens >= target THEN 0
-        ELSE greatest(0, drip.reach(kind, rate, period, tokens, ts, target) - now) END
+    SELECT CASE WHEN tokens >= target THEN 0::bigint
+        ELSE greatest(0, least(drip.reach_n(kind, rate, period, tokens, ts, target), 9223372036854775807)::bigint - now) END
 $$;
 
 -- drip.expires_at is Params.ExpiresAt: the instant from which a stored
@@ -61,101 +55,11 @@ $$;
 CREATE OR REPLACE FUNCTION drip.expires_at(kind int, rate bigint, period bigint,
     burst bigint, tokens bigint, ts bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN kind <> 1 THEN t
-        WHEN t > 9223372036854775807 - period THEN 9223372036854775807
-        ELSE t + period END
-    FROM drip.reach(kind, rate, period, tokens, ts, burst) t
+    SELECT least(CASE WHEN tokens >= burst THEN ts::numeric
+                      ELSE drip.reach_n(kind, rate, period, tokens, ts, burst) END
+                 + CASE WHEN kind = 1 THEN period ELSE 0 END,
+                 9223372036854775807)::bigint
 $$;
-
--- drip.eval is drip.Eval: the decision of op on a bucket (present: whether
--- the key has a row) at now, the bucket to store and whether to write it,
--- retry and reset in ns, and expires (Params.ExpiresAt of the new bucket,
--- kept in the row for the sweeper).
-CREATE OR REPLACE FUNCTION drip.eval(op int, present bool, tokens bigint, ts bigint,
-    kind int, rate bigint, period bigint, burst bigint, maxres bigint, start bigint,
-    cost bigint, reserve bool, now bigint,
-    OUT allowed bool, OUT write bool, OUT n_tokens bigint, OUT n_ts bigint,
-    OUT retry bigint, OUT reset bigint, OUT expires bigint)
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-DECLARE
-    maxi CONSTANT bigint := 9223372036854775807;
-    e bigint;
-    missing bigint;
-    prod numeric;
-    q numeric;
-    n bigint;
-    r bigint;
-BEGIN
-    IF NOT coalesce(present, false)
-        OR now >= drip.expires_at(kind, rate, period, burst, tokens, ts) THEN
-        -- Params.Fresh
-        tokens := burst;
-        ts := now;
-        IF kind = 2 THEN
-            r := (now - start) % period;
-            IF r < 0 THEN
-                r := r + period;
-            END IF;
-            ts := now - r;
-        END IF;
-    END IF;
-    -- Params.Refilled
-    IF now <= ts THEN
-        tokens := least(tokens, burst);
-    ELSE
-        e := now - ts;
-        missing := burst - tokens;
-        IF kind = 0 THEN
-            IF missing <= 0 THEN
-                tokens := burst;
-                ts := now;
-            ELSE
-                prod := e::numeric * rate;
-                q := div(prod, period);
-                IF q >= missing THEN
-                    tokens := burst;
-                    ts := now;
-                ELSE
-                    tokens := tokens + q::bigint;
-                    ts := now - div(prod - q * period, rate)::bigint;
-                END IF;
-            END IF;
-        ELSE
-            n := e / period;
-            ts := ts + n * period;
-            -- ceilDiv(missing, rate), for missing > 0
-            r := missing / rate + (missing % rate <> 0)::int;
-            IF missing <= 0 OR n >= r THEN
-                tokens := burst;
-            ELSE
-                tokens := tokens + n * rate;
-            END IF;
-        END IF;
-    END IF;
-    n_ts := ts;
-    retry := 0;
-    IF op = 2 THEN
-        allowed := true;
-        write := true;
-        n_tokens := least(burst, tokens + cost);
-    ELSE
-        IF tokens >= cost THEN
-            allowed := true;
-            n_tokens := tokens - cost;
-        ELSIF reserve AND (maxres < 0 OR cost - tokens <= maxres) THEN
-            allowed := true;
-            n_tokens := tokens - cost;
-            retry := drip.until(kind, rate, period, n_tokens, ts, 0, now);
-        ELSE
-            allowed := false;
-            n_tokens := tokens;
-            retry := drip.until(kind, rate, period, tokens, ts, cost, now);
-        END IF;
-        write := allowed AND op = 0;
-    END IF;
-    reset := drip.until(kind, rate, period, n_tokens, n_ts, burst, now);
-    expires := drip.expires_at(kind, rate, period, burst, n_tokens, n_ts);
-END $$;
 
 -- drip.ensure raises a serialization failure (SQLSTATE 40001) unless ok:
 -- the batch statements call it when a bucket appeared between their

@@ -28,11 +28,11 @@ cur AS MATERIALIZED (
     FOR UPDATE OF b
 ),
 d AS MATERIALIZED (
-    SELECT r.i, r.key, e.*
-    FROM p, r
-    LEFT JOIN cur c ON c.key = r.key
-    CROSS JOIN LATERAL drip.eval(p.op, c.key IS NOT NULL, c.tokens, c.ts, r.kind, r.rate,
-                                 r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, p.now) e
+    SELECT i.ord, i.key, e.*
+    FROM (SELECT r.i AS ord, r.key, p.op, c.key IS NOT NULL AS present, c.tokens, c.ts,
+                 r.kind, r.rate, r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, p.now
+          FROM p, r LEFT JOIN cur c ON c.key = r.key) i
+    CROSS JOIN LATERAL ({{EVAL}}) e
 ),
 w AS MATERIALIZED (
     SELECT d.key, d.n_tokens, d.n_ts, d.expires
@@ -50,4 +50,4 @@ up AS (
 SELECT d.allowed, d.n_tokens, d.retry, d.reset
 FROM d
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
-ORDER BY d.i
+ORDER BY d.ord

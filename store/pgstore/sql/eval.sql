@@ -1,0 +1,57 @@
+-- eval.sql: drip.Eval in SQL, a fragment that the statements include where
+-- they say {{EVAL}}, as a LATERAL subquery over a row i with the columns
+-- op, present, tokens, ts, kind, rate, period, burst, maxres, start, cost,
+-- reserve, now (see functions.sql for units). It yields allowed, write,
+-- n_tokens, n_ts, retry, reset and expires.
+--
+-- Plain SQL on int8 and exact numeric, in stages: each stage is an OFFSET 0
+-- subquery, so PostgreSQL computes its values once and passes them on
+-- instead of copying its expressions into the next stage. The helpers it
+-- calls (drip.reach, drip.until, drip.expires_at) are one-expression SQL
+-- functions that the planner inlines: no function is called at run time.
+SELECT o.allowed, o.write, o.n_tokens, o.n_ts, o.retry,
+       drip.until(i.kind, i.rate, i.period, o.n_tokens, o.n_ts, i.burst, i.now) AS reset,
+       drip.expires_at(i.kind, i.rate, i.period, i.burst, o.n_tokens, o.n_ts) AS expires
+FROM
+-- Params.Fresh for a key without state, or whose state has expired
+(SELECT CASE WHEN f.fresh THEN i.burst ELSE i.tokens END AS t0,
+        CASE WHEN NOT f.fresh THEN i.ts
+             WHEN i.kind = 2 THEN i.now - ((i.now - i.start) % i.period + i.period) % i.period
+             ELSE i.now END AS s0
+ FROM (SELECT NOT coalesce(i.present, false)
+              OR coalesce(i.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true) AS fresh
+       OFFSET 0) f
+ OFFSET 0) b
+-- Params.Refilled
+CROSS JOIN LATERAL (SELECT
+    CASE WHEN i.now <= b.s0 THEN least(b.t0, i.burst)
+         WHEN i.burst - b.t0 <= 0 THEN i.burst
+         WHEN i.kind = 0 THEN CASE
+             WHEN div((i.now - b.s0)::numeric * i.rate, i.period) >= i.burst - b.t0 THEN i.burst
+             ELSE b.t0 + div((i.now - b.s0)::numeric * i.rate, i.period)::bigint END
+         WHEN (i.now - b.s0) / i.period >= (i.burst - b.t0) / i.rate + ((i.burst - b.t0) % i.rate <> 0)::int THEN i.burst
+         ELSE b.t0 + (i.now - b.s0) / i.period * i.rate
+         END AS tokens,
+    CASE WHEN i.now <= b.s0 THEN b.s0
+         WHEN i.kind <> 0 THEN b.s0 + (i.now - b.s0) / i.period * i.period
+         WHEN i.burst - b.t0 <= 0 THEN i.now
+         WHEN div((i.now - b.s0)::numeric * i.rate, i.period) >= i.burst - b.t0 THEN i.now
+         ELSE i.now - div(mod((i.now - b.s0)::numeric * i.rate, i.period), i.rate)::bigint
+         END AS ts
+    OFFSET 0) a
+-- the decision
+CROSS JOIN LATERAL (SELECT
+    i.op = 2 OR a.tokens >= i.cost
+        OR (i.reserve AND (i.maxres < 0 OR i.cost - a.tokens <= i.maxres)) AS allowed
+    OFFSET 0) d
+CROSS JOIN LATERAL (SELECT
+    d.allowed,
+    i.op = 2 OR (d.allowed AND i.op = 0) AS write,
+    CASE WHEN i.op = 2 THEN least(i.burst, a.tokens + i.cost)
+         WHEN d.allowed THEN a.tokens - i.cost
+         ELSE a.tokens END AS n_tokens,
+    a.ts AS n_ts,
+    CASE WHEN i.op = 2 OR a.tokens >= i.cost THEN 0::bigint
+         WHEN d.allowed THEN drip.until(i.kind, i.rate, i.period, a.tokens - i.cost, a.ts, 0, i.now)
+         ELSE drip.until(i.kind, i.rate, i.period, a.tokens, a.ts, i.cost, i.now) END AS retry
+    OFFSET 0) o
