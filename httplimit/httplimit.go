@@ -246,9 +246,9 @@ type Result struct {
 	// the wait rounded up plus a jitter of up to 50% fixed by Identity.
 	// Zero when the request can never succeed (cost_exceeds_burst).
 	RetryAfter int64
-	// Identity is the client identity that seeds the jitter: the verified
-	// JWT subject, else the client IP (its /64 for IPv6), else the key of
-	// the denying rule.
+	// Identity is the client identity that seeds the jitter, set on a
+	// denial: "sub:" and the verified JWT subject, else "ip:" and the
+	// client IP (its /64 for IPv6), else "key:" and the denying rule's key.
 	Identity string
 	// Applied lists the rules that applied, enforce rules first, each in
 	// file order.
@@ -505,6 +505,12 @@ func (l *Limiter) shadow(ctx context.Context, s *snapshot, res *Result, sh []App
 		idx = append(idx, i)
 	}
 	if len(reqs) == 0 {
+		return
+	}
+	if res.Err != nil { // the store just failed: spare the request a second deadline
+		for _, i := range idx {
+			sh[i].Outcome = ErrorAllowed
+		}
 		return
 	}
 	op := drip.OpTake

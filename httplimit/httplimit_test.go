@@ -653,3 +653,18 @@ func (o *observer) errs() int {
 	defer o.mu.Unlock()
 	return o.errors
 }
+
+// When the store fails for the enforce rules, the shadow rules do not
+// call it again: one deadline per request at most.
+func TestStoreDownShadowSkipped(t *testing.T) {
+	ds := &downStore{Store: memstore.New()}
+	e := newEnv(t, ds, parse(t, `{"rules": [
+		{"name": "e", "limit_keys": ["global"], "algorithm_config": {"rps": 1}},
+		{"name": "s", "mode": "shadow", "limit_keys": ["global"], "algorithm_config": {"rps": 1}}]}`))
+	if r := e.do("/"); r.code != 200 || ds.calls.Load() != 1 {
+		t.Fatalf("%d, %d store calls", r.code, ds.calls.Load())
+	}
+	if e.obs.count("s/shadow/error_allowed") != 1 || e.obs.count("e/enforce/error_allowed") != 1 {
+		t.Errorf("observed %v", e.obs.decisions)
+	}
+}
