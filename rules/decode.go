@@ -152,7 +152,15 @@ func (r *jsonReader) value(path string, depth int) (any, error) {
 }
 
 // decodeYAML reads one YAML document into the same plain values as JSON.
-func decodeYAML(data []byte) (any, []Problem) {
+func decodeYAML(data []byte) (v any, problems []Problem) {
+	// The YAML parser is third-party code fed untrusted files: a panic in
+	// it must be a bad file, not a crashed server (a reload keeps the old
+	// rules).
+	defer func() {
+		if r := recover(); r != nil {
+			v, problems = nil, []Problem{{Message: fmt.Sprintf("invalid YAML: %v", r)}}
+		}
+	}()
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
@@ -166,7 +174,7 @@ func decodeYAML(data []byte) (any, []Problem) {
 		return nil, []Problem{{Message: "invalid YAML: the file holds more than one document"}}
 	}
 	y := &yamlReader{}
-	v := y.value("", &doc, 0)
+	v = y.value("", &doc, 0)
 	return v, y.problems
 }
 
