@@ -34,6 +34,9 @@ type Config struct {
 	// GRPCListen is the address of Envoy's rate limit service
 	// (--grpc-listen, DRIP_GRPC_LISTEN). Empty disables it.
 	GRPCListen string
+	// GRPCReflection turns on gRPC server reflection on GRPCListen
+	// (--grpc-reflection, DRIP_GRPC_REFLECTION); off by default.
+	GRPCReflection bool
 
 	// StoreTimeout is the deadline of each store call (default 500ms).
 	StoreTimeout time.Duration

@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"os"
 	"time"
 )
 
@@ -17,27 +15,23 @@ func (s *Server) watch(ctx context.Context) {
 	}
 	t := time.NewTicker(s.cfg.WatchEvery)
 	defer t.Stop()
-	var lastMod time.Time
-	var lastSize int64 = -1
+	var last string
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		fi, err := os.Stat(s.cfg.Rules)
+		sig, err := rulesStat(s.cfg.Rules) // a file or a directory's files (envoy.go)
 		if err != nil {
 			continue // a missing file is reported when it is reloaded
 		}
-		if fi.ModTime().Equal(lastMod) && fi.Size() == lastSize {
+		if sig == last {
 			continue
 		}
-		lastMod, lastSize = fi.ModTime(), fi.Size()
-		data, err := os.ReadFile(s.cfg.Rules)
-		if err != nil {
-			continue
-		}
-		if sha256.Sum256(data) == s.lastHash() {
+		last = sig
+		_, hash, err := readRuleFiles(s.cfg.Rules)
+		if err != nil || hash == s.lastHash() {
 			continue
 		}
 		_ = s.Reload() // logged and counted by Reload

@@ -2,12 +2,9 @@ package server
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +13,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/server/envoy"
 )
 
 // ruleState is the rules in force, an immutable snapshot swapped whole on
@@ -26,6 +24,7 @@ type ruleState struct {
 	mu       sync.Mutex // serializes reloads
 	hash     [32]byte   // of the file content last loaded or tried
 	loadedAt time.Time
+	envoy    *envoy.Config // envoyproxy/ratelimit files at the rules path (envoy.go)
 }
 
 // rules returns the rules in force.
@@ -39,12 +38,8 @@ func (s *Server) loadRules() (*ruleState, error) {
 	if s.cfg.Rules == "" {
 		set = rules.Default()
 	} else {
-		data, err := os.ReadFile(s.cfg.Rules)
-		if err != nil {
-			return nil, fmt.Errorf("rules: %w", err)
-		}
-		rs.hash = sha256.Sum256(data)
-		set, err = rules.Parse(data, s.cfg.Rules)
+		var err error
+		set, rs.envoy, rs.hash, err = readRules(s.cfg.Rules) // a file or a directory (envoy.go)
 		if err != nil {
 			return nil, err
 		}
@@ -70,13 +65,9 @@ func (s *Server) Reload() error {
 	if s.cfg.Rules == "" {
 		return nil
 	}
-	data, err := os.ReadFile(s.cfg.Rules)
-	var set *rules.Set
-	if err == nil {
-		s.rs.hash = sha256.Sum256(data)
-		set, err = rules.Parse(data, s.cfg.Rules)
-	} else {
-		err = fmt.Errorf("rules: %w", err)
+	set, env, hash, err := readRules(s.cfg.Rules) // a file or a directory (envoy.go)
+	if hash != ([32]byte{}) {
+		s.rs.hash = hash
 	}
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()
@@ -86,6 +77,10 @@ func (s *Server) Reload() error {
 	}
 	s.rs.set.Store(set)
 	s.swapLimiter(set)
+	s.rs.envoy = env
+	if s.rls != nil {
+		s.rls.Swap(env)
+	}
 	s.rs.loadedAt = time.Now()
 	s.metrics.reloads.WithLabelValues("ok").Inc()
 	s.metrics.rulesOK.Set(1)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/server/envoy"
 )
 
 // timeZero asks a store for a decision on its own clock.
@@ -41,6 +42,7 @@ type Server struct {
 
 	rs  *ruleState
 	lim *httplimit.Limiter // the gateway's middleware; nil without an upstream
+	rls *envoy.Service     // Envoy's rate limit service; nil without GRPCListen
 
 	mu        sync.Mutex
 	listeners []*listener
@@ -84,11 +86,7 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 		s.addHTTP("admin", cfg.AdminListen, s.adminHandler())
 	}
 	if cfg.GRPCListen != "" {
-		// Hook: Envoy's envoy.service.ratelimit.v3.RateLimitService is
-		// served here, as one more listener:
-		//   s.listeners = append(s.listeners, &listener{name: "grpc",
-		//       addr: cfg.GRPCListen, serve: g.Serve, shutdown: ...})
-		return nil, errors.New("--grpc-listen: Envoy's rate limit service is not built into this drip yet")
+		s.addGRPC() // Envoy's rate limit service (envoy.go)
 	}
 	return s, nil
 }

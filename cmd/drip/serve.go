@@ -25,10 +25,11 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	fs.StringVar(&c.Listen, "listen", envOr("DRIP_LISTEN", server.DefaultListen), "address of the decision API, or of the gateway with --upstream (env DRIP_LISTEN)")
 	fs.StringVar(&c.AdminListen, "admin-listen", envOr("DRIP_ADMIN_LISTEN", server.DefaultAdminListen), `address of /metrics, /healthz, /readyz and the admin API; "off" disables it (env DRIP_ADMIN_LISTEN)`)
 	fs.StringVar(&c.AdminToken, "admin-token", envOr("DRIP_ADMIN_TOKEN", ""), "bearer token of the admin API; without one the admin API is off (env DRIP_ADMIN_TOKEN)")
-	fs.StringVar(&c.Rules, "rules", envOr("DRIP_RULES", ""), "rules file, JSON or YAML (default: the built-in rules) (env DRIP_RULES)")
+	fs.StringVar(&c.Rules, "rules", envOr("DRIP_RULES", ""), "rules file, JSON or YAML, or envoyproxy/ratelimit config files (a file or a directory) (default: the built-in rules) (env DRIP_RULES)")
 	fs.StringVar(&c.Store, "store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://... (env DRIP_STORE)")
 	fs.StringVar(&c.Upstream, "upstream", envOr("DRIP_UPSTREAM", ""), "upstream URL: serve as a gateway that applies the rules to every request (env DRIP_UPSTREAM)")
 	fs.StringVar(&c.GRPCListen, "grpc-listen", envOr("DRIP_GRPC_LISTEN", ""), "address of Envoy's rate limit gRPC service (env DRIP_GRPC_LISTEN)")
+	fs.BoolVar(&c.GRPCReflection, "grpc-reflection", envOr("DRIP_GRPC_REFLECTION", "") == "true", "serve gRPC server reflection on --grpc-listen (env DRIP_GRPC_REFLECTION=true)")
 	timeoutDefault := server.DefaultStoreTimeout
 	if v := envOr("DRIP_STORE_TIMEOUT", ""); v != "" {
 		d, err := time.ParseDuration(v)
@@ -98,6 +99,9 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 			admin = "on"
 		}
 		fmt.Fprintf(stdout, "drip serve: metrics on http://%s/metrics, health on /healthz and /readyz, admin API %s\n", a, admin)
+	}
+	if a := s.GRPCAddr(); a != nil {
+		fmt.Fprintf(stdout, "drip serve: Envoy rate limit service (envoy.service.ratelimit.v3, gRPC) on %s\n", a)
 	}
 	if err := s.Serve(ctx); err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)

@@ -1,0 +1,139 @@
+package server
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/server/envoy"
+)
+
+// Envoy's rate limit service (Config.GRPCListen) and the rules it reads.
+//
+// --rules names a drip rules file, an envoyproxy/ratelimit configuration
+// file (recognized by its top-level "domain" key), or a directory of such
+// files (*.yaml, *.yml, *.json; one domain per envoy file, as
+// envoyproxy/ratelimit loads them, and at most one drip rules file). The
+// drip rules drive the decision API and the gateway (none when the path
+// holds only envoy files); the envoy files drive the gRPC service. Both
+// reload together.
+
+// addGRPC adds the gRPC listener of Envoy's rate limit service.
+func (s *Server) addGRPC() {
+	s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithTimeout(s.cfg.StoreTimeout), envoy.WithLogger(s.log))
+	if len(s.rs.envoy.Domains()) == 0 {
+		s.log.Warn("drip serve: --grpc-listen without an envoyproxy/ratelimit config in --rules: every ShouldRateLimit is OK")
+	}
+	g := envoy.NewServer(s.rls, s.cfg.GRPCReflection)
+	s.listeners = append(s.listeners, &listener{
+		name:     "grpc",
+		addr:     s.cfg.GRPCListen,
+		serve:    g.Serve,
+		shutdown: g.Shutdown,
+	})
+}
+
+// GRPCAddr is the address of Envoy's rate limit service, once Listen has
+// bound it; nil before or when it is off.
+func (s *Server) GRPCAddr() net.Addr { return s.addr("grpc") }
+
+// ruleFile is one file found at the --rules path.
+type ruleFile struct {
+	name string
+	data []byte
+}
+
+// readRuleFiles reads the files at path (a file, or a directory's rules
+// files) and hashes their content.
+func readRuleFiles(path string) ([]ruleFile, [32]byte, error) {
+	var hash [32]byte
+	names, err := envoy.ConfigFiles(path)
+	if err != nil {
+		return nil, hash, fmt.Errorf("rules: %w", err)
+	}
+	files := make([]ruleFile, 0, len(names))
+	h := sha256.New()
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			return nil, hash, fmt.Errorf("rules: %w", err)
+		}
+		files = append(files, ruleFile{n, b})
+		if len(names) == 1 {
+			return files, sha256.Sum256(b), nil
+		}
+		h.Write([]byte(n + "\x00" + strconv.Itoa(len(b)) + "\x00"))
+		h.Write(b)
+	}
+	copy(hash[:], h.Sum(nil))
+	return files, hash, nil
+}
+
+// readRules reads and parses the rules at path: the drip rules (an empty
+// set when path holds only envoyproxy/ratelimit files) and the envoy
+// config (nil when there is none). The hash is set whenever the files
+// could be read, even when they are not valid.
+func readRules(path string) (*rules.Set, *envoy.Config, [32]byte, error) {
+	files, hash, err := readRuleFiles(path)
+	if err != nil {
+		return nil, nil, hash, err
+	}
+	var drip []ruleFile
+	var env []envoy.File
+	for _, f := range files {
+		if envoy.IsConfig(f.data) {
+			env = append(env, envoy.File{Name: f.name, Data: f.data})
+		} else {
+			drip = append(drip, f)
+		}
+	}
+	var set *rules.Set
+	var errs []error
+	switch len(drip) {
+	case 0:
+		set, err = rules.Parse([]byte(`{"rules": []}`), filepath.Join(path, "(no drip rules)"))
+		errs = append(errs, err)
+	case 1:
+		set, err = rules.Parse(drip[0].data, drip[0].name)
+		errs = append(errs, err)
+	default:
+		names := make([]string, len(drip))
+		for i, f := range drip {
+			names[i] = filepath.Base(f.name)
+		}
+		errs = append(errs, fmt.Errorf("rules: %s holds %d drip rules files (%s): at most one, beside envoyproxy/ratelimit files (those with a top-level \"domain\")", path, len(drip), strings.Join(names, ", ")))
+	}
+	var cfg *envoy.Config
+	if len(env) > 0 {
+		cfg, err = envoy.Parse(env...)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, hash, err
+	}
+	return set, cfg, hash, nil
+}
+
+// rulesStat is a cheap signature of the files at path (names, sizes and
+// modification times), so that the watcher hashes them only when it moves.
+func rulesStat(path string) (string, error) {
+	names, err := envoy.ConfigFiles(path)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, n := range names {
+		fi, err := os.Stat(n)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "%s\x00%d\x00%d\x00", n, fi.Size(), fi.ModTime().UnixNano())
+	}
+	return b.String(), nil
+}
