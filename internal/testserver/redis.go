@@ -116,6 +116,9 @@ func (r *Redis) Running() bool {
 	return r.cmd != nil
 }
 
+// Log is the end of the server's log file.
+func (r *Redis) Log() string { return tail(filepath.Join(r.dir, "redis.log")) }
+
 // URL is redis://Addr.
 func (r *Redis) URL() string { return "redis://" + r.Addr }
 
@@ -300,7 +303,11 @@ func LaunchRedisCluster(dir string, masters, replicas int) (*RedisCluster, error
 			r, err = LaunchRedis(nd, port,
 				"--cluster-enabled", "yes",
 				"--cluster-config-file", filepath.Join(nd, "nodes.conf"),
-				"--cluster-node-timeout", clusterNodeTimeout)
+				"--cluster-node-timeout", clusterNodeTimeout,
+				// Replicas sync at once (the default waits 5 s to batch
+				// them), so a master killed early has a replica to fail
+				// over to.
+				"--repl-diskless-sync-delay", "0")
 			if err == nil {
 				break
 			}
@@ -349,7 +356,8 @@ func (c *RedisCluster) Stop() {
 }
 
 // WaitOK waits until every running node reports cluster_state:ok and
-// agrees on the masters of all slots.
+// agrees on the masters of all slots, and every running replica is in
+// sync with its master.
 func (c *RedisCluster) WaitOK(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
@@ -362,6 +370,11 @@ func (c *RedisCluster) WaitOK(timeout time.Duration) error {
 			out, err := n.cli("CLUSTER", "INFO")
 			if err != nil || !strings.Contains(out, "cluster_state:ok") {
 				ok, last = false, n.Addr+": "+out
+				break
+			}
+			out, err = n.cli("INFO", "replication")
+			if err != nil || (strings.Contains(out, "role:slave") && !strings.Contains(out, "master_link_status:up")) {
+				ok, last = false, n.Addr+": replica not in sync: "+out
 				break
 			}
 		}
@@ -390,6 +403,22 @@ func (c *RedisCluster) MasterOf(slot uint16) (*Redis, error) {
 		}
 	}
 	return nil, fmt.Errorf("testserver: no master for slot %d", slot)
+}
+
+// SlotMap returns, for every slot, the running node that serves it as a
+// master, as the running nodes agree.
+func (c *RedisCluster) SlotMap() ([]*Redis, error) {
+	ms, err := c.masters()
+	if err != nil {
+		return nil, err
+	}
+	m := make([]*Redis, 16384)
+	for _, r := range ms {
+		for s := r.from; s <= r.to; s++ {
+			m[s] = r.node
+		}
+	}
+	return m, nil
 }
 
 type slotRange struct {

@@ -1,0 +1,247 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/redisstore"
+)
+
+// slow refills so little during a test that a key grants its burst and
+// then nothing.
+var slow = drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
+
+// grants records, per key and per server life, the Remaining of every
+// granted take: a correct store grants each value from burst-1 down to 0
+// at most once per life of its state.
+type grants struct {
+	mu   sync.Mutex
+	seen map[string]map[int64]int
+	n    map[string]int
+}
+
+func newGrants() *grants {
+	return &grants{seen: map[string]map[int64]int{}, n: map[string]int{}}
+}
+
+func (g *grants) add(life int, key string, d drip.Decision) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	k := fmt.Sprintf("%d/%s", life, key)
+	if g.seen[k] == nil {
+		g.seen[k] = map[int64]int{}
+	}
+	g.seen[k][d.Remaining]++
+	g.n[key]++
+	if g.seen[k][d.Remaining] > 1 {
+		return fmt.Errorf("%s granted twice with remaining %d", k, d.Remaining)
+	}
+	return nil
+}
+
+// TestKillServerMidLoad kills the only server in the middle of a load run:
+// decisions fail (errors, never wrong answers) while it is down, and
+// resume after it restarts, with the script reloaded into the empty script
+// cache. The restarted server has lost the buckets (no persistence), so a
+// key can grant its burst once per life of the server, never more.
+func TestKillServerMidLoad(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	s := open(t, srv.URL())
+	keys := make([]string, 40)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("kill:%d", i)
+	}
+	var life atomic.Int32 // 0 before the kill, 1 while down, 2 after restart
+	var errs, oks [3]atomic.Int64
+	g := newGrants()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad atomic.Value
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := keys[i%len(keys)]
+				l := int(life.Load())
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: slow, Cost: 1})
+				cancel()
+				if err != nil {
+					errs[l].Add(1)
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				oks[l].Add(1)
+				if d.Allowed {
+					// A take that started while the server was down and
+					// ran after the restart belongs to the new life.
+					if err := g.add(min(l, 1)*2, key, d); err != nil {
+						bad.Store(err)
+					}
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	life.Store(1)
+	srv.Kill()
+	time.Sleep(300 * time.Millisecond)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	life.Store(2)
+	deadline := time.Now().Add(10 * time.Second)
+	for oks[2].Load() < 2000 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("before the kill: %d decisions, %d errors; while down: %d, %d; after restart: %d, %d",
+		oks[0].Load(), errs[0].Load(), oks[1].Load(), errs[1].Load(), oks[2].Load(), errs[2].Load())
+	if err, _ := bad.Load().(error); err != nil {
+		t.Fatal(err)
+	}
+	if oks[0].Load() == 0 || errs[1].Load() == 0 || oks[2].Load() < 2000 {
+		t.Fatal("want decisions before the kill, errors while down, and decisions again after the restart")
+	}
+	for _, key := range keys {
+		if n := g.n[key]; n != 2*10 {
+			t.Errorf("%s: %d grants over two lives of the server, want 2 bursts (20)", key, n)
+		}
+	}
+}
+
+// TestClusterFailover kills a master of a Redis Cluster under load: its
+// replica takes over and decisions continue. Replication is asynchronous,
+// so takes the master acknowledged but had not yet sent to its replica are
+// lost, and their tokens are granted again: the test measures that
+// over-admission per key that moved, which must stay within one burst.
+// Keys on the other masters must not over-admit at all.
+func TestClusterFailover(t *testing.T) {
+	if err := testserver.RedisMissing(); err != nil {
+		testserver.Missing(t, "redis: %v", err)
+	}
+	c, err := testserver.LaunchRedisCluster(t.TempDir(), 3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	s := open(t, c.URL())
+	const burst = 20
+	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: burst}
+
+	// Keys on the master that will die, and keys elsewhere.
+	masters, err := c.SlotMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := masters[redisstore.Slot(redisstore.DefaultPrefix+"failover:0")]
+	var moved, stayed []string
+	for i := 0; len(moved) < 1500 || len(stayed) < 500; i++ {
+		key := fmt.Sprintf("failover:%d", i)
+		m := masters[redisstore.Slot(redisstore.DefaultPrefix+key)]
+		if m == victim && len(moved) < 1500 {
+			moved = append(moved, key)
+		} else if m != victim && len(stayed) < 500 {
+			stayed = append(stayed, key)
+		}
+	}
+	keys := append(append([]string{}, moved...), stayed...)
+
+	var n sync.Map // key -> *atomic.Int64 grants
+	for _, k := range keys {
+		n.Store(k, new(atomic.Int64))
+	}
+	var oks, errs, oksAfter atomic.Int64
+	var killed atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; ; i += 16 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := keys[i%len(keys)]
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
+				cancel()
+				if err != nil {
+					errs.Add(1)
+					time.Sleep(2 * time.Millisecond)
+					continue
+				}
+				oks.Add(1)
+				if killed.Load() {
+					oksAfter.Add(1)
+				}
+				if d.Allowed {
+					v, _ := n.Load(key)
+					v.(*atomic.Int64).Add(1)
+				}
+			}
+		}()
+	}
+	// Kill the master while its keys are half spent.
+	for oks.Load() < int64(len(keys)*burst/2) {
+		time.Sleep(time.Millisecond)
+	}
+	killedAt := time.Now()
+	killed.Store(true)
+	victim.Kill()
+	if err := c.WaitOK(30 * time.Second); err != nil {
+		for _, n := range c.Nodes {
+			t.Logf("%s:\n%s", n.Addr, n.Log())
+		}
+		t.Fatal(err)
+	}
+	failover := time.Since(killedAt)
+	// Run until every key has been asked well past its burst.
+	target := oksAfter.Load() + int64(len(keys)*burst*2)
+	deadline := time.Now().Add(30 * time.Second)
+	for oksAfter.Load() < target && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+
+	grants := func(k string) int64 { v, _ := n.Load(k); return v.(*atomic.Int64).Load() }
+	over, overKeys, worst := int64(0), 0, int64(0)
+	for _, k := range moved {
+		g := grants(k)
+		if g > 2*burst {
+			t.Errorf("%s (moved) granted %d, more than two bursts (%d)", k, g, 2*burst)
+		}
+		if g > burst {
+			over += g - burst
+			overKeys++
+			worst = max(worst, g-burst)
+		}
+	}
+	for _, k := range stayed {
+		if g := grants(k); g != burst {
+			t.Errorf("%s (did not move) granted %d, want exactly %d", k, g, burst)
+		}
+	}
+	t.Logf("failover took %v; %d decisions (%d after the kill), %d errors; over-admission: %d tokens over %d of %d moved keys (worst key: %d extra, bound %d)",
+		failover.Round(time.Millisecond), oks.Load(), oksAfter.Load(), errs.Load(), over, overKeys, len(moved), worst, burst)
+	if oksAfter.Load() < target {
+		t.Fatalf("decisions did not continue after the failover: %d of %d", oksAfter.Load(), target)
+	}
+}
