@@ -109,14 +109,15 @@ func (NopObserver) BreakerState(string)                  {}
 // Limiter applies a rules Set to HTTP requests. It is safe for concurrent
 // use; Swap replaces its rules atomically. Construct it with New.
 type Limiter struct {
-	store   drip.Store
-	snap    atomic.Pointer[snapshot]
-	log     *slog.Logger
-	obs     Observer
-	timeout time.Duration
-	now     func() time.Time // nil: the store's clock
-	brk     *breaker
-	lastLog atomic.Int64
+	store    drip.Store
+	snap     atomic.Pointer[snapshot]
+	log      *slog.Logger
+	obs      Observer
+	timeout  time.Duration
+	now      func() time.Time // nil: the store's clock
+	brk      *breaker
+	lastLog  atomic.Int64
+	separate bool // WithSeparateTakes
 
 	localMu sync.Mutex
 	local   *memstore.Store
@@ -137,6 +138,15 @@ func WithObserver(o Observer) Option { return func(l *Limiter) { l.obs = o } }
 // WithTimeout sets the deadline of each store call (default
 // DefaultTimeout). A rules file's store_timeout takes precedence.
 func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout = d } }
+
+// WithSeparateTakes is for stores that cannot take several keys in one
+// atomic step, such as Redis Cluster (whose multi-takes need every key in
+// one hash slot, while rules' keys land anywhere): the enforce rules of a
+// request are taken one store call each, in file order, and when one
+// denies, those already taken are refunded. All or nothing then holds in
+// the end rather than at every instant: between a take and its refund,
+// another request may find fewer tokens.
+func WithSeparateTakes() Option { return func(l *Limiter) { l.separate = true } }
 
 // WithClock makes the limiter pass now() as the time of each decision
 // (instead of the store's clock), and use it for token expiry and the
@@ -360,13 +370,59 @@ func (l *Limiter) enforce(ctx context.Context, s *snapshot, res *Result, enf []A
 		a.Decision.Allowed = false
 		return
 	}
-	m, err := l.apply(ctx, s, drip.OpTake, reqs)
+	var m drip.Multi
+	var err error
+	var evaluated []bool
+	if l.separate && len(reqs) > 1 {
+		m, evaluated, err = l.takeSeparately(ctx, s, reqs)
+	} else {
+		m, err = l.apply(ctx, s, drip.OpTake, reqs)
+	}
 	if err != nil {
 		res.Err = err
 		l.fail(ctx, res, enf, reqs)
 		return
 	}
 	l.settle(res, enf, m, false)
+	for i, ok := range evaluated {
+		if !ok {
+			enf[i].Decided = false
+		}
+	}
+}
+
+// takeSeparately takes each request in its own store call, in order, for
+// stores that cannot take several keys in one atomic step (WithSeparateTakes).
+// When one is denied, those already taken are refunded, and the rest are
+// not evaluated. On an error the ones taken are refunded too.
+func (l *Limiter) takeSeparately(ctx context.Context, s *snapshot, reqs []drip.Request) (drip.Multi, []bool, error) {
+	ds := make([]drip.Decision, len(reqs))
+	evaluated := make([]bool, len(reqs))
+	refund := func(n int) {
+		for j := range n {
+			if _, err := l.apply(ctx, s, drip.OpRefund, reqs[j:j+1]); err != nil {
+				return // the store is failing; the breaker will know
+			}
+		}
+	}
+	for i := range reqs {
+		m, err := l.apply(ctx, s, drip.OpTake, reqs[i:i+1])
+		if err != nil {
+			refund(i)
+			return drip.Multi{}, nil, err
+		}
+		ds[i], evaluated[i] = m.Decisions[0], true
+		if !ds[i].Allowed {
+			refund(i)
+			// Report the rest as allowed by their own (unknown) buckets:
+			// they were not evaluated and show in no header.
+			for j := i + 1; j < len(reqs); j++ {
+				ds[j].Allowed = true
+			}
+			return drip.Combine(ds), evaluated, nil
+		}
+	}
+	return drip.Combine(ds), evaluated, nil
 }
 
 // settle records a multi-take's decisions in enf and res.

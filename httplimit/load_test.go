@@ -2,11 +2,15 @@ package httplimit_test
 
 import (
 	"context"
+	"errors"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -92,5 +96,50 @@ func TestIPv6Prefix(t *testing.T) {
 			t.Errorf("another /64 shares the bucket")
 		}
 		l.Close()
+	}
+}
+
+// oneKeyStore takes one key per call, like Redis Cluster across slots.
+type oneKeyStore struct{ *memstore.Store }
+
+func (s oneKeyStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
+	if len(rs) > 1 {
+		return drip.Multi{}, errors.New("keys of a multi-take must share a hash slot")
+	}
+	return s.Store.ApplyMulti(ctx, op, at, rs)
+}
+
+func TestSeparateTakes(t *testing.T) {
+	ms := memstore.New()
+	defer ms.Close()
+	e := newEnv(t, oneKeyStore{ms}, parse(t, `{"rules": [
+		{"name": "ip", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 10}},
+		{"name": "key", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 2}},
+		{"name": "all", "limit_keys": ["global"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 100}}]}`),
+		httplimit.WithSeparateTakes())
+	for range 2 {
+		if r := e.do("/", "X-Api-Key: a"); r.code != 200 || r.h.Get("RateLimit") == "" {
+			t.Fatalf("%d %v", r.code, r.h)
+		}
+	}
+	// key denies: ip was taken, then refunded; all was never called.
+	r := e.do("/", "X-Api-Key: a")
+	if r.code != 429 || r.problem(t).Rule != "key" {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	if got := r.h.Get("RateLimit"); !strings.HasPrefix(got, `"ip";r=8;`) || strings.Contains(got, `"all"`) {
+		t.Errorf("RateLimit on 429: %q", got)
+	}
+	r = e.do("/", "X-Api-Key: b")
+	if r.code != 200 || !strings.HasPrefix(r.h.Get("RateLimit"), `"ip";r=7;`) || !strings.Contains(r.h.Get("RateLimit"), `"all";r=97;`) {
+		t.Errorf("after the denial: %v", r.h)
+	}
+	if e.obs.errs() != 0 {
+		t.Errorf("%d store errors", e.obs.errs())
+	}
+	// Without the option, such a store fails every multi-rule request.
+	e2 := newEnv(t, oneKeyStore{ms}, e.lim.Rules())
+	if r := e2.do("/", "X-Api-Key: c"); r.code != 200 || e2.obs.errs() != 1 {
+		t.Errorf("without WithSeparateTakes: %d, %d errors", r.code, e2.obs.errs())
 	}
 }
