@@ -137,7 +137,7 @@ func (b *batcher) run(calls []*call) {
 		for rows.Next() {
 			var i int64
 			var r result
-			if err := rows.Scan(&i, &r.allowed, &r.tokens, &r.retry, &r.reset); err != nil {
+			if err := rows.Scan(&i, &r.allowed, &r.tokens, &r.ts, &r.now); err != nil {
 				rows.Close()
 				return err
 			}

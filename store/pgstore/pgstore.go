@@ -211,22 +211,35 @@ func nanos(at time.Time) *int64 {
 	return &n
 }
 
-// result is one decision as the SQL returns it.
+// result is one decision as the SQL returns it: whether it was allowed,
+// the bucket after it (for a denial, the bucket refilled to now) and the
+// time of the decision.
 type result struct {
 	allowed bool
 	tokens  int64
-	retry   int64
-	reset   int64
+	ts      int64
+	now     int64
 }
 
-func (r result) decision(p drip.Params) drip.Decision {
+// decision completes r as drip.Eval does: retry and reset come from the
+// bucket with the Go math (Params.Until), not from SQL.
+func (r result) decision(op drip.Op, p drip.Prepared) drip.Decision {
+	n := drip.Bucket{Tokens: r.tokens, TS: r.ts}
+	var retry time.Duration
+	switch {
+	case op == drip.OpRefund:
+	case r.allowed:
+		retry = p.Params.Until(n, 0, r.now)
+	default:
+		retry = p.Params.Until(n, p.Cost, r.now)
+	}
 	return drip.Decision{
 		Allowed:    r.allowed,
 		Tokens:     float64(r.tokens) / drip.Micro,
 		Remaining:  max(0, r.tokens) / drip.Micro,
-		Limit:      float64(p.Burst) / drip.Micro,
-		RetryAfter: time.Duration(r.retry),
-		ResetAfter: time.Duration(r.reset),
+		Limit:      float64(p.Params.Burst) / drip.Micro,
+		RetryAfter: retry,
+		ResetAfter: p.Params.Until(n, p.Params.Burst, r.now),
 	}
 }
 
@@ -249,7 +262,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 		if err != nil {
 			return drip.Decision{}, err
 		}
-		return res.decision(p.Params), nil
+		return res.decision(op, p), nil
 	}
 	sql := takeSQL
 	if op == drip.OpPeek {
@@ -266,7 +279,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 		n := 0
 		ok := false
 		for rows.Next() {
-			if err := rows.Scan(&res.allowed, &res.tokens, &res.retry, &res.reset, &ok); err != nil {
+			if err := rows.Scan(&res.allowed, &res.tokens, &res.ts, &res.now, &ok); err != nil {
 				rows.Close()
 				return err
 			}
@@ -286,7 +299,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	if err != nil {
 		return drip.Decision{}, err
 	}
-	return res.decision(p.Params), nil
+	return res.decision(op, p), nil
 }
 
 // ApplyMulti implements drip.Store: one statement, all or nothing.
@@ -318,12 +331,12 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 		i := 0
 		for rows.Next() {
 			var r result
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.retry, &r.reset); err != nil {
+			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now); err != nil {
 				rows.Close()
 				return err
 			}
 			if i < len(ds) {
-				ds[i] = r.decision(ps[i].Params)
+				ds[i] = r.decision(op, ps[i])
 			}
 			i++
 		}

@@ -39,8 +39,15 @@ BEGIN
             tokens := d.n_tokens::float8 / 1000000;
             remaining := greatest(0, d.n_tokens) / 1000000;
             "limit" := pr.p_burst::float8 / 1000000;
-            retry_after := d.retry::float8 / 1e9;
-            reset_after := d.reset::float8 / 1e9;
+            -- drip.Eval's retry and reset, from the bucket after the decision
+            IF op = 2 OR (d.allowed AND d.n_tokens >= 0) THEN
+                retry_after := 0;
+            ELSIF d.allowed THEN
+                retry_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts, 0, d.now)::float8 / 1e9;
+            ELSE
+                retry_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts, pr.p_cost, d.now)::float8 / 1e9;
+            END IF;
+            reset_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts, pr.p_burst, d.now)::float8 / 1e9;
             RETURN NEXT;
             RETURN;
         END IF;

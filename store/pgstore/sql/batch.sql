@@ -30,8 +30,8 @@ cur AS MATERIALIZED (
 ),
 -- chain: one row per request, with the bucket after it (ex: a row exists;
 -- st, ss, sx: its tokens, ts, expires) and whether any step wrote.
-chain (i, key, seq, allowed, tokens, retry, reset, ex, st, ss, sx, dirty) AS (
-    SELECT r.i, r.key, r.seq, e.allowed, e.n_tokens, e.retry, e.reset,
+chain (i, key, seq, allowed, tokens, ts, now, ex, st, ss, sx, dirty) AS (
+    SELECT r.i, r.key, r.seq, e.allowed, e.n_tokens, e.n_ts, r.now,
            e.write OR c.key IS NOT NULL,
            CASE WHEN e.write THEN e.n_tokens ELSE c.tokens END,
            CASE WHEN e.write THEN e.n_ts ELSE c.ts END,
@@ -44,7 +44,7 @@ chain (i, key, seq, allowed, tokens, retry, reset, ex, st, ss, sx, dirty) AS (
     CROSS JOIN LATERAL ({{EVAL}}) e
     WHERE r.seq = 1
     UNION ALL
-    SELECT r.i, r.key, r.seq, e.allowed, e.n_tokens, e.retry, e.reset,
+    SELECT r.i, r.key, r.seq, e.allowed, e.n_tokens, e.n_ts, r.now,
            e.write OR h.ex,
            CASE WHEN e.write THEN e.n_tokens ELSE h.st END,
            CASE WHEN e.write THEN e.n_ts ELSE h.ss END,
@@ -70,7 +70,7 @@ up AS (
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT c.i, c.allowed, c.tokens, c.retry, c.reset
+SELECT c.i, c.allowed, c.tokens, c.ts, c.now
 FROM chain c
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
 ORDER BY c.i

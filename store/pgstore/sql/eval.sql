@@ -2,15 +2,17 @@
 -- they say {{EVAL}}, as a LATERAL subquery over a row i with the columns
 -- op, present, tokens, ts, kind, rate, period, burst, maxres, start, cost,
 -- reserve, now (see functions.sql for units). It yields allowed, write,
--- n_tokens, n_ts, retry, reset and expires.
+-- the bucket after the decision (n_tokens, n_ts: for a denial, the bucket
+-- refilled to now) and expires, Params.ExpiresAt of that bucket. The
+-- caller derives retry_after and reset_after from the bucket with
+-- drip.Params.Until, in Go (drip.until in SQL).
 --
 -- Plain SQL on int8 and exact numeric, in stages: each stage is an OFFSET 0
 -- subquery, so PostgreSQL computes its values once and passes them on
 -- instead of copying its expressions into the next stage. The helpers it
 -- calls (drip.reach, drip.until, drip.expires_at) are one-expression SQL
 -- functions that the planner inlines: no function is called at run time.
-SELECT o.allowed, o.write, o.n_tokens, o.n_ts, o.retry,
-       drip.until(i.kind, i.rate, i.period, o.n_tokens, o.n_ts, i.burst, i.now) AS reset,
+SELECT o.allowed, o.write, o.n_tokens, o.n_ts,
        drip.expires_at(i.kind, i.rate, i.period, i.burst, o.n_tokens, o.n_ts) AS expires
 FROM
 -- Params.Fresh for a key without state, or whose state has expired
@@ -50,8 +52,5 @@ CROSS JOIN LATERAL (SELECT
     CASE WHEN i.op = 2 THEN least(i.burst, a.tokens + i.cost)
          WHEN d.allowed THEN a.tokens - i.cost
          ELSE a.tokens END AS n_tokens,
-    a.ts AS n_ts,
-    CASE WHEN i.op = 2 OR a.tokens >= i.cost THEN 0::bigint
-         WHEN d.allowed THEN drip.until(i.kind, i.rate, i.period, a.tokens - i.cost, a.ts, 0, i.now)
-         ELSE drip.until(i.kind, i.rate, i.period, a.tokens, a.ts, i.cost, i.now) END AS retry
+    a.ts AS n_ts
     OFFSET 0) o

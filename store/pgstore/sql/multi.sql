@@ -47,7 +47,7 @@ up AS (
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT d.allowed, d.n_tokens, d.retry, d.reset
-FROM d
+SELECT d.allowed, d.n_tokens, d.n_ts, p.now
+FROM d, p
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
 ORDER BY d.ord

@@ -38,5 +38,5 @@ up AS (
     WHERE EXISTS (SELECT FROM cur)
     RETURNING 1
 )
-SELECT d.allowed, d.n_tokens, d.retry, d.reset, d.write = EXISTS (SELECT FROM up) AS ok
-FROM d
+SELECT d.allowed, d.n_tokens, d.n_ts, p.now, d.write = EXISTS (SELECT FROM up) AS ok
+FROM d, p
