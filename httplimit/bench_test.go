@@ -1,0 +1,36 @@
+package httplimit_test
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+
+	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// BenchmarkHandler measures the middleware's own cost per request on the
+// memory store (no network): the built-in default rules (one enforce rule
+// per IP, one shadow rule), over 1000 client IPs.
+func BenchmarkHandler(b *testing.B) {
+	ms := memstore.New()
+	defer ms.Close()
+	l := httplimit.New(ms, rules.Default(), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+	defer l.Close()
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	reqs := make([]*http.Request, 1000)
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest("GET", "/api/x", nil)
+		reqs[i].RemoteAddr = "10.0." + strconv.Itoa(i/250) + "." + strconv.Itoa(i%250) + ":1234"
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, reqs[i%len(reqs)])
+	}
+}
