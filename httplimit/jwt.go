@@ -4,10 +4,13 @@ import (
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/rsa"
+	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -24,8 +27,9 @@ const maxTokenLen = 16 << 10
 type verifier struct {
 	cfg       *rules.JWT
 	parser    *jwt.Parser
-	validator *jwt.Validator // for "verify": false
+	validator *jwt.Validator // exp, nbf, iss, aud, at every use
 	keys      jwt.Keyfunc
+	cache     tokenCache
 }
 
 func newVerifier(cfg *rules.JWT, now func() time.Time) *verifier {
@@ -42,10 +46,9 @@ func newVerifier(cfg *rules.JWT, now func() time.Time) *verifier {
 	if cfg.Audience != "" {
 		opts = append(opts, jwt.WithAudience(cfg.Audience))
 	}
-	v := &verifier{cfg: cfg}
+	v := &verifier{cfg: cfg, validator: jwt.NewValidator(opts...)}
 	if !cfg.Verify {
 		v.parser = jwt.NewParser(opts...)
-		v.validator = jwt.NewValidator(opts...)
 		return v
 	}
 	// Only the algorithms of the configured keys are accepted: never
@@ -133,26 +136,82 @@ func bearer(r *http.Request) (string, bool) {
 }
 
 // claims returns the verified claims of r's bearer token, or nil.
+//
+// Checking a signature costs tens of microseconds (RSA, ECDSA), and a
+// client sends the same token again and again, so the outcome of the
+// signature check is cached per token (by its SHA-256), for the life of
+// the rules snapshot: the claims of a token whose signature holds, or the
+// fact that it does not. The claims (exp, nbf, iss, aud) are validated
+// again at every use, so a cached token still expires on time.
 func (v *verifier) claims(r *http.Request) jwt.MapClaims {
 	tok, ok := bearer(r)
 	if !ok {
 		return nil
 	}
+	h := sha256.Sum256([]byte(tok))
+	claims, hit := v.cache.get(h)
+	if !hit {
+		claims = v.parse(tok)
+		v.cache.put(h, claims)
+	}
+	if claims == nil || v.validator.Validate(claims) != nil {
+		return nil
+	}
+	return claims
+}
+
+// parse checks tok's signature (unless verify is false) and returns its
+// claims, or nil when the token is malformed or its signature fails.
+// Claims are not validated here.
+func (v *verifier) parse(tok string) jwt.MapClaims {
 	claims := jwt.MapClaims{}
 	if !v.cfg.Verify {
 		if _, _, err := v.parser.ParseUnverified(tok, claims); err != nil {
 			return nil
 		}
-		if err := v.validator.Validate(claims); err != nil {
-			return nil
-		}
 		return claims
 	}
-	t, err := v.parser.ParseWithClaims(tok, claims, v.keys)
-	if err != nil || !t.Valid {
-		return nil
+	_, err := v.parser.ParseWithClaims(tok, claims, v.keys)
+	if err != nil && !errors.Is(err, jwt.ErrTokenInvalidClaims) {
+		return nil // the signature was checked before the claims: a claims error means it held
 	}
 	return claims
+}
+
+// tokenCacheSize bounds the tokens whose signature check is remembered.
+const tokenCacheSize = 4096
+
+// tokenCache remembers signature checks: claims, or nil for a failure.
+type tokenCache struct {
+	mu sync.Mutex
+	m  map[[32]byte]jwt.MapClaims
+}
+
+func (c *tokenCache) get(h [32]byte) (jwt.MapClaims, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	claims, ok := c.m[h]
+	return claims, ok
+}
+
+func (c *tokenCache) put(h [32]byte, claims jwt.MapClaims) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[[32]byte]jwt.MapClaims)
+	}
+	if len(c.m) >= tokenCacheSize {
+		// Forget about half, at random (map order): cheap, and a flood of
+		// distinct tokens cannot pin memory.
+		n := 0
+		for k := range c.m {
+			delete(c.m, k)
+			if n++; n >= tokenCacheSize/2 {
+				break
+			}
+		}
+	}
+	c.m[h] = claims
 }
 
 // claimText is the text of a scalar claim (string, number, boolean);

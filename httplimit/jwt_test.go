@@ -226,3 +226,19 @@ func TestJWTIdentity(t *testing.T) {
 		}
 	}
 }
+
+// A token's signature check is cached, but its expiry is checked at every
+// use, and a forged token stays forged however often it is sent.
+func TestJWTCacheKeepsExpiry(t *testing.T) {
+	e := jwtEnv(t, `{"hmac_secret_env": "DRIP_TEST_JWT_SECRET"}`, nil)
+	good := sign(t, jwt.SigningMethodHS256, []byte(hmacSecret), claims("enterprise"), "")
+	forged := forge(t, good, claims("enterprise", func(c jwt.MapClaims) { c["sub"] = "mallory" }))
+	soon := sign(t, jwt.SigningMethodHS256, []byte(hmacSecret), claims("enterprise", notYet, func(c jwt.MapClaims) {
+		c["exp"] = time.Now().Add(3 * time.Hour).Unix()
+	}), "")
+	for range 3 {
+		checkTiers(t, e, []tokenCase{{"good", good, "enterprise"}, {"forged", forged, "free"}, {"not yet", soon, "free"}})
+	}
+	e.clock.Add(90 * time.Minute) // past exp of good, past nbf of soon
+	checkTiers(t, e, []tokenCase{{"good, expired", good, "free"}, {"forged", forged, "free"}, {"now valid", soon, "enterprise"}})
+}
