@@ -32,6 +32,12 @@ func runCheck(_ context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	}
 	code := 0
 	for _, path := range fs.Args() {
+		if handled, bad := checkEnvoy(path, stdout, stderr); handled { // check_envoy.go
+			if bad {
+				code = 1
+			}
+			continue
+		}
 		set, err := rules.Load(path)
 		if err != nil {
 			code = 1

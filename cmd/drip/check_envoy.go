@@ -1,0 +1,77 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/server/envoy"
+)
+
+// checkEnvoy checks path when it is an envoyproxy/ratelimit config file
+// (a top-level "domain") or a directory, as drip serve --rules loads them:
+// every envoy file of it together (domains must not repeat), any drip
+// rules file with rules.Load. It reports whether path was such a path, and
+// whether it was bad.
+func checkEnvoy(path string, stdout, stderr io.Writer) (handled, bad bool) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return false, false
+	}
+	if !fi.IsDir() {
+		data, err := os.ReadFile(path)
+		if err != nil || !envoy.IsConfig(data) {
+			return false, false
+		}
+	}
+	names, err := envoy.ConfigFiles(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", path, err)
+		return true, true
+	}
+	var files []envoy.File
+	for _, n := range names {
+		data, err := os.ReadFile(n)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", n, err)
+			bad = true
+			continue
+		}
+		if envoy.IsConfig(data) {
+			files = append(files, envoy.File{Name: n, Data: data})
+			continue
+		}
+		set, err := rules.Parse(data, n)
+		if err != nil {
+			bad = true
+			var re *rules.Error
+			if errors.As(err, &re) {
+				fmt.Fprintln(stderr, re.Error())
+			} else {
+				fmt.Fprintf(stderr, "%s: %v\n", n, err)
+			}
+			continue
+		}
+		fmt.Fprintf(stdout, "%s: ok, %d rule(s)\n", n, len(set.Rules))
+	}
+	if len(files) == 0 {
+		return true, bad
+	}
+	cfg, err := envoy.Parse(files...)
+	if err != nil {
+		var ee *envoy.Error
+		if errors.As(err, &ee) {
+			for _, p := range ee.Problems {
+				fmt.Fprintln(stderr, p)
+			}
+			fmt.Fprintf(stderr, "%s: %d problem(s)\n", path, len(ee.Problems))
+		} else {
+			fmt.Fprintf(stderr, "%s: %v\n", path, err)
+		}
+		return true, true
+	}
+	fmt.Fprintf(stdout, "%s: ok, envoyproxy/ratelimit config of %d domain(s) in %d file(s)\n", path, len(cfg.Domains()), len(files))
+	return true, bad
+}
