@@ -118,17 +118,38 @@ func (b *batcher) drain() {
 	}
 }
 
-// run decides calls in one statement and hands each its result.
+// run decides calls in one statement and hands each its result. A batch
+// of one is decided by the single-request statement, which is lighter.
 func (b *batcher) run(calls []*call) {
+	if len(calls) == 1 {
+		c := calls[0]
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		c.res, c.err = b.s.applyOne(ctx, c.op, c.p, c.at)
+		cancel()
+		close(c.done)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := b.s.runBatch(ctx, calls)
+	for i, c := range calls {
+		if err == nil {
+			c.res = res[i]
+		}
+		c.err = err
+		close(c.done)
+	}
+}
+
+// runBatch decides calls with batch.sql, in one statement.
+func (s *Store) runBatch(ctx context.Context, calls []*call) ([]result, error) {
 	a := newArrays(len(calls))
 	for _, c := range calls {
 		a.add(c.op, c.key, c.p, c.at)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	res := make([]result, len(calls))
-	err := b.s.retry(ctx, func() error {
-		rows, err := b.s.db.Query(ctx, batchSQL, a.ops, a.keys, a.kinds, a.rates, a.periods,
+	err := s.retry(ctx, func() error {
+		rows, err := s.db.Query(ctx, batchSQL, a.ops, a.keys, a.kinds, a.rates, a.periods,
 			a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats)
 		if err != nil {
 			return err
@@ -156,8 +177,5 @@ func (b *batcher) run(calls []*call) {
 		}
 		return nil
 	})
-	for i, c := range calls {
-		c.res, c.err = res[i], err
-		close(c.done)
-	}
+	return res, err
 }

@@ -257,21 +257,28 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	if op != drip.OpTake && op != drip.OpPeek && op != drip.OpRefund {
 		return drip.Decision{}, fmt.Errorf("pgstore: unknown op %v", op)
 	}
+	var res result
 	if s.batch != nil {
-		res, err := s.batch.do(ctx, op, p, nanos(at))
-		if err != nil {
-			return drip.Decision{}, err
-		}
-		return res.decision(op, p), nil
+		res, err = s.batch.do(ctx, op, p, nanos(at))
+	} else {
+		res, err = s.applyOne(ctx, op, p, nanos(at))
 	}
+	if err != nil {
+		return drip.Decision{}, err
+	}
+	return res.decision(op, p), nil
+}
+
+// applyOne decides one request with one statement (take.sql, peek.sql).
+func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *int64) (result, error) {
 	sql := takeSQL
 	if op == drip.OpPeek {
 		sql = peekSQL
 	}
 	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
-		p.Params.Burst, p.Params.MaxReserved, p.Params.Start, p.Cost, p.Reserve, nanos(at)}
+		p.Params.Burst, p.Params.MaxReserved, p.Params.Start, p.Cost, p.Reserve, at}
 	var res result
-	err = s.retry(ctx, func() error {
+	err := s.retry(ctx, func() error {
 		rows, err := s.db.Query(ctx, sql, args...)
 		if err != nil {
 			return err
@@ -296,10 +303,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 		}
 		return nil
 	})
-	if err != nil {
-		return drip.Decision{}, err
-	}
-	return res.decision(op, p), nil
+	return res, err
 }
 
 // ApplyMulti implements drip.Store: one statement, all or nothing.

@@ -283,3 +283,60 @@ func TestInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBatchStatementSameAsMemstore decides runs of consecutive lines of
+// random traces in one batch.sql statement each (so requests for the same
+// key chain inside the statement) and wants every decision identical to
+// the memory store's, made one by one in the same order.
+func TestBatchStatementSameAsMemstore(t *testing.T) {
+	pg := newStore(t)
+	ctx := context.Background()
+	for seed := range uint64(4) {
+		mem := memstore.New(memstore.WithSweep(0))
+		p := prefix()
+		epoch := time.Now().Truncate(time.Second)
+		lines := storetest.RandomLines(seed+200, 400)
+		batches := 0
+		for start := 0; start < len(lines); {
+			// A run of up to 24 single-request lines (resets and
+			// multi-takes end a run and are applied alone).
+			end := start
+			for end < len(lines) && end-start < 24 && lines[end].Requests == nil && lines[end].Op != "reset" {
+				end++
+			}
+			if end == start {
+				l := lines[start]
+				if got, want := do(ctx, pg, epoch, p, l), do(ctx, mem, epoch, "", l); got != want {
+					t.Fatalf("seed %d line %d: postgres %s, memory %s", seed, start, got, want)
+				}
+				start++
+				continue
+			}
+			var ops []drip.Op
+			var rs, mrs []drip.Request
+			var ats []time.Time
+			for _, l := range lines[start:end] {
+				op, _ := replay.Op(l.Op)
+				r := l.Request
+				r.Limit = r.Limit.ForKey(r.Key)
+				mrs = append(mrs, r)
+				r.Key = p + r.Key
+				ops, rs, ats = append(ops, op), append(rs, r), append(ats, epoch.Add(l.At))
+			}
+			got, errs := pgstore.ApplyBatch(ctx, pg, ops, rs, ats)
+			batches++
+			for i := range rs {
+				want, werr := mem.Apply(ctx, ops[i], ats[i], mrs[i])
+				if (werr == nil) != (errs[i] == nil) {
+					t.Fatalf("seed %d line %d: postgres error %v, memory error %v", seed, start+i, errs[i], werr)
+				}
+				if werr == nil && got[i] != want {
+					t.Fatalf("seed %d line %d (%+v) in a batch of %d:\npostgres %+v\nmemory   %+v", seed, start+i, lines[start+i], end-start, got[i], want)
+				}
+			}
+			start = end
+		}
+		mem.Close()
+		t.Logf("seed %d: %d batches", seed, batches)
+	}
+}

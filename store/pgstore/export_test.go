@@ -1,0 +1,40 @@
+package pgstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/driplimit/drip"
+)
+
+// ApplyBatch decides rs (with ops and times) in one batch.sql statement,
+// in order, as the batcher would: for tests of batch.sql itself.
+func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request, ats []time.Time) ([]drip.Decision, []error) {
+	errs := make([]error, len(rs))
+	var calls []*call
+	var idx []int
+	var ps []drip.Prepared
+	for i, r := range rs {
+		p, err := drip.Prepare(r)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		calls = append(calls, &call{op: ops[i], key: storeKey(p.Key), p: p, at: nanos(ats[i])})
+		idx = append(idx, i)
+		ps = append(ps, p)
+	}
+	ds := make([]drip.Decision, len(rs))
+	if len(calls) == 0 {
+		return ds, errs
+	}
+	res, err := s.runBatch(ctx, calls)
+	for j, i := range idx {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		ds[i] = res[j].decision(ops[i], ps[j])
+	}
+	return ds, errs
+}
