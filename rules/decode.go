@@ -180,15 +180,27 @@ func decodeYAML(data []byte) (v any, problems []Problem) {
 
 type yamlReader struct {
 	nodes    int
+	tooBig   bool
+	active   map[*yaml.Node]bool // the nodes being read: an alias to one is a cycle
 	problems []Problem
 }
+
+func (y *yamlReader) enter(n *yaml.Node) {
+	if y.active == nil {
+		y.active = map[*yaml.Node]bool{}
+	}
+	y.active[n] = true
+}
+
+func (y *yamlReader) leave(n *yaml.Node) { delete(y.active, n) }
 
 func (y *yamlReader) add(path, msg string) { y.problems = append(y.problems, Problem{path, msg}) }
 
 func (y *yamlReader) value(path string, n *yaml.Node, depth int) any {
 	y.nodes++
 	if depth > maxNestingDepth || y.nodes > maxYAMLNodes {
-		if y.nodes == maxYAMLNodes+1 || depth == maxNestingDepth+1 {
+		if !y.tooBig {
+			y.tooBig = true
 			y.add(path, "the document is too large or too deeply nested")
 		}
 		return nil
@@ -200,8 +212,14 @@ func (y *yamlReader) value(path string, n *yaml.Node, depth int) any {
 		}
 		return y.value(path, n.Content[0], depth)
 	case yaml.AliasNode:
+		if y.active[n.Alias] {
+			y.add(path, fmt.Sprintf("line %d: alias *%s refers to a node that contains it", n.Line, n.Value))
+			return nil
+		}
 		return y.value(path, n.Alias, depth+1)
 	case yaml.SequenceNode:
+		y.enter(n)
+		defer y.leave(n)
 		l := make([]any, 0, len(n.Content))
 		for i, c := range n.Content {
 			l = append(l, y.value(index(path, i), c, depth+1))
@@ -219,6 +237,18 @@ func (y *yamlReader) value(path string, n *yaml.Node, depth int) any {
 }
 
 func (y *yamlReader) mapping(path string, n *yaml.Node, o *object, depth int) {
+	// Merges recurse here without passing through value: bound them too
+	// (a mapping may merge itself: &a {<<: *a}).
+	y.nodes++
+	if depth > maxNestingDepth || y.nodes > maxYAMLNodes {
+		if !y.tooBig {
+			y.tooBig = true
+			y.add(path, "the document is too large or too deeply nested")
+		}
+		return
+	}
+	y.enter(n)
+	defer y.leave(n)
 	var merges []*yaml.Node
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		kn, vn := n.Content[i], n.Content[i+1]
@@ -257,6 +287,10 @@ func (y *yamlReader) mapping(path string, n *yaml.Node, o *object, depth int) {
 			}
 		}
 		for _, mn := range list {
+			if y.active[mn] {
+				y.add(path, fmt.Sprintf("line %d: a merge (<<) refers to a mapping that contains it", m.Line))
+				continue
+			}
 			if mn.Kind != yaml.MappingNode {
 				y.add(path, "a merge (<<) must name a mapping")
 				continue
