@@ -120,6 +120,9 @@ type item struct {
 	limit *Limit
 	key   string
 	cost  float64
+	// taken is the cost its store request was decided at: the costs of
+	// every descriptor of its bucket, added.
+	taken float64
 	// req is the index of its store request in its group; several
 	// descriptors with one key share one request (their costs added).
 	req int
@@ -193,7 +196,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	denied := false
 	for i := range items {
 		it := &items[i]
-		if it.kind == blocked || (it.kind == enforce && it.never()) {
+		if (it.kind == blocked && !it.limit.Shadow) || (it.kind == enforce && it.never()) {
 			denied = true
 		}
 	}
@@ -291,7 +294,7 @@ func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) erro
 		if it.kind != k || (k != refund && it.never()) {
 			continue
 		}
-		it.d, it.decided = m.Decisions[it.req], true
+		it.d, it.decided, it.taken = m.Decisions[it.req], true, reqs[it.req].Cost
 		it.applied = op == drip.OpRefund || (op == drip.OpTake && m.Allowed)
 		if over != nil && over[it.req] && op == drip.OpPeek {
 			it.d.Allowed = false
@@ -444,7 +447,7 @@ func respond(items []item, allowed bool) *rlsv3.RateLimitResponse {
 func remaining(it *item) uint32 {
 	r := it.d.Remaining
 	if it.d.Allowed && !it.applied && it.kind != refund {
-		micro := int64(math.Round(it.d.Tokens*drip.Micro)) + int64(math.Round(it.cost*drip.Micro))
+		micro := int64(math.Round(it.d.Tokens*drip.Micro)) + int64(math.Round(it.taken*drip.Micro))
 		r = max(0, micro/drip.Micro)
 	}
 	return uint32(min(r, math.MaxUint32))

@@ -335,6 +335,12 @@ func testHits(t *testing.T, r *running) {
 	if resp := r.call(t, "edge_proxy_per_ip", 6, e, e); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].LimitRemaining != 2 {
 		t.Fatalf("6+6 > burst: %v", resp)
 	}
+	// Denied by another descriptor: what the bucket still holds, untaken.
+	f := desc("remote_address=10.1.0.3")
+	resp = r.call(t, "edge_proxy_per_ip", 3, f, f, desc("remote_address=50.0.0.5"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 10 || resp.Statuses[1].LimitRemaining != 10 {
+		t.Fatalf("3+3 beside a blocked descriptor: %v", resp)
+	}
 }
 
 // testKinds: no limit, unknown domains, unlimited, blocked, replaces.
@@ -440,11 +446,11 @@ func TestHealthAndReflection(t *testing.T) {
 			}
 		}
 		stream, err := reflectionpb.NewServerReflectionClient(r.conn).ServerReflectionInfo(context.Background())
-		if err == nil {
-			err = stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
-		}
 		var resp *reflectionpb.ServerReflectionResponse
 		if err == nil {
+			// Send may fail with io.EOF once the server has refused the
+			// stream: Recv then has the status.
+			stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
 			resp, err = stream.Recv()
 		}
 		if !reflect {
@@ -456,6 +462,27 @@ func TestHealthAndReflection(t *testing.T) {
 		if err != nil || !strings.Contains(resp.String(), ServiceName) {
 			t.Fatalf("reflection on: %v %v", resp, err)
 		}
+	}
+}
+
+// TestShadowBlocked: a shadow limit of 0 requests is counted, never
+// denies, and does not deny the others.
+func TestShadowBlocked(t *testing.T) {
+	c, err := Parse(File{Name: "s.yaml", Data: []byte(`domain: s
+descriptors:
+  - key: banned
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 2}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serve(t, memstore.New(), c, false)
+	resp := r.call(t, "s", 0, desc("banned=x"), desc("user=u"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[1].LimitRemaining != 1 {
+		t.Fatalf("%v", resp)
 	}
 }
 
@@ -474,5 +501,75 @@ func TestSwapKeepsBuckets(t *testing.T) {
 	r.svc.Swap(nil)
 	if resp := r.call(t, "edge_proxy_per_ip", 0, d); resp.Statuses[0].CurrentLimit != nil {
 		t.Fatalf("after swap to nothing: %v", resp.Statuses[0])
+	}
+}
+
+// gate is a memory store whose decisions wait until released.
+type gate struct {
+	*memstore.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g gate) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
+	g.entered <- struct{}{}
+	<-g.release
+	return g.Store.ApplyMulti(ctx, op, at, rs)
+}
+
+// TestGracefulShutdown: a call in flight when shutdown starts is
+// answered; health turns NOT_SERVING at once.
+func TestGracefulShutdown(t *testing.T) {
+	g := gate{memstore.New(), make(chan struct{}), make(chan struct{})}
+	svc := NewService(g, loadReadme(t))
+	srv := NewServer(svc, false)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	answered := make(chan error, 1)
+	go func() {
+		resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
+			Domain: "edge_proxy_per_ip", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("remote_address=1")}})
+		if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			err = fmt.Errorf("%v", resp)
+		}
+		answered <- err
+	}()
+	<-g.entered
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Shutdown(context.Background()) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := srv.Health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: ServiceName})
+		if err == nil && resp.Status == healthpb.HealthCheckResponse_NOT_SERVING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health during shutdown: %v %v", resp, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-stopped:
+		t.Fatalf("shutdown returned %v with a call in flight", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(g.release)
+	if err := <-answered; err != nil {
+		t.Fatalf("call in flight: %v", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
 	}
 }
