@@ -3,11 +3,13 @@ package envoy
 import (
 	"context"
 	"net"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 )
 
@@ -27,6 +29,12 @@ type Server struct {
 // reflection (off by default in drip serve: it lists the services to
 // anyone who can connect).
 func NewServer(svc *Service, reflect bool, opts ...grpc.ServerOption) *Server {
+	// Envoy clusters often send HTTP/2 keepalive pings (connection_keepalive)
+	// more often than gRPC-Go's default minimum of 5 minutes, which would
+	// answer them with GOAWAY: allow one every 5 seconds, idle or not.
+	opts = append([]grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime: 5 * time.Second, PermitWithoutStream: true,
+	})}, opts...)
 	g := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	h := health.NewServer()
