@@ -22,7 +22,7 @@ func TestServerRestart(t *testing.T) {
 		name string
 		opts []pgstore.Option
 	}{
-		{"statement", nil},
+		{"statement", []pgstore.Option{pgstore.WithBatching(0, 1, 0)}},
 		{"batching", []pgstore.Option{pgstore.WithBatching(0, 32, 2)}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {

@@ -157,8 +157,8 @@ func checkVersion(ctx context.Context, db DB) error {
 //	drip_install=true       install or migrate the schema first (WithInstall)
 //	drip_unlogged=true      with drip_install: an UNLOGGED table
 //	drip_sweep=1m           sweeper interval, 0 to turn it off (WithSweep)
-//	drip_batch=200us        turn batching on with this window (WithBatching)
-//	drip_batch_max=128      largest batch
+//	drip_batch=200us        batching window (WithBatching), or off
+//	drip_batch_max=128      largest batch (1: batching off)
 //	drip_batch_conns=4      batches in flight at once
 //
 // Options given in opts apply after the URL's.
@@ -171,7 +171,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	var urlOpts []Option
 	var inst InstallOptions
 	install := false
-	batchWindow, batchMax, batchConns, batch := time.Duration(0), 0, 0, false
+	batchWindow, batchMax, batchConns, batch := time.Duration(DefaultBatchWindow), DefaultBatchMax, DefaultBatchConns, false
 	for k, vs := range q {
 		if !strings.HasPrefix(k, "drip_") {
 			continue
@@ -190,10 +190,16 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 			urlOpts = append(urlOpts, WithSweep(d))
 		case "drip_batch":
 			batch = true
-			batchWindow, perr = time.ParseDuration(v)
+			if v == "off" {
+				batchMax = 1
+			} else {
+				batchWindow, perr = time.ParseDuration(v)
+			}
 		case "drip_batch_max":
+			batch = true
 			batchMax, perr = strconv.Atoi(v)
 		case "drip_batch_conns":
+			batch = true
 			batchConns, perr = strconv.Atoi(v)
 		default:
 			perr = errors.New("unknown parameter")

@@ -1,41 +1,57 @@
 // Package pgstore keeps drip's buckets in PostgreSQL (and in the distributed
 // SQL databases that speak its protocol: YugabyteDB, CockroachDB).
 //
-// Every decision is one SQL statement in one round trip, with the math of
-// drip.Eval written in SQL (sql/functions.sql) on exact integers:
-//   - a take or refund is one INSERT ... ON CONFLICT DO UPDATE ... WHERE
-//     <allowed> RETURNING (sql/take.sql): a denied request writes nothing;
-//   - a peek is one SELECT (sql/peek.sql), a reset one DELETE;
-//   - a multi-take is one statement that locks the buckets in key order,
-//     decides every request and writes them all only if all are allowed
-//     (sql/multi.sql);
-//   - with batching on, concurrent decisions are coalesced into one
-//     statement over arrays (sql/batch.sql).
+// Every decision is one SQL statement in one round trip, and the math of
+// drip.Eval runs inside it, in plain SQL on exact integers (int8, and
+// numeric for math.go's 128-bit products): sql/eval.sql is a fragment that
+// the statements include, and sql/functions.sql holds one-expression
+// helpers that the planner inlines. Nothing is computed on the client
+// between reading and writing a bucket.
+//   - A take or refund (sql/take.sql) locks the key's row in the statement
+//     (a locking read, which sees the latest version even after waiting on
+//     the lock), decides once, and writes with INSERT ... ON CONFLICT DO
+//     UPDATE only if the request is allowed: a denial writes nothing.
+//   - A peek is one SELECT (sql/peek.sql), a reset one DELETE.
+//   - A multi-take (sql/multi.sql) locks the buckets in key order (so
+//     multi-takes never deadlock), decides every request and writes them
+//     all only if all are allowed.
+//   - Batching, on by default: concurrent Apply calls are coalesced into
+//     one statement over arrays (sql/batch.sql), keys locked in key order;
+//     requests for the same key are decided one after another inside the
+//     statement, and each bucket is written once. A hot key then costs one
+//     row lock and one write per batch instead of per request. A lone
+//     request goes at once, as a single statement. See WithBatching.
+//
+// Only the retry and reset durations of a decision are computed in Go, from
+// the bucket the statement returns, with drip.Params.Until.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
 // drip.reset for services in other languages, which share the buckets with
-// the Go store. Install creates and migrates it (drip pg install --url does
-// the same); WithInstall does it when the store opens. The table is logged
-// by default; an UNLOGGED table (InstallOptions.Unlogged) is faster, but
-// PostgreSQL empties it after a crash, so each key may then admit up to one
-// extra burst.
+// the Go store (they run the same statements). Install creates it and
+// migrates it (versioned; drip pg install --url does the same); WithInstall
+// does it when the store opens. The table is logged by default; an
+// UNLOGGED table (InstallOptions.Unlogged) is faster, but PostgreSQL
+// empties it after a crash, so each key may then admit up to one extra
+// burst.
 //
-// Clock. A zero time means the server's clock_timestamp(), so that app
-// instances with skewed clocks agree; a caller-supplied time is used as
-// given (drip replay does). A bucket's ts never moves backwards: a statement
-// whose time is behind the stored ts (it waited on the row lock while a
-// later one wrote) refills nothing and leaves ts as it is.
+// Clock. A zero time means the server's clock_timestamp(), read once per
+// statement, so that app instances with skewed clocks agree; a
+// caller-supplied time is used as given (drip replay does). A bucket's ts
+// never moves backwards: a statement whose time is behind the stored ts (it
+// waited on the row lock while a later one wrote) refills nothing and
+// leaves ts as it is, as drip.Eval does.
 //
 // Keys. Keys are stored as bytes. A key longer than MaxKeyLen bytes (or
 // starting with the byte 0xff) is stored as 0xff followed by its SHA-256, so
 // every index entry stays far below PostgreSQL's limit (about 2700 bytes);
 // drip.key() in SQL does the same for SQL callers.
 //
-// Expiry. A bucket that is full again carries no information: it is read as
-// a fresh bucket, and a sweeper deletes such rows, walking the table in key
-// order in pages of 1000 rows (one short statement each, skipping rows that
-// decisions hold), one pass per minute by default (WithSweep).
+// Expiry. A bucket that is full again carries no information: decisions
+// treat it as fresh, and a sweeper deletes such rows SweepMargin after
+// they expired, walking the table in key order in pages of 1000 rows (one
+// short statement each, skipping rows that decisions hold), one pass per
+// minute by default (WithSweep).
 //
 // Errors. Serialization failures (SQLSTATE 40001) and deadlocks (40P01),
 // which distributed SQL databases raise under contention and PostgreSQL
@@ -136,19 +152,25 @@ func WithRetry(attempts int, backoff time.Duration) Option {
 	return func(c *config) { c.attempts, c.backoff = max(1, attempts), backoff }
 }
 
-// WithBatching coalesces concurrent single-key decisions into one
-// statement each: up to max requests, gathered for at most window after
-// the first (0: only those already waiting), on up to conns statements at
-// once. Off by default; see BENCHMARKS.md for when it pays.
-func WithBatching(window time.Duration, max, conns int) Option {
+// Batching defaults: on, no window (a batch is whatever is waiting when a
+// statement slot frees up), at most 128 requests a batch, 4 batches in
+// flight. BENCHMARKS.md has the measurements behind them.
+const (
+	DefaultBatchWindow = 0
+	DefaultBatchMax    = 128
+	DefaultBatchConns  = 4
+)
+
+// WithBatching tunes how concurrent single-key decisions (Apply) are
+// coalesced into one statement each (sql/batch.sql): up to maxBatch requests,
+// gathered for at most window after the first (0: only those already
+// waiting, so a lone request waits for nothing), with up to conns batch
+// statements in flight. A batch of one runs the single-request statement.
+// maxBatch <= 1 turns batching off: every Apply is its own statement. A batched
+// request whose context ends while it waits may still be decided.
+func WithBatching(window time.Duration, maxBatch, conns int) Option {
 	return func(c *config) {
-		c.batchWindow, c.batchMax, c.batchConns = window, max, conns
-		if c.batchMax <= 0 {
-			c.batchMax = 128
-		}
-		if c.batchConns <= 0 {
-			c.batchConns = 4
-		}
+		c.batchWindow, c.batchMax, c.batchConns = window, maxBatch, max(1, conns)
 	}
 }
 
@@ -156,7 +178,8 @@ func WithBatching(window time.Duration, max, conns int) Option {
 // close it).
 func New(ctx context.Context, db DB, opts ...Option) (*Store, error) {
 	s := &Store{db: db, stop: make(chan struct{})}
-	s.cfg = config{sweepEvery: DefaultSweep, sweepPage: 1000, attempts: 10, backoff: time.Millisecond, maxBackoff: 100 * time.Millisecond}
+	s.cfg = config{sweepEvery: DefaultSweep, sweepPage: 1000, attempts: 10, backoff: time.Millisecond, maxBackoff: 100 * time.Millisecond,
+		batchWindow: DefaultBatchWindow, batchMax: DefaultBatchMax, batchConns: DefaultBatchConns}
 	for _, o := range opts {
 		o(&s.cfg)
 	}
@@ -167,7 +190,7 @@ func New(ctx context.Context, db DB, opts ...Option) (*Store, error) {
 	} else if err := checkVersion(ctx, db); err != nil {
 		return nil, err
 	}
-	if s.cfg.batchMax > 0 {
+	if s.cfg.batchMax > 1 {
 		s.batch = newBatcher(s)
 	}
 	if s.cfg.sweepEvery > 0 {

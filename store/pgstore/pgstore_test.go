@@ -18,7 +18,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	st := newStore(t)
+	st := newStore(t, pgstore.WithBatching(0, 1, 0))
 	storetest.Run(t, func(t *testing.T) drip.Store { return st })
 }
 
@@ -36,7 +36,7 @@ func TestSameAsMemstore(t *testing.T) {
 		name string
 		opts []pgstore.Option
 	}{
-		{"statement", nil},
+		{"statement", []pgstore.Option{pgstore.WithBatching(0, 1, 0)}},
 		{"batching", []pgstore.Option{pgstore.WithBatching(0, 16, 2)}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
@@ -75,7 +75,7 @@ func TestHammerOneKey(t *testing.T) {
 		name string
 		opts []pgstore.Option
 	}{
-		{"statement", nil},
+		{"statement", []pgstore.Option{pgstore.WithBatching(0, 1, 0)}},
 		{"batching", []pgstore.Option{pgstore.WithBatching(0, 64, 4)}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
