@@ -308,4 +308,3 @@ func pgRun(b *testing.B, callers int, hot bool, decide pgDecider) {
 	b.ReportMetric(pct(all, 0.5), "p50-µs")
 	b.ReportMetric(pct(all, 0.99), "p99-µs")
 }
-
