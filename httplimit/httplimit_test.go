@@ -611,7 +611,7 @@ func TestStoreDeadline(t *testing.T) {
 	}
 	// The rules file's store_timeout wins over the option.
 	set := parse(t, `{"store_timeout": "5ms", "rules": [{"name": "g", "limit_keys": ["global"], "algorithm_config": {"rps": 1}}]}`)
-	l := httplimit.New(slowStore{}, set, httplimit.WithTimeout(time.Hour))
+	l := httplimit.New(slowStore{}, set, httplimit.WithTimeout(time.Hour), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
 	defer l.Close()
 	req := httptest.NewRequest("GET", "/", nil)
 	if res := l.Decide(context.Background(), req); !res.Allowed || !errors.Is(res.Err, context.DeadlineExceeded) {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
+
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/store/memstore"
@@ -141,5 +143,72 @@ func TestSeparateTakes(t *testing.T) {
 	e2 := newEnv(t, oneKeyStore{ms}, e.lim.Rules())
 	if r := e2.do("/", "X-Api-Key: c"); r.code != 200 || e2.obs.errs() != 1 {
 		t.Errorf("without WithSeparateTakes: %d, %d errors", r.code, e2.obs.errs())
+	}
+}
+
+// Cookies, query parameters and claims of every scalar type as keys and
+// matches; numbers and booleans compare as text.
+func TestSources(t *testing.T) {
+	e := newEnv(t, nil, parse(t, `{"jwt": {"verify": false}, "rules": [
+		{"name": "c", "limit_keys": ["cookie:sid", "query:tenant"], "match": {"jwt:tier": 3, "jwt:beta": true},
+		 "algorithm_config": {"rps": 1, "burst": 5}}]}`))
+	tok := func(tier any, beta any) string {
+		s, _ := jwt.NewWithClaims(jwt.SigningMethodNone, jwt.MapClaims{"tier": tier, "beta": beta}).SignedString(jwt.UnsafeAllowNoneSignatureType)
+		return "Authorization: Bearer " + s
+	}
+	if r := e.do("/?tenant=t1", "Cookie: sid=s1", tok(3, true)); r.h.Get("RateLimit") != `"c";r=4;t=1` {
+		t.Errorf("match: %v", r.h)
+	}
+	if r := e.do("/?tenant=t1", "Cookie: sid=s1", tok(3, true)); r.remaining(t) != 3 {
+		t.Errorf("same bucket: %v", r.h)
+	}
+	if r := e.do("/?tenant=t2", "Cookie: sid=s1", tok(3, true)); r.remaining(t) != 4 {
+		t.Errorf("other tenant: %v", r.h)
+	}
+	for _, c := range []struct {
+		path string
+		h    []string
+	}{
+		{"/", []string{"Cookie: sid=s1", tok(3, true)}},                  // no tenant
+		{"/?tenant=t1", []string{"Cookie: other=s1", tok(3, true)}},      // no sid
+		{"/?tenant=t1", []string{"Cookie: sid=s1", tok(4, true)}},        // tier 4
+		{"/?tenant=t1", []string{"Cookie: sid=s1", tok("3", false)}},     // beta false
+		{"/?tenant=t1", []string{"Cookie: sid=s1", tok([]any{3}, true)}}, // a list has no text
+		{"/?tenant=t1", []string{"Cookie: sid=s1"}},                      // no token
+	} {
+		if r := e.do(c.path, c.h...); r.h.Get("RateLimit") != "" {
+			t.Errorf("%s %v: limited %v", c.path, c.h, r.h)
+		}
+	}
+	if r := e.do("/?tenant=t1", "Cookie: sid=s1", tok("3", true)); r.remaining(t) != 2 {
+		t.Errorf("the claim \"3\" matches 3 as text: %v", r.h)
+	}
+}
+
+// Mixed fail policies: deny wins (503); otherwise local rules fall back
+// and allow rules let the request through.
+func TestMixedFailPolicies(t *testing.T) {
+	ms := memstore.New()
+	defer ms.Close()
+	ds := &downStore{Store: ms}
+	e := newEnv(t, ds, parse(t, `{"circuit_breaker": {"failures": 100}, "rules": [
+		{"name": "a", "limit_keys": ["global"], "on_error": "allow", "algorithm_config": {"rps": 1, "burst": 100}},
+		{"name": "l", "limit_keys": ["global"], "on_error": "local", "local_share": 0.5, "algorithm_config": {"rps": 1, "burst": 4}},
+		{"name": "d", "limit_keys": ["header:x-strict"], "on_error": "deny", "algorithm_config": {"rps": 1}}]}`))
+	for i := range 3 {
+		r := e.do("/")
+		want := 200
+		if i == 2 {
+			want = 429 // l's local share is 2
+		}
+		if r.code != want || r.h.Get("RateLimit-Policy") != `"l";q=2;w=4` {
+			t.Fatalf("request %d: %d %v", i, r.code, r.h)
+		}
+	}
+	if r := e.do("/", "X-Strict: 1"); r.code != 503 || r.problem(t).Rule != "d" {
+		t.Fatalf("deny: %d %s", r.code, r.body)
+	}
+	if e.obs.count("a/enforce/error_allowed") != 3 || e.obs.count("l/enforce/local_denied") != 1 || e.obs.count("d/enforce/error_denied") != 1 {
+		t.Errorf("observed %v", e.obs.decisions)
 	}
 }
