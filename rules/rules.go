@@ -57,8 +57,9 @@ const (
 	maxYAMLNodes           = 100_000
 )
 
-// Set is a loaded rules file. It is immutable: do not modify it or what
-// it holds; a reload builds a new Set.
+// Set is a loaded rules file, built by Parse or Load (which fill in every
+// default and check everything). It is immutable: do not modify it or
+// what it holds; a reload builds a new Set.
 type Set struct {
 	// Rules in file order.
 	Rules []Rule
@@ -159,6 +160,14 @@ type Rule struct {
 
 // Rule returns the rule called name.
 func (s *Set) Rule(name string) (*Rule, bool) {
+	if s.byName == nil { // a Set built by hand rather than by Parse
+		for i := range s.Rules {
+			if s.Rules[i].Name == name {
+				return &s.Rules[i], true
+			}
+		}
+		return nil, false
+	}
 	i, ok := s.byName[name]
 	if !ok {
 		return nil, false
