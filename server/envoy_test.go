@@ -82,6 +82,12 @@ func TestEnvoyGRPC(t *testing.T) {
 	if code, out := post(t, srv.base+"/v1/take", `{"rule": "api", "values": ["k"]}`); code != 200 || !strings.Contains(out, `"allowed":true`) {
 		t.Fatalf("decision API by rule beside envoy files: %d %s", code, out)
 	}
+	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
+	for _, want := range []string{`drip_decisions_total{outcome="allowed",rule="envoy:edge.remote_address"} 5`, `drip_decisions_total{outcome="denied",rule="envoy:edge.remote_address"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("metrics lack %s:\n%s", want, grep(metrics, "envoy"))
+		}
+	}
 
 	// Reload: the new limit applies; the bucket keeps its state.
 	envoyFile(t, edge, 50)

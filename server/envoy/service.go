@@ -62,6 +62,7 @@ type Service struct {
 	timeout time.Duration
 	now     func() time.Time
 	log     *slog.Logger
+	obs     Observer
 }
 
 // Option configures a Service.
@@ -131,6 +132,7 @@ type item struct {
 	// whole was allowed, or any refund).
 	applied bool
 	decided bool
+	failed  bool // a shadow descriptor whose store call failed
 }
 
 // ShouldRateLimit decides one request of Envoy's rate limit filter.
@@ -200,7 +202,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			denied = true
 		}
 	}
+	// Refunds first, so that a failing store fails the call before
+	// anything is taken; shadow descriptors last, and their failure
+	// changes no answer.
+	if err := s.run(ctx, items, refund, false); err != nil {
+		s.observe(items, err)
+		return nil, err
+	}
 	if err := s.run(ctx, items, enforce, denied); err != nil {
+		s.observe(items, err)
 		return nil, err
 	}
 	allowed := !denied
@@ -210,12 +220,66 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	if err := s.run(ctx, items, shadow, !allowed); err != nil {
-		return nil, err
+		for i := range items {
+			if items[i].kind == shadow {
+				items[i].failed = true
+			}
+		}
 	}
-	if err := s.run(ctx, items, refund, false); err != nil {
-		return nil, err
-	}
+	s.observe(items, nil)
 	return respond(items, allowed), nil
+}
+
+// Observer hears, for each descriptor of a call that met a limit, the
+// limit's name (rate_limit.name, else its place in the config, e.g.
+// "messaging.to_number"), whether it is in shadow mode, and the outcome:
+// "allowed", "denied", "not_taken" (allowed on its own, but the call was
+// denied by another descriptor, so nothing was taken), "refunded",
+// "unlimited" or "error" (the store failed).
+type Observer func(limit string, shadow bool, outcome string)
+
+// WithObserver sets the observer of decisions (metrics).
+func WithObserver(o Observer) Option { return func(s *Service) { s.obs = o } }
+
+// Outcomes an Observer hears.
+const (
+	OutcomeAllowed   = "allowed"
+	OutcomeDenied    = "denied"
+	OutcomeNotTaken  = "not_taken"
+	OutcomeRefunded  = "refunded"
+	OutcomeUnlimited = "unlimited"
+	OutcomeError     = "error"
+)
+
+func (s *Service) observe(items []item, err error) {
+	if s.obs == nil {
+		return
+	}
+	for i := range items {
+		it := &items[i]
+		var out string
+		switch {
+		case it.kind == none:
+			continue
+		case it.kind == unlimited:
+			out = OutcomeUnlimited
+		case err != nil || it.failed:
+			out = OutcomeError
+		case it.kind == blocked || !it.decided || !it.d.Allowed:
+			out = OutcomeDenied
+		case it.kind == refund:
+			out = OutcomeRefunded
+		case !it.applied:
+			out = OutcomeNotTaken
+		default:
+			out = OutcomeAllowed
+		}
+		name := it.limit.Name
+		if name == "" {
+			name = it.limit.Path
+		}
+		s.obs(name, it.limit.Shadow, out)
+	}
 }
 
 // run decides the items of kind k in one store call: a take (all or

@@ -573,3 +573,44 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 }
+
+func TestObserver(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	obs := func(limit string, shadow bool, outcome string) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, fmt.Sprintf("%s shadow=%t %s", limit, shadow, outcome))
+	}
+	c := loadReadme(t)
+	svc := NewService(memstore.New(), c, WithObserver(obs))
+	call := func(domain string, ds ...*ratelimitv3.RateLimitDescriptor) {
+		if _, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marketing, number := desc("message_type=marketing", "to_number=1"), desc("to_number=1")
+	for range 6 {
+		call("messaging", marketing, number)
+	}
+	call("example6", desc("service=s", "user=user-a"))
+	call("internal", desc("ldap=x"), desc("nothing=here"))
+	want := []string{
+		"messaging.message_type_marketing.to_number shadow=false allowed", "messaging.to_number shadow=false allowed",
+		"messaging.message_type_marketing.to_number shadow=false denied", "messaging.to_number shadow=false not_taken",
+		"example6.service.user_user-a shadow=true allowed",
+		"internal.ldap shadow=false unlimited",
+	}
+	if len(got) != 14 || strings.Join(got[8:], "\n") != strings.Join(want[:2], "\n")+"\n"+strings.Join(want[2:], "\n") {
+		t.Fatalf("observed:\n%s", strings.Join(got, "\n"))
+	}
+
+	down := NewService(down{}, c, WithObserver(obs))
+	got = nil
+	if _, err := down.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: []*ratelimitv3.RateLimitDescriptor{number}}); err == nil {
+		t.Fatal("no error from a failing store")
+	}
+	if len(got) != 1 || got[0] != "messaging.to_number shadow=false error" {
+		t.Fatalf("observed %q", got)
+	}
+}
