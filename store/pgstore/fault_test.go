@@ -28,7 +28,7 @@ func TestServerRestart(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			srv := testserver.StartPostgres(t)
 			ctx := context.Background()
-			st, err := pgstore.Open(ctx, srv.URL()+"&pool_max_conns=16&drip_install=true", append([]pgstore.Option{pgstore.WithSweep(0)}, mode.opts...)...)
+			st, err := pgstore.Open(ctx, withParams(srv.URL(), "pool_max_conns=16&drip_install=true"), append([]pgstore.Option{pgstore.WithSweep(0)}, mode.opts...)...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +102,7 @@ func TestServerRestart(t *testing.T) {
 func TestUnloggedCrash(t *testing.T) {
 	srv := testserver.StartPostgres(t)
 	ctx := context.Background()
-	st, err := pgstore.Open(ctx, srv.URL()+"&drip_install=true&drip_unlogged=true", pgstore.WithSweep(0))
+	st, err := pgstore.Open(ctx, withParams(srv.URL(), "drip_install=true&drip_unlogged=true"), pgstore.WithSweep(0))
 	if err != nil {
 		t.Fatal(err)
 	}

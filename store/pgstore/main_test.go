@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +40,14 @@ func pool(t testing.TB) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// withParams adds query parameters (a=b&c=d) to a connection URL.
+func withParams(url, params string) string {
+	if strings.Contains(url, "?") {
+		return url + "&" + params
+	}
+	return url + "?" + params
 }
 
 // mustPool connects to url.

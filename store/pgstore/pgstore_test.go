@@ -127,11 +127,9 @@ func TestHammerOneKey(t *testing.T) {
 func TestSerializableRetries(t *testing.T) {
 	pg := pool(t)
 	ctx := context.Background()
-	cfg := pg.Config().ConnConfig.Config
-	_ = cfg
-	url := pg.Config().ConnString() + "&default_transaction_isolation=serializable"
+	url := withParams(pg.Config().ConnString(), "default_transaction_isolation=serializable&pool_max_conns=32")
 	open := func(opts ...pgstore.Option) *pgstore.Store {
-		s, err := pgstore.Open(ctx, url+"&pool_max_conns=32", append([]pgstore.Option{pgstore.WithSweep(0)}, opts...)...)
+		s, err := pgstore.Open(ctx, url, append([]pgstore.Option{pgstore.WithSweep(0), pgstore.WithBatching(0, 1, 0)}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
