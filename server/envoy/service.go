@@ -288,23 +288,43 @@ func (s *Service) observe(items []item, err error) {
 // never be allowed.
 func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) error {
 	var reqs []drip.Request
-	var byKey map[string]int
+	var byKey map[string]int // beyond a few requests; a scan below
 	for i := range items {
 		it := &items[i]
 		if it.kind != k || (k != refund && it.never()) {
 			continue
 		}
-		if j, ok := byKey[it.key]; ok {
+		j := -1
+		if byKey != nil {
+			if x, ok := byKey[it.key]; ok {
+				j = x
+			}
+		} else {
+			for x := range reqs {
+				if reqs[x].Key == it.key {
+					j = x
+					break
+				}
+			}
+		}
+		if j >= 0 {
 			it.req = j
 			reqs[j].Cost += it.cost
 			continue
 		}
-		if byKey == nil {
-			byKey = make(map[string]int, len(items))
+		if reqs == nil {
+			reqs = make([]drip.Request, 0, len(items)-i)
 		}
-		byKey[it.key] = len(reqs)
 		it.req = len(reqs)
 		reqs = append(reqs, drip.Request{Key: it.key, Limit: it.limit.Limit, Cost: it.cost})
+		if byKey == nil && len(reqs) > 8 {
+			byKey = make(map[string]int, len(items))
+			for x, r := range reqs {
+				byKey[r.Key] = x
+			}
+		} else if byKey != nil {
+			byKey[it.key] = it.req
+		}
 	}
 	if len(reqs) == 0 {
 		return nil
@@ -332,7 +352,9 @@ func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) erro
 			}
 		}
 	}
-	if s.timeout > 0 {
+	if dl, ok := ctx.Deadline(); s.timeout > 0 && (!ok || time.Until(dl) > s.timeout) {
+		// The caller's own deadline (Envoy sends its 20ms) is usually the
+		// shorter, and costs no timer.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.timeout)
 		defer cancel()

@@ -614,3 +614,27 @@ func TestObserver(t *testing.T) {
 		t.Fatalf("observed %q", got)
 	}
 }
+
+// TestManyDescriptors: descriptors of one bucket add up, past the few a
+// scan handles.
+func TestManyDescriptors(t *testing.T) {
+	svc := NewService(memstore.New(), loadReadme(t))
+	var ds []*ratelimitv3.RateLimitDescriptor
+	for i := range 12 {
+		ds = append(ds, desc(fmt.Sprintf("remote_address=10.3.0.%d", i)))
+	}
+	ds = append(ds, ds[0], ds[11])
+	resp, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge_proxy_per_ip", Descriptors: ds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range resp.Statuses {
+		want := uint32(9)
+		if i == 0 || i == 11 || i >= 12 {
+			want = 8
+		}
+		if st.LimitRemaining != want {
+			t.Fatalf("status %d: remaining %d, want %d", i, st.LimitRemaining, want)
+		}
+	}
+}
