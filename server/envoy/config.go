@@ -65,8 +65,9 @@ type Limit struct {
 	// when Unlimited or RequestsPerUnit is 0.
 	Limit drip.Limit
 
-	qname  string // the quoted name of RateLimit headers
-	policy string // the RateLimit-Policy item
+	qname     string // the quoted name of RateLimit headers
+	policy    string // the RateLimit-Policy item
+	burstText string // RateLimit-Limit
 }
 
 // units maps envoyproxy/ratelimit's unit names to their durations (a month
@@ -108,6 +109,7 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 		name = l.Path
 	}
 	l.qname = strconv.Quote(name)
+	l.burstText = amount(l.burst())
 	l.policy = l.qname + ";q=" + amount(l.burst()) + ";w=" + strconv.FormatInt(fillSeconds(l.Limit), 10)
 	return nil
 }

@@ -41,7 +41,8 @@ func (c *Config) match(domain string, entries []*ratelimitv3.RateLimitDescriptor
 	if cur == nil {
 		return m
 	}
-	var buf []byte
+	var arr [128]byte
+	buf := arr[:0]
 	for i, e := range entries {
 		buf = append(append(append(buf[:0], e.Key...), '_'), e.Value...)
 		next := cur.children[string(buf)]

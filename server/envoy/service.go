@@ -560,27 +560,27 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 		}
 		return ceilSeconds(it.d.ResetAfter)
 	}
-	var policy, limit strings.Builder
+	var policy, limit []byte
 	for i := range items {
 		it := &items[i]
 		if it.kind != enforce || !it.decided {
 			continue
 		}
-		if policy.Len() > 0 {
-			policy.WriteString(", ")
-			limit.WriteString(", ")
+		if len(policy) > 0 {
+			policy = append(policy, ", "...)
+			limit = append(limit, ", "...)
 		}
-		policy.WriteString(it.limit.policy)
-		limit.WriteString(it.limit.qname)
-		limit.WriteString(";r=")
-		limit.WriteString(strconv.FormatUint(uint64(remaining(it)), 10))
-		limit.WriteString(";t=")
-		limit.WriteString(strconv.FormatInt(t(it), 10))
+		policy = append(policy, it.limit.policy...)
+		limit = append(limit, it.limit.qname...)
+		limit = append(limit, ";r="...)
+		limit = strconv.AppendUint(limit, uint64(remaining(it)), 10)
+		limit = append(limit, ";t="...)
+		limit = strconv.AppendInt(limit, t(it), 10)
 	}
 	h := []*corev3.HeaderValue{
-		{Key: "RateLimit-Policy", Value: policy.String()},
-		{Key: "RateLimit", Value: limit.String()},
-		{Key: "RateLimit-Limit", Value: amount(top.limit.burst())},
+		{Key: "RateLimit-Policy", Value: string(policy)},
+		{Key: "RateLimit", Value: string(limit)},
+		{Key: "RateLimit-Limit", Value: top.limit.burstText},
 		{Key: "RateLimit-Remaining", Value: strconv.FormatUint(uint64(remaining(top)), 10)},
 		{Key: "RateLimit-Reset", Value: strconv.FormatInt(t(top), 10)},
 	}
