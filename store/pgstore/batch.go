@@ -144,12 +144,18 @@ func (b *batcher) run(calls []*call) {
 // runBatch decides calls with batch.sql, in one statement.
 func (s *Store) runBatch(ctx context.Context, calls []*call) ([]result, error) {
 	a := newArrays(len(calls))
+	seen := make(map[string]struct{}, len(calls))
 	for _, c := range calls {
 		a.add(c.op, c.key, c.p, c.at)
+		seen[string(c.key)] = struct{}{}
+	}
+	sql := batchSQL
+	if len(seen) == len(calls) {
+		sql = batchDistinctSQL
 	}
 	res := make([]result, len(calls))
 	err := s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, batchSQL, a.ops, a.keys, a.kinds, a.rates, a.periods,
+		rows, err := s.db.Query(ctx, sql, a.ops, a.keys, a.kinds, a.rates, a.periods,
 			a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats)
 		if err != nil {
 			return err

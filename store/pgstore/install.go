@@ -32,13 +32,15 @@ func withEval(name string) string {
 }
 
 var (
-	takeSQL   = withEval("take.sql")
-	peekSQL   = withEval("peek.sql")
-	multiSQL  = withEval("multi.sql")
-	batchSQL  = withEval("batch.sql")
-	sweepSQL  = mustSQL("sweep.sql")
-	resetSQL  = "DELETE FROM drip.buckets WHERE key = $1::bytea"
-	migration = []string{mustSQL("001_schema.sql")}
+	takeSQL  = withEval("take.sql")
+	peekSQL  = withEval("peek.sql")
+	multiSQL = withEval("multi.sql")
+	batchSQL = withEval("batch.sql")
+	// batchDistinctSQL is batch.sql for distinct keys: no recursion.
+	batchDistinctSQL = withEval("batch_distinct.sql")
+	sweepSQL         = mustSQL("sweep.sql")
+	resetSQL         = "DELETE FROM drip.buckets WHERE key = $1::bytea"
+	migration        = []string{mustSQL("001_schema.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs

@@ -287,6 +287,14 @@ func TestInstall(t *testing.T) {
 // key chain inside the statement) and wants every decision identical to
 // the memory store's, made one by one in the same order.
 func TestBatchStatementSameAsMemstore(t *testing.T) {
+	// chains: runs of up to 24 lines, so keys repeat (batch.sql);
+	// distinct: runs end before a key repeats (batch_distinct.sql).
+	for _, mode := range []string{"chains", "distinct"} {
+		t.Run(mode, func(t *testing.T) { testBatchStatement(t, mode == "distinct") })
+	}
+}
+
+func testBatchStatement(t *testing.T, distinct bool) {
 	pg := newStore(t)
 	ctx := context.Background()
 	for seed := range uint64(4) {
@@ -299,7 +307,12 @@ func TestBatchStatementSameAsMemstore(t *testing.T) {
 			// A run of up to 24 single-request lines (resets and
 			// multi-takes end a run and are applied alone).
 			end := start
+			keys := map[string]bool{}
 			for end < len(lines) && end-start < 24 && lines[end].Requests == nil && lines[end].Op != "reset" {
+				if distinct && keys[lines[end].Request.Key] {
+					break
+				}
+				keys[lines[end].Request.Key] = true
 				end++
 			}
 			if end == start {

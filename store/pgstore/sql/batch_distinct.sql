@@ -1,0 +1,42 @@
+-- batch_distinct.sql: batch.sql for a batch whose keys are all distinct
+-- (the common case on many keys): no per-key chains, so no recursion. Same
+-- parameters and results as batch.sql; locking as in multi.sql, but each
+-- request is written if it alone is allowed.
+WITH p AS MATERIALIZED (
+    SELECT drip.clock() AS clock
+),
+r AS MATERIALIZED (
+    SELECT u.*, coalesce(u.at, p.clock) AS now
+    FROM p, unnest($1::int[], $2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
+                   $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $11::bigint[])
+        WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, i)
+),
+cur AS MATERIALIZED (
+    SELECT b.key, b.tokens, b.ts
+    FROM drip.buckets b
+    WHERE b.key IN (SELECT key FROM r)
+    ORDER BY b.key
+    FOR UPDATE OF b
+),
+d AS MATERIALIZED (
+    SELECT i.ord, i.key, i.now, e.*
+    FROM (SELECT r.i AS ord, r.key, r.op, c.key IS NOT NULL AS present, c.tokens, c.ts,
+                 r.kind, r.rate, r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now
+          FROM r LEFT JOIN cur c ON c.key = r.key) i
+    CROSS JOIN LATERAL ({{EVAL}}) e
+),
+w AS MATERIALIZED (
+    SELECT key, n_tokens, n_ts, expires FROM d WHERE write
+),
+up AS (
+    INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
+    SELECT key, n_tokens, n_ts, expires FROM w ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
+    WHERE b.key IN (SELECT key FROM cur)
+    RETURNING 1
+)
+SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, d.now
+FROM d
+WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
+ORDER BY d.ord
