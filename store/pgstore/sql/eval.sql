@@ -7,22 +7,24 @@
 -- caller derives retry_after and reset_after from the bucket with
 -- drip.Params.Until, in Go (drip.until in SQL).
 --
--- Plain SQL on int8 and exact numeric, in stages: each stage is an OFFSET 0
--- subquery, so PostgreSQL computes its values once and passes them on
--- instead of copying its expressions into the next stage. The helpers it
+-- Plain SQL on int8 and exact numeric, in three stages (the bucket as
+-- found or fresh; refilled; decided): each stage is an OFFSET 0 subquery,
+-- so PostgreSQL computes its values once and passes them on instead of
+-- copying its expressions into the next stage. (Fewer stages cost less to
+-- start: each is a plan node; small expressions are repeated instead.) The helpers it
 -- calls (drip.reach, drip.until, drip.expires_at) are one-expression SQL
 -- functions that the planner inlines: no function is called at run time.
 SELECT o.allowed, o.write, o.n_tokens, o.n_ts,
        drip.expires_at(i.kind, i.rate, i.period, i.burst, o.n_tokens, o.n_ts) AS expires
 FROM
 -- Params.Fresh for a key without state, or whose state has expired
-(SELECT CASE WHEN f.fresh THEN i.burst ELSE i.tokens END AS t0,
-        CASE WHEN NOT f.fresh THEN i.ts
+(SELECT CASE WHEN NOT coalesce(i.present, false)
+              OR coalesce(i.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true)
+             THEN i.burst ELSE i.tokens END AS t0,
+        CASE WHEN NOT (NOT coalesce(i.present, false)
+              OR coalesce(i.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true)) THEN i.ts
              WHEN i.kind = 2 THEN i.now - ((i.now - i.start) % i.period + i.period) % i.period
              ELSE i.now END AS s0
- FROM (SELECT NOT coalesce(i.present, false)
-              OR coalesce(i.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true) AS fresh
-       OFFSET 0) f
  OFFSET 0) b
 -- Params.Refilled
 CROSS JOIN LATERAL (SELECT
@@ -41,16 +43,12 @@ CROSS JOIN LATERAL (SELECT
          ELSE i.now - div(mod((i.now - b.s0)::numeric * i.rate, i.period), i.rate)::bigint
          END AS ts
     OFFSET 0) a
--- the decision
+-- the decision (allowed, repeated where it is needed)
 CROSS JOIN LATERAL (SELECT
-    i.op = 2 OR a.tokens >= i.cost
-        OR (i.reserve AND (i.maxres < 0 OR i.cost - a.tokens <= i.maxres)) AS allowed
-    OFFSET 0) d
-CROSS JOIN LATERAL (SELECT
-    d.allowed,
-    i.op = 2 OR (d.allowed AND i.op = 0) AS write,
+    (i.op = 2 OR a.tokens >= i.cost OR (i.reserve AND (i.maxres < 0 OR i.cost - a.tokens <= i.maxres))) AS allowed,
+    i.op = 2 OR (i.op = 0 AND (a.tokens >= i.cost OR (i.reserve AND (i.maxres < 0 OR i.cost - a.tokens <= i.maxres)))) AS write,
     CASE WHEN i.op = 2 THEN least(i.burst, a.tokens + i.cost)
-         WHEN d.allowed THEN a.tokens - i.cost
+         WHEN a.tokens >= i.cost OR (i.reserve AND (i.maxres < 0 OR i.cost - a.tokens <= i.maxres)) THEN a.tokens - i.cost
          ELSE a.tokens END AS n_tokens,
     a.ts AS n_ts
     OFFSET 0) o

@@ -6,37 +6,33 @@
 -- the server's clock_timestamp()).
 --
 -- cur locks the key's row, if any, and reads its latest version (a statement
--- that waited on the lock sees what the one before it wrote); d decides,
--- once, with the math of eval.sql; the INSERT ... ON CONFLICT DO UPDATE
--- writes the new bucket only if the request is allowed: a denial writes
--- nothing. Its WHERE lets it update only the row that cur locked: if the
+-- that waited on the lock sees what the one before it wrote); d then reads
+-- the clock (after the lock, so time never runs backwards between two
+-- statements on one key) and decides, once, with the math of eval.sql; the
+-- INSERT ... ON CONFLICT DO UPDATE writes the new bucket only if the
+-- request is allowed: a denial writes nothing. Its WHERE lets it update only the row that cur locked: if the
 -- key had no row and a concurrent statement inserted one in the meantime,
 -- nothing is written and ok is false, and the caller runs the statement
 -- again. (Deciding in the DO UPDATE's SET and WHERE instead would run the
 -- math three times: for the proposed fresh row, the WHERE and the SET.)
-WITH p AS MATERIALIZED (
-    SELECT $1::bytea AS key, $2::int AS op, $3::int AS kind, $4::bigint AS rate,
-           $5::bigint AS period, $6::bigint AS burst, $7::bigint AS maxres,
-           $8::bigint AS start, $9::bigint AS cost, $10::bool AS reserve,
-           coalesce($11::bigint, drip.clock()) AS now
-),
-cur AS MATERIALIZED (
-    SELECT b.tokens, b.ts FROM drip.buckets b, p WHERE b.key = p.key FOR UPDATE OF b
+WITH cur AS MATERIALIZED (
+    SELECT b.tokens, b.ts FROM drip.buckets b WHERE b.key = $1::bytea FOR UPDATE OF b
 ),
 d AS MATERIALIZED (
-    SELECT e.*
-    FROM (SELECT p.op, c.tokens IS NOT NULL AS present, c.tokens, c.ts, p.kind, p.rate,
-                 p.period, p.burst, p.maxres, p.start, p.cost, p.reserve, p.now
-          FROM p LEFT JOIN cur c ON true) i
+    SELECT i.now, e.*
+    FROM (SELECT $2::int AS op, c.tokens IS NOT NULL AS present, c.tokens, c.ts, $3::int AS kind, $4::bigint AS rate,
+                 $5::bigint AS period, $6::bigint AS burst, $7::bigint AS maxres, $8::bigint AS start, $9::bigint AS cost,
+                 $10::bool AS reserve, coalesce($11::bigint, drip.clock()) AS now
+          FROM (SELECT) one LEFT JOIN cur c ON true) i
     CROSS JOIN LATERAL ({{EVAL}}) e
 ),
 up AS (
     INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
-    SELECT p.key, d.n_tokens, d.n_ts, d.expires FROM p, d WHERE d.write
+    SELECT $1::bytea, d.n_tokens, d.n_ts, d.expires FROM d WHERE d.write
     ON CONFLICT (key) DO UPDATE
     SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
     WHERE EXISTS (SELECT FROM cur)
     RETURNING 1
 )
-SELECT d.allowed, d.n_tokens, d.n_ts, p.now, d.write = EXISTS (SELECT FROM up) AS ok
-FROM d, p
+SELECT d.allowed, d.n_tokens, d.n_ts, d.now, d.write = EXISTS (SELECT FROM up) AS ok
+FROM d
