@@ -59,6 +59,14 @@ func (b *batcher) do(ctx context.Context, op drip.Op, p drip.Prepared, at *int64
 		return c.res, c.err
 	case <-ctx.Done():
 		return result{}, ctx.Err()
+	case <-b.s.stop:
+		// Closing: the workers may be gone before deciding this one.
+		select {
+		case <-c.done:
+			return c.res, c.err
+		case <-time.After(time.Second):
+			return result{}, errClosed
+		}
 	}
 }
 

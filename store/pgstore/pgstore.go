@@ -104,7 +104,6 @@ type Store struct {
 	closeDB  func()
 
 	retries atomic.Int64
-	swept   atomic.Int64
 }
 
 var _ drip.Store = (*Store)(nil)

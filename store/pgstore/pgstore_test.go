@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	neturl "net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -349,5 +350,39 @@ func testBatchStatement(t *testing.T, distinct bool) {
 		}
 		mem.Close()
 		t.Logf("seed %d: %d batches", seed, batches)
+	}
+}
+
+// TestOpenErrors: a database without the schema is refused with the way
+// to install it; unknown drip_ URL parameters are refused; drip_install
+// installs.
+func TestOpenErrors(t *testing.T) {
+	db := pool(t)
+	ctx := context.Background()
+	name := "empty_" + strings.TrimSuffix(prefix()[1:], ":")
+	if _, err := db.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	u, err := neturl.Parse(db.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	if _, err := pgstore.Open(ctx, u.String()); err == nil || !strings.Contains(err.Error(), "drip pg install") {
+		t.Fatalf("open without the schema: %v, want the install hint", err)
+	}
+	if _, err := pgstore.Open(ctx, withParams(u.String(), "drip_bogus=1")); err == nil || !strings.Contains(err.Error(), "drip_bogus") {
+		t.Fatalf("unknown drip_ parameter: %v", err)
+	}
+	st, err := pgstore.Open(ctx, withParams(u.String(), "drip_install=true&drip_sweep=0&drip_batch=off"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	st.Close()
+	if _, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err == nil {
+		t.Fatal("a decision after Close succeeded")
 	}
 }

@@ -47,7 +47,6 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 			return total, err
 		}
 		total += n
-		s.swept.Add(n)
 		if last == nil {
 			return total, nil
 		}
