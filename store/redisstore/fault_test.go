@@ -199,7 +199,12 @@ func TestClusterFailover(t *testing.T) {
 		}()
 	}
 	// Kill the master while its keys are half spent.
-	for oks.Load() < int64(len(keys)*burst/2) {
+	for warm := time.Now().Add(30 * time.Second); oks.Load() < int64(len(keys)*burst/2); {
+		if time.Now().After(warm) {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("only %d decisions (%d errors) in 30 s before the kill", oks.Load(), errs.Load())
+		}
 		time.Sleep(time.Millisecond)
 	}
 	killedAt := time.Now()

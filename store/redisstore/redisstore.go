@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -58,6 +59,12 @@ type Store struct {
 	prefix  string
 	cluster bool
 	owned   bool
+	batch   *batcher
+
+	batchMax, batchConns int
+	stop                 chan struct{}
+	stopOnce             sync.Once
+	wg                   sync.WaitGroup
 }
 
 var _ drip.Store = (*Store)(nil)
@@ -69,12 +76,33 @@ type Option func(*Store)
 // must not contain '{': a hash tag belongs in the keys.
 func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 
+// WithBatching coalesces concurrent single-key decisions (Apply) into one
+// script call each: up to max requests (default 64) that are waiting when
+// one of conns workers (default 4) is free. Under light load a request
+// goes alone at once; under heavy load batches form while the workers'
+// calls are in flight. Off by default, and ignored on Redis Cluster
+// (a script's keys must share a slot). See BENCHMARKS.md.
+func WithBatching(max, conns int) Option {
+	return func(s *Store) {
+		s.batchMax, s.batchConns = max, conns
+		if s.batchMax <= 0 {
+			s.batchMax = 64
+		}
+		if s.batchConns <= 0 {
+			s.batchConns = 4
+		}
+	}
+}
+
 // New returns a store on a client the caller already has (standalone,
 // cluster or sentinel). Close does not close c.
 func New(c rueidis.Client, opts ...Option) *Store {
-	s := &Store{c: c, prefix: DefaultPrefix, cluster: c.Mode() == rueidis.ClientModeCluster}
+	s := &Store{c: c, prefix: DefaultPrefix, cluster: c.Mode() == rueidis.ClientModeCluster, stop: make(chan struct{})}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.batchMax > 0 && !s.cluster {
+		s.batch = newBatcher(s)
 	}
 	return s
 }
@@ -100,11 +128,16 @@ func Open(url string, opts ...Option) (*Store, error) {
 // Client is the store's client.
 func (s *Store) Client() rueidis.Client { return s.c }
 
-// Close closes the client if Open made it.
+// Close stops the batching workers, if any, and closes the client if Open
+// made it.
 func (s *Store) Close() error {
-	if s.owned {
-		s.c.Close()
-	}
+	s.stopOnce.Do(func() {
+		close(s.stop)
+		s.wg.Wait()
+		if s.owned {
+			s.c.Close()
+		}
+	})
 	return nil
 }
 
@@ -118,17 +151,15 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	if err != nil {
 		return drip.Decision{}, err
 	}
+	if s.batch != nil {
+		return s.batch.do(ctx, op, at, p)
+	}
 	ps := []drip.Prepared{p}
-	st, err := s.run(ctx, op, at, ps)
+	rep, err := s.run(ctx, op.String(), []drip.Op{op}, []time.Time{at}, ps)
 	if err != nil {
 		return drip.Decision{}, err
 	}
-	b, found := st.bucket(0)
-	d, next, write := drip.Eval(op, b, found, p.Params, p.Cost, p.Reserve, st.now)
-	if err := st.check(0, d.Allowed, next, write); err != nil {
-		return drip.Decision{}, err
-	}
-	return d, nil
+	return rep.decide(0, op, at, p)
 }
 
 // ApplyMulti implements drip.Store.
@@ -145,18 +176,24 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 			}
 		}
 	}
-	st, err := s.run(ctx, op, at, ps)
+	ops := make([]drip.Op, len(ps))
+	ats := make([]time.Time, len(ps))
+	for i := range ps {
+		ops[i], ats[i] = op, at
+	}
+	rep, err := s.run(ctx, op.String(), ops, ats, ps)
 	if err != nil {
 		return drip.Multi{}, err
 	}
+	now := rep.nowFor(at)
 	buckets := make([]drip.Bucket, len(ps))
 	found := make([]bool, len(ps))
 	for i := range ps {
-		buckets[i], found[i] = st.bucket(i)
+		buckets[i], found[i] = rep.reqs[i].before, rep.reqs[i].found
 	}
-	m, next, write := drip.EvalMulti(op, ps, buckets, found, st.now)
+	m, _, write := drip.EvalMulti(op, ps, buckets, found, now)
 	for i := range ps {
-		if err := st.check(i, m.Decisions[i].Allowed, next[i], write[i]); err != nil {
+		if err := rep.check(i, m.Decisions[i].Allowed, write[i]); err != nil {
 			return drip.Multi{}, err
 		}
 	}
@@ -174,113 +211,155 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	return nil
 }
 
-// state is a script's reply: the time it decided at and, per request, the
-// stored bucket before and what the script did.
-type state struct {
-	now     int64
-	written bool
-	reqs    []reqState
+// reply is a script's reply: the server's time if it read it and, per
+// request, the stored bucket before and what the script did.
+type reply struct {
+	now  int64 // the server's TIME in nanoseconds, if read
+	reqs []reqReply
 }
 
-type reqState struct {
+type reqReply struct {
 	found   bool
 	before  drip.Bucket
 	allowed bool
-	next    drip.Bucket
+	written bool
 }
 
-const fieldsPerRequest = 8
+const (
+	argsPerLimit    = 8
+	argsPerRequest  = 6
+	replyPerRequest = 5
+)
 
-func (s *Store) run(ctx context.Context, op drip.Op, at time.Time, ps []drip.Prepared) (state, error) {
+// run calls the script in mode ("take", "peek", "refund" or "batch") for
+// requests ps, each with its op and time. Requests under the same limit
+// share its arguments.
+func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats []time.Time, ps []drip.Prepared) (reply, error) {
 	keys := make([]string, len(ps))
-	args := make([]string, 2, 2+fieldsPerRequest*len(ps))
-	args[0] = op.String()
-	if !at.IsZero() {
-		args[1] = strconv.FormatInt(at.UnixNano(), 10)
-	}
+	var limits []drip.Params
+	index := make([]int, len(ps))
 	for i, p := range ps {
 		keys[i] = s.prefix + p.Key
+		index[i] = -1
+		for j, l := range limits {
+			if l == p.Params {
+				index[i] = j
+				break
+			}
+		}
+		if index[i] < 0 {
+			index[i] = len(limits)
+			limits = append(limits, p.Params)
+		}
+	}
+	args := make([]string, 0, 2+argsPerLimit*len(limits)+argsPerRequest*len(ps))
+	args = append(args, mode, strconv.Itoa(len(limits)))
+	for _, l := range limits {
+		g := gcd(l.Rate, l.Period)
+		args = append(args,
+			strconv.Itoa(int(l.Kind)),
+			strconv.FormatInt(l.Rate, 10),
+			strconv.FormatInt(l.Period, 10),
+			strconv.FormatInt(l.Rate/g, 10),
+			strconv.FormatInt(l.Period/g, 10),
+			strconv.FormatInt(l.Burst, 10),
+			strconv.FormatInt(l.MaxReserved, 10),
+			strconv.FormatInt(l.Start, 10))
+	}
+	for i, p := range ps {
+		var nowS, nowN string
+		if !ats[i].IsZero() {
+			sec, nsec := split(ats[i].UnixNano())
+			nowS, nowN = strconv.FormatInt(sec, 10), strconv.FormatInt(nsec, 10)
+		}
 		reserve := "0"
 		if p.Reserve {
 			reserve = "1"
 		}
-		args = append(args,
-			strconv.Itoa(int(p.Params.Kind)),
-			strconv.FormatInt(p.Params.Rate, 10),
-			strconv.FormatInt(p.Params.Period, 10),
-			strconv.FormatInt(p.Params.Burst, 10),
-			strconv.FormatInt(p.Params.MaxReserved, 10),
-			strconv.FormatInt(p.Params.Start, 10),
-			strconv.FormatInt(p.Cost, 10),
-			reserve)
+		args = append(args, strconv.Itoa(index[i]+1), ops[i].String(), strconv.FormatInt(p.Cost, 10), reserve, nowS, nowN)
 	}
 	msgs, err := decideScript.Exec(ctx, s.c, keys, args).ToArray()
 	if err != nil {
-		return state{}, fmt.Errorf("redisstore: %s: %w", op, err)
+		return reply{}, fmt.Errorf("redisstore: %s: %w", mode, err)
 	}
-	st, err := parseReply(msgs, len(ps))
+	rep, err := parseReply(msgs, len(ps))
 	if err != nil {
-		return state{}, fmt.Errorf("redisstore: %s: bad script reply: %w", op, err)
+		return reply{}, fmt.Errorf("redisstore: %s: bad script reply: %w", mode, err)
 	}
-	return st, nil
+	return rep, nil
 }
 
-func parseReply(msgs []rueidis.RedisMessage, n int) (state, error) {
-	if len(msgs) != 2+6*n {
-		return state{}, fmt.Errorf("%d values, want %d", len(msgs), 2+6*n)
+func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
+	if len(msgs) != 2+replyPerRequest*n {
+		return reply{}, fmt.Errorf("%d values, want %d", len(msgs), 2+replyPerRequest*n)
 	}
-	strs := make([]string, len(msgs))
+	v := make([]int64, len(msgs))
 	for i := range msgs {
-		v, err := msgs[i].ToString()
+		x, err := msgs[i].AsInt64()
 		if err != nil {
-			return state{}, err
+			return reply{}, err
 		}
-		strs[i] = v
+		v[i] = x
 	}
-	num := func(s string) (int64, error) { return strconv.ParseInt(s, 10, 64) }
-	var st state
-	var err error
-	if st.now, err = num(strs[0]); err != nil {
-		return state{}, err
-	}
-	st.written = strs[1] == "1"
-	st.reqs = make([]reqState, n)
+	rep := reply{now: join(v[0], v[1]), reqs: make([]reqReply, n)}
 	for i := range n {
-		f := strs[2+6*i:]
-		r := &st.reqs[i]
-		r.found = f[0] == "1"
-		if r.found {
-			if r.before.Tokens, err = num(f[1]); err != nil {
-				return state{}, err
-			}
-			if r.before.TS, err = num(f[2]); err != nil {
-				return state{}, err
-			}
-		}
-		r.allowed = f[3] == "1"
-		if r.next.Tokens, err = num(f[4]); err != nil {
-			return state{}, err
-		}
-		if r.next.TS, err = num(f[5]); err != nil {
-			return state{}, err
+		f := v[2+replyPerRequest*i:]
+		rep.reqs[i] = reqReply{
+			found:   f[0] == 1,
+			before:  drip.Bucket{Tokens: f[1], TS: join(f[2], f[3])},
+			allowed: f[4]&1 != 0,
+			written: f[4]&2 != 0,
 		}
 	}
-	return st, nil
+	return rep, nil
 }
 
-// bucket is request i's stored bucket, as drip.Eval takes it.
-func (st *state) bucket(i int) (drip.Bucket, bool) {
-	return st.reqs[i].before, st.reqs[i].found
+// nowFor is the time of a decision asked at at.
+func (rep *reply) nowFor(at time.Time) int64 {
+	if at.IsZero() {
+		return rep.now
+	}
+	return at.UnixNano()
 }
 
-// check holds the script to drip.Eval: the same verdict, the same next
-// bucket, the same write. A mismatch is a bug in the script, reported
+// decide is request i's decision, recomputed with drip.Eval from the
+// state the script saw, and checked against what the script did.
+func (rep *reply) decide(i int, op drip.Op, at time.Time, p drip.Prepared) (drip.Decision, error) {
+	r := rep.reqs[i]
+	d, _, write := drip.Eval(op, r.before, r.found, p.Params, p.Cost, p.Reserve, rep.nowFor(at))
+	if err := rep.check(i, d.Allowed, write); err != nil {
+		return drip.Decision{}, err
+	}
+	return d, nil
+}
+
+// check holds the script to drip.Eval: the same verdict and the same
+// write. (What it wrote is held to Eval by the next decision on the key,
+// which storetest compares.) A mismatch is a bug in the script, reported
 // rather than hidden.
-func (st *state) check(i int, allowed bool, next drip.Bucket, write bool) error {
-	r := st.reqs[i]
-	if r.allowed != allowed || r.next != next || st.written != write {
-		return fmt.Errorf("redisstore: script and drip.Eval disagree (a bug): script allowed=%v next=%+v written=%v, Eval allowed=%v next=%+v write=%v",
-			r.allowed, r.next, st.written, allowed, next, write)
+func (rep *reply) check(i int, allowed, write bool) error {
+	r := rep.reqs[i]
+	if r.allowed != allowed || r.written != write {
+		return fmt.Errorf("redisstore: script and drip.Eval disagree (a bug): script allowed=%v written=%v, Eval allowed=%v write=%v",
+			r.allowed, r.written, allowed, write)
 	}
 	return nil
+}
+
+// split is t nanoseconds as whole seconds (rounded down) and nanoseconds.
+func split(t int64) (sec, nsec int64) {
+	sec, nsec = t/1e9, t%1e9
+	if nsec < 0 {
+		sec, nsec = sec-1, nsec+1e9
+	}
+	return sec, nsec
+}
+
+func join(sec, nsec int64) int64 { return sec*1e9 + nsec }
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }

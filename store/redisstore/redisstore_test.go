@@ -45,6 +45,14 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) drip.Store { return s })
 }
 
+// TestConformanceBatching runs the suite with concurrent decisions
+// coalesced into batch calls.
+func TestConformanceBatching(t *testing.T) {
+	url := testserver.SharedRedisURL(t)
+	s := open(t, url, redisstore.WithBatching(16, 2))
+	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+}
+
 // TestConformanceCluster runs the suite on Redis Cluster. Each test gets a
 // prefix with its own hash tag, so that its multi-takes can span its keys
 // while the tests spread over the cluster's masters.
