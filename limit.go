@@ -107,6 +107,12 @@ var (
 	ErrCostExceedsBurst = errors.New("cost exceeds burst")
 	ErrNoRequests       = errors.New("no requests")
 	ErrDuplicateKey     = errors.New("duplicate key in multi-take")
+	// ErrNotColocated is returned (wrapped) by a store that cannot apply
+	// the keys of one multi-take in a single atomic step, such as Redis
+	// Cluster when the keys hash to different slots. It is about the keys,
+	// not a failing store: callers that can (httplimit) fall back to
+	// separate takes.
+	ErrNotColocated = errors.New("keys cannot be applied in one atomic step")
 )
 
 func (l Limit) period() time.Duration {

@@ -2,7 +2,7 @@ package httplimit_test
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -106,7 +106,7 @@ type oneKeyStore struct{ *memstore.Store }
 
 func (s oneKeyStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
 	if len(rs) > 1 {
-		return drip.Multi{}, errors.New("keys of a multi-take must share a hash slot")
+		return drip.Multi{}, fmt.Errorf("keys of a multi-take must share a hash slot: %w", drip.ErrNotColocated)
 	}
 	return s.Store.ApplyMulti(ctx, op, at, rs)
 }
@@ -139,10 +139,23 @@ func TestSeparateTakes(t *testing.T) {
 	if e.obs.errs() != 0 {
 		t.Errorf("%d store errors", e.obs.errs())
 	}
-	// Without the option, such a store fails every multi-rule request.
+	// Without the option, the store's drip.ErrNotColocated switches the
+	// limiter to separate takes by itself: no store error, no breaker, and
+	// the same all-or-nothing answers.
 	e2 := newEnv(t, oneKeyStore{ms}, e.lim.Rules())
-	if r := e2.do("/", "X-Api-Key: c"); r.code != 200 || e2.obs.errs() != 1 {
-		t.Errorf("without WithSeparateTakes: %d, %d errors", r.code, e2.obs.errs())
+	for range 2 {
+		if r := e2.do("/", "X-Api-Key: c"); r.code != 200 {
+			t.Fatalf("without WithSeparateTakes: %d", r.code)
+		}
+	}
+	if r := e2.do("/", "X-Api-Key: c"); r.code != 429 || r.problem(t).Rule != "key" {
+		t.Fatalf("without WithSeparateTakes, the third request: %d %s", r.code, r.body)
+	}
+	if r := e2.do("/", "X-Api-Key: d"); r.code != 200 || !strings.HasPrefix(r.h.Get("RateLimit"), `"ip";r=4;`) {
+		t.Errorf("without WithSeparateTakes, the denial was not refunded: %v", r.h)
+	}
+	if e2.obs.errs() != 0 {
+		t.Errorf("without WithSeparateTakes: %d store errors", e2.obs.errs())
 	}
 }
 

@@ -71,7 +71,7 @@ func errorf(status int, format string, args ...any) error {
 // rather than the store's.
 func badInput(err error) bool {
 	for _, e := range []error{drip.ErrInvalidLimit, drip.ErrInvalidCost, drip.ErrMissingKey,
-		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey} {
+		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey, drip.ErrNotColocated} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -25,7 +25,6 @@ package redisstore
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -48,7 +47,7 @@ var decideScript = rueidis.NewLuaScript(bigintLua + "\n" + decideLua)
 
 // ErrCrossSlot is returned for a multi-take on Redis Cluster whose keys do
 // not all hash to one slot.
-var ErrCrossSlot = errors.New("redisstore: keys of a multi-take must share a hash slot on Redis Cluster; give them a common hash tag, e.g. {tenant}:user:1 and {tenant}")
+var ErrCrossSlot = fmt.Errorf("redisstore: keys of a multi-take must share a hash slot on Redis Cluster; give them a common hash tag, e.g. {tenant}:user:1 and {tenant} (%w)", drip.ErrNotColocated)
 
 // DefaultPrefix is put before every key unless WithPrefix says otherwise.
 const DefaultPrefix = "drip:"
