@@ -9,6 +9,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/redisstore"
 )
 
 // TestExtremeAgainstMemstore drives the script where doubles cannot go:
@@ -17,7 +18,13 @@ import (
 // clocks stepping back, and huge reservations. Every decision must equal
 // the memory store's (drip.Eval), field for field.
 func TestExtremeAgainstMemstore(t *testing.T) {
-	rs := open(t, testserver.SharedRedisURL(t))
+	t.Run("batching", func(t *testing.T) { extremeAgainstMemstore(t, open(t, testserver.SharedRedisURL(t))) })
+	t.Run("without-batching", func(t *testing.T) {
+		extremeAgainstMemstore(t, open(t, testserver.SharedRedisURL(t), redisstore.WithoutBatching()))
+	})
+}
+
+func extremeAgainstMemstore(t *testing.T, rs *redisstore.Store) {
 	ms := memstore.New(memstore.WithSweep(0))
 	defer ms.Close()
 	ctx := context.Background()

@@ -6,7 +6,9 @@
 // script reads the bucket, decides and writes in one atomic step, with the
 // server's clock (TIME) unless the caller supplies a time. A multi-take is
 // one call over all its keys, all-or-nothing. Concurrent calls share
-// connections through rueidis's auto-pipelining.
+// connections through rueidis's auto-pipelining, and on a standalone
+// server concurrent decisions are coalesced into one script call
+// (WithBatching).
 //
 // State is exact: one key per bucket holding "tokens ts" as decimal
 // integers (micro-tokens, nanoseconds), and the script does its
@@ -75,12 +77,13 @@ type Option func(*Store)
 // must not contain '{': a hash tag belongs in the keys.
 func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 
-// WithBatching coalesces concurrent single-key decisions (Apply) into one
-// script call each: up to max requests (default 64) that are waiting when
-// one of conns workers (default 4) is free. Under light load a request
-// goes alone at once; under heavy load batches form while the workers'
-// calls are in flight. Off by default, and ignored on Redis Cluster
-// (a script's keys must share a slot). See BENCHMARKS.md.
+// WithBatching tunes the coalescing of concurrent single-key decisions
+// (Apply) into one script call each: up to max requests (default 64)
+// that are waiting when one of conns workers (default 2) is free. Under
+// light load a request goes alone at once; under heavy load batches form
+// while the workers' calls are in flight. It is on by default on a
+// standalone server, and off on Redis Cluster (a script's keys must share
+// a slot). See BENCHMARKS.md.
 func WithBatching(max, conns int) Option {
 	return func(s *Store) {
 		s.batchMax, s.batchConns = max, conns
@@ -88,15 +91,19 @@ func WithBatching(max, conns int) Option {
 			s.batchMax = 64
 		}
 		if s.batchConns <= 0 {
-			s.batchConns = 4
+			s.batchConns = 2
 		}
 	}
 }
+
+// WithoutBatching makes every Apply its own script call.
+func WithoutBatching() Option { return func(s *Store) { s.batchMax = 0 } }
 
 // New returns a store on a client the caller already has (standalone,
 // cluster or sentinel). Close does not close c.
 func New(c rueidis.Client, opts ...Option) *Store {
 	s := &Store{c: c, prefix: DefaultPrefix, cluster: c.Mode() == rueidis.ClientModeCluster, stop: make(chan struct{})}
+	WithBatching(0, 0)(s)
 	for _, o := range opts {
 		o(s)
 	}

@@ -45,11 +45,12 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) drip.Store { return s })
 }
 
-// TestConformanceBatching runs the suite with concurrent decisions
-// coalesced into batch calls.
-func TestConformanceBatching(t *testing.T) {
+// TestConformanceWithoutBatching runs the suite with every decision its
+// own script call (the default coalesces concurrent ones, and so does
+// TestConformance).
+func TestConformanceWithoutBatching(t *testing.T) {
 	url := testserver.SharedRedisURL(t)
-	s := open(t, url, redisstore.WithBatching(16, 2))
+	s := open(t, url, redisstore.WithoutBatching())
 	storetest.Run(t, func(t *testing.T) drip.Store { return s })
 }
 
