@@ -323,3 +323,24 @@ func pgRun(b *testing.B, callers int, hot bool, decide pgDecider) {
 	b.ReportMetric(pct(all, 0.5), "p50-µs")
 	b.ReportMetric(pct(all, 0.99), "p99-µs")
 }
+
+// BenchmarkPostgresBatchTuning measures batching's knobs at 16 and 64
+// callers on the logged table with synchronous commits: how many batch
+// statements in flight, and the gathering window.
+func BenchmarkPostgresBatchTuning(b *testing.B) {
+	url := pgURL(b)
+	pgCommit = ""
+	for _, workload := range []string{"100k-keys", "hot-key"} {
+		for _, callers := range []int{16, 64} {
+			for _, conns := range []int{1, 2, 4} {
+				for _, window := range []time.Duration{0, 200 * time.Microsecond} {
+					name := fmt.Sprintf("%s/callers=%d/conns=%d/window=%v", workload, callers, conns, window)
+					b.Run(name, func(b *testing.B) {
+						decide := pgDrip(false, pgstore.WithBatching(window, pgstore.DefaultBatchMax, conns))(b, url, callers)
+						pgRun(b, callers, workload == "hot-key", decide)
+					})
+				}
+			}
+		}
+	}
+}

@@ -4,22 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"time"
 
 	"github.com/driplimit/drip"
 )
 
 // batcher coalesces concurrent single-key decisions into batch.sql
-// statements. Up to conns workers each take the first waiting request,
-// gather more (those already waiting, and with a window those that arrive
-// within it) up to max, and decide them in one statement. Under light load
-// a request goes alone at once; under heavy load, batches form while the
-// workers are busy.
+// statements. Each of conns workers has its own queue, and a key always
+// goes to the same one (by a hash of the key), so requests for one key are
+// never split over statements that would wait on each other's row lock: a
+// hot key's requests pile up in one queue and go in one statement. A
+// worker takes the first waiting request, gathers more (those already
+// waiting, and with a window those that arrive within it) up to max, and
+// decides them in one statement. Under light load a request goes alone at
+// once; under heavy load, batches form while the workers are busy.
 type batcher struct {
-	s   *Store
-	ch  chan *call
-	max int
-	win time.Duration
+	s    *Store
+	seed maphash.Seed
+	qs   []chan *call
+	max  int
+	win  time.Duration
 }
 
 type call struct {
@@ -35,10 +40,12 @@ type call struct {
 var errClosed = errors.New("pgstore: store closed")
 
 func newBatcher(s *Store) *batcher {
-	b := &batcher{s: s, ch: make(chan *call, 4*s.cfg.batchMax), max: s.cfg.batchMax, win: s.cfg.batchWindow}
+	b := &batcher{s: s, seed: maphash.MakeSeed(), max: s.cfg.batchMax, win: s.cfg.batchWindow}
 	for range s.cfg.batchConns {
+		q := make(chan *call, 4*s.cfg.batchMax)
+		b.qs = append(b.qs, q)
 		s.wg.Add(1)
-		go b.work()
+		go b.work(q)
 	}
 	return b
 }
@@ -47,8 +54,9 @@ func newBatcher(s *Store) *batcher {
 // may still be decided (and applied) by its batch.
 func (b *batcher) do(ctx context.Context, op drip.Op, p drip.Prepared, at *int64) (result, error) {
 	c := &call{op: op, key: storeKey(p.Key), p: p, at: at, done: make(chan struct{})}
+	q := b.qs[maphash.Bytes(b.seed, c.key)%uint64(len(b.qs))]
 	select {
-	case b.ch <- c:
+	case q <- c:
 	case <-ctx.Done():
 		return result{}, ctx.Err()
 	case <-b.s.stop:
@@ -70,16 +78,16 @@ func (b *batcher) do(ctx context.Context, op drip.Op, p drip.Prepared, at *int64
 	}
 }
 
-func (b *batcher) work() {
+func (b *batcher) work(q chan *call) {
 	defer b.s.wg.Done()
 	calls := make([]*call, 0, b.max)
 	for {
 		calls = calls[:0]
 		select {
 		case <-b.s.stop:
-			b.drain()
+			drain(q)
 			return
-		case c := <-b.ch:
+		case c := <-q:
 			calls = append(calls, c)
 		}
 		var timeout <-chan time.Time
@@ -92,14 +100,14 @@ func (b *batcher) work() {
 		for len(calls) < b.max {
 			if timeout == nil {
 				select {
-				case c := <-b.ch:
+				case c := <-q:
 					calls = append(calls, c)
 				default:
 					break gather
 				}
 			} else {
 				select {
-				case c := <-b.ch:
+				case c := <-q:
 					calls = append(calls, c)
 				case <-timeout:
 					break gather
@@ -114,10 +122,10 @@ func (b *batcher) work() {
 }
 
 // drain fails the requests still queued when the store closes.
-func (b *batcher) drain() {
+func drain(q chan *call) {
 	for {
 		select {
-		case c := <-b.ch:
+		case c := <-q:
 			c.err = errClosed
 			close(c.done)
 		default:

@@ -161,7 +161,7 @@ func checkVersion(ctx context.Context, db DB) error {
 //	drip_sweep=1m           sweeper interval, 0 to turn it off (WithSweep)
 //	drip_batch=200us        batching window (WithBatching), or off
 //	drip_batch_max=128      largest batch (1: batching off)
-//	drip_batch_conns=4      batches in flight at once
+//	drip_batch_conns=2      batches in flight at once
 //
 // Options given in opts apply after the URL's.
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {

@@ -152,12 +152,12 @@ func WithRetry(attempts int, backoff time.Duration) Option {
 }
 
 // Batching defaults: on, no window (a batch is whatever is waiting when a
-// statement slot frees up), at most 128 requests a batch, 4 batches in
+// statement slot frees up), at most 128 requests a batch, 2 batches in
 // flight. BENCHMARKS.md has the measurements behind them.
 const (
 	DefaultBatchWindow = 0
 	DefaultBatchMax    = 128
-	DefaultBatchConns  = 4
+	DefaultBatchConns  = 2
 )
 
 // WithBatching tunes how concurrent single-key decisions (Apply) are
