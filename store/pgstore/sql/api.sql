@@ -12,7 +12,9 @@
 --
 -- drip.apply_one and drip.peek_one are take.sql and peek.sql as SQL
 -- functions; the installer creates them from those files, so the Go store
--- and these functions run the same statements.
+-- and these functions run the same statements. On distributed SQL (or at
+-- SERIALIZABLE) a call may fail with SQLSTATE 40001 under contention:
+-- retry it, as the Go store does.
 
 CREATE OR REPLACE FUNCTION drip.decide(op int, key text, rate float8, period interval,
     burst float8, cost float8, reserve bool, refill text, algorithm text,
