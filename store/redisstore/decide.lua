@@ -7,8 +7,10 @@
 -- "batch" decides each request on its own, in order, with its own op
 -- (requests coalesced from concurrent callers).
 --
--- KEYS[i] is request i's bucket: a string "tokens s n" (micro-tokens, and
--- ts as whole seconds and nanoseconds, ts = s*1e9 + n, 0 <= n < 1e9).
+-- KEYS[i] is request i's bucket: a string "tokens s n deadline"
+-- (micro-tokens; ts as whole seconds and nanoseconds, ts = s*1e9 + n,
+-- 0 <= n < 1e9; and when the key's TTL ends, in the server's
+-- milliseconds, so that a write can keep a TTL that is long enough).
 -- ARGV[2] is the number of distinct limits L, then 8 values per limit, all
 -- decimal integers: kind (0 continuous, 1 interval, 2 fixed window),
 -- rate, period, crate, cperiod (rate and period divided by their gcd),
@@ -17,15 +19,15 @@
 -- cost, reserve ("1" or "0"), now_s, now_n (the decision's time; both ""
 -- for the server's TIME).
 --
--- Reply: {now_s, now_n (the server's TIME if read, else 0 0), then per
--- request 5 values: found, tokens, ts_s, ts_n (the stored bucket before),
--- flags (1: allowed, 2: written)}. The caller recomputes each decision
+-- Reply: {now_s, now_n (the server's TIME), then per request 4 values:
+-- flags (1: allowed, 2: written, 4: found), tokens, ts_s, ts_n (the
+-- stored bucket before)}. The caller recomputes each decision
 -- from the state before with drip.Eval and checks allowed and written
 -- against it.
 --
--- A denial or a peek writes nothing. A write sets a TTL a little past the
--- bucket's expiry (drip.Params.ExpiresAt), so idle buckets vanish; a
--- missing key is a fresh bucket.
+-- A denial or a peek writes nothing. A write leaves the key a TTL of at
+-- least a minute past the bucket's expiry (drip.Params.ExpiresAt), so idle
+-- buckets vanish; a missing key is a fresh bucket.
 
 local NS = 1000000000
 
@@ -55,34 +57,22 @@ local function tcmp(as, an, bs, bn)
   return 0
 end
 
-local srvs, srvn = 0, 0
-local haveTime = false
-local function servertime()
-  if not haveTime then
-    local t = redis.call('TIME')
-    srvs, srvn = tonumber(t[1]), tonumber(t[2]) * 1000
-    haveTime = true
-  end
-  return srvs, srvn
-end
-
 -- fresh is the bucket of a key never seen (or expired) at now.
-local function fresh(q)
-  local l = q.l
+local function fresh(l, nows, nown)
   if l.kind == 2 then
     -- m = (now - start) mod period
     local _, m, a, b
     if type(l.period) == 'number' and l.period < 67108864 then
-      _, a = divmod(q.nows, l.period)
+      _, a = divmod(nows, l.period)
       _, b = divmod(NS, l.period)
-      _, m = divmod(a * b + q.nown - l.start, l.period)
+      _, m = divmod(a * b + nown - l.start, l.period)
     else
-      _, m = divmod(sub(add(mul(q.nows, NS), q.nown), l.start), l.period)
+      _, m = divmod(sub(add(mul(nows, NS), nown), l.start), l.period)
     end
-    local s, n = tadd(q.nows, q.nown, neg(m))
+    local s, n = tadd(nows, nown, neg(m))
     return l.burst, s, n
   end
-  return l.burst, q.nows, q.nown
+  return l.burst, nows, nown
 end
 
 -- expired is drip.Params.ExpiresAt(b) <= now for a fixed window or an
@@ -92,11 +82,10 @@ end
 -- k = ceil(need / rate) periods after ts, an interval bucket one period
 -- later still (it keeps its grid for a period of being full); Go's
 -- saturation makes a bucket with ts < 0 that is not full never expire.
-local function expired(q, tokens, s, n)
-  local l = q.l
+local function expired(l, nows, nown, tokens, s, n)
   local need = sub(l.burst, tokens)
   local short = cmp(need, 0) > 0
-  local c = tcmp(q.nows, q.nown, s, n)
+  local c = tcmp(nows, nown, s, n)
   if l.kind == 2 and not short then return c >= 0 end
   if c <= 0 then return false end
   if short and s < 0 then return false end
@@ -107,27 +96,26 @@ local function expired(q, tokens, s, n)
     if r ~= 0 then k = add(k, 1) end
   end
   if l.kind == 1 then k = add(k, 1) end
-  return cmp((divmod(tdiff(q.nows, q.nown, s, n), l.period)), k) >= 0
+  return cmp((divmod(tdiff(nows, nown, s, n), l.period)), k) >= 0
 end
 
 -- refilled is the bucket (tokens, s, n) brought forward to now.
-local function refilled(q, tokens, s, n)
-  local l = q.l
-  if tcmp(q.nows, q.nown, s, n) <= 0 then
+local function refilled(l, nows, nown, tokens, s, n)
+  if tcmp(nows, nown, s, n) <= 0 then
     if cmp(tokens, l.burst) > 0 then return l.burst, s, n end
     return tokens, s, n
   end
-  local e = tdiff(q.nows, q.nown, s, n)
+  local e = tdiff(nows, nown, s, n)
   local missing = sub(l.burst, tokens)
   if l.kind == 0 then
-    if cmp(missing, 0) <= 0 then return l.burst, q.nows, q.nown end
+    if cmp(missing, 0) <= 0 then return l.burst, nows, nown end
     -- floor(e*rate/period) and floor(((e*rate) mod period) / rate), in
     -- the reduced rate and period: the same numbers, smaller operands.
-    local add_, rem = divmod(mul(e, l.crate), l.cperiod)
-    if cmp(add_, missing) >= 0 then return l.burst, q.nows, q.nown end
+    local gained, rem = divmod(mul(e, l.crate), l.cperiod)
+    if cmp(gained, missing) >= 0 then return l.burst, nows, nown end
     local back = divmod(rem, l.crate)
-    local ns, nn = tadd(q.nows, q.nown, neg(back))
-    return add(tokens, add_), ns, nn
+    local ts, tn = tadd(nows, nown, neg(back))
+    return add(tokens, gained), ts, tn
   end
   local k = divmod(e, l.period)
   s, n = tadd(s, n, mul(k, l.period))
@@ -177,102 +165,113 @@ local function refilledFast(l, nows, nown, tokens, s, n)
   return tokens + k, nows + c, nn
 end
 
--- ttl is how long, in milliseconds of real time, to keep a bucket: an
--- estimate in doubles of ExpiresAt - now, rounded up generously, plus a
--- minute (as memstore's sweeper keeps a bucket a minute past expiry, for
--- clocks that step back a little). Decisions do not rest on it (expired
--- does that exactly), only memory does.
-local function ttl(q, tokens, s, n)
-  local l = q.l
+-- keep is how long, in milliseconds of real time, a bucket must be kept:
+-- an estimate in doubles of ExpiresAt - now, rounded up generously, plus
+-- a minute (as memstore's sweeper keeps a bucket a minute past expiry,
+-- for clocks that step back a little). Decisions do not rest on it
+-- (expired does that exactly), only memory does.
+local function keep(l, nows, nown, tokens, s, n)
+  local x
   if l.fast and l.kind == 0 and type(tokens) == 'number' then
-    local x = (s - q.nows) * NS + (n - q.nown)
+    x = (s - nows) * NS + (n - nown)
     local need = l.burst - tokens
     if need > 0 then x = x + need * l.period / l.rate end
-    if x < 0 then x = 0 end
-    local ms = math.ceil(x / 1e6 * (1 + 1e-9)) + 60000
-    if ms > 1e15 then ms = 1e15 end
-    return string.format('%.0f', ms)
-  end
-  local need = todouble(sub(l.burst, tokens))
-  local d = 0
-  if need > 0 then
-    if l.kind == 0 then
-      d = need * todouble(l.period) / todouble(l.rate)
-    else
-      d = (need / todouble(l.rate) + 1) * todouble(l.period)
+  else
+    local need = todouble(sub(l.burst, tokens))
+    local d = 0
+    if need > 0 then
+      if l.kind == 0 then
+        d = need * todouble(l.period) / todouble(l.rate)
+      else
+        d = (need / todouble(l.rate) + 1) * todouble(l.period)
+      end
     end
+    if l.kind == 1 then d = d + todouble(l.period) end
+    x = todouble(tdiff(s, n, nows, nown)) + d
   end
-  if l.kind == 1 then d = d + todouble(l.period) end
-  local x = todouble(tdiff(s, n, q.nows, q.nown)) + d
   if x < 0 then x = 0 end
   local ms = math.ceil(x / 1e6 * (1 + 1e-9)) + 60000
   if ms > 1e15 then ms = 1e15 end
-  return string.format('%.0f', ms)
+  return ms
 end
 
--- decide reads request q's bucket and decides it, without writing.
-local function decide(q, key)
-  local l = q.l
-  if q.nowarg == '' then
-    q.nows, q.nown = servertime()
-  else
-    q.nows, q.nown = tonumber(q.nowarg), tonumber(q.nownarg)
-  end
-  local v = redis.call('GET', key)
+-- decide reads a bucket and decides one request on it, without writing.
+-- It returns flags (1: allowed, 4: found), the stored tokens, s, n and
+-- deadline (if found), and the bucket after (tokens, s, n).
+local function decide(key, l, op, cost, reserve, nows, nown)
+  local flags = 0
+  local otok, os, on, dl = '0', 0, 0, nil
   local tok, s, n
+  local v = redis.call('GET', key)
   if v then
-    local x, y, z = string.match(v, '^(%-?%d+) (%-?%d+) (%d+)$')
+    local x, y, z, d = string.match(v, '^(%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
     if x then
-      q.found, q.otok, q.os, q.on = 1, x, tonumber(y), tonumber(z)
-      tok, s, n = parse(x), q.os, q.on
+      flags = 4
+      otok, os, on, dl = x, tonumber(y), tonumber(z), tonumber(d)
+      tok, s, n = parse(x), os, on
       if l.kind ~= 0 then
-        if expired(q, tok, s, n) then
+        if expired(l, nows, nown, tok, s, n) then
           tok = nil
         else
-          tok, s, n = refilled(q, tok, s, n)
+          tok, s, n = refilled(l, nows, nown, tok, s, n)
         end
       else
         local t2, s2, n2
         if l.fast and type(tok) == 'number' and tok < HALF and tok > -HALF then
-          t2, s2, n2 = refilledFast(l, q.nows, q.nown, tok, s, n)
+          t2, s2, n2 = refilledFast(l, nows, nown, tok, s, n)
         end
         if t2 then
           tok, s, n = t2, s2, n2
         else
-          tok, s, n = refilled(q, tok, s, n)
+          tok, s, n = refilled(l, nows, nown, tok, s, n)
         end
       end
     end
   end
   if tok == nil then
     -- Fresh; refilling a fresh bucket at now changes nothing.
-    tok, s, n = fresh(q)
+    tok, s, n = fresh(l, nows, nown)
   end
-  local allowed, nt = false, tok
-  if q.op == 'refund' then
-    allowed = true
-    nt = add(tok, q.cost)
+  local nt = tok
+  if op == 'refund' then
+    flags = flags + 1
+    nt = add(tok, cost)
     if cmp(nt, l.burst) > 0 then nt = l.burst end
-  elseif (type(tok) == 'number' and type(q.cost) == 'number' and tok >= q.cost) or cmp(tok, q.cost) >= 0 then
-    allowed = true
-    nt = sub(tok, q.cost)
-  elseif q.reserve and (cmp(l.maxr, 0) < 0 or cmp(sub(q.cost, tok), l.maxr) <= 0) then
-    allowed = true
-    nt = sub(tok, q.cost)
+  elseif (type(tok) == 'number' and type(cost) == 'number' and tok >= cost) or cmp(tok, cost) >= 0 then
+    flags = flags + 1
+    nt = sub(tok, cost)
+  elseif reserve and (cmp(l.maxr, 0) < 0 or cmp(sub(cost, tok), l.maxr) <= 0) then
+    flags = flags + 1
+    nt = sub(tok, cost)
   end
-  if allowed then q.flags = 1 end
-  q.allowed, q.nt, q.ns, q.nn = allowed, nt, s, n
+  return flags, otok, os, on, dl, nt, s, n
 end
 
-local function write(q, key)
-  q.flags = q.flags + 2
-  local nt = q.nt
-  if type(nt) == 'number' then
-    if nt == 0 then nt = 0 end -- not -0
-    redis.call('SET', key, string.format('%.0f %d %d', nt, q.ns, q.nn), 'PX', ttl(q, q.nt, q.ns, q.nn))
-  else
-    redis.call('SET', key, str(nt) .. string.format(' %d %d', q.ns, q.nn), 'PX', ttl(q, q.nt, q.ns, q.nn))
+-- The server's clock: the time of decisions without one, and the frame
+-- of the keys' TTL deadlines.
+local srv = redis.call('TIME')
+local srvs, srvn = tonumber(srv[1]), tonumber(srv[2]) * 1000
+local srvms = srvs * 1000 + floor(srvn / 1000000)
+
+-- write stores a bucket. A TTL that already lasts long enough is kept
+-- (SET ... KEEPTTL costs about half of setting one); otherwise the TTL is
+-- set a minute longer than needed, so the next writes can keep it.
+local function write(key, l, nows, nown, dl, nt, s, n)
+  local want = keep(l, nows, nown, nt, s, n)
+  local tail
+  if dl and dl >= srvms + want then
+    tail = string.format(' %d %d %.0f', s, n, dl)
+    if type(nt) == 'number' then
+      if nt == 0 then nt = 0 end -- not -0
+      redis.call('SET', key, string.format('%.0f', nt) .. tail, 'KEEPTTL')
+    else
+      redis.call('SET', key, str(nt) .. tail, 'KEEPTTL')
+    end
+    return
   end
+  local px = want + 60000
+  tail = string.format(' %d %d %.0f', s, n, srvms + px)
+  redis.call('SET', key, str(nt) .. tail, 'PX', string.format('%.0f', px))
 end
 
 local mode = ARGV[1]
@@ -280,7 +279,7 @@ local nl = tonumber(ARGV[2])
 local limits = {}
 for i = 1, nl do
   local a = 2 + (i - 1) * 8
-  limits[i] = {
+  local t = {
     kind = tonumber(ARGV[a + 1]),
     rate = parse(ARGV[a + 2]),
     period = parse(ARGV[a + 3]),
@@ -289,51 +288,55 @@ for i = 1, nl do
     burst = parse(ARGV[a + 6]),
     maxr = parse(ARGV[a + 7]),
     start = parse(ARGV[a + 8]),
+    fast = false,
   }
-  local t = limits[i]
   t.fast = type(t.rate) == 'number' and type(t.period) == 'number' and type(t.burst) == 'number'
     and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
-end
-local reqs = {}
-for i = 1, #KEYS do
-  local a = 2 + nl * 8 + (i - 1) * 6
-  local op = mode
-  if mode == 'batch' then op = ARGV[a + 2] end
-  -- All fields at once: a constructor sizes the table once.
-  reqs[i] = {
-    l = limits[tonumber(ARGV[a + 1])], op = op,
-    cost = parse(ARGV[a + 3]), reserve = ARGV[a + 4] == '1',
-    nowarg = ARGV[a + 5], nownarg = ARGV[a + 6],
-    nows = 0, nown = 0, found = 0, otok = '0', os = 0, on = 0,
-    allowed = false, flags = 0, nt = 0, ns = 0, nn = 0,
-  }
-end
-
-if mode == 'batch' then
-  for i = 1, #KEYS do
-    local q = reqs[i]
-    decide(q, KEYS[i])
-    if q.op == 'refund' or (q.op == 'take' and q.allowed) then write(q, KEYS[i]) end
-  end
-else
-  local all = true
-  for i = 1, #KEYS do
-    decide(reqs[i], KEYS[i])
-    if not reqs[i].allowed then all = false end
-  end
-  if mode == 'refund' or (mode == 'take' and all) then
-    for i = 1, #KEYS do write(reqs[i], KEYS[i]) end
-  end
+  limits[i] = t
 end
 
 local out = {srvs, srvn}
+local base = 2 + nl * 8
+if mode == 'batch' then
+  -- Each request on its own, in order: a later request on the same key
+  -- sees the earlier one's write.
+  for i = 1, #KEYS do
+    local a = base + (i - 1) * 6
+    local l, op = limits[tonumber(ARGV[a + 1])], ARGV[a + 2]
+    local nows, nown = srvs, srvn
+    if ARGV[a + 5] ~= '' then nows, nown = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) end
+    local flags, otok, os, on, dl, nt, s, n = decide(KEYS[i], l, op, parse(ARGV[a + 3]), ARGV[a + 4] == '1', nows, nown)
+    if op == 'refund' or (op == 'take' and flags % 2 == 1) then
+      write(KEYS[i], l, nows, nown, dl, nt, s, n)
+      flags = flags + 2
+    end
+    local j = #out
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = flags, otok, os, on
+  end
+  return out
+end
+
+-- One request, or a multi-take: decide all, then write all or nothing.
+local all = true
+local res = {}
 for i = 1, #KEYS do
-  local q = reqs[i]
+  local a = base + (i - 1) * 6
+  local l = limits[tonumber(ARGV[a + 1])]
+  local nows, nown = srvs, srvn
+  if ARGV[a + 5] ~= '' then nows, nown = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) end
+  local r = {l, nows, nown, decide(KEYS[i], l, mode, parse(ARGV[a + 3]), ARGV[a + 4] == '1', nows, nown)}
+  -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
+  if r[4] % 2 == 0 then all = false end
+  res[i] = r
+end
+local doWrite = mode == 'refund' or (mode == 'take' and all)
+for i = 1, #KEYS do
+  local r = res[i]
+  if doWrite then
+    write(KEYS[i], r[1], r[2], r[3], r[8], r[9], r[10], r[11])
+    r[4] = r[4] + 2
+  end
   local j = #out
-  out[j + 1] = q.found
-  out[j + 2] = q.otok
-  out[j + 3] = q.os
-  out[j + 4] = q.on
-  out[j + 5] = q.flags
+  out[j + 1], out[j + 2], out[j + 3], out[j + 4] = r[4], r[5], r[6], r[7]
 end
 return out

@@ -217,10 +217,10 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 	return nil
 }
 
-// reply is a script's reply: the server's time if it read it and, per
+// reply is a script's reply: the server's time and, per
 // request, the stored bucket before and what the script did.
 type reply struct {
-	now  int64 // the server's TIME in nanoseconds, if read
+	now  int64 // the server's TIME in nanoseconds
 	reqs []reqReply
 }
 
@@ -234,7 +234,7 @@ type reqReply struct {
 const (
 	argsPerLimit    = 8
 	argsPerRequest  = 6
-	replyPerRequest = 5
+	replyPerRequest = 4
 )
 
 // run calls the script in mode ("take", "peek", "refund" or "batch") for
@@ -311,10 +311,10 @@ func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
 	for i := range n {
 		f := v[2+replyPerRequest*i:]
 		rep.reqs[i] = reqReply{
-			found:   f[0] == 1,
+			found:   f[0]&4 != 0,
 			before:  drip.Bucket{Tokens: f[1], TS: join(f[2], f[3])},
-			allowed: f[4]&1 != 0,
-			written: f[4]&2 != 0,
+			allowed: f[0]&1 != 0,
+			written: f[0]&2 != 0,
 		}
 	}
 	return rep, nil

@@ -1,0 +1,44 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/redisstore"
+)
+
+// TestTTL checks that a written bucket's key lives at least a minute past
+// the moment the bucket is full again, and not wildly longer, also when a
+// later write keeps the TTL it found.
+func TestTTL(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t))
+	for _, lim := range []drip.Limit{
+		{Rate: 10, Period: 24 * time.Hour, Burst: 10}, // a token every 2.4 h: each take needs a longer TTL
+		drip.PerSecond(1000),                          // full again at once: later takes keep the TTL
+	} {
+		ttlCheck(t, s, lim)
+	}
+}
+
+func ttlCheck(t *testing.T, s *redisstore.Store, lim drip.Limit) {
+	c := s.Client()
+	ctx := context.Background()
+	key := "ttl:" + randomTag()
+	for i := range 5 {
+		d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
+		if err != nil || !d.Allowed {
+			t.Fatalf("take %d: %+v, %v", i, d, err)
+		}
+		pttl, err := c.Do(ctx, c.B().Pttl().Key("drip:"+key).Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		need := d.ResetAfter + time.Minute
+		if got := time.Duration(pttl) * time.Millisecond; got < need || got > need+3*time.Minute {
+			t.Fatalf("take %d: TTL %v, want at least %v (reset after %v + a minute) and not much more", i, got, need, d.ResetAfter)
+		}
+	}
+}
