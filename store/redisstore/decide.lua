@@ -258,20 +258,24 @@ local srvms = srvs * 1000 + floor(srvn / 1000000)
 -- set a minute longer than needed, so the next writes can keep it.
 local function write(key, l, nows, nown, dl, nt, s, n)
   local want = keep(l, nows, nown, nt, s, n)
-  local tail
-  if dl and dl >= srvms + want then
-    tail = string.format(' %d %d %.0f', s, n, dl)
-    if type(nt) == 'number' then
-      if nt == 0 then nt = 0 end -- not -0
-      redis.call('SET', key, string.format('%.0f', nt) .. tail, 'KEEPTTL')
-    else
-      redis.call('SET', key, str(nt) .. tail, 'KEEPTTL')
-    end
-    return
+  local keepttl = dl and dl >= srvms + want
+  local px
+  if not keepttl then
+    px = want + 60000
+    dl = srvms + px
   end
-  local px = want + 60000
-  tail = string.format(' %d %d %.0f', s, n, srvms + px)
-  redis.call('SET', key, str(nt) .. tail, 'PX', string.format('%.0f', px))
+  local v
+  if type(nt) == 'number' then
+    if nt == 0 then nt = 0 end -- not -0
+    v = string.format('%.0f %d %d %.0f', nt, s, n, dl)
+  else
+    v = str(nt) .. string.format(' %d %d %.0f', s, n, dl)
+  end
+  if keepttl then
+    redis.call('SET', key, v, 'KEEPTTL')
+  else
+    redis.call('SET', key, v, 'PX', string.format('%.0f', px))
+  end
 end
 
 local mode = ARGV[1]
@@ -305,7 +309,9 @@ if mode == 'batch' then
     local l, op = limits[tonumber(ARGV[a + 1])], ARGV[a + 2]
     local nows, nown = srvs, srvn
     if ARGV[a + 5] ~= '' then nows, nown = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) end
-    local flags, otok, os, on, dl, nt, s, n = decide(KEYS[i], l, op, parse(ARGV[a + 3]), ARGV[a + 4] == '1', nows, nown)
+    local cost = tonumber(ARGV[a + 3])
+    if not (cost < HALF) then cost = parse(ARGV[a + 3]) end
+    local flags, otok, os, on, dl, nt, s, n = decide(KEYS[i], l, op, cost, ARGV[a + 4] == '1', nows, nown)
     if op == 'refund' or (op == 'take' and flags % 2 == 1) then
       write(KEYS[i], l, nows, nown, dl, nt, s, n)
       flags = flags + 2
