@@ -99,12 +99,15 @@ func SharedPostgres(t testing.TB) *Postgres {
 	return shared.pg
 }
 
-// StopSharedPostgres stops the server SharedPostgres started, if any.
+// StopSharedPostgres stops the server SharedPostgres started, if any; a
+// later SharedPostgres starts a new one (as go test -count=N needs).
 func StopSharedPostgres() {
 	if shared.pg != nil {
 		shared.pg.Stop()
 		shared.pg.Remove()
 	}
+	shared.pg, shared.err = nil, nil
+	shared.once = sync.Once{}
 }
 
 // StartPostgres starts a server of the test's own, stopped and removed
