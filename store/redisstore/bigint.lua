@@ -15,6 +15,9 @@ local B = 16777216 -- 2^24, the limb base
 local SAFE = 9007199254740992 -- 2^53
 local HALF = 4503599627370496 -- 2^52
 local floor = math.floor
+-- Globals as locals: a local is an array slot, a global a table lookup.
+local type, tonumber, tostring, error = type, tonumber, tostring, error
+local format, match, ceil = string.format, string.match, math.ceil
 local POW10 = {10, 100, 1000, 10000, 100000, 1000000, 10000000}
 
 -- tobig turns an exact integer (a number of any magnitude, or a table)
@@ -261,7 +264,7 @@ end
 local function str(a)
   if type(a) == 'number' then
     if a == 0 then return '0' end -- not '-0'
-    return string.format('%.0f', a)
+    return format('%.0f', a)
   end
   local t = {}
   for i = 1, #a do t[i] = a[i] end
@@ -287,7 +290,7 @@ local function str(a)
   end
   local out = {}
   if a.neg then out[1] = '-' end
-  out[#out + 1] = string.format('%.0f', parts[#parts])
-  for i = #parts - 1, 1, -1 do out[#out + 1] = string.format('%07.0f', parts[i]) end
+  out[#out + 1] = format('%.0f', parts[#parts])
+  for i = #parts - 1, 1, -1 do out[#out + 1] = format('%07.0f', parts[i]) end
   return table.concat(out)
 end

@@ -30,6 +30,8 @@
 -- buckets vanish; a missing key is a fresh bucket.
 
 local NS = 1000000000
+local KEYS, ARGV = KEYS, ARGV
+local rcall = redis.call
 
 -- Times are pairs (s, n): s is a plain number (|s| < 2^34 for any int64
 -- of nanoseconds), n in [0, 1e9).
@@ -190,7 +192,7 @@ local function keep(l, nows, nown, tokens, s, n)
     x = todouble(tdiff(s, n, nows, nown)) + d
   end
   if x < 0 then x = 0 end
-  local ms = math.ceil(x / 1e6 * (1 + 1e-9)) + 60000
+  local ms = ceil(x / 1e6 * (1 + 1e-9)) + 60000
   if ms > 1e15 then ms = 1e15 end
   return ms
 end
@@ -202,9 +204,9 @@ local function decide(key, l, op, cost, reserve, nows, nown)
   local flags = 0
   local otok, os, on, dl = '0', 0, 0, nil
   local tok, s, n
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if v then
-    local x, y, z, d = string.match(v, '^(%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
+    local x, y, z, d = match(v, '^(%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
     if x then
       flags = 4
       otok, os, on, dl = x, tonumber(y), tonumber(z), tonumber(d)
@@ -249,7 +251,7 @@ end
 
 -- The server's clock: the time of decisions without one, and the frame
 -- of the keys' TTL deadlines.
-local srv = redis.call('TIME')
+local srv = rcall('TIME')
 local srvs, srvn = tonumber(srv[1]), tonumber(srv[2]) * 1000
 local srvms = srvs * 1000 + floor(srvn / 1000000)
 
@@ -267,14 +269,14 @@ local function write(key, l, nows, nown, dl, nt, s, n)
   local v
   if type(nt) == 'number' then
     if nt == 0 then nt = 0 end -- not -0
-    v = string.format('%.0f %d %d %.0f', nt, s, n, dl)
+    v = format('%.0f %d %d %.0f', nt, s, n, dl)
   else
-    v = str(nt) .. string.format(' %d %d %.0f', s, n, dl)
+    v = str(nt) .. format(' %d %d %.0f', s, n, dl)
   end
   if keepttl then
-    redis.call('SET', key, v, 'KEEPTTL')
+    rcall('SET', key, v, 'KEEPTTL')
   else
-    redis.call('SET', key, v, 'PX', string.format('%.0f', px))
+    rcall('SET', key, v, 'PX', format('%.0f', px))
   end
 end
 
