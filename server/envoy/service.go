@@ -82,7 +82,10 @@ func WithLogger(l *slog.Logger) Option { return func(s *Service) { s.log = l } }
 // NewService returns a service deciding with cfg (nil: no domain, every
 // request OK) on store.
 func NewService(store drip.Store, cfg *Config, opts ...Option) *Service {
-	s := &Service{store: store, log: slog.Default()}
+	// On a store that cannot take a call's descriptors in one step (Redis
+	// Cluster across hash slots), take them one by one, refunding on a
+	// denial: drip.Separately.
+	s := &Service{store: drip.Separately{Store: store}, log: slog.Default()}
 	for _, o := range opts {
 		o(s)
 	}

@@ -97,6 +97,16 @@ var stores = []struct {
 		t.Cleanup(func() { s.Close() })
 		return s
 	}},
+	// A call's descriptors land in different hash slots: the service
+	// takes them one by one (drip.Separately).
+	{"redis-cluster", func(t *testing.T) drip.Store {
+		s, err := redisstore.Open(testserver.SharedRedisClusterURL(t), redisstore.WithPrefix(fresh()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}},
 }
 
 // clock is a settable time, so that no test sleeps.
