@@ -10,12 +10,14 @@
 // server concurrent decisions are coalesced into one script call
 // (WithBatching).
 //
-// State is exact: one key per bucket holding "tokens ts" as decimal
-// integers (micro-tokens, nanoseconds), and the script does its
-// arithmetic in exact integers (bigint.lua), so decisions are the ones
-// drip.Eval makes, bit for bit. A full bucket is no key at all; any other
-// carries a TTL a little past the moment it is full again, so idle
-// buckets vanish.
+// State is exact: one string key per bucket, "tokens s n deadline"
+// (micro-tokens; the bucket's time in seconds and nanoseconds; when the
+// key's TTL ends), and the script does its arithmetic in exact integers
+// (bigint.lua), so decisions are the ones drip.Eval makes, bit for bit;
+// the Go side recomputes each with drip.Eval from the state the script
+// read and reports any disagreement as an error. Every write leaves the
+// key a TTL of at least a minute past the bucket's expiry
+// (drip.Params.ExpiresAt), so idle buckets vanish.
 //
 // Redis Cluster: all keys of a multi-take must hash to one slot. Put the
 // part they share in braces, a hash tag: "{tenant-7}:user:42" and
