@@ -140,7 +140,8 @@ local function refilledFast(l, nows, nown, tokens, s, n)
   local p = (ds * NS + (nown - n)) * l.crate
   if p >= HALF then return nil end
   local cp, cr = l.cperiod, l.crate
-  local k = floor(p / cp)
+  local k = p / cp
+  k = k - k % 1 -- floor, without a function call
   local rem = p - k * cp
   if rem < 0 then
     k, rem = k - 1, rem + cp
@@ -148,7 +149,8 @@ local function refilledFast(l, nows, nown, tokens, s, n)
     k, rem = k + 1, rem - cp
   end
   if k >= missing then return l.burst, nows, nown end
-  local back = floor(rem / cr)
+  local back = rem / cr
+  back = back - back % 1
   local r = rem - back * cr
   if r < 0 then
     back = back - 1
@@ -157,6 +159,7 @@ local function refilledFast(l, nows, nown, tokens, s, n)
   end
   -- ts = now - back, back < 2^52
   local nn = nown - back
+  if nn >= 0 then return tokens + k, nows, nn end
   local c = floor(nn / NS)
   nn = nn - c * NS
   if nn < 0 then
@@ -192,7 +195,8 @@ local function keep(l, nows, nown, tokens, s, n)
     x = todouble(tdiff(s, n, nows, nown)) + d
   end
   if x < 0 then x = 0 end
-  local ms = ceil(x / 1e6 * (1 + 1e-9)) + 60000
+  local ms = x / 1e6 * (1 + 1e-9)
+  ms = ms - ms % 1 + 60001 -- at least ceil(ms) + a minute
   if ms > 1e15 then ms = 1e15 end
   return ms
 end
@@ -210,7 +214,8 @@ local function decide(key, l, op, cost, reserve, nows, nown)
     if x then
       flags = 4
       otok, os, on, dl = x, tonumber(y), tonumber(z), tonumber(d)
-      tok, s, n = parse(x), os, on
+      tok, s, n = tonumber(x), os, on
+      if not (tok < HALF and tok > -HALF) then tok = parse(x) end
       if l.kind ~= 0 then
         if expired(l, nows, nown, tok, s, n) then
           tok = nil
@@ -267,8 +272,12 @@ local function write(key, l, nows, nown, dl, nt, s, n)
     dl = srvms + px
   end
   local v
-  if type(nt) == 'number' then
+  if type(nt) == 'number' and nt < 1e14 and nt > -1e14 and dl < 1e14 then
+    -- Lua writes numbers below 1e14 in full (%.14g).
     if nt == 0 then nt = 0 end -- not -0
+    v = nt .. ' ' .. s .. ' ' .. n .. ' ' .. dl
+  elseif type(nt) == 'number' then
+    if nt == 0 then nt = 0 end
     v = format('%.0f %d %d %.0f', nt, s, n, dl)
   else
     v = str(nt) .. format(' %d %d %.0f', s, n, dl)
