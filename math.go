@@ -191,7 +191,11 @@ func (p Params) Until(b Bucket, target, now int64) time.Duration {
 	if b.Tokens >= target {
 		return 0
 	}
-	return time.Duration(max(0, p.reach(b, target)-now))
+	r := p.reach(b, target)
+	if now < 0 && r > math.MaxInt64+now {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(max(0, r-now))
 }
 
 // reach is the instant at which b holds target micro-tokens (b.TS if it
@@ -211,7 +215,7 @@ func (p Params) reach(b Bucket, target int64) int64 {
 		}
 		d = k * p.Period
 	}
-	if d > math.MaxInt64-b.TS {
+	if b.TS > 0 && d > math.MaxInt64-b.TS {
 		return math.MaxInt64
 	}
 	return b.TS + d

@@ -115,3 +115,19 @@ func TestBoundaryIsExact(t *testing.T) {
 		t.Fatalf("one nanosecond earlier it must be denied with retry 1ns: %+v", d)
 	}
 }
+
+// TestBeforeEpoch: times before 1970 are ordinary times (a caller-supplied
+// clock may start anywhere): a bucket refills and expires as at any other.
+func TestBeforeEpoch(t *testing.T) {
+	p := Params{Kind: KindContinuous, Rate: 10 * Micro, Period: 1e9, Burst: 10 * Micro, MaxReserved: -1}
+	b := Bucket{Tokens: 0, TS: -10e9}
+	if got := p.ExpiresAt(b); got != -9e9 {
+		t.Fatalf("ExpiresAt = %d, want -9e9", got)
+	}
+	if got := p.Until(b, p.Burst, -9.5e9); got != 500*time.Millisecond {
+		t.Fatalf("Until = %v, want 500ms", got)
+	}
+	if d, _, _ := Eval(OpPeek, b, true, p, 10*Micro, false, -8e9); !d.Allowed {
+		t.Fatalf("a full bucket after -9 s: %+v", d)
+	}
+}

@@ -82,15 +82,13 @@ end
 -- afresh. (For a continuous refill, expiry and refilled give the same
 -- bucket, so it is not computed.) A bucket that is not full expires
 -- k = ceil(need / rate) periods after ts, an interval bucket one period
--- later still (it keeps its grid for a period of being full); Go's
--- saturation makes a bucket with ts < 0 that is not full never expire.
+-- later still (it keeps its grid for a period of being full).
 local function expired(l, nows, nown, tokens, s, n)
   local need = sub(l.burst, tokens)
   local short = cmp(need, 0) > 0
   local c = tcmp(nows, nown, s, n)
   if l.kind == 2 and not short then return c >= 0 end
   if c <= 0 then return false end
-  if short and s < 0 then return false end
   local k = 0
   if short then
     local r
