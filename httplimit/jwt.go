@@ -46,6 +46,12 @@ func newVerifier(cfg *rules.JWT, now func() time.Time) *verifier {
 	if cfg.Audience != "" {
 		opts = append(opts, jwt.WithAudience(cfg.Audience))
 	}
+	if cfg.Verify {
+		// A verified token must carry an expiry: a stolen token must not
+		// grant a tier for ever. (Unverified claims, "verify": false, are a
+		// gateway's business.)
+		opts = append(opts, jwt.WithExpirationRequired())
+	}
 	v := &verifier{cfg: cfg, validator: jwt.NewValidator(opts...)}
 	if !cfg.Verify {
 		v.parser = jwt.NewParser(opts...)
@@ -53,8 +59,10 @@ func newVerifier(cfg *rules.JWT, now func() time.Time) *verifier {
 	}
 	// Only the algorithms of the configured keys are accepted: never
 	// "none", and never an HMAC token checked against a public key.
-	var methods []string
-	if cfg.HMACSecret != nil {
+	// Non-nil even when empty: jwt.WithValidMethods(nil) would accept
+	// every algorithm, while an empty list refuses them all.
+	methods := []string{}
+	if len(cfg.HMACSecret) > 0 {
 		methods = append(methods, "HS256", "HS384", "HS512")
 	}
 	var hasRSA, hasEC, hasEd bool
@@ -88,6 +96,9 @@ func newVerifier(cfg *rules.JWT, now func() time.Time) *verifier {
 func (v *verifier) keyfunc(t *jwt.Token) (any, error) {
 	alg := t.Method.Alg()
 	if strings.HasPrefix(alg, "HS") {
+		if len(v.cfg.HMACSecret) == 0 {
+			return nil, errors.New("no HMAC secret configured")
+		}
 		return v.cfg.HMACSecret, nil
 	}
 	kid, _ := t.Header["kid"].(string)

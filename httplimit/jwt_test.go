@@ -140,6 +140,8 @@ func TestJWTHMAC(t *testing.T) {
 		{"RS256 when only HMAC is configured", sign(t, jwt.SigningMethodRS256, rk, claims("enterprise"), ""), "free"},
 		{"expired", sign(t, jwt.SigningMethodHS256, []byte(hmacSecret), claims("enterprise", expired), ""), "free"},
 		{"not yet valid", sign(t, jwt.SigningMethodHS256, []byte(hmacSecret), claims("enterprise", notYet), ""), "free"},
+		{"no expiry", sign(t, jwt.SigningMethodHS256, []byte(hmacSecret), claims("enterprise", func(c jwt.MapClaims) { delete(c, "exp") }), ""), "free"},
+		{"HS256 with an empty key", sign(t, jwt.SigningMethodHS256, []byte{}, claims("enterprise"), ""), "free"},
 		{"garbage", "not.a.token", "free"},
 		{"no token", "", "free"},
 	})
@@ -171,6 +173,7 @@ func TestJWTPublicKeys(t *testing.T) {
 		{"ES384 by an unknown P-384 key", sign(t, jwt.SigningMethodES384, p384, claims("enterprise", iss), ""), "free"},
 		// Algorithm confusion: an HMAC token keyed with the public key's bytes.
 		{"HS256 keyed by the public key", sign(t, jwt.SigningMethodHS256, rsaPEM, claims("enterprise", iss), ""), "free"},
+		{"HS256 with an empty key", sign(t, jwt.SigningMethodHS256, []byte{}, claims("enterprise", iss), ""), "free"},
 		{"alg none", unsigned(t, claims("enterprise", iss)), "free"},
 		{"wrong issuer", sign(t, jwt.SigningMethodRS256, rk, claims("enterprise", wrongIss), ""), "free"},
 		{"expired", sign(t, jwt.SigningMethodES256, ek, claims("enterprise", iss, expired), ""), "free"},

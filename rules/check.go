@@ -665,6 +665,9 @@ func (c *checker) jwt(p string, v any) *JWT {
 			for _, e := range errs {
 				c.add(fp, "%s: %v", name, e)
 			}
+			if len(errs) == 0 && len(keys) == 0 {
+				c.add(fp, "%s: holds no signing keys", name)
+			}
 			j.Keys = append(j.Keys, keys...)
 		}
 	}
