@@ -118,10 +118,6 @@ type Limiter struct {
 	brk      *breaker
 	lastLog  atomic.Int64
 	separate bool // WithSeparateTakes
-	// colocate is cleared once the store has said it cannot take a
-	// request's keys in one step (drip.ErrNotColocated): from then on the
-	// limiter takes separately without asking again.
-	notColocated atomic.Bool
 
 	localMu sync.Mutex
 	local   *memstore.Store
@@ -147,9 +143,10 @@ func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout =
 // atomic step, such as Redis Cluster (whose multi-takes need every key in
 // one hash slot, while rules' keys land anywhere): the enforce rules of a
 // request are taken one store call each, in file order, and when one
-// denies, those already taken are refunded. A store that answers a
-// multi-take with drip.ErrNotColocated switches the limiter to this mode by
-// itself, so the option only saves that first attempt. All or nothing then holds in
+// denies, those already taken are refunded. Without the option, a store
+// that answers a multi-take with drip.ErrNotColocated gets the same
+// treatment through drip.Separately, after a first attempt that the store
+// refuses without a round trip. All or nothing then holds in
 // the end rather than at every instant: between a take and its refund,
 // another request may find fewer tokens.
 func WithSeparateTakes() Option { return func(l *Limiter) { l.separate = true } }
@@ -162,7 +159,10 @@ func WithClock(now func() time.Time) Option { return func(l *Limiter) { l.now = 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
-	l := &Limiter{store: store, log: slog.Default(), obs: NopObserver{}, timeout: DefaultTimeout, brk: newBreaker()}
+	// drip.Separately: on a store that cannot take a request's keys in one
+	// step (Redis Cluster across hash slots), every multi-key call (enforce
+	// takes, shadow takes, peeks) is applied one key at a time instead.
+	l := &Limiter{store: drip.Separately{Store: store}, log: slog.Default(), obs: NopObserver{}, timeout: DefaultTimeout, brk: newBreaker()}
 	for _, o := range opts {
 		o(l)
 	}
@@ -379,16 +379,10 @@ func (l *Limiter) enforce(ctx context.Context, s *snapshot, res *Result, enf []A
 	var m drip.Multi
 	var err error
 	var evaluated []bool
-	if (l.separate || l.notColocated.Load()) && len(reqs) > 1 {
+	if l.separate && len(reqs) > 1 {
 		m, evaluated, err = l.takeSeparately(ctx, s, reqs)
 	} else {
 		m, err = l.apply(ctx, s, drip.OpTake, reqs)
-		if errors.Is(err, drip.ErrNotColocated) {
-			// A store such as Redis Cluster cannot take these keys in one
-			// step: take them separately, now and from now on.
-			l.notColocated.Store(true)
-			m, evaluated, err = l.takeSeparately(ctx, s, reqs)
-		}
 	}
 	if err != nil {
 		res.Err = err
@@ -736,9 +730,6 @@ func (l *Limiter) apply(ctx context.Context, s *snapshot, op drip.Op, reqs []dri
 		m, err = l.store.ApplyMulti(cctx, op, l.at(), reqs)
 	}
 	l.obs.StoreLatency(time.Since(start))
-	if errors.Is(err, drip.ErrNotColocated) {
-		return drip.Multi{}, err // the keys' fault, not the store's: no breaker, no log
-	}
 	if err == nil && len(m.Decisions) != len(reqs) {
 		err = errors.New("httplimit: the store returned a wrong number of decisions")
 	}

@@ -225,3 +225,28 @@ func TestMixedFailPolicies(t *testing.T) {
 		t.Errorf("observed %v", e.obs.decisions)
 	}
 }
+
+// TestNotColocatedShadowAndBreaker: on a store that refuses multi-key
+// calls, shadow rules are still decided and counted (one key at a time),
+// and the breaker never sees the refusal as a failure: with on_error deny,
+// a request must never get a 503.
+func TestNotColocatedShadowAndBreaker(t *testing.T) {
+	ms := memstore.New()
+	defer ms.Close()
+	e := newEnv(t, oneKeyStore{ms}, parse(t, `{"on_error": "deny", "rules": [
+		{"name": "ip", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 100}},
+		{"name": "key", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 100}},
+		{"name": "s1", "mode": "shadow", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 3}},
+		{"name": "s2", "mode": "shadow", "limit_keys": ["global"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 100}}]}`))
+	for i := range 5 {
+		if r := e.do("/", "X-Api-Key: a"); r.code != 200 {
+			t.Fatalf("request %d: %d %s", i, r.code, r.body)
+		}
+	}
+	if e.obs.count("s1/shadow/allowed") != 3 || e.obs.count("s1/shadow/denied") != 2 || e.obs.count("s2/shadow/allowed")+e.obs.count("s2/shadow/not_taken") != 5 {
+		t.Errorf("shadow decisions: %v", e.obs.decisions)
+	}
+	if e.obs.errs() != 0 || len(e.obs.states) > 1 {
+		t.Errorf("%d store errors, breaker states %v", e.obs.errs(), e.obs.states)
+	}
+}
