@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"go/build"
 	"strings"
 	"sync/atomic"
@@ -98,6 +99,20 @@ func TestJitter(t *testing.T) {
 	}
 	if got := drip.RetryAfterSeconds("x", 100*time.Millisecond, 0); got != 1 {
 		t.Errorf("0.1 s rounds up to 1 s, got %d", got)
+	}
+	// Every wait stays within [raw, ceil(1.5 raw)], and spreads, even 1 s.
+	for _, raw := range []int64{1, 2, 3, 10, 61} {
+		values := map[int64]int{}
+		for i := range 200 {
+			v := drip.RetryAfterSeconds(fmt.Sprint("client-", i), time.Duration(raw)*time.Second-time.Millisecond, 0.5)
+			if v < raw || v > (3*raw+1)/2 {
+				t.Fatalf("raw %d s: Retry-After %d outside [%d, %d]", raw, v, raw, (3*raw+1)/2)
+			}
+			values[v]++
+		}
+		if len(values) < 2 {
+			t.Errorf("raw %d s: 200 clients all got %v", raw, values)
+		}
 	}
 }
 

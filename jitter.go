@@ -32,12 +32,18 @@ func Jitter(identity string, d time.Duration, frac float64) time.Duration {
 }
 
 // RetryAfterSeconds is the value of a Retry-After header for a wait of d:
-// ceil(d) whole seconds plus a jitter of up to frac of it (SPEC 3 uses 0.5),
-// rounded up. It is at least 1 for any positive d, and 0 for d <= 0.
+// ceil(d) whole seconds plus a jitter of up to frac of that (SPEC 3 uses
+// 0.5), fixed by identity. The jitter is rounded to whole seconds up or
+// down at random, again fixed by identity, with the odds of its fraction,
+// so that even one-second waits spread (over clients, 1 or 2 s; on average
+// 1 s plus the jitter). The result lies in [ceil(d), ceil(d) +
+// ceil(frac*ceil(d))]. It is 0 for d <= 0.
 func RetryAfterSeconds(identity string, d time.Duration, frac float64) int64 {
 	if d <= 0 {
 		return 0
 	}
 	raw := math.Ceil(d.Seconds())
-	return int64(math.Ceil(raw * (1 + frac*JitterFraction(identity))))
+	j := raw * frac * JitterFraction(identity)
+	u := JitterFraction("retry-after\x00" + identity) // a second fraction, independent of the first
+	return int64(raw + math.Floor(j+u))
 }
