@@ -16,8 +16,8 @@ import (
 type limitJSON struct {
 	Algorithm   Algorithm `json:"algorithm,omitempty"`
 	Rate        float64   `json:"rate"`
-	Period      Seconds   `json:"period,omitempty"`
-	Burst       float64   `json:"burst,omitempty"`
+	Period      *Seconds  `json:"period,omitempty"`
+	Burst       *float64  `json:"burst,omitempty"`
 	Refill      Refill    `json:"refill,omitempty"`
 	Start       *Seconds  `json:"start,omitempty"`
 	MaxReserved float64   `json:"max_reserved,omitempty"`
@@ -25,7 +25,14 @@ type limitJSON struct {
 
 // MarshalJSON encodes l as {"rate": 10, "period": "1s", ...}.
 func (l Limit) MarshalJSON() ([]byte, error) {
-	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Period: Seconds(l.Period), Burst: l.Burst, Refill: l.Refill, MaxReserved: l.MaxReserved}
+	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Refill: l.Refill, MaxReserved: l.MaxReserved}
+	if l.Period != 0 {
+		p := Seconds(l.Period)
+		j.Period = &p
+	}
+	if l.Burst != 0 {
+		j.Burst = &l.Burst
+	}
 	if l.Start != 0 {
 		s := Seconds(l.Start)
 		j.Start = &s
@@ -42,7 +49,21 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 	if err := dec.Decode(&j); err != nil {
 		return fmt.Errorf("limit: %w", err)
 	}
-	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Period: time.Duration(j.Period), Burst: j.Burst, Refill: j.Refill, MaxReserved: j.MaxReserved}
+	// In Go a zero Period or Burst means the default; in JSON the default
+	// is an absent field, and an explicit zero is the error SPEC 1 says.
+	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Refill: j.Refill, MaxReserved: j.MaxReserved}
+	if j.Period != nil {
+		if *j.Period <= 0 {
+			return fmt.Errorf("%w: period must be > 0", ErrInvalidLimit)
+		}
+		l.Period = time.Duration(*j.Period)
+	}
+	if j.Burst != nil {
+		if !(*j.Burst > 0) {
+			return fmt.Errorf("%w: burst must be > 0", ErrInvalidLimit)
+		}
+		l.Burst = *j.Burst
+	}
 	if j.Start != nil {
 		l.Start = time.Duration(*j.Start)
 		if l.Start == 0 {
