@@ -237,6 +237,17 @@ func (p Params) ExpiresAt(b Bucket) int64 {
 	return t
 }
 
+// NeedFor is how many micro-tokens a bucket must hold for a take of cost
+// to be allowed: cost, or for a reservation with a bound on the debt, cost
+// less that bound (a reservation without a bound is always allowed). A
+// denial's RetryAfter is the wait until the bucket holds it.
+func (p Params) NeedFor(cost int64, reserve bool) int64 {
+	if reserve && p.MaxReserved >= 0 {
+		return cost - p.MaxReserved
+	}
+	return cost
+}
+
 // Eval decides one request against bucket b (found reports whether the key
 // had state) at now. It returns the decision, the bucket to store, and
 // whether it must be written: a denial or a peek writes nothing.
@@ -262,7 +273,7 @@ func Eval(op Op, b Bucket, found bool, p Params, cost int64, reserve bool, now i
 		n.Tokens -= cost
 		retry = p.Until(n, 0, now)
 	default:
-		retry = p.Until(a, cost, now)
+		retry = p.Until(a, p.NeedFor(cost, reserve), now)
 	}
 	d := p.decide(allowed, n, retry, now)
 	return d, n, allowed && op == OpTake

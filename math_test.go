@@ -59,7 +59,7 @@ func FuzzEval(f *testing.F) {
 			if !d.Allowed && d.RetryAfter < time.Duration(math.MaxInt64/2) {
 				// Waiting RetryAfter makes the same take succeed.
 				later := now + int64(d.RetryAfter)
-				if d2, _, _ := Eval(OpTake, b, found, p, cost, false, later); !d2.Allowed && later >= now {
+				if d2, _, _ := Eval(OpTake, b, found, p, cost, reserve, later); !d2.Allowed && later >= now {
 					t.Fatalf("denied with retry %v, and still denied then: %+v", d.RetryAfter, d2)
 				}
 				// And not earlier than needed: continuous refill keeps its
@@ -67,7 +67,7 @@ func FuzzEval(f *testing.F) {
 				// late by at most that, rounded up (the grid answers are
 				// checked exactly by storetest's scenarios).
 				if d.RetryAfter > 2 && p.Kind == KindContinuous {
-					if d3, _, _ := Eval(OpTake, b, found, p, cost, false, later-2); d3.Allowed {
+					if d3, _, _ := Eval(OpTake, b, found, p, cost, reserve, later-2); d3.Allowed {
 						t.Fatalf("retry %v is later than needed", d.RetryAfter)
 					}
 				}

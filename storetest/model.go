@@ -179,7 +179,11 @@ func (m *Model) Apply(op drip.Op, p drip.Prepared, at time.Time, write bool, fol
 		}
 	default:
 		d.Tokens = tokens
-		d.RetryNs = l.until(tokens, ts, cost, now)
+		need := cost // a bounded reservation passes once the debt fits
+		if p.Reserve && l.maxReserved != nil {
+			need = new(big.Rat).Sub(cost, l.maxReserved)
+		}
+		d.RetryNs = l.until(tokens, ts, need, now)
 		d.ResetNs = l.until(tokens, ts, l.burst, now)
 	}
 	return d

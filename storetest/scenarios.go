@@ -109,7 +109,8 @@ var Scenarios = []scenario{
 	{"max_reserved bounds the debt", tenPerSecond.WithMaxReserved(5), []step{
 		{at: 0, cost: 10, allowed: true, tokens: 0, reset: 1 * s},
 		{at: 0, cost: 5, reserve: true, allowed: true, tokens: -5, retry: 500 * ms, reset: 1500 * ms},
-		{at: 0, reserve: true, allowed: false, tokens: -5, retry: 600 * ms, reset: 1500 * ms},
+		// A reservation of 1 would need the debt to fit: 0.1 s.
+		{at: 0, reserve: true, allowed: false, tokens: -5, retry: 100 * ms, reset: 1500 * ms},
 		{at: 100 * ms, reserve: true, allowed: true, tokens: -5, retry: 500 * ms, reset: 1500 * ms},
 	}},
 	{"interval reservations land on the grid", seed000, []step{

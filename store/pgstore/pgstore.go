@@ -253,7 +253,7 @@ func (r result) decision(op drip.Op, p drip.Prepared) drip.Decision {
 	case r.allowed:
 		retry = p.Params.Until(n, 0, r.now)
 	default:
-		retry = p.Params.Until(n, p.Cost, r.now)
+		retry = p.Params.Until(n, p.Params.NeedFor(p.Cost, p.Reserve), r.now)
 	}
 	return drip.Decision{
 		Allowed:    r.allowed,
