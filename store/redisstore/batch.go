@@ -54,6 +54,15 @@ func (b *batcher) do(ctx context.Context, op drip.Op, at time.Time, p drip.Prepa
 		return c.d, c.err
 	case <-ctx.Done():
 		return drip.Decision{}, ctx.Err()
+	case <-b.s.stop:
+		// Closing: the call may have been queued after the workers
+		// drained, and then nobody decides it.
+		select {
+		case <-c.done:
+			return c.d, c.err
+		case <-time.After(time.Second):
+			return drip.Decision{}, errClosed
+		}
 	}
 }
 
