@@ -271,7 +271,7 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 		if it.Limit != nil || it.Cost != nil || it.Reserve {
 			return drip.Request{}, "", errorf(http.StatusBadRequest, "a reset takes only key (or rule and values)")
 		}
-		return drip.Request{Key: it.Key}, "inline", nil
+		return drip.Request{Key: InlinePrefix + it.Key}, "inline", nil
 	}
 	if it.Limit == nil {
 		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: missing limit", drip.ErrInvalidLimit)
@@ -280,8 +280,14 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 	if it.Cost != nil {
 		cost = *it.Cost
 	}
-	return drip.Request{Key: it.Key, Limit: *it.Limit, Cost: cost, Reserve: it.Reserve}, "inline", nil
+	return drip.Request{Key: InlinePrefix + it.Key, Limit: *it.Limit, Cost: cost, Reserve: it.Reserve}, "inline", nil
 }
+
+// InlinePrefix is put before the key of every request with an inline limit,
+// so that a caller of the decision API, who picks the limit, cannot reach
+// (drain, refund or reset) the buckets of the rules: those are reached by
+// rule name and values only, under the rule's own limit.
+const InlinePrefix = "inline:"
 
 func prefixed(p string, err error) error {
 	var he *httpError

@@ -77,6 +77,19 @@ func TestDecisionAPIByRule(t *testing.T) {
 	if err != nil || d.Tokens > 0.01 {
 		t.Fatalf("the rule's bucket %q in the store: %+v %v, want empty", key, d, err)
 	}
+	// An inline request naming the rule's bucket key reaches a bucket of
+	// its own: a caller who picks the limit cannot refund, drain or reset
+	// the rule's buckets.
+	body, _ := json.Marshal(map[string]any{"key": key, "cost": 3, "limit": map[string]any{"rate": 1, "burst": 1000}})
+	if code, out := post(t, srv.base+"/v1/refund", string(body)); code != 200 {
+		t.Fatalf("inline refund: %d %s", code, out)
+	}
+	if code, out := post(t, srv.base+"/v1/reset", `{"key": "`+key+`"}`); code != 200 {
+		t.Fatalf("inline reset: %d %s", code, out)
+	}
+	if code, out := post(t, srv.base+"/v1/peek", `{"rule": "api", "values": ["k1"]}`); code != 200 || decision(t, out).Allowed {
+		t.Fatalf("an inline request reached the rule's bucket: %d %s", code, out)
+	}
 	// A multi-take mixing a rule and an inline limit.
 	code, out = post(t, srv.base+"/v1/take", `{"requests": [{"rule": "api", "values": ["k2"]}, {"key": "x", `+lim+`}]}`)
 	var m drip.Multi
