@@ -205,6 +205,32 @@ func (l Limit) String() string {
 	return b.String()
 }
 
+// FillTime is how long an empty bucket of l takes to fill: burst/rate
+// periods for a continuous refill, whole periods for interval refill and
+// fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
+// 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
+// SPEC 3's RateLimit-Policy "w" is CeilSeconds(l.FillTime()).
+func (l Limit) FillTime() time.Duration {
+	p, err := ParamsOf(l, "")
+	if err != nil {
+		return 0
+	}
+	return p.Until(Bucket{}, p.Burst, 0)
+}
+
+// CeilSeconds is d in whole seconds, rounded up (0 for d <= 0), as HTTP
+// headers count time.
+func CeilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
 // WindowStart is the default grid offset of a fixed window for key: a hash
 // of the key modulo period, so that windows of different keys are spread
 // over the period. The same key always gets the same offset.

@@ -4,11 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"math/big"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/rules"
@@ -26,7 +24,7 @@ import (
 
 // policyItem is a RateLimit-Policy item for a rule under limit l.
 func policyItem(name string, l drip.Limit) string {
-	return strconv.Quote(name) + ";q=" + amount(burst(l)) + ";w=" + strconv.FormatInt(fillSeconds(l), 10)
+	return strconv.Quote(name) + ";q=" + amount(burst(l)) + ";w=" + strconv.FormatInt(drip.CeilSeconds(l.FillTime()), 10)
 }
 
 // amount formats a number of tokens: an integer when it is one.
@@ -37,57 +35,12 @@ func amount(x float64) string {
 	return strconv.FormatFloat(x, 'f', -1, 64)
 }
 
-// fillSeconds is how long an empty bucket takes to fill, in whole seconds
-// rounded up: burst/rate periods for continuous refill, whole periods for
-// interval refill and fixed windows. It is computed in drip's fixed point
-// so that 20 at 10/s is exactly 2.
-func fillSeconds(l drip.Limit) int64 {
-	period := l.Period
-	if period == 0 {
-		period = time.Second
-	}
-	b := big.NewInt(int64(math.Round(burst(l) * drip.Micro)))
-	r := big.NewInt(int64(math.Round(l.Rate * drip.Micro)))
-	if r.Sign() <= 0 {
-		return 0
-	}
-	p := big.NewInt(int64(period))
-	ns := new(big.Int)
-	if l.Algorithm == drip.FixedWindow || l.Refill == drip.Interval {
-		k := ceilDiv(b, r)
-		ns.Mul(k, p)
-	} else {
-		ns = ceilDiv(new(big.Int).Mul(b, p), r)
-	}
-	s := ceilDiv(ns, big.NewInt(int64(time.Second)))
-	if !s.IsInt64() {
-		return math.MaxInt64
-	}
-	return s.Int64()
-}
-
-func ceilDiv(a, b *big.Int) *big.Int {
-	q, m := new(big.Int).QuoRem(a, b, new(big.Int))
-	if m.Sign() > 0 {
-		q.Add(q, big.NewInt(1))
-	}
-	return q
-}
-
-// ceilSeconds is d in whole seconds, rounded up.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
 // t is the RateLimit "t" of an applied rule.
 func (res *Result) t(a *Applied) int64 {
 	if !res.Allowed && res.RetryAfter > 0 && a.Reason != "" {
 		return res.RetryAfter
 	}
-	return ceilSeconds(a.Decision.ResetAfter)
+	return drip.CeilSeconds(a.Decision.ResetAfter)
 }
 
 // WriteHeaders sets the RateLimit headers (and Retry-After on a 429) for

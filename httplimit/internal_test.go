@@ -76,8 +76,8 @@ func TestFillSeconds(t *testing.T) {
 		{drip.Every(3, 10*time.Second).Window(), 10},
 		{drip.PerSecond(0.1).WithBurst(1), 10},
 	} {
-		if got := fillSeconds(c.l); got != c.want {
-			t.Errorf("fillSeconds(%v) = %d, want %d", c.l, got, c.want)
+		if got := drip.CeilSeconds(c.l.FillTime()); got != c.want {
+			t.Errorf("CeilSeconds(%v.FillTime()) = %d, want %d", c.l, got, c.want)
 		}
 	}
 	if got := policyItem("a", drip.PerSecond(2).WithBurst(2.5)); got != `"a";q=2.5;w=2` {

@@ -110,7 +110,7 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 	}
 	l.qname = strconv.Quote(name)
 	l.burstText = amount(l.burst())
-	l.policy = l.qname + ";q=" + amount(l.burst()) + ";w=" + strconv.FormatInt(fillSeconds(l.Limit), 10)
+	l.policy = l.qname + ";q=" + amount(l.burst()) + ";w=" + strconv.FormatInt(drip.CeilSeconds(l.Limit.FillTime()), 10)
 	return nil
 }
 

@@ -2,14 +2,10 @@ package envoy
 
 import (
 	"math"
-	"math/big"
 	"strconv"
 	"strings"
-	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-
-	"github.com/driplimit/drip"
 )
 
 // match is the limit a descriptor maps to.
@@ -114,51 +110,4 @@ func amount(x float64) string {
 		return strconv.FormatInt(int64(x), 10)
 	}
 	return strconv.FormatFloat(x, 'f', -1, 64)
-}
-
-// fillSeconds is how long an empty bucket of l takes to fill, in whole
-// seconds rounded up (SPEC 3's "w"), in drip's fixed point: burst/rate
-// periods, or whole periods for a fixed window.
-func fillSeconds(l drip.Limit) int64 {
-	period := l.Period
-	if period == 0 {
-		period = time.Second
-	}
-	burst := l.Burst
-	if burst == 0 {
-		burst = l.Rate
-	}
-	b := big.NewInt(int64(math.Round(burst * drip.Micro)))
-	r := big.NewInt(int64(math.Round(l.Rate * drip.Micro)))
-	if r.Sign() <= 0 {
-		return 0
-	}
-	p := big.NewInt(int64(period))
-	var ns *big.Int
-	if l.Algorithm == drip.FixedWindow || l.Refill == drip.Interval {
-		ns = new(big.Int).Mul(ceilDiv(b, r), p)
-	} else {
-		ns = ceilDiv(new(big.Int).Mul(b, p), r)
-	}
-	s := ceilDiv(ns, big.NewInt(int64(time.Second)))
-	if !s.IsInt64() {
-		return math.MaxInt64
-	}
-	return s.Int64()
-}
-
-func ceilDiv(a, b *big.Int) *big.Int {
-	q, m := new(big.Int).QuoRem(a, b, new(big.Int))
-	if m.Sign() > 0 {
-		q.Add(q, big.NewInt(1))
-	}
-	return q
-}
-
-// ceilSeconds is d in whole seconds, rounded up.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }

@@ -561,7 +561,7 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 		if !allowed && !it.d.Allowed && retry > 0 {
 			return retry
 		}
-		return ceilSeconds(it.d.ResetAfter)
+		return drip.CeilSeconds(it.d.ResetAfter)
 	}
 	var policy, limit []byte
 	for i := range items {
