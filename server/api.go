@@ -10,6 +10,7 @@ import (
 	"net/http"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/replay"
 )
 
 // The decision API: POST /v1/take, /v1/peek, /v1/refund and /v1/reset,
@@ -18,7 +19,7 @@ import (
 //
 // A request names its bucket in one of two ways:
 //   - inline: {"key": "user:1", "limit": {"rate": 10, "burst": 20}, "cost": 1}
-//     The key is used as it is.
+//     The bucket is InlinePrefix + key, apart from the rules' buckets.
 //   - by rule: {"rule": "free", "values": ["k-123"], "cost": 1}
 //     The rule's limit, and the bucket the middleware and gateway use for
 //     a request with those key values. "values" lists one value per entry
@@ -185,7 +186,7 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 		if _, err := drip.PrepareMulti(rs); err != nil {
 			return nil, err
 		}
-		op, _ := opOf(opName)
+		op, _ := replay.Op(opName)
 		m, err := s.store.ApplyMulti(ctx, op, timeZero, rs)
 		if err != nil {
 			if !badInput(err) {
@@ -220,7 +221,7 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 	if _, err := drip.Prepare(r); err != nil {
 		return nil, err
 	}
-	op, _ := opOf(opName)
+	op, _ := replay.Op(opName)
 	d, err := s.store.Apply(ctx, op, timeZero, r)
 	if op == drip.OpTake {
 		s.count(name, d, err)
@@ -298,16 +299,4 @@ func prefixed(p string, err error) error {
 		return errorf(http.StatusBadRequest, "%s%v", p, err)
 	}
 	return err
-}
-
-func opOf(name string) (drip.Op, bool) {
-	switch name {
-	case "take":
-		return drip.OpTake, true
-	case "peek":
-		return drip.OpPeek, true
-	case "refund":
-		return drip.OpRefund, true
-	}
-	return 0, false
 }
