@@ -129,14 +129,24 @@ func PrepareWith(r Request, p Params) (Prepared, error) {
 	if r.Key == "" {
 		return Prepared{}, ErrMissingKey
 	}
-	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > maxAmount {
-		return Prepared{}, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, r.Cost)
-	}
-	cost := toMicro(r.Cost)
-	if cost > p.Burst && !r.Reserve {
-		return Prepared{}, fmt.Errorf("%w: cost %v > burst %v can never succeed without reserve", ErrCostExceedsBurst, r.Cost, float64(p.Burst)/Micro)
+	cost, err := CostOf(r.Cost, r.Reserve, p)
+	if err != nil {
+		return Prepared{}, err
 	}
 	return Prepared{Key: r.Key, Params: p, Cost: cost, Reserve: r.Reserve}, nil
+}
+
+// CostOf checks a request's cost against params p and turns it to fixed
+// point: the cost part of PrepareWith, for stores that keep the rest.
+func CostOf(cost float64, reserve bool, p Params) (int64, error) {
+	if math.IsNaN(cost) || math.IsInf(cost, 0) || cost < 0 || cost > maxAmount {
+		return 0, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, cost)
+	}
+	c := toMicro(cost)
+	if c > p.Burst && !reserve {
+		return 0, fmt.Errorf("%w: cost %v > burst %v can never succeed without reserve", ErrCostExceedsBurst, cost, float64(p.Burst)/Micro)
+	}
+	return c, nil
 }
 
 // Fresh is the bucket of a key never seen before (or expired) at now: full,

@@ -176,21 +176,32 @@ func (s *Store) clock() int64 {
 	return s.start.UnixNano() + int64(time.Since(s.start))
 }
 
-// prepare is drip.Prepare with the last key-independent limit cached.
-func (s *Store) prepare(r drip.Request) (drip.Prepared, error) {
+// params is drip.Prepare with the last key-independent limit cached, by
+// pointer so that the hot path copies no request: the params and the cost
+// in fixed point.
+func (s *Store) params(r *drip.Request) (drip.Params, int64, error) {
+	if r.Key == "" {
+		return drip.Params{}, 0, drip.ErrMissingKey
+	}
+	var p drip.Params
 	if c := s.last.Load(); c != nil && c.limit == r.Limit {
-		return drip.PrepareWith(r, c.params)
+		p = c.params
+	} else {
+		var err error
+		if p, err = drip.ParamsOf(r.Limit, r.Key); err != nil {
+			return p, 0, err
+		}
+		if !r.Limit.KeyDependent() {
+			s.last.Store(&cached{r.Limit, p})
+		}
 	}
-	p, err := drip.Prepare(r)
-	if err == nil && !r.Limit.KeyDependent() {
-		s.last.Store(&cached{r.Limit, p.Params})
-	}
-	return p, err
+	cost, err := drip.CostOf(r.Cost, r.Reserve, p)
+	return p, cost, err
 }
 
 // Apply implements drip.Store.
 func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, err := s.prepare(r)
+	p, cost, err := s.params(&r)
 	if err != nil {
 		return drip.Decision{}, err
 	}
@@ -202,12 +213,12 @@ func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Reques
 	if found {
 		b = e.b
 	}
-	d, next, write := drip.Eval(op, b, found, p.Params, p.Cost, p.Reserve, now)
+	d, next, write := drip.Eval(op, b, found, p, cost, r.Reserve, now)
 	if write {
 		if found {
-			e.b, e.exp = next, p.Params.ExpiresAt(next)
+			e.b, e.exp = next, p.ExpiresAt(next)
 		} else {
-			s.put(sh, r.Key, next, p.Params, now)
+			s.put(sh, r.Key, next, p, now)
 		}
 	}
 	sh.mu.Unlock()
