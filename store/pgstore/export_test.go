@@ -38,3 +38,6 @@ func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request,
 	}
 	return ds, errs
 }
+
+// StoreKey is the key's bytes as the table holds them.
+func StoreKey(key string) []byte { return storeKey(key) }

@@ -11,22 +11,27 @@
 -- batches never deadlock; a bucket that appeared after the locking read
 -- makes drip.ensure raise 40001 and the batch is retried.
 WITH RECURSIVE
-p AS MATERIALIZED (
-    SELECT drip.clock() AS clock
-),
-r AS MATERIALIZED (
-    SELECT u.*, coalesce(u.at, p.clock) AS now,
-           row_number() OVER (PARTITION BY u.key ORDER BY u.i) AS seq
-    FROM p, unnest($1::int[], $2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
+u AS MATERIALIZED (
+    SELECT u.* FROM unnest($1::int[], $2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
                    $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $11::bigint[])
         WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, i)
 ),
 cur AS MATERIALIZED (
     SELECT b.key, b.tokens, b.ts, b.expires
     FROM drip.buckets b
-    WHERE b.key IN (SELECT key FROM r)
+    WHERE b.key IN (SELECT key FROM u)
     ORDER BY b.key
     FOR UPDATE OF b
+),
+-- The clock, read after the row locks (p depends on cur), as take.sql
+-- does: a batch that waited on a lock decides at the time it got it.
+p AS MATERIALIZED (
+    SELECT drip.clock() AS clock FROM (SELECT count(*) FROM cur) locked
+),
+r AS MATERIALIZED (
+    SELECT u.*, coalesce(u.at, p.clock) AS now,
+           row_number() OVER (PARTITION BY u.key ORDER BY u.i) AS seq
+    FROM p, u
 ),
 -- chain: one row per request, with the bucket after it (ex: a row exists;
 -- st, ss, sx: its tokens, ts, expires) and whether any step wrote.

@@ -2,21 +2,26 @@
 -- (the common case on many keys): no per-key chains, so no recursion. Same
 -- parameters and results as batch.sql; locking as in multi.sql, but each
 -- request is written if it alone is allowed.
-WITH p AS MATERIALIZED (
-    SELECT drip.clock() AS clock
-),
-r AS MATERIALIZED (
-    SELECT u.*, coalesce(u.at, p.clock) AS now
-    FROM p, unnest($1::int[], $2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
+WITH u AS MATERIALIZED (
+    SELECT u.* FROM unnest($1::int[], $2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
                    $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $11::bigint[])
         WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, i)
 ),
 cur AS MATERIALIZED (
     SELECT b.key, b.tokens, b.ts
     FROM drip.buckets b
-    WHERE b.key IN (SELECT key FROM r)
+    WHERE b.key IN (SELECT key FROM u)
     ORDER BY b.key
     FOR UPDATE OF b
+),
+-- The clock, read after the row locks (p depends on cur), as take.sql
+-- does: a batch that waited on a lock decides at the time it got it.
+p AS MATERIALIZED (
+    SELECT drip.clock() AS clock FROM (SELECT count(*) FROM cur) locked
+),
+r AS MATERIALIZED (
+    SELECT u.*, coalesce(u.at, p.clock) AS now
+    FROM p, u
 ),
 d AS MATERIALIZED (
     SELECT i.ord, i.key, i.now, e.*

@@ -12,10 +12,7 @@
 -- allowed. A bucket that appeared after the locking read (a concurrent
 -- first request) makes drip.ensure raise 40001: the statement rolls back and
 -- the store retries it.
-WITH p AS MATERIALIZED (
-    SELECT $1::int AS op, coalesce($11::bigint, drip.clock()) AS now
-),
-r AS MATERIALIZED (
+WITH r AS MATERIALIZED (
     SELECT * FROM unnest($2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
                          $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[])
         WITH ORDINALITY AS u(key, kind, rate, period, burst, maxres, start, cost, reserve, i)
@@ -26,6 +23,12 @@ cur AS MATERIALIZED (
     WHERE b.key IN (SELECT key FROM r)
     ORDER BY b.key
     FOR UPDATE OF b
+),
+-- The clock, read after the row locks (p depends on cur), as take.sql
+-- does: a statement that waited on a lock decides at the time it got it.
+p AS MATERIALIZED (
+    SELECT $1::int AS op, coalesce($11::bigint, drip.clock()) AS now
+    FROM (SELECT count(*) FROM cur) locked
 ),
 d AS MATERIALIZED (
     SELECT i.ord, i.key, e.*
