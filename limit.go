@@ -64,7 +64,8 @@ type Limit struct {
 	// set Start to Period.
 	Start time.Duration
 	// MaxReserved is the most debt (in tokens) a reservation may run up.
-	// Zero means no bound.
+	// Zero means no bound (in practice 1e12 tokens, the largest amount
+	// drip takes, so that fixed-point state cannot overflow).
 	MaxReserved float64
 }
 

@@ -34,7 +34,8 @@ const (
 
 // Params is a validated limit in fixed point: what the math and the stores'
 // scripts take. Rate, Burst and MaxReserved are micro-tokens; Period and
-// Start are nanoseconds. MaxReserved < 0 means no bound.
+// Start are nanoseconds. MaxReserved < 0 means no bound; ParamsOf never
+// makes one (an unbounded limit gets 1e12 tokens, see there).
 type Params struct {
 	Kind        Kind
 	Rate        int64
@@ -104,7 +105,11 @@ func ParamsOf(l Limit, key string) (Params, error) {
 		Rate:        toMicro(l.Rate),
 		Period:      int64(l.period()),
 		Burst:       toMicro(l.burst()),
-		MaxReserved: -1,
+		// No bound on reservations is, in fixed point, the largest amount
+		// drip takes (1e12 tokens): debt then stays far inside an int64,
+		// and burst - tokens cannot overflow however many reservations
+		// pile up.
+		MaxReserved: toMicro(maxAmount),
 	}
 	if l.MaxReserved > 0 {
 		p.MaxReserved = toMicro(l.MaxReserved)

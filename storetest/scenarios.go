@@ -113,6 +113,16 @@ var Scenarios = []scenario{
 		{at: 0, reserve: true, allowed: false, tokens: -5, retry: 100 * ms, reset: 1500 * ms},
 		{at: 100 * ms, reserve: true, allowed: true, tokens: -5, retry: 500 * ms, reset: 1500 * ms},
 	}},
+	{"unbounded reservations stop at 1e12 tokens of debt", drip.Limit{Rate: 1e12, Burst: 1e12}, []step{
+		{at: 0, cost: 1e12, allowed: true, tokens: 0, reset: 1 * s},
+		{at: 0, cost: 1e12, reserve: true, allowed: true, tokens: -1e12, retry: 1 * s, reset: 2 * s},
+		{at: 0, cost: 1e12, reserve: true, allowed: false, tokens: -1e12, retry: 1 * s, reset: 2 * s},
+		// One more token of debt would pass the bound: it fits once one
+		// token has come back.
+		{at: 0, cost: 1, reserve: true, allowed: false, tokens: -1e12, retry: 1, reset: 2 * s},
+		{at: 500 * ms, cost: 1e12, reserve: true, allowed: false, tokens: -0.5e12, retry: 500 * ms, reset: 1500 * ms},
+		{at: 500 * ms, cost: 0.5e12, reserve: true, allowed: true, tokens: -1e12, retry: 1 * s, reset: 2 * s},
+	}},
 	{"interval reservations land on the grid", seed000, []step{
 		{at: 0, cost: 20, allowed: true, tokens: 0, reset: 40 * s},
 		{at: 1 * s, cost: 7, reserve: true, allowed: true, tokens: -7, retry: 19 * s, reset: 59 * s},

@@ -120,6 +120,29 @@ func TestSQLFunctions(t *testing.T) {
 		}
 	}
 
+	// Reservations at their bound: a denied bounded reservation waits
+	// only until the debt fits (Params.NeedFor), and unbounded debt stops
+	// at 1e12 tokens instead of overflowing.
+	for li, seq := range []struct {
+		l     drip.Limit
+		costs []float64
+	}{
+		{drip.Limit{Rate: 2, Burst: 4, MaxReserved: 3}, []float64{4, 3, 1, 1, 2}},
+		{drip.Limit{Rate: 1e12, Burst: 1e12}, []float64{1e12, 1e12, 1e12, 1, 0.5e12}},
+	} {
+		key := p + "r" + string(rune('a'+li))
+		for i, cost := range seq.costs {
+			want, err := mem.Apply(ctx, drip.OpTake, t0, drip.Request{Key: key, Limit: seq.l, Cost: cost, Reserve: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := sqlCall(t, db, "take", key, seq.l, cost, true, t0)
+			if got.Allowed != want.Allowed || got.Tokens != want.Tokens || !near(got.RetryAfter, want.RetryAfter) || !near(got.ResetAfter, want.ResetAfter) {
+				t.Fatalf("reservations %v step %d cost %v:\nsql  %+v\ngo   %+v", seq.l, i, cost, got, want)
+			}
+		}
+	}
+
 	// A long key through SQL and through Go is the same bucket.
 	long := p + strings.Repeat("y", 3000)
 	l := drip.PerHour(1).WithBurst(2)

@@ -47,7 +47,10 @@ BEGIN
             ELSIF d.allowed THEN
                 retry_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts, 0, d.now)::float8 / 1e9;
             ELSE
-                retry_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts, pr.p_cost, d.now)::float8 / 1e9;
+                -- Params.NeedFor: a bounded reservation passes once the debt fits
+                retry_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts,
+                    CASE WHEN coalesce(reserve, false) AND pr.p_maxres >= 0 THEN pr.p_cost - pr.p_maxres ELSE pr.p_cost END,
+                    d.now)::float8 / 1e9;
             END IF;
             reset_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts, pr.p_burst, d.now)::float8 / 1e9;
             RETURN NEXT;

@@ -139,7 +139,8 @@ BEGIN
     p_rate := drip.micro(rate);
     p_burst := drip.micro(burst);
     p_cost := drip.micro(cost);
-    p_maxres := CASE WHEN coalesce(max_reserved, 0) > 0 THEN drip.micro(max_reserved) ELSE -1 END;
+    -- No bound is 1e12 tokens, as in drip.ParamsOf: debt stays inside a bigint.
+    p_maxres := CASE WHEN coalesce(max_reserved, 0) > 0 THEN drip.micro(max_reserved) ELSE 1000000000000000000 END;
     p_start := 0;
     CASE coalesce(algorithm, 'token_bucket')
     WHEN 'token_bucket' THEN
