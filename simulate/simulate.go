@@ -205,6 +205,10 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 	if step <= 0 {
 		step = max(time.Second, niceDuration(end/60))
 	}
+	// The totals and the steady state cover the traffic itself; only the
+	// table and the chart are padded to whole rows (a padded tail with no
+	// traffic would understate the steady rate).
+	span := end
 	if r := end % step; r != 0 {
 		end += step - r // whole rows
 	}
@@ -213,12 +217,12 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 	sampleStep := max(time.Microsecond, end/800) // about a pixel of the chart
 	res.Rows = spans(end, step)
 	res.Bars = spans(end, barStep)
-	res.Total = Row{To: end}
-	half := end / 2
+	res.Total = Row{To: span}
+	half := span / 2
 	if p := periodOf(res.Limit); half >= p {
 		half -= half % p // whole periods, so a window's refill counts once
 	}
-	res.Steady = Row{From: end - half, To: end}
+	res.Steady = Row{From: span - half, To: span}
 
 	store := memstore.New(memstore.WithSweep(0), memstore.WithMaxKeys(max(1024, 2*len(takes))))
 	defer store.Close()

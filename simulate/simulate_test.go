@@ -38,6 +38,18 @@ func secondsAt(n, rps int) time.Duration {
 // refill while it is spent), request 59 (the 60th, at 59/60 s) finds 0.83
 // and is denied. From t = 1 s the bucket is empty and every sixth request
 // (at each tenth of a second) passes: exactly rate accepted per second.
+// TestSteadyOverloadOddLength: a run that does not end on a whole row
+// still reports the steady rate of its traffic, not of a padded tail.
+func TestSteadyOverloadOddLength(t *testing.T) {
+	res := run(t, "60/s for 61s", seed004, Event{Cost: 1}, 0)
+	if res.Total.To != 61*time.Second {
+		t.Errorf("total over %v, want 61s", res.Total.To)
+	}
+	if s := res.Steady; s.AcceptedPerSecond() != 10 {
+		t.Errorf("steady = %+v (%v/s), want exactly 10/s", s, s.AcceptedPerSecond())
+	}
+}
+
 func TestSteadyOverload(t *testing.T) {
 	res := run(t, "60/s for 10s", seed004, Event{Cost: 1}, 0)
 	if res.Total.Sent != 600 || res.Total.Accepted != 59+9*10 || res.Total.Denied != 600-149 {

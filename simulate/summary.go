@@ -32,7 +32,7 @@ func (r *Result) WriteSummary(w io.Writer, traffic string) error {
 	if r.Keys != 1 {
 		keys = fmt.Sprintf("%d keys", r.Keys)
 	}
-	p("requests", "%d over %ss, %s", r.Total.Sent, secs(r.End), keys)
+	p("requests", "%d over %ss, %s", r.Total.Sent, secs(r.Total.To), keys)
 	if r.Keys > 1 {
 		p("tokens of", "%q (the busiest key)", r.ChartKey)
 	}
