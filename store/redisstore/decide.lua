@@ -200,13 +200,19 @@ local function keep(l, nows, nown, tokens, s, n)
 end
 
 -- decide reads a bucket and decides one request on it, without writing.
--- It returns flags (1: allowed, 4: found), the stored tokens, s, n and
+-- It returns flags (1: allowed, 4: found, 8: the key holds another type,
+-- so nothing is decided or written for it), the stored tokens, s, n and
 -- deadline (if found), and the bucket after (tokens, s, n).
 local function decide(key, l, op, cost, reserve, nows, nown)
   local flags = 0
   local otok, os, on, dl = '0', 0, 0, nil
   local tok, s, n
-  local v = rcall('GET', key)
+  -- pcall: a key of another type (WRONGTYPE) fails its own request only,
+  -- not the others of a batch, some of which may already be written.
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then
+    return 8, '0', 0, 0, nil, 0, 0, 0
+  end
   if v then
     local x, y, z, d = match(v, '^(%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
     if x then
@@ -321,7 +327,7 @@ if mode == 'batch' then
     local cost = tonumber(ARGV[a + 3])
     if not (cost < HALF) then cost = parse(ARGV[a + 3]) end
     local flags, otok, os, on, dl, nt, s, n = decide(KEYS[i], l, op, cost, ARGV[a + 4] == '1', nows, nown)
-    if op == 'refund' or (op == 'take' and flags % 2 == 1) then
+    if flags < 8 and (op == 'refund' or (op == 'take' and flags % 2 == 1)) then
       write(KEYS[i], l, nows, nown, dl, nt, s, n)
       flags = flags + 2
     end
@@ -331,8 +337,9 @@ if mode == 'batch' then
   return out
 end
 
--- One request, or a multi-take: decide all, then write all or nothing.
-local all = true
+-- One request, or a multi-take: decide all, then write all or nothing
+-- (nothing at all when a key holds another type).
+local all, bad = true, false
 local res = {}
 for i = 1, #KEYS do
   local a = base + (i - 1) * 6
@@ -342,9 +349,10 @@ for i = 1, #KEYS do
   local r = {l, nows, nown, decide(KEYS[i], l, mode, parse(ARGV[a + 3]), ARGV[a + 4] == '1', nows, nown)}
   -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
   if r[4] % 2 == 0 then all = false end
+  if r[4] >= 8 then bad = true end
   res[i] = r
 end
-local doWrite = mode == 'refund' or (mode == 'take' and all)
+local doWrite = not bad and (mode == 'refund' or (mode == 'take' and all))
 for i = 1, #KEYS do
   local r = res[i]
   if doWrite then

@@ -29,6 +29,7 @@ package redisstore
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -52,6 +53,12 @@ var decideScript = rueidis.NewLuaScript(bigintLua + "\n" + decideLua)
 // ErrCrossSlot is returned for a multi-take on Redis Cluster whose keys do
 // not all hash to one slot.
 var ErrCrossSlot = fmt.Errorf("redisstore: keys of a multi-take must share a hash slot on Redis Cluster; give them a common hash tag, e.g. {tenant}:user:1 and {tenant} (%w)", drip.ErrNotColocated)
+
+// ErrWrongType is returned for a request whose key holds a Redis value of
+// another type (something else wrote into drip's key space): that request
+// gets no decision and writes nothing; the other requests of a batch are
+// decided as usual, and a multi-take writes nothing.
+var ErrWrongType = errors.New("redisstore: the key holds a value of another type (WRONGTYPE); is another program writing under drip's prefix?")
 
 // DefaultPrefix is put before every key unless WithPrefix says otherwise.
 const DefaultPrefix = "drip:"
@@ -133,6 +140,9 @@ func Open(url string, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
+// Prefix is the prefix put before every key.
+func (s *Store) Prefix() string { return s.prefix }
+
 // Client is the store's client.
 func (s *Store) Client() rueidis.Client { return s.c }
 
@@ -197,6 +207,9 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 	buckets := make([]drip.Bucket, len(ps))
 	found := make([]bool, len(ps))
 	for i := range ps {
+		if rep.reqs[i].badType {
+			return drip.Multi{}, ErrWrongType // and the script wrote nothing
+		}
 		buckets[i], found[i] = rep.reqs[i].before, rep.reqs[i].found
 	}
 	m, _, write := drip.EvalMulti(op, ps, buckets, found, now)
@@ -231,6 +244,7 @@ type reqReply struct {
 	before  drip.Bucket
 	allowed bool
 	written bool
+	badType bool // the key holds a value of another type: no decision
 }
 
 const (
@@ -317,6 +331,7 @@ func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
 			before:  drip.Bucket{Tokens: f[1], TS: join(f[2], f[3])},
 			allowed: f[0]&1 != 0,
 			written: f[0]&2 != 0,
+			badType: f[0]&8 != 0,
 		}
 	}
 	return rep, nil
@@ -347,6 +362,9 @@ func (rep *reply) decide(i int, op drip.Op, at time.Time, p drip.Prepared) (drip
 // rather than hidden.
 func (rep *reply) check(i int, allowed, write bool) error {
 	r := rep.reqs[i]
+	if r.badType {
+		return ErrWrongType
+	}
 	if r.allowed != allowed || r.written != write {
 		return fmt.Errorf("redisstore: script and drip.Eval disagree (a bug): script allowed=%v written=%v, Eval allowed=%v write=%v",
 			r.allowed, r.written, allowed, write)
