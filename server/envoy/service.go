@@ -471,7 +471,7 @@ func respond(items []item, allowed bool) *rlsv3.RateLimitResponse {
 	if !allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	var top *item
+	var top, fallback *item
 	for i := range items {
 		it := &items[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -519,10 +519,19 @@ func respond(items []item, allowed bool) *rlsv3.RateLimitResponse {
 			if !it.d.Allowed && (top == nil || it.d.RetryAfter > top.d.RetryAfter) {
 				top = it
 			}
+			if it.d.Allowed && (fallback == nil || it.d.Remaining < fallback.d.Remaining) {
+				fallback = it
+			}
 		} else if top == nil || it.d.Remaining < top.d.Remaining ||
 			(it.d.Remaining == top.d.Remaining && it.d.ResetAfter > top.d.ResetAfter) {
 			top = it
 		}
+	}
+	if top == nil {
+		// Denied only by a limit of 0 or a cost above a burst, which no
+		// wait cures: the headers still describe the buckets, without
+		// Retry-After.
+		top = fallback
 	}
 	if top != nil {
 		resp.ResponseHeadersToAdd = headers(items, top, allowed)
