@@ -92,11 +92,12 @@ func RunRandom(t *testing.T, newStore NewStore, seeds, n int) {
 }
 
 // Tolerance is how far, in tokens, a store may be from exact arithmetic
-// over a random trace of a few hundred decisions: drip's fixed point loses
-// at most min(1, Rate/Period in micro-tokens per ns) micro-tokens per
-// decision (see math.go), never over-grants, and is exact at every
-// representable boundary.
-var Tolerance = big.NewRat(1, 1000)
+// over a random trace of up to a thousand decisions: 1e-5 token. drip's
+// fixed point loses at most min(1, Rate/Period in micro-tokens per ns)
+// micro-tokens per decision that refills without filling (see math.go),
+// never over-grants, and is exact at every representable boundary; the
+// random limits refill well under a micro-token per nanosecond.
+var Tolerance = big.NewRat(1, 100000)
 
 // CompareWithModel runs lines on the store and on a fresh Model and fails
 // on any disagreement beyond Tolerance.
