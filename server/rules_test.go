@@ -135,11 +135,13 @@ func TestDecisionAPIByRule(t *testing.T) {
 		Rule, Key string
 		Decision  drip.Decision
 	}
-	if err := json.Unmarshal([]byte(out), &in); code != 200 || err != nil || in.Key != ru.Key([]string{"k3"}) || in.Decision.Tokens != 2 {
+	if err := json.Unmarshal([]byte(out), &in); code != 200 || err != nil || in.Key != ru.Key([]string{"k3"}) || in.Decision.Remaining != 2 || in.Decision.Tokens > 2.01 {
 		t.Fatalf("inspect: %d %s", code, out)
 	}
 	code, out = call(t, "GET", srv.admin+"/v1/admin/bucket?rule=api&key="+ru.Key([]string{"k3"}), "", auth...)
-	if err := json.Unmarshal([]byte(out), &in); code != 200 || err != nil || in.Decision.Tokens != 2 {
+	// The store's clock runs on: a few micro-tokens of refill (1/h) may
+	// show between the calls.
+	if err := json.Unmarshal([]byte(out), &in); code != 200 || err != nil || in.Decision.Remaining != 2 || in.Decision.Tokens > 2.01 {
 		t.Fatalf("inspect by key: %d %s", code, out)
 	}
 	for _, bad := range []string{"", "?rule=nope&value=x", "?rule=api", "?rule=api&value=a&value=b"} {
