@@ -102,9 +102,9 @@ func ParamsOf(l Limit, key string) (Params, error) {
 	}
 	l = l.ForKey(key)
 	p := Params{
-		Rate:        toMicro(l.Rate),
-		Period:      int64(l.period()),
-		Burst:       toMicro(l.burst()),
+		Rate:   toMicro(l.Rate),
+		Period: int64(l.period()),
+		Burst:  toMicro(l.burst()),
 		// No bound on reservations is, in fixed point, the largest amount
 		// drip takes (1e12 tokens): debt then stays far inside an int64,
 		// and burst - tokens cannot overflow however many reservations
