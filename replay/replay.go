@@ -153,6 +153,9 @@ func Epoch() time.Time { return time.Now().Truncate(time.Second) }
 // Unix epoch.
 func Do(ctx context.Context, store drip.Store, epoch time.Time, prefix string, l Line) (any, error) {
 	at := epoch.Add(l.At)
+	store = drip.Prefixed{Store: store, Prefix: prefix} // the grid comes from the unprefixed key
+	// Count a fixed window's grid from the epoch, as if the trace began
+	// at the Unix epoch.
 	fix := func(r drip.Request) drip.Request {
 		r.Limit = r.Limit.ForKey(r.Key)
 		if r.Limit.Algorithm == drip.FixedWindow {
@@ -166,11 +169,10 @@ func Do(ctx context.Context, store drip.Store, epoch time.Time, prefix string, l
 				r.Limit.Start -= p
 			}
 		}
-		r.Key = prefix + r.Key
 		return r
 	}
 	if l.Op == "reset" {
-		if err := store.Reset(ctx, prefix+l.Request.Key); err != nil {
+		if err := store.Reset(ctx, l.Request.Key); err != nil {
 			return nil, err
 		}
 		return map[string]bool{"reset": true}, nil

@@ -41,30 +41,6 @@ func freshPrefix() string {
 	return "drip-server-test:" + hex.EncodeToString(b[:]) + ":"
 }
 
-// prefixStore puts a prefix before every key, to keep a test's buckets
-// apart on a shared server whose store has no prefix option.
-type prefixStore struct {
-	drip.Store
-	p string
-}
-
-func (s prefixStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	r.Key = s.p + r.Key
-	return s.Store.Apply(ctx, op, at, r)
-}
-
-func (s prefixStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	rs = append([]drip.Request(nil), rs...)
-	for i := range rs {
-		rs[i].Key = s.p + rs[i].Key
-	}
-	return s.Store.ApplyMulti(ctx, op, at, rs)
-}
-
-func (s prefixStore) Reset(ctx context.Context, key string) error {
-	return s.Store.Reset(ctx, s.p+key)
-}
-
 func openPostgres(t *testing.T, url string) *pgstore.Store {
 	t.Helper()
 	s, err := pgstore.Open(context.Background(), url+"&drip_install=true&drip_sweep=0")
@@ -79,7 +55,7 @@ var backends = []backend{
 	{
 		name: "postgres",
 		shared: func(t *testing.T) drip.Store {
-			return prefixStore{openPostgres(t, testserver.SharedPostgres(t).URL()), freshPrefix()}
+			return drip.Prefixed{Store: openPostgres(t, testserver.SharedPostgres(t).URL()), Prefix: freshPrefix()}
 		},
 		own: func(t *testing.T) (drip.Store, func(), func()) {
 			pg := testserver.StartPostgres(t)

@@ -40,30 +40,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// prefixed keeps a test's buckets apart from other tests' on a shared
-// server: it prefixes every key.
-type prefixed struct {
-	drip.Store
-	prefix string
-}
-
-func (p prefixed) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	r.Key = p.prefix + r.Key
-	return p.Store.Apply(ctx, op, at, r)
-}
-
-func (p prefixed) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	rs = append([]drip.Request(nil), rs...)
-	for i := range rs {
-		rs[i].Key = p.prefix + rs[i].Key
-	}
-	return p.Store.ApplyMulti(ctx, op, at, rs)
-}
-
-func (p prefixed) Reset(ctx context.Context, key string) error {
-	return p.Store.Reset(ctx, p.prefix+key)
-}
-
 func fresh() string {
 	var b [6]byte
 	rand.Read(b[:])
@@ -87,7 +63,7 @@ var stores = []struct {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		return prefixed{s, fresh()}
+		return drip.Prefixed{Store: s, Prefix: fresh()}
 	}},
 	{"redis", func(t *testing.T) drip.Store {
 		s, err := redisstore.Open(testserver.SharedRedisURL(t), redisstore.WithPrefix(fresh()))
