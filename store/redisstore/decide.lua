@@ -7,17 +7,22 @@
 -- "batch" decides each request on its own, in order, with its own op
 -- (requests coalesced from concurrent callers).
 --
--- KEYS[i] is request i's bucket: a string "tokens s n deadline"
--- (micro-tokens; ts as whole seconds and nanoseconds, ts = s*1e9 + n,
--- 0 <= n < 1e9; and when the key's TTL ends, in the server's
--- milliseconds, so that a write can keep a TTL that is long enough).
--- ARGV[2] is the number of distinct limits L, then 8 values per limit, all
--- decimal integers: kind (0 continuous, 1 interval, 2 fixed window),
--- rate, period, crate, cperiod (rate and period divided by their gcd),
--- burst, max_reserved (-1: no bound), start. Then 6 values per request:
--- its limit (1..L), op ("take", "peek", "refund"; used in batch mode),
--- cost, reserve ("1" or "0"), now_s, now_n (the decision's time; both ""
--- for the server's TIME).
+-- KEYS[i] is request i's bucket: a string, either binary (a zero byte,
+-- then tokens, s, n and deadline as little-endian doubles, when tokens is
+-- below 2^53 in magnitude, as nearly always) or decimal, "tokens s n
+-- deadline" (micro-tokens; ts as whole seconds and nanoseconds,
+-- ts = s*1e9 + n, 0 <= n < 1e9; and when the key's TTL ends, in the
+-- server's milliseconds, so that a write can keep a TTL that is long
+-- enough).
+-- ARGV[2] is the number of distinct shapes S (a limit with a cost), then
+-- 10 decimal integers per shape: kind (0 continuous, 1 interval, 2 fixed
+-- window), rate, period, crate, cperiod (rate and period divided by their
+-- gcd), burst, max_reserved (-1: no bound), start, cost, reserve ("1" or
+-- "0"). Then one string of packed requests, a record per key
+-- (struct format '<IBdd'): its shape (1..S); its op (0 take, 1 peek,
+-- 2 refund; used in batch mode), plus 4 when the request carries its own
+-- time; and that time, whole seconds and nanoseconds (both 0 for the
+-- server's TIME).
 --
 -- Reply: {now_s, now_n (the server's TIME), then per request 4 values:
 -- flags (1: allowed, 2: written, 4: found), tokens, ts_s, ts_n (the
@@ -32,6 +37,9 @@
 local NS = 1000000000
 local KEYS, ARGV = KEYS, ARGV
 local rcall = redis.call
+local pack, unpack, byte = struct.pack, struct.unpack, string.byte
+local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
+local ARGS_PER_SHAPE = 10
 
 -- Times are pairs (s, n): s is a plain number (|s| < 2^34 for any int64
 -- of nanoseconds), n in [0, 1e9).
@@ -199,27 +207,37 @@ local function keep(l, nows, nown, tokens, s, n)
   return ms
 end
 
--- decide reads a bucket and decides one request on it, without writing.
--- It returns flags (1: allowed, 4: found, 8: the key holds another type,
--- so nothing is decided or written for it), the stored tokens, s, n and
--- deadline (if found), and the bucket after (tokens, s, n).
-local function decide(key, l, op, cost, reserve, nows, nown)
+-- decide reads a bucket and decides one request (op, under shape l) on
+-- it, without writing. It returns flags (1: allowed, 4: found, 8: the key
+-- holds another type, so nothing is decided or written for it), the
+-- stored tokens, s, n and deadline (if found), and the bucket after
+-- (tokens, s, n).
+local function decide(key, l, op, nows, nown)
   local flags = 0
-  local otok, os, on, dl = '0', 0, 0, nil
+  local otok, os, on, dl = 0, 0, 0, nil
   local tok, s, n
   -- pcall: a key of another type (WRONGTYPE) fails its own request only,
   -- not the others of a batch, some of which may already be written.
   local v = redis.pcall('GET', key)
   if type(v) == 'table' and v.err then
-    return 8, '0', 0, 0, nil, 0, 0, 0
+    return 8, 0, 0, 0, nil, 0, 0, 0
   end
   if v then
-    local x, y, z, d = match(v, '^(%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
-    if x then
-      flags = 4
-      otok, os, on, dl = x, tonumber(y), tonumber(z), tonumber(d)
-      tok, s, n = tonumber(x), os, on
-      if not (tok < HALF and tok > -HALF) then tok = parse(x) end
+    if #v == 33 and byte(v, 1) == 0 then
+      -- Binary: tokens, s, n, deadline as doubles (tokens below 2^53).
+      tok, os, on, dl = unpack('<xdddd', v)
+      otok, flags = tok, 4
+    else
+      local x, y, z, d = match(v, '^(%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
+      if x then
+        flags = 4
+        otok, os, on, dl = x, tonumber(y), tonumber(z), tonumber(d)
+        tok = tonumber(x)
+        if not (tok < HALF and tok > -HALF) then tok = parse(x) end
+      end
+    end
+    if flags == 4 then
+      s, n = os, on
       if l.kind ~= 0 then
         if expired(l, nows, nown, tok, s, n) then
           tok = nil
@@ -243,15 +261,15 @@ local function decide(key, l, op, cost, reserve, nows, nown)
     -- Fresh; refilling a fresh bucket at now changes nothing.
     tok, s, n = fresh(l, nows, nown)
   end
-  local nt = tok
-  if op == 'refund' then
+  local nt, cost = tok, l.cost
+  if op == REFUND then
     flags = flags + 1
     nt = add(tok, cost)
     if cmp(nt, l.burst) > 0 then nt = l.burst end
   elseif (type(tok) == 'number' and type(cost) == 'number' and tok >= cost) or cmp(tok, cost) >= 0 then
     flags = flags + 1
     nt = sub(tok, cost)
-  elseif reserve and (cmp(l.maxr, 0) < 0 or cmp(sub(cost, tok), l.maxr) <= 0) then
+  elseif l.reserve and (cmp(l.maxr, 0) < 0 or cmp(sub(cost, tok), l.maxr) <= 0) then
     flags = flags + 1
     nt = sub(tok, cost)
   end
@@ -276,13 +294,12 @@ local function write(key, l, nows, nown, dl, nt, s, n)
     dl = srvms + px
   end
   local v
-  if type(nt) == 'number' and nt < 1e14 and nt > -1e14 and dl < 1e14 then
-    -- Lua writes numbers below 1e14 in full (%.14g).
+  if type(nt) == 'number' then
+    -- Binary (a plain number is exact, below 2^53): four doubles after a
+    -- zero byte, which no decimal starts with. Packing and unpacking cost
+    -- a fraction of formatting and matching decimals.
     if nt == 0 then nt = 0 end -- not -0
-    v = nt .. ' ' .. s .. ' ' .. n .. ' ' .. dl
-  elseif type(nt) == 'number' then
-    if nt == 0 then nt = 0 end
-    v = format('%.0f %d %d %.0f', nt, s, n, dl)
+    v = pack('<Bdddd', 0, nt, s, n, dl)
   else
     v = str(nt) .. format(' %d %d %.0f', s, n, dl)
   end
@@ -297,7 +314,7 @@ local mode = ARGV[1]
 local nl = tonumber(ARGV[2])
 local limits = {}
 for i = 1, nl do
-  local a = 2 + (i - 1) * 8
+  local a = 2 + (i - 1) * ARGS_PER_SHAPE
   local t = {
     kind = tonumber(ARGV[a + 1]),
     rate = parse(ARGV[a + 2]),
@@ -307,32 +324,38 @@ for i = 1, nl do
     burst = parse(ARGV[a + 6]),
     maxr = parse(ARGV[a + 7]),
     start = parse(ARGV[a + 8]),
+    cost = parse(ARGV[a + 9]),
+    reserve = ARGV[a + 10] == '1',
     fast = false,
   }
   t.fast = type(t.rate) == 'number' and type(t.period) == 'number' and type(t.burst) == 'number'
     and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
   limits[i] = t
 end
+local reqs = ARGV[3 + nl * ARGS_PER_SHAPE]
 
-local out = {srvs, srvn}
-local base = 2 + nl * 8
+-- request i's shape, op and time: a record of the packed requests.
+local pos = 1
+local function request()
+  local sh, op, ts, tn
+  sh, op, ts, tn, pos = unpack('<IBdd', reqs, pos)
+  if op >= 4 then return limits[sh], op - 4, ts, tn end
+  return limits[sh], op, srvs, srvn
+end
+
+local out, j = {srvs, srvn}, 2
 if mode == 'batch' then
   -- Each request on its own, in order: a later request on the same key
   -- sees the earlier one's write.
   for i = 1, #KEYS do
-    local a = base + (i - 1) * 6
-    local l, op = limits[tonumber(ARGV[a + 1])], ARGV[a + 2]
-    local nows, nown = srvs, srvn
-    if ARGV[a + 5] ~= '' then nows, nown = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) end
-    local cost = tonumber(ARGV[a + 3])
-    if not (cost < HALF) then cost = parse(ARGV[a + 3]) end
-    local flags, otok, os, on, dl, nt, s, n = decide(KEYS[i], l, op, cost, ARGV[a + 4] == '1', nows, nown)
-    if flags < 8 and (op == 'refund' or (op == 'take' and flags % 2 == 1)) then
+    local l, op, nows, nown = request()
+    local flags, otok, os, on, dl, nt, s, n = decide(KEYS[i], l, op, nows, nown)
+    if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
       write(KEYS[i], l, nows, nown, dl, nt, s, n)
       flags = flags + 2
     end
-    local j = #out
     out[j + 1], out[j + 2], out[j + 3], out[j + 4] = flags, otok, os, on
+    j = j + 4
   end
   return out
 end
@@ -342,11 +365,8 @@ end
 local all, bad = true, false
 local res = {}
 for i = 1, #KEYS do
-  local a = base + (i - 1) * 6
-  local l = limits[tonumber(ARGV[a + 1])]
-  local nows, nown = srvs, srvn
-  if ARGV[a + 5] ~= '' then nows, nown = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]) end
-  local r = {l, nows, nown, decide(KEYS[i], l, mode, parse(ARGV[a + 3]), ARGV[a + 4] == '1', nows, nown)}
+  local l, op, nows, nown = request()
+  local r = {l, nows, nown, decide(KEYS[i], l, op, nows, nown)}
   -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
   if r[4] % 2 == 0 then all = false end
   if r[4] >= 8 then bad = true end
@@ -359,7 +379,7 @@ for i = 1, #KEYS do
     write(KEYS[i], r[1], r[2], r[3], r[8], r[9], r[10], r[11])
     r[4] = r[4] + 2
   end
-  local j = #out
   out[j + 1], out[j + 2], out[j + 3], out[j + 4] = r[4], r[5], r[6], r[7]
+  j = j + 4
 end
 return out
