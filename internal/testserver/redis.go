@@ -154,13 +154,14 @@ func RedisMissing() error {
 
 // StartRedis starts a server of the test's own, stopped when the test
 // ends. Fault tests use it to kill and restart a server. A missing
-// redis-server skips the test, or fails it under CI=true.
-func StartRedis(t testing.TB) *Redis {
+// redis-server skips the test, or fails it under CI=true. extra are more
+// redis-server arguments.
+func StartRedis(t testing.TB, extra ...string) *Redis {
 	t.Helper()
 	if err := RedisMissing(); err != nil {
 		Missing(t, "redis: %v", err)
 	}
-	r, err := LaunchRedis(t.TempDir(), FreePort(t, 0))
+	r, err := LaunchRedis(t.TempDir(), FreePort(t, 0), extra...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,6 @@
 -- buckets vanish; a missing key is a fresh bucket.
 
 local NS = 1000000000
-local KEYS, ARGV = KEYS, ARGV
 local rcall = redis.call
 local pack, unpack, byte = struct.pack, struct.unpack, string.byte
 local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
@@ -276,16 +275,11 @@ local function decide(key, l, op, nows, nown)
   return flags, otok, os, on, dl, nt, s, n
 end
 
--- The server's clock: the time of decisions without one, and the frame
--- of the keys' TTL deadlines.
-local srv = rcall('TIME')
-local srvs, srvn = tonumber(srv[1]), tonumber(srv[2]) * 1000
-local srvms = srvs * 1000 + floor(srvn / 1000000)
-
 -- write stores a bucket. A TTL that already lasts long enough is kept
 -- (SET ... KEEPTTL costs about half of setting one); otherwise the TTL is
--- set a minute longer than needed, so the next writes can keep it.
-local function write(key, l, nows, nown, dl, nt, s, n)
+-- set a minute longer than needed, so the next writes can keep it. srvms
+-- is the server's clock in milliseconds, the frame of TTL deadlines.
+local function write(key, l, nows, nown, dl, nt, s, n, srvms)
   local want = keep(l, nows, nown, nt, s, n)
   local keepttl = dl and dl >= srvms + want
   local px
@@ -310,76 +304,89 @@ local function write(key, l, nows, nown, dl, nt, s, n)
   end
 end
 
-local mode = ARGV[1]
-local nl = tonumber(ARGV[2])
-local limits = {}
-for i = 1, nl do
-  local a = 2 + (i - 1) * ARGS_PER_SHAPE
-  local t = {
-    kind = tonumber(ARGV[a + 1]),
-    rate = parse(ARGV[a + 2]),
-    period = parse(ARGV[a + 3]),
-    crate = parse(ARGV[a + 4]),
-    cperiod = parse(ARGV[a + 5]),
-    burst = parse(ARGV[a + 6]),
-    maxr = parse(ARGV[a + 7]),
-    start = parse(ARGV[a + 8]),
-    cost = parse(ARGV[a + 9]),
-    reserve = ARGV[a + 10] == '1',
-    fast = false,
-  }
-  t.fast = type(t.rate) == 'number' and type(t.period) == 'number' and type(t.burst) == 'number'
-    and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
-  limits[i] = t
-end
-local reqs = ARGV[3 + nl * ARGS_PER_SHAPE]
-
--- request i's shape, op and time: a record of the packed requests.
-local pos = 1
-local function request()
-  local sh, op, ts, tn
-  sh, op, ts, tn, pos = unpack('<IBdd', reqs, pos)
-  if op >= 4 then return limits[sh], op - 4, ts, tn end
-  return limits[sh], op, srvs, srvn
+-- shapes parses the call's shapes from ARGV[3..].
+local function shapes(ARGV)
+  local nl = tonumber(ARGV[2])
+  local limits = {}
+  for i = 1, nl do
+    local a = 2 + (i - 1) * ARGS_PER_SHAPE
+    local t = {
+      kind = tonumber(ARGV[a + 1]),
+      rate = parse(ARGV[a + 2]),
+      period = parse(ARGV[a + 3]),
+      crate = parse(ARGV[a + 4]),
+      cperiod = parse(ARGV[a + 5]),
+      burst = parse(ARGV[a + 6]),
+      maxr = parse(ARGV[a + 7]),
+      start = parse(ARGV[a + 8]),
+      cost = parse(ARGV[a + 9]),
+      reserve = ARGV[a + 10] == '1',
+      fast = false,
+    }
+    t.fast = type(t.rate) == 'number' and type(t.period) == 'number' and type(t.burst) == 'number'
+      and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
+    limits[i] = t
+  end
+  return limits, ARGV[3 + nl * ARGS_PER_SHAPE]
 end
 
-local out, j = {srvs, srvn}, 2
-if mode == 'batch' then
-  -- Each request on its own, in order: a later request on the same key
-  -- sees the earlier one's write.
+-- main is one call: it decides the requests of KEYS and ARGV.
+local function main(KEYS, ARGV)
+  -- The server's clock: the time of decisions without one, and the frame
+  -- of the keys' TTL deadlines.
+  local srv = rcall('TIME')
+  local srvs, srvn = tonumber(srv[1]), tonumber(srv[2]) * 1000
+  local srvms = srvs * 1000 + floor(srvn / 1000000)
+  local mode = ARGV[1]
+  local limits, reqs = shapes(ARGV)
+  local pos = 1
+  -- request reads the next record of the packed requests: its shape, op
+  -- and time.
+  local function request()
+    local sh, op, ts, tn
+    sh, op, ts, tn, pos = unpack('<IBdd', reqs, pos)
+    if op >= 4 then return limits[sh], op - 4, ts, tn end
+    return limits[sh], op, srvs, srvn
+  end
+
+  local out, j = {srvs, srvn}, 2
+  if mode == 'batch' then
+    -- Each request on its own, in order: a later request on the same key
+    -- sees the earlier one's write.
+    for i = 1, #KEYS do
+      local l, op, nows, nown = request()
+      local flags, otok, os, on, dl, nt, s, n = decide(KEYS[i], l, op, nows, nown)
+      if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
+        write(KEYS[i], l, nows, nown, dl, nt, s, n, srvms)
+        flags = flags + 2
+      end
+      out[j + 1], out[j + 2], out[j + 3], out[j + 4] = flags, otok, os, on
+      j = j + 4
+    end
+    return out
+  end
+
+  -- One request, or a multi-take: decide all, then write all or nothing
+  -- (nothing at all when a key holds another type).
+  local all, bad = true, false
+  local res = {}
   for i = 1, #KEYS do
     local l, op, nows, nown = request()
-    local flags, otok, os, on, dl, nt, s, n = decide(KEYS[i], l, op, nows, nown)
-    if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
-      write(KEYS[i], l, nows, nown, dl, nt, s, n)
-      flags = flags + 2
+    local r = {l, nows, nown, decide(KEYS[i], l, op, nows, nown)}
+    -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
+    if r[4] % 2 == 0 then all = false end
+    if r[4] >= 8 then bad = true end
+    res[i] = r
+  end
+  local doWrite = not bad and (mode == 'refund' or (mode == 'take' and all))
+  for i = 1, #KEYS do
+    local r = res[i]
+    if doWrite then
+      write(KEYS[i], r[1], r[2], r[3], r[8], r[9], r[10], r[11], srvms)
+      r[4] = r[4] + 2
     end
-    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = flags, otok, os, on
+    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = r[4], r[5], r[6], r[7]
     j = j + 4
   end
   return out
 end
-
--- One request, or a multi-take: decide all, then write all or nothing
--- (nothing at all when a key holds another type).
-local all, bad = true, false
-local res = {}
-for i = 1, #KEYS do
-  local l, op, nows, nown = request()
-  local r = {l, nows, nown, decide(KEYS[i], l, op, nows, nown)}
-  -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
-  if r[4] % 2 == 0 then all = false end
-  if r[4] >= 8 then bad = true end
-  res[i] = r
-end
-local doWrite = not bad and (mode == 'refund' or (mode == 'take' and all))
-for i = 1, #KEYS do
-  local r = res[i]
-  if doWrite then
-    write(KEYS[i], r[1], r[2], r[3], r[8], r[9], r[10], r[11])
-    r[4] = r[4] + 2
-  end
-  out[j + 1], out[j + 2], out[j + 3], out[j + 4] = r[4], r[5], r[6], r[7]
-  j = j + 4
-end
-return out

@@ -38,6 +38,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -50,10 +51,6 @@ var bigintLua string
 
 //go:embed decide.lua
 var decideLua string
-
-// decideScript is the one script every decision runs; no script text is
-// ever built from input.
-var decideScript = rueidis.NewLuaScript(bigintLua + "\n" + decideLua)
 
 // ErrCrossSlot is returned for a multi-take on Redis Cluster whose keys do
 // not all hash to one slot.
@@ -78,6 +75,7 @@ type Store struct {
 
 	batchMax, batchConns int
 	stop                 chan struct{}
+	scriptsOnly          atomic.Bool // the server has no functions: use scripts
 	stopOnce             sync.Once
 	wg                   sync.WaitGroup
 }
@@ -321,7 +319,7 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats []time.
 			reserve)
 	}
 	args = append(args, string(recs))
-	msgs, err := decideScript.Exec(ctx, s.c, keys, args).ToArray()
+	msgs, err := s.exec(ctx, keys, args).ToArray()
 	if err != nil {
 		return reply{}, fmt.Errorf("redisstore: %s: %w", mode, err)
 	}
