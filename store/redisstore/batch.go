@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -38,20 +39,32 @@ func newBatcher(s *Store) *batcher {
 	return b
 }
 
+// calls recycles calls (each with its done channel): a decision that
+// comes back to its caller returns its call here.
+var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
 // do queues one decision and waits for it. If ctx ends first, the request
 // may still be decided (and applied) by its batch.
 func (b *batcher) do(ctx context.Context, op drip.Op, at time.Time, p drip.Prepared) (drip.Decision, error) {
-	c := &call{op: op, at: at, p: p, done: make(chan struct{})}
+	c := calls.Get().(*call)
+	c.op, c.at, c.p = op, at, p
 	select {
 	case b.ch <- c:
 	case <-ctx.Done():
+		calls.Put(c)
 		return drip.Decision{}, ctx.Err()
 	case <-b.s.stop:
+		calls.Put(c)
 		return drip.Decision{}, errClosed
 	}
+	// Once queued, c goes back to the pool only after its answer came:
+	// a caller that leaves early leaves c to the worker's send.
 	select {
 	case <-c.done:
-		return c.d, c.err
+		d, err := c.d, c.err
+		*c = call{done: c.done}
+		calls.Put(c)
+		return d, err
 	case <-ctx.Done():
 		return drip.Decision{}, ctx.Err()
 	case <-b.s.stop:
@@ -68,48 +81,56 @@ func (b *batcher) do(ctx context.Context, op drip.Op, at time.Time, p drip.Prepa
 
 func (b *batcher) work() {
 	defer b.s.wg.Done()
-	calls := make([]*call, 0, b.max)
+	w := &batch{calls: make([]*call, 0, b.max)}
 	for {
-		calls = calls[:0]
+		w.calls = w.calls[:0]
 		select {
 		case <-b.s.stop:
 			b.drain()
 			return
 		case c := <-b.ch:
-			calls = append(calls, c)
+			w.calls = append(w.calls, c)
 		}
 	gather:
-		for len(calls) < b.max {
+		for len(w.calls) < b.max {
 			select {
 			case c := <-b.ch:
-				calls = append(calls, c)
+				w.calls = append(w.calls, c)
 			default:
 				break gather
 			}
 		}
-		b.run(calls)
+		b.run(w)
+		clear(w.calls)
 	}
 }
 
-func (b *batcher) run(calls []*call) {
-	ops := make([]drip.Op, len(calls))
-	ats := make([]time.Time, len(calls))
-	ps := make([]drip.Prepared, len(calls))
-	for i, c := range calls {
-		ops[i], ats[i], ps[i] = c.op, c.at, c.p
+// batch is a worker's buffers, reused from one batch to the next.
+type batch struct {
+	calls []*call
+	ops   []drip.Op
+	ats   []time.Time
+	ps    []drip.Prepared
+}
+
+func (b *batcher) run(w *batch) {
+	w.ops, w.ats, w.ps = w.ops[:0], w.ats[:0], w.ps[:0]
+	for _, c := range w.calls {
+		w.ops, w.ats, w.ps = append(w.ops, c.op), append(w.ats, c.at), append(w.ps, c.p)
 	}
 	// The batch's own deadline: its callers' contexts are theirs alone.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	rep, err := b.s.run(ctx, "batch", ops, ats, ps)
+	rep, err := b.s.run(ctx, "batch", w.ops, w.ats, w.ps)
 	cancel()
-	for i, c := range calls {
+	for i, c := range w.calls {
 		if err != nil {
 			c.err = err
 		} else {
 			c.d, c.err = rep.decide(i, c.op, c.at, c.p)
 		}
-		close(c.done)
+		c.done <- struct{}{}
 	}
+	clear(w.ps) // no keys kept alive
 }
 
 // drain fails the requests still queued when the store closes.
@@ -118,7 +139,7 @@ func (b *batcher) drain() {
 		select {
 		case c := <-b.ch:
 			c.err = errClosed
-			close(c.done)
+			c.done <- struct{}{}
 		default:
 			return
 		}

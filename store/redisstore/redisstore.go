@@ -334,26 +334,27 @@ func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
 	if len(msgs) != 2+replyPerRequest*n {
 		return reply{}, fmt.Errorf("%d values, want %d", len(msgs), 2+replyPerRequest*n)
 	}
-	v := make([]int64, len(msgs))
-	for i := range msgs {
-		x, err := msgs[i].AsInt64()
-		if err != nil {
-			return reply{}, err
+	var err error
+	num := func(i int) int64 {
+		x, e := msgs[i].AsInt64()
+		if e != nil && err == nil {
+			err = e
 		}
-		v[i] = x
+		return x
 	}
-	rep := reply{now: join(v[0], v[1]), reqs: make([]reqReply, n)}
+	rep := reply{now: join(num(0), num(1)), reqs: make([]reqReply, n)}
 	for i := range n {
-		f := v[2+replyPerRequest*i:]
+		j := 2 + replyPerRequest*i
+		f := num(j)
 		rep.reqs[i] = reqReply{
-			found:   f[0]&4 != 0,
-			before:  drip.Bucket{Tokens: f[1], TS: join(f[2], f[3])},
-			allowed: f[0]&1 != 0,
-			written: f[0]&2 != 0,
-			badType: f[0]&8 != 0,
+			found:   f&4 != 0,
+			before:  drip.Bucket{Tokens: num(j + 1), TS: join(num(j+2), num(j+3))},
+			allowed: f&1 != 0,
+			written: f&2 != 0,
+			badType: f&8 != 0,
 		}
 	}
-	return rep, nil
+	return rep, err
 }
 
 // nowFor is the time of a decision asked at at.
