@@ -24,11 +24,15 @@
 -- time; and that time, whole seconds and nanoseconds (both 0 for the
 -- server's TIME).
 --
--- Reply: {now_s, now_n (the server's TIME), then per request 4 values:
--- flags (1: allowed, 2: written, 4: found), tokens, ts_s, ts_n (the
--- stored bucket before)}. The caller recomputes each decision
--- from the state before with drip.Eval and checks allowed and written
--- against it.
+-- Reply: {now_s, now_n (the server's TIME), records, big...}: records
+-- is one string of a packed record per request (struct format '<Bddd'):
+-- flags (1: allowed, 2: written, 4: found, 8: the key holds another
+-- type, 16: tokens is in big), tokens, ts_s, ts_n (the stored bucket
+-- before); big holds, in order, the tokens beyond 2^53 in magnitude as
+-- decimals. The caller recomputes each decision from the state before
+-- with drip.Eval and checks allowed and written against it. (One string
+-- instead of four values per request: the server converts, and the
+-- client parses, a fraction of the reply.)
 --
 -- A denial or a peek writes nothing. A write leaves the key a TTL of at
 -- least a minute past the bucket's expiry (drip.Params.ExpiresAt), so idle
@@ -36,7 +40,7 @@
 
 local NS = 1000000000
 local rcall = redis.call
-local pack, unpack, byte = struct.pack, struct.unpack, string.byte
+local pack, unpack, byte, concat = struct.pack, struct.unpack, string.byte, table.concat
 local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
 local ARGS_PER_SHAPE = 10
 
@@ -379,6 +383,21 @@ local function shapes(ARGV)
   return limits, ARGV[3 + nl * ARGS_PER_SHAPE]
 end
 
+-- record appends request i's reply record to recs (and its tokens to
+-- big, beyond 2^53).
+local function record(recs, big, i, flags, otok, os, on)
+  if type(otok) ~= 'number' then
+    local x = tonumber(otok)
+    if type(otok) == 'string' and x and x < SAFE and x > -SAFE then
+      otok = x
+    else
+      big[#big + 1] = type(otok) == 'string' and otok or str(otok)
+      flags, otok = flags + 16, 0
+    end
+  end
+  recs[i] = pack('<Bddd', flags, otok, os, on)
+end
+
 -- main is one call: it decides the requests of KEYS and ARGV.
 local function main(KEYS, ARGV)
   -- The server's clock: the time of decisions without one, and the frame
@@ -398,7 +417,12 @@ local function main(KEYS, ARGV)
     return limits[sh], op, srvs, srvn
   end
 
-  local out, j = {srvs, srvn}, 2
+  local recs, big = {}, {}
+  local function reply()
+    local out = {srvs, srvn, concat(recs)}
+    for k = 1, #big do out[3 + k] = big[k] end
+    return out
+  end
   if mode == 'batch' then
     -- Each request on its own, in order: a later request on the same key
     -- sees the earlier one's write.
@@ -419,10 +443,9 @@ local function main(KEYS, ARGV)
           flags = flags + 2
         end
       end
-      out[j + 1], out[j + 2], out[j + 3], out[j + 4] = flags, otok, os, on
-      j = j + 4
+      record(recs, big, i, flags, otok, os, on)
     end
-    return out
+    return reply()
   end
 
   -- One request, or a multi-take: decide all, then write all or nothing
@@ -444,8 +467,7 @@ local function main(KEYS, ARGV)
       write(KEYS[i], r[1], r[2], r[3], r[8], r[9], r[10], r[11], srvms)
       r[4] = r[4] + 2
     end
-    out[j + 1], out[j + 2], out[j + 3], out[j + 4] = r[4], r[5], r[6], r[7]
-    j = j + 4
+    record(recs, big, i, r[4], r[5], r[6], r[7])
   end
-  return out
+  return reply()
 end

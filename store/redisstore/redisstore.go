@@ -251,9 +251,10 @@ type reqReply struct {
 }
 
 const (
-	argsPerShape    = 10
-	requestRecord   = 21 // struct '<IBdd'
-	replyPerRequest = 4
+	argsPerShape  = 10
+	requestRecord = 21 // struct '<IBdd'
+	replyRecord   = 25 // struct '<Bddd'
+
 )
 
 // shape is what requests under the same limit and cost share in a call.
@@ -331,30 +332,53 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats []time.
 }
 
 func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
-	if len(msgs) != 2+replyPerRequest*n {
-		return reply{}, fmt.Errorf("%d values, want %d", len(msgs), 2+replyPerRequest*n)
+	if len(msgs) < 3 {
+		return reply{}, fmt.Errorf("%d values, want at least 3", len(msgs))
 	}
-	var err error
-	num := func(i int) int64 {
-		x, e := msgs[i].AsInt64()
-		if e != nil && err == nil {
-			err = e
-		}
-		return x
+	sec, err1 := msgs[0].AsInt64()
+	nsec, err2 := msgs[1].AsInt64()
+	recs, err3 := msgs[2].ToString()
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return reply{}, err
 	}
-	rep := reply{now: join(num(0), num(1)), reqs: make([]reqReply, n)}
+	if len(recs) != replyRecord*n {
+		return reply{}, fmt.Errorf("%d bytes of records, want %d", len(recs), replyRecord*n)
+	}
+	rep := reply{now: join(sec, nsec), reqs: make([]reqReply, n)}
+	big := msgs[3:]
 	for i := range n {
-		j := 2 + replyPerRequest*i
-		f := num(j)
-		rep.reqs[i] = reqReply{
-			found:   f&4 != 0,
-			before:  drip.Bucket{Tokens: num(j + 1), TS: join(num(j+2), num(j+3))},
-			allowed: f&1 != 0,
-			written: f&2 != 0,
-			badType: f&8 != 0,
+		r := recs[replyRecord*i:]
+		f := r[0]
+		tokens := float64at(r[1:])
+		if f&16 != 0 {
+			if len(big) == 0 {
+				return reply{}, errors.New("missing big tokens")
+			}
+			t, err := big[0].AsInt64()
+			if err != nil {
+				return reply{}, err
+			}
+			big = big[1:]
+			rep.reqs[i].before.Tokens = t
+		} else {
+			rep.reqs[i].before.Tokens = int64(tokens)
 		}
+		rep.reqs[i].before.TS = join(int64(float64at(r[9:])), int64(float64at(r[17:])))
+		rep.reqs[i].found = f&4 != 0
+		rep.reqs[i].allowed = f&1 != 0
+		rep.reqs[i].written = f&2 != 0
+		rep.reqs[i].badType = f&8 != 0
 	}
-	return rep, err
+	if len(big) != 0 {
+		return reply{}, fmt.Errorf("%d big tokens left over", len(big))
+	}
+	return rep, nil
+}
+
+// float64at is the little-endian double at the start of b.
+func float64at(b string) float64 {
+	return math.Float64frombits(uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56)
 }
 
 // nowFor is the time of a decision asked at at.
