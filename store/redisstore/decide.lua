@@ -39,7 +39,7 @@
 -- buckets vanish; a missing key is a fresh bucket.
 
 local NS = 1000000000
-local rcall = redis.call
+local rcall, rpcall = redis.call, redis.pcall
 local pack, unpack, byte, concat = struct.pack, struct.unpack, string.byte, table.concat
 local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
 local ARGS_PER_SHAPE = 10
@@ -211,10 +211,10 @@ local function keep(l, nows, nown, tokens, s, n)
 end
 
 -- decide decides one request (op, under shape l) on a bucket read with
--- GET (v: redis.pcall's answer), without writing. It returns flags (1: allowed, 4: found, 8: the key
--- holds another type, so nothing is decided or written for it), the
--- stored tokens, s, n and deadline (if found), and the bucket after
--- (tokens, s, n).
+-- GET (v: redis.pcall's answer), without writing. It returns flags (1:
+-- allowed, 4: found, 8: the key holds another type, so nothing is
+-- decided or written for it), the stored tokens, s, n and deadline (if
+-- found), and the bucket after (tokens, s, n).
 local function decide(v, l, op, nows, nown)
   local flags = 0
   local otok, os, on, dl = 0, 0, 0, nil
@@ -426,24 +426,32 @@ local function main(KEYS, ARGV)
   if mode == 'batch' then
     -- Each request on its own, in order: a later request on the same key
     -- sees the earlier one's write.
+    -- (request and record inlined: this loop is the hot path.)
     for i = 1, #KEYS do
-      local l, op, nows, nown = request()
+      local key, sh, op, nows, nown = KEYS[i]
+      sh, op, nows, nown, pos = unpack('<IBdd', reqs, pos)
+      local l = limits[sh]
+      if op >= 4 then op = op - 4 else nows, nown = srvs, srvn end
       -- pcall: a key of another type (WRONGTYPE) fails its own request
       -- only, not the others of a batch, some of which may be written.
-      local v = redis.pcall('GET', KEYS[i])
+      local v = rpcall('GET', key)
       local flags, otok, os, on
       if op == TAKE and l.fastTake then
-        flags, otok, os, on = takeFast(KEYS[i], v, l, nows, nown, srvms)
+        flags, otok, os, on = takeFast(key, v, l, nows, nown, srvms)
       end
       if not flags then
         local dl, nt, s, n
         flags, otok, os, on, dl, nt, s, n = decide(v, l, op, nows, nown)
         if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
-          write(KEYS[i], l, nows, nown, dl, nt, s, n, srvms)
+          write(key, l, nows, nown, dl, nt, s, n, srvms)
           flags = flags + 2
         end
       end
-      record(recs, big, i, flags, otok, os, on)
+      if type(otok) == 'number' then
+        recs[i] = pack('<Bddd', flags, otok, os, on)
+      else
+        record(recs, big, i, flags, otok, os, on)
+      end
     end
     return reply()
   end
@@ -454,7 +462,7 @@ local function main(KEYS, ARGV)
   local res = {}
   for i = 1, #KEYS do
     local l, op, nows, nown = request()
-    local r = {l, nows, nown, decide(redis.pcall('GET', KEYS[i]), l, op, nows, nown)}
+    local r = {l, nows, nown, decide(rpcall('GET', KEYS[i]), l, op, nows, nown)}
     -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
     if r[4] % 2 == 0 then all = false end
     if r[4] >= 8 then bad = true end
