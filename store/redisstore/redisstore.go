@@ -1,14 +1,15 @@
 // Package redisstore keeps drip's buckets in Redis or Redis Cluster (and
 // Valkey), through github.com/redis/rueidis.
 //
-// Every decision is one script call (EVALSHA, falling back to EVAL when
-// the server's script cache is empty, after a restart or a failover): the
-// script reads the bucket, decides and writes in one atomic step, with the
-// server's clock (TIME) unless the caller supplies a time. A multi-take is
-// one call over all its keys, all-or-nothing. Concurrent calls share
-// connections through rueidis's auto-pipelining, and on a standalone
-// server concurrent decisions are coalesced into one script call
-// (WithBatching).
+// Every decision is one call of Lua code (the script): a Redis Function
+// (FCALL; loaded on first use and again when a server lost it), or on
+// servers without functions a script (EVALSHA, falling back to EVAL when
+// the script cache is empty); see call.go. It reads the bucket, decides
+// and writes in one atomic step, with the server's clock (TIME) unless the
+// caller supplies a time. A multi-take is one call over all its keys,
+// all-or-nothing. Concurrent calls share connections through rueidis's
+// auto-pipelining, and on a standalone server concurrent decisions are
+// coalesced into one call (WithBatching).
 //
 // State is exact: one string key per bucket holding tokens
 // (micro-tokens), the bucket's time in seconds and nanoseconds, and when
@@ -90,11 +91,11 @@ type Option func(*Store)
 func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 
 // WithBatching tunes the coalescing of concurrent single-key decisions
-// (Apply) into one script call each: up to max requests (default 64)
+// (Apply) into one call each: up to max requests (default 64)
 // that are waiting when one of conns workers (default 2) is free. Under
 // light load a request goes alone at once; under heavy load batches form
 // while the workers' calls are in flight. It is on by default on a
-// standalone server, and off on Redis Cluster (a script's keys must share
+// standalone server, and off on Redis Cluster (one call's keys must share
 // a slot). See BENCHMARKS.md.
 func WithBatching(max, conns int) Option {
 	return func(s *Store) {
@@ -108,7 +109,7 @@ func WithBatching(max, conns int) Option {
 	}
 }
 
-// WithoutBatching makes every Apply its own script call.
+// WithoutBatching makes every Apply its own call.
 func WithoutBatching() Option { return func(s *Store) { s.batchMax = 0 } }
 
 // New returns a store on a client the caller already has (standalone,
