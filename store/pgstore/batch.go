@@ -53,6 +53,13 @@ func newBatcher(s *Store) *batcher {
 // do queues one decision and waits for it. If ctx ends first the request
 // may still be decided (and applied) by its batch.
 func (b *batcher) do(ctx context.Context, op drip.Op, p drip.Prepared, at *int64) (result, error) {
+	// A closed store answers at once (a select over a send that is ready
+	// too would queue the call half of the time, and nobody decides it).
+	select {
+	case <-b.s.stop:
+		return result{}, errClosed
+	default:
+	}
 	c := &call{op: op, key: storeKey(p.Key), p: p, at: at, done: make(chan struct{})}
 	q := b.qs[maphash.Bytes(b.seed, c.key)%uint64(len(b.qs))]
 	select {

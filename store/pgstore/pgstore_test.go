@@ -386,3 +386,20 @@ func TestOpenErrors(t *testing.T) {
 		t.Fatal("a decision after Close succeeded")
 	}
 }
+
+// TestApplyAfterClose checks that a closed store answers at once, with an
+// error, instead of queueing calls that nobody decides.
+func TestApplyAfterClose(t *testing.T) {
+	st := newStore(t)
+	st.Close()
+	start := time.Now()
+	for range 20 {
+		if _, err := st.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: prefix() + "k", Limit: drip.PerSecond(10), Cost: 1}); err == nil {
+			t.Fatal("a take on a closed store succeeded")
+		}
+	}
+	// A call queued after the workers stopped waited a second for an answer.
+	if el := time.Since(start); el > 900*time.Millisecond {
+		t.Fatalf("20 takes on a closed store took %v", el)
+	}
+}

@@ -9,8 +9,8 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// batcher coalesces concurrent single-key decisions into one script call
-// in batch mode, where each request is decided on its own, in order. Up
+// batcher coalesces concurrent single-key decisions into one call in
+// batch mode, where each request is decided on its own, in order. Up
 // to conns workers each take the first waiting request, add those already
 // waiting up to max, and make one call.
 type batcher struct {
@@ -46,14 +46,23 @@ var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1
 // do queues one decision and waits for it. If ctx ends first, the request
 // may still be decided (and applied) by its batch.
 func (b *batcher) do(ctx context.Context, op drip.Op, at time.Time, p drip.Prepared) (drip.Decision, error) {
+	// A closed store answers at once (a select over a send that is ready
+	// too would queue the call half of the time, and nobody decides it).
+	select {
+	case <-b.s.stop:
+		return drip.Decision{}, errClosed
+	default:
+	}
 	c := calls.Get().(*call)
 	c.op, c.at, c.p = op, at, p
 	select {
 	case b.ch <- c:
 	case <-ctx.Done():
+		*c = call{done: c.done}
 		calls.Put(c)
 		return drip.Decision{}, ctx.Err()
 	case <-b.s.stop:
+		*c = call{done: c.done}
 		calls.Put(c)
 		return drip.Decision{}, errClosed
 	}

@@ -2,12 +2,15 @@ package redisstore_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/redisstore"
 	"github.com/driplimit/drip/storetest"
 )
 
@@ -62,5 +65,120 @@ func TestScriptsWithoutFunctions(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) drip.Store { return s })
 	if out, err := r.Cli("INFO", "commandstats"); err != nil || !strings.Contains(out, "cmdstat_evalsha") {
 		t.Fatalf("no EVALSHA in the server's command stats (%v): %s", err, out)
+	}
+}
+
+// commandCalls is how many times the server ran cmd (INFO commandstats).
+func commandCalls(t *testing.T, r *testserver.Redis, cmd string) int {
+	t.Helper()
+	out, err := r.Cli("INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// TestFunctionLoadedOnce checks that callers who find the library missing
+// at the same time load it once between them, not once each.
+func TestFunctionLoadedOnce(t *testing.T) {
+	r := testserver.StartRedis(t)
+	s := open(t, r.URL(), redisstore.WithoutBatching())
+	ctx := context.Background()
+	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 100}
+	if _, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: lim, Cost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Cli("FUNCTION", "FLUSH"); err != nil {
+		t.Fatal(err)
+	}
+	before := commandCalls(t, r, "function|load")
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "k" + strconv.Itoa(i), Limit: lim, Cost: 1})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := commandCalls(t, r, "function|load") - before; n != 1 {
+		t.Fatalf("64 callers that found the library missing loaded it %d times, want once", n)
+	}
+}
+
+// TestKeyPermission checks that an ACL refusing a key fails that request
+// with the server's NOPERM, and does not make the store give up functions
+// for scripts (as an ACL refusing FCALL itself does).
+func TestKeyPermission(t *testing.T) {
+	r := testserver.StartRedis(t)
+	if _, err := r.Cli("ACL", "SETUSER", "app", "on", ">pw", "~drip:ok*", "+@all"); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, "redis://app:pw@"+r.Addr, redisstore.WithoutBatching())
+	ctx := context.Background()
+	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
+	if _, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "ok1", Limit: lim, Cost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "bad", Limit: lim, Cost: 1})
+	if err == nil || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("take on a key the ACL refuses: %v, want NOPERM", err)
+	}
+	fcalls := commandCalls(t, r, "fcall")
+	if _, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "ok2", Limit: lim, Cost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if commandCalls(t, r, "fcall") != fcalls+1 || commandCalls(t, r, "evalsha") != 0 {
+		t.Fatalf("after a key's NOPERM the store left functions: fcall %d -> %d, evalsha %d",
+			fcalls, commandCalls(t, r, "fcall"), commandCalls(t, r, "evalsha"))
+	}
+}
+
+// TestWithScripts checks that WithScripts runs scripts on a server that
+// has functions.
+func TestWithScripts(t *testing.T) {
+	r := testserver.StartRedis(t)
+	s := open(t, r.URL(), redisstore.WithScripts())
+	d, err := s.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 1})
+	if err != nil || !d.Allowed {
+		t.Fatalf("take: %+v, %v", d, err)
+	}
+	if commandCalls(t, r, "fcall") != 0 || commandCalls(t, r, "evalsha")+commandCalls(t, r, "eval") == 0 {
+		t.Fatalf("fcall %d, evalsha %d, eval %d: want scripts only",
+			commandCalls(t, r, "fcall"), commandCalls(t, r, "evalsha"), commandCalls(t, r, "eval"))
+	}
+}
+
+// TestApplyAfterClose checks that a closed store answers at once, with an
+// error, instead of queueing calls that nobody decides.
+func TestApplyAfterClose(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t))
+	s.Close()
+	start := time.Now()
+	for range 20 {
+		if _, err := s.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 1}); err == nil {
+			t.Fatal("a take on a closed store succeeded")
+		}
+	}
+	// A call queued after the workers stopped waited a second for an answer.
+	if el := time.Since(start); el > 900*time.Millisecond {
+		t.Fatalf("20 takes on a closed store took %v", el)
 	}
 }

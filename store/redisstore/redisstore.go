@@ -16,11 +16,11 @@
 // the key's TTL ends, as four little-endian doubles after a zero byte
 // (exact: tokens below 2^53 in magnitude, as nearly always) or, beyond
 // that, as decimals, "tokens s n deadline". The script does its
-// arithmetic in exact integers (bigint.lua), so decisions are the ones drip.Eval makes, bit for bit;
-// the Go side recomputes each with drip.Eval from the state the script
-// read and reports any disagreement as an error. Every write leaves the
-// key a TTL of at least a minute past the bucket's expiry
-// (drip.Params.ExpiresAt), so idle buckets vanish.
+// arithmetic in exact integers (bigint.lua), so decisions are the ones
+// drip.Eval makes, bit for bit; the Go side recomputes each with
+// drip.Eval from the state the script read and reports any disagreement
+// as an error. Every write leaves the key a TTL of at least a minute past
+// the bucket's expiry (drip.Params.ExpiresAt), so idle buckets vanish.
 //
 // Redis Cluster: all keys of a multi-take must hash to one slot. Put the
 // part they share in braces, a hash tag: "{tenant-7}:user:42" and
@@ -77,6 +77,8 @@ type Store struct {
 	batchMax, batchConns int
 	stop                 chan struct{}
 	scriptsOnly          atomic.Bool // the server has no functions: use scripts
+	loadMu               sync.Mutex  // one FUNCTION LOAD at a time
+	loads                atomic.Uint64
 	stopOnce             sync.Once
 	wg                   sync.WaitGroup
 }
@@ -321,7 +323,7 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats []time.
 			reserve)
 	}
 	args = append(args, string(recs))
-	msgs, err := s.exec(ctx, keys, args).ToArray()
+	msgs, err := s.exec(ctx, keys, args)
 	if err != nil {
 		return reply{}, fmt.Errorf("redisstore: %s: %w", mode, err)
 	}
