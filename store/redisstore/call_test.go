@@ -182,3 +182,29 @@ func TestApplyAfterClose(t *testing.T) {
 		t.Fatalf("20 takes on a closed store took %v", el)
 	}
 }
+
+// TestShapeCache drives more distinct shapes (limit and cost) through one
+// library than its cache of parsed shapes holds (4096), then earlier ones
+// again: every decision is checked against drip.Eval by the store, and the
+// counts here against the limits.
+func TestShapeCache(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t), redisstore.WithoutBatching())
+	ctx := context.Background()
+	tag := randomTag()
+	for round := range 2 {
+		for i := range 4200 {
+			if round == 1 && i%50 != 0 {
+				continue
+			}
+			lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: float64(1000 + i)}
+			d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "shape:" + tag + ":" + strconv.Itoa(i), Limit: lim, Cost: float64(1 + i%7)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := int64(1000 + i - (1+i%7)*(round+1))
+			if !d.Allowed || d.Remaining != want {
+				t.Fatalf("round %d shape %d: %+v, want allowed and %d remaining", round, i, d, want)
+			}
+		}
+	}
+}

@@ -15,14 +15,14 @@
 -- server's milliseconds, so that a write can keep a TTL that is long
 -- enough).
 -- ARGV[2] is the number of distinct shapes S (a limit with a cost), then
--- 10 decimal integers per shape: kind (0 continuous, 1 interval, 2 fixed
--- window), rate, period, crate, cperiod (rate and period divided by their
--- gcd), burst, max_reserved (-1: no bound), start, cost, reserve ("1" or
--- "0"). Then one string of packed requests, a record per key
--- (struct format '<IBdd'): its shape (1..S); its op (0 take, 1 peek,
--- 2 refund; used in batch mode), plus 4 when the request carries its own
--- time; and that time, whole seconds and nanoseconds (both 0 for the
--- server's TIME).
+-- one string per shape of 10 decimal integers separated by spaces: kind
+-- (0 continuous, 1 interval, 2 fixed window), rate, period, crate, cperiod
+-- (rate and period divided by their gcd), burst, max_reserved (-1: no
+-- bound), start, cost, reserve (1 or 0). Then one string of packed
+-- requests, a record per key (struct format '<IBdd'): its shape (1..S);
+-- its op (0 take, 1 peek, 2 refund; used in batch mode), plus 4 when the
+-- request carries its own time; and that time, whole seconds and
+-- nanoseconds (both 0 for the server's TIME).
 --
 -- Reply: {now_s, now_n (the server's TIME), records, big...}: records
 -- is one string of a packed record per request (struct format '<Bddd'):
@@ -42,7 +42,6 @@ local NS = 1000000000
 local rcall, rpcall = redis.call, redis.pcall
 local pack, unpack, byte, concat = struct.pack, struct.unpack, string.byte, table.concat
 local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
-local ARGS_PER_SHAPE = 10
 
 -- Times are pairs (s, n): s is a plain number (|s| < 2^34 for any int64
 -- of nanoseconds), n in [0, 1e9).
@@ -356,31 +355,43 @@ local function takeFast(key, v, l, nows, nown, srvms)
   return flags + 3, otok, os, on
 end
 
--- shapes parses the call's shapes from ARGV[3..].
+-- parseShape reads a shape: "kind rate period crate cperiod burst
+-- max_reserved start cost reserve".
+local function parseShape(txt)
+  local k, r, p, cr, cp, b, m, st, c, res = match(txt,
+    '^(%d) (%d+) (%d+) (%d+) (%d+) (%d+) (%-?%d+) (%-?%d+) (%d+) ([01])$')
+  if not k then error('drip: bad shape: ' .. txt) end
+  local t = {
+    kind = tonumber(k), rate = parse(r), period = parse(p), crate = parse(cr), cperiod = parse(cp),
+    burst = parse(b), maxr = parse(m), start = parse(st), cost = parse(c), reserve = res == '1',
+  }
+  t.fast = type(t.rate) == 'number' and type(t.period) == 'number' and type(t.burst) == 'number'
+    and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
+  t.fastTake = t.fast and t.kind == 0 and type(t.cost) == 'number' and t.cost < HALF
+  return t
+end
+
+-- Parsed shapes, by their text, for the calls to come: a function library
+-- keeps them (a script starts afresh every call). Nothing changes a shape
+-- once parsed. Bounded: past 4096 shapes the cache starts over.
+local shapeCache, shapeCount = {}, 0
+
+-- shapes reads the call's shapes, ARGV[3..2+S], and returns them and
+-- the packed requests.
 local function shapes(ARGV)
   local nl = tonumber(ARGV[2])
   local limits = {}
   for i = 1, nl do
-    local a = 2 + (i - 1) * ARGS_PER_SHAPE
-    local t = {
-      kind = tonumber(ARGV[a + 1]),
-      rate = parse(ARGV[a + 2]),
-      period = parse(ARGV[a + 3]),
-      crate = parse(ARGV[a + 4]),
-      cperiod = parse(ARGV[a + 5]),
-      burst = parse(ARGV[a + 6]),
-      maxr = parse(ARGV[a + 7]),
-      start = parse(ARGV[a + 8]),
-      cost = parse(ARGV[a + 9]),
-      reserve = ARGV[a + 10] == '1',
-      fast = false,
-    }
-    t.fast = type(t.rate) == 'number' and type(t.period) == 'number' and type(t.burst) == 'number'
-      and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
-    t.fastTake = t.fast and t.kind == 0 and type(t.cost) == 'number' and t.cost < HALF
+    local txt = ARGV[2 + i]
+    local t = shapeCache[txt]
+    if not t then
+      t = parseShape(txt)
+      if shapeCount >= 4096 then shapeCache, shapeCount = {}, 0 end
+      shapeCache[txt], shapeCount = t, shapeCount + 1
+    end
     limits[i] = t
   end
-  return limits, ARGV[3 + nl * ARGS_PER_SHAPE]
+  return limits, ARGV[3 + nl]
 end
 
 -- record appends request i's reply record to recs (and its tokens to

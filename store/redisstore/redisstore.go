@@ -254,7 +254,6 @@ type reqReply struct {
 }
 
 const (
-	argsPerShape  = 10
 	requestRecord = 21 // struct '<IBdd'
 	replyRecord   = 25 // struct '<Bddd'
 
@@ -265,6 +264,22 @@ type shape struct {
 	p       drip.Params
 	cost    int64
 	reserve bool
+}
+
+// text is the shape as the script reads it (see decide.lua), which also
+// keys the script's cache of parsed shapes.
+func (sh shape) text() string {
+	l := sh.p
+	g := gcd(l.Rate, l.Period)
+	b := make([]byte, 0, 96)
+	for _, v := range []int64{int64(l.Kind), l.Rate, l.Period, l.Rate / g, l.Period / g, l.Burst, l.MaxReserved, l.Start, sh.cost} {
+		b = strconv.AppendInt(b, v, 10)
+		b = append(b, ' ')
+	}
+	if sh.reserve {
+		return string(append(b, '1'))
+	}
+	return string(append(b, '0'))
 }
 
 // run calls the script in mode ("take", "peek", "refund" or "batch") for
@@ -301,26 +316,10 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats []time.
 		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(sec)))
 		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(nsec)))
 	}
-	args := make([]string, 0, 3+argsPerShape*len(shapes))
+	args := make([]string, 0, 3+len(shapes))
 	args = append(args, mode, strconv.Itoa(len(shapes)))
 	for _, sh := range shapes {
-		l := sh.p
-		g := gcd(l.Rate, l.Period)
-		reserve := "0"
-		if sh.reserve {
-			reserve = "1"
-		}
-		args = append(args,
-			strconv.Itoa(int(l.Kind)),
-			strconv.FormatInt(l.Rate, 10),
-			strconv.FormatInt(l.Period, 10),
-			strconv.FormatInt(l.Rate/g, 10),
-			strconv.FormatInt(l.Period/g, 10),
-			strconv.FormatInt(l.Burst, 10),
-			strconv.FormatInt(l.MaxReserved, 10),
-			strconv.FormatInt(l.Start, 10),
-			strconv.FormatInt(sh.cost, 10),
-			reserve)
+		args = append(args, sh.text())
 	}
 	args = append(args, string(recs))
 	msgs, err := s.exec(ctx, keys, args)
