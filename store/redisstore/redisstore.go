@@ -178,8 +178,10 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	if s.batch != nil {
 		return s.batch.do(ctx, op, at, p)
 	}
+	// A batch of one: the same decision as a take of one key, and the
+	// batch loop has the script's straight path for common takes.
 	ps := []drip.Prepared{p}
-	rep, err := s.run(ctx, op.String(), []drip.Op{op}, []time.Time{at}, ps)
+	rep, err := s.run(ctx, "batch", []drip.Op{op}, []time.Time{at}, ps)
 	if err != nil {
 		return drip.Decision{}, err
 	}
