@@ -208,3 +208,22 @@ func TestShapeCache(t *testing.T) {
 		}
 	}
 }
+
+// TestFunctionsRefused checks that an ACL refusing FCALL makes the store
+// run scripts instead.
+func TestFunctionsRefused(t *testing.T) {
+	r := testserver.StartRedis(t)
+	if _, err := r.Cli("ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "-fcall"); err != nil {
+		t.Fatal(err)
+	}
+	s := open(t, "redis://app:pw@"+r.Addr)
+	for i := range 3 {
+		d, err := s.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}, Cost: 1})
+		if err != nil || !d.Allowed || d.Remaining != int64(9-i) {
+			t.Fatalf("take %d: %+v, %v", i, d, err)
+		}
+	}
+	if commandCalls(t, r, "evalsha")+commandCalls(t, r, "eval") == 0 {
+		t.Fatal("no script ran")
+	}
+}
