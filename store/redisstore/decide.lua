@@ -338,7 +338,9 @@ local function takeFast(key, v, l, nows, nown, srvms)
   end
   local nt = tok - cost
   if nt == 0 then nt = 0 end
-  -- write, with keep inlined
+  -- write, with keep inlined: the same arithmetic as keep's first branch
+  -- and write's binary form. Calling them instead cost about 6% more
+  -- server CPU in the 64-caller bench (four alternating runs each).
   local x = (s - nows) * NS + (n - nown)
   local need = l.burst - nt
   if need > 0 then x = x + need * l.period / l.rate end
