@@ -1,7 +1,6 @@
 package httplimit_test
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -12,60 +11,21 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
-	"github.com/driplimit/drip/internal/testserver"
-	"github.com/driplimit/drip/store/memstore"
-	"github.com/driplimit/drip/store/pgstore"
-	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/internal/teststores"
 )
 
 // TestStores runs the key end-to-end cases on every store: the memory
 // store, PostgreSQL and Redis, each started by the test harness. The
 // middleware makes the same decisions, headers included, on all three.
 func TestStores(t *testing.T) {
-	stores := []struct {
-		name string
-		open func(t *testing.T) drip.Store
-		opts []httplimit.Option
-	}{
-		{"memory", func(t *testing.T) drip.Store {
-			s := memstore.New()
-			t.Cleanup(func() { s.Close() })
-			return s
-		}, nil},
-		{"postgres", func(t *testing.T) drip.Store {
-			pg := testserver.SharedPostgres(t)
-			s, err := pgstore.Open(context.Background(), pg.URL(), pgstore.WithInstall(pgstore.InstallOptions{}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}, nil},
-		{"redis", func(t *testing.T) drip.Store {
-			s, err := redisstore.Open(testserver.SharedRedisURL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}, nil},
-		// Redis Cluster: the rules' keys land in different hash slots; the
-		// store says so (drip.ErrNotColocated) and the limiter takes the
-		// enforce rules one call each, with no option needed.
-		{"redis-cluster", func(t *testing.T) drip.Store {
-			s, err := redisstore.Open(testserver.SharedRedisClusterURL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}, nil},
-	}
-	for _, st := range stores {
-		t.Run(st.name, func(t *testing.T) {
-			store := st.open(t)
+	// On Redis Cluster the rules' keys land in different hash slots; the
+	// store says so (drip.ErrNotColocated) and the limiter takes the
+	// enforce rules one call each, with no option needed.
+	for _, st := range teststores.Shared() {
+		t.Run(st.Name, func(t *testing.T) {
+			store := st.Open(t)
 			for _, c := range storeCases {
-				t.Run(c.name, func(t *testing.T) { c.run(t, &storeUnder{store, st.opts}) })
+				t.Run(c.name, func(t *testing.T) { c.run(t, &storeUnder{store, nil}) })
 			}
 		})
 	}

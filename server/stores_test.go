@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
@@ -35,12 +34,6 @@ type backend struct {
 	own    func(t *testing.T) (store drip.Store, stop, start func())
 }
 
-func freshPrefix() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return "drip-server-test:" + hex.EncodeToString(b[:]) + ":"
-}
-
 func openPostgres(t *testing.T, url string) *pgstore.Store {
 	t.Helper()
 	s, err := pgstore.Open(context.Background(), url+"&drip_install=true&drip_sweep=0")
@@ -53,10 +46,8 @@ func openPostgres(t *testing.T, url string) *pgstore.Store {
 
 var backends = []backend{
 	{
-		name: "postgres",
-		shared: func(t *testing.T) drip.Store {
-			return drip.Prefixed{Store: openPostgres(t, testserver.SharedPostgres(t).URL()), Prefix: freshPrefix()}
-		},
+		name:   "postgres",
+		shared: func(t *testing.T) drip.Store { return teststores.Open(t, "postgres") },
 		own: func(t *testing.T) (drip.Store, func(), func()) {
 			pg := testserver.StartPostgres(t)
 			return openPostgres(t, pg.URL()), func() {
@@ -71,15 +62,8 @@ var backends = []backend{
 		},
 	},
 	{
-		name: "redis",
-		shared: func(t *testing.T) drip.Store {
-			s, err := redisstore.Open(testserver.SharedRedisURL(t), redisstore.WithPrefix(freshPrefix()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		},
+		name:   "redis",
+		shared: func(t *testing.T) drip.Store { return teststores.Open(t, "redis") },
 		own: func(t *testing.T) (drip.Store, func(), func()) {
 			r := testserver.StartRedis(t)
 			s, err := redisstore.Open(r.URL())

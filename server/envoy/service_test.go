@@ -2,8 +2,6 @@ package envoy
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -28,9 +26,8 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/store/memstore"
-	"github.com/driplimit/drip/store/pgstore"
-	"github.com/driplimit/drip/store/redisstore"
 )
 
 func TestMain(m *testing.M) {
@@ -40,50 +37,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func fresh() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return "envoy-test:" + hex.EncodeToString(b[:]) + ":"
-}
-
-// stores are the stores every end-to-end case runs on.
-var stores = []struct {
-	name string
-	open func(t *testing.T) drip.Store
-}{
-	{"memory", func(t *testing.T) drip.Store {
-		s := memstore.New()
-		t.Cleanup(func() { s.Close() })
-		return s
-	}},
-	{"postgres", func(t *testing.T) drip.Store {
-		pg := testserver.SharedPostgres(t)
-		s, err := pgstore.Open(context.Background(), pg.URL(), pgstore.WithInstall(pgstore.InstallOptions{}), pgstore.WithSweep(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return drip.Prefixed{Store: s, Prefix: fresh()}
-	}},
-	{"redis", func(t *testing.T) drip.Store {
-		s, err := redisstore.Open(testserver.SharedRedisURL(t), redisstore.WithPrefix(fresh()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}},
-	// A call's descriptors land in different hash slots: the service
-	// takes them one by one (drip.Separately).
-	{"redis-cluster", func(t *testing.T) drip.Store {
-		s, err := redisstore.Open(testserver.SharedRedisClusterURL(t), redisstore.WithPrefix(fresh()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	}},
-}
+// stores are the stores every end-to-end case runs on. On Redis Cluster a
+// call's descriptors land in different hash slots: the service takes them
+// one by one (drip.Separately).
+var stores = teststores.Shared()
 
 // clock is a settable time, so that no test sleeps.
 type clock struct {
@@ -162,8 +119,8 @@ func hdrs(h []*corev3.HeaderValue) string {
 // on every store.
 func TestEndToEnd(t *testing.T) {
 	for _, st := range stores {
-		t.Run(st.name, func(t *testing.T) {
-			r := serve(t, st.open(t), loadReadme(t), false)
+		t.Run(st.Name, func(t *testing.T) {
+			r := serve(t, st.Open(t), loadReadme(t), false)
 			t.Run("burst", func(t *testing.T) { testBurst(t, r) })
 			t.Run("all-or-nothing", func(t *testing.T) { testAllOrNothing(t, r) })
 			t.Run("shadow", func(t *testing.T) { testShadow(t, r) })
