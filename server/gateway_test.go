@@ -237,17 +237,7 @@ func testGatewayReloadUnderLoad(t *testing.T, store drip.Store) {
 			}
 		})
 	}
-	for i := range 40 {
-		if i%2 == 0 {
-			rulesFile(t, path, burst, "api", fmt.Sprint("extra", i))
-		} else {
-			rulesFile(t, path, burst, "api")
-		}
-		if err := srv.Reload(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(3 * time.Millisecond)
-	}
+	reloadAlternating(t, srv, path, burst, 40, 3*time.Millisecond)
 	close(stop)
 	wg.Wait()
 	if g := granted.Load(); g != burst || denied.Load() == 0 || up.hits.Load() != burst {

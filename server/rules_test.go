@@ -42,6 +42,23 @@ func rulesFile(t *testing.T, path string, burst int, names ...string) string {
 	return path
 }
 
+// reloadAlternating reloads srv n times, pause apart, alternating between
+// two rules files at path that both keep the rule "api" (of burst burst).
+func reloadAlternating(t *testing.T, srv *running, path string, burst, n int, pause time.Duration) {
+	t.Helper()
+	for i := range n {
+		if i%2 == 0 {
+			rulesFile(t, path, burst, "api", fmt.Sprint("extra", i))
+		} else {
+			rulesFile(t, path, burst, "api")
+		}
+		if err := srv.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(pause)
+	}
+}
+
 func writeFile(t *testing.T, path, body string) {
 	t.Helper()
 	if err := os.WriteFile(path+".tmp", []byte(body), 0o644); err != nil {
@@ -308,18 +325,7 @@ func TestReloadUnderLoad(t *testing.T) {
 			}
 		})
 	}
-	for i := range 50 {
-		// Alternate between two files that both keep "api".
-		if i%2 == 0 {
-			rulesFile(t, path, burst, "api", fmt.Sprint("r", i))
-		} else {
-			rulesFile(t, path, burst, "api")
-		}
-		if err := srv.Reload(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	reloadAlternating(t, srv, path, burst, 50, 2*time.Millisecond)
 	close(stop)
 	wg.Wait()
 	if g := granted.Load(); g != burst || denied.Load() == 0 {
