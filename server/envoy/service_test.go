@@ -69,18 +69,9 @@ func serve(t *testing.T, store drip.Store, cfg *Config, reflect bool) *running {
 	ck := &clock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	svc := NewService(store, cfg, WithClock(ck.now), WithTimeout(5*time.Second))
 	srv := NewServer(svc, reflect)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, done := listen(t, srv)
 	t.Cleanup(func() {
-		conn.Close()
+		conn.Close() // before the graceful shutdown, which waits for it
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := srv.Shutdown(ctx); err != nil {
@@ -91,6 +82,24 @@ func serve(t *testing.T, store drip.Store, cfg *Config, reflect bool) *running {
 		}
 	})
 	return &running{svc: svc, srv: srv, conn: conn, client: rlsv3.NewRateLimitServiceClient(conn), clock: ck}
+}
+
+// listen serves srv on a free loopback port and returns a client
+// connection to it, closed when the test ends, and what Serve returns.
+func listen(t *testing.T, srv *Server) (*grpc.ClientConn, <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, served
 }
 
 // desc builds a descriptor from "key=value" pairs.
@@ -497,17 +506,7 @@ func TestGracefulShutdown(t *testing.T) {
 	g := gate{memstore.New(), make(chan struct{}), make(chan struct{})}
 	svc := NewService(g, loadReadme(t))
 	srv := NewServer(svc, false)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn, served := listen(t, srv)
 	answered := make(chan error, 1)
 	go func() {
 		resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{
