@@ -27,12 +27,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,13 +81,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// pgDecider makes one decision for key.
-type pgDecider func(ctx context.Context, key string) (bool, error)
-
 type pgImpl struct {
 	name     string
 	unlogged bool
-	open     func(b *testing.B, url string, conns int) pgDecider
+	open     func(b *testing.B, url string, conns int) decider
 }
 
 // pgCommit is appended to every pool's URL: "" (synchronous commits, the
@@ -120,7 +114,7 @@ func pgExec(b *testing.B, db *pgxpool.Pool, sql string, args ...any) {
 
 // pgSeedA is seed 000's transaction, as written there (interval refill,
 // the app's clock, tokens as a number).
-func pgSeedA(b *testing.B, url string, conns int) pgDecider {
+func pgSeedA(b *testing.B, url string, conns int) decider {
 	db := pgPool(b, url, conns, "")
 	pgExec(b, db, `CREATE TABLE IF NOT EXISTS rate_limit_ephemeral (
 		prefix text NOT NULL, key text NOT NULL, tokens double precision NOT NULL,
@@ -166,7 +160,7 @@ func pgSeedA(b *testing.B, url string, conns int) pgDecider {
 
 // pgSeedB is seed 002's function, verbatim, at SERIALIZABLE, retried on
 // serialization failures as the seed says an application must.
-func pgSeedB(b *testing.B, url string, conns int) pgDecider {
+func pgSeedB(b *testing.B, url string, conns int) decider {
 	db := pgPool(b, url, conns, "&default_transaction_isolation=serializable")
 	pgExec(b, db, `CREATE TABLE IF NOT EXISTS rate_limiting_token_bucket (
 		id text primary key, tk bigint not null, ts timestamptz not null)`)
@@ -211,8 +205,8 @@ end; $$ language plpgsql`)
 }
 
 // pgDrip is pgstore through the Limiter users call.
-func pgDrip(unlogged bool, opts ...pgstore.Option) func(b *testing.B, url string, conns int) pgDecider {
-	return func(b *testing.B, url string, conns int) pgDecider {
+func pgDrip(unlogged bool, opts ...pgstore.Option) func(b *testing.B, url string, conns int) decider {
+	return func(b *testing.B, url string, conns int) decider {
 		db := pgPool(b, url, conns, "")
 		ctx := context.Background()
 		if err := pgstore.Install(ctx, db, pgstore.InstallOptions{Unlogged: unlogged, Logged: !unlogged}); err != nil {
@@ -284,44 +278,11 @@ func pgBench(b *testing.B) {
 
 // pgRun makes b.N decisions from callers goroutines and reports
 // throughput and latency percentiles.
-func pgRun(b *testing.B, callers int, hot bool, decide pgDecider) {
-	ctx := context.Background()
-	var next atomic.Int64
-	lat := make([][]time.Duration, callers)
-	var wg sync.WaitGroup
-	var failed atomic.Pointer[error]
-	b.ResetTimer()
-	start := time.Now()
-	for w := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for next.Add(1) <= int64(b.N) {
-				key := "hot"
-				if !hot {
-					key = keys[rng.IntN(keyCount)]
-				}
-				t := time.Now()
-				if _, err := decide(ctx, key); err != nil {
-					failed.CompareAndSwap(nil, &err)
-					return
-				}
-				lat[w] = append(lat[w], time.Since(t))
-			}
-		}()
-	}
-	wg.Wait()
-	el := time.Since(start)
-	b.StopTimer()
-	if err := failed.Load(); err != nil {
-		b.Fatal(*err)
-	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	b.ReportMetric(float64(b.N)/el.Seconds(), "decisions/s")
-	b.ReportMetric(pct(all, 0.5), "p50-µs")
-	b.ReportMetric(pct(all, 0.99), "p99-µs")
+func pgRun(b *testing.B, callers int, hot bool, decide decider) {
+	r := closedLoop(b, callers, hot, 7, decide)
+	b.ReportMetric(float64(b.N)/r.elapsed.Seconds(), "decisions/s")
+	b.ReportMetric(pct(r.lat, 0.5), "p50-µs")
+	b.ReportMetric(pct(r.lat, 0.99), "p99-µs")
 }
 
 // BenchmarkPostgresBatchTuning measures batching's knobs at 16 and 64

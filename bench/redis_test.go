@@ -17,14 +17,9 @@ package bench
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -67,12 +62,9 @@ else
 end
 `
 
-// redisDecider makes one decision for key.
-type redisDecider func(ctx context.Context, key string) (bool, error)
-
 type redisImpl struct {
 	name string
-	open func(b *testing.B, url string, callers int) redisDecider
+	open func(b *testing.B, url string, callers int) decider
 }
 
 var redisImpls = []redisImpl{
@@ -97,7 +89,7 @@ func redisGoClient(b *testing.B, url string, callers int) *goredis.Client {
 	return c
 }
 
-func redisRateImpl(b *testing.B, url string, callers int) redisDecider {
+func redisRateImpl(b *testing.B, url string, callers int) decider {
 	l := redis_rate.NewLimiter(redisGoClient(b, url, callers))
 	lim := redis_rate.Limit{Rate: redisRate, Burst: redisRate, Period: time.Second}
 	return func(ctx context.Context, key string) (bool, error) {
@@ -109,7 +101,7 @@ func redisRateImpl(b *testing.B, url string, callers int) redisDecider {
 	}
 }
 
-func redisSeedImpl(b *testing.B, url string, callers int) redisDecider {
+func redisSeedImpl(b *testing.B, url string, callers int) decider {
 	c := redisGoClient(b, url, callers)
 	script := goredis.NewScript(redisSeedLua)
 	rate := strconv.Itoa(redisRate)
@@ -123,8 +115,8 @@ func redisSeedImpl(b *testing.B, url string, callers int) redisDecider {
 	}
 }
 
-func redisDripImpl(opts ...redisstore.Option) func(b *testing.B, url string, callers int) redisDecider {
-	return func(b *testing.B, url string, callers int) redisDecider {
+func redisDripImpl(opts ...redisstore.Option) func(b *testing.B, url string, callers int) decider {
+	return func(b *testing.B, url string, callers int) decider {
 		s, err := redisstore.Open(url, append([]redisstore.Option{redisstore.WithPrefix("bench:drip:")}, opts...)...)
 		if err != nil {
 			b.Fatal(err)
@@ -221,70 +213,16 @@ func redisCPU(b *testing.B, url string) float64 {
 }
 
 // redisRun makes b.N decisions from callers goroutines and reports
-// throughput and latency percentiles.
-func redisRun(b *testing.B, callers int, decide redisDecider) {
-	ctx := context.Background()
-	var next atomic.Int64
-	lat := make([][]time.Duration, callers)
-	var wg sync.WaitGroup
-	var failed atomic.Pointer[error]
-	var denied atomic.Int64
-	b.ResetTimer()
-	cpu := processCPU()
-	start := time.Now()
-	for w := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
-			for next.Add(1) <= int64(b.N) {
-				key := keys[rng.IntN(keyCount)]
-				t := time.Now()
-				ok, err := decide(ctx, key)
-				if err != nil {
-					failed.CompareAndSwap(nil, &err)
-					return
-				}
-				lat[w] = append(lat[w], time.Since(t))
-				if !ok {
-					denied.Add(1)
-				}
-			}
-		}()
+// throughput, latency percentiles and the client's CPU per decision.
+func redisRun(b *testing.B, callers int, decide decider) {
+	r := closedLoop(b, callers, false, 11, decide)
+	if r.denied > 0 {
+		b.Fatalf("%d of %d decisions denied under a limit that always allows", r.denied, b.N)
 	}
-	wg.Wait()
-	el := time.Since(start)
-	cpu = processCPU() - cpu
-	b.StopTimer()
-	if err := failed.Load(); err != nil {
-		b.Fatal(*err)
-	}
-	if n := denied.Load(); n > 0 {
-		b.Fatalf("%d of %d decisions denied under a limit that always allows", n, b.N)
-	}
-	all := slices.Concat(lat...)
-	slices.Sort(all)
-	b.ReportMetric(float64(b.N)/el.Seconds(), "decisions/s")
-	b.ReportMetric(redisPct(all, 0.5), "p50-µs")
-	b.ReportMetric(redisPct(all, 0.99), "p99-µs")
-	b.ReportMetric(cpu.Seconds()*1e6/float64(b.N), "client-cpu-µs")
-}
-
-// processCPU is the CPU time this process has used (user + system): the
-// callers, the client library and the benchmark's own bookkeeping.
-func processCPU() time.Duration {
-	var u syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
-		panic(err)
-	}
-	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
-}
-
-func redisPct(sorted []time.Duration, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return float64(sorted[int(q*float64(len(sorted)-1))]) / float64(time.Microsecond)
+	b.ReportMetric(float64(b.N)/r.elapsed.Seconds(), "decisions/s")
+	b.ReportMetric(pct(r.lat, 0.5), "p50-µs")
+	b.ReportMetric(pct(r.lat, 0.99), "p99-µs")
+	b.ReportMetric(r.cpu.Seconds()*1e6/float64(b.N), "client-cpu-µs")
 }
 
 // BenchmarkRedisBatchTuning measures batching's knobs at 64 callers: calls
