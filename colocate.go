@@ -36,7 +36,7 @@ func (s Separately) ApplyMulti(ctx context.Context, op Op, at time.Time, rs []Re
 	if !errors.Is(err, ErrNotColocated) {
 		return m, err
 	}
-	if _, err := PrepareMulti(rs); err != nil {
+	if _, err := PrepareMulti(op, rs); err != nil {
 		return Multi{}, err
 	}
 	ds := make([]Decision, len(rs))

@@ -216,11 +216,21 @@ func TestWait(t *testing.T) {
 		// A deadline too short for the wait: refused, and nothing kept.
 		dctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 		defer cancel()
-		if err := l.Wait(dctx, "w"); !errors.Is(err, drip.ErrWouldExceedDeadline) {
-			t.Fatalf("err = %v", err)
+		err := l.Wait(dctx, "w")
+		if !errors.Is(err, drip.ErrWouldExceedDeadline) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want one that is both ErrWouldExceedDeadline and context.DeadlineExceeded", err)
 		}
 		if d, _ := l.Peek(ctx, "w"); d.RetryAfter != 100*time.Millisecond {
 			t.Fatalf("the refused wait kept its reservation: %+v", d)
+		}
+		// A wait above the burst is a reservation too; refused for the
+		// deadline, it is refunded in full (a refund may exceed the burst).
+		big := drip.New(s, drip.Limit{Rate: 4, Burst: 1}, drip.WithClock(time.Now))
+		if err := big.WaitN(dctx, "big", 5); !errors.Is(err, drip.ErrWouldExceedDeadline) {
+			t.Fatalf("WaitN(5) on a burst of 1: err = %v", err)
+		}
+		if d, _ := big.PeekN(ctx, "big", 0); d.Tokens != 1 {
+			t.Fatalf("the refused WaitN(5) kept its reservation: %+v", d)
 		}
 	})
 }

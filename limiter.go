@@ -2,7 +2,6 @@ package drip
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -104,8 +103,20 @@ func (l *Limiter) Wait(ctx context.Context, key string) error {
 }
 
 // ErrWouldExceedDeadline is returned by Wait when the context's deadline
-// comes before the tokens would be granted; nothing is taken.
-var ErrWouldExceedDeadline = errors.New("drip: wait would exceed context deadline")
+// comes before the tokens would be granted; nothing is taken. It matches
+// context.DeadlineExceeded too (errors.Is), so callers that handle a
+// deadline one way handle both.
+var ErrWouldExceedDeadline error = wouldExceedDeadline{}
+
+type wouldExceedDeadline struct{}
+
+func (wouldExceedDeadline) Error() string { return "drip: wait would exceed context deadline" }
+
+// Is makes the error match context.DeadlineExceeded.
+func (wouldExceedDeadline) Is(target error) bool { return target == context.DeadlineExceeded }
+
+// Timeout reports true, as context.DeadlineExceeded does.
+func (wouldExceedDeadline) Timeout() bool { return true }
 
 // WaitN blocks until cost tokens of key's bucket are granted, or ctx ends.
 // It reserves the tokens in one store call and sleeps until the reservation

@@ -1,6 +1,7 @@
 package drip
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -61,6 +62,20 @@ const (
 	OpRefund
 )
 
+// ErrInvalidOp is returned (wrapped) for an Op that is not OpTake, OpPeek
+// or OpRefund. CostOf checks it, so every store refuses it the same way
+// before it touches any state.
+var ErrInvalidOp = errors.New("invalid op")
+
+// checkOp reports an unknown op.
+func checkOp(op Op) error {
+	switch op {
+	case OpTake, OpPeek, OpRefund:
+		return nil
+	}
+	return fmt.Errorf("%w: %v is not take, peek or refund", ErrInvalidOp, op)
+}
+
 func (o Op) String() string {
 	switch o {
 	case OpTake:
@@ -81,9 +96,10 @@ type Prepared struct {
 	Reserve bool
 }
 
-// Prepare validates r and resolves its limit and cost to fixed point. Every
-// store calls it, so bad input gets the same error on every store.
-func Prepare(r Request) (Prepared, error) {
+// Prepare validates op and r and resolves r's limit and cost to fixed
+// point. Every store calls it (or PrepareWith, or CostOf), so bad input
+// gets the same error on every store.
+func Prepare(op Op, r Request) (Prepared, error) {
 	if r.Key == "" {
 		return Prepared{}, ErrMissingKey
 	}
@@ -91,7 +107,7 @@ func Prepare(r Request) (Prepared, error) {
 	if err != nil {
 		return Prepared{}, err
 	}
-	return PrepareWith(r, p)
+	return PrepareWith(op, r, p)
 }
 
 // ParamsOf validates l and resolves it to fixed point for key (the key
@@ -128,28 +144,44 @@ func ParamsOf(l Limit, key string) (Params, error) {
 // store may cache ParamsOf(l, "") for every key when it does not.
 func (l Limit) KeyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
 
-// PrepareWith checks r's key and cost against params p (from ParamsOf for
-// r.Limit and r.Key) and turns the cost to fixed point.
-func PrepareWith(r Request, p Params) (Prepared, error) {
+// PrepareWith checks op, and r's key and cost against params p (from
+// ParamsOf for r.Limit and r.Key), and turns the cost to fixed point.
+func PrepareWith(op Op, r Request, p Params) (Prepared, error) {
 	if r.Key == "" {
 		return Prepared{}, ErrMissingKey
 	}
-	cost, err := CostOf(r.Cost, r.Reserve, p)
+	cost, err := CostOf(op, r.Cost, r.Reserve, p)
 	if err != nil {
 		return Prepared{}, err
 	}
 	return Prepared{Key: r.Key, Params: p, Cost: cost, Reserve: r.Reserve}, nil
 }
 
-// CostOf checks a request's cost against params p and turns it to fixed
-// point: the cost part of PrepareWith, for stores that keep the rest.
-func CostOf(cost float64, reserve bool, p Params) (int64, error) {
+// CostOf checks op, and a request's cost against params p, and turns the
+// cost to fixed point: the cost part of PrepareWith, for stores that keep
+// the rest. It is the one place an unknown op is refused.
+//
+// A take or peek that can never be allowed is an error rather than a
+// denial, because no wait would help: a cost above the burst without
+// reserve, or with reserve a cost above the burst plus MaxReserved (a
+// bounded reservation needs the bucket to hold cost - MaxReserved, more
+// than it ever holds). Without a bound (MaxReserved 0) a reservation of any
+// valid cost fits. A refund takes any valid cost: it may give back a
+// reservation larger than the burst, and the bucket is capped at its burst.
+func CostOf(op Op, cost float64, reserve bool, p Params) (int64, error) {
+	if err := checkOp(op); err != nil {
+		return 0, err
+	}
 	if math.IsNaN(cost) || math.IsInf(cost, 0) || cost < 0 || cost > maxAmount {
 		return 0, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, cost)
 	}
 	c := toMicro(cost)
-	if c > p.Burst && !reserve {
+	switch {
+	case op == OpRefund || c <= p.Burst:
+	case !reserve:
 		return 0, fmt.Errorf("%w: cost %v > burst %v can never succeed without reserve", ErrCostExceedsBurst, cost, float64(p.Burst)/Micro)
+	case p.MaxReserved >= 0 && c-p.Burst > p.MaxReserved:
+		return 0, fmt.Errorf("%w: cost %v > burst %v + max_reserved %v can never be reserved", ErrCostExceedsBurst, cost, float64(p.Burst)/Micro, float64(p.MaxReserved)/Micro)
 	}
 	return c, nil
 }
@@ -340,14 +372,14 @@ func mulDivCeil(a, b, c int64) int64 {
 
 // PrepareMulti prepares every request of a multi-take; keys must be
 // distinct. The first bad request's error is returned, with its index.
-func PrepareMulti(rs []Request) ([]Prepared, error) {
+func PrepareMulti(op Op, rs []Request) ([]Prepared, error) {
 	if len(rs) == 0 {
 		return nil, ErrNoRequests
 	}
 	ps := make([]Prepared, len(rs))
 	seen := make(map[string]int, len(rs))
 	for i, r := range rs {
-		p, err := Prepare(r)
+		p, err := Prepare(op, r)
 		if err != nil {
 			return nil, fmt.Errorf("requests[%d]: %w", i, err)
 		}

@@ -183,10 +183,10 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 			}
 			rs[i], names[i] = r, name
 		}
-		if _, err := drip.PrepareMulti(rs); err != nil {
+		op, _ := replay.Op(opName)
+		if _, err := drip.PrepareMulti(op, rs); err != nil {
 			return nil, err
 		}
-		op, _ := replay.Op(opName)
 		m, err := s.store.ApplyMulti(ctx, op, timeZero, rs)
 		if err != nil {
 			if !badInput(err) {
@@ -218,10 +218,10 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 		}
 		return map[string]bool{"reset": true}, nil
 	}
-	if _, err := drip.Prepare(r); err != nil {
+	op, _ := replay.Op(opName)
+	if _, err := drip.Prepare(op, r); err != nil {
 		return nil, err
 	}
-	op, _ := replay.Op(opName)
 	d, err := s.store.Apply(ctx, op, timeZero, r)
 	if op == drip.OpTake {
 		s.count(name, d, err)

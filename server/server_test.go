@@ -190,6 +190,9 @@ func TestDecisionAPIErrors(t *testing.T) {
 		{"bad period", "POST", "/v1/take", `{"key": "k", "limit": {"rate": 1, "period": "soon"}}`, 400, "not a duration"},
 		{"negative cost", "POST", "/v1/take", `{"key": "k", ` + lim + `, "cost": -1}`, 400, "invalid cost"},
 		{"cost over burst", "POST", "/v1/take", `{"key": "k", ` + lim + `, "cost": 4}`, 400, "cost exceeds burst"},
+		{"reservation that can never fit", "POST", "/v1/take", `{"key": "k", "limit": {"rate": 4, "burst": 1, "max_reserved": 3}, "cost": 5, "reserve": true}`, 400, "can never be reserved"},
+		{"peek at a reservation that can never fit", "POST", "/v1/peek", `{"key": "k", "limit": {"rate": 4, "burst": 1, "max_reserved": 3}, "cost": 5, "reserve": true}`, 400, "can never be reserved"},
+		{"multi reservation that can never fit", "POST", "/v1/take", `{"requests": [{"key": "a", ` + lim + `}, {"key": "b", "limit": {"rate": 4, "burst": 1, "max_reserved": 3}, "cost": 5, "reserve": true}]}`, 400, "requests[1]: cost exceeds burst"},
 		{"cost as string", "POST", "/v1/take", `{"key": "k", ` + lim + `, "cost": "1"}`, 400, "bad JSON"},
 		{"reset with limit", "POST", "/v1/reset", `{"key": "k", ` + lim + `}`, 400, "only key"},
 		{"values without rule", "POST", "/v1/take", `{"values": ["x"]}`, 400, "values need a rule"},
@@ -224,15 +227,15 @@ type failing struct{}
 
 var errDown = errors.New("dial tcp 127.0.0.1:1: connection refused")
 
-func (failing) Apply(_ context.Context, _ drip.Op, _ time.Time, r drip.Request) (drip.Decision, error) {
-	if _, err := drip.Prepare(r); err != nil {
+func (failing) Apply(_ context.Context, op drip.Op, _ time.Time, r drip.Request) (drip.Decision, error) {
+	if _, err := drip.Prepare(op, r); err != nil {
 		return drip.Decision{}, err
 	}
 	return drip.Decision{}, errDown
 }
 
-func (failing) ApplyMulti(_ context.Context, _ drip.Op, _ time.Time, rs []drip.Request) (drip.Multi, error) {
-	if _, err := drip.PrepareMulti(rs); err != nil {
+func (failing) ApplyMulti(_ context.Context, op drip.Op, _ time.Time, rs []drip.Request) (drip.Multi, error) {
+	if _, err := drip.PrepareMulti(op, rs); err != nil {
 		return drip.Multi{}, err
 	}
 	return drip.Multi{}, errDown

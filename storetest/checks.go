@@ -57,6 +57,27 @@ func RunErrors(t *testing.T, newStore NewStore) {
 	if err := st.Reset(c, ""); !errors.Is(err, drip.ErrMissingKey) {
 		t.Errorf("reset of no key: err = %v, want %v", err, drip.ErrMissingKey)
 	}
+	// A reservation that can never fit (cost above burst + max_reserved).
+	bounded := drip.Limit{Rate: 4, Burst: 1, MaxReserved: 3}
+	for _, op := range []drip.Op{drip.OpTake, drip.OpPeek} {
+		r := drip.Request{Key: p + "k", Limit: bounded, Cost: 5, Reserve: true}
+		if _, err := st.Apply(c, op, at, r); !errors.Is(err, drip.ErrCostExceedsBurst) {
+			t.Errorf("reservation that can never fit (%v): err = %v, want %v", op, err, drip.ErrCostExceedsBurst)
+		}
+		if _, err := st.ApplyMulti(c, op, at, []drip.Request{{Key: p + "ok", Limit: good, Cost: 1}, r}); !errors.Is(err, drip.ErrCostExceedsBurst) {
+			t.Errorf("reservation that can never fit in a multi-take (%v): err = %v, want %v", op, err, drip.ErrCostExceedsBurst)
+		}
+	}
+	// An op that is none of take, peek, refund.
+	for _, op := range []drip.Op{drip.OpRefund + 1, 4, 255} {
+		r := drip.Request{Key: p + "k", Limit: good, Cost: 1}
+		if _, err := st.Apply(c, op, at, r); !errors.Is(err, drip.ErrInvalidOp) {
+			t.Errorf("op %v: err = %v, want %v", op, err, drip.ErrInvalidOp)
+		}
+		if _, err := st.ApplyMulti(c, op, at, []drip.Request{r, {Key: p + "ok", Limit: good, Cost: 1}}); !errors.Is(err, drip.ErrInvalidOp) {
+			t.Errorf("op %v in a multi-take: err = %v, want %v", op, err, drip.ErrInvalidOp)
+		}
+	}
 	// Nothing above consumed anything.
 	for _, k := range []string{"k", "ok", "d"} {
 		d, err := st.Apply(c, drip.OpPeek, at, drip.Request{Key: p + k, Limit: good, Cost: 0})

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"math"
 	"math/big"
 	"time"
 
@@ -191,3 +192,57 @@ func (m *Model) Apply(op drip.Op, p drip.Prepared, at time.Time, write bool, fol
 
 // Reset forgets key.
 func (m *Model) Reset(key string) { delete(m.buckets, key) }
+
+// Prepare is the model's own reading of a request: the errors SPEC 1
+// names for op and cost, decided in exact arithmetic (the limit itself is
+// validated and resolved by drip.ParamsOf, which the model does not
+// re-derive). A take or peek whose cost exceeds the burst is an error
+// unless reserved, and a reservation whose cost exceeds the burst plus a
+// bound on the debt is an error too (it could never fit); a refund takes
+// any finite cost >= 0.
+func (m *Model) Prepare(op drip.Op, r drip.Request) (drip.Prepared, error) {
+	if r.Key == "" {
+		return drip.Prepared{}, drip.ErrMissingKey
+	}
+	p, err := drip.ParamsOf(r.Limit, r.Key)
+	if err != nil {
+		return drip.Prepared{}, err
+	}
+	if op != drip.OpTake && op != drip.OpPeek && op != drip.OpRefund {
+		return drip.Prepared{}, drip.ErrInvalidOp
+	}
+	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > 1e12 {
+		return drip.Prepared{}, drip.ErrInvalidCost
+	}
+	micro := int64(math.Round(r.Cost * drip.Micro))
+	l := modelLimit(p)
+	over := new(big.Rat).Sub(big.NewRat(micro, drip.Micro), l.burst) // cost - burst
+	if op != drip.OpRefund && over.Sign() > 0 {
+		if !r.Reserve || (l.maxReserved != nil && over.Cmp(l.maxReserved) > 0) {
+			return drip.Prepared{}, drip.ErrCostExceedsBurst
+		}
+	}
+	return drip.Prepared{Key: r.Key, Params: p, Cost: micro, Reserve: r.Reserve}, nil
+}
+
+// PrepareMulti is Prepare for a multi-take: the first bad request's error,
+// or a key that appears twice.
+func (m *Model) PrepareMulti(op drip.Op, rs []drip.Request) ([]drip.Prepared, error) {
+	if len(rs) == 0 {
+		return nil, drip.ErrNoRequests
+	}
+	ps := make([]drip.Prepared, len(rs))
+	seen := map[string]bool{}
+	for i, r := range rs {
+		p, err := m.Prepare(op, r)
+		if err != nil {
+			return nil, err
+		}
+		if seen[r.Key] {
+			return nil, drip.ErrDuplicateKey
+		}
+		seen[r.Key] = true
+		ps[i] = p
+	}
+	return ps, nil
+}

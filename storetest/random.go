@@ -21,6 +21,7 @@ var randomLimits = []drip.Limit{
 	{Rate: 0.5, Burst: 2},
 	{Rate: 1000, Burst: 100},
 	{Rate: 2, Burst: 4, MaxReserved: 3},
+	{Rate: 4, Burst: 1, MaxReserved: 3},
 	{Rate: 5, Period: 10 * s, Burst: 20, Refill: drip.Interval},
 	{Rate: 3, Period: 700 * ms, Burst: 4, Refill: drip.Interval},
 	{Algorithm: drip.FixedWindow, Rate: 3, Period: time.Minute, Burst: 5, Start: time.Minute},
@@ -33,8 +34,14 @@ func RandomLines(seed uint64, n int) []replay.Line {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	keys := []string{"a", "b", "c", "d"}
 	lim := map[string]drip.Limit{}
+	bounded := false
 	for _, k := range keys {
 		lim[k] = randomLimits[rng.IntN(len(randomLimits))]
+		bounded = bounded || lim[k].MaxReserved > 0
+	}
+	if !bounded {
+		// A bound on reservations, so that some can never fit.
+		lim["d"] = drip.Limit{Rate: 4, Burst: 1, MaxReserved: 3}
 	}
 	steps := []time.Duration{0, 0, 1 * ms, 7 * ms, 50 * ms, 100 * ms, 333 * ms, 1 * s, 2500 * ms, 12 * s}
 	costs := []float64{0, 0.5, 1, 1, 1, 2, 3.25}
@@ -47,6 +54,12 @@ func RandomLines(seed uint64, n int) []replay.Line {
 			r.Cost = limBurst(l)
 		case 1:
 			r.Cost = limBurst(l) + 1 // over the burst: an error unless reserved
+		case 2:
+			// Over the burst and any bound on the debt: a reservation that
+			// can never fit (an error) when the limit bounds its debt, and a
+			// refund above the burst.
+			r.Cost = limBurst(l) + l.MaxReserved + 2
+			r.Reserve = rng.IntN(4) != 0
 		}
 		return r
 	}
@@ -65,7 +78,6 @@ func RandomLines(seed uint64, n int) []replay.Line {
 			l.Op, l.Request = "peek", req(keys[rng.IntN(len(keys))])
 		case x < 78:
 			l.Op, l.Request = "refund", req(keys[rng.IntN(len(keys))])
-			l.Request.Reserve = false
 		case x < 82:
 			l.Op, l.Request = "reset", drip.Request{Key: keys[rng.IntN(len(keys))]}
 		default:
@@ -127,56 +139,75 @@ func CompareWithModel(t *testing.T, st drip.Store, lines []replay.Line) {
 			r.Key = p + r.Key
 			own[j] = r
 		}
-		ps, perr := drip.PrepareMulti(own)
-		if perr != nil && l.Requests == nil {
-			_, perr = drip.Prepare(own[0])
-		}
 		var got []drip.Decision
 		var err error
+		allowed := false
 		if l.Requests == nil {
 			var d drip.Decision
 			d, err = st.Apply(c, op, at, own[0])
-			got = []drip.Decision{d}
+			got, allowed = []drip.Decision{d}, d.Allowed
 		} else {
 			var mm drip.Multi
 			mm, err = st.ApplyMulti(c, op, at, own)
-			got = mm.Decisions
-			if err == nil && mm.Allowed != allAllowed(got) {
-				t.Fatalf("%s: Multi.Allowed %v but decisions %+v", where, mm.Allowed, got)
-			}
+			got, allowed = mm.Decisions, mm.Allowed
 		}
-		if perr != nil {
-			if err == nil || !strings.Contains(err.Error(), perr.Error()) {
-				t.Fatalf("%s: store err = %v, want %v", where, err, perr)
-			}
-			continue
+		if msg := m.step(op, own, l.Requests != nil, at, got, allowed, err); msg != "" {
+			t.Fatalf("%s: %s", where, msg)
 		}
-		if err != nil {
-			t.Fatalf("%s: %v", where, err)
+	}
+}
+
+// step checks one line's outcome (the store's decisions, or its error)
+// against the exact model, and advances the model. It returns what is
+// wrong, or "".
+func (m *Model) step(op drip.Op, rs []drip.Request, multi bool, at time.Time, got []drip.Decision, allowed bool, err error) string {
+	var ps []drip.Prepared
+	var perr error
+	if multi {
+		ps, perr = m.PrepareMulti(op, rs)
+	} else {
+		var p drip.Prepared
+		p, perr = m.Prepare(op, rs[0])
+		ps = []drip.Prepared{p}
+	}
+	if perr != nil {
+		if err == nil || !strings.Contains(err.Error(), perr.Error()) {
+			return fmt.Sprintf("store err = %v, exact model says %v", err, perr)
 		}
-		// The model decides each request, following the store only at a
-		// boundary within tolerance; then applies all or none.
-		want := make([]ModelDecision, len(ps))
+		return ""
+	}
+	if err != nil {
+		return err.Error()
+	}
+	if len(got) != len(ps) {
+		return fmt.Sprintf("%d decisions for %d requests", len(got), len(ps))
+	}
+	if multi && allowed != allAllowed(got) {
+		return fmt.Sprintf("Multi.Allowed %v but decisions %+v", allowed, got)
+	}
+	// The model decides each request, following the store only at a
+	// boundary within tolerance; then applies all or none.
+	want := make([]ModelDecision, len(ps))
+	for j, pr := range ps {
+		want[j] = m.Apply(op, pr, at, false, &got[j], Tolerance)
+	}
+	all := true
+	for _, w := range want {
+		all = all && w.Allowed
+	}
+	if op == drip.OpRefund || (op == drip.OpTake && (all || len(ps) == 1)) {
 		for j, pr := range ps {
-			want[j] = m.Apply(op, pr, at, false, &got[j], Tolerance)
-		}
-		all := true
-		for _, w := range want {
-			all = all && w.Allowed
-		}
-		if op == drip.OpRefund || (op == drip.OpTake && (all || len(ps) == 1)) {
-			for j, pr := range ps {
-				if want[j].Allowed || op == drip.OpRefund {
-					m.Apply(op, pr, at, true, &got[j], Tolerance)
-				}
-			}
-		}
-		for j := range ps {
-			if msg := compare(got[j], want[j], ps[j].Params); msg != "" {
-				t.Fatalf("%s, request %d (%s cost %v reserve %v, limit %v): %s", where, j, rs[j].Key, rs[j].Cost, rs[j].Reserve, rs[j].Limit, msg)
+			if want[j].Allowed || op == drip.OpRefund {
+				m.Apply(op, pr, at, true, &got[j], Tolerance)
 			}
 		}
 	}
+	for j := range ps {
+		if msg := compare(got[j], want[j], ps[j].Params); msg != "" {
+			return fmt.Sprintf("request %d (%s cost %v reserve %v, limit %v): %s", j, rs[j].Key, rs[j].Cost, rs[j].Reserve, rs[j].Limit, msg)
+		}
+	}
+	return ""
 }
 
 func allAllowed(ds []drip.Decision) bool {

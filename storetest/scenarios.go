@@ -131,6 +131,22 @@ var Scenarios = []scenario{
 		{at: 0, cost: 11, err: drip.ErrCostExceedsBurst},
 		{at: 0, cost: 11, reserve: true, allowed: true, tokens: -1, retry: 100 * ms, reset: 1100 * ms},
 	}},
+	{"a reservation above the burst can be refunded in full", drip.Limit{Rate: 4, Burst: 1}, []step{
+		{at: 0, cost: 5, reserve: true, allowed: true, tokens: -4, retry: 1 * s, reset: 1250 * ms},
+		{at: 0, op: "refund", cost: 5, allowed: true, tokens: 1},
+		{at: 0, allowed: true, tokens: 0, reset: 250 * ms},
+		// A refund above the burst on a fresh bucket leaves it full.
+		{at: 0, op: "refund", key: "fresh", cost: 7.5, allowed: true, tokens: 1},
+	}},
+	{"a reservation that can never fit is an error", drip.Limit{Rate: 4, Burst: 1, MaxReserved: 3}, []step{
+		{at: 0, cost: 5, reserve: true, err: drip.ErrCostExceedsBurst},
+		{at: 0, op: "peek", cost: 5, reserve: true, err: drip.ErrCostExceedsBurst},
+		// burst + max_reserved fits, on a full bucket.
+		{at: 0, cost: 4, reserve: true, allowed: true, tokens: -3, retry: 750 * ms, reset: 1 * s},
+		{at: 1 * s, cost: 4, reserve: true, allowed: true, tokens: -3, retry: 750 * ms, reset: 1 * s},
+		// Without a bound, any valid cost may be reserved.
+		{at: 0, key: "unbounded", limit: ptr(drip.Limit{Rate: 4, Burst: 1}), cost: 1e6, reserve: true, allowed: true, tokens: 1 - 1e6, retry: 249999750 * ms, reset: 250000 * s},
+	}},
 	{"peek writes nothing", tenPerSecond, []step{
 		{at: 0, op: "peek", cost: 4, allowed: true, tokens: 6, reset: 400 * ms},
 		{at: 0, op: "peek", cost: 10, allowed: true, tokens: 0, reset: 1 * s},

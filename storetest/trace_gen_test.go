@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math/big"
@@ -18,39 +17,6 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite the random traces and every golden output from the memory store")
-
-// encodeLine writes l in the replay format.
-func encodeLine(l replay.Line) string {
-	type req struct {
-		Key     string      `json:"key"`
-		Cost    *float64    `json:"cost,omitempty"`
-		Reserve bool        `json:"reserve,omitempty"`
-		Limit   *drip.Limit `json:"limit,omitempty"`
-	}
-	conv := func(r drip.Request) req {
-		c, lim := r.Cost, r.Limit
-		return req{Key: r.Key, Cost: &c, Reserve: r.Reserve, Limit: &lim}
-	}
-	m := map[string]any{"at": json.Number(fmt.Sprintf("%.3f", l.At.Seconds())), "op": l.Op}
-	switch {
-	case l.Requests != nil:
-		var rs []req
-		for _, r := range l.Requests {
-			rs = append(rs, conv(r))
-		}
-		m["requests"] = rs
-	case l.Op == "reset":
-		m["key"] = l.Request.Key
-	default:
-		r := conv(l.Request)
-		m["key"], m["cost"], m["limit"] = r.Key, r.Cost, r.Limit
-		if r.Reserve {
-			m["reserve"] = true
-		}
-	}
-	b, _ := json.Marshal(m)
-	return string(b)
-}
 
 // TestGolden checks that the memory store reproduces every golden output
 // (with -update, rewrites them), and that the random traces' goldens agree
@@ -116,7 +82,7 @@ func TestGoldenAgreesWithModel(t *testing.T) {
 // TestModelWorkedExample holds the model itself to SPEC's boundary example.
 func TestModelWorkedExample(t *testing.T) {
 	m := NewModel()
-	p, _ := drip.Prepare(drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 10})
+	p, _ := drip.Prepare(drip.OpTake, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 10})
 	at := time.Unix(100, 0)
 	if d := m.Apply(drip.OpTake, p, at, true, nil, nil); !d.Allowed || d.Tokens.Sign() != 0 {
 		t.Fatalf("burst: %+v", d)

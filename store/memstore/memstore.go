@@ -179,7 +179,7 @@ func (s *Store) clock() int64 {
 // params is drip.Prepare with the last key-independent limit cached, by
 // pointer so that the hot path copies no request: the params and the cost
 // in fixed point.
-func (s *Store) params(r *drip.Request) (drip.Params, int64, error) {
+func (s *Store) params(op drip.Op, r *drip.Request) (drip.Params, int64, error) {
 	if r.Key == "" {
 		return drip.Params{}, 0, drip.ErrMissingKey
 	}
@@ -195,13 +195,13 @@ func (s *Store) params(r *drip.Request) (drip.Params, int64, error) {
 			s.last.Store(&cached{r.Limit, p})
 		}
 	}
-	cost, err := drip.CostOf(r.Cost, r.Reserve, p)
+	cost, err := drip.CostOf(op, r.Cost, r.Reserve, p)
 	return p, cost, err
 }
 
 // Apply implements drip.Store.
 func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, cost, err := s.params(&r)
+	p, cost, err := s.params(op, &r)
 	if err != nil {
 		return drip.Decision{}, err
 	}
@@ -261,7 +261,7 @@ func (s *Store) evict(sh *shard, now int64) {
 // ApplyMulti implements drip.Store. It locks the shards involved in a fixed
 // order, so concurrent multi-takes never deadlock.
 func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	ps, err := drip.PrepareMulti(rs)
+	ps, err := drip.PrepareMulti(op, rs)
 	if err != nil {
 		return drip.Multi{}, err
 	}

@@ -15,7 +15,7 @@ func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request,
 	var idx []int
 	var ps []drip.Prepared
 	for i, r := range rs {
-		p, err := drip.Prepare(r)
+		p, err := drip.Prepare(ops[i], r)
 		if err != nil {
 			errs[i] = err
 			continue

@@ -272,12 +272,9 @@ var errRace = errors.New("pgstore: bucket appeared during the statement")
 
 // Apply implements drip.Store.
 func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, err := drip.Prepare(r)
+	p, err := drip.Prepare(op, r)
 	if err != nil {
 		return drip.Decision{}, err
-	}
-	if op != drip.OpTake && op != drip.OpPeek && op != drip.OpRefund {
-		return drip.Decision{}, fmt.Errorf("pgstore: unknown op %v", op)
 	}
 	var res result
 	if s.batch != nil {
@@ -330,12 +327,9 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *i
 
 // ApplyMulti implements drip.Store: one statement, all or nothing.
 func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	ps, err := drip.PrepareMulti(rs)
+	ps, err := drip.PrepareMulti(op, rs)
 	if err != nil {
 		return drip.Multi{}, err
-	}
-	if op != drip.OpTake && op != drip.OpPeek && op != drip.OpRefund {
-		return drip.Multi{}, fmt.Errorf("pgstore: unknown op %v", op)
 	}
 	a := newArrays(len(ps))
 	seen := make(map[string]bool, len(ps))

@@ -143,6 +143,15 @@ func TestSQLFunctions(t *testing.T) {
 		}
 	}
 
+	// A reservation above the burst is refunded in full, up to the burst.
+	rl := drip.Limit{Rate: 4, Burst: 1}
+	if d := sqlCall(t, db, "take", p+"refund", rl, 5, true, t0); !d.Allowed || d.Tokens != -4 {
+		t.Fatalf("sql reservation of 5 on a burst of 1: %+v", d)
+	}
+	if d := sqlCall(t, db, "refund", p+"refund", rl, 5, false, t0); !d.Allowed || d.Tokens != 1 {
+		t.Fatalf("sql refund of 5 on a burst of 1: %+v", d)
+	}
+
 	// A long key through SQL and through Go is the same bucket.
 	long := p + strings.Repeat("y", 3000)
 	l := drip.PerHour(1).WithBurst(2)
@@ -175,6 +184,9 @@ func TestSQLFunctions(t *testing.T) {
 		"SELECT * FROM drip.take('k', 10, '1 second', 5, 6)",
 		"SELECT * FROM drip.take('k', 10, cost => -1)",
 		"SELECT * FROM drip.take('k', 10, refill => 'sometimes')",
+		// A reservation above burst + max_reserved could never fit.
+		"SELECT * FROM drip.take('k', 4, burst => 1, cost => 5, reserve => true, max_reserved => 3)",
+		"SELECT * FROM drip.peek('k', 4, burst => 1, cost => 5, reserve => true, max_reserved => 3)",
 	} {
 		if _, err := db.Exec(ctx, bad); err == nil || !strings.Contains(err.Error(), "drip:") {
 			t.Errorf("%s: want a drip error, got %v", bad, err)

@@ -171,7 +171,7 @@ func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 
 // Apply implements drip.Store.
 func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, err := drip.Prepare(r)
+	p, err := drip.Prepare(op, r)
 	if err != nil {
 		return drip.Decision{}, err
 	}
@@ -190,7 +190,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 
 // ApplyMulti implements drip.Store.
 func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	ps, err := drip.PrepareMulti(rs)
+	ps, err := drip.PrepareMulti(op, rs)
 	if err != nil {
 		return drip.Multi{}, err
 	}

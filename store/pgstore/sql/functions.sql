@@ -162,4 +162,9 @@ BEGIN
     IF p_cost > p_burst AND NOT coalesce(reserve, false) THEN
         RAISE EXCEPTION 'drip: cost exceeds burst: cost % > burst % can never succeed without reserve', cost, burst USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A reservation beyond the burst plus the bound on debt could never fit
+    -- (drip.CostOf). drip.refund passes reserve with no bound: any cost.
+    IF p_cost - p_burst > p_maxres THEN
+        RAISE EXCEPTION 'drip: cost exceeds burst: cost % > burst % + max_reserved % can never be reserved', cost, burst, max_reserved USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 END $$;
