@@ -710,7 +710,7 @@ func (l *Limiter) clock() time.Time {
 // apply makes one store call, behind the breaker and with a deadline.
 func (l *Limiter) apply(ctx context.Context, s *snapshot, op drip.Op, reqs []drip.Request) (drip.Multi, error) {
 	now := l.clock()
-	ok, probe, changed := l.brk.allow(now)
+	ok, tk, changed := l.brk.allow(now)
 	l.breakerChanged(changed)
 	if !ok {
 		return drip.Multi{}, ErrBreakerOpen
@@ -736,14 +736,16 @@ func (l *Limiter) apply(ctx context.Context, s *snapshot, op drip.Op, reqs []dri
 	if err != nil {
 		l.obs.StoreError(err)
 		l.logError("store call failed", err)
-		if ctx.Err() == nil { // the caller gave up: not the store's fault
-			l.breakerChanged(l.brk.failure(l.clock(), s.breaker.Failures, s.breaker.Cooldown, probe))
-		} else if probe {
-			l.breakerChanged(l.brk.failure(l.clock(), s.breaker.Failures, s.breaker.Cooldown, probe))
+		if ctx.Err() == nil {
+			l.breakerChanged(l.brk.failure(l.clock(), s.breaker.Failures, s.breaker.Cooldown, tk))
+		} else {
+			// The caller gave up: not the store's fault, so nothing is
+			// counted; a probe frees its place for the next call.
+			l.brk.abandon(tk)
 		}
 		return drip.Multi{}, err
 	}
-	l.breakerChanged(l.brk.success(probe))
+	l.breakerChanged(l.brk.success(tk))
 	return m, nil
 }
 

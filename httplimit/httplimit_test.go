@@ -544,6 +544,35 @@ func TestStoreDownAllow(t *testing.T) {
 	}
 }
 
+// TestBreakerProbeCallerGaveUp: when the caller of the half-open probe
+// gives up, the store is not to blame: the breaker stays half-open and the
+// next request probes, instead of a whole new cool-down.
+func TestBreakerProbeCallerGaveUp(t *testing.T) {
+	ds := &downStore{Store: memstore.New()}
+	e := newEnv(t, ds, parse(t, downRules("allow")))
+	for range 3 {
+		e.do("/", "X-Api-Key: k")
+	}
+	if e.lim.BreakerState() != httplimit.BreakerOpen {
+		t.Fatalf("breaker %s", e.lim.BreakerState())
+	}
+	e.clock.Add(10 * time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set("X-Api-Key", "k")
+	if res := e.lim.Decide(ctx, req); res.Err == nil {
+		t.Fatalf("the probe with a cancelled caller: %+v", res)
+	}
+	if ds.calls.Load() != 4 || e.lim.BreakerState() != httplimit.BreakerHalfOpen {
+		t.Fatalf("after the abandoned probe: calls %d, breaker %s", ds.calls.Load(), e.lim.BreakerState())
+	}
+	ds.up.Store(true)
+	if r := e.do("/", "X-Api-Key: k"); r.code != 200 || ds.calls.Load() != 5 || e.lim.BreakerState() != httplimit.BreakerClosed {
+		t.Fatalf("next request: %d, calls %d, breaker %s", r.code, ds.calls.Load(), e.lim.BreakerState())
+	}
+}
+
 func TestStoreDownDeny(t *testing.T) {
 	ds := &downStore{Store: memstore.New()}
 	e := newEnv(t, ds, parse(t, downRules("deny")))

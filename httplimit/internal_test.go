@@ -13,34 +13,162 @@ func TestBreaker(t *testing.T) {
 	b := newBreaker()
 	t0 := time.Unix(1000, 0)
 	for i := range 3 {
-		ok, probe, _ := b.allow(t0)
-		if !ok || probe {
-			t.Fatalf("closed call %d: %v %v", i, ok, probe)
+		ok, tk, _ := b.allow(t0)
+		if !ok || tk.probe {
+			t.Fatalf("closed call %d: %v %+v", i, ok, tk)
 		}
-		if ch := b.failure(t0, 3, time.Second, false); (ch == BreakerOpen) != (i == 2) {
+		if ch := b.failure(t0, 3, time.Second, tk); (ch == BreakerOpen) != (i == 2) {
 			t.Fatalf("failure %d: %q", i, ch)
 		}
 	}
 	if ok, _, _ := b.allow(t0.Add(999 * time.Millisecond)); ok {
 		t.Fatal("open breaker let a call through during the cool-down")
 	}
-	ok, probe, ch := b.allow(t0.Add(time.Second))
-	if !ok || !probe || ch != BreakerHalfOpen {
-		t.Fatalf("after the cool-down: %v %v %q", ok, probe, ch)
+	ok, tk, ch := b.allow(t0.Add(time.Second))
+	if !ok || !tk.probe || ch != BreakerHalfOpen {
+		t.Fatalf("after the cool-down: %v %+v %q", ok, tk, ch)
 	}
 	if ok, _, _ := b.allow(t0.Add(time.Second)); ok {
 		t.Fatal("a second call went through while the probe was in flight")
 	}
-	if ch := b.success(true); ch != BreakerClosed || b.State() != BreakerClosed {
+	if ch := b.success(tk); ch != BreakerClosed || b.State() != BreakerClosed {
 		t.Fatalf("probe success: %q %s", ch, b.State())
 	}
 	// A success resets the count of consecutive failures.
-	b.failure(t0, 3, time.Second, false)
-	b.failure(t0, 3, time.Second, false)
-	b.success(false)
-	if ch := b.failure(t0, 3, time.Second, false); ch != "" {
+	fail := func() string { _, tk, _ := b.allow(t0); return b.failure(t0, 3, time.Second, tk) }
+	fail()
+	fail()
+	_, tk, _ = b.allow(t0)
+	b.success(tk)
+	if ch := fail(); ch != "" {
 		t.Fatalf("failures were not consecutive, yet %q", ch)
 	}
+}
+
+// TestBreakerInterleavings holds the breaker to its doc when calls overlap
+// its changes of state: only the probe closes it, a call that started
+// before it opened counts for nothing after, and half-open lets exactly one
+// probe through at a time. Time is injected; nothing sleeps.
+func TestBreakerInterleavings(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	cool := 10 * time.Second
+	// open returns a breaker opened at t0 by 3 failures, and the ticket of
+	// a call that started while it was still closed and is still running.
+	open := func() (*breaker, ticket) {
+		b := newBreaker()
+		_, slow, _ := b.allow(t0)
+		for range 3 {
+			_, tk, _ := b.allow(t0)
+			b.failure(t0, 3, cool, tk)
+		}
+		if b.State() != BreakerOpen {
+			t.Fatalf("not open after 3 failures: %s", b.State())
+		}
+		return b, slow
+	}
+
+	t.Run("a success from before the opening does not close it", func(t *testing.T) {
+		b, slow := open()
+		if ch := b.success(slow); ch != "" || b.State() != BreakerOpen {
+			t.Fatalf("stale success while open: %q, %s", ch, b.State())
+		}
+		if ok, _, _ := b.allow(t0.Add(time.Second)); ok {
+			t.Fatal("a call went through during the cool-down after a stale success")
+		}
+	})
+
+	t.Run("a success from before the opening does not close it half-open", func(t *testing.T) {
+		b, slow := open()
+		ok, probe, _ := b.allow(t0.Add(cool))
+		if !ok || !probe.probe {
+			t.Fatal("no probe after the cool-down")
+		}
+		if ch := b.success(slow); ch != "" || b.State() != BreakerHalfOpen {
+			t.Fatalf("stale success while half-open: %q, %s", ch, b.State())
+		}
+		// Still exactly one probe: no second call gets through.
+		if ok, _, _ := b.allow(t0.Add(cool)); ok {
+			t.Fatal("a second probe went through after a stale success")
+		}
+		if ch := b.success(probe); ch != BreakerClosed {
+			t.Fatalf("the probe's success: %q, %s", ch, b.State())
+		}
+	})
+
+	t.Run("a failure from before the opening does not reopen or count", func(t *testing.T) {
+		b, slow := open()
+		_, probe, _ := b.allow(t0.Add(cool))
+		if ch := b.failure(t0.Add(cool), 3, cool, slow); ch != "" || b.State() != BreakerHalfOpen {
+			t.Fatalf("stale failure while half-open: %q, %s", ch, b.State())
+		}
+		b.success(probe)
+		// The stale failure did not count against the new closed state:
+		// three fresh failures are needed to open it.
+		for i := range 3 {
+			_, tk, _ := b.allow(t0.Add(cool))
+			if i < 2 && b.failure(t0.Add(cool), 3, cool, slow) != "" {
+				t.Fatal("a stale failure counted after closing")
+			}
+			if ch := b.failure(t0.Add(cool), 3, cool, tk); (ch == BreakerOpen) != (i == 2) {
+				t.Fatalf("failure %d after closing: %q", i, ch)
+			}
+		}
+	})
+
+	t.Run("only one probe per half-open state", func(t *testing.T) {
+		b, _ := open()
+		at := t0.Add(cool)
+		ok, p1, _ := b.allow(at)
+		if !ok || !p1.probe {
+			t.Fatal("no first probe")
+		}
+		for range 5 {
+			if ok, _, _ := b.allow(at); ok {
+				t.Fatal("a second call went through while the probe was in flight")
+			}
+		}
+		// The probe fails: open again for a whole cool-down.
+		if ch := b.failure(at, 3, cool, p1); ch != BreakerOpen {
+			t.Fatalf("failed probe: %q", ch)
+		}
+		if ok, _, _ := b.allow(at.Add(cool - 1)); ok {
+			t.Fatal("a call went through before the new cool-down ended")
+		}
+		ok, p2, _ := b.allow(at.Add(cool))
+		if !ok || !p2.probe {
+			t.Fatal("no probe after the second cool-down")
+		}
+		// The first probe's outcome, reported again or late, is stale.
+		if ch := b.success(p1); ch != "" || b.State() != BreakerHalfOpen {
+			t.Fatalf("the earlier probe's success closed the breaker: %q %s", ch, b.State())
+		}
+		if ok, _, _ := b.allow(at.Add(cool)); ok {
+			t.Fatal("a second probe went through")
+		}
+		if ch := b.success(p2); ch != BreakerClosed {
+			t.Fatalf("the current probe's success: %q", ch)
+		}
+	})
+
+	t.Run("an abandoned probe passes the turn without counting", func(t *testing.T) {
+		b, _ := open()
+		at := t0.Add(cool)
+		_, p1, _ := b.allow(at)
+		b.abandon(p1)
+		if b.State() != BreakerHalfOpen {
+			t.Fatalf("abandoned probe: %s", b.State())
+		}
+		ok, p2, _ := b.allow(at)
+		if !ok || !p2.probe {
+			t.Fatal("no probe after the first was abandoned")
+		}
+		if ok, _, _ := b.allow(at); ok {
+			t.Fatal("two probes at once")
+		}
+		if ch := b.success(p2); ch != BreakerClosed {
+			t.Fatalf("%q", ch)
+		}
+	})
 }
 
 func TestUntake(t *testing.T) {
