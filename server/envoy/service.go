@@ -190,7 +190,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if len(replacing) > 0 {
 		for i := range items {
 			it := &items[i]
-			if it.limit != nil && it.limit.Name != "" && replacing[it.limit.Name] {
+			// An unlimited descriptor stays unlimited when replaced, as in
+			// envoyproxy/ratelimit (it is set aside as unlimited before
+			// replaces apply).
+			if it.kind != unlimited && it.limit != nil && it.limit.Name != "" && replacing[it.limit.Name] {
 				it.kind, it.limit = none, nil
 			}
 		}

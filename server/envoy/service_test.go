@@ -438,6 +438,42 @@ descriptors:
 	}
 }
 
+// TestReplacedUnlimited: an unlimited descriptor stays unlimited (OK,
+// remaining 4294967295) when another descriptor replaces it, as in
+// envoyproxy/ratelimit, which marks it unlimited before applying replaces;
+// a limited descriptor it replaces is neither applied nor charged.
+func TestReplacedUnlimited(t *testing.T) {
+	c, err := Parse(File{Name: "u.yaml", Data: []byte(`domain: u
+descriptors:
+  - key: vip
+    rate_limit: {unlimited: true, name: vip}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 5, name: user}
+  - key: tenant
+    rate_limit:
+      unit: second
+      requests_per_unit: 2
+      replaces: [{name: vip}, {name: user}]
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serve(t, memstore.New(), c, false)
+	resp := r.call(t, "u", 0, desc("vip=a"), desc("user=u"), desc("tenant=t"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("%v", resp)
+	}
+	if st := resp.Statuses[0]; st.Code != rlsv3.RateLimitResponse_OK || st.LimitRemaining != math.MaxUint32 || st.CurrentLimit != nil {
+		t.Errorf("the replaced unlimited descriptor: %v, want OK with remaining %d", st, uint32(math.MaxUint32))
+	}
+	if st := resp.Statuses[1]; st.Code != rlsv3.RateLimitResponse_OK || st.LimitRemaining != 0 || st.CurrentLimit != nil {
+		t.Errorf("the replaced limited descriptor: %v, want OK without a limit", st)
+	}
+	if st := resp.Statuses[2]; st.LimitRemaining != 1 || st.CurrentLimit.GetName() != "" {
+		t.Errorf("the replacing descriptor: %v", st)
+	}
+}
+
 // TestBlockedKeepsHeaders: a call denied only by a limit of 0 still
 // carries the RateLimit headers of its other limits, and no Retry-After
 // (no wait cures a limit of 0).
