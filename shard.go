@@ -12,7 +12,8 @@ import (
 // Redis key). A take peeks two random shards and takes from the one with
 // more tokens (the power of two choices), so load stays even while every
 // shard's own limit still holds: the sum over shards never grants more than
-// the whole limit would.
+// the whole limit would. Fixed windows and interval refills put every shard
+// on one grid (see part), so that this holds within each window too.
 //
 // The price: a request may be denied while another shard still has tokens
 // (at most a little, thanks to the two choices), and a cost above burst/N
@@ -29,7 +30,19 @@ func (s Sharded) n() int { return max(1, s.N) }
 // ShardKey is the key of shard i of key.
 func ShardKey(key string, i int) string { return key + "#" + strconv.Itoa(i) }
 
-func (s Sharded) part(l Limit) Limit {
+// part is the limit of each shard of key: 1/N of the rate, burst and debt.
+// Windows and interval refills land on one grid for every shard, the
+// whole key's, so that the shards refill together: on a grid of its own
+// each shard would refill at a different instant, and within one window of
+// the whole limit the shards together could grant more than it. An interval
+// refill is therefore a fixed window on the key's hashed grid (the grid a
+// fixed window of key would have without Start), rather than a grid begun
+// by the key's first request, which the shards cannot agree on.
+func (s Sharded) part(l Limit, key string) Limit {
+	if l.Algorithm == FixedWindow || l.Refill == Interval {
+		l.Algorithm, l.Refill = FixedWindow, ""
+		l = l.ForKey(key)
+	}
 	n := float64(s.n())
 	l.Burst = l.burst() / n
 	l.Rate /= n
@@ -41,7 +54,7 @@ func (s Sharded) part(l Limit) Limit {
 
 func (s Sharded) pick(ctx context.Context, at time.Time, r Request) (Request, error) {
 	n := s.n()
-	r.Limit = s.part(r.Limit)
+	r.Limit = s.part(r.Limit, r.Key)
 	if n == 1 {
 		r.Key = ShardKey(r.Key, 0)
 		return r, nil
