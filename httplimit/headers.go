@@ -3,12 +3,12 @@ package httplimit
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -20,20 +20,20 @@ import (
 //	RateLimit-Remaining: 7
 //	RateLimit-Reset: 2
 //
-// Shadow rules never show in headers.
+// Every value is a structured field (RFC 8941). A rule's name is an
+// sf-string, which holds printable ASCII only: other bytes are written as
+// %xx (see sfv.String: "café" is "caf%c3%a9"). Shadow rules never show in
+// headers.
 
 // policyItem is a RateLimit-Policy item for a rule under limit l.
 func policyItem(name string, l drip.Limit) string {
-	return strconv.Quote(name) + ";q=" + amount(burst(l)) + ";w=" + strconv.FormatInt(drip.CeilSeconds(l.FillTime()), 10)
+	return sfv.String(name) + ";q=" + amount(burst(l)) + ";w=" + strconv.FormatInt(drip.CeilSeconds(l.FillTime()), 10)
 }
 
-// amount formats a number of tokens: an integer when it is one.
-func amount(x float64) string {
-	if x == math.Trunc(x) && math.Abs(x) < 1e15 {
-		return strconv.FormatInt(int64(x), 10)
-	}
-	return strconv.FormatFloat(x, 'f', -1, 64)
-}
+// amount formats a number of tokens for a header: an integer when it is
+// one, else a structured-field decimal (at most three decimal places,
+// rounded down).
+func amount(x float64) string { return sfv.Number(x) }
 
 // t is the RateLimit "t" of an applied rule.
 func (res *Result) t(a *Applied) int64 {
@@ -64,7 +64,7 @@ func (res *Result) WriteHeaders(h http.Header) {
 			limit.WriteString(", ")
 		}
 		policy.WriteString(a.policy)
-		limit.WriteString(strconv.Quote(a.Rule.Name))
+		limit.WriteString(sfv.String(a.Rule.Name))
 		limit.WriteString(";r=")
 		limit.WriteString(strconv.FormatInt(a.Decision.Remaining, 10))
 		limit.WriteString(";t=")

@@ -7,6 +7,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/sfv"
 )
 
 func TestBreaker(t *testing.T) {
@@ -210,6 +211,13 @@ func TestFillSeconds(t *testing.T) {
 	}
 	if got := policyItem("a", drip.PerSecond(2).WithBurst(2.5)); got != `"a";q=2.5;w=2` {
 		t.Errorf("policyItem = %s", got)
+	}
+	// A name outside printable ASCII, and a burst with more than three
+	// decimals, still make a valid structured field.
+	if got := policyItem("café", drip.PerSecond(3).WithBurst(1.23456)); got != `"caf%c3%a9";q=1.234;w=1` {
+		t.Errorf("policyItem = %s", got)
+	} else if _, err := sfv.ParseList(got); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -92,6 +93,9 @@ func TestGateway(t *testing.T) {
 				t.Errorf("request %d: %s: %q, want %q", i, h, got, v)
 			}
 		}
+		if err := sfv.CheckHeaders(resp.Header.Get); err != nil {
+			t.Errorf("request %d: %v", i, err)
+		}
 	}
 	if xff := up.lastHeader().Get("X-Forwarded-For"); xff != "127.0.0.1" {
 		t.Errorf("upstream saw X-Forwarded-For %q, want 127.0.0.1", xff)
@@ -117,6 +121,9 @@ func TestGateway(t *testing.T) {
 	}
 	if got := resp.Header.Get("RateLimit-Remaining"); got != "0" {
 		t.Errorf("429 RateLimit-Remaining %q", got)
+	}
+	if err := sfv.CheckHeaders(resp.Header.Get); err != nil {
+		t.Errorf("429: %v", err)
 	}
 
 	// Another key has its own bucket; a request without the key is not

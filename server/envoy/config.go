@@ -17,6 +17,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/sfv"
 )
 
 // Config is a set of domains loaded from envoyproxy/ratelimit configuration
@@ -108,7 +109,7 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 	if name == "" {
 		name = l.Path
 	}
-	l.qname = strconv.Quote(name)
+	l.qname = sfv.String(name)
 	l.burstText = amount(l.burst())
 	l.policy = l.qname + ";q=" + amount(l.burst()) + ";w=" + strconv.FormatInt(drip.CeilSeconds(l.Limit.FillTime()), 10)
 	return nil

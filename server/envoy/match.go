@@ -1,11 +1,12 @@
 package envoy
 
 import (
-	"math"
 	"strconv"
 	"strings"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/driplimit/drip/internal/sfv"
 )
 
 // match is the limit a descriptor maps to.
@@ -104,10 +105,6 @@ func netstring(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// amount formats a number of tokens: an integer when it is one.
-func amount(x float64) string {
-	if x == math.Trunc(x) && math.Abs(x) < 1e15 {
-		return strconv.FormatInt(int64(x), 10)
-	}
-	return strconv.FormatFloat(x, 'f', -1, 64)
-}
+// amount formats a number of tokens for a header: an integer when it is
+// one, else a structured-field decimal (see sfv.Number).
+func amount(x float64) string { return sfv.Number(x) }
