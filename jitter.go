@@ -31,19 +31,52 @@ func Jitter(identity string, d time.Duration, frac float64) time.Duration {
 	return d + time.Duration(float64(d)*frac*JitterFraction(identity))
 }
 
-// RetryAfterSeconds is the value of a Retry-After header for a wait of d:
-// ceil(d) whole seconds plus a jitter of up to frac of that (SPEC 3 uses
-// 0.5), fixed by identity. The jitter is rounded to whole seconds up or
-// down at random, again fixed by identity, with the odds of its fraction,
-// so that even one-second waits spread (over clients, 1 or 2 s; on average
-// 1 s plus the jitter). The result lies in [ceil(d), ceil(d) +
-// ceil(frac*ceil(d))]. It is 0 for d <= 0.
-func RetryAfterSeconds(identity string, d time.Duration, frac float64) int64 {
+// RetryJitter is how a Retry-After is spread over clients: by up to
+// Fraction of the wait, and by at most Max whatever the wait.
+//
+// The spread exists to break up a herd of clients denied at once, which a
+// minute does for any herd; beyond that it only costs the client: 50% of a
+// one-day wait is twelve hours of quota lost. DefaultRetryJitter therefore
+// caps it at 60 seconds, which leaves waits up to two minutes with their
+// full 50% and takes at most a minute from any longer one.
+type RetryJitter struct {
+	// Fraction of the wait (rounded up to whole seconds) the jitter may
+	// add, from 0 (none) to 1.
+	Fraction float64
+	// Max is the most the jitter adds, rounded up to whole seconds; zero
+	// means no jitter.
+	Max time.Duration
+}
+
+// DefaultRetryJitter is the jitter of SPEC 3's Retry-After: up to 50% of
+// the wait, at most 60 seconds.
+var DefaultRetryJitter = RetryJitter{Fraction: 0.5, Max: time.Minute}
+
+// Seconds is the value of a Retry-After header for a wait of d: ceil(d)
+// whole seconds plus a jitter of up to min(Fraction*ceil(d), Max), fixed
+// by identity. The jitter is rounded to whole seconds up or down at random,
+// again fixed by identity, with the odds of its fraction, so that even
+// one-second waits spread (over clients, 1 or 2 s; on average 1 s plus the
+// jitter). The result lies in [ceil(d), ceil(d) + ceil(min(Fraction*ceil(d),
+// Max))]. It is 0 for d <= 0.
+func (j RetryJitter) Seconds(identity string, d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
 	raw := math.Ceil(d.Seconds())
-	j := raw * frac * JitterFraction(identity)
+	span := min(raw*j.Fraction, math.Ceil(j.Max.Seconds()))
+	if !(span > 0) {
+		return int64(raw)
+	}
+	jit := span * JitterFraction(identity)
 	u := JitterFraction("retry-after\x00" + identity) // a second fraction, independent of the first
-	return int64(raw + math.Floor(j+u))
+	return int64(raw + math.Floor(jit+u))
+}
+
+// RetryAfterSeconds is RetryJitter{Fraction: frac}.Seconds(identity, d)
+// without a cap on the jitter: ceil(d) plus up to frac of it. Retry-After
+// headers use a RetryJitter (DefaultRetryJitter unless configured), whose
+// jitter is capped.
+func RetryAfterSeconds(identity string, d time.Duration, frac float64) int64 {
+	return RetryJitter{Fraction: frac, Max: time.Duration(math.MaxInt64)}.Seconds(identity, d)
 }

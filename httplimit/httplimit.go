@@ -259,7 +259,8 @@ type Result struct {
 	// headers describe. Nil when no enforce rule was decided.
 	Top *Applied
 	// RetryAfter is the Retry-After header's value in seconds on a 429:
-	// the wait rounded up plus a jitter of up to 50% fixed by Identity.
+	// the wait rounded up plus a jitter fixed by Identity (the rules'
+	// retry_after_jitter: by default up to 50% of the wait, at most 60 s).
 	// Zero when the request can never succeed (cost_exceeds_burst).
 	RetryAfter int64
 	// Identity is the client identity that seeds the jitter, set on a
@@ -646,7 +647,7 @@ func (res *Result) pick(rv *reqValues) {
 				retry = max(retry, a.Decision.RetryAfter)
 			}
 		}
-		res.RetryAfter = drip.RetryAfterSeconds(res.Identity, retry, 0.5)
+		res.RetryAfter = rv.s.set.RetryJitter.Seconds(res.Identity, retry)
 	}
 }
 

@@ -273,6 +273,40 @@ func TestFixedWindow(t *testing.T) {
 	}
 }
 
+// TestRetryAfterJitterCapped: a one-request-a-day rule answers at most
+// 60 s of jitter on top of the day by default, and the rules file's
+// retry_after_jitter sets another cap; each client keeps its own value.
+func TestRetryAfterJitterCapped(t *testing.T) {
+	for _, c := range []struct {
+		setting string
+		max     int
+	}{
+		{"", 60},
+		{`"retry_after_jitter": {"fraction": 0.5, "max": "5s"},`, 5},
+	} {
+		e := newEnv(t, nil, parse(t, `{"trusted_proxies": ["127.0.0.1", "::1"], `+c.setting+`
+			"rules": [{"name": "daily", "limit_keys": ["ip:address"],
+			"algorithm_config": {"rate": 1, "period": "24h", "burst": 1}}]}`))
+		seen := map[string]bool{}
+		for i := range 20 {
+			ip := fmt.Sprintf("203.0.113.%d", i+1)
+			e.do("/", "X-Forwarded-For: "+ip)
+			r := e.do("/", "X-Forwarded-For: "+ip)
+			n, err := strconv.Atoi(r.h.Get("Retry-After"))
+			if r.code != 429 || err != nil || n < 86400 || n > 86400+c.max {
+				t.Fatalf("%s %s: %d Retry-After %q, want within [86400, %d]", c.setting, ip, r.code, r.h.Get("Retry-After"), 86400+c.max)
+			}
+			if again := e.do("/", "X-Forwarded-For: "+ip); again.h.Get("Retry-After") != r.h.Get("Retry-After") {
+				t.Errorf("%s: Retry-After %s then %s for one client", ip, r.h.Get("Retry-After"), again.h.Get("Retry-After"))
+			}
+			seen[r.h.Get("Retry-After")] = true
+		}
+		if len(seen) < 3 {
+			t.Errorf("%s: 20 clients got %d distinct Retry-After values", c.setting, len(seen))
+		}
+	}
+}
+
 // clientIP sends requests as if from client ip: the test listener trusts
 // its own loopback peer as a proxy, which appends the client.
 func TestRetryAfterJitter(t *testing.T) {

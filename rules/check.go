@@ -184,7 +184,7 @@ func (c *checker) enum(path string, v any, allowed ...string) (string, bool) {
 	return "", false
 }
 
-var topFields = []string{"rules", "jwt", "trusted_proxies", "ipv6_prefix", "on_error", "local_share", "store_timeout", "circuit_breaker"}
+var topFields = []string{"rules", "jwt", "trusted_proxies", "ipv6_prefix", "on_error", "local_share", "store_timeout", "circuit_breaker", "retry_after_jitter"}
 
 func (c *checker) set(v any) *Set {
 	s := &Set{
@@ -194,6 +194,7 @@ func (c *checker) set(v any) *Set {
 		Breaker:    Breaker{Failures: DefaultBreakerFailures, Cooldown: DefaultBreakerCooldown},
 		byName:     map[string]int{},
 	}
+	s.RetryJitter = drip.DefaultRetryJitter
 	f, ok := c.object("", v)
 	if !ok {
 		c.problems[len(c.problems)-1].Message = "the file must hold an object with \"rules\", not " + kindOf(v)
@@ -221,6 +222,9 @@ func (c *checker) set(v any) *Set {
 	}
 	if v, p, ok := f.get("circuit_breaker"); ok {
 		c.breaker(p, v, &s.Breaker)
+	}
+	if v, p, ok := f.get("retry_after_jitter"); ok {
+		c.retryJitter(p, v, &s.RetryJitter)
 	}
 	var jwtPath string
 	var jwtVal any

@@ -82,6 +82,10 @@ type Set struct {
 	StoreTimeout time.Duration
 	// Breaker configures the circuit breaker in front of the store.
 	Breaker Breaker
+	// RetryJitter spreads the Retry-After of denied requests over clients
+	// (retry_after_jitter; default drip.DefaultRetryJitter: up to 50% of
+	// the wait, at most 60 s).
+	RetryJitter drip.RetryJitter
 	// File is the name the set was loaded from.
 	File string
 

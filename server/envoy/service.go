@@ -567,7 +567,8 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 				wait = max(wait, it.d.RetryAfter)
 			}
 		}
-		retry = drip.RetryAfterSeconds(top.key, wait, 0.5)
+		// envoyproxy/ratelimit's config has no place for it: the default.
+		retry = drip.DefaultRetryJitter.Seconds(top.key, wait)
 	}
 	t := func(it *item) int64 {
 		if !allowed && !it.d.Allowed && retry > 0 {
