@@ -187,6 +187,8 @@ func TestSQLFunctions(t *testing.T) {
 		// A reservation above burst + max_reserved could never fit.
 		"SELECT * FROM drip.take('k', 4, burst => 1, cost => 5, reserve => true, max_reserved => 3)",
 		"SELECT * FROM drip.peek('k', 4, burst => 1, cost => 5, reserve => true, max_reserved => 3)",
+		// An op that is none of take, peek, refund.
+		"SELECT * FROM drip.decide(3, 'k', 10, '1 second', NULL, 1, false, NULL, NULL, 0, NULL, NULL)",
 	} {
 		if _, err := db.Exec(ctx, bad); err == nil || !strings.Contains(err.Error(), "drip:") {
 			t.Errorf("%s: want a drip error, got %v", bad, err)

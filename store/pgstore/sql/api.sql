@@ -27,6 +27,9 @@ DECLARE
     d record;
     now_ns bigint := (extract(epoch FROM at) * 1000000000)::bigint;
 BEGIN
+    IF op IS NULL OR op NOT IN (0, 1, 2) THEN
+        RAISE EXCEPTION 'drip: invalid op: % is not take (0), peek (1) or refund (2)', op USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     pr := drip.prepare(key, rate, period, burst, cost, reserve, refill, algorithm, max_reserved, start);
     FOR attempt IN 1 .. 10 LOOP
         IF op = 1 THEN
