@@ -10,6 +10,7 @@ import (
 	"net/http"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/replay"
 )
 
@@ -124,7 +125,7 @@ func writeError(w http.ResponseWriter, err error) {
 	default:
 		err = fmt.Errorf("store: %w", err)
 	}
-	writeJSON(w, status, map[string]string{"error": err.Error()})
+	writeJSON(w, status, map[string]string{"error": redact.Text(err.Error())})
 }
 
 // apiHandler serves the decision API.

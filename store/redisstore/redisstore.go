@@ -45,6 +45,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/redact"
 )
 
 //go:embed bigint.lua
@@ -135,7 +136,7 @@ func New(c rueidis.Client, opts ...Option) *Store {
 func Open(url string, opts ...Option) (*Store, error) {
 	o, err := rueidis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
+		return nil, redact.Error(fmt.Errorf("redisstore: %w", err))
 	}
 	c, err := rueidis.NewClient(o)
 	if err != nil {
