@@ -32,7 +32,7 @@ func Jitter(identity string, d time.Duration, frac float64) time.Duration {
 }
 
 // RetryAfterSeconds is the value of a Retry-After header for a wait of d:
-// ceil(d) whole seconds plus a jitter of up to frac of that (SPEC 3 uses
+// ceil(d) whole seconds plus a jitter of up to frac of that (the middleware uses
 // 0.5), fixed by identity. The jitter is rounded to whole seconds up or
 // down at random, again fixed by identity, with the odds of its fraction,
 // so that even one-second waits spread (over clients, 1 or 2 s; on average

@@ -7,9 +7,9 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// Model is the reference model of SPEC section 1 in exact rational
+// Model is the reference model of docs/semantics.md in exact rational
 // arithmetic: tokens and times are big.Rat, with ts = max(ts, now) exactly
-// as the spec writes it. It is slow and obviously right; stores are
+// as the semantics write it. It is slow and obviously right; stores are
 // compared against it. It never drops state.
 type Model struct {
 	buckets map[string]*modelBucket
