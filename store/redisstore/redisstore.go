@@ -131,7 +131,7 @@ func New(c rueidis.Client, opts ...Option) *Store {
 
 // Open connects to the server a URL names: redis://[user:pass@]host:port[/db]
 // or rediss:// for TLS. The same URL pointed at one node of a cluster
-// reaches the whole cluster; more seed nodes go in ?addr=host:port
+// reaches the whole cluster; more nodes to start from go in ?addr=host:port
 // (repeatable). Close closes the connection.
 func Open(url string, opts ...Option) (*Store, error) {
 	o, err := rueidis.ParseURL(url)
