@@ -1,14 +1,18 @@
 package promobserver_test
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/httplimit/promobserver"
 	"github.com/driplimit/drip/rules"
@@ -67,5 +71,47 @@ func TestCounts(t *testing.T) {
 	}
 	if strings.Contains(got, "drip_local_fallback_decisions_total{") {
 		t.Errorf("a fallback counted with the store up:\n%s", got)
+	}
+}
+
+// down is a store that fails every call.
+type down struct{ drip.Store }
+
+func (down) ApplyMulti(context.Context, drip.Op, time.Time, []drip.Request) (drip.Multi, error) {
+	return drip.Multi{}, errors.New("connection refused")
+}
+
+func (down) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
+	return drip.Decision{}, errors.New("connection refused")
+}
+
+// TestStoreDown: failed store calls are counted, and on_error: local
+// decisions count as fallback decisions.
+func TestStoreDown(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"on_error": "local", "rules": [
+		{"name": "all", "limit_keys": ["global"], "algorithm_config": {"rps": 10}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := promobserver.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(obs)
+	lim := httplimit.New(down{}, set, httplimit.WithObserver(obs))
+	defer lim.Close()
+	w := httptest.NewRecorder()
+	lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	if w.Code != 200 {
+		t.Fatalf("status %d, want 200 from the local fallback", w.Code)
+	}
+	m := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(m, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{
+		`drip_decisions_total{outcome="local_allowed",rule="all"} 1` + "\n",
+		`drip_local_fallback_decisions_total{rule="all"} 1` + "\n",
+		"drip_store_errors_total 1\n",
+	} {
+		if !strings.Contains(m.Body.String(), want) {
+			t.Errorf("metrics lack %q:\n%s", want, m.Body.String())
+		}
 	}
 }
