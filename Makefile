@@ -1,12 +1,12 @@
 # The two commands of README.md, and a few more.
-.PHONY: serve test vet bench fuzz
+.PHONY: serve test testdeps vet bench fuzz
 
 serve:
 	go run ./cmd/drip serve
 
 # All tests, with the race detector. Integration tests start their own
 # PostgreSQL and Redis servers (see internal/testserver).
-test:
+test: testdeps
 	go vet ./...
 	go test -race -count=1 -timeout 10m ./...
 
@@ -15,3 +15,10 @@ bench:
 
 fuzz:
 	go test -run '^$$' -fuzz FuzzEval -fuzztime 30s .
+
+# testdeps says which test servers are missing. Their tests then skip, and
+# their packages still say "ok" (under CI=true they fail instead).
+testdeps:
+	@command -v redis-server >/dev/null || echo "make test: redis-server not found: the Redis tests will be SKIPPED (apt-get install redis-server)"
+	@[ -n "$$PG_BINDIR" ] || command -v initdb >/dev/null || command -v pg_config >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || echo "make test: initdb not found: the PostgreSQL tests will be SKIPPED (apt-get install postgresql, or set PG_BINDIR)"
+	@if [ "$$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then echo "make test: running as root without a postgres user: PostgreSQL refuses to run as root, so its tests will be SKIPPED (create the user: useradd --system --no-create-home postgres)"; fi

@@ -48,7 +48,7 @@ type RetryJitter struct {
 	Max time.Duration
 }
 
-// DefaultRetryJitter is the jitter of SPEC 3's Retry-After: up to 50% of
+// DefaultRetryJitter is the jitter of drip's Retry-After headers: up to 50% of
 // the wait, at most 60 seconds.
 var DefaultRetryJitter = RetryJitter{Fraction: 0.5, Max: time.Minute}
 

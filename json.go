@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// The JSON shapes of SPEC 2, shared by drip replay, the decision API and
+// The JSON shapes of docs/api.md, shared by drip replay, the decision API and
 // the rules file: times are seconds as numbers, a period is a Go duration
 // string ("10s") or a number of seconds.
 
@@ -50,7 +50,7 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("limit: %w", err)
 	}
 	// In Go a zero Period or Burst means the default; in JSON the default
-	// is an absent field, and an explicit zero is the error SPEC 1 says.
+	// is an absent field, and an explicit zero is an invalid limit.
 	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Refill: j.Refill, MaxReserved: j.MaxReserved}
 	if j.Period != nil {
 		if *j.Period <= 0 {
@@ -138,12 +138,12 @@ type decisionJSON struct {
 	ResetAfter float64 `json:"reset_after"`
 }
 
-// MarshalJSON encodes d as in SPEC 2, with times in seconds.
+// MarshalJSON encodes d as docs/api.md shows it, with times in seconds.
 func (d Decision) MarshalJSON() ([]byte, error) {
 	return json.Marshal(decisionJSON{d.Allowed, d.Tokens, d.Remaining, d.Limit, d.RetryAfter.Seconds(), d.ResetAfter.Seconds()})
 }
 
-// UnmarshalJSON decodes the SPEC 2 shape.
+// UnmarshalJSON decodes the shape MarshalJSON writes.
 func (d *Decision) UnmarshalJSON(b []byte) error {
 	var j decisionJSON
 	if err := json.Unmarshal(b, &j); err != nil {

@@ -210,7 +210,7 @@ func (l Limit) String() string {
 // periods for a continuous refill, whole periods for interval refill and
 // fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
 // 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-// SPEC 3's RateLimit-Policy "w" is CeilSeconds(l.FillTime()).
+// The RateLimit-Policy header's "w" is CeilSeconds(l.FillTime()).
 func (l Limit) FillTime() time.Duration {
 	p, err := ParamsOf(l, "")
 	if err != nil {

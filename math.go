@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// This file is the math of SPEC section 1, written once. It is a pure
+// This file is the math of docs/semantics.md, written once. It is a pure
 // function of (bucket, params, now, request): no I/O, no clock. The Lua and
 // SQL versions in the stores are held to it by storetest.
 //

@@ -1,7 +1,7 @@
 package bench
 
-// drip's PostgreSQL store beside the two patterns of the seeds, on one
-// server in one run, so that the ratios in BENCHMARKS.md compare like with
+// drip's PostgreSQL store beside two common ways of keeping a token bucket
+// in PostgreSQL, on one server in one run, so that the ratios in BENCHMARKS.md compare like with
 // like:
 //
 //	cd bench && go test -run '^$' -bench 'Postgres' -benchtime 4000x
@@ -9,11 +9,12 @@ package bench
 // The server is started by the harness (internal/testserver) with
 // production durability: fsync on, synchronous commits. Implementations:
 //
-//   - seed-a: seed 000's pattern, five round trips a decision: BEGIN;
-//     INSERT ... ON CONFLICT DO NOTHING; SELECT ... FOR UPDATE; compute in
-//     Go; upsert; COMMIT.
-//   - seed-b: seed 002's PL/pgSQL function, verbatim, at SERIALIZABLE, with
-//     the retries on 40001 it needs under contention.
+//   - for-update: a SELECT ... FOR UPDATE transaction, five round trips a
+//     decision: BEGIN; INSERT ... ON CONFLICT DO NOTHING; SELECT ... FOR
+//     UPDATE; compute in Go; upsert; COMMIT.
+//   - plpgsql: a PL/pgSQL function that updates the row, then inserts it
+//     when it was missing, at SERIALIZABLE, with the retries on 40001 it
+//     needs under contention.
 //   - drip: pgstore with batching off, one statement a decision, on a
 //     logged table; drip-unlogged the same on an UNLOGGED table;
 //     drip-batch and drip-batch-unlogged with batching on, the default.
@@ -112,19 +113,18 @@ func pgExec(b *testing.B, db *pgxpool.Pool, sql string, args ...any) {
 	}
 }
 
-// pgSeedA is seed 000's transaction, as written there (interval refill,
-// the app's clock, tokens as a number).
-func pgSeedA(b *testing.B, url string, conns int) decider {
+// pgForUpdate is the transaction of five round trips: make sure the row
+// exists, lock it, compute in Go (an interval refill, the application's
+// clock, float tokens), write it back if allowed, commit.
+func pgForUpdate(b *testing.B, url string, conns int) decider {
 	db := pgPool(b, url, conns, "")
-	pgExec(b, db, `CREATE TABLE IF NOT EXISTS rate_limit_ephemeral (
-		prefix text NOT NULL, key text NOT NULL, tokens double precision NOT NULL,
-		last_refill timestamptz NOT NULL, expires_at timestamptz NOT NULL,
-		PRIMARY KEY (prefix, key))`)
-	pgExec(b, db, `INSERT INTO rate_limit_ephemeral
-		SELECT 'api', 'user:' || i, $1, now(), now() + interval '1 hour' FROM generate_series(0, $2 - 1) i
+	pgExec(b, db, `CREATE TABLE IF NOT EXISTS bench_for_update (
+		key text PRIMARY KEY, tokens double precision NOT NULL,
+		refilled_at timestamptz NOT NULL, expires_at timestamptz NOT NULL)`)
+	pgExec(b, db, `INSERT INTO bench_for_update
+		SELECT 'user:' || i, $1, now(), now() + interval '1 hour' FROM generate_series(0, $2 - 1) i
 		ON CONFLICT DO NOTHING`, pgRate, keyCount)
-	const maxTokens, refill, interval = float64(pgRate), float64(pgRate), time.Second
-	ttl := interval
+	const burst, perPeriod, period = float64(pgRate), float64(pgRate), time.Second
 	return func(ctx context.Context, key string) (bool, error) {
 		now := time.Now()
 		tx, err := db.Begin(ctx)
@@ -132,74 +132,69 @@ func pgSeedA(b *testing.B, url string, conns int) decider {
 			return false, err
 		}
 		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, `INSERT INTO rate_limit_ephemeral (prefix, key, tokens, last_refill, expires_at)
-			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (prefix, key) DO NOTHING`, "api", key, maxTokens, now, now.Add(ttl)); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO bench_for_update VALUES ($1, $2, $3, $4)
+			ON CONFLICT (key) DO NOTHING`, key, burst, now, now.Add(period)); err != nil {
 			return false, err
 		}
 		var tokens float64
-		var last, exp time.Time
-		if err := tx.QueryRow(ctx, `SELECT tokens, last_refill, expires_at FROM rate_limit_ephemeral
-			WHERE prefix = $1 AND key = $2 FOR UPDATE`, "api", key).Scan(&tokens, &last, &exp); err != nil {
+		var refilledAt, expiresAt time.Time
+		if err := tx.QueryRow(ctx, `SELECT tokens, refilled_at, expires_at FROM bench_for_update
+			WHERE key = $1 FOR UPDATE`, key).Scan(&tokens, &refilledAt, &expiresAt); err != nil {
 			return false, err
 		}
-		elapsed := now.Sub(last)
-		refilled := float64(int64(elapsed/interval)) * refill
-		current := min(tokens+refilled, maxTokens)
-		next := current - 1
-		ok := next >= 0
-		if ok {
-			if _, err := tx.Exec(ctx, `INSERT INTO rate_limit_ephemeral (prefix, key, tokens, last_refill, expires_at)
-				VALUES ($1, $2, $3, $4, $5) ON CONFLICT (prefix, key) DO UPDATE
-				SET tokens = $3, last_refill = $4, expires_at = $5`, "api", key, next, now, now.Add(ttl)); err != nil {
-				return false, err
-			}
+		periods := float64(int64(now.Sub(refilledAt) / period))
+		left := min(tokens+periods*perPeriod, burst) - 1
+		if left < 0 {
+			return false, tx.Commit(ctx)
 		}
-		return ok, tx.Commit(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO bench_for_update VALUES ($1, $2, $3, $4)
+			ON CONFLICT (key) DO UPDATE SET tokens = $2, refilled_at = $3, expires_at = $4`,
+			key, left, now, now.Add(period)); err != nil {
+			return false, err
+		}
+		return true, tx.Commit(ctx)
 	}
 }
 
-// pgSeedB is seed 002's function, verbatim, at SERIALIZABLE, retried on
-// serialization failures as the seed says an application must.
-func pgSeedB(b *testing.B, url string, conns int) decider {
+// pgPLpgSQL is a PL/pgSQL function of one UPDATE (take a token, add the
+// refill since ts as a fraction of integer tokens, clamp, move ts to now)
+// and, when the row is missing, one INSERT of a full bucket less one. It
+// runs at SERIALIZABLE, so callers retry serialization failures (and the
+// unique violation of two first calls racing to insert).
+func pgPLpgSQL(b *testing.B, url string, conns int) decider {
 	db := pgPool(b, url, conns, "&default_transaction_isolation=serializable")
-	pgExec(b, db, `CREATE TABLE IF NOT EXISTS rate_limiting_token_bucket (
-		id text primary key, tk bigint not null, ts timestamptz not null)`)
-	pgExec(b, db, `create or replace function rate_limiting_token_bucket_request
- (rate_id text, refill_per_sec int default 2
- , window_seconds int default 60)
- returns int as $$
-declare
- new_tk int:=null; -- stores the remaining token to return
-begin
-    -- take 1 token and add refilled ones
-    -- (returns the remaining tokens, or NULL if id is not found)
-    update rate_limiting_token_bucket
-     set ts=now(), tk=greatest(least(
-      tk-1+refill_per_sec*extract(epoch from clock_timestamp()-ts)
-      ,window_seconds*refill_per_sec),-1)
-     where rate_limiting_token_bucket.id=rate_id
-     returning tk into new_tk;
-    -- fill initial window if first call if id was not found
-    if new_tk is null then
-     insert into rate_limiting_token_bucket (id, tk,ts)
-      values (rate_id,window_seconds*refill_per_sec-1,clock_timestamp())
-      returning tk into new_tk;
-    end if;
-    -- return the remaining tokens
-    return new_tk;
-end; $$ language plpgsql`)
-	pgExec(b, db, `INSERT INTO rate_limiting_token_bucket
+	pgExec(b, db, `CREATE TABLE IF NOT EXISTS bench_plpgsql (
+		key text PRIMARY KEY, tokens bigint NOT NULL, ts timestamptz NOT NULL)`)
+	pgExec(b, db, `CREATE OR REPLACE FUNCTION bench_plpgsql_take(k text, per_sec int, burst_secs int)
+RETURNS int LANGUAGE plpgsql AS $fn$
+DECLARE
+	left_after int;
+BEGIN
+	UPDATE bench_plpgsql
+	SET ts = now(),
+	    tokens = greatest(least(tokens - 1 + per_sec * extract(epoch FROM clock_timestamp() - ts),
+	                            burst_secs * per_sec), -1)
+	WHERE key = k
+	RETURNING tokens INTO left_after;
+	IF left_after IS NULL THEN
+		INSERT INTO bench_plpgsql VALUES (k, burst_secs * per_sec - 1, clock_timestamp())
+		RETURNING tokens INTO left_after;
+	END IF;
+	RETURN left_after; -- -1: denied
+END
+$fn$`)
+	pgExec(b, db, `INSERT INTO bench_plpgsql
 		SELECT 'user:' || i, $1, clock_timestamp() FROM generate_series(0, $2 - 1) i
 		ON CONFLICT DO NOTHING`, pgRate, keyCount)
 	return func(ctx context.Context, key string) (bool, error) {
 		for {
-			var tk int64
-			err := db.QueryRow(ctx, "SELECT rate_limiting_token_bucket_request($1, $2, 1)", key, pgRate).Scan(&tk)
+			var left int64
+			err := db.QueryRow(ctx, "SELECT bench_plpgsql_take($1, $2, 1)", key, pgRate).Scan(&left)
 			var pe *pgconn.PgError
 			if errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01" || pe.Code == "23505") {
 				continue
 			}
-			return err == nil && tk >= 0, err
+			return err == nil && left >= 0, err
 		}
 	}
 }
@@ -212,7 +207,7 @@ func pgDrip(unlogged bool, opts ...pgstore.Option) func(b *testing.B, url string
 		if err := pgstore.Install(ctx, db, pgstore.InstallOptions{Unlogged: unlogged, Logged: !unlogged}); err != nil {
 			b.Fatal(err)
 		}
-		// All keys present and full, as for the seeds.
+		// All keys present and full, as for the other implementations.
 		pgExec(b, db, `INSERT INTO drip.buckets
 			SELECT convert_to('user:' || i, 'UTF8'), $1::bigint * 1000000, drip.clock(), drip.clock() + 3600000000000
 			FROM generate_series(0, $2 - 1) i ON CONFLICT DO NOTHING`, pgRate, keyCount)
@@ -231,8 +226,8 @@ func pgDrip(unlogged bool, opts ...pgstore.Option) func(b *testing.B, url string
 }
 
 var pgImpls = []pgImpl{
-	{"seed-a", false, pgSeedA},
-	{"seed-b", false, pgSeedB},
+	{"for-update", false, pgForUpdate},
+	{"plpgsql", false, pgPLpgSQL},
 	{"drip", false, pgDrip(false, pgstore.WithBatching(0, 1, 0))},
 	{"drip-batch", false, pgDrip(false)}, // the default
 	{"drip-unlogged", true, pgDrip(true, pgstore.WithBatching(0, 1, 0))},

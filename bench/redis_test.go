@@ -1,8 +1,8 @@
 package bench
 
 // drip's Redis store beside github.com/go-redis/redis_rate (GCRA through
-// go-redis) and the Lua token bucket of seed 004 (called through
-// go-redis), on one redis-server started for the run, in one run, so that
+// go-redis) and the textbook Lua token bucket with float state (called
+// through go-redis), on one redis-server started for the run, in one run, so that
 // the ratios in BENCHMARKS.md compare like with like:
 //
 //	cd bench && go test -run '^$' -bench 'Redis' -benchtime 200000x -count 5
@@ -33,33 +33,31 @@ import (
 
 const redisRate = 1_000_000
 
-// redisSeedLua is seed 004's script, verbatim.
-const redisSeedLua = `
-local rate     = tonumber(ARGV[1])
-local capacity = tonumber(ARGV[2])
-local now      = tonumber(ARGV[3])
-local cost     = tonumber(ARGV[4] or 1)
+// floatLua is the token bucket most Redis rate limiters start from: the
+// state in a hash of floats (tokens, and the time in milliseconds), a lazy
+// continuous refill, and a write on every call, allowed or not, with a
+// minute's expiry. It answers {allowed, tokens, retry in ms}. Its float
+// state drifts (the reason drip keeps fixed point); it is here as the cost
+// of the simplest script.
+const floatLua = `
+local key = KEYS[1]
+local per_sec, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now_ms, cost = tonumber(ARGV[3]), tonumber(ARGV[4] or 1)
 
-local data = redis.call("HMGET", KEYS[1], "tokens", "ts")
-local tokens = tonumber(data[1]) or capacity
-local ts     = tonumber(data[2]) or now
+local state = redis.call("HMGET", key, "tokens", "ts")
+local have = tonumber(state[1]) or burst
+local since = tonumber(state[2]) or now_ms
+have = math.min(burst, have + (now_ms - since) / 1000 * per_sec)
 
--- Lazy refill
-local elapsed = (now - ts) / 1000
-tokens = math.min(capacity, tokens + elapsed * rate)
-ts = now
-
-if tokens >= cost then
-    tokens = tokens - cost
-    redis.call("HMSET", KEYS[1], "tokens", tokens, "ts", ts)
-    redis.call("PEXPIRE", KEYS[1], 60000)
-    return {1, tokens, 0}     -- accept, tokens_remaining, retry_after_ms
+local allowed, wait_ms = 0, 0
+if have >= cost then
+    allowed, have = 1, have - cost
 else
-    local retry_ms = math.ceil((cost - tokens) / rate * 1000)
-    redis.call("HMSET", KEYS[1], "tokens", tokens, "ts", ts)
-    redis.call("PEXPIRE", KEYS[1], 60000)
-    return {0, tokens, retry_ms}
+    wait_ms = math.ceil((cost - have) / per_sec * 1000)
 end
+redis.call("HMSET", key, "tokens", have, "ts", now_ms)
+redis.call("PEXPIRE", key, 60000)
+return {allowed, have, wait_ms}
 `
 
 type redisImpl struct {
@@ -69,7 +67,7 @@ type redisImpl struct {
 
 var redisImpls = []redisImpl{
 	{"redis_rate", redisRateImpl},
-	{"seed-lua", redisSeedImpl},
+	{"float-lua", redisFloatLuaImpl},
 	{"drip-unbatched", redisDripImpl(redisstore.WithoutBatching())},
 	{"drip", redisDripImpl()}, // the default: batching, 64 x 2 workers
 	{"drip-batch-4w", redisDripImpl(redisstore.WithBatching(64, 4))},
@@ -101,13 +99,13 @@ func redisRateImpl(b *testing.B, url string, callers int) decider {
 	}
 }
 
-func redisSeedImpl(b *testing.B, url string, callers int) decider {
+func redisFloatLuaImpl(b *testing.B, url string, callers int) decider {
 	c := redisGoClient(b, url, callers)
-	script := goredis.NewScript(redisSeedLua)
+	script := goredis.NewScript(floatLua)
 	rate := strconv.Itoa(redisRate)
 	return func(ctx context.Context, key string) (bool, error) {
 		now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-		v, err := script.Run(ctx, c, []string{"bench:seed:" + key}, rate, rate, now, "1").Int64Slice()
+		v, err := script.Run(ctx, c, []string{"bench:float:" + key}, rate, rate, now, "1").Int64Slice()
 		if err != nil {
 			return false, err
 		}

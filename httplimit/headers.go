@@ -12,7 +12,7 @@ import (
 	"github.com/driplimit/drip/rules"
 )
 
-// The RateLimit headers of SPEC 3 (after draft-ietf-httpapi-ratelimit-headers):
+// The RateLimit headers (after draft-ietf-httpapi-ratelimit-headers):
 //
 //	RateLimit-Policy: "free";q=20;w=2     every enforce rule decided: q = burst, w = seconds to fill from empty
 //	RateLimit: "free";r=7;t=2             r = remaining, t = seconds until full (on a 429, for the rules that denied, the Retry-After value)

@@ -196,7 +196,7 @@ func TestHeadersExact(t *testing.T) {
 	for range 12 {
 		e.do("/", "X-Api-Key: k1")
 	}
-	// SPEC 3's example: 13 taken of 20 at 10/s, full again in 1.3 s.
+	// The headers' worked example: 13 taken of 20 at 10/s, full again in 1.3 s.
 	r = e.do("/", "X-Api-Key: k1")
 	if got := r.h.Get("RateLimit"); got != `"free";r=6;t=2` {
 		t.Errorf("RateLimit %q", got)

@@ -1,4 +1,4 @@
-// Package replay runs the JSON-lines protocol of SPEC 2: one request per
+// Package replay runs drip's JSON-lines protocol (docs/api.md): one request per
 // input line, one decision per output line, in order, on any drip.Store and
 // in virtual time. drip replay and the decision API of drip serve share
 // its request shape.

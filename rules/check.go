@@ -22,7 +22,7 @@ type checker struct {
 }
 
 func (c *checker) add(path, format string, args ...any) {
-	c.problems = append(c.problems, Problem{path, fmt.Sprintf(format, args...)})
+	c.problems = append(c.problems, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
 }
 
 // fields reads the fields of one object and reports those never read.
@@ -534,12 +534,11 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 	burstOK := false
 	if v, fp, ok := f.get("burst"); ok {
 		if b, ok := c.amount(fp, v); ok {
+			// A burst below the rate is a legitimate limit (a bucket that
+			// holds less than a second's refill smooths traffic): rps and
+			// tokens_per_second accept it like rate + period does.
 			l.Burst = b
 			burstOK = true
-			if rateOK && rateName != "rate" && b < l.Rate {
-				c.add(fp, "must be >= %s", rateName)
-				burstOK = false
-			}
 		}
 	} else {
 		l.Burst = l.Rate

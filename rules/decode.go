@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -35,12 +36,52 @@ func (o *object) set(k string, v any) {
 	o.vals[k] = v
 }
 
-// decode reads data as JSON or YAML into plain values.
-func decode(data []byte, name string) (any, []Problem) {
+// decode reads data as JSON or YAML into plain values, with the line on
+// which each value (by path) begins.
+func decode(data []byte, name string) (any, map[string]int, []Problem) {
 	if isYAML(data, name) {
 		return decodeYAML(data)
 	}
 	return decodeJSON(data)
+}
+
+// withLines gives each problem without a line the line of its path, or of
+// the nearest enclosing value that has one.
+func withLines(problems []Problem, lines map[string]int) []Problem {
+	for i, p := range problems {
+		for path := p.Path; p.Line == 0; path = parent(path) {
+			if l, ok := lines[path]; ok {
+				problems[i].Line = l
+				break
+			}
+			if path == "" {
+				break
+			}
+		}
+	}
+	return problems
+}
+
+// parent is the path of the value that holds path's: rules[2].burst ->
+// rules[2] -> rules -> "".
+func parent(path string) string {
+	if strings.HasSuffix(path, "\"]") { // match["a.b"]
+		if i := strings.LastIndex(path, "[\""); i >= 0 {
+			return path[:i]
+		}
+	}
+	if strings.HasSuffix(path, "]") { // rules[2]
+		if i := strings.LastIndexByte(path, '['); i >= 0 {
+			return path[:i]
+		}
+	}
+	if i := strings.LastIndexAny(path, ".]"); i >= 0 { // rules[2].name, a.b
+		if path[i] == ']' {
+			return path[:i+1]
+		}
+		return path[:i]
+	}
+	return ""
 }
 
 func isYAML(data []byte, name string) bool {
@@ -56,10 +97,10 @@ func isYAML(data []byte, name string) bool {
 
 // decodeJSON reads JSON token by token, so that duplicate fields are
 // reported (encoding/json keeps the last one silently).
-func decodeJSON(data []byte) (any, []Problem) {
+func decodeJSON(data []byte) (any, map[string]int, []Problem) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	jd := &jsonReader{dec: dec, data: data}
+	jd := &jsonReader{dec: dec, data: data, lines: map[string]int{}, line: 1}
 	v, err := jd.value("", 0)
 	if err == nil {
 		if _, e := dec.Token(); e != io.EOF {
@@ -67,15 +108,26 @@ func decodeJSON(data []byte) (any, []Problem) {
 		}
 	}
 	if err != nil {
-		return nil, []Problem{{Message: err.Error()}}
+		return nil, nil, []Problem{{Message: err.Error()}}
 	}
-	return v, jd.problems
+	return v, jd.lines, jd.problems
 }
 
 type jsonReader struct {
 	dec      *json.Decoder
 	data     []byte
 	problems []Problem
+	lines    map[string]int // path -> line of the value
+	off      int64          // lines counted up to here
+	line     int            // the line at off
+}
+
+// lineAt is the line of offset off, which never decreases between calls.
+func (r *jsonReader) lineAt(off int64) int {
+	off = min(max(off, r.off), int64(len(r.data)))
+	r.line += bytes.Count(r.data[r.off:off], []byte("\n"))
+	r.off = off
+	return r.line
 }
 
 func (r *jsonReader) pos(off int64) string {
@@ -107,6 +159,9 @@ func (r *jsonReader) value(path string, depth int) (any, error) {
 	if err != nil {
 		return nil, r.syntax(err)
 	}
+	// The offset is just past the token, on the line it began on (a
+	// JSON token holds no newline).
+	r.lines[path] = r.lineAt(r.dec.InputOffset())
 	switch t := t.(type) {
 	case json.Delim:
 		switch t {
@@ -124,7 +179,7 @@ func (r *jsonReader) value(path string, depth int) (any, error) {
 					return nil, err
 				}
 				if _, dup := o.vals[k]; dup {
-					r.problems = append(r.problems, Problem{p, "duplicate field"})
+					r.problems = append(r.problems, Problem{Path: p, Message: "duplicate field"})
 					continue
 				}
 				o.set(k, v)
@@ -152,33 +207,94 @@ func (r *jsonReader) value(path string, depth int) (any, error) {
 }
 
 // decodeYAML reads one YAML document into the same plain values as JSON.
-func decodeYAML(data []byte) (v any, problems []Problem) {
+func decodeYAML(data []byte) (v any, lines map[string]int, problems []Problem) {
 	// The YAML parser is third-party code fed untrusted files: a panic in
 	// it must be a bad file, not a crashed server (a reload keeps the old
 	// rules).
 	defer func() {
 		if r := recover(); r != nil {
-			v, problems = nil, []Problem{{Message: fmt.Sprintf("invalid YAML: %v", r)}}
+			v, lines, problems = nil, nil, []Problem{{Message: fmt.Sprintf("invalid YAML: %v", r)}}
 		}
 	}()
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
 		if err == io.EOF {
-			return nil, []Problem{{Message: "the file is empty"}}
+			return nil, nil, []Problem{{Message: "the file is empty"}}
 		}
-		return nil, []Problem{{Message: "invalid YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+		return nil, nil, []Problem{yamlSyntax(data, err)}
 	}
 	var more yaml.Node
 	if err := dec.Decode(&more); err != io.EOF {
-		return nil, []Problem{{Message: "invalid YAML: the file holds more than one document"}}
+		return nil, nil, []Problem{{Message: "invalid YAML: the file holds more than one document"}}
 	}
-	y := &yamlReader{}
+	y := &yamlReader{lines: map[string]int{}}
 	v = y.value("", &doc, 0)
-	return v, y.problems
+	return v, y.lines, y.problems
+}
+
+// yamlParserProblems are the problems the YAML parser (not its scanner)
+// reports. The parser gives their line counted from 0, and no line for
+// the first: yamlSyntax counts it from 1 like every other line.
+var yamlParserProblems = map[string]bool{
+	"did not find expected ',' or ']'": true, "did not find expected ',' or '}'": true,
+	"did not find expected '-' indicator": true, "did not find expected <document start>": true,
+	"did not find expected <stream-start>": true, "did not find expected key": true,
+	"did not find expected node content": true, "found duplicate %TAG directive": true,
+	"found duplicate %YAML directive": true, "found incompatible YAML document": true,
+	"found undefined tag handle": true,
+}
+
+var yamlLine = regexp.MustCompile(`^line (\d+): (.*)$`)
+
+// yamlSyntax turns a YAML syntax error in data into a problem on the
+// right line. A parser error names about the line where the construct it
+// was parsing began (an unclosed [ or a block list), which is right for an
+// unclosed bracket and wrong for a misindented key several lines below: so
+// the problem is put on the first line from there at which the file, cut
+// after that line, fails with the same message.
+func yamlSyntax(data []byte, err error) Problem {
+	msg, line := yamlError(err)
+	if !yamlParserProblems[msg] {
+		return Problem{Message: "invalid YAML: " + msg, Line: line}
+	}
+	// The parser counts this line from 0, and gives the line of the
+	// problem instead when the construct began on the first line: start
+	// the search at the line before the construct's.
+	line = max(line, 1)
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if line > len(lines) {
+		return Problem{Message: "invalid YAML: " + msg, Line: line}
+	}
+	prefix := bytes.Join(lines[:line-1], nil)
+	for l := line; l <= len(lines) && l < line+maxYAMLSearch; l++ {
+		prefix = append(prefix, lines[l-1]...)
+		var n yaml.Node
+		if err := yaml.Unmarshal(prefix, &n); err != nil {
+			if m, _ := yamlError(err); m == msg {
+				return Problem{Message: "invalid YAML: " + msg, Line: l}
+			}
+		}
+	}
+	return Problem{Message: "invalid YAML: " + msg, Line: line}
+}
+
+// maxYAMLSearch bounds the lines yamlSyntax tries.
+const maxYAMLSearch = 200
+
+// yamlError splits a YAML error into its message and the line it gives (0
+// when none).
+func yamlError(err error) (msg string, line int) {
+	msg = strings.TrimPrefix(err.Error(), "yaml: ")
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	}
+	return msg, line
 }
 
 type yamlReader struct {
+	lines    map[string]int // path -> line of the value
 	nodes    int
 	tooBig   bool
 	active   map[*yaml.Node]bool // the nodes being read: an alias to one is a cycle
@@ -194,9 +310,16 @@ func (y *yamlReader) enter(n *yaml.Node) {
 
 func (y *yamlReader) leave(n *yaml.Node) { delete(y.active, n) }
 
-func (y *yamlReader) add(path, msg string) { y.problems = append(y.problems, Problem{path, msg}) }
+func (y *yamlReader) add(path, msg string) { y.addAt(path, 0, msg) }
+
+func (y *yamlReader) addAt(path string, line int, msg string) {
+	y.problems = append(y.problems, Problem{Path: path, Message: msg, Line: line})
+}
 
 func (y *yamlReader) value(path string, n *yaml.Node, depth int) any {
+	if _, ok := y.lines[path]; !ok && n.Line > 0 {
+		y.lines[path] = n.Line // an alias: where it is used, not its anchor
+	}
 	y.nodes++
 	if depth > maxNestingDepth || y.nodes > maxYAMLNodes {
 		if !y.tooBig {
@@ -213,7 +336,7 @@ func (y *yamlReader) value(path string, n *yaml.Node, depth int) any {
 		return y.value(path, n.Content[0], depth)
 	case yaml.AliasNode:
 		if y.active[n.Alias] {
-			y.add(path, fmt.Sprintf("line %d: alias *%s refers to a node that contains it", n.Line, n.Value))
+			y.addAt(path, n.Line, fmt.Sprintf("alias *%s refers to a node that contains it", n.Value))
 			return nil
 		}
 		return y.value(path, n.Alias, depth+1)
@@ -257,13 +380,13 @@ func (y *yamlReader) mapping(path string, n *yaml.Node, o *object, depth int) {
 			continue
 		}
 		if kn.Kind != yaml.ScalarNode {
-			y.add(path, fmt.Sprintf("line %d: a key must be a plain string", kn.Line))
+			y.addAt(path, kn.Line, "a key must be a plain string")
 			continue
 		}
 		k := kn.Value
 		p := field(path, k)
 		if _, dup := o.vals[k]; dup {
-			y.add(p, "duplicate field")
+			y.addAt(p, kn.Line, "duplicate field")
 			continue
 		}
 		o.set(k, y.value(p, vn, depth+1))
@@ -288,7 +411,7 @@ func (y *yamlReader) mapping(path string, n *yaml.Node, o *object, depth int) {
 		}
 		for _, mn := range list {
 			if y.active[mn] {
-				y.add(path, fmt.Sprintf("line %d: a merge (<<) refers to a mapping that contains it", m.Line))
+				y.addAt(path, m.Line, "a merge (<<) refers to a mapping that contains it")
 				continue
 			}
 			if mn.Kind != yaml.MappingNode {

@@ -25,15 +25,16 @@ rules:
 	// free|k\|1
 }
 
-// Every problem is reported at once, each with its path.
+// Every problem is reported at once, each with its line and path.
 func ExampleError() {
 	_, err := rules.Parse([]byte(`{"rules": [
-		{"name": "free", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rps": 10, "burst": 5}},
-		{"name": "free", "limit_keys": ["user"], "algorithm_config": {"rps": 10, "brust": 20}}]}`), "rules.json")
+		{"name": "free", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rps": 10, "burst": 0}},
+		{"name": "free", "limit_keys": ["user"],
+		 "algorithm_config": {"rps": 10, "brust": 20}}]}`), "rules.json")
 	fmt.Println(err)
 	// Output:
-	// rules.json: rules[0].algorithm_config.burst: must be >= rps
-	// rules.json: rules[1].limit_keys[0]: "user" is not a key source (ip:address, header:<name>, query:<name>, jwt:<claim>, path, method, cookie:<name>, global)
-	// rules.json: rules[1].algorithm_config.brust: unknown field (did you mean "burst"?)
-	// rules.json: rules[1].name: "free" is already the name of rules[0]
+	// rules.json:2: rules[0].algorithm_config.burst: must be > 0
+	// rules.json:3: rules[1].limit_keys[0]: "user" is not a key source (ip:address, header:<name>, query:<name>, jwt:<claim>, path, method, cookie:<name>, global)
+	// rules.json:4: rules[1].algorithm_config.brust: unknown field (did you mean "burst"?)
+	// rules.json:3: rules[1].name: "free" is already the name of rules[0]
 }

@@ -1,8 +1,8 @@
-// Package rules reads drip's rules files (SPEC 3): which requests are
-// limited, by which keys, under which limits, and what to do when the
+// Package rules reads drip's rules files (docs/rules.md): which requests
+// are limited, by which keys, under which limits, and what to do when the
 // store fails. Files are JSON or YAML, decoded strictly: unknown fields
-// are errors, and every problem is reported at once with its path
-// (rules[2].algorithm_config.burst: must be >= rps).
+// are errors, and every problem is reported at once with its line and
+// path (rules.yaml:12: rules[2].algorithm_config.burst: must be > 0).
 //
 // A Set is immutable once loaded; a reload builds a new Set and swaps it
 // in whole. The same loader backs drip check, drip serve and the
@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -204,10 +205,12 @@ func (r *Rule) usesJWT() bool {
 }
 
 // Problem is one problem of a rules file: where (a path such as
-// rules[2].algorithm_config.burst; empty for the whole file) and what.
+// rules[2].algorithm_config.burst; empty for the whole file, and the line
+// of the file it is on; 0 when unknown) and what.
 type Problem struct {
 	Path    string
 	Message string
+	Line    int
 }
 
 func (p Problem) String() string {
@@ -223,7 +226,9 @@ type Error struct {
 	Problems []Problem
 }
 
-// Error lists the problems one per line, each as "file: path: message".
+// Error lists the problems one per line, each as "file:line: path:
+// message" (the line and the path when known), as compilers and drip's
+// envoyproxy/ratelimit config errors write them.
 func (e *Error) Error() string {
 	var b strings.Builder
 	for i, p := range e.Problems {
@@ -232,7 +237,12 @@ func (e *Error) Error() string {
 		}
 		if e.File != "" {
 			b.WriteString(e.File)
+			if p.Line > 0 {
+				b.WriteString(":" + strconv.Itoa(p.Line))
+			}
 			b.WriteString(": ")
+		} else if p.Line > 0 {
+			b.WriteString("line " + strconv.Itoa(p.Line) + ": ")
 		}
 		b.WriteString(p.String())
 	}
@@ -254,14 +264,14 @@ func Load(path string) (*Set, error) {
 // file in errors, and is the base for relative key file paths. A bad file
 // gives an *Error listing every problem.
 func Parse(data []byte, name string) (*Set, error) {
-	v, problems := decode(data, name)
+	v, lines, problems := decode(data, name)
 	if len(problems) > 0 {
-		return nil, &Error{File: name, Problems: problems}
+		return nil, &Error{File: name, Problems: withLines(problems, lines)}
 	}
 	c := &checker{file: name}
 	set := c.set(v)
 	if len(c.problems) > 0 {
-		return nil, &Error{File: name, Problems: c.problems}
+		return nil, &Error{File: name, Problems: withLines(c.problems, lines)}
 	}
 	set.File = name
 	return set, nil

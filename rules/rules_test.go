@@ -27,13 +27,13 @@ import (
 
 const testSecret = "0123456789abcdef0123456789abcdef"
 
-func TestSpecExampleJSONAndYAMLAgree(t *testing.T) {
+func TestTiersJSONAndYAMLAgree(t *testing.T) {
 	t.Setenv("DRIP_TEST_JWT_SECRET", testSecret)
-	j, err := Load("testdata/good/spec_example.json")
+	j, err := Load("testdata/good/tiers.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	y, err := Load("testdata/good/spec_example.yaml")
+	y, err := Load("testdata/good/tiers.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,16 +147,16 @@ func TestErrorListsEveryProblem(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	want := []Problem{
-		{"rules[0].limit_keys", `required (use ["global"] for one bucket shared by every request)`},
-		{"rules[0].algorithm_config", "required"},
-		{"rules[1].limit_keys[0]", `"x" is not a key source (` + sourceList + ")"},
-		{"rules[1].algorithm_config.rps", "must be > 0"},
-		{"x", "unknown field"},
+		{"rules[0].limit_keys", `required (use ["global"] for one bucket shared by every request)`, 1},
+		{"rules[0].algorithm_config", "required", 1},
+		{"rules[1].limit_keys[0]", `"x" is not a key source (` + sourceList + ")", 1},
+		{"rules[1].algorithm_config.rps", "must be > 0", 1},
+		{"x", "unknown field", 1},
 	}
 	if !reflect.DeepEqual(re.Problems, want) {
 		t.Errorf("problems:\n%q\nwant\n%q", re.Problems, want)
 	}
-	if !strings.HasPrefix(err.Error(), "f.json: rules[0].limit_keys: required") || strings.Count(err.Error(), "\n") != 4 {
+	if !strings.HasPrefix(err.Error(), "f.json:1: rules[0].limit_keys: required") || strings.Count(err.Error(), "\n") != 4 {
 		t.Errorf("Error() = %q", err.Error())
 	}
 }

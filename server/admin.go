@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/redact"
 )
 
 // The admin listener:
@@ -67,7 +68,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	_, err := s.store.Apply(ctx, drip.OpPeek, timeZero, drip.Request{Key: readyKey, Limit: drip.PerSecond(1), Cost: 1})
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unreachable", "error": err.Error()})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unreachable", "error": redact.Text(err.Error())})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -10,11 +10,12 @@ import (
 	"net/http"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/replay"
 )
 
 // The decision API: POST /v1/take, /v1/peek, /v1/refund and /v1/reset,
-// with the request and decision shapes of SPEC 2 (drip replay's), minus
+// with the request and decision shapes of drip replay (docs/api.md), minus
 // "at" and "op" (the time is the store's, the op is the path).
 //
 // A request names its bucket in one of two ways:
@@ -30,7 +31,7 @@ import (
 // A multi-take (/v1/take and /v1/peek) replaces the single request by
 // "requests": [...], each inline or by rule, all-or-nothing.
 //
-// Answers: 200 with a decision (SPEC 2: allowed, tokens, remaining, limit,
+// Answers: 200 with a decision (allowed, tokens, remaining, limit,
 // retry_after, reset_after; a denial is a 200 with "allowed": false), a
 // multi-take's {"allowed", "retry_after", "results"}, or {"reset": true};
 // 400 {"error": "..."} for a body that is not valid (bad JSON, unknown
@@ -124,7 +125,7 @@ func writeError(w http.ResponseWriter, err error) {
 	default:
 		err = fmt.Errorf("store: %w", err)
 	}
-	writeJSON(w, status, map[string]string{"error": err.Error()})
+	writeJSON(w, status, map[string]string{"error": redact.Text(err.Error())})
 }
 
 // apiHandler serves the decision API.

@@ -206,9 +206,9 @@ func TestReloadBadFileKeepsRules(t *testing.T) {
 	post(t, srv.base+"/v1/take", `{"rule": "api", "values": ["k"]}`)
 
 	writeFile(t, path, `{"rules": [{"name": "api", "limit_keys": ["header:x-api-key"], "algorithm": "token_bucket",
-		"algorithm_config": {"rps": 10, "burst": 5, "colour": "blue"}}]}`)
+		"algorithm_config": {"rps": 10, "burst": 0, "colour": "blue"}}]}`)
 	code, out := call(t, "POST", srv.admin+"/v1/admin/reload", "", auth...)
-	if code != 422 || !strings.Contains(out, "rules[0].algorithm_config.burst: must be >= rps") || !strings.Contains(out, "colour") {
+	if code != 422 || !strings.Contains(out, "rules[0].algorithm_config.burst: must be > 0") || !strings.Contains(out, "colour") {
 		t.Fatalf("reload of a bad file: %d %s, want 422 with every problem", code, out)
 	}
 	// The old rules and the bucket stay.

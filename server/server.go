@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -122,12 +123,18 @@ func (s *Server) Listen() error {
 				p.ln.Close()
 				p.ln = nil
 			}
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return fmt.Errorf("%s listener: %w (another process listens there: choose another address with %s)", l.name, err, listenFlag[l.name])
+			}
 			return fmt.Errorf("%s listener: %w", l.name, err)
 		}
 		l.ln = ln
 	}
 	return nil
 }
+
+// listenFlag names the drip serve flag that sets each listener's address.
+var listenFlag = map[string]string{"api": "--listen", "gateway": "--listen", "admin": "--admin-listen", "grpc": "--grpc-listen"}
 
 // Addr is the address of the decision API (or gateway), once Listen has
 // bound it; nil before.

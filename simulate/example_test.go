@@ -9,7 +9,7 @@ import (
 	"github.com/driplimit/drip/simulate"
 )
 
-// Seed 004's worked example: 10 tokens per second, bursts of 50, and a
+// The worked example: 10 tokens per second, bursts of 50, and a
 // client that sends 60 requests per second from a full bucket.
 func Example() {
 	p, err := simulate.ParsePattern("60/s for 4s")

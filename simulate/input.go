@@ -24,7 +24,7 @@ type traceLine struct {
 	Requests json.RawMessage `json:"requests"`
 }
 
-// ReadTrace reads a trace in the JSON-lines format of drip replay (SPEC 2):
+// ReadTrace reads a trace in the JSON-lines format of drip replay (docs/api.md):
 // "at" (seconds since the start), "op" (take, peek, refund or reset; take
 // by default), "key", "cost" (default 1), "reserve" and "limit" (kept in
 // Event.Limit; Run uses Options.Limit for lines without one). Multi-takes

@@ -11,9 +11,9 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// seed004 is the limit of the worked example in seed 004: r = 10 tokens per
+// burst50 is the limit of the README's worked example: r = 10 tokens per
 // second, b = 50.
-var seed004 = drip.PerSecond(10).WithBurst(50)
+var burst50 = drip.PerSecond(10).WithBurst(50)
 
 func run(t *testing.T, pattern string, l drip.Limit, tmpl Event, keep int) *Result {
 	t.Helper()
@@ -41,7 +41,7 @@ func secondsAt(n, rps int) time.Duration {
 // TestSteadyOverloadOddLength: a run that does not end on a whole row
 // still reports the steady rate of its traffic, not of a padded tail.
 func TestSteadyOverloadOddLength(t *testing.T) {
-	res := run(t, "60/s for 61s", seed004, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 61s", burst50, Event{Cost: 1}, 0)
 	if res.Total.To != 61*time.Second {
 		t.Errorf("total over %v, want 61s", res.Total.To)
 	}
@@ -51,7 +51,7 @@ func TestSteadyOverloadOddLength(t *testing.T) {
 }
 
 func TestSteadyOverload(t *testing.T) {
-	res := run(t, "60/s for 10s", seed004, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 10s", burst50, Event{Cost: 1}, 0)
 	if res.Total.Sent != 600 || res.Total.Accepted != 59+9*10 || res.Total.Denied != 600-149 {
 		t.Errorf("total = %+v, want 600 sent, 149 accepted, 451 denied", res.Total)
 	}
@@ -93,15 +93,15 @@ func TestSteadyOverload(t *testing.T) {
 
 func near(d, want time.Duration) bool { return (d - want).Abs() <= time.Microsecond }
 
-// Seed 004's worked example: r = 10, b = 50, a full bucket, 60 requests
-// per second from t = 0. Its table never refills during the first second
-// ("the first second sees 50 accepts", the 51st denied with Retry-After:
-// 1, then 1 in 6 succeed): that is an interval refill, which adds the
+// The worked example: r = 10, b = 50, a full bucket, 60 requests per
+// second from t = 0, with the bucket never refilled during the first
+// second (50 accepted, the 51st denied with Retry-After: 1, then 1 in 6
+// accepted): that is an interval refill, which adds the
 // second's 10 tokens at t = 1 s. With drip's default continuous refill the
 // tokens that drip in while the burst is spent let 9 more through (see
 // TestSteadyOverload); the steady state is the same.
-func TestSeed004(t *testing.T) {
-	res := run(t, "60/s for 10s", seed004.WithRefill(drip.Interval), Event{Cost: 1}, 60)
+func TestWorkedExampleInterval(t *testing.T) {
+	res := run(t, "60/s for 10s", burst50.WithRefill(drip.Interval), Event{Cost: 1}, 60)
 	for i, o := range res.First[:50] {
 		if !o.Decision.Allowed || o.Decision.Tokens != float64(49-i) {
 			t.Errorf("request %d: %+v, want accepted with %d tokens after", i+1, o.Decision, 49-i)
@@ -133,7 +133,7 @@ func TestSeed004(t *testing.T) {
 func TestIdleGapRefillsToBurst(t *testing.T) {
 	for _, refill := range []drip.Refill{drip.Continuous, drip.Interval} {
 		t.Run(string(refill), func(t *testing.T) {
-			l := seed004.WithRefill(refill)
+			l := burst50.WithRefill(refill)
 			res := run(t, "60/s for 10s, idle 5s, 60/s for 1s", l, Event{Cost: 1}, 0)
 			if len(res.Rows) != 16 {
 				t.Fatalf("%d rows, want 16", len(res.Rows))
@@ -153,7 +153,7 @@ func TestIdleGapRefillsToBurst(t *testing.T) {
 	}
 	// A gap too short to fill: the last token is taken at 9.9 s, so at the
 	// end of a 3 s gap (13 s) the bucket holds 0 + 3.1 * 10 = 31.
-	res := run(t, "60/s for 10s, idle 3s", seed004, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 10s, idle 3s", burst50, Event{Cost: 1}, 0)
 	if got := res.Rows[12].Tokens; math.Abs(got-31) > 1e-6 {
 		t.Errorf("tokens at 13s: %v, want 31", got)
 	}
@@ -180,13 +180,13 @@ func TestFixedWindow(t *testing.T) {
 
 func TestCostAndReserve(t *testing.T) {
 	// Cost 2 halves the accepted requests in the steady state.
-	res := run(t, "60/s for 10s", seed004, Event{Cost: 2}, 0)
+	res := run(t, "60/s for 10s", burst50, Event{Cost: 2}, 0)
 	if s := res.Steady; s.AcceptedPerSecond() != 5 {
 		t.Errorf("cost 2: steady %+v, want 5 accepted/s", s)
 	}
 	// Reservations within 5 tokens of debt are all accepted, delayed by at
 	// most 5 tokens' worth of refill (0.5 s); beyond, they are denied.
-	res = run(t, "60/s for 10s", seed004.WithMaxReserved(5), Event{Cost: 1, Reserve: true}, 0)
+	res = run(t, "60/s for 10s", burst50.WithMaxReserved(5), Event{Cost: 1, Reserve: true}, 0)
 	if res.Reserved == 0 || res.LongestDelay == nil || res.LongestDelay.Decision.RetryAfter > time.Second/2 {
 		t.Errorf("reserve: %d reserved, longest %+v, want some, at most 0.5 s", res.Reserved, res.LongestDelay)
 	}
@@ -195,7 +195,7 @@ func TestCostAndReserve(t *testing.T) {
 	}
 	// Cost over burst without reserve is an error, not a run of denials.
 	p, _ := ParsePattern("1 at once")
-	_, err := Run(context.Background(), p.Events(Event{Cost: 51}), Options{Limit: seed004})
+	_, err := Run(context.Background(), p.Events(Event{Cost: 51}), Options{Limit: burst50})
 	if !errors.Is(err, drip.ErrCostExceedsBurst) {
 		t.Errorf("cost 51 > burst 50: err = %v, want ErrCostExceedsBurst", err)
 	}
@@ -209,7 +209,7 @@ func TestNeverOverGrants(t *testing.T) {
 		"9/s for 3s, 100 at once, idle 1s, 100 at once",
 		"7/100ms for 3s",
 	} {
-		for _, l := range []drip.Limit{seed004, seed004.WithRefill(drip.Interval), drip.Every(3, 700*time.Millisecond).WithBurst(4.5)} {
+		for _, l := range []drip.Limit{burst50, burst50.WithRefill(drip.Interval), drip.Every(3, 700*time.Millisecond).WithBurst(4.5)} {
 			p, _ := ParsePattern(pat)
 			res, err := Run(context.Background(), p.Events(Event{Cost: 1}), Options{Limit: l, End: p.Duration(), Keep: p.Len()})
 			if err != nil {
@@ -267,7 +267,7 @@ func TestManyKeys(t *testing.T) {
 func TestRunIsFast(t *testing.T) {
 	p, _ := ParsePattern("60/s for 10s")
 	start := time.Now()
-	if _, err := Run(context.Background(), p.Events(Event{Cost: 1}), Options{Limit: seed004, End: p.Duration()}); err != nil {
+	if _, err := Run(context.Background(), p.Events(Event{Cost: 1}), Options{Limit: burst50, End: p.Duration()}); err != nil {
 		t.Fatal(err)
 	}
 	// Virtual time: 10 s of traffic must not take anything like 10 s.
@@ -280,7 +280,7 @@ func BenchmarkRun(b *testing.B) {
 	p, _ := ParsePattern("60/s for 10s")
 	evs := p.Events(Event{Cost: 1})
 	for b.Loop() {
-		if _, err := Run(context.Background(), evs, Options{Limit: seed004, End: p.Duration()}); err != nil {
+		if _, err := Run(context.Background(), evs, Options{Limit: burst50, End: p.Duration()}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -289,7 +289,7 @@ func BenchmarkRun(b *testing.B) {
 // The chart's samples are in time order, start full, reach the bottom of
 // every sawtooth tooth and end at the end of the run.
 func TestTokenSamples(t *testing.T) {
-	res := run(t, "60/s for 10s", seed004, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 10s", burst50, Event{Cost: 1}, 0)
 	s := res.Tokens
 	if len(s) < 100 || len(s) > 3*800+3 {
 		t.Fatalf("%d samples", len(s))

@@ -8,9 +8,9 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// Model is the reference model of SPEC section 1 in exact rational
+// Model is the reference model of docs/semantics.md in exact rational
 // arithmetic: tokens and times are big.Rat, with ts = max(ts, now) exactly
-// as the spec writes it. It is slow and obviously right; stores are
+// as the semantics write it. It is slow and obviously right; stores are
 // compared against it. It never drops state.
 type Model struct {
 	buckets map[string]*modelBucket
@@ -193,7 +193,7 @@ func (m *Model) Apply(op drip.Op, p drip.Prepared, at time.Time, write bool, fol
 // Reset forgets key.
 func (m *Model) Reset(key string) { delete(m.buckets, key) }
 
-// Prepare is the model's own reading of a request: the errors SPEC 1
+// Prepare is the model's own reading of a request: the errors docs/semantics.md
 // names for op and cost, decided in exact arithmetic (the limit itself is
 // validated and resolved by drip.ParamsOf, which the model does not
 // re-derive). A take or peek whose cost exceeds the burst is an error

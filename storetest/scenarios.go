@@ -15,7 +15,8 @@ const (
 	s  = time.Second
 )
 
-// step is one request at a named instant and what SPEC 1 says it gets.
+// step is one request at a named instant and what the semantics
+// (docs/semantics.md) say it gets.
 type step struct {
 	at      time.Duration // since the scenario's base
 	op      string        // take (default), peek, refund, reset
@@ -41,11 +42,11 @@ type scenario struct {
 
 var (
 	tenPerSecond = drip.PerSecond(10)
-	seed000      = drip.Limit{Rate: 5, Period: 10 * s, Burst: 20, Refill: drip.Interval}
+	fivePer10s   = drip.Limit{Rate: 5, Period: 10 * s, Burst: 20, Refill: drip.Interval}
 	windowMinute = drip.Limit{Algorithm: drip.FixedWindow, Rate: 3, Period: time.Minute, Start: time.Minute}
 )
 
-// Scenarios are the tables of SPEC 1, each over named instants.
+// Scenarios are the tables of docs/semantics.md, each over named instants.
 var Scenarios = []scenario{
 	{"continuous: a burst, then refill lands exactly", tenPerSecond, []step{
 		{at: 0, cost: 10, allowed: true, tokens: 0, reset: 1 * s},
@@ -71,7 +72,7 @@ var Scenarios = []scenario{
 		{at: 1100 * ms, allowed: true, tokens: 0, reset: 1 * s},
 		{at: 1 * s, allowed: false, tokens: 0, retry: 200 * ms, reset: 1100 * ms},
 	}},
-	{"interval: the seed 000 worked example, refills on the grid", seed000, []step{
+	{"interval: 5 per 10 s, burst 20, refills on the grid", fivePer10s, []step{
 		{at: 0, cost: 5, allowed: true, tokens: 15, reset: 10 * s},
 		{at: 10 * s, op: "peek", cost: costZero, allowed: true, tokens: 20},
 		{at: 15 * s, cost: 18, allowed: true, tokens: 2, reset: 35 * s},
@@ -123,7 +124,7 @@ var Scenarios = []scenario{
 		{at: 500 * ms, cost: 1e12, reserve: true, allowed: false, tokens: -0.5e12, retry: 500 * ms, reset: 1500 * ms},
 		{at: 500 * ms, cost: 0.5e12, reserve: true, allowed: true, tokens: -1e12, retry: 1 * s, reset: 2 * s},
 	}},
-	{"interval reservations land on the grid", seed000, []step{
+	{"interval reservations land on the grid", fivePer10s, []step{
 		{at: 0, cost: 20, allowed: true, tokens: 0, reset: 40 * s},
 		{at: 1 * s, cost: 7, reserve: true, allowed: true, tokens: -7, retry: 19 * s, reset: 59 * s},
 	}},
@@ -154,7 +155,7 @@ var Scenarios = []scenario{
 		{at: 0, op: "peek", cost: 7, allowed: false, tokens: 6, retry: 100 * ms, reset: 400 * ms},
 		{at: 0, cost: 6, allowed: true, tokens: 0, reset: 1 * s},
 	}},
-	{"a denial writes nothing (the grid does not move)", seed000, []step{
+	{"a denial writes nothing (the grid does not move)", fivePer10s, []step{
 		{at: 0, cost: 20, allowed: true, tokens: 0, reset: 40 * s},
 		{at: 9 * s, allowed: false, tokens: 0, retry: 1 * s, reset: 31 * s},
 		{at: 10 * s, cost: 5, allowed: true, tokens: 0, reset: 40 * s},

@@ -1,5 +1,5 @@
 // Package storetest is the conformance suite every drip.Store must pass:
-// scenario tables over named instants for every rule of SPEC section 1,
+// scenario tables over named instants for every rule of docs/semantics.md,
 // the replay traces in testdata/ with their golden outputs, concurrency
 // bounds, and a randomized comparison against an exact rational reference
 // model (Model).

@@ -79,7 +79,8 @@ func TestGoldenAgreesWithModel(t *testing.T) {
 	}
 }
 
-// TestModelWorkedExample holds the model itself to SPEC's boundary example.
+// TestModelWorkedExample holds the model itself to the boundary example of
+// docs/semantics.md (10/s: 0.1 s after the bucket emptied, a take passes).
 func TestModelWorkedExample(t *testing.T) {
 	m := NewModel()
 	p, _ := drip.Prepare(drip.OpTake, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 10})

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 
@@ -11,23 +10,19 @@ import (
 )
 
 func init() {
-	register(command{name: "check", brief: "validate rules files, printing every problem (SPEC 3)", run: runCheck})
+	register(command{name: "check", brief: "validate rules files and envoyproxy/ratelimit configs (files or directories)", run: runCheck})
 }
 
 // runCheck loads each file with the loader drip serve uses. It prints
 // every problem of a bad file, one per line as "file: path: message", and
 // exits 1 if any file is bad, 2 on a usage error.
 func runCheck(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: drip check FILE...\n\nValidates rules files (JSON or YAML) as drip serve --rules would load them.")
-	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	fs := newFlagSet("check")
+	if code, done := parseFlags(fs, checkUsage, args, stdout, stderr); done {
+		return code
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
+		fmt.Fprint(stderr, checkUsage)
 		return 2
 	}
 	code := 0

@@ -16,7 +16,7 @@ func TestCheck(t *testing.T) {
 	os.WriteFile(bad, []byte(`rules:
   - name: free
     limit_keys: ["header:x-api-key"]
-    algorithm_config: {rps: 10, burst: 5}
+    algorithm_config: {rps: 10, burst: 0}
   - name: free
     limit_keys: ["nowhere"]
     algorithm_config: {rps: 1, colour: blue}
@@ -38,10 +38,10 @@ func TestCheck(t *testing.T) {
 	}
 	// Every problem, each with its path, in one run.
 	for _, want := range []string{
-		"bad.yaml: rules[0].algorithm_config.burst: must be >= rps",
-		"bad.yaml: rules[1].name",
-		"bad.yaml: rules[1].limit_keys[0]",
-		"bad.yaml: rules[1].algorithm_config.colour",
+		"bad.yaml:4: rules[0].algorithm_config.burst: must be > 0",
+		"bad.yaml:5: rules[1].name",
+		"bad.yaml:6: rules[1].limit_keys[0]",
+		"bad.yaml:7: rules[1].algorithm_config.colour",
 	} {
 		if !strings.Contains(errs.String(), want) {
 			t.Errorf("check output lacks %q:\n%s", want, errs.String())

@@ -8,11 +8,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version, when set at build time with -ldflags "-X main.version=...",
+// replaces the module version read from the build info.
+var version = ""
 
 type command struct {
 	name  string
@@ -33,11 +35,15 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(stderr)
-		if len(args) == 0 {
-			return 2
+		return 2
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		if len(args) > 1 && args[0] == "help" { // drip help serve = drip serve -h
+			return run(ctx, []string{args[1], "-h"}, stdin, stdout, stderr)
 		}
+		usage(stdout)
 		return 0
 	}
 	for _, c := range commands {
@@ -51,16 +57,59 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: drip <command> [flags]\n\ncommands:")
+	fmt.Fprintln(w, "usage: drip <command> [flags]\n\ndrip is a rate limiter: a Go library, net/http middleware and this server.\n\ncommands:")
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.brief)
 	}
-	fmt.Fprintln(w, "\nRun 'drip <command> -h' for a command's flags.")
+	fmt.Fprintln(w, "\nRun 'drip <command> -h' for a command's usage, flags and examples.")
+	fmt.Fprintln(w, "Start with: drip serve")
 }
 
 func init() {
-	register(command{name: "version", brief: "print drip's version", run: func(_ context.Context, _ []string, _ io.Reader, stdout, _ io.Writer) int {
-		fmt.Fprintln(stdout, "drip", version)
-		return 0
-	}})
+	register(command{name: "version", brief: "print drip's version and VCS revision", run: runVersion})
+}
+
+func runVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("version")
+	if code, done := parseFlags(fs, versionUsage, args, stdout, stderr); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "drip version: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	info, _ := debug.ReadBuildInfo()
+	fmt.Fprintln(stdout, versionLine(info, version))
+	return 0
+}
+
+// versionLine describes a build: "drip v1.2.3" for a released module,
+// "drip (devel) rev 0123abcdef01 (modified)" for a build from a work tree.
+// override, when set (-ldflags -X main.version=...), replaces the module
+// version.
+func versionLine(info *debug.BuildInfo, override string) string {
+	v := "(devel)"
+	settings := map[string]string{}
+	if info != nil {
+		if info.Main.Version != "" {
+			v = info.Main.Version
+		}
+		for _, s := range info.Settings {
+			settings[s.Key] = s.Value
+		}
+	}
+	if override != "" {
+		v = override
+	}
+	line := "drip " + v
+	if rev := settings["vcs.revision"]; rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		line += " rev " + rev
+		if settings["vcs.modified"] == "true" {
+			line += " (modified)"
+		}
+	}
+	return line
 }

@@ -2,13 +2,14 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/store/pgstore"
 )
 
@@ -27,42 +28,54 @@ func openPostgres(ctx context.Context, url string) (drip.Store, func(), error) {
 }
 
 func runPG(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	usage := func() {
-		fmt.Fprintln(stderr, `usage: drip pg install --url postgres://... [--unlogged | --logged]
-
-install creates the drip schema in the database (the table drip.buckets and
-the functions drip.take, drip.peek, drip.refund, drip.reset, ...), or
-migrates an older one; running it again is harmless.`)
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		fmt.Fprint(stdout, pgUsage)
+		return 0
 	}
 	if len(args) == 0 || args[0] != "install" {
-		usage()
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			return 0
+		if len(args) > 0 {
+			fmt.Fprintf(stderr, "drip pg: unknown subcommand %q\n", args[0])
 		}
+		fmt.Fprint(stderr, pgUsage)
 		return 2
 	}
-	fs := flag.NewFlagSet("pg install", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	url := fs.String("url", envOr("DRIP_STORE", ""), "PostgreSQL URL (env DRIP_STORE)")
+	fs := newFlagSet("pg install")
+	url := fs.String("url", envOr("DRIP_STORE", ""), "PostgreSQL URL, postgres://... or postgresql://... (env DRIP_STORE)")
 	unlogged := fs.Bool("unlogged", false, "make the bucket table UNLOGGED: faster, emptied by a crash (up to one extra burst per key)")
 	logged := fs.Bool("logged", false, "make an UNLOGGED bucket table logged again")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	if code, done := parseFlags(fs, pgUsage, args[1:], stdout, stderr); done {
+		return code
 	}
-	if *url == "" {
-		fmt.Fprintln(stderr, "drip pg install: --url is required")
-		return 2
+	fail := func(code int, format string, a ...any) int {
+		fmt.Fprintf(stderr, "drip pg install: "+format+"\n", a...)
+		return code
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fail(2, "unexpected arguments %q", fs.Args())
+	case *url == "":
+		return fail(2, "--url is required (a postgres://... URL)")
+	case !strings.HasPrefix(*url, "postgres://") && !strings.HasPrefix(*url, "postgresql://"):
+		return fail(2, "--url %s is not a PostgreSQL URL: want postgres://user@host/db (Redis needs no install)", redact.URL(*url))
+	case *unlogged && *logged:
+		return fail(2, "--unlogged and --logged: choose one")
 	}
 	pool, err := pgxpool.New(ctx, *url)
 	if err != nil {
-		fmt.Fprintln(stderr, "drip pg install:", err)
-		return 1
+		return fail(1, "%v", redact.Error(err))
 	}
 	defer pool.Close()
 	if err := pgstore.Install(ctx, pool, pgstore.InstallOptions{Unlogged: *unlogged, Logged: *logged}); err != nil {
-		fmt.Fprintln(stderr, "drip pg install:", err)
-		return 1
+		return fail(1, "%v", redact.Error(err))
 	}
-	fmt.Fprintf(stdout, "drip schema version %d installed\n", pgstore.SchemaVersion)
+	var persistence string
+	if err := pool.QueryRow(ctx, "SELECT relpersistence::text FROM pg_class WHERE oid = 'drip.buckets'::regclass").Scan(&persistence); err != nil {
+		return fail(1, "reading back the bucket table: %v", redact.Error(err))
+	}
+	table := "a logged table"
+	if persistence == "u" {
+		table = "an UNLOGGED table (faster; a crash empties it: every key full again)"
+	}
+	fmt.Fprintf(stdout, "drip schema version %d installed: drip.buckets is %s, with the functions drip.take, drip.peek, drip.refund and drip.reset\n", pgstore.SchemaVersion, table)
 	return 0
 }

@@ -23,6 +23,13 @@ func TestReplayPostgres(t *testing.T) {
 			t.Fatalf("drip pg install: exit %d: %s", code, errb.String())
 		}
 	}
+	// --unlogged and --logged say what they made.
+	for flag, want := range map[string]string{"--unlogged": "drip.buckets is an UNLOGGED table", "--logged": "drip.buckets is a logged table"} {
+		var out, errb bytes.Buffer
+		if code := run(ctx, []string{"pg", "install", "--url", url, flag}, nil, &out, &errb); code != 0 || !strings.Contains(out.String(), want) {
+			t.Fatalf("drip pg install %s: exit %d: %s%s, want %q", flag, code, out.String(), errb.String(), want)
+		}
+	}
 	replay := func(store string, in []string) []string {
 		var out, errb bytes.Buffer
 		code := run(ctx, []string{"replay", "--store", store}, strings.NewReader(strings.Join(in, "\n")), &out, &errb)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"io"
 
@@ -12,15 +11,18 @@ import (
 )
 
 func init() {
-	register(command{name: "replay", brief: "run JSON-lines requests on a store in virtual time (SPEC 2)", run: runReplay})
+	register(command{name: "replay", brief: "run JSON-lines requests on a store in virtual time", run: runReplay})
 }
 
 func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("replay")
 	storeURL := fs.String("store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://... (env DRIP_STORE)")
 	prefix := fs.String("prefix", "", "key prefix (default: fresh and random per run)")
-	if err := fs.Parse(args); err != nil {
+	if code, done := parseFlags(fs, replayUsage, args, stdout, stderr); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "drip replay: unexpected arguments %q (requests come on stdin)\n", fs.Args())
 		return 2
 	}
 	if *prefix == "" {

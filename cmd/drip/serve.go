@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,16 +10,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/server"
 )
 
 func init() {
-	register(command{name: "serve", brief: "run the decision API or gateway, with metrics and an admin API (SPEC 3)", run: runServe})
+	register(command{name: "serve", brief: "run the decision API or gateway, with metrics and an admin API", run: runServe})
 }
 
 func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("serve")
 	var c server.Config
 	fs.StringVar(&c.Listen, "listen", envOr("DRIP_LISTEN", server.DefaultListen), "address of the decision API, or of the gateway with --upstream (env DRIP_LISTEN)")
 	fs.StringVar(&c.AdminListen, "admin-listen", envOr("DRIP_ADMIN_LISTEN", server.DefaultAdminListen), `address of /metrics, /healthz, /readyz and the admin API; "off" disables it (env DRIP_ADMIN_LISTEN)`)
@@ -40,8 +39,8 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		timeoutDefault = d
 	}
 	storeTimeout := fs.Duration("store-timeout", timeoutDefault, "deadline of each store call (env DRIP_STORE_TIMEOUT)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, done := parseFlags(fs, serveUsage, args, stdout, stderr); done {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "drip serve: unexpected arguments %q\n", fs.Args())
@@ -84,14 +83,15 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 	}()
 
+	storeName := redact.URL(c.Store) // never print a password
 	rules := c.Rules
 	if rules == "" {
 		rules = "built-in defaults"
 	}
 	if c.Upstream != "" {
-		fmt.Fprintf(stdout, "drip serve: gateway on http://%s -> %s (store %s, rules %s)\n", s.Addr(), c.Upstream, c.Store, rules)
+		fmt.Fprintf(stdout, "drip serve: gateway on http://%s -> %s (store %s, rules %s)\n", s.Addr(), redact.URL(c.Upstream), storeName, rules)
 	} else {
-		fmt.Fprintf(stdout, "drip serve: decision API on http://%s (POST /v1/take, /v1/peek, /v1/refund, /v1/reset; store %s, rules %s)\n", s.Addr(), c.Store, rules)
+		fmt.Fprintf(stdout, "drip serve: decision API on http://%s (POST /v1/take, /v1/peek, /v1/refund, /v1/reset; store %s, rules %s)\n", s.Addr(), storeName, rules)
 	}
 	if a := s.AdminAddr(); a != nil {
 		admin := "off (no --admin-token)"

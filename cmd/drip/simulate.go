@@ -38,15 +38,13 @@ TRAFFIC: --rps N [--for D]       shorthand for --pattern "N/s for D"
                                  bucket per client
 OUTPUT:  --svg FILE (a chart), --requests N (the first N one by one), --step D
 
-Example: drip simulate --rate 10 --burst 50 --rps 60 --for 10s --svg out.svg
-
-flags:
+Examples:
+  drip simulate --rate 10 --burst 50 --rps 60 --for 10s --svg out.svg
+  drip simulate --rules examples/rules.json --rule free --pattern "100 at once, 5/s for 30s"
 `
 
 func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, simulateUsage); fs.PrintDefaults() }
+	fs := newFlagSet("simulate")
 
 	var l drip.Limit
 	fs.Float64Var(&l.Rate, "rate", 0, "tokens added per period")
@@ -73,11 +71,8 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	keep := fs.Int("requests", 0, "also list the first N requests one by one")
 	svgFile := fs.String("svg", "", "write a chart of tokens, accepted and denied requests over time to FILE")
 	chartKey := fs.String("key", "", "the key whose bucket is charted and tabulated (default: the busiest)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, done := parseFlags(fs, simulateUsage, args, stdout, stderr); done {
+		return code
 	}
 	fail := func(code int, err error) int {
 		fmt.Fprintln(stderr, "drip simulate:", err)

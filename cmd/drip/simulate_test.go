@@ -53,7 +53,7 @@ func TestSimulateCommand(t *testing.T) {
 	}
 }
 
-func TestSimulateSeed004Interval(t *testing.T) {
+func TestSimulateWorkedExampleInterval(t *testing.T) {
 	code, out, errOut := simulateCmd(t, "", "--rate", "10", "--burst", "50", "--refill", "interval", "--pattern", "60/s for 10s, idle 5s, 60/s for 1s")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)

@@ -7,12 +7,19 @@ import (
 	"strings"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/store/memstore"
 )
 
 // openStore opens the store a --store URL names. Each store package adds
 // its scheme here.
+// Its errors never show the URL's password.
 func openStore(ctx context.Context, url string) (drip.Store, func(), error) {
+	s, closeStore, err := openStoreURL(ctx, url)
+	return s, closeStore, redact.Error(err)
+}
+
+func openStoreURL(ctx context.Context, url string) (drip.Store, func(), error) {
 	switch {
 	case url == "" || url == "memory" || strings.HasPrefix(url, "memory:"):
 		s := memstore.New()
@@ -22,7 +29,7 @@ func openStore(ctx context.Context, url string) (drip.Store, func(), error) {
 	case strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://"):
 		return openPostgres(ctx, url)
 	}
-	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://... or redis://...", url)
+	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://... or redis://...", redact.URL(url))
 }
 
 func envOr(name, def string) string {

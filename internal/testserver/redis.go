@@ -334,7 +334,7 @@ func LaunchRedisCluster(dir string, masters, replicas int) (*RedisCluster, error
 	return c, nil
 }
 
-// URL names the first node, and the others as ?addr= seeds.
+// URL names the first node, and the others as ?addr= parameters.
 func (c *RedisCluster) URL() string {
 	var b strings.Builder
 	b.WriteString("redis://" + c.Nodes[0].Addr)

@@ -465,7 +465,8 @@ func override(domain string, d *ratelimitv3.RateLimitDescriptor) (*Limit, error)
 }
 
 // respond builds the response: the overall code, one status per
-// descriptor, and SPEC 3's RateLimit headers for the enforced descriptors.
+// descriptor, and the RateLimit headers (as the middleware writes them) for
+// the enforced descriptors.
 func respond(items []item, allowed bool) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
@@ -554,7 +555,7 @@ func remaining(it *item) uint32 {
 	return uint32(min(r, math.MaxUint32))
 }
 
-// headers are SPEC 3's RateLimit headers (and Retry-After on a denial)
+// headers are the middleware's RateLimit headers (and Retry-After on a denial)
 // for the enforced descriptors that were decided; the single-value ones
 // describe top: on a denial the denying descriptor with the longest wait,
 // else the one with the fewest tokens left.

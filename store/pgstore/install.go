@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/driplimit/drip/internal/redact"
 )
 
 //go:embed sql/*.sql
@@ -140,7 +142,7 @@ func checkVersion(ctx context.Context, db DB) error {
 	err := db.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM drip.schema_version").Scan(&v)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000") {
-		return errors.New("pgstore: the drip schema is not installed: run `drip pg install --url ...` or open the store with pgstore.WithInstall")
+		return errors.New("pgstore: the drip schema is not installed: run `drip pg install --url ...`, or add ?drip_install=true to the store URL (drip serve and drip replay), or open the store with pgstore.WithInstall")
 	}
 	if err != nil {
 		return fmt.Errorf("pgstore: %w", err)
@@ -167,7 +169,7 @@ func checkVersion(ctx context.Context, db DB) error {
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: bad URL: %w", err)
+		return nil, redact.Error(fmt.Errorf("pgstore: bad URL: %w", err))
 	}
 	q := u.Query()
 	var urlOpts []Option

@@ -368,8 +368,11 @@ func TestOpenErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.Path = "/" + name
-	if _, err := pgstore.Open(ctx, u.String()); err == nil || !strings.Contains(err.Error(), "drip pg install") {
-		t.Fatalf("open without the schema: %v, want the install hint", err)
+	if _, err := pgstore.Open(ctx, u.String()); err == nil || !strings.Contains(err.Error(), "drip pg install") || !strings.Contains(err.Error(), "?drip_install=true") {
+		t.Fatalf("open without the schema: %v, want the install hints", err)
+	}
+	if _, err := pgstore.Open(ctx, "postgres://drip:s3cret@db:badport/app"); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("a bad URL: %v, want an error without the password", err)
 	}
 	if _, err := pgstore.Open(ctx, withParams(u.String(), "drip_bogus=1")); err == nil || !strings.Contains(err.Error(), "drip_bogus") {
 		t.Fatalf("unknown drip_ parameter: %v", err)

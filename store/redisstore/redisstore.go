@@ -45,6 +45,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/redact"
 )
 
 //go:embed bigint.lua
@@ -130,12 +131,12 @@ func New(c rueidis.Client, opts ...Option) *Store {
 
 // Open connects to the server a URL names: redis://[user:pass@]host:port[/db]
 // or rediss:// for TLS. The same URL pointed at one node of a cluster
-// reaches the whole cluster; more seed nodes go in ?addr=host:port
+// reaches the whole cluster; more nodes to start from go in ?addr=host:port
 // (repeatable). Close closes the connection.
 func Open(url string, opts ...Option) (*Store, error) {
 	o, err := rueidis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
+		return nil, redact.Error(fmt.Errorf("redisstore: %w", err))
 	}
 	c, err := rueidis.NewClient(o)
 	if err != nil {

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+)
+
+// Every subcommand explains itself the same way: "drip CMD -h" (or
+// --help) prints its usage text and its flags on stdout and exits 0; a
+// bad flag is one line on stderr, with a pointer to -h, and exit 2.
+
+// newFlagSet returns a flag set for "drip name" that prints nothing by
+// itself: parseFlags says what went wrong.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseFlags parses args into fs. On -h it prints usage and the flags on
+// stdout; on a bad flag, one line on stderr. done reports that the
+// command should return code now.
+func parseFlags(fs *flag.FlagSet, usage string, args []string, stdout, stderr io.Writer) (code int, done bool) {
+	err := fs.Parse(args)
+	if err == nil {
+		return 0, false
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		printUsage(fs, usage, stdout)
+		return 0, true
+	}
+	fmt.Fprintf(stderr, "drip %s: %v\nRun 'drip %s -h' for usage.\n", fs.Name(), err, fs.Name())
+	return 2, true
+}
+
+// printUsage writes usage and fs's flags to w.
+func printUsage(fs *flag.FlagSet, usage string, w io.Writer) {
+	fmt.Fprint(w, usage)
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nflags:")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+const serveUsage = `usage: drip serve [flags]
+
+Runs the decision API (or, with --upstream, a gateway that applies the rules
+to every request it proxies), with Prometheus metrics, health checks and an
+admin API on a second listener. With no flags at all it runs on the embedded
+memory store with the built-in rules (every client IP 10 requests/s with
+bursts of 20). SIGHUP, a changed rules file or POST /v1/admin/reload reloads
+the rules; SIGTERM or SIGINT shuts down gracefully.
+
+Decision API (no --upstream): POST /v1/take, /v1/peek, /v1/refund, /v1/reset
+with a JSON request (an inline key and limit, or a rule and its key values),
+answered with a JSON decision; docs/api.md describes both.
+
+Every flag has an environment variable (shown with each flag); a flag given
+on the command line wins.
+
+Examples:
+  drip serve
+  drip serve --rules examples/rules.json
+  drip serve --store postgres://drip@db/app --rules rules.yaml --admin-token "$TOKEN"
+  drip serve --upstream http://127.0.0.1:3000 --listen :8080 --rules rules.yaml
+  drip serve --grpc-listen :8081 --rules /etc/ratelimit/config/
+`
+
+const replayUsage = `usage: drip replay [--store URL] [--prefix P] < requests.jsonl
+
+Reads requests as JSON lines on stdin (one take, peek, refund, reset or
+multi-take per line, each at a virtual time "at" in seconds) and writes one
+decision per line on stdout, in order. Time is virtual: nothing sleeps, and
+virtual time 0 is the wall clock at the start of the run. A line that is not
+valid prints {"error": "..."} and replay goes on. docs/api.md describes the
+request and decision shapes.
+
+Examples:
+  echo '{"at": 0, "key": "u", "cost": 5, "limit": {"rate": 5, "period": "10s", "burst": 20}}' | drip replay
+  drip replay --store redis://localhost:6379 < trace.jsonl
+`
+
+const checkUsage = `usage: drip check PATH...
+
+Validates each rules file as drip serve --rules would load it, and prints
+every problem, one per line ("file:line: path: message"). PATH is a drip
+rules file (JSON or YAML; docs/rules.md), or envoyproxy/ratelimit config
+files: a YAML file with a top-level "domain", or a directory of them (all
+its files are loaded together, as drip serve --rules DIR does).
+
+Exit status: 0 when every file is good, 1 when one is bad, 2 on a usage
+error.
+
+Examples:
+  drip check examples/rules.json
+  drip check rules.yaml /etc/ratelimit/config/
+`
+
+const pgUsage = `usage: drip pg install --url postgres://... [--unlogged | --logged]
+
+install creates drip's schema in a PostgreSQL database: the table
+drip.buckets and the SQL functions drip.take, drip.peek, drip.refund and
+drip.reset (so that any language can share the buckets), or migrates the
+schema of an older drip. Running it again is harmless. drip serve and drip
+replay can also install it themselves when their store URL says
+?drip_install=true.
+
+Examples:
+  drip pg install --url postgres://postgres@localhost/app
+  drip pg install --url postgres://postgres@localhost/app --unlogged
+`
+
+const versionUsage = `usage: drip version
+
+Prints drip's module version (v1.2.3 for a released build, "(devel)" for a
+build from a source tree) and, when the build recorded it, the VCS revision
+and whether the tree was modified.
+`

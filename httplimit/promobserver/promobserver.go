@@ -1,0 +1,123 @@
+// Package promobserver counts what the httplimit middleware does as
+// Prometheus metrics, for programs that run the middleware themselves
+// (drip serve has its own, with the same names):
+//
+//	obs := promobserver.New()
+//	prometheus.MustRegister(obs) // or your own registry
+//	lim := httplimit.New(store, set, httplimit.WithObserver(obs))
+//
+// The series:
+//
+//	drip_decisions_total{rule, outcome}         one per rule that applied to a request;
+//	                                            outcome is an httplimit.Outcome
+//	drip_shadow_denials_total{rule}             requests a shadow rule would have denied
+//	drip_local_fallback_decisions_total{rule}   decisions of the local fallback (on_error: local)
+//	drip_store_duration_seconds                 latency of the store calls made
+//	drip_store_errors_total                     store calls that failed or timed out
+//	drip_store_circuit_state{state}             1 for the breaker's state, 0 for the others
+package promobserver
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/rules"
+)
+
+// Observer is an httplimit.Observer and a prometheus.Collector. It is safe
+// for concurrent use. Construct it with New and register it once.
+type Observer struct {
+	decisions     *prometheus.CounterVec
+	shadowDenials *prometheus.CounterVec
+	fallback      *prometheus.CounterVec
+	storeSeconds  prometheus.Histogram
+	storeErrors   prometheus.Counter
+	circuit       *prometheus.GaugeVec
+}
+
+var (
+	_ httplimit.Observer   = (*Observer)(nil)
+	_ prometheus.Collector = (*Observer)(nil)
+)
+
+// New returns an Observer with its series at zero and the breaker closed.
+func New() *Observer {
+	o := &Observer{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_decisions_total",
+			Help: "Decisions of the rate limiting middleware by rule and outcome (allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied).",
+		}, []string{"rule", "outcome"}),
+		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_shadow_denials_total",
+			Help: "Requests a shadow-mode rule would have denied (and let through).",
+		}, []string{"rule"}),
+		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_local_fallback_decisions_total",
+			Help: "Decisions made by the per-instance local limiter while the store was failing (on_error: local), by rule.",
+		}, []string{"rule"}),
+		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "drip_store_duration_seconds",
+			Help:    "Latency of the middleware's store calls.",
+			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "drip_store_errors_total",
+			Help: "The middleware's store calls that failed or timed out.",
+		}),
+		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "drip_store_circuit_state",
+			Help: "The state of the middleware's circuit breaker in front of the store: 1 for the current state (closed, open, half_open), 0 for the others.",
+		}, []string{"state"}),
+	}
+	o.BreakerState(httplimit.BreakerClosed)
+	return o
+}
+
+// Describe implements prometheus.Collector.
+func (o *Observer) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range o.collectors() {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (o *Observer) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range o.collectors() {
+		c.Collect(ch)
+	}
+}
+
+func (o *Observer) collectors() []prometheus.Collector {
+	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.storeSeconds, o.storeErrors, o.circuit}
+}
+
+// Decision implements httplimit.Observer.
+func (o *Observer) Decision(rule string, mode rules.Mode, outcome httplimit.Outcome) {
+	o.decisions.WithLabelValues(rule, string(outcome)).Inc()
+	local := outcome == httplimit.LocalAllowed || outcome == httplimit.LocalDenied
+	if local {
+		o.fallback.WithLabelValues(rule).Inc()
+	}
+	if mode == rules.Shadow && (outcome == httplimit.Denied || outcome == httplimit.LocalDenied) {
+		o.shadowDenials.WithLabelValues(rule).Inc()
+	}
+}
+
+// StoreError implements httplimit.Observer.
+func (o *Observer) StoreError(error) { o.storeErrors.Inc() }
+
+// StoreLatency implements httplimit.Observer.
+func (o *Observer) StoreLatency(d time.Duration) { o.storeSeconds.Observe(d.Seconds()) }
+
+// BreakerState implements httplimit.Observer.
+func (o *Observer) BreakerState(state string) {
+	for _, s := range []string{httplimit.BreakerClosed, httplimit.BreakerOpen, httplimit.BreakerHalfOpen} {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		o.circuit.WithLabelValues(s).Set(v)
+	}
+}

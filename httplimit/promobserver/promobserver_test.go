@@ -1,0 +1,117 @@
+package promobserver_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/httplimit/promobserver"
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// TestCounts drives the middleware through three requests of one client
+// on an enforce rule of burst 2 beside a shadow rule of burst 1, and reads
+// the series.
+func TestCounts(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+		{"name": "per-key", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 2}},
+		{"name": "watch", "limit_keys": ["global"], "mode": "shadow", "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := memstore.New()
+	defer store.Close()
+	obs := promobserver.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(obs)
+	lim := httplimit.New(store, set, httplimit.WithObserver(obs))
+	defer lim.Close()
+	h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	var codes []int
+	for range 3 {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("X-Api-Key", "k")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		codes = append(codes, w.Code)
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
+		t.Fatalf("statuses %v, want 200 200 429", codes)
+	}
+	// The shadow rule is taken only when the request is allowed (twice):
+	// it allows the first and would deny the second; on the denied third
+	// it is peeked, and would deny again.
+	w := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	got := w.Body.String()
+	for _, want := range []string{
+		`drip_decisions_total{outcome="allowed",rule="per-key"} 2` + "\n",
+		`drip_decisions_total{outcome="denied",rule="per-key"} 1` + "\n",
+		`drip_decisions_total{outcome="allowed",rule="watch"} 1` + "\n",
+		`drip_decisions_total{outcome="denied",rule="watch"} 2` + "\n",
+		`drip_shadow_denials_total{rule="watch"} 2` + "\n",
+		`drip_store_circuit_state{state="closed"} 1` + "\n",
+		`drip_store_circuit_state{state="open"} 0` + "\n",
+		"drip_store_errors_total 0\n",
+		"drip_store_duration_seconds_count ",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("metrics lack %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "drip_local_fallback_decisions_total{") {
+		t.Errorf("a fallback counted with the store up:\n%s", got)
+	}
+}
+
+// down is a store that fails every call.
+type down struct{ drip.Store }
+
+func (down) ApplyMulti(context.Context, drip.Op, time.Time, []drip.Request) (drip.Multi, error) {
+	return drip.Multi{}, errors.New("connection refused")
+}
+
+func (down) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
+	return drip.Decision{}, errors.New("connection refused")
+}
+
+// TestStoreDown: failed store calls are counted, and on_error: local
+// decisions count as fallback decisions.
+func TestStoreDown(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"on_error": "local", "rules": [
+		{"name": "all", "limit_keys": ["global"], "algorithm_config": {"rps": 10}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := promobserver.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(obs)
+	lim := httplimit.New(down{}, set, httplimit.WithObserver(obs))
+	defer lim.Close()
+	w := httptest.NewRecorder()
+	lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+	if w.Code != 200 {
+		t.Fatalf("status %d, want 200 from the local fallback", w.Code)
+	}
+	m := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(m, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{
+		`drip_decisions_total{outcome="local_allowed",rule="all"} 1` + "\n",
+		`drip_local_fallback_decisions_total{rule="all"} 1` + "\n",
+		"drip_store_errors_total 1\n",
+	} {
+		if !strings.Contains(m.Body.String(), want) {
+			t.Errorf("metrics lack %q:\n%s", want, m.Body.String())
+		}
+	}
+}
