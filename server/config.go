@@ -3,6 +3,8 @@ package server
 import (
 	"log/slog"
 	"time"
+
+	"github.com/driplimit/drip/server/envoy"
 )
 
 // Config holds every setting of drip serve. The zero value is usable: it
@@ -37,6 +39,9 @@ type Config struct {
 	// GRPCReflection turns on gRPC server reflection on GRPCListen
 	// (--grpc-reflection, DRIP_GRPC_REFLECTION); off by default.
 	GRPCReflection bool
+	// GRPCLimits bound the connections and calls of GRPCListen's clients;
+	// zero fields take envoy.DefaultLimits.
+	GRPCLimits envoy.Limits
 
 	// StoreTimeout is the deadline of each store call (default 500ms).
 	StoreTimeout time.Duration
