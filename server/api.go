@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 
 	"github.com/driplimit/drip"
@@ -88,6 +89,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxBody)
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			return errorf(http.StatusRequestTimeout, "reading body: the body did not arrive in time")
 		}
 		return errorf(http.StatusBadRequest, "reading body: %v", err)
 	}
