@@ -35,7 +35,8 @@ import (
 // retry_after, reset_after; a denial is a 200 with "allowed": false), a
 // multi-take's {"allowed", "retry_after", "results"}, or {"reset": true};
 // 400 {"error": "..."} for a body that is not valid (bad JSON, unknown
-// field, bad limit or cost, missing key, cost over burst), 404 for an
+// field, bad limit or cost, missing key or one over MaxInlineKeyLen, cost
+// over burst), 404 for an
 // unknown rule, 413 for a body over 1 MiB, 503 when the store fails or
 // times out.
 
@@ -73,7 +74,7 @@ func errorf(status int, format string, args ...any) error {
 // rather than the store's.
 func badInput(err error) bool {
 	for _, e := range []error{drip.ErrInvalidLimit, drip.ErrInvalidCost, drip.ErrMissingKey,
-		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey, drip.ErrNotColocated} {
+		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey, drip.ErrNotColocated, drip.ErrKeyTooLong} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -272,6 +273,9 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 	if it.Key == "" {
 		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: give key and limit, or rule and values", drip.ErrMissingKey)
 	}
+	if len(it.Key) > MaxInlineKeyLen {
+		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: key is %d bytes, at most %d", drip.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
+	}
 	if opName == "reset" {
 		if it.Limit != nil || it.Cost != nil || it.Reserve {
 			return drip.Request{}, "", errorf(http.StatusBadRequest, "a reset takes only key (or rule and values)")
@@ -293,6 +297,10 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 // (drain, refund or reset) the buckets of the rules: those are reached by
 // rule name and values only, under the rule's own limit.
 const InlinePrefix = "inline:"
+
+// MaxInlineKeyLen is the longest inline key, in bytes: drip.MaxKeyLen less
+// InlinePrefix. A longer one is a 400.
+const MaxInlineKeyLen = drip.MaxKeyLen - len(InlinePrefix)
 
 func prefixed(p string, err error) error {
 	var he *httpError

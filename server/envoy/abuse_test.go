@@ -6,9 +6,12 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -197,5 +200,26 @@ func TestStalledStreamsBounded(t *testing.T) {
 			t.Fatalf("%d goroutines after every stalled connection was closed, want %d as before", runtime.NumGoroutine(), baseG)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestLongDescriptorValues: a descriptor value far over drip.MaxKeyLen
+// (a long path, say) is limited under a hashed key of its own, never
+// refused (a refusal would let Envoy's failure mode decide), and two long
+// values that differ only at their end stay apart.
+func TestLongDescriptorValues(t *testing.T) {
+	r := serve(t, memstore.New(), loadReadme(t), false)
+	long := strings.Repeat("1", 10_000)
+	for _, v := range []string{long + "a", long + "b"} {
+		for i := range 11 {
+			resp := r.call(t, "edge_proxy_per_ip", 1, desc("remote_address="+v))
+			want := rlsv3.RateLimitResponse_OK
+			if i == 10 {
+				want = rlsv3.RateLimitResponse_OVER_LIMIT // 10 a second
+			}
+			if resp.OverallCode != want {
+				t.Fatalf("call %d on a %d-byte value: %v, want %v", i, len(v), resp.OverallCode, want)
+			}
+		}
 	}
 }
