@@ -29,7 +29,8 @@ import (
 //     rule's fixed_cost (cost_source fixed) or default_cost applies.
 //
 // A multi-take (/v1/take and /v1/peek) replaces the single request by
-// "requests": [...], each inline or by rule, all-or-nothing.
+// "requests": [...] (at most replay.MaxRequests, 100), each inline or by
+// rule, all-or-nothing.
 //
 // Answers: 200 with a decision (SPEC 2: allowed, tokens, remaining, limit,
 // retry_after, reset_after; a denial is a 200 with "allowed": false), a
@@ -178,6 +179,9 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 		}
 		if len(b.Requests) == 0 {
 			return nil, errorf(http.StatusBadRequest, "%v", drip.ErrNoRequests)
+		}
+		if len(b.Requests) > replay.MaxRequests {
+			return nil, errorf(http.StatusBadRequest, "%d requests: a multi-take has at most %d", len(b.Requests), replay.MaxRequests)
 		}
 		rs := make([]drip.Request, len(b.Requests))
 		names := make([]string, len(b.Requests))
