@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -78,5 +79,46 @@ func TestMaxRequests(t *testing.T) {
 	}
 	if code, resp := post(t, srv.base+"/v1/take", body(replay.MaxRequests)); code != http.StatusOK || !strings.Contains(resp, `"allowed":true`) {
 		t.Fatalf("a multi-take of %d requests: %d %s", replay.MaxRequests, code, resp)
+	}
+}
+
+// TestRuleReservations: by rule, a reservation is allowed only up to the
+// rule's max_reserved, and not at all without one. (One unauthenticated
+// call reserving 1e12 tokens through the built-in per-ip rule had locked
+// that IP out for 1e11 seconds.)
+func TestRuleReservations(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"rules": [
+	  {"name": "per-ip", "limit_keys": ["ip:address"], "algorithm_config": {"rps": 10, "burst": 20}},
+	  {"name": "jobs", "limit_keys": ["header:x-tenant"], "algorithm_config": {"rate": 1, "period": "1s", "burst": 2, "max_reserved": 3}}
+	]}`)
+	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	for _, body := range []string{
+		`{"rule": "per-ip", "values": ["203.0.113.5"], "cost": 1e12, "reserve": true}`,
+		`{"rule": "per-ip", "values": ["203.0.113.5"], "cost": 1, "reserve": true}`,
+		`{"requests": [{"rule": "per-ip", "values": ["203.0.113.5"], "cost": 1, "reserve": true}]}`,
+	} {
+		if code, resp := post(t, srv.base+"/v1/take", body); code != http.StatusBadRequest || !strings.Contains(resp, "allows no reservations") {
+			t.Errorf("%s: %d %s, want 400", body, code, resp)
+		}
+	}
+	if _, resp := post(t, srv.base+"/v1/peek", `{"rule": "per-ip", "values": ["203.0.113.5"], "cost": 0}`); decision(t, resp).Tokens != 20 {
+		t.Errorf("after the refused reservations, per-ip holds %s, want 20 tokens", resp)
+	}
+	// Beyond burst + max_reserved it can never fit: an error or a denial,
+	// and either way nothing is taken.
+	if code, resp := post(t, srv.base+"/v1/take", `{"rule": "jobs", "values": ["t1"], "cost": 1e12, "reserve": true}`); code != http.StatusBadRequest && (code != http.StatusOK || decision(t, resp).Allowed) {
+		t.Errorf("a reservation beyond max_reserved: %d %s, want 400 or a denial", code, resp)
+	}
+	if _, resp := post(t, srv.base+"/v1/peek", `{"rule": "jobs", "values": ["t1"], "cost": 0}`); decision(t, resp).Tokens != 2 {
+		t.Errorf("after a reservation beyond max_reserved, jobs holds %s, want 2 tokens", resp)
+	}
+	code, resp := post(t, srv.base+"/v1/take", `{"rule": "jobs", "values": ["t1"], "cost": 5, "reserve": true}`)
+	if d := decision(t, resp); code != http.StatusOK || !d.Allowed || d.Tokens != -3 {
+		t.Errorf("a reservation within max_reserved: %d %s, want allowed with 3 tokens of debt", code, resp)
+	}
+	code, resp = post(t, srv.base+"/v1/take", `{"rule": "jobs", "values": ["t1"], "cost": 1, "reserve": true}`)
+	if d := decision(t, resp); code != http.StatusOK || d.Allowed {
+		t.Errorf("a reservation past max_reserved's debt: %d %s, want denied", code, resp)
 	}
 }

@@ -268,6 +268,11 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 		if it.Cost != nil {
 			r.Cost = *it.Cost
 		}
+		if it.Reserve && r.Limit.MaxReserved == 0 {
+			// A reservation without a bound could lock a key out for
+			// ages: by rule, only the debt the rule allows.
+			return drip.Request{}, "", errorf(http.StatusBadRequest, "rule %q allows no reservations: its algorithm_config sets no max_reserved", it.Rule)
+		}
 		r.Reserve = it.Reserve
 		return r, it.Rule, nil
 	}
