@@ -147,7 +147,7 @@ func CostOf(cost float64, reserve bool, p Params) (int64, error) {
 	if math.IsNaN(cost) || math.IsInf(cost, 0) || cost < 0 || cost > maxAmount {
 		return 0, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, cost)
 	}
-	c := toMicro(cost)
+	c := CostMicro(cost)
 	if c > p.Burst && !reserve {
 		return 0, fmt.Errorf("%w: cost %v > burst %v can never succeed without reserve", ErrCostExceedsBurst, cost, float64(p.Burst)/Micro)
 	}
