@@ -45,10 +45,10 @@ func TestLongInlineKeys(t *testing.T) {
 				t.Errorf("after the refusals, a holds %s, want 3 tokens", resp)
 			}
 			long := strings.Repeat("k", MaxInlineKeyLen-64)
-			for want := 2.0; want >= 1; want-- {
+			for want := int64(2); want >= 1; want-- { // on the store's clock: remaining, not tokens
 				code, resp := post(t, srv.base+"/v1/take", `{"key": "`+long+`", `+lim+`}`)
-				if code != http.StatusOK || decision(t, resp).Tokens != want {
-					t.Fatalf("take on a %d-byte key: %d %s, want %v tokens", len(long), code, resp, want)
+				if code != http.StatusOK || int64(decision(t, resp).Remaining) != want {
+					t.Fatalf("take on a %d-byte key: %d %s, want %v remaining", len(long), code, resp, want)
 				}
 			}
 		})
@@ -90,7 +90,7 @@ func TestRuleReservations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.json")
 	writeFile(t, path, `{"rules": [
 	  {"name": "per-ip", "limit_keys": ["ip:address"], "algorithm_config": {"rps": 10, "burst": 20}},
-	  {"name": "jobs", "limit_keys": ["header:x-tenant"], "algorithm_config": {"rate": 1, "period": "1s", "burst": 2, "max_reserved": 3}}
+	  {"name": "jobs", "limit_keys": ["header:x-tenant"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 2, "max_reserved": 3}}
 	]}`)
 	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
 	for _, body := range []string{

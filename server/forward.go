@@ -72,4 +72,3 @@ func forwardHeaders(pr *httputil.ProxyRequest, trusted []netip.Prefix) {
 		out.Set("Forwarded", strings.Join(fwd, ", "))
 	}
 }
-
