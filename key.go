@@ -11,7 +11,8 @@ import (
 // a longer key with ErrKeyTooLong, in Prepare (so every take, peek and
 // refund) and in Reset, so that no caller can make a store hold huge keys.
 // The bound counts the key as the store is given it: with Prefixed, the
-// prefix too; a store's own prefix (redisstore.WithPrefix) is not counted.
+// prefix too, and with Sharded the shard's suffix; a store's own prefix
+// (redisstore.WithPrefix) is not counted.
 //
 // drip's own front doors never send a longer key: the middleware and the
 // decision API hash rule values over 128 bytes, and they and Envoy's
