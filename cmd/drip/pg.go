@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/store/pgstore"
 )
@@ -53,7 +51,7 @@ migrates an older one; running it again is harmless.`)
 		fmt.Fprintln(stderr, "drip pg install: --url is required")
 		return 2
 	}
-	pool, err := pgxpool.New(ctx, *url)
+	pool, err := pgstore.NewPool(ctx, *url)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip pg install:", err)
 		return 1

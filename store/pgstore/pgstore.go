@@ -94,6 +94,7 @@ type DB interface {
 // it with New or Open; Close stops its background work.
 type Store struct {
 	db  DB
+	dbm modeDB // db, with the statements' query mode
 	cfg config
 
 	batch *batcher
@@ -109,16 +110,18 @@ type Store struct {
 var _ drip.Store = (*Store)(nil)
 
 type config struct {
-	install     bool
-	installOpts InstallOptions
-	sweepEvery  time.Duration
-	sweepPage   int
-	attempts    int
-	backoff     time.Duration
-	maxBackoff  time.Duration
-	batchWindow time.Duration
-	batchMax    int
-	batchConns  int
+	install      bool
+	installOpts  InstallOptions
+	sweepEvery   time.Duration
+	sweepPage    int
+	attempts     int
+	backoff      time.Duration
+	maxBackoff   time.Duration
+	batchWindow  time.Duration
+	batchMax     int
+	batchConns   int
+	queryMode    pgx.QueryExecMode
+	queryModeSet bool
 }
 
 // DefaultSweep is how often the sweeper walks the table (see WithSweep).
@@ -178,15 +181,17 @@ func WithBatching(window time.Duration, maxBatch, conns int) Option {
 func New(ctx context.Context, db DB, opts ...Option) (*Store, error) {
 	s := &Store{db: db, stop: make(chan struct{})}
 	s.cfg = config{sweepEvery: DefaultSweep, sweepPage: 1000, attempts: 10, backoff: time.Millisecond, maxBackoff: 100 * time.Millisecond,
-		batchWindow: DefaultBatchWindow, batchMax: DefaultBatchMax, batchConns: DefaultBatchConns}
+		batchWindow: DefaultBatchWindow, batchMax: DefaultBatchMax, batchConns: DefaultBatchConns, queryMode: DefaultQueryMode}
 	for _, o := range opts {
 		o(&s.cfg)
 	}
+	s.dbm = newModeDB(db, s.cfg.queryMode)
+	s.db = s.dbm
 	if s.cfg.install {
-		if err := Install(ctx, db, s.cfg.installOpts); err != nil {
+		if err := Install(ctx, s.db, s.cfg.installOpts); err != nil {
 			return nil, err
 		}
-	} else if err := checkVersion(ctx, db); err != nil {
+	} else if err := checkVersion(ctx, s.db); err != nil {
 		return nil, err
 	}
 	if s.cfg.batchMax > 1 {
@@ -406,6 +411,7 @@ func retryable(err error) bool {
 func (s *Store) retry(ctx context.Context, f func() error) error {
 	wait := s.cfg.backoff
 	var err error
+	fell := false // switched to FallbackQueryMode once
 	for attempt := 1; ; attempt++ {
 		err = f()
 		if err == nil {
@@ -416,6 +422,10 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 				return err
 			}
 			s.retries.Add(1)
+			continue
+		}
+		if !fell && s.fallBack(err) {
+			fell = true
 			continue
 		}
 		if !retryable(err) {
