@@ -131,11 +131,14 @@ func New(c rueidis.Client, opts ...Option) *Store {
 // Open connects to the server a URL names: redis://[user:pass@]host:port[/db]
 // or rediss:// for TLS. The same URL pointed at one node of a cluster
 // reaches the whole cluster; more seed nodes go in ?addr=host:port
-// (repeatable). Close closes the connection.
+// (repeatable). redis+sentinel://host:port[,host:port...]/master_name[/db]
+// (rediss+sentinel:// for TLS) finds the master through Sentinel and
+// follows its failovers; so does rueidis's redis://host:port?master_set=name.
+// ParseURL has every form and parameter. Close closes the connection.
 func Open(url string, opts ...Option) (*Store, error) {
-	o, err := rueidis.ParseURL(url)
+	o, err := ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
+		return nil, err
 	}
 	c, err := rueidis.NewClient(o)
 	if err != nil {
