@@ -53,6 +53,9 @@
 // short statement each, skipping rows that decisions hold), one pass per
 // minute by default (WithSweep).
 //
+// Poolers. The store works unchanged through a pooler in transaction
+// mode (PgBouncer, RDS Proxy): see DefaultQueryMode.
+//
 // Errors. Serialization failures (SQLSTATE 40001) and deadlocks (40P01),
 // which distributed SQL databases raise under contention and PostgreSQL
 // raises at SERIALIZABLE, are retried with bounded, jittered exponential

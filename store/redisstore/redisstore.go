@@ -22,6 +22,9 @@
 // as an error. Every write leaves the key a TTL of at least a minute past
 // the bucket's expiry (drip.Params.ExpiresAt), so idle buckets vanish.
 //
+// Sentinel: Open with a redis+sentinel:// URL (see ParseURL) finds the
+// master through the Sentinels and follows its failovers.
+//
 // Redis Cluster: all keys of a multi-take must hash to one slot. Put the
 // part they share in braces, a hash tag: "{tenant-7}:user:42" and
 // "{tenant-7}" hash alike (see Tag). A multi-take whose keys do not share
