@@ -194,7 +194,7 @@ func New(ctx context.Context, db DB, opts ...Option) (*Store, error) {
 		if err := Install(ctx, s.db, s.cfg.installOpts); err != nil {
 			return nil, err
 		}
-	} else if err := checkVersion(ctx, s.db); err != nil {
+	} else if err := checkVersion(ctx, newModeDB(db, FallbackQueryMode)); err != nil { // once: nothing prepared by name
 		return nil, err
 	}
 	if s.cfg.batchMax > 1 {
