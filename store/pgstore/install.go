@@ -245,6 +245,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	if batch {
 		urlOpts = append(urlOpts, WithBatching(batchWindow, batchMax, batchConns))
 	}
+	u.RawQuery = q.Encode()
 	if q.Has("default_query_exec_mode") {
 		// pgx's own parameter: the store sends its statements that way.
 		cfg, err := pgx.ParseConfig(u.String())
@@ -253,7 +254,6 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		}
 		urlOpts = append(urlOpts, WithQueryMode(cfg.DefaultQueryExecMode))
 	}
-	u.RawQuery = q.Encode()
 	pool, err := pgxpool.New(ctx, u.String())
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/driplimit/drip"
@@ -129,5 +130,18 @@ func TestPgBouncerFallsBack(t *testing.T) {
 	}
 	if d := take(); d.Allowed {
 		t.Fatalf("a fourth token from a burst of 3: %+v", d)
+	}
+}
+
+// TestQueryModeFromURL: a mode named in the URL is the store's, with no
+// switch.
+func TestQueryModeFromURL(t *testing.T) {
+	st := openVia(t, testserver.SharedPostgres(t).URL(), "&default_query_exec_mode=simple_protocol")
+	if st.QueryMode() != pgx.QueryExecModeSimpleProtocol {
+		t.Fatalf("query mode %v, want simple_protocol", st.QueryMode())
+	}
+	d, err := st.Apply(context.Background(), drip.OpTake, t0, drip.Request{Key: prefix() + "k", Limit: drip.PerSecond(1), Cost: 1})
+	if err != nil || !d.Allowed {
+		t.Fatalf("take: %+v %v", d, err)
 	}
 }
