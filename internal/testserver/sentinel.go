@@ -29,6 +29,8 @@ const (
 type RedisSentinel struct {
 	Master, Replica *Redis
 	Sentinels       []*Redis
+	// tlsPort is each server's TLS port, when they serve TLS.
+	tlsPort map[*Redis]int
 }
 
 // StartRedisSentinel starts a RedisSentinel of the test's own, stopped
@@ -36,23 +38,53 @@ type RedisSentinel struct {
 // Sentinel knows the master, the replica and the other Sentinels.
 func StartRedisSentinel(t testing.TB) *RedisSentinel {
 	t.Helper()
+	return startRedisSentinel(t, "", "", "")
+}
+
+// StartRedisSentinelTLS is StartRedisSentinel with every server (master,
+// replica, Sentinels) serving TLS with certFile and keyFile on a port of
+// its own, and talking TLS to the others (trusting caFile): clients reach
+// them all over TLS (URL). The plain ports stay, for the harness.
+func StartRedisSentinelTLS(t testing.TB, caFile, certFile, keyFile string) *RedisSentinel {
+	t.Helper()
+	return startRedisSentinel(t, caFile, certFile, keyFile)
+}
+
+func startRedisSentinel(t testing.TB, caFile, certFile, keyFile string) *RedisSentinel {
+	t.Helper()
 	if err := RedisMissing(); err != nil {
 		Missing(t, "redis: %v", err)
 	}
 	dir := t.TempDir()
-	s := &RedisSentinel{}
+	s := &RedisSentinel{tlsPort: map[*Redis]int{}}
 	t.Cleanup(s.Stop)
+	tlsArgs := func(port int) []string {
+		if certFile == "" {
+			return nil
+		}
+		return []string{"--tls-port", strconv.Itoa(port), "--tls-cert-file", certFile, "--tls-key-file", keyFile,
+			"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no", "--tls-replication", "yes"}
+	}
 	launch := func(name string, extra ...string) *Redis {
-		r, err := LaunchRedis(filepath.Join(dir, name), FreePort(t, 0), append([]string{"--repl-diskless-sync-delay", "0"}, extra...)...)
+		tp := FreePort(t, 0)
+		args := append([]string{"--repl-diskless-sync-delay", "0"}, tlsArgs(tp)...)
+		if certFile != "" {
+			args = append(args, "--replica-announce-port", strconv.Itoa(tp))
+		}
+		r, err := LaunchRedis(filepath.Join(dir, name), FreePort(t, 0), append(args, extra...)...)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if certFile != "" {
+			s.tlsPort[r] = tp
 		}
 		return r
 	}
 	s.Master = launch("master")
-	s.Replica = launch("replica", "--replicaof", "127.0.0.1", strconv.Itoa(s.Master.Port))
+	s.Replica = launch("replica", "--replicaof", "127.0.0.1", strconv.Itoa(s.port(s.Master)))
 	for i := range 3 {
 		port := FreePort(t, 0)
+		tp := FreePort(t, 0)
 		d := filepath.Join(dir, fmt.Sprintf("sentinel%d", i))
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -67,8 +99,15 @@ sentinel monitor %s 127.0.0.1 %d 2
 sentinel down-after-milliseconds %s %d
 sentinel failover-timeout %s %d
 sentinel parallel-syncs %s 1
-`, port, d, filepath.Join(d, "redis.log"), SentinelMaster, s.Master.Port,
+`, port, d, filepath.Join(d, "redis.log"), SentinelMaster, s.port(s.Master),
 			SentinelMaster, SentinelDownAfter.Milliseconds(), SentinelMaster, SentinelFailoverTimeout.Milliseconds(), SentinelMaster)
+		if certFile != "" {
+			a := tlsArgs(tp)
+			for j := 0; j < len(a); j += 2 {
+				text += strings.TrimPrefix(a[j], "--") + " " + a[j+1] + "\n"
+			}
+			text += fmt.Sprintf("sentinel announce-port %d\n", tp)
+		}
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -76,6 +115,9 @@ sentinel parallel-syncs %s 1
 		r := &Redis{Port: port, Addr: "127.0.0.1:" + strconv.Itoa(port), dir: d, args: []string{bin, conf, "--sentinel"}}
 		if err := r.Start(); err != nil {
 			t.Fatal(err)
+		}
+		if certFile != "" {
+			s.tlsPort[r] = tp
 		}
 		s.Sentinels = append(s.Sentinels, r)
 	}
@@ -85,13 +127,30 @@ sentinel parallel-syncs %s 1
 	return s
 }
 
-// URL is the redis+sentinel:// URL of the Sentinels and the master's name.
+// port is the port clients reach r at: its TLS port if it has one.
+func (s *RedisSentinel) port(r *Redis) int {
+	if p, ok := s.tlsPort[r]; ok {
+		return p
+	}
+	return r.Port
+}
+
+// ClientAddr is the address clients reach r at: its TLS port if it has
+// one.
+func (s *RedisSentinel) ClientAddr(r *Redis) string { return "127.0.0.1:" + strconv.Itoa(s.port(r)) }
+
+// URL is the redis+sentinel:// URL of the Sentinels and the master's name
+// (rediss+sentinel:// with TLS, without the CA: add tls_ca_file).
 func (s *RedisSentinel) URL() string {
 	addrs := make([]string, len(s.Sentinels))
 	for i, r := range s.Sentinels {
-		addrs[i] = r.Addr
+		addrs[i] = s.ClientAddr(r)
 	}
-	return "redis+sentinel://" + strings.Join(addrs, ",") + "/" + SentinelMaster
+	scheme := "redis+sentinel://"
+	if len(s.tlsPort) > 0 {
+		scheme = "rediss+sentinel://"
+	}
+	return scheme + strings.Join(addrs, ",") + "/" + SentinelMaster
 }
 
 // MasterAddr is the master's address as the running Sentinels agree on
@@ -123,9 +182,9 @@ func (s *RedisSentinel) WaitReady(master *Redis, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	last := ""
 	for time.Now().Before(deadline) {
-		ok := s.MasterAddr() == master.Addr
+		ok := s.MasterAddr() == s.ClientAddr(master)
 		if !ok {
-			last = "sentinels name " + s.MasterAddr() + ", want " + master.Addr
+			last = "sentinels name " + s.MasterAddr() + ", want " + s.ClientAddr(master)
 		}
 		for _, r := range s.Sentinels {
 			if !ok || !r.Running() {

@@ -45,7 +45,7 @@ func TestSentinelFailover(t *testing.T) {
 	rs.Master.Kill()
 	promoted := time.Duration(0)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if rs.MasterAddr() == rs.Replica.Addr {
+		if rs.MasterAddr() == rs.ClientAddr(rs.Replica) {
 			promoted = time.Since(load.start) - killedAt
 			break
 		}

@@ -50,3 +50,22 @@ func TestTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestTLSSentinel runs the suite over rediss+sentinel://: the Sentinels,
+// the master and the replica all serve TLS with a throwaway CA's
+// certificate, and the client reaches each over TLS, checked against the
+// host it is reached at.
+func TestTLSSentinel(t *testing.T) {
+	ca := testserver.NewCA(t, "drip-test")
+	cert, key := ca.Issue(t, ca.Dir(t), "localhost", "127.0.0.1")
+	rs := testserver.StartRedisSentinelTLS(t, ca.CAFile, cert, key)
+	s := open(t, rs.URL()+"?tls_ca_file="+ca.CAFile)
+	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+	other := testserver.NewCA(t, "other")
+	if s, err := redisstore.Open(rs.URL() + "?tls_ca_file=" + other.CAFile); err == nil {
+		s.Close()
+		t.Fatal("opened with another CA")
+	} else if !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+		t.Errorf("error %q does not say the certificate is not trusted", err)
+	}
+}
