@@ -202,3 +202,43 @@ func heap() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
 }
+
+// floodKeys are distinct keys for BenchmarkFlood, three times the memory
+// store's default bound, so that a flood keeps evicting; made once so that
+// building them is not measured.
+var floodKeys = sync.OnceValue(func() []string {
+	k := make([]string, 3*memstore.DefaultMaxKeys)
+	for i := range k {
+		k[i] = fmt.Sprintf("flood:%d", i)
+	}
+	return k
+})
+
+// BenchmarkFlood: every decision on a key the store has not seen (or has
+// evicted), as an attacker sending endless new keys, on the memory store
+// with its default bound; one caller. It reports the buckets held and the
+// live heap after the flood (after GC, less the key list's), which the
+// bound must hold.
+func BenchmarkFlood(b *testing.B) {
+	ks := floodKeys()
+	base := heap()
+	s := memstore.New()
+	defer s.Close()
+	l := drip.New(s, drip.PerSecond(perSec))
+	ctx := context.Background()
+	for _, k := range ks[:memstore.DefaultMaxKeys] { // full: every new key evicts
+		l.Take(ctx, k)
+	}
+	i := memstore.DefaultMaxKeys
+	b.ReportAllocs()
+	for b.Loop() {
+		l.Take(ctx, ks[i])
+		if i++; i == len(ks) {
+			i = 0
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(s.Len()), "buckets")
+	b.ReportMetric(float64(int64(heap())-int64(base))/(1<<20), "MiB-heap")
+	runtime.KeepAlive(s)
+}
