@@ -84,14 +84,23 @@ type Prepared struct {
 // Prepare validates r and resolves its limit and cost to fixed point. Every
 // store calls it, so bad input gets the same error on every store.
 func Prepare(r Request) (Prepared, error) {
-	if r.Key == "" {
-		return Prepared{}, ErrMissingKey
+	if err := checkKey(r.Key); err != nil {
+		return Prepared{}, err
 	}
 	p, err := ParamsOf(r.Limit, r.Key)
 	if err != nil {
 		return Prepared{}, err
 	}
 	return PrepareWith(r, p)
+}
+
+// checkKey is the one check of a request's key, for Prepare and for the
+// Limiter's prepared path alike.
+func checkKey(key string) error {
+	if key == "" {
+		return ErrMissingKey
+	}
+	return nil
 }
 
 // ParamsOf validates l and resolves it to fixed point for key (the key
@@ -131,8 +140,8 @@ func (l Limit) KeyDependent() bool { return l.Algorithm == FixedWindow && l.Star
 // PrepareWith checks r's key and cost against params p (from ParamsOf for
 // r.Limit and r.Key) and turns the cost to fixed point.
 func PrepareWith(r Request, p Params) (Prepared, error) {
-	if r.Key == "" {
-		return Prepared{}, ErrMissingKey
+	if err := checkKey(r.Key); err != nil {
+		return Prepared{}, err
 	}
 	cost, err := CostOf(r.Cost, r.Reserve, p)
 	if err != nil {
