@@ -3,16 +3,25 @@
 //
 // Keys are spread over shards, each with its own lock, so that decisions on
 // different keys rarely contend. Idle buckets are dropped once they would be
-// full again, and the number of buckets is bounded (MaxKeys): when a shard is
-// full, a sample of its buckets is examined and the one that is full, or
-// nearest to full, is evicted, so an attacker sending endless new keys
-// costs bounded memory and evicts the buckets that carry the least
-// information. An evicted bucket that was not full comes back full: the
-// bound trades that much over-admission for bounded memory.
+// full again, and memory is bounded twice: by the number of buckets
+// (WithMaxKeys) and by their bytes, keys counted by their length
+// (WithMaxBytes). A key longer than MaxKeyLen bytes (or starting with the
+// byte 0xff) is held as 0xff followed by its SHA-256, as the PostgreSQL
+// store does, so no key, however long, costs more than MaxKeyLen bytes.
+//
+// When a shard is at its bound, a new bucket evicts: the store examines a
+// sample of the shard's buckets, taken in turn around the shard like a
+// clock hand, and drops the first one that is already full again, or else
+// the one nearest to full. An attacker sending endless new keys thus costs
+// bounded memory and a fixed amount of work per key, and evicts the buckets
+// that carry the least information. An evicted bucket that was not full
+// comes back full: the bound trades that much over-admission for bounded
+// memory.
 package memstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"hash/maphash"
 	"strings"
 	"sync"
@@ -22,9 +31,21 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// DefaultMaxKeys is the default bound on the number of buckets: about
-// 100 MB of state with short keys.
+// DefaultMaxKeys is the default bound on the number of buckets.
 const DefaultMaxKeys = 1 << 20
+
+// DefaultMaxBytes is the default bound on the bytes the buckets take: 128
+// MiB. A bucket counts BucketBytes plus the length of its key.
+const DefaultMaxBytes = 128 << 20
+
+// BucketBytes is what one bucket counts against the bound on bytes besides
+// its key: its slot (the key's header, the bucket, its expiry) and its
+// share of the shard's index.
+const BucketBytes = 80
+
+// MaxKeyLen is the longest key held as it is; longer keys are held hashed
+// (see the package doc).
+const MaxKeyLen = 512
 
 const (
 	shardCount  = 256
@@ -38,17 +59,31 @@ type Store struct {
 	now        func() time.Time // nil: the monotonic clock below
 	start      time.Time        // wall time at New, with its monotonic reading
 	last       atomic.Pointer[cached]
-	perShard   int
+	maxKeys    int // per shard
+	maxBytes   int // per shard
 	shards     [shardCount]shard
 	stop       chan struct{}
 	stopOnce   sync.Once
 	sweepEvery time.Duration
 }
 
+// shard holds its buckets in a slice of slots, indexed by key: a bucket
+// costs no allocation of its own, and eviction walks the slots, not the map.
 type shard struct {
-	mu sync.Mutex
-	m  map[string]*entry
-	_  [40]byte // keep shards on separate cache lines
+	mu    sync.Mutex
+	index map[string]int32 // held key -> its slot
+	slots []slot
+	hand  int // the slot the next eviction sample starts at
+	bytes int // counted against maxBytes
+	_     [16]byte
+}
+
+// slot is one bucket, the key it is held under, and the time it is full
+// again (its expiry).
+type slot struct {
+	key string
+	b   drip.Bucket
+	exp int64
 }
 
 // cached is the last limit the store resolved, so that the common case (one
@@ -58,20 +93,27 @@ type cached struct {
 	params drip.Params
 }
 
-// entry is a bucket and the time it is full again (its expiry).
-type entry struct {
-	b   drip.Bucket
-	exp int64
-}
-
-var _ drip.Store = (*Store)(nil)
+var (
+	_ drip.Store         = (*Store)(nil)
+	_ drip.PreparedStore = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store)
 
 // WithMaxKeys bounds the number of buckets held (default DefaultMaxKeys).
+// The bound is kept shard by shard, each holding up to n/256 (rounded up).
 func WithMaxKeys(n int) Option {
-	return func(s *Store) { s.perShard = max(1, (n+shardCount-1)/shardCount) }
+	return func(s *Store) { s.maxKeys = max(1, (n+shardCount-1)/shardCount) }
+}
+
+// WithMaxBytes bounds the bytes the buckets take, each counting
+// BucketBytes plus the length of its key (at most MaxKeyLen), default
+// DefaultMaxBytes. The bound is kept shard by shard, each holding n/256
+// bytes but room for at least one bucket of the longest key, so the bound
+// is never below 256*(BucketBytes+MaxKeyLen), about 150 KiB.
+func WithMaxBytes(n int) Option {
+	return func(s *Store) { s.maxBytes = max(BucketBytes+MaxKeyLen, n/shardCount) }
 }
 
 // WithClock sets the clock used when a decision is made without a time.
@@ -90,12 +132,13 @@ func WithSweep(every time.Duration) Option {
 func New(opts ...Option) *Store {
 	s := &Store{seed: maphash.MakeSeed(), start: time.Now(), stop: make(chan struct{})}
 	WithMaxKeys(DefaultMaxKeys)(s)
+	WithMaxBytes(DefaultMaxBytes)(s)
 	s.sweepEvery = time.Minute
 	for _, o := range opts {
 		o(s)
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].index = make(map[string]int32)
 	}
 	if s.sweepEvery > 0 {
 		go s.sweeper(s.sweepEvery)
@@ -135,9 +178,10 @@ func (s *Store) Sweep(now time.Time) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			if e.exp <= n {
-				delete(sh.m, k)
+		// Backwards, so that the slot drop moves into i was already seen.
+		for j := len(sh.slots) - 1; j >= 0; j-- {
+			if sh.slots[j].exp <= n {
+				sh.drop(j)
 				dropped++
 			}
 		}
@@ -152,10 +196,40 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += len(sh.slots)
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// Bytes is what the buckets held count against the bound on bytes (see
+// WithMaxBytes).
+func (s *Store) Bytes() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.bytes
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// held is the key under which key's bucket is held: key itself, or for a
+// key longer than MaxKeyLen or starting with 0xff, 0xff and its SHA-256
+// (one allocation, for such keys only).
+func held(key string) string {
+	if len(key) <= MaxKeyLen && (len(key) == 0 || key[0] != 0xff) {
+		return key
+	}
+	h := sha256.New()
+	var buf [4096]byte
+	for rest := key; len(rest) > 0; {
+		n := copy(buf[:], rest)
+		h.Write(buf[:n])
+		rest = rest[n:]
+	}
+	return string(h.Sum(append(make([]byte, 0, 1+sha256.Size), 0xff)))
 }
 
 func (s *Store) shardOf(key string) *shard {
@@ -205,57 +279,118 @@ func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Reques
 	if err != nil {
 		return drip.Decision{}, err
 	}
-	now := s.nanos(at)
-	sh := s.shardOf(r.Key)
+	return s.decide(op, s.nanos(at), held(r.Key), &p, cost, r.Reserve), nil
+}
+
+// ApplyPrepared implements drip.PreparedStore: Apply without the checks
+// the Limiter made once.
+func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key string, p *drip.Params, cost int64, reserve bool) (drip.Decision, error) {
+	return s.decide(op, s.nanos(at), held(key), p, cost, reserve), nil
+}
+
+// decide makes one decision on the bucket held under key.
+func (s *Store) decide(op drip.Op, now int64, key string, p *drip.Params, cost int64, reserve bool) drip.Decision {
+	sh := s.shardOf(key)
 	sh.mu.Lock()
-	e, found := sh.m[r.Key]
+	i, found := sh.index[key]
 	var b drip.Bucket
 	if found {
-		b = e.b
+		b = sh.slots[i].b
 	}
-	d, next, write := drip.Eval(op, b, found, p, cost, r.Reserve, now)
+	d, next, write := drip.Eval(op, b, found, *p, cost, reserve, now)
 	if write {
 		if found {
-			e.b, e.exp = next, p.ExpiresAt(next)
+			sl := &sh.slots[i]
+			sl.b, sl.exp = next, p.ExpiresAt(next)
 		} else {
-			s.put(sh, r.Key, next, p, now)
+			s.put(sh, key, next, p.ExpiresAt(next), now)
 		}
 	}
 	sh.mu.Unlock()
-	return d, nil
+	return d
 }
 
-// put stores b under key, evicting if the shard is at its bound. The
-// caller holds sh.mu.
-func (s *Store) put(sh *shard, key string, b drip.Bucket, p drip.Params, now int64) {
-	exp := p.ExpiresAt(b)
-	if e, ok := sh.m[key]; ok {
-		e.b, e.exp = b, exp
+// write stores b under the held key, a bucket already there or a new one.
+// The caller holds sh.mu.
+func (s *Store) write(sh *shard, key string, b drip.Bucket, exp, now int64) {
+	if i, ok := sh.index[key]; ok {
+		sl := &sh.slots[i]
+		sl.b, sl.exp = b, exp
 		return
 	}
-	if len(sh.m) >= s.perShard {
-		s.evict(sh, now)
-	}
-	sh.m[strings.Clone(key)] = &entry{b: b, exp: exp} // the clone does not pin the caller's memory
+	s.put(sh, key, b, exp, now)
 }
 
-// evict drops one bucket: an expired one if the sample finds one, else the
-// one nearest to full (earliest expiry) among a sample. Go's map iteration
-// starts at a random place, which makes the sample random.
-func (s *Store) evict(sh *shard, now int64) {
-	var victim string
-	best := int64(0)
-	seen := 0
-	for k, e := range sh.m {
-		if seen == 0 || e.exp < best {
-			victim, best = k, e.exp
+// put adds a bucket under the held key, which the shard does not hold,
+// evicting while the shard is at its bounds. The caller holds sh.mu.
+func (s *Store) put(sh *shard, key string, b drip.Bucket, exp, now int64) {
+	size := BucketBytes + len(key)
+	free := -1 // a slot emptied for the new bucket
+	for {
+		n := len(sh.slots)
+		if free >= 0 {
+			n--
 		}
-		seen++
-		if best <= now || seen >= evictSample {
+		if n == 0 || n < s.maxKeys && sh.bytes+size <= s.maxBytes {
+			break
+		}
+		if free >= 0 {
+			sh.drop(free)
+		}
+		free = sh.victim(now)
+		v := &sh.slots[free]
+		delete(sh.index, v.key)
+		sh.bytes -= BucketBytes + len(v.key)
+		v.key = ""
+	}
+	sl := slot{key: strings.Clone(key), b: b, exp: exp} // the clone does not pin the caller's memory
+	if free < 0 {
+		free = len(sh.slots)
+		sh.slots = append(sh.slots, sl)
+	} else {
+		sh.slots[free] = sl
+	}
+	sh.index[sl.key] = int32(free)
+	sh.bytes += size
+}
+
+// victim picks the slot to evict: among up to evictSample slots from the
+// hand on, the first that expired by now, else the one that expires first
+// (the bucket nearest to full). The hand moves past the sample, so
+// successive evictions look at every slot in turn. The shard is not empty.
+func (sh *shard) victim(now int64) int {
+	n := len(sh.slots)
+	v := -1
+	for range min(evictSample, n) {
+		if sh.hand >= n {
+			sh.hand = 0
+		}
+		i := sh.hand
+		sh.hand++
+		if v < 0 || sh.slots[i].exp < sh.slots[v].exp {
+			v = i
+		}
+		if sh.slots[v].exp <= now {
 			break
 		}
 	}
-	delete(sh.m, victim)
+	return v
+}
+
+// drop removes slot i, moving the last slot into its place. The caller
+// holds sh.mu.
+func (sh *shard) drop(i int) {
+	if k := sh.slots[i].key; k != "" {
+		delete(sh.index, k)
+		sh.bytes -= BucketBytes + len(k)
+	}
+	last := len(sh.slots) - 1
+	if i != last {
+		sh.slots[i] = sh.slots[last]
+		sh.index[sh.slots[i].key] = int32(i)
+	}
+	sh.slots[last] = slot{}
+	sh.slots = sh.slots[:last]
 }
 
 // ApplyMulti implements drip.Store. It locks the shards involved in a fixed
@@ -266,9 +401,11 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 		return drip.Multi{}, err
 	}
 	now := s.nanos(at)
+	keys := make([]string, len(ps))
 	var locked [shardCount]bool
-	for _, p := range ps {
-		locked[maphash.String(s.seed, p.Key)%shardCount] = true
+	for i, p := range ps {
+		keys[i] = held(p.Key)
+		locked[maphash.String(s.seed, keys[i])%shardCount] = true
 	}
 	for i := range locked {
 		if locked[i] {
@@ -277,15 +414,16 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 	}
 	buckets := make([]drip.Bucket, len(ps))
 	found := make([]bool, len(ps))
-	for i, p := range ps {
-		if e, ok := s.shardOf(p.Key).m[p.Key]; ok {
-			buckets[i], found[i] = e.b, true
+	for i, k := range keys {
+		sh := s.shardOf(k)
+		if j, ok := sh.index[k]; ok {
+			buckets[i], found[i] = sh.slots[j].b, true
 		}
 	}
 	m, next, write := drip.EvalMulti(op, ps, buckets, found, now)
 	for i, p := range ps {
 		if write[i] {
-			s.put(s.shardOf(p.Key), p.Key, next[i], p.Params, now)
+			s.write(s.shardOf(keys[i]), keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
 	}
 	for i := range locked {
@@ -301,9 +439,12 @@ func (s *Store) Reset(_ context.Context, key string) error {
 	if key == "" {
 		return drip.ErrMissingKey
 	}
+	key = held(key)
 	sh := s.shardOf(key)
 	sh.mu.Lock()
-	delete(sh.m, key)
+	if i, ok := sh.index[key]; ok {
+		sh.drop(int(i))
+	}
 	sh.mu.Unlock()
 	return nil
 }
