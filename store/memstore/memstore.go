@@ -23,7 +23,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,14 +33,15 @@ import (
 // DefaultMaxKeys is the default bound on the number of buckets.
 const DefaultMaxKeys = 1 << 20
 
-// DefaultMaxBytes is the default bound on the bytes the buckets take: 128
-// MiB. A bucket counts BucketBytes plus the length of its key.
-const DefaultMaxBytes = 128 << 20
+// DefaultMaxBytes is the default bound on the bytes the buckets take: 256
+// MiB, so that with keys of up to 128 bytes the bound on buckets binds
+// first. A bucket counts BucketBytes plus the length of its key.
+const DefaultMaxBytes = 256 << 20
 
 // BucketBytes is what one bucket counts against the bound on bytes besides
-// its key: its slot (the key's header, the bucket, its expiry) and its
-// share of the shard's index.
-const BucketBytes = 80
+// its key: its 64-byte slot in a table kept between 3/8 and 3/4 full, so
+// about 128 bytes.
+const BucketBytes = 128
 
 // MaxKeyLen is the longest key held as it is; longer keys are held hashed
 // (see the package doc).
@@ -65,25 +65,6 @@ type Store struct {
 	stop       chan struct{}
 	stopOnce   sync.Once
 	sweepEvery time.Duration
-}
-
-// shard holds its buckets in a slice of slots, indexed by key: a bucket
-// costs no allocation of its own, and eviction walks the slots, not the map.
-type shard struct {
-	mu    sync.Mutex
-	index map[string]int32 // held key -> its slot
-	slots []slot
-	hand  int // the slot the next eviction sample starts at
-	bytes int // counted against maxBytes
-	_     [16]byte
-}
-
-// slot is one bucket, the key it is held under, and the time it is full
-// again (its expiry).
-type slot struct {
-	key string
-	b   drip.Bucket
-	exp int64
 }
 
 // cached is the last limit the store resolved, so that the common case (one
@@ -137,9 +118,6 @@ func New(opts ...Option) *Store {
 	for _, o := range opts {
 		o(s)
 	}
-	for i := range s.shards {
-		s.shards[i].index = make(map[string]int32)
-	}
 	if s.sweepEvery > 0 {
 		go s.sweeper(s.sweepEvery)
 	}
@@ -178,12 +156,13 @@ func (s *Store) Sweep(now time.Time) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		// Backwards, so that the slot drop moves into i was already seen.
-		for j := len(sh.slots) - 1; j >= 0; j-- {
-			if sh.slots[j].exp <= n {
-				sh.drop(j)
+		for j := 0; j < len(sh.slots); {
+			if sh.slots[j].hash != 0 && sh.slots[j].exp <= n {
+				sh.remove(j) // and look at j again: remove may move a slot there
 				dropped++
+				continue
 			}
+			j++
 		}
 		sh.mu.Unlock()
 	}
@@ -196,7 +175,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.slots)
+		n += sh.n
 		sh.mu.Unlock()
 	}
 	return n
@@ -232,8 +211,11 @@ func held(key string) string {
 	return string(h.Sum(append(make([]byte, 0, 1+sha256.Size), 0xff)))
 }
 
-func (s *Store) shardOf(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)%shardCount]
+// locate hashes the held key: its shard, and its hash in the shard's
+// table (never 0, which marks a free slot).
+func (s *Store) locate(key string) (*shard, uint64) {
+	h := maphash.String(s.seed, key)
+	return &s.shards[h%shardCount], h | 1<<63
 }
 
 func (s *Store) nanos(at time.Time) int64 {
@@ -274,25 +256,22 @@ func (s *Store) params(r *drip.Request) (drip.Params, int64, error) {
 }
 
 // Apply implements drip.Store.
-func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
 	p, cost, err := s.params(&r)
 	if err != nil {
 		return drip.Decision{}, err
 	}
-	return s.decide(op, s.nanos(at), held(r.Key), &p, cost, r.Reserve), nil
+	return s.ApplyPrepared(ctx, op, at, r.Key, &p, cost, r.Reserve)
 }
 
 // ApplyPrepared implements drip.PreparedStore: Apply without the checks
 // the Limiter made once.
 func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key string, p *drip.Params, cost int64, reserve bool) (drip.Decision, error) {
-	return s.decide(op, s.nanos(at), held(key), p, cost, reserve), nil
-}
-
-// decide makes one decision on the bucket held under key.
-func (s *Store) decide(op drip.Op, now int64, key string, p *drip.Params, cost int64, reserve bool) drip.Decision {
-	sh := s.shardOf(key)
+	now := s.nanos(at)
+	key = held(key)
+	sh, h := s.locate(key)
 	sh.mu.Lock()
-	i, found := sh.index[key]
+	i, found := sh.find(h, key)
 	var b drip.Bucket
 	if found {
 		b = sh.slots[i].b
@@ -303,94 +282,35 @@ func (s *Store) decide(op drip.Op, now int64, key string, p *drip.Params, cost i
 			sl := &sh.slots[i]
 			sl.b, sl.exp = next, p.ExpiresAt(next)
 		} else {
-			s.put(sh, key, next, p.ExpiresAt(next), now)
+			s.put(sh, h, key, next, p.ExpiresAt(next), now)
 		}
 	}
 	sh.mu.Unlock()
-	return d
+	return d, nil
 }
 
 // write stores b under the held key, a bucket already there or a new one.
 // The caller holds sh.mu.
-func (s *Store) write(sh *shard, key string, b drip.Bucket, exp, now int64) {
-	if i, ok := sh.index[key]; ok {
+func (s *Store) write(sh *shard, h uint64, key string, b drip.Bucket, exp, now int64) {
+	if i, ok := sh.find(h, key); ok {
 		sl := &sh.slots[i]
 		sl.b, sl.exp = b, exp
 		return
 	}
-	s.put(sh, key, b, exp, now)
+	s.put(sh, h, key, b, exp, now)
 }
 
-// put adds a bucket under the held key, which the shard does not hold,
-// evicting while the shard is at its bounds. The caller holds sh.mu.
-func (s *Store) put(sh *shard, key string, b drip.Bucket, exp, now int64) {
-	size := BucketBytes + len(key)
-	free := -1 // a slot emptied for the new bucket
-	for {
-		n := len(sh.slots)
-		if free >= 0 {
-			n--
-		}
-		if n == 0 || n < s.maxKeys && sh.bytes+size <= s.maxBytes {
-			break
-		}
-		if free >= 0 {
-			sh.drop(free)
-		}
-		free = sh.victim(now)
-		v := &sh.slots[free]
-		delete(sh.index, v.key)
-		sh.bytes -= BucketBytes + len(v.key)
-		v.key = ""
+// put adds a bucket under the held key (hash h), which the shard does not
+// hold: it evicts while the shard is at its bounds, and grows the table
+// while it is more than 3/4 full. The caller holds sh.mu.
+func (s *Store) put(sh *shard, h uint64, key string, b drip.Bucket, exp, now int64) {
+	for sh.n > 0 && (sh.n >= s.maxKeys || sh.bytes+size(len(key)) > s.maxBytes) {
+		sh.remove(sh.victim(now))
 	}
-	sl := slot{key: strings.Clone(key), b: b, exp: exp} // the clone does not pin the caller's memory
-	if free < 0 {
-		free = len(sh.slots)
-		sh.slots = append(sh.slots, sl)
-	} else {
-		sh.slots[free] = sl
+	if sh.full() {
+		sh.grow()
 	}
-	sh.index[sl.key] = int32(free)
-	sh.bytes += size
-}
-
-// victim picks the slot to evict: among up to evictSample slots from the
-// hand on, the first that expired by now, else the one that expires first
-// (the bucket nearest to full). The hand moves past the sample, so
-// successive evictions look at every slot in turn. The shard is not empty.
-func (sh *shard) victim(now int64) int {
-	n := len(sh.slots)
-	v := -1
-	for range min(evictSample, n) {
-		if sh.hand >= n {
-			sh.hand = 0
-		}
-		i := sh.hand
-		sh.hand++
-		if v < 0 || sh.slots[i].exp < sh.slots[v].exp {
-			v = i
-		}
-		if sh.slots[v].exp <= now {
-			break
-		}
-	}
-	return v
-}
-
-// drop removes slot i, moving the last slot into its place. The caller
-// holds sh.mu.
-func (sh *shard) drop(i int) {
-	if k := sh.slots[i].key; k != "" {
-		delete(sh.index, k)
-		sh.bytes -= BucketBytes + len(k)
-	}
-	last := len(sh.slots) - 1
-	if i != last {
-		sh.slots[i] = sh.slots[last]
-		sh.index[sh.slots[i].key] = int32(i)
-	}
-	sh.slots[last] = slot{}
-	sh.slots = sh.slots[:last]
+	sh.add(h, key, b, exp)
 }
 
 // ApplyMulti implements drip.Store. It locks the shards involved in a fixed
@@ -402,10 +322,13 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 	}
 	now := s.nanos(at)
 	keys := make([]string, len(ps))
+	shards := make([]*shard, len(ps))
+	hashes := make([]uint64, len(ps))
 	var locked [shardCount]bool
 	for i, p := range ps {
 		keys[i] = held(p.Key)
-		locked[maphash.String(s.seed, keys[i])%shardCount] = true
+		shards[i], hashes[i] = s.locate(keys[i])
+		locked[hashes[i]%shardCount] = true
 	}
 	for i := range locked {
 		if locked[i] {
@@ -415,15 +338,14 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 	buckets := make([]drip.Bucket, len(ps))
 	found := make([]bool, len(ps))
 	for i, k := range keys {
-		sh := s.shardOf(k)
-		if j, ok := sh.index[k]; ok {
-			buckets[i], found[i] = sh.slots[j].b, true
+		if j, ok := shards[i].find(hashes[i], k); ok {
+			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
 	m, next, write := drip.EvalMulti(op, ps, buckets, found, now)
 	for i, p := range ps {
 		if write[i] {
-			s.write(s.shardOf(keys[i]), keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
+			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
 	}
 	for i := range locked {
@@ -440,10 +362,10 @@ func (s *Store) Reset(_ context.Context, key string) error {
 		return drip.ErrMissingKey
 	}
 	key = held(key)
-	sh := s.shardOf(key)
+	sh, h := s.locate(key)
 	sh.mu.Lock()
-	if i, ok := sh.index[key]; ok {
-		sh.drop(int(i))
+	if i, ok := sh.find(h, key); ok {
+		sh.remove(i)
 	}
 	sh.mu.Unlock()
 	return nil

@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"testing"
 	"time"
@@ -121,4 +122,38 @@ func TestBoundedBytes(t *testing.T) {
 	}
 	t.Logf("bound %d bytes: the store counts %d in %d buckets; the heap grew by %d", bound, s.Bytes(), s.Len(), grew)
 	runtime.KeepAlive(s)
+}
+
+// TestTable checks the shards' hash tables against a map, through many
+// takes and resets (each reset removes a slot and shifts the run after it
+// back): every key's bucket must stay its own.
+func TestTable(t *testing.T) {
+	s := memstore.New(memstore.WithSweep(0))
+	defer s.Close()
+	ctx := context.Background()
+	at := time.Unix(1_000_000, 0)
+	lim := drip.PerHour(1000)
+	taken := map[string]int{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		k := fmt.Sprint("k", rng.IntN(5000))
+		if rng.IntN(3) == 0 {
+			if err := s.Reset(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			delete(taken, k)
+			continue
+		}
+		d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: k, Limit: lim, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		taken[k]++
+		if want := float64(1000 - taken[k]); d.Tokens != want {
+			t.Fatalf("key %s: %v tokens, want %v", k, d.Tokens, want)
+		}
+	}
+	if s.Len() != len(taken) {
+		t.Fatalf("%d buckets held, want %d", s.Len(), len(taken))
+	}
 }
