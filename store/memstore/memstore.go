@@ -10,9 +10,9 @@
 // store does, so no key, however long, costs more than MaxKeyLen bytes.
 //
 // When a shard is at its bound, a new bucket evicts: the store examines a
-// sample of the shard's buckets, taken in turn around the shard like a
-// clock hand, and drops the first one that is already full again, or else
-// the one nearest to full. An attacker sending endless new keys thus costs
+// sample of the shard's buckets (those next to where the new key goes,
+// which the hash makes random) and drops the first one that is already
+// full again, or else the one nearest to full. An attacker sending endless new keys thus costs
 // bounded memory and a fixed amount of work per key, and evicts the buckets
 // that carry the least information. An evicted bucket that was not full
 // comes back full: the bound trades that much over-admission for bounded
@@ -305,7 +305,7 @@ func (s *Store) write(sh *shard, h uint64, key string, b drip.Bucket, exp, now i
 // while it is more than 3/4 full. The caller holds sh.mu.
 func (s *Store) put(sh *shard, h uint64, key string, b drip.Bucket, exp, now int64) {
 	for sh.n > 0 && (sh.n >= s.maxKeys || sh.bytes+size(len(key)) > s.maxBytes) {
-		sh.remove(sh.victim(now))
+		sh.remove(sh.victim(h, now))
 	}
 	if sh.full() {
 		sh.grow()

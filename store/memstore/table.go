@@ -12,15 +12,14 @@ import (
 // probing; a removal shifts the run after it back, so there are no
 // tombstones). A lookup finds the key's hash, key header and bucket in one
 // slot, where a Go map would reach the bucket through a second memory
-// access; a bucket costs no allocation of its own, only its key does; and
-// eviction walks the slots, not a map.
+// access; a bucket costs no allocation of its own (a key over 15 bytes
+// costs its copy); and eviction looks at slots, not at a map.
 type shard struct {
 	mu    sync.Mutex
 	slots []slot   // a power of two long, at most 3/4 full; nil while empty
 	n     int      // slots in use
-	hand  int      // the slot the next eviction sample starts at
 	bytes int      // counted against the bound on bytes
-	_     [72]byte // keep shards on separate cache lines
+	_     [80]byte // keep shards on separate cache lines
 }
 
 // slot is one bucket, the key it is held under and the key's hash (0: the
@@ -107,7 +106,7 @@ func (sh *shard) full() bool { return 4*(sh.n+1) > 3*len(sh.slots) }
 func (sh *shard) grow() {
 	old := sh.slots
 	sh.slots = make([]slot, max(8, 2*len(old)))
-	sh.n, sh.bytes, sh.hand = 0, 0, 0
+	sh.n, sh.bytes = 0, 0
 	for _, sl := range old {
 		if sl.hash != 0 {
 			sh.place(sl)
@@ -141,16 +140,16 @@ func (sh *shard) remove(i int) {
 	}
 }
 
-// victim picks the slot to evict: among up to evictSample buckets from
-// the hand on, the first that expired by now, else the one that expires
-// first (the bucket nearest to full). The hand moves past the sample, so
-// successive evictions look at every slot in turn. The shard is not empty.
-func (sh *shard) victim(now int64) int {
+// victim picks the slot to evict for a new key of hash h: among up to
+// evictSample buckets from the new key's home on, the first that expired
+// by now, else the one that expires first (the bucket nearest to full).
+// Keys are placed by hash, so these neighbours are a random sample of the
+// shard, and the lookup that found the key missing has just brought them
+// into the cache. The shard is not empty.
+func (sh *shard) victim(h uint64, now int64) int {
 	mask := len(sh.slots) - 1
 	v := -1
-	for seen := 0; seen < evictSample && seen < sh.n; {
-		i := sh.hand & mask
-		sh.hand = i + 1
+	for i, seen := sh.home(h), 0; seen < evictSample && seen < sh.n; i = (i + 1) & mask {
 		if sh.slots[i].hash == 0 {
 			continue
 		}
