@@ -12,11 +12,11 @@
 // When a shard is at its bound, a new bucket evicts: the store examines a
 // sample of the shard's buckets (those next to where the new key goes,
 // which the hash makes random) and drops the first one that is already
-// full again, or else the one nearest to full. An attacker sending endless new keys thus costs
-// bounded memory and a fixed amount of work per key, and evicts the buckets
-// that carry the least information. An evicted bucket that was not full
-// comes back full: the bound trades that much over-admission for bounded
-// memory.
+// full again, or else the one nearest to full. An attacker sending endless
+// new keys thus costs bounded memory and a fixed amount of work per key,
+// and evicts the buckets that carry the least information. An evicted
+// bucket that was not full comes back full: the bound trades that much
+// over-admission for bounded memory.
 package memstore
 
 import (
@@ -92,7 +92,7 @@ func WithMaxKeys(n int) Option {
 // BucketBytes plus the length of its key (at most MaxKeyLen), default
 // DefaultMaxBytes. The bound is kept shard by shard, each holding n/256
 // bytes but room for at least one bucket of the longest key, so the bound
-// is never below 256*(BucketBytes+MaxKeyLen), about 150 KiB.
+// is never below 256*(BucketBytes+MaxKeyLen), 160 KiB.
 func WithMaxBytes(n int) Option {
 	return func(s *Store) { s.maxBytes = max(BucketBytes+MaxKeyLen, n/shardCount) }
 }
