@@ -3,6 +3,8 @@ package memstore_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -61,5 +63,97 @@ func TestSweep(t *testing.T) {
 	}
 	if n := s.Sweep(at.Add(time.Second + memstore.SweepMargin)); n != 1 || s.Len() != 1 {
 		t.Fatalf("swept %d, %d left; want the refilled bucket gone and the other kept", n, s.Len())
+	}
+}
+
+// TestBoundedBytes floods the store with long keys, as a hostile client
+// sending 1 MB keys would: what the store counts stays within its bound
+// on bytes, and so does the heap it keeps (after GC, within a generous
+// factor for the index and the Go runtime's own slack), while a key of
+// any length still gets its own bucket.
+func TestBoundedBytes(t *testing.T) {
+	const bound = 4 << 20
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s := memstore.New(memstore.WithMaxBytes(bound), memstore.WithSweep(0))
+	defer s.Close()
+	ctx := context.Background()
+	at := time.Unix(1_000_000, 0)
+	lim := drip.PerHour(10)
+	take := func(key string) drip.Decision {
+		d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	big := make([]byte, 1<<20) // 1 MiB keys: 300 MiB sent in all
+	for i := range 300 {
+		copy(big, fmt.Sprintf("big-%d-", i))
+		if d := take(string(big)); !d.Allowed || d.Tokens != 9 {
+			t.Fatalf("1 MiB key %d: %+v, want a fresh bucket less one", i, d)
+		}
+		if n := s.Bytes(); n > bound {
+			t.Fatalf("after %d keys of 1 MiB, the store counts %d bytes, bound %d", i+1, n, bound)
+		}
+	}
+	for i := range 100_000 { // keys just short of being hashed: 50 MB
+		take(fmt.Sprintf("%0*d", memstore.MaxKeyLen, i))
+		if n := s.Bytes(); n > bound {
+			t.Fatalf("after %d keys of %d bytes, the store counts %d bytes, bound %d", i+1, memstore.MaxKeyLen, n, bound)
+		}
+	}
+	if n := s.Len(); n < bound/2/(memstore.BucketBytes+memstore.MaxKeyLen) {
+		t.Fatalf("only %d buckets held; the bound allows about %d", n, bound/(memstore.BucketBytes+memstore.MaxKeyLen))
+	}
+	// The same 1 MiB key again is the same bucket, not a fresh one.
+	copy(big, "again-")
+	take(string(big))
+	if d := take(string(big)); d.Tokens != 8 {
+		t.Fatalf("a 1 MiB key taken twice: %+v, want 8 tokens left", d)
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	if grew > 3*bound {
+		t.Fatalf("the heap grew by %d bytes over a flood of long keys, bound %d", grew, bound)
+	}
+	t.Logf("bound %d bytes: the store counts %d in %d buckets; the heap grew by %d", bound, s.Bytes(), s.Len(), grew)
+	runtime.KeepAlive(s)
+}
+
+// TestTable checks the shards' hash tables against a map, through many
+// takes and resets (each reset removes a slot and shifts the run after it
+// back): every key's bucket must stay its own.
+func TestTable(t *testing.T) {
+	s := memstore.New(memstore.WithSweep(0))
+	defer s.Close()
+	ctx := context.Background()
+	at := time.Unix(1_000_000, 0)
+	lim := drip.PerHour(1000)
+	taken := map[string]int{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		k := fmt.Sprint("k", rng.IntN(5000))
+		if rng.IntN(3) == 0 {
+			if err := s.Reset(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			delete(taken, k)
+			continue
+		}
+		d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: k, Limit: lim, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		taken[k]++
+		if want := float64(1000 - taken[k]); d.Tokens != want {
+			t.Fatalf("key %s: %v tokens, want %v", k, d.Tokens, want)
+		}
+	}
+	if s.Len() != len(taken) {
+		t.Fatalf("%d buckets held, want %d", s.Len(), len(taken))
 	}
 }
