@@ -2,9 +2,11 @@ package memstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,17 +90,27 @@ func TestBoundedBytes(t *testing.T) {
 		}
 		return d
 	}
-	big := make([]byte, 1<<20) // 1 MiB keys: 300 MiB sent in all
-	for i := range 300 {
+	// A 1 MiB key is refused before it reaches the store (drip.MaxKeyLen),
+	// and takes nothing.
+	big := make([]byte, 1<<20)
+	for i := range 30 {
 		copy(big, fmt.Sprintf("big-%d-", i))
-		if d := take(string(big)); !d.Allowed || d.Tokens != 9 {
-			t.Fatalf("1 MiB key %d: %+v, want a fresh bucket less one", i, d)
-		}
-		if n := s.Bytes(); n > bound {
-			t.Fatalf("after %d keys of 1 MiB, the store counts %d bytes, bound %d", i+1, n, bound)
+		if _, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: string(big), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
+			t.Fatalf("1 MiB key %d: err = %v, want %v", i, err, drip.ErrKeyTooLong)
 		}
 	}
-	for i := range 100_000 { // keys just short of being hashed: 50 MB
+	if n := s.Bytes(); n != 0 {
+		t.Fatalf("refused keys left %d bytes counted", n)
+	}
+	// The longest keys a store is given (held hashed) and keys just short
+	// of being hashed: 20 MB of keys in all, five times the bound.
+	for i := range 10_000 {
+		take(fmt.Sprintf("%0*d", drip.MaxKeyLen, i))
+		if n := s.Bytes(); n > bound {
+			t.Fatalf("after %d keys of %d bytes, the store counts %d bytes, bound %d", i+1, drip.MaxKeyLen, n, bound)
+		}
+	}
+	for i := range 20_000 {
 		take(fmt.Sprintf("%0*d", memstore.MaxKeyLen, i))
 		if n := s.Bytes(); n > bound {
 			t.Fatalf("after %d keys of %d bytes, the store counts %d bytes, bound %d", i+1, memstore.MaxKeyLen, n, bound)
@@ -107,11 +119,11 @@ func TestBoundedBytes(t *testing.T) {
 	if n := s.Len(); n < bound/2/(memstore.BucketBytes+memstore.MaxKeyLen) {
 		t.Fatalf("only %d buckets held; the bound allows about %d", n, bound/(memstore.BucketBytes+memstore.MaxKeyLen))
 	}
-	// The same 1 MiB key again is the same bucket, not a fresh one.
-	copy(big, "again-")
-	take(string(big))
-	if d := take(string(big)); d.Tokens != 8 {
-		t.Fatalf("a 1 MiB key taken twice: %+v, want 8 tokens left", d)
+	// The same long (hashed) key again is the same bucket, not a fresh one.
+	long := "again-" + strings.Repeat("x", drip.MaxKeyLen-6)
+	take(long)
+	if d := take(long); d.Tokens != 8 {
+		t.Fatalf("a %d-byte key taken twice: %+v, want 8 tokens left", len(long), d)
 	}
 	var after runtime.MemStats
 	runtime.GC()
