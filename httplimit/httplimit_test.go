@@ -20,31 +20,11 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
-
-// clock is a settable time shared by the limiter and the test: decisions
-// are made at clock.now, so tests never sleep.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // observer counts what the limiter reports.
 type observer struct {
@@ -83,7 +63,7 @@ type env struct {
 	t     *testing.T
 	srv   *httptest.Server
 	lim   *httplimit.Limiter
-	clock *clock
+	clock *testclock.Clock // shared by the limiter and the test: no test sleeps
 	obs   *observer
 	store drip.Store
 	hits  atomic.Int64
@@ -100,7 +80,7 @@ func parse(t *testing.T, src string) *rules.Set {
 
 func newEnv(t *testing.T, store drip.Store, set *rules.Set, opts ...httplimit.Option) *env {
 	t.Helper()
-	e := &env{t: t, clock: newClock(), obs: &observer{}, store: store}
+	e := &env{t: t, clock: testclock.New(), obs: &observer{}, store: store}
 	if e.store == nil {
 		ms := memstore.New()
 		t.Cleanup(func() { ms.Close() })
@@ -257,7 +237,7 @@ func Test429AfterBurst(t *testing.T) {
 func TestFixedWindow(t *testing.T) {
 	e := newEnv(t, nil, parse(t, `{"rules": [{"name": "fw", "limit_keys": ["global"], "algorithm": "fixed_window",
 		"algorithm_config": {"rate": 3, "period": "10s", "start": 0}}]}`))
-	e.clock.t = time.Unix(1_000_000_002, 0) // 2 s into a 10 s window aligned on the epoch
+	e.clock.Set(time.Unix(1_000_000_002, 0)) // 2 s into a 10 s window aligned on the epoch
 	for range 3 {
 		if r := e.do("/"); r.code != 200 || r.h.Get("RateLimit-Policy") != `"fw";q=3;w=10` {
 			t.Fatalf("%d %v", r.code, r.h)
@@ -642,10 +622,7 @@ func TestDecideWithoutRules(t *testing.T) {
 func TestMain(m *testing.M) {
 	// The JWT tests read their HMAC secret from the environment.
 	os.Setenv("DRIP_TEST_JWT_SECRET", hmacSecret)
-	code := m.Run()
-	testserver.StopSharedPostgres()
-	testserver.StopShared()
-	os.Exit(code)
+	testserver.Main(m)
 }
 
 func (o *observer) errs() int {

@@ -44,7 +44,7 @@ func runID() string {
 func storeEnv(t *testing.T, su *storeUnder, src string) (*env, string) {
 	id := runID()
 	e := newEnv(t, su.store, parse(t, strings.ReplaceAll(src, "{id}", id)), su.opts...)
-	e.clock.t = time.Now()
+	e.clock.Set(time.Now())
 	return e, id
 }
 

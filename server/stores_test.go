@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,12 +17,7 @@ import (
 // The key end-to-end cases again on the shared stores, with real servers
 // that the test harness starts (and kills, for the store-down cases).
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testserver.StopShared()
-	testserver.StopSharedPostgres()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testserver.Main(m) }
 
 // backend opens stores of one kind: on a server shared by the test binary
 // (with a fresh key prefix), or on a server of the test's own that it can

@@ -14,7 +14,6 @@ import (
 // idempotent), then runs drip replay --store postgres://... on every trace
 // of storetest and wants the memory store's output, line for line.
 func TestReplayPostgres(t *testing.T) {
-	defer testserver.StopSharedPostgres()
 	url := testserver.SharedPostgres(t).URL()
 	ctx := context.Background()
 	for range 2 {

@@ -14,7 +14,6 @@ import (
 // storetest, on one server and on a cluster, and compares with the golden
 // output, which the memory store produces.
 func TestReplayRedis(t *testing.T) {
-	defer testserver.StopShared()
 	urls := map[string]string{
 		"single":  testserver.SharedRedisURL(t),
 		"cluster": testserver.SharedRedisClusterURL(t),

@@ -10,8 +10,6 @@ package teststores
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 
 	"github.com/driplimit/drip"
@@ -25,13 +23,6 @@ import (
 type Store struct {
 	Name string
 	Open func(t *testing.T) drip.Store
-}
-
-// Prefix is a fresh key prefix, so that tests sharing a server keep apart.
-func Prefix() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "drip-test:" + hex.EncodeToString(b[:]) + ":"
 }
 
 // Shared lists the stores: memory, postgres (schema installed, no
@@ -53,7 +44,7 @@ func Shared() []Store {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Close() })
-			return drip.Prefixed{Store: s, Prefix: Prefix()}
+			return drip.Prefixed{Store: s, Prefix: testserver.Prefix()}
 		}},
 		{"redis", func(t *testing.T) drip.Store {
 			return openRedis(t, testserver.SharedRedisURL(t))
@@ -77,7 +68,7 @@ func Open(t *testing.T, name string) drip.Store {
 }
 
 func openRedis(t *testing.T, url string) drip.Store {
-	s, err := redisstore.Open(url, redisstore.WithPrefix(Prefix()))
+	s, err := redisstore.Open(url, redisstore.WithPrefix(testserver.Prefix()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -359,7 +359,7 @@ func testBatchStatement(t *testing.T, distinct bool) {
 func TestOpenErrors(t *testing.T) {
 	db := pool(t)
 	ctx := context.Background()
-	name := "empty_" + strings.TrimSuffix(prefix()[1:], ":")
+	name := "empty_" + strings.NewReplacer("-", "_", ":", "_").Replace(strings.TrimSuffix(prefix(), ":"))
 	if _, err := db.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatal(err)
 	}
