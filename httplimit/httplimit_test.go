@@ -22,6 +22,7 @@ import (
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -86,7 +87,10 @@ func newEnv(t *testing.T, store drip.Store, set *rules.Set, opts ...httplimit.Op
 		t.Cleanup(func() { ms.Close() })
 		e.store = ms
 	}
-	opts = append([]httplimit.Option{httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs),
+	// A generous store deadline: the middleware's 50 ms default on a
+	// loaded machine would let on_error decide (the deadline tests set
+	// their own).
+	opts = append([]httplimit.Option{httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs),
 		httplimit.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	e.lim = httplimit.New(e.store, set, opts...)
 	t.Cleanup(func() { e.lim.Close() })

@@ -11,6 +11,7 @@ package teststores
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
@@ -18,6 +19,12 @@ import (
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
+
+// Timeout is the store deadline of tests whose subject is not the
+// deadline: no store on a loaded machine takes that long, so a slow call
+// never turns into an on_error decision the test did not ask for. Tests of
+// the deadline set their own.
+const Timeout = 30 * time.Second
 
 // Store opens one kind of store for a test, closed when the test ends.
 type Store struct {

@@ -49,7 +49,7 @@ type running struct {
 func serve(t *testing.T, store drip.Store, cfg *Config, reflect bool) *running {
 	t.Helper()
 	ck := testclock.At(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	svc := NewService(store, cfg, WithClock(ck.Now), WithTimeout(5*time.Second))
+	svc := NewService(store, cfg, WithClock(ck.Now), WithTimeout(teststores.Timeout))
 	srv := NewServer(svc, reflect)
 	conn, done := listen(t, srv)
 	t.Cleanup(func() {
@@ -501,7 +501,7 @@ func TestGracefulShutdown(t *testing.T) {
 	<-g.entered
 	stopped := make(chan error, 1)
 	go func() { stopped <- srv.Shutdown(context.Background()) }()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // generous: when is not what is tested
 	for {
 		resp, err := srv.Health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: ServiceName})
 		if err == nil && resp.Status == healthpb.HealthCheckResponse_NOT_SERVING {
