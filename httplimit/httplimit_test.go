@@ -578,17 +578,40 @@ func TestStoreDownLocal(t *testing.T) {
 	}
 }
 
+// deadlineStore is a slowStore that records the longest time left to a
+// call's deadline when the call arrives.
+type deadlineStore struct {
+	slowStore
+	mu      sync.Mutex
+	calls   int
+	longest time.Duration
+	none    bool // a call without a deadline
+}
+
+func (s *deadlineStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	s.mu.Lock()
+	s.calls++
+	if d, ok := ctx.Deadline(); ok {
+		s.longest = max(s.longest, time.Until(d))
+	} else {
+		s.none = true
+	}
+	s.mu.Unlock()
+	return s.slowStore.Apply(ctx, op, at, r)
+}
+
 func TestStoreDeadline(t *testing.T) {
-	e := newEnv(t, slowStore{}, parse(t, downRules("allow")), httplimit.WithTimeout(20*time.Millisecond))
-	start := time.Now()
+	st := &deadlineStore{}
+	e := newEnv(t, st, parse(t, downRules("allow")), httplimit.WithTimeout(20*time.Millisecond))
 	for range 5 {
 		if r := e.do("/", "X-Api-Key: k"); r.code != 200 {
 			t.Fatalf("%d", r.code)
 		}
 	}
-	// 3 calls time out, then the breaker skips the store.
-	if el := time.Since(start); el > 2*time.Second {
-		t.Errorf("5 requests took %v", el)
+	// 3 calls time out, then the breaker skips the store. Each call had
+	// at most the 20 ms deadline left (time only shortens it).
+	if st.calls != 3 || st.none || st.longest > 20*time.Millisecond {
+		t.Errorf("%d store calls had up to %v left to their deadline (none: %v), want 3 with at most 20ms", st.calls, st.longest, st.none)
 	}
 	if e.obs.errs() != 3 || e.obs.count("free/enforce/error_allowed") != 5 {
 		t.Errorf("errors %d, observed %v", e.obs.errs(), e.obs.decisions)
