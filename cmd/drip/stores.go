@@ -22,7 +22,7 @@ func openStore(ctx context.Context, url string) (drip.Store, func(), error) {
 	case strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://"):
 		return openPostgres(ctx, url)
 	}
-	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://... or redis://...", url)
+	return nil, nil, fmt.Errorf("unknown store %q: want memory, or a postgres:// or redis:// URL", url)
 }
 
 func envOr(name, def string) string {
