@@ -3,16 +3,17 @@
 // temporary directory, stopped when the test ends. Tests can kill and
 // restart them to test faults.
 //
-// When a server binary is missing, the test is skipped (and a line on
-// standard error says so, once per test binary, since go test prints a
-// skip only with -v), except under CI=true, where a missing dependency
-// fails the run.
+// When a server binary is missing, the test is skipped (and a line on the
+// terminal says so, once per test binary and reason, since go test shows
+// neither a skip nor a passing package's output without -v), except under
+// CI=true, where a missing dependency fails the run.
 package testserver
 
 import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -23,8 +24,9 @@ var missingOnce sync.Map // message -> struct{}: each told once
 
 // Missing reports a missing dependency: a failure under CI=true, a skip
 // otherwise. A skip is easy to miss (go test prints "ok" for a package
-// whose tests all skipped), so the first skip of each reason is also
-// written to standard error.
+// whose tests all skipped, and hides what a passing package printed), so
+// the first skip of each reason is also written to the terminal
+// (/dev/tty), or to standard error where there is none.
 func Missing(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
@@ -32,7 +34,12 @@ func Missing(t testing.TB, format string, args ...any) {
 		t.Fatalf("CI=true and a test dependency is missing: %s", msg)
 	}
 	if _, told := missingOnce.LoadOrStore(msg, struct{}{}); !told {
-		fmt.Fprintf(os.Stderr, "drip tests: SKIPPING tests that need a missing dependency: %s\n", msg)
+		var w io.Writer = os.Stderr
+		if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+			defer tty.Close()
+			w = tty
+		}
+		fmt.Fprintf(w, "drip tests: SKIPPING tests that need a missing dependency: %s\n", msg)
 	}
 	t.Skipf("test dependency missing: %s", msg)
 }
