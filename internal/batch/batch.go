@@ -12,14 +12,16 @@
 // calls are in flight.
 //
 // Deadlines. A request whose caller has left (its context ended) before
-// its batch was sent is not sent. A call runs under its callers'
-// deadlines: its context ends at the latest deadline among the batch's
-// live callers (or when the Batcher closes, if one of them has no
-// deadline), never later, so a stalled server cannot hold a worker past
-// the callers it serves. Each request also carries its own caller's
-// deadline to the store (Call.Deadline), which refuses to apply a request
-// whose deadline passed (see Clock): a caller that got an error took
-// nothing.
+// its batch was sent is not sent, and every caller returns at its own
+// deadline. A call runs under its callers' deadlines: its context ends at
+// the latest deadline among the batch's live callers (or when the Batcher
+// closes, if one of them has no deadline), so a stalled server cannot hold
+// a worker past the callers it serves, and at most InFlight calls are in
+// flight. (A store whose client cannot take back a command once queued
+// may wait for its answer instead, for the same bound: redisstore.) Each
+// request also carries its own caller's deadline to the store
+// (Call.Deadline), which refuses to apply a request whose deadline passed
+// (see Clock): a caller that got an error took nothing.
 package batch
 
 import (

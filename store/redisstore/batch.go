@@ -67,14 +67,36 @@ var bufs = sync.Pool{New: func() any { return new(buffers) }}
 
 // runBatch decides calls in one call of the script in batch mode, each
 // request with its own deadline.
+//
+// The call waits for the server's answer even past ctx's deadline (until
+// the store closes, or the client gives up on the connection: rueidis's
+// ConnWriteTimeout, 10 s by default), while the callers return at their
+// own deadlines. rueidis cannot take back a command once queued: leaving
+// it at the deadline would leave it in the pipe with a goroutine waiting
+// for its answer, and send the next batch behind it, one more per
+// deadline for as long as the server is stalled. Waiting keeps at most
+// InFlight batches at a stalled server, and changes nothing in what is
+// applied: each request carries its caller's deadline, and the server
+// refuses the late ones.
 func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, drip.Decision]) {
+	for _, c := range calls {
+		if c.Deadline.IsZero() || s.clock.Known() {
+			continue
+		}
+		if err := s.syncClock(ctx); err != nil {
+			for _, c := range calls {
+				c.Err = err
+			}
+			return
+		}
+	}
 	w := bufs.Get().(*buffers)
 	w.ops, w.ats, w.dls, w.ps = w.ops[:0], w.ats[:0], w.dls[:0], w.ps[:0]
 	for _, c := range calls {
 		w.ops, w.ats, w.ps = append(w.ops, c.Req.op), append(w.ats, c.Req.at), append(w.ps, c.Req.p)
 		w.dls = append(w.dls, c.Deadline)
 	}
-	rep, err := s.run(ctx, "batch", w.ops, w.ats, w.dls, w.ps)
+	rep, err := s.run(s.life, "batch", w.ops, w.ats, w.dls, w.ps)
 	for i, c := range calls {
 		if err != nil {
 			c.Err = err

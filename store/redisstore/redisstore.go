@@ -81,6 +81,8 @@ type Store struct {
 	loadMu      sync.Mutex  // one FUNCTION LOAD at a time
 	loads       atomic.Uint64
 	stopOnce    sync.Once
+	life        context.Context // ends at Close
+	end         context.CancelFunc
 }
 
 var _ drip.Store = (*Store)(nil)
@@ -96,6 +98,7 @@ func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 // cluster or sentinel). Close does not close c.
 func New(c rueidis.Client, opts ...Option) *Store {
 	s := &Store{c: c, prefix: DefaultPrefix, cluster: c.Mode() == rueidis.ClientModeCluster, batching: DefaultBatching}
+	s.life, s.end = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o(s)
 	}
@@ -133,6 +136,7 @@ func (s *Store) Client() rueidis.Client { return s.c }
 // made it.
 func (s *Store) Close() error {
 	s.stopOnce.Do(func() {
+		s.end()
 		if s.batch != nil {
 			s.batch.Close()
 		}
