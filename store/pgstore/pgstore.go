@@ -59,6 +59,14 @@
 // backoff (WithRetry), then returned. Any other failure (a dropped
 // connection, a server restart) is returned as an error, never turned into
 // a decision; the pool reconnects by itself.
+//
+// Deadlines. A request answered with an error took nothing: a take,
+// refund, multi-take or batch carries its caller's deadline in the
+// server's clock (learned from the clock in earlier replies, see
+// internal/batch), and a request that gets its row locks after it writes
+// nothing and fails with an error that wraps context.DeadlineExceeded.
+// Open's pool also cancels a statement on the server at its deadline
+// (CancelAtDeadline).
 package pgstore
 
 import (
@@ -317,6 +325,11 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *i
 		if n != 1 {
 			return fmt.Errorf("pgstore: %d rows for one decision", n)
 		}
+		if at == nil {
+			// now is the server's clock (late or not: a late answer
+			// corrects an offset that made it late).
+			s.clock.Observe(time.Now(), res.now)
+		}
 		if res.late {
 			return errLate
 		}
@@ -325,9 +338,6 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *i
 		}
 		return nil
 	})
-	if err == nil && at == nil {
-		s.clock.Observe(time.Now(), res.now) // now is the server's clock
-	}
 	return res, err
 }
 
@@ -367,6 +377,9 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late); err != nil {
 				rows.Close()
 				return err
+			}
+			if at.IsZero() && i == 0 {
+				s.clock.Observe(time.Now(), r.now) // now is the server's clock
 			}
 			if r.late {
 				rows.Close()

@@ -27,6 +27,13 @@
 // "{tenant-7}" hash alike (see Tag). A multi-take whose keys do not share
 // a slot fails with ErrCrossSlot before anything is sent. MOVED, ASK and
 // failovers are followed by the client.
+//
+// Deadlines: a request answered with an error took nothing. Each request
+// carries its caller's deadline in the server's clock (learned from the
+// TIME in earlier replies), and the script refuses one whose deadline is
+// past when it runs, writing nothing (a request that waited in a socket
+// buffer while the server was paused); its caller gets an error that
+// wraps context.DeadlineExceeded.
 package redisstore
 
 import (
