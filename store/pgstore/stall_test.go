@@ -83,7 +83,9 @@ func TestLockedTableTakesNothing(t *testing.T) {
 				}
 			}
 			t.Logf("%v (statements waiting on the lock)", res)
-			if res.Late > time.Second {
+			// Generous: a cancel request may take a while on a loaded
+			// machine (Open's pool gives up on it after a second).
+			if res.Late > 3*time.Second {
 				t.Errorf("callers returned up to %v after their deadline", res.Late)
 			}
 			if mode.inFlight > 0 && res.PeakRunning > mode.inFlight {
