@@ -33,7 +33,9 @@
 // TIME in earlier replies), and the script refuses one whose deadline is
 // past when it runs, writing nothing (a request that waited in a socket
 // buffer while the server was paused); its caller gets an error that
-// wraps context.DeadlineExceeded.
+// wraps context.DeadlineExceeded. On Redis Cluster the store learns one
+// offset for all nodes: a node whose clock lags the others' by some
+// milliseconds may apply a request that much after its caller's deadline.
 package redisstore
 
 import (
