@@ -1,0 +1,50 @@
+package envoy
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Options are the settings of loading a configuration that
+// envoyproxy/ratelimit takes from its environment; the zero value is its
+// defaults, except that Load skips dotfiles (LoadWith does not).
+type Options struct {
+	// MergeDomains lets several files configure one domain: their
+	// descriptors are added together (MERGE_DOMAIN_CONFIG).
+	MergeDomains bool
+	// Shadow puts every configured limit in shadow mode: decided, counted,
+	// never denying (SHADOW_MODE). A limit a request sets itself
+	// (descriptor "limit") is still enforced.
+	Shadow bool
+	// IgnoreDotfiles skips the files of a directory whose names begin
+	// with '.' (RUNTIME_IGNOREDOTFILES); otherwise those that are
+	// envoyproxy/ratelimit files are loaded.
+	IgnoreDotfiles bool
+}
+
+// OptionsFromEnv reads Options from envoyproxy/ratelimit's environment
+// variables, through getenv (os.Getenv): MERGE_DOMAIN_CONFIG,
+// SHADOW_MODE, RUNTIME_IGNOREDOTFILES, each true or false (as
+// strconv.ParseBool reads them; unset or empty is false).
+func OptionsFromEnv(getenv func(string) string) (Options, error) {
+	var o Options
+	for _, v := range []struct {
+		name string
+		to   *bool
+	}{
+		{"MERGE_DOMAIN_CONFIG", &o.MergeDomains},
+		{"SHADOW_MODE", &o.Shadow},
+		{"RUNTIME_IGNOREDOTFILES", &o.IgnoreDotfiles},
+	} {
+		s := getenv(v.name)
+		if s == "" {
+			continue
+		}
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return Options{}, fmt.Errorf("%s=%q: want true or false", v.name, s)
+		}
+		*v.to = b
+	}
+	return o, nil
+}
