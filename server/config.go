@@ -3,6 +3,8 @@ package server
 import (
 	"log/slog"
 	"time"
+
+	"github.com/driplimit/drip/server/envoy"
 )
 
 // Config holds every setting of drip serve. The zero value is usable: it
@@ -37,6 +39,12 @@ type Config struct {
 	// GRPCReflection turns on gRPC server reflection on GRPCListen
 	// (--grpc-reflection, DRIP_GRPC_REFLECTION); off by default.
 	GRPCReflection bool
+	// Envoy are the settings of loading envoyproxy/ratelimit files at
+	// Rules, which cmd/drip reads from envoyproxy/ratelimit's own
+	// environment variables (MERGE_DOMAIN_CONFIG, SHADOW_MODE,
+	// RUNTIME_IGNOREDOTFILES). The zero value loads a directory's dotfiles
+	// that are envoy files, as envoyproxy/ratelimit does.
+	Envoy envoy.Options
 
 	// StoreTimeout is the deadline of each store call (default 500ms).
 	StoreTimeout time.Duration

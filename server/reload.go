@@ -22,7 +22,7 @@ func (s *Server) watch(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		sig, err := rulesStat(s.cfg.Rules) // a file or a directory's files (envoy.go)
+		sig, err := rulesStat(s.cfg.Rules, s.cfg.Envoy) // a file or a directory's files (envoy.go)
 		if err != nil {
 			continue // a missing file is reported when it is reloaded
 		}
@@ -30,7 +30,7 @@ func (s *Server) watch(ctx context.Context) {
 			continue
 		}
 		last = sig
-		_, hash, err := readRuleFiles(s.cfg.Rules)
+		_, hash, err := readRuleFiles(s.cfg.Rules, s.cfg.Envoy)
 		if err != nil || hash == s.lastHash() {
 			continue
 		}

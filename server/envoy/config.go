@@ -260,7 +260,7 @@ func LoadWith(path string, opts Options) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		if IsDotfile(n) && !IsConfig(b) {
+		if n != path && IsDotfile(n) && !IsConfig(b) {
 			continue
 		}
 		files = append(files, File{Name: n, Data: b})

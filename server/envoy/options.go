@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 )
 
@@ -47,4 +48,24 @@ func OptionsFromEnv(getenv func(string) string) (Options, error) {
 		*v.to = b
 	}
 	return o, nil
+}
+
+// RuntimeDir is where envoyproxy/ratelimit reads its configuration files
+// from its environment: RUNTIME_ROOT (default /srv/runtime_data/current),
+// then RUNTIME_SUBDIRECTORY, then RUNTIME_APPDIRECTORY (default
+// "config"), joined. It is "" when neither RUNTIME_ROOT nor
+// RUNTIME_SUBDIRECTORY is set, so that a deployment without them keeps
+// drip's own defaults.
+func RuntimeDir(getenv func(string) string) string {
+	root, sub, app := getenv("RUNTIME_ROOT"), getenv("RUNTIME_SUBDIRECTORY"), getenv("RUNTIME_APPDIRECTORY")
+	if root == "" && sub == "" {
+		return ""
+	}
+	if root == "" {
+		root = "/srv/runtime_data/current"
+	}
+	if app == "" {
+		app = "config"
+	}
+	return filepath.Join(root, sub, app)
 }
