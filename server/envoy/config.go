@@ -210,13 +210,15 @@ func Parse(files ...File) (*Config, error) { return ParseWith(Options{}, files..
 
 // ParseWith is Parse with options: with MergeDomains, files of one domain
 // add their descriptors to it (a descriptor repeated across them is an
-// error), in file order; with Shadow, every limit is in shadow mode.
+// error), in file order; with Shadow, every limit is in shadow mode; with
+// Algorithm drip.FixedWindow, every limit without its own "algorithm" is
+// a fixed window.
 func ParseWith(opts Options, files ...File) (*Config, error) {
 	c := &Config{domains: map[string]*node{}}
 	var problems []string
 	domainFile := map[string]string{}
 	for _, f := range files {
-		p := &parser{file: f.Name, shadow: opts.Shadow}
+		p := &parser{file: f.Name, shadow: opts.Shadow, algo: opts.Algorithm}
 		domain, descs := p.parse(f.Data)
 		if domain != "" {
 			root := c.domains[domain]
@@ -316,7 +318,8 @@ func ConfigFilesWith(path string, dotfiles bool) ([]string, error) {
 // parser decodes one file strictly, collecting every problem.
 type parser struct {
 	file     string
-	shadow   bool // every limit in shadow mode (SHADOW_MODE)
+	shadow   bool           // every limit in shadow mode (SHADOW_MODE)
+	algo     drip.Algorithm // of limits without "algorithm" (Options.Algorithm)
 	problems []string
 }
 
@@ -573,11 +576,12 @@ func (p *parser) rateLimit(n *yaml.Node, path, full string, shadow bool) *Limit 
 			ok = false
 		}
 	}
-	var algo drip.Algorithm
+	algo := p.algo
 	if v, has := f["algorithm"]; has {
 		s, _ := p.str(v, path+".algorithm")
 		switch drip.Algorithm(s) {
 		case drip.TokenBucket:
+			algo = ""
 		case drip.FixedWindow:
 			algo = drip.FixedWindow
 		default:

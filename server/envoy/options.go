@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+
+	"github.com/driplimit/drip"
 )
 
 // Options are the settings of loading a configuration that
@@ -21,12 +23,20 @@ type Options struct {
 	// with '.' (RUNTIME_IGNOREDOTFILES); otherwise those that are
 	// envoyproxy/ratelimit files are loaded.
 	IgnoreDotfiles bool
+	// Algorithm is the algorithm of every rate_limit without its own
+	// "algorithm": "" or drip.TokenBucket (continuous refill, the
+	// default), or drip.FixedWindow (envoyproxy/ratelimit's windows:
+	// requests_per_unit per unit, counted on the unit's grid from the Unix
+	// epoch). drip's own setting (DRIP_ENVOY_ALGORITHM): envoyproxy/ratelimit
+	// has no other algorithm.
+	Algorithm drip.Algorithm
 }
 
 // OptionsFromEnv reads Options from envoyproxy/ratelimit's environment
 // variables, through getenv (os.Getenv): MERGE_DOMAIN_CONFIG,
 // SHADOW_MODE, RUNTIME_IGNOREDOTFILES, each true or false (as
-// strconv.ParseBool reads them; unset or empty is false).
+// strconv.ParseBool reads them; unset or empty is false), and drip's
+// DRIP_ENVOY_ALGORITHM.
 func OptionsFromEnv(getenv func(string) string) (Options, error) {
 	var o Options
 	for _, v := range []struct {
@@ -46,6 +56,12 @@ func OptionsFromEnv(getenv func(string) string) (Options, error) {
 			return Options{}, fmt.Errorf("%s=%q: want true or false", v.name, s)
 		}
 		*v.to = b
+	}
+	switch a := drip.Algorithm(getenv("DRIP_ENVOY_ALGORITHM")); a {
+	case "", drip.TokenBucket, drip.FixedWindow:
+		o.Algorithm = a
+	default:
+		return Options{}, fmt.Errorf("DRIP_ENVOY_ALGORITHM=%q: want token_bucket or fixed_window", string(a))
 	}
 	return o, nil
 }

@@ -1,10 +1,18 @@
 package envoy
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
 )
 
 func TestWildcardMatch(t *testing.T) {
@@ -229,6 +237,75 @@ func TestRuntimeDir(t *testing.T) {
 	} {
 		if got := RuntimeDir(func(k string) string { return tc.env[k] }); got != tc.want {
 			t.Errorf("%v: %q, want %q", tc.env, got, tc.want)
+		}
+	}
+}
+
+// TestAlgorithmOption: DRIP_ENVOY_ALGORITHM=fixed_window makes every
+// limit envoyproxy/ratelimit's epoch-aligned window, unless the limit says
+// otherwise.
+func TestAlgorithmOption(t *testing.T) {
+	o, err := OptionsFromEnv(func(k string) string {
+		if k == "DRIP_ENVOY_ALGORITHM" {
+			return "fixed_window"
+		}
+		return ""
+	})
+	if err != nil || o.Algorithm != drip.FixedWindow {
+		t.Fatalf("%+v %v", o, err)
+	}
+	c, err := ParseWith(o, File{Name: "f.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - {key: a, rate_limit: {unit: hour, requests_per_unit: 10}}
+  - {key: b, rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := c.Match("d", entries("a=1")).Limit; l != (drip.Limit{Algorithm: drip.FixedWindow, Rate: 10, Period: time.Hour, Start: time.Hour}) {
+		t.Fatalf("a: %+v", l)
+	}
+	if l := c.Match("d", entries("b=1")).Limit; l != (drip.Limit{Rate: 10, Period: time.Hour}) {
+		t.Fatalf("b: %+v", l)
+	}
+	if _, err := OptionsFromEnv(func(k string) string { return map[string]string{"DRIP_ENVOY_ALGORITHM": "gcra"}[k] }); err == nil {
+		t.Fatal("gcra accepted")
+	}
+}
+
+// TestFixedWindowsAsUpstream: with fixed windows, a limit counts as
+// envoyproxy/ratelimit counts it: requests_per_unit in each window of the
+// unit, windows on the unit's grid from the Unix epoch, the whole limit
+// back when the next window opens.
+func TestFixedWindowsAsUpstream(t *testing.T) {
+	c, err := ParseWith(Options{Algorithm: drip.FixedWindow}, File{Name: "f.yaml", Data: []byte("domain: d\ndescriptors:\n  - {key: a, rate_limit: {unit: minute, requests_per_unit: 2}}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 3, 1, 10, 0, 58, 0, time.UTC)
+	svc := NewService(memstore.New(), c, WithClock(func() time.Time { return now }))
+	call := func() (rlsv3.RateLimitResponse_Code, time.Duration) {
+		t.Helper()
+		resp, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: entries("a=x")}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.OverallCode, resp.Statuses[0].DurationUntilReset.AsDuration()
+	}
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got, _ := call(); got != want {
+			t.Fatalf("10:00:58 call %d: %v, want %v", i+1, got, want)
+		}
+	}
+	now = now.Add(1500 * time.Millisecond) // 10:00:59.5, same window
+	if got, wait := call(); got != rlsv3.RateLimitResponse_OVER_LIMIT || wait != 500*time.Millisecond {
+		t.Fatalf("10:00:59.5: %v, wait %v, want OVER_LIMIT until the minute", got, wait)
+	}
+	now = now.Add(500 * time.Millisecond) // 10:01:00, a new window
+	for i := 0; i < 2; i++ {
+		if got, _ := call(); got != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("10:01:00 call %d: %v", i+1, got)
 		}
 	}
 }
