@@ -17,6 +17,12 @@ import (
 	"github.com/driplimit/drip"
 )
 
+// MaxRequests is the most requests of one multi-take, here and in the
+// decision API: a multi-take is one atomic step on the store, and a huge
+// one would hold it (and every caller behind it) for long. A line with
+// more is an error.
+const MaxRequests = 100
+
 // Line is one input line: a single request, or a multi-take when Requests
 // is set.
 type Line struct {
@@ -102,6 +108,9 @@ func Parse(b []byte) (Line, error) {
 		}
 		if len(j.Requests) == 0 {
 			return Line{}, drip.ErrNoRequests
+		}
+		if len(j.Requests) > MaxRequests {
+			return Line{}, fmt.Errorf("%d requests: a multi-take has at most %d", len(j.Requests), MaxRequests)
 		}
 		for i, rj := range j.Requests {
 			r, err := rj.ToRequest()

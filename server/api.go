@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 
 	"github.com/driplimit/drip"
@@ -29,13 +30,15 @@ import (
 //     rule's fixed_cost (cost_source fixed) or default_cost applies.
 //
 // A multi-take (/v1/take and /v1/peek) replaces the single request by
-// "requests": [...], each inline or by rule, all-or-nothing.
+// "requests": [...] (at most replay.MaxRequests, 100), each inline or by
+// rule, all-or-nothing.
 //
 // Answers: 200 with a decision (allowed, tokens, remaining, limit,
 // retry_after, reset_after; a denial is a 200 with "allowed": false), a
 // multi-take's {"allowed", "retry_after", "results"}, or {"reset": true};
 // 400 {"error": "..."} for a body that is not valid (bad JSON, unknown
-// field, bad limit or cost, missing key, cost over burst), 404 for an
+// field, bad limit or cost, missing key or one over MaxInlineKeyLen, cost
+// over burst), 404 for an
 // unknown rule, 413 for a body over 1 MiB, 503 when the store fails or
 // times out.
 
@@ -73,7 +76,7 @@ func errorf(status int, format string, args ...any) error {
 // rather than the store's.
 func badInput(err error) bool {
 	for _, e := range []error{drip.ErrInvalidLimit, drip.ErrInvalidCost, drip.ErrMissingKey,
-		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey, drip.ErrNotColocated} {
+		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey, drip.ErrNotColocated, drip.ErrKeyTooLong} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -89,6 +92,9 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxBody)
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			return errorf(http.StatusRequestTimeout, "reading body: the body did not arrive in time")
 		}
 		return errorf(http.StatusBadRequest, "reading body: %v", err)
 	}
@@ -175,6 +181,9 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 		if len(b.Requests) == 0 {
 			return nil, errorf(http.StatusBadRequest, "%v", drip.ErrNoRequests)
 		}
+		if len(b.Requests) > replay.MaxRequests {
+			return nil, errorf(http.StatusBadRequest, "%d requests: a multi-take has at most %d", len(b.Requests), replay.MaxRequests)
+		}
 		rs := make([]drip.Request, len(b.Requests))
 		names := make([]string, len(b.Requests))
 		for i, it := range b.Requests {
@@ -260,6 +269,11 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 		if it.Cost != nil {
 			r.Cost = *it.Cost
 		}
+		if it.Reserve && r.Limit.MaxReserved == 0 {
+			// A reservation without a bound could lock a key out for
+			// ages: by rule, only the debt the rule allows.
+			return drip.Request{}, "", errorf(http.StatusBadRequest, "rule %q allows no reservations: its algorithm_config sets no max_reserved", it.Rule)
+		}
 		r.Reserve = it.Reserve
 		return r, it.Rule, nil
 	}
@@ -268,6 +282,9 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 	}
 	if it.Key == "" {
 		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: give key and limit, or rule and values", drip.ErrMissingKey)
+	}
+	if len(it.Key) > MaxInlineKeyLen {
+		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: key is %d bytes, at most %d", drip.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
 	}
 	if opName == "reset" {
 		if it.Limit != nil || it.Cost != nil || it.Reserve {
@@ -290,6 +307,10 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 // (drain, refund or reset) the buckets of the rules: those are reached by
 // rule name and values only, under the rule's own limit.
 const InlinePrefix = "inline:"
+
+// MaxInlineKeyLen is the longest inline key, in bytes: drip.MaxKeyLen less
+// InlinePrefix. A longer one is a 400.
+const MaxInlineKeyLen = drip.MaxKeyLen - len(InlinePrefix)
 
 func prefixed(p string, err error) error {
 	var he *httpError

@@ -45,6 +45,17 @@ type Config struct {
 	// RUNTIME_IGNOREDOTFILES). The zero value loads a directory's dotfiles
 	// that are envoy files, as envoyproxy/ratelimit does.
 	Envoy envoy.Options
+	// GRPCLimits bound the connections and calls of GRPCListen's clients;
+	// zero fields take envoy.DefaultLimits.
+	GRPCLimits envoy.Limits
+
+	// ReadTimeout bounds the reading of a request (default 30s). On the
+	// decision API and the admin listener it is the most time a request,
+	// headers and body, may take to arrive; on the gateway, where bodies
+	// are streamed to the upstream and may be long, it is the longest the
+	// body may stall (no byte arriving) before the request is cut. Headers
+	// must arrive within 10 s on every listener.
+	ReadTimeout time.Duration
 
 	// StoreTimeout is the deadline of each store call (default 500ms).
 	StoreTimeout time.Duration
@@ -64,6 +75,7 @@ const (
 	DefaultListen          = "127.0.0.1:8080"
 	DefaultAdminListen     = "127.0.0.1:9090"
 	DefaultStoreTimeout    = 500 * time.Millisecond
+	DefaultReadTimeout     = 30 * time.Second
 	DefaultWatchEvery      = time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 )
@@ -80,6 +92,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StoreTimeout <= 0 {
 		c.StoreTimeout = DefaultStoreTimeout
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = DefaultReadTimeout
 	}
 	if c.WatchEvery == 0 {
 		c.WatchEvery = DefaultWatchEvery

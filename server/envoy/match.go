@@ -6,6 +6,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
+	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/sfv"
 )
 
@@ -138,7 +139,7 @@ func bucketKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, 
 		}
 		b = netstring(b, e.Value)
 	}
-	return string(b)
+	return drip.FitKey(string(b)) // a long value (say, a path) is hashed, never refused
 }
 
 func netstring(b []byte, s string) []byte {
