@@ -121,6 +121,9 @@ func readRules(path string, opts envoy.Options) (*rules.Set, *envoy.Config, [32]
 			drip = append(drip, f)
 		}
 	}
+	if len(drip)+len(env) == 0 {
+		return nil, nil, hash, fmt.Errorf("rules: %s: no *.yaml, *.yml or *.json file in the directory but dotfiles that are not envoyproxy/ratelimit files", path)
+	}
 	var set *rules.Set
 	var errs []error
 	switch len(drip) {

@@ -115,6 +115,13 @@ func TestEnvoyOptions(t *testing.T) {
 		}
 	}
 
+	// A directory of other dotfiles only holds no rules.
+	dots := t.TempDir()
+	writeFile(t, filepath.Join(dots, ".tool.yaml"), "something: else\n")
+	if _, err := New(Config{Rules: dots}, memstore.New()); err == nil || !strings.Contains(err.Error(), "no *.yaml") {
+		t.Fatalf("dotfiles only: %v", err)
+	}
+
 	// A file of descriptors without a domain is told so in envoy's terms.
 	bad := t.TempDir()
 	writeFile(t, filepath.Join(bad, "edge.yaml"), "descriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
