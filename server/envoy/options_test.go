@@ -309,3 +309,43 @@ func TestFixedWindowsAsUpstream(t *testing.T) {
 		}
 	}
 }
+
+// TestMiddleWildcardEnforced: a rule with '*' inside its value limits
+// the requests it matches (it used to match none, and let them all
+// through), and share_threshold puts every matching value in one bucket.
+func TestMiddleWildcardEnforced(t *testing.T) {
+	c, err := Parse(File{Name: "f.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - {key: route, value: /api/*/orders, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: shared, value: /v*/x, share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := NewService(memstore.New(), c)
+	code := func(entry string) rlsv3.RateLimitResponse_Code {
+		t.Helper()
+		resp, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: entries(entry)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.OverallCode
+	}
+	for _, tc := range []struct {
+		entry string
+		want  rlsv3.RateLimitResponse_Code
+	}{
+		{"route=/api/v1/orders", rlsv3.RateLimitResponse_OK},
+		{"route=/api/v1/orders", rlsv3.RateLimitResponse_OVER_LIMIT},
+		{"route=/api/v2/orders", rlsv3.RateLimitResponse_OK}, // its own bucket
+		{"route=/api/v2/users", rlsv3.RateLimitResponse_OK},  // no limit
+		{"route=/api/v2/users", rlsv3.RateLimitResponse_OK},
+		{"shared=/v1/x", rlsv3.RateLimitResponse_OK},
+		{"shared=/v2/x", rlsv3.RateLimitResponse_OVER_LIMIT}, // the same bucket
+	} {
+		if got := code(tc.entry); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.entry, got, tc.want)
+		}
+	}
+}
