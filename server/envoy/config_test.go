@@ -228,7 +228,7 @@ func FuzzParse(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := Parse(File{Name: "f.yaml", Data: data})
+		c, err := ParseWith(Options{MergeDomains: true}, File{Name: "f.yaml", Data: data}, File{Name: "g.yaml", Data: data})
 		if err != nil {
 			if _, ok := err.(*Error); !ok {
 				t.Fatalf("error %T", err)
@@ -237,6 +237,7 @@ func FuzzParse(f *testing.F) {
 		}
 		for _, d := range c.Domains() {
 			c.Match(d, entries("a=b", "c=d"))
+			c.Match(d, entries("a=x*y", "a=", "key=value*z"))
 		}
 	})
 }
