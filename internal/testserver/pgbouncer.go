@@ -29,7 +29,7 @@ type PgBouncer struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{}
+	done <-chan struct{}
 }
 
 // PgBouncerPoolSize is how many server connections the pooler opens to
@@ -115,13 +115,16 @@ logfile = %s
 		}
 	}
 	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	// No Pdeathsig here, unlike the servers: with it, pgbouncer 1.18 was
+	// killed between two subtests in about one run of three (it lives
+	// until Stop, which every caller defers or registers as a cleanup).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred}
+	done, err := start(cmd)
+	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("start pgbouncer: %w", err)
 	}
-	b.cmd, b.done = cmd, make(chan struct{})
-	go func() { cmd.Wait(); close(b.done) }()
+	b.cmd, b.done = cmd, done
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		select {

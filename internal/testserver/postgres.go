@@ -39,7 +39,7 @@ type Postgres struct {
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
-	exited chan struct{}
+	exited <-chan struct{}
 	log    *os.File
 }
 
@@ -237,13 +237,12 @@ func (p *Postgres) start() error {
 	// Pdeathsig: if the test binary dies without stopping the server, the
 	// server shuts down at once instead of lingering.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	exited, err := start(cmd)
+	if err != nil {
 		log.Close()
 		return fmt.Errorf("start postgres: %w", err)
 	}
-	exited := make(chan struct{})
 	p.cmd, p.log, p.exited = cmd, log, exited
-	go func() { cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		select {

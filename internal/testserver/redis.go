@@ -28,7 +28,7 @@ type Redis struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{}
+	done <-chan struct{}
 }
 
 // LaunchRedis starts redis-server on port with its files in dir, plus
@@ -65,11 +65,10 @@ func (r *Redis) Start() error {
 	}
 	cmd := exec.Command(r.args[0], r.args[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	done, err := start(cmd)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
 	r.cmd, r.done = cmd, done
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {

@@ -158,7 +158,11 @@ func (s *Store) syncClock(ctx context.Context, d time.Time) error {
 		return nil
 	}
 	var now int64
-	if err := s.db.QueryRow(ctx, "SELECT drip.clock()").Scan(&now); err != nil {
+	// Through retry, like every statement: behind a transaction-mode
+	// pooler it is what switches the query mode (querymode.go).
+	if err := s.retry(ctx, func() error {
+		return s.db.QueryRow(ctx, "SELECT drip.clock()").Scan(&now)
+	}); err != nil {
 		return fmt.Errorf("pgstore: reading the server's clock: %w", err)
 	}
 	s.clock.Observe(time.Now(), now)

@@ -1,0 +1,34 @@
+package testserver
+
+import (
+	"os/exec"
+	"runtime"
+)
+
+// start starts cmd and returns a channel closed when it has exited.
+//
+// The servers are started with Pdeathsig, so that a test binary that dies
+// without stopping them takes them along. Linux sends that signal when the
+// thread that started the child exits, not the process, and the Go
+// runtime ends a thread whose goroutine exits while locked to it, which
+// killed a pooler mid-test. So the child is started from a goroutine
+// locked to its thread, which lives until the child has exited.
+func start(cmd *exec.Cmd) (<-chan struct{}, error) {
+	started := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		cmd.Wait()
+		close(done)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return done, nil
+}
