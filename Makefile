@@ -1,5 +1,5 @@
 # The two commands of README.md, and a few more.
-.PHONY: serve test testdeps vet bench fuzz
+.PHONY: serve test testdeps vet bench fuzz static
 
 serve:
 	go run ./cmd/drip serve
@@ -22,3 +22,13 @@ testdeps:
 	@command -v redis-server >/dev/null || echo "make test: redis-server not found: the Redis tests will be SKIPPED (apt-get install redis-server)"
 	@[ -n "$$PG_BINDIR" ] || command -v initdb >/dev/null || command -v pg_config >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || echo "make test: initdb not found: the PostgreSQL tests will be SKIPPED (apt-get install postgresql, or set PG_BINDIR)"
 	@if [ "$$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then echo "make test: running as root without a postgres user: PostgreSQL refuses to run as root, so its tests will be SKIPPED (create the user: useradd --system --no-create-home postgres)"; fi
+
+# static builds the binary of the container image (Dockerfile), the one
+# place its flags live: no cgo (it runs on an image with no C library),
+# no local paths in it, no symbol tables. deploy/container_test.go builds
+# it the same way and runs it in an empty root. OUT names the file;
+# VERSION, when set, is what "drip version" prints.
+OUT ?= drip
+VERSION ?=
+static:
+	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o $(OUT) ./cmd/drip

@@ -151,8 +151,12 @@ func readRules(path string, opts envoy.Options) (*rules.Set, *envoy.Config, [32]
 	return set, cfg, hash, nil
 }
 
-// rulesStat is a cheap signature of the files at path (names, sizes and
-// modification times), so that the watcher hashes them only when it moves.
+// rulesStat is a cheap signature of the files at path (names, the files
+// their symbolic links lead to, sizes and modification times), so that
+// the watcher hashes them only when it moves. The link targets catch a
+// Kubernetes ConfigMap update, which swaps a link to a new directory,
+// even where the new file has the old one's size and a timestamp too
+// coarse to differ.
 func rulesStat(path string, opts envoy.Options) (string, error) {
 	names, err := envoy.ConfigFilesWith(path, !opts.IgnoreDotfiles)
 	if err != nil {
@@ -164,7 +168,11 @@ func rulesStat(path string, opts envoy.Options) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		fmt.Fprintf(&b, "%s\x00%d\x00%d\x00", n, fi.Size(), fi.ModTime().UnixNano())
+		real, err := filepath.EvalSymlinks(n)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "%s\x00%s\x00%d\x00%d\x00", n, real, fi.Size(), fi.ModTime().UnixNano())
 	}
 	return b.String(), nil
 }
