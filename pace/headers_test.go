@@ -9,7 +9,7 @@ import (
 func TestParseReport(t *testing.T) {
 	date := "Sat, 01 Jan 2000 00:00:00 GMT"
 	server := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC) // what Date says
-	skewed := server.Add(-time.Hour)                    // a client clock an hour behind, with no Date
+	skewed := server.Add(-time.Hour)                      // a client clock an hour behind, with no Date
 	for _, tc := range []struct {
 		name   string
 		hdr    []string

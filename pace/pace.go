@@ -30,24 +30,29 @@
 //
 // State is kept per key: the request's host by default, or what WithKey's
 // function returns (an API token, say, when the server limits per token).
-// For each key the transport counts a budget of requests it may send:
+// For each key the transport keeps the requests left and the requests in
+// flight; a request may go while left exceeds in flight:
 //
 //   - A new key, or one whose state is unknown, gets one request in flight
 //     at a time (a probe) until a response reports the limit. A server that
 //     sends no rate limit headers is then not paced at all (Retry-After is
 //     still obeyed).
-//   - A response that reports r requests remaining sets the budget to r
-//     minus the requests still in flight (the server may not have counted
-//     them yet); within a window the budget only goes down, so a late
-//     answer from a request the server counted early cannot raise it.
-//     Each request sent takes one from the budget.
-//   - With no budget left, requests wait until the reported reset. Then
-//     the budget is the quota (q, or the Limit header) minus the requests
-//     in flight, or a single probe when the quota is unknown: the goroutines
-//     that waited do not all rush in at once beyond what the server allows.
+//   - Left is the fewest remaining reported in the current window: the
+//     server counted that answer's request last, so a late answer from a
+//     request it counted early cannot raise it. Requests in flight are
+//     taken from it until they are answered, since the server may not have
+//     counted them yet (while some it had, the client errs on the safe
+//     side).
+//   - With nothing left, requests wait until the reported reset. Then left
+//     is the quota (q, or the Limit header), or a single probe when the
+//     quota is unknown, and requests still in flight count against it: the
+//     goroutines that waited do not rush in beyond what the server allows.
+//     Answers about the window that ended are ignored.
 //   - A Retry-After (on any response) holds every request to its key until
 //     it has passed; then one probe goes first. A 429 is read the same way,
 //     with its reset as the delay when it has no Retry-After.
+//   - A request that got no answer (a network error) is taken as not
+//     counted.
 //
 // So a client that keeps within the budget never sends a request the server
 // would refuse, from a fixed window (the quota is back at the reset) or a
@@ -159,7 +164,8 @@ type Option func(*Transport)
 
 // WithKey paces requests per key(req) instead of per host. Requests with
 // the same key share one budget; include the host in the key when the
-// transport talks to several servers.
+// transport talks to several servers. Keys appear in errors (WaitError):
+// hash any secret in them.
 func WithKey(key func(*http.Request) string) Option { return func(t *Transport) { t.key = key } }
 
 // WithMaxWait bounds how long a request may wait before it is sent

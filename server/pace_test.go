@@ -54,13 +54,17 @@ func TestPaceThroughGateway(t *testing.T) {
 	defer upstream.Close()
 	for _, tc := range []struct {
 		name, rule string
-		rate       float64       // requests a second the rule allows in steady state
+		rate       float64       // requests a second the client should reach in steady state
 		burst      int64         // what it allows at once at the start
 		span       time.Duration // the virtual time 400 requests should take
 	}{
 		// 20 at once, then 20 every 2 s (t is whole seconds: full again
 		// 2 s after the last take): the last 20 go at 38 s.
 		{"token_bucket", `"algorithm": "token_bucket", "algorithm_config": {"rps": 10, "burst": 20}`, 10, 20, 38 * time.Second},
+		// A burst that refills in half a second: t rounds up to 1 s, so
+		// the client sends 5 a second, half the rate (the headers give no
+		// finer time); still no 429. The last 5 go at 79 s.
+		{"token_bucket_small_burst", `"algorithm": "token_bucket", "algorithm_config": {"rps": 10, "burst": 5}`, 5, 5, 79 * time.Second},
 		// 50 per 10 s window, on the epoch's grid: the 8th window opens at 70 s.
 		{"fixed_window", `"algorithm": "fixed_window", "algorithm_config": {"rate": 50, "period": "10s", "start": 0}`, 5, 50, 70 * time.Second},
 	} {
@@ -110,7 +114,7 @@ func TestPaceThroughGateway(t *testing.T) {
 				wg.Wait()
 				elapsed := time.Since(start)
 				rate := float64(w.ok.Load()-tc.burst) / elapsed.Seconds()
-				t.Logf("%d answered, %d refused (429) on the wire, in %v of virtual time: %.2f requests/s after the first burst (the rule: %g/s)",
+				t.Logf("%d answered, %d refused (429) on the wire, in %v of virtual time: %.2f requests/s after the first burst (want %g/s)",
 					w.ok.Load(), w.over.Load(), elapsed, rate, tc.rate)
 				if w.over.Load() != 0 {
 					t.Errorf("drip serve refused %d requests; a paced client should see none", w.over.Load())
