@@ -83,7 +83,11 @@ func TestPaceThroughGateway(t *testing.T) {
 					t.Fatal(err)
 				}
 				ln := pipenet.Listen()
-				s.listeners[0].ln = ln // the gateway, on the in-memory network
+				for _, l := range s.listeners {
+					if l.name == "gateway" {
+						l.ln = ln // bound already: Serve serves the in-memory network
+					}
+				}
 				ctx, cancel := context.WithCancel(context.Background())
 				served := make(chan error, 1)
 				go func() { served <- s.Serve(ctx) }()
