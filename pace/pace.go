@@ -47,7 +47,9 @@
 //     is the quota (q, or the Limit header), or a single probe when the
 //     quota is unknown, and requests still in flight count against it: the
 //     goroutines that waited do not rush in beyond what the server allows.
-//     Answers about the window that ended are ignored.
+//     The answer to a request sent before the window opened counts against
+//     the new window (the server may have counted it in either), and says
+//     nothing else.
 //   - A Retry-After (on any response) holds every request to its key until
 //     it has passed; then one probe goes first. A 429 is read the same way,
 //     with its reset as the delay when it has no Retry-After.
@@ -209,21 +211,23 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	key := t.key(req)
 	ctx := req.Context()
 	e := t.entry(key)
-	if err := t.acquire(ctx, e); err != nil {
+	gen, err := t.acquire(ctx, e)
+	if err != nil {
 		if req.Body != nil {
 			req.Body.Close()
 		}
 		return nil, err
 	}
 	resp, err := t.base.RoundTrip(req)
-	retry := t.done(e, resp, err)
+	retry := t.done(e, gen, resp, err)
 	for n := 0; retry && n < t.retries && replayable(req, resp.StatusCode); n++ {
 		next, rerr := rewind(req)
 		if rerr != nil {
 			break
 		}
 		buffer(resp) // free the connection while waiting: the refusal may still be returned
-		if werr := t.acquire(ctx, e); werr != nil {
+		gen, werr := t.acquire(ctx, e)
+		if werr != nil {
 			if ctx.Err() != nil {
 				resp.Body.Close()
 				return nil, werr
@@ -232,7 +236,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		resp.Body.Close()
 		resp, err = t.base.RoundTrip(next)
-		retry = t.done(e, resp, err)
+		retry = t.done(e, gen, resp, err)
 	}
 	return resp, err
 }
@@ -315,8 +319,9 @@ func (t *Transport) entry(key string) *entry {
 	return e
 }
 
-// acquire waits until e may send and takes one request from its budget.
-func (t *Transport) acquire(ctx context.Context, e *entry) error {
+// acquire waits until e may send, counts one more request in flight, and
+// returns the generation of e's state it is sent in.
+func (t *Transport) acquire(ctx context.Context, e *entry) (uint64, error) {
 	start := t.clock.Now()
 	t.mu.Lock()
 	for {
@@ -325,7 +330,7 @@ func (t *Transport) acquire(ctx context.Context, e *entry) error {
 		if ok {
 			e.inflight++
 			t.mu.Unlock()
-			return nil
+			return e.gen, nil
 		}
 		left := t.maxWait - now.Sub(start)
 		d := left // unknown: until the state changes, at most MaxWait
@@ -335,12 +340,12 @@ func (t *Transport) acquire(ctx context.Context, e *entry) error {
 		werr := &WaitError{Key: e.key, Wait: now.Sub(start) + d, MaxWait: t.maxWait}
 		if d > left || (at.IsZero() && left <= 0) {
 			t.mu.Unlock()
-			return werr
+			return 0, werr
 		}
 		if dl, ok := ctx.Deadline(); ok && !at.IsZero() && at.After(dl) {
 			werr.Deadline, werr.MaxWait = true, dl.Sub(start)
 			t.mu.Unlock()
-			return werr
+			return 0, werr
 		}
 		changed := e.changed
 		t.mu.Unlock()
@@ -348,7 +353,7 @@ func (t *Transport) acquire(ctx context.Context, e *entry) error {
 		case <-changed:
 		case <-t.clock.After(d):
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		}
 		t.mu.Lock()
 	}
@@ -357,8 +362,8 @@ func (t *Transport) acquire(ctx context.Context, e *entry) error {
 // done records what a response (or a failure to get one) said about e's
 // limit, and reports whether it is a refusal worth retrying: a 429 or a
 // 503 that says when to try again.
-func (t *Transport) done(e *entry, resp *http.Response, err error) bool {
+func (t *Transport) done(e *entry, gen uint64, resp *http.Response, err error) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return e.done(t.clock.Now(), resp, err)
+	return e.done(t.clock.Now(), gen, resp, err)
 }

@@ -14,7 +14,7 @@ type entry struct {
 	limit    int64     // the quota that is back at reset; 0: unknown
 	reset    time.Time // when the quota is back; zero: unknown
 	until    time.Time // Retry-After: nothing is sent before
-	since    time.Time // reports of windows that ended by then are stale
+	gen      uint64    // counts the guesses of left: an answer to a request sent before the last one is stale
 	fresh    bool      // left is a guess: the next report replaces it
 	open     bool      // the server sends no rate limit headers: no pacing
 	inflight int64     // requests sent and not yet answered: left, less these, may go
@@ -37,7 +37,8 @@ func (e *entry) ready(now time.Time) (at time.Time, ok bool) {
 		// unless a later reset is known.
 		e.until = time.Time{}
 		if e.reset.IsZero() || !now.Before(e.reset) {
-			e.left, e.fresh, e.reset = 1, true, time.Time{}
+			e.guess(1)
+			e.reset = time.Time{}
 		}
 	}
 	if e.open {
@@ -46,11 +47,12 @@ func (e *entry) ready(now time.Time) (at time.Time, ok bool) {
 	if !e.reset.IsZero() && !now.Before(e.reset) {
 		// The quota is back (a single probe when it is unknown); requests
 		// still in flight may count against it.
-		e.left, e.fresh, e.since, e.reset = max(e.limit, 1), true, e.reset, time.Time{}
+		e.guess(max(e.limit, 1))
+		e.reset = time.Time{}
 	}
 	if e.left <= 0 && e.reset.IsZero() && e.inflight == 0 {
 		// Nothing left and no word of when: probe, one at a time.
-		e.left, e.fresh = 1, true
+		e.guess(1)
 	}
 	if e.left-e.inflight > 0 {
 		return time.Time{}, true
@@ -58,9 +60,16 @@ func (e *entry) ready(now time.Time) (at time.Time, ok bool) {
 	return e.reset, false
 }
 
-// done records the answer to one request sent for e at now and reports
-// whether it is a refusal worth retrying.
-func (e *entry) done(now time.Time, resp *http.Response, err error) bool {
+// guess sets left to n until a report replaces it.
+func (e *entry) guess(n int64) {
+	e.left, e.fresh = n, true
+	e.gen++
+}
+
+// done records the answer at now to one request sent for e in generation
+// gen, and reports whether it is a refusal worth retrying: a 429 or a 503
+// that says when to try again.
+func (e *entry) done(now time.Time, gen uint64, resp *http.Response, err error) bool {
 	e.inflight--
 	defer e.notify()
 	if err != nil {
@@ -70,26 +79,31 @@ func (e *entry) done(now time.Time, resp *http.Response, err error) bool {
 	server := serverNow(h, now)
 	ra, hasRA := retryAfter(h, server)
 	rep, ok := parseReport(h, server)
-	if resp.StatusCode == http.StatusTooManyRequests {
-		// Refused: nothing is left until the delay the server gave, and
-		// then a probe goes first (a token bucket's reset on a 429 is when
-		// one request fits, not when the quota is back).
-		if !hasRA && ok && rep.hasReset {
-			ra, hasRA = rep.reset, true
-		}
-		if hasRA {
-			e.until = later(e.until, now.Add(ra))
-		}
-		e.left, e.fresh, e.open, e.reset = 0, false, false, time.Time{}
-		if ok && rep.limit > 0 {
-			e.limit = rep.limit
-		}
-		return hasRA
+	refused := resp.StatusCode == http.StatusTooManyRequests
+	if refused && !hasRA && ok && rep.hasReset {
+		ra, hasRA = rep.reset, true
 	}
 	if hasRA {
 		e.until = later(e.until, now.Add(ra))
 	}
-	retry := hasRA && resp.StatusCode == http.StatusServiceUnavailable
+	retry := hasRA && (refused || resp.StatusCode == http.StatusServiceUnavailable)
+	if gen != e.gen {
+		// Sent before left was last guessed (at a reset, or after a
+		// delay): the server counted it in the old window or the new.
+		// Count it in the new one, and learn nothing else from it.
+		e.left--
+		return retry
+	}
+	if refused {
+		// Nothing is left until the delay the server gave, and then a
+		// probe goes first (a token bucket's reset on a 429 is when one
+		// request fits, not when the quota is back).
+		e.left, e.fresh, e.open, e.reset = 0, false, false, time.Time{}
+		if ok && rep.limit > 0 {
+			e.limit = rep.limit
+		}
+		return retry
+	}
 	if !ok {
 		if e.fresh && !hasRA {
 			e.open = true // a probe answered without rate limit headers
@@ -100,9 +114,6 @@ func (e *entry) done(now time.Time, resp *http.Response, err error) bool {
 	var reset time.Time
 	if rep.hasReset {
 		reset = now.Add(rep.reset)
-		if !reset.After(e.since) {
-			return retry // about a window that has ended
-		}
 	}
 	// The fewest remaining reported is the latest the server counted: a
 	// late answer counted early cannot raise it. Requests in flight are
