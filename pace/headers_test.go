@@ -80,3 +80,28 @@ func TestRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// FuzzHeaders: whatever a server sends, the parsers stay within their
+// bounds (no negative count or delay, none beyond maxCount or maxDelay).
+func FuzzHeaders(f *testing.F) {
+	f.Add(`"a";r=7;t=2, "b";r=1;t=9`, `"a";q=20;w=2`, "5", "1893456042", "30", "Tue, 01 Jan 2030 00:00:00 GMT")
+	f.Add(`x;r=-1`, `;q=1e99`, "1e300", "-4", "Wed, 21 Oct 2026 07:28:00 GMT", "garbage")
+	f.Fuzz(func(t *testing.T, rl, policy, remaining, reset, retry, date string) {
+		h := http.Header{}
+		h.Set("RateLimit", rl)
+		h.Set("RateLimit-Policy", policy)
+		h.Set("X-RateLimit-Remaining", remaining)
+		h.Set("X-RateLimit-Reset", reset)
+		h.Set("Retry-After", retry)
+		h.Set("Date", date)
+		now := serverNow(h, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+		if r, ok := parseReport(h, now); ok {
+			if r.remaining < 0 || r.remaining > maxCount || r.limit < 0 || r.limit > maxCount || r.reset < 0 || r.reset > maxDelay {
+				t.Fatalf("out of bounds: %+v", r)
+			}
+		}
+		if d, ok := retryAfter(h, now); ok && (d < 0 || d > maxDelay) {
+			t.Fatalf("Retry-After %q: %v", retry, d)
+		}
+	})
+}
