@@ -1,5 +1,5 @@
-// Package pace is an http.RoundTripper for clients of rate-limited APIs:
-// it reads the rate limit headers of every response, waits before sending
+// Package pace provides an http.RoundTripper for clients of rate-limited
+// APIs: it reads the rate limit headers of every response, waits before sending
 // when the server said nothing remains, and retries a request the server
 // refused with 429 Too Many Requests after the delay it asked for.
 //
@@ -56,11 +56,13 @@
 //   - A request that got no answer (a network error) is taken as not
 //     counted.
 //
-// So a client that keeps within the budget never sends a request the server
-// would refuse, from a fixed window (the quota is back at the reset) or a
-// token bucket (t is when it is full again; between, the client sends in
-// bursts of the quota, which average out to the rate, less the rounding of
-// t up to whole seconds).
+// So a client that is alone in using its limit, once it has heard the
+// limit, sends no request the server would refuse, from a fixed window (the
+// quota is back at the reset) or a token bucket (t is when it is full
+// again; between, the client sends in bursts of the quota, which average
+// out to the rate, less the rounding of t up to whole seconds). Other
+// clients of the same limit can still cause refusals: those are retried
+// (below).
 //
 // A wait is bounded: by the request's context (a deadline the wait would
 // pass fails at once), and by WithMaxWait (default DefaultMaxWait). A wait
