@@ -55,6 +55,8 @@
 //     with its reset as the delay when it has no Retry-After.
 //   - A request that got no answer (a network error) is taken as not
 //     counted.
+//   - Requests that wait for a key go in the order they came, so none
+//     starves behind later ones.
 //
 // So a client that is alone in using its limit, once it has heard the
 // limit, sends no request the server would refuse, from a fixed window (the
@@ -322,39 +324,58 @@ func (t *Transport) entry(key string) *entry {
 }
 
 // acquire waits until e may send, counts one more request in flight, and
-// returns the generation of e's state it is sent in.
+// returns the generation of e's state it is sent in. Requests that wait go
+// in the order they came (a queue per key), so none starves behind later
+// ones.
 func (t *Transport) acquire(ctx context.Context, e *entry) (uint64, error) {
 	start := t.clock.Now()
 	t.mu.Lock()
+	defer t.mu.Unlock()
+	var me *list.Element // our place in e's queue, once we wait
+	leave := func() {
+		if me != nil {
+			e.queue.Remove(me)
+			e.notify() // the next in the queue may go
+		}
+	}
 	for {
 		now := t.clock.Now()
 		at, ok := e.ready(now)
-		if ok {
+		if ok && (e.queue.Len() == 0 || e.queue.Front() == me) {
+			leave()
 			e.inflight++
-			t.mu.Unlock()
 			return e.gen, nil
 		}
-		left := t.maxWait - now.Sub(start)
-		d := left // unknown: until the state changes, at most MaxWait
-		if !at.IsZero() {
-			d = at.Sub(now)
+		var timer <-chan time.Time
+		if !ok { // (when ok, those ahead in the queue go first and wake us)
+			left := t.maxWait - now.Sub(start)
+			d := left // unknown: until the state changes, at most MaxWait
+			if !at.IsZero() {
+				d = at.Sub(now)
+			}
+			werr := &WaitError{Key: e.key, Wait: now.Sub(start) + d, MaxWait: t.maxWait}
+			if d > left || (at.IsZero() && left <= 0) {
+				leave()
+				return 0, werr
+			}
+			if dl, ok := ctx.Deadline(); ok && !at.IsZero() && at.After(dl) {
+				werr.Deadline, werr.MaxWait = true, dl.Sub(start)
+				leave()
+				return 0, werr
+			}
+			timer = t.clock.After(d)
 		}
-		werr := &WaitError{Key: e.key, Wait: now.Sub(start) + d, MaxWait: t.maxWait}
-		if d > left || (at.IsZero() && left <= 0) {
-			t.mu.Unlock()
-			return 0, werr
-		}
-		if dl, ok := ctx.Deadline(); ok && !at.IsZero() && at.After(dl) {
-			werr.Deadline, werr.MaxWait = true, dl.Sub(start)
-			t.mu.Unlock()
-			return 0, werr
+		if me == nil {
+			me = e.queue.PushBack(nil)
 		}
 		changed := e.changed
 		t.mu.Unlock()
 		select {
 		case <-changed:
-		case <-t.clock.After(d):
+		case <-timer:
 		case <-ctx.Done():
+			t.mu.Lock()
+			leave()
 			return 0, ctx.Err()
 		}
 		t.mu.Lock()

@@ -183,3 +183,32 @@ func TestNoStampede(t *testing.T) {
 		}
 	})
 }
+
+// TestManyWaiters: 200 goroutines share a fixed window of 37 requests per
+// 3 s for 2,000 requests. Waiters go in the order they came, so none
+// starves past MaxWait (the average wait is 16 s, MaxWait a minute), none
+// is refused, and no more than the quota is ever in flight.
+func TestManyWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &window{limit: 37, period: 3 * time.Second,
+			latency: func(n int) time.Duration { return time.Duration((n*7919)%50) * time.Millisecond }}
+		c, _ := serve(t, s)
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range 200 {
+			wg.Go(func() {
+				for range 10 {
+					if _, err := get(c, "http://api.example/"); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		ok, over, peak := s.counts()
+		t.Logf("%d allowed, %d refused, at most %d in flight, in %v of virtual time", ok, over, peak, time.Since(start))
+		if ok != 2000 || over != 0 || peak > 37 {
+			t.Errorf("%d allowed, %d refused, %d in flight at once; want 2000, 0, at most 37", ok, over, peak)
+		}
+	})
+}

@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"container/list"
 	"net/http"
 	"time"
 )
@@ -19,6 +20,7 @@ type entry struct {
 	open     bool      // the server sends no rate limit headers: no pacing
 	inflight int64     // requests sent and not yet answered: left, less these, may go
 
+	queue   list.List     // the requests waiting, in order
 	changed chan struct{} // closed (and replaced) when the state changes
 }
 
