@@ -86,7 +86,8 @@
 // refusal is returned as it is.
 //
 // State is bounded: at most WithMaxKeys keys (default DefaultMaxKeys) are
-// tracked, and the least recently used is forgotten first.
+// tracked, and the least recently used one with nothing in flight or
+// waiting is forgotten first (the least recently used, when all are busy).
 package pace
 
 import (
@@ -304,8 +305,8 @@ type readCloser struct {
 	io.Closer
 }
 
-// entry returns key's state, creating it (and forgetting the least
-// recently used key beyond maxKeys) when it is new.
+// entry returns key's state, creating it (and forgetting a key beyond
+// maxKeys) when it is new.
 func (t *Transport) entry(key string) *entry {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -315,8 +316,17 @@ func (t *Transport) entry(key string) *entry {
 	}
 	e := newEntry(key)
 	t.keys[key] = t.order.PushFront(e)
-	for len(t.keys) > t.maxKeys {
+	if len(t.keys) > t.maxKeys {
+		// The least recently used key with nothing in flight or waiting
+		// (forgetting a busy one would let its requests and the next ones
+		// pace apart), else the least recently used.
 		old := t.order.Back()
+		for el := old; el != nil && el.Value != e; el = el.Prev() {
+			if x := el.Value.(*entry); x.inflight == 0 && x.queue.Len() == 0 {
+				old = el
+				break
+			}
+		}
 		t.order.Remove(old)
 		delete(t.keys, old.Value.(*entry).key)
 	}

@@ -353,3 +353,33 @@ func TestClock(t *testing.T) {
 		t.Errorf("waits %v, want one of 42s (the reset, a Unix time, from Date)", clock.waits)
 	}
 }
+
+// TestMaxKeysKeepsBusy: the key forgotten is the least recently used one
+// with nothing in flight, not a busy one.
+func TestMaxKeysKeepsBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, _ := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Host == "a" {
+				time.Sleep(10 * time.Second)
+			}
+			w.Header().Set("RateLimit", `"x";r=0;t=60`)
+		}), pace.WithMaxWait(0), pace.WithMaxKeys(2))
+		done := make(chan error)
+		go func() { _, err := get(c, "http://a/"); done <- err }() // a: in flight
+		time.Sleep(time.Second)
+		for _, h := range []string{"b", "c"} { // c is new: b goes, not a
+			if _, err := get(c, "http://"+h+"/"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if _, err := get(c, "http://a/"); !errors.Is(err, pace.ErrWaitTooLong) {
+			t.Errorf("a again: err %v, want ErrWaitTooLong (its state kept)", err)
+		}
+		if _, err := get(c, "http://b/"); err != nil {
+			t.Errorf("b again: err %v, want it sent (forgotten)", err)
+		}
+	})
+}
