@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -10,13 +11,18 @@ import (
 	"github.com/driplimit/drip/internal/sfv"
 )
 
-// report is what one response said about the server's limit.
+// report is what one response said about one of the server's limits (a
+// policy: one per rule that applied).
 type report struct {
+	name      string        // the policy's name; "" for the single-value headers
 	remaining int64         // requests left in the current window
 	reset     time.Duration // until the quota comes back; 0 with hasReset false: unknown
 	hasReset  bool
 	limit     int64 // the quota restored at reset; 0: unknown
 }
+
+// maxPolicies bounds the policies read from one response and kept per key.
+const maxPolicies = 8
 
 // maxDelay bounds every delay read from a header, so that no arithmetic
 // overflows: a server that asks for more than a year is answered as if it
@@ -33,12 +39,12 @@ const (
 )
 
 // parseReport reads the rate limit headers of h, in order of preference:
-// RateLimit (with RateLimit-Policy for the quota), the RateLimit-Limit,
-// -Remaining and -Reset triple, and the X-RateLimit- triple. ok is false
-// when none gives a remaining count. server is serverNow's answer.
-func parseReport(h http.Header, server time.Time) (report, bool) {
-	if r, ok := parseStructured(h); ok {
-		return r, true
+// RateLimit (with RateLimit-Policy for the quotas), the RateLimit-Limit,
+// -Remaining and -Reset triple, and the X-RateLimit- triple. It returns
+// nothing when none gives a remaining count. server is serverNow's answer.
+func parseReport(h http.Header, server time.Time) []report {
+	if rs := parseStructured(h); len(rs) > 0 {
+		return rs
 	}
 	for _, prefix := range []string{"Ratelimit-", "X-Ratelimit-"} {
 		rem, ok := count(h.Get(prefix + "Remaining"))
@@ -48,55 +54,55 @@ func parseReport(h http.Header, server time.Time) (report, bool) {
 		r := report{remaining: rem}
 		r.limit, _ = count(h.Get(prefix + "Limit"))
 		r.reset, r.hasReset = resetValue(h.Get(prefix+"Reset"), server)
-		return r, true
+		return []report{r}
 	}
-	return report{}, false
+	return nil
 }
 
 // parseStructured reads RateLimit: "name";r=7;t=2 (a list: one item per
-// policy) and RateLimit-Policy: "name";q=20;w=2. Of several policies it
-// keeps the most restrictive: the fewest remaining, and of those the
-// latest reset. Its quota is that policy's q, else the least q given.
-func parseStructured(h http.Header) (report, bool) {
+// policy) and RateLimit-Policy: "name";q=20;w=2 (the quota of each), the
+// first maxPolicies policies with an r.
+func parseStructured(h http.Header) []report {
 	items, err := sfv.ParseList(strings.Join(h.Values("Ratelimit"), ", "))
 	if err != nil {
-		return report{}, false
+		return nil
 	}
-	var best report
-	var name any
-	found := false
+	var rs []report
 	for _, it := range items {
 		r, ok := param(it, "r")
-		if !ok {
+		if !ok || len(rs) == maxPolicies {
 			continue
 		}
 		t, hasT := param(it, "t")
-		c := report{remaining: r, reset: seconds(float64(t)), hasReset: hasT}
-		if !found || c.remaining < best.remaining || (c.remaining == best.remaining && c.reset > best.reset) {
-			best, name, found = c, it.Value, true
-		}
-	}
-	if !found {
-		return report{}, false
+		rs = append(rs, report{name: name(it), remaining: r, reset: seconds(float64(t)), hasReset: hasT})
 	}
 	policies, err := sfv.ParseList(strings.Join(h.Values("Ratelimit-Policy"), ", "))
 	if err != nil {
-		return best, true
+		return rs
 	}
 	for _, it := range policies {
 		q, ok := param(it, "q")
 		if !ok || q <= 0 {
 			continue
 		}
-		if it.Value == name {
-			best.limit = q
-			break
-		}
-		if best.limit == 0 || q < best.limit {
-			best.limit = q
+		for i := range rs {
+			if rs[i].name == name(it) {
+				rs[i].limit = q
+			}
 		}
 	}
-	return best, true
+	return rs
+}
+
+// name is a policy's name: its sf-string or sf-token, as written.
+func name(it sfv.Item) string {
+	switch v := it.Value.(type) {
+	case string:
+		return v
+	case sfv.Token:
+		return string(v)
+	}
+	return fmt.Sprint(it.Value)
 }
 
 // param returns an item's non-negative integer parameter (a decimal is

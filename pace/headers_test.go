@@ -2,6 +2,7 @@ package pace
 
 import (
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 )
@@ -11,49 +12,49 @@ func TestParseReport(t *testing.T) {
 	server := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC) // what Date says
 	skewed := server.Add(-time.Hour)                      // a client clock an hour behind, with no Date
 	for _, tc := range []struct {
-		name   string
-		hdr    []string
-		at     time.Time // the server's now: Date when given
-		want   report
-		wantOK bool
+		name string
+		hdr  []string
+		at   time.Time // the client's now
+		want []report
 	}{
 		{"drip's structured fields", []string{"RateLimit", `"free";r=7;t=2`, "RateLimit-Policy", `"free";q=20;w=2`},
-			server, report{remaining: 7, reset: 2 * time.Second, hasReset: true, limit: 20}, true},
-		{"the most restrictive policy, its own quota", []string{"RateLimit", `"a";r=7;t=2, "b";r=3;t=9, "c";r=3;t=5`, "RateLimit-Policy", `"a";q=20;w=2, "b";q=50;w=60, "c";q=10;w=5`},
-			server, report{remaining: 3, reset: 9 * time.Second, hasReset: true, limit: 50}, true},
-		{"no matching policy: the least quota", []string{"RateLimit", `"a";r=1;t=1`, "RateLimit-Policy", `"x";q=20, "y";q=5`},
-			server, report{remaining: 1, reset: time.Second, hasReset: true, limit: 5}, true},
+			server, []report{{name: "free", remaining: 7, reset: 2 * time.Second, hasReset: true, limit: 20}}},
+		{"several policies, each with its quota", []string{"RateLimit", `"a";r=7;t=2, b;r=3;t=9`, "RateLimit-Policy", `"b";q=50;w=60, "a";q=20;w=2`},
+			server, []report{{name: "a", remaining: 7, reset: 2 * time.Second, hasReset: true, limit: 20}, {name: "b", remaining: 3, reset: 9 * time.Second, hasReset: true, limit: 50}}},
+		{"a policy of unknown quota", []string{"RateLimit", `"a";r=1;t=1`, "RateLimit-Policy", `"x";q=20`},
+			server, []report{{name: "a", remaining: 1, reset: time.Second, hasReset: true}}},
 		{"RateLimit without t", []string{"RateLimit", `"a";r=4`},
-			server, report{remaining: 4}, true},
+			server, []report{{name: "a", remaining: 4}}},
+		{"at most 8 policies", []string{"RateLimit", `a;r=1, b;r=1, c;r=1, d;r=1, e;r=1, f;r=1, g;r=1, h;r=1, i;r=0`},
+			server, []report{{name: "a", remaining: 1}, {name: "b", remaining: 1}, {name: "c", remaining: 1}, {name: "d", remaining: 1}, {name: "e", remaining: 1}, {name: "f", remaining: 1}, {name: "g", remaining: 1}, {name: "h", remaining: 1}}},
 		{"a bad structured field falls back to the triple", []string{"RateLimit", `free;r=`, "RateLimit-Remaining", "5", "RateLimit-Limit", "10, 10;w=1", "RateLimit-Reset", "3"},
-			server, report{remaining: 5, reset: 3 * time.Second, hasReset: true, limit: 10}, true},
+			server, []report{{remaining: 5, reset: 3 * time.Second, hasReset: true, limit: 10}}},
 		{"GitHub: a Unix time, measured from Date", []string{"Date", date, "X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "4999", "X-RateLimit-Reset", "946684860"},
-			server, report{remaining: 4999, reset: time.Minute, hasReset: true, limit: 5000}, true},
+			skewed, []report{{remaining: 4999, reset: time.Minute, hasReset: true, limit: 5000}}},
 		{"a Unix time without Date: the client's clock", []string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "946684860"},
-			skewed, report{remaining: 0, reset: time.Hour + time.Minute, hasReset: true}, true},
+			skewed, []report{{remaining: 0, reset: time.Hour + time.Minute, hasReset: true}}},
 		{"a Unix time in milliseconds", []string{"X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "946684801500"},
-			server, report{remaining: 1, reset: 1500 * time.Millisecond, hasReset: true}, true},
+			server, []report{{remaining: 1, reset: 1500 * time.Millisecond, hasReset: true}}},
 		{"a Unix time in the past: now", []string{"X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "946684000"},
-			server, report{remaining: 1, reset: 0, hasReset: true}, true},
+			server, []report{{remaining: 1, reset: 0, hasReset: true}}},
 		{"a delay with a fraction", []string{"X-RateLimit-Remaining", "2.9", "X-RateLimit-Reset", "0.25"},
-			server, report{remaining: 2, reset: 250 * time.Millisecond, hasReset: true}, true},
+			server, []report{{remaining: 2, reset: 250 * time.Millisecond, hasReset: true}}},
 		{"a delay of 99,999,999 s is a delay (bounded)", []string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "99999999"},
-			server, report{remaining: 0, reset: maxDelay, hasReset: true}, true},
+			server, []report{{remaining: 0, reset: maxDelay, hasReset: true}}},
 		{"a bad reset is no reset", []string{"X-RateLimit-Remaining", "3", "X-RateLimit-Reset", "soon"},
-			server, report{remaining: 3}, true},
-		{"a negative remaining is no report", []string{"X-RateLimit-Remaining", "-1"}, server, report{}, false},
-		{"NaN is no report", []string{"RateLimit-Remaining", "NaN"}, server, report{}, false},
-		{"nothing", []string{"Content-Type", "text/plain"}, server, report{}, false},
+			server, []report{{remaining: 3}}},
+		{"a negative remaining is no report", []string{"X-RateLimit-Remaining", "-1"}, server, nil},
+		{"NaN is no report", []string{"RateLimit-Remaining", "NaN"}, server, nil},
+		{"nothing", []string{"Content-Type", "text/plain"}, server, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := http.Header{}
 			for i := 0; i < len(tc.hdr); i += 2 {
 				h.Add(tc.hdr[i], tc.hdr[i+1])
 			}
-			now := serverNow(h, tc.at)
-			got, ok := parseReport(h, now)
-			if ok != tc.wantOK || got != tc.want {
-				t.Errorf("got %+v, %v; want %+v, %v", got, ok, tc.want, tc.wantOK)
+			got := parseReport(h, serverNow(h, tc.at))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %+v; want %+v", got, tc.want)
 			}
 		})
 	}
@@ -95,7 +96,7 @@ func FuzzHeaders(f *testing.F) {
 		h.Set("Retry-After", retry)
 		h.Set("Date", date)
 		now := serverNow(h, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-		if r, ok := parseReport(h, now); ok {
+		for _, r := range parseReport(h, now) {
 			if r.remaining < 0 || r.remaining > maxCount || r.limit < 0 || r.limit > maxCount || r.reset < 0 || r.reset > maxDelay {
 				t.Fatalf("out of bounds: %+v", r)
 			}

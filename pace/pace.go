@@ -16,9 +16,10 @@
 //	Retry-After: 30 | Retry-After: Wed, 21 Oct 2026 07:28:00 GMT
 //
 // RateLimit and RateLimit-Policy are structured fields, as drip serve and
-// the IETF httpapi ratelimit-headers draft write them; of several policies
-// the most restrictive one reported (fewest remaining, then latest reset)
-// paces the client. A Reset value is a number of seconds from now when it
+// the IETF httpapi ratelimit-headers draft write them: one item per policy
+// (a rule that applied), each with its own remaining, reset and quota. The
+// transport keeps each policy apart (at most 8 per key) and sends when all
+// of them allow it. A Reset value is a number of seconds from now when it
 // is below 100,000,000 (about three years), a Unix time in seconds from
 // there, and a Unix time in milliseconds from 100,000,000,000 on;
 // fractions are allowed. Unix times and HTTP-dates are measured from the
@@ -30,8 +31,9 @@
 //
 // State is kept per key: the request's host by default, or what WithKey's
 // function returns (an API token, say, when the server limits per token).
-// For each key the transport keeps the requests left and the requests in
-// flight; a request may go while left exceeds in flight:
+// For each key the transport keeps the requests in flight, and for each
+// policy the requests left; a request may go while every policy's left
+// exceeds the requests in flight:
 //
 //   - A new key, or one whose state is unknown, gets one request in flight
 //     at a time (a probe) until a response reports the limit. A server that
@@ -43,10 +45,11 @@
 //     taken from it until they are answered, since the server may not have
 //     counted them yet (while some it had, the client errs on the safe
 //     side).
-//   - With nothing left, requests wait until the reported reset. Then left
-//     is the quota (q, or the Limit header), or a single probe when the
-//     quota is unknown, and requests still in flight count against it: the
-//     goroutines that waited do not rush in beyond what the server allows.
+//   - With nothing left, requests wait until the policy's reported reset.
+//     Then its left is its quota (q, or the Limit header), or a single
+//     probe when the quota is unknown, and requests still in flight count
+//     against it: the goroutines that waited do not rush in beyond what the
+//     server allows, by that policy or any other.
 //     The answer to a request sent before the window opened counts against
 //     the new window (the server may have counted it in either), and says
 //     nothing else.

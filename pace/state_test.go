@@ -25,15 +25,26 @@ func answer(status, remaining int, date, reset time.Time) *http.Response {
 func send(t *testing.T, e *entry, now time.Time) uint64 {
 	t.Helper()
 	if at, ok := e.ready(now); !ok {
-		t.Fatalf("at %v: not ready (look again at %v); left %d, in flight %d", now.Sub(t0), at.Sub(t0), e.left, e.inflight)
+		t.Fatalf("at %v: not ready (look again at %v); %+v, in flight %d", now.Sub(t0), at.Sub(t0), e.policies, e.inflight)
 	}
 	e.inflight++
 	return e.gen
 }
 
+// mayGo is how many requests may go at now: the least any policy allows
+// (one probe when none is known).
 func mayGo(e *entry, now time.Time) int64 {
-	e.ready(now)
-	return max(e.left-e.inflight, 0)
+	if _, ok := e.ready(now); !ok {
+		return 0
+	}
+	if !e.known {
+		return 1
+	}
+	n := int64(maxCount)
+	for _, p := range e.policies {
+		n = min(n, p.left-e.inflight)
+	}
+	return n
 }
 
 // TestEntryOutOfOrder: answers that come back out of order cannot raise
@@ -77,8 +88,8 @@ func TestEntryWindow(t *testing.T) {
 		t.Fatalf("after the late answer: %d may go, want 9", n)
 	}
 	e.done(end, send(t, e, end), answer(200, 9, end, end.Add(time.Minute)), nil)
-	if n := mayGo(e, end); n != 9 || !e.reset.Equal(end.Add(time.Minute)) {
-		t.Fatalf("in the new window: %d may go, reset at %v; want 9, 2m", n, e.reset.Sub(t0))
+	if n := mayGo(e, end); n != 9 || !e.policies[0].reset.Equal(end.Add(time.Minute)) {
+		t.Fatalf("in the new window: %d may go, reset at %v; want 9, 2m", n, e.policies[0].reset.Sub(t0))
 	}
 }
 
