@@ -94,6 +94,7 @@
 package pace
 
 import (
+	"bytes"
 	"container/list"
 	"context"
 	"errors"
@@ -287,7 +288,7 @@ func rewind(req *http.Request) (*http.Request, error) {
 	return next, nil
 }
 
-// maxBuffered bounds the part of a refusal's body buffer keeps.
+// maxBuffered bounds how much of a refusal's body buffer keeps in memory.
 const maxBuffered = 64 << 10
 
 // buffer reads a refusal's body (up to maxBuffered) into memory and closes
@@ -296,11 +297,11 @@ const maxBuffered = 64 << 10
 func buffer(resp *http.Response) {
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBuffered+1))
 	if err != nil || len(b) > maxBuffered {
-		resp.Body = readCloser{io.MultiReader(strings.NewReader(string(b)), resp.Body), resp.Body}
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(b), resp.Body), resp.Body}
 		return
 	}
 	resp.Body.Close()
-	resp.Body = io.NopCloser(strings.NewReader(string(b)))
+	resp.Body = io.NopCloser(bytes.NewReader(b))
 }
 
 type readCloser struct {
