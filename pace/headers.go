@@ -14,7 +14,7 @@ import (
 // report is what one response said about one of the server's limits (a
 // policy: one per rule that applied).
 type report struct {
-	name      string        // the policy's name; "" for the single-value headers
+	name      string        // the policy's name; for the single-value headers, X-RateLimit-Resource or ""
 	remaining int64         // requests left in the current window
 	reset     time.Duration // until the quota comes back; 0 with hasReset false: unknown
 	hasReset  bool
@@ -51,7 +51,7 @@ func parseReport(h http.Header, server time.Time) []report {
 		if !ok {
 			continue
 		}
-		r := report{remaining: rem}
+		r := report{name: h.Get(prefix + "Resource"), remaining: rem} // GitHub names its limits: core, search, ...
 		r.limit, _ = count(h.Get(prefix + "Limit"))
 		r.reset, r.hasReset = resetValue(h.Get(prefix+"Reset"), server)
 		return []report{r}

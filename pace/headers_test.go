@@ -31,6 +31,8 @@ func TestParseReport(t *testing.T) {
 			server, []report{{remaining: 5, reset: 3 * time.Second, hasReset: true, limit: 10}}},
 		{"GitHub: a Unix time, measured from Date", []string{"Date", date, "X-RateLimit-Limit", "5000", "X-RateLimit-Remaining", "4999", "X-RateLimit-Reset", "946684860"},
 			skewed, []report{{remaining: 4999, reset: time.Minute, hasReset: true, limit: 5000}}},
+		{"GitHub names the resource", []string{"X-RateLimit-Resource", "search", "X-RateLimit-Limit", "30", "X-RateLimit-Remaining", "29", "X-RateLimit-Reset", "946684860", "Date", date},
+			server, []report{{name: "search", remaining: 29, reset: time.Minute, hasReset: true, limit: 30}}},
 		{"a Unix time without Date: the client's clock", []string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "946684860"},
 			skewed, []report{{remaining: 0, reset: time.Hour + time.Minute, hasReset: true}}},
 		{"a Unix time in milliseconds", []string{"X-RateLimit-Remaining", "1", "X-RateLimit-Reset", "946684801500"},

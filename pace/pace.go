@@ -19,7 +19,8 @@
 // the IETF httpapi ratelimit-headers draft write them: one item per policy
 // (a rule that applied), each with its own remaining, reset and quota. The
 // transport keeps each policy apart (at most 8 per key) and sends when all
-// of them allow it. A Reset value is a number of seconds from now when it
+// of them allow it. The single-value headers are one policy, named by
+// X-RateLimit-Resource when there is one. A Reset value is a number of seconds from now when it
 // is below 100,000,000 (about three years), a Unix time in seconds from
 // there, and a Unix time in milliseconds from 100,000,000,000 on;
 // fractions are allowed. Unix times and HTTP-dates are measured from the
@@ -30,7 +31,10 @@
 // # How it paces
 //
 // State is kept per key: the request's host by default, or what WithKey's
-// function returns (an API token, say, when the server limits per token).
+// function returns (an API token, say, when the server limits per token,
+// or the path's first segment when its limits differ by path, as GitHub's
+// search and core limits do: under one key a request waits for every
+// policy the key's answers reported).
 // For each key the transport keeps the requests in flight, and for each
 // policy the requests left; a request may go while every policy's left
 // exceeds the requests in flight:
