@@ -131,7 +131,9 @@ Examples:
 
 const versionUsage = `usage: drip version
 
-Prints drip's module version (v1.2.3 for a released build, "(devel)" for a
-build from a source tree) and, when the build recorded it, the VCS revision
-and whether the tree was modified.
+Prints drip's module version (v1.2.3 for a released build; built from a
+clone, the pseudo-version Go makes of the commit, v0.0.0-<date>-<commit>;
+"(devel)" when the build recorded no version control information, as with
+go run or -buildvcs=false) and, when the build recorded it, the VCS
+revision and whether the tree was modified.
 `
