@@ -34,8 +34,9 @@ const (
 )
 
 // Amounts (rates, bursts, costs, tokens) are held as fixed-point integers of
-// Micro units per token, so that state never drifts. An amount is rounded to
-// the nearest millionth of a token when it enters drip.
+// Micro units per token, so that state never drifts. A limit's amounts are
+// rounded to the nearest millionth of a token when they enter drip; costs
+// and refunds are rounded up (CostMicro), so that no cost is free.
 const Micro = 1_000_000
 
 // maxAmount bounds rates, bursts and costs so that fixed-point values keep

@@ -20,7 +20,8 @@
 // decides: allow (log and count), deny (503), or local (a per-instance
 // memory limiter at a share of the rule's rate and burst). A circuit
 // breaker stops calling a store that keeps failing, so that a dead store
-// costs no deadline per request.
+// costs no deadline per request; after its cooldown one probe goes
+// through, and only the probe's success closes it.
 package httplimit
 
 import (

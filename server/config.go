@@ -21,7 +21,9 @@ type Config struct {
 	AdminListen string
 	// AdminToken guards the admin API: its endpoints answer 401 without
 	// "Authorization: Bearer <AdminToken>", and 404 when it is empty
-	// (--admin-token, DRIP_ADMIN_TOKEN). Metrics and health need no token.
+	// (--admin-token, DRIP_ADMIN_TOKEN, or read from the file of
+	// --admin-token-file, DRIP_ADMIN_TOKEN_FILE). Metrics and health need
+	// no token.
 	AdminToken string
 	// Rules is the rules file (--rules, DRIP_RULES). Empty means the
 	// built-in default rules.

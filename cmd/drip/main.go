@@ -84,7 +84,8 @@ func runVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 }
 
 // versionLine describes a build: "drip v1.2.3" for a released module,
-// "drip (devel) rev 0123abcdef01 (modified)" for a build from a work tree.
+// "drip v0.0.0-20261123231453-0123abcdef01 rev 0123abcdef01" for a build
+// from a clone, "drip (devel)" for one that recorded no VCS information.
 // override, when set (-ldflags -X main.version=...), replaces the module
 // version.
 func versionLine(info *debug.BuildInfo, override string) string {

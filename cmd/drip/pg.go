@@ -26,8 +26,12 @@ func openPostgres(ctx context.Context, url string) (drip.Store, func(), error) {
 }
 
 func runPG(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("pg install")
+	url := fs.String("url", envOr("DRIP_STORE", ""), "PostgreSQL URL, postgres://... or postgresql://... (env DRIP_STORE)")
+	unlogged := fs.Bool("unlogged", false, "make the bucket table UNLOGGED: faster, emptied by a crash (up to one extra burst per key)")
+	logged := fs.Bool("logged", false, "make an UNLOGGED bucket table logged again")
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-		fmt.Fprint(stdout, pgUsage)
+		printUsage(fs, pgUsage, stdout) // the flags are install's, the only subcommand
 		return 0
 	}
 	if len(args) == 0 || args[0] != "install" {
@@ -37,10 +41,6 @@ func runPG(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Wr
 		fmt.Fprint(stderr, pgUsage)
 		return 2
 	}
-	fs := newFlagSet("pg install")
-	url := fs.String("url", envOr("DRIP_STORE", ""), "PostgreSQL URL, postgres://... or postgresql://... (env DRIP_STORE)")
-	unlogged := fs.Bool("unlogged", false, "make the bucket table UNLOGGED: faster, emptied by a crash (up to one extra burst per key)")
-	logged := fs.Bool("logged", false, "make an UNLOGGED bucket table logged again")
 	if code, done := parseFlags(fs, pgUsage, args[1:], stdout, stderr); done {
 		return code
 	}

@@ -16,7 +16,7 @@ func init() {
 
 func runReplay(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("replay")
-	storeURL := fs.String("store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://... (env DRIP_STORE)")
+	storeURL := fs.String("store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://..., rediss://..., redis+sentinel://... (env DRIP_STORE)")
 	prefix := fs.String("prefix", "", "key prefix (default: fresh and random per run)")
 	if code, done := parseFlags(fs, replayUsage, args, stdout, stderr); done {
 		return code

@@ -102,8 +102,10 @@ const checkUsage = `usage: drip check PATH...
 Validates each rules file as drip serve --rules would load it, and prints
 every problem, one per line ("file:line: path: message"). PATH is a drip
 rules file (JSON or YAML; docs/rules.md), or envoyproxy/ratelimit config
-files: a YAML file with a top-level "domain", or a directory of them (all
-its files are loaded together, as drip serve --rules DIR does).
+files: a file with a top-level "domain" or "descriptors", or a directory
+of them (its *.yaml, *.yml and *.json files are loaded together, as drip
+serve --rules DIR does). envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG and
+RUNTIME_IGNOREDOTFILES, and DRIP_ENVOY_ALGORITHM, apply as in drip serve.
 
 Exit status: 0 when every file is good, 1 when one is bad, 2 on a usage
 error.
@@ -129,7 +131,9 @@ Examples:
 
 const versionUsage = `usage: drip version
 
-Prints drip's module version (v1.2.3 for a released build, "(devel)" for a
-build from a source tree) and, when the build recorded it, the VCS revision
-and whether the tree was modified.
+Prints drip's module version (v1.2.3 for a released build; built from a
+clone, the pseudo-version Go makes of the commit, v0.0.0-<date>-<commit>;
+"(devel)" when the build recorded no version control information, as with
+go run or -buildvcs=false) and, when the build recorded it, the VCS
+revision and whether the tree was modified.
 `

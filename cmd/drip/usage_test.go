@@ -33,9 +33,9 @@ func TestHelp(t *testing.T) {
 		{[]string{"serve", "-h"}, []string{"usage: drip serve"}},
 		{[]string{"replay", "-h"}, []string{"usage: drip replay", "Examples:", "flags:", "-store", "-prefix"}},
 		{[]string{"simulate", "-h"}, []string{"usage: drip simulate", "Examples:", "flags:", "-rate", "-svg"}},
-		{[]string{"check", "-h"}, []string{"usage: drip check PATH...", "envoyproxy/ratelimit", "directory", "Examples:"}},
+		{[]string{"check", "-h"}, []string{"usage: drip check PATH...", "envoyproxy/ratelimit", "directory", "MERGE_DOMAIN_CONFIG", "Examples:"}},
 		{[]string{"check", "--help"}, []string{"usage: drip check"}},
-		{[]string{"pg", "-h"}, []string{"usage: drip pg install", "Examples:", "drip_install=true"}},
+		{[]string{"pg", "-h"}, []string{"usage: drip pg install", "Examples:", "drip_install=true", "flags:", "-url"}},
 		{[]string{"pg", "install", "-h"}, []string{"usage: drip pg install", "Examples:", "flags:", "-unlogged", "-url"}},
 		{[]string{"version", "-h"}, []string{"usage: drip version"}},
 	} {

@@ -6,20 +6,26 @@
 // Limits come from envoyproxy/ratelimit's YAML configuration, unchanged
 // (Parse, Load): a domain per file, nested descriptors of key and optional
 // value, rate_limit {unit, requests_per_unit}, unlimited, shadow_mode,
-// name and replaces, wildcard values. A descriptor is matched exactly as
-// envoyproxy/ratelimit matches it (see Config.Match), and a limit of
-// requests_per_unit per unit becomes a token bucket of that rate with a
-// burst of requests_per_unit; drip's own "burst" (and "algorithm:
+// quota_mode, name and replaces, share_threshold, metadata, and wildcards
+// ('*' anywhere in a value, as often as wanted); its environment variables
+// are read by OptionsFromEnv and RuntimeDir. A descriptor is matched
+// exactly as envoyproxy/ratelimit matches it (see Config.Match), and a
+// limit of requests_per_unit per unit becomes a token bucket of that rate
+// with a burst of requests_per_unit; drip's own "burst" (and "algorithm:
 // fixed_window") may stand beside them.
 //
-// The one behaviour that differs: envoyproxy/ratelimit counts requests in
-// fixed windows (all requests_per_unit are available again at the start of
-// each second, minute, ...), while drip refills continuously (one request
-// every unit/requests_per_unit). So a client that spent its burst gets its
-// next request after 1/requests_per_unit of the unit instead of at the
-// window's end, and can never get 2 x requests_per_unit across a window
-// boundary. Denied requests take nothing, and a request's descriptors are
-// taken all or nothing: if one is over its limit, none is charged.
+// The main behaviour that differs: envoyproxy/ratelimit counts requests in
+// fixed windows (all requests_per_unit are available again at the start
+// of each second, minute, ...), while drip refills continuously (one
+// request every unit/requests_per_unit), unless a limit says "algorithm:
+// fixed_window", or DRIP_ENVOY_ALGORITHM=fixed_window (Options.Algorithm)
+// does for every limit without its own. So a client that spent its burst
+// gets its next request after 1/requests_per_unit of the unit instead of
+// at the window's end, and can never get 2 x requests_per_unit across a
+// window boundary.
+// Denied requests take nothing, and a request's descriptors are taken all
+// or nothing: if one is over its limit, none is charged. quota_mode and
+// metadata are loaded but not yet acted on (README's Envoy section).
 package envoy
 
 import (

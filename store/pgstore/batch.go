@@ -15,8 +15,8 @@ import (
 )
 
 // Batching says how concurrent single-key decisions (Apply) are coalesced
-// into one statement each; the same shape as redisstore.Batching. See
-// WithBatching.
+// into one statement each; the same shape as redisstore.Batching. Its fields
+// are Window, MaxBatch and InFlight; WithBatching says what each means.
 type Batching = batch.Options
 
 // DefaultBatching is batching unless told otherwise: no window (a batch is

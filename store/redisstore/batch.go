@@ -12,8 +12,8 @@ import (
 )
 
 // Batching says how concurrent single-key decisions (Apply) are coalesced
-// into one call each; the same shape as pgstore.Batching. See
-// WithBatching.
+// into one call each; the same shape as pgstore.Batching. Its fields
+// are Window, MaxBatch and InFlight; WithBatching says what each means.
 type Batching = batch.Options
 
 // DefaultBatching is batching on a standalone server unless told

@@ -123,7 +123,7 @@ func New(c rueidis.Client, opts ...Option) *Store {
 
 // Open connects to the server a URL names: redis://[user:pass@]host:port[/db]
 // or rediss:// for TLS. The same URL pointed at one node of a cluster
-// reaches the whole cluster; more seed nodes go in ?addr=host:port
+// reaches the whole cluster; more nodes to start from go in ?addr=host:port
 // (repeatable). redis+sentinel://host:port[,host:port...]/master_name[/db]
 // (rediss+sentinel:// for TLS) finds the master through Sentinel and
 // follows its failovers; so does rueidis's redis://host:port?master_set=name.
