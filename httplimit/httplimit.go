@@ -98,9 +98,17 @@ type snapshot struct {
 type Option func(*options)
 
 type options struct {
-	eng []engine.Option
-	now func() time.Time
+	eng    []engine.Option
+	now    func() time.Time
+	engine *engine.Engine
 }
+
+// WithEngine makes the limiter decide with e, sharing its store, breaker,
+// observer and deadline with other front doors; the options that
+// configure an engine (WithLogger, WithObserver, WithTimeout,
+// WithSeparateTakes) are then e's, and WithClock sets only the clock of
+// token expiry.
+func WithEngine(e *engine.Engine) Option { return func(o *options) { o.engine = e } }
 
 // WithLogger sets the logger for store failures and breaker changes
 // (default slog.Default()).
@@ -148,7 +156,10 @@ func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
 	for _, f := range opts {
 		f(&o)
 	}
-	l := &Limiter{eng: engine.New(store, append([]engine.Option{engine.WithName("httplimit")}, o.eng...)...), now: o.now}
+	if o.engine == nil {
+		o.engine = engine.New(store, append([]engine.Option{engine.WithName("httplimit")}, o.eng...)...)
+	}
+	l := &Limiter{eng: o.engine, now: o.now}
 	l.Swap(set)
 	return l
 }

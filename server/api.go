@@ -10,8 +10,10 @@ import (
 	"net/http"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/rules"
 )
 
 // The decision API: POST /v1/take, /v1/peek, /v1/refund and /v1/reset,
@@ -69,18 +71,6 @@ func errorf(status int, format string, args ...any) error {
 	return &httpError{status, fmt.Sprintf(format, args...)}
 }
 
-// badInput reports whether err is the caller's fault (drip's input errors)
-// rather than the store's.
-func badInput(err error) bool {
-	for _, e := range []error{drip.ErrInvalidLimit, drip.ErrInvalidCost, drip.ErrMissingKey,
-		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey, drip.ErrNotColocated} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
-}
-
 // decode reads a JSON body strictly: unknown fields and trailing data are
 // errors.
 func decode(w http.ResponseWriter, r *http.Request, v any) error {
@@ -120,7 +110,7 @@ func writeError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &he):
 		status = he.status
-	case badInput(err):
+	case engine.BadInput(err):
 		status = http.StatusBadRequest
 	default:
 		err = fmt.Errorf("store: %w", err)
@@ -161,10 +151,9 @@ func (s *Server) decideHandler(opName string) http.Handler {
 	})
 }
 
-// decide performs one decision API body.
+// decide performs one decision API body: takes, peeks and refunds through
+// the engine (its deadline, its breaker), a reset under the same deadline.
 func (s *Server) decide(ctx context.Context, opName string, b body) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	defer cancel()
 	if b.Requests != nil {
 		if b.Key != "" || b.Cost != nil || b.Limit != nil || b.Reserve || b.Rule != "" || b.Values != nil {
 			return nil, errorf(http.StatusBadRequest, "a multi-take has requests instead of key, limit, rule, values, cost and reserve")
@@ -188,23 +177,14 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 		if _, err := drip.PrepareMulti(op, rs); err != nil {
 			return nil, err
 		}
-		m, err := s.store.ApplyMulti(ctx, op, timeZero, rs)
-		if err != nil {
-			if !badInput(err) {
-				for _, n := range names {
-					s.metrics.decisions.WithLabelValues(n, outcomeError).Inc()
-				}
-			}
-			return nil, err
-		}
-		if op == drip.OpTake {
-			outcome := outcomeDenied
-			if m.Allowed {
-				outcome = outcomeAllowed
-			}
+		m, err := s.eng.Apply(ctx, op, rs)
+		if err != nil || op == drip.OpTake {
 			for _, n := range names {
-				s.metrics.decisions.WithLabelValues(n, outcome).Inc()
+				s.count(n, m.Allowed, err)
 			}
+		}
+		if err != nil {
+			return nil, err
 		}
 		return m, nil
 	}
@@ -214,6 +194,8 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 		return nil, err
 	}
 	if opName == "reset" {
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+		defer cancel()
 		if err := s.store.Reset(ctx, r.Key); err != nil {
 			return nil, err
 		}
@@ -223,27 +205,29 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 	if _, err := drip.Prepare(op, r); err != nil {
 		return nil, err
 	}
-	d, err := s.store.Apply(ctx, op, timeZero, r)
+	m, err := s.eng.Apply(ctx, op, []drip.Request{r})
 	if op == drip.OpTake {
-		s.count(name, d, err)
+		s.count(name, m.Allowed, err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return d, nil
+	return m.Decisions[0], nil
 }
 
-func (s *Server) count(rule string, d drip.Decision, err error) {
+// count reports a take's decision (or failure) on rule to the observer,
+// in the engine's vocabulary. Bad input is no decision.
+func (s *Server) count(rule string, allowed bool, err error) {
+	ev := engine.Denied
 	switch {
+	case err != nil && engine.BadInput(err):
+		return
 	case err != nil:
-		if !badInput(err) {
-			s.metrics.decisions.WithLabelValues(rule, outcomeError).Inc()
-		}
-	case d.Allowed:
-		s.metrics.decisions.WithLabelValues(rule, outcomeAllowed).Inc()
-	default:
-		s.metrics.decisions.WithLabelValues(rule, outcomeDenied).Inc()
+		ev = engine.Failed
+	case allowed:
+		ev = engine.Allowed
 	}
+	s.eng.Observer().Decision(rule, rules.Enforce, ev)
 }
 
 // request turns one item into a drip.Request and the rule label of its
@@ -296,7 +280,7 @@ func prefixed(p string, err error) error {
 	if errors.As(err, &he) {
 		return &httpError{he.status, p + he.msg}
 	}
-	if badInput(err) {
+	if engine.BadInput(err) {
 		return errorf(http.StatusBadRequest, "%s%v", p, err)
 	}
 	return err

@@ -3,6 +3,8 @@ package server
 import (
 	"log/slog"
 	"time"
+
+	"github.com/driplimit/drip/engine"
 )
 
 // Config holds every setting of drip serve. The zero value is usable: it
@@ -38,7 +40,8 @@ type Config struct {
 	// (--grpc-reflection, DRIP_GRPC_REFLECTION); off by default.
 	GRPCReflection bool
 
-	// StoreTimeout is the deadline of each store call (default 500ms).
+	// StoreTimeout is the deadline of each store call, in every front door
+	// (default engine.DefaultTimeout, 50ms).
 	StoreTimeout time.Duration
 	// WatchEvery is how often the rules file is checked for changes
 	// (default 1s; negative disables polling; SIGHUP and the admin API
@@ -55,7 +58,7 @@ type Config struct {
 const (
 	DefaultListen          = "127.0.0.1:8080"
 	DefaultAdminListen     = "127.0.0.1:9090"
-	DefaultStoreTimeout    = 500 * time.Millisecond
+	DefaultStoreTimeout    = engine.DefaultTimeout
 	DefaultWatchEvery      = time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 )

@@ -26,8 +26,9 @@ import (
 
 // addGRPC adds the gRPC listener of Envoy's rate limit service.
 func (s *Server) addGRPC() {
-	s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithTimeout(s.cfg.StoreTimeout), envoy.WithLogger(s.log),
-		envoy.WithObserver(s.envoyDecision))
+	// Its decisions count as rule "envoy:<limit name or config path>".
+	s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithEngine(s.eng),
+		envoy.WithObserver(observer{m: s.metrics, prefix: "envoy:"}))
 	if len(s.rs.envoy.Domains()) == 0 {
 		s.log.Warn("drip serve: --grpc-listen without an envoyproxy/ratelimit config in --rules: every ShouldRateLimit is OK")
 	}
@@ -38,18 +39,6 @@ func (s *Server) addGRPC() {
 		serve:    g.Serve,
 		shutdown: g.Shutdown,
 	})
-}
-
-// envoyDecision counts a descriptor's decision in drip_decisions_total,
-// as rule "envoy:<limit name or config path>", and a shadow limit's denial
-// in drip_shadow_denials_total. Store latency and errors come from the
-// observed store.
-func (s *Server) envoyDecision(limit string, shadow bool, outcome string) {
-	rule := "envoy:" + limit
-	s.metrics.decisions.WithLabelValues(rule, outcome).Inc()
-	if shadow && outcome == envoy.OutcomeDenied {
-		s.metrics.shadowDenials.WithLabelValues(rule).Inc()
-	}
 }
 
 // GRPCAddr is the address of Envoy's rate limit service, once Listen has

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -29,19 +29,12 @@ type metrics struct {
 	circuit       *prometheus.GaugeVec   // state
 }
 
-// Outcomes of a decision, the "outcome" label of drip_decisions_total.
-const (
-	outcomeAllowed = "allowed"
-	outcomeDenied  = "denied"
-	outcomeError   = "error"
-)
-
 func newMetrics() *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions by rule (\"inline\" for the decision API's inline limits) and outcome: allowed, denied, error (decision API); allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied (gateway).",
+			Help: "Decisions by rule (\"inline\" for the decision API's inline limits, \"envoy:\" and the limit for the Envoy service) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited.",
 		}, []string{"rule", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
@@ -88,7 +81,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) setCircuit(state string) {
-	for _, s := range []string{httplimit.BreakerClosed, httplimit.BreakerOpen, httplimit.BreakerHalfOpen} {
+	for _, s := range []string{engine.BreakerClosed, engine.BreakerOpen, engine.BreakerHalfOpen} {
 		v := 0.0
 		if s == state {
 			v = 1
@@ -97,32 +90,37 @@ func (m *metrics) setCircuit(state string) {
 	}
 }
 
-// observer feeds the middleware's decisions and breaker changes into the
-// metrics. Store latency and errors come from the observed store instead,
-// which sees the decision API's calls too.
-type observer struct{ m *metrics }
+// observer feeds the engine's decisions and breaker changes into the
+// metrics, for every front door (the gateway, the decision API, the Envoy
+// service, whose rules are named with prefix "envoy:"). Store latency and
+// errors come from the observed store instead, which sees every call.
+type observer struct {
+	m      *metrics
+	prefix string
+}
 
-var _ httplimit.Observer = observer{}
+var _ engine.Observer = observer{}
 
-// Decision implements httplimit.Observer.
-func (o observer) Decision(rule string, mode rules.Mode, outcome httplimit.Outcome) {
-	o.m.decisions.WithLabelValues(rule, string(outcome)).Inc()
-	switch outcome {
-	case httplimit.LocalAllowed, httplimit.LocalDenied:
+// Decision implements engine.Observer.
+func (o observer) Decision(rule string, mode rules.Mode, event engine.Event) {
+	rule = o.prefix + rule
+	o.m.decisions.WithLabelValues(rule, string(event)).Inc()
+	switch event {
+	case engine.LocalAllowed, engine.LocalDenied:
 		o.m.fallback.WithLabelValues(rule).Inc()
 	}
-	if mode == rules.Shadow && (outcome == httplimit.Denied || outcome == httplimit.LocalDenied) {
+	if mode == rules.Shadow && (event == engine.Denied || event == engine.LocalDenied) {
 		o.m.shadowDenials.WithLabelValues(rule).Inc()
 	}
 }
 
-// StoreError implements httplimit.Observer; see observed.
+// StoreError implements engine.Observer; see observed.
 func (observer) StoreError(error) {}
 
-// StoreLatency implements httplimit.Observer; see observed.
+// StoreLatency implements engine.Observer; see observed.
 func (observer) StoreLatency(time.Duration) {}
 
-// BreakerState implements httplimit.Observer.
+// BreakerState implements engine.Observer.
 func (o observer) BreakerState(state string) { o.m.setCircuit(state) }
 
 // observed is a drip.Store that times every call and counts failures: the
@@ -162,7 +160,7 @@ func (o *observed) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.R
 	d, err := o.Store.Apply(ctx, op, at, r)
 	h, name := o.obs(op)
 	h.Observe(time.Since(start).Seconds())
-	if err != nil && !badInput(err) {
+	if err != nil && !engine.BadInput(err) {
 		o.errs.WithLabelValues(name).Inc()
 	}
 	return d, err
@@ -173,7 +171,7 @@ func (o *observed) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs 
 	start := time.Now()
 	m, err := o.Store.ApplyMulti(ctx, op, at, rs)
 	o.multi.Observe(time.Since(start).Seconds())
-	if err != nil && !badInput(err) {
+	if err != nil && !engine.BadInput(err) {
 		o.errs.WithLabelValues("multi").Inc()
 	}
 	return m, err
@@ -184,7 +182,7 @@ func (o *observed) Reset(ctx context.Context, key string) error {
 	start := time.Now()
 	err := o.Store.Reset(ctx, key)
 	o.reset.Observe(time.Since(start).Seconds())
-	if err != nil && !badInput(err) {
+	if err != nil && !engine.BadInput(err) {
 		o.errs.WithLabelValues("reset").Inc()
 	}
 	return err

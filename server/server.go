@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/server/envoy"
 )
@@ -39,7 +40,8 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
-	store   drip.Store // instrumented
+	store   drip.Store     // instrumented
+	eng     *engine.Engine // every front door's: one deadline, one breaker, one observer
 
 	rs  *ruleState
 	lim *httplimit.Limiter // the gateway's middleware; nil without an upstream
@@ -68,6 +70,9 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	cfg = cfg.withDefaults()
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics()}
 	s.store = s.metrics.observe(store)
+	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
+		engine.WithObserver(observer{m: s.metrics}), engine.WithName("drip serve"))
+	s.metrics.setCircuit(engine.BreakerClosed)
 	rs, err := s.loadRules()
 	if err != nil {
 		return nil, err

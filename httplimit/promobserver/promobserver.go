@@ -1,6 +1,7 @@
-// Package promobserver counts what the httplimit middleware does as
-// Prometheus metrics, for programs that run the middleware themselves
-// (drip serve has its own, with the same names):
+// Package promobserver counts what drip's engine does as Prometheus
+// metrics, for programs that run a front door themselves: the httplimit
+// middleware, or the Envoy service (drip serve has its own, with the same
+// names):
 //
 //	obs := promobserver.New()
 //	prometheus.MustRegister(obs) // or your own registry
@@ -9,7 +10,7 @@
 // The series:
 //
 //	drip_decisions_total{rule, outcome}         one per rule that applied to a request;
-//	                                            outcome is an httplimit.Outcome
+//	                                            outcome is an engine.Event
 //	drip_shadow_denials_total{rule}             requests a shadow rule would have denied
 //	drip_local_fallback_decisions_total{rule}   decisions of the local fallback (on_error: local)
 //	drip_store_duration_seconds                 latency of the store calls made
@@ -22,11 +23,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
 )
 
-// Observer is an httplimit.Observer and a prometheus.Collector. It is safe
+// Observer is an engine.Observer (so an httplimit.Observer) and a
+// prometheus.Collector. It is safe
 // for concurrent use. Construct it with New and register it once.
 type Observer struct {
 	decisions     *prometheus.CounterVec
@@ -38,7 +40,7 @@ type Observer struct {
 }
 
 var (
-	_ httplimit.Observer   = (*Observer)(nil)
+	_ engine.Observer      = (*Observer)(nil)
 	_ prometheus.Collector = (*Observer)(nil)
 )
 
@@ -47,7 +49,7 @@ func New() *Observer {
 	o := &Observer{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions of the rate limiting middleware by rule and outcome (allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied).",
+			Help: "Decisions of the rate limiting middleware by rule and outcome (allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied; from the Envoy service also error, refunded, unlimited).",
 		}, []string{"rule", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
@@ -71,7 +73,7 @@ func New() *Observer {
 			Help: "The state of the middleware's circuit breaker in front of the store: 1 for the current state (closed, open, half_open), 0 for the others.",
 		}, []string{"state"}),
 	}
-	o.BreakerState(httplimit.BreakerClosed)
+	o.BreakerState(engine.BreakerClosed)
 	return o
 }
 
@@ -93,27 +95,27 @@ func (o *Observer) collectors() []prometheus.Collector {
 	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.storeSeconds, o.storeErrors, o.circuit}
 }
 
-// Decision implements httplimit.Observer.
-func (o *Observer) Decision(rule string, mode rules.Mode, outcome httplimit.Outcome) {
+// Decision implements engine.Observer.
+func (o *Observer) Decision(rule string, mode rules.Mode, outcome engine.Event) {
 	o.decisions.WithLabelValues(rule, string(outcome)).Inc()
-	local := outcome == httplimit.LocalAllowed || outcome == httplimit.LocalDenied
+	local := outcome == engine.LocalAllowed || outcome == engine.LocalDenied
 	if local {
 		o.fallback.WithLabelValues(rule).Inc()
 	}
-	if mode == rules.Shadow && (outcome == httplimit.Denied || outcome == httplimit.LocalDenied) {
+	if mode == rules.Shadow && (outcome == engine.Denied || outcome == engine.LocalDenied) {
 		o.shadowDenials.WithLabelValues(rule).Inc()
 	}
 }
 
-// StoreError implements httplimit.Observer.
+// StoreError implements engine.Observer.
 func (o *Observer) StoreError(error) { o.storeErrors.Inc() }
 
-// StoreLatency implements httplimit.Observer.
+// StoreLatency implements engine.Observer.
 func (o *Observer) StoreLatency(d time.Duration) { o.storeSeconds.Observe(d.Seconds()) }
 
-// BreakerState implements httplimit.Observer.
+// BreakerState implements engine.Observer.
 func (o *Observer) BreakerState(state string) {
-	for _, s := range []string{httplimit.BreakerClosed, httplimit.BreakerOpen, httplimit.BreakerHalfOpen} {
+	for _, s := range []string{engine.BreakerClosed, engine.BreakerOpen, engine.BreakerHalfOpen} {
 		v := 0.0
 		if s == state {
 			v = 1

@@ -5,8 +5,6 @@ import (
 	"strings"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-
-	"github.com/driplimit/drip/internal/sfv"
 )
 
 // match is the limit a descriptor maps to.
@@ -104,7 +102,3 @@ func netstring(b []byte, s string) []byte {
 	b = append(b, ':')
 	return append(b, s...)
 }
-
-// amount formats a number of tokens for a header: an integer when it is
-// one, else a structured-field decimal (see sfv.Number).
-func amount(x float64) string { return sfv.Number(x) }

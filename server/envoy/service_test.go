@@ -25,8 +25,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -530,6 +532,12 @@ type gate struct {
 	release chan struct{}
 }
 
+func (g gate) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	g.entered <- struct{}{}
+	<-g.release
+	return g.Store.Apply(ctx, op, at, r)
+}
+
 func (g gate) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
 	g.entered <- struct{}{}
 	<-g.release
@@ -583,14 +591,24 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 }
 
+// recorder is an engine.Observer that notes each decision as
+// "limit shadow=bool event".
+type recorder struct {
+	engine.NopObserver
+	mu  *sync.Mutex
+	got *[]string
+}
+
+func (r recorder) Decision(limit string, mode rules.Mode, event engine.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	*r.got = append(*r.got, fmt.Sprintf("%s shadow=%t %s", limit, mode == rules.Shadow, event))
+}
+
 func TestObserver(t *testing.T) {
 	var mu sync.Mutex
 	var got []string
-	obs := func(limit string, shadow bool, outcome string) {
-		mu.Lock()
-		defer mu.Unlock()
-		got = append(got, fmt.Sprintf("%s shadow=%t %s", limit, shadow, outcome))
-	}
+	obs := recorder{mu: &mu, got: &got}
 	c := loadReadme(t)
 	svc := NewService(memstore.New(), c, WithObserver(obs))
 	call := func(domain string, ds ...*ratelimitv3.RateLimitDescriptor) {
