@@ -28,7 +28,7 @@ import (
 func (s *Server) addGRPC() {
 	// Its decisions count as rule "envoy:<limit name or config path>".
 	s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithEngine(s.eng),
-		envoy.WithObserver(observer{m: s.metrics, prefix: "envoy:"}))
+		envoy.WithObserver(s.metrics.obs.Prefixed("envoy:")))
 	if len(s.rs.envoy.Domains()) == 0 {
 		s.log.Warn("drip serve: --grpc-listen without an envoyproxy/ratelimit config in --rules: every ShouldRateLimit is OK")
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/httplimit/promobserver"
 )
 
 // metrics are the server's Prometheus series, in a registry of its own so
@@ -17,29 +17,23 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	decisions     *prometheus.CounterVec // rule, outcome
-	shadowDenials *prometheus.CounterVec // rule
-	storeSeconds  *prometheus.HistogramVec
-	storeErrors   *prometheus.CounterVec // op
-	reloads       *prometheus.CounterVec // result
-	rulesOK       prometheus.Gauge
-	rulesLoaded   prometheus.Gauge
-	reloadTime    prometheus.Gauge
-	fallback      *prometheus.CounterVec // rule
-	circuit       *prometheus.GaugeVec   // state
+	// obs is the engine's observer: drip_decisions_total,
+	// drip_shadow_denials_total, drip_local_fallback_decisions_total and
+	// drip_store_circuit_state, the series of promobserver.
+	obs *promobserver.Observer
+
+	storeSeconds *prometheus.HistogramVec
+	storeErrors  *prometheus.CounterVec // op
+	reloads      *prometheus.CounterVec // result
+	rulesOK      prometheus.Gauge
+	rulesLoaded  prometheus.Gauge
+	reloadTime   prometheus.Gauge
 }
 
 func newMetrics() *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "drip_decisions_total",
-			Help: "Decisions by rule (\"inline\" for the decision API's inline limits, \"envoy:\" and the limit for the Envoy service) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited.",
-		}, []string{"rule", "outcome"}),
-		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "drip_shadow_denials_total",
-			Help: "Requests a shadow-mode rule would have denied (and let through).",
-		}, []string{"rule"}),
+		obs: promobserver.New(promobserver.WithoutStore()),
 		storeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "drip_store_duration_seconds",
 			Help:    "Latency of store calls by operation.",
@@ -65,63 +59,12 @@ func newMetrics() *metrics {
 			Name: "drip_rules_last_reload_timestamp_seconds",
 			Help: "When the rules in force were loaded (Unix time).",
 		}),
-		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "drip_local_fallback_decisions_total",
-			Help: "Decisions made by the per-instance local limiter while the store was failing (on_error: local), by rule.",
-		}, []string{"rule"}),
-		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "drip_store_circuit_state",
-			Help: "The state of the gateway's circuit breaker in front of the store: 1 for the current state (closed; open: the store is not called, rules follow on_error; half_open: one probe decides), 0 for the others.",
-		}, []string{"state"}),
 	}
-	m.reg.MustRegister(m.decisions, m.shadowDenials, m.storeSeconds, m.storeErrors,
-		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime, m.fallback, m.circuit,
+	m.reg.MustRegister(m.obs, m.storeSeconds, m.storeErrors,
+		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
-
-func (m *metrics) setCircuit(state string) {
-	for _, s := range []string{engine.BreakerClosed, engine.BreakerOpen, engine.BreakerHalfOpen} {
-		v := 0.0
-		if s == state {
-			v = 1
-		}
-		m.circuit.WithLabelValues(s).Set(v)
-	}
-}
-
-// observer feeds the engine's decisions and breaker changes into the
-// metrics, for every front door (the gateway, the decision API, the Envoy
-// service, whose rules are named with prefix "envoy:"). Store latency and
-// errors come from the observed store instead, which sees every call.
-type observer struct {
-	m      *metrics
-	prefix string
-}
-
-var _ engine.Observer = observer{}
-
-// Decision implements engine.Observer.
-func (o observer) Decision(rule string, mode rules.Mode, event engine.Event) {
-	rule = o.prefix + rule
-	o.m.decisions.WithLabelValues(rule, string(event)).Inc()
-	switch event {
-	case engine.LocalAllowed, engine.LocalDenied:
-		o.m.fallback.WithLabelValues(rule).Inc()
-	}
-	if mode == rules.Shadow && (event == engine.Denied || event == engine.LocalDenied) {
-		o.m.shadowDenials.WithLabelValues(rule).Inc()
-	}
-}
-
-// StoreError implements engine.Observer; see observed.
-func (observer) StoreError(error) {}
-
-// StoreLatency implements engine.Observer; see observed.
-func (observer) StoreLatency(time.Duration) {}
-
-// BreakerState implements engine.Observer.
-func (o observer) BreakerState(state string) { o.m.setCircuit(state) }
 
 // observed is a drip.Store that times every call and counts failures: the
 // store latency and error series. Telemetry stays out of the stores

@@ -71,8 +71,7 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics()}
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
-		engine.WithObserver(observer{m: s.metrics}), engine.WithName("drip serve"))
-	s.metrics.setCircuit(engine.BreakerClosed)
+		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"))
 	rs, err := s.loadRules()
 	if err != nil {
 		return nil, err

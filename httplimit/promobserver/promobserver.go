@@ -37,7 +37,16 @@ type Observer struct {
 	storeSeconds  prometheus.Histogram
 	storeErrors   prometheus.Counter
 	circuit       *prometheus.GaugeVec
+	store         bool // the store series are collected
 }
+
+// Option configures an Observer.
+type Option func(*Observer)
+
+// WithoutStore leaves out drip_store_duration_seconds and
+// drip_store_errors_total, for a program that counts its store calls
+// itself (drip serve counts them by operation, at the store).
+func WithoutStore() Option { return func(o *Observer) { o.store = false } }
 
 var (
 	_ engine.Observer      = (*Observer)(nil)
@@ -45,11 +54,12 @@ var (
 )
 
 // New returns an Observer with its series at zero and the breaker closed.
-func New() *Observer {
+func New(opts ...Option) *Observer {
 	o := &Observer{
+		store: true,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions of the rate limiting middleware by rule and outcome (allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied; from the Envoy service also error, refunded, unlimited).",
+			Help: "Decisions by rule and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited.",
 		}, []string{"rule", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
@@ -61,17 +71,20 @@ func New() *Observer {
 		}, []string{"rule"}),
 		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "drip_store_duration_seconds",
-			Help:    "Latency of the middleware's store calls.",
+			Help:    "Latency of the engine's store calls.",
 			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "drip_store_errors_total",
-			Help: "The middleware's store calls that failed or timed out.",
+			Help: "The engine's store calls that failed or timed out.",
 		}),
 		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "drip_store_circuit_state",
-			Help: "The state of the middleware's circuit breaker in front of the store: 1 for the current state (closed, open, half_open), 0 for the others.",
+			Help: "The state of the engine's circuit breaker in front of the store: 1 for the current state (closed, open, half_open), 0 for the others.",
 		}, []string{"state"}),
+	}
+	for _, f := range opts {
+		f(o)
 	}
 	o.BreakerState(engine.BreakerClosed)
 	return o
@@ -92,7 +105,24 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (o *Observer) collectors() []prometheus.Collector {
+	if !o.store {
+		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.circuit}
+	}
 	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.storeSeconds, o.storeErrors, o.circuit}
+}
+
+// Prefixed returns an observer of the same series that puts prefix before
+// every rule name: drip serve names the Envoy service's limits
+// "envoy:<limit>" beside its rules.
+func (o *Observer) Prefixed(prefix string) engine.Observer { return prefixed{o, prefix} }
+
+type prefixed struct {
+	*Observer
+	prefix string
+}
+
+func (p prefixed) Decision(rule string, mode rules.Mode, outcome engine.Event) {
+	p.Observer.Decision(p.prefix+rule, mode, outcome)
 }
 
 // Decision implements engine.Observer.
