@@ -171,8 +171,8 @@ var defaultBreaker = rules.Breaker{Failures: rules.DefaultBreakerFailures, Coold
 // several) behind the circuit breaker and under the engine's deadline (or
 // the shorter one of ctx), and reports its latency and any failure to the
 // observer. A call the breaker skips fails with ErrBreakerOpen. Input
-// errors (drip.ErrInvalidLimit and the like) are the caller's, not the
-// store's: they neither count against the breaker nor reach the observer.
+// errors (drip.IsInput) are the caller's, not the store's: they neither
+// count against the breaker nor reach the observer.
 func (e *Engine) Apply(ctx context.Context, op drip.Op, reqs []drip.Request) (drip.Multi, error) {
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
 }
@@ -203,7 +203,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		err = errors.New("the store returned a wrong number of decisions")
 	}
 	if err != nil {
-		if BadInput(err) {
+		if drip.IsInput(err) {
 			e.brk.abandon(tk)
 			return drip.Multi{}, err
 		}
@@ -220,19 +220,6 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	}
 	e.breakerChanged(e.brk.success(tk))
 	return m, nil
-}
-
-// BadInput reports whether err is the caller's fault (drip's input
-// errors) rather than the store's: front doors answer it as bad input
-// (400, InvalidArgument).
-func BadInput(err error) bool {
-	for _, x := range []error{drip.ErrInvalidLimit, drip.ErrInvalidCost, drip.ErrMissingKey,
-		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey, drip.ErrNotColocated, drip.ErrInvalidOp} {
-		if errors.Is(err, x) {
-			return true
-		}
-	}
-	return false
 }
 
 // localMaxKeys bounds the local fallback's memory.

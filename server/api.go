@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,22 +43,8 @@ import (
 // maxBody bounds a decision API or admin request body.
 const maxBody = 1 << 20
 
-// item is one request of a decision API body.
-type item struct {
-	Key     string          `json:"key"`
-	Cost    *float64        `json:"cost"`
-	Reserve bool            `json:"reserve"`
-	Limit   *drip.Limit     `json:"limit"`
-	Rule    string          `json:"rule"`
-	Values  json.RawMessage `json:"values"`
-}
-
-type body struct {
-	item
-	Requests []item `json:"requests"`
-}
-
-// httpError is an error with the HTTP status that reports it.
+// httpError is an error with the HTTP status that reports it: 404, 405,
+// 413. Bad input (400) is a *drip.InputError (inputf).
 type httpError struct {
 	status int
 	msg    string
@@ -71,29 +56,24 @@ func errorf(status int, format string, args ...any) error {
 	return &httpError{status, fmt.Sprintf(format, args...)}
 }
 
-// decode reads a JSON body strictly: unknown fields and trailing data are
+// inputf is bad input: 400.
+func inputf(format string, args ...any) error {
+	return &drip.InputError{Err: fmt.Errorf(format, args...)}
+}
+
+// decode reads a decision API body (or an admin reset's) with the
+// protocol's one parser, strictly: unknown fields and trailing data are
 // errors.
-func decode(w http.ResponseWriter, r *http.Request, v any) error {
+func decode(w http.ResponseWriter, r *http.Request) (replay.Raw, error) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxBody)
+			return replay.Raw{}, errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxBody)
 		}
-		return errorf(http.StatusBadRequest, "reading body: %v", err)
+		return replay.Raw{}, inputf("reading body: %v", err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if err == io.EOF {
-			return errorf(http.StatusBadRequest, "bad JSON: empty body")
-		}
-		return errorf(http.StatusBadRequest, "bad JSON: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errorf(http.StatusBadRequest, "bad JSON: more than one value in the body")
-	}
-	return nil
+	return replay.Decode(b, replay.BodyFormat)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -110,7 +90,7 @@ func writeError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &he):
 		status = he.status
-	case engine.BadInput(err):
+	case drip.IsInput(err):
 		status = http.StatusBadRequest
 	default:
 		err = fmt.Errorf("store: %w", err)
@@ -137,8 +117,8 @@ func (s *Server) decideHandler(opName string) http.Handler {
 			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "use POST"})
 			return
 		}
-		var b body
-		if err := decode(w, r, &b); err != nil {
+		b, err := decode(w, r)
+		if err != nil {
 			writeError(w, err)
 			return
 		}
@@ -153,16 +133,14 @@ func (s *Server) decideHandler(opName string) http.Handler {
 
 // decide performs one decision API body: takes, peeks and refunds through
 // the engine (its deadline, its breaker), a reset under the same deadline.
-func (s *Server) decide(ctx context.Context, opName string, b body) (any, error) {
+func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, error) {
 	if b.Requests != nil {
-		if b.Key != "" || b.Cost != nil || b.Limit != nil || b.Reserve || b.Rule != "" || b.Values != nil {
-			return nil, errorf(http.StatusBadRequest, "a multi-take has requests instead of key, limit, rule, values, cost and reserve")
-		}
+		var opErr error
 		if opName != "take" && opName != "peek" {
-			return nil, errorf(http.StatusBadRequest, "/v1/%s does not take requests: a multi-take is /v1/take or /v1/peek", opName)
+			opErr = inputf("/v1/%s does not take requests: a multi-take is /v1/take or /v1/peek", opName)
 		}
-		if len(b.Requests) == 0 {
-			return nil, errorf(http.StatusBadRequest, "%v", drip.ErrNoRequests)
+		if err := b.CheckMulti(replay.BodyFormat, opErr); err != nil {
+			return nil, err
 		}
 		rs := make([]drip.Request, len(b.Requests))
 		names := make([]string, len(b.Requests))
@@ -189,7 +167,7 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 		return m, nil
 	}
 
-	r, name, err := s.request(b.item, opName)
+	r, name, err := s.request(b.ReqJSON, opName)
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +198,7 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 func (s *Server) count(rule string, allowed bool, err error) {
 	ev := engine.Denied
 	switch {
-	case err != nil && engine.BadInput(err):
+	case err != nil && drip.IsInput(err):
 		return
 	case err != nil:
 		ev = engine.Failed
@@ -232,12 +210,12 @@ func (s *Server) count(rule string, allowed bool, err error) {
 
 // request turns one item into a drip.Request and the rule label of its
 // metrics ("inline" for an inline limit). For reset only the key matters.
-func (s *Server) request(it item, opName string) (drip.Request, string, error) {
-	if it.Rule != "" {
+func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string, error) {
+	if rule := ruleOf(it); rule != "" {
 		if it.Key != "" || it.Limit != nil {
-			return drip.Request{}, "", errorf(http.StatusBadRequest, "a request by rule has values instead of key and limit")
+			return drip.Request{}, "", inputf("a request by rule has values instead of key and limit")
 		}
-		r, err := s.ruleRequest(it.Rule, it.Values)
+		r, err := s.ruleRequest(rule, it.Values)
 		if err != nil {
 			return drip.Request{}, "", err
 		}
@@ -245,28 +223,31 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 			r.Cost = *it.Cost
 		}
 		r.Reserve = it.Reserve
-		return r, it.Rule, nil
+		return r, rule, nil
 	}
 	if it.Values != nil {
-		return drip.Request{}, "", errorf(http.StatusBadRequest, "values need a rule")
+		return drip.Request{}, "", inputf("values need a rule")
 	}
 	if it.Key == "" {
-		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: give key and limit, or rule and values", drip.ErrMissingKey)
+		return drip.Request{}, "", inputf("%v: give key and limit, or rule and values", drip.ErrMissingKey)
 	}
 	if opName == "reset" {
 		if it.Limit != nil || it.Cost != nil || it.Reserve {
-			return drip.Request{}, "", errorf(http.StatusBadRequest, "a reset takes only key (or rule and values)")
+			return drip.Request{}, "", inputf("a reset takes only key (or rule and values)")
 		}
 		return drip.Request{Key: InlinePrefix + it.Key}, "inline", nil
 	}
-	if it.Limit == nil {
-		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: missing limit", drip.ErrInvalidLimit)
+	r, err := it.ToRequest()
+	r.Key = InlinePrefix + r.Key
+	return r, "inline", err
+}
+
+// ruleOf is the rule an item names, or "".
+func ruleOf(it replay.ReqJSON) string {
+	if it.Rule == nil {
+		return ""
 	}
-	cost := 1.0
-	if it.Cost != nil {
-		cost = *it.Cost
-	}
-	return drip.Request{Key: InlinePrefix + it.Key, Limit: *it.Limit, Cost: cost, Reserve: it.Reserve}, "inline", nil
+	return *it.Rule
 }
 
 // InlinePrefix is put before the key of every request with an inline limit,
@@ -280,8 +261,8 @@ func prefixed(p string, err error) error {
 	if errors.As(err, &he) {
 		return &httpError{he.status, p + he.msg}
 	}
-	if engine.BadInput(err) {
-		return errorf(http.StatusBadRequest, "%s%v", p, err)
+	if drip.IsInput(err) {
+		return inputf("%s%w", p, err)
 	}
 	return err
 }

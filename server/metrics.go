@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit/promobserver"
 )
 
@@ -103,7 +102,7 @@ func (o *observed) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.R
 	d, err := o.Store.Apply(ctx, op, at, r)
 	h, name := o.obs(op)
 	h.Observe(time.Since(start).Seconds())
-	if err != nil && !engine.BadInput(err) {
+	if err != nil && !drip.IsInput(err) {
 		o.errs.WithLabelValues(name).Inc()
 	}
 	return d, err
@@ -114,7 +113,7 @@ func (o *observed) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs 
 	start := time.Now()
 	m, err := o.Store.ApplyMulti(ctx, op, at, rs)
 	o.multi.Observe(time.Since(start).Seconds())
-	if err != nil && !engine.BadInput(err) {
+	if err != nil && !drip.IsInput(err) {
 		o.errs.WithLabelValues("multi").Inc()
 	}
 	return m, err
@@ -125,7 +124,7 @@ func (o *observed) Reset(ctx context.Context, key string) error {
 	start := time.Now()
 	err := o.Store.Reset(ctx, key)
 	o.reset.Observe(time.Since(start).Seconds())
-	if err != nil && !engine.BadInput(err) {
+	if err != nil && !drip.IsInput(err) {
 		o.errs.WithLabelValues("reset").Inc()
 	}
 	return err
