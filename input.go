@@ -17,14 +17,15 @@ func (e *InputError) Unwrap() error { return e.Err }
 // IsInput reports whether err is the caller's fault rather than a failing
 // store's: an *InputError, or one of the input errors stores return
 // (ErrInvalidLimit, ErrInvalidCost, ErrMissingKey, ErrCostExceedsBurst,
-// ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp).
+// ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp,
+// ErrKeyTooLong).
 func IsInput(err error) bool {
 	var ie *InputError
 	if errors.As(err, &ie) {
 		return true
 	}
 	for _, x := range []error{ErrInvalidLimit, ErrInvalidCost, ErrMissingKey,
-		ErrCostExceedsBurst, ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp} {
+		ErrCostExceedsBurst, ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp, ErrKeyTooLong} {
 		if errors.Is(err, x) {
 			return true
 		}

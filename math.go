@@ -100,8 +100,8 @@ type Prepared struct {
 // point. Every store calls it (or PrepareWith, or CostOf), so bad input
 // gets the same error on every store.
 func Prepare(op Op, r Request) (Prepared, error) {
-	if r.Key == "" {
-		return Prepared{}, ErrMissingKey
+	if err := CheckKey(r.Key); err != nil {
+		return Prepared{}, err
 	}
 	p, err := ParamsOf(r.Limit, r.Key)
 	if err != nil {
@@ -147,8 +147,8 @@ func (l Limit) KeyDependent() bool { return l.Algorithm == FixedWindow && l.Star
 // PrepareWith checks op, and r's key and cost against params p (from
 // ParamsOf for r.Limit and r.Key), and turns the cost to fixed point.
 func PrepareWith(op Op, r Request, p Params) (Prepared, error) {
-	if r.Key == "" {
-		return Prepared{}, ErrMissingKey
+	if err := CheckKey(r.Key); err != nil {
+		return Prepared{}, err
 	}
 	cost, err := CostOf(op, r.Cost, r.Reserve, p)
 	if err != nil {
@@ -175,7 +175,7 @@ func CostOf(op Op, cost float64, reserve bool, p Params) (int64, error) {
 	if math.IsNaN(cost) || math.IsInf(cost, 0) || cost < 0 || cost > maxAmount {
 		return 0, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, cost)
 	}
-	c := toMicro(cost)
+	c := CostMicro(cost)
 	switch {
 	case op == OpRefund || c <= p.Burst:
 	case !reserve:

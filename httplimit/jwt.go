@@ -133,9 +133,16 @@ func keyFits(alg string, k rules.PublicKey) bool {
 	return false
 }
 
-// bearer returns the bearer token of r's Authorization header.
+// bearer returns the bearer token of r's Authorization header. A request
+// with several Authorization headers has none: which one the upstream
+// believes is not drip's to guess, so it keys on no claims rather than on
+// one of them.
 func bearer(r *http.Request) (string, bool) {
-	h := r.Header.Get("Authorization")
+	hs := r.Header.Values("Authorization")
+	if len(hs) != 1 {
+		return "", false
+	}
+	h := hs[0]
 	if len(h) < 7 || !strings.EqualFold(h[:7], "bearer ") {
 		return "", false
 	}

@@ -40,20 +40,12 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 		}
 		return KeyIP(a, v.s.rules.Set.IPv6Prefix), true
 	case rules.KindHeader:
-		vals := v.r.Header[src.Name]
-		if len(vals) == 0 {
-			return "", false
-		}
-		return vals[0], true
+		return joined(v.r.Header[src.Name])
 	case rules.KindQuery:
 		if !v.queryDone {
 			v.query, v.queryDone = v.r.URL.Query(), true
 		}
-		vals := v.query[src.Name]
-		if len(vals) == 0 {
-			return "", false
-		}
-		return vals[0], true
+		return joined(v.query[src.Name])
 	case rules.KindJWT:
 		x, ok := v.jwtClaims()[src.Name]
 		if !ok {
@@ -65,15 +57,31 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 	case rules.KindMethod:
 		return v.r.Method, true
 	case rules.KindCookie:
-		c, err := v.r.Cookie(src.Name)
-		if err != nil {
-			return "", false
+		var vals []string
+		for _, c := range v.r.CookiesNamed(src.Name) {
+			vals = append(vals, c.Value)
 		}
-		return c.Value, true
+		return joined(vals)
 	case rules.KindGlobal:
 		return "", true
 	}
 	return "", false
+}
+
+// joined is the value of a header, query parameter or cookie that a
+// request may repeat: all of its values, joined with ", " (as HTTP joins
+// repeated header lines), so that a request with two x-api-key headers is
+// keyed on both, never on the one drip happened to read first (the
+// upstream might believe the other); and a cost read from two values is
+// not a number, so default_cost applies.
+func joined(vals []string) (string, bool) {
+	switch len(vals) {
+	case 0:
+		return "", false
+	case 1:
+		return vals[0], true
+	}
+	return strings.Join(vals, ", "), true
 }
 
 func (v *reqValues) clientIP() (netip.Addr, bool) {

@@ -16,6 +16,12 @@ import (
 	"github.com/driplimit/drip"
 )
 
+// MaxRequests is the most requests of one multi-take, here and in the
+// decision API: a multi-take is one atomic step on the store, and a huge
+// one would hold it (and every caller behind it) for long. A line with
+// more is an error.
+const MaxRequests = 100
+
 // Line is one input line: a single request, or a multi-take when Requests
 // is set.
 type Line struct {
@@ -145,7 +151,7 @@ func (f Format) allowed(j *lineJSON) error {
 
 // CheckMulti checks a multi-take: requests instead of the single
 // request's fields, then an op that takes requests (opErr, nil when it
-// does), then at least one request.
+// does), then at least one request and at most MaxRequests.
 func (r *Raw) CheckMulti(f Format, opErr error) error {
 	single := r.Key != "" || r.Cost != nil || r.Limit != nil || r.Reserve
 	if f.Rules {
@@ -160,6 +166,9 @@ func (r *Raw) CheckMulti(f Format, opErr error) error {
 	}
 	if len(r.Requests) == 0 {
 		return &drip.InputError{Err: drip.ErrNoRequests}
+	}
+	if len(r.Requests) > MaxRequests {
+		return inputf("%d requests: a multi-take has at most %d", len(r.Requests), MaxRequests)
 	}
 	return nil
 }

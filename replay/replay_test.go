@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -107,5 +108,30 @@ func TestDecodeFormats(t *testing.T) {
 	}
 	if drip.IsInput(errors.New("connection refused")) || !drip.IsInput(fmt.Errorf("x: %w", drip.ErrInvalidCost)) {
 		t.Error("IsInput tells a store's error from bad input wrongly")
+	}
+}
+
+// multi is a multi-take line of n requests on distinct keys.
+func multi(n int) string {
+	rs := make([]string, n)
+	for i := range rs {
+		rs[i] = `{"key": "k` + strconv.Itoa(i) + `", "limit": {"rate": 1}}`
+	}
+	return `{"requests": [` + strings.Join(rs, ", ") + `]}`
+}
+
+// TestMaxRequests: a multi-take of MaxRequests requests runs; one more is
+// an error line, and takes nothing.
+func TestMaxRequests(t *testing.T) {
+	in := multi(replay.MaxRequests+1) + "\n" + multi(replay.MaxRequests) + "\n"
+	s := memstore.New()
+	defer s.Close()
+	var out bytes.Buffer
+	if err := replay.Run(context.Background(), s, "p:", strings.NewReader(in), &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || lines[0] != `{"error":"101 requests: a multi-take has at most 100"}` || !strings.HasPrefix(lines[1], `{"allowed":true,`) {
+		t.Fatalf("output:\n%s", out.String())
 	}
 }

@@ -498,7 +498,7 @@ func scalarText(v any) (string, bool) {
 	return "", false
 }
 
-var configFields = []string{"tokens_per_second", "rps", "rate", "period", "burst", "refill", "start", "cost_source", "fixed_cost", "default_cost"}
+var configFields = []string{"tokens_per_second", "rps", "rate", "period", "burst", "refill", "start", "max_reserved", "cost_source", "fixed_cost", "default_cost"}
 
 func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule) {
 	f, ok := c.object(p, v)
@@ -559,6 +559,11 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 			if d == 0 {
 				l.Start = l.Period // an explicit 0 aligns windows with the epoch
 			}
+		}
+	}
+	if v, fp, ok := f.get("max_reserved"); ok {
+		if m, ok := c.amount(fp, v); ok {
+			l.MaxReserved = m
 		}
 	}
 	r.CostSource = Source{Kind: KindFixed}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/textproto"
 	"strings"
+
+	"github.com/driplimit/drip"
 )
 
 // Kind is where a key, match or cost value is read from.
@@ -107,7 +109,9 @@ const maxValueLen = 128
 // escaped ('\' becomes `\\`, '|' becomes `\|`), so that no value can forge
 // the key of another rule or of other values; a value longer than 128
 // bytes is replaced by `\h` and its SHA-256 in hex (a form escaping never
-// produces). A "global" key contributes no value. The middleware and the
+// produces). A "global" key contributes no value. A key that still ends
+// up over drip.MaxKeyLen bytes (a rule with many limit keys) is replaced
+// whole by drip.FitKey's stand-in. The middleware and the
 // decision API both build keys here, so they hit the same buckets; keys
 // depend only on the rule name, so bucket state survives a reload.
 func (r *Rule) Key(values []string) string {
@@ -127,7 +131,7 @@ func (r *Rule) Key(values []string) string {
 		b.WriteByte('|')
 		writeEscaped(&b, v)
 	}
-	return b.String()
+	return drip.FitKey(b.String())
 }
 
 func writeEscaped(b *strings.Builder, v string) {

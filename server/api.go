@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 
 	"github.com/driplimit/drip"
@@ -30,13 +31,15 @@ import (
 //     rule's fixed_cost (cost_source fixed) or default_cost applies.
 //
 // A multi-take (/v1/take and /v1/peek) replaces the single request by
-// "requests": [...], each inline or by rule, all-or-nothing.
+// "requests": [...] (at most replay.MaxRequests, 100), each inline or by
+// rule, all-or-nothing.
 //
 // Answers: 200 with a decision (allowed, tokens, remaining, limit,
 // retry_after, reset_after; a denial is a 200 with "allowed": false), a
 // multi-take's {"allowed", "retry_after", "results"}, or {"reset": true};
 // 400 {"error": "..."} for a body that is not valid (bad JSON, unknown
-// field, bad limit or cost, missing key, cost over burst), 404 for an
+// field, bad limit or cost, missing key or one over MaxInlineKeyLen, cost
+// over burst), 404 for an
 // unknown rule, 413 for a body over 1 MiB, 503 when the store fails or
 // times out.
 
@@ -70,6 +73,9 @@ func decode(w http.ResponseWriter, r *http.Request) (replay.Raw, error) {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return replay.Raw{}, errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxBody)
+		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			return replay.Raw{}, errorf(http.StatusRequestTimeout, "reading body: the body did not arrive in time")
 		}
 		return replay.Raw{}, inputf("reading body: %v", err)
 	}
@@ -222,6 +228,11 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 		if it.Cost != nil {
 			r.Cost = *it.Cost
 		}
+		if it.Reserve && r.Limit.MaxReserved == 0 {
+			// A reservation without a bound could lock a key out for
+			// ages: by rule, only the debt the rule allows.
+			return drip.Request{}, "", inputf("rule %q allows no reservations: its algorithm_config sets no max_reserved", rule)
+		}
 		r.Reserve = it.Reserve
 		return r, rule, nil
 	}
@@ -230,6 +241,9 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 	}
 	if it.Key == "" {
 		return drip.Request{}, "", inputf("%v: give key and limit, or rule and values", drip.ErrMissingKey)
+	}
+	if len(it.Key) > MaxInlineKeyLen {
+		return drip.Request{}, "", inputf("%v: key is %d bytes, at most %d", drip.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
 	}
 	if opName == "reset" {
 		if it.Limit != nil || it.Cost != nil || it.Reserve {
@@ -255,6 +269,10 @@ func ruleOf(it replay.ReqJSON) string {
 // (drain, refund or reset) the buckets of the rules: those are reached by
 // rule name and values only, under the rule's own limit.
 const InlinePrefix = "inline:"
+
+// MaxInlineKeyLen is the longest inline key, in bytes: drip.MaxKeyLen less
+// InlinePrefix. A longer one is a 400.
+const MaxInlineKeyLen = drip.MaxKeyLen - len(InlinePrefix)
 
 func prefixed(p string, err error) error {
 	var he *httpError

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/server/envoy"
 )
 
 // Config holds every setting of drip serve. The zero value is usable: it
@@ -39,6 +40,17 @@ type Config struct {
 	// GRPCReflection turns on gRPC server reflection on GRPCListen
 	// (--grpc-reflection, DRIP_GRPC_REFLECTION); off by default.
 	GRPCReflection bool
+	// GRPCLimits bound the connections and calls of GRPCListen's clients;
+	// zero fields take envoy.DefaultLimits.
+	GRPCLimits envoy.Limits
+
+	// ReadTimeout bounds the reading of a request (default 30s). On the
+	// decision API and the admin listener it is the most time a request,
+	// headers and body, may take to arrive; on the gateway, where bodies
+	// are streamed to the upstream and may be long, it is the longest the
+	// body may stall (no byte arriving) before the request is cut. Headers
+	// must arrive within 10 s on every listener.
+	ReadTimeout time.Duration
 
 	// StoreTimeout is the deadline of each store call, in every front door
 	// (default engine.DefaultTimeout, 50ms).
@@ -59,6 +71,7 @@ const (
 	DefaultListen          = "127.0.0.1:8080"
 	DefaultAdminListen     = "127.0.0.1:9090"
 	DefaultStoreTimeout    = engine.DefaultTimeout
+	DefaultReadTimeout     = 30 * time.Second
 	DefaultWatchEvery      = time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 )
@@ -75,6 +88,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StoreTimeout <= 0 {
 		c.StoreTimeout = DefaultStoreTimeout
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = DefaultReadTimeout
 	}
 	if c.WatchEvery == 0 {
 		c.WatchEvery = DefaultWatchEvery

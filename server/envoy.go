@@ -32,7 +32,7 @@ func (s *Server) addGRPC() {
 	if len(s.rs.envoy.Domains()) == 0 {
 		s.log.Warn("drip serve: --grpc-listen without an envoyproxy/ratelimit config in --rules: every ShouldRateLimit is OK")
 	}
-	g := envoy.NewServer(s.rls, s.cfg.GRPCReflection)
+	g := envoy.NewServerWithLimits(s.rls, s.cfg.GRPCReflection, s.cfg.GRPCLimits)
 	s.listeners = append(s.listeners, &listener{
 		name:     "grpc",
 		addr:     s.cfg.GRPCListen,

@@ -35,7 +35,7 @@ func (s *Server) gateway() (http.Handler, error) {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
-			pr.SetXForwarded()
+			forwardHeaders(pr, s.rules().TrustedProxies) // forward.go
 		},
 		Transport:  tr,
 		BufferPool: bufferPool{},

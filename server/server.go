@@ -86,9 +86,9 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 		}
 		name = "gateway"
 	}
-	s.addHTTP(name, cfg.Listen, front)
+	s.addHTTP(name, cfg.Listen, front, name != "gateway")
 	if cfg.AdminListen != "off" {
-		s.addHTTP("admin", cfg.AdminListen, s.adminHandler())
+		s.addHTTP("admin", cfg.AdminListen, s.adminHandler(), true)
 	}
 	if cfg.GRPCListen != "" {
 		s.addGRPC() // Envoy's rate limit service (envoy.go)
@@ -96,13 +96,21 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	return s, nil
 }
 
-// addHTTP adds an HTTP listener serving h on addr.
-func (s *Server) addHTTP(name, addr string, h http.Handler) {
+// addHTTP adds an HTTP listener serving h on addr. Headers must arrive
+// within 10 s; with whole, the entire request (headers and body) within
+// Config.ReadTimeout, else (the gateway, whose bodies stream to the
+// upstream) the body may stall no longer than that (stallCut).
+func (s *Server) addHTTP(name, addr string, h http.Handler, whole bool) {
 	hs := &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: min(10*time.Second, s.cfg.ReadTimeout),
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	if whole {
+		hs.ReadTimeout = s.cfg.ReadTimeout
+	} else {
+		hs.Handler = stallCut(h, s.cfg.ReadTimeout)
 	}
 	s.listeners = append(s.listeners, &listener{
 		name:     name,

@@ -147,6 +147,7 @@ func ReadLog(r io.Reader, o LogOptions) ([]Event, LogStats, error) {
 			key = "-"
 			st.NoKey++
 		}
+		key = drip.FitKey(key) // a huge field is a client of its own, not an error
 		lines = append(lines, stamped{t, key})
 		if len(lines) > MaxEvents {
 			return nil, st, fmt.Errorf("more than %d requests", MaxEvents)

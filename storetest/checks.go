@@ -3,6 +3,7 @@ package storetest
 import (
 	"errors"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,6 +37,7 @@ func RunErrors(t *testing.T, newStore NewStore) {
 		{"unknown algorithm", drip.Request{Key: p + "k", Limit: drip.Limit{Rate: 1, Algorithm: "leaky"}, Cost: 1}, drip.ErrInvalidLimit},
 		{"unknown refill", drip.Request{Key: p + "k", Limit: drip.Limit{Rate: 1, Refill: "sometimes"}, Cost: 1}, drip.ErrInvalidLimit},
 		{"cost over burst", drip.Request{Key: p + "k", Limit: good, Cost: 10.5}, drip.ErrCostExceedsBurst},
+		{"key too long", drip.Request{Key: p + "k" + strings.Repeat("x", drip.MaxKeyLen), Limit: good, Cost: 1}, drip.ErrKeyTooLong},
 	}
 	for _, tc := range cases {
 		for _, op := range []drip.Op{drip.OpTake, drip.OpPeek} {
@@ -77,6 +79,23 @@ func RunErrors(t *testing.T, newStore NewStore) {
 		if _, err := st.ApplyMulti(c, op, at, []drip.Request{r, {Key: p + "ok", Limit: good, Cost: 1}}); !errors.Is(err, drip.ErrInvalidOp) {
 			t.Errorf("op %v in a multi-take: err = %v, want %v", op, err, drip.ErrInvalidOp)
 		}
+	}
+	if err := st.Reset(c, p+"k"+strings.Repeat("x", drip.MaxKeyLen)); !errors.Is(err, drip.ErrKeyTooLong) {
+		t.Errorf("reset of a key over MaxKeyLen: err = %v, want %v", err, drip.ErrKeyTooLong)
+	}
+	// A key near MaxKeyLen (less 32 bytes, room for the prefix of a
+	// wrapper such as drip.Prefixed) is a key like any other.
+	long := p + strings.Repeat("l", drip.MaxKeyLen-32-len(p))
+	for i, want := range []float64{9, 8} {
+		if d, err := st.Apply(c, drip.OpTake, at, drip.Request{Key: long, Limit: good, Cost: 1}); err != nil || d.Tokens != want {
+			t.Errorf("take %d on a key near MaxKeyLen bytes: %+v, %v; want %v tokens", i, d, err, want)
+		}
+	}
+	if err := st.Reset(c, long); err != nil {
+		t.Errorf("reset of a key near MaxKeyLen bytes: %v", err)
+	}
+	if d, err := st.Apply(c, drip.OpPeek, at, drip.Request{Key: long, Limit: good, Cost: 0}); err != nil || d.Tokens != 10 {
+		t.Errorf("after its reset, the key near MaxKeyLen bytes holds %v (err %v), want 10", d.Tokens, err)
 	}
 	// Nothing above consumed anything.
 	for _, k := range []string{"k", "ok", "d"} {

@@ -34,6 +34,7 @@ type NewStore func(t *testing.T) drip.Store
 func Run(t *testing.T, newStore NewStore) {
 	t.Run("Scenarios", func(t *testing.T) { RunScenarios(t, newStore) })
 	t.Run("Errors", func(t *testing.T) { RunErrors(t, newStore) })
+	t.Run("Rounding", func(t *testing.T) { RunRounding(t, newStore) })
 	t.Run("Multi", func(t *testing.T) { RunMulti(t, newStore) })
 	t.Run("Traces", func(t *testing.T) { RunTraces(t, newStore) })
 	t.Run("Concurrency", func(t *testing.T) { RunConcurrency(t, newStore) })

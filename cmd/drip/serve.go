@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,6 +25,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	fs.StringVar(&c.Listen, "listen", envOr("DRIP_LISTEN", server.DefaultListen), "address of the decision API, or of the gateway with --upstream (env DRIP_LISTEN)")
 	fs.StringVar(&c.AdminListen, "admin-listen", envOr("DRIP_ADMIN_LISTEN", server.DefaultAdminListen), `address of /metrics, /healthz, /readyz and the admin API; "off" disables it (env DRIP_ADMIN_LISTEN)`)
 	fs.StringVar(&c.AdminToken, "admin-token", envOr("DRIP_ADMIN_TOKEN", ""), "bearer token of the admin API; without one the admin API is off (env DRIP_ADMIN_TOKEN)")
+	tokenFile := fs.String("admin-token-file", envOr("DRIP_ADMIN_TOKEN_FILE", ""), "file holding the admin API's bearer token, kept out of ps (env DRIP_ADMIN_TOKEN_FILE)")
 	fs.StringVar(&c.Rules, "rules", envOr("DRIP_RULES", ""), "rules file, JSON or YAML, or envoyproxy/ratelimit config files (a file or a directory) (default: the built-in rules) (env DRIP_RULES)")
 	fs.StringVar(&c.Store, "store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://... (env DRIP_STORE)")
 	fs.StringVar(&c.Upstream, "upstream", envOr("DRIP_UPSTREAM", ""), "upstream URL: serve as a gateway that applies the rules to every request (env DRIP_UPSTREAM)")
@@ -45,6 +47,18 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "drip serve: unexpected arguments %q\n", fs.Args())
 		return 2
+	}
+	if *tokenFile != "" {
+		if c.AdminToken != "" {
+			fmt.Fprintln(stderr, "drip serve: --admin-token and --admin-token-file (or their DRIP_ variables) both set: give one")
+			return 2
+		}
+		tok, err := readToken(*tokenFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "drip serve: --admin-token-file:", err)
+			return 2
+		}
+		c.AdminToken = tok
 	}
 	c.StoreTimeout = *storeTimeout
 	c.Logger = slog.New(slog.NewTextHandler(stderr, nil))
@@ -108,4 +122,27 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 1
 	}
 	return 0
+}
+
+// readToken reads a token file: its content less surrounding white space
+// (a trailing newline, say); an empty file or one over 4 KiB is an error.
+// The error never quotes the content.
+func readToken(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 4<<10+1))
+	if err != nil {
+		return "", err
+	}
+	if len(b) > 4<<10 {
+		return "", fmt.Errorf("%s: over 4 KiB, not a token", path)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("%s: empty", path)
+	}
+	return tok, nil
 }

@@ -3,6 +3,7 @@ package envoy
 import (
 	"context"
 	"net"
+	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -23,18 +24,103 @@ const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 type Server struct {
 	GRPC   *grpc.Server
 	Health *health.Server
+
+	maxConns int
 }
 
-// NewServer returns a gRPC server of svc. reflection turns on server
-// reflection (off by default in drip serve: it lists the services to
-// anyone who can connect).
+// Limits bound what the clients of a Server may hold, so that a client
+// that opens connections or calls and never finishes them costs bounded
+// goroutines and memory. A zero field takes DefaultLimits' value.
+type Limits struct {
+	// MaxConnections is the most connections open at once; one more is
+	// closed as soon as it is accepted (its client sees the connection
+	// drop and tries again or elsewhere).
+	MaxConnections int
+	// MaxConcurrentStreams is the most calls in flight on one connection
+	// (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with
+	// REFUSED_STREAM. Envoy opens more connections when it needs more.
+	MaxConcurrentStreams uint32
+	// MaxConnectionIdle closes a connection that has had no call for so
+	// long.
+	MaxConnectionIdle time.Duration
+	// MaxConnectionAge asks a connection to go away (GOAWAY) once it is so
+	// old; the client reconnects. MaxConnectionAgeGrace later, the
+	// connection is closed with whatever calls it still holds: a call
+	// that never sends its request (or never reads its answer) lives at
+	// most MaxConnectionAge + MaxConnectionAgeGrace.
+	MaxConnectionAge      time.Duration
+	MaxConnectionAgeGrace time.Duration
+}
+
+// DefaultLimits are the limits of NewServer: at most 1024 connections of
+// 128 calls each, an idle connection closed after 5 minutes, and every
+// connection recycled after 10 minutes (plus 30 s for its calls to end).
+// Besides, a call's request is at most 1 MiB (a ShouldRateLimit request
+// holds at most 64 descriptors), its headers at most 64 KiB, flow-control
+// windows are fixed (64 KiB a call, 1 MiB a connection) so that what a
+// connection buffers is bounded, and the HTTP/2 handshake must end within
+// 10 s.
+var DefaultLimits = Limits{
+	MaxConnections:        1024,
+	MaxConcurrentStreams:  128,
+	MaxConnectionIdle:     5 * time.Minute,
+	MaxConnectionAge:      10 * time.Minute,
+	MaxConnectionAgeGrace: 30 * time.Second,
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	if l.MaxConnections <= 0 {
+		l.MaxConnections = d.MaxConnections
+	}
+	if l.MaxConcurrentStreams == 0 {
+		l.MaxConcurrentStreams = d.MaxConcurrentStreams
+	}
+	if l.MaxConnectionIdle <= 0 {
+		l.MaxConnectionIdle = d.MaxConnectionIdle
+	}
+	if l.MaxConnectionAge <= 0 {
+		l.MaxConnectionAge = d.MaxConnectionAge
+	}
+	if l.MaxConnectionAgeGrace <= 0 {
+		l.MaxConnectionAgeGrace = d.MaxConnectionAgeGrace
+	}
+	return l
+}
+
+// NewServer returns a gRPC server of svc with DefaultLimits. reflection
+// turns on server reflection (off by default in drip serve: it lists the
+// services to anyone who can connect).
 func NewServer(svc *Service, reflect bool, opts ...grpc.ServerOption) *Server {
-	// Envoy clusters often send HTTP/2 keepalive pings (connection_keepalive)
-	// more often than gRPC-Go's default minimum of 5 minutes, which would
-	// answer them with GOAWAY: allow one every 5 seconds, idle or not.
-	opts = append([]grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
-		MinTime: 5 * time.Second, PermitWithoutStream: true,
-	})}, opts...)
+	return NewServerWithLimits(svc, reflect, DefaultLimits, opts...)
+}
+
+// NewServerWithLimits is NewServer with limits lim; opts come after
+// drip's own options, and so win over them.
+func NewServerWithLimits(svc *Service, reflect bool, lim Limits, opts ...grpc.ServerOption) *Server {
+	lim = lim.withDefaults()
+	opts = append([]grpc.ServerOption{
+		// Envoy clusters often send HTTP/2 keepalive pings
+		// (connection_keepalive) more often than gRPC-Go's default minimum
+		// of 5 minutes, which would answer them with GOAWAY: allow one
+		// every 5 seconds, idle or not.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime: 5 * time.Second, PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle:     lim.MaxConnectionIdle,
+			MaxConnectionAge:      lim.MaxConnectionAge,
+			MaxConnectionAgeGrace: lim.MaxConnectionAgeGrace,
+			Time:                  time.Minute,      // ping a silent client,
+			Timeout:               20 * time.Second, // and drop it if it does not answer
+		}),
+		grpc.MaxConcurrentStreams(lim.MaxConcurrentStreams),
+		grpc.MaxRecvMsgSize(1 << 20),
+		grpc.MaxHeaderListSize(64 << 10),
+		grpc.InitialWindowSize(64 << 10),
+		grpc.InitialConnWindowSize(1 << 20),
+		grpc.ConnectionTimeout(10 * time.Second),
+	}, opts...)
 	g := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	h := health.NewServer()
@@ -44,11 +130,50 @@ func NewServer(svc *Service, reflect bool, opts ...grpc.ServerOption) *Server {
 	if reflect {
 		reflection.Register(g)
 	}
-	return &Server{GRPC: g, Health: h}
+	return &Server{GRPC: g, Health: h, maxConns: lim.MaxConnections}
 }
 
 // Serve serves on ln until Shutdown; it returns nil after a shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.GRPC.Serve(ln) }
+// Connections beyond Limits.MaxConnections are closed when accepted.
+func (s *Server) Serve(ln net.Listener) error {
+	return s.GRPC.Serve(&capListener{Listener: ln, slots: make(chan struct{}, s.maxConns)})
+}
+
+// capListener closes the connections it accepts beyond cap(slots) open at
+// once. Closing (rather than leaving them in the accept queue, as a
+// blocking limit would) tells a client at once to go elsewhere.
+type capListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
+		default:
+			c.Close()
+		}
+	}
+}
+
+// slotConn gives its slot back when closed, once.
+type slotConn struct {
+	net.Conn
+	once sync.Once
+	free func()
+}
+
+func (c *slotConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.free)
+	return err
+}
 
 // Shutdown reports NOT_SERVING to health checks, stops accepting, and
 // waits for calls in flight to finish; when ctx ends first, it closes

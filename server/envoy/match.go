@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/driplimit/drip"
 )
 
 // match is the limit a descriptor maps to.
@@ -94,7 +96,7 @@ func bucketKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, 
 		}
 		b = netstring(b, e.Value)
 	}
-	return string(b)
+	return drip.FitKey(string(b)) // a long value (say, a path) is hashed, never refused
 }
 
 func netstring(b []byte, s string) []byte {

@@ -180,8 +180,8 @@ func (s *Store) clock() int64 {
 // pointer so that the hot path copies no request: the params and the cost
 // in fixed point.
 func (s *Store) params(op drip.Op, r *drip.Request) (drip.Params, int64, error) {
-	if r.Key == "" {
-		return drip.Params{}, 0, drip.ErrMissingKey
+	if err := drip.CheckKey(r.Key); err != nil {
+		return drip.Params{}, 0, err
 	}
 	var p drip.Params
 	if c := s.last.Load(); c != nil && c.limit == r.Limit {
@@ -298,8 +298,8 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 
 // Reset implements drip.Store.
 func (s *Store) Reset(_ context.Context, key string) error {
-	if key == "" {
-		return drip.ErrMissingKey
+	if err := drip.CheckKey(key); err != nil {
+		return err
 	}
 	sh := s.shardOf(key)
 	sh.mu.Lock()

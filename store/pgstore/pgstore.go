@@ -77,8 +77,9 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// MaxKeyLen is the longest key stored as it is; longer keys are stored
-// hashed (see the package doc).
+// MaxKeyLen is the longest key stored as it is; longer keys (up to
+// drip.MaxKeyLen, the longest any store accepts; the SQL functions take
+// any length) are stored hashed (see the package doc).
 const MaxKeyLen = 512
 
 // DB is what the store needs of a connection pool. *pgxpool.Pool has it.
@@ -376,8 +377,8 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 
 // Reset implements drip.Store: one DELETE.
 func (s *Store) Reset(ctx context.Context, key string) error {
-	if key == "" {
-		return drip.ErrMissingKey
+	if err := drip.CheckKey(key); err != nil {
+		return err
 	}
 	return s.retry(ctx, func() error {
 		_, err := s.db.Exec(ctx, resetSQL, storeKey(key))

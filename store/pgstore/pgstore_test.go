@@ -196,15 +196,19 @@ func TestSerializableRetries(t *testing.T) {
 	}
 }
 
-// TestLongKeys: keys beyond an index entry's size are hashed, and keys
-// that differ only past the limit stay apart.
+// TestLongKeys: keys over MaxKeyLen (512 bytes) are stored hashed, and
+// keys that differ only past it stay apart; keys over drip.MaxKeyLen are
+// refused.
 func TestLongKeys(t *testing.T) {
 	st := newStore(t)
 	ctx := context.Background()
 	lim := drip.PerMinute(1).WithBurst(1)
 	p := prefix()
-	a := p + strings.Repeat("x", 10_000) + "a"
-	b := p + strings.Repeat("x", 10_000) + "b"
+	a := p + strings.Repeat("x", drip.MaxKeyLen-64) + "a"
+	b := p + strings.Repeat("x", drip.MaxKeyLen-64) + "b"
+	if _, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: a + strings.Repeat("x", 64), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
+		t.Fatalf("a key over drip.MaxKeyLen: %v, want %v", err, drip.ErrKeyTooLong)
+	}
 	for _, k := range []string{a, b, "\xff" + p} {
 		d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: k, Limit: lim, Cost: 1})
 		if err != nil || !d.Allowed {

@@ -151,9 +151,13 @@ func TestSQLFunctions(t *testing.T) {
 	if d := sqlCall(t, db, "refund", p+"refund", rl, 5, false, t0); !d.Allowed || d.Tokens != 1 {
 		t.Fatalf("sql refund of 5 on a burst of 1: %+v", d)
 	}
+	// A cost rounds up, as in Go: 0.0000001 is one micro-token, not free.
+	if d := sqlCall(t, db, "take", p+"tiny", drip.PerHour(1).WithBurst(2), 0.0000001, false, t0); !d.Allowed || d.Tokens != 1.999999 {
+		t.Fatalf("sql take of 0.0000001: %+v, want 1.999999 tokens", d)
+	}
 
 	// A long key through SQL and through Go is the same bucket.
-	long := p + strings.Repeat("y", 3000)
+	long := p + strings.Repeat("y", 900) // over MaxKeyLen: stored hashed
 	l := drip.PerHour(1).WithBurst(2)
 	if d := sqlCall(t, db, "take", long, l, 1, false, t0); !d.Allowed || d.Tokens != 1 {
 		t.Fatalf("sql take on a long key: %+v", d)

@@ -232,8 +232,8 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 
 // Reset implements drip.Store.
 func (s *Store) Reset(ctx context.Context, key string) error {
-	if key == "" {
-		return drip.ErrMissingKey
+	if err := drip.CheckKey(key); err != nil {
+		return err
 	}
 	if err := s.c.Do(ctx, s.c.B().Del().Key(s.prefix+key).Build()).Error(); err != nil {
 		return fmt.Errorf("redisstore: reset: %w", err)

@@ -90,6 +90,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE (sign(x) * floor(abs(x * 1000000) + 0.5))::bigint END
 $$;
 
+-- drip.micro_cost is drip.CostMicro: a cost (or refund) in micro-tokens,
+-- rounded up, so that no cost rounds to 0 and is free.
+CREATE OR REPLACE FUNCTION drip.micro_cost(x float8) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT n + CASE WHEN n::float8 / 1000000 < x THEN 1 ELSE 0 END FROM (SELECT drip.micro(x) AS n) s
+$$;
+
 -- drip.window_start is drip.WindowStart: FNV-1a (64 bit) of the key
 -- modulo the period, the default offset of a fixed window's grid.
 CREATE OR REPLACE FUNCTION drip.window_start(key text, period bigint) RETURNS bigint
@@ -138,7 +145,7 @@ BEGIN
     k := drip.key(key);
     p_rate := drip.micro(rate);
     p_burst := drip.micro(burst);
-    p_cost := drip.micro(cost);
+    p_cost := drip.micro_cost(cost);
     -- No bound is 1e12 tokens, as in drip.ParamsOf: debt stays inside a bigint.
     p_maxres := CASE WHEN coalesce(max_reserved, 0) > 0 THEN drip.micro(max_reserved) ELSE 1000000000000000000 END;
     p_start := 0;

@@ -1,0 +1,51 @@
+package drip
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+)
+
+// MaxKeyLen is the longest key drip accepts, in bytes. Every store refuses
+// a longer key with ErrKeyTooLong, in Prepare (so every take, peek and
+// refund) and in Reset, so that no caller can make a store hold huge keys.
+// The bound counts the key as the store is given it: with Prefixed, the
+// prefix too, and with Sharded the shard's suffix; a store's own prefix
+// (redisstore.WithPrefix) is not counted.
+//
+// drip's own front doors never send a longer key: the middleware and the
+// decision API hash rule values over 128 bytes, and they and Envoy's
+// service pass every key they build through FitKey. Only a caller who
+// chooses keys itself (the library, the decision API's inline "key") can
+// meet the error: the decision API answers it with 400.
+const MaxKeyLen = 1024
+
+// ErrKeyTooLong is returned (wrapped) for a key over MaxKeyLen bytes.
+var ErrKeyTooLong = errors.New("key too long")
+
+// CheckKey returns ErrMissingKey for an empty key and ErrKeyTooLong for a
+// key over MaxKeyLen bytes; nil otherwise. Prepare calls it; a store's
+// Reset calls it too.
+func CheckKey(key string) error {
+	switch {
+	case key == "":
+		return ErrMissingKey
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// FitKey returns key when it is at most MaxKeyLen bytes long, and else a
+// stand-in of fixed length: "sha256:" and the hex SHA-256 of key (71
+// bytes), which no two keys share in practice. Front doors that build keys
+// from request content use it, so that a long value is limited under a
+// key of its own rather than refused.
+func FitKey(key string) string {
+	if len(key) <= MaxKeyLen {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
