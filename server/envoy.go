@@ -102,7 +102,7 @@ func readRules(path string) (*rules.Set, *envoy.Config, [32]byte, error) {
 		set, err = rules.Parse([]byte(`{"rules": []}`), filepath.Join(path, "(no drip rules)"))
 		errs = append(errs, err)
 	case 1:
-		set, err = rules.Parse(drip[0].data, drip[0].name)
+		set, err = rules.ParseEnv(drip[0].data, drip[0].name, rules.OSEnv)
 		errs = append(errs, err)
 	default:
 		names := make([]string, len(drip))

@@ -43,7 +43,7 @@ func checkEnvoy(path string, stdout, stderr io.Writer) (handled, bad bool) {
 			files = append(files, envoy.File{Name: n, Data: data})
 			continue
 		}
-		set, err := rules.Parse(data, n)
+		set, err := rules.ParseEnv(data, n, rules.OSEnv)
 		if err != nil {
 			bad = true
 			var re *rules.Error
