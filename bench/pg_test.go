@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -296,6 +297,46 @@ func BenchmarkPostgresBatchTuning(b *testing.B) {
 						pgRun(b, callers, workload == "hot-key", decide)
 					})
 				}
+			}
+		}
+	}
+}
+
+// pgModes are pgx's query modes (default_query_exec_mode), the first its
+// default. Only the first needs named prepared statements on the server
+// connection, which a transaction-mode pooler (PgBouncer before 1.21, or
+// without max_prepared_statements) does not keep.
+var pgModes = []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"}
+
+var pgModeOf = map[string]pgx.QueryExecMode{
+	"cache_statement": pgx.QueryExecModeCacheStatement,
+	"cache_describe":  pgx.QueryExecModeCacheDescribe,
+	"describe_exec":   pgx.QueryExecModeDescribeExec,
+	"exec":            pgx.QueryExecModeExec,
+	"simple_protocol": pgx.QueryExecModeSimpleProtocol,
+}
+
+// BenchmarkPostgresQueryMode measures what each of pgx's query modes costs
+// drip on a direct connection (logged table, synchronous commits), one
+// decision a statement (batching off) and batched (the default), at 1 and
+// 16 callers on 100,000 keys:
+//
+//	cd bench && go test -run '^$' -bench 'PostgresQueryMode' -benchtime 4000x -count 3
+func BenchmarkPostgresQueryMode(b *testing.B) {
+	url := pgURL(b)
+	pgCommit = ""
+	for _, callers := range []int{1, 16} {
+		for _, batch := range []bool{false, true} {
+			for _, mode := range pgModes {
+				name := fmt.Sprintf("callers=%d/batch=%v/mode=%s", callers, batch, mode)
+				b.Run(name, func(b *testing.B) {
+					opts := []pgstore.Option{pgstore.WithQueryMode(pgModeOf[mode])}
+					if !batch {
+						opts = append(opts, pgstore.WithBatching(0, 1, 0))
+					}
+					decide := pgDrip(false, opts...)(b, url, callers)
+					pgRun(b, callers, false, decide)
+				})
 			}
 		}
 	}

@@ -6,8 +6,6 @@ import (
 	"io"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/store/pgstore"
@@ -60,7 +58,7 @@ func runPG(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Wr
 	case *unlogged && *logged:
 		return fail(2, "--unlogged and --logged: choose one")
 	}
-	pool, err := pgxpool.New(ctx, *url)
+	pool, err := pgstore.NewPool(ctx, *url)
 	if err != nil {
 		return fail(1, "%v", redact.Error(err))
 	}

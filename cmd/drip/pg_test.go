@@ -12,10 +12,25 @@ import (
 
 // TestReplayPostgres installs the schema with drip pg install (twice: it is
 // idempotent), then runs drip replay --store postgres://... on every trace
-// of storetest and wants the memory store's output, line for line.
+// of storetest and wants the memory store's output, line for line: on a
+// direct connection, and through PgBouncer in transaction mode with the
+// same plain URL.
 func TestReplayPostgres(t *testing.T) {
 	defer testserver.StopSharedPostgres()
-	url := testserver.SharedPostgres(t).URL()
+	pg := testserver.SharedPostgres(t)
+	for name, url := range map[string]string{
+		"direct":    pg.URL(),
+		"pgbouncer": testserver.StartPgBouncer(t, pg, 0).URL(),
+	} {
+		t.Run(name, func(t *testing.T) { replayPostgres(t, url) })
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"pg", "install"}, nil, &out, &errb); code != 2 {
+		t.Errorf("drip pg install without --url: exit %d, want 2", code)
+	}
+}
+
+func replayPostgres(t *testing.T, url string) {
 	ctx := context.Background()
 	for range 2 {
 		var out, errb bytes.Buffer
@@ -50,9 +65,5 @@ func TestReplayPostgres(t *testing.T) {
 				t.Errorf("%s line %d:\n postgres %s\n memory   %s", name, i+1, got[i], want[i])
 			}
 		}
-	}
-	var out, errb bytes.Buffer
-	if code := run(ctx, []string{"pg", "install"}, nil, &out, &errb); code != 2 {
-		t.Errorf("drip pg install without --url: exit %d, want 2", code)
 	}
 }

@@ -7,8 +7,10 @@ import (
 	"github.com/driplimit/drip/store/redisstore"
 )
 
-// openRedis opens a redis:// or rediss:// store URL: one server, or a
-// whole Redis Cluster from one of its nodes (more seeds as ?addr=).
+// openRedis opens a redis://, rediss://, redis+sentinel:// or
+// rediss+sentinel:// store URL: one server, a whole Redis Cluster from one
+// of its nodes (more seeds as ?addr=), or the master a set of Sentinels
+// names (see redisstore.ParseURL).
 func openRedis(_ context.Context, url string) (drip.Store, func(), error) {
 	s, err := redisstore.Open(url)
 	if err != nil {

@@ -11,13 +11,15 @@ import (
 )
 
 // TestReplayRedis runs drip replay --store redis://... on every trace of
-// storetest, on one server and on a cluster, and compares with the golden
-// output, which the memory store produces.
+// storetest, on one server, on a cluster and through Sentinel
+// (redis+sentinel://), and compares with the golden output, which the
+// memory store produces.
 func TestReplayRedis(t *testing.T) {
 	defer testserver.StopShared()
 	urls := map[string]string{
-		"single":  testserver.SharedRedisURL(t),
-		"cluster": testserver.SharedRedisClusterURL(t),
+		"single":   testserver.SharedRedisURL(t),
+		"cluster":  testserver.SharedRedisClusterURL(t),
+		"sentinel": testserver.StartRedisSentinel(t).URL(),
 	}
 	for kind, url := range urls {
 		for _, name := range storetest.TraceNames() {

@@ -24,12 +24,13 @@ func openStoreURL(ctx context.Context, url string) (drip.Store, func(), error) {
 	case url == "" || url == "memory" || strings.HasPrefix(url, "memory:"):
 		s := memstore.New()
 		return s, func() { s.Close() }, nil
-	case strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://"):
+	case strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://") ||
+		strings.HasPrefix(url, "redis+sentinel://") || strings.HasPrefix(url, "rediss+sentinel://"):
 		return openRedis(ctx, url)
 	case strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://"):
 		return openPostgres(ctx, url)
 	}
-	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://... or redis://...", redact.URL(url))
+	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://..., redis://..., rediss://... or redis+sentinel://...", redact.URL(url))
 }
 
 func envOr(name, def string) string {

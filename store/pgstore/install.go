@@ -65,11 +65,20 @@ const installLock = 0x64726970 // "drip"
 
 // Install creates the drip schema, or migrates it to SchemaVersion, and
 // (re)creates its functions, in one transaction. It is idempotent and safe
-// to run from several processes at once.
+// to run from several processes at once: the transaction takes a
+// transaction-level advisory lock (released by its commit or rollback, so
+// it holds through a pooler in transaction mode, where a session-level
+// lock would be left on a server connection other clients then get).
+// Its statements prepare nothing by name (FallbackQueryMode), so it runs
+// through such a pooler as it is.
 func Install(ctx context.Context, db DB, o InstallOptions) error {
 	if o.Logged && o.Unlogged {
 		return errors.New("pgstore: install: Logged and Unlogged both set")
 	}
+	if m, ok := db.(modeDB); ok {
+		db = m.db
+	}
+	db = newModeDB(db, FallbackQueryMode)
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", installLock); err != nil {
 			return err
@@ -153,6 +162,26 @@ func checkVersion(ctx context.Context, db DB) error {
 	return nil
 }
 
+// NewPool connects a pgx pool to rawURL (pgx's parameters only), for
+// Install. Its default query mode is FallbackQueryMode unless the URL
+// names one (default_query_exec_mode), so that statements run on it work
+// through a pooler in transaction mode too. (The store sends its own
+// statements with a mode of its own: see DefaultQueryMode.)
+func NewPool(ctx context.Context, rawURL string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	if u, err := url.Parse(rawURL); err == nil && !u.Query().Has("default_query_exec_mode") {
+		cfg.ConnConfig.DefaultQueryExecMode = FallbackQueryMode
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
+	return pool, nil
+}
+
 // Open connects to the PostgreSQL server at rawURL with a pool of its own
 // (closed by Close) and returns a store on it. Besides pgx's own
 // parameters (pool_max_conns, ...), the URL may carry drip's, which are
@@ -219,6 +248,14 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		urlOpts = append(urlOpts, WithBatching(batchWindow, batchMax, batchConns))
 	}
 	u.RawQuery = q.Encode()
+	if q.Has("default_query_exec_mode") {
+		// pgx's own parameter: the store sends its statements that way.
+		cfg, err := pgx.ParseConfig(u.String())
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: %w", err)
+		}
+		urlOpts = append(urlOpts, WithQueryMode(cfg.DefaultQueryExecMode))
+	}
 	pool, err := pgxpool.New(ctx, u.String())
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)

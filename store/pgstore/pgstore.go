@@ -53,6 +53,9 @@
 // short statement each, skipping rows that decisions hold), one pass per
 // minute by default (WithSweep).
 //
+// Poolers. The store works unchanged through a pooler in transaction
+// mode (PgBouncer, RDS Proxy): see DefaultQueryMode.
+//
 // Errors. Serialization failures (SQLSTATE 40001) and deadlocks (40P01),
 // which distributed SQL databases raise under contention and PostgreSQL
 // raises at SERIALIZABLE, are retried with bounded, jittered exponential
@@ -95,6 +98,7 @@ type DB interface {
 // it with New or Open; Close stops its background work.
 type Store struct {
 	db  DB
+	dbm modeDB // db, with the statements' query mode
 	cfg config
 
 	batch *batcher
@@ -110,16 +114,18 @@ type Store struct {
 var _ drip.Store = (*Store)(nil)
 
 type config struct {
-	install     bool
-	installOpts InstallOptions
-	sweepEvery  time.Duration
-	sweepPage   int
-	attempts    int
-	backoff     time.Duration
-	maxBackoff  time.Duration
-	batchWindow time.Duration
-	batchMax    int
-	batchConns  int
+	install      bool
+	installOpts  InstallOptions
+	sweepEvery   time.Duration
+	sweepPage    int
+	attempts     int
+	backoff      time.Duration
+	maxBackoff   time.Duration
+	batchWindow  time.Duration
+	batchMax     int
+	batchConns   int
+	queryMode    pgx.QueryExecMode
+	queryModeSet bool
 }
 
 // DefaultSweep is how often the sweeper walks the table (see WithSweep).
@@ -179,15 +185,17 @@ func WithBatching(window time.Duration, maxBatch, conns int) Option {
 func New(ctx context.Context, db DB, opts ...Option) (*Store, error) {
 	s := &Store{db: db, stop: make(chan struct{})}
 	s.cfg = config{sweepEvery: DefaultSweep, sweepPage: 1000, attempts: 10, backoff: time.Millisecond, maxBackoff: 100 * time.Millisecond,
-		batchWindow: DefaultBatchWindow, batchMax: DefaultBatchMax, batchConns: DefaultBatchConns}
+		batchWindow: DefaultBatchWindow, batchMax: DefaultBatchMax, batchConns: DefaultBatchConns, queryMode: DefaultQueryMode}
 	for _, o := range opts {
 		o(&s.cfg)
 	}
+	s.dbm = newModeDB(db, s.cfg.queryMode)
+	s.db = s.dbm
 	if s.cfg.install {
-		if err := Install(ctx, db, s.cfg.installOpts); err != nil {
+		if err := Install(ctx, s.db, s.cfg.installOpts); err != nil {
 			return nil, err
 		}
-	} else if err := checkVersion(ctx, db); err != nil {
+	} else if err := checkVersion(ctx, newModeDB(db, FallbackQueryMode)); err != nil { // once: nothing prepared by name
 		return nil, err
 	}
 	if s.cfg.batchMax > 1 {
@@ -401,6 +409,7 @@ func retryable(err error) bool {
 func (s *Store) retry(ctx context.Context, f func() error) error {
 	wait := s.cfg.backoff
 	var err error
+	fell := false // switched to FallbackQueryMode once
 	for attempt := 1; ; attempt++ {
 		err = f()
 		if err == nil {
@@ -411,6 +420,10 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 				return err
 			}
 			s.retries.Add(1)
+			continue
+		}
+		if !fell && s.fallBack(err) {
+			fell = true
 			continue
 		}
 		if !retryable(err) {

@@ -40,10 +40,16 @@ const SweepMargin = time.Minute
 func (s *Store) Sweep(ctx context.Context) (int64, error) {
 	var total int64
 	after := []byte{}
+	fell := false // switched to FallbackQueryMode once
 	for {
 		var last []byte
 		var n int64
-		if err := s.db.QueryRow(ctx, sweepSQL, after, s.cfg.sweepPage, int64(SweepMargin)).Scan(&last, &n); err != nil {
+		err := s.db.QueryRow(ctx, sweepSQL, after, s.cfg.sweepPage, int64(SweepMargin)).Scan(&last, &n)
+		if err != nil && !fell && s.fallBack(err) {
+			fell = true
+			continue // nothing ran: the same page again
+		}
+		if err != nil {
 			return total, err
 		}
 		total += n

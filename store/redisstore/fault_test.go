@@ -159,56 +159,12 @@ func TestClusterFailover(t *testing.T) {
 		}
 	}
 	keys := append(append([]string{}, moved...), stayed...)
-
-	var n sync.Map // key -> *atomic.Int64 grants
-	for _, k := range keys {
-		n.Store(k, new(atomic.Int64))
-	}
-	var oks, errs, oksAfter atomic.Int64
-	var killed atomic.Bool
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; ; i += 16 {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := keys[i%len(keys)]
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
-				cancel()
-				if err != nil {
-					errs.Add(1)
-					time.Sleep(2 * time.Millisecond)
-					continue
-				}
-				oks.Add(1)
-				if killed.Load() {
-					oksAfter.Add(1)
-				}
-				if d.Allowed {
-					v, _ := n.Load(key)
-					v.(*atomic.Int64).Add(1)
-				}
-			}
-		}()
-	}
+	load := startTakeLoad(s, keys, lim, 16)
+	defer load.Stop()
 	// Kill the master while its keys are half spent.
-	for warm := time.Now().Add(30 * time.Second); oks.Load() < int64(len(keys)*burst/2); {
-		if time.Now().After(warm) {
-			close(stop)
-			wg.Wait()
-			t.Fatalf("only %d decisions (%d errors) in 30 s before the kill", oks.Load(), errs.Load())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	load.WaitOKs(t, int64(len(keys)*burst/2))
 	killedAt := time.Now()
-	killed.Store(true)
+	load.Mark()
 	victim.Kill()
 	if err := c.WaitOK(30 * time.Second); err != nil {
 		for _, n := range c.Nodes {
@@ -218,18 +174,12 @@ func TestClusterFailover(t *testing.T) {
 	}
 	failover := time.Since(killedAt)
 	// Run until every key has been asked well past its burst.
-	target := oksAfter.Load() + int64(len(keys)*burst*2)
-	deadline := time.Now().Add(30 * time.Second)
-	for oksAfter.Load() < target && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	close(stop)
-	wg.Wait()
+	continued := load.RunAfter(int64(len(keys) * burst * 2))
 
-	grants := func(k string) int64 { v, _ := n.Load(k); return v.(*atomic.Int64).Load() }
+	grants := func(i int) int64 { return load.grants[i].Load() }
 	over, overKeys, worst := int64(0), 0, int64(0)
-	for _, k := range moved {
-		g := grants(k)
+	for i, k := range moved {
+		g := grants(i)
 		if g > 2*burst {
 			t.Errorf("%s (moved) granted %d, more than two bursts (%d)", k, g, 2*burst)
 		}
@@ -239,14 +189,14 @@ func TestClusterFailover(t *testing.T) {
 			worst = max(worst, g-burst)
 		}
 	}
-	for _, k := range stayed {
-		if g := grants(k); g != burst {
+	for i, k := range stayed {
+		if g := grants(len(moved) + i); g != burst {
 			t.Errorf("%s (did not move) granted %d, want exactly %d", k, g, burst)
 		}
 	}
 	t.Logf("failover took %v; %d decisions (%d after the kill), %d errors; over-admission: %d tokens over %d of %d moved keys (worst key: %d extra, bound %d)",
-		failover.Round(time.Millisecond), oks.Load(), oksAfter.Load(), errs.Load(), over, overKeys, len(moved), worst, burst)
-	if oksAfter.Load() < target {
-		t.Fatalf("decisions did not continue after the failover: %d of %d", oksAfter.Load(), target)
+		failover.Round(time.Millisecond), load.oks.Load(), load.after.Load(), load.errs.Load(), over, overKeys, len(moved), worst, burst)
+	if !continued {
+		t.Fatalf("decisions did not continue after the failover: %d after the kill", load.after.Load())
 	}
 }

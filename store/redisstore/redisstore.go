@@ -22,6 +22,9 @@
 // as an error. Every write leaves the key a TTL of at least a minute past
 // the bucket's expiry (drip.Params.ExpiresAt), so idle buckets vanish.
 //
+// Sentinel: Open with a redis+sentinel:// URL (see ParseURL) finds the
+// master through the Sentinels and follows its failovers.
+//
 // Redis Cluster: all keys of a multi-take must hash to one slot. Put the
 // part they share in braces, a hash tag: "{tenant-7}:user:42" and
 // "{tenant-7}" hash alike (see Tag). A multi-take whose keys do not share
@@ -131,12 +134,15 @@ func New(c rueidis.Client, opts ...Option) *Store {
 
 // Open connects to the server a URL names: redis://[user:pass@]host:port[/db]
 // or rediss:// for TLS. The same URL pointed at one node of a cluster
-// reaches the whole cluster; more nodes to start from go in ?addr=host:port
-// (repeatable). Close closes the connection.
+// reaches the whole cluster; more seed nodes go in ?addr=host:port
+// (repeatable). redis+sentinel://host:port[,host:port...]/master_name[/db]
+// (rediss+sentinel:// for TLS) finds the master through Sentinel and
+// follows its failovers; so does rueidis's redis://host:port?master_set=name.
+// ParseURL has every form and parameter. Close closes the connection.
 func Open(url string, opts ...Option) (*Store, error) {
-	o, err := rueidis.ParseURL(url)
+	o, err := ParseURL(url)
 	if err != nil {
-		return nil, redact.Error(fmt.Errorf("redisstore: %w", err))
+		return nil, redact.Error(err)
 	}
 	c, err := rueidis.NewClient(o)
 	if err != nil {
