@@ -331,7 +331,7 @@ func (p Params) decide(allowed bool, b Bucket, retry time.Duration, now int64) D
 		Allowed:    allowed,
 		Tokens:     float64(b.Tokens) / Micro,
 		Remaining:  max(0, b.Tokens) / Micro,
-		Limit:      float64(p.Burst) / Micro,
+		Burst:      float64(p.Burst) / Micro,
 		RetryAfter: retry,
 		ResetAfter: p.Until(b, p.Burst, now),
 	}

@@ -173,7 +173,7 @@ func TestBreakerInterleavings(t *testing.T) {
 func TestBeforeTake(t *testing.T) {
 	// Continuous, 10/s burst 20: 5 left after taking 2 means 7 before,
 	// full in 1.3 s rather than 1.5 s.
-	d := drip.Decision{Allowed: true, Tokens: 5, Remaining: 5, Limit: 20, ResetAfter: 1500 * time.Millisecond}
+	d := drip.Decision{Allowed: true, Tokens: 5, Remaining: 5, Burst: 20, ResetAfter: 1500 * time.Millisecond}
 	got := BeforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 2)
 	if got.Tokens != 7 || got.Remaining != 7 || got.ResetAfter != 1300*time.Millisecond {
 		t.Errorf("continuous: %+v", got)
