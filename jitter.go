@@ -23,14 +23,6 @@ func JitterFraction(identity string) float64 {
 	return float64(x>>11) / (1 << 53)
 }
 
-// Jitter returns d stretched by up to frac of itself, deterministically per
-// identity: d * (1 + frac*JitterFraction(identity)). Spreading the retries of
-// clients that hit a limit at once avoids a thundering herd, while the same
-// client always hears the same answer.
-func Jitter(identity string, d time.Duration, frac float64) time.Duration {
-	return d + time.Duration(float64(d)*frac*JitterFraction(identity))
-}
-
 // RetryJitter is how a Retry-After is spread over clients: by up to
 // Fraction of the wait, and by at most Max whatever the wait.
 //

@@ -11,6 +11,11 @@ type Limiter struct {
 	store Store
 	limit Limit
 	now   func() time.Time // nil: the store's clock
+	// fast is the store's PreparedStore side when it has one and the limit
+	// does not depend on the key; params is the limit prepared once, which
+	// it is handed by pointer.
+	fast   PreparedStore
+	params Params
 }
 
 // Option configures a Limiter.
@@ -21,8 +26,20 @@ type Option func(*Limiter)
 func WithClock(now func() time.Time) Option { return func(l *Limiter) { l.now = now } }
 
 // New returns a Limiter that holds keys to limit, with state in store.
+//
+// New panics if limit is invalid (see Limit.Validate), as time.NewTicker
+// does for a period that is not positive: a limiter that refused every
+// request would fail far from the mistake. Check limits that come from
+// configuration with Limit.Validate first.
 func New(store Store, limit Limit, opts ...Option) *Limiter {
-	l := &Limiter{store: store, limit: limit}
+	p, err := ParamsOf(limit, "")
+	if err != nil {
+		panic("drip.New: " + err.Error())
+	}
+	l := &Limiter{store: store, limit: limit, params: p}
+	if ps, ok := store.(PreparedStore); ok && !limit.KeyDependent() {
+		l.fast = ps
+	}
 	for _, o := range opts {
 		o(l)
 	}
@@ -50,14 +67,32 @@ func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
 // TakeN takes cost tokens from key's bucket. A denial is a Decision with
 // Allowed false; an error means bad input or a failing store.
 func (l *Limiter) TakeN(ctx context.Context, key string, cost float64) (Decision, error) {
-	return l.store.Apply(ctx, OpTake, l.at(), Request{Key: key, Limit: l.limit, Cost: cost})
+	return l.apply(ctx, OpTake, key, cost, false)
+}
+
+// apply makes one decision on the limiter's limit: through the store's
+// PreparedStore side when it has one, which skips re-checking the limit
+// for every request, else through Store.Apply. Both check the key and the
+// cost the same way (Prepare).
+func (l *Limiter) apply(ctx context.Context, op Op, key string, cost float64, reserve bool) (Decision, error) {
+	if l.fast == nil {
+		return l.store.Apply(ctx, op, l.at(), Request{Key: key, Limit: l.limit, Cost: cost, Reserve: reserve})
+	}
+	if err := CheckKey(key); err != nil {
+		return Decision{}, err
+	}
+	c, err := CostOf(op, cost, reserve, l.params)
+	if err != nil {
+		return Decision{}, err
+	}
+	return l.fast.ApplyPrepared(ctx, op, l.at(), key, &l.params, c, reserve)
 }
 
 // Reserve takes cost tokens, going into debt if there are too few (up to
 // the limit's MaxReserved). When allowed, the reserved work may run after
 // Decision.RetryAfter.
 func (l *Limiter) Reserve(ctx context.Context, key string, cost float64) (Decision, error) {
-	return l.store.Apply(ctx, OpTake, l.at(), Request{Key: key, Limit: l.limit, Cost: cost, Reserve: true})
+	return l.apply(ctx, OpTake, key, cost, true)
 }
 
 // Peek reports what Take would decide, and changes nothing.
@@ -67,13 +102,13 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 
 // PeekN reports what TakeN would decide for cost, and changes nothing.
 func (l *Limiter) PeekN(ctx context.Context, key string, cost float64) (Decision, error) {
-	return l.store.Apply(ctx, OpPeek, l.at(), Request{Key: key, Limit: l.limit, Cost: cost})
+	return l.apply(ctx, OpPeek, key, cost, false)
 }
 
 // Refund gives back cost tokens that were taken for work that did not
 // happen. The bucket never holds more than its burst.
 func (l *Limiter) Refund(ctx context.Context, key string, cost float64) (Decision, error) {
-	return l.store.Apply(ctx, OpRefund, l.at(), Request{Key: key, Limit: l.limit, Cost: cost})
+	return l.apply(ctx, OpRefund, key, cost, false)
 }
 
 // Reset forgets key's bucket: it is full again.

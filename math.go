@@ -210,6 +210,11 @@ func (p Params) Refilled(b Bucket, now int64) Bucket {
 			return Bucket{Tokens: p.Burst, TS: now}
 		}
 		hi, lo := bits.Mul64(uint64(e), uint64(p.Rate))
+		if hi == 0 && lo < uint64(p.Period) {
+			// Under one micro-token's worth: nothing to add, and TS stays
+			// (now - lo/Rate is now - e), without dividing.
+			return b
+		}
 		if hi >= uint64(p.Period) {
 			return Bucket{Tokens: p.Burst, TS: now}
 		}
@@ -238,7 +243,11 @@ func (p Params) Until(b Bucket, target, now int64) time.Duration {
 	if b.Tokens >= target {
 		return 0
 	}
-	r := p.reach(b, target)
+	return untilAt(p.reach(b, target), now)
+}
+
+// untilAt is how long after now the instant r is (0 if it has passed).
+func untilAt(r, now int64) time.Duration {
 	if now < 0 && r > math.MaxInt64+now {
 		return time.Duration(math.MaxInt64)
 	}
@@ -273,8 +282,10 @@ func (p Params) reach(b Bucket, target int64) int64 {
 // is full again, and for an interval refill one whole period later (until
 // then the bucket keeps its grid; after a full period of being full, the
 // next request starts a new grid). Stores set their TTLs from it.
-func (p Params) ExpiresAt(b Bucket) int64 {
-	t := p.reach(b, p.Burst)
+func (p Params) ExpiresAt(b Bucket) int64 { return p.expiresAt(p.reach(b, p.Burst)) }
+
+// expiresAt is ExpiresAt of a bucket that is full again at t.
+func (p Params) expiresAt(t int64) int64 {
 	if p.Kind == KindInterval {
 		if t > math.MaxInt64-p.Period {
 			return math.MaxInt64
@@ -299,14 +310,27 @@ func (p Params) NeedFor(cost int64, reserve bool) int64 {
 // had state) at now. It returns the decision, the bucket to store, and
 // whether it must be written: a denial or a peek writes nothing.
 func Eval(op Op, b Bucket, found bool, p Params, cost int64, reserve bool, now int64) (Decision, Bucket, bool) {
-	if !found || now >= p.ExpiresAt(b) {
+	// full is when b is full again, kept for ResetAfter while the bucket
+	// stays as it was (a denial or a peek on a hot key), to divide once.
+	var full int64
+	if found {
+		full = p.reach(b, p.Burst)
+	}
+	if !found || now >= p.expiresAt(full) {
 		b = p.Fresh(now)
+		full = b.TS
 	}
 	a := p.Refilled(b, now)
+	resetAfter := func(n Bucket) time.Duration {
+		if n == b && n.Tokens < p.Burst {
+			return untilAt(full, now)
+		}
+		return p.Until(n, p.Burst, now)
+	}
 	switch op {
 	case OpRefund:
 		n := Bucket{Tokens: min(p.Burst, a.Tokens+cost), TS: a.TS}
-		return p.decide(true, n, 0, now), n, true
+		return p.decide(true, n, 0, resetAfter(n)), n, true
 	}
 	allowed := false
 	var retry time.Duration
@@ -322,18 +346,18 @@ func Eval(op Op, b Bucket, found bool, p Params, cost int64, reserve bool, now i
 	default:
 		retry = p.Until(a, p.NeedFor(cost, reserve), now)
 	}
-	d := p.decide(allowed, n, retry, now)
+	d := p.decide(allowed, n, retry, resetAfter(n))
 	return d, n, allowed && op == OpTake
 }
 
-func (p Params) decide(allowed bool, b Bucket, retry time.Duration, now int64) Decision {
+func (p Params) decide(allowed bool, b Bucket, retry, reset time.Duration) Decision {
 	return Decision{
 		Allowed:    allowed,
 		Tokens:     float64(b.Tokens) / Micro,
 		Remaining:  max(0, b.Tokens) / Micro,
 		Burst:      float64(p.Burst) / Micro,
 		RetryAfter: retry,
-		ResetAfter: p.Until(b, p.Burst, now),
+		ResetAfter: reset,
 	}
 }
 

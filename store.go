@@ -39,3 +39,17 @@ type Store interface {
 	// Reset deletes the bucket of key: it is full again.
 	Reset(ctx context.Context, key string) error
 }
+
+// PreparedStore is a Store that can also apply a request whose limit was
+// prepared once: a Limiter whose store has it prepares its limit in New
+// and hands the store a pointer to the Params for every decision, instead
+// of a Request whose Limit the store would check again each time.
+//
+// ApplyPrepared must decide exactly as Apply would for a Request with the
+// limit p was made from. The caller has checked key (Prepare's rules), made
+// p with ParamsOf for a limit that is not KeyDependent, and cost with
+// CostOf; p is shared by every call and must not be changed.
+type PreparedStore interface {
+	Store
+	ApplyPrepared(ctx context.Context, op Op, at time.Time, key string, p *Params, cost int64, reserve bool) (Decision, error)
+}

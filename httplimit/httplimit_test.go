@@ -20,31 +20,12 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
-
-// clock is a settable time shared by the limiter and the test: decisions
-// are made at clock.now, so tests never sleep.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // observer counts what the limiter reports.
 type observer struct {
@@ -83,7 +64,7 @@ type env struct {
 	t     *testing.T
 	srv   *httptest.Server
 	lim   *httplimit.Limiter
-	clock *clock
+	clock *testclock.Clock // shared by the limiter and the test: no test sleeps
 	obs   *observer
 	store drip.Store
 	hits  atomic.Int64
@@ -100,13 +81,16 @@ func parse(t *testing.T, src string) *rules.Set {
 
 func newEnv(t *testing.T, store drip.Store, set *rules.Set, opts ...httplimit.Option) *env {
 	t.Helper()
-	e := &env{t: t, clock: newClock(), obs: &observer{}, store: store}
+	e := &env{t: t, clock: testclock.New(), obs: &observer{}, store: store}
 	if e.store == nil {
 		ms := memstore.New()
 		t.Cleanup(func() { ms.Close() })
 		e.store = ms
 	}
-	opts = append([]httplimit.Option{httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs),
+	// A generous store deadline: the middleware's 50 ms default on a
+	// loaded machine would let on_error decide (the deadline tests set
+	// their own).
+	opts = append([]httplimit.Option{httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs),
 		httplimit.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	e.lim = httplimit.New(e.store, set, opts...)
 	t.Cleanup(func() { e.lim.Close() })
@@ -257,7 +241,7 @@ func Test429AfterBurst(t *testing.T) {
 func TestFixedWindow(t *testing.T) {
 	e := newEnv(t, nil, parse(t, `{"rules": [{"name": "fw", "limit_keys": ["global"], "algorithm": "fixed_window",
 		"algorithm_config": {"rate": 3, "period": "10s", "start": 0}}]}`))
-	e.clock.t = time.Unix(1_000_000_002, 0) // 2 s into a 10 s window aligned on the epoch
+	e.clock.Set(time.Unix(1_000_000_002, 0)) // 2 s into a 10 s window aligned on the epoch
 	for range 3 {
 		if r := e.do("/"); r.code != 200 || r.h.Get("RateLimit-Policy") != `"fw";q=3;w=10` {
 			t.Fatalf("%d %v", r.code, r.h)
@@ -657,17 +641,40 @@ func TestStoreDownLocal(t *testing.T) {
 	}
 }
 
+// deadlineStore is a slowStore that records the longest time left to a
+// call's deadline when the call arrives.
+type deadlineStore struct {
+	slowStore
+	mu      sync.Mutex
+	calls   int
+	longest time.Duration
+	none    bool // a call without a deadline
+}
+
+func (s *deadlineStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	s.mu.Lock()
+	s.calls++
+	if d, ok := ctx.Deadline(); ok {
+		s.longest = max(s.longest, time.Until(d))
+	} else {
+		s.none = true
+	}
+	s.mu.Unlock()
+	return s.slowStore.Apply(ctx, op, at, r)
+}
+
 func TestStoreDeadline(t *testing.T) {
-	e := newEnv(t, slowStore{}, parse(t, downRules("allow")), httplimit.WithTimeout(20*time.Millisecond))
-	start := time.Now()
+	st := &deadlineStore{}
+	e := newEnv(t, st, parse(t, downRules("allow")), httplimit.WithTimeout(20*time.Millisecond))
 	for range 5 {
 		if r := e.do("/", "X-Api-Key: k"); r.code != 200 {
 			t.Fatalf("%d", r.code)
 		}
 	}
-	// 3 calls time out, then the breaker skips the store.
-	if el := time.Since(start); el > 2*time.Second {
-		t.Errorf("5 requests took %v", el)
+	// 3 calls time out, then the breaker skips the store. Each call had
+	// at most the 20 ms deadline left (time only shortens it).
+	if st.calls != 3 || st.none || st.longest > 20*time.Millisecond {
+		t.Errorf("%d store calls had up to %v left to their deadline (none: %v), want 3 with at most 20ms", st.calls, st.longest, st.none)
 	}
 	if e.obs.errs() != 3 || e.obs.count("free/enforce/error_allowed") != 5 {
 		t.Errorf("errors %d, observed %v", e.obs.errs(), e.obs.decisions)
@@ -705,10 +712,7 @@ func TestDecideWithoutRules(t *testing.T) {
 func TestMain(m *testing.M) {
 	// The JWT tests read their HMAC secret from the environment.
 	os.Setenv("DRIP_TEST_JWT_SECRET", hmacSecret)
-	code := m.Run()
-	testserver.StopSharedPostgres()
-	testserver.StopShared()
-	os.Exit(code)
+	testserver.Main(m)
 }
 
 func (o *observer) errs() int {

@@ -53,7 +53,7 @@ func jwtEnv(t *testing.T, jwtSetting string, files map[string][]byte) *env {
 		t.Fatal(err)
 	}
 	e := newEnv(t, nil, set)
-	e.clock.t = time.Now() // tokens carry real times
+	e.clock.Set(time.Now()) // tokens carry real times
 	return e
 }
 

@@ -44,7 +44,12 @@ func runID() string {
 func storeEnv(t *testing.T, su *storeUnder, src string) (*env, string) {
 	id := runID()
 	e := newEnv(t, su.store, parse(t, strings.ReplaceAll(src, "{id}", id)), su.opts...)
-	e.clock.t = time.Now()
+	e.clock.Set(time.Now())
+	t.Cleanup(func() {
+		if n := e.obs.errs(); n != 0 {
+			t.Errorf("%d store calls failed: the decisions were on_error's, not the store's", n)
+		}
+	})
 	return e, id
 }
 

@@ -33,7 +33,7 @@ func FuzzParse(f *testing.F) {
 		if yaml {
 			name = "fuzz.yaml"
 		}
-		watchdog := time.AfterFunc(5*time.Second, func() { panic(fmt.Sprintf("Parse(%q, %q) hangs", data, name)) })
+		watchdog := time.AfterFunc(time.Minute, func() { panic(fmt.Sprintf("Parse(%q, %q) hangs", data, name)) })
 		set, err := Parse(data, name)
 		watchdog.Stop()
 		var vars, files []string

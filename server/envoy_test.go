@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -113,34 +112,26 @@ func TestEnvoyWatch(t *testing.T) {
 	dir := t.TempDir()
 	edge := filepath.Join(dir, "edge.yaml")
 	envoyFile(t, edge, 5)
-	srv := start(t, Config{Rules: dir, GRPCListen: "127.0.0.1:0", WatchEvery: 10 * time.Millisecond}, memstore.New())
+	srv, poll := startWatched(t, Config{Rules: dir, GRPCListen: "127.0.0.1:0"}, memstore.New())
 	c, _ := grpcClient(t, srv.Server)
 	if resp := shouldRateLimit(t, c, "a"); resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 5 {
 		t.Fatalf("%v", resp)
 	}
 	envoyFile(t, edge, 7)
-	deadline := time.Now().Add(10 * time.Second)
-	for shouldRateLimit(t, c, "a").Statuses[0].CurrentLimit.GetRequestsPerUnit() != 7 {
-		if time.Now().After(deadline) {
-			t.Fatal("the watcher did not reload the changed file")
-		}
-		time.Sleep(10 * time.Millisecond)
+	poll()
+	if resp := shouldRateLimit(t, c, "a"); resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 7 {
+		t.Fatalf("the watcher did not reload the changed file: %v", resp)
 	}
 	// A new file in the directory is a new domain.
 	writeFile(t, filepath.Join(dir, "other.yaml"), "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
-	for {
-		resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "other",
-			Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.Statuses[0].CurrentLimit != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the watcher did not load the new file")
-		}
-		time.Sleep(10 * time.Millisecond)
+	poll()
+	resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "other",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Statuses[0].CurrentLimit == nil {
+		t.Fatalf("the watcher did not load the new file: %v", resp)
 	}
 }
 

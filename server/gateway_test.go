@@ -16,6 +16,8 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/sfv"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -218,8 +220,8 @@ func testGatewayReloadUnderLoad(t *testing.T, store drip.Store) {
 	const burst = 25
 	up := newUpstream(t)
 	path := rulesFile(t, "", burst, "api")
-	srv := start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1, StoreTimeout: 5 * time.Second}, store)
-	key := fmt.Sprintf("load-%d", time.Now().UnixNano()) // fresh on a shared store
+	srv := start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1, StoreTimeout: teststores.Timeout}, store)
+	key := testserver.Prefix() + "load" // fresh on a shared store
 	var granted, denied atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -244,7 +246,7 @@ func testGatewayReloadUnderLoad(t *testing.T, store drip.Store) {
 			}
 		})
 	}
-	reloadAlternating(t, srv, path, burst, 40, 3*time.Millisecond)
+	reloadAlternating(t, srv, path, burst, 40, 3*time.Millisecond, func() bool { return denied.Load() > 0 })
 	close(stop)
 	wg.Wait()
 	if g := granted.Load(); g != burst || denied.Load() == 0 || up.hits.Load() != burst {

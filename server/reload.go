@@ -13,27 +13,40 @@ func (s *Server) watch(ctx context.Context) {
 	if s.cfg.Rules == "" || s.cfg.WatchEvery < 0 {
 		return
 	}
-	t := time.NewTicker(s.cfg.WatchEvery)
-	defer t.Stop()
+	tick := s.watchTick
+	if tick == nil {
+		t := time.NewTicker(s.cfg.WatchEvery)
+		defer t.Stop()
+		tick = t.C
+	}
 	var last string
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-tick:
 		}
-		sig, err := rulesStat(s.cfg.Rules) // a file or a directory's files (envoy.go)
-		if err != nil {
-			continue // a missing file is reported when it is reloaded
+		last = s.poll(last)
+		if s.watchPolled != nil {
+			s.watchPolled()
 		}
-		if sig == last {
-			continue
-		}
-		last = sig
-		_, hash, err := readRuleFiles(s.cfg.Rules)
-		if err != nil || hash == s.lastHash() {
-			continue
-		}
-		_ = s.Reload() // logged and counted by Reload
 	}
+}
+
+// poll reloads the rules if their files changed since the signature last
+// (of rulesStat), and returns the files' signature now.
+func (s *Server) poll(last string) string {
+	sig, err := rulesStat(s.cfg.Rules) // a file or a directory's files (envoy.go)
+	if err != nil {
+		return last // a missing file is reported when it is reloaded
+	}
+	if sig == last {
+		return last
+	}
+	_, hash, err := readRuleFiles(s.cfg.Rules)
+	if err != nil || hash == s.lastHash() {
+		return sig
+	}
+	_ = s.Reload() // logged and counted by Reload
+	return sig
 }

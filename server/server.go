@@ -50,6 +50,12 @@ type Server struct {
 	mu        sync.Mutex
 	listeners []*listener
 	served    bool
+
+	// Tests set these before Serve to drive the rules watcher: it polls
+	// once per value of watchTick instead of every Config.WatchEvery, and
+	// calls watchPolled after each poll.
+	watchTick   <-chan time.Time
+	watchPolled func()
 }
 
 // listener is one endpoint of the server: its address, the bound socket,

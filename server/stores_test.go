@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,12 +17,7 @@ import (
 // The key end-to-end cases again on the shared stores, with real servers
 // that the test harness starts (and kills, for the store-down cases).
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testserver.StopShared()
-	testserver.StopSharedPostgres()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testserver.Main(m) }
 
 // backend opens stores of one kind: on a server shared by the test binary
 // (with a fresh key prefix), or on a server of the test's own that it can
@@ -84,7 +78,7 @@ func TestStoresDecisionAPI(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			path := rulesFile(t, "", 3, "api")
-			srv := start(t, Config{Rules: path, WatchEvery: -1, StoreTimeout: 5 * time.Second}, b.shared(t))
+			srv := start(t, Config{Rules: path, WatchEvery: -1, StoreTimeout: teststores.Timeout}, b.shared(t))
 			for i, want := range []string{`"allowed":true,"tokens":2`, `"allowed":true,"tokens":1`, `"allowed":true,"tokens":0`, `"allowed":false,"tokens":0`} {
 				code, out := post(t, srv.base+"/v1/take", `{"rule": "api", "values": ["k"]}`)
 				if code != 200 || !strings.Contains(out, want) {
@@ -133,7 +127,7 @@ func TestStoresDown(t *testing.T) {
 				  "circuit_breaker": {"failures": 1, "cooldown": "200ms"},
 				  "rules": [{"name": "`+policy+`", "limit_keys": ["header:x-api-key"],
 				    "algorithm_config": {"rate": 1, "period": "1h", "burst": 4}}]}`)
-				gw[policy] = start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1, StoreTimeout: 300 * time.Millisecond}, store)
+				gw[policy] = start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1, StoreTimeout: 2 * time.Second}, store)
 			}
 			for policy, srv := range gw {
 				if resp, body := gwGet(t, srv.base, "/", "k"); resp.StatusCode != 200 || resp.Header.Get("RateLimit-Remaining") != "3" {

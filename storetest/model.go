@@ -38,8 +38,6 @@ type mlimit struct {
 	start               *big.Rat
 }
 
-func rat(f float64) *big.Rat { r := new(big.Rat); r.SetFloat64(f); return r }
-
 // modelLimit reads a limit exactly as a user wrote it (rounded to the
 // micro-token, as drip documents).
 func modelLimit(p drip.Params) mlimit {

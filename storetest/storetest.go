@@ -18,12 +18,11 @@ package storetest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/testserver"
 )
 
 // NewStore returns the store under test. It may return the same store for
@@ -43,11 +42,7 @@ func Run(t *testing.T, newStore NewStore) {
 }
 
 // prefix returns a fresh key prefix.
-func prefix() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "st:" + hex.EncodeToString(b[:]) + ":"
-}
+func prefix() string { return testserver.Prefix() }
 
 // base is virtual time zero: the next whole hour, so that virtual times lie
 // in the (near) future of the real clock (a shared store's expiry must not

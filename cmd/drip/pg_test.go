@@ -16,7 +16,6 @@ import (
 // direct connection, and through PgBouncer in transaction mode with the
 // same plain URL.
 func TestReplayPostgres(t *testing.T) {
-	defer testserver.StopSharedPostgres()
 	pg := testserver.SharedPostgres(t)
 	for name, url := range map[string]string{
 		"direct":    pg.URL(),

@@ -15,7 +15,6 @@ import (
 // (redis+sentinel://), and compares with the golden output, which the
 // memory store produces.
 func TestReplayRedis(t *testing.T) {
-	defer testserver.StopShared()
 	urls := map[string]string{
 		"single":   testserver.SharedRedisURL(t),
 		"cluster":  testserver.SharedRedisClusterURL(t),

@@ -30,7 +30,7 @@ func TestServeEnvoy(t *testing.T) {
 		code <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--grpc-listen", "127.0.0.1:0", "--rules", dir}, strings.NewReader(""), &out, &errs)
 	}()
 	var addr string
-	for deadline := time.Now().Add(10 * time.Second); addr == ""; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); addr == ""; time.Sleep(5 * time.Millisecond) {
 		if m := grpcRe.FindStringSubmatch(out.String()); m != nil {
 			addr = m[1]
 		} else if time.Now().After(deadline) {

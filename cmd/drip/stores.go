@@ -30,7 +30,7 @@ func openStoreURL(ctx context.Context, url string) (drip.Store, func(), error) {
 	case strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://"):
 		return openPostgres(ctx, url)
 	}
-	return nil, nil, fmt.Errorf("unknown store %q: want memory, postgres://..., redis://..., rediss://... or redis+sentinel://...", redact.URL(url))
+	return nil, nil, fmt.Errorf("unknown store %q: want memory, or a postgres://, redis://, rediss:// or redis+sentinel:// URL", redact.URL(url))
 }
 
 func envOr(name, def string) string {

@@ -10,9 +10,8 @@ package teststores
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"testing"
+	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
@@ -21,17 +20,16 @@ import (
 	"github.com/driplimit/drip/store/redisstore"
 )
 
+// Timeout is the store deadline of tests whose subject is not the
+// deadline: no store on a loaded machine takes that long, so a slow call
+// never turns into an on_error decision the test did not ask for. Tests of
+// the deadline set their own.
+const Timeout = 30 * time.Second
+
 // Store opens one kind of store for a test, closed when the test ends.
 type Store struct {
 	Name string
 	Open func(t *testing.T) drip.Store
-}
-
-// Prefix is a fresh key prefix, so that tests sharing a server keep apart.
-func Prefix() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "drip-test:" + hex.EncodeToString(b[:]) + ":"
 }
 
 // Shared lists the stores: memory, postgres (schema installed, no
@@ -53,7 +51,7 @@ func Shared() []Store {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Close() })
-			return drip.Prefixed{Store: s, Prefix: Prefix()}
+			return drip.Prefixed{Store: s, Prefix: testserver.Prefix()}
 		}},
 		{"redis", func(t *testing.T) drip.Store {
 			return openRedis(t, testserver.SharedRedisURL(t))
@@ -77,7 +75,7 @@ func Open(t *testing.T, name string) drip.Store {
 }
 
 func openRedis(t *testing.T, url string) drip.Store {
-	s, err := redisstore.Open(url, redisstore.WithPrefix(Prefix()))
+	s, err := redisstore.Open(url, redisstore.WithPrefix(testserver.Prefix()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,18 +3,26 @@
 //
 // Keys are spread over shards, each with its own lock, so that decisions on
 // different keys rarely contend. Idle buckets are dropped once they would be
-// full again, and the number of buckets is bounded (MaxKeys): when a shard is
-// full, a sample of its buckets is examined and the one that is full, or
-// nearest to full, is evicted, so an attacker sending endless new keys
-// costs bounded memory and evicts the buckets that carry the least
-// information. An evicted bucket that was not full comes back full: the
-// bound trades that much over-admission for bounded memory.
+// full again, and memory is bounded twice: by the number of buckets
+// (WithMaxKeys) and by their bytes, keys counted by their length
+// (WithMaxBytes). A key longer than MaxKeyLen bytes (or starting with the
+// byte 0xff) is held as 0xff followed by its SHA-256, as the PostgreSQL
+// store does, so no key, however long, costs more than MaxKeyLen bytes.
+//
+// When a shard is at its bound, a new bucket evicts: the store examines a
+// sample of the shard's buckets (those next to where the new key goes,
+// which the hash makes random) and drops the first one that is already
+// full again, or else the one nearest to full. An attacker sending endless
+// new keys thus costs bounded memory and a fixed amount of work per key,
+// and evicts the buckets that carry the least information. An evicted
+// bucket that was not full comes back full: the bound trades that much
+// over-admission for bounded memory.
 package memstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,9 +30,22 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// DefaultMaxKeys is the default bound on the number of buckets: about
-// 100 MB of state with short keys.
+// DefaultMaxKeys is the default bound on the number of buckets.
 const DefaultMaxKeys = 1 << 20
+
+// DefaultMaxBytes is the default bound on the bytes the buckets take: 256
+// MiB, so that with keys of up to 128 bytes the bound on buckets binds
+// first. A bucket counts BucketBytes plus the length of its key.
+const DefaultMaxBytes = 256 << 20
+
+// BucketBytes is what one bucket counts against the bound on bytes besides
+// its key: its 64-byte slot in a table kept between 3/8 and 3/4 full, so
+// about 128 bytes.
+const BucketBytes = 128
+
+// MaxKeyLen is the longest key held as it is; longer keys are held hashed
+// (see the package doc).
+const MaxKeyLen = 512
 
 const (
 	shardCount  = 256
@@ -38,17 +59,12 @@ type Store struct {
 	now        func() time.Time // nil: the monotonic clock below
 	start      time.Time        // wall time at New, with its monotonic reading
 	last       atomic.Pointer[cached]
-	perShard   int
+	maxKeys    int // per shard
+	maxBytes   int // per shard
 	shards     [shardCount]shard
 	stop       chan struct{}
 	stopOnce   sync.Once
 	sweepEvery time.Duration
-}
-
-type shard struct {
-	mu sync.Mutex
-	m  map[string]*entry
-	_  [40]byte // keep shards on separate cache lines
 }
 
 // cached is the last limit the store resolved, so that the common case (one
@@ -58,20 +74,27 @@ type cached struct {
 	params drip.Params
 }
 
-// entry is a bucket and the time it is full again (its expiry).
-type entry struct {
-	b   drip.Bucket
-	exp int64
-}
-
-var _ drip.Store = (*Store)(nil)
+var (
+	_ drip.Store         = (*Store)(nil)
+	_ drip.PreparedStore = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store)
 
 // WithMaxKeys bounds the number of buckets held (default DefaultMaxKeys).
+// The bound is kept shard by shard, each holding up to n/256 (rounded up).
 func WithMaxKeys(n int) Option {
-	return func(s *Store) { s.perShard = max(1, (n+shardCount-1)/shardCount) }
+	return func(s *Store) { s.maxKeys = max(1, (n+shardCount-1)/shardCount) }
+}
+
+// WithMaxBytes bounds the bytes the buckets take, each counting
+// BucketBytes plus the length of its key (at most MaxKeyLen), default
+// DefaultMaxBytes. The bound is kept shard by shard, each holding n/256
+// bytes but room for at least one bucket of the longest key, so the bound
+// is never below 256*(BucketBytes+MaxKeyLen), 160 KiB.
+func WithMaxBytes(n int) Option {
+	return func(s *Store) { s.maxBytes = max(BucketBytes+MaxKeyLen, n/shardCount) }
 }
 
 // WithClock sets the clock used when a decision is made without a time.
@@ -90,12 +113,10 @@ func WithSweep(every time.Duration) Option {
 func New(opts ...Option) *Store {
 	s := &Store{seed: maphash.MakeSeed(), start: time.Now(), stop: make(chan struct{})}
 	WithMaxKeys(DefaultMaxKeys)(s)
+	WithMaxBytes(DefaultMaxBytes)(s)
 	s.sweepEvery = time.Minute
 	for _, o := range opts {
 		o(s)
-	}
-	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
 	}
 	if s.sweepEvery > 0 {
 		go s.sweeper(s.sweepEvery)
@@ -135,11 +156,13 @@ func (s *Store) Sweep(now time.Time) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			if e.exp <= n {
-				delete(sh.m, k)
+		for j := 0; j < len(sh.slots); {
+			if sh.slots[j].hash != 0 && sh.slots[j].exp <= n {
+				sh.remove(j) // and look at j again: remove may move a slot there
 				dropped++
+				continue
 			}
+			j++
 		}
 		sh.mu.Unlock()
 	}
@@ -152,14 +175,47 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += sh.n
 		sh.mu.Unlock()
 	}
 	return n
 }
 
-func (s *Store) shardOf(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)%shardCount]
+// Bytes is what the buckets held count against the bound on bytes (see
+// WithMaxBytes).
+func (s *Store) Bytes() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.bytes
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// held is the key under which key's bucket is held: key itself, or for a
+// key longer than MaxKeyLen or starting with 0xff, 0xff and its SHA-256
+// (one allocation, for such keys only).
+func held(key string) string {
+	if len(key) <= MaxKeyLen && (len(key) == 0 || key[0] != 0xff) {
+		return key
+	}
+	h := sha256.New()
+	var buf [4096]byte
+	for rest := key; len(rest) > 0; {
+		n := copy(buf[:], rest)
+		h.Write(buf[:n])
+		rest = rest[n:]
+	}
+	return string(h.Sum(append(make([]byte, 0, 1+sha256.Size), 0xff)))
+}
+
+// locate hashes the held key: its shard, and its hash in the shard's
+// table (never 0, which marks a free slot).
+func (s *Store) locate(key string) (*shard, uint64) {
+	h := maphash.String(s.seed, key)
+	return &s.shards[h%shardCount], h | 1<<63
 }
 
 func (s *Store) nanos(at time.Time) int64 {
@@ -200,62 +256,61 @@ func (s *Store) params(op drip.Op, r *drip.Request) (drip.Params, int64, error) 
 }
 
 // Apply implements drip.Store.
-func (s *Store) Apply(_ context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
 	p, cost, err := s.params(op, &r)
 	if err != nil {
 		return drip.Decision{}, err
 	}
+	return s.ApplyPrepared(ctx, op, at, r.Key, &p, cost, r.Reserve)
+}
+
+// ApplyPrepared implements drip.PreparedStore: Apply without the checks
+// the Limiter made once.
+func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key string, p *drip.Params, cost int64, reserve bool) (drip.Decision, error) {
 	now := s.nanos(at)
-	sh := s.shardOf(r.Key)
+	key = held(key)
+	sh, h := s.locate(key)
 	sh.mu.Lock()
-	e, found := sh.m[r.Key]
+	i, found := sh.find(h, key)
 	var b drip.Bucket
 	if found {
-		b = e.b
+		b = sh.slots[i].b
 	}
-	d, next, write := drip.Eval(op, b, found, p, cost, r.Reserve, now)
+	d, next, write := drip.Eval(op, b, found, *p, cost, reserve, now)
 	if write {
 		if found {
-			e.b, e.exp = next, p.ExpiresAt(next)
+			sl := &sh.slots[i]
+			sl.b, sl.exp = next, p.ExpiresAt(next)
 		} else {
-			s.put(sh, r.Key, next, p, now)
+			s.put(sh, h, key, next, p.ExpiresAt(next), now)
 		}
 	}
 	sh.mu.Unlock()
 	return d, nil
 }
 
-// put stores b under key, evicting if the shard is at its bound. The
-// caller holds sh.mu.
-func (s *Store) put(sh *shard, key string, b drip.Bucket, p drip.Params, now int64) {
-	exp := p.ExpiresAt(b)
-	if e, ok := sh.m[key]; ok {
-		e.b, e.exp = b, exp
+// write stores b under the held key, a bucket already there or a new one.
+// The caller holds sh.mu.
+func (s *Store) write(sh *shard, h uint64, key string, b drip.Bucket, exp, now int64) {
+	if i, ok := sh.find(h, key); ok {
+		sl := &sh.slots[i]
+		sl.b, sl.exp = b, exp
 		return
 	}
-	if len(sh.m) >= s.perShard {
-		s.evict(sh, now)
-	}
-	sh.m[strings.Clone(key)] = &entry{b: b, exp: exp} // the clone does not pin the caller's memory
+	s.put(sh, h, key, b, exp, now)
 }
 
-// evict drops one bucket: an expired one if the sample finds one, else the
-// one nearest to full (earliest expiry) among a sample. Go's map iteration
-// starts at a random place, which makes the sample random.
-func (s *Store) evict(sh *shard, now int64) {
-	var victim string
-	best := int64(0)
-	seen := 0
-	for k, e := range sh.m {
-		if seen == 0 || e.exp < best {
-			victim, best = k, e.exp
-		}
-		seen++
-		if best <= now || seen >= evictSample {
-			break
-		}
+// put adds a bucket under the held key (hash h), which the shard does not
+// hold: it evicts while the shard is at its bounds, and grows the table
+// while it is more than 3/4 full. The caller holds sh.mu.
+func (s *Store) put(sh *shard, h uint64, key string, b drip.Bucket, exp, now int64) {
+	for sh.n > 0 && (sh.n >= s.maxKeys || sh.bytes+size(len(key)) > s.maxBytes) {
+		sh.remove(sh.victim(h, now))
 	}
-	delete(sh.m, victim)
+	if sh.full() {
+		sh.grow()
+	}
+	sh.add(h, key, b, exp)
 }
 
 // ApplyMulti implements drip.Store. It locks the shards involved in a fixed
@@ -266,9 +321,14 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 		return drip.Multi{}, err
 	}
 	now := s.nanos(at)
+	keys := make([]string, len(ps))
+	shards := make([]*shard, len(ps))
+	hashes := make([]uint64, len(ps))
 	var locked [shardCount]bool
-	for _, p := range ps {
-		locked[maphash.String(s.seed, p.Key)%shardCount] = true
+	for i, p := range ps {
+		keys[i] = held(p.Key)
+		shards[i], hashes[i] = s.locate(keys[i])
+		locked[hashes[i]%shardCount] = true
 	}
 	for i := range locked {
 		if locked[i] {
@@ -277,15 +337,15 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 	}
 	buckets := make([]drip.Bucket, len(ps))
 	found := make([]bool, len(ps))
-	for i, p := range ps {
-		if e, ok := s.shardOf(p.Key).m[p.Key]; ok {
-			buckets[i], found[i] = e.b, true
+	for i, k := range keys {
+		if j, ok := shards[i].find(hashes[i], k); ok {
+			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
 	m, next, write := drip.EvalMulti(op, ps, buckets, found, now)
 	for i, p := range ps {
 		if write[i] {
-			s.put(s.shardOf(p.Key), p.Key, next[i], p.Params, now)
+			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
 	}
 	for i := range locked {
@@ -301,9 +361,12 @@ func (s *Store) Reset(_ context.Context, key string) error {
 	if err := drip.CheckKey(key); err != nil {
 		return err
 	}
-	sh := s.shardOf(key)
+	key = held(key)
+	sh, h := s.locate(key)
 	sh.mu.Lock()
-	delete(sh.m, key)
+	if i, ok := sh.find(h, key); ok {
+		sh.remove(i)
+	}
 	sh.mu.Unlock()
 	return nil
 }

@@ -2,7 +2,11 @@ package memstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,5 +65,107 @@ func TestSweep(t *testing.T) {
 	}
 	if n := s.Sweep(at.Add(time.Second + memstore.SweepMargin)); n != 1 || s.Len() != 1 {
 		t.Fatalf("swept %d, %d left; want the refilled bucket gone and the other kept", n, s.Len())
+	}
+}
+
+// TestBoundedBytes floods the store with long keys, as a hostile client
+// sending 1 MB keys would: what the store counts stays within its bound
+// on bytes, and so does the heap it keeps (after GC, within a generous
+// factor for the index and the Go runtime's own slack), while a key of
+// any length still gets its own bucket.
+func TestBoundedBytes(t *testing.T) {
+	const bound = 4 << 20
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s := memstore.New(memstore.WithMaxBytes(bound), memstore.WithSweep(0))
+	defer s.Close()
+	ctx := context.Background()
+	at := time.Unix(1_000_000, 0)
+	lim := drip.PerHour(10)
+	take := func(key string) drip.Decision {
+		d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	// A 1 MiB key is refused before it reaches the store (drip.MaxKeyLen),
+	// and takes nothing.
+	big := make([]byte, 1<<20)
+	for i := range 30 {
+		copy(big, fmt.Sprintf("big-%d-", i))
+		if _, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: string(big), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
+			t.Fatalf("1 MiB key %d: err = %v, want %v", i, err, drip.ErrKeyTooLong)
+		}
+	}
+	if n := s.Bytes(); n != 0 {
+		t.Fatalf("refused keys left %d bytes counted", n)
+	}
+	// The longest keys a store is given (held hashed) and keys just short
+	// of being hashed: 20 MB of keys in all, five times the bound.
+	for i := range 10_000 {
+		take(fmt.Sprintf("%0*d", drip.MaxKeyLen, i))
+		if n := s.Bytes(); n > bound {
+			t.Fatalf("after %d keys of %d bytes, the store counts %d bytes, bound %d", i+1, drip.MaxKeyLen, n, bound)
+		}
+	}
+	for i := range 20_000 {
+		take(fmt.Sprintf("%0*d", memstore.MaxKeyLen, i))
+		if n := s.Bytes(); n > bound {
+			t.Fatalf("after %d keys of %d bytes, the store counts %d bytes, bound %d", i+1, memstore.MaxKeyLen, n, bound)
+		}
+	}
+	if n := s.Len(); n < bound/2/(memstore.BucketBytes+memstore.MaxKeyLen) {
+		t.Fatalf("only %d buckets held; the bound allows about %d", n, bound/(memstore.BucketBytes+memstore.MaxKeyLen))
+	}
+	// The same long (hashed) key again is the same bucket, not a fresh one.
+	long := "again-" + strings.Repeat("x", drip.MaxKeyLen-6)
+	take(long)
+	if d := take(long); d.Tokens != 8 {
+		t.Fatalf("a %d-byte key taken twice: %+v, want 8 tokens left", len(long), d)
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	if grew > 3*bound {
+		t.Fatalf("the heap grew by %d bytes over a flood of long keys, bound %d", grew, bound)
+	}
+	t.Logf("bound %d bytes: the store counts %d in %d buckets; the heap grew by %d", bound, s.Bytes(), s.Len(), grew)
+	runtime.KeepAlive(s)
+}
+
+// TestTable checks the shards' hash tables against a map, through many
+// takes and resets (each reset removes a slot and shifts the run after it
+// back): every key's bucket must stay its own.
+func TestTable(t *testing.T) {
+	s := memstore.New(memstore.WithSweep(0))
+	defer s.Close()
+	ctx := context.Background()
+	at := time.Unix(1_000_000, 0)
+	lim := drip.PerHour(1000)
+	taken := map[string]int{}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		k := fmt.Sprint("k", rng.IntN(5000))
+		if rng.IntN(3) == 0 {
+			if err := s.Reset(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+			delete(taken, k)
+			continue
+		}
+		d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: k, Limit: lim, Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		taken[k]++
+		if want := float64(1000 - taken[k]); d.Tokens != want {
+			t.Fatalf("key %s: %v tokens, want %v", k, d.Tokens, want)
+		}
+	}
+	if s.Len() != len(taken) {
+		t.Fatalf("%d buckets held, want %d", s.Len(), len(taken))
 	}
 }

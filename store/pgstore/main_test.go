@@ -2,9 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -15,11 +12,7 @@ import (
 	"github.com/driplimit/drip/store/pgstore"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testserver.StopSharedPostgres()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testserver.Main(m) }
 
 // pool connects to the shared test server, with the schema installed.
 func pool(t testing.TB) *pgxpool.Pool {
@@ -73,10 +66,6 @@ func newStore(t testing.TB, opts ...pgstore.Option) *pgstore.Store {
 }
 
 // prefix is a fresh key prefix, so tests sharing a server keep apart.
-func prefix() string {
-	var b [6]byte
-	rand.Read(b[:])
-	return "t" + hex.EncodeToString(b[:]) + ":"
-}
+func prefix() string { return testserver.Prefix() }
 
 var t0 = time.Unix(1_700_000_000, 0)

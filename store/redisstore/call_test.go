@@ -177,8 +177,9 @@ func TestApplyAfterClose(t *testing.T) {
 			t.Fatal("a take on a closed store succeeded")
 		}
 	}
-	// A call queued after the workers stopped waited a second for an answer.
-	if el := time.Since(start); el > 900*time.Millisecond {
+	// A call queued after the workers stopped waited a second for an
+	// answer: 20 such calls take 20 s, a bound no loaded machine reaches.
+	if el := time.Since(start); el > 10*time.Second {
 		t.Fatalf("20 takes on a closed store took %v", el)
 	}
 }

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -43,6 +44,33 @@ func (g *grants) add(life int, key string, d drip.Decision) error {
 		return fmt.Errorf("%s granted twice with remaining %d", k, d.Remaining)
 	}
 	return nil
+}
+
+// life is the number of grants in one life of the server.
+func (g *grants) life(life int) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for k, seen := range g.seen {
+		if strings.HasPrefix(k, fmt.Sprintf("%d/", life)) {
+			for _, c := range seen {
+				n += c
+			}
+		}
+	}
+	return n
+}
+
+// waitFor polls cond until it holds, or fails the test after a minute:
+// a deadline no loaded machine reaches, since how fast is not what is
+// tested.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after a minute", what)
+		}
+	}
 }
 
 // TestKillServerMidLoad kills the only server in the middle of a load run:
@@ -94,18 +122,26 @@ func TestKillServerMidLoad(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Every key spends its burst before the kill, takes fail while the
+	// server is down, and every key spends its burst again after.
+	// (On failure the deferred close stops the workers.)
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+			wg.Wait()
+		}
+	}()
+	waitFor(t, "burst spent on every key before the kill", func() bool { return g.life(0) == len(keys)*10 })
 	life.Store(1)
 	srv.Kill()
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, "error while the server is down", func() bool { return errs[1].Load() > 0 })
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	life.Store(2)
-	deadline := time.Now().Add(10 * time.Second)
-	for oks[2].Load() < 2000 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, "2000 decisions after the restart", func() bool { return oks[2].Load() >= 2000 })
 	close(stop)
 	wg.Wait()
 	t.Logf("before the kill: %d decisions, %d errors; while down: %d, %d; after restart: %d, %d",

@@ -2,10 +2,7 @@ package redisstore_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -16,11 +13,7 @@ import (
 	"github.com/driplimit/drip/storetest"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testserver.StopShared()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testserver.Main(m) }
 
 // open returns a store on url, closed when the test ends.
 func open(t testing.TB, url string, opts ...redisstore.Option) *redisstore.Store {
@@ -33,11 +26,8 @@ func open(t testing.TB, url string, opts ...redisstore.Option) *redisstore.Store
 	return s
 }
 
-func randomTag() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// randomTag is a fresh key prefix, so tests sharing a server keep apart.
+func randomTag() string { return testserver.Prefix() }
 
 func TestConformance(t *testing.T) {
 	url := testserver.SharedRedisURL(t)

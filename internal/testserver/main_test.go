@@ -1,0 +1,5 @@
+package testserver
+
+import "testing"
+
+func TestMain(m *testing.M) { Main(m) }

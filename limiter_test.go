@@ -1,0 +1,79 @@
+package drip_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// TestNewPanicsOnInvalidLimit: a limiter that would refuse every request
+// fails where it is made, saying why; Validate says the same without the
+// panic, for limits read from configuration.
+func TestNewPanicsOnInvalidLimit(t *testing.T) {
+	s := memstore.New(memstore.WithSweep(0))
+	defer s.Close()
+	for _, l := range []drip.Limit{{}, drip.PerSecond(math.NaN()), drip.PerSecond(10).WithBurst(-1), {Rate: 1, Algorithm: "leaky"}} {
+		err := l.Validate()
+		if !errors.Is(err, drip.ErrInvalidLimit) {
+			t.Fatalf("%+v: Validate = %v, want ErrInvalidLimit", l, err)
+		}
+		func() {
+			defer func() {
+				msg := fmt.Sprint(recover())
+				if !strings.HasPrefix(msg, "drip.New: ") || !strings.HasSuffix(msg, err.Error()) {
+					t.Fatalf("%+v: New panicked with %q, want drip.New: %v", l, msg, err)
+				}
+			}()
+			drip.New(s, l)
+		}()
+	}
+	drip.New(s, drip.PerSecond(10)) // a valid limit does not panic
+}
+
+// onlyStore hides a store's PreparedStore side.
+type onlyStore struct{ drip.Store }
+
+// TestPreparedPath: a Limiter on a store with a PreparedStore side decides
+// exactly as one that goes through Store.Apply, errors included.
+func TestPreparedPath(t *testing.T) {
+	at := time.Unix(1_000_000, 0)
+	clock := drip.WithClock(func() time.Time { return at })
+	limits := []drip.Limit{
+		drip.PerSecond(3).WithBurst(5).WithMaxReserved(2),
+		drip.Every(2, time.Second).WithRefill(drip.Interval),
+		drip.PerMinute(4).Window(), // key-dependent: no prepared path
+		drip.PerSecond(0.5).WithBurst(0.5),
+	}
+	for _, lim := range limits {
+		a, b := memstore.New(memstore.WithSweep(0)), memstore.New(memstore.WithSweep(0))
+		fast, slow := drip.New(a, lim, clock), drip.New(onlyStore{b}, lim, clock)
+		ctx := context.Background()
+		type call func(l *drip.Limiter, key string, cost float64) (drip.Decision, error)
+		calls := []call{
+			func(l *drip.Limiter, k string, c float64) (drip.Decision, error) { return l.TakeN(ctx, k, c) },
+			func(l *drip.Limiter, k string, c float64) (drip.Decision, error) { return l.Reserve(ctx, k, c) },
+			func(l *drip.Limiter, k string, c float64) (drip.Decision, error) { return l.PeekN(ctx, k, c) },
+			func(l *drip.Limiter, k string, c float64) (drip.Decision, error) { return l.Refund(ctx, k, c) },
+		}
+		costs := []float64{1, 0, 0.25, 2, 7, -1, math.NaN()}
+		keys := []string{"a", "b", "", strings.Repeat("k", 600)}
+		for i := range 400 {
+			at = at.Add(time.Duration(i%7) * 97 * time.Millisecond)
+			c, k, cost := calls[i%len(calls)], keys[i%len(keys)], costs[i%len(costs)]
+			d1, err1 := c(fast, k, cost)
+			d2, err2 := c(slow, k, cost)
+			if d1 != d2 || fmt.Sprint(err1) != fmt.Sprint(err2) {
+				t.Fatalf("%v, call %d (key %.8q, cost %v): prepared %+v, %v; Apply %+v, %v", lim, i, k, cost, d1, err1, d2, err2)
+			}
+		}
+		a.Close()
+		b.Close()
+	}
+}
