@@ -229,9 +229,9 @@ func pgDrip(unlogged bool, opts ...pgstore.Option) func(b *testing.B, url string
 var pgImpls = []pgImpl{
 	{"for-update", false, pgForUpdate},
 	{"plpgsql", false, pgPLpgSQL},
-	{"drip", false, pgDrip(false, pgstore.WithBatching(0, 1, 0))},
+	{"drip", false, pgDrip(false, pgstore.WithoutBatching())},
 	{"drip-batch", false, pgDrip(false)}, // the default
-	{"drip-unlogged", true, pgDrip(true, pgstore.WithBatching(0, 1, 0))},
+	{"drip-unlogged", true, pgDrip(true, pgstore.WithoutBatching())},
 	{"drip-batch-unlogged", true, pgDrip(true)},
 }
 
@@ -293,7 +293,7 @@ func BenchmarkPostgresBatchTuning(b *testing.B) {
 				for _, window := range []time.Duration{0, 200 * time.Microsecond} {
 					name := fmt.Sprintf("%s/callers=%d/conns=%d/window=%v", workload, callers, conns, window)
 					b.Run(name, func(b *testing.B) {
-						decide := pgDrip(false, pgstore.WithBatching(window, pgstore.DefaultBatchMax, conns))(b, url, callers)
+						decide := pgDrip(false, pgstore.WithBatching(pgstore.Batching{Window: window, InFlight: conns}))(b, url, callers)
 						pgRun(b, callers, workload == "hot-key", decide)
 					})
 				}
@@ -332,7 +332,7 @@ func BenchmarkPostgresQueryMode(b *testing.B) {
 				b.Run(name, func(b *testing.B) {
 					opts := []pgstore.Option{pgstore.WithQueryMode(pgModeOf[mode])}
 					if !batch {
-						opts = append(opts, pgstore.WithBatching(0, 1, 0))
+						opts = append(opts, pgstore.WithoutBatching())
 					}
 					decide := pgDrip(false, opts...)(b, url, callers)
 					pgRun(b, callers, false, decide)

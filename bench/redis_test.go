@@ -70,7 +70,7 @@ var redisImpls = []redisImpl{
 	{"float-lua", redisFloatLuaImpl},
 	{"drip-unbatched", redisDripImpl(redisstore.WithoutBatching())},
 	{"drip", redisDripImpl()}, // the default: batching, 64 x 2 workers
-	{"drip-batch-4w", redisDripImpl(redisstore.WithBatching(64, 4))},
+	{"drip-batch-4w", redisDripImpl(redisstore.WithBatching(redisstore.Batching{InFlight: 4}))},
 }
 
 // redisGoClient is a go-redis client with a connection per caller, the
@@ -233,7 +233,7 @@ func BenchmarkRedisBatchTuning(b *testing.B) {
 		for _, conns := range []int{1, 2, 4, 8} {
 			b.Run(fmt.Sprintf("max=%d/conns=%d", max, conns), func(b *testing.B) {
 				redisClean(b, url)
-				redisRun(b, 64, redisDripImpl(redisstore.WithBatching(max, conns))(b, url, 64))
+				redisRun(b, 64, redisDripImpl(redisstore.WithBatching(redisstore.Batching{MaxBatch: max, InFlight: conns}))(b, url, 64))
 			})
 		}
 	}

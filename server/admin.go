@@ -17,6 +17,8 @@ import (
 //   GET  /metrics          Prometheus metrics (no token)
 //   GET  /healthz          200 while the process serves (no token)
 //   GET  /readyz           200 if the store answers a peek within the store deadline, else 503 (no token)
+//   GET  /healthcheck      envoyproxy/ratelimit's health check: 200 "OK" when /readyz is 200, else 500 (no token)
+//   POST /json             envoyproxy/ratelimit's JSON form of ShouldRateLimit (no token; envoyhttp.go)
 //   GET  /v1/admin/bucket?rule=NAME&value=V[&value=V2...]
 //   GET  /v1/admin/bucket?rule=NAME&key=KEY
 //                          inspect a bucket: a peek of cost 0, which changes nothing;
@@ -37,6 +39,8 @@ func (s *Server) adminHandler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", s.ready)
+	mux.HandleFunc("GET /healthcheck", s.healthcheck)
+	mux.Handle("POST /json", s.envoyJSON())
 	mux.Handle("GET /v1/admin/bucket", s.auth(http.HandlerFunc(s.inspect)))
 	mux.Handle("POST /v1/admin/reset", s.auth(http.HandlerFunc(s.adminReset)))
 	mux.Handle("POST /v1/admin/reload", s.auth(http.HandlerFunc(s.adminReload)))
@@ -63,11 +67,16 @@ func (s *Server) auth(next http.Handler) http.Handler {
 	})
 }
 
-func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+// pingStore peeks at readyKey within the store deadline.
+func (s *Server) pingStore(r *http.Request) error {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
 	defer cancel()
 	_, err := s.store.Apply(ctx, drip.OpPeek, timeZero, drip.Request{Key: readyKey, Limit: drip.PerSecond(1), Cost: 1})
-	if err != nil {
+	return err
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	if err := s.pingStore(r); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unreachable", "error": redact.Text(err.Error())})
 		return
 	}

@@ -40,6 +40,12 @@ type Config struct {
 	// GRPCReflection turns on gRPC server reflection on GRPCListen
 	// (--grpc-reflection, DRIP_GRPC_REFLECTION); off by default.
 	GRPCReflection bool
+	// Envoy are the settings of loading envoyproxy/ratelimit files at
+	// Rules, which cmd/drip reads from envoyproxy/ratelimit's own
+	// environment variables (MERGE_DOMAIN_CONFIG, SHADOW_MODE,
+	// RUNTIME_IGNOREDOTFILES). The zero value loads a directory's dotfiles
+	// that are envoy files, as envoyproxy/ratelimit does.
+	Envoy envoy.Options
 	// GRPCLimits bound the connections and calls of GRPCListen's clients;
 	// zero fields take envoy.DefaultLimits.
 	GRPCLimits envoy.Limits

@@ -17,18 +17,31 @@ import (
 // Envoy's rate limit service (Config.GRPCListen) and the rules it reads.
 //
 // --rules names a drip rules file, an envoyproxy/ratelimit configuration
-// file (recognized by its top-level "domain" key), or a directory of such
-// files (*.yaml, *.yml, *.json; one domain per envoy file, as
-// envoyproxy/ratelimit loads them, and at most one drip rules file). The
-// drip rules drive the decision API and the gateway (none when the path
-// holds only envoy files); the envoy files drive the gRPC service. Both
-// reload together.
+// file (recognized by its top-level "domain" or "descriptors" key), or a
+// directory of such files (*.yaml, *.yml, *.json; one domain per envoy
+// file unless Config.Envoy merges them, as envoyproxy/ratelimit loads
+// them, and at most one drip rules file; dotfiles count only when they are
+// envoy files, and not at all with Config.Envoy.IgnoreDotfiles). The drip
+// rules drive the decision API and the gateway (none when the path holds
+// only envoy files); the envoy files drive the gRPC service and the
+// admin listener's /json. Both reload together.
+
+// envoyService returns Envoy's rate limit service, made on first use (in
+// New, never while serving): the gRPC listener and the admin listener's
+// /json share it.
+func (s *Server) envoyService() *envoy.Service {
+	if s.rls == nil {
+		// On the server's engine; its decisions count as rule
+		// "envoy:<limit name or config path>".
+		s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithEngine(s.eng),
+			envoy.WithObserver(s.metrics.obs.Prefixed("envoy:")))
+	}
+	return s.rls
+}
 
 // addGRPC adds the gRPC listener of Envoy's rate limit service.
 func (s *Server) addGRPC() {
-	// Its decisions count as rule "envoy:<limit name or config path>".
-	s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithEngine(s.eng),
-		envoy.WithObserver(s.metrics.obs.Prefixed("envoy:")))
+	s.envoyService()
 	if len(s.rs.envoy.Domains()) == 0 {
 		s.log.Warn("drip serve: --grpc-listen without an envoyproxy/ratelimit config in --rules: every ShouldRateLimit is OK")
 	}
@@ -52,10 +65,11 @@ type ruleFile struct {
 }
 
 // readRuleFiles reads the files at path (a file, or a directory's rules
-// files) and hashes their content.
-func readRuleFiles(path string) ([]ruleFile, [32]byte, error) {
+// files, dotfiles included unless opts.IgnoreDotfiles) and hashes their
+// content.
+func readRuleFiles(path string, opts envoy.Options) ([]ruleFile, [32]byte, error) {
 	var hash [32]byte
-	names, err := envoy.ConfigFiles(path)
+	names, err := envoy.ConfigFilesWith(path, !opts.IgnoreDotfiles)
 	if err != nil {
 		return nil, hash, fmt.Errorf("rules: %w", err)
 	}
@@ -81,19 +95,24 @@ func readRuleFiles(path string) ([]ruleFile, [32]byte, error) {
 // set when path holds only envoyproxy/ratelimit files) and the envoy
 // config (nil when there is none). The hash is set whenever the files
 // could be read, even when they are not valid.
-func readRules(path string) (*rules.Set, *envoy.Config, [32]byte, error) {
-	files, hash, err := readRuleFiles(path)
+func readRules(path string, opts envoy.Options) (*rules.Set, *envoy.Config, [32]byte, error) {
+	files, hash, err := readRuleFiles(path, opts)
 	if err != nil {
 		return nil, nil, hash, err
 	}
 	var drip []ruleFile
 	var env []envoy.File
+	// A directory's dotfiles count only when they are envoy files (an
+	// editor's or a tool's are not drip rules).
 	for _, f := range files {
 		if envoy.IsConfig(f.data) {
 			env = append(env, envoy.File{Name: f.name, Data: f.data})
-		} else {
+		} else if f.name == path || !envoy.IsDotfile(f.name) {
 			drip = append(drip, f)
 		}
+	}
+	if len(drip)+len(env) == 0 {
+		return nil, nil, hash, fmt.Errorf("rules: %s: no *.yaml, *.yml or *.json file in the directory but dotfiles that are not envoyproxy/ratelimit files", path)
 	}
 	var set *rules.Set
 	var errs []error
@@ -113,7 +132,7 @@ func readRules(path string) (*rules.Set, *envoy.Config, [32]byte, error) {
 	}
 	var cfg *envoy.Config
 	if len(env) > 0 {
-		cfg, err = envoy.Parse(env...)
+		cfg, err = envoy.ParseWith(opts, env...)
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -124,8 +143,8 @@ func readRules(path string) (*rules.Set, *envoy.Config, [32]byte, error) {
 
 // rulesStat is a cheap signature of the files at path (names, sizes and
 // modification times), so that the watcher hashes them only when it moves.
-func rulesStat(path string) (string, error) {
-	names, err := envoy.ConfigFiles(path)
+func rulesStat(path string, opts envoy.Options) (string, error) {
+	names, err := envoy.ConfigFilesWith(path, !opts.IgnoreDotfiles)
 	if err != nil {
 		return "", err
 	}

@@ -36,14 +36,14 @@ func (s *Server) watch(ctx context.Context) {
 // poll reloads the rules if their files changed since the signature last
 // (of rulesStat), and returns the files' signature now.
 func (s *Server) poll(last string) string {
-	sig, err := rulesStat(s.cfg.Rules) // a file or a directory's files (envoy.go)
+	sig, err := rulesStat(s.cfg.Rules, s.cfg.Envoy) // a file or a directory's files (envoy.go)
 	if err != nil {
 		return last // a missing file is reported when it is reloaded
 	}
 	if sig == last {
 		return last
 	}
-	_, hash, err := readRuleFiles(s.cfg.Rules)
+	_, hash, err := readRuleFiles(s.cfg.Rules, s.cfg.Envoy)
 	if err != nil || hash == s.lastHash() {
 		return sig
 	}

@@ -39,7 +39,7 @@ func (s *Server) loadRules() (*ruleState, error) {
 		set = rules.Default()
 	} else {
 		var err error
-		set, rs.envoy, rs.hash, err = readRules(s.cfg.Rules) // a file or a directory (envoy.go)
+		set, rs.envoy, rs.hash, err = readRules(s.cfg.Rules, s.cfg.Envoy) // a file or a directory (envoy.go)
 		if err != nil {
 			return nil, err
 		}
@@ -65,7 +65,7 @@ func (s *Server) Reload() error {
 	if s.cfg.Rules == "" {
 		return nil
 	}
-	set, env, hash, err := readRules(s.cfg.Rules) // a file or a directory (envoy.go)
+	set, env, hash, err := readRules(s.cfg.Rules, s.cfg.Envoy) // a file or a directory (envoy.go)
 	if hash != ([32]byte{}) {
 		s.rs.hash = hash
 	}

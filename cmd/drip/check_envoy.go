@@ -11,7 +11,8 @@ import (
 )
 
 // checkEnvoy checks path when it is an envoyproxy/ratelimit config file
-// (a top-level "domain") or a directory, as drip serve --rules loads them:
+// (a top-level "domain" or "descriptors") or a directory, as drip serve
+// --rules loads them (with envoyproxy/ratelimit's environment variables):
 // every envoy file of it together (domains must not repeat), any drip
 // rules file with rules.Load. It reports whether path was such a path, and
 // whether it was bad.
@@ -26,7 +27,12 @@ func checkEnvoy(path string, stdout, stderr io.Writer) (handled, bad bool) {
 			return false, false
 		}
 	}
-	names, err := envoy.ConfigFiles(path)
+	opts, err := envoy.OptionsFromEnv(os.Getenv) // as drip serve loads the files
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", path, err)
+		return true, true
+	}
+	names, err := envoy.ConfigFilesWith(path, !opts.IgnoreDotfiles)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", path, err)
 		return true, true
@@ -42,6 +48,9 @@ func checkEnvoy(path string, stdout, stderr io.Writer) (handled, bad bool) {
 		if envoy.IsConfig(data) {
 			files = append(files, envoy.File{Name: n, Data: data})
 			continue
+		}
+		if n != path && envoy.IsDotfile(n) {
+			continue // a directory's dotfiles count only when they are envoy files
 		}
 		set, err := rules.ParseEnv(data, n, rules.OSEnv)
 		if err != nil {
@@ -59,7 +68,7 @@ func checkEnvoy(path string, stdout, stderr io.Writer) (handled, bad bool) {
 	if len(files) == 0 {
 		return true, bad
 	}
-	cfg, err := envoy.Parse(files...)
+	cfg, err := envoy.ParseWith(opts, files...)
 	if err != nil {
 		var ee *envoy.Error
 		if errors.As(err, &ee) {

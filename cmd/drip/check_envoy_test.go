@@ -34,3 +34,37 @@ func TestCheckEnvoy(t *testing.T) {
 		t.Fatalf("errors %q lack %q", errs.String(), want)
 	}
 }
+
+// TestCheckEnvoyEnv: drip check loads envoy files as drip serve does under
+// envoyproxy/ratelimit's variables, and names a missing domain in its
+// terms.
+func TestCheckEnvoyEnv(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a.yaml"), []byte("domain: edge\ndescriptors:\n  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, ".b.yaml"), []byte("domain: edge\ndescriptors:\n  - {key: b, rate_limit: {unit: second, requests_per_unit: 1}}\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, ".editor.yaml"), []byte("font: mono\n"), 0o644)
+	check := func() (int, string) {
+		var out, errs bytes.Buffer
+		code := run(t.Context(), []string{"check", dir}, nil, &out, &errs)
+		return code, out.String() + errs.String()
+	}
+	if code, out := check(); code != 1 || !strings.Contains(out, `duplicate domain "edge"`) {
+		t.Fatalf("dotfile of the same domain: exit %d\n%s", code, out)
+	}
+	t.Setenv("MERGE_DOMAIN_CONFIG", "true")
+	if code, out := check(); code != 0 || !strings.Contains(out, "1 domain(s) in 2 file(s)") {
+		t.Fatalf("merged: exit %d\n%s", code, out)
+	}
+	t.Setenv("MERGE_DOMAIN_CONFIG", "")
+	t.Setenv("RUNTIME_IGNOREDOTFILES", "true")
+	if code, out := check(); code != 0 || !strings.Contains(out, "1 domain(s) in 1 file(s)") {
+		t.Fatalf("dotfiles ignored: exit %d\n%s", code, out)
+	}
+
+	nodomain := filepath.Join(t.TempDir(), "limits.yaml")
+	os.WriteFile(nodomain, []byte("descriptors:\n  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}\n"), 0o644)
+	var out, errs bytes.Buffer
+	if code := run(t.Context(), []string{"check", nodomain}, nil, &out, &errs); code != 1 || !strings.Contains(errs.String(), "domain: config file cannot have empty domain") {
+		t.Fatalf("no domain: exit %d\n%s%s", code, out.String(), errs.String())
+	}
+}

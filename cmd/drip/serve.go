@@ -61,6 +61,10 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		c.AdminToken = tok
 	}
 	c.StoreTimeout = *storeTimeout
+	if err := envoyEnv(&c); err != nil { // envoyproxy/ratelimit's variables (serve_envoy.go)
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 2
+	}
 	c.Logger = slog.New(slog.NewTextHandler(stderr, nil))
 
 	store, closeStore, err := openStore(ctx, c.Store)

@@ -66,6 +66,15 @@ answered with a JSON decision; docs/api.md describes both.
 Every flag has an environment variable (shown with each flag); a flag given
 on the command line wins.
 
+Envoy's rate limit service (--grpc-listen, and /json and /healthcheck on the
+admin listener) reads envoyproxy/ratelimit's config files at --rules, and
+its environment: MERGE_DOMAIN_CONFIG, SHADOW_MODE and RUNTIME_IGNOREDOTFILES
+(true or false), and RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and
+RUNTIME_APPDIRECTORY for the config directory when --rules is not given.
+DRIP_ENVOY_ALGORITHM=fixed_window counts its limits in envoyproxy/ratelimit's
+windows instead of refilling them continuously. README's Envoy section has
+the details.
+
 Examples:
   drip serve
   drip serve --rules examples/rules.json

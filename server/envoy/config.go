@@ -15,6 +15,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
@@ -32,11 +33,12 @@ type Config struct {
 // node is one level of a domain's descriptor tree.
 type node struct {
 	// children by "key_value", or "key" for a key-only (any value) entry;
-	// a value ending in '*' is a prefix wildcard.
+	// a '*' anywhere in either makes the entry a wildcard.
 	children map[string]*node
-	// wildcards are the keys of children that end in '*', in file order:
-	// the first whose prefix matches wins.
-	wildcards []string
+	// wildcards are the children whose "key_value" holds a '*', in file
+	// order (and load order across merged files): the first that matches
+	// wins.
+	wildcards []wildcard
 	limit     *Limit
 	// share is the wildcard value (e.g. "files*") when share_threshold is
 	// set: every value the wildcard matches then shares one bucket.
@@ -56,6 +58,19 @@ type Limit struct {
 	Unlimited bool
 	// Shadow descriptors are decided and counted but never deny.
 	Shadow bool
+	// Quota is the descriptor's quota_mode. In envoyproxy/ratelimit a
+	// quota descriptor over its limit does not deny the request by itself:
+	// the request is over the limit when a descriptor without quota_mode is,
+	// or when every quota descriptor of the request is. drip's service does
+	// not apply that rule yet: it decides a quota descriptor like any other
+	// (so it may deny where envoyproxy/ratelimit would not, never the
+	// reverse).
+	Quota bool
+	// Metadata is the descriptor's metadata, as a protobuf Struct (nil
+	// when the descriptor has none). envoyproxy/ratelimit returns it in
+	// the response's dynamic metadata when asked to; drip keeps it for that
+	// and decides nothing on it.
+	Metadata *structpb.Struct
 	// RequestsPerUnit and Unit are the limit as configured; a limit of 0
 	// requests denies every request, as in envoyproxy/ratelimit.
 	RequestsPerUnit uint32
@@ -152,8 +167,10 @@ func (e *Error) Error() string {
 }
 
 // IsConfig reports whether data is an envoyproxy/ratelimit configuration
-// file: a YAML (or JSON) mapping with a top-level "domain" key. drip's own
-// rules files have "rules" instead.
+// file: a YAML (or JSON) mapping with a top-level "domain" or
+// "descriptors" key (a file with descriptors but no domain is a broken
+// envoy file, and is reported as one). drip's own rules files have "rules"
+// instead.
 func IsConfig(data []byte) bool {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
@@ -164,7 +181,7 @@ func IsConfig(data []byte) bool {
 		return false
 	}
 	for i := 0; i+1 < len(m.Content); i += 2 {
-		if m.Content[i].Value == "domain" {
+		if k := m.Content[i].Value; k == "domain" || k == "descriptors" {
 			return true
 		}
 	}
@@ -181,19 +198,32 @@ type File struct {
 // envoyproxy/ratelimit's format; two files of one domain are an error, as
 // in envoyproxy/ratelimit by default. Every problem of every file is
 // reported at once, in an *Error.
-func Parse(files ...File) (*Config, error) {
+func Parse(files ...File) (*Config, error) { return ParseWith(Options{}, files...) }
+
+// ParseWith is Parse with options: with MergeDomains, files of one domain
+// add their descriptors to it (a descriptor repeated across them is an
+// error), in file order; with Shadow, every limit is in shadow mode; with
+// Algorithm drip.FixedWindow, every limit without its own "algorithm" is
+// a fixed window.
+func ParseWith(opts Options, files ...File) (*Config, error) {
 	c := &Config{domains: map[string]*node{}}
 	var problems []string
 	domainFile := map[string]string{}
 	for _, f := range files {
-		p := &parser{file: f.Name}
-		domain, root := p.parse(f.Data)
-		if domain != "" && root != nil {
-			if other, dup := domainFile[domain]; dup {
+		p := &parser{file: f.Name, shadow: opts.Shadow, algo: opts.Algorithm}
+		domain, descs := p.parse(f.Data)
+		if domain != "" {
+			root := c.domains[domain]
+			if other, dup := domainFile[domain]; dup && !opts.MergeDomains {
 				p.add("domain", "duplicate domain %q (also in %s)", domain, other)
-			} else {
+				root = nil
+			} else if !dup {
 				domainFile[domain] = f.Name
+				root = &node{children: map[string]*node{}}
 				c.domains[domain] = root
+			}
+			if root != nil && descs != nil {
+				p.descriptors(root, descs, "descriptors", domain+".")
 			}
 		}
 		problems = append(problems, p.problems...)
@@ -208,8 +238,13 @@ func Parse(files ...File) (*Config, error) {
 // Load reads a configuration file, or every *.yaml, *.yml and *.json file
 // of a directory (as envoyproxy/ratelimit loads one file per domain), and
 // parses it. Files whose names begin with '.' are skipped.
-func Load(path string) (*Config, error) {
-	names, err := ConfigFiles(path)
+func Load(path string) (*Config, error) { return LoadWith(path, Options{IgnoreDotfiles: true}) }
+
+// LoadWith is Load with options. Unless opts.IgnoreDotfiles, the dotfiles
+// of a directory are loaded too, as envoyproxy/ratelimit loads them, when
+// they are envoyproxy/ratelimit files (see IsConfig).
+func LoadWith(path string, opts Options) (*Config, error) {
+	names, err := ConfigFilesWith(path, !opts.IgnoreDotfiles)
 	if err != nil {
 		return nil, err
 	}
@@ -219,15 +254,25 @@ func Load(path string) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
+		if n != path && IsDotfile(n) && !IsConfig(b) {
+			continue
+		}
 		files = append(files, File{Name: n, Data: b})
 	}
-	return Parse(files...)
+	return ParseWith(opts, files...)
 }
 
 // ConfigFiles lists the files at path: path itself when it is a file, or
 // the *.yaml, *.yml and *.json files of a directory (not its
 // subdirectories nor dotfiles), sorted by name.
-func ConfigFiles(path string) ([]string, error) {
+func ConfigFiles(path string) ([]string, error) { return ConfigFilesWith(path, false) }
+
+// IsDotfile reports whether the file's name begins with '.'.
+func IsDotfile(name string) bool { return strings.HasPrefix(filepath.Base(name), ".") }
+
+// ConfigFilesWith is ConfigFiles, with the dotfiles of a directory when
+// dotfiles is set.
+func ConfigFilesWith(path string, dotfiles bool) ([]string, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, err
@@ -242,7 +287,7 @@ func ConfigFiles(path string) ([]string, error) {
 	var out []string
 	for _, e := range ents {
 		n := e.Name()
-		if strings.HasPrefix(n, ".") {
+		if strings.HasPrefix(n, ".") && !dotfiles {
 			continue
 		}
 		switch strings.ToLower(filepath.Ext(n)) {
@@ -265,6 +310,8 @@ func ConfigFiles(path string) ([]string, error) {
 // parser decodes one file strictly, collecting every problem.
 type parser struct {
 	file     string
+	shadow   bool           // every limit in shadow mode (SHADOW_MODE)
+	algo     drip.Algorithm // of limits without "algorithm" (Options.Algorithm)
 	problems []string
 }
 
@@ -334,8 +381,9 @@ func (p *parser) boolean(n *yaml.Node, path string) bool {
 	return b
 }
 
-// parse decodes a file into its domain and descriptor tree.
-func (p *parser) parse(data []byte) (string, *node) {
+// parse decodes a file into its domain and descriptor list (nil when
+// there is none); a domain of "" is a file that cannot be loaded.
+func (p *parser) parse(data []byte) (string, *yaml.Node) {
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
@@ -353,21 +401,20 @@ func (p *parser) parse(data []byte) (string, *node) {
 	f := p.fields(doc.Content[0], "", "domain", "descriptors")
 	domain := ""
 	if v, ok := f["domain"]; !ok {
-		p.add("domain", "required")
+		p.add("domain", "config file cannot have empty domain")
 	} else if d, ok := p.str(v, "domain"); ok {
 		if d == "" {
 			p.addAt(v, "domain", "config file cannot have empty domain")
 		}
 		domain = d
 	}
-	root := &node{children: map[string]*node{}}
 	if v, ok := f["descriptors"]; ok && !(v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
-		p.descriptors(root, v, "descriptors", domain+".")
+		return domain, v
 	}
-	return domain, root
+	return domain, nil
 }
 
-var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold"}
+var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata"}
 var rateLimitKeys = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "algorithm"}
 
 // descriptors loads a descriptor list into parent.
@@ -406,31 +453,44 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, path, parentKey string)
 			continue
 		}
 		child := &node{children: map[string]*node{}}
-		shadow := false
-		if v, ok := f["shadow_mode"]; ok {
-			shadow = p.boolean(v, dp+".shadow_mode")
+		shadow, quota := p.shadow, false
+		if v, ok := f["shadow_mode"]; ok && p.boolean(v, dp+".shadow_mode") {
+			shadow = true
+		}
+		if v, ok := f["quota_mode"]; ok {
+			quota = p.boolean(v, dp+".quota_mode")
 		}
 		for _, k := range []string{"detailed_metric", "value_to_metric"} {
 			if v, ok := f[k]; ok {
 				p.boolean(v, dp+"."+k) // stats only: accepted, no effect on limits
 			}
 		}
-		wildcard := strings.HasSuffix(finalKey, "*")
+		var meta *structpb.Struct
+		if v, ok := f["metadata"]; ok {
+			meta = p.metadata(v, dp+".metadata")
+		}
+		wildcard := strings.Contains(finalKey, "*")
 		if v, ok := f["share_threshold"]; ok && p.boolean(v, dp+".share_threshold") {
-			if !wildcard {
-				p.addAt(v, dp+".share_threshold", "share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", finalKey)
-			} else {
+			switch {
+			case !wildcard:
+				p.addAt(v, dp+".share_threshold", "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
+			case value != "":
 				child.share = value
+			default: // a wildcard key without a value
+				child.share = finalKey
 			}
 		}
 		if v, ok := f["rate_limit"]; ok {
-			child.limit = p.rateLimit(v, dp+".rate_limit", full, shadow)
+			if l := p.rateLimit(v, dp+".rate_limit", full, shadow); l != nil {
+				l.Quota, l.Metadata = quota, meta
+				child.limit = l
+			}
 		}
 		if v, ok := f["descriptors"]; ok {
 			p.descriptors(child, v, dp+".descriptors", full+".")
 		}
 		if wildcard {
-			parent.wildcards = append(parent.wildcards, finalKey)
+			parent.wildcards = append(parent.wildcards, newWildcard(finalKey))
 		}
 		parent.children[finalKey] = child
 	}
@@ -508,11 +568,12 @@ func (p *parser) rateLimit(n *yaml.Node, path, full string, shadow bool) *Limit 
 			ok = false
 		}
 	}
-	var algo drip.Algorithm
+	algo := p.algo
 	if v, has := f["algorithm"]; has {
 		s, _ := p.str(v, path+".algorithm")
 		switch drip.Algorithm(s) {
 		case drip.TokenBucket:
+			algo = ""
 		case drip.FixedWindow:
 			algo = drip.FixedWindow
 		default:
@@ -532,3 +593,82 @@ func (p *parser) rateLimit(n *yaml.Node, path, full string, shadow bool) *Limit 
 
 // errUnit is the error of a request override with no known unit.
 var errUnit = errors.New("unknown unit")
+
+// maxMetadata bounds the values of one descriptor's metadata, so that
+// YAML aliases cannot expand it without end.
+const maxMetadata = 10000
+
+// metadata converts a descriptor's metadata (any mapping) to a protobuf
+// Struct, as envoyproxy/ratelimit keeps it: mapping keys as strings,
+// booleans, numbers and null as themselves, other scalars as strings.
+func (p *parser) metadata(n *yaml.Node, path string) *structpb.Struct {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		p.addAt(n, path, "must be a mapping")
+		return nil
+	}
+	budget := maxMetadata
+	v, err := metadataValue(n, &budget)
+	if err != nil {
+		p.addAt(n, path, "%v", err)
+		return nil
+	}
+	if s := v.GetStructValue(); len(s.GetFields()) > 0 {
+		return s
+	}
+	return nil
+}
+
+func metadataValue(n *yaml.Node, budget *int) (*structpb.Value, error) {
+	if *budget--; *budget < 0 {
+		return nil, fmt.Errorf("more than %d values", maxMetadata)
+	}
+	switch n.Kind {
+	case yaml.AliasNode:
+		return metadataValue(n.Alias, budget)
+	case yaml.MappingNode:
+		s := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(n.Content)/2)}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind == yaml.AliasNode {
+				k = k.Alias
+			}
+			if k.Kind != yaml.ScalarNode {
+				return nil, fmt.Errorf("line %d: a key must be a scalar", k.Line)
+			}
+			v, err := metadataValue(n.Content[i+1], budget)
+			if err != nil {
+				return nil, err
+			}
+			s.Fields[k.Value] = v
+		}
+		return structpb.NewStructValue(s), nil
+	case yaml.SequenceNode:
+		l := &structpb.ListValue{Values: make([]*structpb.Value, len(n.Content))}
+		for i, c := range n.Content {
+			v, err := metadataValue(c, budget)
+			if err != nil {
+				return nil, err
+			}
+			l.Values[i] = v
+		}
+		return structpb.NewListValue(l), nil
+	}
+	switch n.Tag {
+	case "!!null":
+		return structpb.NewNullValue(), nil
+	case "!!bool":
+		var b bool
+		if n.Decode(&b) == nil {
+			return structpb.NewBoolValue(b), nil
+		}
+	case "!!int", "!!float":
+		var f float64
+		if n.Decode(&f) == nil {
+			return structpb.NewNumberValue(f), nil
+		}
+	}
+	return structpb.NewStringValue(n.Value), nil
+}

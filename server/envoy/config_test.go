@@ -36,7 +36,7 @@ func loadReadme(t *testing.T) *Config {
 
 func TestLoadReadmeExamples(t *testing.T) {
 	c := loadReadme(t)
-	want := []string{"edge_proxy_per_ip", "example4", "example6", "example7", "example8", "example9", "internal", "messaging", "mongo_cps", "rl"}
+	want := []string{"demo", "edge_proxy_per_ip", "example4", "example6", "example7", "example8", "example9", "internal", "messaging", "mongo_cps"}
 	if got := strings.Join(c.Domains(), " "); got != strings.Join(want, " ") {
 		t.Fatalf("domains %q, want %q", got, want)
 	}
@@ -54,7 +54,8 @@ func TestLoadReadmeExamples(t *testing.T) {
 	}
 }
 
-// TestMatch holds matching to the cases of envoyproxy/ratelimit's README.
+// TestMatch holds matching to the cases envoyproxy/ratelimit's README
+// describes, in configurations of our own (testdata/readme).
 func TestMatch(t *testing.T) {
 	c := loadReadme(t)
 	other, err := Load("testdata/example4-other-depth.yaml")
@@ -102,11 +103,17 @@ func TestMatch(t *testing.T) {
 		{c, "example9", []string{"key1=value"}, want{"example9.key1_value*", 20}},
 		{c, "example9", []string{"key1=valu"}, want{}},
 		// The demo config: a limit at a level with children.
-		{c, "rl", []string{"foo=x"}, want{"rl.foo", 2}},
-		{c, "rl", []string{"foo=x", "bar=y"}, want{"rl.foo.bar", 3}},
-		{c, "rl", []string{"foo=x", "bar=banned"}, want{"rl.foo.bar_banned", 0}},
-		{c, "rl", []string{"foo=x", "bar=y", "extra=z"}, want{}},
-		{c, "rl", []string{"source_cluster=proxy", "destination_cluster=mock"}, want{"rl.source_cluster_proxy.destination_cluster_mock", 1}},
+		{c, "demo", []string{"app=x"}, want{"demo.app", 2}},
+		{c, "demo", []string{"app=x", "user=bob"}, want{"demo.app.user", 3}},
+		{c, "demo", []string{"app=x", "user=ann"}, want{"demo.app.user_ann", 1}},
+		{c, "demo", []string{"app=x", "user=mallory"}, want{"demo.app.user_mallory", 0}},
+		{c, "demo", []string{"app=x", "user=bob", "extra=z"}, want{}},
+		{c, "demo", []string{"app=x", "path=/beta"}, want{"demo.app.path_/beta", 3}},
+		{c, "demo", []string{"app=x", "path=/x"}, want{"demo.app.path", 1}},
+		{c, "demo", []string{"from=gateway", "to=search"}, want{"demo.from_gateway.to_search", 1}},
+		{c, "demo", []string{"from=gateway"}, want{}},
+		{c, "demo", []string{"plan=pro"}, want{"demo.plan_pro", 2}},
+		{c, "demo", []string{"plan=team"}, want{}},
 		// Unknown domain.
 		{c, "nope", []string{"database=users"}, want{}},
 		{nil, "mongo_cps", []string{"database=users"}, want{}},
@@ -141,6 +148,19 @@ func TestLimits(t *testing.T) {
 	}
 	if l := c.Match("example7", entries("key_2=value_2", "user=bkthomps")); len(l.Replaces) != 1 || l.Replaces[0] != "specific_limit" {
 		t.Fatalf("replaces: %+v", l.Replaces)
+	}
+	if l := c.Match("demo", entries("tier=partner")); strings.Join(l.Replaces, " ") != "per_user nobody" {
+		t.Fatalf("replaces: %+v", l.Replaces)
+	}
+	if l := c.Match("demo", entries("app=x", "path=/beta")); !l.Shadow || l.Quota {
+		t.Fatalf("shadow: %+v", l)
+	}
+	if l := c.Match("demo", entries("app=x", "internal=y")); !l.Unlimited {
+		t.Fatalf("unlimited: %+v", l)
+	}
+	pro := c.Match("demo", entries("plan=pro"))
+	if q := pro.Metadata.AsMap()["quota"].(map[string]any); !pro.Quota || q["plan"] != "pro" || q["seats"] != 5.0 {
+		t.Fatalf("quota_mode and metadata: %+v", pro)
 	}
 
 	d, err := Load("testdata/drip-fields.yaml")
@@ -208,7 +228,7 @@ func FuzzParse(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := Parse(File{Name: "f.yaml", Data: data})
+		c, err := ParseWith(Options{MergeDomains: true}, File{Name: "f.yaml", Data: data}, File{Name: "g.yaml", Data: data})
 		if err != nil {
 			if _, ok := err.(*Error); !ok {
 				t.Fatalf("error %T", err)
@@ -217,6 +237,7 @@ func FuzzParse(f *testing.F) {
 		}
 		for _, d := range c.Domains() {
 			c.Match(d, entries("a=b", "c=d"))
+			c.Match(d, entries("a=x*y", "a=", "key=value*z"))
 		}
 	})
 }

@@ -20,11 +20,11 @@ type match struct {
 
 // Match returns the limit that applies to a descriptor of domain, exactly
 // as envoyproxy/ratelimit chooses it: level by level, the entry's
-// "key_value" first, then a prefix wildcard "key_prefix*" of that level
-// (the first in file order), then the key alone (any value); the limit
-// applies only if it sits at the descriptor's last entry. It returns nil
-// when no limit applies (unknown domain, no match, or a match at another
-// depth).
+// "key_value" first, then a wildcard of that level (the first in file
+// order whose pattern matches "key_value"; see wildcard), then the key
+// alone (any value); the limit applies only if it sits at the
+// descriptor's last entry. It returns nil when no limit applies (unknown
+// domain, no match, or a match at another depth).
 func (c *Config) Match(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry) *Limit {
 	return c.match(domain, entries).limit
 }
@@ -45,8 +45,8 @@ func (c *Config) match(domain string, entries []*ratelimitv3.RateLimitDescriptor
 		next := cur.children[string(buf)]
 		if next == nil {
 			for _, w := range cur.wildcards {
-				if strings.HasPrefix(string(buf), w[:len(w)-1]) {
-					next = cur.children[w]
+				if w.match(string(buf)) {
+					next = cur.children[w.key]
 					if next.share != "" {
 						if m.shared == nil {
 							m.shared = make([]string, len(entries))
@@ -72,6 +72,48 @@ func (c *Config) match(domain string, entries []*ratelimitv3.RateLimitDescriptor
 		m.shared = nil
 	}
 	return m
+}
+
+// wildcard is a descriptor entry whose "key_value" holds '*': each '*'
+// stands for any run of characters, the empty one included, and the
+// pattern must match the whole "key_value" of a request's entry. So
+// "path_/api*" matches every value that begins with "/api", "route_a*b"
+// those that begin with "a" and end with "b" ("ab" too), and
+// "route_x*y*z" those that hold "x", "y", "z" in that order, from the
+// first character to the last.
+type wildcard struct {
+	key string
+	// parts are key split at each '*': a match begins with the first,
+	// ends with the last, and holds the others in order between them.
+	parts []string
+	fixed int // the length of the parts together
+}
+
+func newWildcard(key string) wildcard {
+	w := wildcard{key: key, parts: strings.Split(key, "*")}
+	for _, p := range w.parts {
+		w.fixed += len(p)
+	}
+	return w
+}
+
+// match reports whether s matches the pattern. Taking each middle part
+// at its first place is enough: a later place leaves less room for the
+// parts after it, never more.
+func (w wildcard) match(s string) bool {
+	first, last := w.parts[0], w.parts[len(w.parts)-1]
+	if len(s) < w.fixed || !strings.HasPrefix(s, first) || !strings.HasSuffix(s, last) {
+		return false
+	}
+	rest := s[len(first) : len(s)-len(last)]
+	for _, p := range w.parts[1 : len(w.parts)-1] {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(p):]
+	}
+	return true
 }
 
 // bucketKey is the drip key of a descriptor: the domain and every entry's

@@ -573,24 +573,25 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 }
 
-// recorder is an engine.Observer that notes each decision as
-// "limit shadow=bool event".
-type recorder struct {
-	engine.NopObserver
-	mu  *sync.Mutex
-	got *[]string
-}
+// observerFunc is an engine.Observer that hears only decisions, as
+// (limit, shadow, outcome).
+type observerFunc func(limit string, shadow bool, outcome string)
 
-func (r recorder) Decision(limit string, mode rules.Mode, event engine.Event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	*r.got = append(*r.got, fmt.Sprintf("%s shadow=%t %s", limit, mode == rules.Shadow, event))
+func (f observerFunc) Decision(limit string, mode rules.Mode, event engine.Event) {
+	f(limit, mode == rules.Shadow, string(event))
 }
+func (observerFunc) StoreError(error)           {}
+func (observerFunc) StoreLatency(time.Duration) {}
+func (observerFunc) BreakerState(string)        {}
 
 func TestObserver(t *testing.T) {
 	var mu sync.Mutex
 	var got []string
-	obs := recorder{mu: &mu, got: &got}
+	obs := observerFunc(func(limit string, shadow bool, outcome string) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, fmt.Sprintf("%s shadow=%t %s", limit, shadow, outcome))
+	})
 	c := loadReadme(t)
 	svc := NewService(memstore.New(), c, WithObserver(obs))
 	call := func(domain string, ds ...*ratelimitv3.RateLimitDescriptor) {

@@ -2,181 +2,98 @@ package pgstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/maphash"
-	"runtime"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/batch"
 )
 
-// batcher coalesces concurrent single-key decisions into batch.sql
-// statements. Each of conns workers has its own queue, and a key always
-// goes to the same one (by a hash of the key), so requests for one key are
-// never split over statements that would wait on each other's row lock: a
-// hot key's requests pile up in one queue and go in one statement. A
-// worker takes the first waiting request, gathers more (those already
-// waiting, and with a window those that arrive within it) up to max, and
-// decides them in one statement. Under light load a request goes alone at
-// once; under heavy load, batches form while the workers are busy.
-type batcher struct {
-	s    *Store
-	seed maphash.Seed
-	qs   []chan *call
-	max  int
-	win  time.Duration
+// Batching says how concurrent single-key decisions (Apply) are coalesced
+// into one statement each; the same shape as redisstore.Batching. See
+// WithBatching.
+type Batching = batch.Options
+
+// DefaultBatching is batching unless told otherwise: no window (a batch is
+// whatever is waiting when a statement slot frees up), at most 128
+// requests a batch, 2 batches in flight. BENCHMARKS.md has the
+// measurements behind it.
+var DefaultBatching = Batching{Window: 0, MaxBatch: 128, InFlight: 2}
+
+// WithBatching tunes how concurrent single-key decisions (Apply) are
+// coalesced into one statement each (sql/batch.sql): up to o.MaxBatch
+// requests, gathered for at most o.Window after the first (0: only those
+// already waiting, so a lone request waits for nothing), with up to
+// o.InFlight batch statements in flight. Zero fields keep
+// DefaultBatching's; MaxBatch 1 turns batching off, as WithoutBatching
+// does. A batch of one runs the single-request statement. Each key goes to
+// one of InFlight queues (by a hash of the key), so requests for one key
+// are never split over statements that would wait on each other's row
+// lock: a hot key's requests pile up in one queue and go in one statement.
+func WithBatching(o Batching) Option {
+	return func(c *config) { c.batching = o.Or(DefaultBatching) }
 }
 
-type call struct {
-	op   drip.Op
-	key  []byte
-	p    drip.Prepared
-	at   *int64
-	res  result
-	err  error
-	done chan struct{}
+// WithoutBatching makes every Apply its own statement.
+func WithoutBatching() Option { return func(c *config) { c.batching = Batching{MaxBatch: 1} } }
+
+// request is one Apply waiting in a batch.
+type request struct {
+	op  drip.Op
+	key []byte
+	p   drip.Prepared
+	at  *int64
 }
 
-var errClosed = errors.New("pgstore: store closed")
+var errClosed = fmt.Errorf("pgstore: %w", batch.ErrClosed)
 
-func newBatcher(s *Store) *batcher {
-	b := &batcher{s: s, seed: maphash.MakeSeed(), max: s.cfg.batchMax, win: s.cfg.batchWindow}
-	for range s.cfg.batchConns {
-		q := make(chan *call, 4*s.cfg.batchMax)
-		b.qs = append(b.qs, q)
-		s.wg.Add(1)
-		go b.work(q)
-	}
-	return b
+// errLate is a request the server reached after its caller's deadline: it
+// wrote nothing.
+var errLate = fmt.Errorf("pgstore: the server reached the request after its deadline and applied nothing: %w", context.DeadlineExceeded)
+
+func newBatcher(s *Store) *batch.Batcher[request, result] {
+	seed := maphash.MakeSeed()
+	route := func(r request) uint64 { return maphash.Bytes(seed, r.key) }
+	return batch.New(s.cfg.batching, route, s.runCalls)
 }
 
-// do queues one decision and waits for it. If ctx ends first the request
-// may still be decided (and applied) by its batch.
-func (b *batcher) do(ctx context.Context, op drip.Op, p drip.Prepared, at *int64) (result, error) {
-	// A closed store answers at once (a select over a send that is ready
-	// too would queue the call half of the time, and nobody decides it).
-	select {
-	case <-b.s.stop:
-		return result{}, errClosed
-	default:
-	}
-	c := &call{op: op, key: storeKey(p.Key), p: p, at: at, done: make(chan struct{})}
-	q := b.qs[maphash.Bytes(b.seed, c.key)%uint64(len(b.qs))]
-	select {
-	case q <- c:
-	case <-ctx.Done():
-		return result{}, ctx.Err()
-	case <-b.s.stop:
-		return result{}, errClosed
-	}
-	select {
-	case <-c.done:
-		return c.res, c.err
-	case <-ctx.Done():
-		return result{}, ctx.Err()
-	case <-b.s.stop:
-		// Closing: the workers may be gone before deciding this one.
-		select {
-		case <-c.done:
-			return c.res, c.err
-		case <-time.After(time.Second):
-			return result{}, errClosed
-		}
-	}
-}
-
-func (b *batcher) work(q chan *call) {
-	defer b.s.wg.Done()
-	calls := make([]*call, 0, b.max)
-	for {
-		calls = calls[:0]
-		select {
-		case <-b.s.stop:
-			drain(q)
-			return
-		case c := <-q:
-			calls = append(calls, c)
-		}
-		var timeout <-chan time.Time
-		var t *time.Timer
-		if b.win > 0 {
-			t = time.NewTimer(b.win)
-			timeout = t.C
-		}
-	gather:
-		for len(calls) < b.max {
-			if timeout == nil {
-				select {
-				case c := <-q:
-					calls = append(calls, c)
-				default:
-					break gather
-				}
-			} else {
-				select {
-				case c := <-q:
-					calls = append(calls, c)
-				case <-timeout:
-					break gather
-				}
-			}
-		}
-		if t != nil {
-			t.Stop()
-		}
-		b.run(calls)
-		// Let the callers just answered run before gathering the next
-		// batch: on a busy process they would otherwise queue their next
-		// requests only after this worker had sent a smaller batch
-		// without them (measured in BENCHMARKS.md, PostgreSQL, "yield").
-		runtime.Gosched()
-	}
-}
-
-// drain fails the requests still queued when the store closes.
-func drain(q chan *call) {
-	for {
-		select {
-		case c := <-q:
-			c.err = errClosed
-			close(c.done)
-		default:
-			return
-		}
-	}
-}
-
-// run decides calls in one statement and hands each its result. A batch
-// of one is decided by the single-request statement, which is lighter.
-func (b *batcher) run(calls []*call) {
+// runCalls decides calls in one statement and hands each its result. A
+// batch of one is decided by the single-request statement, which is
+// lighter.
+func (s *Store) runCalls(ctx context.Context, calls []*batch.Call[request, result]) {
 	if len(calls) == 1 {
 		c := calls[0]
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		c.res, c.err = b.s.applyOne(ctx, c.op, c.p, c.at)
-		cancel()
-		close(c.done)
+		c.Res, c.Err = s.applyOne(ctx, c.Req.op, c.Req.p, c.Req.at, c.Deadline)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := b.s.runBatch(ctx, calls)
+	res, err := s.runBatch(ctx, calls)
 	for i, c := range calls {
 		if err == nil {
-			c.res = res[i]
+			c.Res, c.Err = res[i], res[i].err()
+		} else {
+			c.Err = err
 		}
-		c.err = err
-		close(c.done)
 	}
 }
 
 // runBatch decides calls with batch.sql, in one statement.
-func (s *Store) runBatch(ctx context.Context, calls []*call) ([]result, error) {
+func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, result]) ([]result, error) {
+	for _, c := range calls {
+		if err := s.syncClock(ctx, c.Deadline); err != nil {
+			return nil, err
+		}
+	}
 	a := newArrays(len(calls))
 	seen := make(map[string]struct{}, len(calls))
 	for _, c := range calls {
-		a.add(c.op, c.key, c.p, c.at)
-		seen[string(c.key)] = struct{}{}
+		a.add(c.Req.op, c.Req.key, c.Req.p, c.Req.at)
+		a.dls = append(a.dls, s.deadline(c.Deadline))
+		seen[string(c.Req.key)] = struct{}{}
 	}
 	sql := batchSQL
 	if len(seen) == len(calls) {
@@ -185,7 +102,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*call) ([]result, error) {
 	res := make([]result, len(calls))
 	err := s.retry(ctx, func() error {
 		rows, err := s.db.Query(ctx, sql, a.ops, a.keys, a.kinds, a.rates, a.periods,
-			a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats)
+			a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats, a.dls)
 		if err != nil {
 			return err
 		}
@@ -193,7 +110,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*call) ([]result, error) {
 		for rows.Next() {
 			var i int64
 			var r result
-			if err := rows.Scan(&i, &r.allowed, &r.tokens, &r.ts, &r.now); err != nil {
+			if err := rows.Scan(&i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late); err != nil {
 				rows.Close()
 				return err
 			}
@@ -212,5 +129,61 @@ func (s *Store) runBatch(ctx context.Context, calls []*call) ([]result, error) {
 		}
 		return nil
 	})
+	if err == nil {
+		recv := time.Now()
+		for i, c := range calls {
+			if c.Req.at == nil { // now is the server's clock
+				s.clock.Observe(recv, res[i].now)
+				break
+			}
+		}
+	}
 	return res, err
+}
+
+// deadline is a caller's deadline d in the server's clock (nil: none).
+func (s *Store) deadline(d time.Time) *int64 {
+	n := s.clock.Deadline(d)
+	if n == 0 {
+		return nil
+	}
+	return &n
+}
+
+// syncClock reads the server's clock before the first statement that
+// carries a deadline d, so that deadlines can be put in its clock (see
+// batch.Clock).
+func (s *Store) syncClock(ctx context.Context, d time.Time) error {
+	if d.IsZero() || s.clock.Known() {
+		return nil
+	}
+	var now int64
+	if err := s.db.QueryRow(ctx, "SELECT drip.clock()").Scan(&now); err != nil {
+		return fmt.Errorf("pgstore: reading the server's clock: %w", err)
+	}
+	s.clock.Observe(time.Now(), now)
+	return nil
+}
+
+// err is the error of a result the server refused to apply (late).
+func (r result) err() error {
+	if r.late {
+		return errLate
+	}
+	return nil
+}
+
+// CancelAtDeadline makes connections made with c cancel a statement on the
+// server when its context ends (a cancel request, then closing the
+// connection if the server has not answered within a second). Open's pool
+// has it. pgx's default only closes the connection, and a server
+// backend waiting on a lock does not notice: it stays, and runs the
+// statement once it gets the lock, so under a stalled table every
+// deadline would leave one more backend behind. (Late statements write
+// nothing either way: they carry their callers' deadlines.) A pool given
+// to New should be configured with it too.
+func CancelAtDeadline(c *pgx.ConnConfig) {
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: time.Second}
+	}
 }

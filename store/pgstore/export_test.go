@@ -5,13 +5,14 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/batch"
 )
 
 // ApplyBatch decides rs (with ops and times) in one batch.sql statement,
 // in order, as the batcher would: for tests of batch.sql itself.
 func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request, ats []time.Time) ([]drip.Decision, []error) {
 	errs := make([]error, len(rs))
-	var calls []*call
+	var calls []*batch.Call[request, result]
 	var idx []int
 	var ps []drip.Prepared
 	for i, r := range rs {
@@ -20,7 +21,7 @@ func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request,
 			errs[i] = err
 			continue
 		}
-		calls = append(calls, &call{op: ops[i], key: storeKey(p.Key), p: p, at: nanos(ats[i])})
+		calls = append(calls, &batch.Call[request, result]{Req: request{ops[i], storeKey(p.Key), p, nanos(ats[i])}})
 		idx = append(idx, i)
 		ps = append(ps, p)
 	}
@@ -34,7 +35,9 @@ func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request,
 			errs[i] = err
 			continue
 		}
-		ds[i] = res[j].decision(ops[i], ps[j])
+		if errs[i] = res[j].err(); errs[i] == nil {
+			ds[i] = res[j].decision(ops[i], ps[j])
+		}
 	}
 	return ds, errs
 }

@@ -22,8 +22,8 @@ func TestServerRestart(t *testing.T) {
 		name string
 		opts []pgstore.Option
 	}{
-		{"statement", []pgstore.Option{pgstore.WithBatching(0, 1, 0)}},
-		{"batching", []pgstore.Option{pgstore.WithBatching(0, 32, 2)}},
+		{"statement", []pgstore.Option{pgstore.WithoutBatching()}},
+		{"batching", []pgstore.Option{pgstore.WithBatching(pgstore.Batching{MaxBatch: 32, InFlight: 2})}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			srv := testserver.StartPostgres(t)

@@ -34,10 +34,14 @@ func withEval(name string) string {
 }
 
 var (
-	takeSQL  = withEval("take.sql")
-	peekSQL  = withEval("peek.sql")
-	multiSQL = withEval("multi.sql")
-	batchSQL = withEval("batch.sql")
+	// takeSQL is take.sql with its caller's deadline ($12), for the Go
+	// store; takeFuncSQL without one, for the SQL function drip.apply_one.
+	takeSQL = strings.NewReplacer("{{LATE}}", "coalesce(drip.clock() >= $12::bigint, false)",
+		"{{LATE_COLUMN}}", ", d.late").Replace(withEval("take.sql"))
+	takeFuncSQL = strings.NewReplacer("{{LATE}}", "false", "{{LATE_COLUMN}}", "").Replace(withEval("take.sql"))
+	peekSQL     = withEval("peek.sql")
+	multiSQL    = withEval("multi.sql")
+	batchSQL    = withEval("batch.sql")
 	// batchDistinctSQL is batch.sql for distinct keys: no recursion.
 	batchDistinctSQL = withEval("batch_distinct.sql")
 	sweepSQL         = mustSQL("sweep.sql")
@@ -114,7 +118,7 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 		// take.sql and peek.sql as SQL functions, so that drip.take runs
 		// the very statements the Go store runs.
 		sig := "(bytea, int, int, bigint, bigint, bigint, bigint, bigint, bigint, bool, bigint) RETURNS TABLE (allowed bool, n_tokens bigint, n_ts bigint, now bigint, ok bool) LANGUAGE sql VOLATILE AS $drip$\n"
-		for name, body := range map[string]string{"apply_one": takeSQL, "peek_one": peekSQL} {
+		for name, body := range map[string]string{"apply_one": takeFuncSQL, "peek_one": peekSQL} {
 			if _, err := tx.Exec(ctx, "CREATE OR REPLACE FUNCTION drip."+name+sig+body+"\n$drip$"); err != nil {
 				return fmt.Errorf("drip.%s: %w", name, err)
 			}
@@ -204,7 +208,7 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	var urlOpts []Option
 	var inst InstallOptions
 	install := false
-	batchWindow, batchMax, batchConns, batch := time.Duration(DefaultBatchWindow), DefaultBatchMax, DefaultBatchConns, false
+	batching, batch := DefaultBatching, false
 	for k, vs := range q {
 		if !strings.HasPrefix(k, "drip_") {
 			continue
@@ -224,16 +228,17 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		case "drip_batch":
 			batch = true
 			if v == "off" {
-				batchMax = 1
+				batching.MaxBatch = 1
 			} else {
-				batchWindow, perr = time.ParseDuration(v)
+				batching.Window, perr = time.ParseDuration(v)
 			}
 		case "drip_batch_max":
 			batch = true
-			batchMax, perr = strconv.Atoi(v)
+			batching.MaxBatch, perr = strconv.Atoi(v)
+			batching.MaxBatch = max(1, batching.MaxBatch) // 0: off, not the default
 		case "drip_batch_conns":
 			batch = true
-			batchConns, perr = strconv.Atoi(v)
+			batching.InFlight, perr = strconv.Atoi(v)
 		default:
 			perr = errors.New("unknown parameter")
 		}
@@ -245,18 +250,19 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 		urlOpts = append(urlOpts, WithInstall(inst))
 	}
 	if batch {
-		urlOpts = append(urlOpts, WithBatching(batchWindow, batchMax, batchConns))
+		urlOpts = append(urlOpts, WithBatching(batching))
 	}
 	u.RawQuery = q.Encode()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: %w", err)
+	}
 	if q.Has("default_query_exec_mode") {
 		// pgx's own parameter: the store sends its statements that way.
-		cfg, err := pgx.ParseConfig(u.String())
-		if err != nil {
-			return nil, fmt.Errorf("pgstore: %w", err)
-		}
-		urlOpts = append(urlOpts, WithQueryMode(cfg.DefaultQueryExecMode))
+		urlOpts = append(urlOpts, WithQueryMode(cfg.ConnConfig.DefaultQueryExecMode))
 	}
-	pool, err := pgxpool.New(ctx, u.String())
+	CancelAtDeadline(cfg.ConnConfig)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: %w", err)
 	}

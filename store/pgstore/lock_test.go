@@ -17,7 +17,7 @@ func TestClockAfterLock(t *testing.T) {
 	lim := drip.PerSecond(10)
 	for _, path := range []string{"take", "multi", "batch"} {
 		t.Run(path, func(t *testing.T) {
-			st := newStore(t, pgstore.WithBatching(0, 1, 0))
+			st := newStore(t, pgstore.WithoutBatching())
 			ctx := context.Background()
 			key := prefix() + "locked"
 			if d, err := st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 10}); err != nil || !d.Allowed {

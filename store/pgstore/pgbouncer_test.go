@@ -85,7 +85,7 @@ func TestPgBouncerFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	st, err := pgstore.New(ctx, pool, pgstore.WithInstall(pgstore.InstallOptions{}), pgstore.WithSweep(0), pgstore.WithBatching(0, 1, 0))
+	st, err := pgstore.New(ctx, pool, pgstore.WithInstall(pgstore.InstallOptions{}), pgstore.WithSweep(0), pgstore.WithoutBatching())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,6 +62,14 @@
 // backoff (WithRetry), then returned. Any other failure (a dropped
 // connection, a server restart) is returned as an error, never turned into
 // a decision; the pool reconnects by itself.
+//
+// Deadlines. A request answered with an error took nothing: a take,
+// refund, multi-take or batch carries its caller's deadline in the
+// server's clock (learned from the clock in earlier replies, see
+// internal/batch), and a request that gets its row locks after it writes
+// nothing and fails with an error that wraps context.DeadlineExceeded.
+// Open's pool also cancels a statement on the server at its deadline
+// (CancelAtDeadline).
 package pgstore
 
 import (
@@ -78,6 +86,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/batch"
 )
 
 // MaxKeyLen is the longest key stored as it is; longer keys (up to
@@ -101,7 +110,8 @@ type Store struct {
 	dbm modeDB // db, with the statements' query mode
 	cfg config
 
-	batch *batcher
+	batch *batch.Batcher[request, result]
+	clock batch.Clock // the server's clock, for deadlines
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -121,9 +131,7 @@ type config struct {
 	attempts     int
 	backoff      time.Duration
 	maxBackoff   time.Duration
-	batchWindow  time.Duration
-	batchMax     int
-	batchConns   int
+	batching     Batching
 	queryMode    pgx.QueryExecMode
 	queryModeSet bool
 }
@@ -158,34 +166,12 @@ func WithRetry(attempts int, backoff time.Duration) Option {
 	return func(c *config) { c.attempts, c.backoff = max(1, attempts), backoff }
 }
 
-// Batching defaults: on, no window (a batch is whatever is waiting when a
-// statement slot frees up), at most 128 requests a batch, 2 batches in
-// flight. BENCHMARKS.md has the measurements behind them.
-const (
-	DefaultBatchWindow = 0
-	DefaultBatchMax    = 128
-	DefaultBatchConns  = 2
-)
-
-// WithBatching tunes how concurrent single-key decisions (Apply) are
-// coalesced into one statement each (sql/batch.sql): up to maxBatch requests,
-// gathered for at most window after the first (0: only those already
-// waiting, so a lone request waits for nothing), with up to conns batch
-// statements in flight. A batch of one runs the single-request statement.
-// maxBatch <= 1 turns batching off: every Apply is its own statement. A batched
-// request whose context ends while it waits may still be decided.
-func WithBatching(window time.Duration, maxBatch, conns int) Option {
-	return func(c *config) {
-		c.batchWindow, c.batchMax, c.batchConns = window, maxBatch, max(1, conns)
-	}
-}
-
 // New returns a store on db, a pool the caller owns (the store does not
 // close it).
 func New(ctx context.Context, db DB, opts ...Option) (*Store, error) {
 	s := &Store{db: db, stop: make(chan struct{})}
 	s.cfg = config{sweepEvery: DefaultSweep, sweepPage: 1000, attempts: 10, backoff: time.Millisecond, maxBackoff: 100 * time.Millisecond,
-		batchWindow: DefaultBatchWindow, batchMax: DefaultBatchMax, batchConns: DefaultBatchConns, queryMode: DefaultQueryMode}
+		batching: DefaultBatching, queryMode: DefaultQueryMode}
 	for _, o := range opts {
 		o(&s.cfg)
 	}
@@ -198,7 +184,7 @@ func New(ctx context.Context, db DB, opts ...Option) (*Store, error) {
 	} else if err := checkVersion(ctx, newModeDB(db, FallbackQueryMode)); err != nil { // once: nothing prepared by name
 		return nil, err
 	}
-	if s.cfg.batchMax > 1 {
+	if s.cfg.batching.On() {
 		s.batch = newBatcher(s)
 	}
 	if s.cfg.sweepEvery > 0 {
@@ -214,6 +200,9 @@ func (s *Store) Close() error {
 	s.stopOnce.Do(func() {
 		close(s.stop)
 		s.wg.Wait()
+		if s.batch != nil {
+			s.batch.Close()
+		}
 		if s.closeDB != nil {
 			s.closeDB()
 		}
@@ -244,12 +233,14 @@ func nanos(at time.Time) *int64 {
 
 // result is one decision as the SQL returns it: whether it was allowed,
 // the bucket after it (for a denial, the bucket refilled to now) and the
-// time of the decision.
+// time of the decision; or that the request was late (the server reached
+// it after its caller's deadline, and wrote nothing).
 type result struct {
 	allowed bool
 	tokens  int64
 	ts      int64
 	now     int64
+	late    bool
 }
 
 // decision completes r as drip.Eval does: retry and reset come from the
@@ -287,9 +278,13 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	}
 	var res result
 	if s.batch != nil {
-		res, err = s.batch.do(ctx, op, p, nanos(at))
+		res, err = s.batch.Do(ctx, request{op, storeKey(p.Key), p, nanos(at)})
+		if errors.Is(err, batch.ErrClosed) {
+			err = errClosed
+		}
 	} else {
-		res, err = s.applyOne(ctx, op, p, nanos(at))
+		dl, _ := ctx.Deadline()
+		res, err = s.applyOne(ctx, op, p, nanos(at), dl)
 	}
 	if err != nil {
 		return drip.Decision{}, err
@@ -297,14 +292,20 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	return res.decision(op, p), nil
 }
 
-// applyOne decides one request with one statement (take.sql, peek.sql).
-func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *int64) (result, error) {
+// applyOne decides one request with one statement (take.sql, peek.sql);
+// a take or refund carries its caller's deadline dl (zero: none).
+func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *int64, dl time.Time) (result, error) {
 	sql := takeSQL
-	if op == drip.OpPeek {
-		sql = peekSQL
-	}
 	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
 		p.Params.Burst, p.Params.MaxReserved, p.Params.Start, p.Cost, p.Reserve, at}
+	if op == drip.OpPeek {
+		sql = peekSQL // writes nothing: no deadline
+	} else {
+		if err := s.syncClock(ctx, dl); err != nil {
+			return result{}, err
+		}
+		args = append(args, s.deadline(dl))
+	}
 	var res result
 	err := s.retry(ctx, func() error {
 		rows, err := s.db.Query(ctx, sql, args...)
@@ -314,7 +315,11 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *i
 		n := 0
 		ok := false
 		for rows.Next() {
-			if err := rows.Scan(&res.allowed, &res.tokens, &res.ts, &res.now, &ok); err != nil {
+			dest := []any{&res.allowed, &res.tokens, &res.ts, &res.now, &ok}
+			if op != drip.OpPeek {
+				dest = append(dest, &res.late)
+			}
+			if err := rows.Scan(dest...); err != nil {
 				rows.Close()
 				return err
 			}
@@ -325,6 +330,14 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *i
 		}
 		if n != 1 {
 			return fmt.Errorf("pgstore: %d rows for one decision", n)
+		}
+		if at == nil {
+			// now is the server's clock (late or not: a late answer
+			// corrects an offset that made it late).
+			s.clock.Observe(time.Now(), res.now)
+		}
+		if res.late {
+			return errLate
 		}
 		if !ok {
 			return errRace
@@ -351,18 +364,29 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 		a.add(op, k, p, nil)
 	}
 	ds := make([]drip.Decision, len(ps))
+	dl, _ := ctx.Deadline()
+	if err := s.syncClock(ctx, dl); err != nil {
+		return drip.Multi{}, err
+	}
 	err = s.retry(ctx, func() error {
 		rows, err := s.db.Query(ctx, multiSQL, int(op), a.keys, a.kinds, a.rates, a.periods,
-			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at))
+			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl))
 		if err != nil {
 			return err
 		}
 		i := 0
 		for rows.Next() {
 			var r result
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now); err != nil {
+			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late); err != nil {
 				rows.Close()
 				return err
+			}
+			if at.IsZero() && i == 0 {
+				s.clock.Observe(time.Now(), r.now) // now is the server's clock
+			}
+			if r.late {
+				rows.Close()
+				return errLate
 			}
 			if i < len(ds) {
 				ds[i] = r.decision(op, ps[i])
@@ -459,6 +483,7 @@ type arrays struct {
 	costs    []int64
 	reserves []bool
 	ats      []*int64
+	dls      []*int64 // batch.sql: deadlines in the server's clock
 }
 
 func newArrays(n int) *arrays {

@@ -19,12 +19,12 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	st := newStore(t, pgstore.WithBatching(0, 1, 0))
+	st := newStore(t, pgstore.WithoutBatching())
 	storetest.Run(t, func(t *testing.T) drip.Store { return st })
 }
 
 func TestConformanceBatching(t *testing.T) {
-	st := newStore(t, pgstore.WithBatching(0, 64, 4))
+	st := newStore(t, pgstore.WithBatching(pgstore.Batching{MaxBatch: 64, InFlight: 4}))
 	storetest.Run(t, func(t *testing.T) drip.Store { return st })
 }
 
@@ -37,8 +37,8 @@ func TestSameAsMemstore(t *testing.T) {
 		name string
 		opts []pgstore.Option
 	}{
-		{"statement", []pgstore.Option{pgstore.WithBatching(0, 1, 0)}},
-		{"batching", []pgstore.Option{pgstore.WithBatching(0, 16, 2)}},
+		{"statement", []pgstore.Option{pgstore.WithoutBatching()}},
+		{"batching", []pgstore.Option{pgstore.WithBatching(pgstore.Batching{MaxBatch: 16, InFlight: 2})}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			pg := newStore(t, mode.opts...)
@@ -76,8 +76,8 @@ func TestHammerOneKey(t *testing.T) {
 		name string
 		opts []pgstore.Option
 	}{
-		{"statement", []pgstore.Option{pgstore.WithBatching(0, 1, 0)}},
-		{"batching", []pgstore.Option{pgstore.WithBatching(0, 64, 4)}},
+		{"statement", []pgstore.Option{pgstore.WithoutBatching()}},
+		{"batching", []pgstore.Option{pgstore.WithBatching(pgstore.Batching{MaxBatch: 64, InFlight: 4})}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			st := newStore(t, mode.opts...)
@@ -132,7 +132,7 @@ func TestSerializableRetries(t *testing.T) {
 	ctx := context.Background()
 	url := withParams(pg.Config().ConnString(), "default_transaction_isolation=serializable&pool_max_conns=32")
 	open := func(opts ...pgstore.Option) *pgstore.Store {
-		s, err := pgstore.Open(ctx, url, append([]pgstore.Option{pgstore.WithSweep(0), pgstore.WithBatching(0, 1, 0)}, opts...)...)
+		s, err := pgstore.Open(ctx, url, append([]pgstore.Option{pgstore.WithSweep(0), pgstore.WithoutBatching()}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

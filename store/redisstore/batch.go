@@ -3,161 +3,127 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"runtime"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/batch"
 )
 
-// batcher coalesces concurrent single-key decisions into one call in
-// batch mode, where each request is decided on its own, in order. Up
-// to conns workers each take the first waiting request, add those already
-// waiting up to max, and make one call.
-type batcher struct {
-	s   *Store
-	ch  chan *call
-	max int
+// Batching says how concurrent single-key decisions (Apply) are coalesced
+// into one call each; the same shape as pgstore.Batching. See
+// WithBatching.
+type Batching = batch.Options
+
+// DefaultBatching is batching on a standalone server unless told
+// otherwise: no window (a batch is whatever is waiting when a worker is
+// free), at most 64 requests a call, 2 calls in flight. BENCHMARKS.md has
+// the measurements behind it.
+var DefaultBatching = Batching{Window: 0, MaxBatch: 64, InFlight: 2}
+
+// WithBatching tunes how concurrent single-key decisions (Apply) are
+// coalesced into one call each: up to o.MaxBatch requests, gathered for at
+// most o.Window after the first (0: only those already waiting, so a lone
+// request waits for nothing), with up to o.InFlight calls in flight. Zero
+// fields keep DefaultBatching's; MaxBatch 1 turns batching off, as
+// WithoutBatching does. Batching is on by default on a standalone server,
+// and off on Redis Cluster (one call's keys must share a slot). Under
+// light load a request goes alone at once; under heavy load batches form
+// while the calls are in flight. See BENCHMARKS.md.
+func WithBatching(o Batching) Option {
+	return func(s *Store) { s.batching = o.Or(DefaultBatching) }
 }
 
-type call struct {
-	op   drip.Op
-	at   time.Time
-	p    drip.Prepared
-	d    drip.Decision
-	err  error
-	done chan struct{}
+// WithoutBatching makes every Apply its own call.
+func WithoutBatching() Option { return func(s *Store) { s.batching = Batching{MaxBatch: 1} } }
+
+var errClosed = fmt.Errorf("redisstore: %w", batch.ErrClosed)
+
+// errLate is a request the server ran after its caller's deadline: it
+// decided and wrote nothing.
+var errLate = fmt.Errorf("redisstore: the server ran the request after its deadline and applied nothing: %w", context.DeadlineExceeded)
+
+// request is one Apply waiting in a batch.
+type request struct {
+	op drip.Op
+	at time.Time
+	p  drip.Prepared
 }
 
-var errClosed = errors.New("redisstore: store closed")
-
-func newBatcher(s *Store) *batcher {
-	b := &batcher{s: s, ch: make(chan *call, 4*s.batchMax), max: s.batchMax}
-	for range s.batchConns {
-		s.wg.Add(1)
-		go b.work()
-	}
-	return b
+func newBatcher(s *Store) *batch.Batcher[request, drip.Decision] {
+	return batch.New(s.batching, nil, s.runBatch)
 }
 
-// calls recycles calls (each with its done channel): a decision that
-// comes back to its caller returns its call here.
-var calls = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+// buffers are a batch's arguments, reused from one batch to the next.
+type buffers struct {
+	ops []drip.Op
+	ats []time.Time
+	dls []time.Time
+	ps  []drip.Prepared
+}
 
-// do queues one decision and waits for it. If ctx ends first, the request
-// may still be decided (and applied) by its batch.
-func (b *batcher) do(ctx context.Context, op drip.Op, at time.Time, p drip.Prepared) (drip.Decision, error) {
-	// A closed store answers at once (a select over a send that is ready
-	// too would queue the call half of the time, and nobody decides it).
-	select {
-	case <-b.s.stop:
-		return drip.Decision{}, errClosed
-	default:
-	}
-	c := calls.Get().(*call)
-	c.op, c.at, c.p = op, at, p
-	select {
-	case b.ch <- c:
-	case <-ctx.Done():
-		*c = call{done: c.done}
-		calls.Put(c)
-		return drip.Decision{}, ctx.Err()
-	case <-b.s.stop:
-		*c = call{done: c.done}
-		calls.Put(c)
-		return drip.Decision{}, errClosed
-	}
-	// Once queued, c goes back to the pool only after its answer came:
-	// a caller that leaves early leaves c to the worker's send.
-	select {
-	case <-c.done:
-		d, err := c.d, c.err
-		*c = call{done: c.done}
-		calls.Put(c)
-		return d, err
-	case <-ctx.Done():
-		return drip.Decision{}, ctx.Err()
-	case <-b.s.stop:
-		// Closing: the call may have been queued after the workers
-		// drained, and then nobody decides it.
-		select {
-		case <-c.done:
-			return c.d, c.err
-		case <-time.After(time.Second):
-			return drip.Decision{}, errClosed
+var bufs = sync.Pool{New: func() any { return new(buffers) }}
+
+// runBatch decides calls in one call of the script in batch mode, each
+// request with its own deadline.
+//
+// The call waits for the server's answer even past ctx's deadline (until
+// the store closes, or the client gives up on the connection: rueidis's
+// ConnWriteTimeout, 10 s by default), while the callers return at their
+// own deadlines. rueidis cannot take back a command once queued: leaving
+// it at the deadline would leave it in the pipe with a goroutine waiting
+// for its answer, and send the next batch behind it, one more per
+// deadline for as long as the server is stalled. Waiting keeps at most
+// InFlight batches at a stalled server, and changes nothing in what is
+// applied: each request carries its caller's deadline, and the server
+// refuses the late ones.
+func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, drip.Decision]) {
+	for _, c := range calls {
+		if c.Deadline.IsZero() || s.clock.Known() {
+			continue
 		}
-	}
-}
-
-func (b *batcher) work() {
-	defer b.s.wg.Done()
-	w := &batch{calls: make([]*call, 0, b.max)}
-	for {
-		w.calls = w.calls[:0]
-		select {
-		case <-b.s.stop:
-			b.drain()
-			return
-		case c := <-b.ch:
-			w.calls = append(w.calls, c)
-		}
-	gather:
-		for len(w.calls) < b.max {
-			select {
-			case c := <-b.ch:
-				w.calls = append(w.calls, c)
-			default:
-				break gather
+		if err := s.syncClock(ctx); err != nil {
+			for _, c := range calls {
+				c.Err = err
 			}
+			return
 		}
-		b.run(w)
-		clear(w.calls)
-		// Let the callers just answered run before gathering the next
-		// batch: on a busy process they would otherwise queue their next
-		// requests only after this worker had sent a smaller batch
-		// without them. Larger, fewer calls: measured in BENCHMARKS.md
-		// (Redis, "yield").
-		runtime.Gosched()
 	}
-}
-
-// batch is a worker's buffers, reused from one batch to the next.
-type batch struct {
-	calls []*call
-	ops   []drip.Op
-	ats   []time.Time
-	ps    []drip.Prepared
-}
-
-func (b *batcher) run(w *batch) {
-	w.ops, w.ats, w.ps = w.ops[:0], w.ats[:0], w.ps[:0]
-	for _, c := range w.calls {
-		w.ops, w.ats, w.ps = append(w.ops, c.op), append(w.ats, c.at), append(w.ps, c.p)
+	w := bufs.Get().(*buffers)
+	w.ops, w.ats, w.dls, w.ps = w.ops[:0], w.ats[:0], w.dls[:0], w.ps[:0]
+	for _, c := range calls {
+		w.ops, w.ats, w.ps = append(w.ops, c.Req.op), append(w.ats, c.Req.at), append(w.ps, c.Req.p)
+		w.dls = append(w.dls, c.Deadline)
 	}
-	// The batch's own deadline: its callers' contexts are theirs alone.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	rep, err := b.s.run(ctx, "batch", w.ops, w.ats, w.ps)
-	cancel()
-	for i, c := range w.calls {
+	rep, err := s.run(s.life, "batch", w.ops, w.ats, w.dls, w.ps)
+	for i, c := range calls {
 		if err != nil {
-			c.err = err
+			c.Err = err
 		} else {
-			c.d, c.err = rep.decide(i, c.op, c.at, c.p)
+			c.Res, c.Err = rep.decide(i, c.Req.op, c.Req.at, c.Req.p)
 		}
-		c.done <- struct{}{}
 	}
 	clear(w.ps) // no keys kept alive
+	bufs.Put(w)
 }
 
-// drain fails the requests still queued when the store closes.
-func (b *batcher) drain() {
-	for {
-		select {
-		case c := <-b.ch:
-			c.err = errClosed
-			c.done <- struct{}{}
-		default:
-			return
-		}
+// syncClock learns the server's clock with TIME, before the first call
+// that carries a deadline.
+func (s *Store) syncClock(ctx context.Context) error {
+	msgs, err := s.c.Do(ctx, s.c.B().Time().Build()).ToArray()
+	recv := time.Now()
+	if err != nil {
+		return fmt.Errorf("redisstore: reading the server's clock: %w", err)
 	}
+	if len(msgs) != 2 {
+		return errors.New("redisstore: TIME: want 2 values")
+	}
+	sec, err1 := msgs[0].AsInt64()
+	usec, err2 := msgs[1].AsInt64()
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("redisstore: TIME: %w", err)
+	}
+	s.clock.Observe(recv, sec*1e9+usec*1e3)
+	return nil
 }

@@ -21,13 +21,17 @@
 -- bound), start, cost, reserve (1 or 0). Then one string of packed
 -- requests, a record per key (struct format '<IBdd'): its shape (1..S);
 -- its op (0 take, 1 peek, 2 refund; used in batch mode), plus 4 when the
--- request carries its own time; and that time, whole seconds and
--- nanoseconds (both 0 for the server's TIME).
+-- request carries its own time; that time, whole seconds and nanoseconds
+-- (both 0 for the server's TIME); and its deadline in the server's clock,
+-- in microseconds (0: none). A request whose deadline is not after the
+-- server's TIME is late: it is neither decided nor written (flag 32), and
+-- a multi-take with a late request writes nothing. (The caller gave up on
+-- it; it may have waited in a socket buffer while the server was paused.)
 --
 -- Reply: {now_s, now_n (the server's TIME), records, big...}: records
 -- is one string of a packed record per request (struct format '<Bddd'):
 -- flags (1: allowed, 2: written, 4: found, 8: the key holds another
--- type, 16: tokens is in big), tokens, ts_s, ts_n (the stored bucket
+-- type, 16: tokens is in big, 32: late, nothing decided), tokens, ts_s, ts_n (the stored bucket
 -- before); big holds, in order, the tokens beyond 2^53 in magnitude as
 -- decimals. The caller recomputes each decision from the state before
 -- with drip.Eval and checks allowed and written against it. (One string
@@ -418,16 +422,18 @@ local function main(KEYS, ARGV)
   local srv = rcall('TIME')
   local srvs, srvn = tonumber(srv[1]), tonumber(srv[2]) * 1000
   local srvms = srvs * 1000 + floor(srvn / 1000000)
+  local srvus = srvs * 1000000 + tonumber(srv[2])
   local mode = ARGV[1]
   local limits, reqs = shapes(ARGV)
   local pos = 1
   -- request reads the next record of the packed requests: its shape, op
   -- and time.
   local function request()
-    local sh, op, ts, tn
-    sh, op, ts, tn, pos = unpack('<IBdd', reqs, pos)
-    if op >= 4 then return limits[sh], op - 4, ts, tn end
-    return limits[sh], op, srvs, srvn
+    local sh, op, ts, tn, dl
+    sh, op, ts, tn, dl, pos = unpack('<IBddd', reqs, pos)
+    local late = dl > 0 and dl <= srvus
+    if op >= 4 then return limits[sh], op - 4, ts, tn, late end
+    return limits[sh], op, srvs, srvn, late
   end
 
   local recs, big = {}, {}
@@ -441,23 +447,28 @@ local function main(KEYS, ARGV)
     -- sees the earlier one's write.
     -- (request and record inlined: this loop is the hot path.)
     for i = 1, #KEYS do
-      local key, sh, op, nows, nown = KEYS[i]
-      sh, op, nows, nown, pos = unpack('<IBdd', reqs, pos)
+      local key, sh, op, nows, nown, dl = KEYS[i]
+      sh, op, nows, nown, dl, pos = unpack('<IBddd', reqs, pos)
       local l = limits[sh]
       if op >= 4 then op = op - 4 else nows, nown = srvs, srvn end
-      -- pcall: a key of another type (WRONGTYPE) fails its own request
-      -- only, not the others of a batch, some of which may be written.
-      local v = rpcall('GET', key)
       local flags, otok, os, on
-      if op == TAKE and l.fastTake then
-        flags, otok, os, on = takeFast(key, v, l, nows, nown, srvms)
-      end
-      if not flags then
-        local dl, nt, s, n
-        flags, otok, os, on, dl, nt, s, n = decide(v, l, op, nows, nown)
-        if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
-          write(key, l, nows, nown, dl, nt, s, n, srvms)
-          flags = flags + 2
+      if dl > 0 and dl <= srvus then
+        -- Late (its caller gave up): nothing decided, nothing written.
+        flags, otok, os, on = 32, 0, 0, 0
+      else
+        -- pcall: a key of another type (WRONGTYPE) fails its own request
+        -- only, not the others of a batch, some of which may be written.
+        local v = rpcall('GET', key)
+        if op == TAKE and l.fastTake then
+          flags, otok, os, on = takeFast(key, v, l, nows, nown, srvms)
+        end
+        if not flags then
+          local kdl, nt, s, n
+          flags, otok, os, on, kdl, nt, s, n = decide(v, l, op, nows, nown)
+          if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
+            write(key, l, nows, nown, kdl, nt, s, n, srvms)
+            flags = flags + 2
+          end
         end
       end
       if type(otok) == 'number' then
@@ -474,7 +485,12 @@ local function main(KEYS, ARGV)
   local all, bad = true, false
   local res = {}
   for i = 1, #KEYS do
-    local l, op, nows, nown = request()
+    local l, op, nows, nown, late = request()
+    if late then
+      -- The caller gave up: nothing is decided or written.
+      for j = 1, #KEYS do recs[j] = pack('<Bddd', 32, 0, 0, 0) end
+      return reply()
+    end
     local r = {l, nows, nown, decide(rpcall('GET', KEYS[i]), l, op, nows, nown)}
     -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
     if r[4] % 2 == 0 then all = false end

@@ -30,6 +30,15 @@
 // "{tenant-7}" hash alike (see Tag). A multi-take whose keys do not share
 // a slot fails with ErrCrossSlot before anything is sent. MOVED, ASK and
 // failovers are followed by the client.
+//
+// Deadlines: a request answered with an error took nothing. Each request
+// carries its caller's deadline in the server's clock (learned from the
+// TIME in earlier replies), and the script refuses one whose deadline is
+// past when it runs, writing nothing (a request that waited in a socket
+// buffer while the server was paused); its caller gets an error that
+// wraps context.DeadlineExceeded. On Redis Cluster the store learns one
+// offset for all nodes: a node whose clock lags the others' by some
+// milliseconds may apply a request that much after its caller's deadline.
 package redisstore
 
 import (
@@ -48,6 +57,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/batch"
 	"github.com/driplimit/drip/internal/redact"
 )
 
@@ -76,15 +86,16 @@ type Store struct {
 	prefix  string
 	cluster bool
 	owned   bool
-	batch   *batcher
+	batch   *batch.Batcher[request, drip.Decision]
 
-	batchMax, batchConns int
-	stop                 chan struct{}
-	scriptsOnly          atomic.Bool // the server has no functions: use scripts
-	loadMu               sync.Mutex  // one FUNCTION LOAD at a time
-	loads                atomic.Uint64
-	stopOnce             sync.Once
-	wg                   sync.WaitGroup
+	batching    Batching
+	clock       batch.Clock // the server's clock, for deadlines
+	scriptsOnly atomic.Bool // the server has no functions: use scripts
+	loadMu      sync.Mutex  // one FUNCTION LOAD at a time
+	loads       atomic.Uint64
+	stopOnce    sync.Once
+	life        context.Context // ends at Close
+	end         context.CancelFunc
 }
 
 var _ drip.Store = (*Store)(nil)
@@ -96,37 +107,15 @@ type Option func(*Store)
 // must not contain '{': a hash tag belongs in the keys.
 func WithPrefix(p string) Option { return func(s *Store) { s.prefix = p } }
 
-// WithBatching tunes the coalescing of concurrent single-key decisions
-// (Apply) into one call each: up to max requests (default 64)
-// that are waiting when one of conns workers (default 2) is free. Under
-// light load a request goes alone at once; under heavy load batches form
-// while the workers' calls are in flight. It is on by default on a
-// standalone server, and off on Redis Cluster (one call's keys must share
-// a slot). See BENCHMARKS.md.
-func WithBatching(max, conns int) Option {
-	return func(s *Store) {
-		s.batchMax, s.batchConns = max, conns
-		if s.batchMax <= 0 {
-			s.batchMax = 64
-		}
-		if s.batchConns <= 0 {
-			s.batchConns = 2
-		}
-	}
-}
-
-// WithoutBatching makes every Apply its own call.
-func WithoutBatching() Option { return func(s *Store) { s.batchMax = 0 } }
-
 // New returns a store on a client the caller already has (standalone,
 // cluster or sentinel). Close does not close c.
 func New(c rueidis.Client, opts ...Option) *Store {
-	s := &Store{c: c, prefix: DefaultPrefix, cluster: c.Mode() == rueidis.ClientModeCluster, stop: make(chan struct{})}
-	WithBatching(0, 0)(s)
+	s := &Store{c: c, prefix: DefaultPrefix, cluster: c.Mode() == rueidis.ClientModeCluster, batching: DefaultBatching}
+	s.life, s.end = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o(s)
 	}
-	if s.batchMax > 0 && !s.cluster {
+	if s.batching.On() && !s.cluster {
 		s.batch = newBatcher(s)
 	}
 	return s
@@ -163,8 +152,10 @@ func (s *Store) Client() rueidis.Client { return s.c }
 // made it.
 func (s *Store) Close() error {
 	s.stopOnce.Do(func() {
-		close(s.stop)
-		s.wg.Wait()
+		s.end()
+		if s.batch != nil {
+			s.batch.Close()
+		}
 		if s.owned {
 			s.c.Close()
 		}
@@ -183,12 +174,17 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 		return drip.Decision{}, err
 	}
 	if s.batch != nil {
-		return s.batch.do(ctx, op, at, p)
+		d, err := s.batch.Do(ctx, request{op, at, p})
+		if errors.Is(err, batch.ErrClosed) {
+			err = errClosed
+		}
+		return d, err
 	}
 	// A batch of one: the same decision as a take of one key, and the
 	// batch loop has the script's straight path for common takes.
+	dl, _ := ctx.Deadline()
 	ps := []drip.Prepared{p}
-	rep, err := s.run(ctx, "batch", []drip.Op{op}, []time.Time{at}, ps)
+	rep, err := s.run(ctx, "batch", []drip.Op{op}, []time.Time{at}, []time.Time{dl}, ps)
 	if err != nil {
 		return drip.Decision{}, err
 	}
@@ -211,12 +207,17 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 	}
 	ops := make([]drip.Op, len(ps))
 	ats := make([]time.Time, len(ps))
+	dls := make([]time.Time, len(ps))
+	dl, _ := ctx.Deadline()
 	for i := range ps {
-		ops[i], ats[i] = op, at
+		ops[i], ats[i], dls[i] = op, at, dl
 	}
-	rep, err := s.run(ctx, op.String(), ops, ats, ps)
+	rep, err := s.run(ctx, op.String(), ops, ats, dls, ps)
 	if err != nil {
 		return drip.Multi{}, err
+	}
+	if rep.reqs[0].late {
+		return drip.Multi{}, errLate // and the script wrote nothing
 	}
 	now := rep.nowFor(at)
 	buckets := make([]drip.Bucket, len(ps))
@@ -260,10 +261,11 @@ type reqReply struct {
 	allowed bool
 	written bool
 	badType bool // the key holds a value of another type: no decision
+	late    bool // run after its deadline: no decision, nothing written
 }
 
 const (
-	requestRecord = 21 // struct '<IBdd'
+	requestRecord = 29 // struct '<IBddd'
 	replyRecord   = 25 // struct '<Bddd'
 
 )
@@ -292,12 +294,19 @@ func (sh shape) text() string {
 }
 
 // run calls the script in mode ("take", "peek", "refund" or "batch") for
-// requests ps, each with its op and time. Requests of the same shape (a
+// requests ps, each with its op, time and deadline (zero: none; the
+// script refuses a request whose deadline passed on the server's clock,
+// see batch.Clock). Requests of the same shape (a
 // limit and a cost, as a rule's requests) share its arguments, sent as
 // decimals once per call; each request is a small fixed record of one
 // packed argument (see decide.lua), which costs the server much less to
 // read than arguments of its own.
-func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats []time.Time, ps []drip.Prepared) (reply, error) {
+func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []time.Time, ps []drip.Prepared) (reply, error) {
+	if !s.clock.Known() && slices.ContainsFunc(dls, func(d time.Time) bool { return !d.IsZero() }) {
+		if err := s.syncClock(ctx); err != nil {
+			return reply{}, err
+		}
+	}
 	keys := make([]string, len(ps))
 	var shapes []shape
 	recs := make([]byte, 0, requestRecord*len(ps))
@@ -324,6 +333,9 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats []time.
 		recs = append(recs, op)
 		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(sec)))
 		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(nsec)))
+		// The deadline in whole microseconds of the server's clock,
+		// rounded down (exact as a double).
+		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(max(0, s.clock.Deadline(dls[i])/1e3))))
 	}
 	args := make([]string, 0, 3+len(shapes))
 	args = append(args, mode, strconv.Itoa(len(shapes)))
@@ -335,10 +347,12 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats []time.
 	if err != nil {
 		return reply{}, fmt.Errorf("redisstore: %s: %w", mode, err)
 	}
+	recv := time.Now()
 	rep, err := parseReply(msgs, len(ps))
 	if err != nil {
 		return reply{}, fmt.Errorf("redisstore: %s: bad script reply: %w", mode, err)
 	}
+	s.clock.Observe(recv, rep.now)
 	return rep, nil
 }
 
@@ -379,6 +393,7 @@ func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
 		rep.reqs[i].allowed = f&1 != 0
 		rep.reqs[i].written = f&2 != 0
 		rep.reqs[i].badType = f&8 != 0
+		rep.reqs[i].late = f&32 != 0
 	}
 	if len(big) != 0 {
 		return reply{}, fmt.Errorf("%d big tokens left over", len(big))
@@ -417,6 +432,9 @@ func (rep *reply) decide(i int, op drip.Op, at time.Time, p drip.Prepared) (drip
 // rather than hidden.
 func (rep *reply) check(i int, allowed, write bool) error {
 	r := rep.reqs[i]
+	if r.late {
+		return errLate
+	}
 	if r.badType {
 		return ErrWrongType
 	}

@@ -5,7 +5,13 @@
 --
 -- One array per field: $1 ops, $2 keys, $3 kinds, $4 rates, $5 periods,
 -- $6 bursts, $7 max reserved, $8 starts, $9 costs, $10 reserves, $11 times
--- in ns (NULL elements: the server's clock, read once per statement).
+-- in ns (NULL elements: the server's clock, read once per statement),
+-- $12 deadlines in the server's clock, ns (NULL elements: none).
+--
+-- A request whose deadline passed when the batch got its locks is late:
+-- it is left out (neither decided nor written; the others are decided as
+-- if it had never come) and answered with late set, and its caller, who
+-- gave up on it, gets an error.
 --
 -- Locking as in multi.sql: existing buckets are locked in key order, so
 -- batches never deadlock; a bucket that appeared after the locking read
@@ -13,8 +19,8 @@
 WITH RECURSIVE
 u AS MATERIALIZED (
     SELECT u.* FROM unnest($1::int[], $2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
-                   $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $11::bigint[])
-        WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, i)
+                   $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $11::bigint[], $12::bigint[])
+        WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, dl, i)
 ),
 cur AS MATERIALIZED (
     SELECT b.key, b.tokens, b.ts, b.expires
@@ -32,6 +38,7 @@ r AS MATERIALIZED (
     SELECT u.*, coalesce(u.at, p.clock) AS now,
            row_number() OVER (PARTITION BY u.key ORDER BY u.i) AS seq
     FROM p, u
+    WHERE NOT coalesce(p.clock >= u.dl, false)
 ),
 -- chain: one row per request, with the bucket after it (ex: a row exists;
 -- st, ss, sx: its tokens, ts, expires) and whether any step wrote.
@@ -75,7 +82,9 @@ up AS (
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT c.i, c.allowed, c.tokens, c.ts, c.now
+SELECT c.i, c.allowed, c.tokens, c.ts, c.now, false AS late
 FROM chain c
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
-ORDER BY c.i
+UNION ALL
+SELECT u.i, false, 0, 0, p.clock, true FROM p, u WHERE p.clock >= u.dl
+ORDER BY 1

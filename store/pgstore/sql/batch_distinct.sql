@@ -4,8 +4,8 @@
 -- request is written if it alone is allowed.
 WITH u AS MATERIALIZED (
     SELECT u.* FROM unnest($1::int[], $2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
-                   $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $11::bigint[])
-        WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, i)
+                   $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $11::bigint[], $12::bigint[])
+        WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, dl, i)
 ),
 cur AS MATERIALIZED (
     SELECT b.key, b.tokens, b.ts
@@ -22,6 +22,7 @@ p AS MATERIALIZED (
 r AS MATERIALIZED (
     SELECT u.*, coalesce(u.at, p.clock) AS now
     FROM p, u
+    WHERE NOT coalesce(p.clock >= u.dl, false)
 ),
 d AS MATERIALIZED (
     SELECT i.ord, i.key, i.now, e.*
@@ -41,7 +42,9 @@ up AS (
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, d.now
+SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, d.now, false AS late
 FROM d
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
-ORDER BY d.ord
+UNION ALL
+SELECT u.i, false, 0, 0, p.clock, true FROM p, u WHERE p.clock >= u.dl
+ORDER BY 1

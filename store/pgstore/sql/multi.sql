@@ -4,7 +4,9 @@
 -- $1 op, then one array per field, one element per request (distinct
 -- keys): $2 keys, $3 kinds, $4 rates, $5 periods, $6 bursts, $7 max
 -- reserved, $8 starts, $9 costs, $10 reserves; $11 now in ns (NULL: the
--- server's clock).
+-- server's clock); $12 the caller's deadline in the server's clock, ns
+-- (NULL: none). A statement that got its locks after its deadline is late:
+-- it writes nothing, and its caller, who gave up, gets an error.
 --
 -- cur locks the buckets that exist in key order (so multi-takes never
 -- deadlock each other) and reads their latest versions; every decision is
@@ -27,7 +29,8 @@ cur AS MATERIALIZED (
 -- The clock, read after the row locks (p depends on cur), as take.sql
 -- does: a statement that waited on a lock decides at the time it got it.
 p AS MATERIALIZED (
-    SELECT $1::int AS op, coalesce($11::bigint, drip.clock()) AS now
+    SELECT $1::int AS op, coalesce($11::bigint, drip.clock()) AS now,
+           coalesce(drip.clock() >= $12::bigint, false) AS late
     FROM (SELECT count(*) FROM cur) locked
 ),
 d AS MATERIALIZED (
@@ -40,7 +43,7 @@ d AS MATERIALIZED (
 w AS MATERIALIZED (
     SELECT d.key, d.n_tokens, d.n_ts, d.expires
     FROM d, p
-    WHERE d.write AND (p.op <> 0 OR NOT EXISTS (SELECT FROM d d2 WHERE NOT d2.allowed))
+    WHERE d.write AND NOT p.late AND (p.op <> 0 OR NOT EXISTS (SELECT FROM d d2 WHERE NOT d2.allowed))
 ),
 up AS (
     INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
@@ -50,7 +53,7 @@ up AS (
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT d.allowed, d.n_tokens, d.n_ts, p.now
+SELECT d.allowed, d.n_tokens, d.n_ts, p.now, p.late
 FROM d, p
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
 ORDER BY d.ord

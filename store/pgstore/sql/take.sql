@@ -3,7 +3,8 @@
 -- $1 key bytea, $2 op (0 take, 2 refund), $3 kind, $4 rate, $5 period,
 -- $6 burst, $7 max reserved (-1: no bound), $8 window start, $9 cost (all
 -- bigint micro-tokens and nanoseconds), $10 reserve, $11 now in ns (NULL:
--- the server's clock_timestamp()).
+-- the server's clock_timestamp()); for the Go store, $12 its caller's
+-- deadline in the server's clock, ns (NULL: none).
 --
 -- cur locks the key's row, if any, and reads its latest version (a statement
 -- that waited on the lock sees what the one before it wrote); d then reads
@@ -13,26 +14,31 @@
 -- request is allowed: a denial writes nothing. Its WHERE lets it update only the row that cur locked: if the
 -- key had no row and a concurrent statement inserted one in the meantime,
 -- nothing is written and ok is false, and the caller runs the statement
--- again. (Deciding in the DO UPDATE's SET and WHERE instead would run the
+-- again. A request whose deadline passed when it got the lock is late:
+-- nothing is written, and the Go store answers it with an error (its
+-- caller gave up on it). The SQL functions have no deadline: the
+-- installer puts false in place of the LATE marker and nothing in place
+-- of LATE_COLUMN. (Deciding in the DO UPDATE's SET and WHERE instead would run the
 -- math three times: for the proposed fresh row, the WHERE and the SET.)
 WITH cur AS MATERIALIZED (
     SELECT b.tokens, b.ts FROM drip.buckets b WHERE b.key = $1::bytea FOR UPDATE OF b
 ),
 d AS MATERIALIZED (
-    SELECT i.now, e.*
+    SELECT i.now, i.late, e.*
     FROM (SELECT $2::int AS op, c.tokens IS NOT NULL AS present, c.tokens, c.ts, $3::int AS kind, $4::bigint AS rate,
                  $5::bigint AS period, $6::bigint AS burst, $7::bigint AS maxres, $8::bigint AS start, $9::bigint AS cost,
-                 $10::bool AS reserve, coalesce($11::bigint, drip.clock()) AS now
+                 $10::bool AS reserve, coalesce($11::bigint, drip.clock()) AS now,
+                 {{LATE}} AS late
           FROM (SELECT) one LEFT JOIN cur c ON true) i
     CROSS JOIN LATERAL ({{EVAL}}) e
 ),
 up AS (
     INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
-    SELECT $1::bytea, d.n_tokens, d.n_ts, d.expires FROM d WHERE d.write
+    SELECT $1::bytea, d.n_tokens, d.n_ts, d.expires FROM d WHERE d.write AND NOT d.late
     ON CONFLICT (key) DO UPDATE
     SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
     WHERE EXISTS (SELECT FROM cur)
     RETURNING 1
 )
-SELECT d.allowed, d.n_tokens, d.n_ts, d.now, d.write = EXISTS (SELECT FROM up) AS ok
+SELECT d.allowed, d.n_tokens, d.n_ts, d.now, (d.write AND NOT d.late) = EXISTS (SELECT FROM up) AS ok{{LATE_COLUMN}}
 FROM d

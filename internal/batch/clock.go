@@ -1,0 +1,69 @@
+package batch
+
+import (
+	"sync"
+	"time"
+)
+
+// Clock turns a caller's deadline into the store server's clock, so that
+// the server can refuse a request whose deadline passed (one that waited
+// in a socket buffer while the server was paused, or on a lock) however
+// late it runs it.
+//
+// It learns the offset between the two clocks from replies: a reply that
+// arrived at local time recv and carried the server's time srv (read while
+// the server ran the call, so before recv) shows that the server's clock
+// is at least srv - recv ahead of ours. Clock keeps the largest such lower
+// bound (the reply that came back fastest), renewed at least every
+// Refresh so that a server clock stepping back is followed. A deadline
+// moved by a lower bound comes, in the server's clock, no later than the
+// caller's deadline: the server may refuse a request a little early (by
+// about a round trip), never apply one late. Margin moves it earlier still,
+// for the reply to travel back before the caller gives up.
+type Clock struct {
+	mu    sync.Mutex
+	known bool
+	off   int64     // server - local, ns, a lower bound
+	at    time.Time // when off was learned
+}
+
+const (
+	// Refresh is how long an offset is kept before any newer sample
+	// replaces it, even a worse one.
+	Refresh = 10 * time.Second
+	// Margin is taken off every deadline sent to a server.
+	Margin = time.Millisecond
+)
+
+// Observe records a reply received at recv carrying the server's clock
+// srv, in Unix nanoseconds.
+func (k *Clock) Observe(recv time.Time, srv int64) {
+	off := srv - recv.UnixNano()
+	k.mu.Lock()
+	if !k.known || off > k.off || recv.Sub(k.at) > Refresh {
+		k.known, k.off, k.at = true, off, recv
+	}
+	k.mu.Unlock()
+}
+
+// Known reports whether an offset has been observed.
+func (k *Clock) Known() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.known
+}
+
+// Deadline is d in the server's clock, Unix nanoseconds, less Margin; 0
+// for no deadline (d zero, or no offset observed yet: see Known).
+func (k *Clock) Deadline(d time.Time) int64 {
+	if d.IsZero() {
+		return 0
+	}
+	k.mu.Lock()
+	off, known := k.off, k.known
+	k.mu.Unlock()
+	if !known {
+		return 0
+	}
+	return d.UnixNano() + off - int64(Margin)
+}

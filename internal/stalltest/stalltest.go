@@ -1,0 +1,137 @@
+// Package stalltest checks a store against a stalled server (Redis under
+// CLIENT PAUSE, a PostgreSQL table under LOCK TABLE): callers with short
+// deadlines get errors at their deadlines, the goroutines and calls in
+// flight stay bounded while the server is stalled, and, once it runs again,
+// none of the requests that got an error was applied.
+package stalltest
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+)
+
+// Limit refills so little during a test (a token an hour) that its bucket
+// shows every token taken.
+var Limit = drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
+
+// Load is a load run against a stalled server.
+type Load struct {
+	Callers  int           // goroutines taking in a loop
+	Deadline time.Duration // each take's deadline
+	For      time.Duration // how long they run (within the stall)
+	Keys     []string      // taken in turn
+	Multi    bool          // every fourth take is a multi-take of two keys
+	// Running, if set, is the number of store calls in flight (the
+	// batcher's), sampled during the run.
+	Running func() int
+}
+
+// Result is what a Load saw.
+type Result struct {
+	Takes, Errors  int64
+	Late           time.Duration // the longest a caller waited past its deadline
+	Goroutines     int           // before the run
+	PeakGoroutines int           // most during the run
+	PeakRunning    int
+}
+
+func (r Result) String() string {
+	return fmt.Sprintf("%d takes, %d errors; callers returned at most %v after their deadline; goroutines %d before, at most %d during; at most %d store calls in flight",
+		r.Takes, r.Errors, r.Late.Round(time.Millisecond), r.Goroutines, r.PeakGoroutines, r.PeakRunning)
+}
+
+// Run runs l against st, which the caller has just stalled; every take
+// must fail. It returns what it saw; the caller checks the bounds it
+// expects and, once the server runs again, NothingTaken.
+func Run(t *testing.T, st drip.Store, l Load) Result {
+	t.Helper()
+	res := Result{Goroutines: runtime.NumGoroutine()}
+	var takes, errs, ok atomic.Int64
+	var late atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range l.Callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), l.Deadline)
+				start := time.Now()
+				var err error
+				if l.Multi && i%4 == 3 && len(l.Keys) > 1 {
+					rs := []drip.Request{{Key: l.Keys[i%len(l.Keys)], Limit: Limit, Cost: 1}, {Key: l.Keys[(i+1)%len(l.Keys)], Limit: Limit, Cost: 1}}
+					_, err = st.ApplyMulti(ctx, drip.OpTake, time.Time{}, rs)
+				} else {
+					_, err = st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: l.Keys[i%len(l.Keys)], Limit: Limit, Cost: 1})
+				}
+				over := time.Since(start) - l.Deadline
+				cancel()
+				takes.Add(1)
+				if err != nil {
+					errs.Add(1)
+				} else {
+					ok.Add(1)
+				}
+				for {
+					m := late.Load()
+					if int64(over) <= m || late.CompareAndSwap(m, int64(over)) {
+						break
+					}
+				}
+			}
+		}()
+	}
+	end := time.After(l.For)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+sample:
+	for {
+		select {
+		case <-end:
+			break sample
+		case <-tick.C:
+			res.PeakGoroutines = max(res.PeakGoroutines, runtime.NumGoroutine())
+			if l.Running != nil {
+				res.PeakRunning = max(res.PeakRunning, l.Running())
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	res.Takes, res.Errors, res.Late = takes.Load(), errs.Load(), time.Duration(late.Load())
+	if ok.Load() != 0 {
+		t.Errorf("%d takes succeeded on a stalled server", ok.Load())
+	}
+	return res
+}
+
+// NothingTaken checks, once the server runs again and has finished what
+// was sent to it during the stall, that every key of keys still holds its
+// whole burst: a take of the burst is allowed, to the exact token (a late
+// take applied would leave less).
+func NothingTaken(t *testing.T, st drip.Store, keys []string) {
+	t.Helper()
+	for _, k := range keys {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		d, err := st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: k, Limit: Limit, Cost: Limit.Burst})
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		if !d.Allowed || d.Remaining != 0 {
+			t.Errorf("%s: a take of the whole burst: allowed %v, %v tokens left; want allowed with 0 left: requests answered with errors were applied", k, d.Allowed, d.Tokens)
+		}
+	}
+}

@@ -1,0 +1,9 @@
+package redisstore
+
+// Running is the number of batch calls in flight (0 without batching).
+func Running(s *Store) int {
+	if s.batch == nil {
+		return 0
+	}
+	return s.batch.Running()
+}
