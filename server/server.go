@@ -233,8 +233,6 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
-	if s.lim != nil {
-		s.lim.Close()
-	}
+	s.eng.Close() // the local fallback of every front door
 	return err
 }
