@@ -101,23 +101,17 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 			break
 		}
 	}
-	reqs := make([]drip.Request, len(enf))
-	for i, a := range enf {
-		reqs[i] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
-	}
 	if over >= 0 {
 		// A cost above the burst can never be allowed: deny it without
 		// taking anything, and peek (cost 0) for the headers.
 		out.deny(http.StatusTooManyRequests, ReasonCostExceedsBurst)
-		for i := range reqs {
-			reqs[i].Cost = 0
-		}
-		m, err := e.apply(ctx, rs.timeout, rs.breaker, drip.OpPeek, reqs)
+		its := stepItems(enf, true)
+		_, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpPeek, its)
 		for i := range enf {
 			a := &enf[i]
 			a.Event = NotTaken
 			if err == nil {
-				a.Decision, a.Decided = m.Decisions[i], true
+				a.Decision, a.Decided = its[i].Decision, true
 			}
 		}
 		a := &enf[over]
@@ -128,10 +122,16 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	var m drip.Multi
 	var err error
 	var evaluated []bool
-	if e.separate && len(reqs) > 1 {
+	if e.separate && len(enf) > 1 {
+		reqs := make([]drip.Request, len(enf))
+		for i, a := range enf {
+			reqs[i] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
+		}
 		m, evaluated, err = e.takeSeparately(ctx, rs, reqs)
 	} else {
-		m, err = e.apply(ctx, rs.timeout, rs.breaker, drip.OpTake, reqs)
+		// Rules' keys are distinct (they begin with the rule's name): one
+		// store request per rule, in order.
+		m, err = e.step(ctx, rs.timeout, rs.breaker, drip.OpTake, stepItems(enf, false))
 	}
 	if err != nil {
 		out.Err = err
@@ -144,6 +144,19 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 			enf[i].Decided = false
 		}
 	}
+}
+
+// stepItems are the store step's items of the rules as (cost 0: a peek
+// of the buckets as they are).
+func stepItems(as []Applied, cost0 bool) []*Item {
+	its := make([]*Item, len(as))
+	for i, a := range as {
+		its[i] = &Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
+		if cost0 {
+			its[i].Cost = 0
+		}
+	}
+	return its
 }
 
 // takeSeparately takes each request in its own store call, in order, for
@@ -269,18 +282,18 @@ func copyBack(enf []Applied, idx []int, loc []Applied) {
 }
 
 func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Applied) {
-	var reqs []drip.Request
 	var idx []int
+	var its []*Item
 	for i := range sh {
 		a := &sh[i]
 		if a.Cost > Burst(a.Limit) {
 			a.Event, a.Reason = Denied, ReasonCostExceedsBurst
 			continue
 		}
-		reqs = append(reqs, drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost})
+		its = append(its, stepItems(sh[i:i+1], false)...)
 		idx = append(idx, i)
 	}
-	if len(reqs) == 0 {
+	if len(its) == 0 {
 		return
 	}
 	if out.Err != nil { // the store just failed: spare the request a second deadline
@@ -293,20 +306,20 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 	if !out.Allowed {
 		op = drip.OpPeek
 	}
-	m, err := e.apply(ctx, rs.timeout, rs.breaker, op, reqs)
+	_, err := e.step(ctx, rs.timeout, rs.breaker, op, its)
 	for j, i := range idx {
-		a := &sh[i]
-		switch {
-		case err != nil:
+		a, it := &sh[i], its[j]
+		if err != nil {
 			a.Event = ErrorAllowed
-		case !m.Decisions[j].Allowed:
-			a.Decision, a.Decided = m.Decisions[j], true
+			continue
+		}
+		a.Decision, a.Decided = it.Decision, true
+		switch {
+		case !it.Decision.Allowed:
 			a.Event, a.Reason = Denied, reasonOf(a.Limit)
-		case op == drip.OpTake && !m.Allowed:
-			a.Decision, a.Decided = m.Decisions[j], true
+		case op == drip.OpTake && !it.Applied:
 			a.Event = NotTaken
 		default:
-			a.Decision, a.Decided = m.Decisions[j], true
 			a.Event = Allowed
 		}
 	}

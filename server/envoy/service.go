@@ -155,10 +155,10 @@ type item struct {
 	// taken is the cost its store request was decided at: the costs of
 	// every descriptor of its bucket, added.
 	taken float64
-	// req is the index of its store request in its group; several
-	// descriptors with one key share one request (their costs added).
-	req int
-	d   drip.Decision
+	// step is its item of the engine's store step; several descriptors
+	// with one key share one bucket (their costs added).
+	step engine.Item
+	d    drip.Decision
 	// applied reports whether the group's step was applied (a take whose
 	// whole was allowed, or any refund).
 	applied bool

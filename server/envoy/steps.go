@@ -15,52 +15,17 @@ import (
 	"github.com/driplimit/drip/engine"
 )
 
-// run decides the items of kind k in one store call: a take (all or
+// run decides the items of kind k in one engine step: a take (all or
 // nothing), a peek when peek is set (the request is denied anyway), or a
 // refund. Items whose cost exceeds the burst are left undecided: they can
 // never be allowed.
 func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) error {
-	var reqs []drip.Request
-	var byKey map[string]int // beyond a few requests; a scan below
+	var step []*engine.Item
 	for i := range items {
-		it := &items[i]
-		if it.kind != k || (k != refund && it.never()) {
-			continue
+		if it := &items[i]; it.kind == k && (k == refund || !it.never()) {
+			it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Cost: it.cost}
+			step = append(step, &it.step)
 		}
-		j := -1
-		if byKey != nil {
-			if x, ok := byKey[it.key]; ok {
-				j = x
-			}
-		} else {
-			for x := range reqs {
-				if reqs[x].Key == it.key {
-					j = x
-					break
-				}
-			}
-		}
-		if j >= 0 {
-			it.req = j
-			reqs[j].Cost += it.cost
-			continue
-		}
-		if reqs == nil {
-			reqs = make([]drip.Request, 0, len(items)-i)
-		}
-		it.req = len(reqs)
-		reqs = append(reqs, drip.Request{Key: it.key, Limit: it.limit.Limit, Cost: it.cost})
-		if byKey == nil && len(reqs) > 8 {
-			byKey = make(map[string]int, len(items))
-			for x, r := range reqs {
-				byKey[r.Key] = x
-			}
-		} else if byKey != nil {
-			byKey[it.key] = it.req
-		}
-	}
-	if len(reqs) == 0 {
-		return nil
 	}
 	op := drip.OpTake
 	switch {
@@ -69,24 +34,7 @@ func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) erro
 	case peek:
 		op = drip.OpPeek
 	}
-	// Descriptors of one bucket may add up past its burst: such a take can
-	// never be allowed, so it is only peeked, at the burst (a refund past
-	// the burst just fills the bucket).
-	var over []bool
-	for j := range reqs {
-		if b := engine.Burst(reqs[j].Limit); reqs[j].Cost > b {
-			if over == nil {
-				over = make([]bool, len(reqs))
-			}
-			over[j] = true
-			reqs[j].Cost = b
-			if op == drip.OpTake {
-				op = drip.OpPeek
-			}
-		}
-	}
-	m, err := s.eng.Apply(ctx, op, reqs)
-	if err != nil {
+	if err := s.eng.Step(ctx, op, step); err != nil {
 		code := codes.Unavailable
 		switch {
 		case errors.Is(err, context.DeadlineExceeded):
@@ -97,14 +45,8 @@ func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) erro
 		return status.Errorf(code, "rate limit store: %v", err)
 	}
 	for i := range items {
-		it := &items[i]
-		if it.kind != k || (k != refund && it.never()) {
-			continue
-		}
-		it.d, it.decided, it.taken = m.Decisions[it.req], true, reqs[it.req].Cost
-		it.applied = op == drip.OpRefund || (op == drip.OpTake && m.Allowed)
-		if over != nil && over[it.req] && op == drip.OpPeek {
-			it.d.Allowed = false
+		if it := &items[i]; it.kind == k && it.step.Decided {
+			it.d, it.decided, it.taken, it.applied = it.step.Decision, true, it.step.Taken, it.step.Applied
 		}
 	}
 	return nil
