@@ -51,17 +51,17 @@ func respond(items []item, allowed bool) *rlsv3.RateLimitResponse {
 			}
 			continue
 		}
-		if !it.decided { // cost > burst: never allowed, nothing asked
+		if !it.step.Decided { // cost > burst: never allowed, nothing asked
 			if it.kind == enforce {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 			continue
 		}
 		st.LimitRemaining = remaining(it)
-		if it.d.Allowed {
-			st.DurationUntilReset = durationpb.New(it.d.ResetAfter)
+		if it.step.Decision.Allowed {
+			st.DurationUntilReset = durationpb.New(it.step.Decision.ResetAfter)
 		} else {
-			st.DurationUntilReset = durationpb.New(it.d.RetryAfter)
+			st.DurationUntilReset = durationpb.New(it.step.Decision.RetryAfter)
 			if it.kind == enforce {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
@@ -70,13 +70,13 @@ func respond(items []item, allowed bool) *rlsv3.RateLimitResponse {
 			continue
 		}
 		if !allowed {
-			if !it.d.Allowed && (top == nil || engine.Tighter(it.d, top.d, true)) {
+			if !it.step.Decision.Allowed && (top == nil || engine.Tighter(it.step.Decision, top.step.Decision, true)) {
 				top = it
 			}
-			if it.d.Allowed && (fallback == nil || it.d.Remaining < fallback.d.Remaining) {
+			if it.step.Decision.Allowed && (fallback == nil || it.step.Decision.Remaining < fallback.step.Decision.Remaining) {
 				fallback = it
 			}
-		} else if top == nil || engine.Tighter(it.d, top.d, false) {
+		} else if top == nil || engine.Tighter(it.step.Decision, top.step.Decision, false) {
 			top = it
 		}
 	}
@@ -96,9 +96,9 @@ func respond(items []item, allowed bool) *rlsv3.RateLimitResponse {
 // request left it: for an allowed descriptor of a denied request (so not
 // taken), what it had before (engine.BeforeTake).
 func remaining(it *item) uint32 {
-	r := it.d.Remaining
-	if it.d.Allowed && !it.applied && it.kind != refund {
-		r = engine.BeforeTake(it.d, it.limit.Limit, it.key, it.taken).Remaining
+	r := it.step.Decision.Remaining
+	if it.step.Decision.Allowed && !it.step.Applied && it.kind != refund {
+		r = engine.BeforeTake(it.step.Decision, it.limit.Limit, it.key, it.step.Taken).Remaining
 	}
 	return uint32(min(r, math.MaxUint32))
 }
@@ -112,23 +112,23 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 	if !allowed {
 		var wait time.Duration
 		for i := range items {
-			if it := &items[i]; it.kind == enforce && it.decided && !it.d.Allowed {
-				wait = max(wait, it.d.RetryAfter)
+			if it := &items[i]; it.kind == enforce && it.step.Decided && !it.step.Decision.Allowed {
+				wait = max(wait, it.step.Decision.RetryAfter)
 			}
 		}
 		// envoyproxy/ratelimit's config has no place for it: the default.
 		retry = drip.DefaultRetryJitter.Seconds(top.key, wait)
 	}
 	field := func(it *item) engine.Field {
-		f := engine.Field{Policy: it.limit.policy, Name: it.limit.qname, Remaining: int64(remaining(it)), T: drip.CeilSeconds(it.d.ResetAfter)}
-		if !allowed && !it.d.Allowed && retry > 0 {
+		f := engine.Field{Policy: it.limit.policy, Name: it.limit.qname, Remaining: int64(remaining(it)), T: drip.CeilSeconds(it.step.Decision.ResetAfter)}
+		if !allowed && !it.step.Decision.Allowed && retry > 0 {
 			f.T = retry
 		}
 		return f
 	}
 	var fs []engine.Field
 	for i := range items {
-		if it := &items[i]; it.kind == enforce && it.decided {
+		if it := &items[i]; it.kind == enforce && it.step.Decided {
 			fs = append(fs, field(it))
 		}
 	}

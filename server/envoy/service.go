@@ -152,18 +152,11 @@ type item struct {
 	limit *Limit
 	key   string
 	cost  float64
-	// taken is the cost its store request was decided at: the costs of
-	// every descriptor of its bucket, added.
-	taken float64
-	// step is its item of the engine's store step; several descriptors
-	// with one key share one bucket (their costs added).
-	step engine.Item
-	d    drip.Decision
-	// applied reports whether the group's step was applied (a take whose
-	// whole was allowed, or any refund).
-	applied bool
-	decided bool
-	failed  bool // a shadow descriptor whose store call failed
+	// step is its item of the engine's store step (decision, applied,
+	// the cost asked); several descriptors with one key share a bucket
+	// (their costs added).
+	step   engine.Item
+	failed bool // a shadow descriptor whose store call failed
 }
 
 // ShouldRateLimit decides one request of Envoy's rate limit filter.
@@ -249,7 +242,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	allowed := !denied
 	for i := range items {
-		if it := &items[i]; it.kind == enforce && it.decided && !it.d.Allowed {
+		if it := &items[i]; it.kind == enforce && it.step.Decided && !it.step.Decision.Allowed {
 			allowed = false
 		}
 	}
@@ -277,11 +270,11 @@ func (s *Service) observe(items []item, err error) {
 			out = engine.Unlimited
 		case err != nil || it.failed:
 			out = engine.Failed
-		case it.kind == blocked || !it.decided || !it.d.Allowed:
+		case it.kind == blocked || !it.step.Decided || !it.step.Decision.Allowed:
 			out = engine.Denied
 		case it.kind == refund:
 			out = engine.Refunded
-		case !it.applied:
+		case !it.step.Applied:
 			out = engine.NotTaken
 		default:
 			out = engine.Allowed

@@ -44,11 +44,6 @@ func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) erro
 		}
 		return status.Errorf(code, "rate limit store: %v", err)
 	}
-	for i := range items {
-		if it := &items[i]; it.kind == k && it.step.Decided {
-			it.d, it.decided, it.taken, it.applied = it.step.Decision, true, it.step.Taken, it.step.Applied
-		}
-	}
 	return nil
 }
 
