@@ -11,10 +11,11 @@
 // details, and the events of the Observer, in one vocabulary (Event).
 //
 // Front doors that match limits their own way (Envoy's descriptors) use
-// the engine's parts: Apply (one store call under the deadline, through the
-// breaker, observed), Top (the limit the single-value headers describe),
-// Fields (the header values), BeforeTake (the tokens a bucket held before a
-// take that was not applied) and the Observer.
+// the engine's parts: Step (a request's limits in one store call, the one
+// Decide makes), Apply (one store call under the deadline, through the
+// breaker, observed), Tighter (the limit the single-value headers
+// describe), MakeFields (the header values), BeforeTake (the tokens a
+// bucket held before a take that was not applied) and the Observer.
 //
 // The engine is public so that programs can build front doors of their
 // own (a key-function middleware, an RPC interceptor) that behave as drip's
