@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
@@ -89,7 +90,7 @@ func Tighter(a, b drip.Decision, denied bool) bool {
 
 // pick chooses the rule the single-value headers describe, the reason,
 // the identity and Retry-After.
-func (out *Outcome) pick(r Request, jitter drip.RetryJitter) {
+func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
 	var top *Applied
 	for i := range out.Applied {
 		a := &out.Applied[i]

@@ -3,7 +3,7 @@ package rules
 import (
 	"net/netip"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // The top level of a rules file.
@@ -18,7 +18,7 @@ func (c *checker) set(v any) *Set {
 		Breaker:    Breaker{Failures: DefaultBreakerFailures, Cooldown: DefaultBreakerCooldown},
 		byName:     map[string]int{},
 	}
-	s.RetryJitter = drip.DefaultRetryJitter
+	s.RetryJitter = retryafter.Default
 	f, ok := c.object("", v)
 	if !ok {
 		c.problems[len(c.problems)-1].Message = "the file must hold an object with \"rules\", not " + kindOf(v)

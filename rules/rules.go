@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // Mode is whether a rule blocks.
@@ -84,9 +85,9 @@ type Set struct {
 	// Breaker configures the circuit breaker in front of the store.
 	Breaker Breaker
 	// RetryJitter spreads the Retry-After of denied requests over clients
-	// (retry_after_jitter; default drip.DefaultRetryJitter: up to 50% of
+	// (retry_after_jitter; default retryafter.Default: up to 50% of
 	// the wait, at most 60 s).
-	RetryJitter drip.RetryJitter
+	RetryJitter retryafter.Jitter
 	// File is the name the set was loaded from.
 	File string
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // respond builds the response: the overall code, one status per
@@ -117,7 +118,7 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 			}
 		}
 		// envoyproxy/ratelimit's config has no place for it: the default.
-		retry = drip.DefaultRetryJitter.Seconds(top.key, wait)
+		retry = retryafter.Default.Seconds(top.key, wait)
 	}
 	field := func(it *item) engine.Field {
 		f := engine.Field{Policy: it.limit.policy, Name: it.limit.qname, Remaining: int64(remaining(it)), T: drip.CeilSeconds(it.step.Decision.ResetAfter)}

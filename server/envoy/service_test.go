@@ -25,6 +25,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
@@ -159,7 +160,7 @@ func testBurst(t *testing.T, r *running) {
 	if got := s.DurationUntilReset.AsDuration(); got != 100*time.Millisecond {
 		t.Fatalf("call 11: duration_until_reset %v, want the wait of 100ms", got)
 	}
-	retry := drip.RetryAfterSeconds(key, 100*time.Millisecond, 0.5)
+	retry := retryafter.Uncapped(key, 100*time.Millisecond, 0.5)
 	if retry < 1 || retry > 2 {
 		t.Fatalf("retry %d", retry)
 	}
