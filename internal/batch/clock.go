@@ -18,8 +18,13 @@ import (
 // Refresh so that a server clock stepping back is followed. A deadline
 // moved by a lower bound comes, in the server's clock, no later than the
 // caller's deadline: the server may refuse a request a little early (by
-// about a round trip), never apply one late. Margin moves it earlier still,
-// for the reply to travel back before the caller gives up.
+// about a round trip), never apply one late. A margin moves it earlier
+// still, for the reply to travel back before the caller gives up: a fifth
+// of the time the caller has left when its request is sent, at least
+// MinMargin and at most MaxMargin. A reply slower than that (a loaded
+// machine) would reach a caller that already gave up, with a decision the
+// server applied; a fifth of the budget makes that rare without taking
+// much from it (100 ms of a 500 ms store deadline, 4 ms of Envoy's 20 ms).
 type Clock struct {
 	mu    sync.Mutex
 	known bool
@@ -31,9 +36,16 @@ const (
 	// Refresh is how long an offset is kept before any newer sample
 	// replaces it, even a worse one.
 	Refresh = 10 * time.Second
-	// Margin is taken off every deadline sent to a server.
-	Margin = time.Millisecond
+	// MinMargin and MaxMargin bound the margin taken off every deadline
+	// sent to a server (see Clock).
+	MinMargin = time.Millisecond
+	MaxMargin = 100 * time.Millisecond
 )
+
+// margin is what Deadline takes off a deadline d sent at now.
+func margin(now, d time.Time) time.Duration {
+	return min(max(d.Sub(now)/5, MinMargin), MaxMargin)
+}
 
 // Observe records a reply received at recv carrying the server's clock
 // srv, in Unix nanoseconds.
@@ -53,9 +65,10 @@ func (k *Clock) Known() bool {
 	return k.known
 }
 
-// Deadline is d in the server's clock, Unix nanoseconds, less Margin; 0
-// for no deadline (d zero, or no offset observed yet: see Known).
-func (k *Clock) Deadline(d time.Time) int64 {
+// Deadline is d, for a request sent at now, in the server's clock, Unix
+// nanoseconds, less the margin; 0 for no deadline (d zero, or no offset
+// observed yet: see Known).
+func (k *Clock) Deadline(now, d time.Time) int64 {
 	if d.IsZero() {
 		return 0
 	}
@@ -65,5 +78,5 @@ func (k *Clock) Deadline(d time.Time) int64 {
 	if !known {
 		return 0
 	}
-	return d.UnixNano() + off - int64(Margin)
+	return d.UnixNano() + off - int64(margin(now, d))
 }

@@ -143,7 +143,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 
 // deadline is a caller's deadline d in the server's clock (nil: none).
 func (s *Store) deadline(d time.Time) *int64 {
-	n := s.clock.Deadline(d)
+	n := s.clock.Deadline(time.Now(), d)
 	if n == 0 {
 		return nil
 	}

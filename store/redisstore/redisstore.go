@@ -307,6 +307,7 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []
 			return reply{}, err
 		}
 	}
+	sent := time.Now() // for the deadlines' margins (batch.Clock)
 	keys := make([]string, len(ps))
 	var shapes []shape
 	recs := make([]byte, 0, requestRecord*len(ps))
@@ -335,7 +336,7 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []
 		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(nsec)))
 		// The deadline in whole microseconds of the server's clock,
 		// rounded down (exact as a double).
-		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(max(0, s.clock.Deadline(dls[i])/1e3))))
+		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(max(0, s.clock.Deadline(sent, dls[i])/1e3))))
 	}
 	args := make([]string, 0, 3+len(shapes))
 	args = append(args, mode, strconv.Itoa(len(shapes)))
