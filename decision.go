@@ -14,8 +14,8 @@ type Decision struct {
 	Tokens float64
 	// Remaining is Tokens rounded down, and at least 0.
 	Remaining int64
-	// Limit is the bucket's capacity (the burst).
-	Limit float64
+	// Burst is the bucket's capacity, in tokens ("limit" in JSON).
+	Burst float64
 	// RetryAfter is how long until a request of the same cost would be
 	// allowed: 0 when allowed; for a granted reservation, when the reserved
 	// work may run (the moment the debt is repaid).

@@ -140,7 +140,7 @@ type decisionJSON struct {
 
 // MarshalJSON encodes d as docs/api.md shows it, with times in seconds.
 func (d Decision) MarshalJSON() ([]byte, error) {
-	return json.Marshal(decisionJSON{d.Allowed, d.Tokens, d.Remaining, d.Limit, d.RetryAfter.Seconds(), d.ResetAfter.Seconds()})
+	return json.Marshal(decisionJSON{d.Allowed, d.Tokens, d.Remaining, d.Burst, d.RetryAfter.Seconds(), d.ResetAfter.Seconds()})
 }
 
 // UnmarshalJSON decodes the shape MarshalJSON writes.

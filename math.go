@@ -355,7 +355,7 @@ func (p Params) decide(allowed bool, b Bucket, retry, reset time.Duration) Decis
 		Allowed:    allowed,
 		Tokens:     float64(b.Tokens) / Micro,
 		Remaining:  max(0, b.Tokens) / Micro,
-		Limit:      float64(p.Burst) / Micro,
+		Burst:      float64(p.Burst) / Micro,
 		RetryAfter: retry,
 		ResetAfter: reset,
 	}

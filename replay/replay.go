@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -37,28 +36,154 @@ type Line struct {
 }
 
 // ReqJSON is a request as JSON. Cost is a pointer so that a missing cost
-// defaults to 1 while an explicit 0 stays 0.
+// defaults to 1 while an explicit 0 stays 0. Rule and Values name a rule's
+// bucket instead of Key and Limit, in the decision API only (BodyFormat).
 type ReqJSON struct {
-	Key     string      `json:"key"`
-	Cost    *float64    `json:"cost,omitempty"`
-	Reserve bool        `json:"reserve,omitempty"`
-	Limit   *drip.Limit `json:"limit,omitempty"`
+	Key     string          `json:"key"`
+	Cost    *float64        `json:"cost,omitempty"`
+	Reserve bool            `json:"reserve,omitempty"`
+	Limit   *drip.Limit     `json:"limit,omitempty"`
+	Rule    *string         `json:"rule,omitempty"`
+	Values  json.RawMessage `json:"values,omitempty"`
+}
+
+// Raw is one request of the protocol as read: a line of drip replay, a
+// trace line of drip simulate, or a decision API body.
+type Raw struct {
+	// At is the virtual time in seconds since the start of the trace.
+	At time.Duration
+	// Op is "take" (default), "peek", "refund" or "reset".
+	Op string
+	ReqJSON
+	// Requests is a multi-take's requests (nil for a single request).
+	Requests []ReqJSON
 }
 
 type lineJSON struct {
 	At json.RawMessage `json:"at"`
-	Op string          `json:"op"`
+	Op *string         `json:"op"`
 	ReqJSON
 	Requests []ReqJSON `json:"requests"`
+}
+
+// Format is where requests are read: what one may hold, and what one is
+// called in messages.
+type Format struct {
+	// Unit is "line" or "body"; Where says where a second value would
+	// be ("on the line", "in the body").
+	Unit, Where string
+	// Timed allows "at" and "op" (drip replay, drip simulate).
+	Timed bool
+	// Rules allows "rule" and "values" (the decision API).
+	Rules bool
+}
+
+// The formats of drip replay and drip simulate (a line), and of the
+// decision API (a body; its op is the path, its time the store's).
+var (
+	LineFormat = Format{Unit: "line", Where: "on the line", Timed: true}
+	BodyFormat = Format{Unit: "body", Where: "in the body", Rules: true}
+)
+
+// Decode reads one request in format f strictly: unknown fields (and the
+// fields f does not allow), trailing data, a bad "at" or "op" are errors.
+// Every error it returns is a *drip.InputError.
+func Decode(b []byte, f Format) (Raw, error) {
+	var j lineJSON
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		if err == io.EOF {
+			return Raw{}, inputf("bad JSON: empty %s", f.Unit)
+		}
+		return Raw{}, inputf("bad JSON: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Raw{}, inputf("bad JSON: more than one value %s", f.Where)
+	}
+	if err := f.allowed(&j); err != nil {
+		return Raw{}, err
+	}
+	r := Raw{Op: "take", ReqJSON: j.ReqJSON, Requests: j.Requests}
+	if len(j.At) > 0 {
+		var v any
+		if err := json.Unmarshal(j.At, &v); err != nil {
+			return Raw{}, inputf("at: %w", err)
+		}
+		at, err := drip.ParseSeconds(v)
+		if err != nil {
+			return Raw{}, inputf("at: %w", err)
+		}
+		r.At = at
+	}
+	if j.Op != nil && *j.Op != "" {
+		r.Op = *j.Op
+	}
+	switch r.Op {
+	case "take", "peek", "refund", "reset":
+	default:
+		return Raw{}, inputf("op %q is not take, peek, refund or reset", r.Op)
+	}
+	return r, nil
+}
+
+// allowed refuses the fields f does not allow, as unknown fields.
+func (f Format) allowed(j *lineJSON) error {
+	unknown := func(name string) error { return inputf("bad JSON: json: unknown field %q", name) }
+	if !f.Rules {
+		for _, it := range append([]ReqJSON{j.ReqJSON}, j.Requests...) {
+			switch {
+			case it.Rule != nil:
+				return unknown("rule")
+			case it.Values != nil:
+				return unknown("values")
+			}
+		}
+	}
+	switch {
+	case !f.Timed && j.At != nil:
+		return unknown("at")
+	case !f.Timed && j.Op != nil:
+		return unknown("op")
+	}
+	return nil
+}
+
+// CheckMulti checks a multi-take: requests instead of the single
+// request's fields, then an op that takes requests (opErr, nil when it
+// does), then at least one request and at most MaxRequests.
+func (r *Raw) CheckMulti(f Format, opErr error) error {
+	single := r.Key != "" || r.Cost != nil || r.Limit != nil || r.Reserve
+	if f.Rules {
+		if single || r.Rule != nil || r.Values != nil {
+			return inputf("a multi-take has requests instead of key, limit, rule, values, cost and reserve")
+		}
+	} else if single {
+		return inputf("a multi-take has requests instead of key, cost, limit and reserve")
+	}
+	if opErr != nil {
+		return opErr
+	}
+	if len(r.Requests) == 0 {
+		return &drip.InputError{Err: drip.ErrNoRequests}
+	}
+	if len(r.Requests) > MaxRequests {
+		return inputf("%d requests: a multi-take has at most %d", len(r.Requests), MaxRequests)
+	}
+	return nil
+}
+
+func inputf(format string, args ...any) error {
+	return &drip.InputError{Err: fmt.Errorf(format, args...)}
 }
 
 // ToRequest checks a JSON request and applies the defaults (cost 1).
 func (r ReqJSON) ToRequest() (drip.Request, error) {
 	if r.Key == "" {
-		return drip.Request{}, drip.ErrMissingKey
+		return drip.Request{}, &drip.InputError{Err: drip.ErrMissingKey}
 	}
 	if r.Limit == nil {
-		return drip.Request{}, fmt.Errorf("%w: missing limit", drip.ErrInvalidLimit)
+		return drip.Request{}, inputf("%w: missing limit", drip.ErrInvalidLimit)
 	}
 	cost := 1.0
 	if r.Cost != nil {
@@ -67,72 +192,42 @@ func (r ReqJSON) ToRequest() (drip.Request, error) {
 	return drip.Request{Key: r.Key, Limit: *r.Limit, Cost: cost, Reserve: r.Reserve}, nil
 }
 
-// Parse decodes one input line strictly.
+// Parse decodes one input line of drip replay strictly.
 func Parse(b []byte) (Line, error) {
-	var j lineJSON
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&j); err != nil {
-		return Line{}, fmt.Errorf("bad JSON: %w", err)
+	r, err := Decode(b, LineFormat)
+	if err != nil {
+		return Line{}, err
 	}
-	if dec.More() {
-		return Line{}, errors.New("bad JSON: more than one value on the line")
-	}
-	var l Line
-	if len(j.At) > 0 {
-		var v any
-		if err := json.Unmarshal(j.At, &v); err != nil {
-			return Line{}, fmt.Errorf("at: %w", err)
-		}
-		at, err := drip.ParseSeconds(v)
-		if err != nil {
-			return Line{}, fmt.Errorf("at: %w", err)
-		}
-		l.At = at
-	}
-	l.Op = j.Op
-	if l.Op == "" {
-		l.Op = "take"
-	}
-	switch l.Op {
-	case "take", "peek", "refund", "reset":
-	default:
-		return Line{}, fmt.Errorf("op %q is not take, peek, refund or reset", l.Op)
-	}
-	if j.Requests != nil {
-		if j.Key != "" || j.Cost != nil || j.Limit != nil || j.Reserve {
-			return Line{}, errors.New("a multi-take has requests instead of key, cost, limit and reserve")
-		}
+	l := Line{At: r.At, Op: r.Op}
+	if r.Requests != nil {
+		var opErr error
 		if l.Op != "take" && l.Op != "peek" {
-			return Line{}, fmt.Errorf("op %q does not take requests", l.Op)
+			opErr = inputf("op %q does not take requests", l.Op)
 		}
-		if len(j.Requests) == 0 {
-			return Line{}, drip.ErrNoRequests
+		if err := r.CheckMulti(LineFormat, opErr); err != nil {
+			return Line{}, err
 		}
-		if len(j.Requests) > MaxRequests {
-			return Line{}, fmt.Errorf("%d requests: a multi-take has at most %d", len(j.Requests), MaxRequests)
-		}
-		for i, rj := range j.Requests {
-			r, err := rj.ToRequest()
+		for i, rj := range r.Requests {
+			req, err := rj.ToRequest()
 			if err != nil {
-				return Line{}, fmt.Errorf("requests[%d]: %w", i, err)
+				return Line{}, inputf("requests[%d]: %w", i, err)
 			}
-			l.Requests = append(l.Requests, r)
+			l.Requests = append(l.Requests, req)
 		}
 		return l, nil
 	}
 	if l.Op == "reset" {
-		if j.Key == "" {
-			return Line{}, drip.ErrMissingKey
+		if r.Key == "" {
+			return Line{}, &drip.InputError{Err: drip.ErrMissingKey}
 		}
-		l.Request.Key = j.Key
+		l.Request.Key = r.Key
 		return l, nil
 	}
-	r, err := j.ReqJSON.ToRequest()
+	req, err := r.ToRequest()
 	if err != nil {
 		return Line{}, err
 	}
-	l.Request = r
+	l.Request = req
 	return l, nil
 }
 

@@ -3,11 +3,14 @@ package replay_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -62,6 +65,49 @@ func TestRunGoesOn(t *testing.T) {
 	}
 	if len(outs) != 1 {
 		t.Fatal("the output depends on the prefix")
+	}
+}
+
+// TestDecodeFormats: one parser for drip replay, drip simulate and the
+// decision API; each refuses the fields of the others as unknown, and
+// every error is a *drip.InputError (the decision API's 400).
+func TestDecodeFormats(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		f    replay.Format
+		want string // "" for no error
+	}{
+		{`{"key": "k", "limit": {"rate": 1}}`, replay.LineFormat, ""},
+		{`{"key": "k", "limit": {"rate": 1}}`, replay.BodyFormat, ""},
+		{`{"rule": "free", "values": ["a"]}`, replay.BodyFormat, ""},
+		{`{"rule": "free", "values": ["a"]}`, replay.LineFormat, `unknown field "rule"`},
+		{`{"requests": [{"values": ["a"]}]}`, replay.LineFormat, `unknown field "values"`},
+		{`{"at": 1, "key": "k"}`, replay.BodyFormat, `unknown field "at"`},
+		{`{"op": "", "key": "k"}`, replay.BodyFormat, `unknown field "op"`},
+		{``, replay.BodyFormat, "bad JSON: empty body"},
+		{`{} {}`, replay.BodyFormat, "more than one value in the body"},
+		{`{} {}`, replay.LineFormat, "more than one value on the line"},
+		{`{"at": "soon"}`, replay.LineFormat, "at:"},
+	} {
+		_, err := replay.Decode([]byte(c.line), c.f)
+		var ie *drip.InputError
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s (%s): %v", c.line, c.f.Unit, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s (%s): err = %v, want it to mention %q", c.line, c.f.Unit, err, c.want)
+		case err != nil && (!errors.As(err, &ie) || !drip.IsInput(err)):
+			t.Errorf("%s (%s): %T is not an input error", c.line, c.f.Unit, err)
+		}
+	}
+	// Parse's errors too, down to a multi-take's requests.
+	for _, line := range []string{`{"key": "k"}`, `{"requests": []}`, `{"requests": [{"key": "a"}]}`, `{"op": "reset"}`} {
+		if _, err := replay.Parse([]byte(line)); !drip.IsInput(err) {
+			t.Errorf("%s: %v is not an input error", line, err)
+		}
+	}
+	if drip.IsInput(errors.New("connection refused")) || !drip.IsInput(fmt.Errorf("x: %w", drip.ErrInvalidCost)) {
+		t.Error("IsInput tells a store's error from bad input wrongly")
 	}
 }
 

@@ -12,7 +12,10 @@ import (
 
 // FuzzParse feeds the decoder arbitrary JSON and YAML: it must never
 // panic, a failure must be an *Error with at least one problem, and a set
-// it accepts must hold only usable rules.
+// it accepts must hold only usable rules. Parse runs without an
+// environment; ParseEnv, given one that records what it is asked, must
+// ask for exactly what Parse named in the set's jwt section, and accept
+// no file Parse refused.
 func FuzzParse(f *testing.F) {
 	for _, dir := range []string{"testdata/bad", "testdata/good"} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*"))
@@ -33,6 +36,30 @@ func FuzzParse(f *testing.F) {
 		watchdog := time.AfterFunc(time.Minute, func() { panic(fmt.Sprintf("Parse(%q, %q) hangs", data, name)) })
 		set, err := Parse(data, name)
 		watchdog.Stop()
+		var vars, files []string
+		env := Env{
+			Getenv:   func(n string) string { vars = append(vars, n); return "" },
+			ReadFile: func(p string) ([]byte, error) { files = append(files, p); return nil, os.ErrNotExist },
+		}
+		if _, envErr := ParseEnv(data, name, env); err != nil && envErr == nil {
+			t.Fatalf("ParseEnv accepts what Parse refused: %v", err)
+		}
+		var named []string
+		if err == nil && set.JWT != nil {
+			if set.JWT.HMACSecretEnv != "" {
+				named = append(named, set.JWT.HMACSecretEnv)
+			}
+			named = append(named, set.JWT.PublicKeyFiles...)
+			if set.JWT.JWKSFile != "" {
+				named = append(named, set.JWT.JWKSFile)
+			}
+			if len(set.JWT.HMACSecret) > 0 || len(set.JWT.Keys) > 0 {
+				t.Fatal("Parse read a secret or a key")
+			}
+		}
+		if asked := append(vars, files...); err == nil && strings.Join(asked, "\n") != strings.Join(named, "\n") {
+			t.Fatalf("ParseEnv asked for %q; Parse named %q", asked, named)
+		}
 		if err != nil {
 			var re *Error
 			if !errors.As(err, &re) || len(re.Problems) == 0 || re.File != name {

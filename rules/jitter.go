@@ -1,10 +1,10 @@
 package rules
 
-import "github.com/driplimit/drip"
+import "github.com/driplimit/drip/engine/retryafter"
 
 // retryJitter reads retry_after_jitter: {"fraction": 0.5, "max": "60s"};
 // a field left out keeps its default.
-func (c *checker) retryJitter(p string, v any, j *drip.RetryJitter) {
+func (c *checker) retryJitter(p string, v any, j *retryafter.Jitter) {
 	f, ok := c.object(p, v)
 	if !ok {
 		return

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine/retryafter"
 )
 
 func TestRetryAfterJitterField(t *testing.T) {
@@ -14,10 +14,10 @@ func TestRetryAfterJitterField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.RetryJitter != drip.DefaultRetryJitter || s.RetryJitter != (drip.RetryJitter{Fraction: 0.5, Max: time.Minute}) {
+	if s.RetryJitter != retryafter.Default || s.RetryJitter != (retryafter.Jitter{Fraction: 0.5, Max: time.Minute}) {
 		t.Errorf("default %+v", s.RetryJitter)
 	}
-	for src, want := range map[string]drip.RetryJitter{
+	for src, want := range map[string]retryafter.Jitter{
 		`{"fraction": 0.2, "max": "5s"}`: {Fraction: 0.2, Max: 5 * time.Second},
 		`{"max": 10}`:                    {Fraction: 0.5, Max: 10 * time.Second},
 		`{"fraction": 0}`:                {Fraction: 0, Max: time.Minute},
@@ -52,7 +52,7 @@ func TestEverythingRetryJitter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.RetryJitter != (drip.RetryJitter{Fraction: 0.25, Max: 30 * time.Second}) {
+	if s.RetryJitter != (retryafter.Jitter{Fraction: 0.25, Max: 30 * time.Second}) {
 		t.Errorf("retry_after_jitter %+v", s.RetryJitter)
 	}
 }

@@ -14,14 +14,13 @@ import (
 	"fmt"
 	"io/fs"
 	"math/big"
-	"os"
 )
 
 // maxKeyFile bounds what is read from a key or JWKS file.
 const maxKeyFile = 1 << 20
 
-func readKeyFile(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
+func (e *Env) readKeyFile(path string) ([]byte, error) {
+	b, err := e.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, errors.New("no such file")
 	}
@@ -40,8 +39,8 @@ func readKeyFile(path string) ([]byte, error) {
 
 // readPEMKey reads an RSA, ECDSA or Ed25519 public key from a PEM file: a
 // PUBLIC KEY (PKIX), an RSA PUBLIC KEY (PKCS #1) or a CERTIFICATE.
-func readPEMKey(path string) (crypto.PublicKey, error) {
-	b, err := readKeyFile(path)
+func (e *Env) readPEMKey(path string) (crypto.PublicKey, error) {
+	b, err := e.readKeyFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -89,8 +88,8 @@ type jwk struct {
 // readJWKS reads the public keys of a JSON Web Key Set (RFC 7517): RSA,
 // EC (P-256, P-384, P-521) and OKP (Ed25519). Keys marked for encryption
 // ("use": "enc") are skipped; every bad key is reported.
-func readJWKS(path string) ([]PublicKey, []error) {
-	b, err := readKeyFile(path)
+func (e *Env) readJWKS(path string) ([]PublicKey, []error) {
+	b, err := e.readKeyFile(path)
 	if err != nil {
 		return nil, []error{err}
 	}

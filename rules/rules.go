@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // Mode is whether a rule blocks.
@@ -84,9 +85,9 @@ type Set struct {
 	// Breaker configures the circuit breaker in front of the store.
 	Breaker Breaker
 	// RetryJitter spreads the Retry-After of denied requests over clients
-	// (retry_after_jitter; default drip.DefaultRetryJitter: up to 50% of
+	// (retry_after_jitter; default retryafter.Default: up to 50% of
 	// the wait, at most 60 s).
-	RetryJitter drip.RetryJitter
+	RetryJitter retryafter.Jitter
 	// File is the name the set was loaded from.
 	File string
 
@@ -108,10 +109,17 @@ type JWT struct {
 	// then read without checking the signature (a gateway in front has).
 	// Expiry (exp, nbf) is checked either way.
 	Verify bool
-	// HMACSecret is the secret read from hmac_secret_env at load time.
+	// HMACSecretEnv, PublicKeyFiles and JWKSFile name where the file says
+	// the secret or keys are: an environment variable, key files (paths
+	// resolved against the rules file's directory), a JWKS file.
+	HMACSecretEnv  string
+	PublicKeyFiles []string
+	JWKSFile       string
+	// HMACSecret is the secret read from HMACSecretEnv, and Keys the
+	// public keys of PublicKeyFiles or JWKSFile, by the loader (Load,
+	// ParseEnv); Parse leaves them empty.
 	HMACSecret []byte
-	// Keys are the public keys of public_key_files or jwks_file.
-	Keys []PublicKey
+	Keys       []PublicKey
 	// Issuer and Audience, when set, must match the token's iss and aud.
 	Issuer   string
 	Audience string
@@ -253,26 +261,49 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Load reads and parses the rules file at path. Key files named in it are
-// read relative to the file's directory.
+// Env is what the loader reads besides the rules file: the environment
+// variable of a jwt section's hmac_secret_env, and its key files.
+type Env struct {
+	Getenv   func(name string) string
+	ReadFile func(path string) ([]byte, error)
+}
+
+// OSEnv is the process's environment and file system.
+var OSEnv = Env{Getenv: os.Getenv, ReadFile: os.ReadFile}
+
+// Load reads and parses the rules file at path, with the process's
+// environment (ParseEnv with OSEnv). Key files named in it are read
+// relative to the file's directory.
 func Load(path string) (*Set, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("rules: %w", err)
 	}
-	return Parse(data, path)
+	return ParseEnv(data, path, OSEnv)
 }
 
 // Parse decodes and validates a rules file. name tells the format (.json,
 // .yaml or .yml; otherwise it is sniffed: JSON starts with '{'), names the
 // file in errors, and is the base for relative key file paths. A bad file
 // gives an *Error listing every problem.
-func Parse(data []byte, name string) (*Set, error) {
+//
+// Parse has no side effects: it reads no environment variable and no
+// file. A jwt section's secret and keys are named in the Set
+// (JWT.HMACSecretEnv, PublicKeyFiles, JWKSFile) but not read: use
+// ParseEnv or Load for a Set that verifies tokens.
+func Parse(data []byte, name string) (*Set, error) { return parse(data, name, nil) }
+
+// ParseEnv is Parse, then reads a jwt section's secret and key files from
+// env: a missing variable, an unreadable or bad key file is a problem of
+// the file, with its line.
+func ParseEnv(data []byte, name string, env Env) (*Set, error) { return parse(data, name, &env) }
+
+func parse(data []byte, name string, env *Env) (*Set, error) {
 	v, lines, problems := decode(data, name)
 	if len(problems) > 0 {
 		return nil, &Error{File: name, Problems: withLines(problems, lines)}
 	}
-	c := &checker{file: name}
+	c := &checker{file: name, env: env}
 	set := c.set(v)
 	if len(c.problems) > 0 {
 		return nil, &Error{File: name, Problems: withLines(c.problems, lines)}

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"net/netip"
 	"os"
@@ -363,5 +364,32 @@ func TestJWKSFile(t *testing.T) {
 	}
 	if k := s.JWT.Keys[2]; k.ID != "d1" || !epub.Equal(k.Key) {
 		t.Errorf("ed %+v", k)
+	}
+}
+
+// TestParseReadsNothing: Parse names a jwt section's secret and key files
+// without reading them (no such variable or file needs to exist); the
+// loader, ParseEnv, reads them from the environment it is given.
+func TestParseReadsNothing(t *testing.T) {
+	hmac := []byte(`{"jwt": {"hmac_secret_env": "DRIP_TEST_NO_SUCH_VAR"}, "rules": [{"name": "r", "limit_keys": ["jwt:sub"], "algorithm_config": {"rps": 1}}]}`)
+	set, err := Parse(hmac, "dir/r.json")
+	if err != nil || set.JWT.HMACSecretEnv != "DRIP_TEST_NO_SUCH_VAR" || set.JWT.HMACSecret != nil {
+		t.Fatalf("Parse: %+v %v", set, err)
+	}
+	secret := strings.Repeat("s", 32)
+	env := Env{
+		Getenv:   func(n string) string { return map[string]string{"DRIP_TEST_NO_SUCH_VAR": secret}[n] },
+		ReadFile: func(p string) ([]byte, error) { return nil, fmt.Errorf("read %s", p) },
+	}
+	if set, err := ParseEnv(hmac, "dir/r.json", env); err != nil || string(set.JWT.HMACSecret) != secret {
+		t.Fatalf("ParseEnv: %+v %v", set, err)
+	}
+	keys := []byte(`{"jwt": {"public_key_files": ["k.pem"]}, "rules": [{"name": "r", "limit_keys": ["jwt:sub"], "algorithm_config": {"rps": 1}}]}`)
+	set, err = Parse(keys, "dir/r.json")
+	if err != nil || len(set.JWT.PublicKeyFiles) != 1 || set.JWT.PublicKeyFiles[0] != filepath.Join("dir", "k.pem") || set.JWT.Keys != nil {
+		t.Fatalf("Parse: %+v %v", set, err)
+	}
+	if _, err := ParseEnv(keys, "dir/r.json", env); err == nil || !strings.Contains(err.Error(), "read "+filepath.Join("dir", "k.pem")) {
+		t.Fatalf("ParseEnv with an unreadable key file: %v", err)
 	}
 }

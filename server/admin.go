@@ -95,14 +95,14 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	name := q.Get("rule")
 	if name == "" {
-		writeError(w, errorf(http.StatusBadRequest, "give rule=NAME and value=... (one per limit key), or rule=NAME and key=KEY"))
+		writeError(w, inputf("give rule=NAME and value=... (one per limit key), or rule=NAME and key=KEY"))
 		return
 	}
 	var req drip.Request
 	var err error
 	if key := q.Get("key"); key != "" {
 		if q.Has("value") {
-			writeError(w, errorf(http.StatusBadRequest, "give value or key, not both"))
+			writeError(w, inputf("give value or key, not both"))
 			return
 		}
 		ru, err := s.rule(name)
@@ -135,28 +135,31 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) adminReset(w http.ResponseWriter, r *http.Request) {
-	var it item
-	if err := decode(w, r, &it); err != nil {
+	b, err := decode(w, r)
+	if err == nil && b.Requests != nil {
+		err = inputf(`bad JSON: json: unknown field "requests"`)
+	}
+	if err != nil {
 		writeError(w, err)
 		return
 	}
-	var key string
-	switch {
-	case it.Rule != "" && it.Key == "":
-		req, err := s.ruleRequest(it.Rule, it.Values)
+	it, key := b.ReqJSON, ""
+	switch rule := ruleOf(it); {
+	case rule != "" && it.Key == "":
+		req, err := s.ruleRequest(rule, it.Values)
 		if err != nil {
 			writeError(w, err)
 			return
 		}
 		key = req.Key
-	case it.Rule == "" && it.Key != "" && it.Values == nil:
+	case rule == "" && it.Key != "" && it.Values == nil:
 		key = it.Key
 	default:
-		writeError(w, errorf(http.StatusBadRequest, `give {"rule": NAME, "values": [...]} or {"key": KEY}`))
+		writeError(w, inputf(`give {"rule": NAME, "values": [...]} or {"key": KEY}`))
 		return
 	}
 	if it.Limit != nil || it.Cost != nil || it.Reserve {
-		writeError(w, errorf(http.StatusBadRequest, "a reset takes only rule and values, or key"))
+		writeError(w, inputf("a reset takes only rule and values, or key"))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)

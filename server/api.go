@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,8 +10,10 @@ import (
 	"net/http"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/rules"
 )
 
 // The decision API: POST /v1/take, /v1/peek, /v1/refund and /v1/reset,
@@ -45,22 +46,8 @@ import (
 // maxBody bounds a decision API or admin request body.
 const maxBody = 1 << 20
 
-// item is one request of a decision API body.
-type item struct {
-	Key     string          `json:"key"`
-	Cost    *float64        `json:"cost"`
-	Reserve bool            `json:"reserve"`
-	Limit   *drip.Limit     `json:"limit"`
-	Rule    string          `json:"rule"`
-	Values  json.RawMessage `json:"values"`
-}
-
-type body struct {
-	item
-	Requests []item `json:"requests"`
-}
-
-// httpError is an error with the HTTP status that reports it.
+// httpError is an error with the HTTP status that reports it: 404, 405,
+// 413. Bad input (400) is a *drip.InputError (inputf).
 type httpError struct {
 	status int
 	msg    string
@@ -72,44 +59,27 @@ func errorf(status int, format string, args ...any) error {
 	return &httpError{status, fmt.Sprintf(format, args...)}
 }
 
-// badInput reports whether err is the caller's fault (drip's input errors)
-// rather than the store's.
-func badInput(err error) bool {
-	for _, e := range []error{drip.ErrInvalidLimit, drip.ErrInvalidCost, drip.ErrMissingKey,
-		drip.ErrCostExceedsBurst, drip.ErrNoRequests, drip.ErrDuplicateKey, drip.ErrNotColocated, drip.ErrKeyTooLong} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
+// inputf is bad input: 400.
+func inputf(format string, args ...any) error {
+	return &drip.InputError{Err: fmt.Errorf(format, args...)}
 }
 
-// decode reads a JSON body strictly: unknown fields and trailing data are
+// decode reads a decision API body (or an admin reset's) with the
+// protocol's one parser, strictly: unknown fields and trailing data are
 // errors.
-func decode(w http.ResponseWriter, r *http.Request, v any) error {
+func decode(w http.ResponseWriter, r *http.Request) (replay.Raw, error) {
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxBody)
+			return replay.Raw{}, errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxBody)
 		}
 		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-			return errorf(http.StatusRequestTimeout, "reading body: the body did not arrive in time")
+			return replay.Raw{}, errorf(http.StatusRequestTimeout, "reading body: the body did not arrive in time")
 		}
-		return errorf(http.StatusBadRequest, "reading body: %v", err)
+		return replay.Raw{}, inputf("reading body: %v", err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if err == io.EOF {
-			return errorf(http.StatusBadRequest, "bad JSON: empty body")
-		}
-		return errorf(http.StatusBadRequest, "bad JSON: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errorf(http.StatusBadRequest, "bad JSON: more than one value in the body")
-	}
-	return nil
+	return replay.Decode(b, replay.BodyFormat)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -126,7 +96,7 @@ func writeError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &he):
 		status = he.status
-	case badInput(err):
+	case drip.IsInput(err):
 		status = http.StatusBadRequest
 	default:
 		err = fmt.Errorf("store: %w", err)
@@ -153,8 +123,8 @@ func (s *Server) decideHandler(opName string) http.Handler {
 			writeJSON(w, http.StatusMethodNotAllowed, map[string]string{"error": "use POST"})
 			return
 		}
-		var b body
-		if err := decode(w, r, &b); err != nil {
+		b, err := decode(w, r)
+		if err != nil {
 			writeError(w, err)
 			return
 		}
@@ -167,22 +137,16 @@ func (s *Server) decideHandler(opName string) http.Handler {
 	})
 }
 
-// decide performs one decision API body.
-func (s *Server) decide(ctx context.Context, opName string, b body) (any, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
-	defer cancel()
+// decide performs one decision API body: takes, peeks and refunds through
+// the engine (its deadline, its breaker), a reset under the same deadline.
+func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, error) {
 	if b.Requests != nil {
-		if b.Key != "" || b.Cost != nil || b.Limit != nil || b.Reserve || b.Rule != "" || b.Values != nil {
-			return nil, errorf(http.StatusBadRequest, "a multi-take has requests instead of key, limit, rule, values, cost and reserve")
-		}
+		var opErr error
 		if opName != "take" && opName != "peek" {
-			return nil, errorf(http.StatusBadRequest, "/v1/%s does not take requests: a multi-take is /v1/take or /v1/peek", opName)
+			opErr = inputf("/v1/%s does not take requests: a multi-take is /v1/take or /v1/peek", opName)
 		}
-		if len(b.Requests) == 0 {
-			return nil, errorf(http.StatusBadRequest, "%v", drip.ErrNoRequests)
-		}
-		if len(b.Requests) > replay.MaxRequests {
-			return nil, errorf(http.StatusBadRequest, "%d requests: a multi-take has at most %d", len(b.Requests), replay.MaxRequests)
+		if err := b.CheckMulti(replay.BodyFormat, opErr); err != nil {
+			return nil, err
 		}
 		rs := make([]drip.Request, len(b.Requests))
 		names := make([]string, len(b.Requests))
@@ -197,32 +161,25 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 		if _, err := drip.PrepareMulti(op, rs); err != nil {
 			return nil, err
 		}
-		m, err := s.store.ApplyMulti(ctx, op, timeZero, rs)
-		if err != nil {
-			if !badInput(err) {
-				for _, n := range names {
-					s.metrics.decisions.WithLabelValues(n, outcomeError).Inc()
-				}
-			}
-			return nil, err
-		}
-		if op == drip.OpTake {
-			outcome := outcomeDenied
-			if m.Allowed {
-				outcome = outcomeAllowed
-			}
+		m, err := s.eng.Apply(ctx, op, rs)
+		if err != nil || op == drip.OpTake {
 			for _, n := range names {
-				s.metrics.decisions.WithLabelValues(n, outcome).Inc()
+				s.count(n, m.Allowed, err)
 			}
+		}
+		if err != nil {
+			return nil, err
 		}
 		return m, nil
 	}
 
-	r, name, err := s.request(b.item, opName)
+	r, name, err := s.request(b.ReqJSON, opName)
 	if err != nil {
 		return nil, err
 	}
 	if opName == "reset" {
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+		defer cancel()
 		if err := s.store.Reset(ctx, r.Key); err != nil {
 			return nil, err
 		}
@@ -232,37 +189,39 @@ func (s *Server) decide(ctx context.Context, opName string, b body) (any, error)
 	if _, err := drip.Prepare(op, r); err != nil {
 		return nil, err
 	}
-	d, err := s.store.Apply(ctx, op, timeZero, r)
+	m, err := s.eng.Apply(ctx, op, []drip.Request{r})
 	if op == drip.OpTake {
-		s.count(name, d, err)
+		s.count(name, m.Allowed, err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return d, nil
+	return m.Decisions[0], nil
 }
 
-func (s *Server) count(rule string, d drip.Decision, err error) {
+// count reports a take's decision (or failure) on rule to the observer,
+// in the engine's vocabulary. Bad input is no decision.
+func (s *Server) count(rule string, allowed bool, err error) {
+	ev := engine.Denied
 	switch {
+	case err != nil && drip.IsInput(err):
+		return
 	case err != nil:
-		if !badInput(err) {
-			s.metrics.decisions.WithLabelValues(rule, outcomeError).Inc()
-		}
-	case d.Allowed:
-		s.metrics.decisions.WithLabelValues(rule, outcomeAllowed).Inc()
-	default:
-		s.metrics.decisions.WithLabelValues(rule, outcomeDenied).Inc()
+		ev = engine.Failed
+	case allowed:
+		ev = engine.Allowed
 	}
+	s.eng.Observer().Decision(rule, rules.Enforce, ev)
 }
 
 // request turns one item into a drip.Request and the rule label of its
 // metrics ("inline" for an inline limit). For reset only the key matters.
-func (s *Server) request(it item, opName string) (drip.Request, string, error) {
-	if it.Rule != "" {
+func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string, error) {
+	if rule := ruleOf(it); rule != "" {
 		if it.Key != "" || it.Limit != nil {
-			return drip.Request{}, "", errorf(http.StatusBadRequest, "a request by rule has values instead of key and limit")
+			return drip.Request{}, "", inputf("a request by rule has values instead of key and limit")
 		}
-		r, err := s.ruleRequest(it.Rule, it.Values)
+		r, err := s.ruleRequest(rule, it.Values)
 		if err != nil {
 			return drip.Request{}, "", err
 		}
@@ -272,34 +231,37 @@ func (s *Server) request(it item, opName string) (drip.Request, string, error) {
 		if it.Reserve && r.Limit.MaxReserved == 0 {
 			// A reservation without a bound could lock a key out for
 			// ages: by rule, only the debt the rule allows.
-			return drip.Request{}, "", errorf(http.StatusBadRequest, "rule %q allows no reservations: its algorithm_config sets no max_reserved", it.Rule)
+			return drip.Request{}, "", inputf("rule %q allows no reservations: its algorithm_config sets no max_reserved", rule)
 		}
 		r.Reserve = it.Reserve
-		return r, it.Rule, nil
+		return r, rule, nil
 	}
 	if it.Values != nil {
-		return drip.Request{}, "", errorf(http.StatusBadRequest, "values need a rule")
+		return drip.Request{}, "", inputf("values need a rule")
 	}
 	if it.Key == "" {
-		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: give key and limit, or rule and values", drip.ErrMissingKey)
+		return drip.Request{}, "", inputf("%v: give key and limit, or rule and values", drip.ErrMissingKey)
 	}
 	if len(it.Key) > MaxInlineKeyLen {
-		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: key is %d bytes, at most %d", drip.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
+		return drip.Request{}, "", inputf("%v: key is %d bytes, at most %d", drip.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
 	}
 	if opName == "reset" {
 		if it.Limit != nil || it.Cost != nil || it.Reserve {
-			return drip.Request{}, "", errorf(http.StatusBadRequest, "a reset takes only key (or rule and values)")
+			return drip.Request{}, "", inputf("a reset takes only key (or rule and values)")
 		}
 		return drip.Request{Key: InlinePrefix + it.Key}, "inline", nil
 	}
-	if it.Limit == nil {
-		return drip.Request{}, "", errorf(http.StatusBadRequest, "%v: missing limit", drip.ErrInvalidLimit)
+	r, err := it.ToRequest()
+	r.Key = InlinePrefix + r.Key
+	return r, "inline", err
+}
+
+// ruleOf is the rule an item names, or "".
+func ruleOf(it replay.ReqJSON) string {
+	if it.Rule == nil {
+		return ""
 	}
-	cost := 1.0
-	if it.Cost != nil {
-		cost = *it.Cost
-	}
-	return drip.Request{Key: InlinePrefix + it.Key, Limit: *it.Limit, Cost: cost, Reserve: it.Reserve}, "inline", nil
+	return *it.Rule
 }
 
 // InlinePrefix is put before the key of every request with an inline limit,
@@ -317,8 +279,8 @@ func prefixed(p string, err error) error {
 	if errors.As(err, &he) {
 		return &httpError{he.status, p + he.msg}
 	}
-	if badInput(err) {
-		return errorf(http.StatusBadRequest, "%s%v", p, err)
+	if drip.IsInput(err) {
+		return inputf("%s%w", p, err)
 	}
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/server/envoy"
 )
 
@@ -59,7 +60,8 @@ type Config struct {
 	// must arrive within 10 s on every listener.
 	ReadTimeout time.Duration
 
-	// StoreTimeout is the deadline of each store call (default 500ms).
+	// StoreTimeout is the deadline of each store call, in every front door
+	// (default engine.DefaultTimeout, 50ms).
 	StoreTimeout time.Duration
 	// WatchEvery is how often the rules file is checked for changes
 	// (default 1s; negative disables polling; SIGHUP and the admin API
@@ -76,7 +78,7 @@ type Config struct {
 const (
 	DefaultListen          = "127.0.0.1:8080"
 	DefaultAdminListen     = "127.0.0.1:9090"
-	DefaultStoreTimeout    = 500 * time.Millisecond
+	DefaultStoreTimeout    = engine.DefaultTimeout
 	DefaultReadTimeout     = 30 * time.Second
 	DefaultWatchEvery      = time.Second
 	DefaultShutdownTimeout = 10 * time.Second

@@ -31,8 +31,10 @@ import (
 // /json share it.
 func (s *Server) envoyService() *envoy.Service {
 	if s.rls == nil {
-		s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithTimeout(s.cfg.StoreTimeout), envoy.WithLogger(s.log),
-			envoy.WithObserver(s.envoyDecision))
+		// On the server's engine; its decisions count as rule
+		// "envoy:<limit name or config path>".
+		s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithEngine(s.eng),
+			envoy.WithObserver(s.metrics.obs.Prefixed("envoy:")))
 	}
 	return s.rls
 }
@@ -50,18 +52,6 @@ func (s *Server) addGRPC() {
 		serve:    g.Serve,
 		shutdown: g.Shutdown,
 	})
-}
-
-// envoyDecision counts a descriptor's decision in drip_decisions_total,
-// as rule "envoy:<limit name or config path>", and a shadow limit's denial
-// in drip_shadow_denials_total. Store latency and errors come from the
-// observed store.
-func (s *Server) envoyDecision(limit string, shadow bool, outcome string) {
-	rule := "envoy:" + limit
-	s.metrics.decisions.WithLabelValues(rule, outcome).Inc()
-	if shadow && outcome == envoy.OutcomeDenied {
-		s.metrics.shadowDenials.WithLabelValues(rule).Inc()
-	}
 }
 
 // GRPCAddr is the address of Envoy's rate limit service, once Listen has
@@ -131,7 +121,7 @@ func readRules(path string, opts envoy.Options) (*rules.Set, *envoy.Config, [32]
 		set, err = rules.Parse([]byte(`{"rules": []}`), filepath.Join(path, "(no drip rules)"))
 		errs = append(errs, err)
 	case 1:
-		set, err = rules.Parse(drip[0].data, drip[0].name)
+		set, err = rules.ParseEnv(drip[0].data, drip[0].name, rules.OSEnv)
 		errs = append(errs, err)
 	default:
 		names := make([]string, len(drip))

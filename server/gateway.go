@@ -49,14 +49,11 @@ func (s *Server) gateway() (http.Handler, error) {
 	return s.limit(proxy), nil
 }
 
-// limit puts the rules in front of next: the httplimit middleware, with
-// state in the (instrumented) store and its decisions in the metrics.
+// limit puts the rules in front of next: the httplimit middleware on the
+// server's engine (state in the instrumented store, decisions in the
+// metrics).
 func (s *Server) limit(next http.Handler) http.Handler {
-	s.lim = httplimit.New(s.store, s.rules(),
-		httplimit.WithLogger(s.log),
-		httplimit.WithTimeout(s.cfg.StoreTimeout),
-		httplimit.WithObserver(observer{s.metrics}))
-	s.metrics.setCircuit(httplimit.BreakerClosed)
+	s.lim = httplimit.New(s.store, s.rules(), httplimit.WithEngine(s.eng))
 	return s.lim.Handler(next)
 }
 

@@ -8,8 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/httplimit"
-	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/httplimit/promobserver"
 )
 
 // metrics are the server's Prometheus series, in a registry of its own so
@@ -17,36 +16,23 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	decisions     *prometheus.CounterVec // rule, outcome
-	shadowDenials *prometheus.CounterVec // rule
-	storeSeconds  *prometheus.HistogramVec
-	storeErrors   *prometheus.CounterVec // op
-	reloads       *prometheus.CounterVec // result
-	rulesOK       prometheus.Gauge
-	rulesLoaded   prometheus.Gauge
-	reloadTime    prometheus.Gauge
-	fallback      *prometheus.CounterVec // rule
-	circuit       *prometheus.GaugeVec   // state
-}
+	// obs is the engine's observer: drip_decisions_total,
+	// drip_shadow_denials_total, drip_local_fallback_decisions_total and
+	// drip_store_circuit_state, the series of promobserver.
+	obs *promobserver.Observer
 
-// Outcomes of a decision, the "outcome" label of drip_decisions_total.
-const (
-	outcomeAllowed = "allowed"
-	outcomeDenied  = "denied"
-	outcomeError   = "error"
-)
+	storeSeconds *prometheus.HistogramVec
+	storeErrors  *prometheus.CounterVec // op
+	reloads      *prometheus.CounterVec // result
+	rulesOK      prometheus.Gauge
+	rulesLoaded  prometheus.Gauge
+	reloadTime   prometheus.Gauge
+}
 
 func newMetrics() *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "drip_decisions_total",
-			Help: "Decisions by rule (\"inline\" for the decision API's inline limits) and outcome: allowed, denied, error (decision API); allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied (gateway).",
-		}, []string{"rule", "outcome"}),
-		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "drip_shadow_denials_total",
-			Help: "Requests a shadow-mode rule would have denied (and let through).",
-		}, []string{"rule"}),
+		obs: promobserver.New(promobserver.WithoutStore()),
 		storeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "drip_store_duration_seconds",
 			Help:    "Latency of store calls by operation.",
@@ -72,58 +58,12 @@ func newMetrics() *metrics {
 			Name: "drip_rules_last_reload_timestamp_seconds",
 			Help: "When the rules in force were loaded (Unix time).",
 		}),
-		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "drip_local_fallback_decisions_total",
-			Help: "Decisions made by the per-instance local limiter while the store was failing (on_error: local), by rule.",
-		}, []string{"rule"}),
-		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "drip_store_circuit_state",
-			Help: "The state of the gateway's circuit breaker in front of the store: 1 for the current state (closed; open: the store is not called, rules follow on_error; half_open: one probe decides), 0 for the others.",
-		}, []string{"state"}),
 	}
-	m.reg.MustRegister(m.decisions, m.shadowDenials, m.storeSeconds, m.storeErrors,
-		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime, m.fallback, m.circuit,
+	m.reg.MustRegister(m.obs, m.storeSeconds, m.storeErrors,
+		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
-
-func (m *metrics) setCircuit(state string) {
-	for _, s := range []string{httplimit.BreakerClosed, httplimit.BreakerOpen, httplimit.BreakerHalfOpen} {
-		v := 0.0
-		if s == state {
-			v = 1
-		}
-		m.circuit.WithLabelValues(s).Set(v)
-	}
-}
-
-// observer feeds the middleware's decisions and breaker changes into the
-// metrics. Store latency and errors come from the observed store instead,
-// which sees the decision API's calls too.
-type observer struct{ m *metrics }
-
-var _ httplimit.Observer = observer{}
-
-// Decision implements httplimit.Observer.
-func (o observer) Decision(rule string, mode rules.Mode, outcome httplimit.Outcome) {
-	o.m.decisions.WithLabelValues(rule, string(outcome)).Inc()
-	switch outcome {
-	case httplimit.LocalAllowed, httplimit.LocalDenied:
-		o.m.fallback.WithLabelValues(rule).Inc()
-	}
-	if mode == rules.Shadow && (outcome == httplimit.Denied || outcome == httplimit.LocalDenied) {
-		o.m.shadowDenials.WithLabelValues(rule).Inc()
-	}
-}
-
-// StoreError implements httplimit.Observer; see observed.
-func (observer) StoreError(error) {}
-
-// StoreLatency implements httplimit.Observer; see observed.
-func (observer) StoreLatency(time.Duration) {}
-
-// BreakerState implements httplimit.Observer.
-func (o observer) BreakerState(state string) { o.m.setCircuit(state) }
 
 // observed is a drip.Store that times every call and counts failures: the
 // store latency and error series. Telemetry stays out of the stores
@@ -162,7 +102,7 @@ func (o *observed) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.R
 	d, err := o.Store.Apply(ctx, op, at, r)
 	h, name := o.obs(op)
 	h.Observe(time.Since(start).Seconds())
-	if err != nil && !badInput(err) {
+	if err != nil && !drip.IsInput(err) {
 		o.errs.WithLabelValues(name).Inc()
 	}
 	return d, err
@@ -173,7 +113,7 @@ func (o *observed) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs 
 	start := time.Now()
 	m, err := o.Store.ApplyMulti(ctx, op, at, rs)
 	o.multi.Observe(time.Since(start).Seconds())
-	if err != nil && !badInput(err) {
+	if err != nil && !drip.IsInput(err) {
 		o.errs.WithLabelValues("multi").Inc()
 	}
 	return m, err
@@ -184,7 +124,7 @@ func (o *observed) Reset(ctx context.Context, key string) error {
 	start := time.Now()
 	err := o.Store.Reset(ctx, key)
 	o.reset.Observe(time.Since(start).Seconds())
-	if err != nil && !badInput(err) {
+	if err != nil && !drip.IsInput(err) {
 		o.errs.WithLabelValues("reset").Inc()
 	}
 	return err

@@ -142,20 +142,20 @@ func ruleKey(r *rules.Rule, values json.RawMessage, v6bits int) (string, error) 
 	switch {
 	case len(v) == 0 || string(v) == "null":
 		if len(srcs) > 0 {
-			return "", errorf(http.StatusBadRequest, "rule %q needs values for %s", r.Name, want())
+			return "", inputf("rule %q needs values for %s", r.Name, want())
 		}
 		return r.Key(nil), nil
 	case v[0] == '[':
 		var list []string
 		if err := json.Unmarshal(v, &list); err != nil {
-			return "", errorf(http.StatusBadRequest, "values: want a list of strings: %v", err)
+			return "", inputf("values: want a list of strings: %v", err)
 		}
 		if len(list) != len(srcs) {
-			return "", errorf(http.StatusBadRequest, "rule %q needs %d values, for %s; got %d", r.Name, len(srcs), want(), len(list))
+			return "", inputf("rule %q needs %d values, for %s; got %d", r.Name, len(srcs), want(), len(list))
 		}
 		for i, x := range list {
 			if x == "" {
-				return "", errorf(http.StatusBadRequest, "values[%d] (%s) is empty", i, srcs[i])
+				return "", inputf("values[%d] (%s) is empty", i, srcs[i])
 			}
 		}
 		for i, src := range srcs {
@@ -167,7 +167,7 @@ func ruleKey(r *rules.Rule, values json.RawMessage, v6bits int) (string, error) 
 	case v[0] == '{':
 		var m map[string]string
 		if err := json.Unmarshal(v, &m); err != nil {
-			return "", errorf(http.StatusBadRequest, "values: want an object of strings: %v", err)
+			return "", inputf("values: want an object of strings: %v", err)
 		}
 		for k, x := range m {
 			if src, err := rules.ParseSource(k); err == nil && src.Kind == rules.KindIP {
@@ -176,11 +176,11 @@ func ruleKey(r *rules.Rule, values json.RawMessage, v6bits int) (string, error) 
 		}
 		key, err := r.KeyFrom(m)
 		if err != nil {
-			return "", errorf(http.StatusBadRequest, "values: %v", err)
+			return "", inputf("values: %v", err)
 		}
 		return key, nil
 	}
-	return "", errorf(http.StatusBadRequest, "values: want a list of strings, one for each of %s, or an object from limit key to value", want())
+	return "", inputf("values: want a list of strings, one for each of %s, or an object from limit key to value", want())
 }
 
 // ruleView is a rule as the admin API shows it.

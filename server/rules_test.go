@@ -87,7 +87,7 @@ func TestDecisionAPIByRule(t *testing.T) {
 	key := ru.Key([]string{"k1"})
 
 	code, out := post(t, srv.base+"/v1/take", `{"rule": "api", "values": ["k1"]}`)
-	if d := decision(t, out); code != 200 || !d.Allowed || d.Remaining != 2 || d.Limit != 3 {
+	if d := decision(t, out); code != 200 || !d.Allowed || d.Remaining != 2 || d.Burst != 3 {
 		t.Fatalf("take by rule: %d %s", code, out)
 	}
 	// The same bucket by a map of limit key to value (header names in any
@@ -189,7 +189,7 @@ func TestDecisionAPIByRule(t *testing.T) {
 func TestDefaultRules(t *testing.T) {
 	srv := start(t, Config{}, memstore.New())
 	code, out := post(t, srv.base+"/v1/take", `{"rule": "per-ip", "values": ["192.0.2.1"]}`)
-	if d := decision(t, out); code != 200 || !d.Allowed || d.Limit != 20 {
+	if d := decision(t, out); code != 200 || !d.Allowed || d.Burst != 20 {
 		t.Fatalf("take on the default per-ip rule: %d %s", code, out)
 	}
 	// An IPv6 client is keyed by its /64, as the middleware keys it.
@@ -217,7 +217,7 @@ func TestReloadBadFileKeepsRules(t *testing.T) {
 	}
 	// The old rules and the bucket stay.
 	code, out = post(t, srv.base+"/v1/take", `{"rule": "api", "values": ["k"]}`)
-	if d := decision(t, out); code != 200 || d.Remaining != 3 || d.Limit != 5 {
+	if d := decision(t, out); code != 200 || d.Remaining != 3 || d.Burst != 5 {
 		t.Fatalf("take after a bad reload: %d %s", code, out)
 	}
 	_, metrics := call(t, "GET", srv.admin+"/metrics", "")

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/server/envoy"
 )
@@ -39,7 +40,8 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
-	store   drip.Store // instrumented
+	store   drip.Store     // instrumented
+	eng     *engine.Engine // every front door's: one deadline, one breaker, one observer
 
 	rs  *ruleState
 	lim *httplimit.Limiter // the gateway's middleware; nil without an upstream
@@ -74,6 +76,8 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	cfg = cfg.withDefaults()
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics()}
 	s.store = s.metrics.observe(store)
+	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
+		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"))
 	rs, err := s.loadRules()
 	if err != nil {
 		return nil, err
@@ -229,8 +233,6 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}
 	wg.Wait()
-	if s.lim != nil {
-		s.lim.Close()
-	}
+	s.eng.Close() // the local fallback of every front door
 	return err
 }

@@ -158,7 +158,7 @@ func TestDecisionAPIInline(t *testing.T) {
 	k := `"key": "user:1", ` + lim
 	for i, want := range []int64{2, 1, 0} {
 		d := take(`{` + k + `}`)
-		if !d.Allowed || d.Remaining != want || d.Limit != 3 {
+		if !d.Allowed || d.Remaining != want || d.Burst != 3 {
 			t.Fatalf("take %d: %+v, want allowed with %d remaining", i, d, want)
 		}
 	}

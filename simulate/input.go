@@ -3,7 +3,6 @@ package simulate
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,17 +11,8 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/replay"
 )
-
-type traceLine struct {
-	At       json.RawMessage `json:"at"`
-	Op       string          `json:"op"`
-	Key      string          `json:"key"`
-	Cost     *float64        `json:"cost"`
-	Reserve  bool            `json:"reserve"`
-	Limit    *drip.Limit     `json:"limit"`
-	Requests json.RawMessage `json:"requests"`
-}
 
 // ReadTrace reads a trace in the JSON-lines format of drip replay (docs/api.md):
 // "at" (seconds since the start), "op" (take, peek, refund or reset; take
@@ -51,30 +41,18 @@ func ReadTrace(r io.Reader) ([]Event, error) {
 	return evs, sc.Err()
 }
 
+// parseTraceLine reads a line with drip replay's parser.
 func parseTraceLine(b []byte) (Event, error) {
-	var j traceLine
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&j); err != nil {
-		return Event{}, fmt.Errorf("bad JSON: %w", err)
+	r, err := replay.Decode(b, replay.LineFormat)
+	if err != nil {
+		return Event{}, err
 	}
-	if j.Requests != nil {
+	if r.Requests != nil {
 		return Event{}, errors.New("multi-takes (requests) are not simulated")
 	}
-	var e Event
-	if len(j.At) > 0 {
-		var v any
-		if err := json.Unmarshal(j.At, &v); err != nil {
-			return Event{}, fmt.Errorf("at: %w", err)
-		}
-		at, err := drip.ParseSeconds(v)
-		if err != nil {
-			return Event{}, fmt.Errorf("at: %w", err)
-		}
-		e.At = at
-	}
-	switch j.Op {
-	case "", "take":
+	e := Event{At: r.At}
+	switch r.Op {
+	case "take":
 		e.Op = Take
 	case "peek":
 		e.Op = Peek
@@ -82,15 +60,13 @@ func parseTraceLine(b []byte) (Event, error) {
 		e.Op = Refund
 	case "reset":
 		e.Op = Reset
-	default:
-		return Event{}, fmt.Errorf("op %q is not take, peek, refund or reset", j.Op)
 	}
-	if j.Key == "" {
+	if r.Key == "" {
 		return Event{}, drip.ErrMissingKey
 	}
-	e.Key, e.Reserve, e.Limit, e.Cost = j.Key, j.Reserve, j.Limit, 1
-	if j.Cost != nil {
-		e.Cost = *j.Cost
+	e.Key, e.Reserve, e.Limit, e.Cost = r.Key, r.Reserve, r.Limit, 1
+	if r.Cost != nil {
+		e.Cost = *r.Cost
 	}
 	return e, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // WriteSummary writes the run's summary for a terminal: the totals, the
@@ -96,7 +97,7 @@ func keyNote(r *Result, o *Outcome) string {
 }
 
 // header is the Retry-After header value for a wait, before jitter.
-func header(d time.Duration) int64 { return drip.RetryAfterSeconds("", d, 0) }
+func header(d time.Duration) int64 { return retryafter.Uncapped("", d, 0) }
 
 func secs(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) }
 

@@ -131,9 +131,9 @@ func RunMulti(t *testing.T, newStore NewStore) {
 		t.Fatal(err)
 	}
 	want := []drip.Decision{
-		{Allowed: true, Tokens: 5, Remaining: 5, Limit: 10, ResetAfter: 500 * ms},
-		{Allowed: false, Tokens: 5, Remaining: 5, Limit: 20, RetryAfter: 9900 * ms, ResetAfter: 29900 * ms},
-		{Allowed: true, Tokens: 9, Remaining: 9, Limit: 10, ResetAfter: 100 * ms},
+		{Allowed: true, Tokens: 5, Remaining: 5, Burst: 10, ResetAfter: 500 * ms},
+		{Allowed: false, Tokens: 5, Remaining: 5, Burst: 20, RetryAfter: 9900 * ms, ResetAfter: 29900 * ms},
+		{Allowed: true, Tokens: 9, Remaining: 9, Burst: 10, ResetAfter: 100 * ms},
 	}
 	if m.Allowed || m.RetryAfter != 9900*ms || len(m.Decisions) != 3 {
 		t.Fatalf("one denied: %+v", m)

@@ -236,8 +236,8 @@ func compare(got drip.Decision, want ModelDecision, p drip.Params) string {
 		return fmt.Sprintf("tokens %v, exact %v", got.Tokens, wt)
 	case got.Remaining != int64(math.Floor(math.Max(0, got.Tokens))):
 		return fmt.Sprintf("remaining %v for tokens %v", got.Remaining, got.Tokens)
-	case got.Limit != float64(p.Burst)/drip.Micro:
-		return fmt.Sprintf("limit %v, want %v", got.Limit, float64(p.Burst)/drip.Micro)
+	case got.Burst != float64(p.Burst)/drip.Micro:
+		return fmt.Sprintf("limit %v, want %v", got.Burst, float64(p.Burst)/drip.Micro)
 	case absDur(got.RetryAfter-time.Duration(math.Round(retry))) > ttol:
 		return fmt.Sprintf("retry_after %v, exact %v", got.RetryAfter, time.Duration(retry))
 	case absDur(got.ResetAfter-time.Duration(math.Round(reset))) > ttol:

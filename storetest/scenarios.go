@@ -233,7 +233,7 @@ func RunScenarios(t *testing.T, newStore NewStore) {
 					t.Fatalf("%s: %v", where, err)
 				}
 				want := drip.Decision{Allowed: stp.allowed, Tokens: stp.tokens, Remaining: int64(math.Floor(math.Max(0, stp.tokens))),
-					Limit: limBurst(lim), RetryAfter: stp.retry, ResetAfter: stp.reset}
+					Burst: limBurst(lim), RetryAfter: stp.retry, ResetAfter: stp.reset}
 				if !sameDecision(d, want) {
 					t.Fatalf("%s:\n got  %+v\n want %+v", where, d, want)
 				}
@@ -259,5 +259,5 @@ func limBurst(l drip.Limit) float64 {
 // sameDecision compares exactly, but for tokens to the micro-token.
 func sameDecision(a, b drip.Decision) bool {
 	return a.Allowed == b.Allowed && math.Abs(a.Tokens-b.Tokens) < 0.5e-6 && a.Remaining == b.Remaining &&
-		a.Limit == b.Limit && a.RetryAfter == b.RetryAfter && a.ResetAfter == b.ResetAfter
+		a.Burst == b.Burst && a.RetryAfter == b.RetryAfter && a.ResetAfter == b.ResetAfter
 }

@@ -52,7 +52,7 @@ func checkEnvoy(path string, stdout, stderr io.Writer) (handled, bad bool) {
 		if n != path && envoy.IsDotfile(n) {
 			continue // a directory's dotfiles count only when they are envoy files
 		}
-		set, err := rules.Parse(data, n)
+		set, err := rules.ParseEnv(data, n, rules.OSEnv)
 		if err != nil {
 			bad = true
 			var re *rules.Error

@@ -1,6 +1,7 @@
-// Package promobserver counts what the httplimit middleware does as
-// Prometheus metrics, for programs that run the middleware themselves
-// (drip serve has its own, with the same names):
+// Package promobserver counts what drip's engine does as Prometheus
+// metrics, for programs that run a front door themselves: the httplimit
+// middleware, or the Envoy service (drip serve has its own, with the same
+// names):
 //
 //	obs := promobserver.New()
 //	prometheus.MustRegister(obs) // or your own registry
@@ -9,7 +10,7 @@
 // The series:
 //
 //	drip_decisions_total{rule, outcome}         one per rule that applied to a request;
-//	                                            outcome is an httplimit.Outcome
+//	                                            outcome is an engine.Event
 //	drip_shadow_denials_total{rule}             requests a shadow rule would have denied
 //	drip_local_fallback_decisions_total{rule}   decisions of the local fallback (on_error: local)
 //	drip_store_duration_seconds                 latency of the store calls made
@@ -22,11 +23,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
 )
 
-// Observer is an httplimit.Observer and a prometheus.Collector. It is safe
+// Observer is an engine.Observer (so an httplimit.Observer) and a
+// prometheus.Collector. It is safe
 // for concurrent use. Construct it with New and register it once.
 type Observer struct {
 	decisions     *prometheus.CounterVec
@@ -35,19 +37,29 @@ type Observer struct {
 	storeSeconds  prometheus.Histogram
 	storeErrors   prometheus.Counter
 	circuit       *prometheus.GaugeVec
+	store         bool // the store series are collected
 }
 
+// Option configures an Observer.
+type Option func(*Observer)
+
+// WithoutStore leaves out drip_store_duration_seconds and
+// drip_store_errors_total, for a program that counts its store calls
+// itself (drip serve counts them by operation, at the store).
+func WithoutStore() Option { return func(o *Observer) { o.store = false } }
+
 var (
-	_ httplimit.Observer   = (*Observer)(nil)
+	_ engine.Observer      = (*Observer)(nil)
 	_ prometheus.Collector = (*Observer)(nil)
 )
 
 // New returns an Observer with its series at zero and the breaker closed.
-func New() *Observer {
+func New(opts ...Option) *Observer {
 	o := &Observer{
+		store: true,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions of the rate limiting middleware by rule and outcome (allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied).",
+			Help: "Decisions by rule and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited.",
 		}, []string{"rule", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
@@ -59,19 +71,22 @@ func New() *Observer {
 		}, []string{"rule"}),
 		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "drip_store_duration_seconds",
-			Help:    "Latency of the middleware's store calls.",
+			Help:    "Latency of the engine's store calls.",
 			Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}),
 		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "drip_store_errors_total",
-			Help: "The middleware's store calls that failed or timed out.",
+			Help: "The engine's store calls that failed or timed out.",
 		}),
 		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "drip_store_circuit_state",
-			Help: "The state of the middleware's circuit breaker in front of the store: 1 for the current state (closed, open, half_open), 0 for the others.",
+			Help: "The state of the engine's circuit breaker in front of the store: 1 for the current state (closed, open, half_open), 0 for the others.",
 		}, []string{"state"}),
 	}
-	o.BreakerState(httplimit.BreakerClosed)
+	for _, f := range opts {
+		f(o)
+	}
+	o.BreakerState(engine.BreakerClosed)
 	return o
 }
 
@@ -90,30 +105,47 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (o *Observer) collectors() []prometheus.Collector {
+	if !o.store {
+		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.circuit}
+	}
 	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.storeSeconds, o.storeErrors, o.circuit}
 }
 
-// Decision implements httplimit.Observer.
-func (o *Observer) Decision(rule string, mode rules.Mode, outcome httplimit.Outcome) {
+// Prefixed returns an observer of the same series that puts prefix before
+// every rule name: drip serve names the Envoy service's limits
+// "envoy:<limit>" beside its rules.
+func (o *Observer) Prefixed(prefix string) engine.Observer { return prefixed{o, prefix} }
+
+type prefixed struct {
+	*Observer
+	prefix string
+}
+
+func (p prefixed) Decision(rule string, mode rules.Mode, outcome engine.Event) {
+	p.Observer.Decision(p.prefix+rule, mode, outcome)
+}
+
+// Decision implements engine.Observer.
+func (o *Observer) Decision(rule string, mode rules.Mode, outcome engine.Event) {
 	o.decisions.WithLabelValues(rule, string(outcome)).Inc()
-	local := outcome == httplimit.LocalAllowed || outcome == httplimit.LocalDenied
+	local := outcome == engine.LocalAllowed || outcome == engine.LocalDenied
 	if local {
 		o.fallback.WithLabelValues(rule).Inc()
 	}
-	if mode == rules.Shadow && (outcome == httplimit.Denied || outcome == httplimit.LocalDenied) {
+	if mode == rules.Shadow && (outcome == engine.Denied || outcome == engine.LocalDenied) {
 		o.shadowDenials.WithLabelValues(rule).Inc()
 	}
 }
 
-// StoreError implements httplimit.Observer.
+// StoreError implements engine.Observer.
 func (o *Observer) StoreError(error) { o.storeErrors.Inc() }
 
-// StoreLatency implements httplimit.Observer.
+// StoreLatency implements engine.Observer.
 func (o *Observer) StoreLatency(d time.Duration) { o.storeSeconds.Observe(d.Seconds()) }
 
-// BreakerState implements httplimit.Observer.
+// BreakerState implements engine.Observer.
 func (o *Observer) BreakerState(state string) {
-	for _, s := range []string{httplimit.BreakerClosed, httplimit.BreakerOpen, httplimit.BreakerHalfOpen} {
+	for _, s := range []string{engine.BreakerClosed, engine.BreakerOpen, engine.BreakerHalfOpen} {
 		v := 0.0
 		if s == state {
 			v = 1

@@ -645,9 +645,9 @@ func TestUpstreamOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	var heard []string
-	svc := NewService(memstore.New(), cfg, WithObserver(func(limit string, shadow bool, outcome string) {
+	svc := NewService(memstore.New(), cfg, WithObserver(observerFunc(func(limit string, shadow bool, outcome string) {
 		heard = append(heard, limit)
-	}))
+	})))
 	for _, tc := range []struct {
 		domain  string
 		entries []string

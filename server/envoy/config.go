@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/sfv"
 )
 
@@ -81,9 +82,8 @@ type Limit struct {
 	// when Unlimited or RequestsPerUnit is 0.
 	Limit drip.Limit
 
-	qname     string // the quoted name of RateLimit headers
-	policy    string // the RateLimit-Policy item
-	burstText string // RateLimit-Limit
+	qname  string // the quoted name of RateLimit headers
+	policy string // the RateLimit-Policy item
 }
 
 // units maps envoyproxy/ratelimit's unit names to their durations (a month
@@ -125,16 +125,8 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 		name = l.Path
 	}
 	l.qname = sfv.String(name)
-	l.burstText = amount(l.burst())
-	l.policy = l.qname + ";q=" + amount(l.burst()) + ";w=" + strconv.FormatInt(drip.CeilSeconds(l.Limit.FillTime()), 10)
+	l.policy = engine.PolicyItem(name, l.Limit)
 	return nil
-}
-
-func (l *Limit) burst() float64 {
-	if l.Limit.Burst == 0 {
-		return l.Limit.Rate
-	}
-	return l.Limit.Burst
 }
 
 // blocks reports whether l denies every request (requests_per_unit 0).

@@ -7,7 +7,6 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/internal/sfv"
 )
 
 // match is the limit a descriptor maps to.
@@ -147,7 +146,3 @@ func netstring(b []byte, s string) []byte {
 	b = append(b, ':')
 	return append(b, s...)
 }
-
-// amount formats a number of tokens for a header: an integer when it is
-// one, else a structured-field decimal (see sfv.Number).
-func amount(x float64) string { return sfv.Number(x) }

@@ -24,9 +24,12 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -157,7 +160,7 @@ func testBurst(t *testing.T, r *running) {
 	if got := s.DurationUntilReset.AsDuration(); got != 100*time.Millisecond {
 		t.Fatalf("call 11: duration_until_reset %v, want the wait of 100ms", got)
 	}
-	retry := drip.RetryAfterSeconds(key, 100*time.Millisecond, 0.5)
+	retry := retryafter.Uncapped(key, 100*time.Millisecond, 0.5)
 	if retry < 1 || retry > 2 {
 		t.Fatalf("retry %d", retry)
 	}
@@ -512,6 +515,12 @@ type gate struct {
 	release chan struct{}
 }
 
+func (g gate) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	g.entered <- struct{}{}
+	<-g.release
+	return g.Store.Apply(ctx, op, at, r)
+}
+
 func (g gate) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
 	g.entered <- struct{}{}
 	<-g.release
@@ -565,14 +574,25 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 }
 
+// observerFunc is an engine.Observer that hears only decisions, as
+// (limit, shadow, outcome).
+type observerFunc func(limit string, shadow bool, outcome string)
+
+func (f observerFunc) Decision(limit string, mode rules.Mode, event engine.Event) {
+	f(limit, mode == rules.Shadow, string(event))
+}
+func (observerFunc) StoreError(error)           {}
+func (observerFunc) StoreLatency(time.Duration) {}
+func (observerFunc) BreakerState(string)        {}
+
 func TestObserver(t *testing.T) {
 	var mu sync.Mutex
 	var got []string
-	obs := func(limit string, shadow bool, outcome string) {
+	obs := observerFunc(func(limit string, shadow bool, outcome string) {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, fmt.Sprintf("%s shadow=%t %s", limit, shadow, outcome))
-	}
+	})
 	c := loadReadme(t)
 	svc := NewService(memstore.New(), c, WithObserver(obs))
 	call := func(domain string, ds ...*ratelimitv3.RateLimitDescriptor) {

@@ -259,7 +259,7 @@ func (r result) decision(op drip.Op, p drip.Prepared) drip.Decision {
 		Allowed:    r.allowed,
 		Tokens:     float64(r.tokens) / drip.Micro,
 		Remaining:  max(0, r.tokens) / drip.Micro,
-		Limit:      float64(p.Params.Burst) / drip.Micro,
+		Burst:      float64(p.Params.Burst) / drip.Micro,
 		RetryAfter: retry,
 		ResetAfter: p.Params.Until(n, p.Params.Burst, r.now),
 	}

@@ -58,7 +58,7 @@ func sqlCall(t *testing.T, db *pgxpool.Pool, fn, key string, l drip.Limit, cost 
 		}
 		args = []any{key, l.Rate, period, burst, cost, reserve, r, alg, l.MaxReserved, start, at}
 	}
-	if err := db.QueryRow(context.Background(), sql, args...).Scan(&d.Allowed, &d.Tokens, &d.Remaining, &d.Limit, &retry, &reset); err != nil {
+	if err := db.QueryRow(context.Background(), sql, args...).Scan(&d.Allowed, &d.Tokens, &d.Remaining, &d.Burst, &retry, &reset); err != nil {
 		t.Fatalf("%s: %v", fn, err)
 	}
 	d.RetryAfter = time.Duration(retry*1e9 + 0.5)
@@ -105,7 +105,7 @@ func TestSQLFunctions(t *testing.T) {
 			}
 			got := sqlCall(t, db, fn, key, l, cost, reserve, at)
 			if got.Allowed != want.Allowed || got.Tokens != want.Tokens || got.Remaining != want.Remaining ||
-				got.Limit != want.Limit || !near(got.RetryAfter, want.RetryAfter) || !near(got.ResetAfter, want.ResetAfter) {
+				got.Burst != want.Burst || !near(got.RetryAfter, want.RetryAfter) || !near(got.ResetAfter, want.ResetAfter) {
 				t.Fatalf("limit %v step %d %s cost %v reserve %v:\nsql  %+v\ngo   %+v", l, i, fn, cost, reserve, got, want)
 			}
 			// The Go store sees what SQL wrote.

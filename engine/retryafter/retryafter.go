@@ -1,4 +1,9 @@
-package drip
+// Package retryafter computes Retry-After values spread over clients:
+// the wait, rounded up to whole seconds, plus a jitter fixed by the
+// client's identity, so that a herd of clients denied at once does not
+// come back at once. The engine writes its Retry-After headers with it;
+// a rules file's retry_after_jitter is a Jitter.
+package retryafter
 
 import (
 	"hash/fnv"
@@ -6,10 +11,10 @@ import (
 	"time"
 )
 
-// JitterFraction returns a number in [0, 1) fixed by identity: the same
+// Fraction returns a number in [0, 1) fixed by identity: the same
 // identity always gets the same fraction, different identities spread
 // evenly.
-func JitterFraction(identity string) float64 {
+func Fraction(identity string) float64 {
 	h := fnv.New64a()
 	h.Write([]byte(identity))
 	// Mix the bits (splitmix64's finalizer) so that similar identities
@@ -23,15 +28,15 @@ func JitterFraction(identity string) float64 {
 	return float64(x>>11) / (1 << 53)
 }
 
-// RetryJitter is how a Retry-After is spread over clients: by up to
+// Jitter is how a Retry-After is spread over clients: by up to
 // Fraction of the wait, and by at most Max whatever the wait.
 //
 // The spread exists to break up a herd of clients denied at once, which a
 // minute does for any herd; beyond that it only costs the client: 50% of a
-// one-day wait is twelve hours of quota lost. DefaultRetryJitter therefore
+// one-day wait is twelve hours of quota lost. Default therefore
 // caps it at 60 seconds, which leaves waits up to two minutes with their
 // full 50% and takes at most a minute from any longer one.
-type RetryJitter struct {
+type Jitter struct {
 	// Fraction of the wait (rounded up to whole seconds) the jitter may
 	// add, from 0 (none) to 1.
 	Fraction float64
@@ -40,9 +45,9 @@ type RetryJitter struct {
 	Max time.Duration
 }
 
-// DefaultRetryJitter is the jitter of drip's Retry-After headers: up to 50% of
-// the wait, at most 60 seconds.
-var DefaultRetryJitter = RetryJitter{Fraction: 0.5, Max: time.Minute}
+// Default is the jitter of drip's Retry-After headers: up to 50% of the
+// wait, at most 60 seconds.
+var Default = Jitter{Fraction: 0.5, Max: time.Minute}
 
 // Seconds is the value of a Retry-After header for a wait of d: ceil(d)
 // whole seconds plus a jitter of up to min(Fraction*ceil(d), Max), fixed
@@ -51,7 +56,7 @@ var DefaultRetryJitter = RetryJitter{Fraction: 0.5, Max: time.Minute}
 // one-second waits spread (over clients, 1 or 2 s; on average 1 s plus the
 // jitter). The result lies in [ceil(d), ceil(d) + ceil(min(Fraction*ceil(d),
 // Max))]. It is 0 for d <= 0.
-func (j RetryJitter) Seconds(identity string, d time.Duration) int64 {
+func (j Jitter) Seconds(identity string, d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
@@ -60,15 +65,14 @@ func (j RetryJitter) Seconds(identity string, d time.Duration) int64 {
 	if !(span > 0) {
 		return int64(raw)
 	}
-	jit := span * JitterFraction(identity)
-	u := JitterFraction("retry-after\x00" + identity) // a second fraction, independent of the first
+	jit := span * Fraction(identity)
+	u := Fraction("retry-after\x00" + identity) // a second fraction, independent of the first
 	return int64(raw + math.Floor(jit+u))
 }
 
-// RetryAfterSeconds is RetryJitter{Fraction: frac}.Seconds(identity, d)
-// without a cap on the jitter: ceil(d) plus up to frac of it. Retry-After
-// headers use a RetryJitter (DefaultRetryJitter unless configured), whose
-// jitter is capped.
-func RetryAfterSeconds(identity string, d time.Duration, frac float64) int64 {
-	return RetryJitter{Fraction: frac, Max: time.Duration(math.MaxInt64)}.Seconds(identity, d)
+// Uncapped is Jitter{Fraction: frac}.Seconds(identity, d) without a cap
+// on the jitter: ceil(d) plus up to frac of it. Retry-After headers use a
+// Jitter (Default unless configured), whose jitter is capped.
+func Uncapped(identity string, d time.Duration, frac float64) int64 {
+	return Jitter{Fraction: frac, Max: time.Duration(math.MaxInt64)}.Seconds(identity, d)
 }

@@ -1,0 +1,40 @@
+// Package drip is a rate limiter for Go: token buckets and fixed windows
+// kept in fixed point, with state in memory (store/memstore), PostgreSQL
+// (store/pgstore) or Redis (store/redisstore), and the same answer from
+// each to the millionth of a token.
+//
+// A user holds keys to a Limit through a Limiter:
+//
+//	store := memstore.New()
+//	lim := drip.New(store, drip.PerSecond(10).WithBurst(20))
+//	d, err := lim.Take(ctx, "user:42")
+//
+// Being over the limit is a Decision (Allowed false, with RetryAfter), never
+// an error: errors are bad input (drip.IsInput: ErrInvalidLimit,
+// ErrInvalidCost, ErrMissingKey, ErrCostExceedsBurst, ...) or a failing
+// store. Take, TakeN, Reserve, Peek, Refund, Reset, TakeMulti (several
+// keys, all or nothing) and Wait cover what a caller asks.
+//
+// Time: a Limiter decides on its store's clock (a shared store uses its
+// server's, so that instances with skewed clocks agree); WithClock passes
+// a time of your own, as tests and replays do. Amounts are kept in
+// micro-tokens and times in nanoseconds: no float state drifts.
+//
+// Zero values: a Limit must have a Rate (Period zero is one second, Burst
+// zero is the rate); a Limiter comes from New; a Request's zero Cost takes
+// nothing (a Limiter's Take costs 1). Limit, Request and Decision are
+// values, safe to copy.
+//
+// Concurrency: a Limiter and every Store are safe for concurrent use, and
+// a multi-key take is one atomic step in the store.
+//
+// Store wrappers: Sharded spreads a hot key over several, Prefixed puts
+// keys under a prefix, Separately takes keys one by one where a store
+// cannot hold them together (Redis Cluster across slots).
+//
+// Beyond this package: httplimit is the net/http middleware that applies a
+// rules file (package rules), engine is the decision engine behind it and
+// every other front door, and drip serve (package server) runs the
+// decision API, a gateway and Envoy's rate limit service. Store writers
+// implement Store with Prepare and Eval, and pass storetest.
+package drip

@@ -1,0 +1,391 @@
+package engine
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/rules"
+)
+
+// Request is what a front door offers the engine about one request.
+type Request interface {
+	// Value is the request's value for a limit key (client IP, header,
+	// verified claim, path, method, ...); ok is false when it has none,
+	// and the rule then does not apply.
+	Value(src rules.Source) (value string, ok bool)
+	// Identity is the client identity that seeds the Retry-After jitter
+	// of a denial, given the denying rule's bucket key (for example
+	// "sub:" and a verified subject, else "ip:" and the client address,
+	// else "key:" and the key).
+	Identity(key string) string
+}
+
+// Reasons of a denial, in the problem details.
+const (
+	ReasonTokenBucket      = "token_bucket_exceeded"
+	ReasonFixedWindow      = "fixed_window_exceeded"
+	ReasonCostExceedsBurst = "cost_exceeds_burst"
+	ReasonStoreUnavailable = "store_unavailable"
+)
+
+// Decide decides one request under rs: for each rule in file order whose
+// match holds, except that within a group only the first matching rule
+// does (tiers), and a rule whose limit key has no value does not apply.
+// The enforce rules that apply are taken all or nothing in one store call;
+// shadow rules are taken in a second call after the enforce rules allowed
+// the request (peeked when it was denied), so they never consume the
+// enforce rules' tokens. When the store fails, each enforce rule's
+// on_error decides: allow, deny (503) or local (a per-instance limiter at
+// a share of the rule's rate and burst).
+func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
+	var enf, sh []Applied
+	var groups []string
+	for i := range rs.Set.Rules {
+		rule := &rs.Set.Rules[i]
+		if rule.Group != "" && slices.Contains(groups, rule.Group) {
+			continue
+		}
+		if !rule.Matches(r.Value) {
+			continue
+		}
+		vals, ok := rule.Values(r.Value)
+		if !ok {
+			continue
+		}
+		if rule.Group != "" {
+			groups = append(groups, rule.Group)
+		}
+		a := Applied{Rule: rule, Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, policy: rs.policy[i]}
+		if rule.Mode == rules.Shadow {
+			sh = append(sh, a)
+		} else {
+			enf = append(enf, a)
+		}
+	}
+	out := &Outcome{Allowed: true}
+	e.enforce(ctx, rs, out, enf)
+	e.shadow(ctx, rs, out, sh)
+	out.Applied = append(enf, sh...)
+	for i := range out.Applied {
+		a := &out.Applied[i]
+		e.obs.Decision(a.Rule.Name, a.Rule.Mode, a.Event)
+	}
+	out.pick(r, rs.Set.RetryJitter)
+	return out
+}
+
+// cost is the request's cost under rule.
+func cost(r Request, rule *rules.Rule) float64 {
+	if rule.CostSource.Kind == rules.KindFixed {
+		return rule.FixedCost
+	}
+	if s, ok := r.Value(rule.CostSource); ok {
+		if c, ok := ParseCost(s); ok {
+			return c
+		}
+	}
+	return rule.DefaultCost
+}
+
+func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []Applied) {
+	if len(enf) == 0 {
+		return
+	}
+	over := -1
+	for i := range enf {
+		if enf[i].Cost > Burst(enf[i].Limit) {
+			over = i
+			break
+		}
+	}
+	if over >= 0 {
+		// A cost above the burst can never be allowed: deny it without
+		// taking anything, and peek (cost 0) for the headers.
+		out.deny(http.StatusTooManyRequests, ReasonCostExceedsBurst)
+		its := stepItems(enf, true)
+		_, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpPeek, its)
+		for i := range enf {
+			a := &enf[i]
+			a.Event = NotTaken
+			if err == nil {
+				a.Decision, a.Decided = its[i].Decision, true
+			}
+		}
+		a := &enf[over]
+		a.Event, a.Reason = Denied, ReasonCostExceedsBurst
+		a.Decision.Allowed = false
+		return
+	}
+	var m drip.Multi
+	var err error
+	var evaluated []bool
+	if e.separate && len(enf) > 1 {
+		reqs := make([]drip.Request, len(enf))
+		for i, a := range enf {
+			reqs[i] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
+		}
+		m, evaluated, err = e.takeSeparately(ctx, rs, reqs)
+	} else {
+		// Rules' keys are distinct (they begin with the rule's name): one
+		// store request per rule, in order.
+		m, err = e.step(ctx, rs.timeout, rs.breaker, drip.OpTake, stepItems(enf, false))
+	}
+	if err != nil {
+		out.Err = err
+		e.fail(ctx, out, enf)
+		return
+	}
+	settle(out, enf, m, false)
+	for i, ok := range evaluated {
+		if !ok {
+			enf[i].Decided = false
+		}
+	}
+}
+
+// stepItems are the store step's items of the rules as (cost 0: a peek
+// of the buckets as they are).
+func stepItems(as []Applied, cost0 bool) []*Item {
+	its := make([]*Item, len(as))
+	for i, a := range as {
+		its[i] = &Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
+		if cost0 {
+			its[i].Cost = 0
+		}
+	}
+	return its
+}
+
+// takeSeparately takes each request in its own store call, in order, for
+// stores that cannot take several keys in one atomic step (WithSeparateTakes).
+// When one is denied, those already taken are refunded, and the rest are
+// not evaluated. On an error the ones taken are refunded too.
+func (e *Engine) takeSeparately(ctx context.Context, rs *Rules, reqs []drip.Request) (drip.Multi, []bool, error) {
+	ds := make([]drip.Decision, len(reqs))
+	evaluated := make([]bool, len(reqs))
+	refund := func(n int) {
+		for j := range n {
+			if _, err := e.apply(ctx, rs.timeout, rs.breaker, drip.OpRefund, reqs[j:j+1]); err != nil {
+				return // the store is failing; the breaker will know
+			}
+		}
+	}
+	for i := range reqs {
+		m, err := e.apply(ctx, rs.timeout, rs.breaker, drip.OpTake, reqs[i:i+1])
+		if err != nil {
+			refund(i)
+			return drip.Multi{}, nil, err
+		}
+		ds[i], evaluated[i] = m.Decisions[0], true
+		if !ds[i].Allowed {
+			refund(i)
+			// Report the rest as allowed by their own (unknown) buckets:
+			// they were not evaluated and show in no header.
+			for j := i + 1; j < len(reqs); j++ {
+				ds[j].Allowed = true
+			}
+			return drip.Combine(ds), evaluated, nil
+		}
+	}
+	return drip.Combine(ds), evaluated, nil
+}
+
+// settle records a multi-take's decisions in enf and out. A rule its own
+// bucket allowed but that was not taken (another denied) shows its bucket
+// as it is, before the take (BeforeTake).
+func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
+	allowed, denied := Allowed, Denied
+	if local {
+		allowed, denied = LocalAllowed, LocalDenied
+	}
+	for i := range enf {
+		a := &enf[i]
+		a.Decision, a.Decided, a.Local = m.Decisions[i], true, local
+		switch {
+		case !a.Decision.Allowed:
+			a.Event, a.Reason = denied, reasonOf(a.Limit)
+		case m.Allowed:
+			a.Event = allowed
+		default:
+			a.Event = NotTaken
+			a.Decision = BeforeTake(a.Decision, a.Limit, a.Key, a.Cost)
+		}
+	}
+	if !m.Allowed {
+		out.deny(http.StatusTooManyRequests, "")
+	}
+}
+
+// fail applies the rules' fail policies after the store failed.
+func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
+	for i := range enf {
+		if enf[i].Rule.OnError == rules.Deny {
+			out.deny(http.StatusServiceUnavailable, ReasonStoreUnavailable)
+			for j := range enf {
+				enf[j].Event = NotTaken
+			}
+			enf[i].Event, enf[i].Reason = ErrorDenied, ReasonStoreUnavailable
+			return
+		}
+	}
+	var idx []int
+	for i := range enf {
+		if enf[i].Rule.OnError == rules.Local {
+			idx = append(idx, i)
+		} else {
+			enf[i].Event = ErrorAllowed
+		}
+	}
+	if len(idx) == 0 {
+		return
+	}
+	loc := make([]Applied, len(idx))
+	lreqs := make([]drip.Request, len(idx))
+	for j, i := range idx {
+		a := enf[i]
+		a.Limit = share(a.Limit, a.Rule.LocalShare)
+		a.policy = PolicyItem(a.Rule.Name, a.Limit)
+		loc[j] = a
+		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
+	}
+	for j := range loc {
+		if loc[j].Cost > Burst(loc[j].Limit) {
+			out.deny(http.StatusTooManyRequests, ReasonCostExceedsBurst)
+			for k := range loc {
+				loc[k].Event, loc[k].Local = NotTaken, true
+			}
+			loc[j].Event, loc[j].Reason = LocalDenied, ReasonCostExceedsBurst
+			copyBack(enf, idx, loc)
+			return
+		}
+	}
+	m, err := e.localStore().ApplyMulti(ctx, drip.OpTake, e.at(), lreqs)
+	if err != nil { // cannot happen with validated rules; fail open
+		e.logError("local fallback", err)
+		for j := range loc {
+			loc[j].Event = ErrorAllowed
+		}
+		copyBack(enf, idx, loc)
+		return
+	}
+	settle(out, loc, m, true)
+	copyBack(enf, idx, loc)
+}
+
+func copyBack(enf []Applied, idx []int, loc []Applied) {
+	for j, i := range idx {
+		enf[i] = loc[j]
+	}
+}
+
+func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Applied) {
+	var idx []int
+	var its []*Item
+	for i := range sh {
+		a := &sh[i]
+		if a.Cost > Burst(a.Limit) {
+			a.Event, a.Reason = Denied, ReasonCostExceedsBurst
+			continue
+		}
+		its = append(its, stepItems(sh[i:i+1], false)...)
+		idx = append(idx, i)
+	}
+	if len(its) == 0 {
+		return
+	}
+	if out.Err != nil { // the store just failed: spare the request a second deadline
+		for _, i := range idx {
+			sh[i].Event = ErrorAllowed
+		}
+		return
+	}
+	op := drip.OpTake
+	if !out.Allowed {
+		op = drip.OpPeek
+	}
+	_, err := e.step(ctx, rs.timeout, rs.breaker, op, its)
+	for j, i := range idx {
+		a, it := &sh[i], its[j]
+		if err != nil {
+			a.Event = ErrorAllowed
+			continue
+		}
+		a.Decision, a.Decided = it.Decision, true
+		switch {
+		case !it.Decision.Allowed:
+			a.Event, a.Reason = Denied, reasonOf(a.Limit)
+		case op == drip.OpTake && !it.Applied:
+			a.Event = NotTaken
+		default:
+			a.Event = Allowed
+		}
+	}
+}
+
+func reasonOf(l drip.Limit) string {
+	if l.Algorithm == drip.FixedWindow {
+		return ReasonFixedWindow
+	}
+	return ReasonTokenBucket
+}
+
+// Burst is l's burst: its rate when it has none.
+func Burst(l drip.Limit) float64 {
+	if l.Burst == 0 {
+		return l.Rate
+	}
+	return l.Burst
+}
+
+// share is the local fallback's limit: share of the rate and the burst,
+// with a burst of at least one token (or the whole burst, if smaller) so
+// that a small bucket's fallback still admits requests of cost 1.
+func share(l drip.Limit, f float64) drip.Limit {
+	if f <= 0 || f > 1 {
+		f = rules.DefaultLocalShare
+	}
+	b := Burst(l)
+	l.Burst = max(b*f, min(b, 1))
+	l.Rate *= f
+	return l
+}
+
+// BeforeTake turns the decision of a take that its own bucket allowed but
+// that was not applied (another request of the multi-take was denied)
+// into the bucket as it is: a multi-take reports the tokens each request
+// would have left, but headers and statuses must show what is left. It
+// works in drip's fixed point: the cost as drip rounds it is added back
+// to the micro-tokens, and the time to fill is shortened by the time those
+// micro-tokens take to refill (whole periods on a grid), as drip's math
+// computes both.
+func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.Decision {
+	p, err := drip.ParamsOf(l, key)
+	if err != nil {
+		return d
+	}
+	c, err := drip.CostOf(drip.OpTake, cost, false, p)
+	if err != nil || c == 0 {
+		return d
+	}
+	after := toMicro(d.Tokens)
+	before := after + c
+	d.Tokens = float64(before) / drip.Micro
+	d.Remaining = max(0, before) / drip.Micro
+	// The time to fill from a number of micro-tokens does not depend on
+	// the bucket's timestamp: measure both from 0.
+	fill := func(x int64) time.Duration { return p.Until(drip.Bucket{Tokens: x}, p.Burst, 0) }
+	d.ResetAfter = max(0, d.ResetAfter-(fill(after)-fill(before)))
+	return d
+}
+
+// toMicro is x tokens in micro-tokens, as drip's decisions were computed
+// (a decision's Tokens is a whole number of micro-tokens).
+func toMicro(x float64) int64 {
+	if x < 0 {
+		return -int64(-x*drip.Micro + 0.5)
+	}
+	return int64(x*drip.Micro + 0.5)
+}

@@ -1,0 +1,220 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/sfv"
+)
+
+func TestBreaker(t *testing.T) {
+	b := newBreaker()
+	t0 := time.Unix(1000, 0)
+	for i := range 3 {
+		ok, tk, _ := b.allow(t0)
+		if !ok || tk.probe {
+			t.Fatalf("closed call %d: %v %+v", i, ok, tk)
+		}
+		if ch := b.failure(t0, 3, time.Second, tk); (ch == BreakerOpen) != (i == 2) {
+			t.Fatalf("failure %d: %q", i, ch)
+		}
+	}
+	if ok, _, _ := b.allow(t0.Add(999 * time.Millisecond)); ok {
+		t.Fatal("open breaker let a call through during the cool-down")
+	}
+	ok, tk, ch := b.allow(t0.Add(time.Second))
+	if !ok || !tk.probe || ch != BreakerHalfOpen {
+		t.Fatalf("after the cool-down: %v %+v %q", ok, tk, ch)
+	}
+	if ok, _, _ := b.allow(t0.Add(time.Second)); ok {
+		t.Fatal("a second call went through while the probe was in flight")
+	}
+	if ch := b.success(tk); ch != BreakerClosed || b.State() != BreakerClosed {
+		t.Fatalf("probe success: %q %s", ch, b.State())
+	}
+	// A success resets the count of consecutive failures.
+	fail := func() string { _, tk, _ := b.allow(t0); return b.failure(t0, 3, time.Second, tk) }
+	fail()
+	fail()
+	_, tk, _ = b.allow(t0)
+	b.success(tk)
+	if ch := fail(); ch != "" {
+		t.Fatalf("failures were not consecutive, yet %q", ch)
+	}
+}
+
+// TestBreakerInterleavings holds the breaker to its doc when calls overlap
+// its changes of state: only the probe closes it, a call that started
+// before it opened counts for nothing after, and half-open lets exactly one
+// probe through at a time. Time is injected; nothing sleeps.
+func TestBreakerInterleavings(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	cool := 10 * time.Second
+	// open returns a breaker opened at t0 by 3 failures, and the ticket of
+	// a call that started while it was still closed and is still running.
+	open := func() (*breaker, ticket) {
+		b := newBreaker()
+		_, slow, _ := b.allow(t0)
+		for range 3 {
+			_, tk, _ := b.allow(t0)
+			b.failure(t0, 3, cool, tk)
+		}
+		if b.State() != BreakerOpen {
+			t.Fatalf("not open after 3 failures: %s", b.State())
+		}
+		return b, slow
+	}
+
+	t.Run("a success from before the opening does not close it", func(t *testing.T) {
+		b, slow := open()
+		if ch := b.success(slow); ch != "" || b.State() != BreakerOpen {
+			t.Fatalf("stale success while open: %q, %s", ch, b.State())
+		}
+		if ok, _, _ := b.allow(t0.Add(time.Second)); ok {
+			t.Fatal("a call went through during the cool-down after a stale success")
+		}
+	})
+
+	t.Run("a success from before the opening does not close it half-open", func(t *testing.T) {
+		b, slow := open()
+		ok, probe, _ := b.allow(t0.Add(cool))
+		if !ok || !probe.probe {
+			t.Fatal("no probe after the cool-down")
+		}
+		if ch := b.success(slow); ch != "" || b.State() != BreakerHalfOpen {
+			t.Fatalf("stale success while half-open: %q, %s", ch, b.State())
+		}
+		// Still exactly one probe: no second call gets through.
+		if ok, _, _ := b.allow(t0.Add(cool)); ok {
+			t.Fatal("a second probe went through after a stale success")
+		}
+		if ch := b.success(probe); ch != BreakerClosed {
+			t.Fatalf("the probe's success: %q, %s", ch, b.State())
+		}
+	})
+
+	t.Run("a failure from before the opening does not reopen or count", func(t *testing.T) {
+		b, slow := open()
+		_, probe, _ := b.allow(t0.Add(cool))
+		if ch := b.failure(t0.Add(cool), 3, cool, slow); ch != "" || b.State() != BreakerHalfOpen {
+			t.Fatalf("stale failure while half-open: %q, %s", ch, b.State())
+		}
+		b.success(probe)
+		// The stale failure did not count against the new closed state:
+		// three fresh failures are needed to open it.
+		for i := range 3 {
+			_, tk, _ := b.allow(t0.Add(cool))
+			if i < 2 && b.failure(t0.Add(cool), 3, cool, slow) != "" {
+				t.Fatal("a stale failure counted after closing")
+			}
+			if ch := b.failure(t0.Add(cool), 3, cool, tk); (ch == BreakerOpen) != (i == 2) {
+				t.Fatalf("failure %d after closing: %q", i, ch)
+			}
+		}
+	})
+
+	t.Run("only one probe per half-open state", func(t *testing.T) {
+		b, _ := open()
+		at := t0.Add(cool)
+		ok, p1, _ := b.allow(at)
+		if !ok || !p1.probe {
+			t.Fatal("no first probe")
+		}
+		for range 5 {
+			if ok, _, _ := b.allow(at); ok {
+				t.Fatal("a second call went through while the probe was in flight")
+			}
+		}
+		// The probe fails: open again for a whole cool-down.
+		if ch := b.failure(at, 3, cool, p1); ch != BreakerOpen {
+			t.Fatalf("failed probe: %q", ch)
+		}
+		if ok, _, _ := b.allow(at.Add(cool - 1)); ok {
+			t.Fatal("a call went through before the new cool-down ended")
+		}
+		ok, p2, _ := b.allow(at.Add(cool))
+		if !ok || !p2.probe {
+			t.Fatal("no probe after the second cool-down")
+		}
+		// The first probe's outcome, reported again or late, is stale.
+		if ch := b.success(p1); ch != "" || b.State() != BreakerHalfOpen {
+			t.Fatalf("the earlier probe's success closed the breaker: %q %s", ch, b.State())
+		}
+		if ok, _, _ := b.allow(at.Add(cool)); ok {
+			t.Fatal("a second probe went through")
+		}
+		if ch := b.success(p2); ch != BreakerClosed {
+			t.Fatalf("the current probe's success: %q", ch)
+		}
+	})
+
+	t.Run("an abandoned probe passes the turn without counting", func(t *testing.T) {
+		b, _ := open()
+		at := t0.Add(cool)
+		_, p1, _ := b.allow(at)
+		b.abandon(p1)
+		if b.State() != BreakerHalfOpen {
+			t.Fatalf("abandoned probe: %s", b.State())
+		}
+		ok, p2, _ := b.allow(at)
+		if !ok || !p2.probe {
+			t.Fatal("no probe after the first was abandoned")
+		}
+		if ok, _, _ := b.allow(at); ok {
+			t.Fatal("two probes at once")
+		}
+		if ch := b.success(p2); ch != BreakerClosed {
+			t.Fatalf("%q", ch)
+		}
+	})
+}
+
+func TestBeforeTake(t *testing.T) {
+	// Continuous, 10/s burst 20: 5 left after taking 2 means 7 before,
+	// full in 1.3 s rather than 1.5 s.
+	d := drip.Decision{Allowed: true, Tokens: 5, Remaining: 5, Burst: 20, ResetAfter: 1500 * time.Millisecond}
+	got := BeforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 2)
+	if got.Tokens != 7 || got.Remaining != 7 || got.ResetAfter != 1300*time.Millisecond {
+		t.Errorf("continuous: %+v", got)
+	}
+	// Interval, 5 per 10 s burst 20: 9 left after taking 2 (11 before);
+	// full after 3 periods from 9, 2 from 11.
+	got = BeforeTake(drip.Decision{Allowed: true, Tokens: 9, Remaining: 9, ResetAfter: 27 * time.Second},
+		drip.Every(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval), "k", 2)
+	if got.Tokens != 11 || got.Remaining != 11 || got.ResetAfter != 17*time.Second {
+		t.Errorf("interval: %+v", got)
+	}
+	// Cost 0 changes nothing.
+	if got := BeforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 0); got != d {
+		t.Errorf("cost 0: %+v", got)
+	}
+}
+
+func TestFillSeconds(t *testing.T) {
+	for _, c := range []struct {
+		l    drip.Limit
+		want int64
+	}{
+		{drip.PerSecond(10).WithBurst(20), 2},
+		{drip.PerSecond(3).WithBurst(10), 4},
+		{drip.Every(100, time.Minute), 60},
+		{drip.Every(5, 10*time.Second).WithBurst(12).WithRefill(drip.Interval), 30},
+		{drip.Every(3, 10*time.Second).Window(), 10},
+		{drip.PerSecond(0.1).WithBurst(1), 10},
+	} {
+		if got := drip.CeilSeconds(c.l.FillTime()); got != c.want {
+			t.Errorf("CeilSeconds(%v.FillTime()) = %d, want %d", c.l, got, c.want)
+		}
+	}
+	if got := PolicyItem("a", drip.PerSecond(2).WithBurst(2.5)); got != `"a";q=2.5;w=2` {
+		t.Errorf("policyItem = %s", got)
+	}
+	// A name outside printable ASCII, and a burst with more than three
+	// decimals, still make a valid structured field.
+	if got := PolicyItem("café", drip.PerSecond(3).WithBurst(1.23456)); got != `"caf%c3%a9";q=1.234;w=1` {
+		t.Errorf("policyItem = %s", got)
+	} else if _, err := sfv.ParseList(got); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,288 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine/retryafter"
+	"github.com/driplimit/drip/internal/sfv"
+	"github.com/driplimit/drip/rules"
+)
+
+// Outcome is the engine's answer on one request: everything a front door
+// writes.
+type Outcome struct {
+	// Allowed reports whether the request may proceed.
+	Allowed bool
+	// Status is 0 when allowed, else 429 (over a limit) or 503 (the store
+	// failed and on_error is deny).
+	Status int
+	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
+	// ReasonCostExceedsBurst or ReasonStoreUnavailable.
+	Reason string
+	// Top is the rule that denied the request, or else the most
+	// restrictive enforce rule (least remaining): the one the single-value
+	// headers describe. Nil when no enforce rule was decided.
+	Top *Applied
+	// RetryAfter is the Retry-After header's value in seconds on a 429:
+	// the wait rounded up plus a jitter fixed by Identity (the rules'
+	// retry_after_jitter: by default up to 50% of the wait, at most 60 s).
+	// Zero when the request can never succeed (cost_exceeds_burst).
+	RetryAfter int64
+	// Identity is the client identity that seeds the jitter, set on a
+	// denial (Request.Identity of the denying rule's key).
+	Identity string
+	// Applied lists the rules that applied, enforce rules first, each in
+	// file order.
+	Applied []Applied
+	// Err is the store error when the store failed (the fail policy then
+	// decided), or nil.
+	Err error
+}
+
+// Applied is one rule applied to a request.
+type Applied struct {
+	Rule *rules.Rule
+	// Key is the bucket key.
+	Key string
+	// Cost is the request's cost under the rule.
+	Cost float64
+	// Decision is the bucket's decision; meaningful when Decided. For a
+	// rule that allowed but was not taken, the bucket as it is.
+	Decision drip.Decision
+	// Decided reports whether a bucket decided (the store or the local
+	// fallback).
+	Decided bool
+	// Local reports that the local fallback decided, at Limit.
+	Local bool
+	// Limit is the limit the decision was made under: the rule's, or the
+	// local fallback's share of it.
+	Limit drip.Limit
+	// Event is what happened to the rule.
+	Event Event
+	// Reason is why the rule denied, if it did.
+	Reason string
+
+	policy string
+}
+
+func (out *Outcome) deny(status int, reason string) {
+	if !out.Allowed {
+		return
+	}
+	out.Allowed, out.Status, out.Reason = false, status, reason
+}
+
+// Tighter reports whether decision a describes a tighter limit than b,
+// for the single-value headers: on a denied request a longer wait; on an
+// allowed one fewer whole tokens left, or as many and longer to fill.
+func Tighter(a, b drip.Decision, denied bool) bool {
+	if denied {
+		return a.RetryAfter > b.RetryAfter
+	}
+	return a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAfter > b.ResetAfter)
+}
+
+// pick chooses the rule the single-value headers describe, the reason,
+// the identity and Retry-After.
+func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
+	var top *Applied
+	for i := range out.Applied {
+		a := &out.Applied[i]
+		if a.Rule.Mode == rules.Shadow {
+			continue
+		}
+		if !out.Allowed {
+			if a.Reason != "" && (top == nil || Tighter(a.Decision, top.Decision, true)) {
+				top = a
+			}
+			continue
+		}
+		if a.Decided && (top == nil || Tighter(a.Decision, top.Decision, false)) {
+			top = a
+		}
+	}
+	out.Top = top
+	if out.Allowed || top == nil {
+		return
+	}
+	if out.Reason == "" {
+		out.Reason = top.Reason
+	}
+	out.Identity = r.Identity(top.Key)
+	if out.Status == http.StatusTooManyRequests && out.Reason != ReasonCostExceedsBurst {
+		var retry time.Duration
+		for _, a := range out.Applied {
+			if a.Rule.Mode != rules.Shadow && a.Reason != "" {
+				retry = max(retry, a.Decision.RetryAfter)
+			}
+		}
+		out.RetryAfter = jitter.Seconds(out.Identity, retry)
+	}
+}
+
+// PolicyItem is the RateLimit-Policy item of a limit called name:
+// q is the burst, w the seconds to fill from empty.
+func PolicyItem(name string, l drip.Limit) string {
+	return sfv.String(name) + ";q=" + Amount(Burst(l)) + ";w=" + strconv.FormatInt(drip.CeilSeconds(l.FillTime()), 10)
+}
+
+// Amount formats a number of tokens for a header: an integer when it is
+// one, else a structured-field decimal (at most three decimal places,
+// rounded down).
+func Amount(x float64) string { return sfv.Number(x) }
+
+// t is the RateLimit "t" of an applied rule.
+func (out *Outcome) t(a *Applied) int64 {
+	if !out.Allowed && out.RetryAfter > 0 && a.Reason != "" {
+		return out.RetryAfter
+	}
+	return drip.CeilSeconds(a.Decision.ResetAfter)
+}
+
+// Field is one decided enforce limit as the RateLimit header lists it.
+type Field struct {
+	// Policy is its RateLimit-Policy item (PolicyItem).
+	Policy string
+	// Name is its name as a structured-field string (sfv.String).
+	Name string
+	// Remaining is the whole tokens left; T the seconds until full (on a
+	// denial, for the limits that denied, the Retry-After value).
+	Remaining int64
+	T         int64
+}
+
+// Fields are the values of the RateLimit headers and Retry-After, every
+// one a structured field (RFC 8941):
+//
+//	RateLimit-Policy: "free";q=20;w=2     every enforce rule decided: q = burst, w = seconds to fill from empty
+//	RateLimit: "free";r=7;t=2             r = remaining, t = seconds until full (on a 429, for the rules that denied, the Retry-After value)
+//	RateLimit-Limit: 20                   the most restrictive rule (least remaining; on a denial the denying one)
+//	RateLimit-Remaining: 7
+//	RateLimit-Reset: 2
+//
+// A rule's name is an sf-string, which holds printable ASCII only: other
+// bytes are written as %xx (sfv.String: "café" is "caf%c3%a9"). Shadow
+// rules never show in headers. Policy is empty when no limit was decided;
+// RetryAfter is 0 when there is no Retry-After.
+type Fields struct {
+	Policy, RateLimit, Limit, Remaining, Reset string
+	RetryAfter                                 int64
+}
+
+// MakeFields builds the header values of the decided limits fs, of which
+// top (with burst limit) is the one the single-value headers describe.
+func MakeFields(fs []Field, top Field, limit float64, retryAfter int64) Fields {
+	var policy, rl strings.Builder
+	for i, f := range fs {
+		if i > 0 {
+			policy.WriteString(", ")
+			rl.WriteString(", ")
+		}
+		policy.WriteString(f.Policy)
+		rl.WriteString(f.Name)
+		rl.WriteString(";r=")
+		rl.WriteString(strconv.FormatInt(f.Remaining, 10))
+		rl.WriteString(";t=")
+		rl.WriteString(strconv.FormatInt(f.T, 10))
+	}
+	return Fields{
+		Policy:     policy.String(),
+		RateLimit:  rl.String(),
+		Limit:      Amount(limit),
+		Remaining:  strconv.FormatInt(top.Remaining, 10),
+		Reset:      strconv.FormatInt(top.T, 10),
+		RetryAfter: retryAfter,
+	}
+}
+
+// Fields returns the values of the RateLimit headers for the enforce rules
+// that were decided, and Retry-After on a 429. Policy is empty when no
+// rule was decided (none applied, or the store failed and on_error
+// allowed).
+func (out *Outcome) Fields() Fields {
+	if out.Top == nil || !out.Top.Decided {
+		return Fields{RetryAfter: out.RetryAfter}
+	}
+	var fs []Field
+	for i := range out.Applied {
+		a := &out.Applied[i]
+		if a.Rule.Mode == rules.Shadow || !a.Decided {
+			continue
+		}
+		fs = append(fs, Field{Policy: a.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining, T: out.t(a)})
+	}
+	top := out.Top
+	return MakeFields(fs, Field{Remaining: top.Decision.Remaining, T: out.t(top)}, Burst(top.Limit), out.RetryAfter)
+}
+
+// WriteHeaders sets the RateLimit headers (and Retry-After on a 429) for
+// the enforce rules that were decided. It writes nothing when none was
+// (no rule applied, or the store failed and on_error allowed).
+func (out *Outcome) WriteHeaders(h http.Header) {
+	f := out.Fields()
+	if f.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(f.RetryAfter, 10))
+	}
+	if f.Policy == "" {
+		return
+	}
+	h.Set("RateLimit-Policy", f.Policy)
+	h.Set("RateLimit", f.RateLimit)
+	h.Set("RateLimit-Limit", f.Limit)
+	h.Set("RateLimit-Remaining", f.Remaining)
+	h.Set("RateLimit-Reset", f.Reset)
+}
+
+// Problem is the application/problem+json body (RFC 9457) of a denial.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	// Rule is the name of the rule that denied the request.
+	Rule string `json:"rule,omitempty"`
+	// Reason is token_bucket_exceeded, fixed_window_exceeded,
+	// cost_exceeds_burst or store_unavailable.
+	Reason string `json:"reason"`
+	// RetryAfter repeats the Retry-After header, in seconds.
+	RetryAfter int64 `json:"retry_after,omitempty"`
+}
+
+// Problem returns the problem+json body of a denied request.
+func (out *Outcome) Problem() Problem {
+	p := Problem{Type: "about:blank", Status: out.Status, Reason: out.Reason, RetryAfter: out.RetryAfter}
+	p.Title = http.StatusText(out.Status)
+	name := ""
+	if out.Top != nil {
+		name = out.Top.Rule.Name
+		p.Rule = name
+	}
+	switch out.Reason {
+	case ReasonCostExceedsBurst:
+		a := out.Top
+		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", Amount(a.Cost), Amount(Burst(a.Limit)), name)
+	case ReasonStoreUnavailable:
+		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then", name)
+	default:
+		p.Detail = fmt.Sprintf("rate limit %q exceeded; retry after %d seconds", name, out.RetryAfter)
+	}
+	return p
+}
+
+// WriteError writes the status and problem+json body of a denied
+// request. Call WriteHeaders first.
+func (out *Outcome) WriteError(w http.ResponseWriter) {
+	body, _ := json.Marshal(out.Problem())
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(out.Status)
+	w.Write(append(body, '\n'))
+}

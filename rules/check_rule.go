@@ -1,0 +1,310 @@
+package rules
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/driplimit/drip"
+)
+
+// One rule: its name, keys, match and limit.
+
+var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share"}
+
+func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
+	r := Rule{Mode: Enforce, OnError: s.OnError, LocalShare: s.LocalShare}
+	f, ok := c.object(p, v)
+	if !ok {
+		return r, false
+	}
+	n := len(c.problems)
+	if v, fp, ok := f.get("name"); !ok {
+		c.add(p+".name", "required")
+	} else if name, ok := c.str(fp, v); ok {
+		if !validName(name) {
+			c.add(fp, "must be 1 to %d letters, digits, '-', '_' or '.', not %q", maxRuleName, name)
+		}
+		r.Name = name
+	}
+	if v, fp, ok := f.get("group"); ok {
+		if g, ok := c.str(fp, v); ok {
+			if g == "" {
+				c.add(fp, "must not be empty (leave it out for no group)")
+			}
+			r.Group = g
+		}
+	}
+	if v, fp, ok := f.get("limit_keys"); !ok {
+		c.add(p+".limit_keys", "required (use [\"global\"] for one bucket shared by every request)")
+	} else {
+		r.LimitKeys = c.limitKeys(fp, v)
+	}
+	if v, fp, ok := f.get("match"); ok {
+		r.Match = c.match(fp, v)
+	}
+	if c.jwtUser == "" && r.usesJWT() {
+		c.jwtUser = p
+	}
+	if v, fp, ok := f.get("mode"); ok {
+		if m, ok := c.enum(fp, v, "enforce", "shadow"); ok {
+			r.Mode = Mode(m)
+		}
+	}
+	if v, fp, ok := f.get("on_error"); ok {
+		if e, ok := c.enum(fp, v, "allow", "deny", "local"); ok {
+			r.OnError = OnError(e)
+		}
+	}
+	if v, fp, ok := f.get("local_share"); ok {
+		r.LocalShare, _ = c.share(fp, v)
+	}
+	algo := drip.TokenBucket
+	if v, fp, ok := f.get("algorithm"); ok {
+		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window"); ok {
+			algo = drip.Algorithm(a)
+		}
+	}
+	if v, fp, ok := f.get("algorithm_config"); !ok {
+		c.add(p+".algorithm_config", "required")
+	} else {
+		c.algorithmConfig(fp, v, algo, &r)
+	}
+	f.done(ruleFields...)
+	return r, len(c.problems) == n
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > maxRuleName {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9', ch == '-', ch == '_', ch == '.':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func (c *checker) limitKeys(p string, v any) []Source {
+	l, ok := c.list(p, v)
+	if !ok {
+		return nil
+	}
+	if len(l) == 0 {
+		c.add(p, "must not be empty (use [\"global\"] for one bucket shared by every request)")
+		return nil
+	}
+	var out []Source
+	seen := map[Source]int{}
+	for i, x := range l {
+		ip := index(p, i)
+		s, ok := c.str(ip, x)
+		if !ok {
+			continue
+		}
+		src, err := ParseSource(s)
+		if err != nil {
+			c.add(ip, "%v", err)
+			continue
+		}
+		if j, dup := seen[src]; dup {
+			c.add(ip, "%q repeats %s[%d]", s, p, j)
+			continue
+		}
+		seen[src] = i
+		out = append(out, src)
+	}
+	return out
+}
+
+func (c *checker) match(p string, v any) []Condition {
+	f, ok := c.object(p, v)
+	if !ok {
+		return nil
+	}
+	var out []Condition
+	seen := map[Source]string{}
+	for _, k := range f.o.keys {
+		mv, mp, _ := f.get(k)
+		src, err := ParseSource(k)
+		if err != nil {
+			c.add(mp, "%v", err)
+			continue
+		}
+		if src.Kind == KindGlobal {
+			c.add(mp, "global cannot be matched: it has no value")
+			continue
+		}
+		if other, dup := seen[src]; dup {
+			c.add(mp, "matches the same source as %s", other)
+			continue
+		}
+		seen[src] = mp
+		cond := Condition{Source: src}
+		var vals []any
+		if l, ok := mv.([]any); ok {
+			if len(l) == 0 {
+				c.add(mp, "must not be an empty list")
+				continue
+			}
+			vals = l
+		} else {
+			vals = []any{mv}
+		}
+		for i, x := range vals {
+			xp := mp
+			if _, isList := mv.([]any); isList {
+				xp = index(mp, i)
+			}
+			text, ok := scalarText(x)
+			if !ok {
+				c.add(xp, "must be a string (or a list of strings), not %s", kindOf(x))
+				continue
+			}
+			if pre, ok := strings.CutSuffix(text, "*"); ok {
+				cond.Prefixes = append(cond.Prefixes, pre)
+			} else {
+				cond.Values = append(cond.Values, text)
+			}
+		}
+		out = append(out, cond)
+	}
+	return out
+}
+
+// scalarText is the text a match compares: strings as they are, numbers
+// and booleans as written (YAML's `tier: 3` matches the claim 3).
+func scalarText(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case json.Number:
+		return string(x), true
+	case bool:
+		return strconv.FormatBool(x), true
+	}
+	return "", false
+}
+
+var configFields = []string{"tokens_per_second", "rps", "rate", "period", "burst", "refill", "start", "max_reserved", "cost_source", "fixed_cost", "default_cost"}
+
+func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule) {
+	f, ok := c.object(p, v)
+	if !ok {
+		return
+	}
+	n := len(c.problems)
+	l := drip.Limit{Algorithm: algo, Period: time.Second}
+	var rateName string // the field the rate came from
+	rateOK := false
+	for _, name := range []string{"tokens_per_second", "rps", "rate"} {
+		v, fp, ok := f.get(name)
+		if !ok {
+			continue
+		}
+		if rateName != "" {
+			c.add(fp, "cannot be combined with %s (set one of tokens_per_second, rps or rate)", rateName)
+			continue
+		}
+		rateName = name
+		l.Rate, rateOK = c.amount(fp, v)
+	}
+	if rateName == "" {
+		c.add(p, "one of tokens_per_second, rps or rate (with period) is required")
+	}
+	if v, fp, ok := f.get("period"); ok {
+		if rateName != "" && rateName != "rate" {
+			c.add(fp, "applies to rate only (%s is per second)", rateName)
+		} else if d, ok := c.duration(fp, v, false); ok {
+			l.Period = d
+		}
+	}
+	burstOK := false
+	if v, fp, ok := f.get("burst"); ok {
+		if b, ok := c.amount(fp, v); ok {
+			// A burst below the rate is a legitimate limit (a bucket that
+			// holds less than a second's refill smooths traffic): rps and
+			// tokens_per_second accept it like rate + period does.
+			l.Burst = b
+			burstOK = true
+		}
+	} else {
+		l.Burst = l.Rate
+		burstOK = rateOK
+	}
+	if v, fp, ok := f.get("refill"); ok {
+		if algo != drip.TokenBucket {
+			c.add(fp, "applies to token_bucket only")
+		} else if s, ok := c.enum(fp, v, "continuous", "interval"); ok {
+			l.Refill = drip.Refill(s)
+		}
+	}
+	if v, fp, ok := f.get("start"); ok {
+		if algo != drip.FixedWindow {
+			c.add(fp, "applies to fixed_window only")
+		} else if d, ok := c.duration(fp, v, true); ok {
+			l.Start = d
+			if d == 0 {
+				l.Start = l.Period // an explicit 0 aligns windows with the epoch
+			}
+		}
+	}
+	if v, fp, ok := f.get("max_reserved"); ok {
+		if m, ok := c.amount(fp, v); ok {
+			l.MaxReserved = m
+		}
+	}
+	r.CostSource = Source{Kind: KindFixed}
+	r.FixedCost, r.DefaultCost = defaultCost, defaultCost
+	if v, fp, ok := f.get("cost_source"); ok {
+		if s, ok := c.str(fp, v); ok {
+			src, err := ParseSource(s)
+			switch {
+			case s == "fixed":
+			case err == nil && (src.Kind == KindHeader || src.Kind == KindQuery):
+				r.CostSource = src
+			default:
+				c.add(fp, "must be \"fixed\", \"header:<name>\" or \"query:<name>\", not %q", s)
+			}
+		}
+	}
+	costAt := func(name string, applies bool, why string) float64 {
+		v, fp, ok := f.get(name)
+		if !ok {
+			return defaultCost
+		}
+		if !applies {
+			c.add(fp, "%s", why)
+			return defaultCost
+		}
+		x, ok := c.amount(fp, v)
+		if !ok {
+			return defaultCost
+		}
+		if burstOK && x > l.Burst {
+			c.add(fp, "must be <= burst (%s)", strconv.FormatFloat(l.Burst, 'g', -1, 64))
+		}
+		return x
+	}
+	fixed := r.CostSource.Kind == KindFixed
+	r.FixedCost = costAt("fixed_cost", fixed, "applies to cost_source \"fixed\" only")
+	r.DefaultCost = costAt("default_cost", !fixed, "applies to a header: or query: cost_source only")
+	if fixed && !f.has("fixed_cost") && burstOK && l.Burst < defaultCost {
+		c.add(p+".burst", "must be >= 1, the default fixed_cost (or set a smaller fixed_cost)")
+	}
+	if !fixed && !f.has("default_cost") && burstOK && l.Burst < defaultCost {
+		c.add(p+".burst", "must be >= 1, the default default_cost (or set a smaller default_cost)")
+	}
+	f.done(configFields...)
+	if len(c.problems) == n {
+		if err := l.Validate(); err != nil {
+			c.add(p, "%v", err)
+		}
+	}
+	r.Limit = l
+}

@@ -1,0 +1,110 @@
+package envoy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
+)
+
+// run decides the items of kind k in one engine step: a take (all or
+// nothing), a peek when peek is set (the request is denied anyway), or a
+// refund. Items whose cost exceeds the burst are left undecided: they can
+// never be allowed.
+func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) error {
+	var step []*engine.Item
+	for i := range items {
+		if it := &items[i]; it.kind == k && (k == refund || !it.never()) {
+			it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Cost: it.cost}
+			step = append(step, &it.step)
+		}
+	}
+	op := drip.OpTake
+	switch {
+	case k == refund:
+		op = drip.OpRefund
+	case peek:
+		op = drip.OpPeek
+	}
+	if err := s.eng.Step(ctx, op, step); err != nil {
+		code := codes.Unavailable
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			code = codes.DeadlineExceeded
+		case errors.Is(err, context.Canceled):
+			code = codes.Canceled
+		}
+		return status.Errorf(code, "rate limit store: %v", err)
+	}
+	return nil
+}
+
+// never reports whether the item's cost exceeds its burst, so that it can
+// never be allowed.
+func (it *item) never() bool { return it.cost > engine.Burst(it.limit.Limit) }
+
+// validate checks a request's shape; a bad one gets InvalidArgument.
+func validate(req *rlsv3.RateLimitRequest) error {
+	if req.Domain == "" {
+		return status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	if len(req.Descriptors) == 0 {
+		return status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	}
+	if len(req.Descriptors) > MaxDescriptors {
+		return status.Errorf(codes.InvalidArgument, "%d descriptors: at most %d per request", len(req.Descriptors), MaxDescriptors)
+	}
+	for i, d := range req.Descriptors {
+		if d == nil || len(d.Entries) == 0 {
+			return status.Errorf(codes.InvalidArgument, "descriptors[%d]: no entries", i)
+		}
+		if len(d.Entries) > MaxEntries {
+			return status.Errorf(codes.InvalidArgument, "descriptors[%d]: %d entries: at most %d", i, len(d.Entries), MaxEntries)
+		}
+		for j, e := range d.Entries {
+			if e == nil || e.Key == "" {
+				return status.Errorf(codes.InvalidArgument, "descriptors[%d].entries[%d]: empty key", i, j)
+			}
+		}
+		if d.HitsAddend != nil && float64(d.HitsAddend.GetValue()) > maxCost {
+			return status.Errorf(codes.InvalidArgument, "descriptors[%d].hits_addend: %d is more than %g", i, d.HitsAddend.GetValue(), float64(maxCost))
+		}
+	}
+	return nil
+}
+
+// override is the limit a descriptor's own "limit" sets.
+func override(domain string, d *ratelimitv3.RateLimitDescriptor) (*Limit, error) {
+	o := d.Limit
+	var b strings.Builder
+	b.WriteString(domain)
+	for _, e := range d.Entries {
+		b.WriteByte('.')
+		b.WriteString(e.Key)
+		if e.Value != "" {
+			b.WriteByte('_')
+			b.WriteString(e.Value)
+		}
+	}
+	l := &Limit{
+		Path:            b.String(),
+		RequestsPerUnit: o.RequestsPerUnit,
+		Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(o.Unit),
+		UnitMultiplier:  o.GetUnitMultiplier().GetValue(),
+	}
+	if _, ok := units[l.Unit]; !ok {
+		return nil, fmt.Errorf("%w %v", errUnit, o.Unit)
+	}
+	if err := newLimit(l, 0, ""); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
