@@ -188,6 +188,45 @@ func (r result) err() error {
 // to New should be configured with it too.
 func CancelAtDeadline(c *pgx.ConnConfig) {
 	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: time.Second}
+		return &cancelAtDeadline{conn: pc}
 	}
+}
+
+// cancelAtDeadline is pgx's CancelRequestContextWatcherHandler but for one
+// thing: the cancel request runs to its end (the server closing its
+// connection), even when the statement returns first. pgx cuts it short
+// then, and PgBouncer 1.18 (Debian 12's) exits with "bad client state"
+// when a cancel request's client disconnects while it forwards the
+// request: the pooler of every client would go down with it.
+type cancelAtDeadline struct {
+	conn *pgconn.PgConn
+	done chan struct{}
+}
+
+// cancelRequestTimeout bounds a cancel request; closeDelay is how long a
+// statement may go on after its context ended before its connection is
+// closed (the cancel has not reached the server, or it did not stop).
+const (
+	cancelRequestTimeout = 10 * time.Second
+	closeDelay           = time.Second
+)
+
+func (h *cancelAtDeadline) HandleCancel(context.Context) {
+	h.done = make(chan struct{})
+	h.conn.Conn().SetDeadline(time.Now().Add(closeDelay))
+	go func() {
+		defer close(h.done)
+		ctx, cancel := context.WithTimeout(context.Background(), cancelRequestTimeout)
+		defer cancel()
+		_ = h.conn.CancelRequest(ctx)
+		// As pgx does: a cancel the server received may not have reached
+		// the backend yet; let it land before the connection is reused, or
+		// it could cancel the next statement.
+		time.Sleep(100 * time.Millisecond)
+	}()
+}
+
+func (h *cancelAtDeadline) HandleUnwatchAfterCancel() {
+	<-h.done
+	h.conn.Conn().SetDeadline(time.Time{})
 }
