@@ -649,3 +649,37 @@ func TestManyDescriptors(t *testing.T) {
 		}
 	}
 }
+
+// TestOverrideNames: a limit a request sets itself is named by its domain
+// alone, in metrics and headers, so that clients sending many descriptor
+// values cannot grow the metrics without bound; each value still has its
+// own bucket.
+func TestOverrideNames(t *testing.T) {
+	names := map[string]int{}
+	var mu sync.Mutex
+	obs := observerFunc(func(limit string, shadow bool, outcome string) {
+		mu.Lock()
+		defer mu.Unlock()
+		names[limit]++
+	})
+	svc := NewService(memstore.New(), loadReadme(t), WithObserver(obs))
+	for i := range 300 {
+		d := desc(fmt.Sprintf("database=%d-%s", i, strings.Repeat("v", 2000)))
+		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_MINUTE}
+		resp, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "mongo_cps", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("value %d, its own bucket's first request: %v", i, resp.OverallCode)
+		}
+		for _, h := range resp.ResponseHeadersToAdd {
+			if len(h.Value) > 200 {
+				t.Fatalf("header %s carries the descriptor's value: %d bytes", h.Key, len(h.Value))
+			}
+		}
+	}
+	if len(names) != 1 || names["mongo_cps"+OverrideSuffix] != 300 {
+		t.Fatalf("names observed: %v, want only %q", names, "mongo_cps"+OverrideSuffix)
+	}
+}

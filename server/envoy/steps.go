@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -81,21 +80,19 @@ func validate(req *rlsv3.RateLimitRequest) error {
 	return nil
 }
 
+// OverrideSuffix ends the name of every limit a request sets itself
+// (RateLimitDescriptor.limit): "<domain>.request_limit".
+const OverrideSuffix = ".request_limit"
+
 // override is the limit a descriptor's own "limit" sets.
 func override(domain string, d *ratelimitv3.RateLimitDescriptor) (*Limit, error) {
 	o := d.Limit
-	var b strings.Builder
-	b.WriteString(domain)
-	for _, e := range d.Entries {
-		b.WriteByte('.')
-		b.WriteString(e.Key)
-		if e.Value != "" {
-			b.WriteByte('_')
-			b.WriteString(e.Value)
-		}
-	}
 	l := &Limit{
-		Path:            b.String(),
+		// One name per domain (in metrics and the RateLimit headers), not
+		// the descriptor's keys and values: those are the client's, and a
+		// name per value would grow the metrics without bound. The bucket
+		// is still the descriptor's own (bucketKey).
+		Path:            domain + OverrideSuffix,
 		RequestsPerUnit: o.RequestsPerUnit,
 		Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(o.Unit),
 		UnitMultiplier:  o.GetUnitMultiplier().GetValue(),
