@@ -173,7 +173,7 @@ func CostOf(op Op, cost float64, reserve bool, p Params) (int64, error) {
 		return 0, err
 	}
 	if math.IsNaN(cost) || math.IsInf(cost, 0) || cost < 0 || cost > maxAmount {
-		return 0, fmt.Errorf("%w: %v (must be a finite number >= 0)", ErrInvalidCost, cost)
+		return 0, fmt.Errorf("%w: %v (must be a finite number from 0 to %g)", ErrInvalidCost, cost, float64(maxAmount))
 	}
 	c := CostMicro(cost)
 	switch {

@@ -57,8 +57,14 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			writeJSON(w, http.StatusNotFound, map[string]string{"error": "the admin API is off: start drip serve with --admin-token"})
 			return
 		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), token) != 1 {
+		// One Authorization header (two are refused, not read first-wins),
+		// its scheme matched without regard to case, as HTTP says.
+		auth := r.Header.Values("Authorization")
+		scheme, got, ok := "", "", len(auth) == 1
+		if ok {
+			scheme, got, ok = strings.Cut(auth[0], " ")
+		}
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), token) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="drip admin"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
 			return

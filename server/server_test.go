@@ -327,6 +327,24 @@ func TestAdminAuth(t *testing.T) {
 	if code != 200 || !strings.Contains(out, `"reset":true`) {
 		t.Fatalf("reset with the token: %d %s", code, out)
 	}
+	// The scheme is matched without regard to case, as HTTP says.
+	if code, out := call(t, "GET", srv.admin+"/v1/admin/rules", "", "Authorization", "bearer "+token); code != 200 {
+		t.Errorf("scheme in lower case: %d %s, want 200", code, out)
+	}
+	// Two Authorization headers are refused, whichever comes first.
+	for _, pair := range [][2]string{{"Bearer " + token, "Bearer wrong"}, {"Bearer wrong", "Bearer " + token}} {
+		req, _ := http.NewRequest("GET", srv.admin+"/v1/admin/rules", nil)
+		req.Header.Add("Authorization", pair[0])
+		req.Header.Add("Authorization", pair[1])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("two Authorization headers %q: %d, want 401", pair, resp.StatusCode)
+		}
+	}
 	// Metrics and health need no token.
 	for _, p := range []string{"/metrics", "/healthz", "/readyz"} {
 		if code, out := call(t, "GET", srv.admin+p, ""); code != 200 {
