@@ -69,6 +69,9 @@ type Call[Q, R any] struct {
 	Req Q
 	// Deadline is the caller's deadline (zero: none).
 	Deadline time.Time
+	// SendBy is when the server must have decided the request (zero:
+	// never): Deadline less a margin for the reply (SendBy).
+	SendBy time.Time
 	// Res and Err are what run answers.
 	Res R
 	Err error
@@ -138,6 +141,7 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, q Q) (R, error) {
 	c := b.pool.Get().(*Call[Q, R])
 	c.Req, c.ctx = q, ctx
 	c.Deadline, _ = ctx.Deadline()
+	c.SendBy = SendBy(ctx)
 	ch := b.qs[0]
 	if b.route != nil {
 		ch = b.qs[b.route(q)%uint64(len(b.qs))]

@@ -194,7 +194,7 @@ func TestClosed(t *testing.T) {
 func TestClock(t *testing.T) {
 	var k Clock
 	t0 := time.Unix(1_700_000_000, 0)
-	if k.Known() || k.Deadline(t0, t0.Add(time.Second)) != 0 {
+	if k.Known() || k.Deadline(t0.Add(time.Second)) != 0 {
 		t.Fatal("a deadline before any observation")
 	}
 	// The server's clock is 5 s ahead; replies take 3 ms, then 1 ms.
@@ -204,27 +204,39 @@ func TestClock(t *testing.T) {
 	// A slower reply later does not move the bound back...
 	k.Observe(t0.Add(2*time.Second+50*time.Millisecond), t0.Add(2*time.Second+ahead).UnixNano())
 	d := t0.Add(3 * time.Second)
-	if got, want := k.Deadline(d.Add(-3*time.Millisecond), d), d.Add(ahead-time.Millisecond-MinMargin).UnixNano(); got != want {
-		t.Errorf("deadline %d, want %d (the best bound, less the least margin)", got, want)
+	if got, want := k.Deadline(d), d.Add(ahead-time.Millisecond).UnixNano(); got != want {
+		t.Errorf("deadline %d, want %d (the best bound)", got, want)
 	}
-	// The margin is a fifth of the time left, within its bounds.
-	for _, c := range []struct{ left, margin time.Duration }{
-		{time.Millisecond, MinMargin},
-		{20 * time.Millisecond, 4 * time.Millisecond},
-		{250 * time.Millisecond, 50 * time.Millisecond},
-		{500 * time.Millisecond, MaxMargin},
-		{time.Minute, MaxMargin},
-	} {
-		if got, want := k.Deadline(d.Add(-c.left), d), d.Add(ahead-time.Millisecond-c.margin).UnixNano(); got != want {
-			t.Errorf("%v left: deadline %d, want %d (a margin of %v)", c.left, got, want, c.margin)
-		}
-	}
-	if k.Deadline(t0, time.Time{}) != 0 {
+	if k.Deadline(time.Time{}) != 0 {
 		t.Error("no deadline became one")
 	}
 	// ...until the bound is older than Refresh.
 	k.Observe(t0.Add(Refresh+2*time.Second), t0.Add(Refresh+2*time.Second-time.Hour).UnixNano())
-	if got, want := k.Deadline(d.Add(-3*time.Millisecond), d), d.Add(-time.Hour-MinMargin).UnixNano(); got != want {
+	if got, want := k.Deadline(d), d.Add(-time.Hour).UnixNano(); got != want {
 		t.Errorf("after a clock step: deadline %d, want %d", got, want)
 	}
+}
+
+// TestSendBy: the server must decide a fifth of the caller's time before
+// the caller gives up, at least MinMargin and at most MaxMargin before.
+func TestSendBy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		if !SendBy(context.Background()).IsZero() {
+			t.Error("a context without a deadline got one")
+		}
+		for _, c := range []struct{ left, margin time.Duration }{
+			{time.Millisecond, MinMargin},
+			{20 * time.Millisecond, 4 * time.Millisecond},
+			{250 * time.Millisecond, 50 * time.Millisecond},
+			{500 * time.Millisecond, MaxMargin},
+			{time.Minute, MaxMargin},
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), c.left)
+			d, _ := ctx.Deadline()
+			if got := SendBy(ctx); !got.Equal(d.Add(-c.margin)) {
+				t.Errorf("%v left: send by %v before the deadline, want %v", c.left, d.Sub(got), c.margin)
+			}
+			cancel()
+		}
+	})
 }

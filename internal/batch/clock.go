@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -18,13 +19,9 @@ import (
 // Refresh so that a server clock stepping back is followed. A deadline
 // moved by a lower bound comes, in the server's clock, no later than the
 // caller's deadline: the server may refuse a request a little early (by
-// about a round trip), never apply one late. A margin moves it earlier
-// still, for the reply to travel back before the caller gives up: a fifth
-// of the time the caller has left when its request is sent, at least
-// MinMargin and at most MaxMargin. A reply slower than that (a loaded
-// machine) would reach a caller that already gave up, with a decision the
-// server applied; a fifth of the budget makes that rare without taking
-// much from it (100 ms of a 500 ms store deadline, 4 ms of Envoy's 20 ms).
+// about a round trip), never apply one late. The deadlines it is given are
+// already short of the callers' own by a margin (SendBy), for the reply to
+// travel back before the caller gives up.
 type Clock struct {
 	mu    sync.Mutex
 	known bool
@@ -42,9 +39,21 @@ const (
 	MaxMargin = 100 * time.Millisecond
 )
 
-// margin is what Deadline takes off a deadline d sent at now.
-func margin(now, d time.Time) time.Duration {
-	return min(max(d.Sub(now)/5, MinMargin), MaxMargin)
+// SendBy is when a store server must have decided a request whose caller
+// waits until ctx's deadline (zero: no deadline): that deadline less a
+// margin, a fifth of the time left when the caller asked, at least
+// MinMargin and at most MaxMargin. A reply slower than the margin (a loaded
+// machine) would reach a caller that already gave up, with a decision the
+// server applied; a fifth of the budget, fixed when the caller asks (not
+// when a queued request is sent, by which time little may be left), makes
+// that rare without taking much from the budget (100 ms of a 500 ms store
+// deadline, 4 ms of Envoy's 20 ms).
+func SendBy(ctx context.Context) time.Time {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return time.Time{}
+	}
+	return d.Add(-min(max(time.Until(d)/5, MinMargin), MaxMargin))
 }
 
 // Observe records a reply received at recv carrying the server's clock
@@ -65,10 +74,9 @@ func (k *Clock) Known() bool {
 	return k.known
 }
 
-// Deadline is d, for a request sent at now, in the server's clock, Unix
-// nanoseconds, less the margin; 0 for no deadline (d zero, or no offset
-// observed yet: see Known).
-func (k *Clock) Deadline(now, d time.Time) int64 {
+// Deadline is d in the server's clock, Unix nanoseconds; 0 for no
+// deadline (d zero, or no offset observed yet: see Known).
+func (k *Clock) Deadline(d time.Time) int64 {
 	if d.IsZero() {
 		return 0
 	}
@@ -78,5 +86,5 @@ func (k *Clock) Deadline(now, d time.Time) int64 {
 	if !known {
 		return 0
 	}
-	return d.UnixNano() + off - int64(margin(now, d))
+	return d.UnixNano() + off
 }

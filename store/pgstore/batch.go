@@ -68,7 +68,7 @@ func newBatcher(s *Store) *batch.Batcher[request, result] {
 func (s *Store) runCalls(ctx context.Context, calls []*batch.Call[request, result]) {
 	if len(calls) == 1 {
 		c := calls[0]
-		c.Res, c.Err = s.applyOne(ctx, c.Req.op, c.Req.p, c.Req.at, c.Deadline)
+		c.Res, c.Err = s.applyOne(ctx, c.Req.op, c.Req.p, c.Req.at, c.SendBy)
 		return
 	}
 	res, err := s.runBatch(ctx, calls)
@@ -92,7 +92,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 	seen := make(map[string]struct{}, len(calls))
 	for _, c := range calls {
 		a.add(c.Req.op, c.Req.key, c.Req.p, c.Req.at)
-		a.dls = append(a.dls, s.deadline(c.Deadline))
+		a.dls = append(a.dls, s.deadline(c.SendBy))
 		seen[string(c.Req.key)] = struct{}{}
 	}
 	sql := batchSQL
@@ -143,7 +143,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 
 // deadline is a caller's deadline d in the server's clock (nil: none).
 func (s *Store) deadline(d time.Time) *int64 {
-	n := s.clock.Deadline(time.Now(), d)
+	n := s.clock.Deadline(d)
 	if n == 0 {
 		return nil
 	}

@@ -283,7 +283,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 			err = errClosed
 		}
 	} else {
-		dl, _ := ctx.Deadline()
+		dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 		res, err = s.applyOne(ctx, op, p, nanos(at), dl)
 	}
 	if err != nil {
@@ -364,7 +364,7 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 		a.add(op, k, p, nil)
 	}
 	ds := make([]drip.Decision, len(ps))
-	dl, _ := ctx.Deadline()
+	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 	if err := s.syncClock(ctx, dl); err != nil {
 		return drip.Multi{}, err
 	}

@@ -94,7 +94,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, drip.
 	w.ops, w.ats, w.dls, w.ps = w.ops[:0], w.ats[:0], w.dls[:0], w.ps[:0]
 	for _, c := range calls {
 		w.ops, w.ats, w.ps = append(w.ops, c.Req.op), append(w.ats, c.Req.at), append(w.ps, c.Req.p)
-		w.dls = append(w.dls, c.Deadline)
+		w.dls = append(w.dls, c.SendBy)
 	}
 	rep, err := s.run(s.life, "batch", w.ops, w.ats, w.dls, w.ps)
 	for i, c := range calls {

@@ -182,7 +182,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	}
 	// A batch of one: the same decision as a take of one key, and the
 	// batch loop has the script's straight path for common takes.
-	dl, _ := ctx.Deadline()
+	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 	ps := []drip.Prepared{p}
 	rep, err := s.run(ctx, "batch", []drip.Op{op}, []time.Time{at}, []time.Time{dl}, ps)
 	if err != nil {
@@ -208,7 +208,7 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 	ops := make([]drip.Op, len(ps))
 	ats := make([]time.Time, len(ps))
 	dls := make([]time.Time, len(ps))
-	dl, _ := ctx.Deadline()
+	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 	for i := range ps {
 		ops[i], ats[i], dls[i] = op, at, dl
 	}
@@ -307,7 +307,6 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []
 			return reply{}, err
 		}
 	}
-	sent := time.Now() // for the deadlines' margins (batch.Clock)
 	keys := make([]string, len(ps))
 	var shapes []shape
 	recs := make([]byte, 0, requestRecord*len(ps))
@@ -336,7 +335,7 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []
 		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(nsec)))
 		// The deadline in whole microseconds of the server's clock,
 		// rounded down (exact as a double).
-		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(max(0, s.clock.Deadline(sent, dls[i])/1e3))))
+		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(max(0, s.clock.Deadline(dls[i])/1e3))))
 	}
 	args := make([]string, 0, 3+len(shapes))
 	args = append(args, mode, strconv.Itoa(len(shapes)))
