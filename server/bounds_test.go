@@ -242,3 +242,48 @@ func TestBodyCapFitsMultiTake(t *testing.T) {
 	}
 	t.Logf("a multi-take of 100 inline keys of %d bytes: %d bytes, cap %d", MaxInlineKeyLen, len(body), maxBody)
 }
+
+// TestGatewaySteadyDownloadNotCut: a download that keeps moving, read in
+// bursts with pauses well under Config.ReadTimeout, is never cut, however
+// long it takes in all (here longer than the timeout).
+func TestGatewaySteadyDownloadNotCut(t *testing.T) {
+	const (
+		readTimeout = 2 * time.Second // the idle bound; the pauses are a tenth of it
+		size        = 12 << 20
+		burst       = 1 << 20
+	)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		chunk := make([]byte, 32<<10)
+		for range size / len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(up.Close)
+	gw := start(t, Config{ReadTimeout: readTimeout, Upstream: up.URL, AdminListen: "off"}, memstore.New())
+	resp, err := http.Get(gw.base + "/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	start := time.Now()
+	got := 0
+	for {
+		n, err := io.CopyN(io.Discard, resp.Body, burst)
+		got += int(n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("download cut after %d of %d bytes (%s): %v", got, size, time.Since(start).Round(time.Millisecond), err)
+		}
+		time.Sleep(readTimeout / 10)
+	}
+	if got != size {
+		t.Fatalf("got %d bytes, want %d", got, size)
+	}
+	t.Logf("%d MiB read in bursts of 1 MiB with pauses of %s took %.1fs (ReadTimeout %s), not cut",
+		size>>20, readTimeout/10, time.Since(start).Seconds(), readTimeout)
+}

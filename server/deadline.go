@@ -54,7 +54,10 @@ func (b *stallBody) Read(p []byte) (int, error) {
 // that keeps moving is never cut. The deadline is set as the handler
 // starts, on every WriteHeader, Write and Flush, and once more as it
 // returns, for the server's final flush; before that, a deadline left by
-// an earlier request on the connection could cut this one.
+// an earlier request on the connection could cut this one. A blocked
+// write resumes only once the kernel's send buffer has room for a good
+// part of itself, so "moving" means the client reads about half a send
+// buffer (a few MiB at most) within idle.
 func writeStallCut(next http.Handler, idle time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w), idle: idle}
