@@ -20,7 +20,7 @@ func TestLongInlineKeys(t *testing.T) {
 	for _, st := range teststores.Shared() {
 		t.Run(st.Name, func(t *testing.T) {
 			srv := start(t, Config{}, st.Open(t))
-			huge := strings.Repeat("k", 1<<19) // half the body cap
+			huge := strings.Repeat("k", maxBody/2) // half the body cap
 			over := strings.Repeat("k", MaxInlineKeyLen+1)
 			for _, body := range []string{
 				`{"key": "` + huge + `", ` + lim + `}`,

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 
@@ -40,11 +39,15 @@ import (
 // 400 {"error": "..."} for a body that is not valid (bad JSON, unknown
 // field, bad limit or cost, missing key or one over MaxInlineKeyLen, cost
 // over burst), 404 for an
-// unknown rule, 413 for a body over 1 MiB, 503 when the store fails or
+// unknown rule, 413 for a body over maxBody (256 KiB), 503 when the store fails or
 // times out.
 
-// maxBody bounds a decision API or admin request body.
-const maxBody = 1 << 20
+// maxBody bounds a decision API or admin reset request body. The largest
+// body of use, a multi-take of 100 requests each with a key of 1 KiB and a
+// limit inline, is about 130 KiB (1,024 bytes of key and some 200 of JSON
+// around it per request): 256 KiB leaves it room, and a thousand
+// connections each holding a body cost a quarter of a gigabyte at most.
+const maxBody = 256 << 10
 
 // httpError is an error with the HTTP status that reports it: 404, 405,
 // 413. Bad input (400) is a *drip.InputError (inputf).
@@ -68,7 +71,7 @@ func inputf(format string, args ...any) error {
 // protocol's one parser, strictly: unknown fields and trailing data are
 // errors.
 func decode(w http.ResponseWriter, r *http.Request) (replay.Raw, error) {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	b, err := readBody(w, r, maxBody)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

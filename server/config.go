@@ -56,9 +56,17 @@ type Config struct {
 	// decision API and the admin listener it is the most time a request,
 	// headers and body, may take to arrive; on the gateway, where bodies
 	// are streamed to the upstream and may be long, it is the longest the
-	// body may stall (no byte arriving) before the request is cut. Headers
-	// must arrive within 10 s on every listener.
+	// body may stall (no byte arriving) before the request is cut, and the
+	// longest the client may stop reading the response (no byte leaving)
+	// before its connection is closed. Headers must arrive within 10 s on
+	// every listener.
 	ReadTimeout time.Duration
+	// MaxConnections bounds the connections each HTTP listener (the
+	// decision API or gateway, and the admin listener) holds open at once
+	// (default DefaultMaxConnections, 1024): one accepted beyond it is
+	// closed at once, so that a client opening many connections cannot
+	// make the server hold unbounded memory. GRPCLimits bound GRPCListen.
+	MaxConnections int
 
 	// StoreTimeout is the deadline of each store call, in every front door
 	// (default engine.DefaultTimeout, 50ms).
@@ -82,6 +90,7 @@ const (
 	DefaultReadTimeout     = 30 * time.Second
 	DefaultWatchEvery      = time.Second
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultMaxConnections  = 1024
 )
 
 func (c Config) withDefaults() Config {
@@ -99,6 +108,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReadTimeout <= 0 {
 		c.ReadTimeout = DefaultReadTimeout
+	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = DefaultMaxConnections
 	}
 	if c.WatchEvery == 0 {
 		c.WatchEvery = DefaultWatchEvery

@@ -16,8 +16,11 @@ import (
 	"github.com/driplimit/drip/store/memstore"
 )
 
-// stall sends the headers of a POST with a body of 1 MiB and 900 KiB of
-// that body, then stops sending. It returns the connection.
+// stall sends the headers of a POST with a body of 200 KiB (under the
+// decision API's cap, which refuses a longer one before reading it) and
+// 150 KiB of that body, then stops sending. It returns the connection.
+const stallLength, stallSent = 200 << 10, 150 << 10
+
 func stall(t *testing.T, addr, path string, hdr ...string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
@@ -26,7 +29,7 @@ func stall(t *testing.T, addr, path string, hdr ...string) net.Conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	var b strings.Builder
-	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: drip\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, 1<<20)
+	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: drip\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, stallLength)
 	for i := 0; i+1 < len(hdr); i += 2 {
 		fmt.Fprintf(&b, "%s: %s\r\n", hdr[i], hdr[i+1])
 	}
@@ -34,7 +37,7 @@ func stall(t *testing.T, addr, path string, hdr ...string) net.Conn {
 	if _, err := io.WriteString(c, b.String()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Write([]byte(`{"key": "` + strings.Repeat("a", 900<<10))); err != nil {
+	if _, err := c.Write([]byte(`{"key": "` + strings.Repeat("a", stallSent))); err != nil {
 		t.Fatal(err)
 	}
 	return c

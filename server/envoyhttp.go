@@ -46,7 +46,7 @@ func (s *Server) envoyJSON() http.Handler {
 }
 
 func envoyJSON(svc *envoy.Service, w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONRequest))
+	body, err := readBody(w, r, maxJSONRequest)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

@@ -17,7 +17,8 @@ import (
 //     X-Forwarded-For is never passed on, so the upstream cannot be lied to
 //     through drip.
 //   - X-Forwarded-Host and X-Forwarded-Proto: a trusted peer's, else the
-//     request's own Host and scheme.
+//     request's own Host and scheme. A trusted peer's X-Forwarded-Proto
+//     that is not a URI scheme is dropped, from Forwarded too.
 //   - Forwarded (RFC 7239): the same chain as X-Forwarded-For, one element
 //     per address ("for=unknown" for an entry that is not one), the last
 //     with the host and the scheme. Any Forwarded the request carried is
@@ -39,11 +40,19 @@ func forwardHeaders(pr *httputil.ProxyRequest, trusted []netip.Prefix) {
 	}
 	pr.SetXForwarded() // appends the peer; sets X-Forwarded-Host and -Proto
 	if trust {
-		for _, h := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
-			if v := in.Header.Get(h); v != "" {
-				out.Set(h, v)
-			}
+		if v := in.Header.Get("X-Forwarded-Host"); v != "" {
+			out.Set("X-Forwarded-Host", v)
 		}
+		if v := in.Header.Get("X-Forwarded-Proto"); v != "" {
+			out.Set("X-Forwarded-Proto", v)
+		}
+	}
+	proto := out.Get("X-Forwarded-Proto")
+	if !isScheme(proto) {
+		// Not a URI scheme ("http;for=6.6.6.6, for=5.5.5.5" would add
+		// elements to Forwarded): passed on neither way.
+		out.Del("X-Forwarded-Proto")
+		proto = ""
 	}
 
 	out.Del("X-Real-IP")
@@ -68,7 +77,24 @@ func forwardHeaders(pr *httputil.ProxyRequest, trusted []netip.Prefix) {
 	}
 	out.Del("Forwarded")
 	if len(fwd) > 0 {
-		fwd[len(fwd)-1] += `;host="` + strings.NewReplacer(`"`, ``, `\`, ``).Replace(out.Get("X-Forwarded-Host")) + `";proto=` + out.Get("X-Forwarded-Proto")
+		fwd[len(fwd)-1] += `;host="` + strings.NewReplacer(`"`, ``, `\`, ``).Replace(out.Get("X-Forwarded-Host")) + `"`
+		if proto != "" {
+			fwd[len(fwd)-1] += ";proto=" + proto
+		}
 		out.Set("Forwarded", strings.Join(fwd, ", "))
 	}
+}
+
+// isScheme reports whether s is a URI scheme: a letter, then letters,
+// digits, '+', '-' and '.'.
+func isScheme(s string) bool {
+	for i, c := range []byte(s) {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return s != ""
 }

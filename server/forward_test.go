@@ -35,6 +35,19 @@ func TestGatewayForwards(t *testing.T) {
 				"X-Real-IP":       "2001:db8::7",
 				"Forwarded":       `for=unknown, for="[2001:db8::7]", for=127.0.0.1;host="drip.test";proto=http`,
 			}},
+		{"trusted peer, a proto that is not a scheme", `["127.0.0.1/32"]`,
+			[]string{"X-Forwarded-For", "1.1.1.1", "X-Forwarded-Proto", "http;for=6.6.6.6, for=5.5.5.5"},
+			map[string]string{
+				"X-Forwarded-For":   "1.1.1.1, 127.0.0.1",
+				"X-Forwarded-Proto": "", // not passed on
+				"Forwarded":         `for=1.1.1.1, for=127.0.0.1;host="drip.test"`,
+			}},
+		{"trusted peer, a scheme with + - .", `["127.0.0.1/32"]`,
+			[]string{"X-Forwarded-Proto", "coap+tcp-1.x"},
+			map[string]string{
+				"X-Forwarded-Proto": "coap+tcp-1.x",
+				"Forwarded":         `for=127.0.0.1;host="drip.test";proto=coap+tcp-1.x`,
+			}},
 		{"no trusted proxies", `[]`,
 			[]string{"X-Forwarded-For", "1.1.1.1, 5.5.5.99", "X-Real-IP", "6.6.6.6", "Forwarded", "for=6.6.6.6", "X-Forwarded-Proto", "https"},
 			map[string]string{

@@ -28,6 +28,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/internal/conncap"
 	"github.com/driplimit/drip/server/envoy"
 )
 
@@ -65,6 +66,7 @@ type listener struct {
 	name     string // "api", "gateway", "admin", "grpc": for logs
 	addr     string
 	ln       net.Listener
+	capped   *conncap.Listener // ln under Config.MaxConnections, once served; nil for grpc
 	serve    func(net.Listener) error
 	shutdown func(context.Context) error
 }
@@ -102,28 +104,41 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	return s, nil
 }
 
-// addHTTP adds an HTTP listener serving h on addr. Headers must arrive
-// within 10 s; with whole, the entire request (headers and body) within
-// Config.ReadTimeout, else (the gateway, whose bodies stream to the
-// upstream) the body may stall no longer than that (stallCut).
+// maxHeaderBytes bounds a request's headers on every HTTP listener (the
+// request line and header lines together; net/http allows a little
+// slack over it). Go's default, 1 MiB, would let a thousand connections
+// hold a gigabyte.
+const maxHeaderBytes = 64 << 10
+
+// addHTTP adds an HTTP listener serving h on addr, with at most
+// Config.MaxConnections connections open at once and headers of at most
+// maxHeaderBytes. Headers must arrive within 10 s; with whole, the entire
+// request (headers and body) within Config.ReadTimeout, else (the
+// gateway, whose bodies stream both ways) the request body may stall no
+// longer than that (stallCut), nor may the client stop reading the
+// response for longer (writeStallCut).
 func (s *Server) addHTTP(name, addr string, h http.Handler, whole bool) {
 	hs := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: min(10*time.Second, s.cfg.ReadTimeout),
 		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	if whole {
 		hs.ReadTimeout = s.cfg.ReadTimeout
 	} else {
-		hs.Handler = stallCut(h, s.cfg.ReadTimeout)
+		hs.Handler = writeStallCut(stallCut(h, s.cfg.ReadTimeout), s.cfg.ReadTimeout)
 	}
-	s.listeners = append(s.listeners, &listener{
-		name:     name,
-		addr:     addr,
-		serve:    hs.Serve,
-		shutdown: hs.Shutdown,
-	})
+	l := &listener{name: name, addr: addr, shutdown: hs.Shutdown}
+	l.serve = func(ln net.Listener) error {
+		c := conncap.New(ln, s.cfg.MaxConnections)
+		s.mu.Lock()
+		l.capped = c
+		s.mu.Unlock()
+		return hs.Serve(c)
+	}
+	s.listeners = append(s.listeners, l)
 }
 
 // Listen binds every listener. Addresses with port 0 get a free port:

@@ -3,9 +3,9 @@ package envoy
 import (
 	"context"
 	"net"
-	"sync"
 	"time"
 
+	"github.com/driplimit/drip/internal/conncap"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -136,43 +136,7 @@ func NewServerWithLimits(svc *Service, reflect bool, lim Limits, opts ...grpc.Se
 // Serve serves on ln until Shutdown; it returns nil after a shutdown.
 // Connections beyond Limits.MaxConnections are closed when accepted.
 func (s *Server) Serve(ln net.Listener) error {
-	return s.GRPC.Serve(&capListener{Listener: ln, slots: make(chan struct{}, s.maxConns)})
-}
-
-// capListener closes the connections it accepts beyond cap(slots) open at
-// once. Closing (rather than leaving them in the accept queue, as a
-// blocking limit would) tells a client at once to go elsewhere.
-type capListener struct {
-	net.Listener
-	slots chan struct{}
-}
-
-func (l *capListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		select {
-		case l.slots <- struct{}{}:
-			return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
-		default:
-			c.Close()
-		}
-	}
-}
-
-// slotConn gives its slot back when closed, once.
-type slotConn struct {
-	net.Conn
-	once sync.Once
-	free func()
-}
-
-func (c *slotConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.free)
-	return err
+	return s.GRPC.Serve(conncap.New(ln, s.maxConns))
 }
 
 // Shutdown reports NOT_SERVING to health checks, stops accepting, and

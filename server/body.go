@@ -1,0 +1,28 @@
+package server
+
+import (
+	"io"
+	"net/http"
+)
+
+// readBody reads r's body of at most max bytes (else a
+// *http.MaxBytesError). With a Content-Length, which net/http holds the
+// body to, it allocates once, exactly that much, and refuses a length
+// over max before reading a byte; io.ReadAll would grow its buffer by
+// doubling, to up to twice the body. A chunked body, whose length is not
+// known, is read with io.ReadAll, still bounded by max.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, max)
+	if r.ContentLength < 0 {
+		return io.ReadAll(body)
+	}
+	if r.ContentLength > max {
+		body.Close() // the connection is not reused: the body is left unread
+		return nil, &http.MaxBytesError{Limit: max}
+	}
+	b := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(body, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
