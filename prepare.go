@@ -152,24 +152,25 @@ func PrepareMulti(op Op, rs []Request) ([]bucket.Prepared, error) {
 }
 
 // DecisionOf is the Decision of a result of bucket.Eval (or of a store's
-// script that computes the same): its amounts in tokens.
-func DecisionOf(r bucket.Result) Decision {
+// script that computes the same) under a limit of burst micro-tokens
+// (its Params.Burst): its amounts in tokens.
+func DecisionOf(r bucket.Result, burst int64) Decision {
 	return Decision{
 		Allowed:    r.Allowed,
 		Tokens:     float64(r.Tokens) / bucket.Micro,
 		Remaining:  max(0, r.Tokens) / bucket.Micro,
-		Burst:      float64(r.Burst) / bucket.Micro,
+		Burst:      float64(burst) / bucket.Micro,
 		RetryAfter: r.RetryAfter,
 		ResetAfter: r.ResetAfter,
 	}
 }
 
-// MultiOf is the Multi of the results of bucket.EvalMulti: Combine of
-// their decisions.
-func MultiOf(rs []bucket.Result) Multi {
+// MultiOf is the Multi of the results of bucket.EvalMulti for the
+// requests ps: Combine of their decisions.
+func MultiOf(rs []bucket.Result, ps []bucket.Prepared) Multi {
 	ds := make([]Decision, len(rs))
 	for i, r := range rs {
-		ds[i] = DecisionOf(r)
+		ds[i] = DecisionOf(r, ps[i].Params.Burst)
 	}
 	return Combine(ds)
 }

@@ -32,16 +32,15 @@ import (
 // bursts, costs, tokens) are int64 micro-tokens.
 const Micro = 1_000_000
 
-// Result is what Eval decides, in fixed point: drip.DecisionOf turns it
-// into a drip.Decision.
+// Result is what Eval decides, in fixed point: drip.DecisionOf turns it,
+// with the limit's Burst, into a drip.Decision. (It has four fields, so
+// that the compiler keeps it in registers on a store's hot path.)
 type Result struct {
 	// Allowed reports whether the request was allowed.
 	Allowed bool
 	// Tokens is the state's tokens after the decision (for a denial, what
 	// was available), in micro-tokens; negative while in debt.
 	Tokens int64
-	// Burst is the capacity, in micro-tokens.
-	Burst int64
 	// RetryAfter and ResetAfter are as in drip.Decision.
 	RetryAfter time.Duration
 	ResetAfter time.Duration
@@ -263,7 +262,7 @@ func Eval(op Op, b State, found bool, p Params, cost int64, reserve bool, now in
 }
 
 func (p Params) decide(allowed bool, b State, retry, reset time.Duration) Result {
-	return Result{Allowed: allowed, Tokens: b.Tokens, Burst: p.Burst, RetryAfter: retry, ResetAfter: reset}
+	return Result{Allowed: allowed, Tokens: b.Tokens, RetryAfter: retry, ResetAfter: reset}
 }
 
 func ceilDiv(a, b int64) int64 {

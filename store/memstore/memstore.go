@@ -287,7 +287,7 @@ func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key s
 		}
 	}
 	sh.mu.Unlock()
-	return drip.DecisionOf(r), nil
+	return drip.DecisionOf(r, p.Burst), nil
 }
 
 // write stores b under the held key, a bucket already there or a new one.
@@ -354,7 +354,7 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 			s.shards[i].mu.Unlock()
 		}
 	}
-	return drip.MultiOf(res), nil
+	return drip.MultiOf(res, ps), nil
 }
 
 // Reset implements drip.Store.

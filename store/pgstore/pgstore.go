@@ -259,10 +259,9 @@ func (r result) decision(op drip.Op, p bucket.Prepared) drip.Decision {
 	return drip.DecisionOf(bucket.Result{
 		Allowed:    r.allowed,
 		Tokens:     r.tokens,
-		Burst:      p.Params.Burst,
 		RetryAfter: retry,
 		ResetAfter: p.Params.Until(n, p.Params.Burst, r.now),
-	})
+	}, p.Params.Burst)
 }
 
 // errRace is take.sql's "not ok": the key had no row when the statement

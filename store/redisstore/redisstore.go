@@ -235,7 +235,7 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 			return drip.Multi{}, err
 		}
 	}
-	return drip.MultiOf(res), nil
+	return drip.MultiOf(res, ps), nil
 }
 
 // Reset implements drip.Store.
@@ -425,7 +425,7 @@ func (rep *reply) decide(i int, op drip.Op, at time.Time, p bucket.Prepared) (dr
 	if err := rep.check(i, res.Allowed, write); err != nil {
 		return drip.Decision{}, err
 	}
-	return drip.DecisionOf(res), nil
+	return drip.DecisionOf(res, p.Params.Burst), nil
 }
 
 // check holds the script to bucket.Eval: the same verdict and the same
