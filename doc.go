@@ -36,5 +36,7 @@
 // rules file (package rules), engine is the decision engine behind it and
 // every other front door, and drip serve (package server) runs the
 // decision API, a gateway and Envoy's rate limit service. Store writers
-// implement Store with Prepare and Eval, and pass storetest.
+// implement Store: Prepare (or ParamsOf and CostOf) turns a Request into the
+// fixed point of package bucket, bucket.Eval decides, DecisionOf answers;
+// storetest checks the result.
 package drip

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -196,15 +197,30 @@ func TestWait(t *testing.T) {
 	})
 }
 
-// TestCoreImportsStdlibOnly keeps the core package free of dependencies.
+// TestCoreImportsStdlibOnly keeps the core packages free of dependencies:
+// drip imports the standard library and its math (package bucket) only,
+// and bucket the standard library only, so that the arrow between them
+// points one way.
 func TestCoreImportsStdlibOnly(t *testing.T) {
-	pkg, err := build.ImportDir(".", 0)
-	if err != nil {
-		t.Fatal(err)
+	for dir, allowed := range map[string]string{".": "github.com/driplimit/drip/bucket", "bucket": ""} {
+		pkg, err := build.ImportDir(dir, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range pkg.Imports {
+			if strings.Contains(strings.Split(imp, "/")[0], ".") && imp != allowed {
+				t.Errorf("package %s imports %s: the core must use the standard library only", pkg.Name, imp)
+			}
+		}
 	}
-	for _, imp := range pkg.Imports {
-		if strings.Contains(strings.Split(imp, "/")[0], ".") {
-			t.Errorf("package drip imports %s: the core must use the standard library only", imp)
+}
+
+// TestOpsMatch holds drip's Op to bucket's: stores convert one to the
+// other by value.
+func TestOpsMatch(t *testing.T) {
+	for op, want := range map[drip.Op]bucket.Op{drip.OpTake: bucket.Take, drip.OpPeek: bucket.Peek, drip.OpRefund: bucket.Refund} {
+		if bucket.Op(op) != want {
+			t.Errorf("bucket.Op(%v) = %d, want %d", op, bucket.Op(op), want)
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/driplimit/drip/bucket"
 )
 
 // Algorithm names how a bucket refills.
@@ -33,11 +35,10 @@ const (
 	Interval Refill = "interval"
 )
 
-// Amounts (rates, bursts, costs, tokens) are held as fixed-point integers of
-// Micro units per token, so that state never drifts. A limit's amounts are
-// rounded to the nearest millionth of a token when they enter drip; costs
-// and refunds are rounded up (CostMicro), so that no cost is free.
-const Micro = 1_000_000
+// Amounts (rates, bursts, costs, tokens) are held as fixed-point integers
+// of millionths of a token (package bucket), so that state never drifts. A
+// limit's amounts are rounded to the nearest millionth of a token when they
+// enter drip; costs and refunds are rounded up, so that no cost is free.
 
 // maxAmount bounds rates, bursts and costs so that fixed-point values keep
 // headroom in an int64.
@@ -217,7 +218,7 @@ func (l Limit) FillTime() time.Duration {
 	if err != nil {
 		return 0
 	}
-	return p.Until(Bucket{}, p.Burst, 0)
+	return p.Until(bucket.State{}, p.Burst, 0)
 }
 
 // CeilSeconds is d in whole seconds, rounded up (0 for d <= 0), as HTTP
@@ -259,4 +260,4 @@ func (l Limit) ForKey(key string) Limit {
 	return l
 }
 
-func toMicro(x float64) int64 { return int64(math.Round(x * Micro)) }
+func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }

@@ -3,6 +3,8 @@ package drip
 import (
 	"context"
 	"time"
+
+	"github.com/driplimit/drip/bucket"
 )
 
 // Limiter applies one Limit to many keys, with state in a Store. It is safe
@@ -15,7 +17,7 @@ type Limiter struct {
 	// does not depend on the key; params is the limit prepared once, which
 	// it is handed by pointer.
 	fast   PreparedStore
-	params Params
+	params bucket.Params
 }
 
 // Option configures a Limiter.

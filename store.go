@@ -3,6 +3,8 @@ package drip
 import (
 	"context"
 	"time"
+
+	"github.com/driplimit/drip/bucket"
 )
 
 // Request is one rate-limited request: which bucket, under which limit, at
@@ -51,5 +53,5 @@ type Store interface {
 // CostOf; p is shared by every call and must not be changed.
 type PreparedStore interface {
 	Store
-	ApplyPrepared(ctx context.Context, op Op, at time.Time, key string, p *Params, cost int64, reserve bool) (Decision, error)
+	ApplyPrepared(ctx context.Context, op Op, at time.Time, key string, p *bucket.Params, cost int64, reserve bool) (Decision, error)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -372,11 +373,11 @@ func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.De
 	}
 	after := toMicro(d.Tokens)
 	before := after + c
-	d.Tokens = float64(before) / drip.Micro
-	d.Remaining = max(0, before) / drip.Micro
+	d.Tokens = float64(before) / bucket.Micro
+	d.Remaining = max(0, before) / bucket.Micro
 	// The time to fill from a number of micro-tokens does not depend on
 	// the bucket's timestamp: measure both from 0.
-	fill := func(x int64) time.Duration { return p.Until(drip.Bucket{Tokens: x}, p.Burst, 0) }
+	fill := func(x int64) time.Duration { return p.Until(bucket.State{Tokens: x}, p.Burst, 0) }
 	d.ResetAfter = max(0, d.ResetAfter-(fill(after)-fill(before)))
 	return d
 }
@@ -385,7 +386,7 @@ func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.De
 // (a decision's Tokens is a whole number of micro-tokens).
 func toMicro(x float64) int64 {
 	if x < 0 {
-		return -int64(-x*drip.Micro + 0.5)
+		return -int64(-x*bucket.Micro + 0.5)
 	}
-	return int64(x*drip.Micro + 0.5)
+	return int64(x*bucket.Micro + 0.5)
 }

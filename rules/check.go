@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 )
 
 // checker turns plain values into a Set, collecting every problem.
@@ -118,7 +119,7 @@ func (c *checker) amount(path string, v any) (float64, bool) {
 		c.add(path, "must be > 0")
 	case f > 1e12:
 		c.add(path, "must be at most 1e12")
-	case math.Round(f*drip.Micro) == 0:
+	case math.Round(f*bucket.Micro) == 0:
 		c.add(path, "must be at least 0.000001")
 	default:
 		return f, true

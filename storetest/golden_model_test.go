@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/replay"
 )
 
@@ -21,7 +22,7 @@ type modelStore struct {
 	m      *Model
 	follow []drip.Decision
 	want   []ModelDecision
-	params []drip.Params
+	params []bucket.Params
 }
 
 func (s *modelStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
@@ -29,7 +30,7 @@ func (s *modelStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip
 	if err != nil {
 		return drip.Decision{}, err
 	}
-	return drip.Decision{}, s.decide(op, at, []drip.Prepared{p}, false)
+	return drip.Decision{}, s.decide(op, at, []bucket.Prepared{p}, false)
 }
 
 func (s *modelStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
@@ -43,11 +44,11 @@ func (s *modelStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, r
 // decide is CompareWithModel's step: each request decided exactly
 // (following the golden answer only at a boundary within Tolerance),
 // then a take applied all or nothing, a refund always.
-func (s *modelStore) decide(op drip.Op, at time.Time, ps []drip.Prepared, multi bool) error {
+func (s *modelStore) decide(op drip.Op, at time.Time, ps []bucket.Prepared, multi bool) error {
 	if len(s.follow) != len(ps) {
 		return fmt.Errorf("the golden line has %d decisions, the input %d requests", len(s.follow), len(ps))
 	}
-	s.want, s.params = make([]ModelDecision, len(ps)), make([]drip.Params, len(ps))
+	s.want, s.params = make([]ModelDecision, len(ps)), make([]bucket.Params, len(ps))
 	all := true
 	for i, p := range ps {
 		s.want[i] = s.m.Apply(op, p, at, false, &s.follow[i], Tolerance)

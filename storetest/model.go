@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 )
 
 // Model is the reference model of docs/semantics.md in exact rational
@@ -32,7 +33,7 @@ type ModelDecision struct {
 }
 
 type mlimit struct {
-	kind                drip.Kind
+	kind                bucket.Kind
 	rate, period, burst *big.Rat
 	maxReserved         *big.Rat // nil: no bound
 	start               *big.Rat
@@ -40,16 +41,16 @@ type mlimit struct {
 
 // modelLimit reads a limit exactly as a user wrote it (rounded to the
 // micro-token, as drip documents).
-func modelLimit(p drip.Params) mlimit {
+func modelLimit(p bucket.Params) mlimit {
 	m := mlimit{
 		kind:   p.Kind,
-		rate:   big.NewRat(p.Rate, drip.Micro),
+		rate:   big.NewRat(p.Rate, bucket.Micro),
 		period: new(big.Rat).SetInt64(p.Period),
-		burst:  big.NewRat(p.Burst, drip.Micro),
+		burst:  big.NewRat(p.Burst, bucket.Micro),
 		start:  new(big.Rat).SetInt64(p.Start),
 	}
 	if p.MaxReserved >= 0 {
-		m.maxReserved = big.NewRat(p.MaxReserved, drip.Micro)
+		m.maxReserved = big.NewRat(p.MaxReserved, bucket.Micro)
 	}
 	return m
 }
@@ -78,9 +79,9 @@ func ceilRat(r *big.Rat) *big.Int {
 
 func (m *Model) state(key string, l mlimit, now *big.Rat) (tokens, ts *big.Rat) {
 	b, ok := m.buckets[key]
-	if ok && l.kind == drip.KindInterval {
+	if ok && l.kind == bucket.Interval {
 		// An interval bucket full for a whole period starts a new grid
-		// (drip.Params.ExpiresAt); the stale state stays until a write.
+		// (bucket.Params.ExpiresAt); the stale state stays until a write.
 		full := new(big.Rat).Add(b.ts, l.until(b.tokens, b.ts, l.burst, b.ts))
 		if now.Cmp(full.Add(full, l.period)) >= 0 {
 			ok = false
@@ -88,7 +89,7 @@ func (m *Model) state(key string, l mlimit, now *big.Rat) (tokens, ts *big.Rat) 
 	}
 	if !ok {
 		ts := new(big.Rat).Set(now)
-		if l.kind == drip.KindWindow {
+		if l.kind == bucket.Window {
 			// ts = now - ((now - start) mod period)
 			d := new(big.Rat).Sub(now, l.start)
 			k := floorRat(new(big.Rat).Quo(d, l.period))
@@ -102,7 +103,7 @@ func (m *Model) state(key string, l mlimit, now *big.Rat) (tokens, ts *big.Rat) 
 		return minRat(tokens, l.burst), ts
 	}
 	e := new(big.Rat).Sub(now, ts)
-	if l.kind == drip.KindContinuous {
+	if l.kind == bucket.Continuous {
 		add := new(big.Rat).Quo(new(big.Rat).Mul(e, l.rate), l.period)
 		return minRat(tokens.Add(tokens, add), l.burst), new(big.Rat).Set(now)
 	}
@@ -118,7 +119,7 @@ func (l mlimit) until(tokens, ts, target, now *big.Rat) *big.Rat {
 		return new(big.Rat)
 	}
 	var d *big.Rat
-	if l.kind == drip.KindContinuous {
+	if l.kind == bucket.Continuous {
 		d = new(big.Rat).Quo(new(big.Rat).Mul(need, l.period), l.rate)
 	} else {
 		k := ceilRat(new(big.Rat).Quo(need, l.rate))
@@ -135,10 +136,10 @@ func (l mlimit) until(tokens, ts, target, now *big.Rat) *big.Rat {
 // is the store's answer: where the exact answer and the store's differ by
 // less than tol tokens (drip's documented fixed-point tolerance), the model
 // follows the store, so both keep the same state.
-func (m *Model) Apply(op drip.Op, p drip.Prepared, at time.Time, write bool, follow *drip.Decision, tol *big.Rat) ModelDecision {
+func (m *Model) Apply(op drip.Op, p bucket.Prepared, at time.Time, write bool, follow *drip.Decision, tol *big.Rat) ModelDecision {
 	l := modelLimit(p.Params)
 	now := new(big.Rat).SetInt64(at.UnixNano())
-	cost := big.NewRat(p.Cost, drip.Micro)
+	cost := big.NewRat(p.Cost, bucket.Micro)
 	tokens, ts := m.state(p.Key, l, now)
 	d := ModelDecision{Burst: l.burst, Cost: cost}
 	if op == drip.OpRefund {
@@ -198,38 +199,38 @@ func (m *Model) Reset(key string) { delete(m.buckets, key) }
 // unless reserved, and a reservation whose cost exceeds the burst plus a
 // bound on the debt is an error too (it could never fit); a refund takes
 // any finite cost >= 0.
-func (m *Model) Prepare(op drip.Op, r drip.Request) (drip.Prepared, error) {
+func (m *Model) Prepare(op drip.Op, r drip.Request) (bucket.Prepared, error) {
 	if r.Key == "" {
-		return drip.Prepared{}, drip.ErrMissingKey
+		return bucket.Prepared{}, drip.ErrMissingKey
 	}
 	p, err := drip.ParamsOf(r.Limit, r.Key)
 	if err != nil {
-		return drip.Prepared{}, err
+		return bucket.Prepared{}, err
 	}
 	if op != drip.OpTake && op != drip.OpPeek && op != drip.OpRefund {
-		return drip.Prepared{}, drip.ErrInvalidOp
+		return bucket.Prepared{}, drip.ErrInvalidOp
 	}
 	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > 1e12 {
-		return drip.Prepared{}, drip.ErrInvalidCost
+		return bucket.Prepared{}, drip.ErrInvalidCost
 	}
-	micro := int64(math.Round(r.Cost * drip.Micro))
+	micro := int64(math.Round(r.Cost * bucket.Micro))
 	l := modelLimit(p)
-	over := new(big.Rat).Sub(big.NewRat(micro, drip.Micro), l.burst) // cost - burst
+	over := new(big.Rat).Sub(big.NewRat(micro, bucket.Micro), l.burst) // cost - burst
 	if op != drip.OpRefund && over.Sign() > 0 {
 		if !r.Reserve || (l.maxReserved != nil && over.Cmp(l.maxReserved) > 0) {
-			return drip.Prepared{}, drip.ErrCostExceedsBurst
+			return bucket.Prepared{}, drip.ErrCostExceedsBurst
 		}
 	}
-	return drip.Prepared{Key: r.Key, Params: p, Cost: micro, Reserve: r.Reserve}, nil
+	return bucket.Prepared{Key: r.Key, Params: p, Cost: micro, Reserve: r.Reserve}, nil
 }
 
 // PrepareMulti is Prepare for a multi-take: the first bad request's error,
 // or a key that appears twice.
-func (m *Model) PrepareMulti(op drip.Op, rs []drip.Request) ([]drip.Prepared, error) {
+func (m *Model) PrepareMulti(op drip.Op, rs []drip.Request) ([]bucket.Prepared, error) {
 	if len(rs) == 0 {
 		return nil, drip.ErrNoRequests
 	}
-	ps := make([]drip.Prepared, len(rs))
+	ps := make([]bucket.Prepared, len(rs))
 	seen := map[string]bool{}
 	for i, r := range rs {
 		p, err := m.Prepare(op, r)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/replay"
 )
 
@@ -161,14 +162,14 @@ func CompareWithModel(t *testing.T, st drip.Store, lines []replay.Line) {
 // against the exact model, and advances the model. It returns what is
 // wrong, or "".
 func (m *Model) step(op drip.Op, rs []drip.Request, multi bool, at time.Time, got []drip.Decision, allowed bool, err error) string {
-	var ps []drip.Prepared
+	var ps []bucket.Prepared
 	var perr error
 	if multi {
 		ps, perr = m.PrepareMulti(op, rs)
 	} else {
-		var p drip.Prepared
+		var p bucket.Prepared
 		p, perr = m.Prepare(op, rs[0])
-		ps = []drip.Prepared{p}
+		ps = []bucket.Prepared{p}
 	}
 	if perr != nil {
 		if err == nil || !strings.Contains(err.Error(), perr.Error()) {
@@ -219,12 +220,12 @@ func allAllowed(ds []drip.Decision) bool {
 	return true
 }
 
-func compare(got drip.Decision, want ModelDecision, p drip.Params) string {
+func compare(got drip.Decision, want ModelDecision, p bucket.Params) string {
 	tol, _ := Tolerance.Float64()
 	wt, _ := want.Tokens.Float64()
 	// How long tol tokens take to refill, plus a microsecond of slack.
-	ttol := time.Duration(tol*float64(p.Period)/(float64(p.Rate)/drip.Micro)) + time.Microsecond
-	if p.Kind != drip.KindContinuous {
+	ttol := time.Duration(tol*float64(p.Period)/(float64(p.Rate)/bucket.Micro)) + time.Microsecond
+	if p.Kind != bucket.Continuous {
 		ttol = time.Microsecond
 	}
 	retry, _ := want.RetryNs.Float64()
@@ -236,8 +237,8 @@ func compare(got drip.Decision, want ModelDecision, p drip.Params) string {
 		return fmt.Sprintf("tokens %v, exact %v", got.Tokens, wt)
 	case got.Remaining != int64(math.Floor(math.Max(0, got.Tokens))):
 		return fmt.Sprintf("remaining %v for tokens %v", got.Remaining, got.Tokens)
-	case got.Burst != float64(p.Burst)/drip.Micro:
-		return fmt.Sprintf("limit %v, want %v", got.Burst, float64(p.Burst)/drip.Micro)
+	case got.Burst != float64(p.Burst)/bucket.Micro:
+		return fmt.Sprintf("limit %v, want %v", got.Burst, float64(p.Burst)/bucket.Micro)
 	case absDur(got.RetryAfter-time.Duration(math.Round(retry))) > ttol:
 		return fmt.Sprintf("retry_after %v, exact %v", got.RetryAfter, time.Duration(retry))
 	case absDur(got.ResetAfter-time.Duration(math.Round(reset))) > ttol:

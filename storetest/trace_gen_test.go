@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -96,7 +97,7 @@ func TestModelWorkedExample(t *testing.T) {
 	if d := m.Apply(drip.OpTake, p, at, true, nil, nil); !d.Allowed || d.Tokens.Sign() != 0 {
 		t.Fatalf("burst: %+v", d)
 	}
-	p.Cost = drip.Micro
+	p.Cost = bucket.Micro
 	if d := m.Apply(drip.OpTake, p, at.Add(100*time.Millisecond), true, nil, nil); !d.Allowed || d.Tokens.Cmp(big.NewRat(0, 1)) != 0 {
 		t.Fatalf("0.1 s later: %+v", d)
 	}

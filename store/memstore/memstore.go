@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 )
 
 // DefaultMaxKeys is the default bound on the number of buckets.
@@ -71,7 +72,7 @@ type Store struct {
 // limit, many keys) skips validation.
 type cached struct {
 	limit  drip.Limit
-	params drip.Params
+	params bucket.Params
 }
 
 var (
@@ -143,7 +144,7 @@ func (s *Store) sweeper(every time.Duration) {
 	}
 }
 
-// SweepMargin is how long after a bucket expires (drip.Params.ExpiresAt)
+// SweepMargin is how long after a bucket expires (bucket.Params.ExpiresAt)
 // the sweeper drops it. Until then a decision made with a clock that went
 // back a little still sees the bucket's own ts.
 const SweepMargin = time.Minute
@@ -235,11 +236,11 @@ func (s *Store) clock() int64 {
 // params is drip.Prepare with the last key-independent limit cached, by
 // pointer so that the hot path copies no request: the params and the cost
 // in fixed point.
-func (s *Store) params(op drip.Op, r *drip.Request) (drip.Params, int64, error) {
+func (s *Store) params(op drip.Op, r *drip.Request) (bucket.Params, int64, error) {
 	if err := drip.CheckKey(r.Key); err != nil {
-		return drip.Params{}, 0, err
+		return bucket.Params{}, 0, err
 	}
-	var p drip.Params
+	var p bucket.Params
 	if c := s.last.Load(); c != nil && c.limit == r.Limit {
 		p = c.params
 	} else {
@@ -266,17 +267,17 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 
 // ApplyPrepared implements drip.PreparedStore: Apply without the checks
 // the Limiter made once.
-func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key string, p *drip.Params, cost int64, reserve bool) (drip.Decision, error) {
+func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key string, p *bucket.Params, cost int64, reserve bool) (drip.Decision, error) {
 	now := s.nanos(at)
 	key = held(key)
 	sh, h := s.locate(key)
 	sh.mu.Lock()
 	i, found := sh.find(h, key)
-	var b drip.Bucket
+	var b bucket.State
 	if found {
 		b = sh.slots[i].b
 	}
-	d, next, write := drip.Eval(op, b, found, *p, cost, reserve, now)
+	r, next, write := bucket.Eval(bucket.Op(op), b, found, *p, cost, reserve, now)
 	if write {
 		if found {
 			sl := &sh.slots[i]
@@ -286,12 +287,12 @@ func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key s
 		}
 	}
 	sh.mu.Unlock()
-	return d, nil
+	return drip.DecisionOf(r, p.Burst), nil
 }
 
 // write stores b under the held key, a bucket already there or a new one.
 // The caller holds sh.mu.
-func (s *Store) write(sh *shard, h uint64, key string, b drip.Bucket, exp, now int64) {
+func (s *Store) write(sh *shard, h uint64, key string, b bucket.State, exp, now int64) {
 	if i, ok := sh.find(h, key); ok {
 		sl := &sh.slots[i]
 		sl.b, sl.exp = b, exp
@@ -303,7 +304,7 @@ func (s *Store) write(sh *shard, h uint64, key string, b drip.Bucket, exp, now i
 // put adds a bucket under the held key (hash h), which the shard does not
 // hold: it evicts while the shard is at its bounds, and grows the table
 // while it is more than 3/4 full. The caller holds sh.mu.
-func (s *Store) put(sh *shard, h uint64, key string, b drip.Bucket, exp, now int64) {
+func (s *Store) put(sh *shard, h uint64, key string, b bucket.State, exp, now int64) {
 	for sh.n > 0 && (sh.n >= s.maxKeys || sh.bytes+size(len(key)) > s.maxBytes) {
 		sh.remove(sh.victim(h, now))
 	}
@@ -335,14 +336,14 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 			s.shards[i].mu.Lock()
 		}
 	}
-	buckets := make([]drip.Bucket, len(ps))
+	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
 	for i, k := range keys {
 		if j, ok := shards[i].find(hashes[i], k); ok {
 			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
-	m, next, write := drip.EvalMulti(op, ps, buckets, found, now)
+	res, next, write := bucket.EvalMulti(bucket.Op(op), ps, buckets, found, now)
 	for i, p := range ps {
 		if write[i] {
 			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
@@ -353,7 +354,7 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 			s.shards[i].mu.Unlock()
 		}
 	}
-	return m, nil
+	return drip.MultiOf(res, ps), nil
 }
 
 // Reset implements drip.Store.

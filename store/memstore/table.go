@@ -5,7 +5,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 )
 
 // shard is one lock and an open-addressing hash table of slots (linear
@@ -31,7 +31,7 @@ type shard struct {
 // below).
 type slot struct {
 	hash  uint64
-	b     drip.Bucket
+	b     bucket.State
 	exp   int64
 	long  string
 	short [shortKey]byte
@@ -77,7 +77,7 @@ func (sh *shard) find(h uint64, key string) (int, bool) {
 
 // add puts a bucket under key (hash h), which the shard does not hold,
 // into a table with room for it.
-func (sh *shard) add(h uint64, key string, b drip.Bucket, exp int64) {
+func (sh *shard) add(h uint64, key string, b bucket.State, exp int64) {
 	sl := slot{hash: h, b: b, exp: exp}
 	if len(key) <= shortKey {
 		sl.n = uint8(copy(sl.short[:], key))

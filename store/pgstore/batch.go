@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 )
 
@@ -46,7 +47,7 @@ func WithoutBatching() Option { return func(c *config) { c.batching = Batching{M
 type request struct {
 	op  drip.Op
 	key []byte
-	p   drip.Prepared
+	p   bucket.Prepared
 	at  *int64
 }
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 )
 
@@ -14,7 +15,7 @@ func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request,
 	errs := make([]error, len(rs))
 	var calls []*batch.Call[request, result]
 	var idx []int
-	var ps []drip.Prepared
+	var ps []bucket.Prepared
 	for i, r := range rs {
 		p, err := drip.Prepare(ops[i], r)
 		if err != nil {

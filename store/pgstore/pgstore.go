@@ -2,7 +2,7 @@
 // SQL databases that speak its protocol: YugabyteDB, CockroachDB).
 //
 // Every decision is one SQL statement in one round trip, and the math of
-// drip.Eval runs inside it, in plain SQL on exact integers (int8, and
+// bucket.Eval runs inside it, in plain SQL on exact integers (int8, and
 // numeric for math.go's 128-bit products): sql/eval.sql is a fragment that
 // the statements include, and sql/functions.sql holds one-expression
 // helpers that the planner inlines. Nothing is computed on the client
@@ -23,7 +23,7 @@
 //     request goes at once, as a single statement. See WithBatching.
 //
 // Only the retry and reset durations of a decision are computed in Go, from
-// the bucket the statement returns, with drip.Params.Until.
+// the bucket the statement returns, with bucket.Params.Until.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
@@ -40,7 +40,7 @@
 // caller-supplied time is used as given (drip replay does). A bucket's ts
 // never moves backwards: a statement whose time is behind the stored ts (it
 // waited on the row lock while a later one wrote) refills nothing and
-// leaves ts as it is, as drip.Eval does.
+// leaves ts as it is, as bucket.Eval does.
 //
 // Keys. Keys are stored as bytes. A key longer than MaxKeyLen bytes (or
 // starting with the byte 0xff) is stored as 0xff followed by its SHA-256, so
@@ -86,6 +86,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 )
 
@@ -243,10 +244,10 @@ type result struct {
 	late    bool
 }
 
-// decision completes r as drip.Eval does: retry and reset come from the
+// decision completes r as bucket.Eval does: retry and reset come from the
 // bucket with the Go math (Params.Until), not from SQL.
-func (r result) decision(op drip.Op, p drip.Prepared) drip.Decision {
-	n := drip.Bucket{Tokens: r.tokens, TS: r.ts}
+func (r result) decision(op drip.Op, p bucket.Prepared) drip.Decision {
+	n := bucket.State{Tokens: r.tokens, TS: r.ts}
 	var retry time.Duration
 	switch {
 	case op == drip.OpRefund:
@@ -255,14 +256,12 @@ func (r result) decision(op drip.Op, p drip.Prepared) drip.Decision {
 	default:
 		retry = p.Params.Until(n, p.Params.NeedFor(p.Cost, p.Reserve), r.now)
 	}
-	return drip.Decision{
+	return drip.DecisionOf(bucket.Result{
 		Allowed:    r.allowed,
-		Tokens:     float64(r.tokens) / drip.Micro,
-		Remaining:  max(0, r.tokens) / drip.Micro,
-		Burst:      float64(p.Params.Burst) / drip.Micro,
+		Tokens:     r.tokens,
 		RetryAfter: retry,
 		ResetAfter: p.Params.Until(n, p.Params.Burst, r.now),
-	}
+	}, p.Params.Burst)
 }
 
 // errRace is take.sql's "not ok": the key had no row when the statement
@@ -294,7 +293,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 
 // applyOne decides one request with one statement (take.sql, peek.sql);
 // a take or refund carries its caller's deadline dl (zero: none).
-func (s *Store) applyOne(ctx context.Context, op drip.Op, p drip.Prepared, at *int64, dl time.Time) (result, error) {
+func (s *Store) applyOne(ctx context.Context, op drip.Op, p bucket.Prepared, at *int64, dl time.Time) (result, error) {
 	sql := takeSQL
 	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
 		p.Params.Burst, p.Params.MaxReserved, p.Params.Start, p.Cost, p.Reserve, at}
@@ -495,7 +494,7 @@ func newArrays(n int) *arrays {
 	}
 }
 
-func (a *arrays) add(op drip.Op, key []byte, p drip.Prepared, at *int64) {
+func (a *arrays) add(op drip.Op, key []byte, p bucket.Prepared, at *int64) {
 	a.ops = append(a.ops, int32(op))
 	a.keys = append(a.keys, key)
 	a.kinds = append(a.kinds, int32(p.Params.Kind))

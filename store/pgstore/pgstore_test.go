@@ -29,7 +29,7 @@ func TestConformanceBatching(t *testing.T) {
 }
 
 // TestSameAsMemstore runs random traces on the memory store and on
-// PostgreSQL, and wants every output identical: the SQL math is drip.Eval
+// PostgreSQL, and wants every output identical: the SQL math is bucket.Eval
 // bit for bit (storetest allows a tolerance against its exact model; this
 // allows none against the Go math).
 func TestSameAsMemstore(t *testing.T) {

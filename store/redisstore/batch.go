@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 )
 
@@ -48,7 +49,7 @@ var errLate = fmt.Errorf("redisstore: the server ran the request after its deadl
 type request struct {
 	op drip.Op
 	at time.Time
-	p  drip.Prepared
+	p  bucket.Prepared
 }
 
 func newBatcher(s *Store) *batch.Batcher[request, drip.Decision] {
@@ -60,7 +61,7 @@ type buffers struct {
 	ops []drip.Op
 	ats []time.Time
 	dls []time.Time
-	ps  []drip.Prepared
+	ps  []bucket.Prepared
 }
 
 var bufs = sync.Pool{New: func() any { return new(buffers) }}

@@ -186,7 +186,7 @@ func TestApplyAfterClose(t *testing.T) {
 
 // TestShapeCache drives more distinct shapes (limit and cost) through one
 // library than its cache of parsed shapes holds (4096), then earlier ones
-// again: every decision is checked against drip.Eval by the store, and the
+// again: every decision is checked against bucket.Eval by the store, and the
 // counts here against the limits.
 func TestShapeCache(t *testing.T) {
 	s := open(t, testserver.SharedRedisURL(t), redisstore.WithoutBatching())

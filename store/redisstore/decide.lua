@@ -1,5 +1,5 @@
--- decide.lua: drip decisions as one atomic step. It follows drip.Eval
--- (math.go) exactly, in the integers of bigint.lua, which is prepended to
+-- decide.lua: drip decisions as one atomic step. It follows bucket.Eval
+-- (bucket/bucket.go) exactly, in the integers of bigint.lua, which is prepended to
 -- this file.
 --
 -- ARGV[1] is the mode: "take", "peek" or "refund" decide the requests
@@ -34,12 +34,12 @@
 -- type, 16: tokens is in big, 32: late, nothing decided), tokens, ts_s, ts_n (the stored bucket
 -- before); big holds, in order, the tokens beyond 2^53 in magnitude as
 -- decimals. The caller recomputes each decision from the state before
--- with drip.Eval and checks allowed and written against it. (One string
+-- with bucket.Eval and checks allowed and written against it. (One string
 -- instead of four values per request: the server converts, and the
 -- client parses, a fraction of the reply.)
 --
 -- A denial or a peek writes nothing. A write leaves the key a TTL of at
--- least a minute past the bucket's expiry (drip.Params.ExpiresAt), so idle
+-- least a minute past the bucket's expiry (bucket.Params.ExpiresAt), so idle
 -- buckets vanish; a missing key is a fresh bucket.
 
 local NS = 1000000000
@@ -91,7 +91,7 @@ local function fresh(l, nows, nown)
   return l.burst, nows, nown
 end
 
--- expired is drip.Params.ExpiresAt(b) <= now for a fixed window or an
+-- expired is bucket.Params.ExpiresAt(b) <= now for a fixed window or an
 -- interval refill: the bucket carries no information any more and starts
 -- afresh. (For a continuous refill, expiry and refilled give the same
 -- bucket, so it is not computed.) A bucket that is not full expires

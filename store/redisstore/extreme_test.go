@@ -16,7 +16,7 @@ import (
 // bursts of 1e12 tokens, rates of a millionth of a token, periods of
 // centuries, times near the ends of int64 nanoseconds and before 1970,
 // clocks stepping back, and huge reservations. Every decision must equal
-// the memory store's (drip.Eval), field for field.
+// the memory store's (bucket.Eval), field for field.
 func TestExtremeAgainstMemstore(t *testing.T) {
 	t.Run("batching", func(t *testing.T) { extremeAgainstMemstore(t, open(t, testserver.SharedRedisURL(t))) })
 	t.Run("without-batching", func(t *testing.T) {

@@ -17,10 +17,10 @@
 // (exact: tokens below 2^53 in magnitude, as nearly always) or, beyond
 // that, as decimals, "tokens s n deadline". The script does its
 // arithmetic in exact integers (bigint.lua), so decisions are the ones
-// drip.Eval makes, bit for bit; the Go side recomputes each with
-// drip.Eval from the state the script read and reports any disagreement
+// bucket.Eval makes, bit for bit; the Go side recomputes each with
+// bucket.Eval from the state the script read and reports any disagreement
 // as an error. Every write leaves the key a TTL of at least a minute past
-// the bucket's expiry (drip.Params.ExpiresAt), so idle buckets vanish.
+// the bucket's expiry (bucket.Params.ExpiresAt), so idle buckets vanish.
 //
 // Sentinel: Open with a redis+sentinel:// URL (see ParseURL) finds the
 // master through the Sentinels and follows its failovers.
@@ -57,6 +57,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 	"github.com/driplimit/drip/internal/redact"
 )
@@ -183,7 +184,7 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	// A batch of one: the same decision as a take of one key, and the
 	// batch loop has the script's straight path for common takes.
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
-	ps := []drip.Prepared{p}
+	ps := []bucket.Prepared{p}
 	rep, err := s.run(ctx, "batch", []drip.Op{op}, []time.Time{at}, []time.Time{dl}, ps)
 	if err != nil {
 		return drip.Decision{}, err
@@ -220,7 +221,7 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 		return drip.Multi{}, errLate // and the script wrote nothing
 	}
 	now := rep.nowFor(at)
-	buckets := make([]drip.Bucket, len(ps))
+	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
 	for i := range ps {
 		if rep.reqs[i].badType {
@@ -228,13 +229,13 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 		}
 		buckets[i], found[i] = rep.reqs[i].before, rep.reqs[i].found
 	}
-	m, _, write := drip.EvalMulti(op, ps, buckets, found, now)
+	res, _, write := bucket.EvalMulti(bucket.Op(op), ps, buckets, found, now)
 	for i := range ps {
-		if err := rep.check(i, m.Decisions[i].Allowed, write[i]); err != nil {
+		if err := rep.check(i, res[i].Allowed, write[i]); err != nil {
 			return drip.Multi{}, err
 		}
 	}
-	return m, nil
+	return drip.MultiOf(res, ps), nil
 }
 
 // Reset implements drip.Store.
@@ -257,7 +258,7 @@ type reply struct {
 
 type reqReply struct {
 	found   bool
-	before  drip.Bucket
+	before  bucket.State
 	allowed bool
 	written bool
 	badType bool // the key holds a value of another type: no decision
@@ -272,7 +273,7 @@ const (
 
 // shape is what requests under the same limit and cost share in a call.
 type shape struct {
-	p       drip.Params
+	p       bucket.Params
 	cost    int64
 	reserve bool
 }
@@ -301,7 +302,7 @@ func (sh shape) text() string {
 // decimals once per call; each request is a small fixed record of one
 // packed argument (see decide.lua), which costs the server much less to
 // read than arguments of its own.
-func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []time.Time, ps []drip.Prepared) (reply, error) {
+func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []time.Time, ps []bucket.Prepared) (reply, error) {
 	if !s.clock.Known() && slices.ContainsFunc(dls, func(d time.Time) bool { return !d.IsZero() }) {
 		if err := s.syncClock(ctx); err != nil {
 			return reply{}, err
@@ -415,18 +416,18 @@ func (rep *reply) nowFor(at time.Time) int64 {
 	return at.UnixNano()
 }
 
-// decide is request i's decision, recomputed with drip.Eval from the
+// decide is request i's decision, recomputed with bucket.Eval from the
 // state the script saw, and checked against what the script did.
-func (rep *reply) decide(i int, op drip.Op, at time.Time, p drip.Prepared) (drip.Decision, error) {
+func (rep *reply) decide(i int, op drip.Op, at time.Time, p bucket.Prepared) (drip.Decision, error) {
 	r := rep.reqs[i]
-	d, _, write := drip.Eval(op, r.before, r.found, p.Params, p.Cost, p.Reserve, rep.nowFor(at))
-	if err := rep.check(i, d.Allowed, write); err != nil {
+	res, _, write := bucket.Eval(bucket.Op(op), r.before, r.found, p.Params, p.Cost, p.Reserve, rep.nowFor(at))
+	if err := rep.check(i, res.Allowed, write); err != nil {
 		return drip.Decision{}, err
 	}
-	return d, nil
+	return drip.DecisionOf(res, p.Params.Burst), nil
 }
 
-// check holds the script to drip.Eval: the same verdict and the same
+// check holds the script to bucket.Eval: the same verdict and the same
 // write. (What it wrote is held to Eval by the next decision on the key,
 // which storetest compares.) A mismatch is a bug in the script, reported
 // rather than hidden.
@@ -439,7 +440,7 @@ func (rep *reply) check(i int, allowed, write bool) error {
 		return ErrWrongType
 	}
 	if r.allowed != allowed || r.written != write {
-		return fmt.Errorf("redisstore: script and drip.Eval disagree (a bug): script allowed=%v written=%v, Eval allowed=%v write=%v",
+		return fmt.Errorf("redisstore: script and bucket.Eval disagree (a bug): script allowed=%v written=%v, Eval allowed=%v write=%v",
 			r.allowed, r.written, allowed, write)
 	}
 	return nil

@@ -44,7 +44,7 @@ BEGIN
             tokens := d.n_tokens::float8 / 1000000;
             remaining := greatest(0, d.n_tokens) / 1000000;
             "limit" := pr.p_burst::float8 / 1000000;
-            -- drip.Eval's retry and reset, from the bucket after the decision
+            -- bucket.Eval's retry and reset, from the bucket after the decision
             IF op = 2 OR (d.allowed AND d.n_tokens >= 0) THEN
                 retry_after := 0;
             ELSIF d.allowed THEN

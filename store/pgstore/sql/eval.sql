@@ -1,11 +1,11 @@
--- eval.sql: drip.Eval in SQL, a fragment that the statements include where
+-- eval.sql: bucket.Eval in SQL, a fragment that the statements include where
 -- they say {{EVAL}}, as a LATERAL subquery over a row i with the columns
 -- op, present, tokens, ts, kind, rate, period, burst, maxres, start, cost,
 -- reserve, now (see functions.sql for units). It yields allowed, write,
 -- the bucket after the decision (n_tokens, n_ts: for a denial, the bucket
 -- refilled to now) and expires, Params.ExpiresAt of that bucket. The
 -- caller derives retry_after and reset_after from the bucket with
--- drip.Params.Until, in Go (drip.until in SQL).
+-- bucket.Params.Until, in Go (drip.until in SQL).
 --
 -- Plain SQL on int8 and exact numeric, in three stages (the bucket as
 -- found or fresh; refilled; decided): each stage is an OFFSET 0 subquery,

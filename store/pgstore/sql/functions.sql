@@ -1,4 +1,4 @@
--- drip's SQL functions: the helpers of the math of math.go (bit for bit:
+-- drip's SQL functions: the helpers of the math of bucket/bucket.go (bit for bit:
 -- int8 and exact numeric arithmetic, never floats; the rest of the math is
 -- eval.sql), and the functions any language can call. Installed (CREATE OR
 -- REPLACE) by every drip pg install.
@@ -15,7 +15,7 @@ AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint $$;
 -- The math that statements run is plain SQL: drip.reach, drip.until and
 -- drip.expires_at below are one-expression SQL functions that the planner
 -- inlines, and eval.sql is a fragment of the statements themselves. Only
--- exact arithmetic: int8, and numeric where math.go needs 128 bits.
+-- exact arithmetic: int8, and numeric where bucket.go needs 128 bits.
 
 -- drip.reach_n is drip.reach without saturation, as numeric: ts plus
 -- ceil(need * period / rate) ns (continuous) or ceil(need / rate) whole
@@ -31,7 +31,7 @@ $$;
 -- drip.reach is Params.reach: the instant (ns) at which a bucket of
 -- (tokens, ts) holds target micro-tokens (ts if it already does),
 -- saturating at the largest bigint; on the grid for kinds 1 and 2. (For
--- ts >= 0, which drip's times are, min(ts + d, max) is math.go's
+-- ts >= 0, which drip's times are, min(ts + d, max) is bucket.go's
 -- saturating sum.)
 CREATE OR REPLACE FUNCTION drip.reach(kind int, rate bigint, period bigint,
     tokens bigint, ts bigint, target bigint) RETURNS bigint

@@ -1,4 +1,4 @@
-package drip
+package bucket
 
 import (
 	"math"
@@ -24,9 +24,9 @@ func FuzzEval(f *testing.F) {
 		if reserve {
 			cost = clamp(cost, 0, 2*p.Burst)
 		}
-		b := Bucket{Tokens: clamp(tokens, -p.Burst, p.Burst), TS: clamp(ts, -1e18, 1e18)}
+		b := State{Tokens: clamp(tokens, -p.Burst, p.Burst), TS: clamp(ts, -1e18, 1e18)}
 		now = clamp(now, -1e18, 1e18)
-		for _, op := range []Op{OpTake, OpPeek, OpRefund} {
+		for _, op := range []Op{Take, Peek, Refund} {
 			d, n, write := Eval(op, b, found, p, cost, reserve, now)
 			if n.Tokens > p.Burst {
 				t.Fatalf("%v: tokens %d over burst %d", op, n.Tokens, p.Burst)
@@ -34,7 +34,7 @@ func FuzzEval(f *testing.F) {
 			if d.RetryAfter < 0 || d.ResetAfter < 0 {
 				t.Fatalf("%v: negative time %+v", op, d)
 			}
-			if op == OpPeek && write {
+			if op == Peek && write {
 				t.Fatal("peek writes")
 			}
 			if !d.Allowed && write {
@@ -46,7 +46,7 @@ func FuzzEval(f *testing.F) {
 			if n.TS > max(now, b.TS) && found {
 				t.Fatalf("%v: ts %d beyond now %d and old ts %d", op, n.TS, now, b.TS)
 			}
-			if op != OpTake {
+			if op != Take {
 				continue
 			}
 			a := p.Refilled(b, now)
@@ -59,15 +59,15 @@ func FuzzEval(f *testing.F) {
 			if !d.Allowed && d.RetryAfter < time.Duration(math.MaxInt64/2) {
 				// Waiting RetryAfter makes the same take succeed.
 				later := now + int64(d.RetryAfter)
-				if d2, _, _ := Eval(OpTake, b, found, p, cost, reserve, later); !d2.Allowed && later >= now {
+				if d2, _, _ := Eval(Take, b, found, p, cost, reserve, later); !d2.Allowed && later >= now {
 					t.Fatalf("denied with retry %v, and still denied then: %+v", d.RetryAfter, d2)
 				}
 				// And not earlier than needed: continuous refill keeps its
 				// remainder to under a nanosecond, so the answer may be
 				// late by at most that, rounded up (the grid answers are
 				// checked exactly by storetest's scenarios).
-				if d.RetryAfter > 2 && p.Kind == KindContinuous {
-					if d3, _, _ := Eval(OpTake, b, found, p, cost, reserve, later-2); d3.Allowed {
+				if d.RetryAfter > 2 && p.Kind == Continuous {
+					if d3, _, _ := Eval(Take, b, found, p, cost, reserve, later-2); d3.Allowed {
 						t.Fatalf("retry %v is later than needed", d.RetryAfter)
 					}
 				}
@@ -82,12 +82,12 @@ func clamp(x, lo, hi int64) int64 { return min(max(x, lo), hi) }
 // seconds) for a simulated day: the bucket must never be short of what
 // exact arithmetic gives by more than the documented tolerance.
 func TestNoDrift(t *testing.T) {
-	p := Params{Kind: KindContinuous, Rate: 7 * Micro, Period: 3e9, Burst: 7 * Micro, MaxReserved: -1}
+	p := Params{Kind: Continuous, Rate: 7 * Micro, Period: 3e9, Burst: 7 * Micro, MaxReserved: -1}
 	b := p.Fresh(0)
 	var granted int64
 	// One request every 100 ms for 24 h: 864,000 decisions.
 	for now := int64(0); now < 24*3600e9; now += 1e8 {
-		d, n, w := Eval(OpTake, b, true, p, Micro, false, now)
+		d, n, w := Eval(Take, b, true, p, Micro, false, now)
 		if w {
 			b = n
 		}
@@ -104,13 +104,13 @@ func TestNoDrift(t *testing.T) {
 }
 
 func TestBoundaryIsExact(t *testing.T) {
-	p := Params{Kind: KindContinuous, Rate: 10 * Micro, Period: 1e9, Burst: 10 * Micro, MaxReserved: -1}
-	b := Bucket{Tokens: 0, TS: 5e9}
-	d, _, _ := Eval(OpTake, b, true, p, Micro, false, 5e9+1e8)
+	p := Params{Kind: Continuous, Rate: 10 * Micro, Period: 1e9, Burst: 10 * Micro, MaxReserved: -1}
+	b := State{Tokens: 0, TS: 5e9}
+	d, _, _ := Eval(Take, b, true, p, Micro, false, 5e9+1e8)
 	if !d.Allowed {
 		t.Fatalf("0.1 s after emptying at 10/s a take of 1 must be allowed: %+v", d)
 	}
-	d, _, _ = Eval(OpTake, b, true, p, Micro, false, 5e9+1e8-1)
+	d, _, _ = Eval(Take, b, true, p, Micro, false, 5e9+1e8-1)
 	if d.Allowed || d.RetryAfter != 1 {
 		t.Fatalf("one nanosecond earlier it must be denied with retry 1ns: %+v", d)
 	}
@@ -119,15 +119,15 @@ func TestBoundaryIsExact(t *testing.T) {
 // TestBeforeEpoch: times before 1970 are ordinary times (a caller-supplied
 // clock may start anywhere): a bucket refills and expires as at any other.
 func TestBeforeEpoch(t *testing.T) {
-	p := Params{Kind: KindContinuous, Rate: 10 * Micro, Period: 1e9, Burst: 10 * Micro, MaxReserved: -1}
-	b := Bucket{Tokens: 0, TS: -10e9}
+	p := Params{Kind: Continuous, Rate: 10 * Micro, Period: 1e9, Burst: 10 * Micro, MaxReserved: -1}
+	b := State{Tokens: 0, TS: -10e9}
 	if got := p.ExpiresAt(b); got != -9e9 {
 		t.Fatalf("ExpiresAt = %d, want -9e9", got)
 	}
 	if got := p.Until(b, p.Burst, -9.5e9); got != 500*time.Millisecond {
 		t.Fatalf("Until = %v, want 500ms", got)
 	}
-	if d, _, _ := Eval(OpPeek, b, true, p, 10*Micro, false, -8e9); !d.Allowed {
+	if d, _, _ := Eval(Peek, b, true, p, 10*Micro, false, -8e9); !d.Allowed {
 		t.Fatalf("a full bucket after -9 s: %+v", d)
 	}
 }

@@ -1,4 +1,4 @@
-package drip
+package bucket
 
 import "math"
 
