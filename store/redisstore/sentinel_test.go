@@ -34,7 +34,8 @@ func TestSentinelFailover(t *testing.T) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("sentinel-failover:%s:%d", randomTag(), i)
 	}
-	load := startTakeLoad(s, keys, lim, 16)
+	const callers = 16
+	load := startTakeLoad(s, keys, lim, callers)
 	defer load.Stop()
 	// Kill the master while its keys are half spent.
 	load.WaitOKs(t, int64(len(keys)*burst/2))
@@ -56,14 +57,20 @@ func TestSentinelFailover(t *testing.T) {
 	// Run until every key has been asked well past its burst.
 	continued := load.RunAfter(int64(len(keys) * burst * 2))
 	errWindow := time.Duration(load.lastErr.Load()) - killedAt
-	over, overKeys, worst := int64(0), 0, int64(0)
+	over, overKeys, worst, short := int64(0), 0, int64(0), int64(0)
 	for i := range keys {
 		g := load.grants[i].Load()
 		if g > 2*burst {
 			t.Errorf("%s granted %d, more than two bursts (%d)", keys[i], g, 2*burst)
 		}
 		if g < burst {
-			t.Errorf("%s granted %d, less than its burst (%d)", keys[i], g, burst)
+			// A take the master applied (and replicated) just before it
+			// was killed, whose reply the kill cut off: an error to its
+			// caller, yet applied. No client can tell these apart from
+			// takes that never ran, so they are bounded, not ruled out:
+			// at most one per caller in flight at the kill.
+			short += burst - g
+			t.Logf("%s granted %d, %d short of its burst: a take applied as the master died", keys[i], g, burst-g)
 		}
 		if g > burst {
 			over += g - burst
@@ -73,6 +80,9 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	t.Logf("Sentinels promoted the replica %v after the kill; errors for %v after the kill (%d errors); %d decisions (%d after the kill); over-admission: %d tokens over %d of %d keys (worst key: %d extra, bound %d)",
 		promoted.Round(time.Millisecond), errWindow.Round(time.Millisecond), load.errs.Load(), load.oks.Load(), load.after.Load(), over, overKeys, len(keys), worst, burst)
+	if short > callers {
+		t.Errorf("%d tokens short over all keys: more than the %d takes in flight at the kill", short, callers)
+	}
 	if !continued {
 		t.Fatalf("decisions did not continue after the failover: %d after the kill", load.after.Load())
 	}
