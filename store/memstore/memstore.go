@@ -171,25 +171,19 @@ func (s *Store) Sweep(now time.Time) int {
 }
 
 // Len is the number of buckets held.
-func (s *Store) Len() int {
-	n := 0
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		n += sh.n
-		sh.mu.Unlock()
-	}
-	return n
-}
+func (s *Store) Len() int { return s.sum(func(sh *shard) int { return sh.n }) }
 
 // Bytes is what the buckets held count against the bound on bytes (see
 // WithMaxBytes).
-func (s *Store) Bytes() int {
+func (s *Store) Bytes() int { return s.sum(func(sh *shard) int { return sh.bytes }) }
+
+// sum adds f over the shards, each read under its lock.
+func (s *Store) sum(f func(*shard) int) int {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += sh.bytes
+		n += f(sh)
 		sh.mu.Unlock()
 	}
 	return n
