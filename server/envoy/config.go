@@ -28,6 +28,10 @@ import (
 type Config struct {
 	domains map[string]*node
 	files   []string
+	// opts are the options it was loaded with; the service answers as
+	// they say (quota mode, dynamic metadata, headers), so that a reload
+	// under new settings applies them with the new files.
+	opts Options
 }
 
 // node is one level of a domain's descriptor tree.
@@ -58,18 +62,18 @@ type Limit struct {
 	Unlimited bool
 	// Shadow descriptors are decided and counted but never deny.
 	Shadow bool
-	// Quota is the descriptor's quota_mode. In envoyproxy/ratelimit a
-	// quota descriptor over its limit does not deny the request by itself:
-	// the request is over the limit when a descriptor without quota_mode is,
-	// or when every quota descriptor of the request is. drip's service does
-	// not apply that rule yet: it decides a quota descriptor like any other
-	// (so it may deny where envoyproxy/ratelimit would not, never the
-	// reverse).
+	// Quota is the descriptor's quota_mode (or Options.Quota for every
+	// limit): a quota descriptor over its limit does not deny the request
+	// by itself. The request is over the limit when a descriptor without
+	// quota mode is, or when every quota descriptor of the request is (a
+	// quota limit in shadow mode never is); its descriptor status still
+	// says OVER_LIMIT, and it takes nothing.
 	Quota bool
 	// Metadata is the descriptor's metadata, as a protobuf Struct (nil
-	// when the descriptor has none). envoyproxy/ratelimit returns it in
-	// the response's dynamic metadata when asked to; drip keeps it for that
-	// and decides nothing on it.
+	// when the descriptor has none). With Options.DynamicMetadata, the
+	// metadata of the descriptors that were not over their limit is
+	// returned in the response's dynamic metadata; nothing is decided on
+	// it.
 	Metadata *structpb.Struct
 	// RequestsPerUnit and Unit are the limit as configured; a limit of 0
 	// requests denies every request, as in envoyproxy/ratelimit.
@@ -206,7 +210,7 @@ func Parse(files ...File) (*Config, error) { return ParseWith(Options{}, files..
 // Algorithm drip.FixedWindow, every limit without its own "algorithm" is
 // a fixed window.
 func ParseWith(opts Options, files ...File) (*Config, error) {
-	c := &Config{domains: map[string]*node{}}
+	c := &Config{domains: map[string]*node{}, opts: opts}
 	var problems []string
 	domainFile := map[string]string{}
 	for _, f := range files {

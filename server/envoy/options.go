@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/driplimit/drip"
 )
 
@@ -30,22 +32,89 @@ type Options struct {
 	// epoch). drip's own setting (DRIP_ENVOY_ALGORITHM): envoyproxy/ratelimit
 	// has no other algorithm.
 	Algorithm drip.Algorithm
+	// Quota puts every limit in quota mode (QUOTA_MODE), those a request
+	// sets itself included: a request is over the limit when a limit
+	// without quota mode is, or when every quota limit of the request is
+	// (see Limit.Quota).
+	Quota bool
+	// DynamicMetadata adds envoyproxy/ratelimit's dynamic metadata to each
+	// response (RESPONSE_DYNAMIC_METADATA): the request's domain,
+	// descriptors and hits_addend, and the metadata of the limits of the
+	// descriptors that were not over their limit.
+	DynamicMetadata bool
+	// Headers are the rate limit headers of the response.
+	Headers Headers
+}
+
+// Headers chooses the rate limit headers the service asks Envoy to add to
+// the response (response_headers_to_add).
+type Headers struct {
+	// Mode is HeadersDrip (""), HeadersEnvoy or HeadersNone.
+	Mode HeaderMode
+	// Limit, Remaining and Reset name envoyproxy/ratelimit's three headers
+	// under HeadersEnvoy (LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
+	// LIMIT_RESET_HEADER); "" is its default name: RateLimit-Limit,
+	// RateLimit-Remaining, RateLimit-Reset.
+	Limit, Remaining, Reset string
+}
+
+// HeaderMode is which rate limit headers a response carries.
+type HeaderMode string
+
+const (
+	// HeadersDrip: drip's RateLimit-Policy, RateLimit, RateLimit-Limit,
+	// RateLimit-Remaining, RateLimit-Reset, and Retry-After on a denial,
+	// as its HTTP middleware writes them (LIMIT_RESPONSE_HEADERS_ENABLED
+	// unset).
+	HeadersDrip HeaderMode = ""
+	// HeadersEnvoy: envoyproxy/ratelimit's three headers
+	// (LIMIT_RESPONSE_HEADERS_ENABLED=true), of one descriptor: the last
+	// one over its limit that is not in quota mode, else the first with
+	// the fewest requests remaining; the limit is its requests_per_unit,
+	// the remaining its limit_remaining, the reset its
+	// duration_until_reset in whole seconds (rounded up).
+	HeadersEnvoy HeaderMode = "envoy"
+	// HeadersNone: no header (LIMIT_RESPONSE_HEADERS_ENABLED=false, as
+	// envoyproxy/ratelimit answers by default).
+	HeadersNone HeaderMode = "none"
+)
+
+// names are the three header names of HeadersEnvoy, defaults filled in.
+func (h Headers) names() (limit, remaining, reset string) {
+	limit, remaining, reset = h.Limit, h.Remaining, h.Reset
+	if limit == "" {
+		limit = "RateLimit-Limit"
+	}
+	if remaining == "" {
+		remaining = "RateLimit-Remaining"
+	}
+	if reset == "" {
+		reset = "RateLimit-Reset"
+	}
+	return limit, remaining, reset
 }
 
 // OptionsFromEnv reads Options from envoyproxy/ratelimit's environment
 // variables, through getenv (os.Getenv): MERGE_DOMAIN_CONFIG,
-// SHADOW_MODE, RUNTIME_IGNOREDOTFILES, each true or false (as
-// strconv.ParseBool reads them; unset or empty is false), and drip's
-// DRIP_ENVOY_ALGORITHM.
+// SHADOW_MODE, QUOTA_MODE, RUNTIME_IGNOREDOTFILES,
+// RESPONSE_DYNAMIC_METADATA, each true or false (as strconv.ParseBool
+// reads them; unset or empty is false); LIMIT_RESPONSE_HEADERS_ENABLED
+// (true: HeadersEnvoy, false: HeadersNone, unset or empty: HeadersDrip)
+// and LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER
+// (header names); and drip's DRIP_ENVOY_ALGORITHM.
 func OptionsFromEnv(getenv func(string) string) (Options, error) {
 	var o Options
+	var headers bool
 	for _, v := range []struct {
 		name string
 		to   *bool
 	}{
 		{"MERGE_DOMAIN_CONFIG", &o.MergeDomains},
 		{"SHADOW_MODE", &o.Shadow},
+		{"QUOTA_MODE", &o.Quota},
 		{"RUNTIME_IGNOREDOTFILES", &o.IgnoreDotfiles},
+		{"RESPONSE_DYNAMIC_METADATA", &o.DynamicMetadata},
+		{"LIMIT_RESPONSE_HEADERS_ENABLED", &headers},
 	} {
 		s := getenv(v.name)
 		if s == "" {
@@ -56,6 +125,26 @@ func OptionsFromEnv(getenv func(string) string) (Options, error) {
 			return Options{}, fmt.Errorf("%s=%q: want true or false", v.name, s)
 		}
 		*v.to = b
+	}
+	switch {
+	case headers:
+		o.Headers.Mode = HeadersEnvoy
+	case getenv("LIMIT_RESPONSE_HEADERS_ENABLED") != "":
+		o.Headers.Mode = HeadersNone
+	}
+	for _, v := range []struct {
+		name string
+		to   *string
+	}{
+		{"LIMIT_LIMIT_HEADER", &o.Headers.Limit},
+		{"LIMIT_REMAINING_HEADER", &o.Headers.Remaining},
+		{"LIMIT_RESET_HEADER", &o.Headers.Reset},
+	} {
+		s := getenv(v.name)
+		if s != "" && !httpguts.ValidHeaderFieldName(s) {
+			return Options{}, fmt.Errorf("%s=%q: not a header name", v.name, s)
+		}
+		*v.to = s
 	}
 	switch a := drip.Algorithm(getenv("DRIP_ENVOY_ALGORITHM")); a {
 	case "", drip.TokenBucket, drip.FixedWindow:
