@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"fmt"
+	"net"
 	"path/filepath"
 	"strconv"
 
@@ -173,4 +174,25 @@ func RuntimeDir(getenv func(string) string) string {
 		app = "config"
 	}
 	return filepath.Join(root, sub, app)
+}
+
+// GRPCListen is the address envoyproxy/ratelimit serves gRPC on from its
+// environment: GRPC_HOST (default 0.0.0.0) and GRPC_PORT (default 8081).
+// It is "" when neither is set, so that a deployment without them keeps
+// drip's own default (no gRPC listener without --grpc-listen).
+func GRPCListen(getenv func(string) string) (string, error) {
+	host, port := getenv("GRPC_HOST"), getenv("GRPC_PORT")
+	if host == "" && port == "" {
+		return "", nil
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	if port == "" {
+		port = "8081"
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return "", fmt.Errorf("GRPC_PORT=%q: want a port number", port)
+	}
+	return net.JoinHostPort(host, port), nil
 }
