@@ -88,6 +88,10 @@ type Limit struct {
 
 	qname  string // the quoted name of RateLimit headers
 	policy string // the RateLimit-Policy item
+	// globalShadow: in shadow mode by SHADOW_MODE only. Its status says
+	// OVER_LIMIT when it is over (the request is still allowed), as
+	// envoyproxy/ratelimit's does; a limit's own shadow_mode says OK.
+	globalShadow bool
 }
 
 // units maps envoyproxy/ratelimit's unit names to their durations (a month
@@ -457,9 +461,9 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, path, parentKey string)
 			continue
 		}
 		child := &node{children: map[string]*node{}}
-		shadow, quota := p.shadow, false
+		own, quota := false, false
 		if v, ok := f["shadow_mode"]; ok && p.boolean(v, dp+".shadow_mode") {
-			shadow = true
+			own = true
 		}
 		if v, ok := f["quota_mode"]; ok {
 			quota = p.boolean(v, dp+".quota_mode")
@@ -485,8 +489,8 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, path, parentKey string)
 			}
 		}
 		if v, ok := f["rate_limit"]; ok {
-			if l := p.rateLimit(v, dp+".rate_limit", full, shadow); l != nil {
-				l.Quota, l.Metadata = quota, meta
+			if l := p.rateLimit(v, dp+".rate_limit", full, own || p.shadow); l != nil {
+				l.Quota, l.Metadata, l.globalShadow = quota, meta, p.shadow && !own
 				child.limit = l
 			}
 		}

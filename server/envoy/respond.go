@@ -51,7 +51,7 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(it.limit.UnitMultiplier)
 		}
 		if it.kind == blocked {
-			if !it.limit.Shadow {
+			if !it.limit.Shadow || it.limit.globalShadow {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 			continue
@@ -67,7 +67,7 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 			st.DurationUntilReset = durationpb.New(it.step.Decision.ResetAfter)
 		} else {
 			st.DurationUntilReset = durationpb.New(it.step.Decision.RetryAfter)
-			if it.kind == enforce {
+			if it.kind == enforce || (it.kind == shadow && it.limit.globalShadow) {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 		}

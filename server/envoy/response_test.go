@@ -319,3 +319,29 @@ descriptors:
 		t.Errorf("dynamic metadata without the option: %v", resp.DynamicMetadata)
 	}
 }
+
+// TestGlobalShadowStatuses: under SHADOW_MODE (Options.Shadow) a request
+// over its limits is OK while the statuses of the limits over say
+// OVER_LIMIT, as envoyproxy/ratelimit's do; a limit's own shadow_mode says
+// OK, and a quota descriptor over its limit changes nothing.
+func TestGlobalShadowStatuses(t *testing.T) {
+	c, err := ParseWith(Options{Shadow: true}, File{Name: "s.yaml", Data: []byte(`domain: s
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: own
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: q
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serve(t, memstore.New(), c, false)
+	wantCodes(t, "first", r.call(t, "s", 0, desc("a=1"), desc("own=1"), desc("q=1")), ok, ok, ok, ok)
+	wantCodes(t, "all over", r.call(t, "s", 0, desc("a=1"), desc("own=1"), desc("zero=1"), desc("q=1")), ok, over, ok, over, over)
+}
