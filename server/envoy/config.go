@@ -212,7 +212,8 @@ func Parse(files ...File) (*Config, error) { return ParseWith(Options{}, files..
 // add their descriptors to it (a descriptor repeated across them is an
 // error), in file order; with Shadow, every limit is in shadow mode; with
 // Algorithm drip.FixedWindow, every limit without its own "algorithm" is
-// a fixed window.
+// a fixed window. The Config keeps opts: a Service deciding with it
+// answers as Quota, DynamicMetadata and Headers say.
 func ParseWith(opts Options, files ...File) (*Config, error) {
 	c := &Config{domains: map[string]*node{}, opts: opts}
 	var problems []string

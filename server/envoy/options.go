@@ -11,16 +11,20 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// Options are the settings of loading a configuration that
-// envoyproxy/ratelimit takes from its environment; the zero value is its
-// defaults, except that Load skips dotfiles (LoadWith does not).
+// Options are the settings of loading a configuration, and of answering
+// with it, that envoyproxy/ratelimit takes from its environment; the zero
+// value is its defaults, except that Load skips dotfiles (LoadWith does
+// not) and that responses carry drip's RateLimit headers (HeadersDrip),
+// where envoyproxy/ratelimit sends none by default.
 type Options struct {
 	// MergeDomains lets several files configure one domain: their
 	// descriptors are added together (MERGE_DOMAIN_CONFIG).
 	MergeDomains bool
 	// Shadow puts every configured limit in shadow mode: decided, counted,
-	// never denying (SHADOW_MODE). A limit a request sets itself
-	// (descriptor "limit") is still enforced.
+	// never denying (SHADOW_MODE), those a request sets itself
+	// (descriptor "limit") included, as envoyproxy/ratelimit lets every
+	// request through under it; the status of a limit over still says
+	// OVER_LIMIT.
 	Shadow bool
 	// IgnoreDotfiles skips the files of a directory whose names begin
 	// with '.' (RUNTIME_IGNOREDOTFILES); otherwise those that are

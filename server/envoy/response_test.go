@@ -323,7 +323,8 @@ descriptors:
 // TestGlobalShadowStatuses: under SHADOW_MODE (Options.Shadow) a request
 // over its limits is OK while the statuses of the limits over say
 // OVER_LIMIT, as envoyproxy/ratelimit's do; a limit's own shadow_mode says
-// OK, and a quota descriptor over its limit changes nothing.
+// OK, a quota descriptor over its limit changes nothing, and a limit the
+// request sets itself is in shadow mode too.
 func TestGlobalShadowStatuses(t *testing.T) {
 	c, err := ParseWith(Options{Shadow: true}, File{Name: "s.yaml", Data: []byte(`domain: s
 descriptors:
@@ -344,4 +345,10 @@ descriptors:
 	r := serve(t, memstore.New(), c, false)
 	wantCodes(t, "first", r.call(t, "s", 0, desc("a=1"), desc("own=1"), desc("q=1")), ok, ok, ok, ok)
 	wantCodes(t, "all over", r.call(t, "s", 0, desc("a=1"), desc("own=1"), desc("zero=1"), desc("q=1")), ok, over, ok, over, over)
+	set := &ratelimitv3.RateLimitDescriptor{
+		Entries: entries("a=2"),
+		Limit:   &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_MINUTE},
+	}
+	wantCodes(t, "a request's own limit", r.call(t, "s", 0, set), ok, ok)
+	wantCodes(t, "a request's own limit over", r.call(t, "s", 0, set), ok, over)
 }

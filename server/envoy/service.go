@@ -193,6 +193,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				if err != nil {
 					return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].limit: %v", i, err)
 				}
+				// SHADOW_MODE overrides every answer in envoyproxy/ratelimit,
+				// a request's own limits' included.
+				l.Shadow, l.globalShadow = cfg.opts.Shadow, cfg.opts.Shadow
 				m.limit = l
 			}
 		} else {
