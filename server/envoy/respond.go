@@ -108,27 +108,31 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 
 // wait is how long a denied request waits before it may be allowed: the
 // longest wait of its descriptors over their limit outside quota mode and,
-// when all its quota descriptors are over theirs, the shortest of those.
+// when none of its quota descriptors is within its limit, the shortest
+// wait of theirs (those that no wait cures aside).
 func wait(items []item) time.Duration {
 	var w, quota time.Duration
-	quotas, over := 0, 0
+	quotas, within, waits := 0, false, false
 	for i := range items {
 		it := &items[i]
+		denied := it.kind == enforce && it.step.Decided && !it.step.Decision.Allowed
 		if !it.quota {
-			if it.kind == enforce && it.step.Decided && !it.step.Decision.Allowed {
+			if denied {
 				w = max(w, it.step.Decision.RetryAfter)
 			}
 			continue
 		}
 		quotas++
-		if it.kind == enforce && it.step.Decided && !it.step.Decision.Allowed {
-			if over == 0 || it.step.Decision.RetryAfter < quota {
-				quota = it.step.Decision.RetryAfter
+		switch {
+		case denied:
+			if !waits || it.step.Decision.RetryAfter < quota {
+				quota, waits = it.step.Decision.RetryAfter, true
 			}
-			over++
+		case it.kind == enforce && it.step.Decided:
+			within = true // allowed on its own
 		}
 	}
-	if quotas > 0 && over == quotas {
+	if quotas > 0 && !within {
 		w = max(w, quota)
 	}
 	return w

@@ -1,6 +1,7 @@
 package envoy
 
 import (
+	"strconv"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -351,4 +352,50 @@ descriptors:
 	}
 	wantCodes(t, "a request's own limit", r.call(t, "s", 0, set), ok, ok)
 	wantCodes(t, "a request's own limit over", r.call(t, "s", 0, set), ok, over)
+}
+
+// TestQuotaRetryAfter: a request denied because every quota descriptor is
+// over its limit may be allowed as soon as the first of them has room
+// again: Retry-After (drip's headers) follows the shortest of their
+// waits, and a quota limit of 0, which no wait cures, does not hide it.
+func TestQuotaRetryAfter(t *testing.T) {
+	c, err := Parse(File{Name: "r.yaml", Data: []byte(`domain: r
+descriptors:
+  - key: slow
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: fast
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: zero
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serve(t, memstore.New(), c, false)
+	retryAfter := func(resp *rlsv3.RateLimitResponse) string {
+		for _, h := range resp.ResponseHeadersToAdd {
+			if h.Key == "Retry-After" {
+				return h.Value
+			}
+		}
+		return ""
+	}
+	for _, ds := range [][]*ratelimitv3.RateLimitDescriptor{
+		{desc("slow=a"), desc("fast=a")},
+		{desc("zero=a"), desc("fast=b")},
+	} {
+		for i := 0; r.call(t, "r", 0, ds...).OverallCode == ok; i++ {
+			if i == 3 {
+				t.Fatalf("%v: allowed 4 times", ds)
+			}
+		}
+		resp := r.call(t, "r", 0, ds...)
+		// fast refills one request in 30 s; the jitter adds at most half.
+		if got, err := strconv.Atoi(retryAfter(resp)); err != nil || got < 30 || got > 45 {
+			t.Errorf("%v: Retry-After %d (%v), want 30 to 45 (fast's wait, jittered)", ds, got, err)
+		}
+	}
 }
