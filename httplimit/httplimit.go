@@ -22,6 +22,11 @@
 // breaker stops calling a store that keeps failing, so that a dead store
 // costs no deadline per request; after its cooldown one probe goes
 // through, and only the probe's success closes it.
+//
+// NewKeyLimiter is the middleware without a rules file: a key function
+// that says who is calling (the user in the request's context, an API
+// key) and one limit (KeyLimit), decided as one rule keyed by that value
+// would be, with the same headers, 429 body, fail policy and metrics.
 package httplimit
 
 import (
