@@ -261,6 +261,11 @@ func (e *Engine) breakerChanged(state string) {
 	e.log.Warn(e.name+": store circuit breaker "+state, "state", state)
 }
 
+// LogError logs err as a warning with the engine's logger and name, at
+// most one error a second (with those of the store), so that an outage or
+// a flood of bad requests does not flood the log.
+func (e *Engine) LogError(msg string, err error) { e.logError(msg, err) }
+
 // logError logs at most one error a second, so that an outage does not
 // flood the log (the observer counts every one).
 func (e *Engine) logError(msg string, err error) {

@@ -266,7 +266,8 @@ type Problem struct {
 	// Rule is the name of the rule that denied the request.
 	Rule string `json:"rule,omitempty"`
 	// Reason is token_bucket_exceeded, fixed_window_exceeded,
-	// cost_exceeds_burst or store_unavailable.
+	// cost_exceeds_burst or store_unavailable (or a front door's own, such
+	// as the key-function middleware's key_error).
 	Reason string `json:"reason"`
 	// RetryAfter repeats the Retry-After header, in seconds.
 	RetryAfter int64 `json:"retry_after,omitempty"`
@@ -295,12 +296,16 @@ func (out *Outcome) Problem() Problem {
 
 // WriteError writes the status and problem+json body of a denied
 // request. Call WriteHeaders first.
-func (out *Outcome) WriteError(w http.ResponseWriter) {
-	body, _ := json.Marshal(out.Problem())
+func (out *Outcome) WriteError(w http.ResponseWriter) { WriteProblem(w, out.Problem()) }
+
+// WriteProblem writes p as the response: its status and its
+// application/problem+json body, never cached.
+func WriteProblem(w http.ResponseWriter, p Problem) {
+	body, _ := json.Marshal(p)
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(out.Status)
+	w.WriteHeader(p.Status)
 	w.Write(append(body, '\n'))
 }

@@ -22,6 +22,11 @@
 // breaker stops calling a store that keeps failing, so that a dead store
 // costs no deadline per request; after its cooldown one probe goes
 // through, and only the probe's success closes it.
+//
+// NewKeyLimiter is the middleware without a rules file: a key function
+// that says who is calling (the user in the request's context, an API
+// key) and one limit (KeyLimit), decided as one rule keyed by that value
+// would be, with the same headers, 429 body, fail policy and metrics.
 package httplimit
 
 import (
@@ -153,6 +158,14 @@ func WithClock(now func() time.Time) Option {
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
+	o := newOptions(store, opts)
+	l := &Limiter{eng: o.engine, now: o.now}
+	l.Swap(set)
+	return l
+}
+
+// newOptions applies opts, and makes the engine when WithEngine gave none.
+func newOptions(store drip.Store, opts []Option) options {
 	var o options
 	for _, f := range opts {
 		f(&o)
@@ -160,9 +173,7 @@ func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
 	if o.engine == nil {
 		o.engine = engine.New(store, append([]engine.Option{engine.WithName("httplimit")}, o.eng...)...)
 	}
-	l := &Limiter{eng: o.engine, now: o.now}
-	l.Swap(set)
-	return l
+	return o
 }
 
 // Swap makes set the rules of every request from now on. Requests in
@@ -195,14 +206,18 @@ func (l *Limiter) Close() error { return l.eng.Close() }
 // the RateLimit headers.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		res := l.Decide(r.Context(), r)
-		res.WriteHeaders(w.Header())
-		if !res.Allowed {
-			res.WriteError(w)
-			return
-		}
-		next.ServeHTTP(w, r)
+		serve(w, r, next, l.Decide(r.Context(), r))
 	})
+}
+
+// serve writes res's headers, and its error or next's response.
+func serve(w http.ResponseWriter, r *http.Request, next http.Handler, res *Result) {
+	res.WriteHeaders(w.Header())
+	if !res.Allowed {
+		res.WriteError(w)
+		return
+	}
+	next.ServeHTTP(w, r)
 }
 
 // Decide decides r without writing a response: the middleware's work,
