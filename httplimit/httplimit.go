@@ -33,6 +33,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/reqvalues"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -85,14 +86,8 @@ var ErrBreakerOpen = engine.ErrBreakerOpen
 // use; Swap replaces its rules atomically. Construct it with New.
 type Limiter struct {
 	eng  *engine.Engine
-	snap atomic.Pointer[snapshot]
+	snap atomic.Pointer[reqvalues.Snapshot]
 	now  func() time.Time // nil: the real clock (JWT expiry)
-}
-
-// snapshot is one rules Set ready for requests.
-type snapshot struct {
-	rules *engine.Rules
-	jwt   *verifier
 }
 
 // Option configures a Limiter.
@@ -170,12 +165,11 @@ func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
 // on rule names and key values, so a rule that keeps its name keeps its
 // buckets.
 func (l *Limiter) Swap(set *rules.Set) {
-	rs := l.eng.Compile(set)
-	l.snap.Store(&snapshot{rules: rs, jwt: newVerifier(rs.Set.JWT, l.now)})
+	l.snap.Store(reqvalues.Compile(l.eng, set, l.now))
 }
 
 // Rules returns the rules in force.
-func (l *Limiter) Rules() *rules.Set { return l.snap.Load().rules.Set }
+func (l *Limiter) Rules() *rules.Set { return l.snap.Load().Rules.Set }
 
 // Store returns the limiter's store.
 func (l *Limiter) Store() drip.Store { return l.eng.Store() }
@@ -210,7 +204,7 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 // allowed request.
 func (l *Limiter) Decide(ctx context.Context, r *http.Request) *Result {
 	s := l.snap.Load()
-	return l.eng.Decide(ctx, s.rules, &reqValues{r: r, s: s})
+	return l.eng.Decide(ctx, s.Rules, newReqValues(s, r))
 }
 
 // ParseCost reads a request's cost (engine.ParseCost).
