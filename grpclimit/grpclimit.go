@@ -30,7 +30,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -43,7 +42,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/reqvalues"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -54,93 +53,68 @@ const ErrorDomain = "drip"
 // Limiter applies a rules Set to gRPC calls. It is safe for concurrent
 // use; Swap replaces its rules atomically. Construct it with New.
 type Limiter struct {
-	eng  *engine.Engine
-	snap atomic.Pointer[reqvalues.Snapshot]
-	now  func() time.Time // nil: the real clock (JWT expiry)
+	fd *frontdoor.Limiter
 }
 
 // Option configures a Limiter.
-type Option func(*options)
-
-type options struct {
-	eng    []engine.Option
-	now    func() time.Time
-	engine *engine.Engine
-}
+type Option = frontdoor.Option
 
 // WithEngine makes the limiter decide with e, sharing its store, breaker,
 // observer and deadline with other front doors (an httplimit.Limiter of
 // the same program, for one); the options that configure an engine
 // (WithLogger, WithObserver, WithTimeout, WithSeparateTakes) are then
 // e's, and WithClock sets only the clock of token expiry.
-func WithEngine(e *engine.Engine) Option { return func(o *options) { o.engine = e } }
+func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
 
 // WithLogger sets the logger for store failures and breaker changes
 // (default slog.Default()).
-func WithLogger(log *slog.Logger) Option {
-	return func(o *options) { o.eng = append(o.eng, engine.WithLogger(log)) }
-}
+func WithLogger(log *slog.Logger) Option { return frontdoor.WithEngineOption(engine.WithLogger(log)) }
 
 // WithObserver sets the observer of decisions, store calls and the
 // breaker (promobserver.Observer for Prometheus metrics).
 func WithObserver(obs engine.Observer) Option {
-	return func(o *options) { o.eng = append(o.eng, engine.WithObserver(obs)) }
+	return frontdoor.WithEngineOption(engine.WithObserver(obs))
 }
 
 // WithTimeout sets the deadline of each store call (default
 // engine.DefaultTimeout). A rules file's store_timeout takes precedence.
-func WithTimeout(d time.Duration) Option {
-	return func(o *options) { o.eng = append(o.eng, engine.WithTimeout(d)) }
-}
+func WithTimeout(d time.Duration) Option { return frontdoor.WithEngineOption(engine.WithTimeout(d)) }
 
 // WithSeparateTakes takes a call's enforce rules one store call each, for
 // stores that cannot take several keys in one atomic step (Redis Cluster);
 // see httplimit.WithSeparateTakes.
-func WithSeparateTakes() Option {
-	return func(o *options) { o.eng = append(o.eng, engine.WithSeparateTakes()) }
-}
+func WithSeparateTakes() Option { return frontdoor.WithEngineOption(engine.WithSeparateTakes()) }
 
 // WithClock makes the limiter pass now() as the time of each decision
 // (instead of the store's clock), and use it for token expiry and the
 // circuit breaker.
-func WithClock(now func() time.Time) Option {
-	return func(o *options) { o.now = now; o.eng = append(o.eng, engine.WithClock(now)) }
-}
+func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
-	var o options
-	for _, f := range opts {
-		f(&o)
-	}
-	if o.engine == nil {
-		o.engine = engine.New(store, append([]engine.Option{engine.WithName("grpclimit")}, o.eng...)...)
-	}
-	l := &Limiter{eng: o.engine, now: o.now}
-	l.Swap(set)
-	return l
+	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Apply(opts))}
 }
 
 // Swap makes set the rules of every call from now on. Calls in flight
 // finish with the rules they started with; a rule that keeps its name
 // keeps its buckets.
-func (l *Limiter) Swap(set *rules.Set) { l.snap.Store(reqvalues.Compile(l.eng, set, l.now)) }
+func (l *Limiter) Swap(set *rules.Set) { l.fd.Swap(set) }
 
 // Rules returns the rules in force.
-func (l *Limiter) Rules() *rules.Set { return l.snap.Load().Rules.Set }
+func (l *Limiter) Rules() *rules.Set { return l.fd.Snapshot().Rules.Set }
 
 // Store returns the limiter's store.
-func (l *Limiter) Store() drip.Store { return l.eng.Store() }
+func (l *Limiter) Store() drip.Store { return l.fd.Engine().Store() }
 
 // Engine returns the engine the limiter decides with.
-func (l *Limiter) Engine() *engine.Engine { return l.eng }
+func (l *Limiter) Engine() *engine.Engine { return l.fd.Engine() }
 
 // BreakerState returns the circuit breaker's state.
-func (l *Limiter) BreakerState() string { return l.eng.BreakerState() }
+func (l *Limiter) BreakerState() string { return l.fd.Engine().BreakerState() }
 
 // Close releases the local fallback's memory store, if one was started.
-func (l *Limiter) Close() error { return l.eng.Close() }
+func (l *Limiter) Close() error { return l.fd.Engine().Close() }
 
 // UnaryInterceptor returns the interceptor that limits unary calls:
 // install it with grpc.UnaryInterceptor or grpc.ChainUnaryInterceptor.
@@ -186,22 +160,22 @@ func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(m
 // interceptors' work, for callers that answer by themselves. It takes
 // the tokens of an allowed call.
 func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome {
-	s := l.snap.Load()
-	v := &callValues{Request: reqvalues.Request{S: s, Lower: true}, method: fullMethod}
+	s := l.fd.Snapshot()
+	v := &callValues{Request: frontdoor.Request{S: s, Lower: true}, method: fullMethod}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		v.Peer = p.Addr.String()
 	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		v.Header = md
 	}
-	return l.eng.Decide(ctx, s.Rules, v)
+	return l.fd.Engine().Decide(ctx, s.Rules, v)
 }
 
 // callValues reads a call's values: the peer address, metadata and
-// verified claims as every front door does (reqvalues), and the full
+// verified claims as every front door does (frontdoor), and the full
 // method as its path.
 type callValues struct {
-	reqvalues.Request
+	frontdoor.Request
 	method string
 }
 

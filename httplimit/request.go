@@ -7,15 +7,15 @@ import (
 	"path"
 	"strings"
 
-	"github.com/driplimit/drip/internal/reqvalues"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 
 // reqValues reads a request's values, each at most once: the client IP,
-// headers and verified claims as every front door does (reqvalues), and
+// headers and verified claims as every front door does (frontdoor), and
 // the query, path, method and cookies of HTTP.
 type reqValues struct {
-	reqvalues.Request
+	frontdoor.Request
 	r *http.Request
 
 	queryDone bool
@@ -25,8 +25,8 @@ type reqValues struct {
 	path     string
 }
 
-func newReqValues(s *reqvalues.Snapshot, r *http.Request) *reqValues {
-	return &reqValues{Request: reqvalues.Request{S: s, Peer: r.RemoteAddr, Header: r.Header}, r: r}
+func newReqValues(s *frontdoor.Snapshot, r *http.Request) *reqValues {
+	return &reqValues{Request: frontdoor.Request{S: s, Peer: r.RemoteAddr, Header: r.Header}, r: r}
 }
 
 func (v *reqValues) Value(src rules.Source) (string, bool) {
@@ -35,7 +35,7 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 		if !v.queryDone {
 			v.query, v.queryDone = v.r.URL.Query(), true
 		}
-		return reqvalues.Joined(v.query[src.Name])
+		return frontdoor.Joined(v.query[src.Name])
 	case rules.KindPath:
 		return v.cleanPath(), true
 	case rules.KindMethod:
@@ -45,7 +45,7 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 		for _, c := range v.r.CookiesNamed(src.Name) {
 			vals = append(vals, c.Value)
 		}
-		return reqvalues.Joined(vals)
+		return frontdoor.Joined(vals)
 	}
 	return v.Request.Value(src)
 }
@@ -81,11 +81,11 @@ func (v *reqValues) cleanPath() string {
 // never read: a client cannot choose its own key. ok is false when the
 // peer address itself is not an IP (a Unix socket).
 func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, bool) {
-	return reqvalues.ClientIP(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), trusted)
+	return frontdoor.ClientIP(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), trusted)
 }
 
 // KeyIP is the key value of a client address: an IPv4 address as is, an
 // IPv6 address as its prefix of v6bits ("2001:db8:1:2::/64"), because one
 // IPv6 client usually holds a whole /64 and could otherwise take a new
 // bucket per request.
-func KeyIP(a netip.Addr, v6bits int) string { return reqvalues.KeyIP(a, v6bits) }
+func KeyIP(a netip.Addr, v6bits int) string { return frontdoor.KeyIP(a, v6bits) }

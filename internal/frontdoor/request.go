@@ -1,35 +1,13 @@
-// Package reqvalues reads what a request offers the engine, the same way
-// for every front door that applies a rules file (the net/http middleware,
-// the gRPC interceptors): the client IP behind trusted proxies, headers
-// (or gRPC metadata), and the claims of a verified bearer token, each read
-// at most once per request, and the client identity that seeds the
-// Retry-After jitter.
-package reqvalues
+package frontdoor
 
 import (
 	"net/netip"
 	"strings"
-	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
 )
-
-// Snapshot is one rules Set ready for requests: compiled for the engine,
-// with its bearer token verifier. It is immutable.
-type Snapshot struct {
-	Rules *engine.Rules
-	jwt   *verifier
-}
-
-// Compile prepares set (nil: rules.Default()) for requests decided by e;
-// now, if not nil, is the clock of token expiry.
-func Compile(e *engine.Engine, set *rules.Set, now func() time.Time) *Snapshot {
-	rs := e.Compile(set)
-	return &Snapshot{Rules: rs, jwt: newVerifier(rs.Set.JWT, now)}
-}
 
 // Request holds what every front door reads the same way. Front doors
 // embed it, answer the sources of their own kind (path, method, query,

@@ -1,4 +1,4 @@
-package reqvalues
+package frontdoor
 
 import (
 	"net/netip"
