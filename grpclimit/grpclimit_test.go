@@ -29,15 +29,10 @@ import (
 	"github.com/driplimit/drip/store/memstore"
 )
 
-// The test service is gRPC's own health service: Check is unary, Watch a
-// server stream that sends the current status, then each change.
-const (
-	checkMethod = "/grpc.health.v1.Health/Check"
-	watchMethod = "/grpc.health.v1.Health/Watch"
-)
-
 // env is a limiter in a real gRPC server on a loopback port, in front of
-// the health service, and a client connected to it.
+// gRPC's own health service (Check is unary, Watch a server stream that
+// sends the current status, then each change), and a client connected to
+// it.
 type env struct {
 	t      *testing.T
 	lim    *grpclimit.Limiter
@@ -452,6 +447,36 @@ func TestStoreDown(t *testing.T) {
 	}
 	if a, _ := e.watch(e.client); a.code() != codes.OK {
 		t.Errorf("on_error allow, stream: %v", a.st)
+	}
+
+	// local: a per-instance limiter at half the burst (4) decides.
+	e = newEnv(t, down, parse(t, `{"rules": [{"name": "fallback", "on_error": "local", "local_share": 0.5,
+		"limit_keys": ["global"], "algorithm_config": {"rate": 1, "period": "1m", "burst": 4}}]}`))
+	if n := e.exhaust(e.client); n != 2 {
+		t.Errorf("on_error local: %d allowed, want 2", n)
+	}
+}
+
+// TestConcurrent: calls racing for one bucket are granted its burst
+// exactly.
+func TestConcurrent(t *testing.T) {
+	e := newEnv(t, nil, parse(t, `{"rules": [{"name": "g", "limit_keys": ["global"], "algorithm_config": {"rate": 1, "period": "1m", "burst": 5}}]}`))
+	codesc := make(chan codes.Code, 40)
+	for range 40 {
+		go func() {
+			_, err := e.client.Check(e.ctx(), &healthpb.HealthCheckRequest{})
+			codesc <- status.Code(err)
+		}()
+	}
+	got := map[codes.Code]int{}
+	for range 40 {
+		got[<-codesc]++
+	}
+	if got[codes.OK] != 5 || got[codes.ResourceExhausted] != 35 {
+		t.Errorf("%v, want 5 OK and 35 ResourceExhausted", got)
+	}
+	if n := e.hits.Load(); n != 5 {
+		t.Errorf("%d calls reached the service, want 5", n)
 	}
 }
 
