@@ -143,8 +143,9 @@ func (l *Limiter) StreamInterceptor() grpc.StreamServerInterceptor {
 func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(metadata.MD) error, run func() error) error {
 	out := l.Decide(ctx, fullMethod)
 	if md := Metadata(out); len(md) > 0 {
-		// An error here means the headers were sent already, which cannot
-		// be before the handler runs.
+		// It fails only where there is no server stream (the interceptor
+		// called outside a server) or its headers went already, which
+		// cannot be before the handler ran: the decision stands either way.
 		_ = setHeader(md)
 	}
 	if !out.Allowed {
