@@ -11,7 +11,7 @@
 //	ip:address      the peer address; x-forwarded-for metadata only from a trusted proxy
 //	jwt:<claim>     a verified claim of the bearer token in the authorization metadata
 //	global          one bucket for every call
-//	query, cookie   no value: a rule keyed on them does not apply
+//	query, cookie   no value: a rule keyed or matched on them does not apply
 //
 // A unary call is decided before its handler runs; a stream once, when it
 // opens, before its handler runs: its messages are not counted. A call
