@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/http/httptest"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/grpclimit"
+	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
@@ -495,5 +497,22 @@ func TestSwap(t *testing.T) {
 	}
 	if e.lim.Rules().Rules[0].Name != "g" {
 		t.Error("Rules() is not the swapped set")
+	}
+}
+
+// TestSharedWithMiddleware: the middleware and the interceptors on one
+// engine and one rules file key a client alike, so an API key's HTTP
+// requests and gRPC calls draw from one bucket.
+func TestSharedWithMiddleware(t *testing.T) {
+	set := parse(t, `{"rules": [{"name": "k", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rate": 1, "period": "1m", "burst": 3}}]}`)
+	e := newEnv(t, nil, set)
+	web := httplimit.New(nil, set, httplimit.WithEngine(e.lim.Engine()))
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-Api-Key", "k")
+	if res := web.Decide(context.Background(), r); !res.Allowed {
+		t.Fatalf("HTTP: %+v", res)
+	}
+	if a := e.check(e.client, "x-api-key", "k"); a.code() != codes.OK || a.get("ratelimit-remaining") != "1" {
+		t.Errorf("gRPC after one HTTP request: %v %v", a.st, a.md)
 	}
 }
