@@ -1,6 +1,7 @@
 // Package engine is drip's one decision engine: every front door (the
-// net/http middleware, the gateway, the decision API, Envoy's rate limit
-// service) hands it what a request offers and writes what it answers.
+// net/http middleware, the gRPC interceptors, the gateway, the decision
+// API, Envoy's rate limit service) hands it what a request offers and
+// writes what it answers.
 //
 // Given the values a request offers for the rules' limit keys (a Request),
 // Decide matches the rules (groups, shadow), makes one all-or-nothing store
@@ -18,7 +19,7 @@
 // bucket held before a take that was not applied) and the Observer.
 //
 // The engine is public so that programs can build front doors of their
-// own (a key-function middleware, an RPC interceptor) that behave as drip's
+// own (a key-function middleware, say) that behave as drip's
 // do. An Engine is safe for concurrent use.
 package engine
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -84,8 +85,8 @@ func NewKeyLimiter(store drip.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, 
 	if err != nil {
 		return nil, errors.New("httplimit: KeyLimit: " + err.Error())
 	}
-	o := newOptions(store, opts)
-	return &KeyLimiter{eng: o.engine, rules: o.engine.Compile(set), kl: kl}, nil
+	fd := frontdoor.New(store, "httplimit", set, frontdoor.Apply(opts))
+	return &KeyLimiter{eng: fd.Engine(), rules: fd.Snapshot().Rules, kl: kl}, nil
 }
 
 // Handler returns next behind the limit: a request over it gets 429 (or
