@@ -50,6 +50,13 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, bool) {
 	return client, true
 }
 
+// FromTrustedProxy reports whether r's peer (r.RemoteAddr) is one of the
+// trusted proxies: whether its forwarding headers are believed.
+func FromTrustedProxy(r *http.Request, trusted []netip.Prefix) bool {
+	peer, ok := parseAddr(r.RemoteAddr)
+	return ok && isTrusted(peer, trusted)
+}
+
 func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 	for _, p := range trusted {
 		if p.Contains(a) {
