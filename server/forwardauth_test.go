@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/store/memstore"
@@ -227,5 +230,119 @@ func TestForwardAuthRefuses(t *testing.T) {
 	resp, body := ask(t, srv.base, "", "GET", "/search/a", key...)
 	if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != `"search";r=1;t=3600, "free";r=2;t=3600` {
 		t.Errorf("after the refusals: %d %q, RateLimit %q: want full buckets less one", resp.StatusCode, body, resp.Header.Get("RateLimit"))
+	}
+}
+
+// TestTraefikSnippet holds examples/traefik to what drip answers: there is
+// no Traefik here, so the test checks the snippet's assumptions, that
+// Traefik's ForwardAuth (as documented: the client's headers and
+// X-Forwarded-Method, -Uri, -Host, -Proto and -For sent with a GET; a
+// non-2xx answer passed to the client; authResponseHeaders copied on a
+// 2xx) gets from drip what the snippet says.
+func TestTraefikSnippet(t *testing.T) {
+	var static struct {
+		EntryPoints map[string]struct{ Address string } `yaml:"entryPoints"`
+		Providers   struct{ File struct{ Filename string } }
+	}
+	var dynamic struct {
+		HTTP struct {
+			Routers map[string]struct {
+				EntryPoints []string `yaml:"entryPoints"`
+				Middlewares []string
+				Service     string
+			}
+			Middlewares map[string]struct {
+				ForwardAuth *struct {
+					Address             string
+					TrustForwardHeader  bool     `yaml:"trustForwardHeader"`
+					AuthResponseHeaders []string `yaml:"authResponseHeaders"`
+				} `yaml:"forwardAuth"`
+				Headers *struct {
+					CustomRequestHeaders map[string]string `yaml:"customRequestHeaders"`
+				}
+			}
+			Services map[string]struct {
+				LoadBalancer struct{ Servers []struct{ URL string } } `yaml:"loadBalancer"`
+			}
+		} `yaml:"http"`
+	}
+	readYAML(t, "../examples/traefik/traefik.yml", &static)
+	readYAML(t, "../examples/traefik/dynamic.yml", &dynamic)
+	if static.EntryPoints["web"].Address != "127.0.0.1:8000" || static.Providers.File.Filename != "dynamic.yml" {
+		t.Errorf("traefik.yml: %+v", static)
+	}
+	router := dynamic.HTTP.Routers["app"]
+	if len(router.Middlewares) != 2 || router.Service != "app" || len(router.EntryPoints) != 1 || router.EntryPoints[0] != "web" {
+		t.Fatalf("dynamic.yml: router %+v", router)
+	}
+	clean, fa := dynamic.HTTP.Middlewares[router.Middlewares[0]].Headers, dynamic.HTTP.Middlewares[router.Middlewares[1]].ForwardAuth
+	if clean == nil || fa == nil {
+		t.Fatalf("dynamic.yml: the router's middlewares are not the headers and forwardAuth ones: %v", router.Middlewares)
+	}
+	if fa.Address != "http://127.0.0.1:8080"+forwardAuthPath || fa.TrustForwardHeader {
+		t.Errorf("dynamic.yml: forwardAuth %+v: want drip's address and trustForwardHeader off", fa)
+	}
+	if s := dynamic.HTTP.Services[router.Service].LoadBalancer.Servers; len(s) != 1 || s[0].URL != "http://127.0.0.1:9000" {
+		t.Errorf("dynamic.yml: service %+v", s)
+	}
+
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, forwardRules)
+	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	// A client's own X-Original-* headers would make drip refuse the
+	// ask; drip-clean drops them.
+	client := []string{"X-Api-Key", "k", "X-Forwarded-For", "203.0.113.7", "X-Original-URI", "/forged", "X-Original-Method", "PUT"}
+	if resp, body := ask(t, srv.base, "", "GET", "/search/a", client...); resp.StatusCode != 400 {
+		t.Errorf("an ask with the client's X-Original-URI: %d %q, want 400", resp.StatusCode, body)
+	}
+	var sent []string
+	for i := 0; i < len(client); i += 2 {
+		dropped := false
+		for name, v := range clean.CustomRequestHeaders {
+			dropped = dropped || (http.CanonicalHeaderKey(name) == http.CanonicalHeaderKey(client[i]) && v == "")
+		}
+		if !dropped {
+			sent = append(sent, client[i], client[i+1])
+		}
+	}
+	for i := range 2 {
+		resp, body := ask(t, srv.base, "", "GET", "/search/a", sent...)
+		if resp.StatusCode/100 != 2 {
+			t.Fatalf("ask %d as Traefik sends it: %d %q, want a 2xx", i, resp.StatusCode, body)
+		}
+		// Every RateLimit header of the answer is one Traefik copies.
+		for name := range resp.Header {
+			if !strings.HasPrefix(name, "Ratelimit") {
+				continue
+			}
+			copied := false
+			for _, h := range fa.AuthResponseHeaders {
+				copied = copied || http.CanonicalHeaderKey(h) == name
+			}
+			if !copied {
+				t.Errorf("drip answers %s, not in authResponseHeaders %q", name, fa.AuthResponseHeaders)
+			}
+		}
+		for _, h := range fa.AuthResponseHeaders {
+			if resp.Header.Get(h) == "" {
+				t.Errorf("authResponseHeaders lists %s, which drip did not send", h)
+			}
+		}
+	}
+	resp, body := ask(t, srv.base, "", "GET", "/search/a", sent...)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || resp.Header.Get("RateLimit") == "" ||
+		!strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") || !strings.Contains(body, `"rule":"search"`) {
+		t.Errorf("over the limit: %d %v %q: want the 429 Traefik passes on, with Retry-After, RateLimit and the problem body", resp.StatusCode, resp.Header, body)
+	}
+}
+
+func readYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
 }
