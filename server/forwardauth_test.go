@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -344,5 +346,23 @@ func readYAML(t *testing.T, path string, v any) {
 	}
 	if err := yaml.Unmarshal(b, v); err != nil {
 		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// TestForwardAuthExampleRules: examples/forward-auth.json, the rules the
+// README runs the proxies with, trusts a proxy on loopback (IPv4 and
+// IPv6) and keys on the client it names.
+func TestForwardAuthExampleRules(t *testing.T) {
+	srv := start(t, Config{Rules: "../examples/forward-auth.json", WatchEvery: -1}, memstore.New())
+	for _, a := range []string{"127.0.0.1", "::1"} {
+		if !httplimit.FromTrustedProxy(&http.Request{RemoteAddr: net.JoinHostPort(a, "1234")}, srv.lim.Rules().TrustedProxies) {
+			t.Errorf("examples/forward-auth.json does not trust a proxy at %s", a)
+		}
+	}
+	for _, client := range []string{"203.0.113.7", "203.0.113.8"} {
+		resp, body := ask(t, srv.base, "", "GET", "/", "X-Forwarded-For", client)
+		if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != `"per-ip";r=19;t=1` {
+			t.Errorf("client %s: %d %q, RateLimit %q: want per-ip's first take", client, resp.StatusCode, body, resp.Header.Get("RateLimit"))
+		}
 	}
 }
