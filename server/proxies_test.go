@@ -138,6 +138,8 @@ func clientFrom(src string) *http.Client {
 	return &http.Client{Transport: &http.Transport{DialContext: d.DialContext}, Timeout: 30 * time.Second}
 }
 
+// fetch GETs url with c and the headers hdr (name, value, ...), and
+// returns the response with its body read.
 func fetch(t *testing.T, c *http.Client, url string, hdr ...string) (*http.Response, string) {
 	t.Helper()
 	req, _ := http.NewRequest("GET", url, nil)

@@ -16,7 +16,7 @@ import (
 type Process struct {
 	cmd  *exec.Cmd
 	done <-chan struct{}
-	out  *syncBuffer
+	out  *LockedBuffer
 }
 
 // Binary finds a test dependency's binary: on PATH, else at one of the
@@ -44,7 +44,7 @@ func Binary(t testing.TB, name, install string, paths ...string) string {
 // (Exited tells whether it gave up, for example on a port taken).
 func StartProcess(t testing.TB, cmd *exec.Cmd) *Process {
 	t.Helper()
-	p := &Process{cmd: cmd, out: new(syncBuffer)}
+	p := &Process{cmd: cmd, out: new(LockedBuffer)}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
@@ -97,20 +97,20 @@ func (p *Process) Stop() {
 // Output is what the process wrote so far, standard output and error.
 func (p *Process) Output() string { return p.out.String() }
 
-// syncBuffer is a bytes.Buffer that a process's two output streams and
-// the test may use at once.
-type syncBuffer struct {
+// LockedBuffer is an io.Writer that a process's output streams may write
+// while the test reads it.
+type LockedBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *LockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
