@@ -56,9 +56,10 @@ var frontDoors = []frontDoor{
 	}},
 }
 
-// app is the application behind the proxy: it records the request
-// targets it serves per client, as the proxy names the client to it
-// (X-Forwarded-For).
+// app is the application behind the proxy: it records the requests it
+// serves per client, as the proxy names the client to it
+// (X-Forwarded-For): the target of a GET, the method, target and body of
+// any other.
 type app struct {
 	*httptest.Server
 	mu   sync.Mutex
@@ -70,7 +71,12 @@ func newApp(t *testing.T) *app {
 	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		a.mu.Lock()
 		client := strings.Join(r.Header.Values("X-Forwarded-For"), ", ")
-		a.seen[client] = append(a.seen[client], r.URL.RequestURI())
+		seen := r.URL.RequestURI()
+		if r.Method != "GET" {
+			body, _ := io.ReadAll(r.Body)
+			seen = r.Method + " " + seen + " " + string(body)
+		}
+		a.seen[client] = append(a.seen[client], seen)
 		a.mu.Unlock()
 		fmt.Fprintf(w, "app: %s", r.URL.RequestURI())
 	}))
@@ -168,7 +174,9 @@ func TestForwardAuthProxies(t *testing.T) {
 			a := newApp(t)
 			rules := filepath.Join(t.TempDir(), "rules.json")
 			writeFile(t, rules, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [
-			  {"name": "per-ip", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 3}}]}`)
+			  {"name": "per-ip", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 3}},
+			  {"name": "uploads", "limit_keys": ["ip:address"], "match": {"method": "POST", "path": "/upload/*"},
+			   "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}}]}`)
 			srv := start(t, Config{Rules: rules, WatchEvery: -1, AdminListen: "off"}, memstore.New())
 			base := startFrontDoor(t, fd, srv.Addr().String(), a.Listener.Addr().String())
 
@@ -233,6 +241,32 @@ func TestForwardAuthProxies(t *testing.T) {
 				t.Fatalf("another client: %d %q, RateLimit-Remaining %q: want its own bucket", resp.StatusCode, body, resp.Header.Get("RateLimit-Remaining"))
 			}
 
+			// The proxy tells drip the method and the path: the second
+			// upload is over uploads' limit, a GET there is not; the
+			// upload's body reaches the app whole.
+			carol := clientFrom("127.0.0.4")
+			for i, st := range []struct {
+				method, path string
+				want         int
+			}{{"POST", "/upload/a", 200}, {"POST", "/upload/b", 429}, {"GET", "/upload/c", 200}} {
+				req, _ := http.NewRequest(st.method, base+st.path, strings.NewReader("payload "+strconv.Itoa(i)))
+				resp, err := carol.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != st.want {
+					t.Errorf("%s %s: %d %q, want %d", st.method, st.path, resp.StatusCode, body, st.want)
+				}
+				if st.want == 429 && !strings.Contains(string(body), `"rule":"uploads"`) {
+					t.Errorf("%s %s: body %q: want uploads' denial", st.method, st.path, body)
+				}
+			}
+			if got, want := a.requests("127.0.0.4"), []string{"POST /upload/a payload 0", "/upload/c"}; !slices.Equal(got, want) {
+				t.Errorf("the app saw %q from 127.0.0.4, want %q", got, want)
+			}
+
 			if got, want := a.requests("127.0.0.2"), []string{"/hello?i=0", "/hello?i=1", "/hello?i=2"}; !slices.Equal(got, want) {
 				t.Errorf("the app saw %q from 127.0.0.2, want %q", got, want)
 			}
@@ -241,7 +275,7 @@ func TestForwardAuthProxies(t *testing.T) {
 			}
 			a.mu.Lock()
 			for client := range a.seen {
-				if client != "127.0.0.1" && client != "127.0.0.2" && client != "127.0.0.3" {
+				if client != "127.0.0.1" && client != "127.0.0.2" && client != "127.0.0.3" && client != "127.0.0.4" {
 					t.Errorf("the app saw a client %q: a forged header got through", client)
 				}
 			}
