@@ -54,6 +54,8 @@ const (
 	hdrDripProblem = "Drip-Problem"
 )
 
+// forwardAuth answers a proxy's ask with the gateway's decision on the
+// request it describes.
 func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
 	deny := 0
 	if v, ok := r.URL.Query()["deny_status"]; ok {
