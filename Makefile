@@ -21,6 +21,8 @@ fuzz:
 testdeps:
 	@command -v redis-server >/dev/null || echo "make test: redis-server not found: the Redis tests will be SKIPPED (apt-get install redis-server)"
 	@command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || echo "make test: pgbouncer not found: the PgBouncer tests will be SKIPPED (apt-get install pgbouncer)"
+	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || echo "make test: nginx not found: the forward auth tests through nginx will be SKIPPED (apt-get install nginx)"
+	@command -v caddy >/dev/null || echo "make test: caddy not found: the forward auth tests through Caddy will be SKIPPED (apt-get install caddy)"
 	@[ -n "$$PG_BINDIR" ] || command -v initdb >/dev/null || command -v pg_config >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || echo "make test: initdb not found: the PostgreSQL tests will be SKIPPED (apt-get install postgresql, or set PG_BINDIR)"
 	@if [ "$$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then echo "make test: running as root without a postgres user: PostgreSQL refuses to run as root, so its tests will be SKIPPED (create the user: useradd --system --no-create-home postgres)"; fi
 

@@ -296,16 +296,35 @@ func (out *Outcome) Problem() Problem {
 
 // WriteError writes the status and problem+json body of a denied
 // request. Call WriteHeaders first.
-func (out *Outcome) WriteError(w http.ResponseWriter) { WriteProblem(w, out.Problem()) }
+func (out *Outcome) WriteError(w http.ResponseWriter) { out.WriteErrorAs(w, out.Status) }
+
+// ProblemJSON is the problem+json body of a denied request, without the
+// final newline.
+func (out *Outcome) ProblemJSON() []byte {
+	body, _ := json.Marshal(out.Problem())
+	return body
+}
+
+// WriteErrorAs writes the problem+json body of a denied request under
+// status instead of the denial's own (Status), for a front door whose
+// caller passes on only some statuses (nginx's auth_request: 401 and
+// 403). The body still says the denial's status. Call WriteHeaders first.
+func (out *Outcome) WriteErrorAs(w http.ResponseWriter, status int) {
+	writeProblem(w, status, out.ProblemJSON())
+}
 
 // WriteProblem writes p as the response: its status and its
 // application/problem+json body, never cached.
 func WriteProblem(w http.ResponseWriter, p Problem) {
 	body, _ := json.Marshal(p)
+	writeProblem(w, p.Status, body)
+}
+
+func writeProblem(w http.ResponseWriter, status int, body []byte) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(p.Status)
+	w.WriteHeader(status)
 	w.Write(append(body, '\n'))
 }

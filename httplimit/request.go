@@ -84,6 +84,12 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, bool) {
 	return frontdoor.ClientIP(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), trusted)
 }
 
+// FromTrustedProxy reports whether r's peer (r.RemoteAddr) is one of the
+// trusted proxies: whether its forwarding headers are believed.
+func FromTrustedProxy(r *http.Request, trusted []netip.Prefix) bool {
+	return frontdoor.FromTrustedProxy(r.RemoteAddr, trusted)
+}
+
 // KeyIP is the key value of a client address: an IPv4 address as is, an
 // IPv6 address as its prefix of v6bits ("2001:db8:1:2::/64"), because one
 // IPv6 client usually holds a whole /64 and could otherwise take a new

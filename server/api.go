@@ -113,8 +113,9 @@ func (s *Server) apiHandler() http.Handler {
 	for _, op := range []string{"take", "peek", "refund", "reset"} {
 		mux.Handle("/v1/"+op, s.decideHandler(op))
 	}
+	mux.HandleFunc(forwardAuthPath, s.forwardAuth) // forwardauth.go
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found: the decision API is POST /v1/take, /v1/peek, /v1/refund and /v1/reset"})
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found: the decision API is POST /v1/take, /v1/peek, /v1/refund and /v1/reset; forward auth is GET /v1/forward-auth"})
 	})
 	return mux
 }

@@ -28,13 +28,7 @@ import (
 //     an IP address.
 func forwardHeaders(pr *httputil.ProxyRequest, trusted []netip.Prefix) {
 	in, out := pr.In, pr.Out.Header
-	trust := false
-	if ap, err := netip.ParseAddrPort(in.RemoteAddr); err == nil {
-		peer := ap.Addr().WithZone("").Unmap()
-		for _, p := range trusted {
-			trust = trust || p.Contains(peer)
-		}
-	}
+	trust := httplimit.FromTrustedProxy(in, trusted)
 	if xff := in.Header.Values("X-Forwarded-For"); trust && len(xff) > 0 {
 		out.Set("X-Forwarded-For", strings.Join(xff, ", "))
 	}

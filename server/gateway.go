@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -51,18 +50,11 @@ func (s *Server) gateway() (http.Handler, error) {
 
 // limit puts the rules in front of next: the httplimit middleware on the
 // server's engine (state in the instrumented store, decisions in the
-// metrics).
-func (s *Server) limit(next http.Handler) http.Handler {
-	s.lim = httplimit.New(s.store, s.rules(), httplimit.WithEngine(s.eng))
-	return s.lim.Handler(next)
-}
+// metrics), the one forward auth decides with too.
+func (s *Server) limit(next http.Handler) http.Handler { return s.lim.Handler(next) }
 
 // swapLimiter hands reloaded rules to the middleware.
-func (s *Server) swapLimiter(set *rules.Set) {
-	if s.lim != nil {
-		s.lim.Swap(set)
-	}
-}
+func (s *Server) swapLimiter(set *rules.Set) { s.lim.Swap(set) }
 
 // bufferPool recycles the proxy's copy buffers (32 KiB each), which
 // httputil.ReverseProxy otherwise allocates per response.

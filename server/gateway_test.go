@@ -54,17 +54,11 @@ func (u *upstream) lastHeader() http.Header {
 // not empty) and returns the response with its body read.
 func gwGet(t *testing.T, base, path, key string) (*http.Response, string) {
 	t.Helper()
-	req, _ := http.NewRequest("GET", base+path, nil)
+	var hdr []string
 	if key != "" {
-		req.Header.Set("X-Api-Key", key)
+		hdr = []string{"X-Api-Key", key}
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp, string(b)
+	return fetch(t, http.DefaultClient, base+path, hdr...)
 }
 
 func TestGateway(t *testing.T) {

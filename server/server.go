@@ -45,7 +45,7 @@ type Server struct {
 	eng     *engine.Engine // every front door's: one deadline, one breaker, one observer
 
 	rs  *ruleState
-	lim *httplimit.Limiter // the gateway's middleware; nil without an upstream
+	lim *httplimit.Limiter // the rules on HTTP requests: the gateway's middleware, forward auth
 	rls *envoy.Service     // Envoy's rate limit service; nil without GRPCListen
 
 	mu        sync.Mutex
@@ -85,6 +85,7 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 		return nil, err
 	}
 	s.rs = rs
+	s.lim = httplimit.New(s.store, rs.set.Load(), httplimit.WithEngine(s.eng))
 
 	front, name := s.apiHandler(), "api"
 	if cfg.Upstream != "" {

@@ -13,26 +13,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/driplimit/drip/internal/testserver"
 )
 
 // lockedBuffer is an io.Writer safe for a command writing while the test
 // reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = testserver.LockedBuffer
 
 var listenRe = regexp.MustCompile(`(decision API|gateway) on http://([0-9.:]+)`)
 var adminRe = regexp.MustCompile(`metrics on http://([0-9.:]+)/metrics`)

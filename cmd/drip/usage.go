@@ -61,7 +61,12 @@ the rules; SIGTERM or SIGINT shuts down gracefully.
 
 Decision API (no --upstream): POST /v1/take, /v1/peek, /v1/refund, /v1/reset
 with a JSON request (an inline key and limit, or a rule and its key values),
-answered with a JSON decision; docs/api.md describes both.
+answered with a JSON decision; docs/api.md describes both. Beside it,
+GET /v1/forward-auth decides, as the gateway would, the request that a proxy
+in front (nginx auth_request, Caddy, Traefik ForwardAuth) describes in its
+X-Forwarded-* or X-Original-* headers; examples/nginx, examples/caddy and
+examples/traefik hold working configs, and the proxy's address must be in
+the rules' trusted_proxies.
 
 Every flag has an environment variable (shown with each flag); a flag given
 on the command line wins.

@@ -49,6 +49,13 @@ func ClientIP(peerAddr string, xff []string, trusted []netip.Prefix) (netip.Addr
 	return client, true
 }
 
+// FromTrustedProxy reports whether the peer at peerAddr ("ip:port") is
+// one of the trusted proxies: whether its forwarding headers are believed.
+func FromTrustedProxy(peerAddr string, trusted []netip.Prefix) bool {
+	peer, ok := parseAddr(peerAddr)
+	return ok && isTrusted(peer, trusted)
+}
+
 func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 	for _, p := range trusted {
 		if p.Contains(a) {

@@ -1,0 +1,150 @@
+package server
+
+import (
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/driplimit/drip/httplimit"
+)
+
+// Forward auth: GET /v1/forward-auth on the decision API's listener, for
+// a reverse proxy that asks drip about each request before passing it on
+// (nginx's auth_request, Caddy's reverse_proxy or forward_auth, Traefik's
+// ForwardAuth). The proxy sends the original request's headers, and says
+// what the request was:
+//
+//   - its method in X-Forwarded-Method (Traefik, Caddy) or
+//     X-Original-Method (nginx configs set it);
+//   - its request target ("/path?query") in X-Forwarded-Uri or
+//     X-Original-URI;
+//   - its host in X-Forwarded-Host (else the Host of the ask stands);
+//   - the client in X-Forwarded-For, read as the gateway reads it
+//     (httplimit.ClientIP under the rules' trusted_proxies).
+//
+// drip rebuilds the original request from them and decides it exactly as
+// the gateway would (httplimit.Limiter.Decide: the same rules, keys,
+// engine, metrics). Allowed: 200 with the RateLimit headers, no body.
+// Denied: the gateway's answer, 429 (or 503 when the store fails and
+// on_error is deny) with Retry-After, the RateLimit headers and the
+// problem+json body; Caddy and Traefik pass it to the client as it is.
+//
+// nginx's auth_request passes on only 2xx, 401 and 403, so the proxy may
+// ask for another status: /v1/forward-auth?deny_status=403 (or 401)
+// answers a denial with that status, the same headers and body, and two
+// more headers for the proxy to rebuild the answer from: Drip-Status (429
+// or 503) and Drip-Problem (the problem+json body on one line).
+//
+// The forwarding headers are believed only from a trusted proxy: a caller
+// whose address is not in the rules' trusted_proxies gets 400, as does an
+// ask without the method or the target, or with two different values of
+// one (a client may add X-Original-URI to a request that Caddy forwards
+// with its own X-Forwarded-Uri: rather than pick one, drip refuses), or
+// with a method or target that is not valid. Such a 400 is not a denial:
+// nothing was taken.
+
+// forwardAuthPath is where forward auth is served.
+const forwardAuthPath = "/v1/forward-auth"
+
+// Headers of a denial for a proxy that asked for deny_status.
+const (
+	hdrDripStatus  = "Drip-Status"
+	hdrDripProblem = "Drip-Problem"
+)
+
+// forwardAuth answers a proxy's ask with the gateway's decision on the
+// request it describes.
+func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
+	deny := 0
+	if v, ok := r.URL.Query()["deny_status"]; ok {
+		if len(v) != 1 || (v[0] != "401" && v[0] != "403" && v[0] != "429") {
+			writeError(w, inputf("deny_status: want 401, 403 or 429"))
+			return
+		}
+		deny, _ = strconv.Atoi(v[0])
+	}
+	orig, err := originalRequest(r, s.lim.Rules().TrustedProxies)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	res := s.lim.Decide(r.Context(), orig)
+	h := w.Header()
+	res.WriteHeaders(h)
+	switch {
+	case res.Allowed:
+		w.WriteHeader(http.StatusOK)
+	case deny != 0:
+		h.Set(hdrDripStatus, strconv.Itoa(res.Status))
+		h.Set(hdrDripProblem, string(res.ProblemJSON()))
+		res.WriteErrorAs(w, deny)
+	default:
+		res.WriteError(w)
+	}
+}
+
+// originalRequest is the request a proxy asks about, as the gateway would
+// have received it: the ask's headers and peer, with the method, target
+// and host the proxy forwarded. Its body is empty (forward auth never
+// reads the client's body, and the rules never read a body).
+func originalRequest(r *http.Request, trusted []netip.Prefix) (*http.Request, error) {
+	if !httplimit.FromTrustedProxy(r, trusted) {
+		return nil, inputf("forward auth: the caller is not a trusted proxy: add the proxy's address to the rules' trusted_proxies")
+	}
+	method, err := forwarded(r.Header, "X-Forwarded-Method", "X-Original-Method")
+	if err != nil {
+		return nil, err
+	}
+	if !isToken(method) {
+		return nil, inputf("forward auth: the forwarded method %q is not an HTTP method", method)
+	}
+	target, err := forwarded(r.Header, "X-Forwarded-Uri", "X-Original-URI")
+	if err != nil {
+		return nil, err
+	}
+	u, err := url.ParseRequestURI(target)
+	if err != nil {
+		return nil, inputf("forward auth: the forwarded request target is not valid: %v", err)
+	}
+	o := r.WithContext(r.Context()) // a shallow copy, headers shared (read only)
+	o.Method, o.URL, o.RequestURI = method, u, target
+	if hosts := r.Header.Values("X-Forwarded-Host"); len(hosts) == 1 {
+		o.Host = hosts[0]
+	}
+	o.Body, o.ContentLength, o.TransferEncoding = http.NoBody, 0, nil
+	return o, nil
+}
+
+// forwarded is the one value of the original request that a proxy sends
+// under either of two header names: a 400 when neither is there, or when
+// the lines under both disagree.
+func forwarded(h http.Header, a, b string) (string, error) {
+	vals := append(h.Values(a), h.Values(b)...)
+	if len(vals) == 0 {
+		return "", inputf("forward auth: no %s (or %s) header: the proxy must send the original request's", a, b)
+	}
+	for _, v := range vals[1:] {
+		if v != vals[0] {
+			return "", inputf("forward auth: %s and %s disagree: send one value", a, b)
+		}
+	}
+	if vals[0] == "" {
+		return "", inputf("forward auth: %s (or %s) is empty", a, b)
+	}
+	return vals[0], nil
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110), as a method is.
+func isToken(s string) bool {
+	for _, c := range []byte(s) {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return s != ""
+}
