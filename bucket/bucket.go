@@ -93,6 +93,9 @@ type Prepared struct {
 	Params  Params
 	Cost    int64
 	Reserve bool
+	// Lease is, for a concurrency limit, the lease a take acquires, a
+	// refund releases or a peek asks about.
+	Lease string
 }
 
 // Fresh is the bucket of a key never seen before (or expired) at now: full,
@@ -301,18 +304,42 @@ func mulDivCeil(a, b, c int64) int64 {
 // EvalMulti decides prepared requests (distinct keys) against their
 // states as one step at now. It returns each request's result, the state
 // to store and whether to write it: for Take nothing is written unless
-// every request is allowed.
+// every request is allowed. It takes no concurrency requests; see
+// EvalMultiLeases.
 func EvalMulti(op Op, ps []Prepared, states []State, found []bool, now int64) ([]Result, []State, []bool) {
+	rs, next, _, write := EvalMultiLeases(op, ps, states, found, nil, now)
+	return rs, next, write
+}
+
+// EvalMultiLeases is EvalMulti for requests of any kind: a request of
+// Kind Concurrency is decided by EvalLeases against leases[i] (its
+// states[i] and found[i] are unused) and its leases to store are in the
+// third result; the others as by Eval. All or nothing holds across kinds:
+// for Take nothing is written unless every request is allowed. leases may
+// be nil when no request is a concurrency one.
+func EvalMultiLeases(op Op, ps []Prepared, states []State, found []bool, leases [][]Lease, now int64) ([]Result, []State, [][]Lease, []bool) {
 	rs := make([]Result, len(ps))
 	next := make([]State, len(ps))
+	var nextLeases [][]Lease
 	write := make([]bool, len(ps))
 	all := true
 	for i, p := range ps {
-		rs[i], next[i], write[i] = Eval(op, states[i], found[i], p.Params, p.Cost, p.Reserve, now)
+		if p.Params.Kind == Concurrency {
+			if nextLeases == nil {
+				nextLeases = make([][]Lease, len(ps))
+			}
+			var ls []Lease
+			if leases != nil {
+				ls = leases[i]
+			}
+			rs[i], nextLeases[i], write[i] = EvalLeases(op, ls, p.Params, p.Lease, now)
+		} else {
+			rs[i], next[i], write[i] = Eval(op, states[i], found[i], p.Params, p.Cost, p.Reserve, now)
+		}
 		all = all && rs[i].Allowed
 	}
 	if !all && op == Take {
 		clear(write)
 	}
-	return rs, next, write
+	return rs, next, nextLeases, write
 }

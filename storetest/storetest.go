@@ -37,6 +37,7 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("Multi", func(t *testing.T) { RunMulti(t, newStore) })
 	t.Run("Traces", func(t *testing.T) { RunTraces(t, newStore) })
 	t.Run("Concurrency", func(t *testing.T) { RunConcurrency(t, newStore) })
+	t.Run("Leases", func(t *testing.T) { RunLeases(t, newStore) })
 	t.Run("Random", func(t *testing.T) { RunRandom(t, newStore, 1, 600) })
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
 }

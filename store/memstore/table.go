@@ -19,7 +19,10 @@ type shard struct {
 	slots []slot   // a power of two long, at most 3/4 full; nil while empty
 	n     int      // slots in use
 	bytes int      // counted against the bound on bytes
-	_     [80]byte // keep shards on separate cache lines
+	// leases holds the lease sets of concurrency limits by held key (nil
+	// until the first); see leases.go.
+	leases map[string][]bucket.Lease
+	_      [72]byte // keep shards on separate cache lines
 }
 
 // slot is one bucket, the key it is held under and the key's hash (0: the
