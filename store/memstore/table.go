@@ -16,9 +16,9 @@ import (
 // costs its copy); and eviction looks at slots, not at a map.
 type shard struct {
 	mu    sync.Mutex
-	slots []slot   // a power of two long, at most 3/4 full; nil while empty
-	n     int      // slots in use
-	bytes int      // counted against the bound on bytes
+	slots []slot // a power of two long, at most 3/4 full; nil while empty
+	n     int    // slots in use
+	bytes int    // counted against the bound on bytes
 	// leases holds the lease sets of concurrency limits by held key (nil
 	// until the first); see leases.go.
 	leases map[string][]bucket.Lease
