@@ -33,6 +33,10 @@ const (
 // DefaultLeaseTTL is the lease TTL of a concurrency limit without one.
 const DefaultLeaseTTL = 30 * time.Second
 
+// MaxLeaseTTL bounds a concurrency limit's lease TTL: a slot never stays
+// taken longer than a day by a holder that is gone.
+const MaxLeaseTTL = 24 * time.Hour
+
 // MaxInFlight bounds a concurrency limit's slots, so that a key's leases
 // stay a bounded amount of state in every store.
 const MaxInFlight = 100_000
@@ -219,8 +223,8 @@ func (l Limit) validateConcurrency() error {
 	if l.MaxInFlight < 1 || l.MaxInFlight > MaxInFlight {
 		problems = append(problems, fmt.Sprintf("max_in_flight must be from 1 to %d", MaxInFlight))
 	}
-	if l.LeaseTTL < 0 {
-		problems = append(problems, "lease_ttl must be > 0")
+	if l.LeaseTTL < 0 || l.LeaseTTL > MaxLeaseTTL {
+		problems = append(problems, "lease_ttl must be > 0 and at most 24h")
 	}
 	if l.Rate != 0 || l.Period != 0 || l.Burst != 0 || l.Refill != "" || l.Start != 0 || l.MaxReserved != 0 {
 		problems = append(problems, "rate, period, burst, refill, start and max_reserved do not apply to concurrency")

@@ -307,32 +307,23 @@ func mulDivCeil(a, b, c int64) int64 {
 // every request is allowed. It takes no concurrency requests; see
 // EvalMultiLeases.
 func EvalMulti(op Op, ps []Prepared, states []State, found []bool, now int64) ([]Result, []State, []bool) {
-	rs, next, _, write := EvalMultiLeases(op, ps, states, found, nil, now)
-	return rs, next, write
+	return EvalMultiLeases(op, ps, states, found, nil, now)
 }
 
 // EvalMultiLeases is EvalMulti for requests of any kind: a request of
-// Kind Concurrency is decided by EvalLeases against leases[i] (its
-// states[i] and found[i] are unused) and its leases to store are in the
-// third result; the others as by Eval. All or nothing holds across kinds:
-// for Take nothing is written unless every request is allowed. leases may
-// be nil when no request is a concurrency one.
-func EvalMultiLeases(op Op, ps []Prepared, states []State, found []bool, leases [][]Lease, now int64) ([]Result, []State, [][]Lease, []bool) {
+// Kind Concurrency is decided by EvalLeases on leases[i], the summary of
+// its key's leases (its states[i] and found[i] are unused), the others by
+// Eval. All or nothing holds across kinds: for Take nothing is written
+// unless every request is allowed. leases may be nil when no request is a
+// concurrency one.
+func EvalMultiLeases(op Op, ps []Prepared, states []State, found []bool, leases []LeaseSet, now int64) ([]Result, []State, []bool) {
 	rs := make([]Result, len(ps))
 	next := make([]State, len(ps))
-	var nextLeases [][]Lease
 	write := make([]bool, len(ps))
 	all := true
 	for i, p := range ps {
 		if p.Params.Kind == Concurrency {
-			if nextLeases == nil {
-				nextLeases = make([][]Lease, len(ps))
-			}
-			var ls []Lease
-			if leases != nil {
-				ls = leases[i]
-			}
-			rs[i], nextLeases[i], write[i] = EvalLeases(op, ls, p.Params, p.Lease, now)
+			rs[i], write[i] = p.Params.EvalLeases(op, leases[i], p.Lease, now)
 		} else {
 			rs[i], next[i], write[i] = Eval(op, states[i], found[i], p.Params, p.Cost, p.Reserve, now)
 		}
@@ -341,5 +332,5 @@ func EvalMultiLeases(op Op, ps []Prepared, states []State, found []bool, leases 
 	if !all && op == Take {
 		clear(write)
 	}
-	return rs, next, nextLeases, write
+	return rs, next, write
 }

@@ -24,9 +24,10 @@ func (s *Store) applyLeases(op drip.Op, at time.Time, key string, p *bucket.Para
 	key = held(key)
 	sh, _ := s.locate(key)
 	sh.mu.Lock()
-	r, next, write := bucket.EvalLeases(bucket.Op(op), sh.leases[key], *p, id, now)
+	ls := sh.leases[key]
+	r, write := p.EvalLeases(bucket.Op(op), bucket.Leases(ls, id, now), id, now)
 	if write {
-		s.putLeases(sh, key, next, now)
+		s.putLeases(sh, key, p.NextLeases(bucket.Op(op), ls, id, now), now)
 	}
 	sh.mu.Unlock()
 	return drip.DecisionOf(r, p.Burst)

@@ -343,25 +343,25 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 	}
 	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
-	var leases [][]bucket.Lease
+	var leases []bucket.LeaseSet
 	for i, k := range keys {
 		if ps[i].Params.Kind == bucket.Concurrency {
 			if leases == nil {
-				leases = make([][]bucket.Lease, len(ps))
+				leases = make([]bucket.LeaseSet, len(ps))
 			}
-			leases[i] = shards[i].leases[k]
+			leases[i] = bucket.Leases(shards[i].leases[k], ps[i].Lease, now)
 			continue
 		}
 		if j, ok := shards[i].find(hashes[i], k); ok {
 			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
-	res, next, nextLeases, write := bucket.EvalMultiLeases(bucket.Op(op), ps, buckets, found, leases, now)
+	res, next, write := bucket.EvalMultiLeases(bucket.Op(op), ps, buckets, found, leases, now)
 	for i, p := range ps {
 		switch {
 		case !write[i]:
 		case p.Params.Kind == bucket.Concurrency:
-			s.putLeases(shards[i], keys[i], nextLeases[i], now)
+			s.putLeases(shards[i], keys[i], p.Params.NextLeases(bucket.Op(op), shards[i].leases[keys[i]], p.Lease, now), now)
 		default:
 			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
