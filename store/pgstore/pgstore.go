@@ -275,6 +275,15 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	if err != nil {
 		return drip.Decision{}, err
 	}
+	if p.Params.Kind == bucket.Concurrency {
+		// A concurrency request is a multi-take of one: multi.sql is the
+		// one statement that holds leases.
+		m, err := s.ApplyMulti(ctx, op, at, []drip.Request{r})
+		if err != nil {
+			return drip.Decision{}, err
+		}
+		return m.Decisions[0], nil
+	}
 	var res result
 	if s.batch != nil {
 		res, err = s.batch.Do(ctx, request{op, storeKey(p.Key), p, nanos(at)})
@@ -369,14 +378,15 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 	}
 	err = s.retry(ctx, func() error {
 		rows, err := s.db.Query(ctx, multiSQL, int(op), a.keys, a.kinds, a.rates, a.periods,
-			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl))
+			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl), a.leases)
 		if err != nil {
 			return err
 		}
 		i := 0
 		for rows.Next() {
 			var r result
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late); err != nil {
+			var ls bucket.LeaseSet
+			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest); err != nil {
 				rows.Close()
 				return err
 			}
@@ -387,7 +397,16 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 				rows.Close()
 				return errLate
 			}
-			if i < len(ds) {
+			switch {
+			case i >= len(ds):
+			case ps[i].Params.Kind == bucket.Concurrency:
+				res, _ := ps[i].Params.EvalLeases(bucket.Op(op), ls, ps[i].Lease, r.now)
+				if res.Allowed != r.allowed {
+					rows.Close()
+					return fmt.Errorf("pgstore: multi.sql and bucket.EvalLeases disagree (a bug): statement allowed=%v, EvalLeases allowed=%v", r.allowed, res.Allowed)
+				}
+				ds[i] = drip.DecisionOf(res, ps[i].Params.Burst)
+			default:
 				ds[i] = r.decision(op, ps[i])
 			}
 			i++
@@ -481,6 +500,7 @@ type arrays struct {
 	starts   []int64
 	costs    []int64
 	reserves []bool
+	leases   []string // multi.sql: lease IDs of concurrency requests
 	ats      []*int64
 	dls      []*int64 // batch.sql: deadlines in the server's clock
 }
@@ -505,6 +525,7 @@ func (a *arrays) add(op drip.Op, key []byte, p bucket.Prepared, at *int64) {
 	a.starts = append(a.starts, p.Params.Start)
 	a.costs = append(a.costs, p.Cost)
 	a.reserves = append(a.reserves, p.Reserve)
+	a.leases = append(a.leases, p.Lease)
 	a.ats = append(a.ats, at)
 }
 
