@@ -196,6 +196,12 @@ func (l *Limiter) Close() error { return l.eng.Close() }
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		res := l.Decide(r.Context(), r)
+		// The slots of concurrency rules are held while the handler runs
+		// and given back when it returns, however it ends: normally, by a
+		// panic (deferred calls run, and the panic goes on), or because
+		// the client went away and it gave up. Release uses a context of
+		// its own, so a cancelled request still releases.
+		defer func() { _ = res.Release(r.Context()) }()
 		res.WriteHeaders(w.Header())
 		if !res.Allowed {
 			res.WriteError(w)
