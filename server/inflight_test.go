@@ -60,8 +60,8 @@ func TestDecisionAPIAcquireRelease(t *testing.T) {
 		t.Fatalf("second release of one lease: %+v, want a no-op", r)
 	}
 	do("acquire", `{`+inline+`, "lease": "mine"}`, 400) // the server names leases
-	do("take", `{`+inline+`}`, 400)                       // a take needs a lease
-	do("release", `{`+inline+`}`, 400)                    // so does a release
+	do("take", `{`+inline+`}`, 400)                     // a take needs a lease
+	do("release", `{`+inline+`}`, 400)                  // so does a release
 	do("release", `{`+inline+`, "lease": "`+b.Lease+`"}`, 200)
 
 	// By rule, and in a multi-take beside a token bucket: all or nothing.
