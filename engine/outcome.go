@@ -26,7 +26,7 @@ type Outcome struct {
 	// failed and on_error is deny).
 	Status int
 	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonCostExceedsBurst or ReasonStoreUnavailable.
+	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable.
 	Reason string
 	// Top is the rule that denied the request, or else the most
 	// restrictive enforce rule (least remaining): the one the single-value
@@ -301,7 +301,7 @@ type Problem struct {
 	// Rule is the name of the rule that denied the request.
 	Rule string `json:"rule,omitempty"`
 	// Reason is token_bucket_exceeded, fixed_window_exceeded,
-	// cost_exceeds_burst or store_unavailable.
+	// concurrency_exceeded, cost_exceeds_burst or store_unavailable.
 	Reason string `json:"reason"`
 	// RetryAfter repeats the Retry-After header, in seconds.
 	RetryAfter int64 `json:"retry_after,omitempty"`
