@@ -194,3 +194,20 @@ func TestSweepLeases(t *testing.T) {
 		t.Fatalf("swept %d, %d left; want a swept, b left", n, s.Len())
 	}
 }
+
+// TestLeaseSetsBounded: endless new concurrency keys cost bounded memory,
+// as endless new buckets do.
+func TestLeaseSetsBounded(t *testing.T) {
+	s := memstore.New(memstore.WithSweep(0), memstore.WithMaxKeys(512))
+	at := time.Unix(1_800_000_000, 0)
+	lim := drip.InFlight(1, time.Hour)
+	for i := range 5000 {
+		d, err := s.Apply(context.Background(), drip.OpTake, at, drip.Request{Key: fmt.Sprint("k", i), Limit: lim, Lease: "x"})
+		if err != nil || !d.Allowed {
+			t.Fatalf("acquire %d: %+v %v", i, d, err)
+		}
+	}
+	if n := s.Len(); n > 512 {
+		t.Errorf("%d lease sets held, more than the bound of 512", n)
+	}
+}
