@@ -111,6 +111,9 @@ func (out *Outcome) Release(ctx context.Context) error {
 			remote = append(remote, r)
 		}
 	}
+	if len(remote) == 0 && len(local) == 0 {
+		return nil // the common case: no concurrency rule, nothing to do
+	}
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	if len(remote) > 0 {
