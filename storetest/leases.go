@@ -2,12 +2,15 @@ package storetest
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 )
 
 // RunLeases checks concurrency limits (drip.Concurrency): acquiring up to
@@ -161,6 +164,12 @@ func RunLeases(t *testing.T, newStore NewStore) {
 		}
 	})
 
+	t.Run("random steps agree with bucket.EvalLeases", func(t *testing.T) {
+		for seed := range uint64(3) {
+			compareLeases(t, st, seed, 200)
+		}
+	})
+
 	t.Run("64 concurrent callers never hold more than the max", func(t *testing.T) {
 		k := prefix() + "hot"
 		const maxIn, workers, each = 5, 64, 6
@@ -203,4 +212,59 @@ func RunLeases(t *testing.T, newStore NewStore) {
 			t.Errorf("after every holder released: %+v %v, want %d free slots", d, err, maxIn)
 		}
 	})
+}
+
+// compareLeases makes n random decisions on one concurrency key (takes,
+// releases and peeks of a few leases, at times that step by up to 4 s,
+// to the nanosecond, past the 10 s TTL now and then; every fifth step a
+// multi-take with a token bucket) and checks each against the Go math
+// run on a list of the leases: every field of every decision.
+func compareLeases(t *testing.T, st drip.Store, seed uint64, n int) {
+	t.Helper()
+	c := ctx(t)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	key := prefix() + "rand"
+	lim := drip.InFlight(3, 10*time.Second)
+	tb := drip.PerSecond(1).WithBurst(2)
+	p, err := drip.ParamsOf(lim, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var model []bucket.Lease
+	at := base()
+	ops := []drip.Op{drip.OpTake, drip.OpTake, drip.OpRefund, drip.OpPeek}
+	for i := range n {
+		at = at.Add(time.Duration(rng.Int64N(int64(4 * time.Second))))
+		op := ops[rng.IntN(len(ops))]
+		id := fmt.Sprint("l", rng.IntN(6))
+		if op == drip.OpPeek && rng.IntN(2) == 0 {
+			id = ""
+		}
+		now := at.UnixNano()
+		want, write := p.EvalLeases(bucket.Op(op), bucket.Leases(model, id, now), id, now)
+		var got drip.Decision
+		if i%5 == 4 && op == drip.OpTake {
+			// With a bucket that is at times empty: then nothing is taken.
+			m, err := st.ApplyMulti(c, op, at, []drip.Request{{Key: key + ":tb", Limit: tb, Cost: 1}, {Key: key, Limit: lim, Lease: id}})
+			if err != nil {
+				t.Fatalf("seed %d step %d: %v", seed, i, err)
+			}
+			got = m.Decisions[1]
+			write = write && m.Allowed
+			if m.Decisions[1].Allowed && !m.Allowed && m.Decisions[0].Allowed {
+				t.Fatalf("seed %d step %d: %+v: denied with both allowed", seed, i, m)
+			}
+		} else {
+			got, err = st.Apply(c, op, at, drip.Request{Key: key, Limit: lim, Lease: id})
+			if err != nil {
+				t.Fatalf("seed %d step %d: %v", seed, i, err)
+			}
+		}
+		if w := drip.DecisionOf(want, p.Burst); got != w {
+			t.Fatalf("seed %d step %d: %v %q at +%v: got %+v, want %+v (leases %+v)", seed, i, op, id, at.Sub(base()), got, w, model)
+		}
+		if write {
+			model = p.NextLeases(bucket.Op(op), model, id, now)
+		}
+	}
 }
