@@ -1,8 +1,10 @@
 // Package storetest is the conformance suite every drip.Store must pass:
 // scenario tables over named instants for every rule of docs/semantics.md,
 // the replay traces in testdata/ with their golden outputs, concurrency
-// bounds, and a randomized comparison against an exact rational reference
-// model (Model).
+// bounds, a randomized comparison against an exact rational reference
+// model (Model), and concurrency limits (RunLeases: leases, their TTL,
+// all or nothing beside buckets, 64 concurrent callers, random steps
+// against bucket.EvalLeases).
 //
 // A store's tests call Run:
 //

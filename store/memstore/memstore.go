@@ -17,6 +17,10 @@
 // and evicts the buckets that carry the least information. An evicted
 // bucket that was not full comes back full: the bound trades that much
 // over-admission for bounded memory.
+//
+// Concurrency limits keep a set of leases per key beside the buckets,
+// under the same shard locks (see leases.go), so a multi-take mixing both
+// is one atomic step.
 package memstore
 
 import (

@@ -25,6 +25,16 @@
 // Only the retry and reset durations of a decision are computed in Go, from
 // the bucket the statement returns, with bucket.Params.Until.
 //
+// Concurrency limits: a key's leases are one row of drip.leases (lease IDs
+// and expiries, as arrays in step). Every request on such a limit, alone
+// or in a multi-take with buckets, is one run of sql/multi.sql, which
+// locks the row (FOR UPDATE, so two acquires of the last slot queue on it
+// and the second sees the first's lease), counts what bucket.Leases
+// summarizes, and writes the live leases back only when the whole is
+// allowed; the Go side checks its verdict against bucket.Params.EvalLeases.
+// Rows whose leases all expired are swept like buckets. The SQL functions
+// (drip.take, ...) do not cover concurrency limits.
+//
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
 // drip.reset for services in other languages, which share the buckets with

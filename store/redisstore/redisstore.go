@@ -22,6 +22,13 @@
 // as an error. Every write leaves the key a TTL of at least a minute past
 // the bucket's expiry (bucket.Params.ExpiresAt), so idle buckets vanish.
 //
+// Concurrency limits: a key is a sorted set of lease IDs scored by their
+// expiries in microseconds, read and written by the same script in the
+// same call (so a multi-take mixing leases and buckets stays one atomic
+// step). The script counts what bucket.Leases summarizes and the Go side
+// checks its verdict against bucket.Params.EvalLeases. The key lives a
+// minute past its latest lease, and is gone with its last one.
+//
 // Sentinel: Open with a redis+sentinel:// URL (see ParseURL) finds the
 // master through the Sentinels and follows its failovers.
 //
