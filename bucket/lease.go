@@ -83,15 +83,19 @@ func Leases(ls []Lease, id string, now int64) LeaseSet {
 //
 // The result's Tokens is the number of free slots (in micro-tokens) after
 // the decision, and ResetAfter how long until every lease held after it
-// has expired (for a release, an upper bound: the released lease counts).
+// has expired (for a release that leaves other leases, an upper bound: the
+// released lease counts).
 func (p Params) EvalLeases(op Op, s LeaseSet, lease string, now int64) (Result, bool) {
 	slots := p.Slots()
 	if op == Refund {
-		live := s.Live
+		live, latest := s.Live, s.Latest
 		if s.Held {
 			live--
 		}
-		return leaseResult(true, slots-live, 0, untilAt(s.Latest, now)), true
+		if live == 0 {
+			latest = 0 // every slot is free
+		}
+		return leaseResult(true, slots-live, 0, untilAt(latest, now)), true
 	}
 	if !s.Held && s.Live >= slots {
 		return leaseResult(false, 0, untilAt(s.Earliest, now), untilAt(s.Latest, now)), false
