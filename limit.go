@@ -38,8 +38,11 @@ const DefaultLeaseTTL = 30 * time.Second
 const MaxLeaseTTL = 24 * time.Hour
 
 // MaxInFlight bounds a concurrency limit's slots, so that a key's leases
-// stay a bounded amount of state in every store.
-const MaxInFlight = 100_000
+// stay a bounded amount of state in every store: the memory store and
+// PostgreSQL rewrite a key's leases at each acquire and release, in time
+// linear in their number (a PostgreSQL row of 10,000 leases is about half
+// a megabyte).
+const MaxInFlight = 10_000
 
 // Refill names how a token bucket refills.
 type Refill string
