@@ -82,10 +82,27 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
 	return out
 }
 
+// Coster is a Request that computes its own costs: those of the rules
+// whose cost_source is of kind rules.KindFunc (a program's cost function,
+// rules.FuncRule). ok false, or a cost that is negative, not finite or
+// above 1e12, costs the rule's DefaultCost, as an unreadable header does.
+type Coster interface {
+	Cost(rule *rules.Rule) (cost float64, ok bool)
+}
+
 // cost is the request's cost under rule.
 func cost(r Request, rule *rules.Rule) float64 {
-	if rule.CostSource.Kind == rules.KindFixed {
+	switch rule.CostSource.Kind {
+	case rules.KindFixed:
 		return rule.FixedCost
+	case rules.KindFunc:
+		if c, ok := r.(Coster); ok {
+			// NaN fails both comparisons.
+			if x, ok := c.Cost(rule); ok && x >= 0 && x <= maxCost {
+				return x
+			}
+		}
+		return rule.DefaultCost
 	}
 	if s, ok := r.Value(rule.CostSource); ok {
 		if c, ok := ParseCost(s); ok {

@@ -1,6 +1,7 @@
 // Package engine is drip's one decision engine: every front door (the
-// net/http middleware, the gateway, the decision API, Envoy's rate limit
-// service) hands it what a request offers and writes what it answers.
+// net/http middleware, the gRPC interceptors, the gateway, the decision
+// API, Envoy's rate limit service) hands it what a request offers and
+// writes what it answers.
 //
 // Given the values a request offers for the rules' limit keys (a Request),
 // Decide matches the rules (groups, shadow), makes one all-or-nothing store
@@ -18,7 +19,7 @@
 // bucket held before a take that was not applied) and the Observer.
 //
 // The engine is public so that programs can build front doors of their
-// own (a key-function middleware, an RPC interceptor) that behave as drip's
+// own (a key-function middleware, say) that behave as drip's
 // do. An Engine is safe for concurrent use.
 package engine
 
@@ -260,6 +261,11 @@ func (e *Engine) breakerChanged(state string) {
 	e.obs.BreakerState(state)
 	e.log.Warn(e.name+": store circuit breaker "+state, "state", state)
 }
+
+// LogError logs err as a warning with the engine's logger and name, at
+// most one error a second (with those of the store), so that an outage or
+// a flood of bad requests does not flood the log.
+func (e *Engine) LogError(msg string, err error) { e.logError(msg, err) }
 
 // logError logs at most one error a second, so that an outage does not
 // flood the log (the observer counts every one).

@@ -282,18 +282,36 @@ func (out *Outcome) Fields() Fields {
 // (no rule applied, or the store failed and on_error allowed).
 func (out *Outcome) WriteHeaders(h http.Header) {
 	f := out.Fields()
+	// One backing array for the values, and the keys in canonical form,
+	// as Header.Set would store them: the headers cost one allocation,
+	// not two each (the middleware writes them on every request).
+	vals := make([]string, 0, 6)
+	set := func(key, v string) {
+		vals = append(vals, v)
+		h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
 	if f.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.FormatInt(f.RetryAfter, 10))
+		set(hRetryAfter, strconv.FormatInt(f.RetryAfter, 10))
 	}
 	if f.Policy == "" {
 		return
 	}
-	h.Set("RateLimit-Policy", f.Policy)
-	h.Set("RateLimit", f.RateLimit)
-	h.Set("RateLimit-Limit", f.Limit)
-	h.Set("RateLimit-Remaining", f.Remaining)
-	h.Set("RateLimit-Reset", f.Reset)
+	set(hPolicy, f.Policy)
+	set(hRateLimit, f.RateLimit)
+	set(hLimit, f.Limit)
+	set(hRemaining, f.Remaining)
+	set(hReset, f.Reset)
 }
+
+// The header names WriteHeaders sets, in canonical form.
+var (
+	hRetryAfter = http.CanonicalHeaderKey("Retry-After")
+	hPolicy     = http.CanonicalHeaderKey("RateLimit-Policy")
+	hRateLimit  = http.CanonicalHeaderKey("RateLimit")
+	hLimit      = http.CanonicalHeaderKey("RateLimit-Limit")
+	hRemaining  = http.CanonicalHeaderKey("RateLimit-Remaining")
+	hReset      = http.CanonicalHeaderKey("RateLimit-Reset")
+)
 
 // Problem is the application/problem+json body (RFC 9457) of a denial.
 type Problem struct {
@@ -304,7 +322,8 @@ type Problem struct {
 	// Rule is the name of the rule that denied the request.
 	Rule string `json:"rule,omitempty"`
 	// Reason is token_bucket_exceeded, fixed_window_exceeded,
-	// concurrency_exceeded, cost_exceeds_burst or store_unavailable.
+	// concurrency_exceeded, cost_exceeds_burst or store_unavailable (or a
+	// front door's own, such as the key-function middleware's key_error).
 	Reason string `json:"reason"`
 	// RetryAfter repeats the Retry-After header, in seconds.
 	RetryAfter int64 `json:"retry_after,omitempty"`
@@ -333,12 +352,16 @@ func (out *Outcome) Problem() Problem {
 
 // WriteError writes the status and problem+json body of a denied
 // request. Call WriteHeaders first.
-func (out *Outcome) WriteError(w http.ResponseWriter) {
-	body, _ := json.Marshal(out.Problem())
+func (out *Outcome) WriteError(w http.ResponseWriter) { WriteProblem(w, out.Problem()) }
+
+// WriteProblem writes p as the response: its status and its
+// application/problem+json body, never cached.
+func WriteProblem(w http.ResponseWriter, p Problem) {
+	body, _ := json.Marshal(p)
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(out.Status)
+	w.WriteHeader(p.Status)
 	w.Write(append(body, '\n'))
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
@@ -26,6 +27,32 @@ func BenchmarkHandler(b *testing.B) {
 	for i := range reqs {
 		reqs[i] = httptest.NewRequest("GET", "/api/x", nil)
 		reqs[i].RemoteAddr = "10.0." + strconv.Itoa(i/250) + "." + strconv.Itoa(i%250) + ":1234"
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, reqs[i%len(reqs)])
+	}
+}
+
+// BenchmarkKeyHandler is BenchmarkHandler for a key limiter (one limit,
+// no shadow rule), over 1000 keys.
+func BenchmarkKeyHandler(b *testing.B) {
+	ms := memstore.New()
+	defer ms.Close()
+	l, err := httplimit.NewKeyLimiter(ms, httplimit.KeyLimit{Limit: drip.PerSecond(10).WithBurst(20),
+		Key: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }},
+		httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	reqs := make([]*http.Request, 1000)
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest("GET", "/api/x", nil)
+		reqs[i].Header.Set("X-User", "user-"+strconv.Itoa(i))
 	}
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -2,12 +2,14 @@ package httplimit_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
 
+	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
@@ -65,4 +67,102 @@ func ExampleLimiter_Decide() {
 	// Output:
 	// allowed
 	// 429 token_bucket_exceeded rule all
+}
+
+type userKey struct{}
+
+// withUser stands for an authentication middleware: it puts the user a
+// session names in the request's context.
+func withUser(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u := r.Header.Get("X-Session"); u != "" { // look the session up, verify the token, ...
+			r = r.WithContext(context.WithValue(r.Context(), userKey{}, u))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// A limit per user without a rules file: the key function reads the user
+// that the authentication middleware put in the context. Requests
+// without a user have no key and are not limited.
+func ExampleNewKeyLimiter() {
+	store := memstore.New()
+	defer store.Close()
+	lim, err := httplimit.NewKeyLimiter(store, httplimit.KeyLimit{
+		Name:  "per-user",
+		Limit: drip.PerMinute(60).WithBurst(2),
+		Key: func(r *http.Request) (string, error) {
+			user, _ := r.Context().Value(userKey{}).(string)
+			return user, nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello\n") })
+	h := withUser(lim.Handler(api)) // the limiter runs after authentication
+
+	for _, user := range []string{"ann", "ann", "ann", "bob", ""} {
+		req := httptest.NewRequest("GET", "/", nil)
+		if user != "" {
+			req.Header.Set("X-Session", user)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Printf("%-3s %d %q %q\n", user, rec.Code, rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit-Remaining"))
+	}
+	// Output:
+	// ann 200 "\"per-user\";q=2;w=2" "1"
+	// ann 200 "\"per-user\";q=2;w=2" "0"
+	// ann 429 "\"per-user\";q=2;w=2" "0"
+	// bob 200 "\"per-user\";q=2;w=2" "1"
+	//     200 "" ""
+}
+
+// A cost per request, and a 401 of the program's own when the key
+// function fails.
+func ExampleKeyLimit_cost() {
+	store := memstore.New()
+	defer store.Close()
+	lim, err := httplimit.NewKeyLimiter(store, httplimit.KeyLimit{
+		Name:  "per-key",
+		Limit: drip.PerHour(100),
+		Key: func(r *http.Request) (string, error) {
+			if k := r.Header.Get("X-Api-Key"); k != "" {
+				return k, nil
+			}
+			return "", errors.New("no API key")
+		},
+		// A batch of n items costs n.
+		Cost: func(r *http.Request) float64 {
+			n, _ := httplimit.ParseCost(r.URL.Query().Get("items"))
+			return max(n, 1)
+		},
+		KeyError: func(w http.ResponseWriter, r *http.Request, err error) {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lim.Close()
+	h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for _, target := range []string{"/?items=40", "/?items=50", "/?items=20", "/"} {
+		req := httptest.NewRequest("POST", target, nil)
+		req.Header.Set("X-Api-Key", "k1")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Println(target, rec.Code, rec.Header().Get("RateLimit-Remaining"))
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/", nil))
+	fmt.Print(rec.Code, " ", rec.Body.String())
+	// Output:
+	// /?items=40 200 60
+	// /?items=50 200 10
+	// /?items=20 429 10
+	// / 200 9
+	// 401 no API key
 }

@@ -22,17 +22,22 @@
 // breaker stops calling a store that keeps failing, so that a dead store
 // costs no deadline per request; after its cooldown one probe goes
 // through, and only the probe's success closes it.
+//
+// NewKeyLimiter is the middleware without a rules file: a key function
+// that says who is calling (the user in the request's context, an API
+// key) and one limit (KeyLimit), decided as one rule keyed by that value
+// would be, with the same headers, 429 body, fail policy and metrics.
 package httplimit
 
 import (
 	"context"
 	"log/slog"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -84,49 +89,35 @@ var ErrBreakerOpen = engine.ErrBreakerOpen
 // Limiter applies a rules Set to HTTP requests. It is safe for concurrent
 // use; Swap replaces its rules atomically. Construct it with New.
 type Limiter struct {
-	eng  *engine.Engine
-	snap atomic.Pointer[snapshot]
-	now  func() time.Time // nil: the real clock (JWT expiry)
-}
-
-// snapshot is one rules Set ready for requests.
-type snapshot struct {
-	rules *engine.Rules
-	jwt   *verifier
+	fd *frontdoor.Limiter
 }
 
 // Option configures a Limiter.
-type Option func(*options)
-
-type options struct {
-	eng    []engine.Option
-	now    func() time.Time
-	engine *engine.Engine
-}
+type Option = frontdoor.Option
 
 // WithEngine makes the limiter decide with e, sharing its store, breaker,
 // observer and deadline with other front doors; the options that
 // configure an engine (WithLogger, WithObserver, WithTimeout,
 // WithSeparateTakes) are then e's, and WithClock sets only the clock of
 // token expiry.
-func WithEngine(e *engine.Engine) Option { return func(o *options) { o.engine = e } }
+func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
 
 // WithLogger sets the logger for store failures and breaker changes
 // (default slog.Default()).
 func WithLogger(log *slog.Logger) Option {
-	return func(o *options) { o.eng = append(o.eng, engine.WithLogger(log)) }
+	return frontdoor.WithEngineOption(engine.WithLogger(log))
 }
 
 // WithObserver sets the observer of decisions, store calls and the
 // breaker.
 func WithObserver(obs Observer) Option {
-	return func(o *options) { o.eng = append(o.eng, engine.WithObserver(obs)) }
+	return frontdoor.WithEngineOption(engine.WithObserver(obs))
 }
 
 // WithTimeout sets the deadline of each store call (default
 // DefaultTimeout). A rules file's store_timeout takes precedence.
 func WithTimeout(d time.Duration) Option {
-	return func(o *options) { o.eng = append(o.eng, engine.WithTimeout(d)) }
+	return frontdoor.WithEngineOption(engine.WithTimeout(d))
 }
 
 // WithSeparateTakes is for stores that cannot take several keys in one
@@ -140,54 +131,40 @@ func WithTimeout(d time.Duration) Option {
 // the end rather than at every instant: between a take and its refund,
 // another request may find fewer tokens.
 func WithSeparateTakes() Option {
-	return func(o *options) { o.eng = append(o.eng, engine.WithSeparateTakes()) }
+	return frontdoor.WithEngineOption(engine.WithSeparateTakes())
 }
 
 // WithClock makes the limiter pass now() as the time of each decision
 // (instead of the store's clock), and use it for token expiry and the
 // circuit breaker.
-func WithClock(now func() time.Time) Option {
-	return func(o *options) { o.now = now; o.eng = append(o.eng, engine.WithClock(now)) }
-}
+func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
-	var o options
-	for _, f := range opts {
-		f(&o)
-	}
-	if o.engine == nil {
-		o.engine = engine.New(store, append([]engine.Option{engine.WithName("httplimit")}, o.eng...)...)
-	}
-	l := &Limiter{eng: o.engine, now: o.now}
-	l.Swap(set)
-	return l
+	return &Limiter{fd: frontdoor.New(store, "httplimit", set, frontdoor.Apply(opts))}
 }
 
 // Swap makes set the rules of every request from now on. Requests in
 // flight finish with the rules they started with. Bucket keys depend only
 // on rule names and key values, so a rule that keeps its name keeps its
 // buckets.
-func (l *Limiter) Swap(set *rules.Set) {
-	rs := l.eng.Compile(set)
-	l.snap.Store(&snapshot{rules: rs, jwt: newVerifier(rs.Set.JWT, l.now)})
-}
+func (l *Limiter) Swap(set *rules.Set) { l.fd.Swap(set) }
 
 // Rules returns the rules in force.
-func (l *Limiter) Rules() *rules.Set { return l.snap.Load().rules.Set }
+func (l *Limiter) Rules() *rules.Set { return l.fd.Snapshot().Rules.Set }
 
 // Store returns the limiter's store.
-func (l *Limiter) Store() drip.Store { return l.eng.Store() }
+func (l *Limiter) Store() drip.Store { return l.fd.Engine().Store() }
 
 // Engine returns the engine the limiter decides with.
-func (l *Limiter) Engine() *engine.Engine { return l.eng }
+func (l *Limiter) Engine() *engine.Engine { return l.fd.Engine() }
 
 // BreakerState returns the circuit breaker's state.
-func (l *Limiter) BreakerState() string { return l.eng.BreakerState() }
+func (l *Limiter) BreakerState() string { return l.fd.Engine().BreakerState() }
 
 // Close releases the local fallback's memory store, if one was started.
-func (l *Limiter) Close() error { return l.eng.Close() }
+func (l *Limiter) Close() error { return l.fd.Engine().Close() }
 
 // Handler returns next behind the limiter: a request over an enforce
 // rule's limit gets 429 (or 503 when the store fails and on_error is deny)
@@ -195,28 +172,33 @@ func (l *Limiter) Close() error { return l.eng.Close() }
 // the RateLimit headers.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		res := l.Decide(r.Context(), r)
-		// The slots of concurrency rules are held while the handler runs
-		// and given back when it returns, however it ends: normally, by a
-		// panic (deferred calls run, and the panic goes on), or because
-		// the client went away and it gave up. Release uses a context of
-		// its own, so a cancelled request still releases.
-		defer func() { _ = res.Release(r.Context()) }()
-		res.WriteHeaders(w.Header())
-		if !res.Allowed {
-			res.WriteError(w)
-			return
-		}
-		next.ServeHTTP(w, r)
+		serve(w, r, next, l.Decide(r.Context(), r))
 	})
+}
+
+// serve writes res's headers, and its error or next's response.
+//
+// The slots of concurrency rules are held while next runs and given back
+// when it returns, however it ends: normally, by a panic (deferred calls
+// run, and the panic goes on), or because the client went away and it
+// gave up. Release uses a context of its own, so a cancelled request
+// still releases.
+func serve(w http.ResponseWriter, r *http.Request, next http.Handler, res *Result) {
+	defer func() { _ = res.Release(r.Context()) }()
+	res.WriteHeaders(w.Header())
+	if !res.Allowed {
+		res.WriteError(w)
+		return
+	}
+	next.ServeHTTP(w, r)
 }
 
 // Decide decides r without writing a response: the middleware's work,
 // for callers that answer requests themselves. It takes the tokens of an
 // allowed request.
 func (l *Limiter) Decide(ctx context.Context, r *http.Request) *Result {
-	s := l.snap.Load()
-	return l.eng.Decide(ctx, s.rules, &reqValues{r: r, s: s})
+	s := l.fd.Snapshot()
+	return l.fd.Engine().Decide(ctx, s.Rules, newReqValues(s, r))
 }
 
 // ParseCost reads a request's cost (engine.ParseCost).

@@ -7,51 +7,35 @@ import (
 	"path"
 	"strings"
 
-	"github.com/golang-jwt/jwt/v5"
-
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 
-// reqValues reads a request's values, each at most once.
+// reqValues reads a request's values, each at most once: the client IP,
+// headers and verified claims as every front door does (frontdoor), and
+// the query, path, method and cookies of HTTP.
 type reqValues struct {
+	frontdoor.Request
 	r *http.Request
-	s *snapshot
-
-	ipDone bool
-	ip     netip.Addr
-	ipOK   bool
 
 	queryDone bool
 	query     url.Values
-
-	claimsDone bool
-	claims     jwt.MapClaims
 
 	pathDone bool
 	path     string
 }
 
+func newReqValues(s *frontdoor.Snapshot, r *http.Request) *reqValues {
+	return &reqValues{Request: frontdoor.Request{S: s, Peer: r.RemoteAddr, Header: r.Header}, r: r}
+}
+
 func (v *reqValues) Value(src rules.Source) (string, bool) {
 	switch src.Kind {
-	case rules.KindIP:
-		a, ok := v.clientIP()
-		if !ok {
-			return "", false
-		}
-		return KeyIP(a, v.s.rules.Set.IPv6Prefix), true
-	case rules.KindHeader:
-		return joined(v.r.Header[src.Name])
 	case rules.KindQuery:
 		if !v.queryDone {
 			v.query, v.queryDone = v.r.URL.Query(), true
 		}
-		return joined(v.query[src.Name])
-	case rules.KindJWT:
-		x, ok := v.jwtClaims()[src.Name]
-		if !ok {
-			return "", false
-		}
-		return claimText(x)
+		return frontdoor.Joined(v.query[src.Name])
 	case rules.KindPath:
 		return v.cleanPath(), true
 	case rules.KindMethod:
@@ -61,45 +45,9 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 		for _, c := range v.r.CookiesNamed(src.Name) {
 			vals = append(vals, c.Value)
 		}
-		return joined(vals)
-	case rules.KindGlobal:
-		return "", true
+		return frontdoor.Joined(vals)
 	}
-	return "", false
-}
-
-// joined is the value of a header, query parameter or cookie that a
-// request may repeat: all of its values, joined with ", " (as HTTP joins
-// repeated header lines), so that a request with two x-api-key headers is
-// keyed on both, never on the one drip happened to read first (the
-// upstream might believe the other); and a cost read from two values is
-// not a number, so default_cost applies.
-func joined(vals []string) (string, bool) {
-	switch len(vals) {
-	case 0:
-		return "", false
-	case 1:
-		return vals[0], true
-	}
-	return strings.Join(vals, ", "), true
-}
-
-func (v *reqValues) clientIP() (netip.Addr, bool) {
-	if !v.ipDone {
-		v.ip, v.ipOK = ClientIP(v.r, v.s.rules.Set.TrustedProxies)
-		v.ipDone = true
-	}
-	return v.ip, v.ipOK
-}
-
-func (v *reqValues) jwtClaims() jwt.MapClaims {
-	if !v.claimsDone {
-		v.claimsDone = true
-		if v.s.jwt != nil {
-			v.claims = v.s.jwt.claims(v.r)
-		}
-	}
-	return v.claims
+	return v.Request.Value(src)
 }
 
 // cleanPath is the URL path as the upstream will route it: "/a/../b" is
@@ -124,17 +72,20 @@ func (v *reqValues) cleanPath() string {
 	return v.path
 }
 
-// Identity is the client identity that seeds the Retry-After jitter:
-// "sub:" and the verified JWT subject, else "ip:" and the client IP (its
-// /64 for IPv6), else "key:" and the denying rule's key.
-func (v *reqValues) Identity(key string) string {
-	if v.s.jwt != nil {
-		if sub, ok := v.jwtClaims()["sub"].(string); ok && sub != "" {
-			return "sub:" + sub
-		}
-	}
-	if a, ok := v.clientIP(); ok {
-		return "ip:" + KeyIP(a, v.s.rules.Set.IPv6Prefix)
-	}
-	return "key:" + key
+// ClientIP returns the address of the client that sent r. It is the peer
+// address (r.RemoteAddr) unless that peer is one of the trusted proxies;
+// then X-Forwarded-For is read from right to left, skipping trusted hops,
+// and the first address not trusted is the client. If every hop is
+// trusted, the leftmost is the client; if an entry cannot be parsed, the
+// last good address before it is. With no trusted proxies the header is
+// never read: a client cannot choose its own key. ok is false when the
+// peer address itself is not an IP (a Unix socket).
+func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, bool) {
+	return frontdoor.ClientIP(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), trusted)
 }
+
+// KeyIP is the key value of a client address: an IPv4 address as is, an
+// IPv6 address as its prefix of v6bits ("2001:db8:1:2::/64"), because one
+// IPv6 client usually holds a whole /64 and could otherwise take a new
+// bucket per request.
+func KeyIP(a netip.Addr, v6bits int) string { return frontdoor.KeyIP(a, v6bits) }

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -129,6 +130,36 @@ var storeCases = []struct {
 			if r.remaining(t) != c.want || (c.w == "25") != (r.code == 429) {
 				t.Fatalf("weight %q: %d remaining %d, want %d", c.w, r.code, r.remaining(t), c.want)
 			}
+		}
+	}},
+	{"a key limiter shares the bucket of its rule", func(t *testing.T, s *storeUnder) {
+		e, id := storeEnv(t, s, `{"rules": [{"name": "kf-{id}", "limit_keys": ["header:x-user"], "algorithm_config": {"rps": 10, "burst": 20}}]}`)
+		opts := append([]httplimit.Option{httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs)}, s.opts...)
+		k, err := httplimit.NewKeyLimiter(s.store, httplimit.KeyLimit{Name: "kf-" + id, Limit: drip.PerSecond(10).WithBurst(20), Key: headerKey}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer k.Close()
+		h := k.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+		name := `"kf-` + id + `"`
+		for i := range 20 {
+			var r resp
+			if i%2 == 0 {
+				r = e.do("/", "X-User: ann")
+			} else {
+				r = record(h, userReq("ann", ""))
+			}
+			if r.code != 200 || r.remaining(t) != 19-i || r.h.Get("RateLimit-Policy") != name+";q=20;w=2" {
+				t.Fatalf("request %d: %d %v", i, r.code, r.h)
+			}
+		}
+		r := record(h, userReq("ann", ""))
+		ra, _ := strconv.Atoi(r.h.Get("Retry-After"))
+		if r.code != 429 || ra < 1 || ra > 2 || r.h.Get("RateLimit") != fmt.Sprintf("%s;r=0;t=%d", name, ra) {
+			t.Fatalf("21st: %d %v", r.code, r.h)
+		}
+		if r := e.do("/", "X-User: ann"); r.code != 429 {
+			t.Fatalf("22nd, by the rule: %d %v", r.code, r.h)
 		}
 	}},
 	{"spoofed X-Forwarded-For", func(t *testing.T, s *storeUnder) {

@@ -88,9 +88,14 @@ var (
 )
 
 // Decode reads one request in format f strictly: unknown fields (and the
-// fields f does not allow), trailing data, a bad "at" or "op" are errors.
-// Every error it returns is a *drip.InputError.
+// fields f does not allow), trailing data, a bad "at" or "op" are errors,
+// and so is what encoding/json alone would let pass (see strict): invalid
+// UTF-8, a lone surrogate escape, a field given twice, a field name in
+// another case. Every error it returns is a *drip.InputError.
 func Decode(b []byte, f Format) (Raw, error) {
+	if err := strict(b); err != nil {
+		return Raw{}, inputf("bad JSON: %w", err)
+	}
 	var j lineJSON
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()

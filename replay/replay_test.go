@@ -88,6 +88,21 @@ func TestDecodeFormats(t *testing.T) {
 		{`{} {}`, replay.BodyFormat, "more than one value in the body"},
 		{`{} {}`, replay.LineFormat, "more than one value on the line"},
 		{`{"at": "soon"}`, replay.LineFormat, "at:"},
+		// One reading only: what encoding/json alone would accept quietly.
+		{`{"key": "a", "key": "b", "limit": {"rate": 1}}`, replay.BodyFormat, `field "key" given twice`},
+		{`{"key": "k", "limit": {"rate": 1, "rate": 2}}`, replay.LineFormat, `field "rate" given twice`},
+		{`{"KEY": "k", "limit": {"rate": 1}}`, replay.BodyFormat, `unknown field "KEY"`},
+		{`{"key": "k", "limit": {"Rate": 1}}`, replay.BodyFormat, `unknown field "Rate"`},
+		{"{\"\\u212aey\": \"k\", \"limit\": {\"rate\": 1}}", replay.BodyFormat, "unknown field \"\u212aey\""},
+		{"{\"key\": \"k\xff\", \"limit\": {\"rate\": 1}}", replay.BodyFormat, "not valid UTF-8"},
+		{`{"key": "k\ud800", "limit": {"rate": 1}}`, replay.BodyFormat, "lone surrogate"},
+		{`{"key": "k\udc00\ud800", "limit": {"rate": 1}}`, replay.BodyFormat, "lone surrogate"},
+		{`{"rule": "r", "values": {"User": "a", "User": "b"}}`, replay.BodyFormat, `field "User" given twice`},
+		// ... and what it must still accept.
+		{`{"key": "k\ud83d\ude00 \\u00e9 \u00e9 �", "limit": {"rate": 1}}`, replay.BodyFormat, ""},
+		{`{"rule": "r", "values": {"User-ID": "a", "user-id": "b"}}`, replay.BodyFormat, ""},
+		{`{"requests": [{"key": "a", "limit": {"rate": 1}}, {"key": "b", "limit": {"rate": 1}}]}`, replay.LineFormat, ""},
+		{`{"key": "k", "limit": {"rate": 1}`, replay.BodyFormat, "bad JSON: unexpected EOF"},
 	} {
 		_, err := replay.Decode([]byte(c.line), c.f)
 		var ie *drip.InputError

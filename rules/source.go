@@ -23,6 +23,9 @@ const (
 	KindCookie Kind = "cookie" // cookie:<name>, a cookie's value
 	KindGlobal Kind = "global" // global, one bucket for every request
 	KindFixed  Kind = "fixed"  // fixed, a cost_source only: the rule's fixed_cost
+	// KindFunc is a value a program computes (a key or a cost function,
+	// FuncRule); it is never written in a rules file.
+	KindFunc Kind = "func"
 )
 
 // Source names one value of a request, as written in a rules file:
@@ -39,7 +42,7 @@ func (s Source) String() string {
 	switch s.Kind {
 	case KindIP:
 		return "ip:address"
-	case KindPath, KindMethod, KindGlobal, KindFixed:
+	case KindPath, KindMethod, KindGlobal, KindFixed, KindFunc:
 		return string(s.Kind)
 	case KindHeader:
 		return "header:" + strings.ToLower(s.Name)

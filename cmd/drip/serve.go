@@ -29,7 +29,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	fs.StringVar(&c.Rules, "rules", envOr("DRIP_RULES", ""), "rules file, JSON or YAML, or envoyproxy/ratelimit config files (a file or a directory) (default: the built-in rules) (env DRIP_RULES)")
 	fs.StringVar(&c.Store, "store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://..., rediss://..., redis+sentinel://... (env DRIP_STORE)")
 	fs.StringVar(&c.Upstream, "upstream", envOr("DRIP_UPSTREAM", ""), "upstream URL: serve as a gateway that applies the rules to every request (env DRIP_UPSTREAM)")
-	fs.StringVar(&c.GRPCListen, "grpc-listen", envOr("DRIP_GRPC_LISTEN", ""), "address of Envoy's rate limit gRPC service (env DRIP_GRPC_LISTEN)")
+	fs.StringVar(&c.GRPCListen, "grpc-listen", envOr("DRIP_GRPC_LISTEN", ""), "address of Envoy's rate limit gRPC service (env DRIP_GRPC_LISTEN; else envoyproxy/ratelimit's GRPC_HOST and GRPC_PORT when either is set)")
 	fs.BoolVar(&c.GRPCReflection, "grpc-reflection", envOr("DRIP_GRPC_REFLECTION", "") == "true", "serve gRPC server reflection on --grpc-listen (env DRIP_GRPC_REFLECTION=true)")
 	timeoutDefault := server.DefaultStoreTimeout
 	if v := envOr("DRIP_STORE_TIMEOUT", ""); v != "" {

@@ -68,12 +68,16 @@ on the command line wins.
 
 Envoy's rate limit service (--grpc-listen, and /json and /healthcheck on the
 admin listener) reads envoyproxy/ratelimit's config files at --rules, and
-its environment: MERGE_DOMAIN_CONFIG, SHADOW_MODE and RUNTIME_IGNOREDOTFILES
-(true or false), and RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and
-RUNTIME_APPDIRECTORY for the config directory when --rules is not given.
-DRIP_ENVOY_ALGORITHM=fixed_window counts its limits in envoyproxy/ratelimit's
-windows instead of refilling them continuously. README's Envoy section has
-the details.
+its environment: MERGE_DOMAIN_CONFIG, SHADOW_MODE, QUOTA_MODE,
+RUNTIME_IGNOREDOTFILES and RESPONSE_DYNAMIC_METADATA (true or false);
+LIMIT_RESPONSE_HEADERS_ENABLED (true: envoyproxy/ratelimit's three headers,
+named by LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER;
+false: none; unset: drip's RateLimit headers); RUNTIME_ROOT,
+RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY for the config directory when
+--rules is not given; GRPC_HOST and GRPC_PORT for the gRPC listener when
+--grpc-listen is not given. DRIP_ENVOY_ALGORITHM=fixed_window counts its
+limits in envoyproxy/ratelimit's windows instead of refilling them
+continuously. README's Envoy section has the details.
 
 Examples:
   drip serve

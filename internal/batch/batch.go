@@ -76,9 +76,36 @@ type Call[Q, R any] struct {
 	Res R
 	Err error
 
-	ctx  context.Context
-	done chan struct{}
+	ctx   context.Context
+	done  chan struct{}
+	state atomic.Uint32 // waiting, answered or left: who has the answer
 }
+
+// A call's state: the worker sets answered when it hands the caller the
+// answer, the caller sets left when it gives up; the first to change it
+// from waiting decides.
+const (
+	waiting uint32 = iota
+	answered
+	left
+)
+
+// answer hands c its answer, or reports false when its caller left.
+func (c *Call[Q, R]) answer() bool {
+	if !c.state.CompareAndSwap(waiting, answered) {
+		return false
+	}
+	c.done <- struct{}{}
+	return true
+}
+
+// Undo returns the request that takes back what q did, given its answer r
+// (false: q changed nothing, such as a denied take or a peek). The Batcher
+// runs it when q's caller left before the answer came.
+type Undo[Q, R any] func(q Q, r R) (Q, bool)
+
+// UndoTimeout bounds the call that takes back the answers no caller got.
+const UndoTimeout = 10 * time.Second
 
 // Run decides calls in one store call under ctx, setting each call's Res
 // or Err.
@@ -90,20 +117,25 @@ type Batcher[Q, R any] struct {
 	qs     []chan *Call[Q, R]
 	route  func(Q) uint64
 	run    Run[Q, R]
+	undo   Undo[Q, R]
 	pool   sync.Pool
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
 	running atomic.Int64 // calls of run in progress
+	// undone and undoFailed count the answers taken back, and those whose
+	// undo failed (the store was gone): see Undone.
+	undone, undoFailed atomic.Int64
 }
 
 // New starts a Batcher's workers; Close stops them. route (nil: one
-// shared queue) picks a request's queue by its hash.
-func New[Q, R any](o Options, route func(Q) uint64, run Run[Q, R]) *Batcher[Q, R] {
+// shared queue) picks a request's queue by its hash; undo (nil: none)
+// takes back the answers whose callers left (see the package doc).
+func New[Q, R any](o Options, route func(Q) uint64, run Run[Q, R], undo Undo[Q, R]) *Batcher[Q, R] {
 	o.InFlight = max(1, o.InFlight)
 	o.MaxBatch = max(1, o.MaxBatch)
-	b := &Batcher[Q, R]{o: o, route: route, run: run}
+	b := &Batcher[Q, R]{o: o, route: route, run: run, undo: undo}
 	b.pool.New = func() any { return &Call[Q, R]{done: make(chan struct{}, 1)} }
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	queues := 1
@@ -129,6 +161,10 @@ func (b *Batcher[Q, R]) Close() {
 
 // Running is the number of store calls in progress (at most InFlight).
 func (b *Batcher[Q, R]) Running() int { return int(b.running.Load()) }
+
+// Undone reports how many answers were taken back because their callers
+// had left, and how many of those takebacks failed.
+func (b *Batcher[Q, R]) Undone() (n, failed int64) { return b.undone.Load(), b.undoFailed.Load() }
 
 // Do queues one request and waits for its answer, or for ctx to end.
 func (b *Batcher[Q, R]) Do(ctx context.Context, q Q) (R, error) {
@@ -159,25 +195,32 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, q Q) (R, error) {
 	// caller that leaves early leaves c to the worker.
 	select {
 	case <-c.done:
-		r, err := c.Res, c.Err
-		b.recycle(c)
-		return r, err
 	case <-ctx.Done():
-		return zero, ctx.Err()
+		if c.state.CompareAndSwap(waiting, left) {
+			return zero, ctx.Err()
+		}
+		<-c.done // answered just now
 	case <-b.ctx.Done():
 		// Closing: the call may have been queued after the workers
 		// drained, and then nobody answers it.
 		select {
 		case <-c.done:
-			return c.Res, c.Err
 		case <-time.After(time.Second):
-			return zero, ErrClosed
+			if c.state.CompareAndSwap(waiting, left) {
+				return zero, ErrClosed
+			}
+			<-c.done
 		}
 	}
+	r, err := c.Res, c.Err
+	b.recycle(c)
+	return r, err
 }
 
 func (b *Batcher[Q, R]) recycle(c *Call[Q, R]) {
-	*c = Call[Q, R]{done: c.done}
+	c.Req, c.Res, c.Err, c.ctx = *new(Q), *new(R), nil, nil
+	c.Deadline, c.SendBy = time.Time{}, time.Time{}
+	c.state.Store(waiting)
 	b.pool.Put(c)
 }
 
@@ -240,7 +283,9 @@ func (b *Batcher[Q, R]) send(calls []*Call[Q, R]) {
 	for _, c := range calls {
 		if err := c.ctx.Err(); err != nil {
 			c.Err = err
-			c.done <- struct{}{}
+			if !c.answer() {
+				b.recycle(c) // never sent: nothing to take back
+			}
 			continue
 		}
 		live = append(live, c)
@@ -261,9 +306,43 @@ func (b *Batcher[Q, R]) send(calls []*Call[Q, R]) {
 	b.run(ctx, live)
 	b.running.Add(-1)
 	cancel()
+	var undo []*Call[Q, R]
 	for _, c := range live {
 		c.ctx = nil
-		c.done <- struct{}{}
+		if c.answer() {
+			continue
+		}
+		// The caller left while the call ran: its answer is nobody's.
+		if b.undo != nil && c.Err == nil {
+			if q, ok := b.undo(c.Req, c.Res); ok {
+				undo = append(undo, &Call[Q, R]{Req: q})
+			}
+		}
+		b.recycle(c)
+	}
+	if len(undo) > 0 {
+		b.takeBack(undo)
+	}
+}
+
+// takeBack runs the requests that take back answers no caller got, in one
+// call under UndoTimeout, from the worker that ran them (for PostgreSQL,
+// the queue of their keys).
+func (b *Batcher[Q, R]) takeBack(calls []*Call[Q, R]) {
+	ctx, cancel := context.WithTimeout(b.ctx, UndoTimeout)
+	defer cancel()
+	for _, c := range calls {
+		c.Deadline, _ = ctx.Deadline()
+		c.SendBy = SendBy(ctx)
+	}
+	b.running.Add(1)
+	b.run(ctx, calls)
+	b.running.Add(-1)
+	for _, c := range calls {
+		b.undone.Add(1)
+		if c.Err != nil {
+			b.undoFailed.Add(1)
+		}
 	}
 }
 
@@ -273,7 +352,7 @@ func drain[Q, R any](q chan *Call[Q, R]) {
 		select {
 		case c := <-q:
 			c.Err = ErrClosed
-			c.done <- struct{}{}
+			c.answer()
 		default:
 			return
 		}

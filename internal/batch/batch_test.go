@@ -51,7 +51,7 @@ func (r *recorder) run(ctx context.Context, calls []*Call[int, int]) {
 func TestBatchesAndAnswers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := &recorder{gate: make(chan struct{})}
-		b := New(Options{MaxBatch: 4, InFlight: 1}, nil, r.run)
+		b := New(Options{MaxBatch: 4, InFlight: 1}, nil, r.run, nil)
 		defer b.Close()
 		// The first request occupies the worker; the next 6 queue, and go
 		// in batches of at most 4 once it answers.
@@ -101,7 +101,7 @@ func TestBatchesAndAnswers(t *testing.T) {
 func TestLatestDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := &recorder{gate: make(chan struct{})}
-		b := New(Options{MaxBatch: 8, InFlight: 1}, nil, r.run)
+		b := New(Options{MaxBatch: 8, InFlight: 1}, nil, r.run, nil)
 		defer b.Close()
 		start := time.Now()
 		var wg sync.WaitGroup
@@ -146,7 +146,7 @@ func TestRoute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := &recorder{gate: make(chan struct{})}
 		close(r.gate)
-		b := New(Options{MaxBatch: 16, InFlight: 4}, func(q int) uint64 { return uint64(q % 4) }, r.run)
+		b := New(Options{MaxBatch: 16, InFlight: 4}, func(q int) uint64 { return uint64(q % 4) }, r.run, nil)
 		defer b.Close()
 		var wg sync.WaitGroup
 		for i := range 64 {
@@ -173,7 +173,7 @@ func TestRoute(t *testing.T) {
 func TestClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := &recorder{gate: make(chan struct{})}
-		b := New(Options{MaxBatch: 4, InFlight: 1}, nil, r.run)
+		b := New(Options{MaxBatch: 4, InFlight: 1}, nil, r.run, nil)
 		errs := make(chan error, 2)
 		for i := range 2 {
 			go func() { _, err := b.Do(context.Background(), i); errs <- err }()
@@ -237,6 +237,88 @@ func TestSendBy(t *testing.T) {
 				t.Errorf("%v left: send by %v before the deadline, want %v", c.left, d.Sub(got), c.margin)
 			}
 			cancel()
+		}
+	})
+}
+
+// TestUndo: a caller that leaves before its answer comes gets its
+// context's error, and the answer is taken back by the request Undo names,
+// run by the worker at once; a caller answered in time is not undone, nor
+// is one that left before its request was sent.
+func TestUndo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var ran [][]int
+		// The server answers each request with itself, after 2 s, past
+		// the context of the call (as redisstore waits for its answer).
+		run := func(ctx context.Context, calls []*Call[int, int]) {
+			var b []int
+			for _, c := range calls {
+				b = append(b, c.Req)
+			}
+			mu.Lock()
+			ran = append(ran, b)
+			mu.Unlock()
+			time.Sleep(2 * time.Second)
+			for _, c := range calls {
+				c.Res = c.Req
+			}
+		}
+		undo := func(q, r int) (int, bool) { return -q, r > 0 } // only positive answers changed anything
+		b := New(Options{MaxBatch: 4, InFlight: 1}, nil, run, undo)
+		defer b.Close()
+
+		// Left at 1 s: its answer (at 2 s) is taken back.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := b.Do(ctx, 7); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Do = %v, want the deadline's error", err)
+		}
+		synctest.Wait() // the worker: the answer, then the takeback
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if n, failed := b.Undone(); n != 1 || failed != 0 {
+			t.Errorf("Undone = %d, %d failed; want 1, 0", n, failed)
+		}
+
+		// Answered in time: kept.
+		if v, err := b.Do(context.Background(), 5); err != nil || v != 5 {
+			t.Errorf("Do = %d, %v; want 5", v, err)
+		}
+		// A negative answer changed nothing: not undone.
+		ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
+		defer cancel2()
+		if _, err := b.Do(ctx2, -3); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Do = %v, want the deadline's error", err)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+
+		// Left before it was sent (the worker busy with 11): never sent,
+		// nothing to take back.
+		go b.Do(context.Background(), 11)
+		synctest.Wait()
+		ctx3, cancel3 := context.WithTimeout(context.Background(), time.Second)
+		defer cancel3()
+		if _, err := b.Do(ctx3, 13); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Do = %v, want the deadline's error", err)
+		}
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+
+		mu.Lock()
+		defer mu.Unlock()
+		want := [][]int{{7}, {-7}, {5}, {-3}, {11}}
+		if len(ran) != len(want) {
+			t.Fatalf("calls %v, want %v", ran, want)
+		}
+		for i := range want {
+			if len(ran[i]) != len(want[i]) || ran[i][0] != want[i][0] {
+				t.Fatalf("calls %v, want %v", ran, want)
+			}
+		}
+		if n, _ := b.Undone(); n != 1 {
+			t.Errorf("Undone = %d, want 1", n)
 		}
 	})
 }

@@ -28,6 +28,10 @@ import (
 type Config struct {
 	domains map[string]*node
 	files   []string
+	// opts are the options it was loaded with; the service answers as
+	// they say (quota mode, dynamic metadata, headers), so that a reload
+	// under new settings applies them with the new files.
+	opts Options
 }
 
 // node is one level of a domain's descriptor tree.
@@ -58,18 +62,18 @@ type Limit struct {
 	Unlimited bool
 	// Shadow descriptors are decided and counted but never deny.
 	Shadow bool
-	// Quota is the descriptor's quota_mode. In envoyproxy/ratelimit a
-	// quota descriptor over its limit does not deny the request by itself:
-	// the request is over the limit when a descriptor without quota_mode is,
-	// or when every quota descriptor of the request is. drip's service does
-	// not apply that rule yet: it decides a quota descriptor like any other
-	// (so it may deny where envoyproxy/ratelimit would not, never the
-	// reverse).
+	// Quota is the descriptor's quota_mode (or Options.Quota for every
+	// limit): a quota descriptor over its limit does not deny the request
+	// by itself. The request is over the limit when a descriptor without
+	// quota mode is, or when every quota descriptor of the request is (a
+	// quota limit in shadow mode never is); its descriptor status still
+	// says OVER_LIMIT, and it takes nothing.
 	Quota bool
 	// Metadata is the descriptor's metadata, as a protobuf Struct (nil
-	// when the descriptor has none). envoyproxy/ratelimit returns it in
-	// the response's dynamic metadata when asked to; drip keeps it for that
-	// and decides nothing on it.
+	// when the descriptor has none). With Options.DynamicMetadata, the
+	// metadata of the descriptors that were not over their limit is
+	// returned in the response's dynamic metadata; nothing is decided on
+	// it.
 	Metadata *structpb.Struct
 	// RequestsPerUnit and Unit are the limit as configured; a limit of 0
 	// requests denies every request, as in envoyproxy/ratelimit.
@@ -84,6 +88,10 @@ type Limit struct {
 
 	qname  string // the quoted name of RateLimit headers
 	policy string // the RateLimit-Policy item
+	// globalShadow: in shadow mode by SHADOW_MODE only. Its status says
+	// OVER_LIMIT when it is over (the request is still allowed), as
+	// envoyproxy/ratelimit's does; a limit's own shadow_mode says OK.
+	globalShadow bool
 }
 
 // units maps envoyproxy/ratelimit's unit names to their durations (a month
@@ -204,9 +212,10 @@ func Parse(files ...File) (*Config, error) { return ParseWith(Options{}, files..
 // add their descriptors to it (a descriptor repeated across them is an
 // error), in file order; with Shadow, every limit is in shadow mode; with
 // Algorithm drip.FixedWindow, every limit without its own "algorithm" is
-// a fixed window.
+// a fixed window. The Config keeps opts: a Service deciding with it
+// answers as Quota, DynamicMetadata and Headers say.
 func ParseWith(opts Options, files ...File) (*Config, error) {
-	c := &Config{domains: map[string]*node{}}
+	c := &Config{domains: map[string]*node{}, opts: opts}
 	var problems []string
 	domainFile := map[string]string{}
 	for _, f := range files {
@@ -453,9 +462,9 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, path, parentKey string)
 			continue
 		}
 		child := &node{children: map[string]*node{}}
-		shadow, quota := p.shadow, false
+		own, quota := false, false
 		if v, ok := f["shadow_mode"]; ok && p.boolean(v, dp+".shadow_mode") {
-			shadow = true
+			own = true
 		}
 		if v, ok := f["quota_mode"]; ok {
 			quota = p.boolean(v, dp+".quota_mode")
@@ -481,8 +490,8 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, path, parentKey string)
 			}
 		}
 		if v, ok := f["rate_limit"]; ok {
-			if l := p.rateLimit(v, dp+".rate_limit", full, shadow); l != nil {
-				l.Quota, l.Metadata = quota, meta
+			if l := p.rateLimit(v, dp+".rate_limit", full, own || p.shadow); l != nil {
+				l.Quota, l.Metadata, l.globalShadow = quota, meta, p.shadow && !own
 				child.limit = l
 			}
 		}

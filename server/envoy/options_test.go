@@ -104,6 +104,23 @@ func TestOptionsFromEnv(t *testing.T) {
 	if _, err := OptionsFromEnv(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), `SHADOW_MODE="yes"`) {
 		t.Fatalf("err %v", err)
 	}
+
+	// The response's settings: quota mode, dynamic metadata, headers.
+	env = map[string]string{"QUOTA_MODE": "true", "RESPONSE_DYNAMIC_METADATA": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-RateLimit-Remaining"}
+	o, err = OptionsFromEnv(func(k string) string { return env[k] })
+	if want := (Options{Quota: true, DynamicMetadata: true, Headers: Headers{Mode: HeadersEnvoy, Remaining: "X-RateLimit-Remaining"}}); err != nil || o != want {
+		t.Fatalf("%+v %v, want %+v", o, err, want)
+	}
+	env["LIMIT_RESPONSE_HEADERS_ENABLED"] = "false"
+	if o, err := OptionsFromEnv(func(k string) string { return env[k] }); err != nil || o.Headers.Mode != HeadersNone {
+		t.Fatalf("LIMIT_RESPONSE_HEADERS_ENABLED=false: %+v %v", o, err)
+	}
+	for k, v := range map[string]string{"LIMIT_RESET_HEADER": "Rate Limit", "LIMIT_LIMIT_HEADER": "A:B", "QUOTA_MODE": "on", "LIMIT_RESPONSE_HEADERS_ENABLED": "yes"} {
+		bad := map[string]string{k: v}
+		if _, err := OptionsFromEnv(func(k string) string { return bad[k] }); err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("%s=%q: %v", k, v, err)
+		}
+	}
 }
 
 // TestGlobalShadow: SHADOW_MODE puts every configured limit in shadow

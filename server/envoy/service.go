@@ -24,8 +24,11 @@
 // at the window's end, and can never get 2 x requests_per_unit across a
 // window boundary.
 // Denied requests take nothing, and a request's descriptors are taken all
-// or nothing: if one is over its limit, none is charged. quota_mode and
-// metadata are loaded but not yet acted on (README's Envoy section).
+// or nothing: if one is over its limit, none is charged (a quota_mode
+// descriptor over its limit is set aside and the others taken, when the
+// request is allowed without it). Options, from envoyproxy/ratelimit's
+// variables, also choose global shadow or quota mode, dynamic metadata
+// and the response headers.
 package envoy
 
 import (
@@ -163,6 +166,9 @@ type item struct {
 	// (their costs added).
 	step   engine.Item
 	failed bool // a shadow descriptor whose store call failed
+	// quota marks an enforced (or blocked) descriptor in quota mode; out,
+	// one of those found over its limit, which takes nothing.
+	quota, out bool
 }
 
 // ShouldRateLimit decides one request of Envoy's rate limit filter.
@@ -187,6 +193,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				if err != nil {
 					return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].limit: %v", i, err)
 				}
+				// SHADOW_MODE overrides every answer in envoyproxy/ratelimit,
+				// a request's own limits' included.
+				l.Shadow, l.globalShadow = cfg.opts.Shadow, cfg.opts.Shadow
 				m.limit = l
 			}
 		} else {
@@ -227,12 +236,27 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 
 	// cost > burst can never be allowed: such a descriptor is over the
-	// limit without asking the store, and so is the request.
-	denied := false
+	// limit without asking the store, and so is the request (a quota
+	// descriptor only leaves the quota descriptors that may pass).
+	denied, quotas, quotaPass := false, 0, false
 	for i := range items {
 		it := &items[i]
-		if (it.kind == blocked && !it.limit.Shadow) || (it.kind == enforce && it.never()) {
-			denied = true
+		if it.limit == nil || (it.kind != enforce && it.kind != blocked && it.kind != shadow) {
+			continue
+		}
+		if q := it.limit.Quota || cfg.opts.Quota; q && (it.kind == shadow || it.limit.Shadow) {
+			quotaPass = true // a limit in shadow mode is never over
+			continue
+		} else if q {
+			it.quota = true
+			quotas++
+		}
+		if it.kind == blocked || (it.kind == enforce && it.never()) {
+			if it.quota {
+				it.out = true
+			} else if !it.limit.Shadow {
+				denied = true
+			}
 		}
 	}
 	// Refunds first, so that a failing store fails the call before
@@ -242,15 +266,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.observe(items, err)
 		return nil, err
 	}
-	if err := s.run(ctx, items, enforce, denied); err != nil {
+	allowed, err := s.take(ctx, items, denied, quotas, quotaPass)
+	if err != nil {
 		s.observe(items, err)
 		return nil, err
-	}
-	allowed := !denied
-	for i := range items {
-		if it := &items[i]; it.kind == enforce && it.step.Decided && !it.step.Decision.Allowed {
-			allowed = false
-		}
 	}
 	if err := s.run(ctx, items, shadow, !allowed); err != nil {
 		for i := range items {
@@ -260,7 +279,46 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	s.observe(items, nil)
-	return respond(items, allowed), nil
+	return respond(req, items, allowed, &cfg.opts), nil
+}
+
+// take decides the enforced descriptors (denied: the request is denied
+// anyway, so they are only peeked). A request is allowed when none of the
+// descriptors outside quota mode is over its limit and, if it has quota
+// descriptors (quotas), one of them is not (or one is in shadow mode:
+// quotaPass): the descriptors are taken all or nothing, and a quota
+// descriptor over its limit leaves the take, which is asked again without
+// it, until the take is allowed, a descriptor outside quota mode denies,
+// or no quota descriptor is left. What left takes nothing.
+func (s *Service) take(ctx context.Context, items []item, denied bool, quotas int, quotaPass bool) (bool, error) {
+	for {
+		open := quotaPass || quotas == 0
+		for i := range items {
+			if it := &items[i]; it.quota && !it.out {
+				open = true
+			}
+		}
+		if err := s.run(ctx, items, enforce, denied || !open); err != nil {
+			return false, err
+		}
+		if denied || !open {
+			return false, nil
+		}
+		over := false
+		for i := range items {
+			it := &items[i]
+			if it.kind != enforce || it.out || !it.step.Decided || it.step.Decision.Allowed {
+				continue
+			}
+			if !it.quota {
+				return false, nil
+			}
+			it.out, over = true, true
+		}
+		if !over {
+			return true, nil
+		}
+	}
 }
 
 // observe reports each descriptor that met a limit to the observer.

@@ -17,11 +17,12 @@ import (
 // run decides the items of kind k in one engine step: a take (all or
 // nothing), a peek when peek is set (the request is denied anyway), or a
 // refund. Items whose cost exceeds the burst are left undecided: they can
-// never be allowed.
+// never be allowed; so are quota items set aside (out), which keep their
+// last decision.
 func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) error {
 	var step []*engine.Item
 	for i := range items {
-		if it := &items[i]; it.kind == k && (k == refund || !it.never()) {
+		if it := &items[i]; it.kind == k && !it.out && (k == refund || !it.never()) {
 			it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Cost: it.cost}
 			step = append(step, &it.step)
 		}

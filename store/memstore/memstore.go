@@ -27,6 +27,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,7 +64,7 @@ type Store struct {
 	seed       maphash.Seed
 	now        func() time.Time // nil: the monotonic clock below
 	start      time.Time        // wall time at New, with its monotonic reading
-	last       atomic.Pointer[cached]
+	recent     [recentLimits]atomic.Pointer[cached]
 	maxKeys    int // per shard
 	maxBytes   int // per shard
 	shards     [shardCount]shard
@@ -72,8 +73,13 @@ type Store struct {
 	sweepEvery time.Duration
 }
 
-// cached is the last limit the store resolved, so that the common case (one
-// limit, many keys) skips validation.
+// recentLimits is how many resolved limits the store keeps, so that the
+// common cases (one limit, many keys; a few rules' limits in turn, as the
+// middleware's enforce and shadow rules) skip validation and allocate
+// nothing. A power of two.
+const recentLimits = 8
+
+// cached is a limit the store resolved.
 type cached struct {
 	limit  drip.Limit
 	params bucket.Params
@@ -241,7 +247,8 @@ func (s *Store) params(op drip.Op, r *drip.Request) (bucket.Params, int64, error
 		return bucket.Params{}, 0, err
 	}
 	var p bucket.Params
-	if c := s.last.Load(); c != nil && c.limit == r.Limit {
+	slot := &s.recent[limitSlot(&r.Limit)]
+	if c := slot.Load(); c != nil && c.limit == r.Limit {
 		p = c.params
 	} else {
 		var err error
@@ -249,11 +256,21 @@ func (s *Store) params(op drip.Op, r *drip.Request) (bucket.Params, int64, error
 			return p, 0, err
 		}
 		if !r.Limit.KeyDependent() {
-			s.last.Store(&cached{r.Limit, p})
+			slot.Store(&cached{r.Limit, p})
 		}
 	}
 	cost, err := drip.CostOf(op, r.Cost, r.Reserve, p)
 	return p, cost, err
+}
+
+// limitSlot is where l is cached among the recent limits: a cheap mix of
+// the fields that tell limits apart in practice. Two limits that share a
+// slot only cost a validation when they alternate.
+func limitSlot(l *drip.Limit) int {
+	h := math.Float64bits(l.Rate) ^ math.Float64bits(l.Burst)*31 ^ uint64(l.Period)*131
+	h ^= h >> 29
+	h *= 0x9E3779B97F4A7C15
+	return int(h>>32) & (recentLimits - 1)
 }
 
 // Apply implements drip.Store.

@@ -60,7 +60,18 @@ var errLate = fmt.Errorf("pgstore: the server reached the request after its dead
 func newBatcher(s *Store) *batch.Batcher[request, result] {
 	seed := maphash.MakeSeed()
 	route := func(r request) uint64 { return maphash.Bytes(seed, r.key) }
-	return batch.New(s.cfg.batching, route, s.runCalls)
+	return batch.New(s.cfg.batching, route, s.runCalls, undo)
+}
+
+// undo is the refund that takes back a take the server applied but whose
+// caller had left before the answer came (see package batch): what it
+// took goes back, and the caller's error stays true.
+func undo(q request, r result) (request, bool) {
+	if q.op != drip.OpTake || !r.allowed || r.late {
+		return request{}, false
+	}
+	q.op = drip.OpRefund
+	return q, true
 }
 
 // runCalls decides calls in one statement and hands each its result. A

@@ -53,7 +53,18 @@ type request struct {
 }
 
 func newBatcher(s *Store) *batch.Batcher[request, drip.Decision] {
-	return batch.New(s.batching, nil, s.runBatch)
+	return batch.New(s.batching, nil, s.runBatch, undo)
+}
+
+// undo is the refund that takes back a take the server applied but whose
+// caller had left before the answer came (see package batch): what it
+// took goes back, and the caller's error stays true.
+func undo(q request, d drip.Decision) (request, bool) {
+	if q.op != drip.OpTake || !d.Allowed {
+		return request{}, false
+	}
+	q.op = drip.OpRefund
+	return q, true
 }
 
 // buffers are a batch's arguments, reused from one batch to the next.

@@ -1,4 +1,4 @@
-package httplimit
+package frontdoor
 
 import (
 	"crypto/ecdsa"
@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -133,12 +132,11 @@ func keyFits(alg string, k rules.PublicKey) bool {
 	return false
 }
 
-// bearer returns the bearer token of r's Authorization header. A request
-// with several Authorization headers has none: which one the upstream
-// believes is not drip's to guess, so it keys on no claims rather than on
-// one of them.
-func bearer(r *http.Request) (string, bool) {
-	hs := r.Header.Values("Authorization")
+// bearer returns the bearer token of a request's Authorization header
+// (its values hs). A request with several Authorization headers has none:
+// which one the upstream believes is not drip's to guess, so it keys on no
+// claims rather than on one of them.
+func bearer(hs []string) (string, bool) {
 	if len(hs) != 1 {
 		return "", false
 	}
@@ -153,7 +151,8 @@ func bearer(r *http.Request) (string, bool) {
 	return t, true
 }
 
-// claims returns the verified claims of r's bearer token, or nil.
+// claims returns the verified claims of the bearer token in the
+// Authorization header values hs, or nil.
 //
 // Checking a signature costs tens of microseconds (RSA, ECDSA), and a
 // client sends the same token again and again, so the outcome of the
@@ -161,8 +160,8 @@ func bearer(r *http.Request) (string, bool) {
 // the rules snapshot: the claims of a token whose signature holds, or the
 // fact that it does not. The claims (exp, nbf, iss, aud) are validated
 // again at every use, so a cached token still expires on time.
-func (v *verifier) claims(r *http.Request) jwt.MapClaims {
-	tok, ok := bearer(r)
+func (v *verifier) claims(hs []string) jwt.MapClaims {
+	tok, ok := bearer(hs)
 	if !ok {
 		return nil
 	}

@@ -1,21 +1,21 @@
-package httplimit
+package frontdoor
 
 import (
-	"net/http"
 	"net/netip"
 	"strings"
 )
 
-// ClientIP returns the address of the client that sent r. It is the peer
-// address (r.RemoteAddr) unless that peer is one of the trusted proxies;
-// then X-Forwarded-For is read from right to left, skipping trusted hops,
+// ClientIP returns the address of the client of a request that came from
+// peerAddr ("ip:port") with the X-Forwarded-For header values xff. It is the
+// peer address unless that peer is one of the trusted proxies; then
+// X-Forwarded-For is read from right to left, skipping trusted hops,
 // and the first address not trusted is the client. If every hop is
 // trusted, the leftmost is the client; if an entry cannot be parsed, the
 // last good address before it is. With no trusted proxies the header is
 // never read: a client cannot choose its own key. ok is false when the
 // peer address itself is not an IP (a Unix socket).
-func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, bool) {
-	peer, ok := parseAddr(r.RemoteAddr)
+func ClientIP(peerAddr string, xff []string, trusted []netip.Prefix) (netip.Addr, bool) {
+	peer, ok := parseAddr(peerAddr)
 	if !ok {
 		return netip.Addr{}, false
 	}
@@ -23,9 +23,8 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, bool) {
 		return peer, true
 	}
 	client := peer
-	lines := r.Header.Values("X-Forwarded-For")
-	for i := len(lines) - 1; i >= 0; i-- {
-		line := lines[i]
+	for i := len(xff) - 1; i >= 0; i-- {
+		line := xff[i]
 		for line != "" {
 			var entry string
 			if j := strings.LastIndexByte(line, ','); j >= 0 {

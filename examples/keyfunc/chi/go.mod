@@ -1,0 +1,15 @@
+module github.com/driplimit/drip/examples/keyfunc/chi
+
+go 1.26.0
+
+replace github.com/driplimit/drip => ../../..
+
+require (
+	github.com/driplimit/drip v0.0.0-00010101000000-000000000000
+	github.com/go-chi/chi/v5 v5.5.0
+)
+
+require (
+	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
+	go.yaml.in/yaml/v3 v3.0.6 // indirect
+)

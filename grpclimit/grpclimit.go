@@ -1,0 +1,247 @@
+// Package grpclimit is drip's gRPC server interceptors: they apply a
+// rules file (package rules) to each call, with bucket state in any
+// drip.Store, deciding through the same engine and with the same rules as
+// the net/http middleware (package httplimit).
+//
+// A rule's sources read a call this way:
+//
+//	header:<name>   the incoming metadata <name> (gRPC metadata names are lower case)
+//	path            the full method, "/pkg.Service/Method": match "/pkg.Service/*" for a whole service
+//	method          "POST", the HTTP method of every gRPC call
+//	ip:address      the peer address; x-forwarded-for metadata only from a trusted proxy
+//	jwt:<claim>     a verified claim of the bearer token in the authorization metadata
+//	global          one bucket for every call
+//	query, cookie   no value: a rule keyed or matched on them does not apply
+//
+// A unary call is decided before its handler runs; a stream once, when it
+// opens, before its handler runs: its messages are not counted. A call
+// over an enforce rule's limit fails with codes.ResourceExhausted and a
+// google.rpc.RetryInfo detail holding the Retry-After delay (none when its
+// cost can never fit the burst), and never reaches the handler; when the
+// store fails and on_error is deny, with codes.Unavailable. Both carry a
+// google.rpc.ErrorInfo detail naming the reason and the rule. Every call
+// that enforce rules decided gets the RateLimit values in its response
+// header metadata: ratelimit-policy, ratelimit, ratelimit-limit,
+// ratelimit-remaining, ratelimit-reset, and retry-after on a denial.
+package grpclimit
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/rules"
+)
+
+// ErrorDomain is the domain of the google.rpc.ErrorInfo detail of a
+// denied call.
+const ErrorDomain = "drip"
+
+// Limiter applies a rules Set to gRPC calls. It is safe for concurrent
+// use; Swap replaces its rules atomically. Construct it with New.
+type Limiter struct {
+	fd *frontdoor.Limiter
+}
+
+// Option configures a Limiter.
+type Option = frontdoor.Option
+
+// WithEngine makes the limiter decide with e, sharing its store, breaker,
+// observer and deadline with other front doors (an httplimit.Limiter of
+// the same program, for one); the options that configure an engine
+// (WithLogger, WithObserver, WithTimeout, WithSeparateTakes) are then
+// e's, and WithClock sets only the clock of token expiry.
+func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
+
+// WithLogger sets the logger for store failures and breaker changes
+// (default slog.Default()).
+func WithLogger(log *slog.Logger) Option { return frontdoor.WithEngineOption(engine.WithLogger(log)) }
+
+// WithObserver sets the observer of decisions, store calls and the
+// breaker (promobserver.Observer for Prometheus metrics).
+func WithObserver(obs engine.Observer) Option {
+	return frontdoor.WithEngineOption(engine.WithObserver(obs))
+}
+
+// WithTimeout sets the deadline of each store call (default
+// engine.DefaultTimeout). A rules file's store_timeout takes precedence.
+func WithTimeout(d time.Duration) Option { return frontdoor.WithEngineOption(engine.WithTimeout(d)) }
+
+// WithSeparateTakes takes a call's enforce rules one store call each, for
+// stores that cannot take several keys in one atomic step (Redis Cluster);
+// see httplimit.WithSeparateTakes.
+func WithSeparateTakes() Option { return frontdoor.WithEngineOption(engine.WithSeparateTakes()) }
+
+// WithClock makes the limiter pass now() as the time of each decision
+// (instead of the store's clock), and use it for token expiry and the
+// circuit breaker.
+func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
+
+// New returns a Limiter that applies set with state in store. A nil set
+// means rules.Default().
+func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
+	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Apply(opts))}
+}
+
+// Swap makes set the rules of every call from now on. Calls in flight
+// finish with the rules they started with; a rule that keeps its name
+// keeps its buckets.
+func (l *Limiter) Swap(set *rules.Set) { l.fd.Swap(set) }
+
+// Rules returns the rules in force.
+func (l *Limiter) Rules() *rules.Set { return l.fd.Snapshot().Rules.Set }
+
+// Store returns the limiter's store.
+func (l *Limiter) Store() drip.Store { return l.fd.Engine().Store() }
+
+// Engine returns the engine the limiter decides with.
+func (l *Limiter) Engine() *engine.Engine { return l.fd.Engine() }
+
+// BreakerState returns the circuit breaker's state.
+func (l *Limiter) BreakerState() string { return l.fd.Engine().BreakerState() }
+
+// Close releases the local fallback's memory store, if one was started.
+func (l *Limiter) Close() error { return l.fd.Engine().Close() }
+
+// UnaryInterceptor returns the interceptor that limits unary calls:
+// install it with grpc.UnaryInterceptor or grpc.ChainUnaryInterceptor.
+func (l *Limiter) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		err = l.guard(ctx, info.FullMethod, func(md metadata.MD) error { return grpc.SetHeader(ctx, md) },
+			func() error {
+				resp, err = handler(ctx, req)
+				return err
+			})
+		return resp, err
+	}
+}
+
+// StreamInterceptor returns the interceptor that limits streams, once
+// when each opens: install it with grpc.StreamInterceptor or
+// grpc.ChainStreamInterceptor.
+func (l *Limiter) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return l.guard(ss.Context(), info.FullMethod, ss.SetHeader, func() error { return handler(srv, ss) })
+	}
+}
+
+// guard decides a call, sets its response header metadata, and runs it
+// if allowed: the one place where both interceptors meet the handler.
+func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(metadata.MD) error, run func() error) error {
+	out := l.Decide(ctx, fullMethod)
+	// The slots of concurrency rules are held while the handler runs and
+	// given back when it returns, however it ends (an error, a panic, a
+	// cancelled call), on a context of their own (Outcome.Release).
+	defer func() { _ = out.Release(ctx) }()
+	if md := Metadata(out); len(md) > 0 {
+		// It fails only where there is no server stream (the interceptor
+		// called outside a server) or its headers went already, which
+		// cannot be before the handler ran: the decision stands either way.
+		_ = setHeader(md)
+	}
+	if !out.Allowed {
+		return Status(out).Err()
+	}
+	// The one place where the handler runs: the release deferred above
+	// comes when it returns.
+	return run()
+}
+
+// Decide decides a call to fullMethod ("/pkg.Service/Method") whose
+// peer and incoming metadata ctx holds, without answering it: the
+// interceptors' work, for callers that answer by themselves. It takes
+// the tokens of an allowed call.
+func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome {
+	s := l.fd.Snapshot()
+	v := &callValues{Request: frontdoor.Request{S: s, Lower: true}, method: fullMethod}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		v.Peer = p.Addr.String()
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		v.Header = md
+	}
+	return l.fd.Engine().Decide(ctx, s.Rules, v)
+}
+
+// callValues reads a call's values: the peer address, metadata and
+// verified claims as every front door does (frontdoor), and the full
+// method as its path.
+type callValues struct {
+	frontdoor.Request
+	method string
+}
+
+func (v *callValues) Value(src rules.Source) (string, bool) {
+	switch src.Kind {
+	case rules.KindPath:
+		return v.method, true
+	case rules.KindMethod:
+		return http.MethodPost, true
+	case rules.KindQuery, rules.KindCookie:
+		return "", false
+	}
+	return v.Request.Value(src)
+}
+
+// Metadata returns the response header metadata of a decided call: the
+// RateLimit fields of the enforce rules that decided it, under lower-case
+// names (ratelimit-policy, ratelimit, ratelimit-limit,
+// ratelimit-remaining, ratelimit-reset), and retry-after on a denial over
+// a limit. It is empty when no enforce rule was decided.
+func Metadata(out *engine.Outcome) metadata.MD {
+	h := http.Header{}
+	out.WriteHeaders(h)
+	md := make(metadata.MD, len(h))
+	for k, v := range h {
+		md[strings.ToLower(k)] = v
+	}
+	return md
+}
+
+// Status returns the status of a denied call: codes.ResourceExhausted
+// over a limit, with a google.rpc.RetryInfo detail holding the
+// Retry-After delay (none when the call's cost exceeds a burst: it can
+// never succeed), or codes.Unavailable when the store failed and
+// on_error is deny; each with a google.rpc.ErrorInfo detail (domain
+// ErrorDomain) whose reason is the denial's in upper case
+// (TOKEN_BUCKET_EXCEEDED, FIXED_WINDOW_EXCEEDED, COST_EXCEEDS_BURST,
+// STORE_UNAVAILABLE) and whose metadata names the rule. The message is
+// the problem details' (engine.Problem). An allowed call has status OK.
+func Status(out *engine.Outcome) *status.Status {
+	if out.Allowed {
+		return status.New(codes.OK, "")
+	}
+	p := out.Problem()
+	code := codes.ResourceExhausted
+	if out.Status == http.StatusServiceUnavailable {
+		code = codes.Unavailable
+	}
+	info := &errdetails.ErrorInfo{Reason: strings.ToUpper(p.Reason), Domain: ErrorDomain}
+	if p.Rule != "" {
+		info.Metadata = map[string]string{"rule": p.Rule}
+	}
+	st := status.New(code, p.Detail)
+	var err error
+	if out.RetryAfter > 0 {
+		st, err = st.WithDetails(info, &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(out.RetryAfter) * time.Second)})
+	} else {
+		st, err = st.WithDetails(info)
+	}
+	if err != nil { // cannot happen: both details marshal
+		return status.New(code, p.Detail)
+	}
+	return st
+}

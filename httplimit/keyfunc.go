@@ -1,0 +1,177 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/rules"
+)
+
+// KeyFunc returns the key of a request's bucket under a KeyLimit: the
+// user a previous middleware put in the request's context, an API key, a
+// tenant. An empty key with a nil error leaves the request unlimited, as
+// a rule whose key has no value in a request does; to limit such
+// requests together, return a constant ("anonymous"). An error answers
+// the request with KeyLimit.KeyError (by default 500), and nothing is
+// taken.
+type KeyFunc func(r *http.Request) (key string, err error)
+
+// DefaultKeyName is the name of a KeyLimit that sets none.
+const DefaultKeyName = "per-key"
+
+// ReasonKeyError is the reason of the default KeyError's 500 problem.
+const ReasonKeyError = "key_error"
+
+// KeyLimit is one limit per key without a rules file: a key function and
+// a limit, the shape of sethvargo/go-limiter's middleware, decided by the
+// same engine as the rules (the same bucket keys, RateLimit headers,
+// Retry-After jitter, 429 problem body, fail policy, circuit breaker and
+// observer events), as one rule called Name would be.
+type KeyLimit struct {
+	// Name of the limit (default DefaultKeyName): in the RateLimit
+	// headers, the problem body, the observer's events and bucket keys
+	// ("name|key", escaped, long keys hashed, as a rule's), so two
+	// limits that share a store need different names, also from the rules
+	// of a rules file on that store. 1 to 128 letters, digits, '-', '_'
+	// or '.'.
+	Name string
+	// Limit applies to each key.
+	Limit drip.Limit
+	// Key computes each request's key. Required.
+	Key KeyFunc
+	// Cost computes a request's cost (nil: 1), called after Key, and
+	// only for requests with a key. A cost that is negative, not finite
+	// or above 1e12 counts as 1; one above the burst can never pass (429
+	// cost_exceeds_burst).
+	Cost func(r *http.Request) float64
+	// OnError is what happens when the store fails or misses its
+	// deadline, as a rule's on_error: rules.Allow (the default), Deny
+	// (503) or Local (a per-instance memory limiter at LocalShare of the
+	// rate and burst, default 0.5).
+	OnError    rules.OnError
+	LocalShare float64
+	// KeyError answers a request whose Key failed (nil: the error is
+	// logged, at most once a second, and the answer is a 500
+	// application/problem+json with reason key_error; the error's text is
+	// not sent).
+	KeyError func(w http.ResponseWriter, r *http.Request, err error)
+}
+
+// KeyLimiter is a KeyLimit's middleware. It is safe for concurrent use.
+// Construct it with NewKeyLimiter.
+type KeyLimiter struct {
+	eng   *engine.Engine
+	rules *engine.Rules
+	kl    KeyLimit
+}
+
+// NewKeyLimiter returns the middleware of kl with state in store. The
+// options are the rules middleware's: WithLogger, WithObserver,
+// WithTimeout, WithClock, WithEngine. An invalid KeyLimit (no Key, a bad
+// name, limit, fail policy or share, a burst below 1 without Cost) is an
+// error.
+func NewKeyLimiter(store drip.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, error) {
+	if kl.Key == nil {
+		return nil, errors.New("httplimit: KeyLimit.Key is nil")
+	}
+	if kl.Name == "" {
+		kl.Name = DefaultKeyName
+	}
+	set, err := rules.FuncRule{Name: kl.Name, Limit: kl.Limit, Cost: kl.Cost != nil, OnError: kl.OnError, LocalShare: kl.LocalShare}.Set()
+	if err != nil {
+		return nil, errors.New("httplimit: KeyLimit: " + err.Error())
+	}
+	fd := frontdoor.New(store, "httplimit", set, frontdoor.Apply(opts))
+	return &KeyLimiter{eng: fd.Engine(), rules: fd.Snapshot().Rules, kl: kl}, nil
+}
+
+// Handler returns next behind the limit: a request over it gets 429 (or
+// 503 when the store fails and OnError is Deny) and never reaches next;
+// every request with a key gets the RateLimit headers (unless the store
+// failed and OnError allowed it); a request whose key function failed
+// gets KeyError's answer. Its signature is the middleware type of chi
+// and gorilla/mux (r.Use(l.Handler)).
+func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		res, err := l.Decide(r.Context(), r)
+		if err != nil {
+			l.keyError(w, r, err)
+			return
+		}
+		serve(w, r, next, res)
+	})
+}
+
+// Decide decides r without writing a response, for callers that answer
+// requests themselves. It takes the tokens of an allowed request. The
+// error is the key function's (and then nothing was decided); a request
+// without a key is allowed, with no rule applied.
+func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) (*Result, error) {
+	key, err := l.kl.Key(r)
+	if err != nil {
+		return nil, err
+	}
+	return l.eng.Decide(ctx, l.rules, &keyValues{r: r, key: key, cost: l.kl.Cost}), nil
+}
+
+func (l *KeyLimiter) keyError(w http.ResponseWriter, r *http.Request, err error) {
+	if l.kl.KeyError != nil {
+		l.kl.KeyError(w, r, err)
+		return
+	}
+	l.eng.LogError("key function failed", err)
+	engine.WriteProblem(w, Problem{
+		Type:   "about:blank",
+		Title:  http.StatusText(http.StatusInternalServerError),
+		Status: http.StatusInternalServerError,
+		Detail: "the rate limit key of the request could not be computed",
+		Rule:   l.kl.Name,
+		Reason: ReasonKeyError,
+	})
+}
+
+// Name returns the limit's name.
+func (l *KeyLimiter) Name() string { return l.kl.Name }
+
+// Store returns the limiter's store.
+func (l *KeyLimiter) Store() drip.Store { return l.eng.Store() }
+
+// Engine returns the engine the limiter decides with.
+func (l *KeyLimiter) Engine() *engine.Engine { return l.eng }
+
+// BreakerState returns the circuit breaker's state.
+func (l *KeyLimiter) BreakerState() string { return l.eng.BreakerState() }
+
+// Close releases the local fallback's memory store, if one was started.
+func (l *KeyLimiter) Close() error { return l.eng.Close() }
+
+// keyValues is a request as the engine sees it under a KeyLimit: its key
+// is the value of the rule's one limit key (of kind rules.KindFunc).
+type keyValues struct {
+	r    *http.Request
+	key  string
+	cost func(*http.Request) float64
+}
+
+func (v *keyValues) Value(src rules.Source) (string, bool) {
+	if src.Kind == rules.KindFunc {
+		return v.key, true
+	}
+	return "", false
+}
+
+// Cost is the cost function's (engine.Coster).
+func (v *keyValues) Cost(*rules.Rule) (float64, bool) {
+	if v.cost == nil {
+		return 0, false
+	}
+	return v.cost(v.r), true
+}
+
+// Identity seeds the Retry-After jitter with the bucket key: the key
+// function says who the client is.
+func (v *keyValues) Identity(key string) string { return "key:" + key }

@@ -1,0 +1,95 @@
+// Package frontdoor is what the front doors that apply a rules file (the
+// net/http middleware, the gRPC interceptors) share, so that they differ
+// only in how they read a request and write an answer: the engine and the
+// rules in force, swapped whole (Limiter), and a request's values read the
+// same way (Request): the client IP behind trusted proxies, headers (or
+// gRPC metadata), and the claims of a verified bearer token, each read at
+// most once per request, and the client identity that seeds the
+// Retry-After jitter.
+package frontdoor
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/rules"
+)
+
+// Config is what a front door's options set.
+type Config struct {
+	// Engine, if set, is the engine to decide with (WithEngine); Eng then
+	// goes unused.
+	Engine *engine.Engine
+	// Eng are the options of the engine New builds otherwise.
+	Eng []engine.Option
+	// Now is the clock of token expiry; nil for the real clock.
+	Now func() time.Time
+}
+
+// Limiter holds a front door's engine and its rules in force. It is safe
+// for concurrent use.
+type Limiter struct {
+	eng  *engine.Engine
+	snap atomic.Pointer[Snapshot]
+	now  func() time.Time
+}
+
+// New returns a Limiter that applies set (nil: rules.Default()) with
+// state in store; name prefixes the log messages of the engine it builds.
+func New(store drip.Store, name string, set *rules.Set, c Config) *Limiter {
+	eng := c.Engine
+	if eng == nil {
+		eng = engine.New(store, append([]engine.Option{engine.WithName(name)}, c.Eng...)...)
+	}
+	l := &Limiter{eng: eng, now: c.Now}
+	l.Swap(set)
+	return l
+}
+
+// Swap makes set the rules of every request from now on.
+func (l *Limiter) Swap(set *rules.Set) {
+	rs := l.eng.Compile(set)
+	l.snap.Store(&Snapshot{Rules: rs, jwt: newVerifier(rs.Set.JWT, l.now)})
+}
+
+// Snapshot returns the rules in force.
+func (l *Limiter) Snapshot() *Snapshot { return l.snap.Load() }
+
+// Engine returns the engine the limiter decides with.
+func (l *Limiter) Engine() *engine.Engine { return l.eng }
+
+// Snapshot is one rules Set ready for requests: compiled for the engine,
+// with its bearer token verifier. It is immutable.
+type Snapshot struct {
+	Rules *engine.Rules
+	jwt   *verifier
+}
+
+// Option sets a Config: the options of every front door.
+type Option func(*Config)
+
+// Apply returns the Config that opts set.
+func Apply(opts []Option) Config {
+	var c Config
+	for _, f := range opts {
+		f(&c)
+	}
+	return c
+}
+
+// WithEngine decides with e (Config.Engine).
+func WithEngine(e *engine.Engine) Option { return func(c *Config) { c.Engine = e } }
+
+// WithEngineOption adds an option of the engine New builds.
+func WithEngineOption(o engine.Option) Option { return func(c *Config) { c.Eng = append(c.Eng, o) } }
+
+// WithClock makes now the time of decisions, token expiry and the
+// breaker.
+func WithClock(now func() time.Time) Option {
+	return func(c *Config) {
+		c.Now = now
+		c.Eng = append(c.Eng, engine.WithClock(now))
+	}
+}

@@ -1,0 +1,95 @@
+package rules
+
+import (
+	"math"
+	"strconv"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine/retryafter"
+)
+
+// FuncRule is a rule without a rules file: one enforce limit whose key,
+// and optionally cost, a program computes for each request (the
+// httplimit middleware's key functions). Set turns it into a Set that the
+// engine decides like any other, so it has the same keys, headers, fail
+// policy and metrics as a rule read from a file.
+type FuncRule struct {
+	// Name of the limit, as a rule's: in bucket keys ("name|key"),
+	// headers, problem bodies and metrics. 1 to 128 letters, digits, '-',
+	// '_' or '.'.
+	Name string
+	// Limit is the rule's limit.
+	Limit drip.Limit
+	// Cost says that the program computes each request's cost (a
+	// cost_source of kind KindFunc, whose default_cost is 1); otherwise
+	// every request costs 1, and the burst must be at least 1.
+	Cost bool
+	// OnError is the fail policy (empty: Allow).
+	OnError OnError
+	// LocalShare is the share of the rate and burst that the local
+	// fallback grants under OnError Local (0: DefaultLocalShare).
+	LocalShare float64
+}
+
+// Set returns a Set of the one rule, keyed by a source of kind KindFunc,
+// with a rules file's defaults for the rest (circuit breaker,
+// Retry-After jitter, no store_timeout of its own). An invalid name,
+// limit, fail policy or share is an *Error listing every problem.
+func (f FuncRule) Set() (*Set, error) {
+	var problems []Problem
+	add := func(path, msg string) { problems = append(problems, Problem{Path: path, Message: msg}) }
+	if !validName(f.Name) {
+		add("name", "must be 1 to 128 letters, digits, '-', '_' or '.', not "+strconv.Quote(f.Name))
+	}
+	if err := f.Limit.Validate(); err != nil {
+		add("limit", err.Error())
+	} else if !f.Cost && limitBurst(f.Limit) < defaultCost {
+		add("limit", "the burst must be >= 1, the cost of a request (or compute costs)")
+	}
+	switch f.OnError {
+	case "":
+		f.OnError = Allow
+	case Allow, Deny, Local:
+	default:
+		add("on_error", "must be allow, deny or local, not "+strconv.Quote(string(f.OnError)))
+	}
+	switch {
+	case f.LocalShare == 0:
+		f.LocalShare = DefaultLocalShare
+	case !(f.LocalShare > 0 && f.LocalShare <= 1) || math.IsNaN(f.LocalShare):
+		add("local_share", "must be > 0 and <= 1")
+	}
+	if len(problems) > 0 {
+		return nil, &Error{Problems: problems}
+	}
+	r := Rule{
+		Name:        f.Name,
+		LimitKeys:   []Source{{Kind: KindFunc}},
+		Mode:        Enforce,
+		Limit:       f.Limit,
+		CostSource:  Source{Kind: KindFixed},
+		FixedCost:   defaultCost,
+		DefaultCost: defaultCost,
+		OnError:     f.OnError,
+		LocalShare:  f.LocalShare,
+	}
+	if f.Cost {
+		r.CostSource = Source{Kind: KindFunc}
+	}
+	return &Set{
+		Rules:       []Rule{r},
+		IPv6Prefix:  DefaultIPv6Prefix,
+		OnError:     f.OnError,
+		LocalShare:  f.LocalShare,
+		Breaker:     Breaker{Failures: DefaultBreakerFailures, Cooldown: DefaultBreakerCooldown},
+		RetryJitter: retryafter.Default,
+		byName:      map[string]int{f.Name: 0},
+	}, nil
+}
+
+func limitBurst(l drip.Limit) float64 {
+	if l.Burst == 0 {
+		return l.Rate
+	}
+	return l.Burst
+}
