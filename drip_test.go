@@ -25,13 +25,13 @@ func TestLimitValidate(t *testing.T) {
 		}
 	}
 	bad := map[string]drip.Limit{
-		"rate must be > 0":                    {},
-		"rate must be a finite number":        {Rate: float64Inf()},
-		"period must be > 0":                  {Rate: 1, Period: -1},
-		"burst must be > 0":                   {Rate: 1, Burst: -2},
-		"refill applies to token_bucket only": {Rate: 1, Algorithm: drip.FixedWindow, Refill: drip.Interval},
-		"is not token_bucket or fixed_window": {Rate: 1, Algorithm: "gcra"},
-		"rate must be at least 0.000001":      {Rate: 1e-9},
+		"rate must be > 0":                                 {},
+		"rate must be a finite number":                     {Rate: float64Inf()},
+		"period must be > 0":                               {Rate: 1, Period: -1},
+		"burst must be > 0":                                {Rate: 1, Burst: -2},
+		"refill applies to token_bucket only":              {Rate: 1, Algorithm: drip.FixedWindow, Refill: drip.Interval},
+		"is not token_bucket, fixed_window or concurrency": {Rate: 1, Algorithm: "gcra"},
+		"rate must be at least 0.000001":                   {Rate: 1e-9},
 	}
 	for want, l := range bad {
 		err := l.Validate()

@@ -18,14 +18,14 @@ func (e *InputError) Unwrap() error { return e.Err }
 // store's: an *InputError, or one of the input errors stores return
 // (ErrInvalidLimit, ErrInvalidCost, ErrMissingKey, ErrCostExceedsBurst,
 // ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp,
-// ErrKeyTooLong).
+// ErrKeyTooLong, ErrInvalidLease).
 func IsInput(err error) bool {
 	var ie *InputError
 	if errors.As(err, &ie) {
 		return true
 	}
 	for _, x := range []error{ErrInvalidLimit, ErrInvalidCost, ErrMissingKey,
-		ErrCostExceedsBurst, ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp, ErrKeyTooLong} {
+		ErrCostExceedsBurst, ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp, ErrKeyTooLong, ErrInvalidLease} {
 		if errors.Is(err, x) {
 			return true
 		}

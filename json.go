@@ -15,17 +15,23 @@ import (
 
 type limitJSON struct {
 	Algorithm   Algorithm `json:"algorithm,omitempty"`
-	Rate        float64   `json:"rate"`
+	Rate        float64   `json:"rate,omitempty"`
 	Period      *Seconds  `json:"period,omitempty"`
 	Burst       *float64  `json:"burst,omitempty"`
 	Refill      Refill    `json:"refill,omitempty"`
 	Start       *Seconds  `json:"start,omitempty"`
 	MaxReserved float64   `json:"max_reserved,omitempty"`
+	MaxInFlight int       `json:"max_in_flight,omitempty"`
+	LeaseTTL    *Seconds  `json:"lease_ttl,omitempty"`
 }
 
 // MarshalJSON encodes l as {"rate": 10, "period": "1s", ...}.
 func (l Limit) MarshalJSON() ([]byte, error) {
-	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Refill: l.Refill, MaxReserved: l.MaxReserved}
+	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Refill: l.Refill, MaxReserved: l.MaxReserved, MaxInFlight: l.MaxInFlight}
+	if l.LeaseTTL != 0 {
+		t := Seconds(l.LeaseTTL)
+		j.LeaseTTL = &t
+	}
 	if l.Period != 0 {
 		p := Seconds(l.Period)
 		j.Period = &p
@@ -51,7 +57,13 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 	}
 	// In Go a zero Period or Burst means the default; in JSON the default
 	// is an absent field, and an explicit zero is an invalid limit.
-	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Refill: j.Refill, MaxReserved: j.MaxReserved}
+	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Refill: j.Refill, MaxReserved: j.MaxReserved, MaxInFlight: j.MaxInFlight}
+	if j.LeaseTTL != nil {
+		if *j.LeaseTTL <= 0 {
+			return fmt.Errorf("%w: lease_ttl must be > 0", ErrInvalidLimit)
+		}
+		l.LeaseTTL = time.Duration(*j.LeaseTTL)
+	}
 	if j.Period != nil {
 		if *j.Period <= 0 {
 			return fmt.Errorf("%w: period must be > 0", ErrInvalidLimit)

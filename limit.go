@@ -22,7 +22,27 @@ const (
 	// FixedWindow adds Rate tokens at the start of every window of length
 	// Period, on a grid anchored at Start.
 	FixedWindow Algorithm = "fixed_window"
+	// Concurrency bounds how many requests are in flight at once rather
+	// than how many start per period: a take acquires one of MaxInFlight
+	// slots under a lease (Request.Lease), a refund of the lease releases
+	// it, and a lease not released within LeaseTTL of its acquisition
+	// frees its slot by itself (a crashed holder). See Limiter.Acquire.
+	Concurrency Algorithm = "concurrency"
 )
+
+// DefaultLeaseTTL is the lease TTL of a concurrency limit without one.
+const DefaultLeaseTTL = 30 * time.Second
+
+// MaxLeaseTTL bounds a concurrency limit's lease TTL: a slot never stays
+// taken longer than a day by a holder that is gone.
+const MaxLeaseTTL = 24 * time.Hour
+
+// MaxInFlight bounds a concurrency limit's slots, so that a key's leases
+// stay a bounded amount of state in every store: the memory store and
+// PostgreSQL rewrite a key's leases at each acquire and release, in time
+// linear in their number (a PostgreSQL row of 10,000 leases is about half
+// a megabyte).
+const MaxInFlight = 10_000
 
 // Refill names how a token bucket refills.
 type Refill string
@@ -69,6 +89,27 @@ type Limit struct {
 	// Zero means no bound (in practice 1e12 tokens, the largest amount
 	// drip takes, so that fixed-point state cannot overflow).
 	MaxReserved float64
+	// MaxInFlight is, for a Concurrency limit, how many leases may be held
+	// at once (1 to MaxInFlight). Other algorithms leave it zero.
+	MaxInFlight int
+	// LeaseTTL is, for a Concurrency limit, how long a lease lasts unless
+	// it is released first: the slot of a holder that never releases (it
+	// crashed) comes back after it. Zero means DefaultLeaseTTL. Other
+	// algorithms leave it zero.
+	LeaseTTL time.Duration
+}
+
+// InFlight returns a concurrency limit of n slots whose leases last ttl
+// (zero: DefaultLeaseTTL) unless released.
+func InFlight(n int, ttl time.Duration) Limit {
+	return Limit{Algorithm: Concurrency, MaxInFlight: n, LeaseTTL: ttl}
+}
+
+func (l Limit) leaseTTL() time.Duration {
+	if l.LeaseTTL == 0 {
+		return DefaultLeaseTTL
+	}
+	return l.LeaseTTL
 }
 
 // PerSecond returns a token bucket of rate tokens per second, with a burst
@@ -134,7 +175,13 @@ func (l Limit) burst() float64 {
 
 // Validate reports whether l is usable, and why not.
 func (l Limit) Validate() error {
+	if l.Algorithm == Concurrency {
+		return l.validateConcurrency()
+	}
 	var problems []string
+	if l.MaxInFlight != 0 || l.LeaseTTL != 0 {
+		problems = append(problems, "max_in_flight and lease_ttl apply to concurrency only")
+	}
 	switch l.Algorithm {
 	case "", TokenBucket:
 	case FixedWindow:
@@ -142,7 +189,7 @@ func (l Limit) Validate() error {
 			problems = append(problems, "refill applies to token_bucket only")
 		}
 	default:
-		problems = append(problems, fmt.Sprintf("algorithm %q is not token_bucket or fixed_window", l.Algorithm))
+		problems = append(problems, fmt.Sprintf("algorithm %q is not token_bucket, fixed_window or concurrency", l.Algorithm))
 	}
 	switch l.Refill {
 	case "", Continuous, Interval:
@@ -172,6 +219,25 @@ func (l Limit) Validate() error {
 	return fmt.Errorf("%w: %s", ErrInvalidLimit, strings.Join(problems, "; "))
 }
 
+// validateConcurrency is Validate for a Concurrency limit: slots and a
+// TTL, and none of the fields of the other algorithms.
+func (l Limit) validateConcurrency() error {
+	var problems []string
+	if l.MaxInFlight < 1 || l.MaxInFlight > MaxInFlight {
+		problems = append(problems, fmt.Sprintf("max_in_flight must be from 1 to %d", MaxInFlight))
+	}
+	if l.LeaseTTL < 0 || l.LeaseTTL > MaxLeaseTTL {
+		problems = append(problems, "lease_ttl must be > 0 and at most 24h")
+	}
+	if l.Rate != 0 || l.Period != 0 || l.Burst != 0 || l.Refill != "" || l.Start != 0 || l.MaxReserved != 0 {
+		problems = append(problems, "rate, period, burst, refill, start and max_reserved do not apply to concurrency")
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidLimit, strings.Join(problems, "; "))
+}
+
 func checkAmount(x float64) string {
 	switch {
 	case math.IsNaN(x) || math.IsInf(x, 0):
@@ -190,6 +256,9 @@ func checkAmount(x float64) string {
 // "fixed_window 100/1m0s burst 100".
 func (l Limit) String() string {
 	var b strings.Builder
+	if l.Algorithm == Concurrency {
+		return "concurrency " + strconv.Itoa(l.MaxInFlight) + " lease_ttl " + l.leaseTTL().String()
+	}
 	if l.Algorithm == FixedWindow {
 		b.WriteString("fixed_window ")
 	}
@@ -212,11 +281,15 @@ func (l Limit) String() string {
 // periods for a continuous refill, whole periods for interval refill and
 // fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
 // 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-// The RateLimit-Policy header's "w" is CeilSeconds(l.FillTime()).
+// The RateLimit-Policy header's "w" is CeilSeconds(l.FillTime()). For a
+// concurrency limit it is the lease TTL: the longest a slot stays taken.
 func (l Limit) FillTime() time.Duration {
 	p, err := ParamsOf(l, "")
 	if err != nil {
 		return 0
+	}
+	if l.Algorithm == Concurrency {
+		return l.leaseTTL()
 	}
 	return p.Until(bucket.State{}, p.Burst, 0)
 }

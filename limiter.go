@@ -39,7 +39,7 @@ func New(store Store, limit Limit, opts ...Option) *Limiter {
 		panic("drip.New: " + err.Error())
 	}
 	l := &Limiter{store: store, limit: limit, params: p}
-	if ps, ok := store.(PreparedStore); ok && !limit.KeyDependent() {
+	if ps, ok := store.(PreparedStore); ok && !limit.KeyDependent() && !limit.Concurrent() {
 		l.fast = ps
 	}
 	for _, o := range opts {
@@ -88,6 +88,47 @@ func (l *Limiter) apply(ctx context.Context, op Op, key string, cost float64, re
 		return Decision{}, err
 	}
 	return l.fast.ApplyPrepared(ctx, op, l.at(), key, &l.params, c, reserve)
+}
+
+// Lease is a slot of a concurrency limit acquired by Limiter.Acquire: held
+// until Release, or until the limit's LeaseTTL has passed since the
+// acquisition, whichever comes first.
+type Lease struct {
+	// Decision is the acquisition's: Allowed reports whether the slot is
+	// held; Burst is MaxInFlight and Remaining the free slots; a denial's
+	// RetryAfter is how long until the earliest lease held expires (an
+	// upper bound: a holder may release sooner).
+	Decision
+	// Key and ID name the lease in the store.
+	Key, ID string
+
+	l *Limiter
+}
+
+// Acquire takes one of key's slots under a concurrency limit (see
+// InFlight), under a fresh random lease ID. When Lease.Allowed is false
+// every slot is held and nothing was taken. Release the lease when the
+// work ends; a holder that never does (it crashed) loses it after the
+// limit's LeaseTTL.
+func (l *Limiter) Acquire(ctx context.Context, key string) (Lease, error) {
+	id := NewLeaseID()
+	d, err := l.store.Apply(ctx, OpTake, l.at(), Request{Key: key, Limit: l.limit, Lease: id})
+	if err != nil {
+		return Lease{}, err
+	}
+	return Lease{Decision: d, Key: key, ID: id, l: l}, nil
+}
+
+// Release gives the lease's slot back. Releasing a lease that was denied,
+// released already, or expired does nothing and is no error. It uses ctx
+// as it is: a caller whose context has ended (a cancelled request) should
+// release with a fresh one (context.WithoutCancel and a timeout).
+func (le Lease) Release(ctx context.Context) error {
+	if !le.Allowed || le.l == nil {
+		return nil
+	}
+	_, err := le.l.store.Apply(ctx, OpRefund, le.l.at(), Request{Key: le.Key, Limit: le.l.limit, Lease: le.ID})
+	return err
 }
 
 // Reserve takes cost tokens, going into debt if there are too few (up to

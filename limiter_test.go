@@ -77,3 +77,37 @@ func TestPreparedPath(t *testing.T) {
 		b.Close()
 	}
 }
+
+func TestAcquireRelease(t *testing.T) {
+	s := memstore.New(memstore.WithSweep(0))
+	now := time.Unix(1_000_000, 0)
+	l := drip.New(s, drip.InFlight(2, time.Minute), drip.WithClock(func() time.Time { return now }))
+	ctx := context.Background()
+	a, err := l.Acquire(ctx, "k")
+	if err != nil || !a.Allowed || a.Remaining != 1 || len(a.ID) != 22 {
+		t.Fatalf("first acquire: %+v %v", a, err)
+	}
+	b, _ := l.Acquire(ctx, "k")
+	c, err := l.Acquire(ctx, "k")
+	if err != nil || c.Allowed || c.RetryAfter != time.Minute {
+		t.Fatalf("third acquire: %+v %v, want denied for a minute", c, err)
+	}
+	if err := c.Release(ctx); err != nil {
+		t.Fatalf("release of a denied lease: %v", err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := l.Acquire(ctx, "k"); !d.Allowed {
+		t.Fatal("no slot after a release")
+	}
+	// b never releases: its slot comes back a minute after it was taken.
+	now = now.Add(time.Minute)
+	if d, _ := l.Acquire(ctx, "k"); !d.Allowed {
+		t.Fatal("no slot after the lease TTL")
+	}
+	_ = b
+	if _, err := l.Take(ctx, "k"); !errors.Is(err, drip.ErrInvalidLease) {
+		t.Errorf("Take on a concurrency limit: %v, want ErrInvalidLease", err)
+	}
+}

@@ -1,6 +1,8 @@
 package drip
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
@@ -63,7 +65,10 @@ func Prepare(op Op, r Request) (bucket.Prepared, error) {
 	if err != nil {
 		return bucket.Prepared{}, err
 	}
-	return bucket.Prepared{Key: r.Key, Params: p, Cost: cost, Reserve: r.Reserve}, nil
+	if err := CheckLease(op, r.Lease, p); err != nil {
+		return bucket.Prepared{}, err
+	}
+	return bucket.Prepared{Key: r.Key, Params: p, Cost: cost, Reserve: r.Reserve, Lease: r.Lease}, nil
 }
 
 // ParamsOf validates l and resolves it to fixed point for key (the key
@@ -73,6 +78,13 @@ func ParamsOf(l Limit, key string) (bucket.Params, error) {
 		return bucket.Params{}, err
 	}
 	l = l.ForKey(key)
+	if l.Algorithm == Concurrency {
+		return bucket.Params{
+			Kind:   bucket.Concurrency,
+			Burst:  int64(l.MaxInFlight) * bucket.Micro,
+			Period: int64(l.leaseTTL()),
+		}, nil
+	}
 	p := bucket.Params{
 		Rate:   toMicro(l.Rate),
 		Period: int64(l.period()),
@@ -100,6 +112,9 @@ func ParamsOf(l Limit, key string) (bucket.Params, error) {
 // store may cache ParamsOf(l, "") for every key when it does not.
 func (l Limit) KeyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
 
+// Concurrent reports whether l is a concurrency limit.
+func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }
+
 // CostOf checks op, and a request's cost against params p, and turns the
 // cost to fixed point (bucket.CostMicro): the cost part of Prepare, for
 // stores that keep the rest. It is the one place an unknown op is refused.
@@ -119,6 +134,13 @@ func CostOf(op Op, cost float64, reserve bool, p bucket.Params) (int64, error) {
 		return 0, fmt.Errorf("%w: %v (must be a finite number from 0 to %g)", ErrInvalidCost, cost, float64(maxAmount))
 	}
 	c := bucket.CostMicro(cost)
+	if p.Kind == bucket.Concurrency {
+		// A lease holds one slot, whatever the cost says.
+		if reserve {
+			return 0, fmt.Errorf("%w: reserve does not apply to a concurrency limit", ErrInvalidCost)
+		}
+		return bucket.Micro, nil
+	}
 	switch {
 	case op == OpRefund || c <= p.Burst:
 	case !reserve:
@@ -127,6 +149,50 @@ func CostOf(op Op, cost float64, reserve bool, p bucket.Params) (int64, error) {
 		return 0, fmt.Errorf("%w: cost %v > burst %v + max_reserved %v can never be reserved", ErrCostExceedsBurst, cost, float64(p.Burst)/bucket.Micro, float64(p.MaxReserved)/bucket.Micro)
 	}
 	return c, nil
+}
+
+// MaxLeaseLen is the longest lease ID drip accepts, in bytes.
+const MaxLeaseLen = 64
+
+// ErrInvalidLease is returned (wrapped) for a lease ID that is missing
+// where one is needed (a take or refund on a concurrency limit), too long,
+// not printable ASCII, or given for a limit that is not a concurrency one.
+var ErrInvalidLease = errors.New("invalid lease")
+
+// CheckLease checks a request's lease ID for op under params p: a take or
+// refund on a concurrency limit needs one; a peek may name one or not;
+// other limits take none. IDs are 1 to MaxLeaseLen bytes of printable
+// ASCII (NewLeaseID makes such IDs). Prepare calls it.
+func CheckLease(op Op, id string, p bucket.Params) error {
+	if p.Kind != bucket.Concurrency {
+		if id != "" {
+			return fmt.Errorf("%w: a lease applies to a concurrency limit only", ErrInvalidLease)
+		}
+		return nil
+	}
+	if id == "" {
+		if op == OpPeek {
+			return nil
+		}
+		return fmt.Errorf("%w: a %v on a concurrency limit needs a lease", ErrInvalidLease, op)
+	}
+	if len(id) > MaxLeaseLen {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidLease, len(id), MaxLeaseLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return fmt.Errorf("%w: byte %d is not printable ASCII", ErrInvalidLease, i)
+		}
+	}
+	return nil
+}
+
+// NewLeaseID returns a fresh random lease ID: 128 bits from crypto/rand,
+// in 22 characters of unpadded base64url.
+func NewLeaseID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // PrepareMulti prepares every request of a multi-take; keys must be
@@ -165,7 +231,8 @@ func DecisionOf(r bucket.Result, burst int64) Decision {
 	}
 }
 
-// MultiOf is the Multi of the results of bucket.EvalMulti for the
+// MultiOf is the Multi of the results of bucket.EvalMulti (or
+// EvalMultiLeases) for the
 // requests ps: Combine of their decisions.
 func MultiOf(rs []bucket.Result, ps []bucket.Prepared) Multi {
 	ds := make([]Decision, len(rs))

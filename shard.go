@@ -17,7 +17,8 @@ import (
 //
 // The price: a request may be denied while another shard still has tokens
 // (at most a little, thanks to the two choices), and a cost above burst/N
-// can never be granted without reserving.
+// can never be granted without reserving. A concurrency limit is not
+// spread: its requests pass through under their own key.
 type Sharded struct {
 	Store Store
 	N     int
@@ -53,6 +54,11 @@ func (s Sharded) part(l Limit, key string) Limit {
 }
 
 func (s Sharded) pick(ctx context.Context, at time.Time, r Request) (Request, error) {
+	if r.Limit.Algorithm == Concurrency {
+		// A release must find the lease its acquire made, so a concurrency
+		// limit is never spread: it stays one set of leases under key.
+		return r, nil
+	}
 	n := s.n()
 	r.Limit = s.part(r.Limit, r.Key)
 	if n == 1 {

@@ -22,6 +22,13 @@ type Request struct {
 	// Limit.MaxReserved): it is allowed, and Decision.RetryAfter says when
 	// the reserved work may run.
 	Reserve bool
+	// Lease is, for a concurrency limit (Algorithm Concurrency), the lease
+	// ID a take acquires a slot under, a refund releases, or a peek asks
+	// about (a peek without one asks whether a slot is free): 1 to
+	// MaxLeaseLen bytes of printable ASCII, NewLeaseID's. Other limits
+	// leave it empty. A concurrency take ignores Cost: a lease holds one
+	// slot.
+	Lease string
 }
 
 // Store holds bucket state and makes each decision one atomic step. It is

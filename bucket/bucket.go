@@ -93,6 +93,9 @@ type Prepared struct {
 	Params  Params
 	Cost    int64
 	Reserve bool
+	// Lease is, for a concurrency limit, the lease a take acquires, a
+	// refund releases or a peek asks about.
+	Lease string
 }
 
 // Fresh is the bucket of a key never seen before (or expired) at now: full,
@@ -301,14 +304,29 @@ func mulDivCeil(a, b, c int64) int64 {
 // EvalMulti decides prepared requests (distinct keys) against their
 // states as one step at now. It returns each request's result, the state
 // to store and whether to write it: for Take nothing is written unless
-// every request is allowed.
+// every request is allowed. It takes no concurrency requests; see
+// EvalMultiLeases.
 func EvalMulti(op Op, ps []Prepared, states []State, found []bool, now int64) ([]Result, []State, []bool) {
+	return EvalMultiLeases(op, ps, states, found, nil, now)
+}
+
+// EvalMultiLeases is EvalMulti for requests of any kind: a request of
+// Kind Concurrency is decided by EvalLeases on leases[i], the summary of
+// its key's leases (its states[i] and found[i] are unused), the others by
+// Eval. All or nothing holds across kinds: for Take nothing is written
+// unless every request is allowed. leases may be nil when no request is a
+// concurrency one.
+func EvalMultiLeases(op Op, ps []Prepared, states []State, found []bool, leases []LeaseSet, now int64) ([]Result, []State, []bool) {
 	rs := make([]Result, len(ps))
 	next := make([]State, len(ps))
 	write := make([]bool, len(ps))
 	all := true
 	for i, p := range ps {
-		rs[i], next[i], write[i] = Eval(op, states[i], found[i], p.Params, p.Cost, p.Reserve, now)
+		if p.Params.Kind == Concurrency {
+			rs[i], write[i] = p.Params.EvalLeases(op, leases[i], p.Lease, now)
+		} else {
+			rs[i], next[i], write[i] = Eval(op, states[i], found[i], p.Params, p.Cost, p.Reserve, now)
+		}
 		all = all && rs[i].Allowed
 	}
 	if !all && op == Take {

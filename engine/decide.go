@@ -28,6 +28,7 @@ type Request interface {
 const (
 	ReasonTokenBucket      = "token_bucket_exceeded"
 	ReasonFixedWindow      = "fixed_window_exceeded"
+	ReasonConcurrency      = "concurrency_exceeded"
 	ReasonCostExceedsBurst = "cost_exceeds_burst"
 	ReasonStoreUnavailable = "store_unavailable"
 )
@@ -60,13 +61,16 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
 			groups = append(groups, rule.Group)
 		}
 		a := Applied{Rule: rule, Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, policy: rs.policy[i]}
+		if rule.Limit.Concurrent() {
+			a.Lease = drip.NewLeaseID()
+		}
 		if rule.Mode == rules.Shadow {
 			sh = append(sh, a)
 		} else {
 			enf = append(enf, a)
 		}
 	}
-	out := &Outcome{Allowed: true}
+	out := &Outcome{Allowed: true, eng: e, rs: rs}
 	e.enforce(ctx, rs, out, enf)
 	e.shadow(ctx, rs, out, sh)
 	out.Applied = append(enf, sh...)
@@ -143,7 +147,7 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	if e.separate && len(enf) > 1 {
 		reqs := make([]drip.Request, len(enf))
 		for i, a := range enf {
-			reqs[i] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
+			reqs[i] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 		}
 		m, evaluated, err = e.takeSeparately(ctx, rs, reqs)
 	} else {
@@ -169,7 +173,7 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 func stepItems(as []Applied, cost0 bool) []*Item {
 	its := make([]*Item, len(as))
 	for i, a := range as {
-		its[i] = &Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
+		its[i] = &Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 		if cost0 {
 			its[i].Cost = 0
 		}
@@ -227,6 +231,7 @@ func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
 			a.Event, a.Reason = denied, reasonOf(a.Limit)
 		case m.Allowed:
 			a.Event = allowed
+			a.held = a.Lease != ""
 		default:
 			a.Event = NotTaken
 			a.Decision = BeforeTake(a.Decision, a.Limit, a.Key, a.Cost)
@@ -267,7 +272,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		a.Limit = share(a.Limit, a.Rule.LocalShare)
 		a.policy = PolicyItem(a.Rule.Name, a.Limit)
 		loc[j] = a
-		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost}
+		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}
 	for j := range loc {
 		if loc[j].Cost > Burst(loc[j].Limit) {
@@ -339,19 +344,27 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 			a.Event = NotTaken
 		default:
 			a.Event = Allowed
+			a.held = op == drip.OpTake && a.Lease != ""
 		}
 	}
 }
 
 func reasonOf(l drip.Limit) string {
-	if l.Algorithm == drip.FixedWindow {
+	switch l.Algorithm {
+	case drip.FixedWindow:
 		return ReasonFixedWindow
+	case drip.Concurrency:
+		return ReasonConcurrency
 	}
 	return ReasonTokenBucket
 }
 
-// Burst is l's burst: its rate when it has none.
+// Burst is l's burst: its rate when it has none; for a concurrency
+// limit, its slots (max_in_flight).
 func Burst(l drip.Limit) float64 {
+	if l.Algorithm == drip.Concurrency {
+		return float64(l.MaxInFlight)
+	}
 	if l.Burst == 0 {
 		return l.Rate
 	}
@@ -364,6 +377,11 @@ func Burst(l drip.Limit) float64 {
 func share(l drip.Limit, f float64) drip.Limit {
 	if f <= 0 || f > 1 {
 		f = rules.DefaultLocalShare
+	}
+	if l.Algorithm == drip.Concurrency {
+		// At least one slot, so that the fallback admits requests.
+		l.MaxInFlight = max(1, int(float64(l.MaxInFlight)*f))
+		return l
 	}
 	b := Burst(l)
 	l.Burst = max(b*f, min(b, 1))
@@ -380,6 +398,13 @@ func share(l drip.Limit, f float64) drip.Limit {
 // micro-tokens take to refill (whole periods on a grid), as drip's math
 // computes both.
 func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.Decision {
+	if l.Algorithm == drip.Concurrency {
+		// The slot the take would have held is free; the leases held and
+		// so when they expire are as they were.
+		d.Tokens++
+		d.Remaining++
+		return d
+	}
 	p, err := drip.ParamsOf(l, key)
 	if err != nil {
 		return d

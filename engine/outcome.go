@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -23,7 +26,7 @@ type Outcome struct {
 	// failed and on_error is deny).
 	Status int
 	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonCostExceedsBurst or ReasonStoreUnavailable.
+	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable.
 	Reason string
 	// Top is the rule that denied the request, or else the most
 	// restrictive enforce rule (least remaining): the one the single-value
@@ -43,6 +46,10 @@ type Outcome struct {
 	// Err is the store error when the store failed (the fail policy then
 	// decided), or nil.
 	Err error
+
+	eng      *Engine
+	rs       *Rules
+	released atomic.Bool
 }
 
 // Applied is one rule applied to a request.
@@ -67,8 +74,57 @@ type Applied struct {
 	Event Event
 	// Reason is why the rule denied, if it did.
 	Reason string
+	// Lease is, for a concurrency rule, the lease ID the request acquired
+	// (or tried to) under Key.
+	Lease string
 
 	policy string
+	held   bool // the lease was acquired: Release gives it back
+}
+
+// Held reports whether the rule holds a lease of its concurrency limit
+// for the request, which Outcome.Release gives back.
+func (a *Applied) Held() bool { return a.held }
+
+// Release gives back the slots of the concurrency rules the request
+// acquired, in one store call through the engine (and one to the local
+// fallback for those it decided), under the rules' store deadline on a
+// context that ctx's cancellation does not end: call it when the response
+// is over, however it ended (a panic, a client gone). It does nothing
+// when the outcome holds no lease, and only once however often it is
+// called. An error means the store failed: the slots then come back when
+// their leases expire (the rule's lease_ttl).
+func (out *Outcome) Release(ctx context.Context) error {
+	if out == nil || out.eng == nil || !out.released.CompareAndSwap(false, true) {
+		return nil
+	}
+	var remote, local []drip.Request
+	for i := range out.Applied {
+		a := &out.Applied[i]
+		if !a.held {
+			continue
+		}
+		r := drip.Request{Key: a.Key, Limit: a.Limit, Lease: a.Lease}
+		if a.Local {
+			local = append(local, r)
+		} else {
+			remote = append(remote, r)
+		}
+	}
+	if len(remote) == 0 && len(local) == 0 {
+		return nil // the common case: no concurrency rule, nothing to do
+	}
+	ctx = context.WithoutCancel(ctx)
+	var errs []error
+	if len(remote) > 0 {
+		_, err := out.eng.apply(ctx, out.rs.timeout, out.rs.breaker, drip.OpRefund, remote)
+		errs = append(errs, err)
+	}
+	if len(local) > 0 {
+		_, err := out.eng.localStore().ApplyMulti(ctx, drip.OpRefund, out.eng.at(), local)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 func (out *Outcome) deny(status int, reason string) {
@@ -266,8 +322,8 @@ type Problem struct {
 	// Rule is the name of the rule that denied the request.
 	Rule string `json:"rule,omitempty"`
 	// Reason is token_bucket_exceeded, fixed_window_exceeded,
-	// cost_exceeds_burst or store_unavailable (or a front door's own, such
-	// as the key-function middleware's key_error).
+	// concurrency_exceeded, cost_exceeds_burst or store_unavailable (or a
+	// front door's own, such as the key-function middleware's key_error).
 	Reason string `json:"reason"`
 	// RetryAfter repeats the Retry-After header, in seconds.
 	RetryAfter int64 `json:"retry_after,omitempty"`

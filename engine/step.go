@@ -15,6 +15,10 @@ type Item struct {
 	Key   string
 	Limit drip.Limit
 	Cost  float64
+	// Lease is, for a concurrency limit, the lease the step acquires (a
+	// take), releases (a refund) or asks about (a peek). Items on a
+	// concurrency limit never share a key.
+	Lease string
 
 	// Decision is the bucket's decision, for a shared key of the costs
 	// added (Taken); meaningful when Decided.
@@ -66,7 +70,7 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 			continue
 		}
 		it.req = len(reqs)
-		reqs = append(reqs, drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.Cost})
+		reqs = append(reqs, drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.Cost, Lease: it.Lease})
 		if byKey == nil && len(reqs) > 8 {
 			byKey = make(map[string]int, len(items))
 			for x, r := range reqs {

@@ -142,6 +142,10 @@ func (l *Limiter) StreamInterceptor() grpc.StreamServerInterceptor {
 // if allowed: the one place where both interceptors meet the handler.
 func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(metadata.MD) error, run func() error) error {
 	out := l.Decide(ctx, fullMethod)
+	// The slots of concurrency rules are held while the handler runs and
+	// given back when it returns, however it ends (an error, a panic, a
+	// cancelled call), on a context of their own (Outcome.Release).
+	defer func() { _ = out.Release(ctx) }()
 	if md := Metadata(out); len(md) > 0 {
 		// It fails only where there is no server stream (the interceptor
 		// called outside a server) or its headers went already, which
@@ -151,8 +155,8 @@ func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(m
 	if !out.Allowed {
 		return Status(out).Err()
 	}
-	// The one place where the handler runs: whatever must be released
-	// when it returns (a call held in flight) is deferred here.
+	// The one place where the handler runs: the release deferred above
+	// comes when it returns.
 	return run()
 }
 

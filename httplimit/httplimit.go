@@ -177,7 +177,14 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 }
 
 // serve writes res's headers, and its error or next's response.
+//
+// The slots of concurrency rules are held while next runs and given back
+// when it returns, however it ends: normally, by a panic (deferred calls
+// run, and the panic goes on), or because the client went away and it
+// gave up. Release uses a context of its own, so a cancelled request
+// still releases.
 func serve(w http.ResponseWriter, r *http.Request, next http.Handler, res *Result) {
+	defer func() { _ = res.Release(r.Context()) }()
 	res.WriteHeaders(w.Header())
 	if !res.Allowed {
 		res.WriteError(w)

@@ -45,6 +45,8 @@ type ReqJSON struct {
 	Limit   *drip.Limit     `json:"limit,omitempty"`
 	Rule    *string         `json:"rule,omitempty"`
 	Values  json.RawMessage `json:"values,omitempty"`
+	// Lease is the lease ID of a request on a concurrency limit.
+	Lease string `json:"lease,omitempty"`
 }
 
 // Raw is one request of the protocol as read: a line of drip replay, a
@@ -158,13 +160,13 @@ func (f Format) allowed(j *lineJSON) error {
 // request's fields, then an op that takes requests (opErr, nil when it
 // does), then at least one request and at most MaxRequests.
 func (r *Raw) CheckMulti(f Format, opErr error) error {
-	single := r.Key != "" || r.Cost != nil || r.Limit != nil || r.Reserve
+	single := r.Key != "" || r.Cost != nil || r.Limit != nil || r.Reserve || r.Lease != ""
 	if f.Rules {
 		if single || r.Rule != nil || r.Values != nil {
-			return inputf("a multi-take has requests instead of key, limit, rule, values, cost and reserve")
+			return inputf("a multi-take has requests instead of key, limit, rule, values, cost, reserve and lease")
 		}
 	} else if single {
-		return inputf("a multi-take has requests instead of key, cost, limit and reserve")
+		return inputf("a multi-take has requests instead of key, cost, limit, reserve and lease")
 	}
 	if opErr != nil {
 		return opErr
@@ -194,7 +196,7 @@ func (r ReqJSON) ToRequest() (drip.Request, error) {
 	if r.Cost != nil {
 		cost = *r.Cost
 	}
-	return drip.Request{Key: r.Key, Limit: *r.Limit, Cost: cost, Reserve: r.Reserve}, nil
+	return drip.Request{Key: r.Key, Limit: *r.Limit, Cost: cost, Reserve: r.Reserve, Lease: r.Lease}, nil
 }
 
 // Parse decodes one input line of drip replay strictly.

@@ -62,7 +62,7 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	}
 	algo := drip.TokenBucket
 	if v, fp, ok := f.get("algorithm"); ok {
-		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window"); ok {
+		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window", "concurrency"); ok {
 			algo = drip.Algorithm(a)
 		}
 	}
@@ -198,6 +198,10 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 	if !ok {
 		return
 	}
+	if algo == drip.Concurrency {
+		c.concurrencyConfig(f, r)
+		return
+	}
 	n := len(c.problems)
 	l := drip.Limit{Algorithm: algo, Period: time.Second}
 	var rateName string // the field the rate came from
@@ -304,6 +308,37 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 	if len(c.problems) == n {
 		if err := l.Validate(); err != nil {
 			c.add(p, "%v", err)
+		}
+	}
+	r.Limit = l
+}
+
+// concurrencyConfig reads the algorithm_config of a concurrency rule:
+// max_in_flight (required) and lease_ttl (default drip.DefaultLeaseTTL).
+// Every request holds one slot: such a rule has no cost.
+func (c *checker) concurrencyConfig(f *fields, r *Rule) {
+	n := len(c.problems)
+	l := drip.Limit{Algorithm: drip.Concurrency, LeaseTTL: drip.DefaultLeaseTTL}
+	if v, fp, ok := f.get("max_in_flight"); !ok {
+		c.add(field(f.path, "max_in_flight"), "required for algorithm concurrency")
+	} else if m, ok := c.integer(fp, v, 1, drip.MaxInFlight); ok {
+		l.MaxInFlight = m
+	}
+	if v, fp, ok := f.get("lease_ttl"); ok {
+		if d, ok := c.duration(fp, v, false); ok {
+			if d > drip.MaxLeaseTTL {
+				c.add(fp, "must be at most 24h")
+			} else {
+				l.LeaseTTL = d
+			}
+		}
+	}
+	r.CostSource = Source{Kind: KindFixed}
+	r.FixedCost, r.DefaultCost = defaultCost, defaultCost
+	f.done("max_in_flight", "lease_ttl")
+	if len(c.problems) == n {
+		if err := l.Validate(); err != nil {
+			c.add(f.path, "%v", err)
 		}
 	}
 	r.Limit = l

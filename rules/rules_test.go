@@ -393,3 +393,23 @@ func TestParseReadsNothing(t *testing.T) {
 		t.Fatalf("ParseEnv with an unreadable key file: %v", err)
 	}
 }
+
+func TestConcurrencyRule(t *testing.T) {
+	set, err := Parse([]byte(`{"rules": [
+		{"name": "slots", "limit_keys": ["ip:address"], "algorithm": "concurrency",
+		 "algorithm_config": {"max_in_flight": 8, "lease_ttl": "45s"}},
+		{"name": "default-ttl", "limit_keys": ["global"], "algorithm": "concurrency",
+		 "algorithm_config": {"max_in_flight": 2}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := set.Rules[0].Limit, drip.InFlight(8, 45*time.Second); got != want {
+		t.Errorf("limit %+v, want %+v", got, want)
+	}
+	if got, want := set.Rules[1].Limit, drip.InFlight(2, drip.DefaultLeaseTTL); got != want {
+		t.Errorf("limit %+v, want %+v", got, want)
+	}
+	if set.Rules[0].FixedCost != 1 {
+		t.Errorf("cost %v, want 1 (a request holds one slot)", set.Rules[0].FixedCost)
+	}
+}

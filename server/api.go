@@ -17,7 +17,10 @@ import (
 
 // The decision API: POST /v1/take, /v1/peek, /v1/refund and /v1/reset,
 // with the request and decision shapes of drip replay (docs/api.md), minus
-// "at" and "op" (the time is the store's, the op is the path).
+// "at" and "op" (the time is the store's, the op is the path); and for
+// concurrency limits POST /v1/acquire (a take under a lease ID the server
+// makes, returned as "lease" when allowed) and /v1/release (a refund of
+// the request's "lease").
 //
 // A request names its bucket in one of two ways:
 //   - inline: {"key": "user:1", "limit": {"rate": 10, "burst": 20}, "cost": 1}
@@ -110,12 +113,12 @@ func writeError(w http.ResponseWriter, err error) {
 // apiHandler serves the decision API.
 func (s *Server) apiHandler() http.Handler {
 	mux := http.NewServeMux()
-	for _, op := range []string{"take", "peek", "refund", "reset"} {
+	for _, op := range []string{"take", "peek", "refund", "reset", "acquire", "release"} {
 		mux.Handle("/v1/"+op, s.decideHandler(op))
 	}
 	mux.HandleFunc(forwardAuthPath, s.forwardAuth) // forwardauth.go
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found: the decision API is POST /v1/take, /v1/peek, /v1/refund and /v1/reset; forward auth is GET /v1/forward-auth"})
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found: the decision API is POST /v1/take, /v1/peek, /v1/refund, /v1/reset, /v1/acquire and /v1/release; forward auth is GET /v1/forward-auth"})
 	})
 	return mux
 }
@@ -146,8 +149,8 @@ func (s *Server) decideHandler(opName string) http.Handler {
 func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, error) {
 	if b.Requests != nil {
 		var opErr error
-		if opName != "take" && opName != "peek" {
-			opErr = inputf("/v1/%s does not take requests: a multi-take is /v1/take or /v1/peek", opName)
+		if opName != "take" && opName != "peek" && opName != "acquire" && opName != "release" {
+			opErr = inputf("/v1/%s does not take requests: a multi-take is /v1/take, /v1/peek, /v1/acquire or /v1/release", opName)
 		}
 		if err := b.CheckMulti(replay.BodyFormat, opErr); err != nil {
 			return nil, err
@@ -161,7 +164,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 			}
 			rs[i], names[i] = r, name
 		}
-		op, _ := replay.Op(opName)
+		op := apiOp(opName)
 		if _, err := drip.PrepareMulti(op, rs); err != nil {
 			return nil, err
 		}
@@ -173,6 +176,9 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		}
 		if err != nil {
 			return nil, err
+		}
+		if opName == "acquire" {
+			return acquiredMulti(m, rs), nil
 		}
 		return m, nil
 	}
@@ -189,7 +195,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		}
 		return map[string]bool{"reset": true}, nil
 	}
-	op, _ := replay.Op(opName)
+	op := apiOp(opName)
 	if _, err := drip.Prepare(op, r); err != nil {
 		return nil, err
 	}
@@ -200,7 +206,61 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 	if err != nil {
 		return nil, err
 	}
+	if opName == "acquire" {
+		return acquired{m.Decisions[0], leaseOf(m.Allowed, r)}, nil
+	}
 	return m.Decisions[0], nil
+}
+
+// apiOp is the store op of a decision API path: acquire is a take (of
+// leases the server names), release a refund (of a named lease).
+func apiOp(opName string) drip.Op {
+	switch opName {
+	case "acquire":
+		return drip.OpTake
+	case "release":
+		return drip.OpRefund
+	}
+	op, _ := replay.Op(opName)
+	return op
+}
+
+// acquired is a decision of /v1/acquire: the decision's fields and, when
+// it acquired a lease, "lease", the ID to release it with.
+type acquired struct {
+	d     drip.Decision
+	lease string
+}
+
+func (a acquired) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(a.d)
+	if err != nil || a.lease == "" {
+		return b, err
+	}
+	l, _ := json.Marshal(a.lease)
+	return append(append(append(b[:len(b)-1], `,"lease":`...), l...), '}'), nil
+}
+
+// leaseOf is the lease r acquired: its ID when the take was allowed.
+func leaseOf(allowed bool, r drip.Request) string {
+	if !allowed {
+		return ""
+	}
+	return r.Lease
+}
+
+// acquiredMulti is a multi-take of /v1/acquire: its results carry the
+// leases acquired.
+func acquiredMulti(m drip.Multi, rs []drip.Request) any {
+	res := make([]acquired, len(rs))
+	for i, r := range rs {
+		res[i] = acquired{m.Decisions[i], leaseOf(m.Allowed, r)}
+	}
+	return struct {
+		Allowed    bool       `json:"allowed"`
+		RetryAfter float64    `json:"retry_after"`
+		Results    []acquired `json:"results"`
+	}{m.Allowed, m.RetryAfter.Seconds(), res}
 }
 
 // count reports a take's decision (or failure) on rule to the observer,
@@ -221,6 +281,21 @@ func (s *Server) count(rule string, allowed bool, err error) {
 // request turns one item into a drip.Request and the rule label of its
 // metrics ("inline" for an inline limit). For reset only the key matters.
 func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string, error) {
+	r, name, err := s.request1(it, opName)
+	if err != nil || opName != "acquire" {
+		return r, name, err
+	}
+	if it.Lease != "" {
+		return drip.Request{}, "", inputf("%v: /v1/acquire names its leases itself; give none", drip.ErrInvalidLease)
+	}
+	if r.Limit.Concurrent() {
+		r.Lease = drip.NewLeaseID()
+	}
+	return r, name, nil
+}
+
+// request1 is request without acquire's leases.
+func (s *Server) request1(it replay.ReqJSON, opName string) (drip.Request, string, error) {
 	if rule := ruleOf(it); rule != "" {
 		if it.Key != "" || it.Limit != nil {
 			return drip.Request{}, "", inputf("a request by rule has values instead of key and limit")
@@ -232,6 +307,7 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 		if it.Cost != nil {
 			r.Cost = *it.Cost
 		}
+		r.Lease = it.Lease
 		if it.Reserve && r.Limit.MaxReserved == 0 {
 			// A reservation without a bound could lock a key out for
 			// ages: by rule, only the debt the rule allows.
@@ -250,7 +326,7 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 		return drip.Request{}, "", inputf("%v: key is %d bytes, at most %d", drip.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
 	}
 	if opName == "reset" {
-		if it.Limit != nil || it.Cost != nil || it.Reserve {
+		if it.Limit != nil || it.Cost != nil || it.Reserve || it.Lease != "" {
 			return drip.Request{}, "", inputf("a reset takes only key (or rule and values)")
 		}
 		return drip.Request{Key: InlinePrefix + it.Key}, "inline", nil

@@ -21,6 +21,13 @@ import (
 // shows every token taken.
 var Limit = drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
 
+// Slots is the concurrency limit of a key's companion SlotsKey: leases
+// that last long enough to show every slot acquired.
+var Slots = drip.InFlight(10, time.Hour)
+
+// SlotsKey is the key of key's concurrency limit.
+func SlotsKey(key string) string { return key + ":slots" }
+
 // Load is a load run against a stalled server.
 type Load struct {
 	Callers  int           // goroutines taking in a loop
@@ -28,6 +35,7 @@ type Load struct {
 	For      time.Duration // how long they run (within the stall)
 	Keys     []string      // taken in turn
 	Multi    bool          // every fourth take is a multi-take of two keys
+	Leases   bool          // every third take also acquires a slot (Slots) of the key's SlotsKey, in one multi-take
 	// Running, if set, is the number of store calls in flight (the
 	// batcher's), sampled during the run.
 	Running func() int
@@ -70,11 +78,16 @@ func Run(t *testing.T, st drip.Store, l Load) Result {
 				ctx, cancel := context.WithTimeout(context.Background(), l.Deadline)
 				start := time.Now()
 				var err error
-				if l.Multi && i%4 == 3 && len(l.Keys) > 1 {
+				k := l.Keys[i%len(l.Keys)]
+				switch {
+				case l.Leases && i%3 == 2:
+					rs := []drip.Request{{Key: k, Limit: Limit, Cost: 1}, {Key: SlotsKey(k), Limit: Slots, Lease: drip.NewLeaseID()}}
+					_, err = st.ApplyMulti(ctx, drip.OpTake, time.Time{}, rs)
+				case l.Multi && i%4 == 3 && len(l.Keys) > 1:
 					rs := []drip.Request{{Key: l.Keys[i%len(l.Keys)], Limit: Limit, Cost: 1}, {Key: l.Keys[(i+1)%len(l.Keys)], Limit: Limit, Cost: 1}}
 					_, err = st.ApplyMulti(ctx, drip.OpTake, time.Time{}, rs)
-				} else {
-					_, err = st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: l.Keys[i%len(l.Keys)], Limit: Limit, Cost: 1})
+				default:
+					_, err = st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: k, Limit: Limit, Cost: 1})
 				}
 				over := time.Since(start) - l.Deadline
 				cancel()
@@ -120,7 +133,8 @@ sample:
 // NothingTaken checks, once the server runs again and has finished what
 // was sent to it during the stall, that every key of keys still holds its
 // whole burst: a take of the burst is allowed, to the exact token (a late
-// take applied would leave less).
+// take applied would leave less); and that its SlotsKey has every slot
+// free (a late acquire applied would hold one).
 func NothingTaken(t *testing.T, st drip.Store, keys []string) {
 	t.Helper()
 	for _, k := range keys {
@@ -132,6 +146,15 @@ func NothingTaken(t *testing.T, st drip.Store, keys []string) {
 		}
 		if !d.Allowed || d.Remaining != 0 {
 			t.Errorf("%s: a take of the whole burst: allowed %v, %v tokens left; want allowed with 0 left: requests answered with errors were applied", k, d.Allowed, d.Tokens)
+		}
+		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+		d, err = st.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: SlotsKey(k), Limit: Slots})
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", SlotsKey(k), err)
+		}
+		if d.Remaining != int64(Slots.MaxInFlight) {
+			t.Errorf("%s: %d slots free, want %d: acquires answered with errors were applied", SlotsKey(k), d.Remaining, Slots.MaxInFlight)
 		}
 	}
 }

@@ -17,6 +17,10 @@
 // and evicts the buckets that carry the least information. An evicted
 // bucket that was not full comes back full: the bound trades that much
 // over-admission for bounded memory.
+//
+// Concurrency limits keep a set of leases per key beside the buckets,
+// under the same shard locks (see leases.go), so a multi-take mixing both
+// is one atomic step.
 package memstore
 
 import (
@@ -163,6 +167,7 @@ func (s *Store) Sweep(now time.Time) int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
+		dropped += sh.sweepLeases(n)
 		for j := 0; j < len(sh.slots); {
 			if sh.slots[j].hash != 0 && sh.slots[j].exp <= n {
 				sh.remove(j) // and look at j again: remove may move a slot there
@@ -176,8 +181,9 @@ func (s *Store) Sweep(now time.Time) int {
 	return dropped
 }
 
-// Len is the number of buckets held.
-func (s *Store) Len() int { return s.sum(func(sh *shard) int { return sh.n }) }
+// Len is the number of buckets held, lease sets of concurrency limits
+// included.
+func (s *Store) Len() int { return s.sum(func(sh *shard) int { return sh.n + len(sh.leases) }) }
 
 // Bytes is what the buckets held count against the bound on bytes (see
 // WithMaxBytes).
@@ -273,6 +279,15 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	if err != nil {
 		return drip.Decision{}, err
 	}
+	if p.Kind == bucket.Concurrency {
+		if err := drip.CheckLease(op, r.Lease, p); err != nil {
+			return drip.Decision{}, err
+		}
+		return s.applyLeases(op, at, r.Key, &p, r.Lease), nil
+	}
+	if r.Lease != "" {
+		return drip.Decision{}, drip.CheckLease(op, r.Lease, p)
+	}
 	return s.ApplyPrepared(ctx, op, at, r.Key, &p, cost, r.Reserve)
 }
 
@@ -349,14 +364,26 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 	}
 	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
+	var leases []bucket.LeaseSet
 	for i, k := range keys {
+		if ps[i].Params.Kind == bucket.Concurrency {
+			if leases == nil {
+				leases = make([]bucket.LeaseSet, len(ps))
+			}
+			leases[i] = bucket.Leases(shards[i].leases[k], ps[i].Lease, now)
+			continue
+		}
 		if j, ok := shards[i].find(hashes[i], k); ok {
 			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
-	res, next, write := bucket.EvalMulti(bucket.Op(op), ps, buckets, found, now)
+	res, next, write := bucket.EvalMultiLeases(bucket.Op(op), ps, buckets, found, leases, now)
 	for i, p := range ps {
-		if write[i] {
+		switch {
+		case !write[i]:
+		case p.Params.Kind == bucket.Concurrency:
+			s.putLeases(shards[i], keys[i], p.Params.NextLeases(bucket.Op(op), shards[i].leases[keys[i]], p.Lease, now), now)
+		default:
 			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
 	}
@@ -379,6 +406,7 @@ func (s *Store) Reset(_ context.Context, key string) error {
 	if i, ok := sh.find(h, key); ok {
 		sh.remove(i)
 	}
+	delete(sh.leases, key)
 	sh.mu.Unlock()
 	return nil
 }

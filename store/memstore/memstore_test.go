@@ -169,3 +169,45 @@ func TestTable(t *testing.T) {
 		t.Fatalf("%d buckets held, want %d", s.Len(), len(taken))
 	}
 }
+
+// TestSweepLeases: a lease set whose leases all expired is swept a margin
+// later; a live one stays.
+func TestSweepLeases(t *testing.T) {
+	s := memstore.New(memstore.WithSweep(0))
+	t0 := time.Unix(1_800_000_000, 0)
+	lim := drip.InFlight(2, time.Minute)
+	for _, k := range []string{"a", "b"} {
+		if _, err := s.Apply(context.Background(), drip.OpTake, t0, drip.Request{Key: k, Limit: lim, Lease: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Apply(context.Background(), drip.OpTake, t0.Add(time.Hour), drip.Request{Key: "b", Limit: lim, Lease: "y"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Len(); n != 2 {
+		t.Fatalf("Len %d, want 2", n)
+	}
+	if n := s.Sweep(t0.Add(time.Minute + memstore.SweepMargin - time.Nanosecond)); n != 0 {
+		t.Fatalf("swept %d before the margin passed", n)
+	}
+	if n := s.Sweep(t0.Add(time.Minute + memstore.SweepMargin)); n != 1 || s.Len() != 1 {
+		t.Fatalf("swept %d, %d left; want a swept, b left", n, s.Len())
+	}
+}
+
+// TestLeaseSetsBounded: endless new concurrency keys cost bounded memory,
+// as endless new buckets do.
+func TestLeaseSetsBounded(t *testing.T) {
+	s := memstore.New(memstore.WithSweep(0), memstore.WithMaxKeys(512))
+	at := time.Unix(1_800_000_000, 0)
+	lim := drip.InFlight(1, time.Hour)
+	for i := range 5000 {
+		d, err := s.Apply(context.Background(), drip.OpTake, at, drip.Request{Key: fmt.Sprint("k", i), Limit: lim, Lease: "x"})
+		if err != nil || !d.Allowed {
+			t.Fatalf("acquire %d: %+v %v", i, d, err)
+		}
+	}
+	if n := s.Len(); n > 512 {
+		t.Errorf("%d lease sets held, more than the bound of 512", n)
+	}
+}

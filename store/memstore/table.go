@@ -16,10 +16,13 @@ import (
 // costs its copy); and eviction looks at slots, not at a map.
 type shard struct {
 	mu    sync.Mutex
-	slots []slot   // a power of two long, at most 3/4 full; nil while empty
-	n     int      // slots in use
-	bytes int      // counted against the bound on bytes
-	_     [80]byte // keep shards on separate cache lines
+	slots []slot // a power of two long, at most 3/4 full; nil while empty
+	n     int    // slots in use
+	bytes int    // counted against the bound on bytes
+	// leases holds the lease sets of concurrency limits by held key (nil
+	// until the first); see leases.go.
+	leases map[string][]bucket.Lease
+	_      [72]byte // keep shards on separate cache lines
 }
 
 // slot is one bucket, the key it is held under and the key's hash (0: the

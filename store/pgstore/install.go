@@ -45,8 +45,9 @@ var (
 	// batchDistinctSQL is batch.sql for distinct keys: no recursion.
 	batchDistinctSQL = withEval("batch_distinct.sql")
 	sweepSQL         = mustSQL("sweep.sql")
-	resetSQL         = "DELETE FROM drip.buckets WHERE key = $1::bytea"
-	migration        = []string{mustSQL("001_schema.sql")}
+	resetSQL         = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) DELETE FROM drip.leases WHERE key = $1::bytea"
+	sweepLeasesSQL   = mustSQL("sweep_leases.sql")
+	migration        = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs
@@ -132,11 +133,11 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 				return err
 			}
 			if o.Unlogged && persistence != "u" {
-				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED")
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED; ALTER TABLE drip.leases SET UNLOGGED")
 				return err
 			}
 			if o.Logged && persistence == "u" {
-				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED")
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED; ALTER TABLE drip.leases SET LOGGED")
 				return err
 			}
 		}

@@ -25,6 +25,16 @@
 // Only the retry and reset durations of a decision are computed in Go, from
 // the bucket the statement returns, with bucket.Params.Until.
 //
+// Concurrency limits: a key's leases are one row of drip.leases (lease IDs
+// and expiries, as arrays in step). Every request on such a limit, alone
+// or in a multi-take with buckets, is one run of sql/multi.sql, which
+// locks the row (FOR UPDATE, so two acquires of the last slot queue on it
+// and the second sees the first's lease), counts what bucket.Leases
+// summarizes, and writes the live leases back only when the whole is
+// allowed; the Go side checks its verdict against bucket.Params.EvalLeases.
+// Rows whose leases all expired are swept like buckets. The SQL functions
+// (drip.take, ...) do not cover concurrency limits.
+//
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
 // drip.reset for services in other languages, which share the buckets with
@@ -275,6 +285,15 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	if err != nil {
 		return drip.Decision{}, err
 	}
+	if p.Params.Kind == bucket.Concurrency {
+		// A concurrency request is a multi-take of one: multi.sql is the
+		// one statement that holds leases.
+		m, err := s.ApplyMulti(ctx, op, at, []drip.Request{r})
+		if err != nil {
+			return drip.Decision{}, err
+		}
+		return m.Decisions[0], nil
+	}
 	var res result
 	if s.batch != nil {
 		res, err = s.batch.Do(ctx, request{op, storeKey(p.Key), p, nanos(at)})
@@ -369,14 +388,15 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 	}
 	err = s.retry(ctx, func() error {
 		rows, err := s.db.Query(ctx, multiSQL, int(op), a.keys, a.kinds, a.rates, a.periods,
-			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl))
+			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl), a.leases)
 		if err != nil {
 			return err
 		}
 		i := 0
 		for rows.Next() {
 			var r result
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late); err != nil {
+			var ls bucket.LeaseSet
+			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest); err != nil {
 				rows.Close()
 				return err
 			}
@@ -387,7 +407,16 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 				rows.Close()
 				return errLate
 			}
-			if i < len(ds) {
+			switch {
+			case i >= len(ds):
+			case ps[i].Params.Kind == bucket.Concurrency:
+				res, _ := ps[i].Params.EvalLeases(bucket.Op(op), ls, ps[i].Lease, r.now)
+				if res.Allowed != r.allowed {
+					rows.Close()
+					return fmt.Errorf("pgstore: multi.sql and bucket.EvalLeases disagree (a bug): statement allowed=%v, EvalLeases allowed=%v", r.allowed, res.Allowed)
+				}
+				ds[i] = drip.DecisionOf(res, ps[i].Params.Burst)
+			default:
 				ds[i] = r.decision(op, ps[i])
 			}
 			i++
@@ -481,6 +510,7 @@ type arrays struct {
 	starts   []int64
 	costs    []int64
 	reserves []bool
+	leases   []string // multi.sql: lease IDs of concurrency requests
 	ats      []*int64
 	dls      []*int64 // batch.sql: deadlines in the server's clock
 }
@@ -505,6 +535,7 @@ func (a *arrays) add(op drip.Op, key []byte, p bucket.Prepared, at *int64) {
 	a.starts = append(a.starts, p.Params.Start)
 	a.costs = append(a.costs, p.Cost)
 	a.reserves = append(a.reserves, p.Reserve)
+	a.leases = append(a.leases, p.Lease)
 	a.ats = append(a.ats, at)
 }
 

@@ -413,3 +413,35 @@ func TestApplyAfterClose(t *testing.T) {
 		t.Fatalf("20 takes on a closed store took %v", el)
 	}
 }
+
+// TestSweepLeases: the lease row of a concurrency key whose leases all
+// expired long ago is swept; one with a live lease stays.
+func TestSweepLeases(t *testing.T) {
+	db := pool(t)
+	st := newStore(t)
+	ctx := context.Background()
+	p := prefix()
+	lim := drip.InFlight(2, time.Minute)
+	now := time.Now()
+	for key, at := range map[string]time.Time{"oldslots": now.Add(-2 * time.Hour), "newslots": now} {
+		if _, err := st.Apply(ctx, drip.OpTake, at, drip.Request{Key: p + key, Limit: lim, Lease: "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(key string) int {
+		var n int
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.leases WHERE key = $1::bytea", []byte(p+key)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if count("oldslots") != 1 || count("newslots") != 1 {
+		t.Fatalf("before the sweep: %d old, %d new rows", count("oldslots"), count("newslots"))
+	}
+	if _, err := st.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if count("oldslots") != 0 || count("newslots") != 1 {
+		t.Fatalf("after the sweep: %d old rows (want 0), %d new (want 1)", count("oldslots"), count("newslots"))
+	}
+}

@@ -70,6 +70,7 @@ func TestLockedTableTakesNothing(t *testing.T) {
 			res := stalltest.Run(t, st, stalltest.Load{
 				Callers: 32, Deadline: 100 * time.Millisecond, For: time.Second, Keys: keys,
 				Multi:   mode.inFlight > 2, // multi-takes are not batched
+				Leases:  mode.inFlight > 2,
 				Running: func() int { return waiting(t, admin) },
 			})
 			if err := tx.Rollback(ctx); err != nil {

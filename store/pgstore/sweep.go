@@ -32,7 +32,8 @@ func (s *Store) sweeper() {
 // server's clock) the sweeper deletes it, as memstore.SweepMargin.
 const SweepMargin = time.Minute
 
-// Sweep walks the whole table once, deleting the buckets that expired
+// Sweep walks the whole table once, deleting the buckets (and lease rows
+// of concurrency limits) that expired
 // SweepMargin ago by the server's clock, one page of rows per statement (see
 // WithSweepPage), never waiting on a row lock. It returns how many it
 // deleted. The store's sweeper calls it on a timer; it is exported for
@@ -54,8 +55,19 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 		}
 		total += n
 		if last == nil {
-			return total, nil
+			break
 		}
 		after = last
+	}
+	// The lease rows of concurrency limits, a page at a time.
+	for {
+		var n int64
+		if err := s.db.QueryRow(ctx, sweepLeasesSQL, s.cfg.sweepPage, int64(SweepMargin)).Scan(&n); err != nil {
+			return total, err
+		}
+		total += n
+		if n < int64(s.cfg.sweepPage) {
+			return total, nil
+		}
 	}
 }

@@ -361,6 +361,74 @@ local function takeFast(key, v, l, nows, nown, srvms)
   return flags + 3, otok, os, on
 end
 
+-- Concurrency limits (kind 3): the key is a sorted set of lease IDs, each
+-- scored by its expiry in whole microseconds (bucket.Params.LeaseExp
+-- rounds it so; below 2^53, exact as a double), in the frame of the
+-- requests' times. A lease is live while its expiry is after now. The
+-- script reads what bucket.Leases summarizes, and the verdict is
+-- bucket.Params.EvalLeases's (the Go side checks it): allowed when the
+-- request's lease is live already or fewer leases than slots are live.
+-- The record of a lease request holds flags (1 allowed, 2 written, 4 some
+-- lease live, 8 another type, 64 the request's lease is live), the live
+-- leases, and the earliest and latest expiry among them.
+local LEASE = 3
+
+-- usNow is now (s, n) in whole microseconds, rounded down.
+local function usNow(nows, nown) return nows * 1000000 + (nown - nown % 1000) / 1000 end
+
+-- leaseExp is bucket.Params.LeaseExp: now + TTL, rounded up to a whole
+-- microsecond. (The TTL is at most a day, so nown + TTL is exact.)
+local function leaseExp(l, nows, nown)
+  local a = nown + l.period
+  local r = a % 1000
+  local e = nows * 1000000 + (a - r) / 1000
+  if r > 0 then e = e + 1 end
+  return e
+end
+
+-- readLeases reads the set at key for lease id at now (microseconds),
+-- and writes nothing: flags (4, 8, 64 as above), live, earliest, latest.
+local function readLeases(key, id, nowus)
+  local from = '(' .. format('%.0f', nowus)
+  local live = rpcall('ZCOUNT', key, from, '+inf')
+  if type(live) == 'table' then return 8, 0, 0, 0 end
+  if live == 0 then return 0, 0, 0, 0 end
+  local flags = 4
+  if id ~= '' then
+    local sc = rcall('ZSCORE', key, id)
+    if sc and tonumber(sc) > nowus then flags = flags + 64 end
+  end
+  local e = rcall('ZRANGEBYSCORE', key, from, '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
+  local t = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+  return flags, live, tonumber(e[2]), tonumber(t[2])
+end
+
+-- decideLeases reads the set and adds flag 1 when op is allowed.
+local function decideLeases(key, l, op, id, nows, nown)
+  local flags, live, e, t = readLeases(key, id, usNow(nows, nown))
+  if flags ~= 8 and (op == REFUND or flags >= 64 or live < l.slots) then flags = flags + 1 end
+  return flags, live, e, t
+end
+
+-- writeLeases writes an allowed take (the lease added, or its expiry
+-- renewed) or a refund (the lease removed), dropping expired leases
+-- first. The key lives a minute past its latest expiry; an empty set is
+-- no key at all.
+local function writeLeases(key, l, op, id, nows, nown, latest)
+  local nowus = usNow(nows, nown)
+  rcall('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', nowus))
+  if op == REFUND then
+    rcall('ZREM', key, id)
+    return
+  end
+  local e = leaseExp(l, nows, nown)
+  rcall('ZADD', key, format('%.0f', e), id)
+  if e > latest then latest = e end
+  local us = latest - nowus
+  if us < 0 then us = 0 end
+  rcall('PEXPIRE', key, format('%.0f', (us - us % 1000) / 1000 + 60001))
+end
+
 -- parseShape reads a shape: "kind rate period crate cperiod burst
 -- max_reserved start cost reserve".
 local function parseShape(txt)
@@ -374,6 +442,7 @@ local function parseShape(txt)
   t.fast = type(t.rate) == 'number' and type(t.period) == 'number' and type(t.burst) == 'number'
     and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
   t.fastTake = t.fast and t.kind == 0 and type(t.cost) == 'number' and t.cost < HALF
+  if t.kind == LEASE then t.slots = t.burst / 1000000 end
   return t
 end
 
@@ -382,8 +451,9 @@ end
 -- once parsed. Bounded: past 4096 shapes the cache starts over.
 local shapeCache, shapeCount = {}, 0
 
--- shapes reads the call's shapes, ARGV[3..2+S], and returns them and
--- the packed requests.
+-- shapes reads the call's shapes, ARGV[3..2+S], and returns them, the
+-- packed requests, and the index in ARGV before the lease IDs (one per
+-- request on a concurrency limit, in order, after the packed requests).
 local function shapes(ARGV)
   local nl = tonumber(ARGV[2])
   local limits = {}
@@ -397,7 +467,7 @@ local function shapes(ARGV)
     end
     limits[i] = t
   end
-  return limits, ARGV[3 + nl]
+  return limits, ARGV[3 + nl], 3 + nl
 end
 
 -- record appends request i's reply record to recs (and its tokens to
@@ -424,7 +494,7 @@ local function main(KEYS, ARGV)
   local srvms = srvs * 1000 + floor(srvn / 1000000)
   local srvus = srvs * 1000000 + tonumber(srv[2])
   local mode = ARGV[1]
-  local limits, reqs = shapes(ARGV)
+  local limits, reqs, li = shapes(ARGV)
   local pos = 1
   -- request reads the next record of the packed requests: its shape, op
   -- and time.
@@ -452,9 +522,16 @@ local function main(KEYS, ARGV)
       local l = limits[sh]
       if op >= 4 then op = op - 4 else nows, nown = srvs, srvn end
       local flags, otok, os, on
+      if l.kind == LEASE then li = li + 1 end
       if dl > 0 and dl <= srvus then
         -- Late (its caller gave up): nothing decided, nothing written.
         flags, otok, os, on = 32, 0, 0, 0
+      elseif l.kind == LEASE then
+        flags, otok, os, on = decideLeases(key, l, op, ARGV[li], nows, nown)
+        if flags % 2 == 1 and (op == REFUND or op == TAKE) then
+          writeLeases(key, l, op, ARGV[li], nows, nown, on)
+          flags = flags + 2
+        end
       else
         -- pcall: a key of another type (WRONGTYPE) fails its own request
         -- only, not the others of a batch, some of which may be written.
@@ -491,16 +568,28 @@ local function main(KEYS, ARGV)
       for j = 1, #KEYS do recs[j] = pack('<Bddd', 32, 0, 0, 0) end
       return reply()
     end
-    local r = {l, nows, nown, decide(rpcall('GET', KEYS[i]), l, op, nows, nown)}
-    -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
+    local r
+    if l.kind == LEASE then
+      li = li + 1
+      r = {l, nows, nown, decideLeases(KEYS[i], l, op, ARGV[li], nows, nown)}
+      -- r: l, nows, nown, flags, live, earliest, latest, then the lease
+      -- and its op
+      r[8], r[9] = ARGV[li], op
+    else
+      r = {l, nows, nown, decide(rpcall('GET', KEYS[i]), l, op, nows, nown)}
+      -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
+    end
     if r[4] % 2 == 0 then all = false end
-    if r[4] >= 8 then bad = true end
+    if r[4] % 16 >= 8 then bad = true end
     res[i] = r
   end
   local doWrite = not bad and (mode == 'refund' or (mode == 'take' and all))
   for i = 1, #KEYS do
     local r = res[i]
-    if doWrite then
+    if doWrite and r[1].kind == LEASE then
+      writeLeases(KEYS[i], r[1], r[9], r[8], r[2], r[3], r[7])
+      r[4] = r[4] + 2
+    elseif doWrite then
       write(KEYS[i], r[1], r[2], r[3], r[8], r[9], r[10], r[11], srvms)
       r[4] = r[4] + 2
     end

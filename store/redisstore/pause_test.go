@@ -50,6 +50,7 @@ func TestPauseTakesNothing(t *testing.T) {
 					// Multi-takes are not batched: without batching
 					// only, where no bound on calls is claimed.
 					Multi:   !batching,
+					Leases:  !batching,
 					Running: func() int { return redisstore.Running(s) },
 				})
 				if pause == "WRITE" {

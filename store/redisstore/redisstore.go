@@ -22,6 +22,13 @@
 // as an error. Every write leaves the key a TTL of at least a minute past
 // the bucket's expiry (bucket.Params.ExpiresAt), so idle buckets vanish.
 //
+// Concurrency limits: a key is a sorted set of lease IDs scored by their
+// expiries in microseconds, read and written by the same script in the
+// same call (so a multi-take mixing leases and buckets stays one atomic
+// step). The script counts what bucket.Leases summarizes and the Go side
+// checks its verdict against bucket.Params.EvalLeases. The key lives a
+// minute past its latest lease, and is gone with its last one.
+//
 // Sentinel: Open with a redis+sentinel:// URL (see ParseURL) finds the
 // master through the Sentinels and follows its failovers.
 //
@@ -223,13 +230,14 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 	now := rep.nowFor(at)
 	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
+	leases := make([]bucket.LeaseSet, len(ps))
 	for i := range ps {
 		if rep.reqs[i].badType {
 			return drip.Multi{}, ErrWrongType // and the script wrote nothing
 		}
-		buckets[i], found[i] = rep.reqs[i].before, rep.reqs[i].found
+		buckets[i], found[i], leases[i] = rep.reqs[i].before, rep.reqs[i].found, rep.reqs[i].leases
 	}
-	res, _, write := bucket.EvalMulti(bucket.Op(op), ps, buckets, found, now)
+	res, _, write := bucket.EvalMultiLeases(bucket.Op(op), ps, buckets, found, leases, now)
 	for i := range ps {
 		if err := rep.check(i, res[i].Allowed, write[i]); err != nil {
 			return drip.Multi{}, err
@@ -263,6 +271,9 @@ type reqReply struct {
 	written bool
 	badType bool // the key holds a value of another type: no decision
 	late    bool // run after its deadline: no decision, nothing written
+	// leases is, for a request on a concurrency limit, the key's live
+	// leases as the script read them (expiries in nanoseconds).
+	leases bucket.LeaseSet
 }
 
 const (
@@ -344,6 +355,11 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []
 		args = append(args, sh.text())
 	}
 	args = append(args, string(recs))
+	for _, p := range ps {
+		if p.Params.Kind == bucket.Concurrency {
+			args = append(args, p.Lease) // after the records, in order
+		}
+	}
 	msgs, err := s.exec(ctx, keys, args)
 	if err != nil {
 		return reply{}, fmt.Errorf("redisstore: %s: %w", mode, err)
@@ -395,6 +411,10 @@ func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
 		rep.reqs[i].written = f&2 != 0
 		rep.reqs[i].badType = f&8 != 0
 		rep.reqs[i].late = f&32 != 0
+		// A lease request's record: live leases, earliest and latest
+		// expiry in microseconds (exact doubles).
+		rep.reqs[i].leases = bucket.LeaseSet{Live: int64(tokens), Held: f&64 != 0,
+			Earliest: int64(float64at(r[9:])) * 1e3, Latest: int64(float64at(r[17:])) * 1e3}
 	}
 	if len(big) != 0 {
 		return reply{}, fmt.Errorf("%d big tokens left over", len(big))
@@ -420,7 +440,13 @@ func (rep *reply) nowFor(at time.Time) int64 {
 // state the script saw, and checked against what the script did.
 func (rep *reply) decide(i int, op drip.Op, at time.Time, p bucket.Prepared) (drip.Decision, error) {
 	r := rep.reqs[i]
-	res, _, write := bucket.Eval(bucket.Op(op), r.before, r.found, p.Params, p.Cost, p.Reserve, rep.nowFor(at))
+	var res bucket.Result
+	var write bool
+	if p.Params.Kind == bucket.Concurrency {
+		res, write = p.Params.EvalLeases(bucket.Op(op), r.leases, p.Lease, rep.nowFor(at))
+	} else {
+		res, _, write = bucket.Eval(bucket.Op(op), r.before, r.found, p.Params, p.Cost, p.Reserve, rep.nowFor(at))
+	}
 	if err := rep.check(i, res.Allowed, write); err != nil {
 		return drip.Decision{}, err
 	}

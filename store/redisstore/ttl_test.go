@@ -47,3 +47,32 @@ func ttlCheck(t *testing.T, s *redisstore.Store, lim drip.Limit) {
 		}
 	}
 }
+
+// TestLeaseTTL: a concurrency key lives a minute past its latest lease,
+// and an empty one (every lease released) is no key at all.
+func TestLeaseTTL(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t))
+	c := s.Client()
+	ctx := context.Background()
+	key := "lease-ttl:" + randomTag()
+	lim := drip.InFlight(2, 10*time.Minute)
+	start := time.Now()
+	if _, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Lease: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	pttl, err := c.Do(ctx, c.B().Pttl().Key("drip:"+key).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	el := time.Since(start)
+	need := 10*time.Minute + time.Minute
+	if got := time.Duration(pttl) * time.Millisecond; got < need-el-time.Millisecond || got > need+time.Second {
+		t.Fatalf("TTL %v %v after the acquire, want a minute past the lease's 10m", got, el)
+	}
+	if _, err := s.Apply(ctx, drip.OpRefund, time.Time{}, drip.Request{Key: key, Limit: lim, Lease: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Do(ctx, c.B().Exists().Key("drip:"+key).Build()).AsInt64(); err != nil || n != 0 {
+		t.Fatalf("after the last release: exists %d, %v; want no key", n, err)
+	}
+}

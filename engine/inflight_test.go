@@ -1,0 +1,102 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// down is a store that always fails.
+type down struct{}
+
+var errDown = errors.New("store down")
+
+func (down) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
+	return drip.Decision{}, errDown
+}
+func (down) ApplyMulti(context.Context, drip.Op, time.Time, []drip.Request) (drip.Multi, error) {
+	return drip.Multi{}, errDown
+}
+func (down) Reset(context.Context, string) error { return errDown }
+
+const inflightSet = `{"rules": [
+  {"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency", "on_error": "local", "local_share": 1,
+   "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1m"}},
+  {"name": "rate", "limit_keys": ["global"], "on_error": "local", "local_share": 1,
+   "algorithm_config": {"rate": 3, "period": "1h", "burst": 3}}]}`
+
+// TestOutcomeRelease: a request matching a concurrency rule and a token
+// bucket takes both or neither; Release gives the slot back once (not the
+// tokens), and is a no-op on an outcome that holds none; the local
+// fallback's leases are released there.
+func TestOutcomeRelease(t *testing.T) {
+	set, err := rules.Parse([]byte(inflightSet), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []struct {
+		name  string
+		store drip.Store
+	}{{"memory", memstore.New(memstore.WithSweep(0))}, {"local fallback", down{}}} {
+		t.Run(st.name, func(t *testing.T) {
+			now := time.Unix(1_800_000_000, 0)
+			e := engine.New(st.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)))
+			defer e.Close()
+			rs := e.Compile(set)
+			ctx := context.Background()
+			a := e.Decide(ctx, rs, values{})
+			if !a.Allowed || !a.Applied[0].Held() || a.Applied[0].Lease == "" {
+				t.Fatalf("first request: allowed %v, %+v", a.Allowed, a.Applied)
+			}
+			b := e.Decide(ctx, rs, values{})
+			if b.Allowed || b.Reason != engine.ReasonConcurrency || b.Applied[0].Held() {
+				t.Fatalf("second request while the slot is held: allowed %v reason %q", b.Allowed, b.Reason)
+			}
+			if err := b.Release(ctx); err != nil {
+				t.Fatalf("release of a denied outcome: %v", err)
+			}
+			if rate := b.Applied[1]; rate.Event != engine.NotTaken || rate.Decision.Remaining != 2 {
+				t.Errorf("the bucket of the denied request: %v, %d left; want not taken, 2 left", rate.Event, rate.Decision.Remaining)
+			}
+			cancelled, cancel := context.WithCancel(ctx)
+			cancel()
+			if err := a.Release(cancelled); err != nil {
+				t.Fatalf("release on a cancelled context: %v", err)
+			}
+			c := e.Decide(ctx, rs, values{})
+			if !c.Allowed {
+				t.Fatalf("after the release: denied (%s)", c.Reason)
+			}
+			// A second release of a is nothing: c still holds the slot.
+			if err := a.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if d := e.Decide(ctx, rs, values{}); d.Allowed || d.Reason != engine.ReasonConcurrency {
+				t.Fatalf("a second release freed c's slot: allowed %v, %s", d.Allowed, d.Reason)
+			}
+			if err := c.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// The third token goes; then the bucket denies, and a request
+			// it denies takes no slot.
+			d := e.Decide(ctx, rs, values{})
+			if !d.Allowed {
+				t.Fatalf("third request: denied (%s)", d.Reason)
+			}
+			d.Release(ctx)
+			if d := e.Decide(ctx, rs, values{}); d.Allowed || d.Reason != engine.ReasonTokenBucket || d.Applied[0].Held() {
+				t.Fatalf("fourth request: allowed %v reason %q, want the bucket to deny", d.Allowed, d.Reason)
+			}
+			if d := e.Decide(ctx, rs, values{}); d.Reason != engine.ReasonTokenBucket || !d.Applied[0].Decision.Allowed {
+				t.Fatalf("a request the bucket denied took the slot: reason %q, slot %+v", d.Reason, d.Applied[0].Decision)
+			}
+		})
+	}
+}

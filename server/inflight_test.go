@@ -1,0 +1,135 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// TestDecisionAPIAcquireRelease: /v1/acquire takes a slot under a lease
+// ID the server makes and returns; /v1/release gives it back; inline and
+// by rule, single and in a multi-take with a token bucket.
+func TestDecisionAPIAcquireRelease(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"rules": [
+	  {"name": "jobs", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency",
+	   "algorithm_config": {"max_in_flight": 1, "lease_ttl": "10m"}}
+	]}`)
+	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New(memstore.WithClock(testclock.New().Now)))
+	type answer struct {
+		Allowed    bool    `json:"allowed"`
+		Remaining  int64   `json:"remaining"`
+		Limit      float64 `json:"limit"`
+		RetryAfter float64 `json:"retry_after"`
+		Lease      string  `json:"lease"`
+	}
+	do := func(op, body string, want int) answer {
+		t.Helper()
+		code, out := post(t, srv.base+"/v1/"+op, body)
+		if code != want {
+			t.Fatalf("%s %s: %d %s, want %d", op, body, code, out, want)
+		}
+		var a answer
+		if code == 200 {
+			if err := json.Unmarshal([]byte(out), &a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return a
+	}
+	inline := `"key": "job", "limit": {"algorithm": "concurrency", "max_in_flight": 2, "lease_ttl": "10m"}`
+	a := do("acquire", `{`+inline+`}`, 200)
+	if !a.Allowed || a.Remaining != 1 || a.Limit != 2 || len(a.Lease) != 22 {
+		t.Fatalf("first acquire: %+v", a)
+	}
+	b := do("acquire", `{`+inline+`}`, 200)
+	if c := do("acquire", `{`+inline+`}`, 200); c.Allowed || c.Lease != "" || c.RetryAfter != 600 {
+		t.Fatalf("third acquire: %+v, want denied, no lease, retry after 600 s", c)
+	}
+	if r := do("release", `{`+inline+`, "lease": "`+a.Lease+`"}`, 200); !r.Allowed || r.Remaining != 1 {
+		t.Fatalf("release: %+v", r)
+	}
+	if r := do("release", `{`+inline+`, "lease": "`+a.Lease+`"}`, 200); !r.Allowed || r.Remaining != 1 {
+		t.Fatalf("second release of one lease: %+v, want a no-op", r)
+	}
+	do("acquire", `{`+inline+`, "lease": "mine"}`, 400) // the server names leases
+	do("take", `{`+inline+`}`, 400)                     // a take needs a lease
+	do("release", `{`+inline+`}`, 400)                  // so does a release
+	do("release", `{`+inline+`, "lease": "`+b.Lease+`"}`, 200)
+
+	// By rule, and in a multi-take beside a token bucket: all or nothing.
+	tb := `{"key": "tb", "limit": {"rate": 1, "period": "1h", "burst": 1}}`
+	multi := `{"requests": [{"rule": "jobs", "values": ["t1"]}, ` + tb + `]}`
+	code, out := post(t, srv.base+"/v1/acquire", multi)
+	var m struct {
+		Allowed bool     `json:"allowed"`
+		Results []answer `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &m); code != 200 || err != nil || !m.Allowed || len(m.Results[0].Lease) != 22 || m.Results[1].Lease != "" {
+		t.Fatalf("multi acquire: %d %s", code, out)
+	}
+	lease := m.Results[0].Lease
+	// The bucket is empty now: a second multi-take is denied and takes
+	// no slot (the one slot is held, so release it first to see that).
+	do("release", `{"rule": "jobs", "values": ["t1"], "lease": "`+lease+`"}`, 200)
+	code, out = post(t, srv.base+"/v1/acquire", multi)
+	m.Results = nil
+	if err := json.Unmarshal([]byte(out), &m); code != 200 || err != nil || m.Allowed || m.Results[0].Lease != "" {
+		t.Fatalf("multi acquire on an empty bucket: %d %s", code, out)
+	}
+	if p := do("peek", `{"rule": "jobs", "values": ["t1"]}`, 200); !p.Allowed || p.Remaining != 1 {
+		t.Fatalf("after a denied multi-take: %+v, want the slot free", p)
+	}
+}
+
+// TestGatewayReleasesSlot: the gateway holds a concurrency rule's slot
+// until the proxied response has ended, and then gives it back.
+func TestGatewayReleasesSlot(t *testing.T) {
+	started, finish := make(chan struct{}, 1), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			started <- struct{}{}
+			<-finish
+		}
+		fmt.Fprint(w, "done")
+	}))
+	t.Cleanup(up.Close)
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"rules": [
+	  {"name": "one", "limit_keys": ["global"], "algorithm": "concurrency",
+	   "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1h"}}
+	]}`)
+	srv := start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1}, memstore.New())
+	done := make(chan string)
+	go func() {
+		resp, err := http.Get(srv.base + "/slow")
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		resp.Body.Close()
+		done <- resp.Status
+	}()
+	<-started
+	resp, body := gwGet(t, srv.base, "/fast", "")
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "concurrency_exceeded") {
+		t.Fatalf("while the slow response is proxied: %d %s, want 429", resp.StatusCode, body)
+	}
+	if ra := resp.Header.Get("Retry-After"); ra == "" {
+		t.Errorf("no Retry-After on a concurrency denial")
+	}
+	close(finish)
+	if s := <-done; !strings.HasPrefix(s, "200") {
+		t.Fatalf("the slow request: %s", s)
+	}
+	if resp, body := gwGet(t, srv.base, "/fast", ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the slow response ended: %d %s, want 200", resp.StatusCode, body)
+	}
+}
