@@ -71,6 +71,12 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res := s.lim.Decide(r.Context(), orig)
+	// The proxy never says when the response it guards ends, so forward
+	// auth cannot hold an in-flight slot for it: a concurrency rule's
+	// slot is given back as the ask is answered (it bounds the asks in
+	// flight, not the requests). Holding it until its lease expired
+	// instead would turn the rule into max_in_flight per lease_ttl.
+	defer res.Release(r.Context())
 	h := w.Header()
 	res.WriteHeaders(h)
 	switch {

@@ -366,3 +366,21 @@ func TestForwardAuthExampleRules(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardAuthReleasesSlots: forward auth never learns when the
+// request it allowed ends, so a concurrency rule's slot is given back as
+// the ask is answered: with one slot, ask after ask is allowed, and the
+// store holds no lease afterwards.
+func TestForwardAuthReleasesSlots(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [
+  {"name": "one-at-a-time", "limit_keys": ["global"], "algorithm": "concurrency",
+   "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1h"}}]}`)
+	fa := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	for i := range 3 {
+		resp, body := ask(t, fa.base, "", "GET", "/x")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("ask %d: %d %s; want 200 (the slot of the ask before was given back)", i, resp.StatusCode, body)
+		}
+	}
+}
