@@ -60,6 +60,9 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
 			groups = append(groups, rule.Group)
 		}
 		a := Applied{Rule: rule, Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, policy: rs.policy[i]}
+		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
+			a.Limit, a.policy = l, PolicyItem(rule.Name, l)
+		}
 		if rule.Mode == rules.Shadow {
 			sh = append(sh, a)
 		} else {

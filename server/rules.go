@@ -113,7 +113,8 @@ func (s *Server) ruleRequest(name string, values json.RawMessage) (drip.Request,
 	if r.CostSource.Kind == rules.KindFixed || r.CostSource.Kind == "" {
 		cost = r.FixedCost
 	}
-	return drip.Request{Key: key, Limit: r.Limit, Cost: cost}, nil
+	l, _ := s.eng.LimitOf(r, key, nil) // the key's override, if any
+	return drip.Request{Key: key, Limit: l, Cost: cost}, nil
 }
 
 // rule returns the rule in force called name, or a 404.

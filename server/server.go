@@ -29,6 +29,7 @@ import (
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/conncap"
+	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/server/envoy"
 )
 
@@ -45,6 +46,10 @@ type Server struct {
 	eng     *engine.Engine // every front door's: one deadline, one breaker, one observer
 
 	rs  *ruleState
+	ost override.Store     // the store's overrides; nil when it keeps none
+	ovr *override.Follower // keeps eng's snapshot of them current; nil likewise
+	// ovrOpts configure ovr (tests: the poll interval, no notifications).
+	ovrOpts []override.Option
 	lim *httplimit.Limiter // the gateway's middleware; nil without an upstream
 	rls *envoy.Service     // Envoy's rate limit service; nil without GRPCListen
 
@@ -80,6 +85,9 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
 		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"))
+	if ost, ok := override.Of(store); ok {
+		s.ost = ost
+	}
 	rs, err := s.loadRules()
 	if err != nil {
 		return nil, err
@@ -220,6 +228,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watch(ctx) })
+	if s.ost != nil {
+		s.followOverrides(ctx, &wg)
+	}
 
 	errc := make(chan error, len(ls))
 	for _, l := range ls {

@@ -66,6 +66,7 @@ type Store struct {
 	stop       chan struct{}
 	stopOnce   sync.Once
 	sweepEvery time.Duration
+	ov         overrides // override.go
 }
 
 // cached is the last limit the store resolved, so that the common case (one

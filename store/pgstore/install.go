@@ -46,7 +46,7 @@ var (
 	batchDistinctSQL = withEval("batch_distinct.sql")
 	sweepSQL         = mustSQL("sweep.sql")
 	resetSQL         = "DELETE FROM drip.buckets WHERE key = $1::bytea"
-	migration        = []string{mustSQL("001_schema.sql")}
+	migration        = []string{mustSQL("001_schema.sql"), mustSQL("002_overrides.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs
