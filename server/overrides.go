@@ -19,8 +19,10 @@ import (
 //   DELETE /v1/admin/overrides/{rule}/{value}, or ?value=...
 //   GET    /v1/admin/overrides[?rule=NAME]
 // The rule must be one in force; its values name the bucket as the
-// decision API's "values" do. The limit's "rate" is required; any other
-// field left out is the rule's, and the algorithm cannot change.
+// decision API's "values" do. The limit's "rate" is required, its burst
+// is the rate unless given (as in every limit), any other field left out
+// is the rule's (period, refill, start, max_reserved), and the algorithm
+// cannot change.
 
 // maxOverrideBody bounds a PUT's body: a limit is a few dozen bytes.
 const maxOverrideBody = 4 << 10
@@ -73,7 +75,7 @@ func (s *Server) overrideTarget(r *http.Request) (*rules.Rule, []string, string,
 }
 
 // overrideLimit is the limit a PUT body sets for ru's bucket: ru's limit
-// with the fields the body has.
+// with the fields the body has, and a burst of the rate if it has none.
 func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	var in drip.Limit
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -94,6 +96,7 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	if _, ok := has["period"]; ok {
 		l.Period = in.Period
 	}
+	l.Burst = l.Rate // as in every limit of drip: a burst left out is the rate
 	if _, ok := has["burst"]; ok {
 		l.Burst = in.Burst
 	}
