@@ -99,6 +99,11 @@ var overrideBackends = []overrideBackend{
 		h := func() drip.Store { return redisHandle(t, url, p) }
 		return h, h
 	}, false},
+	{"redis-sentinel-pubsub", func(t *testing.T) (func() drip.Store, func() drip.Store) {
+		url, p := testserver.StartRedisSentinel(t).URL(), testserver.Prefix()
+		h := func() drip.Store { return redisHandle(t, url, p) }
+		return h, h
+	}, true},
 	{"redis-cluster-pubsub", func(t *testing.T) (func() drip.Store, func() drip.Store) {
 		url, p := testserver.SharedRedisClusterURL(t), testserver.Prefix()
 		h := func() drip.Store { return redisHandle(t, url, p) }
