@@ -46,12 +46,15 @@ type Server struct {
 	eng     *engine.Engine // every front door's: one deadline, one breaker, one observer
 
 	rs  *ruleState
-	ost override.Store     // the store's overrides; nil when it keeps none
-	ovr *override.Follower // keeps eng's snapshot of them current; nil likewise
-	// ovrOpts configure ovr (tests: the poll interval, no notifications).
-	ovrOpts []override.Option
 	lim *httplimit.Limiter // the gateway's middleware; nil without an upstream
 	rls *envoy.Service     // Envoy's rate limit service; nil without GRPCListen
+
+	// Per-tenant overrides (overrides.go): the store's, nil when it keeps
+	// none; the follower that keeps eng's snapshot of them current; its
+	// options (tests: the poll interval, no notifications).
+	ost     override.Store
+	ovr     *override.Follower
+	ovrOpts []override.Option
 
 	mu        sync.Mutex
 	listeners []*listener
