@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -209,6 +210,7 @@ type Follower struct {
 	poll     time.Duration
 	noWatch  bool
 	onChange func(*Snapshot)
+	mu       sync.Mutex // serializes Refresh: snapshots are swapped in version order
 	cur      atomic.Pointer[Snapshot]
 	lastLog  atomic.Int64
 }
@@ -247,6 +249,8 @@ func (f *Follower) Snapshot() *Snapshot { return f.cur.Load() }
 // Refresh loads the overrides if the store's version differs from the
 // snapshot's. On an error the snapshot stays as it is.
 func (f *Follower) Refresh(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	cur := f.cur.Load()
 	v, err := f.st.OverridesVersion(ctx)
 	if err != nil {
@@ -263,9 +267,7 @@ func (f *Follower) Refresh(ctx context.Context) error {
 	if bad > 0 {
 		f.logf("drip: overrides that do not decode were skipped", "count", bad)
 	}
-	if !f.cur.CompareAndSwap(cur, s) { // a concurrent Refresh won: it read as late
-		return nil
-	}
+	f.cur.Store(s)
 	if f.onChange != nil {
 		f.onChange(s)
 	}

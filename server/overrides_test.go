@@ -60,8 +60,9 @@ type overrideBackend struct {
 	name string
 	open func(t *testing.T) (a, b func() drip.Store)
 	// notify: b learns of changes by notification only (its poll interval
-	// is an hour); else by polling only.
-	notify bool
+	// is an hour); else by polling only (every 50 ms), but for defaults.
+	notify   bool
+	defaults bool
 }
 
 func pgHandle(t *testing.T, url, prefix string) drip.Store {
@@ -82,33 +83,42 @@ var overrideBackends = []overrideBackend{
 		url, p := testserver.SharedPostgres(t).URL(), testserver.Prefix()
 		h := func() drip.Store { return pgHandle(t, url, p) }
 		return h, h
-	}, true},
+	}, true, false},
 	{"postgres-pgbouncer-polling", func(t *testing.T) (func() drip.Store, func() drip.Store) {
 		pg := testserver.SharedPostgres(t)
 		bouncer := testserver.StartPgBouncer(t, pg, 0)
 		p := testserver.Prefix()
 		return func() drip.Store { return pgHandle(t, pg.URL(), p) }, func() drip.Store { return pgHandle(t, bouncer.URL(), p) }
-	}, false},
+	}, false, false},
+	{"postgres-pgbouncer", func(t *testing.T) (func() drip.Store, func() drip.Store) {
+		// Both through the pooler, as configured by default (LISTEN tried,
+		// the version polled every 500 ms): whichever brings a change, it
+		// arrives, and nothing breaks.
+		bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
+		p := testserver.Prefix()
+		h := func() drip.Store { return pgHandle(t, bouncer.URL(), p) }
+		return h, h
+	}, false, true},
 	{"redis-pubsub", func(t *testing.T) (func() drip.Store, func() drip.Store) {
 		url, p := testserver.SharedRedisURL(t), testserver.Prefix()
 		h := func() drip.Store { return redisHandle(t, url, p) }
 		return h, h
-	}, true},
+	}, true, false},
 	{"redis-polling", func(t *testing.T) (func() drip.Store, func() drip.Store) {
 		url, p := testserver.SharedRedisURL(t), testserver.Prefix()
 		h := func() drip.Store { return redisHandle(t, url, p) }
 		return h, h
-	}, false},
+	}, false, false},
 	{"redis-sentinel-pubsub", func(t *testing.T) (func() drip.Store, func() drip.Store) {
 		url, p := testserver.StartRedisSentinel(t).URL(), testserver.Prefix()
 		h := func() drip.Store { return redisHandle(t, url, p) }
 		return h, h
-	}, true},
+	}, true, false},
 	{"redis-cluster-pubsub", func(t *testing.T) (func() drip.Store, func() drip.Store) {
 		url, p := testserver.SharedRedisClusterURL(t), testserver.Prefix()
 		h := func() drip.Store { return redisHandle(t, url, p) }
 		return h, h
-	}, true},
+	}, true, false},
 }
 
 // TestOverridesTwoInstances runs two drip serve instances, each with its
@@ -121,8 +131,11 @@ func TestOverridesTwoInstances(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			openA, openB := be.open(t)
 			follow := []override.Option{override.WithoutWatch(), override.WithPoll(50 * time.Millisecond)}
-			if be.notify {
+			switch {
+			case be.notify:
 				follow = []override.Option{override.WithPoll(time.Hour)}
+			case be.defaults:
+				follow = nil
 			}
 			path := rulesFile(t, "", 3, "api")
 			cfg := Config{Rules: path, WatchEvery: -1, AdminToken: adminToken}
