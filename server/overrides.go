@@ -112,11 +112,7 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	if err := l.Validate(); err != nil {
 		return drip.Limit{}, inputf("%v", err)
 	}
-	cost := ru.DefaultCost
-	if ru.CostSource.Kind == rules.KindFixed || ru.CostSource.Kind == "" {
-		cost = ru.FixedCost
-	}
-	if cost > l.Burst {
+	if cost := ruleCost(ru); cost > l.Burst {
 		return drip.Limit{}, inputf("burst %g is below the rule's cost %g: no request could pass", l.Burst, cost)
 	}
 	return l, nil

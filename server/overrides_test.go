@@ -78,6 +78,15 @@ func redisHandle(t *testing.T, url, prefix string) drip.Store {
 	return s
 }
 
+// redisPair opens clients of the server at url(t), under one prefix.
+func redisPair(url func(testing.TB) string) func(t *testing.T) (func() drip.Store, func() drip.Store) {
+	return func(t *testing.T) (func() drip.Store, func() drip.Store) {
+		u, p := url(t), testserver.Prefix()
+		h := func() drip.Store { return redisHandle(t, u, p) }
+		return h, h
+	}
+}
+
 var overrideBackends = []overrideBackend{
 	{"postgres-listen", func(t *testing.T) (func() drip.Store, func() drip.Store) {
 		url, p := testserver.SharedPostgres(t).URL(), testserver.Prefix()
@@ -99,26 +108,10 @@ var overrideBackends = []overrideBackend{
 		h := func() drip.Store { return pgHandle(t, bouncer.URL(), p) }
 		return h, h
 	}, false, true},
-	{"redis-pubsub", func(t *testing.T) (func() drip.Store, func() drip.Store) {
-		url, p := testserver.SharedRedisURL(t), testserver.Prefix()
-		h := func() drip.Store { return redisHandle(t, url, p) }
-		return h, h
-	}, true, false},
-	{"redis-polling", func(t *testing.T) (func() drip.Store, func() drip.Store) {
-		url, p := testserver.SharedRedisURL(t), testserver.Prefix()
-		h := func() drip.Store { return redisHandle(t, url, p) }
-		return h, h
-	}, false, false},
-	{"redis-sentinel-pubsub", func(t *testing.T) (func() drip.Store, func() drip.Store) {
-		url, p := testserver.StartRedisSentinel(t).URL(), testserver.Prefix()
-		h := func() drip.Store { return redisHandle(t, url, p) }
-		return h, h
-	}, true, false},
-	{"redis-cluster-pubsub", func(t *testing.T) (func() drip.Store, func() drip.Store) {
-		url, p := testserver.SharedRedisClusterURL(t), testserver.Prefix()
-		h := func() drip.Store { return redisHandle(t, url, p) }
-		return h, h
-	}, true, false},
+	{"redis-pubsub", redisPair(testserver.SharedRedisURL), true, false},
+	{"redis-polling", redisPair(testserver.SharedRedisURL), false, false},
+	{"redis-sentinel-pubsub", redisPair(func(t testing.TB) string { return testserver.StartRedisSentinel(t).URL() }), true, false},
+	{"redis-cluster-pubsub", redisPair(testserver.SharedRedisClusterURL), true, false},
 }
 
 // TestOverridesTwoInstances runs two drip serve instances, each with its

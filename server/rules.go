@@ -109,12 +109,17 @@ func (s *Server) ruleRequest(name string, values json.RawMessage) (drip.Request,
 	if err != nil {
 		return drip.Request{}, err
 	}
-	cost := r.DefaultCost
-	if r.CostSource.Kind == rules.KindFixed || r.CostSource.Kind == "" {
-		cost = r.FixedCost
-	}
 	l, _ := s.eng.LimitOf(r, key, nil) // the key's override, if any
-	return drip.Request{Key: key, Limit: l, Cost: cost}, nil
+	return drip.Request{Key: key, Limit: l, Cost: ruleCost(r)}, nil
+}
+
+// ruleCost is the cost of a request by rule r that names none: its
+// fixed_cost, or its default_cost when it reads costs from requests.
+func ruleCost(r *rules.Rule) float64 {
+	if r.CostSource.Kind == rules.KindFixed || r.CostSource.Kind == "" {
+		return r.FixedCost
+	}
+	return r.DefaultCost
 }
 
 // rule returns the rule in force called name, or a 404.
