@@ -1,10 +1,12 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,9 +83,9 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	if err := json.Unmarshal(body, &in); err != nil {
 		return drip.Limit{}, inputf("bad limit: %v", err)
 	}
-	var has map[string]json.RawMessage
-	if err := json.Unmarshal(body, &has); err != nil {
-		return drip.Limit{}, inputf("bad limit: %v", err)
+	has, err := limitFields(body)
+	if err != nil {
+		return drip.Limit{}, err
 	}
 	if _, ok := has["rate"]; !ok {
 		return drip.Limit{}, inputf(`the limit needs "rate"`)
@@ -117,6 +119,39 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	}
 	return l, nil
 }
+
+// limitFields are the fields of a limit object, each once and spelled
+// exactly: encoding/json would match "Rate" to rate, and keep the last of
+// two "burst", where which fields a body has decides what it sets.
+func limitFields(body []byte) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, inputf("bad limit: want a JSON object")
+	}
+	has := map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, inputf("bad limit: %v", err)
+		}
+		name, _ := t.(string)
+		if _, dup := has[name]; dup {
+			return nil, inputf("bad limit: %q given twice", name)
+		}
+		if !slices.Contains(limitNames, name) {
+			return nil, inputf("bad limit: unknown field %q", name)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, inputf("bad limit: %v", err)
+		}
+		has[name] = v
+	}
+	return has, nil
+}
+
+// limitNames are the fields of a limit in JSON (drip's json.go).
+var limitNames = []string{"algorithm", "rate", "period", "burst", "refill", "start", "max_reserved"}
 
 func algo(a drip.Algorithm) drip.Algorithm {
 	if a == "" {
