@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
@@ -261,6 +263,15 @@ func (s *Server) refreshOverrides(ctx context.Context) {
 func (s *Server) followOverrides(ctx context.Context, wg *sync.WaitGroup) {
 	opts := append([]override.Option{override.WithLogger(s.log), override.OnChange(s.eng.SetOverrides)}, s.ovrOpts...)
 	s.ovr = override.NewFollower(s.ost, opts...)
+	s.metrics.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "drip_overrides",
+			Help: "Per-tenant overrides in force on this instance.",
+		}, func() float64 { return float64(len(s.ovr.Snapshot().Entries())) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "drip_overrides_version",
+			Help: "The store's version of the overrides in force on this instance: every instance sharing the store shows the same once a change has reached it.",
+		}, func() float64 { return float64(s.ovr.Snapshot().Version()) }))
 	lctx, cancel := context.WithTimeout(ctx, overrideTimeout)
 	if err := s.ovr.Refresh(lctx); err != nil {
 		s.log.Warn("drip serve: loading the overrides failed; retrying in the background", "err", err)

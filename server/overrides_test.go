@@ -285,6 +285,9 @@ func TestOverridesAdminAPI(t *testing.T) {
 	if _, out := admin(t, "GET", ov, ""); strings.Count(out, `"rule"`) != 3 {
 		t.Fatalf("list: %s", out)
 	}
+	if _, m := call(t, "GET", srv.admin+"/metrics", ""); !strings.Contains(m, "\ndrip_overrides 3\n") || !strings.Contains(m, "\ndrip_overrides_version 3\n") {
+		t.Fatalf("metrics:\n%s", grep(m, "drip_overrides"))
+	}
 }
 
 // TestOverridesFull: a store holding override.MaxOverrides refuses a new
