@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -60,6 +61,9 @@ func (s *Server) overrideTarget(r *http.Request) (*rules.Rule, []string, string,
 	n := 0
 	for _, v := range vals {
 		n += len(v)
+		if !utf8.ValidString(v) { // JSON, which keys values below, would alter it
+			return nil, nil, "", inputf("a value is not valid UTF-8")
+		}
 	}
 	if n > drip.MaxKeyLen {
 		return nil, nil, "", inputf("values over %d bytes together", drip.MaxKeyLen)

@@ -250,6 +250,7 @@ func TestOverridesAdminAPI(t *testing.T) {
 		{"PUT", ov + "/api/acme", `{"rate": 5, "period": "` + strings.Repeat("9", 5000) + `"}`, 413, `body over`},
 		{"PUT", ov + "/api?value=" + strings.Repeat("v", drip.MaxKeyLen+1), `{"rate": 5}`, 400, `bytes together`},
 		{"DELETE", ov + "/api/acme", ``, 404, `no override`},
+		{"PUT", ov + "/api/%ff", `{"rate": 5}`, 400, `UTF-8`},
 	} {
 		code, out := admin(t, c.method, c.url, c.body)
 		if code != c.code || !strings.Contains(out, c.want) {
