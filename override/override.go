@@ -47,6 +47,10 @@ const PollEvery = 500 * time.Millisecond
 // store answers: a poll interval and a load.
 const Delay = time.Second
 
+// LoadTimeout bounds each Refresh of Run: a store that hangs holds up no
+// later one.
+const LoadTimeout = 5 * time.Second
+
 // ErrFull is the error of setting a new override when the store holds
 // MaxOverrides already.
 var ErrFull = errors.New("too many overrides")
@@ -309,9 +313,11 @@ func (f *Follower) Run(ctx context.Context) {
 	t := time.NewTicker(f.poll)
 	defer t.Stop()
 	for {
-		if err := f.Refresh(ctx); err != nil && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, LoadTimeout)
+		if err := f.Refresh(rctx); err != nil && ctx.Err() == nil {
 			f.logf("drip: loading overrides failed; the ones in force stay", "err", err)
 		}
+		cancel()
 		select {
 		case <-ctx.Done():
 			return
