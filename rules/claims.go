@@ -14,11 +14,15 @@ import (
 // algorithm) is the rule's.
 type ClaimLimit struct {
 	// RateClaim and BurstClaim name the claims; either may be empty.
-	RateClaim, BurstClaim string
+	RateClaim  string `json:"rate_claim,omitempty"`
+	BurstClaim string `json:"burst_claim,omitempty"`
 	// MinRate, MaxRate, MinBurst and MaxBurst are the bounds a claimed
-	// value is clamped to (the minimums default to 1).
-	MinRate, MaxRate   float64
-	MinBurst, MaxBurst float64
+	// value is clamped to (the minimums default to 1). The JSON form is
+	// the rules file's.
+	MinRate  float64 `json:"min_rate"`
+	MaxRate  float64 `json:"max_rate,omitempty"`
+	MinBurst float64 `json:"min_burst"`
+	MaxBurst float64 `json:"max_burst,omitempty"`
 }
 
 var claimFields = []string{"rate_claim", "burst_claim", "min_rate", "max_rate", "min_burst", "max_burst"}

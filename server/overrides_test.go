@@ -320,3 +320,17 @@ func itoa(i int) string {
 	b, _ := json.Marshal(i)
 	return string(b)
 }
+
+// TestAdminRulesShowsClaims: /v1/admin/rules shows a rule's
+// limit_from_claims as the rules file writes it, defaults filled in.
+func TestAdminRulesShowsClaims(t *testing.T) {
+	path := t.TempDir() + "/rules.json"
+	writeFile(t, path, `{"jwt": {"verify": false}, "rules": [
+	  {"name": "api", "limit_keys": ["jwt:sub"], "algorithm_config": {"rps": 5},
+	   "limit_from_claims": {"rate_claim": "rl", "max_rate": 100}}]}`)
+	srv := start(t, Config{Rules: path, WatchEvery: -1, AdminToken: adminToken}, memstore.New())
+	code, out := admin(t, "GET", srv.admin+"/v1/admin/rules", "")
+	if want := `"limit_from_claims":{"rate_claim":"rl","min_rate":1,"max_rate":100,"min_burst":1}`; code != 200 || !strings.Contains(out, want) {
+		t.Fatalf("%d %s, want %s", code, out, want)
+	}
+}

@@ -197,6 +197,8 @@ type ruleView struct {
 	Mode      string     `json:"mode"`
 	Limit     drip.Limit `json:"limit"`
 	OnError   string     `json:"on_error"`
+	// Claims is the rule's limit_from_claims, if any.
+	Claims *rules.ClaimLimit `json:"limit_from_claims,omitempty"`
 }
 
 func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
@@ -214,7 +216,7 @@ func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
 		Rules    []ruleView `json:"rules"`
 	}{File: file, LoadedAt: loaded, Rules: []ruleView{}}
 	for _, ru := range set.Rules {
-		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), LimitKeys: []string{}}
+		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), LimitKeys: []string{}, Claims: ru.Claims}
 		for _, k := range ru.LimitKeys {
 			v.LimitKeys = append(v.LimitKeys, k.String())
 		}
