@@ -334,3 +334,22 @@ func TestAdminRulesShowsClaims(t *testing.T) {
 		t.Fatalf("%d %s, want %s", code, out, want)
 	}
 }
+
+// TestOverridesGateway: the gateway decides with the override of the
+// request's bucket (RateLimit-Policy shows it), other keys with the rule.
+func TestOverridesGateway(t *testing.T) {
+	up := newUpstream(t)
+	srv := start(t, Config{Rules: rulesFile(t, "", 3, "api"), Upstream: up.URL, WatchEvery: -1, AdminToken: adminToken}, memstore.New())
+	if code, out := admin(t, "PUT", srv.admin+"/v1/admin/overrides/api/acme", `{"rate": 1, "period": "1m", "burst": 5}`); code != 200 {
+		t.Fatalf("PUT: %d %s", code, out)
+	}
+	for _, c := range []struct{ key, policy, remaining string }{
+		{"acme", `"api";q=5;w=300`, "4"},
+		{"bob", `"api";q=3;w=10800`, "2"},
+	} {
+		resp, body := gwGet(t, srv.base, "/", c.key)
+		if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Policy") != c.policy || resp.Header.Get("RateLimit-Remaining") != c.remaining {
+			t.Errorf("%s: %d %q %v", c.key, resp.StatusCode, body, resp.Header)
+		}
+	}
+}
