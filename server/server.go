@@ -1,6 +1,7 @@
 // Package server is drip serve: the decision API (or, with an upstream,
 // the gateway), and an admin listener with Prometheus metrics, health
-// checks and the admin API (inspect and reset buckets, reload rules).
+// checks and the admin API (inspect and reset buckets, reload rules, set
+// per-tenant overrides: overrides.go).
 //
 // A Server is built from a Config and an open drip.Store. Listen binds its
 // listeners (so that port 0 resolves before anyone connects), Serve runs
