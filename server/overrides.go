@@ -199,7 +199,8 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.log.Info("drip serve: override set by the admin API", "rule", ru.Name, "key", key)
+	// Not the key: its values may be secrets (an API key).
+	s.log.Info("drip serve: override set by the admin API", "rule", ru.Name, "limit", l)
 	s.refreshOverrides(ctx)
 	writeJSON(w, http.StatusOK, e)
 }
@@ -224,7 +225,7 @@ func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(http.StatusNotFound, "no override of rule %q for that key", ru.Name))
 		return
 	}
-	s.log.Info("drip serve: override deleted by the admin API", "rule", ru.Name, "key", key)
+	s.log.Info("drip serve: override deleted by the admin API", "rule", ru.Name)
 	s.refreshOverrides(ctx)
 	writeJSON(w, http.StatusOK, map[string]any{"deleted": true, "rule": ru.Name, "key": key})
 }
