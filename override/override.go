@@ -64,7 +64,8 @@ var ErrNoWatch = errors.New("the store cannot notify override changes")
 // version number that only grows.
 type Store interface {
 	// PutOverride sets the value of key, failing with ErrFull when key is
-	// new and max values are held already.
+	// new and max values are held already (by the whole store: a prefixed
+	// view's bound counts the other prefixes' too).
 	PutOverride(ctx context.Context, key string, val []byte, max int) error
 	// DeleteOverride removes key's value, reporting whether it had one.
 	DeleteOverride(ctx context.Context, key string) (bool, error)

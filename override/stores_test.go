@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/override"
@@ -20,12 +21,24 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 func TestStores(t *testing.T) {
 	for _, ts := range teststores.Shared() {
 		t.Run(ts.Name, func(t *testing.T) {
-			st, ok := override.Of(ts.Open(t))
+			store := ts.Open(t)
+			st, ok := override.Of(store)
 			if !ok {
 				t.Fatal("keeps no overrides")
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), teststores.Timeout)
 			defer cancel()
+			// The bound counts what the whole store holds, under other
+			// prefixes too (other runs on the shared PostgreSQL).
+			held := 0
+			if p, ok := store.(drip.Prefixed); ok {
+				inner, _ := override.Of(p.Store)
+				_, all, err := inner.Overrides(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = len(all)
+			}
 			heard := make(chan struct{}, 64)
 			watchDone := make(chan error, 1)
 			go func() { watchDone <- st.WatchOverrides(ctx, func() { heard <- struct{}{} }) }()
@@ -56,7 +69,7 @@ func TestStores(t *testing.T) {
 				return v
 			}
 			put := func(k string) func() error {
-				return func() error { return st.PutOverride(ctx, k, []byte(`v-`+k), 2) }
+				return func() error { return st.PutOverride(ctx, k, []byte(`v-`+k), held+2) }
 			}
 			v1 := step("put a", put("a"))
 			hear("put a")
@@ -86,6 +99,11 @@ func TestStores(t *testing.T) {
 			v, all, err := st.Overrides(ctx)
 			if err != nil || v != v5 || len(all) != 2 || string(all["b"]) != "v-b" || string(all["c"]) != "v-c" {
 				t.Fatalf("Overrides: %d %q %v, want version %d and b, c", v, all, err, v5)
+			}
+			for _, k := range []string{"b", "c"} {
+				if _, err := st.DeleteOverride(ctx, k); err != nil {
+					t.Fatal(err)
+				}
 			}
 			cancel()
 			select {
