@@ -43,10 +43,6 @@ const MaxValueBytes = 4 << 10
 // overrides, whether or not the store notifies changes.
 const PollEvery = 500 * time.Millisecond
 
-// Delay is the longest a change takes to reach every instance while the
-// store answers: a poll interval and a load.
-const Delay = time.Second
-
 // LoadTimeout bounds each Refresh of Run: a store that hangs holds up no
 // later one.
 const LoadTimeout = 5 * time.Second
