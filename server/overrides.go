@@ -261,9 +261,13 @@ func (s *Server) refreshOverrides(ctx context.Context) {
 	}
 }
 
+// startLoadTimeout bounds how long Serve waits for the overrides before
+// it serves: a store that is down at start delays serving no longer.
+const startLoadTimeout = 2 * time.Second
+
 // followOverrides loads the overrides before the listeners serve (so that
 // a restarted instance applies them from its first request, unless the
-// store does not answer within overrideTimeout: then they follow) and
+// store does not answer within startLoadTimeout: then they follow) and
 // keeps them current until ctx ends.
 func (s *Server) followOverrides(ctx context.Context, wg *sync.WaitGroup) {
 	opts := append([]override.Option{override.WithLogger(s.log), override.OnChange(s.eng.SetOverrides)}, s.ovrOpts...)
@@ -277,7 +281,7 @@ func (s *Server) followOverrides(ctx context.Context, wg *sync.WaitGroup) {
 			Name: "drip_overrides_version",
 			Help: "The store's version of the overrides in force on this instance: every instance sharing the store shows the same once a change has reached it.",
 		}, func() float64 { return float64(s.ovr.Snapshot().Version()) }))
-	lctx, cancel := context.WithTimeout(ctx, overrideTimeout)
+	lctx, cancel := context.WithTimeout(ctx, startLoadTimeout)
 	if err := s.ovr.Refresh(lctx); err != nil {
 		s.log.Warn("drip serve: loading the overrides failed; retrying in the background", "err", err)
 	}
