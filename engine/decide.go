@@ -61,7 +61,10 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
 			groups = append(groups, rule.Group)
 		}
 		a := Applied{Rule: rule, Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, policy: rs.policy[i]}
-		if rule.Limit.Concurrent() {
+		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
+			a.Limit, a.policy = l, PolicyItem(rule.Name, l)
+		}
+		if a.Limit.Concurrent() {
 			a.Lease = drip.NewLeaseID()
 		}
 		if rule.Mode == rules.Shadow {

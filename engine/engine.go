@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -58,6 +59,7 @@ type Engine struct {
 	lastLog  atomic.Int64
 	separate bool // WithSeparateTakes
 	name     string
+	ovr      atomic.Pointer[override.Snapshot] // overrides.go
 
 	localMu sync.Mutex
 	local   *memstore.Store

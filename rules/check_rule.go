@@ -11,7 +11,7 @@ import (
 
 // One rule: its name, keys, match and limit.
 
-var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share"}
+var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims"}
 
 func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	r := Rule{Mode: Enforce, OnError: s.OnError, LocalShare: s.LocalShare}
@@ -44,9 +44,6 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	if v, fp, ok := f.get("match"); ok {
 		r.Match = c.match(fp, v)
 	}
-	if c.jwtUser == "" && r.usesJWT() {
-		c.jwtUser = p
-	}
 	if v, fp, ok := f.get("mode"); ok {
 		if m, ok := c.enum(fp, v, "enforce", "shadow"); ok {
 			r.Mode = Mode(m)
@@ -70,6 +67,12 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 		c.add(p+".algorithm_config", "required")
 	} else {
 		c.algorithmConfig(fp, v, algo, &r)
+	}
+	if v, fp, ok := f.get("limit_from_claims"); ok {
+		r.Claims = c.claims(fp, v, &r) // claims.go
+	}
+	if c.jwtUser == "" && r.usesJWT() {
+		c.jwtUser = p
 	}
 	f.done(ruleFields...)
 	return r, len(c.problems) == n

@@ -171,6 +171,9 @@ type Rule struct {
 	// LocalShare is the share of Limit's rate and burst that the local
 	// fallback grants.
 	LocalShare float64
+	// Claims, when set, reads the rate and burst of a request's bucket
+	// from its verified token's claims (limit_from_claims; see LimitFor).
+	Claims *ClaimLimit
 	// Index is the rule's position in the file.
 	Index int
 }
@@ -213,7 +216,7 @@ func (r *Rule) usesJWT() bool {
 			return true
 		}
 	}
-	return false
+	return r.Claims != nil
 }
 
 // Problem is one problem of a rules file: where (a path such as

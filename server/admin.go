@@ -26,6 +26,8 @@ import (
 //   POST /v1/admin/reset   {"rule": NAME, "values": [...]} or {"key": KEY}: the bucket is full again
 //   POST /v1/admin/reload  reload the rules file now
 //   GET  /v1/admin/rules   the rules in force
+//   PUT, DELETE /v1/admin/overrides/{rule}[/{value}], GET /v1/admin/overrides
+//                          per-tenant limits (overrides.go)
 // The /v1/admin/ endpoints answer 401 without "Authorization: Bearer
 // <token>", and 404 when the server has no admin token.
 
@@ -45,6 +47,11 @@ func (s *Server) adminHandler() http.Handler {
 	mux.Handle("POST /v1/admin/reset", s.auth(http.HandlerFunc(s.adminReset)))
 	mux.Handle("POST /v1/admin/reload", s.auth(http.HandlerFunc(s.adminReload)))
 	mux.Handle("GET /v1/admin/rules", s.auth(http.HandlerFunc(s.adminRules)))
+	for _, p := range []string{"/v1/admin/overrides/{rule}", "/v1/admin/overrides/{rule}/{value}"} { // overrides.go
+		mux.Handle("PUT "+p, s.auth(http.HandlerFunc(s.putOverride)))
+		mux.Handle("DELETE "+p, s.auth(http.HandlerFunc(s.deleteOverride)))
+	}
+	mux.Handle("GET /v1/admin/overrides", s.auth(http.HandlerFunc(s.listOverrides)))
 	mux.Handle("/v1/admin/", s.auth(http.NotFoundHandler()))
 	return mux
 }
@@ -116,7 +123,8 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		req = drip.Request{Key: key, Limit: ru.Limit}
+		l, _ := s.eng.LimitOf(ru, key, nil) // the key's override, if any
+		req = drip.Request{Key: key, Limit: l}
 		req.Cost = 0 // the bucket as it is: tokens is its content now
 	} else {
 		vals, _ := json.Marshal(q["value"])

@@ -109,11 +109,17 @@ func (s *Server) ruleRequest(name string, values json.RawMessage) (drip.Request,
 	if err != nil {
 		return drip.Request{}, err
 	}
-	cost := r.DefaultCost
+	l, _ := s.eng.LimitOf(r, key, nil) // the key's override, if any
+	return drip.Request{Key: key, Limit: l, Cost: ruleCost(r)}, nil
+}
+
+// ruleCost is the cost of a request by rule r that names none: its
+// fixed_cost, or its default_cost when it reads costs from requests.
+func ruleCost(r *rules.Rule) float64 {
 	if r.CostSource.Kind == rules.KindFixed || r.CostSource.Kind == "" {
-		cost = r.FixedCost
+		return r.FixedCost
 	}
-	return drip.Request{Key: key, Limit: r.Limit, Cost: cost}, nil
+	return r.DefaultCost
 }
 
 // rule returns the rule in force called name, or a 404.
@@ -191,6 +197,8 @@ type ruleView struct {
 	Mode      string     `json:"mode"`
 	Limit     drip.Limit `json:"limit"`
 	OnError   string     `json:"on_error"`
+	// Claims is the rule's limit_from_claims, if any.
+	Claims *rules.ClaimLimit `json:"limit_from_claims,omitempty"`
 }
 
 func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
@@ -208,7 +216,7 @@ func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
 		Rules    []ruleView `json:"rules"`
 	}{File: file, LoadedAt: loaded, Rules: []ruleView{}}
 	for _, ru := range set.Rules {
-		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), LimitKeys: []string{}}
+		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), LimitKeys: []string{}, Claims: ru.Claims}
 		for _, k := range ru.LimitKeys {
 			v.LimitKeys = append(v.LimitKeys, k.String())
 		}

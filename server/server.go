@@ -1,6 +1,7 @@
 // Package server is drip serve: the decision API (or, with an upstream,
 // the gateway), and an admin listener with Prometheus metrics, health
-// checks and the admin API (inspect and reset buckets, reload rules).
+// checks and the admin API (inspect and reset buckets, reload rules, set
+// per-tenant overrides: overrides.go).
 //
 // A Server is built from a Config and an open drip.Store. Listen binds its
 // listeners (so that port 0 resolves before anyone connects), Serve runs
@@ -29,6 +30,7 @@ import (
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/conncap"
+	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/server/envoy"
 )
 
@@ -47,6 +49,13 @@ type Server struct {
 	rs  *ruleState
 	lim *httplimit.Limiter // the rules on HTTP requests: the gateway's middleware, forward auth
 	rls *envoy.Service     // Envoy's rate limit service; nil without GRPCListen
+
+	// Per-tenant overrides (overrides.go): the store's, nil when it keeps
+	// none; the follower that keeps eng's snapshot of them current; its
+	// options (tests: the poll interval, no notifications).
+	ost     override.Store
+	ovr     *override.Follower
+	ovrOpts []override.Option
 
 	mu        sync.Mutex
 	listeners []*listener
@@ -80,6 +89,9 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
 		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"))
+	if ost, ok := override.Of(store); ok {
+		s.ost = ost
+	}
 	rs, err := s.loadRules()
 	if err != nil {
 		return nil, err
@@ -221,6 +233,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watch(ctx) })
+	if s.ost != nil {
+		s.followOverrides(ctx, &wg)
+	}
 
 	errc := make(chan error, len(ls))
 	for _, l := range ls {

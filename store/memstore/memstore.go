@@ -71,6 +71,7 @@ type Store struct {
 	stop       chan struct{}
 	stopOnce   sync.Once
 	sweepEvery time.Duration
+	ov         overrides // override.go
 }
 
 // recentLimits is how many resolved limits the store keeps, so that the

@@ -38,7 +38,8 @@
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
 // drip.reset for services in other languages, which share the buckets with
-// the Go store (they run the same statements). Install creates it and
+// the Go store (they run the same statements), and drip serve's per-tenant
+// overrides (override.go). Install creates it and
 // migrates it (versioned; drip pg install --url does the same); WithInstall
 // does it when the store opens. The table is logged by default; an
 // UNLOGGED table (InstallOptions.Unlogged) is faster, but PostgreSQL

@@ -1,0 +1,336 @@
+// Package override holds per-tenant limits set at runtime: a limit that
+// replaces a rule's own for one bucket (the rule's name and key values,
+// say tenant "acme" on rule "api"), kept in the store every instance
+// shares, so that every instance applies it.
+//
+// A store that keeps overrides implements Store (pgstore, redisstore and
+// memstore do). Each instance runs a Follower, which loads every override
+// into an immutable Snapshot and swaps it in whole whenever the store's
+// version of them changes: at once when the store notifies a change
+// (PostgreSQL LISTEN/NOTIFY, Redis pub/sub), and within PollEvery
+// otherwise (a version check, one small read). Decisions look a bucket
+// key up in the snapshot in memory and never call the store for it.
+//
+// An override changes a bucket's limit, not its key: the bucket keeps its
+// state, and its tokens are clamped to the new burst by the next decision
+// (bucket.Eval does).
+package override
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/driplimit/drip"
+)
+
+// MaxOverrides bounds the overrides a store holds: setting one more (a
+// new key) fails with ErrFull.
+const MaxOverrides = 100_000
+
+// MaxValueBytes bounds the stored text of one override (its rule, values
+// and limit as JSON): keys are at most drip.MaxKeyLen bytes, and the
+// values they are built from at most as long.
+const MaxValueBytes = 4 << 10
+
+// PollEvery is how often a Follower checks the store's version of the
+// overrides, whether or not the store notifies changes.
+const PollEvery = 500 * time.Millisecond
+
+// LoadTimeout bounds each Refresh of Run: a store that hangs holds up no
+// later one.
+const LoadTimeout = 5 * time.Second
+
+// ErrFull is the error of setting a new override when the store holds
+// MaxOverrides already.
+var ErrFull = errors.New("too many overrides")
+
+// ErrNoWatch is the error of Store.WatchOverrides for a store that cannot
+// notify changes: a Follower then only polls.
+var ErrNoWatch = errors.New("the store cannot notify override changes")
+
+// Store keeps overrides, by bucket key, as opaque values (an Entry as
+// JSON), shared by every instance that uses it. Every change bumps a
+// version number that only grows.
+type Store interface {
+	// PutOverride sets the value of key, failing with ErrFull when key is
+	// new and max values are held already (by the whole store: a prefixed
+	// view's bound counts the other prefixes' too).
+	PutOverride(ctx context.Context, key string, val []byte, max int) error
+	// DeleteOverride removes key's value, reporting whether it had one.
+	DeleteOverride(ctx context.Context, key string) (bool, error)
+	// OverridesVersion is the version of the overrides: it changes
+	// whenever one is set or deleted.
+	OverridesVersion(ctx context.Context) (int64, error)
+	// Overrides returns every override, and a version that is at most
+	// theirs (it is read first).
+	Overrides(ctx context.Context) (int64, map[string][]byte, error)
+	// WatchOverrides calls changed after each change, and once when it is
+	// listening, until ctx ends or the notifications stop (an error; the
+	// Follower watches again after a poll interval). A store that cannot
+	// notify returns ErrNoWatch at once.
+	WatchOverrides(ctx context.Context, changed func()) error
+}
+
+// Of returns the overrides of store: store itself, or the inner store of
+// a drip.Prefixed (its keys under the prefix).
+func Of(store drip.Store) (Store, bool) {
+	switch s := store.(type) {
+	case Store:
+		return s, true
+	case drip.Prefixed:
+		if in, ok := Of(s.Store); ok {
+			return prefixed{in, s.Prefix}, true
+		}
+	case *drip.Prefixed:
+		return Of(*s)
+	}
+	return nil, false
+}
+
+// prefixed keeps the overrides of keys under a prefix, as drip.Prefixed
+// keeps their buckets.
+type prefixed struct {
+	Store
+	prefix string
+}
+
+func (p prefixed) PutOverride(ctx context.Context, key string, val []byte, max int) error {
+	return p.Store.PutOverride(ctx, p.prefix+key, val, max)
+}
+
+func (p prefixed) DeleteOverride(ctx context.Context, key string) (bool, error) {
+	return p.Store.DeleteOverride(ctx, p.prefix+key)
+}
+
+func (p prefixed) Overrides(ctx context.Context) (int64, map[string][]byte, error) {
+	v, all, err := p.Store.Overrides(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := make(map[string][]byte)
+	for k, val := range all {
+		if rest, ok := strings.CutPrefix(k, p.prefix); ok {
+			out[rest] = val
+		}
+	}
+	return v, out, nil
+}
+
+// Entry is one override: the limit of the bucket Key, the bucket of Rule
+// for Values.
+type Entry struct {
+	Rule    string     `json:"rule"`
+	Values  []string   `json:"values"`
+	Key     string     `json:"key"`
+	Limit   drip.Limit `json:"limit"`
+	Updated time.Time  `json:"updated"`
+}
+
+// Set stores e in st, by its key.
+func Set(ctx context.Context, st Store, e Entry) error {
+	if err := drip.CheckKey(e.Key); err != nil {
+		return err
+	}
+	if err := e.Limit.Validate(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	if len(b) > MaxValueBytes {
+		return &drip.InputError{Err: errors.New("override over 4 KiB (rule, values and limit together)")}
+	}
+	return st.PutOverride(ctx, e.Key, b, MaxOverrides)
+}
+
+// Snapshot is the overrides at one version, immutable. The nil Snapshot
+// holds none.
+type Snapshot struct {
+	version int64
+	limits  map[string]drip.Limit
+	entries []Entry // by key
+}
+
+// Limit is the override of the bucket key, if there is one.
+func (s *Snapshot) Limit(key string) (drip.Limit, bool) {
+	if s == nil || len(s.limits) == 0 {
+		return drip.Limit{}, false
+	}
+	l, ok := s.limits[key]
+	return l, ok
+}
+
+// Entries are the overrides, by key. The caller must not modify them.
+func (s *Snapshot) Entries() []Entry {
+	if s == nil {
+		return nil
+	}
+	return s.entries
+}
+
+// Version is the store's version of the overrides s holds.
+func (s *Snapshot) Version() int64 {
+	if s == nil {
+		return 0
+	}
+	return s.version
+}
+
+// build decodes a store's overrides. A value that does not decode or
+// whose limit is not valid (written by something else) is skipped and
+// counted in bad.
+func build(version int64, all map[string][]byte) (s *Snapshot, bad int) {
+	s = &Snapshot{version: version, limits: make(map[string]drip.Limit, len(all))}
+	for k, v := range all {
+		var e Entry
+		if json.Unmarshal(v, &e) != nil || e.Limit.Validate() != nil {
+			bad++
+			continue
+		}
+		e.Key = k
+		s.limits[k] = e.Limit
+		s.entries = append(s.entries, e)
+	}
+	slices.SortFunc(s.entries, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	return s, bad
+}
+
+// Follower keeps an instance's snapshot of a store's overrides current.
+// Construct it with NewFollower; it is safe for concurrent use.
+type Follower struct {
+	st       Store
+	log      *slog.Logger
+	poll     time.Duration
+	noWatch  bool
+	onChange func(*Snapshot)
+	mu       sync.Mutex // serializes Refresh: snapshots are swapped in version order
+	cur      atomic.Pointer[Snapshot]
+	lastLog  atomic.Int64
+}
+
+// Option configures a Follower.
+type Option func(*Follower)
+
+// WithPoll sets how often the version is checked (default PollEvery).
+func WithPoll(d time.Duration) Option { return func(f *Follower) { f.poll = d } }
+
+// WithoutWatch turns notifications off: the follower only polls.
+func WithoutWatch() Option { return func(f *Follower) { f.noWatch = true } }
+
+// WithLogger sets the logger of load failures (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(f *Follower) { f.log = l } }
+
+// OnChange sets a function called with each new snapshot.
+func OnChange(fn func(*Snapshot)) Option { return func(f *Follower) { f.onChange = fn } }
+
+// NewFollower returns a follower of st's overrides, holding none until
+// its first Refresh.
+func NewFollower(st Store, opts ...Option) *Follower {
+	f := &Follower{st: st, log: slog.Default(), poll: PollEvery}
+	for _, o := range opts {
+		o(f)
+	}
+	if f.poll <= 0 {
+		f.poll = PollEvery
+	}
+	return f
+}
+
+// Snapshot is the overrides in force.
+func (f *Follower) Snapshot() *Snapshot { return f.cur.Load() }
+
+// Refresh loads the overrides if the store's version differs from the
+// snapshot's. On an error the snapshot stays as it is.
+func (f *Follower) Refresh(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur := f.cur.Load()
+	v, err := f.st.OverridesVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if cur != nil && v == cur.version {
+		return nil
+	}
+	v, all, err := f.st.Overrides(ctx)
+	if err != nil {
+		return err
+	}
+	s, bad := build(v, all)
+	if bad > 0 {
+		f.logf("drip: overrides that do not decode were skipped", "count", bad)
+	}
+	f.cur.Store(s)
+	if f.onChange != nil {
+		f.onChange(s)
+	}
+	return nil
+}
+
+// Run keeps the snapshot current until ctx ends: it refreshes on every
+// notification of the store and every poll interval.
+func (f *Follower) Run(ctx context.Context) {
+	kick := make(chan struct{}, 1)
+	changed := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	done := make(chan struct{})
+	defer func() { <-done }()
+	go func() {
+		defer close(done)
+		if f.noWatch {
+			return
+		}
+		for {
+			err := f.st.WatchOverrides(ctx, changed)
+			if ctx.Err() != nil || errors.Is(err, ErrNoWatch) {
+				return
+			}
+			if err != nil {
+				f.logf("drip: override notifications lost; polling until they are back", "err", err)
+			}
+			select { // the polls carry on meanwhile
+			case <-ctx.Done():
+				return
+			case <-time.After(f.poll):
+			}
+		}
+	}()
+	t := time.NewTicker(f.poll)
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, LoadTimeout)
+		if err := f.Refresh(rctx); err != nil && ctx.Err() == nil {
+			f.logf("drip: loading overrides failed; the ones in force stay", "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-kick:
+		}
+	}
+}
+
+// logf logs at most once a minute, so that an outage does not flood the
+// log.
+func (f *Follower) logf(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := f.lastLog.Load()
+	if now-last < int64(time.Minute) || !f.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	f.log.Warn(msg, args...)
+}

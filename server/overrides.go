@@ -1,0 +1,290 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/rules"
+)
+
+// Per-tenant overrides on the admin listener (package override):
+//   PUT    /v1/admin/overrides/{rule}/{value}     body: a limit, {"rate": 1000, "burst": 2000}
+//   PUT    /v1/admin/overrides/{rule}?value=V[&value=V2...]
+//   DELETE /v1/admin/overrides/{rule}/{value}, or ?value=...
+//   GET    /v1/admin/overrides[?rule=NAME]
+// The rule must be one in force; its values name the bucket as the
+// decision API's "values" do. The limit's "rate" is required, its burst
+// is the rate unless given (as in every limit), any other field left out
+// is the rule's (period, refill, start, max_reserved), and the algorithm
+// cannot change.
+
+// maxOverrideBody bounds a PUT's body: a limit is a few dozen bytes.
+const maxOverrideBody = 4 << 10
+
+// overrideTimeout is the deadline of an override's store call: changes
+// are rare, and one on PostgreSQL counts the overrides it bounds.
+const overrideTimeout = 5 * time.Second
+
+// overridesOff answers when the store keeps no overrides.
+func (s *Server) overridesOff(w http.ResponseWriter) bool {
+	if s.ost == nil {
+		writeJSON(w, http.StatusNotImplemented, map[string]string{"error": "this store keeps no overrides"})
+		return true
+	}
+	return false
+}
+
+// overrideTarget is the rule and bucket a PUT or DELETE names.
+func (s *Server) overrideTarget(r *http.Request) (*rules.Rule, []string, string, error) {
+	ru, err := s.rule(r.PathValue("rule"))
+	if err != nil {
+		return nil, nil, "", err
+	}
+	vals := r.URL.Query()["value"]
+	if v := r.PathValue("value"); v != "" {
+		if len(vals) > 0 {
+			return nil, nil, "", inputf("give the value in the path or as ?value=, not both")
+		}
+		vals = []string{v}
+	}
+	n := 0
+	for _, v := range vals {
+		n += len(v)
+		if !utf8.ValidString(v) { // JSON, which keys values below, would alter it
+			return nil, nil, "", inputf("a value is not valid UTF-8")
+		}
+	}
+	if n > drip.MaxKeyLen {
+		return nil, nil, "", inputf("values over %d bytes together", drip.MaxKeyLen)
+	}
+	list, _ := json.Marshal(vals)
+	if len(vals) == 0 {
+		list = nil
+	}
+	key, err := ruleKey(ru, list, s.rules().IPv6Prefix)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	if vals == nil {
+		vals = []string{}
+	}
+	return ru, vals, key, nil
+}
+
+// overrideLimit is the limit a PUT body sets for ru's bucket: ru's limit
+// with the fields the body has, and a burst of the rate if it has none.
+func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
+	var in drip.Limit
+	if err := json.Unmarshal(body, &in); err != nil {
+		return drip.Limit{}, inputf("bad limit: %v", err)
+	}
+	has, err := limitFields(body)
+	if err != nil {
+		return drip.Limit{}, err
+	}
+	if _, ok := has["rate"]; !ok {
+		return drip.Limit{}, inputf(`the limit needs "rate"`)
+	}
+	l := ru.Limit
+	l.Rate = in.Rate
+	if _, ok := has["algorithm"]; ok && algo(in.Algorithm) != algo(l.Algorithm) {
+		return drip.Limit{}, inputf("an override keeps the rule's algorithm, %s", algo(l.Algorithm))
+	}
+	if _, ok := has["period"]; ok {
+		l.Period = in.Period
+	}
+	l.Burst = l.Rate // as in every limit of drip: a burst left out is the rate
+	if _, ok := has["burst"]; ok {
+		l.Burst = in.Burst
+	}
+	if _, ok := has["refill"]; ok {
+		l.Refill = in.Refill
+	}
+	if _, ok := has["start"]; ok {
+		l.Start = in.Start
+	}
+	if _, ok := has["max_reserved"]; ok {
+		l.MaxReserved = in.MaxReserved
+	}
+	if err := l.Validate(); err != nil {
+		return drip.Limit{}, inputf("%v", err)
+	}
+	if cost := ruleCost(ru); cost > l.Burst {
+		return drip.Limit{}, inputf("burst %g is below the rule's cost %g: no request could pass", l.Burst, cost)
+	}
+	return l, nil
+}
+
+// limitFields are the fields of a limit object, each once and spelled
+// exactly: encoding/json would match "Rate" to rate, and keep the last of
+// two "burst", where which fields a body has decides what it sets.
+func limitFields(body []byte) (map[string]json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, inputf("bad limit: want a JSON object")
+	}
+	has := map[string]json.RawMessage{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, inputf("bad limit: %v", err)
+		}
+		name, _ := t.(string)
+		if _, dup := has[name]; dup {
+			return nil, inputf("bad limit: %q given twice", name)
+		}
+		if !slices.Contains(limitNames, name) {
+			return nil, inputf("bad limit: unknown field %q", name)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, inputf("bad limit: %v", err)
+		}
+		has[name] = v
+	}
+	return has, nil
+}
+
+// limitNames are the fields of a limit in JSON (drip's json.go).
+var limitNames = []string{"algorithm", "rate", "period", "burst", "refill", "start", "max_reserved"}
+
+func algo(a drip.Algorithm) drip.Algorithm {
+	if a == "" {
+		return drip.TokenBucket
+	}
+	return a
+}
+
+func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
+	if s.overridesOff(w) {
+		return
+	}
+	ru, vals, key, err := s.overrideTarget(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	body, err := readBody(w, r, maxOverrideBody)
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeError(w, errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxOverrideBody))
+			return
+		}
+		writeError(w, inputf("reading the body: %v", err))
+		return
+	}
+	l, err := overrideLimit(ru, body)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	e := override.Entry{Rule: ru.Name, Values: vals, Key: key, Limit: l, Updated: time.Now().UTC()}
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	defer cancel()
+	if err := override.Set(ctx, s.ost, e); err != nil {
+		if errors.Is(err, override.ErrFull) {
+			err = errorf(http.StatusConflict, "%d overrides are set already: delete some first", override.MaxOverrides)
+		}
+		writeError(w, err)
+		return
+	}
+	// Not the key: its values may be secrets (an API key).
+	s.log.Info("drip serve: override set by the admin API", "rule", ru.Name, "limit", l)
+	s.refreshOverrides(ctx)
+	writeJSON(w, http.StatusOK, e)
+}
+
+func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
+	if s.overridesOff(w) {
+		return
+	}
+	ru, _, key, err := s.overrideTarget(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	defer cancel()
+	found, err := s.ost.DeleteOverride(ctx, key)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !found {
+		writeError(w, errorf(http.StatusNotFound, "no override of rule %q for that key", ru.Name))
+		return
+	}
+	s.log.Info("drip serve: override deleted by the admin API", "rule", ru.Name)
+	s.refreshOverrides(ctx)
+	writeJSON(w, http.StatusOK, map[string]any{"deleted": true, "rule": ru.Name, "key": key})
+}
+
+// listOverrides lists the overrides the store holds now (not this
+// instance's snapshot of them), by key, optionally of one rule.
+func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
+	if s.overridesOff(w) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
+	defer cancel()
+	f := override.NewFollower(s.ost)
+	if err := f.Refresh(ctx); err != nil {
+		writeError(w, err)
+		return
+	}
+	rule := r.URL.Query().Get("rule")
+	out := []override.Entry{}
+	for _, e := range f.Snapshot().Entries() {
+		if rule == "" || e.Rule == rule {
+			out = append(out, e)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"overrides": out})
+}
+
+// refreshOverrides makes a change visible on this instance at once,
+// rather than at its next notification or poll.
+func (s *Server) refreshOverrides(ctx context.Context) {
+	if s.ovr != nil {
+		_ = s.ovr.Refresh(ctx)
+	}
+}
+
+// startLoadTimeout bounds how long Serve waits for the overrides before
+// it serves: a store that is down at start delays serving no longer.
+const startLoadTimeout = 2 * time.Second
+
+// followOverrides loads the overrides before the listeners serve (so that
+// a restarted instance applies them from its first request, unless the
+// store does not answer within startLoadTimeout: then they follow) and
+// keeps them current until ctx ends.
+func (s *Server) followOverrides(ctx context.Context, wg *sync.WaitGroup) {
+	opts := append([]override.Option{override.WithLogger(s.log), override.OnChange(s.eng.SetOverrides)}, s.ovrOpts...)
+	s.ovr = override.NewFollower(s.ost, opts...)
+	s.metrics.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "drip_overrides",
+			Help: "Per-tenant overrides in force on this instance.",
+		}, func() float64 { return float64(len(s.ovr.Snapshot().Entries())) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "drip_overrides_version",
+			Help: "The store's version of the overrides in force on this instance: every instance sharing the store shows the same once a change has reached it.",
+		}, func() float64 { return float64(s.ovr.Snapshot().Version()) }))
+	lctx, cancel := context.WithTimeout(ctx, startLoadTimeout)
+	if err := s.ovr.Refresh(lctx); err != nil {
+		s.log.Warn("drip serve: loading the overrides failed; retrying in the background", "err", err)
+	}
+	cancel()
+	wg.Go(func() { s.ovr.Run(ctx) })
+}

@@ -1,0 +1,128 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/driplimit/drip/override"
+)
+
+// Overrides (package override) live in drip.overrides, with a version
+// number in drip.overrides_version that every change bumps and a NOTIFY
+// on the channel overridesChannel at its commit (sql/003_overrides.sql).
+// Their statements are rare and prepare nothing by name, so they run
+// through a pooler in transaction mode as they are.
+
+var _ override.Store = (*Store)(nil)
+
+const overridesChannel = "drip_overrides"
+
+// odb is the store's pool for the override statements.
+func (s *Store) odb() DB { return newModeDB(s.dbm.db, FallbackQueryMode) }
+
+// PutOverride implements override.Store. The version row, updated first,
+// serializes changes, so the count that bounds them is exact.
+func (s *Store) PutOverride(ctx context.Context, key string, val []byte, max int) error {
+	return pgx.BeginFunc(ctx, s.odb(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "UPDATE drip.overrides_version SET version = version + 1"); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO drip.overrides (key, value)
+SELECT $1::bytea, $2::bytea
+WHERE EXISTS (SELECT 1 FROM drip.overrides WHERE key = $1::bytea) OR (SELECT count(*) FROM drip.overrides) < $3::bigint
+ON CONFLICT (key) DO UPDATE SET value = excluded.value`, []byte(key), val, max)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return override.ErrFull
+		}
+		_, err = tx.Exec(ctx, "SELECT pg_notify($1::text, '')", overridesChannel)
+		return err
+	})
+}
+
+// DeleteOverride implements override.Store.
+func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
+	var found bool
+	err := pgx.BeginFunc(ctx, s.odb(), func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, "DELETE FROM drip.overrides WHERE key = $1::bytea", []byte(key))
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		found = true
+		if _, err := tx.Exec(ctx, "UPDATE drip.overrides_version SET version = version + 1"); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, "SELECT pg_notify($1::text, '')", overridesChannel)
+		return err
+	})
+	return found, err
+}
+
+// OverridesVersion implements override.Store.
+func (s *Store) OverridesVersion(ctx context.Context) (int64, error) {
+	var v int64
+	err := s.odb().QueryRow(ctx, "SELECT version FROM drip.overrides_version").Scan(&v)
+	return v, err
+}
+
+// Overrides implements override.Store.
+func (s *Store) Overrides(ctx context.Context) (int64, map[string][]byte, error) {
+	v, err := s.OverridesVersion(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	rows, err := s.odb().Query(ctx, "SELECT key, value FROM drip.overrides")
+	if err != nil {
+		return 0, nil, err
+	}
+	all := make(map[string][]byte)
+	var key, val []byte
+	_, err = pgx.ForEachRow(rows, []any{&key, &val}, func() error {
+		all[string(key)] = append([]byte(nil), val...)
+		return nil
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return v, all, nil
+}
+
+// WatchOverrides implements override.Store: LISTEN on a connection of its
+// own, opened with the pool's settings, for as long as ctx lasts. A store
+// on a DB that is not a *pgxpool.Pool cannot open one (ErrNoWatch). Behind
+// a pooler in transaction mode notifications may never arrive: polling
+// covers for them.
+func (s *Store) WatchOverrides(ctx context.Context, changed func()) error {
+	p, ok := s.dbm.db.(interface{ Config() *pgxpool.Config })
+	if !ok {
+		return override.ErrNoWatch
+	}
+	conn, err := pgx.ConnectConfig(ctx, p.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+overridesChannel, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return err
+	}
+	changed()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return errors.Join(errors.New("pgstore: LISTEN "+overridesChannel), err)
+		}
+		changed()
+	}
+}
