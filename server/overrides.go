@@ -27,7 +27,8 @@ import (
 // decision API's "values" do. The limit's "rate" is required, its burst
 // is the rate unless given (as in every limit), any other field left out
 // is the rule's (period, refill, start, max_reserved), and the algorithm
-// cannot change.
+// cannot change. A concurrency rule's override sets max_in_flight
+// (required) and lease_ttl (else the rule's).
 
 // maxOverrideBody bounds a PUT's body: a limit is a few dozen bytes.
 const maxOverrideBody = 4 << 10
@@ -93,14 +94,38 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	if err != nil {
 		return drip.Limit{}, err
 	}
-	if _, ok := has["rate"]; !ok {
-		return drip.Limit{}, inputf(`the limit needs "rate"`)
-	}
 	l := ru.Limit
-	l.Rate = in.Rate
 	if _, ok := has["algorithm"]; ok && algo(in.Algorithm) != algo(l.Algorithm) {
 		return drip.Limit{}, inputf("an override keeps the rule's algorithm, %s", algo(l.Algorithm))
 	}
+	if l.Concurrent() {
+		// An in-flight limit: its own two fields, max_in_flight required.
+		if _, ok := has["max_in_flight"]; !ok {
+			return drip.Limit{}, inputf(`the limit of a concurrency rule needs "max_in_flight"`)
+		}
+		l.MaxInFlight = in.MaxInFlight
+		if _, ok := has["lease_ttl"]; ok {
+			l.LeaseTTL = in.LeaseTTL
+		}
+		for name := range has {
+			if name != "algorithm" && name != "max_in_flight" && name != "lease_ttl" {
+				return drip.Limit{}, inputf("bad limit: %q is not a field of a concurrency limit (max_in_flight, lease_ttl)", name)
+			}
+		}
+		if err := l.Validate(); err != nil {
+			return drip.Limit{}, inputf("%v", err)
+		}
+		return l, nil
+	}
+	for _, name := range []string{"max_in_flight", "lease_ttl"} {
+		if _, ok := has[name]; ok {
+			return drip.Limit{}, inputf("bad limit: %q is a field of concurrency limits, and rule %q is a %s", name, ru.Name, algo(l.Algorithm))
+		}
+	}
+	if _, ok := has["rate"]; !ok {
+		return drip.Limit{}, inputf(`the limit needs "rate"`)
+	}
+	l.Rate = in.Rate
 	if _, ok := has["period"]; ok {
 		l.Period = in.Period
 	}
@@ -157,7 +182,7 @@ func limitFields(body []byte) (map[string]json.RawMessage, error) {
 }
 
 // limitNames are the fields of a limit in JSON (drip's json.go).
-var limitNames = []string{"algorithm", "rate", "period", "burst", "refill", "start", "max_reserved"}
+var limitNames = []string{"algorithm", "rate", "period", "burst", "refill", "start", "max_reserved", "max_in_flight", "lease_ttl"}
 
 func algo(a drip.Algorithm) drip.Algorithm {
 	if a == "" {
