@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/strictjson"
 )
 
 // MaxRequests is the most requests of one multi-take, here and in the
@@ -91,9 +92,9 @@ var (
 // fields f does not allow), trailing data, a bad "at" or "op" are errors,
 // and so is what encoding/json alone would let pass (see strict): invalid
 // UTF-8, a lone surrogate escape, a field given twice, a field name in
-// another case. Every error it returns is a *drip.InputError.
+// another case (strictjson). Every error it returns is a *drip.InputError.
 func Decode(b []byte, f Format) (Raw, error) {
-	if err := strict(b); err != nil {
+	if err := strictjson.Check(b, "values"); err != nil {
 		return Raw{}, inputf("bad JSON: %w", err)
 	}
 	var j lineJSON

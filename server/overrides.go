@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/strictjson"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
 )
@@ -152,31 +152,19 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 }
 
 // limitFields are the fields of a limit object, each once and spelled
-// exactly: encoding/json would match "Rate" to rate, and keep the last of
-// two "burst", where which fields a body has decides what it sets.
+// exactly (strictjson): which fields a body has decides what it sets.
 func limitFields(body []byte) (map[string]json.RawMessage, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+	if err := strictjson.Check(body, ""); err != nil {
+		return nil, inputf("bad limit: %v", err)
+	}
+	var has map[string]json.RawMessage
+	if err := json.Unmarshal(body, &has); err != nil || has == nil {
 		return nil, inputf("bad limit: want a JSON object")
 	}
-	has := map[string]json.RawMessage{}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return nil, inputf("bad limit: %v", err)
-		}
-		name, _ := t.(string)
-		if _, dup := has[name]; dup {
-			return nil, inputf("bad limit: %q given twice", name)
-		}
+	for name := range has {
 		if !slices.Contains(limitNames, name) {
 			return nil, inputf("bad limit: unknown field %q", name)
 		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return nil, inputf("bad limit: %v", err)
-		}
-		has[name] = v
 	}
 	return has, nil
 }

@@ -1,4 +1,7 @@
-package replay
+// Package strictjson refuses what encoding/json would accept quietly, so
+// that every JSON document drip reads (the decision API's bodies, replay
+// lines, the admin API's limits) has one reading.
+package strictjson
 
 import (
 	"bytes"
@@ -8,19 +11,20 @@ import (
 	"unicode/utf8"
 )
 
-// strict refuses what encoding/json would accept quietly, so that every
-// request has one reading (two programs that parse it agree on it):
+// Check refuses what encoding/json would accept quietly, so that every
+// document has one reading (two programs that parse it agree on it):
 //   - invalid UTF-8, which encoding/json turns into U+FFFD, so that two
 //     different keys would name one bucket; and escapes that are not
 //     characters (a lone surrogate, "\ud800"), which it treats the same;
 //   - a field given twice in one object (encoding/json keeps the last);
 //   - a field name not written exactly as drip spells its fields, in lower
 //     case ASCII: encoding/json matches "KEY", and even "\u212aey" (with
-//     the Kelvin sign), to "key". The names inside "values" are the rules'
-//     own and are left as they are, duplicates aside.
+//     the Kelvin sign), to "key". The names inside an object that is the
+//     value of a field called free (unless free is "") are not drip's and
+//     are left as they are, duplicates aside (the rules' "values").
 //
-// Syntax errors are left to encoding/json, which Decode runs next.
-func strict(b []byte) error {
+// Syntax errors are left to encoding/json, which the caller runs next.
+func Check(b []byte, free string) error {
 	if !utf8.Valid(b) {
 		return errors.New("not valid UTF-8")
 	}
@@ -29,7 +33,7 @@ func strict(b []byte) error {
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
-	err := walk(dec, false)
+	err := walk(dec, free, false)
 	var se *json.SyntaxError
 	if errors.As(err, &se) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return nil
@@ -37,9 +41,9 @@ func strict(b []byte) error {
 	return err
 }
 
-// walk reads one value from dec and checks the names of its objects; free
-// says the names of this object are not drip's (the rules' "values").
-func walk(dec *json.Decoder, free bool) error {
+// walk reads one value from dec and checks the names of its objects;
+// isFree says the names of this object are not drip's.
+func walk(dec *json.Decoder, free string, isFree bool) error {
 	t, err := dec.Token()
 	if err != nil {
 		return err
@@ -47,7 +51,7 @@ func walk(dec *json.Decoder, free bool) error {
 	switch t {
 	case json.Delim('['):
 		for dec.More() {
-			if err := walk(dec, false); err != nil {
+			if err := walk(dec, free, false); err != nil {
 				return err
 			}
 		}
@@ -63,10 +67,10 @@ func walk(dec *json.Decoder, free bool) error {
 				return errors.New("field " + quote(name) + " given twice")
 			}
 			seen[name] = true
-			if !free && !plainName(name) {
+			if !isFree && !plainName(name) {
 				return errors.New("unknown field " + quote(name) + " (field names are in lower case)")
 			}
-			if err := walk(dec, !free && name == "values"); err != nil {
+			if err := walk(dec, free, !isFree && free != "" && name == free); err != nil {
 				return err
 			}
 		}
