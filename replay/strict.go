@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"unicode/utf8"
 )
@@ -17,7 +18,11 @@ import (
 //   - a field name not written exactly as drip spells its fields, in lower
 //     case ASCII: encoding/json matches "KEY", and even "\u212aey" (with
 //     the Kelvin sign), to "key". The names inside "values" are the rules'
-//     own and are left as they are, duplicates aside.
+//     own and are left as they are, duplicates aside;
+//   - arrays and objects nested more than maxDepth deep: no request is
+//     nested more than four deep, and the check walks one level per
+//     nesting, so that a 256 KiB body of "[[[[..." would otherwise hold
+//     a goroutine stack of a hundred megabytes.
 //
 // Syntax errors are left to encoding/json, which Decode runs next.
 func strict(b []byte) error {
@@ -29,7 +34,7 @@ func strict(b []byte) error {
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
-	err := walk(dec, false)
+	err := walk(dec, false, 0)
 	var se *json.SyntaxError
 	if errors.As(err, &se) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return nil
@@ -37,17 +42,24 @@ func strict(b []byte) error {
 	return err
 }
 
-// walk reads one value from dec and checks the names of its objects; free
-// says the names of this object are not drip's (the rules' "values").
-func walk(dec *json.Decoder, free bool) error {
+// maxDepth is how deep arrays and objects may nest in a request.
+const maxDepth = 16
+
+// walk reads one value from dec, depth arrays and objects deep, and checks
+// the names of its objects; free says the names of this object are not
+// drip's (the rules' "values").
+func walk(dec *json.Decoder, free bool, depth int) error {
 	t, err := dec.Token()
 	if err != nil {
 		return err
 	}
+	if d, ok := t.(json.Delim); ok && (d == '[' || d == '{') && depth >= maxDepth {
+		return fmt.Errorf("arrays and objects nested more than %d deep", maxDepth)
+	}
 	switch t {
 	case json.Delim('['):
 		for dec.More() {
-			if err := walk(dec, false); err != nil {
+			if err := walk(dec, false, depth+1); err != nil {
 				return err
 			}
 		}
@@ -66,7 +78,7 @@ func walk(dec *json.Decoder, free bool) error {
 			if !free && !plainName(name) {
 				return errors.New("unknown field " + quote(name) + " (field names are in lower case)")
 			}
-			if err := walk(dec, !free && name == "values"); err != nil {
+			if err := walk(dec, !free && name == "values", depth+1); err != nil {
 				return err
 			}
 		}
