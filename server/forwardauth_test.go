@@ -219,6 +219,10 @@ func TestForwardAuthRefuses(t *testing.T) {
 		{"not a method", srv.base, "", "GE T", "/search/a", nil, "not an HTTP method"},
 		{"not a target", srv.base, "", "GET", "search", nil, "not valid"},
 		{"bad escape", srv.base, "", "GET", "/%zz", nil, "not valid"},
+		// An app that stops the path at '#' would route "/search" where
+		// drip would read "/free"; one on Windows reads '\' as '/'.
+		{"fragment", srv.base, "", "GET", "/search#/../free", nil, "cannot hold"},
+		{"backslash", srv.base, "", "GET", `/free\..\search\a`, nil, "cannot hold"},
 		{"bad deny_status", srv.base, "?deny_status=200", "GET", "/search/a", nil, "deny_status"},
 		{"two deny_status", srv.base, "?deny_status=403&deny_status=401", "GET", "/search/a", nil, "deny_status"},
 	}
