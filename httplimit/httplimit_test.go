@@ -736,3 +736,23 @@ func TestStoreDownShadowSkipped(t *testing.T) {
 		t.Errorf("observed %v", e.obs.decisions)
 	}
 }
+
+// TestPathDotSegments: a last segment "." or ".." leaves a directory, as
+// RFC 3986 removes dot segments and nginx routes them: "/api/v1/.." is
+// "/api/", which nginx sends to a location /api/, so the api rule
+// applies; "/api/.." is "/".
+func TestPathDotSegments(t *testing.T) {
+	e := newEnv(t, nil, parse(t, `{"rules": [
+		{"name": "api", "limit_keys": ["ip:address"], "match": {"path": "/api/*"}, "algorithm_config": {"rps": 1, "burst": 100}},
+		{"name": "all", "limit_keys": ["ip:address"], "algorithm_config": {"rps": 1, "burst": 100}}]}`))
+	for _, p := range []string{"/api/", "/api/.", "/api/v1/..", "/api/v1/%2e%2e", "/api/v1/./..", "/x/../api/.", "/api/v1/../"} {
+		if got := e.do(p).h.Get("RateLimit-Policy"); !strings.HasPrefix(got, `"api"`) {
+			t.Errorf("%s: policies %q, want the api rule to apply", p, got)
+		}
+	}
+	for _, p := range []string{"/api", "/api/..", "/api/v1/../..", "/api.", "/api/../x/."} {
+		if got := e.do(p).h.Get("RateLimit-Policy"); strings.HasPrefix(got, `"api"`) {
+			t.Errorf("%s: policies %q, want the api rule not to apply", p, got)
+		}
+	}
+}

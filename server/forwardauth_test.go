@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -367,6 +368,23 @@ func TestForwardAuthExampleRules(t *testing.T) {
 		resp, body := ask(t, srv.base, "", "GET", "/", "X-Forwarded-For", client)
 		if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != `"per-ip";r=19;t=1` {
 			t.Errorf("client %s: %d %q, RateLimit %q: want per-ip's first take", client, resp.StatusCode, body, resp.Header.Get("RateLimit"))
+		}
+	}
+}
+
+// TestForwardAuthEncodedPaths: the path rules see the target as nginx
+// routes it (percent-decoded, dot segments removed as RFC 3986 does, a
+// last "." or ".." leaving a directory), so that spelling a path another
+// way does not dodge the search rule.
+func TestForwardAuthEncodedPaths(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, forwardRules)
+	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	for i, target := range []string{"/search/a", "/%73earch/a", "//search/a", "/x/../search/a", "/search/a/..", "/search/.", "/search/a/%2e%2e", "/x/..%2Fsearch/a"} {
+		// A client of its own for each: the search bucket is per IP.
+		resp, body := ask(t, srv.base, "", "GET", target, "X-Forwarded-For", fmt.Sprintf("203.0.113.%d", i+1))
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("RateLimit-Policy"), `"search"`) {
+			t.Errorf("%s: %d %q, policy %q: want the search rule", target, resp.StatusCode, body, resp.Header.Get("RateLimit-Policy"))
 		}
 	}
 }
