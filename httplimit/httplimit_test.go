@@ -756,3 +756,35 @@ func TestPathDotSegments(t *testing.T) {
 		}
 	}
 }
+
+// TestKeysFitWrappedStore: behind a store wrapper that lengthens keys
+// (drip.Prefixed, drip.Sharded), no request can choose its values so that
+// its bucket key is refused as too long, which would count as the store
+// failing and let on_error (allow) pass it unlimited. Here the values make
+// a rule key of every length around the old bound, 1,024 bytes.
+func TestKeysFitWrappedStore(t *testing.T) {
+	ms := memstore.New()
+	t.Cleanup(func() { ms.Close() })
+	for _, store := range []drip.Store{
+		drip.Prefixed{Store: ms, Prefix: strings.Repeat("p", 64) + ":"},
+		drip.Sharded{Store: drip.Prefixed{Store: ms, Prefix: "s:"}, N: 4},
+	} {
+		e := newEnv(t, store, parse(t, `{"rules": [{"name": "r", "on_error": "allow",
+		  "limit_keys": ["header:a", "header:b", "header:c", "header:d"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 4}}]}`))
+		v := strings.Repeat("|", 127) // 254 bytes escaped
+		for n := 100; n <= 127; n++ {
+			// "r" and four values, "|" before each: 1 + 4 + 3*254 + 2n bytes.
+			hdr := []string{"A: " + v, "B: " + v, "C: " + v, "D: " + v[:n]}
+			for i := range 5 {
+				// A failed store call would answer 200 without headers.
+				r := e.do("/", hdr...)
+				if r.h.Get("RateLimit") == "" {
+					t.Fatalf("%T, key of %d bytes, request %d: %d %v: want it decided by the store", store, 767+2*n, i+1, r.code, r.h)
+				}
+				if _, sharded := store.(drip.Sharded); !sharded && (r.code == 429) != (i == 4) {
+					t.Fatalf("%T, key of %d bytes, request %d: %d, want the burst of 4 allowed", store, 767+2*n, i+1, r.code)
+				}
+			}
+		}
+	}
+}
