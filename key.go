@@ -37,13 +37,17 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// FitKey returns key when it is at most MaxKeyLen bytes long, and else a
+// FitKey returns key when it is at most MaxKeyLen/2 bytes long, and else a
 // stand-in of fixed length: "sha256:" and the hex SHA-256 of key (71
 // bytes), which no two keys share in practice. Front doors that build keys
 // from request content use it, so that a long value is limited under a
-// key of its own rather than refused.
+// key of its own rather than refused. The other half of MaxKeyLen is room
+// for what a store wrapper adds (Prefixed's prefix, Sharded's suffix):
+// were a front door's key refused there, the store would seem to fail,
+// and the rule's on_error (allow, by default) would let a client who
+// chose its values' lengths pass unlimited.
 func FitKey(key string) string {
-	if len(key) <= MaxKeyLen {
+	if len(key) <= MaxKeyLen/2 {
 		return key
 	}
 	sum := sha256.Sum256([]byte(key))

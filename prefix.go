@@ -8,7 +8,9 @@ import (
 // Prefixed puts Prefix before every key, so that several users of one
 // shared store (applications, tenants, test runs) keep their buckets
 // apart. A fixed window without Start derives its grid from the key as the
-// caller wrote it, so the prefix changes no decision.
+// caller wrote it, so the prefix changes no decision. The prefix counts
+// toward MaxKeyLen; one of at most MaxKeyLen/2 bytes leaves room for every
+// key a front door builds (FitKey).
 type Prefixed struct {
 	Store  Store
 	Prefix string

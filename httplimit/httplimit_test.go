@@ -736,3 +736,55 @@ func TestStoreDownShadowSkipped(t *testing.T) {
 		t.Errorf("observed %v", e.obs.decisions)
 	}
 }
+
+// TestPathDotSegments: a last segment "." or ".." leaves a directory, as
+// RFC 3986 removes dot segments and nginx routes them: "/api/v1/.." is
+// "/api/", which nginx sends to a location /api/, so the api rule
+// applies; "/api/.." is "/".
+func TestPathDotSegments(t *testing.T) {
+	e := newEnv(t, nil, parse(t, `{"rules": [
+		{"name": "api", "limit_keys": ["ip:address"], "match": {"path": "/api/*"}, "algorithm_config": {"rps": 1, "burst": 100}},
+		{"name": "all", "limit_keys": ["ip:address"], "algorithm_config": {"rps": 1, "burst": 100}}]}`))
+	for _, p := range []string{"/api/", "/api/.", "/api/v1/..", "/api/v1/%2e%2e", "/api/v1/./..", "/x/../api/.", "/api/v1/../"} {
+		if got := e.do(p).h.Get("RateLimit-Policy"); !strings.HasPrefix(got, `"api"`) {
+			t.Errorf("%s: policies %q, want the api rule to apply", p, got)
+		}
+	}
+	for _, p := range []string{"/api", "/api/..", "/api/v1/../..", "/api.", "/api/../x/."} {
+		if got := e.do(p).h.Get("RateLimit-Policy"); strings.HasPrefix(got, `"api"`) {
+			t.Errorf("%s: policies %q, want the api rule not to apply", p, got)
+		}
+	}
+}
+
+// TestKeysFitWrappedStore: behind a store wrapper that lengthens keys
+// (drip.Prefixed, drip.Sharded), no request can choose its values so that
+// its bucket key is refused as too long, which would count as the store
+// failing and let on_error (allow) pass it unlimited. Here the values make
+// a rule key of every length around the old bound, 1,024 bytes.
+func TestKeysFitWrappedStore(t *testing.T) {
+	ms := memstore.New()
+	t.Cleanup(func() { ms.Close() })
+	for _, store := range []drip.Store{
+		drip.Prefixed{Store: ms, Prefix: strings.Repeat("p", 64) + ":"},
+		drip.Sharded{Store: drip.Prefixed{Store: ms, Prefix: "s:"}, N: 4},
+	} {
+		e := newEnv(t, store, parse(t, `{"rules": [{"name": "r", "on_error": "allow",
+		  "limit_keys": ["header:a", "header:b", "header:c", "header:d"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 4}}]}`))
+		v := strings.Repeat("|", 127) // 254 bytes escaped
+		for n := 100; n <= 127; n++ {
+			// "r" and four values, "|" before each: 1 + 4 + 3*254 + 2n bytes.
+			hdr := []string{"A: " + v, "B: " + v, "C: " + v, "D: " + v[:n]}
+			for i := range 5 {
+				// A failed store call would answer 200 without headers.
+				r := e.do("/", hdr...)
+				if r.h.Get("RateLimit") == "" {
+					t.Fatalf("%T, key of %d bytes, request %d: %d %v: want it decided by the store", store, 767+2*n, i+1, r.code, r.h)
+				}
+				if _, sharded := store.(drip.Sharded); !sharded && (r.code == 429) != (i == 4) {
+					t.Fatalf("%T, key of %d bytes, request %d: %d, want the burst of 4 allowed", store, 767+2*n, i+1, r.code)
+				}
+			}
+		}
+	}
+}

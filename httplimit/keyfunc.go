@@ -17,7 +17,8 @@ import (
 // a rule whose key has no value in a request does; to limit such
 // requests together, return a constant ("anonymous"). An error answers
 // the request with KeyLimit.KeyError (by default 500), and nothing is
-// taken.
+// taken. A panic (here or in KeyLimit.Cost) is not recovered: it goes up
+// the chain as a handler's would, and nothing is taken.
 type KeyFunc func(r *http.Request) (key string, err error)
 
 // DefaultKeyName is the name of a KeyLimit that sets none.

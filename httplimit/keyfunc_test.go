@@ -3,6 +3,8 @@ package httplimit_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log"
 	"log/slog"
 	"maps"
 	"math"
@@ -440,5 +442,62 @@ func TestNewKeyLimiterInvalid(t *testing.T) {
 	defer l.Close()
 	if res, err := l.Decide(context.Background(), userReq("", "")); err != nil || !res.Allowed || res.Top.Decision.Remaining != 0 {
 		t.Errorf("%+v %v", res, err)
+	}
+}
+
+// TestKeyPanics: a Key or Cost function that panics is not recovered by
+// the middleware: the panic unwinds as any handler's does (net/http logs
+// it and drops the connection), before anything was taken, and the
+// server goes on serving; the key's bucket is untouched.
+func TestKeyPanics(t *testing.T) {
+	ks := &keyStore{Store: memstore.New()}
+	kl := httplimit.KeyLimit{Limit: drip.PerHour(3),
+		Key: func(r *http.Request) (string, error) {
+			if r.Header.Get("X-Boom") == "key" {
+				panic("key function")
+			}
+			return r.Header.Get("X-User"), nil
+		},
+		Cost: func(r *http.Request) float64 {
+			if r.Header.Get("X-Boom") == "cost" {
+				panic("cost function")
+			}
+			return 1
+		}}
+	k := newKeyed(t, ks, kl, nil)
+	srv := httptest.NewUnstartedServer(k.h)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the recovered panics
+	srv.Start()
+	t.Cleanup(srv.Close)
+	get := func(boom string) (*http.Response, error) {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		req.Header.Set("X-User", "alice")
+		if boom != "" {
+			req.Header.Set("X-Boom", boom)
+		}
+		resp, err := srv.Client().Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return resp, err
+	}
+	for range 5 {
+		for _, boom := range []string{"key", "cost"} {
+			if resp, err := get(boom); err == nil {
+				t.Fatalf("a %s function that panics: %d, want the connection dropped", boom, resp.StatusCode)
+			}
+		}
+	}
+	resp, err := get("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Remaining") != "2" || k.hits != 1 {
+		t.Errorf("after the panics: %d, remaining %q, %d hits: want the first take of a full bucket",
+			resp.StatusCode, resp.Header.Get("RateLimit-Remaining"), k.hits)
+	}
+	if len(ks.keys) != 1 {
+		t.Errorf("store calls %q, want only the last request's", ks.keys)
 	}
 }

@@ -52,7 +52,9 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 
 // cleanPath is the URL path as the upstream will route it: "/a/../b" is
 // "/b", so that a match on "/api/*" cannot be dodged; a trailing slash is
-// kept.
+// kept, and so is the one a last segment "." or ".." leaves ("/api/x/.."
+// is "/api/", as RFC 3986 removes dot segments and nginx routes it, where
+// path.Clean would make it "/api", out of "/api/*").
 func (v *reqValues) cleanPath() string {
 	if !v.pathDone {
 		p := v.r.URL.Path
@@ -63,7 +65,8 @@ func (v *reqValues) cleanPath() string {
 			v.path = p // "*" of OPTIONS *
 		default:
 			v.path = path.Clean(p)
-			if strings.HasSuffix(p, "/") && v.path != "/" {
+			dir := strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..")
+			if dir && v.path != "/" {
 				v.path += "/"
 			}
 		}

@@ -150,3 +150,27 @@ func TestMaxRequests(t *testing.T) {
 		t.Fatalf("output:\n%s", out.String())
 	}
 }
+
+// TestDecodeDeepNesting: a body nested as deep as the decision API's 256
+// KiB allow is refused by depth, before the strict check could walk (and
+// hold a stack frame for) each of its levels; what a request may hold
+// still passes.
+func TestDecodeDeepNesting(t *testing.T) {
+	const cap = 256 << 10
+	for _, b := range []string{
+		strings.Repeat("[", cap),
+		strings.Repeat("[", cap/2) + strings.Repeat("]", cap/2),
+		`{"rule": "r", "values": ` + strings.Repeat(`{"a": `, cap/6) + `1` + strings.Repeat("}", cap/6) + `}`,
+		`{"requests": ` + strings.Repeat(`[{"a": `, cap/8) + `1`,
+		strings.Repeat("[", 17),
+	} {
+		_, err := replay.Decode([]byte(b), replay.BodyFormat)
+		if err == nil || !drip.IsInput(err) || !strings.Contains(err.Error(), "nested more than") {
+			t.Errorf("%.20s... (%d bytes): err = %v, want an input error about nesting", b, len(b), err)
+		}
+	}
+	ok := `{"requests": [{"key": "a", "limit": {"rate": 1}}, {"key": "b", "limit": {"rate": 1}}]}`
+	if _, err := replay.Decode([]byte(ok), replay.LineFormat); err != nil {
+		t.Errorf("%s: %v", ok, err)
+	}
+}

@@ -122,3 +122,19 @@ func TestRuleReservations(t *testing.T) {
 		t.Errorf("a reservation past max_reserved's debt: %d %s, want denied", code, resp)
 	}
 }
+
+// TestDeepBodies: a body nested as deep as the body cap allows is a 400
+// naming the nesting (the strict check once walked it one stack frame
+// per level: 128 MB of stack for a body of "[[[...").
+func TestDeepBodies(t *testing.T) {
+	srv := start(t, Config{}, memstore.New())
+	for _, body := range []string{
+		strings.Repeat("[", maxBody),
+		`{"requests": ` + strings.Repeat(`[{"key": `, maxBody/10),
+		`{"rule": "per-ip", "values": ` + strings.Repeat(`{"a": `, maxBody/7),
+	} {
+		if code, resp := post(t, srv.base+"/v1/take", body); code != http.StatusBadRequest || !strings.Contains(resp, "nested more than") {
+			t.Errorf("a %d-byte body nested deep: %d %.200s, want 400 about nesting", len(body), code, resp)
+		}
+	}
+}

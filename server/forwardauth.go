@@ -42,8 +42,9 @@ import (
 // ask without the method or the target, or with two different values of
 // one (a client may add X-Original-URI to a request that Caddy forwards
 // with its own X-Forwarded-Uri: rather than pick one, drip refuses), or
-// with a method or target that is not valid. Such a 400 is not a denial:
-// nothing was taken.
+// with a method or target that is not valid (a target with '#' or '\' is
+// not: apps read them differently, see originalRequest). Such a 400 is
+// not a denial: nothing was taken.
 
 // forwardAuthPath is where forward auth is served.
 const forwardAuthPath = "/v1/forward-auth"
@@ -109,6 +110,14 @@ func originalRequest(r *http.Request, trusted []netip.Prefix) (*http.Request, er
 	target, err := forwarded(r.Header, "X-Forwarded-Uri", "X-Original-URI")
 	if err != nil {
 		return nil, err
+	}
+	if i := strings.IndexAny(target, "#\\"); i >= 0 {
+		// Neither is allowed in a request target, and servers disagree on
+		// them: the app may stop the path at '#' (a fragment) or read '\'
+		// as '/', where drip reads both as text ("/search#/../x" is "/x"
+		// to drip, "/search" to such an app): a rule on the path could be
+		// dodged. nginx and Caddy pass both on as the client sent them.
+		return nil, inputf("forward auth: the forwarded request target has a %q, which a request target cannot hold", target[i])
 	}
 	u, err := url.ParseRequestURI(target)
 	if err != nil {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -219,6 +220,10 @@ func TestForwardAuthRefuses(t *testing.T) {
 		{"not a method", srv.base, "", "GE T", "/search/a", nil, "not an HTTP method"},
 		{"not a target", srv.base, "", "GET", "search", nil, "not valid"},
 		{"bad escape", srv.base, "", "GET", "/%zz", nil, "not valid"},
+		// An app that stops the path at '#' would route "/search" where
+		// drip would read "/free"; one on Windows reads '\' as '/'.
+		{"fragment", srv.base, "", "GET", "/search#/../free", nil, "cannot hold"},
+		{"backslash", srv.base, "", "GET", `/free\..\search\a`, nil, "cannot hold"},
 		{"bad deny_status", srv.base, "?deny_status=200", "GET", "/search/a", nil, "deny_status"},
 		{"two deny_status", srv.base, "?deny_status=403&deny_status=401", "GET", "/search/a", nil, "deny_status"},
 	}
@@ -381,6 +386,23 @@ func TestForwardAuthReleasesSlots(t *testing.T) {
 		resp, body := ask(t, fa.base, "", "GET", "/x")
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("ask %d: %d %s; want 200 (the slot of the ask before was given back)", i, resp.StatusCode, body)
+		}
+	}
+}
+
+// TestForwardAuthEncodedPaths: the path rules see the target as nginx
+// routes it (percent-decoded, dot segments removed as RFC 3986 does, a
+// last "." or ".." leaving a directory), so that spelling a path another
+// way does not dodge the search rule.
+func TestForwardAuthEncodedPaths(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, forwardRules)
+	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	for i, target := range []string{"/search/a", "/%73earch/a", "//search/a", "/x/../search/a", "/search/a/..", "/search/.", "/search/a/%2e%2e", "/x/..%2Fsearch/a"} {
+		// A client of its own for each: the search bucket is per IP.
+		resp, body := ask(t, srv.base, "", "GET", target, "X-Forwarded-For", fmt.Sprintf("203.0.113.%d", i+1))
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("RateLimit-Policy"), `"search"`) {
+			t.Errorf("%s: %d %q, policy %q: want the search rule", target, resp.StatusCode, body, resp.Header.Get("RateLimit-Policy"))
 		}
 	}
 }

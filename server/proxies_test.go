@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -313,6 +314,61 @@ func TestForwardAuthProxiesStoreDown(t *testing.T) {
 			}
 			if got := a.requests("127.0.0.2"); len(got) != 0 {
 				t.Errorf("the app saw %q, want nothing", got)
+			}
+		})
+	}
+}
+
+// TestForwardAuthProxiesAmbiguousTarget: a request target with '#' or
+// '\' is read differently by apps and by drip (an app that stops the path
+// at '#' routes "/search#/../x" to /search, which drip would read as /x
+// and spare from the search rule). nginx passes such a target on as the
+// client sent it: the ask is refused, so it never reaches the app. Caddy
+// escapes both ("/search%23/../x"), which every reader reads as drip does:
+// it may pass. The same requests spelled plainly pass.
+func TestForwardAuthProxiesAmbiguousTarget(t *testing.T) {
+	for _, fd := range frontDoors {
+		t.Run(fd.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var raw []string // the targets the app got, as they came
+			a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				raw = append(raw, r.RequestURI)
+				mu.Unlock()
+			}))
+			t.Cleanup(a.Close)
+			rules := filepath.Join(t.TempDir(), "rules.json")
+			writeFile(t, rules, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [
+			  {"name": "search", "limit_keys": ["ip:address"], "match": {"path": "/search/*"},
+			   "algorithm_config": {"rate": 1, "period": "1h", "burst": 100}}]}`)
+			srv := start(t, Config{Rules: rules, WatchEvery: -1, AdminListen: "off"}, memstore.New())
+			base := startFrontDoor(t, fd, srv.Addr().String(), a.Listener.Addr().String())
+			get := func(target string) int {
+				c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", target)
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatalf("GET %s: %v", target, err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			for _, target := range []string{"/search#/../x", "/search/a#/../../x", `/x\..\search\a`} {
+				code := get(target)
+				mu.Lock()
+				got := slices.Contains(raw, target)
+				mu.Unlock()
+				if got || (fd.name == "nginx" && code < 400) {
+					t.Errorf("GET %s: %d; the app got it as sent: %v", target, code, got)
+				}
+			}
+			if code := get("/search/a"); code != 200 {
+				t.Errorf("GET /search/a: %d", code)
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"unicode/utf8"
 )
@@ -21,7 +22,11 @@ import (
 //     case ASCII: encoding/json matches "KEY", and even "\u212aey" (with
 //     the Kelvin sign), to "key". The names inside an object that is the
 //     value of a field called free (unless free is "") are not drip's and
-//     are left as they are, duplicates aside (the rules' "values").
+//     are left as they are, duplicates aside (the rules' "values");
+//   - arrays and objects nested more than maxDepth deep: no document drip
+//     reads is nested more than four deep, and the check walks one level
+//     per nesting, so that a 256 KiB body of "[[[[..." would otherwise
+//     hold a goroutine stack of a hundred megabytes.
 //
 // Syntax errors are left to encoding/json, which the caller runs next.
 func Check(b []byte, free string) error {
@@ -33,7 +38,7 @@ func Check(b []byte, free string) error {
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
-	err := walk(dec, free, false)
+	err := walk(dec, free, false, 0)
 	var se *json.SyntaxError
 	if errors.As(err, &se) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return nil
@@ -41,17 +46,24 @@ func Check(b []byte, free string) error {
 	return err
 }
 
-// walk reads one value from dec and checks the names of its objects;
-// isFree says the names of this object are not drip's.
-func walk(dec *json.Decoder, free string, isFree bool) error {
+// maxDepth is how deep arrays and objects may nest in a document.
+const maxDepth = 16
+
+// walk reads one value from dec, depth arrays and objects deep, and checks
+// the names of its objects; isFree says the names of this object are not
+// drip's.
+func walk(dec *json.Decoder, free string, isFree bool, depth int) error {
 	t, err := dec.Token()
 	if err != nil {
 		return err
 	}
+	if d, ok := t.(json.Delim); ok && (d == '[' || d == '{') && depth >= maxDepth {
+		return fmt.Errorf("arrays and objects nested more than %d deep", maxDepth)
+	}
 	switch t {
 	case json.Delim('['):
 		for dec.More() {
-			if err := walk(dec, free, false); err != nil {
+			if err := walk(dec, free, false, depth+1); err != nil {
 				return err
 			}
 		}
@@ -70,7 +82,7 @@ func walk(dec *json.Decoder, free string, isFree bool) error {
 			if !isFree && !plainName(name) {
 				return errors.New("unknown field " + quote(name) + " (field names are in lower case)")
 			}
-			if err := walk(dec, free, !isFree && free != "" && name == free); err != nil {
+			if err := walk(dec, free, !isFree && free != "" && name == free, depth+1); err != nil {
 				return err
 			}
 		}
