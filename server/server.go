@@ -79,7 +79,8 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics()}
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
-		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"))
+		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"),
+		engine.WithTracerProvider(cfg.TracerProvider))
 	rs, err := s.loadRules()
 	if err != nil {
 		return nil, err
@@ -93,6 +94,9 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 			return nil, err
 		}
 		name = "gateway"
+	}
+	if cfg.TracerProvider != nil {
+		front = s.traced(front) // trace.go
 	}
 	s.addHTTP(name, cfg.Listen, front, name != "gateway")
 	if cfg.AdminListen != "off" {
