@@ -23,9 +23,9 @@ import (
 type ended chan sdktrace.ReadOnlySpan
 
 func (c ended) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
-func (c ended) OnEnd(s sdktrace.ReadOnlySpan)                  { c <- s }
-func (c ended) Shutdown(context.Context) error                 { return nil }
-func (c ended) ForceFlush(context.Context) error               { return nil }
+func (c ended) OnEnd(s sdktrace.ReadOnlySpan)                   { c <- s }
+func (c ended) Shutdown(context.Context) error                  { return nil }
+func (c ended) ForceFlush(context.Context) error                { return nil }
 
 func tracing(t *testing.T) (*sdktrace.TracerProvider, ended) {
 	c := make(ended, 64)
