@@ -31,6 +31,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
@@ -141,6 +143,16 @@ func WithTimeout(d time.Duration) Option {
 // another request may find fewer tokens.
 func WithSeparateTakes() Option {
 	return func(o *options) { o.eng = append(o.eng, engine.WithSeparateTakes()) }
+}
+
+// WithTracerProvider makes the limiter trace its decisions with tp: a
+// drip.decide span per request, a child of the span in the request's
+// context, and a drip.store span per store call (engine.WithTracerProvider).
+// Nil, the default, traces nothing. The middleware neither reads nor
+// writes trace headers: put it behind the handler that does (drip serve's
+// gateway does both).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.eng = append(o.eng, engine.WithTracerProvider(tp)) }
 }
 
 // WithClock makes the limiter pass now() as the time of each decision
