@@ -1,12 +1,17 @@
 package server
 
 import (
+	"context"
 	"net/http"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // tracerName is the instrumentation scope of the server's spans.
@@ -89,3 +94,47 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// tracedGRPC gives each call of the gRPC listener (Envoy's
+// ShouldRateLimit, health checks) a server span named by its method, a
+// child of the W3C trace context in the call's metadata (Envoy's
+// OpenTelemetry tracer sends it); the engine's store spans are its
+// children. Only registered methods reach it: names are bounded.
+func (s *Server) tracedGRPC() grpc.ServerOption {
+	tr := s.cfg.TracerProvider.Tracer(tracerName)
+	return grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		ctx = traceContext.Extract(ctx, mdCarrier(md))
+		ctx, sp := tr.Start(ctx, strings.TrimPrefix(info.FullMethod, "/"), trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attribute.String("rpc.system", "grpc")))
+		defer sp.End()
+		resp, err := h(ctx, req)
+		code := status.Code(err)
+		sp.SetAttributes(attribute.Int("rpc.grpc.status_code", int(code)))
+		if err != nil {
+			sp.SetStatus(codes.Error, code.String())
+		}
+		return resp, err
+	})
+}
+
+// mdCarrier reads trace context from gRPC metadata (whose keys are lower
+// case, as the propagator asks for them).
+type mdCarrier metadata.MD
+
+func (c mdCarrier) Get(k string) string {
+	if v := metadata.MD(c).Get(k); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (c mdCarrier) Set(k, v string) { metadata.MD(c).Set(k, v) }
+
+func (c mdCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}

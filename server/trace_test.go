@@ -11,6 +11,10 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/metadata"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/teststores"
@@ -202,5 +206,34 @@ func TestDecisionAPITrace(t *testing.T) {
 	}
 	if store == nil || store.Parent().SpanID() != server.SpanContext().SpanID() || attrOf(store, "drip.op").AsString() != "take" {
 		t.Fatalf("store span %v", store)
+	}
+}
+
+// Envoy's rate limit service: a server span per call, a child of the
+// trace context in the call's metadata, with the store call under it.
+func TestEnvoyTrace(t *testing.T) {
+	tp, spans := tracing(t)
+	dir := t.TempDir()
+	envoyFile(t, filepath.Join(dir, "edge.yaml"), 5)
+	srv := start(t, Config{Rules: dir, GRPCListen: "127.0.0.1:0", WatchEvery: -1, TracerProvider: tp}, memstore.New())
+	c, _ := grpcClient(t, srv.Server)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", clientParent)
+	if _, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "1.2.3.4"}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	server := spans.next(t, "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", seen)
+	if server.Parent().SpanID().String() != clientSpan || server.Parent().TraceID().String() != clientTrace || server.SpanKind() != trace.SpanKindServer {
+		t.Fatalf("server span's parent %v", server.Parent())
+	}
+	var store sdktrace.ReadOnlySpan
+	for _, s := range seen {
+		if s.Name() == engine.SpanStore {
+			store = s
+		}
+	}
+	if store == nil || store.Parent().SpanID() != server.SpanContext().SpanID() {
+		t.Fatalf("store span %v, want a child of the call's span", store)
 	}
 }
