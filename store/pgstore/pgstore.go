@@ -459,7 +459,7 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 			return fmt.Errorf("pgstore: gave up after %d attempts: %w", attempt, err)
 		}
 		s.retries.Add(1)
-		spans.Retry(ctx, attempt, "serialization_failure")
+		spans.Retry(ctx, attempt, "conflict") // a serialization failure or a deadlock
 		d := wait/2 + rand.N(wait/2+1)
 		t := time.NewTimer(d)
 		select {
