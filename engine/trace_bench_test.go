@@ -4,9 +4,8 @@ import (
 	"context"
 	"testing"
 
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/spantest"
 )
 
 // BenchmarkDecideTracing is BenchmarkDecide with tracing on through the
@@ -14,22 +13,11 @@ import (
 // requests a sampler leaves out), and one that records every span into a
 // processor that keeps nothing (the cost of recording, no exporter).
 func BenchmarkDecideTracing(b *testing.B) {
-	for _, bc := range []struct {
-		name    string
-		sampler sdktrace.Sampler
-	}{{"dropped", sdktrace.NeverSample()}, {"sampled", sdktrace.AlwaysSample()}} {
-		b.Run(bc.name, func(b *testing.B) {
-			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(bc.sampler), sdktrace.WithSpanProcessor(discard{}))
+	for _, bc := range spantest.Samplers {
+		b.Run(bc.Name, func(b *testing.B) {
+			tp := spantest.Provider(bc.Sampler)
 			defer tp.Shutdown(context.Background())
 			benchDecide(b, engine.WithTracerProvider(tp))
 		})
 	}
 }
-
-// discard is a span processor that keeps nothing.
-type discard struct{}
-
-func (discard) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
-func (discard) OnEnd(sdktrace.ReadOnlySpan)                     {}
-func (discard) Shutdown(context.Context) error                  { return nil }
-func (discard) ForceFlush(context.Context) error                { return nil }

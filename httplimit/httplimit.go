@@ -109,7 +109,7 @@ type options struct {
 // WithEngine makes the limiter decide with e, sharing its store, breaker,
 // observer and deadline with other front doors; the options that
 // configure an engine (WithLogger, WithObserver, WithTimeout,
-// WithSeparateTakes) are then e's, and WithClock sets only the clock of
+// WithSeparateTakes, WithTracerProvider) are then e's, and WithClock sets only the clock of
 // token expiry.
 func WithEngine(e *engine.Engine) Option { return func(o *options) { o.engine = e } }
 
