@@ -19,7 +19,8 @@ const TracerName = "github.com/driplimit/drip/engine"
 // Span names and attribute keys of the engine's traces.
 const (
 	// SpanDecide is the span of one Decide: its attributes are the rules
-	// that applied (drip.rules), the outcome (drip.allowed, drip.status,
+	// that applied (drip.rules) and what happened to each (drip.events,
+	// in the same order: an Event), the outcome (drip.allowed, drip.status,
 	// drip.reason, drip.denied_by), whether the store failed
 	// (drip.store_failed) and the store's kind (drip.store).
 	SpanDecide = "drip.decide"
@@ -97,11 +98,13 @@ func (e *Engine) endDecide(sp trace.Span, out *Outcome) {
 	}
 	if sp.IsRecording() {
 		names := make([]string, len(out.Applied))
+		events := make([]string, len(out.Applied))
 		for i := range out.Applied {
-			names[i] = out.Applied[i].Rule.Name
+			names[i], events[i] = out.Applied[i].Rule.Name, string(out.Applied[i].Event)
 		}
 		attrs := []attribute.KeyValue{e.kind,
 			attribute.StringSlice("drip.rules", names),
+			attribute.StringSlice("drip.events", events),
 			attribute.Bool("drip.allowed", out.Allowed),
 			attribute.Int("drip.status", out.Status),
 		}

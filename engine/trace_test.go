@@ -113,6 +113,13 @@ func TestTraceDecide(t *testing.T) {
 		if a["drip.store"].AsString() != "memstore" {
 			t.Errorf("decide %d: drip.store %q, want memstore", i, a["drip.store"].AsString())
 		}
+		wantEvents := []string{"allowed", "allowed"}
+		if i == 1 {
+			wantEvents = []string{"denied", "allowed"} // the shadow rule's peek
+		}
+		if got := a["drip.events"].AsStringSlice(); !slices.Equal(got, wantEvents) {
+			t.Errorf("decide %d: drip.events %q, want %q", i, got, wantEvents)
+		}
 		allowed := i == 0
 		if a["drip.allowed"].AsBool() != allowed {
 			t.Errorf("decide %d: drip.allowed %v", i, a["drip.allowed"].AsBool())
@@ -199,7 +206,7 @@ func TestTraceStoreError(t *testing.T) {
 		switch s.Name() {
 		case engine.SpanDecide:
 			decides++
-			if !a["drip.store_failed"].AsBool() || !a["drip.allowed"].AsBool() {
+			if !a["drip.store_failed"].AsBool() || !a["drip.allowed"].AsBool() || !slices.Equal(a["drip.events"].AsStringSlice(), []string{"error_allowed"}) {
 				t.Errorf("decide with the store down: %v", a)
 			}
 		case engine.SpanStore:
