@@ -25,8 +25,8 @@ var traceContext = propagation.TraceContext{}
 // request, a child of the caller's span when the request carries W3C
 // trace context. The engine's spans (drip.decide, drip.store) are its
 // children, and the gateway passes it on to the upstream (injectTrace).
-// Only the method and the status are recorded: paths and addresses may
-// name clients.
+// Only the method, the status and the decision API's route are recorded:
+// paths and addresses may name clients.
 func (s *Server) traced(h http.Handler) http.Handler {
 	tr := s.cfg.TracerProvider.Tracer(tracerName)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -40,11 +40,18 @@ func (s *Server) traced(h http.Handler) http.Handler {
 			return
 		}
 		sw := &statusWriter{ResponseWriter: w}
-		h.ServeHTTP(sw, r.WithContext(ctx))
+		r = r.WithContext(ctx)
+		h.ServeHTTP(sw, r)
 		if sw.code == 0 {
 			sw.code = http.StatusOK
 		}
 		sp.SetAttributes(attribute.Int("http.response.status_code", sw.code))
+		// The decision API's routes are few and fixed (ServeMux's
+		// pattern); the gateway's paths are the client's, and stay out.
+		if p := r.Pattern; p != "" && p != "/" {
+			sp.SetName(method + " " + p)
+			sp.SetAttributes(attribute.String("http.route", p))
+		}
 		if sw.code >= 500 {
 			sp.SetStatus(codes.Error, "")
 		}

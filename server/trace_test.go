@@ -194,8 +194,8 @@ func TestDecisionAPITrace(t *testing.T) {
 	}
 	resp.Body.Close()
 	seen := map[trace.SpanID]sdktrace.ReadOnlySpan{}
-	server := spans.next(t, "POST", seen)
-	if server.Parent().SpanID().String() != clientSpan || attrOf(server, "http.response.status_code").AsInt64() != 200 {
+	server := spans.next(t, "POST /v1/take", seen)
+	if server.Parent().SpanID().String() != clientSpan || attrOf(server, "http.response.status_code").AsInt64() != 200 || attrOf(server, "http.route").AsString() != "/v1/take" {
 		t.Fatalf("server span: parent %v, attributes %v", server.Parent(), server.Attributes())
 	}
 	var store sdktrace.ReadOnlySpan

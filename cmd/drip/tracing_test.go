@@ -124,8 +124,8 @@ func TestServeTracing(t *testing.T) {
 			}
 		}
 	}
-	if !names["POST"] || !names["drip.store"] {
-		t.Fatalf("exported spans %v, want POST and drip.store", names)
+	if !names["POST /v1/take"] || !names["drip.store"] {
+		t.Fatalf("exported spans %v, want POST /v1/take and drip.store", names)
 	}
 }
 
