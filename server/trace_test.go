@@ -1,10 +1,14 @@
 package server
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,5 +239,62 @@ func TestEnvoyTrace(t *testing.T) {
 	}
 	if store == nil || store.Parent().SpanID() != server.SpanContext().SpanID() {
 		t.Fatalf("store span %v, want a child of the call's span", store)
+	}
+}
+
+// With tracing on, the gateway still streams: the upstream's flushes
+// reach the client through the span's response writer.
+func TestGatewayTraceStreams(t *testing.T) {
+	tp, _ := tracing(t)
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "first\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "second\n")
+	}))
+	t.Cleanup(up.Close)
+	srv := start(t, Config{Rules: gatewayRules(t), Upstream: up.URL, WatchEvery: -1, TracerProvider: tp}, memstore.New())
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the servers stop, should the test fail
+	// Without the flush even the headers would wait for the upstream.
+	ctx, cancel := context.WithTimeout(context.Background(), teststores.Timeout)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.base+"/stream", nil)
+	req.Header.Set("X-Api-Key", "client-7")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("the first line was not flushed: %v", err)
+	}
+	defer resp.Body.Close()
+	lines := make(chan string, 2)
+	go func() {
+		br := bufio.NewReader(resp.Body)
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				close(lines)
+				return
+			}
+			lines <- l
+		}
+	}()
+	for _, want := range []string{"first\n", "second\n"} {
+		select {
+		case l := <-lines:
+			if l != want {
+				t.Fatalf("read %q, want %q", l, want)
+			}
+		case <-time.After(teststores.Timeout):
+			t.Fatalf("%q did not arrive before the upstream finished: the flush was lost", want)
+		}
+		if want == "first\n" {
+			free()
+		}
 	}
 }
