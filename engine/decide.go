@@ -43,6 +43,7 @@ const (
 // on_error decides: allow, deny (503) or local (a per-instance limiter at
 // a share of the rule's rate and burst).
 func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
+	ctx, sp := e.startDecide(ctx) // trace.go
 	var enf, sh []Applied
 	var groups []string
 	for i := range rs.Set.Rules {
@@ -82,6 +83,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
 		e.obs.Decision(a.Rule.Name, a.Rule.Mode, a.Event)
 	}
 	out.pick(r, rs.Set.RetryJitter)
+	e.endDecide(sp, out)
 	return out
 }
 

@@ -31,6 +31,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
@@ -60,6 +63,8 @@ type Engine struct {
 	separate bool // WithSeparateTakes
 	name     string
 	ovr      atomic.Pointer[override.Snapshot] // overrides.go
+	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
+	kind     attribute.KeyValue                // drip.store, on every span
 
 	localMu sync.Mutex
 	local   *memstore.Store
@@ -181,7 +186,12 @@ func (e *Engine) Apply(ctx context.Context, op drip.Op, reqs []drip.Request) (dr
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
 }
 
-func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op drip.Op, reqs []drip.Request) (drip.Multi, error) {
+func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op drip.Op, reqs []drip.Request) (m drip.Multi, err error) {
+	if e.tracer != nil { // trace.go
+		var sp trace.Span
+		ctx, sp = e.startStore(ctx, op, len(reqs))
+		defer func() { endStore(sp, err) }()
+	}
 	now := e.clock()
 	ok, tk, changed := e.brk.allow(now)
 	e.breakerChanged(changed)
@@ -191,8 +201,6 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
-	var m drip.Multi
-	var err error
 	if len(reqs) == 1 {
 		var d drip.Decision
 		d, err = e.store.Apply(cctx, op, e.at(), reqs[0])

@@ -2,7 +2,6 @@ package engine_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -12,19 +11,6 @@ import (
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
-
-// down is a store that always fails.
-type down struct{}
-
-var errDown = errors.New("store down")
-
-func (down) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
-	return drip.Decision{}, errDown
-}
-func (down) ApplyMulti(context.Context, drip.Op, time.Time, []drip.Request) (drip.Multi, error) {
-	return drip.Multi{}, errDown
-}
-func (down) Reset(context.Context, string) error { return errDown }
 
 const inflightSet = `{"rules": [
   {"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency", "on_error": "local", "local_share": 1,

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -84,6 +85,15 @@ func WithTimeout(d time.Duration) Option { return frontdoor.WithEngineOption(eng
 // stores that cannot take several keys in one atomic step (Redis Cluster);
 // see httplimit.WithSeparateTakes.
 func WithSeparateTakes() Option { return frontdoor.WithEngineOption(engine.WithSeparateTakes()) }
+
+// WithTracerProvider makes the limiter trace its decisions with tp, as
+// httplimit.WithTracerProvider does: a drip.decide span per call, a child
+// of the span in the call's context (put the interceptors after the ones
+// that read trace context), and a drip.store span per store call. Nil, the
+// default, traces nothing.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return frontdoor.WithEngineOption(engine.WithTracerProvider(tp))
+}
 
 // WithClock makes the limiter pass now() as the time of each decision
 // (instead of the store's clock), and use it for token expiry and the

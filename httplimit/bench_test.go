@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/internal/spantest"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -17,10 +19,27 @@ import (
 // BenchmarkHandler measures the middleware's own cost per request on the
 // memory store (no network): the built-in default rules (one enforce rule
 // per IP, one shadow rule), over 1000 client IPs.
-func BenchmarkHandler(b *testing.B) {
+func BenchmarkHandler(b *testing.B) { benchHandler(b) }
+
+// BenchmarkHandlerTracing is BenchmarkHandler with tracing on, through
+// the OpenTelemetry SDK: a sampler that drops every span (what tracing
+// costs on requests it does not record), and one that records every span
+// into a processor that keeps nothing (the cost of recording, without an
+// exporter). BenchmarkHandler is the cost with tracing off.
+func BenchmarkHandlerTracing(b *testing.B) {
+	for _, bc := range spantest.Samplers {
+		b.Run(bc.Name, func(b *testing.B) {
+			tp := spantest.Provider(bc.Sampler)
+			defer tp.Shutdown(context.Background())
+			benchHandler(b, httplimit.WithTracerProvider(tp))
+		})
+	}
+}
+
+func benchHandler(b *testing.B, opts ...httplimit.Option) {
 	ms := memstore.New()
 	defer ms.Close()
-	l := httplimit.New(ms, rules.Default(), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+	l := httplimit.New(ms, rules.Default(), append([]httplimit.Option{httplimit.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	defer l.Close()
 	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	reqs := make([]*http.Request, 1000)

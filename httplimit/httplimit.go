@@ -35,6 +35,8 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
@@ -98,7 +100,7 @@ type Option = frontdoor.Option
 // WithEngine makes the limiter decide with e, sharing its store, breaker,
 // observer and deadline with other front doors; the options that
 // configure an engine (WithLogger, WithObserver, WithTimeout,
-// WithSeparateTakes) are then e's, and WithClock sets only the clock of
+// WithSeparateTakes, WithTracerProvider) are then e's, and WithClock sets only the clock of
 // token expiry.
 func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
 
@@ -132,6 +134,16 @@ func WithTimeout(d time.Duration) Option {
 // another request may find fewer tokens.
 func WithSeparateTakes() Option {
 	return frontdoor.WithEngineOption(engine.WithSeparateTakes())
+}
+
+// WithTracerProvider makes the limiter trace its decisions with tp: a
+// drip.decide span per request, a child of the span in the request's
+// context, and a drip.store span per store call (engine.WithTracerProvider).
+// Nil, the default, traces nothing. The middleware neither reads nor
+// writes trace headers: put it behind the handler that does (drip serve's
+// gateway does both).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return frontdoor.WithEngineOption(engine.WithTracerProvider(tp))
 }
 
 // WithClock makes the limiter pass now() as the time of each decision

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/server/envoy"
 )
@@ -80,6 +82,14 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the server's logs (default slog.Default()).
 	Logger *slog.Logger
+	// TracerProvider, when set, traces the front listener's requests (a
+	// server span each, a child of the W3C trace context they carry),
+	// the engine's decisions and store calls, and Envoy's calls; the
+	// gateway passes the trace context on to the upstream. Nil (the
+	// default) turns tracing off, and the gateway then passes the
+	// client's traceparent and tracestate through unchanged. cmd/drip
+	// builds it from the OTEL_* environment variables.
+	TracerProvider trace.TracerProvider
 }
 
 // Defaults of Config.

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/grpc"
+
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/server/envoy"
 )
@@ -45,7 +47,11 @@ func (s *Server) addGRPC() {
 	if len(s.rs.envoy.Domains()) == 0 {
 		s.log.Warn("drip serve: --grpc-listen without an envoyproxy/ratelimit config in --rules: every ShouldRateLimit is OK")
 	}
-	g := envoy.NewServerWithLimits(s.rls, s.cfg.GRPCReflection, s.cfg.GRPCLimits)
+	var opts []grpc.ServerOption
+	if s.cfg.TracerProvider != nil {
+		opts = append(opts, s.tracedGRPC()) // trace.go
+	}
+	g := envoy.NewServerWithLimits(s.rls, s.cfg.GRPCReflection, s.cfg.GRPCLimits, opts...)
 	s.listeners = append(s.listeners, &listener{
 		name:     "grpc",
 		addr:     s.cfg.GRPCListen,

@@ -35,6 +35,9 @@ func (s *Server) gateway() (http.Handler, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
 			forwardHeaders(pr, s.rules().TrustedProxies) // forward.go
+			if s.cfg.TracerProvider != nil {
+				injectTrace(pr.Out) // trace.go
+			}
 		},
 		Transport:  tr,
 		BufferPool: bufferPool{},

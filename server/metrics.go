@@ -86,6 +86,9 @@ func (m *metrics) observe(s drip.Store) *observed {
 	}
 }
 
+// Unwrap is the store observed (engine.StoreKind names it in traces).
+func (o *observed) Unwrap() drip.Store { return o.Store }
+
 func (o *observed) obs(op drip.Op) (prometheus.Observer, string) {
 	switch op {
 	case drip.OpPeek:

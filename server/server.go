@@ -88,7 +88,8 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics()}
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
-		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"))
+		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"),
+		engine.WithTracerProvider(cfg.TracerProvider))
 	if ost, ok := override.Of(store); ok {
 		s.ost = ost
 	}
@@ -106,6 +107,9 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 			return nil, err
 		}
 		name = "gateway"
+	}
+	if cfg.TracerProvider != nil {
+		front = s.traced(front) // trace.go
 	}
 	s.addHTTP(name, cfg.Listen, front, name != "gateway")
 	if cfg.AdminListen != "off" {

@@ -66,6 +66,23 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 2
 	}
 	c.Logger = slog.New(slog.NewTextHandler(stderr, nil))
+	tp, err := startTracing(ctx, os.Getenv, c.Logger) // tracing.go
+	if err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 2
+	}
+	if tp != nil {
+		c.TracerProvider = tp
+		defer func() {
+			// Flush the spans still batched, within the shutdown's
+			// bound: the collector may be down.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), server.DefaultShutdownTimeout)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				c.Logger.Warn("drip serve: tracing shutdown", "err", err)
+			}
+		}()
+	}
 
 	store, closeStore, err := openStore(ctx, c.Store)
 	if err != nil {

@@ -84,6 +84,16 @@ RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY for the config directory when
 limits in envoyproxy/ratelimit's windows instead of refilling them
 continuously. README's Envoy section has the details.
 
+Tracing (OpenTelemetry, OTLP) is off unless OTEL_TRACES_EXPORTER=otlp or
+OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set;
+OTEL_SDK_DISABLED=true or OTEL_TRACES_EXPORTER=none keeps it off.
+OTEL_EXPORTER_OTLP_PROTOCOL (or _TRACES_PROTOCOL) is http/protobuf (default)
+or grpc. The exporter reads the other OTEL_EXPORTER_OTLP_* variables
+(headers, timeout, TLS), the SDK OTEL_SERVICE_NAME (default drip),
+OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG and
+OTEL_BSP_*. Trace context is W3C traceparent and tracestate, passed on to
+the upstream. README's Tracing section lists the spans.
+
 Examples:
   drip serve
   drip serve --rules examples/rules.json

@@ -31,6 +31,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/driplimit/drip/internal/spans"
 )
 
 // Options says how a store batches. The zero value turns batching off.
@@ -302,6 +304,8 @@ func (b *Batcher[Q, R]) send(calls []*Call[Q, R]) {
 	if !forever {
 		ctx, cancel = context.WithDeadline(b.ctx, latest)
 	}
+	// Traced callers see the batch's size, and the store's retries.
+	ctx = spans.Batch(ctx, len(live), func(i int) context.Context { return live[i].ctx })
 	b.running.Add(1)
 	b.run(ctx, live)
 	b.running.Add(-1)

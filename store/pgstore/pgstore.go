@@ -99,6 +99,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
+	"github.com/driplimit/drip/internal/spans"
 )
 
 // MaxKeyLen is the longest key stored as it is; longer keys (up to
@@ -473,10 +474,12 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 				return err
 			}
 			s.retries.Add(1)
+			spans.Retry(ctx, attempt, "race")
 			continue
 		}
 		if !fell && s.fallBack(err) {
 			fell = true
+			spans.Retry(ctx, attempt, "query_mode_fallback")
 			continue
 		}
 		if !retryable(err) {
@@ -486,6 +489,7 @@ func (s *Store) retry(ctx context.Context, f func() error) error {
 			return fmt.Errorf("pgstore: gave up after %d attempts: %w", attempt, err)
 		}
 		s.retries.Add(1)
+		spans.Retry(ctx, attempt, "conflict") // a serialization failure or a deadlock
 		d := wait/2 + rand.N(wait/2+1)
 		t := time.NewTimer(d)
 		select {

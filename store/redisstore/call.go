@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/driplimit/drip/internal/spans"
 )
 
 // The decision code (bigint.lua, then decide.lua, which defines main) runs
@@ -74,6 +76,7 @@ func (s *Store) exec(ctx context.Context, keys, args []string) ([]rueidis.RedisM
 	// The server does not have the library (yet, or any more). FCALL
 	// refused the call before running anything, so calling again after
 	// loading cannot decide twice.
+	spans.Retry(ctx, 1, "function_load")
 	if err := s.load(ctx, gen); err != nil {
 		if noFunctions(err) {
 			s.scriptsOnly.Store(true)

@@ -1,0 +1,155 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/driplimit/drip"
+)
+
+// TracerName is the instrumentation scope of the engine's spans.
+const TracerName = "github.com/driplimit/drip/engine"
+
+// Span names and attribute keys of the engine's traces.
+const (
+	// SpanDecide is the span of one Decide: its attributes are the rules
+	// that applied (drip.rules) and what happened to each (drip.events,
+	// in the same order: an Event), the outcome (drip.allowed, drip.status,
+	// drip.reason, drip.denied_by), whether the store failed
+	// (drip.store_failed) and the store's kind (drip.store).
+	SpanDecide = "drip.decide"
+	// SpanStore is the span of one store call (Apply, Step, and those of
+	// Decide): drip.op, drip.keys (how many buckets), drip.store, the
+	// error if it failed, and drip.breaker "open" when the circuit
+	// breaker skipped it. Stores add events to it: a retry (drip.retry),
+	// the batch a call went out in (drip.batch).
+	SpanStore = "drip.store"
+)
+
+// Bucket keys name clients (addresses, user ids): they are never put in
+// a span, and neither are the messages of input errors, which may quote
+// them.
+
+// WithTracerProvider makes the engine trace its work with tp (nil: no
+// tracing, the default): a span per Decide (SpanDecide) and a child span
+// per store call (SpanStore). Front doors that pass the request's context
+// make these spans children of theirs. Only the OpenTelemetry API is
+// used here; the program chooses the SDK and exporter. Without this
+// option tracing costs one nil check per call.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(e *Engine) {
+		if tp == nil {
+			e.tracer = nil
+			return
+		}
+		e.tracer = tp.Tracer(TracerName)
+		e.kind = attribute.String("drip.store", StoreKind(e.store))
+	}
+}
+
+// Unwrapper is a drip.Store that decorates another (instruments it, say):
+// StoreKind looks through it.
+type Unwrapper interface {
+	Unwrap() drip.Store
+}
+
+// StoreKind names the kind of s by its package ("memstore", "pgstore",
+// "redisstore"), looking through drip.Separately and Unwrappers.
+func StoreKind(s drip.Store) string {
+	for {
+		switch x := s.(type) {
+		case drip.Separately:
+			s = x.Store
+			continue
+		case *drip.Separately:
+			s = x.Store
+			continue
+		case Unwrapper:
+			s = x.Unwrap()
+			continue
+		}
+		break
+	}
+	name := strings.TrimLeft(fmt.Sprintf("%T", s), "*")
+	if i := strings.IndexByte(name, '.'); i >= 0 {
+		name = name[:i]
+	}
+	return name
+}
+
+// startDecide starts a Decide's span, if the engine traces.
+func (e *Engine) startDecide(ctx context.Context) (context.Context, trace.Span) {
+	if e.tracer == nil {
+		return ctx, nil
+	}
+	return e.tracer.Start(ctx, SpanDecide)
+}
+
+// endDecide records out on sp and ends it.
+func (e *Engine) endDecide(sp trace.Span, out *Outcome) {
+	if sp == nil {
+		return
+	}
+	if sp.IsRecording() {
+		names := make([]string, len(out.Applied))
+		events := make([]string, len(out.Applied))
+		for i := range out.Applied {
+			names[i], events[i] = out.Applied[i].Rule.Name, string(out.Applied[i].Event)
+		}
+		attrs := []attribute.KeyValue{e.kind,
+			attribute.StringSlice("drip.rules", names),
+			attribute.StringSlice("drip.events", events),
+			attribute.Bool("drip.allowed", out.Allowed),
+			attribute.Int("drip.status", out.Status),
+		}
+		if !out.Allowed {
+			attrs = append(attrs, attribute.String("drip.reason", out.Reason))
+			if out.Top != nil {
+				attrs = append(attrs, attribute.String("drip.denied_by", out.Top.Rule.Name))
+			}
+		}
+		if out.Err != nil {
+			attrs = append(attrs, attribute.Bool("drip.store_failed", true))
+		}
+		sp.SetAttributes(attrs...)
+	}
+	sp.End()
+}
+
+// startStore starts a store call's span, if the engine traces.
+func (e *Engine) startStore(ctx context.Context, op drip.Op, keys int) (context.Context, trace.Span) {
+	if e.tracer == nil {
+		return ctx, nil
+	}
+	ctx, sp := e.tracer.Start(ctx, SpanStore)
+	if sp.IsRecording() {
+		sp.SetAttributes(e.kind, attribute.String("drip.op", op.String()), attribute.Int("drip.keys", keys))
+	}
+	return ctx, sp
+}
+
+// endStore records err on sp and ends it.
+func endStore(sp trace.Span, err error) {
+	if sp == nil {
+		return
+	}
+	if err != nil && sp.IsRecording() {
+		switch {
+		case errors.Is(err, ErrBreakerOpen):
+			sp.SetAttributes(attribute.String("drip.breaker", BreakerOpen))
+			sp.SetStatus(codes.Error, err.Error())
+		case drip.IsInput(err):
+			sp.SetStatus(codes.Error, "bad input")
+		default:
+			sp.RecordError(err)
+			sp.SetStatus(codes.Error, err.Error())
+		}
+	}
+	sp.End()
+}
