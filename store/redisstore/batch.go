@@ -59,6 +59,11 @@ func newBatcher(s *Store) *batch.Batcher[request, drip.Decision] {
 // undo is the refund that takes back a take the server applied but whose
 // caller had left before the answer came (see package batch): what it
 // took goes back, and the caller's error stays true.
+//
+// A take with a lease is an acquire or a renewal; its refund releases the
+// lease either way, so an acquire whose caller left frees its slot at
+// once. A renewal answered with an error may thus have lost its lease,
+// which docs/semantics.md tells holders to assume of any failed renewal.
 func undo(q request, d drip.Decision) (request, bool) {
 	if q.op != drip.OpTake || !d.Allowed {
 		return request{}, false
