@@ -66,6 +66,10 @@ type Server struct {
 	// calls watchPolled after each poll.
 	watchTick   <-chan time.Time
 	watchPolled func()
+	// serving, if set before Serve, is called once Serve has started all
+	// it runs (the watcher, the overrides' follower, the listeners), so
+	// that tests count goroutines from there.
+	serving func()
 }
 
 // listener is one endpoint of the server: its address, the bound socket,
@@ -251,6 +255,9 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 			errc <- nil
 		}()
+	}
+	if s.serving != nil {
+		s.serving()
 	}
 
 	var err error

@@ -73,9 +73,20 @@ func startWith(t *testing.T, cfg Config, store drip.Store, setup func(*Server)) 
 	if err := s.Listen(); err != nil {
 		t.Fatalf("Listen: %v", err)
 	}
+	serving := make(chan struct{})
+	s.serving = func() { close(serving) }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
+	// Return once Serve runs all it runs, so that a test that counts
+	// goroutines counts them from a server in its steady state.
+	select {
+	case <-serving:
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve did not start within 30 s")
+	}
 	var once sync.Once
 	var serr error
 	stop := func() error {
