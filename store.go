@@ -49,6 +49,17 @@ type Store interface {
 	Reset(ctx context.Context, key string) error
 }
 
+// InProcess is a Store that decides in the caller's process and never
+// waits on a network or a server: the memory store. A deadline guards a
+// store call against a server that stalls, and such a store has none, so
+// the front doors (package engine) call it without a deadline of its own,
+// which saves a timer per call.
+type InProcess interface {
+	Store
+	// InProcess marks the store; it does nothing.
+	InProcess()
+}
+
 // PreparedStore is a Store that can also apply a request whose limit was
 // prepared once: a Limiter whose store has it prepares its limit in New
 // and hands the store a pointer to the Params for every decision, instead

@@ -43,7 +43,9 @@ import (
 // DefaultTimeout is the deadline of each store call, in every front door,
 // unless an option or the rules file's store_timeout says otherwise. A
 // rate limiter answers before the request it guards: a store slower than
-// this is treated as failing, and on_error decides.
+// this is treated as failing, and on_error decides. A store that is a
+// drip.InProcess (the memory store) never waits on a server, and its calls
+// get no deadline of their own (the caller's context still applies).
 const DefaultTimeout = 50 * time.Millisecond
 
 // ErrBreakerOpen is the error of a store call that the circuit breaker
@@ -61,6 +63,7 @@ type Engine struct {
 	brk      *breaker
 	lastLog  atomic.Int64
 	separate bool // WithSeparateTakes
+	inproc   bool // the store is a drip.InProcess: its calls get no deadline
 	name     string
 	ovr      atomic.Pointer[override.Snapshot] // overrides.go
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
@@ -110,6 +113,7 @@ func New(store drip.Store, opts ...Option) *Engine {
 	// applied one key at a time instead.
 	e := &Engine{store: drip.Separately{Store: store}, log: slog.Default(), obs: NopObserver{},
 		timeout: DefaultTimeout, brk: newBreaker(), name: "drip"}
+	_, e.inproc = store.(drip.InProcess)
 	for _, o := range opts {
 		o(e)
 	}
@@ -198,8 +202,12 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	if !ok {
 		return drip.Multi{}, ErrBreakerOpen
 	}
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	cctx := ctx
+	if !e.inproc {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
 	start := time.Now()
 	if len(reqs) == 1 {
 		var d drip.Decision

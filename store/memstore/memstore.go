@@ -89,6 +89,7 @@ type cached struct {
 var (
 	_ drip.Store         = (*Store)(nil)
 	_ drip.PreparedStore = (*Store)(nil)
+	_ drip.InProcess     = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -273,6 +274,10 @@ func limitSlot(l *drip.Limit) int {
 	h *= 0x9E3779B97F4A7C15
 	return int(h>>32) & (recentLimits - 1)
 }
+
+// InProcess implements drip.InProcess: the store never waits on a server,
+// so front doors give its calls no deadline.
+func (*Store) InProcess() {}
 
 // Apply implements drip.Store.
 func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
