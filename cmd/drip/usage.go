@@ -59,8 +59,9 @@ memory store with the built-in rules (every client IP 10 requests/s with
 bursts of 20). SIGHUP, a changed rules file or POST /v1/admin/reload reloads
 the rules; SIGTERM or SIGINT shuts down gracefully.
 
-Decision API (no --upstream): POST /v1/take, /v1/peek, /v1/refund, /v1/reset
-with a JSON request (an inline key and limit, or a rule and its key values),
+Decision API (no --upstream): POST /v1/take, /v1/peek, /v1/refund, /v1/reset,
+and /v1/acquire and /v1/release for in-flight (concurrency) limits, with a
+JSON request (an inline key and limit, or a rule and its key values),
 answered with a JSON decision; docs/api.md describes both. Beside it,
 GET /v1/forward-auth decides, as the gateway would, the request that a proxy
 in front (nginx auth_request, Caddy, Traefik ForwardAuth) describes in its
