@@ -353,3 +353,50 @@ func TestOverridesGateway(t *testing.T) {
 		}
 	}
 }
+
+// TestOverridesConcurrency: a concurrency rule's override sets its
+// max_in_flight (and lease_ttl), the fields of its own limit; the fields of
+// a token bucket are refused for it, and its fields for a token bucket.
+func TestOverridesConcurrency(t *testing.T) {
+	path := t.TempDir() + "/rules.json"
+	writeFile(t, path, `{"rules": [
+	  {"name": "jobs", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1m"}},
+	  {"name": "api", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rps": 5, "burst": 10}}]}`)
+	srv := start(t, Config{Rules: path, WatchEvery: -1, AdminToken: adminToken}, memstore.New())
+	ov := srv.admin + "/v1/admin/overrides"
+	for _, c := range []struct {
+		url, body, want string
+	}{
+		{ov + "/jobs/acme", `{"rate": 5}`, `needs \"max_in_flight\"`},
+		{ov + "/jobs/acme", `{"max_in_flight": 2, "rate": 5}`, `\"rate\" does not apply to a concurrency rule`},
+		{ov + "/jobs/acme", `{"max_in_flight": 0}`, `max_in_flight`},
+		{ov + "/jobs/acme", `{"max_in_flight": 2, "algorithm": "token_bucket"}`, `algorithm`},
+		{ov + "/api/k", `{"rate": 5, "max_in_flight": 2}`, `\"max_in_flight\" applies to concurrency rules only`},
+	} {
+		if code, out := admin(t, "PUT", c.url, c.body); code != 400 || !strings.Contains(out, c.want) {
+			t.Errorf("PUT %s %s: %d %s, want 400 with %q", c.url, c.body, code, out, c.want)
+		}
+	}
+	acquire := func() bool {
+		t.Helper()
+		code, out := post(t, srv.base+"/v1/acquire", `{"rule": "jobs", "values": ["acme"]}`)
+		if code != 200 {
+			t.Fatalf("acquire: %d %s", code, out)
+		}
+		return decision(t, out).Allowed
+	}
+	if !acquire() || acquire() {
+		t.Fatal("the rule's own max_in_flight 1: want one slot")
+	}
+	code, out := admin(t, "PUT", ov+"/jobs/acme", `{"max_in_flight": 3}`)
+	if code != 200 || !strings.Contains(out, `"algorithm":"concurrency"`) || !strings.Contains(out, `"max_in_flight":3`) || !strings.Contains(out, `"lease_ttl":"1m0s"`) {
+		t.Fatalf("PUT max_in_flight 3, keeping the rule's lease_ttl: %d %s", code, out)
+	}
+	// One slot is held already; the override leaves two more.
+	if !acquire() || !acquire() || acquire() {
+		t.Fatal("override max_in_flight 3: want 3 slots in all")
+	}
+	if code, out := admin(t, "PUT", ov+"/jobs/beta", `{"max_in_flight": 2, "lease_ttl": "5s"}`); code != 200 || !strings.Contains(out, `"lease_ttl":"5s"`) {
+		t.Fatalf("PUT with lease_ttl: %d %s", code, out)
+	}
+}
