@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -385,16 +386,16 @@ func TestOverridesConcurrency(t *testing.T) {
 		}
 		return decision(t, out).Allowed
 	}
-	if !acquire() || acquire() {
-		t.Fatal("the rule's own max_in_flight 1: want one slot")
+	if got := []bool{acquire(), acquire()}; !slices.Equal(got, []bool{true, false}) {
+		t.Fatalf("the rule's own max_in_flight 1: acquires %v, want one slot", got)
 	}
 	code, out := admin(t, "PUT", ov+"/jobs/acme", `{"max_in_flight": 3}`)
 	if code != 200 || !strings.Contains(out, `"algorithm":"concurrency"`) || !strings.Contains(out, `"max_in_flight":3`) || !strings.Contains(out, `"lease_ttl":"1m0s"`) {
 		t.Fatalf("PUT max_in_flight 3, keeping the rule's lease_ttl: %d %s", code, out)
 	}
 	// One slot is held already; the override leaves two more.
-	if !acquire() || !acquire() || acquire() {
-		t.Fatal("override max_in_flight 3: want 3 slots in all")
+	if got := []bool{acquire(), acquire(), acquire()}; !slices.Equal(got, []bool{true, true, false}) {
+		t.Fatalf("override max_in_flight 3: acquires %v, want 3 slots in all", got)
 	}
 	if code, out := admin(t, "PUT", ov+"/jobs/beta", `{"max_in_flight": 2, "lease_ttl": "5s"}`); code != 200 || !strings.Contains(out, `"lease_ttl":"5s"`) {
 		t.Fatalf("PUT with lease_ttl: %d %s", code, out)
