@@ -84,7 +84,9 @@ func (s *Server) overrideTarget(r *http.Request) (*rules.Rule, []string, string,
 }
 
 // overrideLimit is the limit a PUT body sets for ru's bucket: ru's limit
-// with the fields the body has, and a burst of the rate if it has none.
+// with the fields the body has. A token bucket or fixed window needs
+// "rate" and gets a burst of the rate if it has none; a concurrency rule
+// needs "max_in_flight", and keeps its lease TTL unless "lease_ttl" says.
 func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	var in drip.Limit
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -98,28 +100,27 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	if _, ok := has["algorithm"]; ok && algo(in.Algorithm) != algo(l.Algorithm) {
 		return drip.Limit{}, inputf("an override keeps the rule's algorithm, %s", algo(l.Algorithm))
 	}
-	if l.Concurrent() {
-		// An in-flight limit: its own two fields, max_in_flight required.
+	if l.Algorithm == drip.Concurrency {
 		if _, ok := has["max_in_flight"]; !ok {
 			return drip.Limit{}, inputf(`the limit of a concurrency rule needs "max_in_flight"`)
+		}
+		for _, f := range bucketNames {
+			if _, ok := has[f]; ok {
+				return drip.Limit{}, inputf("%q does not apply to a concurrency rule", f)
+			}
 		}
 		l.MaxInFlight = in.MaxInFlight
 		if _, ok := has["lease_ttl"]; ok {
 			l.LeaseTTL = in.LeaseTTL
-		}
-		for name := range has {
-			if name != "algorithm" && name != "max_in_flight" && name != "lease_ttl" {
-				return drip.Limit{}, inputf("bad limit: %q is not a field of a concurrency limit (max_in_flight, lease_ttl)", name)
-			}
 		}
 		if err := l.Validate(); err != nil {
 			return drip.Limit{}, inputf("%v", err)
 		}
 		return l, nil
 	}
-	for _, name := range []string{"max_in_flight", "lease_ttl"} {
-		if _, ok := has[name]; ok {
-			return drip.Limit{}, inputf("bad limit: %q is a field of concurrency limits, and rule %q is a %s", name, ru.Name, algo(l.Algorithm))
+	for _, f := range []string{"max_in_flight", "lease_ttl"} {
+		if _, ok := has[f]; ok {
+			return drip.Limit{}, inputf("%q applies to concurrency rules only", f)
 		}
 	}
 	if _, ok := has["rate"]; !ok {
@@ -169,8 +170,12 @@ func limitFields(body []byte) (map[string]json.RawMessage, error) {
 	return has, nil
 }
 
-// limitNames are the fields of a limit in JSON (drip's json.go).
-var limitNames = []string{"algorithm", "rate", "period", "burst", "refill", "start", "max_reserved", "max_in_flight", "lease_ttl"}
+// limitNames are the fields of a limit in JSON (drip's json.go);
+// bucketNames those of token buckets and fixed windows only.
+var (
+	limitNames  = append([]string{"algorithm", "max_in_flight", "lease_ttl"}, bucketNames...)
+	bucketNames = []string{"rate", "period", "burst", "refill", "start", "max_reserved"}
+)
 
 func algo(a drip.Algorithm) drip.Algorithm {
 	if a == "" {

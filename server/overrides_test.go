@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -355,45 +356,48 @@ func TestOverridesGateway(t *testing.T) {
 }
 
 // TestOverridesConcurrency: a concurrency rule's override sets its
-// max_in_flight (and lease_ttl) for one key value; the fields of a token
-// bucket are refused there, and max_in_flight on a token bucket rule.
+// max_in_flight (and lease_ttl), the fields of its own limit; the fields of
+// a token bucket are refused for it, and its fields for a token bucket.
 func TestOverridesConcurrency(t *testing.T) {
 	path := t.TempDir() + "/rules.json"
 	writeFile(t, path, `{"rules": [
-	  {"name": "api", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 3}},
-	  {"name": "jobs", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1h"}}]}`)
+	  {"name": "jobs", "limit_keys": ["header:x-tenant"], "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1m"}},
+	  {"name": "api", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rps": 5, "burst": 10}}]}`)
 	srv := start(t, Config{Rules: path, WatchEvery: -1, AdminToken: adminToken}, memstore.New())
 	ov := srv.admin + "/v1/admin/overrides"
 	for _, c := range []struct {
 		url, body, want string
 	}{
 		{ov + "/jobs/acme", `{"rate": 5}`, `needs \"max_in_flight\"`},
-		{ov + "/jobs/acme", `{"max_in_flight": 2, "burst": 3}`, `not a field of a concurrency limit`},
+		{ov + "/jobs/acme", `{"max_in_flight": 2, "rate": 5}`, `\"rate\" does not apply to a concurrency rule`},
 		{ov + "/jobs/acme", `{"max_in_flight": 0}`, `max_in_flight`},
-		{ov + "/api/acme", `{"rate": 5, "max_in_flight": 2}`, `max_in_flight`},
+		{ov + "/jobs/acme", `{"max_in_flight": 2, "algorithm": "token_bucket"}`, `algorithm`},
+		{ov + "/api/k", `{"rate": 5, "max_in_flight": 2}`, `\"max_in_flight\" applies to concurrency rules only`},
 	} {
 		if code, out := admin(t, "PUT", c.url, c.body); code != 400 || !strings.Contains(out, c.want) {
 			t.Errorf("PUT %s %s: %d %s, want 400 with %q", c.url, c.body, code, out, c.want)
 		}
 	}
-	if code, out := admin(t, "PUT", ov+"/jobs/acme", `{"max_in_flight": 2}`); code != 200 || !strings.Contains(out, `"max_in_flight":2,"lease_ttl":"1h0m0s"`) {
-		t.Fatalf("PUT jobs/acme: %d %s", code, out)
-	}
-	acquire := func(tenant string) bool {
-		code, out := post(t, srv.base+"/v1/acquire", `{"rule": "jobs", "values": [`+jsonString(tenant)+`]}`)
+	acquire := func() bool {
+		t.Helper()
+		code, out := post(t, srv.base+"/v1/acquire", `{"rule": "jobs", "values": ["acme"]}`)
 		if code != 200 {
-			t.Fatalf("acquire for %s: %d %s", tenant, code, out)
+			t.Fatalf("acquire: %d %s", code, out)
 		}
 		return decision(t, out).Allowed
 	}
-	for i, want := range []bool{true, true, false} {
-		if got := acquire("acme"); got != want {
-			t.Errorf("acme's acquire %d: allowed %v, want %v (two slots by its override)", i, got, want)
-		}
+	if got := []bool{acquire(), acquire()}; !slices.Equal(got, []bool{true, false}) {
+		t.Fatalf("the rule's own max_in_flight 1: acquires %v, want one slot", got)
 	}
-	for i, want := range []bool{true, false} {
-		if got := acquire("bob"); got != want {
-			t.Errorf("bob's acquire %d: allowed %v, want %v (the rule's one slot)", i, got, want)
-		}
+	code, out := admin(t, "PUT", ov+"/jobs/acme", `{"max_in_flight": 3}`)
+	if code != 200 || !strings.Contains(out, `"algorithm":"concurrency"`) || !strings.Contains(out, `"max_in_flight":3`) || !strings.Contains(out, `"lease_ttl":"1m0s"`) {
+		t.Fatalf("PUT max_in_flight 3, keeping the rule's lease_ttl: %d %s", code, out)
+	}
+	// One slot is held already; the override leaves two more.
+	if got := []bool{acquire(), acquire(), acquire()}; !slices.Equal(got, []bool{true, true, false}) {
+		t.Fatalf("override max_in_flight 3: acquires %v, want 3 slots in all", got)
+	}
+	if code, out := admin(t, "PUT", ov+"/jobs/beta", `{"max_in_flight": 2, "lease_ttl": "5s"}`); code != 200 || !strings.Contains(out, `"lease_ttl":"5s"`) {
+		t.Fatalf("PUT with lease_ttl: %d %s", code, out)
 	}
 }

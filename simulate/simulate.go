@@ -13,6 +13,7 @@ package simulate
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -147,6 +148,11 @@ type Result struct {
 	First []Outcome
 }
 
+// ErrConcurrency is Run's error for a concurrency limit: simulated
+// requests have no duration, so none would ever give its slot back, and
+// what such a limit does depends on how long requests run.
+var ErrConcurrency = errors.New("concurrency limits (requests in flight) cannot be simulated: simulated requests have no duration")
+
 // Run plays events (in time order; events at the same instant in their
 // given order) on a fresh memory store, in virtual time. It returns an
 // error for an event the store rejects (a bad limit, a cost above the burst
@@ -195,6 +201,14 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 	}
 	if err := res.Limit.Validate(); err != nil {
 		return nil, err
+	}
+	if res.Limit.Algorithm == drip.Concurrency {
+		return nil, ErrConcurrency
+	}
+	for _, e := range evs {
+		if e.Limit != nil && e.Limit.Algorithm == drip.Concurrency {
+			return nil, ErrConcurrency
+		}
 	}
 
 	end := max(o.End, periodOf(res.Limit))

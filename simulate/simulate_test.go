@@ -333,3 +333,22 @@ func TestThinner(t *testing.T) {
 		t.Errorf("thinned to %v, want %v", got, want)
 	}
 }
+
+// TestConcurrencyRefused: a concurrency limit, given as the limit or by a
+// trace line, is refused with ErrConcurrency before anything runs, rather
+// than failing at the first request for want of a lease.
+func TestConcurrencyRefused(t *testing.T) {
+	p, err := ParsePattern("10/s for 1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inflight := drip.InFlight(2, time.Minute)
+	if _, err := Run(context.Background(), p.Events(Event{Cost: 1}), Options{Limit: inflight, End: p.Duration()}); !errors.Is(err, ErrConcurrency) {
+		t.Errorf("limit: %v, want ErrConcurrency", err)
+	}
+	evs := p.Events(Event{Cost: 1})
+	evs[3].Key, evs[3].Limit = "other", &inflight
+	if _, err := Run(context.Background(), evs, Options{Limit: drip.PerSecond(5), End: p.Duration()}); !errors.Is(err, ErrConcurrency) {
+		t.Errorf("a trace line's limit: %v, want ErrConcurrency", err)
+	}
+}

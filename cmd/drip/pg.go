@@ -70,10 +70,10 @@ func runPG(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Wr
 	if err := pool.QueryRow(ctx, "SELECT relpersistence::text FROM pg_class WHERE oid = 'drip.buckets'::regclass").Scan(&persistence); err != nil {
 		return fail(1, "reading back the bucket table: %v", redact.Error(err))
 	}
-	table := "a logged table"
+	tables := "logged tables"
 	if persistence == "u" {
-		table = "an UNLOGGED table (faster; a crash empties it: every key full again)"
+		tables = "UNLOGGED tables (faster; a crash empties them: every key full again, every slot free)"
 	}
-	fmt.Fprintf(stdout, "drip schema version %d installed: drip.buckets is %s, with the functions drip.take, drip.peek, drip.refund and drip.reset\n", pgstore.SchemaVersion, table)
+	fmt.Fprintf(stdout, "drip schema version %d installed: drip.buckets and drip.leases are %s; drip.overrides holds drip serve's per-tenant limits; with the functions drip.take, drip.peek, drip.refund and drip.reset\n", pgstore.SchemaVersion, tables)
 	return 0
 }

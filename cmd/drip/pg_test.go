@@ -38,7 +38,7 @@ func replayPostgres(t *testing.T, url string) {
 		}
 	}
 	// --unlogged and --logged say what they made.
-	for flag, want := range map[string]string{"--unlogged": "drip.buckets is an UNLOGGED table", "--logged": "drip.buckets is a logged table"} {
+	for flag, want := range map[string]string{"--unlogged": "drip.buckets and drip.leases are UNLOGGED tables", "--logged": "drip.buckets and drip.leases are logged tables"} {
 		var out, errb bytes.Buffer
 		if code := run(ctx, []string{"pg", "install", "--url", url, flag}, nil, &out, &errb); code != 0 || !strings.Contains(out.String(), want) {
 			t.Fatalf("drip pg install %s: exit %d: %s%s, want %q", flag, code, out.String(), errb.String(), want)

@@ -126,7 +126,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if c.Upstream != "" {
 		fmt.Fprintf(stdout, "drip serve: gateway on http://%s -> %s (store %s, rules %s)\n", s.Addr(), redact.URL(c.Upstream), storeName, rules)
 	} else {
-		fmt.Fprintf(stdout, "drip serve: decision API on http://%s (POST /v1/take, /v1/peek, /v1/refund, /v1/reset; GET /v1/forward-auth; store %s, rules %s)\n", s.Addr(), storeName, rules)
+		fmt.Fprintf(stdout, "drip serve: decision API on http://%s (POST /v1/take, /v1/peek, /v1/refund, /v1/reset, /v1/acquire, /v1/release; GET /v1/forward-auth; store %s, rules %s)\n", s.Addr(), storeName, rules)
 	}
 	if a := s.AdminAddr(); a != nil {
 		admin := "off (no --admin-token)"

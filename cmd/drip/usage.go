@@ -56,11 +56,12 @@ Runs the decision API (or, with --upstream, a gateway that applies the rules
 to every request it proxies), with Prometheus metrics, health checks and an
 admin API on a second listener. With no flags at all it runs on the embedded
 memory store with the built-in rules (every client IP 10 requests/s with
-bursts of 20). SIGHUP, a changed rules file or POST /v1/admin/reload reloads
+bursts of 20, and a shadow rule that counts all traffic past 1000/s). SIGHUP, a changed rules file or POST /v1/admin/reload reloads
 the rules; SIGTERM or SIGINT shuts down gracefully.
 
-Decision API (no --upstream): POST /v1/take, /v1/peek, /v1/refund, /v1/reset
-with a JSON request (an inline key and limit, or a rule and its key values),
+Decision API (no --upstream): POST /v1/take, /v1/peek, /v1/refund, /v1/reset,
+and /v1/acquire and /v1/release for in-flight (concurrency) limits, with a
+JSON request (an inline key and limit, or a rule and its key values),
 answered with a JSON decision; docs/api.md describes both. Beside it,
 GET /v1/forward-auth decides, as the gateway would, the request that a proxy
 in front (nginx auth_request, Caddy, Traefik ForwardAuth) describes in its
@@ -136,11 +137,14 @@ Examples:
 
 const pgUsage = `usage: drip pg install --url postgres://... [--unlogged | --logged]
 
-install creates drip's schema in a PostgreSQL database: the table
-drip.buckets and the SQL functions drip.take, drip.peek, drip.refund and
-drip.reset (so that any language can share the buckets), or migrates the
-schema of an older drip. Running it again is harmless. drip serve and drip
-replay can also install it themselves when their store URL says
+install creates drip's schema in a PostgreSQL database: the tables
+drip.buckets (token buckets and fixed windows), drip.leases (the leases of
+in-flight limits) and drip.overrides (drip serve's per-tenant limits), and
+the SQL functions drip.take, drip.peek, drip.refund and drip.reset (so that
+any language can share the buckets), or migrates the schema of an older
+drip. Running it again is harmless. --unlogged and --logged apply to
+drip.buckets and drip.leases; the overrides are always logged. drip serve
+and drip replay can also install it themselves when their store URL says
 ?drip_install=true.
 
 Examples:

@@ -56,12 +56,13 @@ var SchemaVersion = len(migration)
 
 // InstallOptions tunes Install.
 type InstallOptions struct {
-	// Unlogged makes the bucket table UNLOGGED: faster (no WAL), but
-	// emptied by crash recovery, which can admit up to one extra burst per
-	// key after a crash. An existing table is converted (ALTER TABLE ...
-	// SET UNLOGGED rewrites it under an exclusive lock).
+	// Unlogged makes the bucket and lease tables UNLOGGED: faster (no
+	// WAL), but emptied by crash recovery, which can admit up to one extra
+	// burst per key (and free every in-flight slot) after a crash. Existing
+	// tables are converted (ALTER TABLE ... SET UNLOGGED rewrites them under
+	// an exclusive lock). The overrides table is always logged.
 	Unlogged bool
-	// Logged converts an existing UNLOGGED table back to a logged one.
+	// Logged converts existing UNLOGGED tables back to logged ones.
 	Logged bool
 }
 
