@@ -69,6 +69,12 @@ func (c *checker) claims(p string, v any, r *Rule) *ClaimLimit {
 	if !ok {
 		return nil
 	}
+	if r.Limit.Concurrent() {
+		// Claims give a rate and a burst; a concurrency rule has neither
+		// (its per-tenant limits are overrides of max_in_flight).
+		c.add(p, "a concurrency rule has no rate or burst for claims to set: use a per-tenant override of max_in_flight")
+		return nil
+	}
 	cl := &ClaimLimit{MinRate: 1, MinBurst: 1}
 	n := len(c.problems)
 	claim := func(name string) string {
