@@ -252,6 +252,9 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	for i := range enf {
 		if enf[i].Rule.OnError == rules.Deny {
 			out.deny(http.StatusServiceUnavailable, ReasonStoreUnavailable)
+			// The breaker probes the store again within its cool-down:
+			// a second is soon enough to ask again.
+			out.RetryAfter = 1
 			for j := range enf {
 				enf[j].Event = NotTaken
 			}

@@ -47,7 +47,7 @@ import (
 // timeout) shortens it. It is generous on purpose: a store that is slow
 // for a moment (a busy host, a GC pause, a fsync) makes decisions slower,
 // not wrong or absent. A store that is down is found by the circuit
-// breaker instead, in its stall time (rules.DefaultBreakerStall) when it
+// breaker instead, in its stall time (500 ms unless set) when it
 // answers nothing, or at once when it refuses connections. A store that
 // is a drip.InProcess (the memory store) never waits on a server, and its
 // calls get no deadline of their own (the caller's context still applies).
@@ -233,7 +233,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
-		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br), cancel: cancel}
+		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br, timeout), cancel: cancel}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
 		w.timer.Reset(w.stall)
 		defer w.end()
@@ -328,11 +328,18 @@ func (w *watch) end() {
 }
 
 // stallAfter is how long a call waits with the store answering nothing
-// before the store counts as stalled: the breaker's stall time, or eight
-// times the store's usual answer time if that is longer (a store far away
-// or under load is not stalled at its usual pace).
-func (e *Engine) stallAfter(br rules.Breaker) time.Duration {
-	return max(br.Stall, 8*time.Duration(e.latency.Load()))
+// before the store counts as stalled: the breaker's stall time (unset:
+// rules.DefaultBreakerStall, or half the store deadline if that is
+// longer, so that a program or test that gives its store a generous
+// deadline gets a patient breaker too), or eight times the store's usual
+// answer time if that is longer (a store far away or under load is not
+// stalled at its usual pace).
+func (e *Engine) stallAfter(br rules.Breaker, timeout time.Duration) time.Duration {
+	stall := br.Stall
+	if stall <= 0 {
+		stall = max(rules.DefaultBreakerStall, timeout/2)
+	}
+	return max(stall, 8*time.Duration(e.latency.Load()))
 }
 
 // learnLatency folds a call that took d into the store's usual answer

@@ -343,7 +343,7 @@ func (out *Outcome) Problem() Problem {
 		a := out.Top
 		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", Amount(a.Cost), Amount(Burst(a.Limit)), name)
 	case ReasonStoreUnavailable:
-		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then", name)
+		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then (how long a decision waits on the store is store_timeout; when it counts as down, circuit_breaker)", name)
 	default:
 		p.Detail = fmt.Sprintf("rate limit %q exceeded; retry after %d seconds", name, out.RetryAfter)
 	}

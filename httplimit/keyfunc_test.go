@@ -281,7 +281,7 @@ func TestKeyOnError(t *testing.T) {
 			}
 		}, map[string]int{"per-key/enforce/error_allowed": 12}},
 		{rules.Deny, func(t *testing.T, i int, r resp) {
-			if r.code != 503 || r.h.Get("Retry-After") != "" {
+			if r.code != 503 || r.h.Get("Retry-After") != "1" {
 				t.Fatalf("request %d: %d %v", i, r.code, r.h)
 			}
 			if p := r.problem(t); p.Reason != httplimit.ReasonStoreUnavailable || p.Rule != "per-key" {

@@ -101,8 +101,9 @@ type Set struct {
 // at least Failures store calls failed and they were at least FailureRatio
 // of the calls (a call that missed its deadline while the store answered
 // others is slow, not failed), or when a call has waited Stall without the
-// store answering anything. Open, the store is not called for Cooldown;
-// then one probe decides whether it is back.
+// store answering anything (zero: DefaultBreakerStall, or half the store
+// deadline if that is longer). Open, the store is not called for
+// Cooldown; then one probe decides whether it is back.
 type Breaker struct {
 	Failures     int
 	FailureRatio float64
@@ -112,7 +113,7 @@ type Breaker struct {
 
 // DefaultBreaker is the breaker of a rules file that configures none.
 var DefaultBreaker = Breaker{Failures: DefaultBreakerFailures, FailureRatio: DefaultBreakerRatio,
-	Stall: DefaultBreakerStall, Cooldown: DefaultBreakerCooldown}
+	Cooldown: DefaultBreakerCooldown}
 
 // Or is b with def's value for every field b leaves at zero.
 func (b Breaker) Or(def Breaker) Breaker {

@@ -105,7 +105,10 @@ func writeError(w http.ResponseWriter, err error) {
 	case drip.IsInput(err):
 		status = http.StatusBadRequest
 	default:
+		// The store failed, was too slow, or the breaker skipped it:
+		// the breaker probes it again within its cool-down.
 		err = fmt.Errorf("store: %w", err)
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, status, map[string]string{"error": redact.Text(err.Error())})
 }
