@@ -112,12 +112,14 @@ func WithObserver(o Observer) Option { return func(e *Engine) { e.obs = o } }
 func WithTimeout(d time.Duration) Option { return func(e *Engine) { e.timeout = d } }
 
 // WithSeparateTakes is for stores that cannot take several keys in one
-// atomic step, such as Redis Cluster: the enforce rules of a request are
-// taken one store call each, in file order, and when one denies, those
-// already taken are refunded. Without the option, a store that answers a
-// multi-take with drip.ErrNotColocated gets the same treatment through
-// drip.Separately. All or nothing then holds in the end rather than at
-// every instant.
+// atomic step, such as Redis Cluster: every multi-key store call is
+// applied one request at a time (drip.Separately with Always), in file
+// order, and when a take is denied, those already taken are given back
+// (tokens and slots) and the rest are peeked at. Without the option, a
+// store that answers a multi-take with drip.ErrNotColocated gets the same
+// treatment, after a first attempt. Either way the answers are those of
+// one atomic multi-take, and all or nothing holds in the end rather than
+// at every instant.
 func WithSeparateTakes() Option { return func(e *Engine) { e.separate = true } }
 
 // WithClock makes the engine pass now() as the time of each decision
@@ -130,15 +132,17 @@ func WithName(name string) Option { return func(e *Engine) { e.name = name } }
 
 // New returns an Engine with state in store.
 func New(store drip.Store, opts ...Option) *Engine {
-	// drip.Separately: on a store that cannot take a request's keys in one
-	// step (Redis Cluster across hash slots), every multi-key call is
-	// applied one key at a time instead.
-	e := &Engine{store: drip.Separately{Store: store}, log: slog.Default(), obs: NopObserver{},
+	e := &Engine{store: store, log: slog.Default(), obs: NopObserver{},
 		timeout: DefaultTimeout, brk: newBreaker(), name: "drip"}
 	_, e.inproc = store.(drip.InProcess)
 	for _, o := range opts {
 		o(e)
 	}
+	// drip.Separately: on a store that cannot take a request's keys in one
+	// step (Redis Cluster across hash slots), every multi-key call is
+	// applied one key at a time instead; with WithSeparateTakes, without
+	// asking the store first.
+	e.store = drip.Separately{Store: store, Always: e.separate}
 	if e.timeout <= 0 {
 		e.timeout = DefaultTimeout
 	}

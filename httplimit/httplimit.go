@@ -125,13 +125,14 @@ func WithTimeout(d time.Duration) Option {
 // WithSeparateTakes is for stores that cannot take several keys in one
 // atomic step, such as Redis Cluster (whose multi-takes need every key in
 // one hash slot, while rules' keys land anywhere): the enforce rules of a
-// request are taken one store call each, in file order, and when one
-// denies, those already taken are refunded. Without the option, a store
-// that answers a multi-take with drip.ErrNotColocated gets the same
-// treatment through drip.Separately, after a first attempt that the store
-// refuses without a round trip. All or nothing then holds in
-// the end rather than at every instant: between a take and its refund,
-// another request may find fewer tokens.
+// request are taken one store call each, in file order (drip.Separately),
+// and when one denies, those already taken are given back, tokens and
+// slots, and the rest are peeked at for the headers. Without the option, a
+// store that answers a multi-take with drip.ErrNotColocated gets the same
+// treatment, after a first attempt that the store refuses without a round
+// trip. The answers are those of one atomic multi-take; all or nothing
+// holds in the end rather than at every instant: between a take and its
+// give-back, another request may find fewer tokens or slots.
 func WithSeparateTakes() Option {
 	return frontdoor.WithEngineOption(engine.WithSeparateTakes())
 }
