@@ -61,6 +61,7 @@ func goBlocks(file string, data []byte) []snippet {
 // server reads its URL from the environment and refuses to start
 // without it.
 func TestReadmeSnippets(t *testing.T) {
+	t.Parallel() // it waits on the go command most of the time
 	files, err := filepath.Glob("docs/*.md")
 	if err != nil {
 		t.Fatal(err)
