@@ -12,7 +12,9 @@ import (
 	"github.com/driplimit/drip/bucket"
 )
 
-// Algorithm names how a bucket refills.
+// Algorithm names the kind of a limit: a bucket and how it refills
+// (TokenBucket, FixedWindow), or a bound on requests in flight
+// (Concurrency).
 type Algorithm string
 
 const (
