@@ -238,7 +238,7 @@ func TestBeforeTake(t *testing.T) {
 	// Interval, 5 per 10 s burst 20: 9 left after taking 2 (11 before);
 	// full after 3 periods from 9, 2 from 11.
 	got = BeforeTake(drip.Decision{Allowed: true, Tokens: 9, Remaining: 9, ResetAfter: 27 * time.Second},
-		drip.Every(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval), "k", 2)
+		drip.Per(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval), "k", 2)
 	if got.Tokens != 11 || got.Remaining != 11 || got.ResetAfter != 17*time.Second {
 		t.Errorf("interval: %+v", got)
 	}
@@ -255,9 +255,9 @@ func TestFillSeconds(t *testing.T) {
 	}{
 		{drip.PerSecond(10).WithBurst(20), 2},
 		{drip.PerSecond(3).WithBurst(10), 4},
-		{drip.Every(100, time.Minute), 60},
-		{drip.Every(5, 10*time.Second).WithBurst(12).WithRefill(drip.Interval), 30},
-		{drip.Every(3, 10*time.Second).Window(), 10},
+		{drip.Per(100, time.Minute), 60},
+		{drip.Per(5, 10*time.Second).WithBurst(12).WithRefill(drip.Interval), 30},
+		{drip.Per(3, 10*time.Second).Window(), 10},
 		{drip.PerSecond(0.1).WithBurst(1), 10},
 	} {
 		if got := drip.CeilSeconds(c.l.FillTime()); got != c.want {

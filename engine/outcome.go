@@ -345,7 +345,11 @@ func (out *Outcome) Problem() Problem {
 	case ReasonStoreUnavailable:
 		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then (how long a decision waits on the store is store_timeout; when it counts as down, circuit_breaker)", name)
 	default:
-		p.Detail = fmt.Sprintf("rate limit %q exceeded; retry after %d seconds", name, out.RetryAfter)
+		unit := "seconds"
+		if out.RetryAfter == 1 {
+			unit = "second"
+		}
+		p.Detail = fmt.Sprintf("rate limit %q exceeded; retry after %d %s", name, out.RetryAfter, unit)
 	}
 	return p
 }
