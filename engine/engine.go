@@ -63,7 +63,7 @@ const MaxPending = 4096
 // did not make.
 var ErrBreakerOpen = errors.New("circuit breaker open: the store failed or stopped answering, and is not called until a probe gets through (circuit_breaker in the rules file)")
 
-// ErrStalled is the error of a store call given up because the store
+// ErrStalled is the error of a store call that failed after the store
 // answered nothing at all for the breaker's stall time: the breaker opens.
 var ErrStalled = errors.New("the store answered nothing within the circuit breaker's stall time (circuit_breaker.stall)")
 
@@ -237,7 +237,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
-		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br, timeout), cancel: cancel}
+		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br, timeout)}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
 		w.timer.Reset(w.stall)
 		defer w.end()
@@ -296,16 +296,22 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 
 // watch is a store call's stall timer: when the store has answered
 // nothing for the stall time (since its last answer, or since the call
-// began if that is later) while the call waits, the call is given up and
-// the breaker opens. Each time the timer fires too early (the store
-// answered meanwhile) it is set again for the rest.
+// began if that is later) while the call waits, the breaker opens, so
+// that the calls after it go to on_error at once. Each time the timer
+// fires too early (the store answered meanwhile) it is set again for the
+// rest.
+//
+// The waiting call itself is not given up: it keeps its deadline, which
+// the store server holds it to. Cancelling it sooner could leave a take
+// that the server applied (its deadline had not passed) answered to the
+// caller as an error, where a call that ends at its deadline is refused
+// by the server, or taken back (batch.Undo).
 type watch struct {
 	e       *Engine
 	br      rules.Breaker
 	tk      ticket
 	start   int64 // UnixNano
 	stall   time.Duration
-	cancel  context.CancelFunc
 	timer   *time.Timer
 	done    atomic.Bool // the call ended: the timer does nothing more
 	stalled atomic.Bool
@@ -321,7 +327,6 @@ func (w *watch) fire() {
 		return
 	}
 	w.stalled.Store(true)
-	w.cancel()
 	w.e.breakerChanged(w.e.brk.stalled(w.e.clock(), w.br, w.tk))
 }
 
