@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -397,5 +398,49 @@ descriptors:
 		if got, err := strconv.Atoi(retryAfter(resp)); err != nil || got < 30 || got > 45 {
 			t.Errorf("%v: Retry-After %d (%v), want 30 to 45 (fast's wait, jittered)", ds, got, err)
 		}
+	}
+}
+
+// TestBlockedHeaders: a request denied by a limit of requests_per_unit 0
+// beside a descriptor within its limit gets RateLimit headers that
+// describe the denying limit (a quota of 0, none remaining, no window and
+// no Retry-After: no wait cures it), and still lists the other limit, as
+// the bucket is (untaken).
+func TestBlockedHeaders(t *testing.T) {
+	c, err := Parse(File{Name: "b.yaml", Data: []byte(`domain: b
+descriptors:
+  - key: open
+    rate_limit: {unit: minute, requests_per_unit: 10, name: open}
+  - key: shut
+    rate_limit: {unit: minute, requests_per_unit: 0, name: shut}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serve(t, memstore.New(), c, false)
+	resp := r.call(t, "b", 0, desc("open=a"), desc("shut=a"))
+	wantCodes(t, "open and shut", resp, over, ok, over)
+	got := map[string]string{}
+	for _, h := range resp.ResponseHeadersToAdd {
+		got[h.Key] = h.Value
+	}
+	want := map[string]string{
+		"RateLimit-Policy":    `"open";q=10;w=60, "shut";q=0`,
+		"RateLimit":           `"open";r=10;t=0, "shut";r=0`,
+		"RateLimit-Limit":     "0",
+		"RateLimit-Remaining": "0",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %q, want %q", k, got[k], v)
+		}
+	}
+	for _, k := range []string{"RateLimit-Reset", "Retry-After"} {
+		if v, ok := got[k]; ok {
+			t.Errorf("%s: %q, want none", k, v)
+		}
+	}
+	if err := sfv.CheckHeaders(func(k string) string { return got[k] }); err != nil {
+		t.Error(err)
 	}
 }
