@@ -126,3 +126,23 @@ func TestFieldsWholeQuotas(t *testing.T) {
 		e.Close()
 	}
 }
+
+// TestFieldsTopHasWindow: of a concurrency rule and a token bucket with as
+// few left, the single-value headers describe the bucket, whose reset is a
+// wait to tell of, whatever the rules' order and however long the leases.
+func TestFieldsTopHasWindow(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+	  {"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency",
+	   "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1h"}},
+	  {"name": "rate", "limit_keys": ["global"], "algorithm_config": {"rate": 1, "period": "10s", "burst": 1}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	e := engine.New(memstore.New(memstore.WithSweep(0)), engine.WithClock(func() time.Time { return now }))
+	defer e.Close()
+	out := e.Decide(context.Background(), e.Compile(set), values{})
+	if f := out.Fields(); !out.Allowed || out.Top.Rule.Name != "rate" || f.Limit != "1" || f.Remaining != "0" || f.Reset != "10" {
+		t.Errorf("top %s, limit %s, remaining %s, reset %q; want rate's: 1, 0, 10", out.Top.Rule.Name, f.Limit, f.Remaining, f.Reset)
+	}
+}

@@ -30,7 +30,8 @@ type Outcome struct {
 	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable.
 	Reason string
 	// Top is the rule that denied the request (the longest wait), or else
-	// the most restrictive enforce rule (least remaining): the one the
+	// the most restrictive enforce rule (least remaining; of a concurrency
+	// rule and another with as few left, the other): the one the
 	// single-value headers describe. Nil when no enforce rule was decided.
 	Top *Applied
 	// RetryAfter is the Retry-After header's value in seconds on a 429:
@@ -147,6 +148,17 @@ func Tighter(a, b drip.Decision, denied bool) bool {
 	return a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAfter > b.ResetAfter)
 }
 
+// tighter reports whether a, allowed, describes a tighter limit than b
+// for the single-value headers (Tighter); of a concurrency limit and
+// another with as few left, the other, whose reset is a wait to tell of
+// (a slot comes back when a request ends).
+func (a *Applied) tighter(b *Applied) bool {
+	if a.Decision.Remaining == b.Decision.Remaining && a.Limit.Concurrent() != b.Limit.Concurrent() {
+		return !a.Limit.Concurrent()
+	}
+	return Tighter(a.Decision, b.Decision, false)
+}
+
 // pick chooses the rule the single-value headers describe, the reason,
 // the identity and Retry-After.
 func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
@@ -162,7 +174,7 @@ func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
 			}
 			continue
 		}
-		if a.Decided && (top == nil || Tighter(a.Decision, top.Decision, false)) {
+		if a.Decided && (top == nil || a.tighter(top)) {
 			top = a
 		}
 	}
