@@ -59,9 +59,16 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 			}
 			continue
 		}
-		if !it.step.Decided { // cost > burst: never allowed, nothing asked
+		if !it.step.Decided || (it.kind == enforce && it.never()) {
+			// cost > burst: never allowed, and over the limit with
+			// nothing remaining, as envoyproxy/ratelimit says. Peeked
+			// when the request was denied (run): then the headers
+			// describe its bucket, unless a denial a wait cures does.
 			if it.kind == enforce {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			if it.kind == enforce && it.step.Decided && top == nil {
+				top = it
 			}
 			continue
 		}
@@ -89,10 +96,10 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 		}
 	}
 	if top == nil {
-		// Denied only by a limit of 0 or a cost above a burst, which no
-		// wait cures: no Retry-After; the single-value headers describe
-		// the limit of 0 (a quota of 0, none remaining, no reset), else
-		// the buckets.
+		// Denied only by a limit of 0 (or by quota descriptors that can
+		// never pass, set aside unasked), which no wait cures: no
+		// Retry-After; the single-value headers describe the limit of 0
+		// (a quota of 0, none remaining, no reset), else the buckets.
 		top = fallback
 		if shut != nil {
 			top = shut
