@@ -288,9 +288,9 @@ type Field struct {
 // in RateLimit (r the free slots; t only on a 429 it caused), and no
 // RateLimit-Reset when it is the one the single-value headers describe,
 // unless it denied. Every number is an integer, as the ratelimit-headers
-// draft wants. A rule's name is an sf-string, which holds printable ASCII only: other
-// bytes are written as %xx (sfv.String: "café" is "caf%c3%a9"). Shadow
-// rules never show in headers. Policy is empty when no limit was decided;
+// draft wants. A rule's name is an sf-string, which holds printable ASCII
+// only: other bytes are written as %xx (sfv.String: "café" is
+// "caf%c3%a9"). Shadow rules never show in headers. Policy is empty when no limit was decided;
 // Reset is empty when the limit the single-value headers describe has no
 // window; RetryAfter is 0 when there is no Retry-After.
 type Fields struct {
@@ -339,14 +339,19 @@ func (out *Outcome) Fields() Fields {
 		return Fields{RetryAfter: out.RetryAfter}
 	}
 	var fs []Field
+	var top Field // out.Top's, one of fs
 	for i := range out.Applied {
 		a := &out.Applied[i]
 		if a.Rule.Mode == rules.Shadow || !a.Decided {
 			continue
 		}
-		fs = append(fs, out.field(a))
+		f := out.field(a)
+		if a == out.Top {
+			top = f
+		}
+		fs = append(fs, f)
 	}
-	return MakeFields(fs, out.field(out.Top), Quota(out.Top.Limit), out.RetryAfter)
+	return MakeFields(fs, top, Quota(out.Top.Limit), out.RetryAfter)
 }
 
 // WriteHeaders sets the RateLimit headers (and Retry-After on a 429) for
