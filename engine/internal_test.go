@@ -264,14 +264,31 @@ func TestFillSeconds(t *testing.T) {
 			t.Errorf("CeilSeconds(%v.FillTime()) = %d, want %d", c.l, got, c.want)
 		}
 	}
-	if got := PolicyItem("a", drip.PerSecond(2).WithBurst(2.5)); got != `"a";q=2.5;w=2` {
-		t.Errorf("policyItem = %s", got)
-	}
-	// A name outside printable ASCII, and a burst with more than three
-	// decimals, still make a valid structured field.
-	if got := PolicyItem("café", drip.PerSecond(3).WithBurst(1.23456)); got != `"caf%c3%a9";q=1.234;w=1` {
-		t.Errorf("policyItem = %s", got)
-	} else if _, err := sfv.ParseList(got); err != nil {
-		t.Error(err)
+	// q is a whole number, the burst rounded down (never more than the
+	// bucket holds); a concurrency limit is a quota of concurrent
+	// requests without a window; a limit that never allows has no window.
+	for _, c := range []struct {
+		name string
+		l    drip.Limit
+		want string
+	}{
+		{"a", drip.PerSecond(2).WithBurst(2.5), `"a";q=2;w=2`},
+		{"café", drip.PerSecond(3).WithBurst(1.23456), `"caf%c3%a9";q=1;w=1`},
+		{"tiny", drip.PerSecond(1).WithBurst(0.5), `"tiny";q=0;w=1`},
+		{"slots", drip.InFlight(3, 30*time.Second), `"slots";q=3;qu="concurrent-requests"`},
+		{"shut", drip.Limit{}, `"shut";q=0`},
+	} {
+		got := PolicyItem(c.name, c.l)
+		if got != c.want {
+			t.Errorf("PolicyItem(%q, %v) = %s, want %s", c.name, c.l, got, c.want)
+		}
+		if err := sfv.CheckHeaders(func(h string) string {
+			if h == "RateLimit-Policy" {
+				return got
+			}
+			return ""
+		}); err != nil {
+			t.Error(err)
+		}
 	}
 }

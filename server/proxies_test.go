@@ -177,7 +177,9 @@ func TestForwardAuthProxies(t *testing.T) {
 			writeFile(t, rules, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [
 			  {"name": "per-ip", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 3}},
 			  {"name": "uploads", "limit_keys": ["ip:address"], "match": {"method": "POST", "path": "/upload/*"},
-			   "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}}]}`)
+			   "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}},
+			  {"name": "slot", "limit_keys": ["ip:address"], "match": {"path": "/slot/*"}, "algorithm": "concurrency",
+			   "algorithm_config": {"max_in_flight": 1}}]}`)
 			srv := start(t, Config{Rules: rules, WatchEvery: -1, AdminListen: "off"}, memstore.New())
 			base := startFrontDoor(t, fd, srv.Addr().String(), a.Listener.Addr().String())
 
@@ -268,6 +270,19 @@ func TestForwardAuthProxies(t *testing.T) {
 				t.Errorf("the app saw %q from 127.0.0.4, want %q", got, want)
 			}
 
+			// A concurrency rule, the tightest, has no window: the proxy
+			// passes on no RateLimit-Reset (not even an empty one).
+			resp, _ = fetch(t, clientFrom("127.0.0.5"), base+"/slot/x")
+			if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != `"per-ip";r=2;t=3600, "slot";r=0` {
+				t.Errorf("/slot/x: %d, RateLimit %q", resp.StatusCode, resp.Header.Get("RateLimit"))
+			}
+			if v, ok := resp.Header["Ratelimit-Reset"]; ok {
+				t.Errorf("/slot/x: RateLimit-Reset %q, want none", v)
+			}
+			if err := sfv.CheckHeaders(resp.Header.Get); err != nil {
+				t.Errorf("/slot/x: %v", err)
+			}
+
 			if got, want := a.requests("127.0.0.2"), []string{"/hello?i=0", "/hello?i=1", "/hello?i=2"}; !slices.Equal(got, want) {
 				t.Errorf("the app saw %q from 127.0.0.2, want %q", got, want)
 			}
@@ -276,7 +291,7 @@ func TestForwardAuthProxies(t *testing.T) {
 			}
 			a.mu.Lock()
 			for client := range a.seen {
-				if client != "127.0.0.1" && client != "127.0.0.2" && client != "127.0.0.3" && client != "127.0.0.4" {
+				if client != "127.0.0.1" && client != "127.0.0.2" && client != "127.0.0.3" && client != "127.0.0.4" && client != "127.0.0.5" {
 					t.Errorf("the app saw a client %q: a forged header got through", client)
 				}
 			}

@@ -112,7 +112,16 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 	if l.UnitMultiplier == 0 {
 		l.UnitMultiplier = 1
 	}
-	if l.Unlimited || l.RequestsPerUnit == 0 {
+	if l.Unlimited {
+		return nil
+	}
+	name := l.Name
+	if name == "" {
+		name = l.Path
+	}
+	l.qname = sfv.String(name)
+	if l.RequestsPerUnit == 0 {
+		l.policy = engine.PolicyItem(name, l.Limit) // a quota of 0, no window
 		return nil
 	}
 	d, ok := units[l.Unit]
@@ -128,11 +137,6 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 	if err := l.Limit.Validate(); err != nil {
 		return err
 	}
-	name := l.Name
-	if name == "" {
-		name = l.Path
-	}
-	l.qname = sfv.String(name)
 	l.policy = engine.PolicyItem(name, l.Limit)
 	return nil
 }
