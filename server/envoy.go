@@ -56,6 +56,7 @@ func (s *Server) addGRPC() {
 		name:     "grpc",
 		addr:     s.cfg.GRPCListen,
 		serve:    g.Serve,
+		drain:    g.Health.Shutdown, // NOT_SERVING; GOAWAY comes with Shutdown
 		shutdown: g.Shutdown,
 	})
 }

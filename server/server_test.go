@@ -23,7 +23,8 @@ import (
 type running struct {
 	*Server
 	base, admin string
-	stop        func() error
+	cancel      func()       // ends Serve's context: the drain begins
+	stop        func() error // cancel, and wait for Serve to return
 }
 
 // start serves cfg on free loopback ports until the test ends.
@@ -59,6 +60,9 @@ func startWith(t *testing.T, cfg Config, store drip.Store, setup func(*Server)) 
 	}
 	if cfg.AdminListen == "" {
 		cfg.AdminListen = "127.0.0.1:0"
+	}
+	if cfg.Drain == 0 {
+		cfg.Drain = -1 // tests of the drain set their own
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -105,7 +109,7 @@ func startWith(t *testing.T, cfg Config, store drip.Store, setup func(*Server)) 
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	r := &running{Server: s, base: "http://" + s.Addr().String(), stop: stop}
+	r := &running{Server: s, base: "http://" + s.Addr().String(), cancel: cancel, stop: stop}
 	if a := s.AdminAddr(); a != nil {
 		r.admin = "http://" + a.String()
 	}
