@@ -12,7 +12,10 @@ import (
 )
 
 // metrics are the server's Prometheus series, in a registry of its own so
-// that several servers can live in one process (tests do).
+// that several servers can live in one process (tests do). Every series
+// whose labels are known up front exists from the start, at 0 (the
+// rules' decisions once loaded: promobserver's Expect), so that
+// increase() sees its first event.
 type metrics struct {
 	reg *prometheus.Registry
 
@@ -59,11 +62,21 @@ func newMetrics() *metrics {
 			Help: "When the rules in force were loaded (Unix time).",
 		}),
 	}
+	for _, op := range storeOps {
+		m.storeSeconds.WithLabelValues(op)
+		m.storeErrors.WithLabelValues(op)
+	}
+	for _, result := range []string{"ok", "error"} {
+		m.reloads.WithLabelValues(result)
+	}
 	m.reg.MustRegister(m.obs, m.storeSeconds, m.storeErrors,
 		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// storeOps are the values of the store series' op label.
+var storeOps = []string{"take", "peek", "refund", "multi", "reset"}
 
 // observed is a drip.Store that times every call and counts failures: the
 // store latency and error series. Telemetry stays out of the stores

@@ -313,7 +313,7 @@ func TestDecisionAPIStoreDown(t *testing.T) {
 		t.Fatalf("/readyz with the store down: %d %s", code, out)
 	}
 	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
-	for _, want := range []string{`drip_store_errors_total{op="take"} 1`, `drip_decisions_total{outcome="error",rule="inline"} 1`} {
+	for _, want := range []string{`drip_store_errors_total{op="take"} 1`, `drip_decisions_total{mode="enforce",outcome="error",rule="inline"} 1`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}
@@ -450,8 +450,8 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("/metrics: %d", code)
 	}
 	for _, want := range []string{
-		`drip_decisions_total{outcome="allowed",rule="inline"} 3`,
-		`drip_decisions_total{outcome="denied",rule="inline"} 1`,
+		`drip_decisions_total{mode="enforce",outcome="allowed",rule="inline"} 3`,
+		`drip_decisions_total{mode="enforce",outcome="denied",rule="inline"} 1`,
 		`drip_store_duration_seconds_count{op="take"} 4`,
 		`drip_store_duration_seconds_count{op="peek"} 1`,
 		`drip_rules_last_reload_ok`,
