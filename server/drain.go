@@ -31,7 +31,7 @@ func (s *Server) drain(ls []*listener) {
 			l.drain()
 		}
 	}
-	s.log.Info("drip serve: draining: every answer closes its connection, /readyz answers 503", "for", s.cfg.Drain.String())
+	s.log.Info("drip serve: draining: every answer closes its connection, /readyz answers 503 (a second SIGTERM or SIGINT ends it)", "for", s.cfg.Drain.String())
 	t := time.NewTimer(s.cfg.Drain)
 	defer t.Stop()
 	select {

@@ -40,7 +40,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if !ok {
 		return 2
 	}
-	drain := fs.Duration("drain", drainDefault, "on SIGTERM or SIGINT, serve this long with every answer closing its connection and /readyz at 503, then shut down; 0: shut down at once (env DRIP_DRAIN)")
+	drain := fs.Duration("drain", drainDefault, "on SIGTERM or SIGINT, serve this long with every answer closing its connection and /readyz at 503, then shut down (a second signal ends it); 0: shut down at once (env DRIP_DRAIN)")
 	if code, done := parseFlags(fs, serveUsage, args, stdout, stderr); done {
 		return code
 	}
@@ -120,6 +120,24 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 			select {
 			case <-hup:
 				_ = s.Reload() // logged and counted by Reload
+			case <-hupDone:
+				return
+			}
+		}
+	}()
+
+	// The first SIGTERM or SIGINT ends ctx (main), and the drain begins;
+	// a second ends the drain.
+	stop := make(chan os.Signal, 2)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(stop)
+	go func() {
+		for n := 0; ; {
+			select {
+			case <-stop:
+				if n++; n == 2 {
+					s.EndDrain()
+				}
 			case <-hupDone:
 				return
 			}
