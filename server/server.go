@@ -249,12 +249,14 @@ func (s *Server) Serve(ctx context.Context) error {
 	ls := append([]*listener(nil), s.listeners...)
 	s.mu.Unlock()
 
-	ctx, cancel := context.WithCancel(ctx)
+	// The rules watcher and the overrides' follower run on through the
+	// drain, until the shutdown.
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Go(func() { s.watch(ctx) })
+	wg.Go(func() { s.watch(bg) })
 	if s.ost != nil {
-		s.followOverrides(ctx, &wg)
+		s.followOverrides(bg, &wg)
 	}
 
 	errc := make(chan error, len(ls))
@@ -277,10 +279,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
-	cancel()
 	if err == nil {
 		s.drain(ls) // a listener that failed asks for no drain
 	}
+	cancel()
 	s.log.Info("drip serve: shutting down")
 	sctx, scancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer scancel()
