@@ -8,7 +8,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit/promobserver"
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/server/envoy"
 )
 
 // metrics are the server's Prometheus series, in a registry of its own so
@@ -73,6 +76,23 @@ func newMetrics() *metrics {
 		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// expect creates at zero the decision series of set's rules and env's
+// limits, so that increase() sees their first decisions.
+func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
+	m.obs.Expect(set.Rules...)
+	for _, l := range env.Limits() {
+		mode := rules.Enforce
+		if l.Shadow {
+			mode = rules.Shadow
+		}
+		events := []engine.Event{engine.Allowed, engine.Denied, engine.NotTaken, engine.Refunded, engine.Failed}
+		if l.Unlimited {
+			events = []engine.Event{engine.Unlimited}
+		}
+		m.obs.ExpectEvents(envoyPrefix+l.Label(), mode, events...)
+	}
 }
 
 // storeOps are the values of the store series' op label.

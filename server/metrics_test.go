@@ -43,13 +43,25 @@ func scrape(t *testing.T, admin string) map[string]float64 {
 // TestMetricsAtZero: a fresh server has every series whose labels are
 // known up front at 0, so that Prometheus' increase() sees the first
 // failed reload, the first store error and each rule's first decision;
-// a reload adds the new rules' series.
+// a reload adds the new rules' series. Envoy's limits count as rules.
 func TestMetricsAtZero(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "rules.json")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "edge.yaml"), `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /login
+    shadow_mode: true
+    rate_limit: {name: login, unit: minute, requests_per_unit: 5}
+  - key: internal
+    rate_limit: {unlimited: true}
+`)
+	path := filepath.Join(dir, "rules.json")
 	writeFile(t, path, `{"rules": [
 	  {"name": "api", "limit_keys": ["header:x-api-key"], "on_error": "deny", "algorithm_config": {"rps": 1}},
 	  {"name": "watch", "limit_keys": ["global"], "mode": "shadow", "algorithm_config": {"rps": 1}}]}`)
-	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	srv := start(t, Config{Rules: dir, WatchEvery: -1}, memstore.New())
 	want := []string{
 		"drip_rules_reloads_total{result=ok}", "drip_rules_reloads_total{result=error}",
 		"drip_store_circuit_state{state=open}", "drip_store_circuit_state{state=half_open}",
@@ -64,6 +76,12 @@ func TestMetricsAtZero(t *testing.T) {
 	for _, o := range []string{"allowed", "denied", "not_taken", "error", "error_allowed"} {
 		want = append(want, "drip_decisions_total{mode=shadow,outcome="+o+",rule=watch}")
 	}
+	for _, o := range []string{"allowed", "denied", "not_taken", "refunded", "error"} {
+		want = append(want, "drip_decisions_total{mode=enforce,outcome="+o+",rule=envoy:edge.remote_address}",
+			"drip_decisions_total{mode=shadow,outcome="+o+",rule=envoy:login}")
+	}
+	want = append(want, "drip_decisions_total{mode=enforce,outcome=unlimited,rule=envoy:edge.internal}",
+		"drip_shadow_denials_total{rule=envoy:login}")
 	check := func(got map[string]float64, want []string) {
 		t.Helper()
 		for _, k := range want {

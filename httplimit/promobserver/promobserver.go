@@ -148,14 +148,25 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 			events = append(events, engine.ErrorDenied)
 		case r.OnError == rules.Local:
 			events = append(events, engine.LocalAllowed, engine.LocalDenied)
-			o.fallback.WithLabelValues(r.Name)
 		}
-		for _, e := range events {
-			o.decisions.WithLabelValues(r.Name, string(r.Mode), string(e))
+		o.ExpectEvents(r.Name, r.Mode, events...)
+	}
+}
+
+// ExpectEvents creates at zero the series of rule (a rule's name, or
+// anything its front door counts decisions under, such as an Envoy limit)
+// in mode for events: its decisions, its shadow denials in shadow mode,
+// its local fallback's decisions with a local event. Expect calls it for
+// rules.
+func (o *Observer) ExpectEvents(rule string, mode rules.Mode, events ...engine.Event) {
+	for _, e := range events {
+		o.decisions.WithLabelValues(rule, string(mode), string(e))
+		if e == engine.LocalAllowed || e == engine.LocalDenied {
+			o.fallback.WithLabelValues(rule)
 		}
-		if r.Mode == rules.Shadow {
-			o.shadowDenials.WithLabelValues(r.Name)
-		}
+	}
+	if mode == rules.Shadow {
+		o.shadowDenials.WithLabelValues(rule)
 	}
 }
 
