@@ -134,8 +134,8 @@ func TestForwardAuthAsGateway(t *testing.T) {
 	}
 	_, metrics := call(t, "GET", fa.admin+"/metrics", "")
 	for _, want := range []string{
-		`drip_decisions_total{outcome="allowed",rule="free"} 5`,
-		`drip_decisions_total{outcome="denied",rule="search"} 1`,
+		`drip_decisions_total{mode="enforce",outcome="allowed",rule="free"} 5`,
+		`drip_decisions_total{mode="enforce",outcome="denied",rule="search"} 1`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("forward auth's metrics lack %q:\n%s", want, grep(metrics, "drip_decisions_total"))

@@ -46,6 +46,7 @@ func (s *Server) loadRules() (*ruleState, error) {
 	}
 	rs.set.Store(set)
 	rs.loadedAt = time.Now()
+	s.metrics.expect(set, rs.envoy) // their series at 0
 	s.metrics.rulesOK.Set(1)
 	s.metrics.rulesLoaded.Set(float64(len(set.Rules)))
 	s.metrics.reloadTime.Set(float64(rs.loadedAt.UnixNano()) / 1e9)
@@ -82,6 +83,7 @@ func (s *Server) Reload() error {
 		s.rls.Swap(env)
 	}
 	s.rs.loadedAt = time.Now()
+	s.metrics.expect(set, env)
 	s.metrics.reloads.WithLabelValues("ok").Inc()
 	s.metrics.rulesOK.Set(1)
 	s.metrics.rulesLoaded.Set(float64(len(set.Rules)))
