@@ -23,7 +23,7 @@ type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
 	// Status is 0 when allowed, else 429 (over a limit) or 503 (the store
-	// failed and on_error is deny).
+	// failed and on_error is deny), or a front door's refusal's (Refuse).
 	Status int
 	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
 	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable.
@@ -50,6 +50,16 @@ type Outcome struct {
 	eng      *Engine
 	rs       *Rules
 	released atomic.Bool
+	detail   string // a refusal's problem detail
+}
+
+// Refuse is the outcome of a request that a front door refuses before
+// any rule is decided, because it cannot read the request as the rules
+// would need (an HTTP path that servers read in different ways): nothing
+// was taken, and WriteError writes status and a problem with the reason
+// and the detail.
+func Refuse(status int, reason, detail string) *Outcome {
+	return &Outcome{Status: status, Reason: reason, detail: detail}
 }
 
 // Applied is one rule applied to a request.
@@ -338,11 +348,13 @@ func (out *Outcome) Problem() Problem {
 		name = out.Top.Rule.Name
 		p.Rule = name
 	}
-	switch out.Reason {
-	case ReasonCostExceedsBurst:
+	switch {
+	case out.detail != "":
+		p.Detail = out.detail
+	case out.Reason == ReasonCostExceedsBurst:
 		a := out.Top
 		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", Amount(a.Cost), Amount(Burst(a.Limit)), name)
-	case ReasonStoreUnavailable:
+	case out.Reason == ReasonStoreUnavailable:
 		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then", name)
 	default:
 		p.Detail = fmt.Sprintf("rate limit %q exceeded; retry after %d seconds", name, out.RetryAfter)
