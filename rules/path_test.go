@@ -2,8 +2,10 @@ package rules
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestCleanPath(t *testing.T) {
@@ -137,7 +139,7 @@ func TestMatchTextFolded(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := set.Rules[0].Match
-		if len(m) != 2 || !equal(m[0].Values, c.values) || !equal(m[0].Prefixes, c.prefixes) || !equal(m[1].Values, c.ms) {
+		if len(m) != 2 || !slices.Equal(m[0].Values, c.values) || !slices.Equal(m[0].Prefixes, c.prefixes) || !slices.Equal(m[1].Values, c.ms) {
 			t.Errorf("%s: match %+v", c.top, m)
 		}
 		if !set.ReadsPath() {
@@ -152,4 +154,49 @@ func TestMatchTextFolded(t *testing.T) {
 	}
 }
 
-func equal(a, b []string) bool { return strings.Join(a, "\x00") == strings.Join(b, "\x00") }
+// FuzzCleanPath: CleanPath never panics; what it returns is a clean path
+// (no empty, "." or ".." segment, no ';', no control character, UTF-8),
+// folded unless exact, and cleaning it again changes nothing when it
+// holds nothing that would decode ('%').
+func FuzzCleanPath(f *testing.F) {
+	for _, s := range []string{"/admin;/x", "/x/..;/admin/x", "/%2561dmin/x", "/Admin.%20./x", "/a%2Fb/../c", "//a/./b/..", "/%C5%BF"} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, in string, exact bool) {
+		set := &Set{ExactPaths: exact}
+		got, err := set.CleanPath(in)
+		if err != nil {
+			var pe *PathError
+			if !errors.As(err, &pe) {
+				t.Fatalf("CleanPath(%q): %T %v", in, err, err)
+			}
+			return
+		}
+		if got == "*" && in == "*" {
+			return
+		}
+		segs := strings.Split(got, "/")
+		if segs[0] != "" || strings.ContainsAny(got, ";\\") || !utf8.ValidString(got) {
+			t.Fatalf("CleanPath(%q) = %q", in, got)
+		}
+		for i, s := range segs[1:] {
+			if s == "." || s == ".." || (s == "" && i != len(segs)-2) {
+				t.Fatalf("CleanPath(%q) = %q: segment %q", in, got, s)
+			}
+		}
+		for _, c := range []byte(got) {
+			if c < 0x20 || c == 0x7f {
+				t.Fatalf("CleanPath(%q) = %q: a control character", in, got)
+			}
+		}
+		if !exact && FoldPath(got) != got {
+			t.Fatalf("CleanPath(%q) = %q: not folded", in, got)
+		}
+		if !strings.ContainsAny(got, "% ") {
+			if again, err := set.CleanPath(got); err != nil || again != got {
+				t.Fatalf("CleanPath(%q) = %q, then %q, %v", in, got, again, err)
+			}
+		}
+	})
+}
