@@ -5,8 +5,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/pathtest"
+	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -60,5 +64,38 @@ func TestForwardAuthPathSpellings(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDecisionAPIPathKeys: the decision API keys a path and a method as
+// the middleware does (folded, upper case), so that a rule keyed on them
+// names the very bucket the gateway's requests use, however the caller
+// spells them; with exact_paths the path keeps its case.
+func TestDecisionAPIPathKeys(t *testing.T) {
+	for _, exact := range []bool{false, true} {
+		path := filepath.Join(t.TempDir(), "rules.json")
+		writeFile(t, path, `{"exact_paths": `+strconv.FormatBool(exact)+`, "rules": [{"name": "pages", "limit_keys": ["method", "path"],
+		  "algorithm_config": {"rate": 1, "period": "1h", "burst": 3}}]}`)
+		st := memstore.New(memstore.WithClock(testclock.New().Now))
+		srv := start(t, Config{Rules: path, WatchEvery: -1}, st)
+		for _, values := range []string{`["get", "/Docs"]`, `{"path": "/DOCS", "method": "Get"}`} {
+			if code, out := post(t, srv.base+"/v1/take", `{"rule": "pages", "values": `+values+`}`); code != 200 || !decision(t, out).Allowed {
+				t.Fatalf("exact_paths %v: take %s: %d %s", exact, values, code, out)
+			}
+		}
+		set, err := rules.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ru, _ := set.Rule("pages")
+		for p, want := range map[string]float64{"/docs": 1, "/Docs": 3, "/DOCS": 3} {
+			if exact {
+				want = map[string]float64{"/docs": 3, "/Docs": 2, "/DOCS": 2}[p]
+			}
+			d, err := st.Apply(t.Context(), drip.OpPeek, time.Time{}, drip.Request{Key: ru.Key([]string{"GET", p}), Limit: ru.Limit})
+			if err != nil || d.Tokens != want {
+				t.Errorf("exact_paths %v: the bucket of GET %s holds %v (%v), want %v", exact, p, d.Tokens, err, want)
+			}
+		}
 	}
 }
