@@ -170,7 +170,14 @@ func (c *checker) match(p string, v any, s *Set) []Condition {
 				continue
 			}
 			text = matchText(src.Kind, text, s)
-			if pre, ok := strings.CutSuffix(text, "*"); ok {
+			pre, isPrefix := strings.CutSuffix(text, "*")
+			if src.Kind == KindPath {
+				if msg := matchProblem(pre, isPrefix, s.ExactPaths); msg != "" {
+					c.add(xp, "%q %s", text, msg)
+					continue
+				}
+			}
+			if isPrefix {
 				cond.Prefixes = append(cond.Prefixes, pre)
 			} else {
 				cond.Values = append(cond.Values, text)

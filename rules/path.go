@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -66,6 +67,12 @@ func (s *Set) CleanPath(escaped string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return cleanSegments(p, encodedSlash, exact)
+}
+
+// cleanSegments is CleanPath's reading of a decoded path p beginning
+// with '/', of which encodedSlash says whether a slash was sent encoded.
+func cleanSegments(p string, encodedSlash, exact bool) (string, error) {
 	segs := strings.Split(p[1:], "/")
 	out := make([]string, 0, len(segs))
 	dir := false // the last segment leaves a directory: a trailing slash
@@ -157,20 +164,63 @@ func decodePath(p string) (string, bool, error) {
 		b.WriteByte(c)
 	}
 	d := b.String()
+	if err := checkDecoded(d); err != nil {
+		return "", false, err
+	}
+	return d, encodedSlash, nil
+}
+
+// checkDecoded refuses a decoded path that servers read differently:
+// with a control character, a backslash, an escape left (it was encoded
+// twice), or bytes that are not UTF-8.
+func checkDecoded(d string) error {
 	for i := 0; i < len(d); i++ {
 		switch c := d[i]; {
 		case c < 0x20 || c == 0x7f:
-			return "", false, errPathControl
+			return errPathControl
 		case c == '\\':
-			return "", false, errPathBackslash
+			return errPathBackslash
 		case c == '%' && i+2 < len(d) && isHex(d[i+1]) && isHex(d[i+2]):
-			return "", false, errPathTwice
+			return errPathTwice
 		}
 	}
 	if !utf8.ValidString(d) {
-		return "", false, errPathUTF8
+		return errPathUTF8
 	}
-	return d, encodedSlash, nil
+	return nil
+}
+
+// matchProblem says why a rules file's path match v (a prefix when
+// prefix, as "/api/" of "/api/*"), already folded unless exact, can never
+// hold for a path as CleanPath reads it, or "" when it can: a match
+// written "/api//x", "/api/./x", "/admin;v=1" or (unless exact) "/api./x"
+// would be a rule that silently never applies.
+func matchProblem(v string, prefix, exact bool) string {
+	if v == "*" && !prefix || v == "" && prefix {
+		return "" // OPTIONS *; every path
+	}
+	probe := v
+	if prefix {
+		probe += "x" // a last segment that goes on
+	}
+	if !strings.HasPrefix(probe, "/") {
+		return "never matches: a request's path begins with /"
+	}
+	err := checkDecoded(probe)
+	clean := ""
+	if err == nil {
+		clean, err = cleanSegments(probe, false, exact)
+	}
+	if err != nil {
+		return "never matches: a request with such a path is refused, since " + err.(*PathError).msg
+	}
+	if clean == probe {
+		return ""
+	}
+	if prefix {
+		clean = strings.TrimSuffix(clean, "x") + "*"
+	}
+	return "never matches: a request's path is read as " + strconv.Quote(clean)
 }
 
 func isHex(c byte) bool {

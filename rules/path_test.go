@@ -146,6 +146,15 @@ func TestMatchTextFolded(t *testing.T) {
 			t.Errorf("%s: ReadsPath false", c.top)
 		}
 	}
+	// A match no request's path can meet is a problem (testdata/bad/
+	// match_path.json), but trailing dots are a path's own with exact_paths.
+	dotted := `"rules": [{"name": "r", "limit_keys": ["global"], "match": {"path": "/API./*"}, "algorithm_config": {"rps": 1}}]}`
+	if set, err := Parse([]byte(`{"exact_paths": true, `+dotted), "r.json"); err != nil || set.Rules[0].Match[0].Prefixes[0] != "/API./" {
+		t.Errorf("exact_paths, /API./*: %v", err)
+	}
+	if _, err := Parse([]byte(`{`+dotted), "r.json"); err == nil || !strings.Contains(err.Error(), `"/api./*" never matches: a request's path is read as "/api/*"`) {
+		t.Errorf("/API./*: %v", err)
+	}
 	if _, err := Parse([]byte(`{"exact_paths": "yes", "rules": []}`), "r.json"); err == nil || !strings.Contains(err.Error(), "exact_paths: must be true or false") {
 		t.Errorf("exact_paths \"yes\": %v", err)
 	}
