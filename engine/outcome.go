@@ -26,7 +26,8 @@ type Outcome struct {
 	// failed and on_error is deny), or a front door's refusal's (Refuse).
 	Status int
 	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable.
+	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable
+	// (or a refusal's own, such as httplimit's ambiguous_path).
 	Reason string
 	// Top is the rule that denied the request, or else the most
 	// restrictive enforce rule (least remaining): the one the single-value
@@ -333,7 +334,8 @@ type Problem struct {
 	Rule string `json:"rule,omitempty"`
 	// Reason is token_bucket_exceeded, fixed_window_exceeded,
 	// concurrency_exceeded, cost_exceeds_burst or store_unavailable (or a
-	// front door's own, such as the key-function middleware's key_error).
+	// front door's own, such as the key-function middleware's key_error
+	// and the middleware's ambiguous_path).
 	Reason string `json:"reason"`
 	// RetryAfter repeats the Retry-After header, in seconds.
 	RetryAfter int64 `json:"retry_after,omitempty"`
