@@ -24,10 +24,11 @@ type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
 	// Status is 0 when allowed, else 429 (over a limit) or 503 (the store
-	// failed and on_error is deny).
+	// failed and on_error is deny), or a front door's refusal's (Refuse).
 	Status int
 	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable.
+	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable
+	// (or a refusal's own, such as httplimit's ambiguous_path).
 	Reason string
 	// Top is the rule that denied the request (the longest wait), or else
 	// the most restrictive enforce rule (least remaining; of a concurrency
@@ -54,6 +55,16 @@ type Outcome struct {
 	eng      *Engine
 	rs       *Rules
 	released atomic.Bool
+	detail   string // a refusal's problem detail
+}
+
+// Refuse is the outcome of a request that a front door refuses before
+// any rule is decided, because it cannot read the request as the rules
+// would need (an HTTP path that servers read in different ways): nothing
+// was taken, and WriteError writes status and a problem with the reason
+// and the detail.
+func Refuse(status int, reason, detail string) *Outcome {
+	return &Outcome{Status: status, Reason: reason, detail: detail}
 }
 
 // Applied is one rule applied to a request.
@@ -402,7 +413,8 @@ type Problem struct {
 	Rule string `json:"rule,omitempty"`
 	// Reason is token_bucket_exceeded, fixed_window_exceeded,
 	// concurrency_exceeded, cost_exceeds_burst or store_unavailable (or a
-	// front door's own, such as the key-function middleware's key_error).
+	// front door's own, such as the key-function middleware's key_error
+	// and the middleware's ambiguous_path).
 	Reason string `json:"reason"`
 	// RetryAfter repeats the Retry-After header, in seconds.
 	RetryAfter int64 `json:"retry_after,omitempty"`
@@ -417,11 +429,13 @@ func (out *Outcome) Problem() Problem {
 		name = out.Top.Rule.Name
 		p.Rule = name
 	}
-	switch out.Reason {
-	case ReasonCostExceedsBurst:
+	switch {
+	case out.detail != "":
+		p.Detail = out.detail
+	case out.Reason == ReasonCostExceedsBurst:
 		a := out.Top
 		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", Amount(a.Cost), Amount(Burst(a.Limit)), name)
-	case ReasonStoreUnavailable:
+	case out.Reason == ReasonStoreUnavailable:
 		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then (how long a decision waits on the store is store_timeout; when it counts as down, circuit_breaker)", name)
 	default:
 		unit := "seconds"

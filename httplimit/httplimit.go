@@ -74,6 +74,10 @@ const (
 	ReasonFixedWindow      = engine.ReasonFixedWindow
 	ReasonCostExceedsBurst = engine.ReasonCostExceedsBurst
 	ReasonStoreUnavailable = engine.ReasonStoreUnavailable
+	// ReasonAmbiguousPath is the reason of a 400: a request whose path
+	// servers read in different ways, refused when a rule reads the path
+	// (rules.Set.CleanPath).
+	ReasonAmbiguousPath = "ambiguous_path"
 
 	BreakerClosed   = engine.BreakerClosed
 	BreakerOpen     = engine.BreakerOpen
@@ -209,9 +213,22 @@ func serve(w http.ResponseWriter, r *http.Request, next http.Handler, res *Resul
 // Decide decides r without writing a response: the middleware's work,
 // for callers that answer requests themselves. It takes the tokens of an
 // allowed request.
+//
+// When a rule matches or keys on the path, r's path is read as
+// rules.Set.CleanPath reads it, and a path that servers read in different
+// ways (an encoded NUL, a double encoding, ...) is refused: the Result is
+// a 400 with the reason ReasonAmbiguousPath, and nothing is taken.
 func (l *Limiter) Decide(ctx context.Context, r *http.Request) *Result {
 	s := l.fd.Snapshot()
-	return l.fd.Engine().Decide(ctx, s.Rules, newReqValues(s, r))
+	v := newReqValues(s, r)
+	if s.ReadsPath {
+		p, err := s.Rules.Set.CleanPath(escapedPath(r.URL))
+		if err != nil {
+			return engine.Refuse(http.StatusBadRequest, ReasonAmbiguousPath, err.Error())
+		}
+		v.path = p
+	}
+	return l.fd.Engine().Decide(ctx, s.Rules, v)
 }
 
 // ParseCost reads a request's cost (engine.ParseCost).

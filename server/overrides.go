@@ -73,7 +73,7 @@ func (s *Server) overrideTarget(r *http.Request) (*rules.Rule, []string, string,
 	if len(vals) == 0 {
 		list = nil
 	}
-	key, err := ruleKey(ru, list, s.rules().IPv6Prefix)
+	key, err := ruleKey(ru, list, s.rules())
 	if err != nil {
 		return nil, nil, "", err
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/driplimit/drip/internal/pathtest"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/memstore"
@@ -384,6 +385,51 @@ func TestForwardAuthProxiesAmbiguousTarget(t *testing.T) {
 			}
 			if code := get("/search/a"); code != 200 {
 				t.Errorf("GET /search/a: %d", code)
+			}
+		})
+	}
+}
+
+// TestForwardAuthProxiesPathSpellings: through the shipped nginx and Caddy
+// configs, a request that spells a rule's path or method another way
+// (pathtest.Cases) meets the rule or is refused, and never reaches the
+// app; the proxy may refuse it first (nginx takes no lower-case method).
+func TestForwardAuthProxiesPathSpellings(t *testing.T) {
+	for _, fd := range frontDoors {
+		t.Run(fd.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var raw []string // the targets the app got, as they came
+			a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				raw = append(raw, r.Method+" "+r.RequestURI)
+				mu.Unlock()
+			}))
+			t.Cleanup(a.Close)
+			rules := filepath.Join(t.TempDir(), "rules.json")
+			writeFile(t, rules, pathtest.Rules)
+			srv := start(t, Config{Rules: rules, WatchEvery: -1, AdminListen: "off"}, memstore.New())
+			base := startFrontDoor(t, fd, srv.Addr().String(), a.Listener.Addr().String())
+			var want []string
+			for _, c := range append(pathtest.Drain, pathtest.Cases...) {
+				resp, body := pathtest.Send(t, base, c.Method, c.Target)
+				ours := strings.Contains(resp.Header.Get("Content-Type"), "application/problem+json")
+				switch {
+				case c.Want != 200 && resp.StatusCode == 400 && !ours:
+					// The proxy refused it itself (nginx: "post", %00).
+				case resp.StatusCode != c.Want:
+					t.Errorf("%s %s: %d %q, want %d", c.Method, c.Target, resp.StatusCode, body, c.Want)
+				case c.Want == 400 && !strings.Contains(body, `"reason":"ambiguous_path"`):
+					t.Errorf("%s %s: 400 %q: want drip's problem with the reason ambiguous_path", c.Method, c.Target, body)
+				}
+				if c.Want == 200 {
+					want = append(want, c.Method+" "+c.Target)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			got := slices.DeleteFunc(slices.Clone(raw), func(s string) bool { return s == "GET /ready" })
+			if !slices.Equal(got, want) {
+				t.Errorf("the app got %q, want %q", got, want)
 			}
 		})
 	}
