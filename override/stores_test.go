@@ -78,6 +78,24 @@ func TestStores(t *testing.T) {
 			if err := put("c")(); !errors.Is(err, override.ErrFull) {
 				t.Fatalf("a third key under a bound of 2: %v", err)
 			}
+			since := func(what string, v int64, wantV int64, want map[string]string) {
+				t.Helper()
+				got, changed, ok, err := st.OverridesSince(ctx, v)
+				if err != nil || !ok || got != wantV || len(changed) != len(want) {
+					t.Fatalf("%s: OverridesSince(%d) = %d %q %v %v, want %d %q", what, v, got, changed, ok, err, wantV, want)
+				}
+				for k, w := range want {
+					if val, has := changed[k]; !has || (w == "" && val != nil) || string(val) != w {
+						t.Fatalf("%s: OverridesSince(%d) = %q, want %q", what, v, changed, want)
+					}
+				}
+			}
+			since("after two puts", v0, v2, map[string]string{"a": "v-a", "b": "v-b"})
+			since("after two puts", v1, v2, map[string]string{"b": "v-b"})
+			since("nothing new", v2, v2, nil)
+			if _, _, ok, err := st.OverridesSince(ctx, v2+1000); ok || err != nil {
+				t.Fatalf("OverridesSince a version to come: %v %v, want not ok", ok, err)
+			}
 			v3 := step("put a again", put("a"))
 			hear("put a again")
 			if !(v0 < v1 && v1 < v2 && v2 < v3) {
@@ -94,8 +112,10 @@ func TestStores(t *testing.T) {
 			if v, _ := st.OverridesVersion(ctx); v != v4 || v4 <= v3 {
 				t.Fatalf("versions %d, %d after deleting nothing, %d before", v4, v, v3)
 			}
+			since("after a delete", v3, v4, map[string]string{"a": ""})
 			v5 := step("put c", put("c"))
 			hear("put c")
+			since("a key set twice", v0, v5, map[string]string{"a": "", "b": "v-b", "c": "v-c"})
 			v, all, err := st.Overrides(ctx)
 			if err != nil || v != v5 || len(all) != 2 || string(all["b"]) != "v-b" || string(all["c"]) != "v-c" {
 				t.Fatalf("Overrides: %d %q %v, want version %d and b, c", v, all, err, v5)

@@ -13,7 +13,9 @@ import (
 
 // Overrides (package override) live in drip.overrides, with a version
 // number in drip.overrides_version that every change bumps and a NOTIFY
-// on the channel overridesChannel at its commit (sql/003_overrides.sql).
+// on the channel overridesChannel at its commit (sql/003_overrides.sql),
+// and a record of the latest changes in drip.override_changes for
+// OverridesSince (sql/004_override_changes.sql).
 // Their statements are rare and prepare nothing by name, so they run
 // through a pooler in transaction mode as they are.
 
@@ -29,6 +31,9 @@ func (s *Store) odb() DB { return newModeDB(s.dbm.db, FallbackQueryMode) }
 func (s *Store) PutOverride(ctx context.Context, key string, val []byte, max int) error {
 	return pgx.BeginFunc(ctx, s.odb(), func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "UPDATE drip.overrides_version SET version = version + 1"); err != nil {
+			return err
+		}
+		if err := recordChange(ctx, tx, []byte(key)); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, `INSERT INTO drip.overrides (key, value)
@@ -58,10 +63,65 @@ func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 		if _, err := tx.Exec(ctx, "UPDATE drip.overrides_version SET version = version + 1"); err != nil {
 			return err
 		}
+		if err := recordChange(ctx, tx, []byte(key)); err != nil {
+			return err
+		}
 		_, err = tx.Exec(ctx, "SELECT pg_notify($1::text, '')", overridesChannel)
 		return err
 	})
 	return found, err
+}
+
+// recordChange records the change of key at the version just bumped (in
+// the change's transaction, after the version row's update), and trims
+// the record to the latest override.KeepChanges. A version beyond the
+// latest recorded one was changed by a drip that records none: the
+// record then holds nothing before this change.
+func recordChange(ctx context.Context, tx pgx.Tx, key []byte) error {
+	_, err := tx.Exec(ctx, `WITH v AS (
+  UPDATE drip.overrides_version
+  SET floor = greatest(CASE WHEN logged = version - 1 THEN floor ELSE version - 1 END, version - $2::bigint),
+      logged = version
+  RETURNING version
+)
+INSERT INTO drip.override_changes (key, version) SELECT $1::bytea, version FROM v
+ON CONFLICT (key) DO UPDATE SET version = excluded.version`, key, override.KeepChanges)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, "DELETE FROM drip.override_changes WHERE version <= (SELECT floor FROM drip.overrides_version)")
+	return err
+}
+
+// OverridesSince implements override.Store: one statement, so the
+// version and the changes are read at one moment.
+func (s *Store) OverridesSince(ctx context.Context, since int64) (int64, map[string][]byte, bool, error) {
+	rows, err := s.odb().Query(ctx, `SELECT v.version, v.logged = v.version AND $1::bigint BETWEEN v.floor AND v.version, c.key, o.value
+FROM drip.overrides_version v
+LEFT JOIN drip.override_changes c ON c.version > $1::bigint AND v.logged = v.version AND $1::bigint >= v.floor
+LEFT JOIN drip.overrides o ON o.key = c.key`, since)
+	if err != nil {
+		return 0, nil, false, err
+	}
+	var (
+		v        int64
+		ok       bool
+		key, val []byte
+	)
+	changed := make(map[string][]byte)
+	_, err = pgx.ForEachRow(rows, []any{&v, &ok, &key, &val}, func() error {
+		if key != nil {
+			changed[string(key)] = nil
+			if val != nil {
+				changed[string(key)] = append([]byte(nil), val...)
+			}
+		}
+		return nil
+	})
+	if err != nil || !ok {
+		return v, nil, false, err
+	}
+	return v, changed, true, nil
 }
 
 // OverridesVersion implements override.Store.
