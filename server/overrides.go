@@ -248,8 +248,17 @@ func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"deleted": true, "rule": ru.Name, "key": key})
 }
 
+// listedOverride is an override as GET lists it: stale (and why) when it
+// cannot apply to its rule in force (stale.go).
+type listedOverride struct {
+	override.Entry
+	Stale       bool   `json:"stale,omitempty"`
+	StaleReason string `json:"stale_reason,omitempty"`
+}
+
 // listOverrides lists the overrides the store holds now (not this
-// instance's snapshot of them), by key, optionally of one rule.
+// instance's snapshot of them), by key, optionally of one rule, each
+// marked stale when it cannot apply to its rule in force.
 func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 	if s.overridesOff(w) {
 		return
@@ -262,10 +271,12 @@ func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rule := r.URL.Query().Get("rule")
-	out := []override.Entry{}
+	set := s.rules()
+	out := []listedOverride{}
 	for _, e := range f.Snapshot().Entries() {
 		if rule == "" || e.Rule == rule {
-			out = append(out, e)
+			why := staleReason(set, e)
+			out = append(out, listedOverride{e, why != "", why})
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"overrides": out})
@@ -288,13 +299,17 @@ const startLoadTimeout = 2 * time.Second
 // store does not answer within startLoadTimeout: then they follow) and
 // keeps them current until ctx ends.
 func (s *Server) followOverrides(ctx context.Context, wg *sync.WaitGroup) {
-	opts := append([]override.Option{override.WithLogger(s.log), override.OnChange(s.eng.SetOverrides)}, s.ovrOpts...)
+	opts := append([]override.Option{override.WithLogger(s.log), override.OnChange(s.overridesChanged)}, s.ovrOpts...)
 	s.ovr = override.NewFollower(s.ost, opts...)
 	s.metrics.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "drip_overrides",
 			Help: "Per-tenant overrides in force on this instance.",
-		}, func() float64 { return float64(len(s.ovr.Snapshot().Entries())) }),
+		}, func() float64 { return float64(s.ovr.Snapshot().Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "drip_overrides_stale",
+			Help: "Overrides in force on this instance that do not apply: set before their rule's algorithm changed, until replaced or deleted.",
+		}, func() float64 { return float64(s.staleCount()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "drip_overrides_version",
 			Help: "The store's version of the overrides in force on this instance: every instance sharing the store shows the same once a change has reached it.",

@@ -56,6 +56,7 @@ type Server struct {
 	ost     override.Store
 	ovr     *override.Follower
 	ovrOpts []override.Option
+	stale   staleOverrides // stale.go
 
 	mu        sync.Mutex
 	listeners []*listener
