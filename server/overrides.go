@@ -33,6 +33,11 @@ import (
 // maxOverrideBody bounds a PUT's body: a limit is a few dozen bytes.
 const maxOverrideBody = 4 << 10
 
+// maxOverridePeriod bounds an override's period and start: a year, the
+// longest unit of the Envoy limits drip serves. A period no client sees
+// the end of would hold a tenant's spent tokens for ever.
+const maxOverridePeriod = 365 * 24 * time.Hour
+
 // overrideTimeout is the deadline of an override's store call: changes
 // are rare, and one on PostgreSQL counts the overrides it bounds.
 const overrideTimeout = 5 * time.Second
@@ -145,6 +150,14 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	}
 	if err := l.Validate(); err != nil {
 		return drip.Limit{}, inputf("%v", err)
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"period", l.Period}, {"start", l.Start}} {
+		if _, ok := has[f.name]; ok && f.d > maxOverridePeriod {
+			return drip.Limit{}, inputf("%q must be at most 8760h (a year), not %s", f.name, f.d)
+		}
 	}
 	if cost := ruleCost(ru); cost > l.Burst {
 		return drip.Limit{}, inputf("burst %g is below the rule's cost %g: no request could pass", l.Burst, cost)
