@@ -27,61 +27,76 @@ const overridesChannel = "drip_overrides"
 func (s *Store) odb() DB { return newModeDB(s.dbm.db, FallbackQueryMode) }
 
 // PutOverride implements override.Store. The version row, updated first,
-// serializes changes, so the count that bounds them is exact.
+// serializes changes, so the number of overrides it keeps (held), which
+// bounds them, is exact.
 func (s *Store) PutOverride(ctx context.Context, key string, val []byte, max int) error {
 	return pgx.BeginFunc(ctx, s.odb(), func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "UPDATE drip.overrides_version SET version = version + 1"); err != nil {
+		if err := bumpVersion(ctx, tx, []byte(key)); err != nil {
 			return err
 		}
-		if err := recordChange(ctx, tx, []byte(key)); err != nil {
-			return err
-		}
-		tag, err := tx.Exec(ctx, `INSERT INTO drip.overrides (key, value)
+		var added bool
+		err := tx.QueryRow(ctx, `INSERT INTO drip.overrides (key, value)
 SELECT $1::bytea, $2::bytea
-WHERE EXISTS (SELECT 1 FROM drip.overrides WHERE key = $1::bytea) OR (SELECT count(*) FROM drip.overrides) < $3::bigint
-ON CONFLICT (key) DO UPDATE SET value = excluded.value`, []byte(key), val, max)
+WHERE EXISTS (SELECT 1 FROM drip.overrides WHERE key = $1::bytea) OR (SELECT held FROM drip.overrides_version) < $3::bigint
+ON CONFLICT (key) DO UPDATE SET value = excluded.value
+RETURNING xmax = 0`, []byte(key), val, max).Scan(&added)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return override.ErrFull // rolls the version back
+		}
+		if err != nil {
+			return err
+		}
+		if added {
+			if _, err := tx.Exec(ctx, "UPDATE drip.overrides_version SET held = held + 1"); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, "SELECT pg_notify($1::text, '')", overridesChannel)
+		return err
+	})
+}
+
+// errNotFound rolls back the version bump of a delete of nothing.
+var errNotFound = errors.New("no such override")
+
+// DeleteOverride implements override.Store.
+func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
+	err := pgx.BeginFunc(ctx, s.odb(), func(tx pgx.Tx) error {
+		if err := bumpVersion(ctx, tx, []byte(key)); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, "DELETE FROM drip.overrides WHERE key = $1::bytea", []byte(key))
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() == 0 {
-			return override.ErrFull
+			return errNotFound
 		}
-		_, err = tx.Exec(ctx, "SELECT pg_notify($1::text, '')", overridesChannel)
-		return err
-	})
-}
-
-// DeleteOverride implements override.Store.
-func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
-	var found bool
-	err := pgx.BeginFunc(ctx, s.odb(), func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, "DELETE FROM drip.overrides WHERE key = $1::bytea", []byte(key))
-		if err != nil || tag.RowsAffected() == 0 {
-			return err
-		}
-		found = true
-		if _, err := tx.Exec(ctx, "UPDATE drip.overrides_version SET version = version + 1"); err != nil {
-			return err
-		}
-		if err := recordChange(ctx, tx, []byte(key)); err != nil {
+		if _, err := tx.Exec(ctx, "UPDATE drip.overrides_version SET held = held - 1"); err != nil {
 			return err
 		}
 		_, err = tx.Exec(ctx, "SELECT pg_notify($1::text, '')", overridesChannel)
 		return err
 	})
-	return found, err
+	if errors.Is(err, errNotFound) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
-// recordChange records the change of key at the version just bumped (in
-// the change's transaction, after the version row's update), and trims
-// the record to the latest override.KeepChanges. A version beyond the
-// latest recorded one was changed by a drip that records none: the
-// record then holds nothing before this change.
-func recordChange(ctx context.Context, tx pgx.Tx, key []byte) error {
+// bumpVersion bumps the version of the overrides for a change of key (a
+// lock on the version row to the end of the transaction: changes are
+// serialized), records the change, and trims the record to the latest
+// override.KeepChanges. A version beyond the latest recorded one was
+// changed by a drip that records none (nor keeps held): the record then
+// holds nothing before this change, and held is counted afresh.
+func bumpVersion(ctx context.Context, tx pgx.Tx, key []byte) error {
 	_, err := tx.Exec(ctx, `WITH v AS (
   UPDATE drip.overrides_version
-  SET floor = greatest(CASE WHEN logged = version - 1 THEN floor ELSE version - 1 END, version - $2::bigint),
-      logged = version
+  SET version = version + 1,
+      floor = greatest(CASE WHEN logged = version THEN floor ELSE version END, version + 1 - $2::bigint),
+      held = CASE WHEN logged = version THEN held ELSE (SELECT count(*) FROM drip.overrides) END,
+      logged = version + 1
   RETURNING version
 )
 INSERT INTO drip.override_changes (key, version) SELECT $1::bytea, version FROM v

@@ -7,7 +7,9 @@
 -- version after which it holds every change, and logged the version of
 -- the latest change it recorded (a version beyond it was changed by a
 -- drip that records none: what changed is then unknown, and instances
--- load every override until the next recorded change).
+-- load every override until the next recorded change). held is how
+-- many overrides drip.overrides holds, kept by every change (under the
+-- version row's lock), so that the bound on their number costs no count.
 CREATE TABLE drip.override_changes (
     key     bytea PRIMARY KEY,
     version bigint NOT NULL
@@ -15,5 +17,6 @@ CREATE TABLE drip.override_changes (
 CREATE INDEX override_changes_version ON drip.override_changes (version);
 ALTER TABLE drip.overrides_version
     ADD COLUMN floor  bigint NOT NULL DEFAULT 0,
-    ADD COLUMN logged bigint NOT NULL DEFAULT -1;
-UPDATE drip.overrides_version SET floor = version, logged = version;
+    ADD COLUMN logged bigint NOT NULL DEFAULT -1,
+    ADD COLUMN held   bigint NOT NULL DEFAULT 0;
+UPDATE drip.overrides_version SET floor = version, logged = version, held = (SELECT count(*) FROM drip.overrides);
