@@ -111,10 +111,12 @@ ON CONFLICT (key) DO UPDATE SET version = excluded.version`, key, override.KeepC
 // OverridesSince implements override.Store: one statement, so the
 // version and the changes are read at one moment.
 func (s *Store) OverridesSince(ctx context.Context, since int64) (int64, map[string][]byte, bool, error) {
-	rows, err := s.odb().Query(ctx, `SELECT v.version, v.logged = v.version AND $1::bigint BETWEEN v.floor AND v.version, c.key, o.value
+	// Each changed key's value by its primary key: never a scan of every
+	// override, whatever the planner thinks of the tables' sizes.
+	rows, err := s.odb().Query(ctx, `SELECT v.version, v.logged = v.version AND $1::bigint BETWEEN v.floor AND v.version,
+  c.key, (SELECT o.value FROM drip.overrides o WHERE o.key = c.key)
 FROM drip.overrides_version v
-LEFT JOIN drip.override_changes c ON c.version > $1::bigint AND v.logged = v.version AND $1::bigint >= v.floor
-LEFT JOIN drip.overrides o ON o.key = c.key`, since)
+LEFT JOIN drip.override_changes c ON c.version > $1::bigint AND v.logged = v.version AND $1::bigint >= v.floor`, since)
 	if err != nil {
 		return 0, nil, false, err
 	}
