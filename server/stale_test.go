@@ -8,9 +8,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
 
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/override"
 )
 
 const (
@@ -142,6 +146,28 @@ func TestOverridesStale(t *testing.T) {
 				t.Fatalf("PUT of a concurrency override: %d %s", code, out)
 			}
 			staleListed(t, srv, false, "")
+		})
+		t.Run(st.Name+"/set-elsewhere", func(t *testing.T) {
+			// An instance still on the old rules sets a token bucket
+			// override: this one learns it stale from its follower.
+			srv, _, _, log, _, _ := staleServers(t, st, staleConcRule)
+			e := override.Entry{Rule: "x", Values: []string{"acme"}, Key: "x|acme", Limit: drip.Limit{Rate: 1, Period: time.Hour, Burst: 50}}
+			if err := override.Set(t.Context(), srv.ost, e); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.ovr.Refresh(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := srv.eng.Overrides().Limit("x|acme"); !ok {
+				t.Fatal("the override did not reach the instance")
+			}
+			if code, out := post(t, srv.base+"/v1/acquire", `{"rule": "x", "values": ["acme"]}`); code != 200 || decision(t, out).Burst != 1 {
+				t.Fatalf("acquire: %d %s, want the rule's max_in_flight 1", code, out)
+			}
+			staleListed(t, srv, true, "concurrency")
+			if n := strings.Count(log.String(), "stale"); n != 1 {
+				t.Fatalf("logged %d times, want once:\n%s", n, log)
+			}
 		})
 		t.Run(st.Name+"/concurrency-on-bucket", func(t *testing.T) {
 			srv, gw, path, log, _, _ := staleServers(t, st, staleConcRule)
