@@ -143,3 +143,29 @@ func TestFollowerIncremental(t *testing.T) {
 		t.Fatalf("churn: %+v", l)
 	}
 }
+
+// BenchmarkSnapshotLimit is the lookup every decision makes, in a
+// snapshot of 100,000 overrides: a key that has one and a key that has
+// none.
+func BenchmarkSnapshotLimit(b *testing.B) {
+	ctx := context.Background()
+	st := memstore.New(memstore.WithSweep(0))
+	for i := range 100_000 {
+		k := fmt.Sprint("api|k", i)
+		if err := override.Set(ctx, st, override.Entry{Rule: "api", Key: k, Limit: drip.Limit{Rate: 5, Burst: 5}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	f := override.NewFollower(st, override.WithoutWatch())
+	if err := f.Refresh(ctx); err != nil {
+		b.Fatal(err)
+	}
+	s := f.Snapshot()
+	for _, key := range []string{"api|k4242", "api|none"} {
+		b.Run(key, func(b *testing.B) {
+			for b.Loop() {
+				s.Limit(key)
+			}
+		})
+	}
+}
