@@ -93,15 +93,7 @@ func TestDecisionAPIAcquireRelease(t *testing.T) {
 // TestGatewayReleasesSlot: the gateway holds a concurrency rule's slot
 // until the proxied response has ended, and then gives it back.
 func TestGatewayReleasesSlot(t *testing.T) {
-	started, finish := make(chan struct{}, 1), make(chan struct{})
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/slow" {
-			started <- struct{}{}
-			<-finish
-		}
-		fmt.Fprint(w, "done")
-	}))
-	t.Cleanup(up.Close)
+	up, started, finish := slowUpstream(t)
 	path := filepath.Join(t.TempDir(), "rules.json")
 	writeFile(t, path, `{"rules": [
 	  {"name": "one", "limit_keys": ["global"], "algorithm": "concurrency",
@@ -202,4 +194,20 @@ func TestStoresRelease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// slowUpstream is an upstream that holds each request to /slow until
+// finish is closed (started says when one arrived), and answers others
+// at once.
+func slowUpstream(t *testing.T) (up *httptest.Server, started, finish chan struct{}) {
+	started, finish = make(chan struct{}, 1), make(chan struct{})
+	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			started <- struct{}{}
+			<-finish
+		}
+		fmt.Fprint(w, "done")
+	}))
+	t.Cleanup(up.Close)
+	return up, started, finish
 }

@@ -78,6 +78,7 @@ func (s *Server) Reload() error {
 	}
 	s.rs.set.Store(set)
 	s.swapLimiter(set)
+	s.checkStale(s.eng.Overrides(), true, nil) // stale.go: overrides of a rule whose algorithm changed
 	s.rs.envoy = env
 	if s.rls != nil {
 		s.rls.Swap(env)

@@ -20,7 +20,7 @@ import (
 // rulesFile writes a rules file with one token bucket rule per name,
 // keyed by the x-api-key header, of rate 1 per hour and the given burst:
 // over a test nothing refills, so every grant is counted exactly.
-func rulesFile(t *testing.T, path string, burst int, names ...string) string {
+func rulesFile(t testing.TB, path string, burst int, names ...string) string {
 	t.Helper()
 	var rs []string
 	for _, n := range names {

@@ -58,6 +58,7 @@ type Server struct {
 	ost     override.Store
 	ovr     *override.Follower
 	ovrOpts []override.Option
+	stale   staleOverrides // stale.go
 
 	mu        sync.Mutex
 	listeners []*listener

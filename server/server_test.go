@@ -28,7 +28,7 @@ type running struct {
 }
 
 // start serves cfg on free loopback ports until the test ends.
-func start(t *testing.T, cfg Config, store drip.Store) *running {
+func start(t testing.TB, cfg Config, store drip.Store) *running {
 	t.Helper()
 	return startWith(t, cfg, store, nil)
 }
@@ -50,7 +50,7 @@ func startWatched(t *testing.T, cfg Config, store drip.Store) (srv *running, pol
 }
 
 // startWith is start with setup applied to the server before it serves.
-func startWith(t *testing.T, cfg Config, store drip.Store, setup func(*Server)) *running {
+func startWith(t testing.TB, cfg Config, store drip.Store, setup func(*Server)) *running {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	if cfg.StoreTimeout == 0 {
