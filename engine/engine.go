@@ -239,7 +239,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		defer cancel()
 		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br, timeout)}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
-		w.timer.Reset(w.stall)
+		w.arm(w.stall)
 		defer w.end()
 	}
 	if len(reqs) == 1 {
@@ -315,19 +315,38 @@ type watch struct {
 	timer   *time.Timer
 	done    atomic.Bool // the call ended: the timer does nothing more
 	stalled atomic.Bool
+	due     atomic.Int64 // when the timer should fire, UnixNano
 }
 
 func (w *watch) fire() {
 	if w.done.Load() {
 		return
 	}
-	quiet := time.Duration(time.Now().UnixNano() - max(w.e.answered.Load(), w.start))
+	now := time.Now().UnixNano()
+	if lag := time.Duration(now - w.due.Load()); lag > starved {
+		// The timer fired late: this process did not get the CPU (a busy
+		// host). Answers may be waiting unread in its sockets just as
+		// this timer waited; give them as long again before judging.
+		w.arm(lag)
+		return
+	}
+	quiet := time.Duration(now - max(w.e.answered.Load(), w.start))
 	if quiet < w.stall {
-		w.timer.Reset(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
+		w.arm(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
 		return
 	}
 	w.stalled.Store(true)
 	w.e.breakerChanged(w.e.brk.stalled(w.e.clock(), w.br, w.tk))
+}
+
+// starved is how late a stall timer may fire before the engine takes it
+// that its process was starved of CPU rather than its store stalled.
+const starved = 25 * time.Millisecond
+
+// arm sets the timer to fire in d.
+func (w *watch) arm(d time.Duration) {
+	w.due.Store(time.Now().Add(d).UnixNano())
+	w.timer.Reset(d)
 }
 
 // end stops the timer: the call is over.

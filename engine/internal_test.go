@@ -7,6 +7,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store/memstore"
 )
 
 func TestBreaker(t *testing.T) {
@@ -290,5 +291,26 @@ func TestFillSeconds(t *testing.T) {
 		}); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestWatchStarved: a stall timer that fires late (its process did not
+// get the CPU) does not judge the store stalled, since the answers may be
+// waiting unread as the timer did; one that fires on time does.
+func TestWatchStarved(t *testing.T) {
+	e := New(memstore.New(memstore.WithSweep(0)))
+	defer e.Close()
+	w := &watch{e: e, br: cfg(5, time.Second), start: time.Now().Add(-time.Second).UnixNano(), stall: 500 * time.Millisecond}
+	w.timer = time.AfterFunc(time.Hour, func() {})
+	defer w.timer.Stop()
+	w.due.Store(time.Now().Add(-200 * time.Millisecond).UnixNano()) // 200 ms late
+	w.fire()
+	if w.stalled.Load() || e.BreakerState() != BreakerClosed {
+		t.Fatal("a late timer judged the store stalled")
+	}
+	w.due.Store(time.Now().UnixNano()) // on time, and nothing answered for a second
+	w.fire()
+	if !w.stalled.Load() || e.BreakerState() != BreakerOpen {
+		t.Fatalf("a timer on time after a second without answers: stalled %v, breaker %s", w.stalled.Load(), e.BreakerState())
 	}
 }
