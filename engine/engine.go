@@ -277,8 +277,10 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	case w != nil && w.stalled.Load():
 		// The stall timer opened the breaker.
 		err = fmt.Errorf("%w: waited %v: %w", ErrStalled, took.Round(time.Millisecond), err)
-	case late && w != nil && e.answered.Load() >= w.start:
-		// Slow, not down: the store answered other calls meanwhile.
+	case late && w != nil && (e.answered.Load() >= w.start || took > timeout+starved):
+		// Slow, not down: the store answered other calls meanwhile, or
+		// this process was starved of CPU (its deadline fired late), so
+		// its silence says little about the store.
 		err = fmt.Errorf("the store did not answer within the deadline of %v, though it is answering (raise store_timeout, drip serve --store-timeout): %w", timeout, err)
 		e.breakerChanged(e.brk.success(e.clock(), tk))
 	default:

@@ -205,3 +205,40 @@ func TestLateWhileAnswering(t *testing.T) {
 		}
 	})
 }
+
+// lateReturn is a store whose calls return their deadline error late, as
+// they do in a process starved of CPU: the goroutine that should have
+// returned at the deadline ran much later.
+type lateReturn struct{ drip.Store }
+
+func (lateReturn) Apply(ctx context.Context, _ drip.Op, _ time.Time, _ drip.Request) (drip.Decision, error) {
+	<-ctx.Done()
+	time.Sleep(300 * time.Millisecond)
+	return drip.Decision{}, ctx.Err()
+}
+
+// TestStarvedDeadlines: calls whose deadline errors come back long after
+// the deadline (this process, not the store, was slow) fail, but do not
+// count against the store: the breaker stays closed.
+func TestStarvedDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &states{}
+		e := engine.New(lateReturn{}, engine.WithObserver(obs), engine.WithTimeout(100*time.Millisecond))
+		defer e.Close()
+		req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 5 {
+					if _, err := e.Apply(context.Background(), drip.OpTake, req); !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("err %v", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if ch := obs.changes(); len(ch) != 0 {
+			t.Errorf("the breaker changed state: %v", ch)
+		}
+	})
+}
