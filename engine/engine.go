@@ -65,7 +65,7 @@ var ErrBreakerOpen = errors.New("circuit breaker open: the store failed or stopp
 
 // ErrStalled is the error of a store call that failed after the store
 // answered nothing at all for the breaker's stall time: the breaker opens.
-var ErrStalled = errors.New("the store answered nothing within the circuit breaker's stall time (circuit_breaker.stall)")
+var ErrStalled = errors.New("the store answered nothing within the circuit breaker's stall time (circuit_breaker.stall), so the breaker opened")
 
 // ErrOverloaded is the error of a store call shed because MaxPending
 // calls were already waiting on the store.
@@ -234,10 +234,18 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 			return drip.Multi{}, ErrOverloaded
 		}
 		defer e.pending.Add(-1)
+		stall := e.stallAfter(br, timeout)
+		if tk.probe {
+			// A probe asks whether the store is back: it need not wait
+			// longer than the stall time that judges it. Its deadline
+			// is the one the server holds it to, so its caller waits
+			// no longer than that either.
+			timeout = min(timeout, stall)
+		}
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
-		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br, timeout)}
+		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: stall}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
 		w.arm(w.stall)
 		defer w.end()
@@ -276,7 +284,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		e.brk.abandon(tk)
 	case w != nil && w.stalled.Load():
 		// The stall timer opened the breaker.
-		err = fmt.Errorf("%w: waited %v: %w", ErrStalled, took.Round(time.Millisecond), err)
+		err = fmt.Errorf("%w: nothing for %v, and this call gave up at its deadline after %v: %w", ErrStalled, w.stall, took.Round(time.Millisecond), err)
 	case late && w != nil && (e.answered.Load() >= w.start || took > timeout+starved):
 		// Slow, not down: the store answered other calls meanwhile, or
 		// this process was starved of CPU (its deadline fired late), so
