@@ -272,7 +272,13 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	switch {
 	case ctx.Err() != nil:
 		// The caller gave up: not the store's fault, so nothing is
-		// counted; a probe frees its place for the next call.
+		// counted; a probe frees its place for the next call. If the
+		// store answered nothing meanwhile, the stall timer watches on:
+		// callers whose deadlines are all shorter than the stall time (a
+		// gRPC deadline, Envoy's timeout) must not hide a stalled store.
+		if w != nil && e.answered.Load() < w.start {
+			w.left.Store(true)
+		}
 		e.brk.abandon(tk)
 	case w != nil && w.stalled.Load():
 		// The stall timer opened the breaker.
@@ -301,6 +307,10 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 // fires too early (the store answered meanwhile) it is set again for the
 // rest.
 //
+// When the caller gives up before the store answered anything, the timer
+// runs on to the stall time: if the store has still answered nothing then,
+// and other calls wait on it, it is stalled just the same.
+//
 // The waiting call itself is not given up: it keeps its deadline, which
 // the store server holds it to. Cancelling it sooner could leave a take
 // that the server applied (its deadline had not passed) answered to the
@@ -314,6 +324,7 @@ type watch struct {
 	stall   time.Duration
 	timer   *time.Timer
 	done    atomic.Bool // the call ended: the timer does nothing more
+	left    atomic.Bool // the caller gave up with no answer from the store: the timer runs on
 	stalled atomic.Bool
 }
 
@@ -321,7 +332,11 @@ func (w *watch) fire() {
 	if w.done.Load() {
 		return
 	}
-	quiet := time.Duration(time.Now().UnixNano() - max(w.e.answered.Load(), w.start))
+	answered := w.e.answered.Load()
+	if w.left.Load() && (answered >= w.start || w.e.pending.Load() == 0) {
+		return // the store answered since, or no call waits on it: nothing to tell
+	}
+	quiet := time.Duration(time.Now().UnixNano() - max(answered, w.start))
 	if quiet < w.stall {
 		w.timer.Reset(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
 		return
@@ -330,8 +345,12 @@ func (w *watch) fire() {
 	w.e.breakerChanged(w.e.brk.stalled(w.e.clock(), w.br, w.tk))
 }
 
-// end stops the timer: the call is over.
+// end stops the timer: the call is over (unless its caller left before
+// the store answered: see watch).
 func (w *watch) end() {
+	if w.left.Load() {
+		return
+	}
 	w.done.Store(true)
 	w.timer.Stop()
 }
