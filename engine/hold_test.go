@@ -136,7 +136,7 @@ func TestSlowIsNotDown(t *testing.T) {
 	})
 }
 
-// TestDownOpensQuickly: a store that answers nothing for 5 s opens the
+// TestDownOpensQuickly: a store that answers nothing for 3 s opens the
 // breaker within a second (its stall time, 0.5 s, after the first call
 // that waits), calls then fail at once with ErrBreakerOpen, and within a
 // second of the store answering again the breaker is closed and calls
@@ -146,7 +146,7 @@ func TestDownOpensQuickly(t *testing.T) {
 		ms := memstore.New(memstore.WithSweep(0))
 		defer ms.Close()
 		t0 := time.Now()
-		downFrom, downTo := t0.Add(time.Second), t0.Add(6*time.Second)
+		downFrom, downTo := t0.Add(time.Second), t0.Add(4*time.Second)
 		st := &paced{Store: ms, delay: func(_ int64, now time.Time) time.Duration {
 			if !now.Before(downFrom) && now.Before(downTo) {
 				return downTo.Sub(now) + time.Millisecond
