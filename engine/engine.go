@@ -239,7 +239,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		defer cancel()
 		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br, timeout)}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
-		w.timer.Reset(w.stall)
+		w.set(w.start, w.stall)
 		defer w.end()
 	}
 	if len(reqs) == 1 {
@@ -307,6 +307,11 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 // fires too early (the store answered meanwhile) it is set again for the
 // rest.
 //
+// A timer that runs late (by more than an eighth of the stall time) is
+// set again for as long as it was late: the process itself was not
+// running, and what looks like a silent store may be answers it has not
+// read yet.
+//
 // When the caller gives up before the store answered anything, the timer
 // runs on to the stall time: if the store has still answered nothing then,
 // and other calls wait on it, it is stalled just the same.
@@ -323,22 +328,41 @@ type watch struct {
 	start   int64 // UnixNano
 	stall   time.Duration
 	timer   *time.Timer
-	done    atomic.Bool // the call ended: the timer does nothing more
-	left    atomic.Bool // the caller gave up with no answer from the store: the timer runs on
+	due     atomic.Int64 // when the timer is set to fire, UnixNano
+	done    atomic.Bool  // the call ended: the timer does nothing more
+	left    atomic.Bool  // the caller gave up with no answer from the store: the timer runs on
 	stalled atomic.Bool
+}
+
+// set arms the timer to fire d after now (UnixNano).
+func (w *watch) set(now int64, d time.Duration) {
+	w.due.Store(now + int64(d))
+	w.timer.Reset(d)
 }
 
 func (w *watch) fire() {
 	if w.done.Load() {
 		return
 	}
+	now := time.Now().UnixNano()
+	if late := time.Duration(now - w.due.Load()); late > w.stall/8 {
+		// The timer ran late: this process did not run for a while (a
+		// busy host, a GC pause), and answers that came meanwhile may
+		// not have been read yet (the runtime runs timers before it
+		// polls the network). Look again once it has had as long again
+		// to read them, at most the stall time. (A store that stays
+		// silent on a host that stays this busy is still found: by the
+		// calls that end at their deadline with no answer.)
+		w.set(now, min(late, w.stall))
+		return
+	}
 	answered := w.e.answered.Load()
 	if w.left.Load() && (answered >= w.start || w.e.pending.Load() == 0) {
 		return // the store answered since, or no call waits on it: nothing to tell
 	}
-	quiet := time.Duration(time.Now().UnixNano() - max(answered, w.start))
+	quiet := time.Duration(now - max(answered, w.start))
 	if quiet < w.stall {
-		w.timer.Reset(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
+		w.set(now, max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
 		return
 	}
 	w.stalled.Store(true)
