@@ -247,7 +247,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		defer cancel()
 		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: stall}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
-		w.arm(w.stall)
+		w.set(w.start, w.stall)
 		defer w.end()
 	}
 	if len(reqs) == 1 {
@@ -280,7 +280,13 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	switch {
 	case ctx.Err() != nil:
 		// The caller gave up: not the store's fault, so nothing is
-		// counted; a probe frees its place for the next call.
+		// counted; a probe frees its place for the next call. If the
+		// store answered nothing meanwhile, the stall timer watches on:
+		// callers whose deadlines are all shorter than the stall time (a
+		// gRPC deadline, Envoy's timeout) must not hide a stalled store.
+		if w != nil && e.answered.Load() < w.start {
+			w.left.Store(true)
+		}
 		e.brk.abandon(tk)
 	case w != nil && w.stalled.Load():
 		// The stall timer opened the breaker.
@@ -311,6 +317,15 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 // fires too early (the store answered meanwhile) it is set again for the
 // rest.
 //
+// A timer that runs late (by more than an eighth of the stall time) is
+// set again for as long as it was late: the process itself was not
+// running, and what looks like a silent store may be answers it has not
+// read yet.
+//
+// When the caller gives up before the store answered anything, the timer
+// runs on to the stall time: if the store has still answered nothing then,
+// and other calls wait on it, it is stalled just the same.
+//
 // The waiting call itself is not given up: it keeps its deadline, which
 // the store server holds it to. Cancelling it sooner could leave a take
 // that the server applied (its deadline had not passed) answered to the
@@ -323,9 +338,16 @@ type watch struct {
 	start   int64 // UnixNano
 	stall   time.Duration
 	timer   *time.Timer
-	done    atomic.Bool // the call ended: the timer does nothing more
+	due     atomic.Int64 // when the timer is set to fire, UnixNano
+	done    atomic.Bool  // the call ended: the timer does nothing more
+	left    atomic.Bool  // the caller gave up with no answer from the store: the timer runs on
 	stalled atomic.Bool
-	due     atomic.Int64 // when the timer should fire, UnixNano
+}
+
+// set arms the timer to fire d after now (UnixNano).
+func (w *watch) set(now int64, d time.Duration) {
+	w.due.Store(now + int64(d))
+	w.timer.Reset(d)
 }
 
 func (w *watch) fire() {
@@ -333,34 +355,41 @@ func (w *watch) fire() {
 		return
 	}
 	now := time.Now().UnixNano()
-	if lag := time.Duration(now - w.due.Load()); lag > starved {
-		// The timer fired late: this process did not get the CPU (a busy
-		// host). Answers may be waiting unread in its sockets just as
-		// this timer waited; give them as long again before judging.
-		w.arm(lag)
+	if late := time.Duration(now - w.due.Load()); late > w.stall/8 {
+		// The timer ran late: this process did not run for a while (a
+		// busy host, a GC pause), and answers that came meanwhile may
+		// not have been read yet (the runtime runs timers before it
+		// polls the network). Look again once it has had as long again
+		// to read them, at most the stall time. (A store that stays
+		// silent on a host that stays this busy is still found: by the
+		// calls that end at their deadline with no answer.)
+		w.set(now, min(late, w.stall))
 		return
 	}
-	quiet := time.Duration(now - max(w.e.answered.Load(), w.start))
+	answered := w.e.answered.Load()
+	if w.left.Load() && (answered >= w.start || w.e.pending.Load() == 0) {
+		return // the store answered since, or no call waits on it: nothing to tell
+	}
+	quiet := time.Duration(now - max(answered, w.start))
 	if quiet < w.stall {
-		w.arm(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
+		w.set(now, max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
 		return
 	}
 	w.stalled.Store(true)
 	w.e.breakerChanged(w.e.brk.stalled(w.e.clock(), w.br, w.tk))
 }
 
-// starved is how late a stall timer may fire before the engine takes it
-// that its process was starved of CPU rather than its store stalled.
+// starved is how late a deadline error may come back before the engine
+// takes it that its process was starved of CPU rather than its store
+// silent.
 const starved = 25 * time.Millisecond
 
-// arm sets the timer to fire in d.
-func (w *watch) arm(d time.Duration) {
-	w.due.Store(time.Now().Add(d).UnixNano())
-	w.timer.Reset(d)
-}
-
-// end stops the timer: the call is over.
+// end stops the timer: the call is over (unless its caller left before
+// the store answered: see watch).
 func (w *watch) end() {
+	if w.left.Load() {
+		return
+	}
 	w.done.Store(true)
 	w.timer.Stop()
 }

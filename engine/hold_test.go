@@ -62,8 +62,10 @@ func (s *states) changes() []change {
 }
 
 // load runs callers that each make calls one after another until stop,
-// and returns the errors by kind and the number of calls.
-func load(e *engine.Engine, callers int, stop time.Time) (calls int64, errs map[string]int) {
+// and returns the errors by kind and the number of calls. A budget other
+// than 0 is each call's own deadline (a caller's, such as a gRPC
+// deadline).
+func load(e *engine.Engine, callers int, budget time.Duration, stop time.Time) (calls int64, errs map[string]int) {
 	var mu sync.Mutex
 	errs = map[string]int{}
 	var n atomic.Int64
@@ -73,7 +75,12 @@ func load(e *engine.Engine, callers int, stop time.Time) (calls int64, errs map[
 			req := []drip.Request{{Key: "hot", Limit: drip.PerSecond(1e6), Cost: 1}}
 			for i := 0; time.Now().Before(stop); i++ {
 				req[0].Key = []string{"hot", "k1", "k2"}[(c+i)%3]
-				_, err := e.Apply(context.Background(), drip.OpTake, req)
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if budget > 0 {
+					ctx, cancel = context.WithTimeout(ctx, budget)
+				}
+				_, err := e.Apply(ctx, drip.OpTake, req)
+				cancel()
 				n.Add(1)
 				if err != nil {
 					mu.Lock()
@@ -120,7 +127,7 @@ func TestSlowIsNotDown(t *testing.T) {
 		obs := &states{}
 		e := engine.New(st, engine.WithObserver(obs))
 		defer e.Close()
-		calls, errs := load(e, 8, t0.Add(8*time.Second))
+		calls, errs := load(e, 8, 0, t0.Add(8*time.Second))
 		if len(errs) != 0 {
 			t.Errorf("%d calls, errors: %v", calls, errs)
 		}
@@ -133,7 +140,7 @@ func TestSlowIsNotDown(t *testing.T) {
 	})
 }
 
-// TestDownOpensQuickly: a store that answers nothing for 5 s opens the
+// TestDownOpensQuickly: a store that answers nothing for 3 s opens the
 // breaker within a second (its stall time, 0.5 s, after the first call
 // that waits), calls then fail at once with ErrBreakerOpen, and within a
 // second of the store answering again the breaker is closed and calls
@@ -143,7 +150,7 @@ func TestDownOpensQuickly(t *testing.T) {
 		ms := memstore.New(memstore.WithSweep(0))
 		defer ms.Close()
 		t0 := time.Now()
-		downFrom, downTo := t0.Add(time.Second), t0.Add(6*time.Second)
+		downFrom, downTo := t0.Add(time.Second), t0.Add(4*time.Second)
 		st := &paced{Store: ms, delay: func(_ int64, now time.Time) time.Duration {
 			if !now.Before(downFrom) && now.Before(downTo) {
 				return downTo.Sub(now) + time.Millisecond
@@ -153,7 +160,7 @@ func TestDownOpensQuickly(t *testing.T) {
 		obs := &states{}
 		e := engine.New(st, engine.WithObserver(obs))
 		defer e.Close()
-		_, errs := load(e, 8, t0.Add(10*time.Second))
+		_, errs := load(e, 8, 0, t0.Add(10*time.Second))
 		ch := obs.changes()
 		if len(ch) < 3 || ch[0].state != engine.BreakerOpen {
 			t.Fatalf("breaker changes %v, errors %v", ch, errs)
@@ -193,7 +200,7 @@ func TestLateWhileAnswering(t *testing.T) {
 		obs := &states{}
 		e := engine.New(st, engine.WithObserver(obs), engine.WithTimeout(100*time.Millisecond))
 		defer e.Close()
-		_, errs := load(e, 8, time.Now().Add(5*time.Second))
+		_, errs := load(e, 8, 0, time.Now().Add(5*time.Second))
 		late := 0
 		for msg, n := range errs {
 			if msg == "breaker open" || msg == "stalled" {
@@ -243,6 +250,50 @@ func TestStarvedDeadlines(t *testing.T) {
 		wg.Wait()
 		if ch := obs.changes(); len(ch) != 0 {
 			t.Errorf("the breaker changed state: %v", ch)
+		}
+	})
+}
+
+// TestDownOpensQuicklyShortCallers: callers whose own deadline (100 ms) is
+// shorter than the stall time (a gRPC deadline, Envoy's timeout) each give
+// up before any one call has waited the stall time. A store that answers
+// none of them still opens the breaker within a second, and it closes
+// within a second of the store answering again; a 0.3 s pause before that
+// fails the calls it holds up (their callers' deadlines) but opens
+// nothing.
+func TestDownOpensQuicklyShortCallers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		t0 := time.Now()
+		pauseFrom, pauseTo := t0.Add(time.Second), t0.Add(1300*time.Millisecond)
+		downFrom, downTo := t0.Add(3*time.Second), t0.Add(6*time.Second)
+		st := &paced{Store: ms, delay: func(_ int64, now time.Time) time.Duration {
+			switch {
+			case !now.Before(pauseFrom) && now.Before(pauseTo):
+				return pauseTo.Sub(now) + time.Millisecond
+			case !now.Before(downFrom) && now.Before(downTo):
+				return downTo.Sub(now) + time.Millisecond
+			}
+			return 2 * time.Millisecond
+		}}
+		obs := &states{}
+		e := engine.New(st, engine.WithObserver(obs))
+		defer e.Close()
+		_, errs := load(e, 8, 100*time.Millisecond, t0.Add(9*time.Second))
+		ch := obs.changes()
+		if len(ch) < 3 || ch[0].state != engine.BreakerOpen {
+			t.Fatalf("breaker changes %v, errors %v", ch, errs)
+		}
+		if ch[0].at.Before(downFrom) {
+			t.Errorf("the breaker opened at %v, before the store went down (a 0.3 s pause): %v", ch[0].at.Sub(t0), ch)
+		}
+		if d := ch[0].at.Sub(downFrom); d > time.Second {
+			t.Errorf("the breaker opened %v after the store went down, want within 1s", d)
+		}
+		last := ch[len(ch)-1]
+		if last.state != engine.BreakerClosed || last.at.Before(downTo) || last.at.Sub(downTo) > time.Second {
+			t.Errorf("last change %v, want closed within 1s of %v: %v", last, downTo, ch)
 		}
 	})
 }
