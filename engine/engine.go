@@ -47,7 +47,7 @@ import (
 // timeout) shortens it. It is generous on purpose: a store that is slow
 // for a moment (a busy host, a GC pause, a fsync) makes decisions slower,
 // not wrong or absent. A store that is down is found by the circuit
-// breaker instead, in its stall time (500 ms unless set) when it
+// breaker instead, in its stall time (750 ms unless set) when it
 // answers nothing, or at once when it refuses connections. A store that
 // is a drip.InProcess (the memory store) never waits on a server, and its
 // calls get no deadline of their own (the caller's context still applies).
@@ -221,6 +221,16 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	e.breakerChanged(changed)
 	if !ok {
 		return drip.Multi{}, ErrBreakerOpen
+	}
+	if tk.probe {
+		// A store call that panics must not leave the breaker waiting
+		// for its probe forever: the next call becomes the probe.
+		defer func() {
+			if r := recover(); r != nil {
+				e.brk.abandon(tk)
+				panic(r)
+			}
+		}()
 	}
 	cctx := ctx
 	start := time.Now()

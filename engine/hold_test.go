@@ -297,3 +297,53 @@ func TestDownOpensQuicklyShortCallers(t *testing.T) {
 		}
 	})
 }
+
+// panicky is a store that is down (failing) until up is set, and panics
+// while panic is set.
+type panicky struct {
+	drip.Store
+	down, panics atomic.Bool
+}
+
+var errDown2 = errors.New("down")
+
+func (p *panicky) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	if p.panics.Load() {
+		panic("store bug")
+	}
+	if p.down.Load() {
+		return drip.Decision{}, errDown2
+	}
+	return p.Store.Apply(ctx, op, at, r)
+}
+
+// TestProbePanics: a probe whose store call panics does not leave the
+// breaker half-open for good: the next call is the probe.
+func TestProbePanics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		st := &panicky{Store: ms}
+		e := engine.New(st)
+		defer e.Close()
+		req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
+		st.down.Store(true)
+		for range 5 {
+			e.Apply(context.Background(), drip.OpTake, req)
+		}
+		if e.BreakerState() != engine.BreakerOpen {
+			t.Fatalf("breaker %s after 5 failures", e.BreakerState())
+		}
+		time.Sleep(time.Second) // past the cool-down
+		st.panics.Store(true)
+		func() {
+			defer func() { recover() }()
+			e.Apply(context.Background(), drip.OpTake, req)
+		}()
+		st.panics.Store(false)
+		st.down.Store(false)
+		if _, err := e.Apply(context.Background(), drip.OpTake, req); err != nil || e.BreakerState() != engine.BreakerClosed {
+			t.Fatalf("after a panicking probe: %v, breaker %s", err, e.BreakerState())
+		}
+	})
+}
