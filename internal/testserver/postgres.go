@@ -3,6 +3,8 @@ package testserver
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -164,14 +166,9 @@ func NewPostgres(settings ...string) (*Postgres, error) {
 			return nil, err
 		}
 	}
-	var out bytes.Buffer
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", p.dataDir(), "-U", "postgres",
-		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
-	initdb.Stdout, initdb.Stderr = &out, &out
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
-	if err := initdb.Run(); err != nil {
+	if err := p.initdb(); err != nil {
 		p.Remove()
-		return nil, fmt.Errorf("initdb: %v\n%s", err, out.String())
+		return nil, err
 	}
 	p.port, err = freePort()
 	if err != nil {
@@ -183,6 +180,52 @@ func NewPostgres(settings ...string) (*Postgres, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// initdbArgs are the arguments of initdb after its data directory.
+var initdbArgs = []string{"-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"}
+
+// initdb lays out the server's data directory. initdb takes seconds of a
+// loaded machine (it starts a server of its own to build the catalogs),
+// and a test run starts dozens of servers, each with the same initdb. So
+// the first initdb's result is kept as a template under os.TempDir, named
+// after the initdb binary (its path, size and time) and arguments, and
+// later servers, in this test binary or another, copy it (cp -a keeps the
+// owner and modes PostgreSQL checks). The template appears whole or not at
+// all (a rename), so a binary that dies while making it leaves none.
+func (p *Postgres) initdb() error {
+	bin := filepath.Join(p.bin, "initdb")
+	fi, err := os.Stat(bin)
+	if err != nil {
+		return err
+	}
+	h := sha256.Sum256(fmt.Appendf(nil, "%s %d %d %d %q", bin, fi.Size(), fi.ModTime().UnixNano(), os.Geteuid(), initdbArgs))
+	template := filepath.Join(os.TempDir(), "drip-pg-template-"+hex.EncodeToString(h[:8]))
+	if _, err := os.Stat(filepath.Join(template, "PG_VERSION")); err == nil {
+		out, err := exec.Command("cp", "-a", template, p.dataDir()).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		os.RemoveAll(p.dataDir())
+		fmt.Fprintf(os.Stderr, "testserver: copying %s failed, running initdb instead: %v %s\n", template, err, out)
+	}
+	var out bytes.Buffer
+	initdb := exec.Command(bin, append([]string{"-D", p.dataDir()}, initdbArgs...)...)
+	initdb.Stdout, initdb.Stderr = &out, &out
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	if err := initdb.Run(); err != nil {
+		return fmt.Errorf("initdb: %v\n%s", err, out.String())
+	}
+	// Keep it as the template, if no other binary was quicker.
+	tmp := template + ".tmp-" + strconv.Itoa(os.Getpid())
+	if err := exec.Command("cp", "-a", p.dataDir(), tmp).Run(); err == nil {
+		if os.Rename(tmp, template) != nil {
+			os.RemoveAll(tmp)
+		}
+	} else {
+		os.RemoveAll(tmp)
+	}
+	return nil
 }
 
 func freePort() (int, error) {
