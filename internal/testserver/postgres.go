@@ -25,9 +25,10 @@ import (
 const PostgresURLEnv = "DRIP_TEST_POSTGRES_URL"
 
 // Postgres is a throwaway PostgreSQL server: initdb in a temporary
-// directory, a postgres process listening on a free loopback port (and a
-// Unix socket in the same directory), fsync off. When the tests run as root
-// (PostgreSQL refuses to), the server runs as the postgres system user.
+// directory (or a copy of an earlier initdb's: see initdb), a postgres
+// process listening on a free loopback port (and a Unix socket in the same
+// directory), fsync off. When the tests run as root (PostgreSQL refuses
+// to), the server runs as the postgres system user.
 //
 // A Postgres made from DRIP_TEST_POSTGRES_URL is external: URL works,
 // Stop, Start, Restart and Kill fail the test.
@@ -216,14 +217,14 @@ func (p *Postgres) initdb() error {
 	if err := initdb.Run(); err != nil {
 		return fmt.Errorf("initdb: %v\n%s", err, out.String())
 	}
-	// Keep it as the template, if no other binary was quicker.
-	tmp := template + ".tmp-" + strconv.Itoa(os.Getpid())
-	if err := exec.Command("cp", "-a", p.dataDir(), tmp).Run(); err == nil {
-		if os.Rename(tmp, template) != nil {
-			os.RemoveAll(tmp)
-		}
-	} else {
-		os.RemoveAll(tmp)
+	// Keep it as the template, unless another server was quicker.
+	tmp, err := os.MkdirTemp(filepath.Dir(template), "drip-pg-template-new-")
+	if err != nil {
+		return nil
+	}
+	defer os.RemoveAll(tmp)
+	if exec.Command("cp", "-a", p.dataDir(), filepath.Join(tmp, "data")).Run() == nil {
+		os.Rename(filepath.Join(tmp, "data"), template)
 	}
 	return nil
 }
