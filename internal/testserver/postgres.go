@@ -3,6 +3,8 @@ package testserver
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -23,9 +25,10 @@ import (
 const PostgresURLEnv = "DRIP_TEST_POSTGRES_URL"
 
 // Postgres is a throwaway PostgreSQL server: initdb in a temporary
-// directory, a postgres process listening on a free loopback port (and a
-// Unix socket in the same directory), fsync off. When the tests run as root
-// (PostgreSQL refuses to), the server runs as the postgres system user.
+// directory (or a copy of an earlier initdb's: see initdb), a postgres
+// process listening on a free loopback port (and a Unix socket in the same
+// directory), fsync off. When the tests run as root (PostgreSQL refuses
+// to), the server runs as the postgres system user.
 //
 // A Postgres made from DRIP_TEST_POSTGRES_URL is external: URL works,
 // Stop, Start, Restart and Kill fail the test.
@@ -164,14 +167,9 @@ func NewPostgres(settings ...string) (*Postgres, error) {
 			return nil, err
 		}
 	}
-	var out bytes.Buffer
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", p.dataDir(), "-U", "postgres",
-		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
-	initdb.Stdout, initdb.Stderr = &out, &out
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
-	if err := initdb.Run(); err != nil {
+	if err := p.initdb(); err != nil {
 		p.Remove()
-		return nil, fmt.Errorf("initdb: %v\n%s", err, out.String())
+		return nil, err
 	}
 	p.port, err = freePort()
 	if err != nil {
@@ -183,6 +181,52 @@ func NewPostgres(settings ...string) (*Postgres, error) {
 		return nil, err
 	}
 	return p, nil
+}
+
+// initdbArgs are the arguments of initdb after its data directory.
+var initdbArgs = []string{"-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"}
+
+// initdb lays out the server's data directory. initdb takes seconds of a
+// loaded machine (it starts a server of its own to build the catalogs),
+// and a test run starts dozens of servers, each with the same initdb. So
+// the first initdb's result is kept as a template under os.TempDir, named
+// after the initdb binary (its path, size and time) and arguments, and
+// later servers, in this test binary or another, copy it (cp -a keeps the
+// owner and modes PostgreSQL checks). The template appears whole or not at
+// all (a rename), so a binary that dies while making it leaves none.
+func (p *Postgres) initdb() error {
+	bin := filepath.Join(p.bin, "initdb")
+	fi, err := os.Stat(bin)
+	if err != nil {
+		return err
+	}
+	h := sha256.Sum256(fmt.Appendf(nil, "%s %d %d %d %q", bin, fi.Size(), fi.ModTime().UnixNano(), os.Geteuid(), initdbArgs))
+	template := filepath.Join(os.TempDir(), "drip-pg-template-"+hex.EncodeToString(h[:8]))
+	if _, err := os.Stat(filepath.Join(template, "PG_VERSION")); err == nil {
+		out, err := exec.Command("cp", "-a", template, p.dataDir()).CombinedOutput()
+		if err == nil {
+			return nil
+		}
+		os.RemoveAll(p.dataDir())
+		fmt.Fprintf(os.Stderr, "testserver: copying %s failed, running initdb instead: %v %s\n", template, err, out)
+	}
+	var out bytes.Buffer
+	initdb := exec.Command(bin, append([]string{"-D", p.dataDir()}, initdbArgs...)...)
+	initdb.Stdout, initdb.Stderr = &out, &out
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	if err := initdb.Run(); err != nil {
+		return fmt.Errorf("initdb: %v\n%s", err, out.String())
+	}
+	// Keep it as the template, unless another server was quicker.
+	tmp, err := os.MkdirTemp(filepath.Dir(template), "drip-pg-template-new-")
+	if err != nil {
+		return nil
+	}
+	defer os.RemoveAll(tmp)
+	if exec.Command("cp", "-a", p.dataDir(), filepath.Join(tmp, "data")).Run() == nil {
+		os.Rename(filepath.Join(tmp, "data"), template)
+	}
+	return nil
 }
 
 func freePort() (int, error) {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,6 +185,26 @@ func redisFreePort(max int) (int, error) {
 	return 0, fmt.Errorf("no free port at most %d", max)
 }
 
+// distinctPorts is n ports of redisFreePort, all different: each one's
+// listener stays open until all are picked.
+func distinctPorts(n, max int) ([]int, error) {
+	var ports []int
+	for try := 0; len(ports) < n; try++ {
+		if try == 100*n {
+			return nil, fmt.Errorf("no %d free ports at most %d", n, max)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		if port := l.Addr().(*net.TCPAddr).Port; port <= max {
+			ports = append(ports, port)
+		}
+	}
+	return ports, nil
+}
+
 var redisShared struct {
 	mu      sync.Mutex
 	redis   *Redis
@@ -288,36 +309,52 @@ const clusterNodeTimeout = "1000"
 // cluster_state:ok. Ports stay at most 55535: a node's bus port is its
 // port + 10000.
 func LaunchRedisCluster(dir string, masters, replicas int) (*RedisCluster, error) {
-	c := &RedisCluster{}
+	// The nodes start at once, on ports picked apart from each other
+	// first: each takes a moment to answer PING, which on a loaded machine
+	// added up to seconds for six in turn.
+	c := &RedisCluster{Nodes: make([]*Redis, masters*(1+replicas))}
+	ports, err := distinctPorts(len(c.Nodes), 55535)
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]error, len(c.Nodes))
+	var wg sync.WaitGroup
+	for i := range c.Nodes {
+		wg.Go(func() {
+			var r *Redis
+			var err error
+			port := ports[i]
+			for try := 0; try < 5; try++ {
+				if try > 0 {
+					if port, err = redisFreePort(55535); err != nil {
+						break
+					}
+				}
+				nd := filepath.Join(dir, strconv.Itoa(i))
+				r, err = LaunchRedis(nd, port,
+					"--cluster-enabled", "yes",
+					"--cluster-config-file", filepath.Join(nd, "nodes.conf"),
+					"--cluster-node-timeout", clusterNodeTimeout,
+					// Replicas sync at once (the default waits 5 s to
+					// batch them), so a master killed early has a
+					// replica to fail over to.
+					"--repl-diskless-sync-delay", "0")
+				if err == nil {
+					break
+				}
+				os.RemoveAll(nd)
+			}
+			c.Nodes[i], errs[i] = r, err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		c.Nodes = slices.DeleteFunc(c.Nodes, func(r *Redis) bool { return r == nil })
+		c.Stop()
+		return nil, err
+	}
 	var addrs []string
-	for i := range masters * (1 + replicas) {
-		var r *Redis
-		var err error
-		for try := 0; try < 5; try++ {
-			var port int
-			port, err = redisFreePort(55535)
-			if err != nil {
-				break
-			}
-			nd := filepath.Join(dir, strconv.Itoa(i))
-			r, err = LaunchRedis(nd, port,
-				"--cluster-enabled", "yes",
-				"--cluster-config-file", filepath.Join(nd, "nodes.conf"),
-				"--cluster-node-timeout", clusterNodeTimeout,
-				// Replicas sync at once (the default waits 5 s to batch
-				// them), so a master killed early has a replica to fail
-				// over to.
-				"--repl-diskless-sync-delay", "0")
-			if err == nil {
-				break
-			}
-			os.RemoveAll(nd)
-		}
-		if err != nil {
-			c.Stop()
-			return nil, err
-		}
-		c.Nodes = append(c.Nodes, r)
+	for _, r := range c.Nodes {
 		addrs = append(addrs, r.Addr)
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)

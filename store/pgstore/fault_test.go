@@ -18,6 +18,7 @@ import (
 // successful takes left (plus what takes whose answer was lost on the
 // dropped connection took), and the store works again.
 func TestServerRestart(t *testing.T) {
+	t.Parallel() // on servers of its own
 	for _, mode := range []struct {
 		name string
 		opts []pgstore.Option

@@ -31,6 +31,7 @@ func openVia(t *testing.T, url string, params string) *pgstore.Store {
 // bound included) through PgBouncer in transaction mode, batched and one
 // statement a decision, with the plain URL.
 func TestPgBouncerConformance(t *testing.T) {
+	t.Parallel()
 	bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
 	for _, mode := range []struct{ name, params string }{
 		{"batching", ""},

@@ -18,12 +18,19 @@ import (
 	"github.com/driplimit/drip/storetest"
 )
 
+// The conformance suites run in parallel with each other (and with the
+// other parallel tests: servers of their own, or keys under a prefix of
+// their own on the shared server, at virtual times ahead of the real clock
+// that no sweep drops): each spends most of its time waiting for round
+// trips to the server, which overlap.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	st := newStore(t, pgstore.WithoutBatching())
 	storetest.Run(t, func(t *testing.T) drip.Store { return st })
 }
 
 func TestConformanceBatching(t *testing.T) {
+	t.Parallel()
 	st := newStore(t, pgstore.WithBatching(pgstore.Batching{MaxBatch: 64, InFlight: 4}))
 	storetest.Run(t, func(t *testing.T) drip.Store { return st })
 }
