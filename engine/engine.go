@@ -26,6 +26,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -40,17 +41,35 @@ import (
 	"github.com/driplimit/drip/store/memstore"
 )
 
-// DefaultTimeout is the deadline of each store call, in every front door,
-// unless an option or the rules file's store_timeout says otherwise. A
-// rate limiter answers before the request it guards: a store slower than
-// this is treated as failing, and on_error decides. A store that is a
-// drip.InProcess (the memory store) never waits on a server, and its calls
-// get no deadline of their own (the caller's context still applies).
-const DefaultTimeout = 50 * time.Millisecond
+// DefaultTimeout is the longest a decision waits on the store, in every
+// front door, unless an option or the rules file's store_timeout says
+// otherwise; a caller's own deadline (a request's context, Envoy's
+// timeout) shortens it. It is generous on purpose: a store that is slow
+// for a moment (a busy host, a GC pause, a fsync) makes decisions slower,
+// not wrong or absent. A store that is down is found by the circuit
+// breaker instead, in its stall time (rules.DefaultBreakerStall) when it
+// answers nothing, or at once when it refuses connections. A store that
+// is a drip.InProcess (the memory store) never waits on a server, and its
+// calls get no deadline of their own (the caller's context still applies).
+const DefaultTimeout = time.Second
+
+// MaxPending bounds the store calls an engine waits on at once: a call
+// beyond it is shed at once with ErrOverloaded (and the rule's on_error
+// decides), so that a store that cannot keep up does not make every caller
+// wait out its deadline, nor pile up goroutines without bound.
+const MaxPending = 4096
 
 // ErrBreakerOpen is the error of a store call that the circuit breaker
 // did not make.
-var ErrBreakerOpen = errors.New("circuit breaker open: store not called")
+var ErrBreakerOpen = errors.New("circuit breaker open: the store failed or stopped answering, and is not called until a probe gets through (circuit_breaker in the rules file)")
+
+// ErrStalled is the error of a store call given up because the store
+// answered nothing at all for the breaker's stall time: the breaker opens.
+var ErrStalled = errors.New("the store answered nothing within the circuit breaker's stall time (circuit_breaker.stall)")
+
+// ErrOverloaded is the error of a store call shed because MaxPending
+// calls were already waiting on the store.
+var ErrOverloaded = errors.New("too many decisions waiting on the store: shed without calling it")
 
 // Engine decides requests with state in a drip.Store. Construct it with
 // New; it is safe for concurrent use.
@@ -62,8 +81,11 @@ type Engine struct {
 	now      func() time.Time // nil: the store's clock
 	brk      *breaker
 	lastLog  atomic.Int64
-	separate bool // WithSeparateTakes
-	inproc   bool // the store is a drip.InProcess: its calls get no deadline
+	pending  atomic.Int64 // store calls waiting (not for an InProcess store)
+	answered atomic.Int64 // when the store last answered a call (a success or an error it sent), UnixNano on the real clock
+	latency  atomic.Int64 // the store's usual answer time: an average of recent calls, ns
+	separate bool         // WithSeparateTakes
+	inproc   bool         // the store is a drip.InProcess: its calls get no deadline
 	name     string
 	ovr      atomic.Pointer[override.Snapshot] // overrides.go
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
@@ -161,12 +183,7 @@ func (e *Engine) Compile(set *rules.Set) *Rules {
 	if set.StoreTimeout > 0 {
 		rs.timeout = set.StoreTimeout
 	}
-	if rs.breaker.Failures <= 0 {
-		rs.breaker.Failures = rules.DefaultBreakerFailures
-	}
-	if rs.breaker.Cooldown <= 0 {
-		rs.breaker.Cooldown = rules.DefaultBreakerCooldown
-	}
+	rs.breaker = rs.breaker.Or(rules.DefaultBreaker)
 	rs.policy = make([]string, len(set.Rules))
 	for i := range set.Rules {
 		rs.policy[i] = PolicyItem(set.Rules[i].Name, set.Rules[i].Limit)
@@ -178,7 +195,7 @@ func (e *Engine) Compile(set *rules.Set) *Rules {
 func (rs *Rules) Timeout() time.Duration { return rs.timeout }
 
 // defaultBreaker is the breaker of store calls made without rules.
-var defaultBreaker = rules.Breaker{Failures: rules.DefaultBreakerFailures, Cooldown: rules.DefaultBreakerCooldown}
+var defaultBreaker = rules.DefaultBreaker
 
 // Apply makes one store call (Store.Apply for one request, ApplyMulti for
 // several) behind the circuit breaker and under the engine's deadline (or
@@ -196,19 +213,31 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		ctx, sp = e.startStore(ctx, op, len(reqs))
 		defer func() { endStore(sp, err) }()
 	}
-	now := e.clock()
-	ok, tk, changed := e.brk.allow(now)
+	ok, tk, changed := e.brk.allow(e.clock())
 	e.breakerChanged(changed)
 	if !ok {
 		return drip.Multi{}, ErrBreakerOpen
 	}
 	cctx := ctx
+	start := time.Now()
+	var w *watch
 	if !e.inproc {
+		if e.pending.Add(1) > MaxPending {
+			e.pending.Add(-1)
+			e.brk.abandon(tk)
+			e.obs.StoreError(ErrOverloaded)
+			e.logError("store call shed", ErrOverloaded)
+			return drip.Multi{}, ErrOverloaded
+		}
+		defer e.pending.Add(-1)
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
+		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br), cancel: cancel}
+		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
+		w.timer.Reset(w.stall)
+		defer w.end()
 	}
-	start := time.Now()
 	if len(reqs) == 1 {
 		var d drip.Decision
 		d, err = e.store.Apply(cctx, op, e.at(), reqs[0])
@@ -218,28 +247,104 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	} else {
 		m, err = e.store.ApplyMulti(cctx, op, e.at(), reqs)
 	}
-	e.obs.StoreLatency(time.Since(start))
+	took := time.Since(start)
+	e.obs.StoreLatency(took)
 	if err == nil && len(m.Decisions) != len(reqs) {
 		err = errors.New("the store returned a wrong number of decisions")
 	}
-	if err != nil {
-		if drip.IsInput(err) {
-			e.brk.abandon(tk)
-			return drip.Multi{}, err
+	if err == nil {
+		if w != nil {
+			e.answered.Store(time.Now().UnixNano())
+			e.learnLatency(took)
 		}
-		e.obs.StoreError(err)
-		e.logError("store call failed", err)
-		if ctx.Err() == nil {
-			e.breakerChanged(e.brk.failure(e.clock(), br.Failures, br.Cooldown, tk))
-		} else {
-			// The caller gave up: not the store's fault, so nothing is
-			// counted; a probe frees its place for the next call.
-			e.brk.abandon(tk)
-		}
+		e.breakerChanged(e.brk.success(e.clock(), tk))
+		return m, nil
+	}
+	if drip.IsInput(err) {
+		e.brk.abandon(tk)
 		return drip.Multi{}, err
 	}
-	e.breakerChanged(e.brk.success(tk))
-	return m, nil
+	late := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	switch {
+	case ctx.Err() != nil:
+		// The caller gave up: not the store's fault, so nothing is
+		// counted; a probe frees its place for the next call.
+		e.brk.abandon(tk)
+	case w != nil && w.stalled.Load():
+		// The stall timer opened the breaker.
+		err = fmt.Errorf("%w: waited %v: %w", ErrStalled, took.Round(time.Millisecond), err)
+	case late && w != nil && e.answered.Load() >= w.start:
+		// Slow, not down: the store answered other calls meanwhile.
+		err = fmt.Errorf("the store did not answer within the deadline of %v, though it is answering (raise store_timeout, drip serve --store-timeout): %w", timeout, err)
+		e.breakerChanged(e.brk.success(e.clock(), tk))
+	default:
+		if late {
+			err = fmt.Errorf("the store answered nothing within the deadline of %v: %w", timeout, err)
+		} else if w != nil {
+			e.answered.Store(time.Now().UnixNano()) // it did answer, with an error
+		}
+		e.breakerChanged(e.brk.failure(e.clock(), br, tk))
+	}
+	e.obs.StoreError(err)
+	e.logError("store call failed", err)
+	return drip.Multi{}, err
+}
+
+// watch is a store call's stall timer: when the store has answered
+// nothing for the stall time (since its last answer, or since the call
+// began if that is later) while the call waits, the call is given up and
+// the breaker opens. Each time the timer fires too early (the store
+// answered meanwhile) it is set again for the rest.
+type watch struct {
+	e       *Engine
+	br      rules.Breaker
+	tk      ticket
+	start   int64 // UnixNano
+	stall   time.Duration
+	cancel  context.CancelFunc
+	timer   *time.Timer
+	done    atomic.Bool // the call ended: the timer does nothing more
+	stalled atomic.Bool
+}
+
+func (w *watch) fire() {
+	if w.done.Load() {
+		return
+	}
+	quiet := time.Duration(time.Now().UnixNano() - max(w.e.answered.Load(), w.start))
+	if quiet < w.stall {
+		w.timer.Reset(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
+		return
+	}
+	w.stalled.Store(true)
+	w.cancel()
+	w.e.breakerChanged(w.e.brk.stalled(w.e.clock(), w.br, w.tk))
+}
+
+// end stops the timer: the call is over.
+func (w *watch) end() {
+	w.done.Store(true)
+	w.timer.Stop()
+}
+
+// stallAfter is how long a call waits with the store answering nothing
+// before the store counts as stalled: the breaker's stall time, or eight
+// times the store's usual answer time if that is longer (a store far away
+// or under load is not stalled at its usual pace).
+func (e *Engine) stallAfter(br rules.Breaker) time.Duration {
+	return max(br.Stall, 8*time.Duration(e.latency.Load()))
+}
+
+// learnLatency folds a call that took d into the store's usual answer
+// time (an exponentially weighted average, 1/8 for the newest; updates
+// that race may drop one, which an average can afford).
+func (e *Engine) learnLatency(d time.Duration) {
+	old := e.latency.Load()
+	if old == 0 {
+		e.latency.Store(int64(d))
+		return
+	}
+	e.latency.Store(old + (int64(d)-old)/8)
 }
 
 // localMaxKeys bounds the local fallback's memory.

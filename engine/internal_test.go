@@ -6,6 +6,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/sfv"
+	"github.com/driplimit/drip/rules"
 )
 
 func TestBreaker(t *testing.T) {
@@ -16,7 +17,7 @@ func TestBreaker(t *testing.T) {
 		if !ok || tk.probe {
 			t.Fatalf("closed call %d: %v %+v", i, ok, tk)
 		}
-		if ch := b.failure(t0, 3, time.Second, tk); (ch == BreakerOpen) != (i == 2) {
+		if ch := b.failure(t0, cfg(3, time.Second), tk); (ch == BreakerOpen) != (i == 2) {
 			t.Fatalf("failure %d: %q", i, ch)
 		}
 	}
@@ -30,17 +31,73 @@ func TestBreaker(t *testing.T) {
 	if ok, _, _ := b.allow(t0.Add(time.Second)); ok {
 		t.Fatal("a second call went through while the probe was in flight")
 	}
-	if ch := b.success(tk); ch != BreakerClosed || b.State() != BreakerClosed {
+	if ch := b.success(t0, tk); ch != BreakerClosed || b.State() != BreakerClosed {
 		t.Fatalf("probe success: %q %s", ch, b.State())
 	}
-	// A success resets the count of consecutive failures.
-	fail := func() string { _, tk, _ := b.allow(t0); return b.failure(t0, 3, time.Second, tk) }
-	fail()
-	fail()
-	_, tk, _ = b.allow(t0)
-	b.success(tk)
-	if ch := fail(); ch != "" {
-		t.Fatalf("failures were not consecutive, yet %q", ch)
+}
+
+// cfg is a breaker that opens at n failures that are at least half the
+// calls of a window, stalls after a second, and cools down for cool.
+func cfg(n int, cool time.Duration) rules.Breaker {
+	return rules.Breaker{Failures: n, FailureRatio: 0.5, Stall: time.Second, Cooldown: cool}
+}
+
+// TestBreakerRatio: slow or successful calls among the failures keep the
+// breaker closed while they are more than half; a new window counts
+// afresh; a stall opens it whatever the counts.
+func TestBreakerRatio(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := cfg(3, time.Second)
+	call := func(b *breaker, at time.Time, fail bool) string {
+		_, tk, _ := b.allow(at)
+		if fail {
+			return b.failure(at, c, tk)
+		}
+		return b.success(at, tk)
+	}
+	b := newBreaker()
+	for range 5 {
+		call(b, t0, false) // successes or slow calls
+	}
+	for i := range 4 {
+		if ch := call(b, t0, true); ch != "" {
+			t.Fatalf("failure %d after 5 good calls opened the breaker: %q", i+1, ch)
+		}
+	}
+	// The fifth failure: 5 of 10 calls, half.
+	if ch := call(b, t0, true); ch != BreakerOpen {
+		t.Fatalf("5 failures of 10 calls: %q", ch)
+	}
+
+	// Failures spread over windows never add up to the threshold.
+	b = newBreaker()
+	for i := range 10 {
+		at := t0.Add(time.Duration(i) * BreakerWindow / 2)
+		if i%2 == 0 {
+			call(b, at, true)
+			call(b, at, true)
+		} else if ch := call(b, at, false); ch != "" {
+			t.Fatal(ch)
+		}
+		if b.State() != BreakerClosed {
+			t.Fatalf("opened at step %d with at most 2 failures a window", i)
+		}
+	}
+
+	// A stall opens the breaker at once; a stale stall changes nothing.
+	b = newBreaker()
+	_, stale, _ := b.allow(t0)
+	_, tk, _ := b.allow(t0)
+	if ch := b.stalled(t0, c, tk); ch != BreakerOpen {
+		t.Fatalf("stall: %q", ch)
+	}
+	if ch := b.stalled(t0, c, stale); ch != "" {
+		t.Fatalf("stale stall: %q", ch)
+	}
+	// The probe after the cool-down stalls too: open again.
+	_, probe, _ := b.allow(t0.Add(time.Second))
+	if ch := b.stalled(t0.Add(2*time.Second), c, probe); ch != BreakerOpen || b.State() != BreakerOpen {
+		t.Fatalf("stalled probe: %q %s", ch, b.State())
 	}
 }
 
@@ -58,7 +115,7 @@ func TestBreakerInterleavings(t *testing.T) {
 		_, slow, _ := b.allow(t0)
 		for range 3 {
 			_, tk, _ := b.allow(t0)
-			b.failure(t0, 3, cool, tk)
+			b.failure(t0, cfg(3, cool), tk)
 		}
 		if b.State() != BreakerOpen {
 			t.Fatalf("not open after 3 failures: %s", b.State())
@@ -68,7 +125,7 @@ func TestBreakerInterleavings(t *testing.T) {
 
 	t.Run("a success from before the opening does not close it", func(t *testing.T) {
 		b, slow := open()
-		if ch := b.success(slow); ch != "" || b.State() != BreakerOpen {
+		if ch := b.success(t0, slow); ch != "" || b.State() != BreakerOpen {
 			t.Fatalf("stale success while open: %q, %s", ch, b.State())
 		}
 		if ok, _, _ := b.allow(t0.Add(time.Second)); ok {
@@ -82,14 +139,14 @@ func TestBreakerInterleavings(t *testing.T) {
 		if !ok || !probe.probe {
 			t.Fatal("no probe after the cool-down")
 		}
-		if ch := b.success(slow); ch != "" || b.State() != BreakerHalfOpen {
+		if ch := b.success(t0, slow); ch != "" || b.State() != BreakerHalfOpen {
 			t.Fatalf("stale success while half-open: %q, %s", ch, b.State())
 		}
 		// Still exactly one probe: no second call gets through.
 		if ok, _, _ := b.allow(t0.Add(cool)); ok {
 			t.Fatal("a second probe went through after a stale success")
 		}
-		if ch := b.success(probe); ch != BreakerClosed {
+		if ch := b.success(t0, probe); ch != BreakerClosed {
 			t.Fatalf("the probe's success: %q, %s", ch, b.State())
 		}
 	})
@@ -97,18 +154,18 @@ func TestBreakerInterleavings(t *testing.T) {
 	t.Run("a failure from before the opening does not reopen or count", func(t *testing.T) {
 		b, slow := open()
 		_, probe, _ := b.allow(t0.Add(cool))
-		if ch := b.failure(t0.Add(cool), 3, cool, slow); ch != "" || b.State() != BreakerHalfOpen {
+		if ch := b.failure(t0.Add(cool), cfg(3, cool), slow); ch != "" || b.State() != BreakerHalfOpen {
 			t.Fatalf("stale failure while half-open: %q, %s", ch, b.State())
 		}
-		b.success(probe)
+		b.success(t0, probe)
 		// The stale failure did not count against the new closed state:
 		// three fresh failures are needed to open it.
 		for i := range 3 {
 			_, tk, _ := b.allow(t0.Add(cool))
-			if i < 2 && b.failure(t0.Add(cool), 3, cool, slow) != "" {
+			if i < 2 && b.failure(t0.Add(cool), cfg(3, cool), slow) != "" {
 				t.Fatal("a stale failure counted after closing")
 			}
-			if ch := b.failure(t0.Add(cool), 3, cool, tk); (ch == BreakerOpen) != (i == 2) {
+			if ch := b.failure(t0.Add(cool), cfg(3, cool), tk); (ch == BreakerOpen) != (i == 2) {
 				t.Fatalf("failure %d after closing: %q", i, ch)
 			}
 		}
@@ -127,7 +184,7 @@ func TestBreakerInterleavings(t *testing.T) {
 			}
 		}
 		// The probe fails: open again for a whole cool-down.
-		if ch := b.failure(at, 3, cool, p1); ch != BreakerOpen {
+		if ch := b.failure(at, cfg(3, cool), p1); ch != BreakerOpen {
 			t.Fatalf("failed probe: %q", ch)
 		}
 		if ok, _, _ := b.allow(at.Add(cool - 1)); ok {
@@ -138,13 +195,13 @@ func TestBreakerInterleavings(t *testing.T) {
 			t.Fatal("no probe after the second cool-down")
 		}
 		// The first probe's outcome, reported again or late, is stale.
-		if ch := b.success(p1); ch != "" || b.State() != BreakerHalfOpen {
+		if ch := b.success(t0, p1); ch != "" || b.State() != BreakerHalfOpen {
 			t.Fatalf("the earlier probe's success closed the breaker: %q %s", ch, b.State())
 		}
 		if ok, _, _ := b.allow(at.Add(cool)); ok {
 			t.Fatal("a second probe went through")
 		}
-		if ch := b.success(p2); ch != BreakerClosed {
+		if ch := b.success(t0, p2); ch != BreakerClosed {
 			t.Fatalf("the current probe's success: %q", ch)
 		}
 	})
@@ -164,7 +221,7 @@ func TestBreakerInterleavings(t *testing.T) {
 		if ok, _, _ := b.allow(at); ok {
 			t.Fatal("two probes at once")
 		}
-		if ch := b.success(p2); ch != BreakerClosed {
+		if ch := b.success(t0, p2); ch != BreakerClosed {
 			t.Fatalf("%q", ch)
 		}
 	})

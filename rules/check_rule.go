@@ -49,7 +49,8 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 			r.Mode = Mode(m)
 		}
 	}
-	if v, fp, ok := f.get("on_error"); ok {
+	v, fp, ownOnError := f.get("on_error")
+	if ownOnError {
 		if e, ok := c.enum(fp, v, "allow", "deny", "local"); ok {
 			r.OnError = OnError(e)
 		}
@@ -62,6 +63,12 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window", "concurrency"); ok {
 			algo = drip.Algorithm(a)
 		}
+	}
+	if algo == drip.Concurrency && !ownOnError {
+		// A store failure must not let a concurrency rule's slots
+		// overflow unless the rule itself asks for it: the file's
+		// default on_error is for rate limits.
+		r.OnError = Deny
 	}
 	if v, fp, ok := f.get("algorithm_config"); !ok {
 		c.add(p+".algorithm_config", "required")

@@ -15,7 +15,7 @@ func (c *checker) set(v any) *Set {
 		IPv6Prefix: DefaultIPv6Prefix,
 		OnError:    Allow,
 		LocalShare: DefaultLocalShare,
-		Breaker:    Breaker{Failures: DefaultBreakerFailures, Cooldown: DefaultBreakerCooldown},
+		Breaker:    DefaultBreaker,
 		byName:     map[string]int{},
 	}
 	s.RetryJitter = retryafter.Default
@@ -134,10 +134,18 @@ func (c *checker) breaker(p string, v any, b *Breaker) {
 			b.Failures = n
 		}
 	}
+	if v, p, ok := f.get("failure_ratio"); ok {
+		b.FailureRatio, _ = c.share(p, v)
+	}
+	if v, p, ok := f.get("stall"); ok {
+		if d, ok := c.duration(p, v, false); ok {
+			b.Stall = d
+		}
+	}
 	if v, p, ok := f.get("cooldown"); ok {
 		if d, ok := c.duration(p, v, false); ok {
 			b.Cooldown = d
 		}
 	}
-	f.done("failures", "cooldown")
+	f.done("failures", "failure_ratio", "stall", "cooldown")
 }

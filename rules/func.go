@@ -81,7 +81,7 @@ func (f FuncRule) Set() (*Set, error) {
 		IPv6Prefix:  DefaultIPv6Prefix,
 		OnError:     f.OnError,
 		LocalShare:  f.LocalShare,
-		Breaker:     Breaker{Failures: DefaultBreakerFailures, Cooldown: DefaultBreakerCooldown},
+		Breaker:     DefaultBreaker,
 		RetryJitter: retryafter.Default,
 		byName:      map[string]int{f.Name: 0},
 	}, nil

@@ -52,7 +52,9 @@ const (
 	DefaultIPv6Prefix      = 64
 	DefaultLocalShare      = 0.5
 	DefaultBreakerFailures = 5
-	DefaultBreakerCooldown = 5 * time.Second
+	DefaultBreakerRatio    = 0.5
+	DefaultBreakerStall    = 500 * time.Millisecond
+	DefaultBreakerCooldown = 500 * time.Millisecond
 	defaultCost            = 1.0
 	maxRuleName            = 128
 	maxNestingDepth        = 64
@@ -94,12 +96,39 @@ type Set struct {
 	byName map[string]int
 }
 
-// Breaker configures the circuit breaker: after Failures consecutive store
-// failures the store is not called for Cooldown, then one probe decides
-// whether it is back.
+// Breaker configures the circuit breaker in front of the store. It opens
+// when the store is down, not when calls are slow: when, within a second,
+// at least Failures store calls failed and they were at least FailureRatio
+// of the calls (a call that missed its deadline while the store answered
+// others is slow, not failed), or when a call has waited Stall without the
+// store answering anything. Open, the store is not called for Cooldown;
+// then one probe decides whether it is back.
 type Breaker struct {
-	Failures int
-	Cooldown time.Duration
+	Failures     int
+	FailureRatio float64
+	Stall        time.Duration
+	Cooldown     time.Duration
+}
+
+// DefaultBreaker is the breaker of a rules file that configures none.
+var DefaultBreaker = Breaker{Failures: DefaultBreakerFailures, FailureRatio: DefaultBreakerRatio,
+	Stall: DefaultBreakerStall, Cooldown: DefaultBreakerCooldown}
+
+// Or is b with def's value for every field b leaves at zero.
+func (b Breaker) Or(def Breaker) Breaker {
+	if b.Failures <= 0 {
+		b.Failures = def.Failures
+	}
+	if b.FailureRatio <= 0 {
+		b.FailureRatio = def.FailureRatio
+	}
+	if b.Stall <= 0 {
+		b.Stall = def.Stall
+	}
+	if b.Cooldown <= 0 {
+		b.Cooldown = def.Cooldown
+	}
+	return b
 }
 
 // JWT says how bearer tokens are verified. Exactly one way is set:

@@ -80,7 +80,7 @@ func TestEverything(t *testing.T) {
 		t.Errorf("proxies %v", s.TrustedProxies)
 	}
 	if s.IPv6Prefix != 56 || s.OnError != Local || s.LocalShare != 0.25 || s.StoreTimeout != 20*time.Millisecond ||
-		s.Breaker != (Breaker{3, 2 * time.Second}) {
+		s.Breaker != (Breaker{Failures: 3, FailureRatio: 0.75, Stall: 300 * time.Millisecond, Cooldown: 2 * time.Second}) {
 		t.Errorf("globals %+v", s)
 	}
 	if s.JWT == nil || len(s.JWT.Keys) != 2 || s.JWT.Issuer != "https://issuer.example" || s.JWT.Audience != "api" || s.JWT.Leeway != 5*time.Second {
@@ -411,5 +411,23 @@ func TestConcurrencyRule(t *testing.T) {
 	}
 	if set.Rules[0].FixedCost != 1 {
 		t.Errorf("cost %v, want 1 (a request holds one slot)", set.Rules[0].FixedCost)
+	}
+}
+
+// TestConcurrencyOnError: a concurrency rule denies when the store fails
+// unless the rule itself says otherwise; the file's on_error is for rate
+// limits (a store hiccup must not let slots overflow by accident).
+func TestConcurrencyOnError(t *testing.T) {
+	s, err := Parse([]byte(`{"on_error": "allow", "rules": [
+	  {"name": "c", "limit_keys": ["global"], "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 3}},
+	  {"name": "c2", "limit_keys": ["global"], "algorithm": "concurrency", "algorithm_config": {"max_in_flight": 3}, "on_error": "allow"},
+	  {"name": "r", "limit_keys": ["global"], "algorithm_config": {"rate": 1, "period": "1s"}}]}`), "c.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]OnError{"c": Deny, "c2": Allow, "r": Allow} {
+		if r, _ := s.Rule(name); r.OnError != want {
+			t.Errorf("%s: on_error %q, want %q", name, r.OnError, want)
+		}
 	}
 }

@@ -71,7 +71,7 @@ type Config struct {
 	MaxConnections int
 
 	// StoreTimeout is the deadline of each store call, in every front door
-	// (default engine.DefaultTimeout, 50ms).
+	// (default engine.DefaultTimeout, 1s): the longest a decision waits.
 	StoreTimeout time.Duration
 	// WatchEvery is how often the rules file is checked for changes
 	// (default 1s; negative disables polling; SIGHUP and the admin API

@@ -27,6 +27,7 @@ package batch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -81,6 +82,7 @@ type Call[Q, R any] struct {
 	ctx   context.Context
 	done  chan struct{}
 	state atomic.Uint32 // waiting, answered or left: who has the answer
+	sent  atomic.Bool   // a worker sent it to the store
 }
 
 // A call's state: the worker sets answered when it hands the caller the
@@ -184,6 +186,7 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, q Q) (R, error) {
 	if b.route != nil {
 		ch = b.qs[b.route(q)%uint64(len(b.qs))]
 	}
+	queued := time.Now()
 	select {
 	case ch <- c:
 	case <-ctx.Done():
@@ -199,6 +202,11 @@ func (b *Batcher[Q, R]) Do(ctx context.Context, q Q) (R, error) {
 	case <-c.done:
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(waiting, left) {
+			if !c.sent.Load() {
+				// Time spent in drip's own queue is not the store's:
+				// say so, for whoever reads the error.
+				return zero, fmt.Errorf("%w: waited %v in drip's queue and was never sent to the store (the store's calls in flight were busy)", ctx.Err(), time.Since(queued).Round(time.Millisecond))
+			}
 			return zero, ctx.Err()
 		}
 		<-c.done // answered just now
@@ -223,6 +231,7 @@ func (b *Batcher[Q, R]) recycle(c *Call[Q, R]) {
 	c.Req, c.Res, c.Err, c.ctx = *new(Q), *new(R), nil, nil
 	c.Deadline, c.SendBy = time.Time{}, time.Time{}
 	c.state.Store(waiting)
+	c.sent.Store(false)
 	b.pool.Put(c)
 }
 
@@ -291,6 +300,7 @@ func (b *Batcher[Q, R]) send(calls []*Call[Q, R]) {
 			continue
 		}
 		live = append(live, c)
+		c.sent.Store(true)
 		if c.Deadline.IsZero() {
 			forever = true
 		} else if c.Deadline.After(latest) {

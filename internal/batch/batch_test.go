@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -210,10 +211,33 @@ func TestClock(t *testing.T) {
 	if k.Deadline(time.Time{}) != 0 {
 		t.Error("no deadline became one")
 	}
-	// ...until the bound is older than Refresh.
-	k.Observe(t0.Add(Refresh+2*time.Second), t0.Add(Refresh+2*time.Second-time.Hour).UnixNano())
+	// A slow reply after a period turns does not become the estimate
+	// either: the previous period's best still counts (a busy host delays
+	// the replies it reads; one of them must not make every deadline
+	// early).
+	k.Observe(t0.Add(Refresh+2*time.Second+200*time.Millisecond), t0.Add(Refresh+2*time.Second+ahead).UnixNano())
+	if got, want := k.Deadline(d), d.Add(ahead-time.Millisecond).UnixNano(); got != want {
+		t.Errorf("after a slow reply in a new period: deadline %d, want %d", got, want)
+	}
+	// A server clock that stepped back an hour is followed once the
+	// better bound is more than a period old...
+	k.Observe(t0.Add(2*Refresh+3*time.Second), t0.Add(2*Refresh+3*time.Second-time.Hour).UnixNano())
+	if got, want := k.Deadline(d), d.Add(ahead-200*time.Millisecond).UnixNano(); got != want {
+		t.Errorf("one period on: deadline %d, want %d (the last period's best)", got, want)
+	}
+	k.Observe(t0.Add(3*Refresh+4*time.Second), t0.Add(3*Refresh+4*time.Second-time.Hour).UnixNano())
 	if got, want := k.Deadline(d), d.Add(-time.Hour).UnixNano(); got != want {
 		t.Errorf("after a clock step: deadline %d, want %d", got, want)
+	}
+	// ...and at once after Forget (a reconnect), from the next sample.
+	k.Observe(t0.Add(3*Refresh+5*time.Second), t0.Add(3*Refresh+5*time.Second+ahead).UnixNano())
+	k.Forget()
+	if k.Known() || k.Deadline(d) != 0 {
+		t.Fatal("Forget kept an offset")
+	}
+	k.Observe(t0.Add(3*Refresh+6*time.Second), t0.Add(3*Refresh+6*time.Second-time.Minute).UnixNano())
+	if got, want := k.Deadline(d), d.Add(-time.Minute).UnixNano(); got != want {
+		t.Errorf("after Forget: deadline %d, want %d", got, want)
 	}
 }
 
@@ -320,5 +344,31 @@ func TestUndo(t *testing.T) {
 		if n, _ := b.Undone(); n != 1 {
 			t.Errorf("Undone = %d, want 1", n)
 		}
+	})
+}
+
+// TestQueuedSaysSo: a caller whose deadline passes while its request waits
+// in the batcher's queue (the store's calls in flight are busy) gets a
+// deadline error that says it was never sent, so that time spent in drip
+// is not taken for the store's.
+func TestQueuedSaysSo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		b := New(Options{MaxBatch: 1, InFlight: 1}, nil, func(ctx context.Context, calls []*Call[int, int]) {
+			<-release
+			for _, c := range calls {
+				c.Res = c.Req
+			}
+		}, nil)
+		defer b.Close()
+		go b.Do(context.Background(), 1) // holds the one call in flight
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_, err := b.Do(ctx, 2)
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "never sent") {
+			t.Errorf("queued past its deadline: %v", err)
+		}
+		close(release)
 	})
 }

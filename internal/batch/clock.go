@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -15,23 +16,33 @@ import (
 // arrived at local time recv and carried the server's time srv (read while
 // the server ran the call, so before recv) shows that the server's clock
 // is at least srv - recv ahead of ours. Clock keeps the largest such lower
-// bound (the reply that came back fastest), renewed at least every
-// Refresh so that a server clock stepping back is followed. A deadline
-// moved by a lower bound comes, in the server's clock, no later than the
-// caller's deadline: the server may refuse a request a little early (by
-// about a round trip), never apply one late. The deadlines it is given are
-// already short of the callers' own by a margin (SendBy), for the reply to
-// travel back before the caller gives up.
+// bound (the reply that came back fastest) of the last one to two Refresh
+// periods: a windowed maximum, so that a server clock stepping back is
+// followed, and so that no single slow reply (a busy host delays every
+// reply it reads) ever becomes the estimate while a better one is recent.
+// A deadline moved by a lower bound comes, in the server's clock, no later
+// than the caller's deadline: the server may refuse a request a little
+// early (by about a round trip), never apply one late. The deadlines it is
+// given are already short of the callers' own by a margin (SendBy), for
+// the reply to travel back before the caller gives up.
+//
+// Forget drops what was learned, so that the next call with a deadline
+// reads the server's clock afresh: stores call it when a connection
+// failed, since the next answer may come from another server (a failover,
+// a reconnect through a load balancer) with a clock of its own.
 type Clock struct {
-	mu    sync.Mutex
-	known bool
-	off   int64     // server - local, ns, a lower bound
-	at    time.Time // when off was learned
+	mu     sync.Mutex
+	known  bool
+	cur    int64     // the best offset (server - local, ns) of the current period
+	at     time.Time // when the current period began
+	prev   int64     // the best offset of the period before (prevOK: there was one)
+	prevOK bool
 }
 
 const (
-	// Refresh is how long an offset is kept before any newer sample
-	// replaces it, even a worse one.
+	// Refresh is how long a period of the windowed maximum lasts: the
+	// estimate is the best sample of the current period and the one
+	// before.
 	Refresh = 10 * time.Second
 	// MinMargin and MaxMargin bound the margin taken off every deadline
 	// sent to a server (see Clock).
@@ -61,10 +72,41 @@ func SendBy(ctx context.Context) time.Time {
 func (k *Clock) Observe(recv time.Time, srv int64) {
 	off := srv - recv.UnixNano()
 	k.mu.Lock()
-	if !k.known || off > k.off || recv.Sub(k.at) > Refresh {
-		k.known, k.off, k.at = true, off, recv
+	switch {
+	case !k.known:
+		k.known, k.cur, k.at, k.prevOK = true, off, recv, false
+	case recv.Sub(k.at) > Refresh:
+		k.prev, k.prevOK = k.cur, recv.Sub(k.at) <= 2*Refresh
+		k.cur, k.at = off, recv
+	case off > k.cur:
+		k.cur = off
 	}
 	k.mu.Unlock()
+}
+
+// offset is the estimate (the caller holds mu).
+func (k *Clock) offset() int64 {
+	if k.prevOK && k.prev > k.cur {
+		return k.prev
+	}
+	return k.cur
+}
+
+// Forget drops every sample: the next call with a deadline reads the
+// server's clock first (see Known).
+func (k *Clock) Forget() {
+	k.mu.Lock()
+	k.known, k.prevOK = false, false
+	k.mu.Unlock()
+}
+
+// ForgetOn forgets (Forget) when err is a failure of the connection or
+// the server, not of a deadline: the next answer may come from another
+// server, or from the same one after a restart.
+func (k *Clock) ForgetOn(err error) {
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		k.Forget()
+	}
 }
 
 // Known reports whether an offset has been observed.
@@ -81,7 +123,7 @@ func (k *Clock) Deadline(d time.Time) int64 {
 		return 0
 	}
 	k.mu.Lock()
-	off, known := k.off, k.known
+	off, known := k.offset(), k.known
 	k.mu.Unlock()
 	if !known {
 		return 0

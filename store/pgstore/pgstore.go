@@ -460,9 +460,15 @@ func retryable(err error) bool {
 
 // retry runs f until it succeeds, fails with an error that is not
 // retryable, or has been tried cfg.attempts times.
-func (s *Store) retry(ctx context.Context, f func() error) error {
+func (s *Store) retry(ctx context.Context, f func() error) (err error) {
+	defer func() {
+		// A failed connection or server: the next answer may come from
+		// another server (a failover), whose clock is learned afresh.
+		if err != nil && !errors.Is(err, errRace) {
+			s.clock.ForgetOn(err)
+		}
+	}()
 	wait := s.cfg.backoff
-	var err error
 	fell := false // switched to FallbackQueryMode once
 	for attempt := 1; ; attempt++ {
 		err = f()

@@ -362,6 +362,9 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []
 	}
 	msgs, err := s.exec(ctx, keys, args)
 	if err != nil {
+		// A failed connection or server: the next answer may come from
+		// another server (a failover), whose clock is learned afresh.
+		s.clock.ForgetOn(err)
 		return reply{}, fmt.Errorf("redisstore: %s: %w", mode, err)
 	}
 	recv := time.Now()
