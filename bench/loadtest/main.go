@@ -53,6 +53,7 @@ type config struct {
 	busy          []int
 	clients       int
 	faultClients  int
+	faultRepeat   int
 	faultWorkload workload
 	duration      time.Duration
 	keys          int
@@ -65,18 +66,23 @@ type config struct {
 // fault is a store fault made 2 s into a run.
 type fault struct {
 	name   string
-	kind   string // pause, lock, kill
+	kind   string // pause, lock, kill, failover
 	d      time.Duration
 	run    time.Duration // the run's length
 	stores []string      // where it applies
+	settle time.Duration // after the store is back, errors counted apart
 }
 
 var faults = []fault{
-	{"pause-300ms", "pause", 300 * time.Millisecond, 8 * time.Second, []string{"redis", "cluster"}},
-	{"lock-300ms", "lock", 300 * time.Millisecond, 8 * time.Second, []string{"postgres", "pgbouncer"}},
-	{"pause-5s", "pause", 5 * time.Second, 12 * time.Second, []string{"redis", "cluster"}},
-	{"lock-5s", "lock", 5 * time.Second, 12 * time.Second, []string{"postgres", "pgbouncer"}},
-	{"kill-3s", "kill", 3 * time.Second, 12 * time.Second, []string{"postgres", "redis"}},
+	{"pause-300ms", "pause", 300 * time.Millisecond, 8 * time.Second, []string{"redis", "cluster"}, time.Second},
+	{"lock-300ms", "lock", 300 * time.Millisecond, 8 * time.Second, []string{"postgres", "pgbouncer"}, time.Second},
+	{"pause-5s", "pause", 5 * time.Second, 12 * time.Second, []string{"redis", "cluster"}, time.Second},
+	{"lock-5s", "lock", 5 * time.Second, 12 * time.Second, []string{"postgres", "pgbouncer"}, time.Second},
+	{"kill-3s", "kill", 3 * time.Second, 12 * time.Second, []string{"postgres", "redis"}, time.Second},
+	// A primary killed, its standby promoted; drip serve has both in a
+	// multi-host URL (target_session_attrs=read-write). 30 s after, to
+	// see any later stretch of refusals. Each run has a pair of its own.
+	{"failover", "failover", 0, 32 * time.Second, []string{"postgres"}, 2 * time.Second},
 }
 
 // faultAt is when a fault starts, from the start of its run.
@@ -95,7 +101,7 @@ func run(ctx context.Context, args []string) int {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	stores := fs.String("stores", strings.Join(storeNames, ","), "stores to run on: "+strings.Join(storeNames, ", "))
 	works := fs.String("workloads", "all", "workloads: all, none, or a list of api-hot, api-many, api-slots, gw-hot, gw-many, gw-slots")
-	flts := fs.String("faults", "none", "fault runs: all, none, or a list of pause-300ms, lock-300ms, pause-5s, lock-5s, kill-3s (each on the stores it applies to)")
+	flts := fs.String("faults", "none", "fault runs: all, none, or a list of pause-300ms, lock-300ms, pause-5s, lock-5s, kill-3s, failover (each on the stores it applies to)")
 	busy := fs.String("busy", "4", "busy loops beside each run (while :; do :; done), a list to run each: 0,4")
 	var c config
 	fs.IntVar(&c.clients, "clients", 48, "concurrent clients of a workload run")
@@ -103,6 +109,7 @@ func run(ctx context.Context, args []string) int {
 	fs.IntVar(&c.keys, "keys", 10_000, "keys of the many-keys workloads")
 	fs.DurationVar(&c.hold, "hold", 2*time.Millisecond, "how long a slot of the in-flight rule is held")
 	fs.IntVar(&c.faultClients, "fault-clients", 8, "concurrent clients of a fault run")
+	fs.IntVar(&c.faultRepeat, "fault-repeat", 1, "runs of each fault")
 	fw := fs.String("fault-workload", "api-hot", "the workload of the fault runs")
 	serveArgs := fs.String("serve-args", "", "more flags for drip serve, space separated (--store-timeout=500ms)")
 	fs.StringVar(&c.drip, "drip", "", "the drip binary (default: built from this repository)")
@@ -134,6 +141,8 @@ func run(ctx context.Context, args []string) int {
 	switch {
 	case c.clients < 1 || c.clients > 1000, c.faultClients < 1 || c.faultClients > 1000:
 		return usage(fmt.Errorf("clients: 1 to 1000"))
+	case c.faultRepeat < 1 || c.faultRepeat > 100:
+		return usage(fmt.Errorf("-fault-repeat: 1 to 100"))
 	case c.duration <= 0 || c.duration > 10*time.Minute:
 		return usage(fmt.Errorf("-duration: above 0, at most 10m"))
 	case c.keys < 1 || c.keys > 1_000_000:
@@ -183,12 +192,14 @@ func run(ctx context.Context, args []string) int {
 				results = append(results, r)
 			}
 			for _, f := range c.faults {
-				if ctx.Err() != nil || !slices.Contains(f.stores, name) {
-					continue
+				for range c.faultRepeat {
+					if ctx.Err() != nil || !slices.Contains(f.stores, name) {
+						continue
+					}
+					r := runFault(ctx, &c, env, rulesFile, b, &f)
+					r.print()
+					results = append(results, r)
 				}
-				r := runOne(ctx, &c, env, rulesFile, c.faultWorkload, c.faultClients, f.run, b, &f)
-				r.print()
-				results = append(results, r)
 			}
 		}
 		env.stop()
@@ -251,8 +262,22 @@ type result struct {
 	// Fault runs, from the fault's start (openAfter) and end (the rest);
 	// -1 when it did not happen.
 	openAfter, firstOK, lastErr time.Duration
-	errsAfter                   int64 // errors of requests sent over 1 s after the fault ended
+	errsAfter                   int64 // errors of requests sent after the fault ended and its settle time
 	errsBefore                  int64 // errors answered before the fault began
+}
+
+// runFault runs the fault workload with a fault; a failover on a pair of
+// servers of its own.
+func runFault(ctx context.Context, c *config, env *storeEnv, rulesFile string, busy int, f *fault) result {
+	if f.kind == "failover" {
+		pair, err := startFailoverPair(ctx, c.drip)
+		if err != nil {
+			return result{store: env.name, work: c.faultWorkload.describe(c.keys), busy: busy, clients: c.faultClients, fault: f, setupErr: err}
+		}
+		defer pair.stop()
+		env = pair
+	}
+	return runOne(ctx, c, env, rulesFile, c.faultWorkload, c.faultClients, f.run, busy, f)
 }
 
 func runOne(ctx context.Context, c *config, env *storeEnv, rulesFile string, w workload, clients int, duration time.Duration, busy int, f *fault) result {
@@ -388,7 +413,7 @@ func runOne(ctx context.Context, c *config, env *storeEnv, rulesFile string, w w
 	r.failOpen = m.outcomes["error_allowed"] + m.outcomes["local_allowed"] + m.outcomes["local_denied"]
 
 	if f != nil {
-		r.faultTimeline(samples, openings, fStart, fEnd)
+		r.faultTimeline(samples, openings, fStart, fEnd, f.settle)
 	}
 	return r
 }
@@ -396,7 +421,7 @@ func runOne(ctx context.Context, c *config, env *storeEnv, rulesFile string, w w
 // faultTimeline finds, in a fault run's answers, how soon the breaker
 // opened after the fault began, and how soon after the fault ended the
 // answers were decisions again.
-func (r *result) faultTimeline(samples []sample, openings []time.Duration, fStart, fEnd time.Duration) {
+func (r *result) faultTimeline(samples []sample, openings []time.Duration, fStart, fEnd, settle time.Duration) {
 	for _, o := range openings {
 		if o >= fStart {
 			r.openAfter = o - fStart
@@ -414,7 +439,7 @@ func (r *result) faultTimeline(samples []sample, openings []time.Duration, fStar
 		if s.kind == kindError && s.end >= fEnd && s.end-fEnd > r.lastErr {
 			r.lastErr = s.end - fEnd
 		}
-		if s.kind == kindError && sent > fEnd+time.Second {
+		if s.kind == kindError && sent > fEnd+settle {
 			r.errsAfter++
 		}
 		if s.kind == kindError && s.end < fStart {
@@ -439,6 +464,10 @@ func makeFault(ctx context.Context, env *storeEnv, f *fault, start time.Time, fS
 		return err
 	case "lock":
 		err := env.lock(ctx, f.d, func() { *fStart = time.Since(start) })
+		*fEnd = time.Since(start)
+		return err
+	case "failover":
+		err := env.failover(func() { *fStart = time.Since(start) })
 		*fEnd = time.Since(start)
 		return err
 	default:

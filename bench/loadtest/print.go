@@ -92,7 +92,7 @@ func printDetails(rs []result) {
 		fmt.Fprintln(w)
 	}
 	if len(flt) > 0 {
-		fmt.Fprintln(w, "| store | fault | busy loops | clients | decisions | errors | error % | p50 | p99 | max | over-admitted | breaker opens | errors before the fault | opened after | first decision after recovery | last error after recovery | errors sent >1 s after recovery |")
+		fmt.Fprintln(w, "| store | fault | busy loops | clients | decisions | errors | error % | p50 | p99 | max | over-admitted | breaker opens | errors before the fault | opened after | first decision after recovery | last error after recovery | errors sent after settling (1 s; failover 2 s) |")
 		fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 		for _, r := range flt {
 			fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %d | %s | %s | %s | %s | %s | %s | %d | %s | %s | %s | %d |\n",

@@ -84,6 +84,7 @@ type storeEnv struct {
 	url     string // drip serve --store
 	pgURL   string // the PostgreSQL server itself (install, locks)
 	pg      *testserver.Postgres
+	standby *testserver.Postgres // a failover pair's
 	bouncer *testserver.PgBouncer
 	redis   *testserver.Redis
 	cluster *testserver.RedisCluster
@@ -146,6 +147,10 @@ func startStore(ctx context.Context, name, dripBin string) (*storeEnv, error) {
 }
 
 func (s *storeEnv) stop() {
+	if s.standby != nil {
+		s.standby.Stop()
+		s.standby.Remove()
+	}
 	if s.bouncer != nil {
 		s.bouncer.Stop()
 	}
@@ -222,24 +227,55 @@ func (s *storeEnv) lock(ctx context.Context, d time.Duration, locked func()) err
 }
 
 // kill kills the store's server as a crash would, and starts it again
-// after down. It calls killed once the server is gone, and returns once
-// it answers again.
-func (s *storeEnv) kill(down time.Duration, killed func()) error {
+// after down. It calls killing just before, and returns once the server
+// answers again.
+func (s *storeEnv) kill(down time.Duration, killing func()) error {
 	switch {
 	case s.redis != nil:
+		killing()
 		s.redis.Kill()
-		killed()
 		time.Sleep(down)
 		return s.redis.Start()
 	case s.pg != nil:
+		killing()
 		if err := s.pg.Kill(); err != nil {
 			return err
 		}
-		killed()
 		time.Sleep(down)
 		return s.pg.Start()
 	}
 	return errors.New("kill: only a PostgreSQL or Redis store (not a cluster)")
+}
+
+// startFailoverPair starts a PostgreSQL primary with drip's schema and a
+// streaming standby of it; drip serve gets both in a multi-host URL that
+// asks for the one that accepts writes.
+func startFailoverPair(ctx context.Context, dripBin string) (*storeEnv, error) {
+	s, err := startStore(ctx, "postgres", dripBin)
+	if err != nil {
+		return nil, err
+	}
+	if s.standby, err = testserver.NewPostgresStandby(s.pg); err != nil {
+		s.stop()
+		return nil, err
+	}
+	s.url = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		s.pg.Port(), s.standby.Port())
+	return s, nil
+}
+
+// failover kills the primary as a crash would and promotes the standby.
+// It calls killing just before, and returns once the standby accepts
+// writes.
+func (s *storeEnv) failover(killing func()) error {
+	if s.standby == nil {
+		return errors.New("failover: not a failover pair")
+	}
+	killing()
+	if err := s.pg.Kill(); err != nil {
+		return err
+	}
+	return s.standby.Promote()
 }
 
 // serve is a drip serve process.
