@@ -1,7 +1,8 @@
 // Package drip is a rate limiter for Go: token buckets and fixed windows
-// kept in fixed point, with state in memory (store/memstore), PostgreSQL
-// (store/pgstore) or Redis (store/redisstore), and the same answer from
-// each to the millionth of a token.
+// kept in fixed point, and limits on how many requests are in flight at
+// once, with state in memory (store/memstore), PostgreSQL (store/pgstore)
+// or Redis (store/redisstore), and the same answer from each to the
+// millionth of a token.
 //
 // A user holds keys to a Limit through a Limiter:
 //
@@ -15,17 +16,39 @@
 // store. Take, TakeN, Reserve, Peek, Refund, Reset, TakeMulti (several
 // keys, all or nothing) and Wait cover what a caller asks.
 //
+// PerSecond, PerMinute, PerHour and Per(n, period) make token buckets of n
+// tokens per period (Per is not x/time/rate's Every, which takes the
+// interval between two events); Window makes one a fixed window.
+//
+// Requests in flight: a concurrency limit, InFlight(n, ttl), bounds how
+// many requests run at once rather than how many start per period. Acquire
+// takes one of a key's n slots under a lease and Release gives it back; a
+// holder that never releases (it crashed) loses its slot ttl after it took
+// it:
+//
+//	jobs := drip.New(store, drip.InFlight(4, time.Minute))
+//	lease, err := jobs.Acquire(ctx, "tenant:9")
+//	if err == nil && lease.Allowed {
+//		defer lease.Release(context.WithoutCancel(ctx))
+//		// ... the work ...
+//	}
+//
+// A concurrency limit also travels in a Request (Request.Lease names the
+// lease), so TakeMulti takes tokens and slots together, all or nothing.
+//
 // Time: a Limiter decides on its store's clock (a shared store uses its
 // server's, so that instances with skewed clocks agree); WithClock passes
 // a time of your own, as tests and replays do. Amounts are kept in
 // micro-tokens and times in nanoseconds: no float state drifts.
 //
-// Zero values: a Limit must have a Rate (Period zero is one second, Burst
-// zero is the rate); a Limiter comes from New; a Request's zero Cost takes
+// Zero values: a token bucket or fixed window Limit must have a Rate
+// (Period zero is one second, Burst zero is the rate), a concurrency Limit
+// a MaxInFlight (LeaseTTL zero is DefaultLeaseTTL); a Limiter comes from
+// New; a Request's zero Cost takes
 // nothing (a Limiter's Take costs 1). Limit, Request and Decision are
 // values, safe to copy.
 //
-// Concurrency: a Limiter and every Store are safe for concurrent use, and
+// Safe for concurrent use: a Limiter and every Store are, and
 // a multi-key take is one atomic step in the store.
 //
 // Store wrappers: Sharded spreads a hot key over several, Prefixed puts

@@ -17,7 +17,7 @@ import (
 )
 
 func TestLimitValidate(t *testing.T) {
-	good := []drip.Limit{drip.PerSecond(10), drip.PerMinute(0.5).WithBurst(3), drip.Every(5, 10*time.Second).WithRefill(drip.Interval),
+	good := []drip.Limit{drip.PerSecond(10), drip.PerMinute(0.5).WithBurst(3), drip.Per(5, 10*time.Second).WithRefill(drip.Interval),
 		drip.PerHour(100).Window(), drip.PerSecond(1).WithMaxReserved(10)}
 	for _, l := range good {
 		if err := l.Validate(); err != nil {
@@ -46,7 +46,7 @@ func float64Inf() float64 { var z float64; return 1 / z }
 func TestLimitString(t *testing.T) {
 	for l, want := range map[drip.Limit]string{
 		drip.PerSecond(10): "10/1s burst 10",
-		drip.Every(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval): "5/10s burst 20 interval",
+		drip.Per(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval): "5/10s burst 20 interval",
 		drip.PerMinute(3).Window(): "fixed_window 3/1m0s burst 3",
 	} {
 		if got := l.String(); got != want {

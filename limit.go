@@ -12,7 +12,9 @@ import (
 	"github.com/driplimit/drip/bucket"
 )
 
-// Algorithm names how a bucket refills.
+// Algorithm names the kind of a limit: a bucket and how it refills
+// (TokenBucket, FixedWindow), or a bound on requests in flight
+// (Concurrency).
 type Algorithm string
 
 const (
@@ -64,13 +66,20 @@ const (
 // headroom in an int64.
 const maxAmount = 1e12
 
-// Limit describes one rate limit. The zero value is not usable: Rate must be
-// set. A Limit is a small value type; it is safe to copy and compare.
+// Limit describes one rate limit: a token bucket, a fixed window or a
+// concurrency limit. The zero value is not usable: a token bucket or a
+// fixed window needs a Rate (PerSecond, Per), a concurrency limit a
+// MaxInFlight (InFlight). A Limit is a small value type; it is safe to
+// copy and compare.
 type Limit struct {
-	// Algorithm is TokenBucket (the zero value) or FixedWindow.
+	// Algorithm is TokenBucket (the zero value), FixedWindow or
+	// Concurrency. Rate, Period, Burst, Refill, Start and MaxReserved
+	// describe the first two; MaxInFlight and LeaseTTL describe
+	// Concurrency, which must leave the others zero (Validate says so).
 	Algorithm Algorithm
-	// Rate is how many tokens are added per Period. Must be > 0; fractional
-	// rates are allowed.
+	// Rate is how many tokens are added per Period. Must be > 0 for a
+	// token bucket or a fixed window, and zero for a concurrency limit;
+	// fractional rates are allowed.
 	Rate float64
 	// Period is the length of time over which Rate tokens are added. Zero
 	// means one second.
@@ -114,21 +123,33 @@ func (l Limit) leaseTTL() time.Duration {
 
 // PerSecond returns a token bucket of rate tokens per second, with a burst
 // of rate.
-func PerSecond(rate float64) Limit { return Every(rate, time.Second) }
+func PerSecond(rate float64) Limit { return Per(rate, time.Second) }
 
 // PerMinute returns a token bucket of rate tokens per minute, with a burst
 // of rate.
-func PerMinute(rate float64) Limit { return Every(rate, time.Minute) }
+func PerMinute(rate float64) Limit { return Per(rate, time.Minute) }
 
 // PerHour returns a token bucket of rate tokens per hour, with a burst of
 // rate.
-func PerHour(rate float64) Limit { return Every(rate, time.Hour) }
+func PerHour(rate float64) Limit { return Per(rate, time.Hour) }
 
-// Every returns a token bucket of rate tokens per period, with a burst of
-// rate.
-func Every(rate float64, period time.Duration) Limit {
+// Per returns a token bucket of rate tokens per period, with a burst of
+// rate: Per(5, 10*time.Second) adds 5 tokens every 10 seconds, one every
+// 2 seconds.
+func Per(rate float64, period time.Duration) Limit {
 	return Limit{Rate: rate, Period: period}
 }
+
+// Every is Per under its former name: Every(rate, period) is rate tokens
+// per period.
+//
+// Deprecated: use Per. Beware: Every does NOT mean what
+// golang.org/x/time/rate's Every means. rate.Every(interval) is one event
+// per interval; drip.Every(n, period) is n tokens per period. So
+// rate.Every(10*time.Second) is one every 10 seconds, while
+// drip.Every(10, time.Second) is 10 every second. drip.Per(1, d) is the
+// limit rate.Every(d) describes.
+func Every(rate float64, period time.Duration) Limit { return Per(rate, period) }
 
 // WithBurst returns l with capacity burst.
 func (l Limit) WithBurst(burst float64) Limit { l.Burst = burst; return l }

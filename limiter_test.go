@@ -47,7 +47,7 @@ func TestPreparedPath(t *testing.T) {
 	clock := drip.WithClock(func() time.Time { return at })
 	limits := []drip.Limit{
 		drip.PerSecond(3).WithBurst(5).WithMaxReserved(2),
-		drip.Every(2, time.Second).WithRefill(drip.Interval),
+		drip.Per(2, time.Second).WithRefill(drip.Interval),
 		drip.PerMinute(4).Window(), // key-dependent: no prepared path
 		drip.PerSecond(0.5).WithBurst(0.5),
 	}

@@ -18,11 +18,11 @@ import (
 func TestShardedWindows(t *testing.T) {
 	const period = time.Second
 	for _, l := range []drip.Limit{
-		drip.Every(8, period).Window(),
-		drip.Every(8, period).Window().WithBurst(12),
-		drip.Every(8, period).WithRefill(drip.Interval),
-		drip.Every(8, period).WithRefill(drip.Interval).WithBurst(12),
-		drip.Every(8, period),
+		drip.Per(8, period).Window(),
+		drip.Per(8, period).Window().WithBurst(12),
+		drip.Per(8, period).WithRefill(drip.Interval),
+		drip.Per(8, period).WithRefill(drip.Interval).WithBurst(12),
+		drip.Per(8, period),
 	} {
 		t.Run(l.String(), func(t *testing.T) {
 			s := memstore.New(memstore.WithSweep(0))

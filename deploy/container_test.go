@@ -214,7 +214,9 @@ func TestContainer(t *testing.T) {
 
 	cmd := exec.Command(entrypoint[0], entrypoint[1:]...)
 	cmd.Dir = "/"
-	cmd.Env = []string{}
+	// The image's environment, and a drain longer than the test, which
+	// the test ends with a second SIGTERM.
+	cmd.Env = []string{"DRIP_DRAIN=10m"}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -301,7 +303,34 @@ func TestContainer(t *testing.T) {
 		}
 	}
 
-	// docker stop: SIGTERM, and a clean exit.
+	// docker stop: SIGTERM. drip drains: /readyz answers 503, the
+	// decision API still answers, closing the connection; a second
+	// SIGTERM ends the drain, and drip exits cleanly.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // generous: speed is not tested
+		resp, err := http.Get("http://127.0.0.1:" + admin + "/readyz")
+		if err != nil {
+			t.Fatalf("/readyz after SIGTERM: %v\n%s", err, stderr.String())
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 503 && strings.Contains(string(b), "draining") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz after SIGTERM: still %d %s, want 503 draining", resp.StatusCode, b)
+		}
+	}
+	resp, err := http.Post("http://127.0.0.1:"+api+"/v1/take", "application/json", strings.NewReader(`{"rule": "per-ip", "values": ["192.0.2.1"]}`))
+	if err != nil {
+		t.Fatalf("take while draining: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("take while draining: %d, Connection: close %v; want 200, closing", resp.StatusCode, resp.Close)
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

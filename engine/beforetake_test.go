@@ -21,7 +21,7 @@ func TestBeforeTakeIsThePeek(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	checked := 0
 	for i := range 2000 {
-		l := drip.Every(float64(1+rng.IntN(20))/float64(1+rng.IntN(4)), time.Duration(1+rng.IntN(5000))*time.Millisecond)
+		l := drip.Per(float64(1+rng.IntN(20))/float64(1+rng.IntN(4)), time.Duration(1+rng.IntN(5000))*time.Millisecond)
 		l = l.WithBurst(float64(1+rng.IntN(40)) / float64(1+rng.IntN(3)))
 		switch rng.IntN(3) {
 		case 1:

@@ -146,31 +146,15 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 		a.Decision.Allowed = false
 		return
 	}
-	var m drip.Multi
-	var err error
-	var evaluated []bool
-	if e.separate && len(enf) > 1 {
-		reqs := make([]drip.Request, len(enf))
-		for i, a := range enf {
-			reqs[i] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
-		}
-		m, evaluated, err = e.takeSeparately(ctx, rs, reqs)
-	} else {
-		// Rules' keys are distinct (they begin with the rule's name): one
-		// store request per rule, in order.
-		m, err = e.step(ctx, rs.timeout, rs.breaker, drip.OpTake, stepItems(enf, false))
-	}
+	// Rules' keys are distinct (they begin with the rule's name): one
+	// store request per rule, in order.
+	m, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpTake, stepItems(enf, false))
 	if err != nil {
 		out.Err = err
 		e.fail(ctx, out, enf)
 		return
 	}
 	settle(out, enf, m, false)
-	for i, ok := range evaluated {
-		if !ok {
-			enf[i].Decided = false
-		}
-	}
 }
 
 // stepItems are the store step's items of the rules as (cost 0: a peek
@@ -184,40 +168,6 @@ func stepItems(as []Applied, cost0 bool) []*Item {
 		}
 	}
 	return its
-}
-
-// takeSeparately takes each request in its own store call, in order, for
-// stores that cannot take several keys in one atomic step (WithSeparateTakes).
-// When one is denied, those already taken are refunded, and the rest are
-// not evaluated. On an error the ones taken are refunded too.
-func (e *Engine) takeSeparately(ctx context.Context, rs *Rules, reqs []drip.Request) (drip.Multi, []bool, error) {
-	ds := make([]drip.Decision, len(reqs))
-	evaluated := make([]bool, len(reqs))
-	refund := func(n int) {
-		for j := range n {
-			if _, err := e.apply(ctx, rs.timeout, rs.breaker, drip.OpRefund, reqs[j:j+1]); err != nil {
-				return // the store is failing; the breaker will know
-			}
-		}
-	}
-	for i := range reqs {
-		m, err := e.apply(ctx, rs.timeout, rs.breaker, drip.OpTake, reqs[i:i+1])
-		if err != nil {
-			refund(i)
-			return drip.Multi{}, nil, err
-		}
-		ds[i], evaluated[i] = m.Decisions[0], true
-		if !ds[i].Allowed {
-			refund(i)
-			// Report the rest as allowed by their own (unknown) buckets:
-			// they were not evaluated and show in no header.
-			for j := i + 1; j < len(reqs); j++ {
-				ds[j].Allowed = true
-			}
-			return drip.Combine(ds), evaluated, nil
-		}
-	}
-	return drip.Combine(ds), evaluated, nil
 }
 
 // settle records a multi-take's decisions in enf and out. A rule its own
@@ -252,6 +202,9 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	for i := range enf {
 		if enf[i].Rule.OnError == rules.Deny {
 			out.deny(http.StatusServiceUnavailable, ReasonStoreUnavailable)
+			// The breaker probes the store again within its cool-down:
+			// a second is soon enough to ask again.
+			out.RetryAfter = 1
 			for j := range enf {
 				enf[j].Event = NotTaken
 			}

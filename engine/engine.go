@@ -47,7 +47,7 @@ import (
 // timeout) shortens it. It is generous on purpose: a store that is slow
 // for a moment (a busy host, a GC pause, a fsync) makes decisions slower,
 // not wrong or absent. A store that is down is found by the circuit
-// breaker instead, in its stall time (rules.DefaultBreakerStall) when it
+// breaker instead, in its stall time (500 ms unless set) when it
 // answers nothing, or at once when it refuses connections. A store that
 // is a drip.InProcess (the memory store) never waits on a server, and its
 // calls get no deadline of their own (the caller's context still applies).
@@ -63,7 +63,7 @@ const MaxPending = 4096
 // did not make.
 var ErrBreakerOpen = errors.New("circuit breaker open: the store failed or stopped answering, and is not called until a probe gets through (circuit_breaker in the rules file)")
 
-// ErrStalled is the error of a store call given up because the store
+// ErrStalled is the error of a store call that failed after the store
 // answered nothing at all for the breaker's stall time: the breaker opens.
 var ErrStalled = errors.New("the store answered nothing within the circuit breaker's stall time (circuit_breaker.stall)")
 
@@ -112,12 +112,14 @@ func WithObserver(o Observer) Option { return func(e *Engine) { e.obs = o } }
 func WithTimeout(d time.Duration) Option { return func(e *Engine) { e.timeout = d } }
 
 // WithSeparateTakes is for stores that cannot take several keys in one
-// atomic step, such as Redis Cluster: the enforce rules of a request are
-// taken one store call each, in file order, and when one denies, those
-// already taken are refunded. Without the option, a store that answers a
-// multi-take with drip.ErrNotColocated gets the same treatment through
-// drip.Separately. All or nothing then holds in the end rather than at
-// every instant.
+// atomic step, such as Redis Cluster: every multi-key store call is
+// applied one request at a time (drip.Separately with Always), in file
+// order, and when a take is denied, those already taken are given back
+// (tokens and slots) and the rest are peeked at. Without the option, a
+// store that answers a multi-take with drip.ErrNotColocated gets the same
+// treatment, after a first attempt. Either way the answers are those of
+// one atomic multi-take, and all or nothing holds in the end rather than
+// at every instant.
 func WithSeparateTakes() Option { return func(e *Engine) { e.separate = true } }
 
 // WithClock makes the engine pass now() as the time of each decision
@@ -130,15 +132,17 @@ func WithName(name string) Option { return func(e *Engine) { e.name = name } }
 
 // New returns an Engine with state in store.
 func New(store drip.Store, opts ...Option) *Engine {
-	// drip.Separately: on a store that cannot take a request's keys in one
-	// step (Redis Cluster across hash slots), every multi-key call is
-	// applied one key at a time instead.
-	e := &Engine{store: drip.Separately{Store: store}, log: slog.Default(), obs: NopObserver{},
+	e := &Engine{store: store, log: slog.Default(), obs: NopObserver{},
 		timeout: DefaultTimeout, brk: newBreaker(), name: "drip"}
 	_, e.inproc = store.(drip.InProcess)
 	for _, o := range opts {
 		o(e)
 	}
+	// drip.Separately: on a store that cannot take a request's keys in one
+	// step (Redis Cluster across hash slots), every multi-key call is
+	// applied one key at a time instead; with WithSeparateTakes, without
+	// asking the store first.
+	e.store = drip.Separately{Store: store, Always: e.separate}
 	if e.timeout <= 0 {
 		e.timeout = DefaultTimeout
 	}
@@ -233,9 +237,9 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
-		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br), cancel: cancel}
+		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br, timeout)}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
-		w.timer.Reset(w.stall)
+		w.arm(w.stall)
 		defer w.end()
 	}
 	if len(reqs) == 1 {
@@ -292,33 +296,57 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 
 // watch is a store call's stall timer: when the store has answered
 // nothing for the stall time (since its last answer, or since the call
-// began if that is later) while the call waits, the call is given up and
-// the breaker opens. Each time the timer fires too early (the store
-// answered meanwhile) it is set again for the rest.
+// began if that is later) while the call waits, the breaker opens, so
+// that the calls after it go to on_error at once. Each time the timer
+// fires too early (the store answered meanwhile) it is set again for the
+// rest.
+//
+// The waiting call itself is not given up: it keeps its deadline, which
+// the store server holds it to. Cancelling it sooner could leave a take
+// that the server applied (its deadline had not passed) answered to the
+// caller as an error, where a call that ends at its deadline is refused
+// by the server, or taken back (batch.Undo).
 type watch struct {
 	e       *Engine
 	br      rules.Breaker
 	tk      ticket
 	start   int64 // UnixNano
 	stall   time.Duration
-	cancel  context.CancelFunc
 	timer   *time.Timer
 	done    atomic.Bool // the call ended: the timer does nothing more
 	stalled atomic.Bool
+	due     atomic.Int64 // when the timer should fire, UnixNano
 }
 
 func (w *watch) fire() {
 	if w.done.Load() {
 		return
 	}
-	quiet := time.Duration(time.Now().UnixNano() - max(w.e.answered.Load(), w.start))
+	now := time.Now().UnixNano()
+	if lag := time.Duration(now - w.due.Load()); lag > starved {
+		// The timer fired late: this process did not get the CPU (a busy
+		// host). Answers may be waiting unread in its sockets just as
+		// this timer waited; give them as long again before judging.
+		w.arm(lag)
+		return
+	}
+	quiet := time.Duration(now - max(w.e.answered.Load(), w.start))
 	if quiet < w.stall {
-		w.timer.Reset(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
+		w.arm(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
 		return
 	}
 	w.stalled.Store(true)
-	w.cancel()
 	w.e.breakerChanged(w.e.brk.stalled(w.e.clock(), w.br, w.tk))
+}
+
+// starved is how late a stall timer may fire before the engine takes it
+// that its process was starved of CPU rather than its store stalled.
+const starved = 25 * time.Millisecond
+
+// arm sets the timer to fire in d.
+func (w *watch) arm(d time.Duration) {
+	w.due.Store(time.Now().Add(d).UnixNano())
+	w.timer.Reset(d)
 }
 
 // end stops the timer: the call is over.
@@ -328,11 +356,18 @@ func (w *watch) end() {
 }
 
 // stallAfter is how long a call waits with the store answering nothing
-// before the store counts as stalled: the breaker's stall time, or eight
-// times the store's usual answer time if that is longer (a store far away
-// or under load is not stalled at its usual pace).
-func (e *Engine) stallAfter(br rules.Breaker) time.Duration {
-	return max(br.Stall, 8*time.Duration(e.latency.Load()))
+// before the store counts as stalled: the breaker's stall time (unset:
+// rules.DefaultBreakerStall, or half the store deadline if that is
+// longer, so that a program or test that gives its store a generous
+// deadline gets a patient breaker too), or eight times the store's usual
+// answer time if that is longer (a store far away or under load is not
+// stalled at its usual pace).
+func (e *Engine) stallAfter(br rules.Breaker, timeout time.Duration) time.Duration {
+	stall := br.Stall
+	if stall <= 0 {
+		stall = max(rules.DefaultBreakerStall, timeout/2)
+	}
+	return max(stall, 8*time.Duration(e.latency.Load()))
 }
 
 // learnLatency folds a call that took d into the store's usual answer

@@ -3,11 +3,13 @@ package engine_test
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -84,5 +86,63 @@ func TestOutcomeRelease(t *testing.T) {
 				t.Fatalf("a request the bucket denied took the slot: reason %q, slot %+v", d.Reason, d.Applied[0].Decision)
 			}
 		})
+	}
+}
+
+// TestFieldsWholeQuotas: the RateLimit headers advertise whole quotas,
+// rounded down: the local fallback's share of a burst (0.5 of 5 is 2.5)
+// is q=2 and RateLimit-Limit 2, and a fractional burst of the store's
+// bucket the same. Each is held to the ratelimit-headers draft.
+func TestFieldsWholeQuotas(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+	  {"name": "half", "limit_keys": ["global"], "on_error": "local", "local_share": 0.5,
+	   "algorithm_config": {"rate": 1, "burst": 5}},
+	  {"name": "frac", "limit_keys": ["global"], "algorithm_config": {"rate": 1, "burst": 2.5}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	for _, c := range []struct {
+		store             drip.Store
+		policy, rl, limit string
+	}{
+		// The store is down: "half" falls back to 2.5 tokens at 0.5/s
+		// (5 s to fill), "frac" allows without a decision.
+		{down{}, `"half";q=2;w=5`, `"half";r=1;t=2`, "2"},
+		// Both decided by the store: "frac" has the fewest left.
+		{memstore.New(memstore.WithSweep(0)), `"half";q=5;w=5, "frac";q=2;w=3`, `"half";r=4;t=1, "frac";r=1;t=1`, "2"},
+	} {
+		e := engine.New(c.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)))
+		out := e.Decide(context.Background(), e.Compile(set), values{})
+		f := out.Fields()
+		if f.Policy != c.policy || f.RateLimit != c.rl || f.Limit != c.limit {
+			t.Errorf("%T: policy %s, ratelimit %s, limit %s; want %s, %s, %s", c.store, f.Policy, f.RateLimit, f.Limit, c.policy, c.rl, c.limit)
+		}
+		h := http.Header{}
+		out.WriteHeaders(h)
+		if err := sfv.CheckHeaders(h.Get); err != nil {
+			t.Errorf("%T: %v", c.store, err)
+		}
+		e.Close()
+	}
+}
+
+// TestFieldsTopHasWindow: of a concurrency rule and a token bucket with as
+// few left, the single-value headers describe the bucket, whose reset is a
+// wait to tell of, whatever the rules' order and however long the leases.
+func TestFieldsTopHasWindow(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+	  {"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency",
+	   "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1h"}},
+	  {"name": "rate", "limit_keys": ["global"], "algorithm_config": {"rate": 1, "period": "10s", "burst": 1}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	e := engine.New(memstore.New(memstore.WithSweep(0)), engine.WithClock(func() time.Time { return now }))
+	defer e.Close()
+	out := e.Decide(context.Background(), e.Compile(set), values{})
+	if f := out.Fields(); !out.Allowed || out.Top.Rule.Name != "rate" || f.Limit != "1" || f.Remaining != "0" || f.Reset != "10" {
+		t.Errorf("top %s, limit %s, remaining %s, reset %q; want rate's: 1, 0, 10", out.Top.Rule.Name, f.Limit, f.Remaining, f.Reset)
 	}
 }

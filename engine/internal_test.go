@@ -7,6 +7,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store/memstore"
 )
 
 func TestBreaker(t *testing.T) {
@@ -238,7 +239,7 @@ func TestBeforeTake(t *testing.T) {
 	// Interval, 5 per 10 s burst 20: 9 left after taking 2 (11 before);
 	// full after 3 periods from 9, 2 from 11.
 	got = BeforeTake(drip.Decision{Allowed: true, Tokens: 9, Remaining: 9, ResetAfter: 27 * time.Second},
-		drip.Every(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval), "k", 2)
+		drip.Per(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval), "k", 2)
 	if got.Tokens != 11 || got.Remaining != 11 || got.ResetAfter != 17*time.Second {
 		t.Errorf("interval: %+v", got)
 	}
@@ -255,23 +256,61 @@ func TestFillSeconds(t *testing.T) {
 	}{
 		{drip.PerSecond(10).WithBurst(20), 2},
 		{drip.PerSecond(3).WithBurst(10), 4},
-		{drip.Every(100, time.Minute), 60},
-		{drip.Every(5, 10*time.Second).WithBurst(12).WithRefill(drip.Interval), 30},
-		{drip.Every(3, 10*time.Second).Window(), 10},
+		{drip.Per(100, time.Minute), 60},
+		{drip.Per(5, 10*time.Second).WithBurst(12).WithRefill(drip.Interval), 30},
+		{drip.Per(3, 10*time.Second).Window(), 10},
 		{drip.PerSecond(0.1).WithBurst(1), 10},
 	} {
 		if got := drip.CeilSeconds(c.l.FillTime()); got != c.want {
 			t.Errorf("CeilSeconds(%v.FillTime()) = %d, want %d", c.l, got, c.want)
 		}
 	}
-	if got := PolicyItem("a", drip.PerSecond(2).WithBurst(2.5)); got != `"a";q=2.5;w=2` {
-		t.Errorf("policyItem = %s", got)
+	// q is a whole number, the burst rounded down (never more than the
+	// bucket holds); a concurrency limit is a quota of concurrent
+	// requests without a window; a limit that never allows has no window.
+	for _, c := range []struct {
+		name string
+		l    drip.Limit
+		want string
+	}{
+		{"a", drip.PerSecond(2).WithBurst(2.5), `"a";q=2;w=2`},
+		{"café", drip.PerSecond(3).WithBurst(1.23456), `"caf%c3%a9";q=1;w=1`},
+		{"tiny", drip.PerSecond(1).WithBurst(0.5), `"tiny";q=0;w=1`},
+		{"slots", drip.InFlight(3, 30*time.Second), `"slots";q=3;qu="concurrent-requests"`},
+		{"shut", drip.Limit{}, `"shut";q=0`},
+	} {
+		got := PolicyItem(c.name, c.l)
+		if got != c.want {
+			t.Errorf("PolicyItem(%q, %v) = %s, want %s", c.name, c.l, got, c.want)
+		}
+		if err := sfv.CheckHeaders(func(h string) string {
+			if h == "RateLimit-Policy" {
+				return got
+			}
+			return ""
+		}); err != nil {
+			t.Error(err)
+		}
 	}
-	// A name outside printable ASCII, and a burst with more than three
-	// decimals, still make a valid structured field.
-	if got := PolicyItem("café", drip.PerSecond(3).WithBurst(1.23456)); got != `"caf%c3%a9";q=1.234;w=1` {
-		t.Errorf("policyItem = %s", got)
-	} else if _, err := sfv.ParseList(got); err != nil {
-		t.Error(err)
+}
+
+// TestWatchStarved: a stall timer that fires late (its process did not
+// get the CPU) does not judge the store stalled, since the answers may be
+// waiting unread as the timer did; one that fires on time does.
+func TestWatchStarved(t *testing.T) {
+	e := New(memstore.New(memstore.WithSweep(0)))
+	defer e.Close()
+	w := &watch{e: e, br: cfg(5, time.Second), start: time.Now().Add(-time.Second).UnixNano(), stall: 500 * time.Millisecond}
+	w.timer = time.AfterFunc(time.Hour, func() {})
+	defer w.timer.Stop()
+	w.due.Store(time.Now().Add(-200 * time.Millisecond).UnixNano()) // 200 ms late
+	w.fire()
+	if w.stalled.Load() || e.BreakerState() != BreakerClosed {
+		t.Fatal("a late timer judged the store stalled")
+	}
+	w.due.Store(time.Now().UnixNano()) // on time, and nothing answered for a second
+	w.fire()
+	if !w.stalled.Load() || e.BreakerState() != BreakerOpen {
+		t.Fatalf("a timer on time after a second without answers: stalled %v, breaker %s", w.stalled.Load(), e.BreakerState())
 	}
 }

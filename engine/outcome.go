@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -23,19 +24,23 @@ type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
 	// Status is 0 when allowed, else 429 (over a limit) or 503 (the store
-	// failed and on_error is deny).
+	// failed and on_error is deny), or a front door's refusal's (Refuse).
 	Status int
 	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable.
+	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable
+	// (or a refusal's own, such as httplimit's ambiguous_path).
 	Reason string
-	// Top is the rule that denied the request, or else the most
-	// restrictive enforce rule (least remaining): the one the single-value
-	// headers describe. Nil when no enforce rule was decided.
+	// Top is the rule that denied the request (the longest wait), or else
+	// the most restrictive enforce rule (least remaining; of a concurrency
+	// rule and another with as few left, the other): the one the
+	// single-value headers describe. Nil when no enforce rule was decided.
 	Top *Applied
 	// RetryAfter is the Retry-After header's value in seconds on a 429:
-	// the wait rounded up plus a jitter fixed by Identity (the rules'
-	// retry_after_jitter: by default up to 50% of the wait, at most 60 s).
-	// Zero when the request can never succeed (cost_exceeds_burst).
+	// the longest wait of the rules that denied (for a concurrency rule,
+	// at most ConcurrencyRetryAfter), rounded up, plus a jitter fixed by
+	// Identity (the rules' retry_after_jitter: by default up to 50% of the
+	// wait, at most 60 s). Zero when the request can never succeed
+	// (cost_exceeds_burst).
 	RetryAfter int64
 	// Identity is the client identity that seeds the jitter, set on a
 	// denial (Request.Identity of the denying rule's key).
@@ -50,6 +55,16 @@ type Outcome struct {
 	eng      *Engine
 	rs       *Rules
 	released atomic.Bool
+	detail   string // a refusal's problem detail
+}
+
+// Refuse is the outcome of a request that a front door refuses before
+// any rule is decided, because it cannot read the request as the rules
+// would need (an HTTP path that servers read in different ways): nothing
+// was taken, and WriteError writes status and a problem with the reason
+// and the detail.
+func Refuse(status int, reason, detail string) *Outcome {
+	return &Outcome{Status: status, Reason: reason, detail: detail}
 }
 
 // Applied is one rule applied to a request.
@@ -144,6 +159,17 @@ func Tighter(a, b drip.Decision, denied bool) bool {
 	return a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAfter > b.ResetAfter)
 }
 
+// tighter reports whether a, allowed, describes a tighter limit than b
+// for the single-value headers (Tighter); of a concurrency limit and
+// another with as few left, the other, whose reset is a wait to tell of
+// (a slot comes back when a request ends).
+func (a *Applied) tighter(b *Applied) bool {
+	if a.Decision.Remaining == b.Decision.Remaining && a.Limit.Concurrent() != b.Limit.Concurrent() {
+		return !a.Limit.Concurrent()
+	}
+	return Tighter(a.Decision, b.Decision, false)
+}
+
 // pick chooses the rule the single-value headers describe, the reason,
 // the identity and Retry-After.
 func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
@@ -154,12 +180,12 @@ func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
 			continue
 		}
 		if !out.Allowed {
-			if a.Reason != "" && (top == nil || Tighter(a.Decision, top.Decision, true)) {
+			if a.Reason != "" && (top == nil || a.wait() > top.wait()) {
 				top = a
 			}
 			continue
 		}
-		if a.Decided && (top == nil || Tighter(a.Decision, top.Decision, false)) {
+		if a.Decided && (top == nil || a.tighter(top)) {
 			top = a
 		}
 	}
@@ -175,30 +201,71 @@ func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
 		var retry time.Duration
 		for _, a := range out.Applied {
 			if a.Rule.Mode != rules.Shadow && a.Reason != "" {
-				retry = max(retry, a.Decision.RetryAfter)
+				retry = max(retry, a.wait())
 			}
 		}
 		out.RetryAfter = jitter.Seconds(out.Identity, retry)
 	}
 }
 
-// PolicyItem is the RateLimit-Policy item of a limit called name:
-// q is the burst, w the seconds to fill from empty.
+// PolicyItem is the RateLimit-Policy item of a limit called name: q is
+// its quota (Quota); for a concurrency limit, qu="concurrent-requests" and
+// no window (its slots are held, not spent over a period); for others w,
+// the seconds to fill from empty, when it has one (a limit that never
+// allows, such as Envoy's requests_per_unit 0, has none).
 func PolicyItem(name string, l drip.Limit) string {
-	return sfv.String(name) + ";q=" + Amount(Burst(l)) + ";w=" + strconv.FormatInt(drip.CeilSeconds(l.FillTime()), 10)
+	s := sfv.String(name) + ";q=" + strconv.FormatInt(Quota(l), 10)
+	if l.Concurrent() {
+		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
+	}
+	if w := drip.CeilSeconds(l.FillTime()); w > 0 {
+		s += ";w=" + strconv.FormatInt(w, 10)
+	}
+	return s
 }
 
-// Amount formats a number of tokens for a header: an integer when it is
-// one, else a structured-field decimal (at most three decimal places,
-// rounded down).
+// Quota is the quota the RateLimit headers advertise for l ("q" and
+// RateLimit-Limit), which the ratelimit-headers draft wants a whole
+// number: its burst (Burst) rounded down. Rounding down never promises
+// more than the limit holds: a burst of 2.5 admits two requests of cost 1,
+// not three.
+func Quota(l drip.Limit) int64 { return int64(math.Floor(Burst(l))) }
+
+// ConcurrencyRetryAfter is the wait a denial by a concurrency limit
+// stands for in Retry-After (before its jitter): a slot frees when any
+// request holding one ends, which is unknown and usually soon, so the
+// client is told to come back shortly rather than when the earliest
+// lease would expire (up to lease_ttl), unless that is sooner.
+const ConcurrencyRetryAfter = time.Second
+
+// wait is how long a rule that denied stands for in Retry-After: its
+// decision's wait, at most ConcurrencyRetryAfter for a concurrency limit.
+func (a *Applied) wait() time.Duration {
+	if a.Limit.Concurrent() {
+		return min(a.Decision.RetryAfter, ConcurrencyRetryAfter)
+	}
+	return a.Decision.RetryAfter
+}
+
+// Amount formats a number of tokens for a problem's detail: an integer
+// when it is one, else a decimal (at most three decimal places, rounded
+// down).
 func Amount(x float64) string { return sfv.Number(x) }
 
-// t is the RateLimit "t" of an applied rule.
-func (out *Outcome) t(a *Applied) int64 {
-	if !out.Allowed && out.RetryAfter > 0 && a.Reason != "" {
-		return out.RetryAfter
+// field is an applied rule's RateLimit item. A concurrency limit has no
+// window: its item has no t, unless it denied (then t is the Retry-After
+// value, as for every rule that denied).
+func (out *Outcome) field(a *Applied) Field {
+	f := Field{Policy: a.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining}
+	switch {
+	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
+		f.T = out.RetryAfter
+	case a.Limit.Concurrent():
+		f.NoT = true
+	default:
+		f.T = drip.CeilSeconds(a.Decision.ResetAfter)
 	}
-	return drip.CeilSeconds(a.Decision.ResetAfter)
+	return f
 }
 
 // Field is one decided enforce limit as the RateLimit header lists it.
@@ -207,33 +274,45 @@ type Field struct {
 	Policy string
 	// Name is its name as a structured-field string (sfv.String).
 	Name string
-	// Remaining is the whole tokens left; T the seconds until full (on a
-	// denial, for the limits that denied, the Retry-After value).
+	// Remaining is the whole tokens left (for a concurrency limit, the
+	// free slots).
 	Remaining int64
-	T         int64
+	// T is the seconds until full (on a denial, for the limits that
+	// denied, the Retry-After value), unless NoT: the limit has no window
+	// to tell of (a concurrency limit that did not deny, a limit that
+	// never allows), and its item has no t.
+	T   int64
+	NoT bool
 }
 
 // Fields are the values of the RateLimit headers and Retry-After, every
 // one a structured field (RFC 8941):
 //
-//	RateLimit-Policy: "free";q=20;w=2     every enforce rule decided: q = burst, w = seconds to fill from empty
+//	RateLimit-Policy: "free";q=20;w=2     every enforce rule decided: q = burst (rounded down), w = seconds to fill from empty
 //	RateLimit: "free";r=7;t=2             r = remaining, t = seconds until full (on a 429, for the rules that denied, the Retry-After value)
 //	RateLimit-Limit: 20                   the most restrictive rule (least remaining; on a denial the denying one)
 //	RateLimit-Remaining: 7
 //	RateLimit-Reset: 2
 //
-// A rule's name is an sf-string, which holds printable ASCII only: other
-// bytes are written as %xx (sfv.String: "café" is "caf%c3%a9"). Shadow
-// rules never show in headers. Policy is empty when no limit was decided;
-// RetryAfter is 0 when there is no Retry-After.
+// A concurrency limit is a quota of concurrent requests, without a window:
+// "slots";q=3;qu="concurrent-requests" in RateLimit-Policy, "slots";r=1
+// in RateLimit (r the free slots; t only on a 429 it caused), and no
+// RateLimit-Reset when it is the one the single-value headers describe,
+// unless it denied. Every number is an integer, as the ratelimit-headers
+// draft wants. A rule's name is an sf-string, which holds printable ASCII
+// only: other bytes are written as %xx (sfv.String: "café" is
+// "caf%c3%a9"). Shadow rules never show in headers. Policy is empty when no limit was decided;
+// Reset is empty when the limit the single-value headers describe has no
+// window; RetryAfter is 0 when there is no Retry-After.
 type Fields struct {
 	Policy, RateLimit, Limit, Remaining, Reset string
 	RetryAfter                                 int64
 }
 
 // MakeFields builds the header values of the decided limits fs, of which
-// top (with burst limit) is the one the single-value headers describe.
-func MakeFields(fs []Field, top Field, limit float64, retryAfter int64) Fields {
+// top (with quota, Quota of its limit) is the one the single-value headers
+// describe.
+func MakeFields(fs []Field, top Field, quota int64, retryAfter int64) Fields {
 	var policy, rl strings.Builder
 	for i, f := range fs {
 		if i > 0 {
@@ -244,17 +323,22 @@ func MakeFields(fs []Field, top Field, limit float64, retryAfter int64) Fields {
 		rl.WriteString(f.Name)
 		rl.WriteString(";r=")
 		rl.WriteString(strconv.FormatInt(f.Remaining, 10))
-		rl.WriteString(";t=")
-		rl.WriteString(strconv.FormatInt(f.T, 10))
+		if !f.NoT {
+			rl.WriteString(";t=")
+			rl.WriteString(strconv.FormatInt(f.T, 10))
+		}
 	}
-	return Fields{
+	out := Fields{
 		Policy:     policy.String(),
 		RateLimit:  rl.String(),
-		Limit:      Amount(limit),
+		Limit:      strconv.FormatInt(quota, 10),
 		Remaining:  strconv.FormatInt(top.Remaining, 10),
-		Reset:      strconv.FormatInt(top.T, 10),
 		RetryAfter: retryAfter,
 	}
+	if !top.NoT {
+		out.Reset = strconv.FormatInt(top.T, 10)
+	}
+	return out
 }
 
 // Fields returns the values of the RateLimit headers for the enforce rules
@@ -266,15 +350,19 @@ func (out *Outcome) Fields() Fields {
 		return Fields{RetryAfter: out.RetryAfter}
 	}
 	var fs []Field
+	var top Field // out.Top's, one of fs
 	for i := range out.Applied {
 		a := &out.Applied[i]
 		if a.Rule.Mode == rules.Shadow || !a.Decided {
 			continue
 		}
-		fs = append(fs, Field{Policy: a.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining, T: out.t(a)})
+		f := out.field(a)
+		if a == out.Top {
+			top = f
+		}
+		fs = append(fs, f)
 	}
-	top := out.Top
-	return MakeFields(fs, Field{Remaining: top.Decision.Remaining, T: out.t(top)}, Burst(top.Limit), out.RetryAfter)
+	return MakeFields(fs, top, Quota(out.Top.Limit), out.RetryAfter)
 }
 
 // WriteHeaders sets the RateLimit headers (and Retry-After on a 429) for
@@ -300,7 +388,9 @@ func (out *Outcome) WriteHeaders(h http.Header) {
 	set(hRateLimit, f.RateLimit)
 	set(hLimit, f.Limit)
 	set(hRemaining, f.Remaining)
-	set(hReset, f.Reset)
+	if f.Reset != "" {
+		set(hReset, f.Reset)
+	}
 }
 
 // The header names WriteHeaders sets, in canonical form.
@@ -323,7 +413,8 @@ type Problem struct {
 	Rule string `json:"rule,omitempty"`
 	// Reason is token_bucket_exceeded, fixed_window_exceeded,
 	// concurrency_exceeded, cost_exceeds_burst or store_unavailable (or a
-	// front door's own, such as the key-function middleware's key_error).
+	// front door's own, such as the key-function middleware's key_error
+	// and the middleware's ambiguous_path).
 	Reason string `json:"reason"`
 	// RetryAfter repeats the Retry-After header, in seconds.
 	RetryAfter int64 `json:"retry_after,omitempty"`
@@ -338,14 +429,20 @@ func (out *Outcome) Problem() Problem {
 		name = out.Top.Rule.Name
 		p.Rule = name
 	}
-	switch out.Reason {
-	case ReasonCostExceedsBurst:
+	switch {
+	case out.detail != "":
+		p.Detail = out.detail
+	case out.Reason == ReasonCostExceedsBurst:
 		a := out.Top
 		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", Amount(a.Cost), Amount(Burst(a.Limit)), name)
-	case ReasonStoreUnavailable:
-		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then", name)
+	case out.Reason == ReasonStoreUnavailable:
+		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then (how long a decision waits on the store is store_timeout; when it counts as down, circuit_breaker)", name)
 	default:
-		p.Detail = fmt.Sprintf("rate limit %q exceeded; retry after %d seconds", name, out.RetryAfter)
+		unit := "seconds"
+		if out.RetryAfter == 1 {
+			unit = "second"
+		}
+		p.Detail = fmt.Sprintf("rate limit %q exceeded; retry after %d %s", name, out.RetryAfter, unit)
 	}
 	return p
 }

@@ -176,6 +176,11 @@ func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(m
 // the tokens of an allowed call.
 func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome {
 	s := l.fd.Snapshot()
+	if !s.Rules.Set.ExactPaths {
+		// The rules' path matches are folded (rules.FoldPath): so is the
+		// method, so that "/pkg.Service/*" still matches its calls.
+		fullMethod = rules.FoldPath(fullMethod)
+	}
 	v := &callValues{Request: frontdoor.Request{S: s, Lower: true}, method: fullMethod}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		v.Peer = p.Addr.String()
@@ -188,7 +193,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 
 // callValues reads a call's values: the peer address, metadata and
 // verified claims as every front door does (frontdoor), and the full
-// method as its path.
+// method as its path (folded as the rules' paths are).
 type callValues struct {
 	frontdoor.Request
 	method string

@@ -3,13 +3,16 @@ package grpclimit_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/driplimit/drip/grpclimit"
+	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -73,4 +76,42 @@ func TestInFlight(t *testing.T) {
 		return nil, ctx.Err()
 	})
 	wantFree("a cancelled call")
+}
+
+// TestStreamSlotsMetadata: a concurrency rule on streams shows in the
+// header metadata as a quota of concurrent requests, without a window
+// (no t and no ratelimit-reset while it allows); a stream it denies is
+// told to retry in a second (RetryInfo and retry-after), not when the
+// open stream's lease would expire.
+func TestStreamSlotsMetadata(t *testing.T) {
+	e := newEnv(t, nil, parse(t, `{`+noJitter+` "rules": [
+		{"name": "streams", "limit_keys": ["path"], "algorithm": "concurrency",
+		 "algorithm_config": {"max_in_flight": 1, "lease_ttl": "1h"}}]}`))
+	for i, c := range []struct {
+		code codes.Code
+		want map[string]string
+	}{
+		{codes.OK, map[string]string{"ratelimit-policy": `"streams";q=1;qu="concurrent-requests"`,
+			"ratelimit": `"streams";r=0`, "ratelimit-limit": "1", "ratelimit-remaining": "0", "ratelimit-reset": "", "retry-after": ""}},
+		{codes.ResourceExhausted, map[string]string{"ratelimit-policy": `"streams";q=1;qu="concurrent-requests"`,
+			"ratelimit": `"streams";r=0;t=1`, "ratelimit-limit": "1", "ratelimit-remaining": "0", "ratelimit-reset": "1", "retry-after": "1"}},
+	} {
+		a, _ := e.watch(e.client) // the first stream stays open
+		if a.code() != c.code {
+			t.Fatalf("stream %d: %v, want %v", i+1, a.st, c.code)
+		}
+		for k, v := range c.want {
+			if got := a.get(k); got != v {
+				t.Errorf("stream %d: %s %q, want %q", i+1, k, got, v)
+			}
+		}
+		if err := sfv.CheckHeaders(func(k string) string { return a.get(strings.ToLower(k)) }); err != nil {
+			t.Errorf("stream %d: %v", i+1, err)
+		}
+		if c.code == codes.ResourceExhausted {
+			if ri, _ := details(t, a.st); ri == nil || ri.RetryDelay.AsDuration() != time.Second {
+				t.Errorf("RetryInfo %v, want 1s", ri)
+			}
+		}
+	}
 }

@@ -74,6 +74,10 @@ const (
 	ReasonFixedWindow      = engine.ReasonFixedWindow
 	ReasonCostExceedsBurst = engine.ReasonCostExceedsBurst
 	ReasonStoreUnavailable = engine.ReasonStoreUnavailable
+	// ReasonAmbiguousPath is the reason of a 400: a request whose path
+	// servers read in different ways, refused when a rule reads the path
+	// (rules.Set.CleanPath).
+	ReasonAmbiguousPath = "ambiguous_path"
 
 	BreakerClosed   = engine.BreakerClosed
 	BreakerOpen     = engine.BreakerOpen
@@ -125,13 +129,14 @@ func WithTimeout(d time.Duration) Option {
 // WithSeparateTakes is for stores that cannot take several keys in one
 // atomic step, such as Redis Cluster (whose multi-takes need every key in
 // one hash slot, while rules' keys land anywhere): the enforce rules of a
-// request are taken one store call each, in file order, and when one
-// denies, those already taken are refunded. Without the option, a store
-// that answers a multi-take with drip.ErrNotColocated gets the same
-// treatment through drip.Separately, after a first attempt that the store
-// refuses without a round trip. All or nothing then holds in
-// the end rather than at every instant: between a take and its refund,
-// another request may find fewer tokens.
+// request are taken one store call each, in file order (drip.Separately),
+// and when one denies, those already taken are given back, tokens and
+// slots, and the rest are peeked at for the headers. Without the option, a
+// store that answers a multi-take with drip.ErrNotColocated gets the same
+// treatment, after a first attempt that the store refuses without a round
+// trip. The answers are those of one atomic multi-take; all or nothing
+// holds in the end rather than at every instant: between a take and its
+// give-back, another request may find fewer tokens or slots.
 func WithSeparateTakes() Option {
 	return frontdoor.WithEngineOption(engine.WithSeparateTakes())
 }
@@ -208,9 +213,22 @@ func serve(w http.ResponseWriter, r *http.Request, next http.Handler, res *Resul
 // Decide decides r without writing a response: the middleware's work,
 // for callers that answer requests themselves. It takes the tokens of an
 // allowed request.
+//
+// When a rule matches or keys on the path, r's path is read as
+// rules.Set.CleanPath reads it, and a path that servers read in different
+// ways (an encoded NUL, a double encoding, ...) is refused: the Result is
+// a 400 with the reason ReasonAmbiguousPath, and nothing is taken.
 func (l *Limiter) Decide(ctx context.Context, r *http.Request) *Result {
 	s := l.fd.Snapshot()
-	return l.fd.Engine().Decide(ctx, s.Rules, newReqValues(s, r))
+	v := newReqValues(s, r)
+	if s.ReadsPath {
+		p, err := s.Rules.Set.CleanPath(escapedPath(r.URL))
+		if err != nil {
+			return engine.Refuse(http.StatusBadRequest, ReasonAmbiguousPath, err.Error())
+		}
+		v.path = p
+	}
+	return l.fd.Engine().Decide(ctx, s.Rules, v)
 }
 
 // ParseCost reads a request's cost (engine.ParseCost).

@@ -599,8 +599,13 @@ func TestStoreDownDeny(t *testing.T) {
 	if r.code != 503 {
 		t.Fatalf("%d", r.code)
 	}
-	if p := r.problem(t); p.Reason != httplimit.ReasonStoreUnavailable || p.Rule != "free" {
+	if p := r.problem(t); p.Reason != httplimit.ReasonStoreUnavailable || p.Rule != "free" ||
+		p.RetryAfter != 1 || !strings.Contains(p.Detail, "store_timeout") {
 		t.Errorf("problem %+v", p)
+	}
+	// The breaker probes the store within its cool-down: ask again soon.
+	if got := r.h.Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After %q, want 1", got)
 	}
 	if e.hits.Load() != 0 || e.obs.count("free/enforce/error_denied") != 1 {
 		t.Errorf("hits %d, observed %v", e.hits.Load(), e.obs.decisions)

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -73,12 +74,48 @@ func TestInFlightReleasedWhenHandlerReturns(t *testing.T) {
 	if rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "concurrency_exceeded") {
 		t.Fatalf("while the slot is held: %d %s, want 429 concurrency_exceeded", rec.Code, rec.Body)
 	}
-	if p := rec.Header().Get("RateLimit-Policy"); !strings.Contains(p, ";q=1;w=60") {
-		t.Errorf("RateLimit-Policy %q: want the slots as q=1 and the lease TTL as w=60", p)
+	// The slots are a quota of concurrent requests, without a window; a
+	// slot frees when a request ends, so the 429 asks for a short wait,
+	// not the lease TTL (1 s and its jitter: 1 or 2 s).
+	slots := sfv.String(lim.Rules().Rules[0].Name)
+	h429 := rec.Header()
+	ra := h429.Get("Retry-After")
+	if ra != "1" && ra != "2" {
+		t.Errorf("Retry-After %q, want 1 or 2 (a second and its jitter), not the lease TTL", ra)
+	}
+	for k, want := range map[string]string{
+		"RateLimit-Policy":    slots + `;q=1;qu="concurrent-requests", `,
+		"RateLimit":           slots + ";r=0;t=" + ra + ", ",
+		"RateLimit-Limit":     "1",
+		"RateLimit-Remaining": "0",
+		"RateLimit-Reset":     ra,
+	} {
+		if got := h429.Get(k); !strings.HasPrefix(got, want) {
+			t.Errorf("on the 429, %s: %q, want %q...", k, got, want)
+		}
+	}
+	if err := sfv.CheckHeaders(h429.Get); err != nil {
+		t.Error(err)
 	}
 	close(finish)
-	if first := <-done; first.Code != http.StatusOK {
+	first := <-done
+	if first.Code != http.StatusOK {
 		t.Fatalf("the holder: %d", first.Code)
+	}
+	// On the holder's 200, the slots (none left) are the tightest limit:
+	// no window to wait out, so no t and no RateLimit-Reset.
+	h200 := first.Header()
+	if got, want := h200.Get("RateLimit"), slots+";r=0, "; !strings.HasPrefix(got, want) {
+		t.Errorf("on the 200, RateLimit: %q, want %q...", got, want)
+	}
+	if got := h200.Get("RateLimit-Remaining"); got != "0" {
+		t.Errorf("on the 200, RateLimit-Remaining: %q, want 0", got)
+	}
+	if got, ok := h200["Ratelimit-Reset"]; ok {
+		t.Errorf("on the 200, RateLimit-Reset %q for a concurrency limit", got)
+	}
+	if err := sfv.CheckHeaders(h200.Get); err != nil {
+		t.Error(err)
 	}
 	if rec := serve(h, context.Background()); rec.Code != http.StatusOK {
 		t.Fatalf("after the holder returned: %d %s, want 200", rec.Code, rec.Body)

@@ -123,11 +123,11 @@ func TestKeyLimiterAsRules(t *testing.T) {
 			drip.PerSecond(1).WithBurst(3), false, tokens, []string{"200", "429 token_bucket_exceeded"}},
 		{"fixed window", `{"name": "per-user", "limit_keys": ["header:x-user"], "algorithm": "fixed_window",
 			"algorithm_config": {"rate": 5, "period": "1m"}}`,
-			drip.Every(5, time.Minute).Window(), false,
+			drip.Per(5, time.Minute).Window(), false,
 			append(tokens, step{"alice", "", time.Minute}, step{"alice", "", 0}), []string{"200", "429 fixed_window_exceeded"}},
 		{"costs", `{"name": "per-user", "limit_keys": ["header:x-user"],
 			"algorithm_config": {"rate": 10, "period": "10s", "burst": 4, "cost_source": "header:x-cost"}}`,
-			drip.Every(10, 10*time.Second).WithBurst(4), true,
+			drip.Per(10, 10*time.Second).WithBurst(4), true,
 			[]step{{"alice", "2", 0}, {"alice", "abc", 0}, {"alice", "0.5", 0}, {"alice", "9", 0}, {"alice", "1", 0},
 				{"alice", "", 0}, {"bob", "4", 0}, {"bob", "-1", 0}, {"alice", "3", 1500 * time.Millisecond}, {"alice", "1e3", 0}},
 			[]string{"200", "429 cost_exceeds_burst", "429 token_bucket_exceeded"}},
@@ -281,7 +281,7 @@ func TestKeyOnError(t *testing.T) {
 			}
 		}, map[string]int{"per-key/enforce/error_allowed": 12}},
 		{rules.Deny, func(t *testing.T, i int, r resp) {
-			if r.code != 503 || r.h.Get("Retry-After") != "" {
+			if r.code != 503 || r.h.Get("Retry-After") != "1" {
 				t.Fatalf("request %d: %d %v", i, r.code, r.h)
 			}
 			if p := r.problem(t); p.Reason != httplimit.ReasonStoreUnavailable || p.Rule != "per-key" {

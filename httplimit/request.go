@@ -4,8 +4,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"path"
-	"strings"
 
 	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
@@ -21,8 +19,9 @@ type reqValues struct {
 	queryDone bool
 	query     url.Values
 
-	pathDone bool
-	path     string
+	// path is the path as rules read it (rules.Set.CleanPath), set by
+	// Decide when a rule reads it.
+	path string
 }
 
 func newReqValues(s *frontdoor.Snapshot, r *http.Request) *reqValues {
@@ -37,9 +36,9 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 		}
 		return frontdoor.Joined(v.query[src.Name])
 	case rules.KindPath:
-		return v.cleanPath(), true
+		return v.path, true
 	case rules.KindMethod:
-		return v.r.Method, true
+		return rules.CleanMethod(v.r.Method), true
 	case rules.KindCookie:
 		var vals []string
 		for _, c := range v.r.CookiesNamed(src.Name) {
@@ -50,29 +49,16 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 	return v.Request.Value(src)
 }
 
-// cleanPath is the URL path as the upstream will route it: "/a/../b" is
-// "/b", so that a match on "/api/*" cannot be dodged; a trailing slash is
-// kept, and so is the one a last segment "." or ".." leaves ("/api/x/.."
-// is "/api/", as RFC 3986 removes dot segments and nginx routes it, where
-// path.Clean would make it "/api", out of "/api/*").
-func (v *reqValues) cleanPath() string {
-	if !v.pathDone {
-		p := v.r.URL.Path
-		switch {
-		case p == "":
-			v.path = "/"
-		case p[0] != '/':
-			v.path = p // "*" of OPTIONS *
-		default:
-			v.path = path.Clean(p)
-			dir := strings.HasSuffix(p, "/") || strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..")
-			if dir && v.path != "/" {
-				v.path += "/"
-			}
+// escapedPath is u's path as it was sent, percent-encoded: its RawPath
+// when that is u's Path encoded (even in a way EscapedPath would not
+// keep, so that an encoded slash stays one), else EscapedPath.
+func escapedPath(u *url.URL) string {
+	if u.RawPath != "" {
+		if p, err := url.PathUnescape(u.RawPath); err == nil && p == u.Path {
+			return u.RawPath
 		}
-		v.pathDone = true
 	}
-	return v.path
+	return u.EscapedPath()
 }
 
 // ClientIP returns the address of the client that sent r. It is the peer

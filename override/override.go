@@ -5,11 +5,14 @@
 //
 // A store that keeps overrides implements Store (pgstore, redisstore and
 // memstore do). Each instance runs a Follower, which loads every override
-// into an immutable Snapshot and swaps it in whole whenever the store's
-// version of them changes: at once when the store notifies a change
-// (PostgreSQL LISTEN/NOTIFY, Redis pub/sub), and within PollEvery
-// otherwise (a version check, one small read). Decisions look a bucket
-// key up in the snapshot in memory and never call the store for it.
+// into an immutable Snapshot once, and then, whenever the store's version
+// of them changes, reads only the overrides changed since its snapshot's
+// version and swaps in a new snapshot that shares everything else with
+// the old one: a change costs the same with ten overrides or 100,000. It
+// learns of a change at once when the store notifies it (PostgreSQL
+// LISTEN/NOTIFY, Redis pub/sub), and within PollEvery otherwise (a
+// version check, one small read). Decisions look a bucket key up in the
+// snapshot in memory and never call the store for it.
 //
 // An override changes a bucket's limit, not its key: the bucket keeps its
 // state, and its tokens are clamped to the new burst by the next decision
@@ -20,6 +23,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"hash/maphash"
 	"log/slog"
 	"slices"
 	"strings"
@@ -47,6 +51,11 @@ const PollEvery = 500 * time.Millisecond
 // later one.
 const LoadTimeout = 5 * time.Second
 
+// KeepChanges is how many of the latest changes a store keeps a record
+// of (which key changed at which version), for OverridesSince: a follower
+// further behind loads every override.
+const KeepChanges = 4096
+
 // ErrFull is the error of setting a new override when the store holds
 // MaxOverrides already.
 var ErrFull = errors.New("too many overrides")
@@ -71,6 +80,13 @@ type Store interface {
 	// Overrides returns every override, and a version that is at most
 	// theirs (it is read first).
 	Overrides(ctx context.Context) (int64, map[string][]byte, error)
+	// OverridesSince returns the overrides changed after version since
+	// (a set one with its value, a deleted one with nil) and the version
+	// they bring the overrides of version since to, read together. ok is
+	// false when the store cannot tell what changed (its record of
+	// changes, KeepChanges long, does not reach back to since, or since
+	// is not one of its versions): the caller loads them all.
+	OverridesSince(ctx context.Context, since int64) (version int64, changed map[string][]byte, ok bool, err error)
 	// WatchOverrides calls changed after each change, and once when it is
 	// listening, until ctx ends or the notifications stop (an error; the
 	// Follower watches again after a poll interval). A store that cannot
@@ -123,6 +139,20 @@ func (p prefixed) Overrides(ctx context.Context) (int64, map[string][]byte, erro
 	return v, out, nil
 }
 
+func (p prefixed) OverridesSince(ctx context.Context, since int64) (int64, map[string][]byte, bool, error) {
+	v, changed, ok, err := p.Store.OverridesSince(ctx, since)
+	if err != nil || !ok {
+		return v, nil, ok, err
+	}
+	out := make(map[string][]byte)
+	for k, val := range changed {
+		if rest, ok := strings.CutPrefix(k, p.prefix); ok {
+			out[rest] = val
+		}
+	}
+	return v, out, true, nil
+}
+
 // Entry is one override: the limit of the bucket Key, the bucket of Rule
 // for Values.
 type Entry struct {
@@ -153,27 +183,156 @@ func Set(ctx context.Context, st Store, e Entry) error {
 
 // Snapshot is the overrides at one version, immutable. The nil Snapshot
 // holds none.
+//
+// It is a hash trie of fixed depth: a change copies the three small
+// nodes on its key's path and shares every other with the snapshot it
+// was made from, so it costs the same however many overrides there are.
 type Snapshot struct {
 	version int64
-	limits  map[string]drip.Limit
-	entries []Entry // by key
+	root    *trieRoot
+	n       int
+	changed []string // the keys that differ from the snapshot before; nil and all: every key may
+	all     bool
+}
+
+// The trie: 64 ways on each of three levels, by a key's hash (18 bits,
+// some 262,000 leaves: at MaxOverrides most hold one entry or none).
+type (
+	trieRoot [64]*trieMid
+	trieMid  [64]*trieLow
+	trieLow  [64][]*Entry
+)
+
+// seed hashes keys; snapshots live in one process, so any seed does.
+var seed = maphash.MakeSeed()
+
+func path(key string) (i, j, k uint64) {
+	h := maphash.String(seed, key)
+	return h >> 58, h >> 52 & 63, h >> 46 & 63
+}
+
+// find is the entry of key in s.
+func (s *Snapshot) find(key string) *Entry {
+	if s == nil || s.root == nil {
+		return nil
+	}
+	i, j, k := path(key)
+	m := s.root[i]
+	if m == nil {
+		return nil
+	}
+	l := m[j]
+	if l == nil {
+		return nil
+	}
+	for _, e := range l[k] {
+		if e.Key == key {
+			return e
+		}
+	}
+	return nil
+}
+
+// with is s with key's entry set to e (nil: removed), a new snapshot
+// sharing all but key's path with s.
+func (s *Snapshot) with(key string, e *Entry) *Snapshot {
+	out := &Snapshot{}
+	var r trieRoot
+	if s != nil {
+		out.n = s.n
+		if s.root != nil {
+			r = *s.root
+		}
+	}
+	i, j, k := path(key)
+	var m trieMid
+	if r[i] != nil {
+		m = *r[i]
+	}
+	var l trieLow
+	if m[j] != nil {
+		l = *m[j]
+	}
+	leaf := make([]*Entry, 0, len(l[k])+1)
+	found := false
+	for _, old := range l[k] {
+		if old.Key != key {
+			leaf = append(leaf, old)
+			continue
+		}
+		found = true
+		if e != nil {
+			leaf = append(leaf, e)
+		}
+	}
+	switch {
+	case !found && e != nil:
+		leaf = append(leaf, e)
+		out.n++
+	case found && e == nil:
+		out.n--
+	}
+	if len(leaf) == 0 {
+		leaf = nil
+	}
+	l[k] = leaf
+	m[j] = &l
+	r[i] = &m
+	out.root = &r
+	return out
 }
 
 // Limit is the override of the bucket key, if there is one.
 func (s *Snapshot) Limit(key string) (drip.Limit, bool) {
-	if s == nil || len(s.limits) == 0 {
+	if s == nil || s.n == 0 {
 		return drip.Limit{}, false
 	}
-	l, ok := s.limits[key]
-	return l, ok
+	if e := s.find(key); e != nil {
+		return e.Limit, true
+	}
+	return drip.Limit{}, false
 }
 
-// Entries are the overrides, by key. The caller must not modify them.
-func (s *Snapshot) Entries() []Entry {
+// Entry is the override of the bucket key, if there is one.
+func (s *Snapshot) Entry(key string) (Entry, bool) {
+	if e := s.find(key); e != nil {
+		return *e, true
+	}
+	return Entry{}, false
+}
+
+// Len is how many overrides s holds.
+func (s *Snapshot) Len() int {
 	if s == nil {
+		return 0
+	}
+	return s.n
+}
+
+// Entries are the overrides, by key: a new slice each call, whose making
+// costs as many steps as there are overrides.
+func (s *Snapshot) Entries() []Entry {
+	if s == nil || s.root == nil {
 		return nil
 	}
-	return s.entries
+	out := make([]Entry, 0, s.n)
+	for _, m := range s.root {
+		if m == nil {
+			continue
+		}
+		for _, l := range m {
+			if l == nil {
+				continue
+			}
+			for _, leaf := range l {
+				for _, e := range leaf {
+					out = append(out, *e)
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	return out
 }
 
 // Version is the store's version of the overrides s holds.
@@ -184,23 +343,65 @@ func (s *Snapshot) Version() int64 {
 	return s.version
 }
 
-// build decodes a store's overrides. A value that does not decode or
-// whose limit is not valid (written by something else) is skipped and
-// counted in bad.
+// Changed are the keys whose overrides differ in s from the snapshot the
+// Follower held before it (set, changed or deleted: Entry says which),
+// or all when s was loaded whole (the first load, or a follower too far
+// behind the store's record of changes).
+func (s *Snapshot) Changed() (keys []string, all bool) {
+	if s == nil {
+		return nil, true
+	}
+	return s.changed, s.all
+}
+
+// decode is the entry of the stored value v of key k, or nil when it does
+// not decode or its limit is not valid (written by something else).
+func decode(k string, v []byte) *Entry {
+	var e Entry
+	if json.Unmarshal(v, &e) != nil || e.Limit.Validate() != nil {
+		return nil
+	}
+	e.Key = k
+	return &e
+}
+
+// build decodes a store's overrides. A value that does not decode is
+// skipped and counted in bad.
 func build(version int64, all map[string][]byte) (s *Snapshot, bad int) {
-	s = &Snapshot{version: version, limits: make(map[string]drip.Limit, len(all))}
+	s = &Snapshot{}
 	for k, v := range all {
-		var e Entry
-		if json.Unmarshal(v, &e) != nil || e.Limit.Validate() != nil {
+		e := decode(k, v)
+		if e == nil {
 			bad++
 			continue
 		}
-		e.Key = k
-		s.limits[k] = e.Limit
-		s.entries = append(s.entries, e)
+		s = s.with(k, e)
 	}
-	slices.SortFunc(s.entries, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	s.version, s.all = version, true
 	return s, bad
+}
+
+// apply is s with the changes of a store's OverridesSince: a value that
+// does not decode removes its key's override, and is counted in bad.
+func (s *Snapshot) apply(version int64, changed map[string][]byte) (out *Snapshot, bad int) {
+	out = s
+	keys := make([]string, 0, len(changed))
+	for k, v := range changed {
+		var e *Entry
+		if v != nil {
+			if e = decode(k, v); e == nil {
+				bad++
+			}
+		}
+		out = out.with(k, e)
+		keys = append(keys, k)
+	}
+	if out == s { // nothing changed but the version
+		out = &Snapshot{root: s.root, n: s.n}
+	}
+	slices.Sort(keys)
+	out.version, out.changed, out.all = version, keys, false
+	return out, bad
 }
 
 // Follower keeps an instance's snapshot of a store's overrides current.
@@ -247,8 +448,10 @@ func NewFollower(st Store, opts ...Option) *Follower {
 // Snapshot is the overrides in force.
 func (f *Follower) Snapshot() *Snapshot { return f.cur.Load() }
 
-// Refresh loads the overrides if the store's version differs from the
-// snapshot's. On an error the snapshot stays as it is.
+// Refresh brings the snapshot to the store's version of the overrides,
+// if it differs from the snapshot's: the first time by loading them all,
+// then by applying the changes since (or loading them all again when the
+// store cannot tell them). On an error the snapshot stays as it is.
 func (f *Follower) Refresh(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -260,11 +463,24 @@ func (f *Follower) Refresh(ctx context.Context) error {
 	if cur != nil && v == cur.version {
 		return nil
 	}
-	v, all, err := f.st.Overrides(ctx)
-	if err != nil {
-		return err
+	var s *Snapshot
+	var bad int
+	if cur != nil {
+		v, changed, ok, err := f.st.OverridesSince(ctx, cur.version)
+		if err != nil {
+			return err
+		}
+		if ok {
+			s, bad = cur.apply(v, changed)
+		}
 	}
-	s, bad := build(v, all)
+	if s == nil {
+		v, all, err := f.st.Overrides(ctx)
+		if err != nil {
+			return err
+		}
+		s, bad = build(v, all)
+	}
 	if bad > 0 {
 		f.logf("drip: overrides that do not decode were skipped", "count", bad)
 	}

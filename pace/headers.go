@@ -19,6 +19,9 @@ type report struct {
 	reset     time.Duration // until the quota comes back; 0 with hasReset false: unknown
 	hasReset  bool
 	limit     int64 // the quota restored at reset; 0: unknown
+	// concurrent: the quota is of requests in flight at once
+	// (qu="concurrent-requests"): limit of them, never a window to wait out.
+	concurrent bool
 }
 
 // maxPolicies bounds the policies read from one response and kept per key.
@@ -60,8 +63,9 @@ func parseReport(h http.Header, server time.Time) []report {
 }
 
 // parseStructured reads RateLimit: "name";r=7;t=2 (a list: one item per
-// policy) and RateLimit-Policy: "name";q=20;w=2 (the quota of each), the
-// first maxPolicies policies with an r.
+// policy) and RateLimit-Policy: "name";q=20;w=2 (the quota of each, and
+// its unit: qu="concurrent-requests" makes it a bound on requests in
+// flight), the first maxPolicies policies with an r.
 func parseStructured(h http.Header) []report {
 	items, err := sfv.ParseList(strings.Join(h.Values("Ratelimit"), ", "))
 	if err != nil {
@@ -88,10 +92,22 @@ func parseStructured(h http.Header) []report {
 		for i := range rs {
 			if rs[i].name == name(it) {
 				rs[i].limit = q
+				rs[i].concurrent = unit(it) == sfv.UnitConcurrentRequests
 			}
 		}
 	}
 	return rs
+}
+
+// unit is a policy's quota unit (its "qu" string), or "" when it has none.
+func unit(it sfv.Item) string {
+	for _, p := range it.Params {
+		if p.Key == "qu" {
+			u, _ := p.Value.(string)
+			return u
+		}
+	}
+	return ""
 }
 
 // name is a policy's name: its sf-string or sf-token, as written.

@@ -23,6 +23,8 @@ func TestParseReport(t *testing.T) {
 			server, []report{{name: "a", remaining: 7, reset: 2 * time.Second, hasReset: true, limit: 20}, {name: "b", remaining: 3, reset: 9 * time.Second, hasReset: true, limit: 50}}},
 		{"a policy of unknown quota", []string{"RateLimit", `"a";r=1;t=1`, "RateLimit-Policy", `"x";q=20`},
 			server, []report{{name: "a", remaining: 1, reset: time.Second, hasReset: true}}},
+		{"a quota of concurrent requests", []string{"RateLimit", `"slots";r=0, "rate";r=5;t=9`, "RateLimit-Policy", `"slots";q=3;qu="concurrent-requests", "rate";q=9;qu="requests";w=9`},
+			server, []report{{name: "slots", remaining: 0, limit: 3, concurrent: true}, {name: "rate", remaining: 5, reset: 9 * time.Second, hasReset: true, limit: 9}}},
 		{"RateLimit without t", []string{"RateLimit", `"a";r=4`},
 			server, []report{{name: "a", remaining: 4}}},
 		{"at most 8 policies", []string{"RateLimit", `a;r=1, b;r=1, c;r=1, d;r=1, e;r=1, f;r=1, g;r=1, h;r=1, i;r=0`},

@@ -11,6 +11,7 @@
 //
 //	RateLimit: "name";r=7;t=2           r = requests remaining, t = seconds until the quota is back
 //	RateLimit-Policy: "name";q=20;w=2   q = the quota (what is back at t)
+//	RateLimit-Policy: "name";q=3;qu="concurrent-requests"   q = requests in flight at once
 //	RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset    (older drafts)
 //	X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset   (GitHub and many others)
 //	Retry-After: 30 | Retry-After: Wed, 21 Oct 2026 07:28:00 GMT
@@ -49,6 +50,12 @@
 //     taken from it until they are answered, since the server may not have
 //     counted them yet (while some it had, the client errs on the safe
 //     side).
+//   - A policy whose quota unit is "concurrent-requests" (drip's
+//     concurrency rules) bounds the requests in flight instead: a
+//     request may go while fewer than its q are, and one waits only for an
+//     answer to free a slot, never for a reset (such a policy has no
+//     window; its r counts the server's free slots, the client's own
+//     requests among the holders).
 //   - With nothing left, requests wait until the policy's reported reset.
 //     Then its left is its quota (q, or the Limit header), or a single
 //     probe when the quota is unknown, and requests still in flight count

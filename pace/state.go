@@ -29,6 +29,20 @@ type policy struct {
 	limit int64     // the quota that is back at reset; 0: unknown
 	reset time.Time // when the quota is back; zero: unknown
 	fresh bool      // left is the quota guessed at a reset: the next report replaces it
+	// concurrent: a quota of requests in flight at once (limit of them),
+	// not of requests per window: a request may go while fewer than limit
+	// are in flight, whatever left and reset say; a slot frees when an
+	// answer comes.
+	concurrent bool
+}
+
+// allows reports whether p lets one more request go with inflight
+// requests in flight.
+func (p *policy) allows(inflight int64) bool {
+	if p.concurrent {
+		return inflight < p.limit
+	}
+	return p.left-inflight > 0
 }
 
 func newEntry(key string) *entry {
@@ -57,7 +71,7 @@ func (e *entry) ready(now time.Time) (at time.Time, ok bool) {
 	probe := !e.known
 	for i := range e.policies {
 		p := &e.policies[i]
-		if p.reset.IsZero() || now.Before(p.reset) {
+		if p.concurrent || p.reset.IsZero() || now.Before(p.reset) {
 			continue
 		}
 		if p.limit == 0 {
@@ -76,10 +90,13 @@ func (e *entry) ready(now time.Time) (at time.Time, ok bool) {
 	}
 	blocked, noReset := false, false
 	for _, p := range e.policies {
-		if p.left-e.inflight > 0 {
+		if p.allows(e.inflight) {
 			continue
 		}
 		blocked = true
+		if p.concurrent {
+			continue // until an answer frees a slot (e.inflight > 0: the limit is)
+		}
 		if p.reset.IsZero() {
 			noReset = true
 		} else if at.IsZero() || p.reset.Before(at) {
@@ -177,6 +194,8 @@ func (e *entry) record(now time.Time, r report) {
 	case p == nil:
 		e.policies = append(e.policies, policy{name: r.name, left: r.remaining, reset: reset})
 		p = &e.policies[len(e.policies)-1]
+	case r.concurrent || p.concurrent:
+		p.left, p.reset = r.remaining, reset
 	case p.fresh:
 		p.left, p.reset, p.fresh = r.remaining, reset, false
 	default:
@@ -185,6 +204,7 @@ func (e *entry) record(now time.Time, r report) {
 	if r.limit > 0 {
 		p.limit = r.limit
 	}
+	p.concurrent = r.concurrent && p.limit > 0
 }
 
 // notify wakes the requests waiting on e.

@@ -91,6 +91,14 @@ func (c *checker) str(path string, v any) (string, bool) {
 	return s, ok
 }
 
+func (c *checker) boolean(path string, v any) (b, ok bool) {
+	b, ok = v.(bool)
+	if !ok {
+		c.add(path, "must be true or false, not %s", kindOf(v))
+	}
+	return b, ok
+}
+
 func (c *checker) num(path string, v any) (float64, bool) {
 	switch x := v.(type) {
 	case json.Number:

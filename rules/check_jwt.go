@@ -19,9 +19,7 @@ func (c *checker) jwt(p string, v any) *JWT {
 	base := filepath.Dir(c.file)
 	var ways []string
 	if v, fp, ok := f.get("verify"); ok {
-		if b, ok := v.(bool); !ok {
-			c.add(fp, "must be true or false, not %s", kindOf(v))
-		} else {
+		if b, ok := c.boolean(fp, v); ok {
 			j.Verify = b
 		}
 	}

@@ -42,7 +42,7 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 		r.LimitKeys = c.limitKeys(fp, v)
 	}
 	if v, fp, ok := f.get("match"); ok {
-		r.Match = c.match(fp, v)
+		r.Match = c.match(fp, v, s)
 	}
 	if v, fp, ok := f.get("mode"); ok {
 		if m, ok := c.enum(fp, v, "enforce", "shadow"); ok {
@@ -132,7 +132,7 @@ func (c *checker) limitKeys(p string, v any) []Source {
 	return out
 }
 
-func (c *checker) match(p string, v any) []Condition {
+func (c *checker) match(p string, v any, s *Set) []Condition {
 	f, ok := c.object(p, v)
 	if !ok {
 		return nil
@@ -176,7 +176,15 @@ func (c *checker) match(p string, v any) []Condition {
 				c.add(xp, "must be a string (or a list of strings), not %s", kindOf(x))
 				continue
 			}
-			if pre, ok := strings.CutSuffix(text, "*"); ok {
+			text = matchText(src.Kind, text, s)
+			pre, isPrefix := strings.CutSuffix(text, "*")
+			if src.Kind == KindPath {
+				if msg := matchProblem(pre, isPrefix, s.ExactPaths); msg != "" {
+					c.add(xp, "%q %s", text, msg)
+					continue
+				}
+			}
+			if isPrefix {
 				cond.Prefixes = append(cond.Prefixes, pre)
 			} else {
 				cond.Values = append(cond.Values, text)
@@ -185,6 +193,19 @@ func (c *checker) match(p string, v any) []Condition {
 		out = append(out, cond)
 	}
 	return out
+}
+
+// matchText is the text a match on a source of kind k compares with the
+// request's: a method in upper case and a path folded as the request's
+// are (CleanMethod, CleanPath), so that "post" and "/Admin/*" match.
+func matchText(k Kind, text string, s *Set) string {
+	switch {
+	case k == KindMethod:
+		return CleanMethod(text)
+	case k == KindPath && !s.ExactPaths:
+		return FoldPath(text)
+	}
+	return text
 }
 
 // scalarText is the text a match compares: strings as they are, numbers

@@ -8,7 +8,7 @@ import (
 
 // The top level of a rules file.
 
-var topFields = []string{"rules", "jwt", "trusted_proxies", "ipv6_prefix", "on_error", "local_share", "store_timeout", "circuit_breaker", "retry_after_jitter"}
+var topFields = []string{"rules", "jwt", "trusted_proxies", "ipv6_prefix", "on_error", "local_share", "store_timeout", "circuit_breaker", "retry_after_jitter", "exact_paths"}
 
 func (c *checker) set(v any) *Set {
 	s := &Set{
@@ -46,6 +46,9 @@ func (c *checker) set(v any) *Set {
 	}
 	if v, p, ok := f.get("circuit_breaker"); ok {
 		c.breaker(p, v, &s.Breaker)
+	}
+	if v, p, ok := f.get("exact_paths"); ok {
+		s.ExactPaths, _ = c.boolean(p, v)
 	}
 	if v, p, ok := f.get("retry_after_jitter"); ok {
 		c.retryJitter(p, v, &s.RetryJitter)

@@ -90,6 +90,12 @@ type Set struct {
 	// (retry_after_jitter; default retryafter.Default: up to 50% of
 	// the wait, at most 60 s).
 	RetryJitter retryafter.Jitter
+	// ExactPaths is the file's exact_paths: request paths are compared in
+	// their own case and keep their segments' trailing dots and spaces
+	// (CleanPath). False, the default, folds case and drops them, so that
+	// a rule on /admin/* is not dodged on an app that routes /ADMIN/ or
+	// /admin./ there (ASP.NET, Express, IIS, files on Windows).
+	ExactPaths bool
 	// File is the name the set was loaded from.
 	File string
 
@@ -101,8 +107,9 @@ type Set struct {
 // at least Failures store calls failed and they were at least FailureRatio
 // of the calls (a call that missed its deadline while the store answered
 // others is slow, not failed), or when a call has waited Stall without the
-// store answering anything. Open, the store is not called for Cooldown;
-// then one probe decides whether it is back.
+// store answering anything (zero: DefaultBreakerStall, or half the store
+// deadline if that is longer). Open, the store is not called for
+// Cooldown; then one probe decides whether it is back.
 type Breaker struct {
 	Failures     int
 	FailureRatio float64
@@ -112,7 +119,7 @@ type Breaker struct {
 
 // DefaultBreaker is the breaker of a rules file that configures none.
 var DefaultBreaker = Breaker{Failures: DefaultBreakerFailures, FailureRatio: DefaultBreakerRatio,
-	Stall: DefaultBreakerStall, Cooldown: DefaultBreakerCooldown}
+	Cooldown: DefaultBreakerCooldown}
 
 // Or is b with def's value for every field b leaves at zero.
 func (b Breaker) Or(def Breaker) Breaker {
@@ -229,6 +236,26 @@ func (s *Set) UsesJWT() bool {
 	for i := range s.Rules {
 		if s.Rules[i].usesJWT() {
 			return true
+		}
+	}
+	return false
+}
+
+// ReadsPath reports whether a rule matches or keys on the request's path:
+// only then do the HTTP front doors read it (CleanPath), and refuse a
+// request whose path is ambiguous.
+func (s *Set) ReadsPath() bool {
+	for i := range s.Rules {
+		r := &s.Rules[i]
+		for _, k := range r.LimitKeys {
+			if k.Kind == KindPath {
+				return true
+			}
+		}
+		for _, c := range r.Match {
+			if c.Source.Kind == KindPath {
+				return true
+			}
 		}
 	}
 	return false

@@ -80,7 +80,7 @@ func TestEverything(t *testing.T) {
 		t.Errorf("proxies %v", s.TrustedProxies)
 	}
 	if s.IPv6Prefix != 56 || s.OnError != Local || s.LocalShare != 0.25 || s.StoreTimeout != 20*time.Millisecond ||
-		s.Breaker != (Breaker{Failures: 3, FailureRatio: 0.75, Stall: 300 * time.Millisecond, Cooldown: 2 * time.Second}) {
+		s.Breaker != (Breaker{Failures: 3, FailureRatio: 0.75, Stall: 300 * time.Millisecond, Cooldown: 2 * time.Second}) || !s.ExactPaths {
 		t.Errorf("globals %+v", s)
 	}
 	if s.JWT == nil || len(s.JWT.Keys) != 2 || s.JWT.Issuer != "https://issuer.example" || s.JWT.Audience != "api" || s.JWT.Leeway != 5*time.Second {

@@ -16,7 +16,8 @@ import (
 // The admin listener:
 //   GET  /metrics          Prometheus metrics (no token)
 //   GET  /healthz          200 while the process serves (no token)
-//   GET  /readyz           200 if the store answers a peek within the store deadline, else 503 (no token)
+//   GET  /readyz           200 if the store answers a peek within the store deadline, else 503;
+//                          503 while the server drains (drain.go) (no token)
 //   GET  /healthcheck      envoyproxy/ratelimit's health check: 200 "OK" when /readyz is 200, else 500 (no token)
 //   POST /json             envoyproxy/ratelimit's JSON form of ShouldRateLimit (no token; envoyhttp.go)
 //   GET  /v1/admin/bucket?rule=NAME&value=V[&value=V2...]
@@ -89,6 +90,10 @@ func (s *Server) pingStore(r *http.Request) error {
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
+		return
+	}
 	if err := s.pingStore(r); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unreachable", "error": redact.Text(err.Error())})
 		return

@@ -20,7 +20,8 @@ import (
 // "at" and "op" (the time is the store's, the op is the path); and for
 // concurrency limits POST /v1/acquire (a take under a lease ID the server
 // makes, returned as "lease" when allowed) and /v1/release (a refund of
-// the request's "lease").
+// the request's "lease"; a release gives back slots only, so its requests
+// on token buckets give back nothing).
 //
 // A request names its bucket in one of two ways:
 //   - inline: {"key": "user:1", "limit": {"rate": 10, "burst": 20}, "cost": 1}
@@ -105,7 +106,10 @@ func writeError(w http.ResponseWriter, err error) {
 	case drip.IsInput(err):
 		status = http.StatusBadRequest
 	default:
+		// The store failed, was too slow, or the breaker skipped it:
+		// the breaker probes it again within its cool-down.
 		err = fmt.Errorf("store: %w", err)
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, status, map[string]string{"error": redact.Text(err.Error())})
 }
@@ -282,8 +286,17 @@ func (s *Server) count(rule string, allowed bool, err error) {
 // metrics ("inline" for an inline limit). For reset only the key matters.
 func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string, error) {
 	r, name, err := s.request1(it, opName)
-	if err != nil || opName != "acquire" {
+	if err != nil {
 		return r, name, err
+	}
+	if opName == "release" && !r.Limit.Concurrent() {
+		// A release gives back slots only: the tokens of the acquire's
+		// token buckets are spent. Such a request gives back nothing
+		// and answers its bucket as it is.
+		r.Cost = 0
+	}
+	if opName != "acquire" {
+		return r, name, nil
 	}
 	if it.Lease != "" {
 		return drip.Request{}, "", inputf("%v: /v1/acquire names its leases itself; give none", drip.ErrInvalidLease)

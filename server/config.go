@@ -77,8 +77,19 @@ type Config struct {
 	// (default 1s; negative disables polling; SIGHUP and the admin API
 	// still reload).
 	WatchEvery time.Duration
-	// ShutdownTimeout bounds a graceful shutdown: in-flight requests get
-	// this long to finish (default 10s).
+	// Drain is how long the server drains once Serve's context ends
+	// (SIGTERM or Ctrl-C in drip serve) before it shuts down (--drain,
+	// DRIP_DRAIN; default DefaultDrain, 5s; negative: no drain). While it
+	// drains every listener still serves, but each HTTP response carries
+	// "Connection: close", so that clients on keep-alive connections
+	// reconnect, and /readyz answers 503, envoyproxy/ratelimit's
+	// /healthcheck 500 and the gRPC health service NOT_SERVING, so that
+	// load balancers stop sending. Then the listeners stop accepting (gRPC
+	// sends GOAWAY) and ShutdownTimeout bounds the rest. Server.EndDrain
+	// ends it sooner.
+	Drain time.Duration
+	// ShutdownTimeout bounds a graceful shutdown, after the drain:
+	// in-flight requests get this long to finish (default 10s).
 	ShutdownTimeout time.Duration
 	// Logger receives the server's logs (default slog.Default()).
 	Logger *slog.Logger
@@ -100,6 +111,7 @@ const (
 	DefaultReadTimeout     = 30 * time.Second
 	DefaultWatchEvery      = time.Second
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultDrain           = 5 * time.Second
 	DefaultMaxConnections  = 1024
 )
 
@@ -124,6 +136,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WatchEvery == 0 {
 		c.WatchEvery = DefaultWatchEvery
+	}
+	if c.Drain == 0 {
+		c.Drain = DefaultDrain
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout

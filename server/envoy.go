@@ -28,6 +28,10 @@ import (
 // only envoy files); the envoy files drive the gRPC service and the
 // admin listener's /json. Both reload together.
 
+// envoyPrefix goes before the Envoy limits' names in the metrics' rule
+// label.
+const envoyPrefix = "envoy:"
+
 // envoyService returns Envoy's rate limit service, made on first use (in
 // New, never while serving): the gRPC listener and the admin listener's
 // /json share it.
@@ -36,7 +40,7 @@ func (s *Server) envoyService() *envoy.Service {
 		// On the server's engine; its decisions count as rule
 		// "envoy:<limit name or config path>".
 		s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithEngine(s.eng),
-			envoy.WithObserver(s.metrics.obs.Prefixed("envoy:")))
+			envoy.WithObserver(s.metrics.obs.Prefixed(envoyPrefix)))
 	}
 	return s.rls
 }
@@ -56,6 +60,7 @@ func (s *Server) addGRPC() {
 		name:     "grpc",
 		addr:     s.cfg.GRPCListen,
 		serve:    g.Serve,
+		drain:    g.Health.Shutdown, // NOT_SERVING; GOAWAY comes with Shutdown
 		shutdown: g.Shutdown,
 	})
 }

@@ -82,7 +82,7 @@ func TestEnvoyGRPC(t *testing.T) {
 		t.Fatalf("decision API by rule beside envoy files: %d %s", code, out)
 	}
 	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
-	for _, want := range []string{`drip_decisions_total{outcome="allowed",rule="envoy:edge.remote_address"} 5`, `drip_decisions_total{outcome="denied",rule="envoy:edge.remote_address"} 1`} {
+	for _, want := range []string{`drip_decisions_total{mode="enforce",outcome="allowed",rule="envoy:edge.remote_address"} 5`, `drip_decisions_total{mode="enforce",outcome="denied",rule="envoy:edge.remote_address"} 1`} {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("metrics lack %s:\n%s", want, grep(metrics, "envoy"))
 		}

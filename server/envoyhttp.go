@@ -22,9 +22,15 @@ import (
 const maxJSONRequest = 1 << 20
 
 // healthcheck answers as envoyproxy/ratelimit's /healthcheck: 200 "OK"
-// while the store answers within the store deadline, else 500.
+// while the store answers within the store deadline, else 500; 500 while
+// the server drains, as envoyproxy/ratelimit fails it on SIGTERM.
 func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if s.draining.Load() {
+		w.WriteHeader(http.StatusInternalServerError)
+		io.WriteString(w, "draining\n")
+		return
+	}
 	if err := s.pingStore(r); err != nil {
 		w.WriteHeader(http.StatusInternalServerError)
 		io.WriteString(w, "store unreachable\n")

@@ -31,11 +31,18 @@ import (
 // on_error is deny) with Retry-After, the RateLimit headers and the
 // problem+json body; Caddy and Traefik pass it to the client as it is.
 //
+// The target and method are read as the gateway reads a request's
+// (httplimit.Limiter.Decide): as application servers route them, so that
+// "/admin;x=1/y" or "post" meets the rules on /admin/* and POST, and when
+// a rule reads the path, one that servers read in different ways is
+// refused as the gateway refuses it, 400 with the reason ambiguous_path.
+//
 // nginx's auth_request passes on only 2xx, 401 and 403, so the proxy may
 // ask for another status: /v1/forward-auth?deny_status=403 (or 401)
-// answers a denial with that status, the same headers and body, and two
-// more headers for the proxy to rebuild the answer from: Drip-Status (429
-// or 503) and Drip-Problem (the problem+json body on one line).
+// answers a denial (or that 400) with that status, the same headers and
+// body, and two more headers for the proxy to rebuild the answer from:
+// Drip-Status (429, 503 or 400) and Drip-Problem (the problem+json body
+// on one line).
 //
 // The forwarding headers are believed only from a trusted proxy: a caller
 // whose address is not in the rules' trusted_proxies gets 400, as does an

@@ -134,8 +134,8 @@ func TestForwardAuthAsGateway(t *testing.T) {
 	}
 	_, metrics := call(t, "GET", fa.admin+"/metrics", "")
 	for _, want := range []string{
-		`drip_decisions_total{outcome="allowed",rule="free"} 5`,
-		`drip_decisions_total{outcome="denied",rule="search"} 1`,
+		`drip_decisions_total{mode="enforce",outcome="allowed",rule="free"} 5`,
+		`drip_decisions_total{mode="enforce",outcome="denied",rule="search"} 1`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("forward auth's metrics lack %q:\n%s", want, grep(metrics, "drip_decisions_total"))
@@ -390,15 +390,16 @@ func TestForwardAuthReleasesSlots(t *testing.T) {
 	}
 }
 
-// TestForwardAuthEncodedPaths: the path rules see the target as nginx
-// routes it (percent-decoded, dot segments removed as RFC 3986 does, a
-// last "." or ".." leaving a directory), so that spelling a path another
-// way does not dodge the search rule.
+// TestForwardAuthEncodedPaths: the path rules see the target as apps
+// route it (percent-decoded, parameters dropped, dot segments removed as
+// RFC 3986 does, a last "." or ".." leaving a directory), so that
+// spelling a path another way does not dodge the search rule (more in
+// TestForwardAuthPathSpellings).
 func TestForwardAuthEncodedPaths(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.json")
 	writeFile(t, path, forwardRules)
 	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
-	for i, target := range []string{"/search/a", "/%73earch/a", "//search/a", "/x/../search/a", "/search/a/..", "/search/.", "/search/a/%2e%2e", "/x/..%2Fsearch/a"} {
+	for i, target := range []string{"/search/a", "/%73earch/a", "//search/a", "/x/../search/a", "/search/a/..", "/search/.", "/search/a/%2e%2e", "/x/..;/search/a", "/search%2Fa"} {
 		// A client of its own for each: the search bucket is per IP.
 		resp, body := ask(t, srv.base, "", "GET", target, "X-Forwarded-For", fmt.Sprintf("203.0.113.%d", i+1))
 		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("RateLimit-Policy"), `"search"`) {

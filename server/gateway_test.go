@@ -139,8 +139,8 @@ func TestGateway(t *testing.T) {
 
 	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
 	for _, want := range []string{
-		`drip_decisions_total{outcome="allowed",rule="free"} 4`,
-		`drip_decisions_total{outcome="denied",rule="free"} 1`,
+		`drip_decisions_total{mode="enforce",outcome="allowed",rule="free"} 4`,
+		`drip_decisions_total{mode="enforce",outcome="denied",rule="free"} 1`,
 		`drip_shadow_denials_total{rule="watch"} 3`, // k1's 2nd, 3rd and 4th (the 4th, denied by free, is only peeked)
 		`drip_store_circuit_state{state="closed"} 1`,
 	} {
@@ -167,8 +167,8 @@ func TestGatewayStoreDown(t *testing.T) {
 		codes  []int // for 5 requests of one client
 		metric string
 	}{
-		{"allow", []int{200, 200, 200, 200, 200}, `drip_decisions_total{outcome="error_allowed",rule="r"} 5`},
-		{"deny", []int{503, 503, 503, 503, 503}, `drip_decisions_total{outcome="error_denied",rule="r"} 5`},
+		{"allow", []int{200, 200, 200, 200, 200}, `drip_decisions_total{mode="enforce",outcome="error_allowed",rule="r"} 5`},
+		{"deny", []int{503, 503, 503, 503, 503}, `drip_decisions_total{mode="enforce",outcome="error_denied",rule="r"} 5`},
 		// local: half of the burst of 4, per instance.
 		{"local", []int{200, 200, 429, 429, 429}, `drip_local_fallback_decisions_total{rule="r"} 5`},
 	} {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -92,15 +93,7 @@ func TestDecisionAPIAcquireRelease(t *testing.T) {
 // TestGatewayReleasesSlot: the gateway holds a concurrency rule's slot
 // until the proxied response has ended, and then gives it back.
 func TestGatewayReleasesSlot(t *testing.T) {
-	started, finish := make(chan struct{}, 1), make(chan struct{})
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/slow" {
-			started <- struct{}{}
-			<-finish
-		}
-		fmt.Fprint(w, "done")
-	}))
-	t.Cleanup(up.Close)
+	up, started, finish := slowUpstream(t)
 	path := filepath.Join(t.TempDir(), "rules.json")
 	writeFile(t, path, `{"rules": [
 	  {"name": "one", "limit_keys": ["global"], "algorithm": "concurrency",
@@ -132,4 +125,89 @@ func TestGatewayReleasesSlot(t *testing.T) {
 	if resp, body := gwGet(t, srv.base, "/fast", ""); resp.StatusCode != http.StatusOK {
 		t.Fatalf("after the slow response ended: %d %s, want 200", resp.StatusCode, body)
 	}
+}
+
+// TestStoresRelease: on every store, /v1/release gives back slots only:
+// a release that repeats the acquire's token buckets gives back none of
+// their tokens; and a denied multi-acquire leaves no slot taken (on Redis
+// Cluster its keys lie in different hash slots, taken one by one).
+func TestStoresRelease(t *testing.T) {
+	for _, st := range teststores.Shared() {
+		t.Run(st.Name, func(t *testing.T) {
+			srv := start(t, Config{}, st.Open(t))
+			type answer struct {
+				Allowed   bool   `json:"allowed"`
+				Remaining int64  `json:"remaining"`
+				Lease     string `json:"lease"`
+			}
+			var m struct {
+				Allowed bool     `json:"allowed"`
+				Results []answer `json:"results"`
+			}
+			do := func(op, body string) {
+				t.Helper()
+				code, out := post(t, srv.base+"/v1/"+op, body)
+				m.Allowed, m.Results = false, nil
+				if err := json.Unmarshal([]byte(out), &m); code != 200 || err != nil {
+					t.Fatalf("%s %s: %d %s", op, body, code, out)
+				}
+			}
+			// On the store's clock: remaining, not tokens (1 per hour
+			// drips in meanwhile).
+			remaining := func(body string) int64 {
+				t.Helper()
+				code, out := post(t, srv.base+"/v1/peek", body)
+				if code != 200 {
+					t.Fatalf("peek %s: %d %s", body, code, out)
+				}
+				return int64(decision(t, out).Remaining)
+			}
+			job := `"key": "job", "limit": {"algorithm": "concurrency", "max_in_flight": 1, "lease_ttl": "10m"}`
+			tb := `"key": "tb", "limit": {"rate": 1, "period": "1h", "burst": 4}`
+			do("acquire", `{"requests": [{`+job+`}, {`+tb+`, "cost": 1}]}`)
+			if !m.Allowed || m.Results[0].Lease == "" {
+				t.Fatalf("acquire: %+v", m)
+			}
+			lease := m.Results[0].Lease
+			do("release", `{"requests": [{`+job+`, "lease": "`+lease+`"}, {`+tb+`, "cost": 1}]}`)
+			if !m.Allowed || m.Results[0].Remaining != 1 || m.Results[1].Remaining != 3 {
+				t.Errorf("release of the lease and the bucket: %+v, want the slot free and 3 tokens", m)
+			}
+			if _, out := post(t, srv.base+"/v1/release", `{`+tb+`, "cost": 1}`); decision(t, out).Remaining != 3 {
+				t.Errorf("a release of the bucket alone: %s, want 3 tokens", out)
+			}
+			if got := remaining(`{` + tb + `, "cost": 0}`); got != 3 {
+				t.Errorf("after the releases the bucket holds %d, want 3: a release gives back slots only", got)
+			}
+			if got := remaining(`{` + job + `}`); got != 1 {
+				t.Errorf("after the release %d slots are free, want 1", got)
+			}
+			// Empty the bucket: an acquire beside it is denied, and takes
+			// no slot.
+			do("take", `{"requests": [{`+tb+`, "cost": 3}]}`)
+			do("acquire", `{"requests": [{`+job+`}, {`+tb+`, "cost": 1}]}`)
+			if m.Allowed || !m.Results[0].Allowed || m.Results[0].Lease != "" {
+				t.Errorf("an acquire beside an empty bucket: %+v, want denied by the bucket", m)
+			}
+			if got := remaining(`{` + job + `}`); got != 1 {
+				t.Errorf("after a denied acquire %d slots are free, want 1", got)
+			}
+		})
+	}
+}
+
+// slowUpstream is an upstream that holds each request to /slow until
+// finish is closed (started says when one arrived), and answers others
+// at once.
+func slowUpstream(t *testing.T) (up *httptest.Server, started, finish chan struct{}) {
+	started, finish = make(chan struct{}, 1), make(chan struct{})
+	up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			started <- struct{}{}
+			<-finish
+		}
+		fmt.Fprint(w, "done")
+	}))
+	t.Cleanup(up.Close)
+	return up, started, finish
 }

@@ -8,11 +8,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit/promobserver"
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/server/envoy"
 )
 
 // metrics are the server's Prometheus series, in a registry of its own so
-// that several servers can live in one process (tests do).
+// that several servers can live in one process (tests do). Every series
+// whose labels are known up front exists from the start, at 0 (the
+// rules' decisions once loaded: promobserver's Expect), so that
+// increase() sees its first event.
 type metrics struct {
 	reg *prometheus.Registry
 
@@ -59,11 +65,38 @@ func newMetrics() *metrics {
 			Help: "When the rules in force were loaded (Unix time).",
 		}),
 	}
+	for _, op := range storeOps {
+		m.storeSeconds.WithLabelValues(op)
+		m.storeErrors.WithLabelValues(op)
+	}
+	for _, result := range []string{"ok", "error"} {
+		m.reloads.WithLabelValues(result)
+	}
 	m.reg.MustRegister(m.obs, m.storeSeconds, m.storeErrors,
 		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// expect creates at zero the decision series of set's rules and env's
+// limits, so that increase() sees their first decisions.
+func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
+	m.obs.Expect(set.Rules...)
+	for _, l := range env.Limits() {
+		mode := rules.Enforce
+		if l.Shadow {
+			mode = rules.Shadow
+		}
+		events := []engine.Event{engine.Allowed, engine.Denied, engine.NotTaken, engine.Refunded, engine.Failed}
+		if l.Unlimited {
+			events = []engine.Event{engine.Unlimited}
+		}
+		m.obs.ExpectEvents(envoyPrefix+l.Label(), mode, events...)
+	}
+}
+
+// storeOps are the values of the store series' op label.
+var storeOps = []string{"take", "peek", "refund", "multi", "reset"}
 
 // observed is a drip.Store that times every call and counts failures: the
 // store latency and error series. Telemetry stays out of the stores

@@ -33,6 +33,11 @@ import (
 // maxOverrideBody bounds a PUT's body: a limit is a few dozen bytes.
 const maxOverrideBody = 4 << 10
 
+// maxOverridePeriod bounds an override's period and start: a year, the
+// longest unit of the Envoy limits drip serves. A period no client sees
+// the end of would hold a tenant's spent tokens for ever.
+const maxOverridePeriod = 365 * 24 * time.Hour
+
 // overrideTimeout is the deadline of an override's store call: changes
 // are rare, and one on PostgreSQL counts the overrides it bounds.
 const overrideTimeout = 5 * time.Second
@@ -73,7 +78,7 @@ func (s *Server) overrideTarget(r *http.Request) (*rules.Rule, []string, string,
 	if len(vals) == 0 {
 		list = nil
 	}
-	key, err := ruleKey(ru, list, s.rules().IPv6Prefix)
+	key, err := ruleKey(ru, list, s.rules())
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -145,6 +150,14 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 	}
 	if err := l.Validate(); err != nil {
 		return drip.Limit{}, inputf("%v", err)
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"period", l.Period}, {"start", l.Start}} {
+		if _, ok := has[f.name]; ok && f.d > maxOverridePeriod {
+			return drip.Limit{}, inputf("%q must be at most 8760h (a year), not %s", f.name, f.d)
+		}
 	}
 	if cost := ruleCost(ru); cost > l.Burst {
 		return drip.Limit{}, inputf("burst %g is below the rule's cost %g: no request could pass", l.Burst, cost)
@@ -248,8 +261,17 @@ func (s *Server) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"deleted": true, "rule": ru.Name, "key": key})
 }
 
+// listedOverride is an override as GET lists it: stale (and why) when it
+// cannot apply to its rule in force (stale.go).
+type listedOverride struct {
+	override.Entry
+	Stale       bool   `json:"stale,omitempty"`
+	StaleReason string `json:"stale_reason,omitempty"`
+}
+
 // listOverrides lists the overrides the store holds now (not this
-// instance's snapshot of them), by key, optionally of one rule.
+// instance's snapshot of them), by key, optionally of one rule, each
+// marked stale when it cannot apply to its rule in force.
 func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 	if s.overridesOff(w) {
 		return
@@ -262,10 +284,12 @@ func (s *Server) listOverrides(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rule := r.URL.Query().Get("rule")
-	out := []override.Entry{}
+	set := s.rules()
+	out := []listedOverride{}
 	for _, e := range f.Snapshot().Entries() {
 		if rule == "" || e.Rule == rule {
-			out = append(out, e)
+			why := staleReason(set, e)
+			out = append(out, listedOverride{e, why != "", why})
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"overrides": out})
@@ -288,13 +312,17 @@ const startLoadTimeout = 2 * time.Second
 // store does not answer within startLoadTimeout: then they follow) and
 // keeps them current until ctx ends.
 func (s *Server) followOverrides(ctx context.Context, wg *sync.WaitGroup) {
-	opts := append([]override.Option{override.WithLogger(s.log), override.OnChange(s.eng.SetOverrides)}, s.ovrOpts...)
+	opts := append([]override.Option{override.WithLogger(s.log), override.OnChange(s.overridesChanged)}, s.ovrOpts...)
 	s.ovr = override.NewFollower(s.ost, opts...)
 	s.metrics.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "drip_overrides",
 			Help: "Per-tenant overrides in force on this instance.",
-		}, func() float64 { return float64(len(s.ovr.Snapshot().Entries())) }),
+		}, func() float64 { return float64(s.ovr.Snapshot().Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "drip_overrides_stale",
+			Help: "Overrides in force on this instance that do not apply: set before their rule's algorithm changed, until replaced or deleted.",
+		}, func() float64 { return float64(s.staleCount()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "drip_overrides_version",
 			Help: "The store's version of the overrides in force on this instance: every instance sharing the store shows the same once a change has reached it.",

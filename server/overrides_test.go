@@ -249,6 +249,8 @@ func TestOverridesAdminAPI(t *testing.T) {
 		{"PUT", ov + "/pair/acme", `{"rate": 5}`, 400, `needs 2 values`},
 		{"PUT", ov + "/pair?value=o&value=u", `{"rate": 5, "burst": 1}`, 400, `below the rule's cost`},
 		{"PUT", ov + "/api/acme", `{"rate": 5, "period": "` + strings.Repeat("9", 5000) + `"}`, 413, `body over`},
+		{"PUT", ov + "/api/acme", `{"rate": 5, "period": "1000000h"}`, 400, `\"period\" must be at most 8760h (a year)`},
+		{"PUT", ov + "/all", `{"rate": 5, "start": "8761h"}`, 400, `\"start\" must be at most 8760h (a year)`},
 		{"PUT", ov + "/api?value=" + strings.Repeat("v", drip.MaxKeyLen+1), `{"rate": 5}`, 400, `bytes together`},
 		{"DELETE", ov + "/api/acme", ``, 404, `no override`},
 		{"PUT", ov + "/api/%ff", `{"rate": 5}`, 400, `UTF-8`},

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/driplimit/drip/internal/pathtest"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/memstore"
@@ -177,7 +178,9 @@ func TestForwardAuthProxies(t *testing.T) {
 			writeFile(t, rules, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [
 			  {"name": "per-ip", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 3}},
 			  {"name": "uploads", "limit_keys": ["ip:address"], "match": {"method": "POST", "path": "/upload/*"},
-			   "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}}]}`)
+			   "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}},
+			  {"name": "slot", "limit_keys": ["ip:address"], "match": {"path": "/slot/*"}, "algorithm": "concurrency",
+			   "algorithm_config": {"max_in_flight": 1}}]}`)
 			srv := start(t, Config{Rules: rules, WatchEvery: -1, AdminListen: "off"}, memstore.New())
 			base := startFrontDoor(t, fd, srv.Addr().String(), a.Listener.Addr().String())
 
@@ -268,6 +271,19 @@ func TestForwardAuthProxies(t *testing.T) {
 				t.Errorf("the app saw %q from 127.0.0.4, want %q", got, want)
 			}
 
+			// A concurrency rule, the tightest, has no window: the proxy
+			// passes on no RateLimit-Reset (not even an empty one).
+			resp, _ = fetch(t, clientFrom("127.0.0.5"), base+"/slot/x")
+			if resp.StatusCode != 200 || resp.Header.Get("RateLimit") != `"per-ip";r=2;t=3600, "slot";r=0` {
+				t.Errorf("/slot/x: %d, RateLimit %q", resp.StatusCode, resp.Header.Get("RateLimit"))
+			}
+			if v, ok := resp.Header["Ratelimit-Reset"]; ok {
+				t.Errorf("/slot/x: RateLimit-Reset %q, want none", v)
+			}
+			if err := sfv.CheckHeaders(resp.Header.Get); err != nil {
+				t.Errorf("/slot/x: %v", err)
+			}
+
 			if got, want := a.requests("127.0.0.2"), []string{"/hello?i=0", "/hello?i=1", "/hello?i=2"}; !slices.Equal(got, want) {
 				t.Errorf("the app saw %q from 127.0.0.2, want %q", got, want)
 			}
@@ -276,7 +292,7 @@ func TestForwardAuthProxies(t *testing.T) {
 			}
 			a.mu.Lock()
 			for client := range a.seen {
-				if client != "127.0.0.1" && client != "127.0.0.2" && client != "127.0.0.3" && client != "127.0.0.4" {
+				if client != "127.0.0.1" && client != "127.0.0.2" && client != "127.0.0.3" && client != "127.0.0.4" && client != "127.0.0.5" {
 					t.Errorf("the app saw a client %q: a forged header got through", client)
 				}
 			}
@@ -369,6 +385,51 @@ func TestForwardAuthProxiesAmbiguousTarget(t *testing.T) {
 			}
 			if code := get("/search/a"); code != 200 {
 				t.Errorf("GET /search/a: %d", code)
+			}
+		})
+	}
+}
+
+// TestForwardAuthProxiesPathSpellings: through the shipped nginx and Caddy
+// configs, a request that spells a rule's path or method another way
+// (pathtest.Cases) meets the rule or is refused, and never reaches the
+// app; the proxy may refuse it first (nginx takes no lower-case method).
+func TestForwardAuthProxiesPathSpellings(t *testing.T) {
+	for _, fd := range frontDoors {
+		t.Run(fd.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var raw []string // the targets the app got, as they came
+			a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				raw = append(raw, r.Method+" "+r.RequestURI)
+				mu.Unlock()
+			}))
+			t.Cleanup(a.Close)
+			rules := filepath.Join(t.TempDir(), "rules.json")
+			writeFile(t, rules, pathtest.Rules)
+			srv := start(t, Config{Rules: rules, WatchEvery: -1, AdminListen: "off"}, memstore.New())
+			base := startFrontDoor(t, fd, srv.Addr().String(), a.Listener.Addr().String())
+			var want []string
+			for _, c := range append(pathtest.Drain, pathtest.Cases...) {
+				resp, body := pathtest.Send(t, base, c.Method, c.Target)
+				ours := strings.Contains(resp.Header.Get("Content-Type"), "application/problem+json")
+				switch {
+				case c.Want != 200 && resp.StatusCode == 400 && !ours:
+					// The proxy refused it itself (nginx: "post", %00).
+				case resp.StatusCode != c.Want:
+					t.Errorf("%s %s: %d %q, want %d", c.Method, c.Target, resp.StatusCode, body, c.Want)
+				case c.Want == 400 && !strings.Contains(body, `"reason":"ambiguous_path"`):
+					t.Errorf("%s %s: 400 %q: want drip's problem with the reason ambiguous_path", c.Method, c.Target, body)
+				}
+				if c.Want == 200 {
+					want = append(want, c.Method+" "+c.Target)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			got := slices.DeleteFunc(slices.Clone(raw), func(s string) bool { return s == "GET /ready" })
+			if !slices.Equal(got, want) {
+				t.Errorf("the app got %q, want %q", got, want)
 			}
 		})
 	}

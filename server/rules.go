@@ -46,6 +46,7 @@ func (s *Server) loadRules() (*ruleState, error) {
 	}
 	rs.set.Store(set)
 	rs.loadedAt = time.Now()
+	s.metrics.expect(set, rs.envoy) // their series at 0
 	s.metrics.rulesOK.Set(1)
 	s.metrics.rulesLoaded.Set(float64(len(set.Rules)))
 	s.metrics.reloadTime.Set(float64(rs.loadedAt.UnixNano()) / 1e9)
@@ -77,11 +78,13 @@ func (s *Server) Reload() error {
 	}
 	s.rs.set.Store(set)
 	s.swapLimiter(set)
+	s.checkStale(s.eng.Overrides(), true, nil) // stale.go: overrides of a rule whose algorithm changed
 	s.rs.envoy = env
 	if s.rls != nil {
 		s.rls.Swap(env)
 	}
 	s.rs.loadedAt = time.Now()
+	s.metrics.expect(set, env)
 	s.metrics.reloads.WithLabelValues("ok").Inc()
 	s.metrics.rulesOK.Set(1)
 	s.metrics.rulesLoaded.Set(float64(len(set.Rules)))
@@ -105,7 +108,7 @@ func (s *Server) ruleRequest(name string, values json.RawMessage) (drip.Request,
 	if err != nil {
 		return drip.Request{}, err
 	}
-	key, err := ruleKey(r, values, s.rules().IPv6Prefix)
+	key, err := ruleKey(r, values, s.rules())
 	if err != nil {
 		return drip.Request{}, err
 	}
@@ -132,10 +135,8 @@ func (s *Server) rule(name string) (*rules.Rule, error) {
 }
 
 // ruleKey builds the bucket key of r from values as the decision API
-// takes them. An ip:address value is keyed as the middleware keys client
-// addresses (an IPv6 address by its prefix of v6bits), so that
-// "2001:db8::1" and "2001:db8::2" share the bucket of 2001:db8::/64.
-func ruleKey(r *rules.Rule, values json.RawMessage, v6bits int) (string, error) {
+// takes them, each keyed as the middleware keys it under set (keyValue).
+func ruleKey(r *rules.Rule, values json.RawMessage, set *rules.Set) (string, error) {
 	srcs := r.KeySources()
 	want := func() string {
 		names := make([]string, len(srcs))
@@ -165,9 +166,7 @@ func ruleKey(r *rules.Rule, values json.RawMessage, v6bits int) (string, error) 
 			}
 		}
 		for i, src := range srcs {
-			if src.Kind == rules.KindIP {
-				list[i] = keyIP(list[i], v6bits)
-			}
+			list[i] = keyValue(src, list[i], set)
 		}
 		return r.Key(list), nil
 	case v[0] == '{':
@@ -176,8 +175,8 @@ func ruleKey(r *rules.Rule, values json.RawMessage, v6bits int) (string, error) 
 			return "", inputf("values: want an object of strings: %v", err)
 		}
 		for k, x := range m {
-			if src, err := rules.ParseSource(k); err == nil && src.Kind == rules.KindIP {
-				m[k] = keyIP(x, v6bits)
+			if src, err := rules.ParseSource(k); err == nil {
+				m[k] = keyValue(src, x, set)
 			}
 		}
 		key, err := r.KeyFrom(m)
@@ -187,6 +186,24 @@ func ruleKey(r *rules.Rule, values json.RawMessage, v6bits int) (string, error) 
 		return key, nil
 	}
 	return "", inputf("values: want a list of strings, one for each of %s, or an object from limit key to value", want())
+}
+
+// keyValue is the value x of the limit key src as the middleware keys
+// it: a client address by its prefix of the rules' ipv6_prefix (so that
+// "2001:db8::1" and "2001:db8::2" share the bucket of 2001:db8::/64), a
+// method in upper case, a path folded unless exact_paths (the caller
+// gives the path as rules read it: decoded, without parameters or dot
+// segments).
+func keyValue(src rules.Source, x string, set *rules.Set) string {
+	switch {
+	case src.Kind == rules.KindIP:
+		return keyIP(x, set.IPv6Prefix)
+	case src.Kind == rules.KindMethod:
+		return rules.CleanMethod(x)
+	case src.Kind == rules.KindPath && !set.ExactPaths:
+		return rules.FoldPath(x)
+	}
+	return x
 }
 
 // ruleView is a rule as the admin API shows it.

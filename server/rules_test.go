@@ -20,7 +20,7 @@ import (
 // rulesFile writes a rules file with one token bucket rule per name,
 // keyed by the x-api-key header, of rate 1 per hour and the given burst:
 // over a test nothing refills, so every grant is counted exactly.
-func rulesFile(t *testing.T, path string, burst int, names ...string) string {
+func rulesFile(t testing.TB, path string, burst int, names ...string) string {
 	t.Helper()
 	var rs []string
 	for _, n := range names {
@@ -265,7 +265,7 @@ func TestReloadOnFileChange(t *testing.T) {
 	srv, poll := startWatched(t, Config{Rules: path}, memstore.New())
 	poll() // nothing changed: no reload
 	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
-	if strings.Contains(metrics, `drip_rules_reloads_total{result="ok"}`) {
+	if !strings.Contains(metrics, `drip_rules_reloads_total{result="ok"} 0`) {
 		t.Fatalf("an unchanged file was reloaded:\n%s", grep(metrics, "drip_rules"))
 	}
 	rulesFile(t, path, 5, "api", "added")

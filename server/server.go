@@ -5,7 +5,8 @@
 //
 // A Server is built from a Config and an open drip.Store. Listen binds its
 // listeners (so that port 0 resolves before anyone connects), Serve runs
-// them until its context ends and then shuts down gracefully; Run does both.
+// them until its context ends, drains (Config.Drain) and then shuts down
+// gracefully; Run does both.
 //
 // Rules reload on Reload (which the admin API, SIGHUP in cmd/drip and the
 // file watcher call): the new rules are loaded and validated aside and
@@ -23,6 +24,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,10 +58,17 @@ type Server struct {
 	ost     override.Store
 	ovr     *override.Follower
 	ovrOpts []override.Option
+	stale   staleOverrides // stale.go
 
 	mu        sync.Mutex
 	listeners []*listener
 	served    bool
+
+	// draining is set when the drain begins (drain.go); endDrain, closed
+	// by EndDrain, ends it early.
+	draining    atomic.Bool
+	endDrain    chan struct{}
+	endDrainNow sync.Once
 
 	// Tests set these before Serve to drive the rules watcher: it polls
 	// once per value of watchTick instead of every Config.WatchEvery, and
@@ -81,6 +90,7 @@ type listener struct {
 	ln       net.Listener
 	capped   *conncap.Listener // ln under Config.MaxConnections, once served; nil for grpc
 	serve    func(net.Listener) error
+	drain    func() // when the drain begins; nil for HTTP (closing)
 	shutdown func(context.Context) error
 }
 
@@ -89,7 +99,7 @@ type listener struct {
 // The caller keeps ownership of store and closes it after Serve returns.
 func New(cfg Config, store drip.Store) (*Server, error) {
 	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics()}
+	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), endDrain: make(chan struct{})}
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
 		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"),
@@ -133,7 +143,8 @@ const maxHeaderBytes = 64 << 10
 
 // addHTTP adds an HTTP listener serving h on addr, with at most
 // Config.MaxConnections connections open at once and headers of at most
-// maxHeaderBytes. Headers must arrive within 10 s; with whole, the entire
+// maxHeaderBytes, every response closing its connection while the server
+// drains (drain.go). Headers must arrive within 10 s; with whole, the entire
 // request (headers and body) within Config.ReadTimeout, else (the
 // gateway, whose bodies stream both ways) the request body may stall no
 // longer than that (stallCut), nor may the client stop reading the
@@ -151,6 +162,7 @@ func (s *Server) addHTTP(name, addr string, h http.Handler, whole bool) {
 	} else {
 		hs.Handler = writeStallCut(stallCut(h, s.cfg.ReadTimeout), s.cfg.ReadTimeout)
 	}
+	hs.Handler = s.closing(hs.Handler)
 	l := &listener{name: name, addr: addr, shutdown: hs.Shutdown}
 	l.serve = func(ln net.Listener) error {
 		c := conncap.New(ln, s.cfg.MaxConnections)
@@ -220,8 +232,9 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Serve serves on the listeners (binding any that Listen has not) and
-// watches the rules file, until ctx ends or a listener fails. Then it shuts
-// down gracefully: listeners stop accepting, and in-flight requests get
+// watches the rules file, until ctx ends or a listener fails. When ctx
+// ends, it drains for Config.Drain (drain.go); then it shuts down
+// gracefully: listeners stop accepting, and in-flight requests get
 // Config.ShutdownTimeout to finish. It returns nil after a shutdown
 // caused by ctx.
 func (s *Server) Serve(ctx context.Context) error {
@@ -237,12 +250,14 @@ func (s *Server) Serve(ctx context.Context) error {
 	ls := append([]*listener(nil), s.listeners...)
 	s.mu.Unlock()
 
-	ctx, cancel := context.WithCancel(ctx)
+	// The rules watcher and the overrides' follower run on through the
+	// drain, until the shutdown.
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	var wg sync.WaitGroup
-	wg.Go(func() { s.watch(ctx) })
+	wg.Go(func() { s.watch(bg) })
 	if s.ost != nil {
-		s.followOverrides(ctx, &wg)
+		s.followOverrides(bg, &wg)
 	}
 
 	errc := make(chan error, len(ls))
@@ -264,6 +279,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
+	}
+	if err == nil {
+		s.drain(ls) // a listener that failed asks for no drain
 	}
 	cancel()
 	s.log.Info("drip serve: shutting down")

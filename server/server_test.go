@@ -23,11 +23,12 @@ import (
 type running struct {
 	*Server
 	base, admin string
-	stop        func() error
+	cancel      func()       // ends Serve's context: the drain begins
+	stop        func() error // cancel, and wait for Serve to return
 }
 
 // start serves cfg on free loopback ports until the test ends.
-func start(t *testing.T, cfg Config, store drip.Store) *running {
+func start(t testing.TB, cfg Config, store drip.Store) *running {
 	t.Helper()
 	return startWith(t, cfg, store, nil)
 }
@@ -49,7 +50,7 @@ func startWatched(t *testing.T, cfg Config, store drip.Store) (srv *running, pol
 }
 
 // startWith is start with setup applied to the server before it serves.
-func startWith(t *testing.T, cfg Config, store drip.Store, setup func(*Server)) *running {
+func startWith(t testing.TB, cfg Config, store drip.Store, setup func(*Server)) *running {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	if cfg.StoreTimeout == 0 {
@@ -59,6 +60,9 @@ func startWith(t *testing.T, cfg Config, store drip.Store, setup func(*Server)) 
 	}
 	if cfg.AdminListen == "" {
 		cfg.AdminListen = "127.0.0.1:0"
+	}
+	if cfg.Drain == 0 {
+		cfg.Drain = -1 // tests of the drain set their own
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -105,7 +109,7 @@ func startWith(t *testing.T, cfg Config, store drip.Store, setup func(*Server)) 
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	r := &running{Server: s, base: "http://" + s.Addr().String(), stop: stop}
+	r := &running{Server: s, base: "http://" + s.Addr().String(), cancel: cancel, stop: stop}
 	if a := s.AdminAddr(); a != nil {
 		r.admin = "http://" + a.String()
 	}
@@ -309,7 +313,7 @@ func TestDecisionAPIStoreDown(t *testing.T) {
 		t.Fatalf("/readyz with the store down: %d %s", code, out)
 	}
 	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
-	for _, want := range []string{`drip_store_errors_total{op="take"} 1`, `drip_decisions_total{outcome="error",rule="inline"} 1`} {
+	for _, want := range []string{`drip_store_errors_total{op="take"} 1`, `drip_decisions_total{mode="enforce",outcome="error",rule="inline"} 1`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}
@@ -446,8 +450,8 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("/metrics: %d", code)
 	}
 	for _, want := range []string{
-		`drip_decisions_total{outcome="allowed",rule="inline"} 3`,
-		`drip_decisions_total{outcome="denied",rule="inline"} 1`,
+		`drip_decisions_total{mode="enforce",outcome="allowed",rule="inline"} 3`,
+		`drip_decisions_total{mode="enforce",outcome="denied",rule="inline"} 1`,
 		`drip_store_duration_seconds_count{op="take"} 4`,
 		`drip_store_duration_seconds_count{op="peek"} 1`,
 		`drip_rules_last_reload_ok`,

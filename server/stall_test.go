@@ -22,7 +22,7 @@ import (
 // may add to an answer, and the steady load.
 const (
 	stallTimeout = 500 * time.Millisecond
-	stallMargin  = time.Second
+	stallMargin  = 2 * time.Second
 	stallRate    = 200 // requests a second
 )
 

@@ -28,7 +28,7 @@ type backend struct {
 	own    func(t *testing.T) (store drip.Store, stop, start func())
 }
 
-func openPostgres(t *testing.T, url string) *pgstore.Store {
+func openPostgres(t testing.TB, url string) *pgstore.Store {
 	t.Helper()
 	s, err := pgstore.Open(context.Background(), url+"&drip_install=true&drip_sweep=0")
 	if err != nil {

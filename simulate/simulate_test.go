@@ -210,7 +210,7 @@ func TestNeverOverGrants(t *testing.T) {
 		"9/s for 3s, 100 at once, idle 1s, 100 at once",
 		"7/100ms for 3s",
 	} {
-		for _, l := range []drip.Limit{burst50, burst50.WithRefill(drip.Interval), drip.Every(3, 700*time.Millisecond).WithBurst(4.5)} {
+		for _, l := range []drip.Limit{burst50, burst50.WithRefill(drip.Interval), drip.Per(3, 700*time.Millisecond).WithBurst(4.5)} {
 			p, _ := ParsePattern(pat)
 			res, err := Run(context.Background(), p.Events(Event{Cost: 1}), Options{Limit: l, End: p.Duration(), Keep: p.Len()})
 			if err != nil {

@@ -164,6 +164,29 @@ func RunLeases(t *testing.T, newStore NewStore) {
 		}
 	})
 
+	t.Run("an acquire at the store's clock answers the same on every store", func(t *testing.T) {
+		// A store's own clock counts whole microseconds (Redis TIME,
+		// PostgreSQL's clock_timestamp, the memory store's clock), and a
+		// lease expires on the microsecond: a fresh acquire's reset_after
+		// is its TTL exactly, whatever the instant.
+		k := prefix() + "clock"
+		const ttl = 30 * time.Second
+		l := drip.InFlight(2, ttl)
+		for i, w := range []drip.Decision{
+			{Allowed: true, Tokens: 1, Remaining: 1, Burst: 2, ResetAfter: ttl},
+			{Allowed: true, Tokens: 0, Remaining: 0, Burst: 2, ResetAfter: ttl},
+		} {
+			d, err := st.Apply(c, drip.OpTake, time.Time{}, drip.Request{Key: k, Limit: l, Lease: fmt.Sprint("L", i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The second acquire comes later: reset_after is its lease's.
+			if d != w {
+				t.Errorf("acquire %d at the store's clock: %+v, want %+v", i+1, d, w)
+			}
+		}
+	})
+
 	t.Run("random steps agree with bucket.EvalLeases", func(t *testing.T) {
 		for seed := range uint64(3) {
 			compareLeases(t, st, seed, 200)

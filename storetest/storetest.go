@@ -2,9 +2,10 @@
 // scenario tables over named instants for every rule of docs/semantics.md,
 // the replay traces in testdata/ with their golden outputs, concurrency
 // bounds, a randomized comparison against an exact rational reference
-// model (Model), and concurrency limits (RunLeases: leases, their TTL,
+// model (Model), concurrency limits (RunLeases: leases, their TTL,
 // all or nothing beside buckets, 64 concurrent callers, random steps
-// against bucket.EvalLeases).
+// against bucket.EvalLeases), and multi-takes applied one request at a
+// time through drip.Separately (RunSeparately).
 //
 // A store's tests call Run:
 //
@@ -40,6 +41,7 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("Traces", func(t *testing.T) { RunTraces(t, newStore) })
 	t.Run("Concurrency", func(t *testing.T) { RunConcurrency(t, newStore) })
 	t.Run("Leases", func(t *testing.T) { RunLeases(t, newStore) })
+	t.Run("Separately", func(t *testing.T) { RunSeparately(t, newStore) })
 	t.Run("Random", func(t *testing.T) { RunRandom(t, newStore, 1, 600) })
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
 }

@@ -3,10 +3,12 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -26,7 +28,8 @@ import (
 // that store errors, the local fallback and the circuit breaker have
 // series. Label values (such as the outcomes) are not checked: the
 // vocabulary may grow, and a query on a value that no longer exists shows
-// an empty panel, not a broken one. Every drip_ metric must also be on the
+// an empty panel, not a broken one; denialRate checks the few the
+// dashboard depends on. Every drip_ metric must also be on the
 // dashboard.
 func TestGrafanaDashboard(t *testing.T) {
 	queries := dashboardQueries(t, filepath.Join("..", "..", "deploy", "grafana", "drip.json"))
@@ -65,6 +68,8 @@ func TestGrafanaDashboard(t *testing.T) {
 			}
 		}
 	}
+	denialRate(t, queries, fams)
+
 	var missing []string
 	for name := range fams {
 		if strings.HasPrefix(name, "drip_") && !used[name] {
@@ -74,6 +79,76 @@ func TestGrafanaDashboard(t *testing.T) {
 	sort.Strings(missing)
 	if len(missing) > 0 {
 		t.Errorf("drip serve exposes metrics the dashboard does not show: %v", missing)
+	}
+}
+
+// denialRate checks what can be checked without a Prometheus of the
+// queries that read first events and rates: the Denial rate panel counts
+// enforced rules only (every drip_decisions_total selector in it asks for
+// mode="enforce", the label the shadow rule "watch" of liveMetrics does
+// not carry), and shows 0 rather than no data for a rule that denied
+// nothing or decided nothing (its denials "or" 0, over a clamped total);
+// and the series that increase() reads for a failed reload exists at 0
+// before any reload failed.
+func denialRate(t *testing.T, queries []dashboardQuery, fams map[string]*dto.MetricFamily) {
+	t.Helper()
+	found := false
+	for _, q := range queries {
+		if !strings.HasPrefix(q.where, `panel "Denial rate"`) {
+			continue
+		}
+		found = true
+		sels := regexp.MustCompile(`drip_decisions_total\{([^}]*)\}`).FindAllStringSubmatch(q.expr, -1)
+		if len(sels) == 0 {
+			t.Errorf("%s: no drip_decisions_total selector in %q", q.where, q.expr)
+		}
+		for _, m := range sels {
+			if !strings.Contains(m[1], `mode="enforce"`) {
+				t.Errorf("%s: selector {%s} counts shadow rules: want mode=\"enforce\"", q.where, m[1])
+			}
+		}
+		if !strings.Contains(q.expr, " or 0 * ") || !strings.Contains(q.expr, "clamp_min(") {
+			t.Errorf("%s: %q shows no data for a rule that denied nothing or decided nothing: want its denials \"or 0 * \" its decisions, over clamp_min(total)", q.where, q.expr)
+		}
+	}
+	if !found {
+		t.Error(`no panel "Denial rate"`)
+	}
+	modes := map[string]map[string]bool{} // rule -> modes of its drip_decisions_total series
+	for _, m := range fams["drip_decisions_total"].GetMetric() {
+		var rule, mode string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "rule":
+				rule = l.GetValue()
+			case "mode":
+				mode = l.GetValue()
+			}
+		}
+		if modes[rule] == nil {
+			modes[rule] = map[string]bool{}
+		}
+		modes[rule][mode] = true
+	}
+	if want := map[string]bool{"shadow": true}; !maps.Equal(modes["watch"], want) {
+		t.Errorf("the shadow rule's decisions have modes %v, want %v", modes["watch"], want)
+	}
+	if want := map[string]bool{"enforce": true}; !maps.Equal(modes["api"], want) {
+		t.Errorf("the enforced rule's decisions have modes %v, want %v", modes["api"], want)
+	}
+	reloadErrors := false
+	for _, m := range fams["drip_rules_reloads_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "result" && l.GetValue() == "error" {
+				reloadErrors = true
+				if v := m.GetCounter().GetValue(); v != 0 {
+					t.Errorf(`drip_rules_reloads_total{result="error"} %v, want 0: no reload failed`, v)
+				}
+			}
+		}
+	}
+	if !reloadErrors {
+		t.Error(`no drip_rules_reloads_total{result="error"} before a failed reload: increase() would miss the first`)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -301,8 +303,16 @@ func TestKubernetesManifests(t *testing.T) {
 	if csc := c.SecurityContext; !csc.ReadOnlyRootFilesystem || csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation {
 		t.Errorf("container securityContext: want readOnlyRootFilesystem and no privilege escalation")
 	}
-	if stop := c.Lifecycle.PreStop.Sleep.Seconds + int(server.DefaultShutdownTimeout.Seconds()); pod.Spec.TerminationGracePeriodSeconds <= stop {
-		t.Errorf("terminationGracePeriodSeconds %d: the preStop pause and drip's shutdown take %d s", pod.Spec.TerminationGracePeriodSeconds, stop)
+	drain := server.DefaultDrain
+	if v, ok := flags["drain"]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("--drain=%s: %v", v, err)
+		}
+		drain = d
+	}
+	if stop := c.Lifecycle.PreStop.Sleep.Seconds + int(math.Ceil((drain + server.DefaultShutdownTimeout).Seconds())); pod.Spec.TerminationGracePeriodSeconds <= stop {
+		t.Errorf("terminationGracePeriodSeconds %d: a preStop pause, drip's drain and its shutdown take %d s", pod.Spec.TerminationGracePeriodSeconds, stop)
 	}
 	if c.Resources.Requests["cpu"] == "" || c.Resources.Requests["memory"] == "" || c.Resources.Limits["memory"] == "" {
 		t.Errorf("resources %+v: want cpu and memory requests and a memory limit", c.Resources)

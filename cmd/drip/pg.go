@@ -74,6 +74,6 @@ func runPG(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Wr
 	if persistence == "u" {
 		tables = "UNLOGGED tables (faster; a crash empties them: every key full again, every slot free)"
 	}
-	fmt.Fprintf(stdout, "drip schema version %d installed: drip.buckets and drip.leases are %s; drip.overrides holds drip serve's per-tenant limits; with the functions drip.take, drip.peek, drip.refund and drip.reset\n", pgstore.SchemaVersion, tables)
+	fmt.Fprintf(stdout, "drip schema version %d installed: drip.buckets and drip.leases are %s; drip.overrides and drip.override_changes hold drip serve's per-tenant limits; with the functions drip.take, drip.peek, drip.refund and drip.reset\n", pgstore.SchemaVersion, tables)
 	return 0
 }

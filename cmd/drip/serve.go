@@ -31,18 +31,22 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	fs.StringVar(&c.Upstream, "upstream", envOr("DRIP_UPSTREAM", ""), "upstream URL: serve as a gateway that applies the rules to every request (env DRIP_UPSTREAM)")
 	fs.StringVar(&c.GRPCListen, "grpc-listen", envOr("DRIP_GRPC_LISTEN", ""), "address of Envoy's rate limit gRPC service (env DRIP_GRPC_LISTEN; else envoyproxy/ratelimit's GRPC_HOST and GRPC_PORT when either is set)")
 	fs.BoolVar(&c.GRPCReflection, "grpc-reflection", envOr("DRIP_GRPC_REFLECTION", "") == "true", "serve gRPC server reflection on --grpc-listen (env DRIP_GRPC_REFLECTION=true)")
-	timeoutDefault := server.DefaultStoreTimeout
-	if v := envOr("DRIP_STORE_TIMEOUT", ""); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			fmt.Fprintf(stderr, "drip serve: DRIP_STORE_TIMEOUT=%q is not a positive duration\n", v)
-			return 2
-		}
-		timeoutDefault = d
+	timeoutDefault, ok := envDuration("DRIP_STORE_TIMEOUT", server.DefaultStoreTimeout, false, stderr)
+	if !ok {
+		return 2
 	}
 	storeTimeout := fs.Duration("store-timeout", timeoutDefault, "deadline of each store call (env DRIP_STORE_TIMEOUT)")
+	drainDefault, ok := envDuration("DRIP_DRAIN", server.DefaultDrain, true, stderr)
+	if !ok {
+		return 2
+	}
+	drain := fs.Duration("drain", drainDefault, "on SIGTERM or SIGINT, serve this long with every answer closing its connection and /readyz at 503, then shut down (a second signal ends it); 0: shut down at once (env DRIP_DRAIN)")
 	if code, done := parseFlags(fs, serveUsage, args, stdout, stderr); done {
 		return code
+	}
+	if *drain < 0 {
+		fmt.Fprintf(stderr, "drip serve: --drain %s is negative\n", *drain)
+		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "drip serve: unexpected arguments %q\n", fs.Args())
@@ -61,6 +65,10 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		c.AdminToken = tok
 	}
 	c.StoreTimeout = *storeTimeout
+	c.Drain = *drain
+	if c.Drain == 0 {
+		c.Drain = -1 // server.Config's "no drain"
+	}
 	if err := envoyEnv(&c); err != nil { // envoyproxy/ratelimit's variables (serve_envoy.go)
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 2
@@ -118,6 +126,24 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 	}()
 
+	// The first SIGTERM or SIGINT ends ctx (main), and the drain begins;
+	// a second ends the drain.
+	stop := make(chan os.Signal, 2)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(stop)
+	go func() {
+		for n := 0; ; {
+			select {
+			case <-stop:
+				if n++; n == 2 {
+					s.EndDrain()
+				}
+			case <-hupDone:
+				return
+			}
+		}
+	}()
+
 	storeName := redact.URL(c.Store) // never print a password
 	rules := c.Rules
 	if rules == "" {
@@ -143,6 +169,26 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 1
 	}
 	return 0
+}
+
+// envDuration reads the duration in environment variable name, def when
+// it is unset. A value that is not a duration, negative, or zero unless
+// zeroOK, is reported to stderr, and ok is false.
+func envDuration(name string, def time.Duration, zeroOK bool, stderr io.Writer) (d time.Duration, ok bool) {
+	v := envOr(name, "")
+	if v == "" {
+		return def, true
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 || d == 0 && !zeroOK {
+		what := "a positive duration"
+		if zeroOK {
+			what = "a duration of 0 or more"
+		}
+		fmt.Fprintf(stderr, "drip serve: %s=%q is not %s\n", name, v, what)
+		return 0, false
+	}
+	return d, true
 }
 
 // readToken reads a token file: its content less surrounding white space

@@ -27,7 +27,7 @@ func TestServeEnvoy(t *testing.T) {
 	var out, errs lockedBuffer
 	code := make(chan int, 1)
 	go func() {
-		code <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--grpc-listen", "127.0.0.1:0", "--rules", dir}, strings.NewReader(""), &out, &errs)
+		code <- run(ctx, []string{"serve", "--drain=0", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--grpc-listen", "127.0.0.1:0", "--rules", dir}, strings.NewReader(""), &out, &errs)
 	}()
 	var addr string
 	for deadline := time.Now().Add(time.Minute); addr == ""; time.Sleep(5 * time.Millisecond) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/server"
 )
 
 // lockedBuffer is an io.Writer safe for a command writing while the test
@@ -25,13 +26,16 @@ var listenRe = regexp.MustCompile(`(decision API|gateway) on http://([0-9.:]+)`)
 var adminRe = regexp.MustCompile(`metrics on http://([0-9.:]+)/metrics`)
 
 // serveInProcess runs "drip serve args..." until the test ends and
-// returns the decision API and admin addresses it printed.
+// returns the decision API and admin addresses it printed. It stops
+// without a drain unless args give --drain.
 func serveInProcess(t *testing.T, args ...string) (api, admin string, stop func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var out, errs lockedBuffer
 	code := make(chan int, 1)
-	go func() { code <- run(ctx, append([]string{"serve"}, args...), strings.NewReader(""), &out, &errs) }()
+	go func() {
+		code <- run(ctx, append([]string{"serve", "--drain=0"}, args...), strings.NewReader(""), &out, &errs)
+	}()
 	var once sync.Once
 	exit := -1
 	stop = func() int {
@@ -106,15 +110,15 @@ func TestServeNoFlags(t *testing.T) {
 // from the help text instead of binding those ports, which another
 // process (or another test binary) may hold.
 func TestServeDefaultAddresses(t *testing.T) {
-	for _, v := range []string{"DRIP_LISTEN", "DRIP_ADMIN_LISTEN", "DRIP_ADMIN_TOKEN", "DRIP_RULES", "DRIP_STORE", "DRIP_UPSTREAM", "DRIP_GRPC_LISTEN", "DRIP_STORE_TIMEOUT"} {
+	for _, v := range []string{"DRIP_LISTEN", "DRIP_ADMIN_LISTEN", "DRIP_ADMIN_TOKEN", "DRIP_RULES", "DRIP_STORE", "DRIP_UPSTREAM", "DRIP_GRPC_LISTEN", "DRIP_STORE_TIMEOUT", "DRIP_DRAIN"} {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}
 	var out, errs bytes.Buffer
 	run(t.Context(), []string{"serve", "-h"}, strings.NewReader(""), &out, &errs)
 	help := out.String() + errs.String()
-	for _, flag := range []string{"listen", "admin-listen"} {
-		want := map[string]string{"listen": `"127.0.0.1:8080"`, "admin-listen": `"127.0.0.1:9090"`}[flag]
+	for _, flag := range []string{"listen", "admin-listen", "drain"} {
+		want := map[string]string{"listen": `"127.0.0.1:8080"`, "admin-listen": `"127.0.0.1:9090"`, "drain": server.DefaultDrain.String()}[flag]
 		if !regexp.MustCompile(`(?m)^\s*-` + flag + ` .*\n.*\(default ` + regexp.QuoteMeta(want) + `\)`).MatchString(help) {
 			t.Errorf("serve -h does not give --%s the default %s:\n%s", flag, want, help)
 		}
@@ -181,6 +185,7 @@ func TestServeBadSettings(t *testing.T) {
 		{[]string{"--upstream", "localhost:1"}, 1, "upstream"},
 		{[]string{"--listen", "256.0.0.1:1"}, 1, "listener"},
 		{[]string{"--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"--drain", "-1s"}, 2, "--drain -1s is negative"},
 		{[]string{"extra"}, 2, "unexpected arguments"},
 	} {
 		var out, errs bytes.Buffer
@@ -189,5 +194,49 @@ func TestServeBadSettings(t *testing.T) {
 		if code != tc.code || !strings.Contains(errs.String(), tc.msg) {
 			t.Errorf("drip %v: exit %d, stderr %q; want exit %d with %q", tc.args, code, errs.String(), tc.code, tc.msg)
 		}
+	}
+}
+
+// TestServeDrain: --drain and DRIP_DRAIN set how long drip serve drains
+// when it is told to stop (server.Config.Drain; server's TestDrain tests
+// the drain itself), 0 none; a bad value is refused.
+func TestServeDrain(t *testing.T) {
+	serve := func(args ...string) (stderr string) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(t.Context())
+		var out, errs lockedBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"}, args...), strings.NewReader(""), &out, &errs)
+		}()
+		deadline := time.Now().Add(time.Minute) // generous: how long start-up takes is not what this tests
+		for !strings.Contains(out.String(), "decision API on") && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("drip serve %v: exit %d\n%s", args, code, errs.String())
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("drip serve %v did not stop", args)
+		}
+		return errs.String()
+	}
+	if errs := serve("--drain", "1ms"); !strings.Contains(errs, "draining") || !strings.Contains(errs, "for=1ms") {
+		t.Errorf("--drain 1ms: stderr %q, want a drain of 1ms", errs)
+	}
+	t.Setenv("DRIP_DRAIN", "2ms")
+	if errs := serve(); !strings.Contains(errs, "for=2ms") {
+		t.Errorf("DRIP_DRAIN=2ms: stderr %q, want a drain of 2ms", errs)
+	}
+	if errs := serve("--drain", "0"); strings.Contains(errs, "draining") {
+		t.Errorf("--drain 0: stderr %q, want no drain", errs)
+	}
+	t.Setenv("DRIP_DRAIN", "soon")
+	var out, errs bytes.Buffer
+	if code := run(t.Context(), []string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "off"}, strings.NewReader(""), &out, &errs); code != 2 || !strings.Contains(errs.String(), `DRIP_DRAIN="soon"`) {
+		t.Errorf("DRIP_DRAIN=soon: exit %d, stderr %q; want exit 2 naming it", code, errs.String())
 	}
 }

@@ -57,7 +57,9 @@ to every request it proxies), with Prometheus metrics, health checks and an
 admin API on a second listener. With no flags at all it runs on the embedded
 memory store with the built-in rules (every client IP 10 requests/s with
 bursts of 20, and a shadow rule that counts all traffic past 1000/s). SIGHUP, a changed rules file or POST /v1/admin/reload reloads
-the rules; SIGTERM or SIGINT shuts down gracefully.
+the rules; SIGTERM or SIGINT shuts down gracefully, after a drain (--drain)
+in which every listener still serves but each answer closes its connection
+and /readyz answers 503; a second SIGTERM or SIGINT ends the drain.
 
 Decision API (no --upstream): POST /v1/take, /v1/peek, /v1/refund, /v1/reset,
 and /v1/acquire and /v1/release for in-flight (concurrency) limits, with a

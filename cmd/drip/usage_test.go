@@ -121,7 +121,7 @@ func TestNoSecretShown(t *testing.T) {
 	var out, errs lockedBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--store", "memory://drip:s3cret@local"}, strings.NewReader(""), &out, &errs)
+		done <- run(ctx, []string{"serve", "--drain=0", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--store", "memory://drip:s3cret@local"}, strings.NewReader(""), &out, &errs)
 	}()
 	deadline := time.Now().Add(time.Minute) // generous: how long start-up takes is not what this tests
 	for !strings.Contains(out.String(), "decision API on") && time.Now().Before(deadline) {

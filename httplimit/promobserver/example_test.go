@@ -50,7 +50,7 @@ func Example() {
 	}
 	// Output:
 	// 200 "free";q=20;w=2, "per-ip";q=20;w=2
-	// drip_decisions_total{outcome="allowed",rule="all-traffic"} 1
-	// drip_decisions_total{outcome="allowed",rule="free"} 1
-	// drip_decisions_total{outcome="allowed",rule="per-ip"} 1
+	// drip_decisions_total{mode="enforce",outcome="allowed",rule="free"} 1
+	// drip_decisions_total{mode="enforce",outcome="allowed",rule="per-ip"} 1
+	// drip_decisions_total{mode="shadow",outcome="allowed",rule="all-traffic"} 1
 }

@@ -5,17 +5,24 @@
 //
 //	obs := promobserver.New()
 //	prometheus.MustRegister(obs) // or your own registry
+//	obs.Expect(set.Rules...)     // their series at 0 (again after a reload)
 //	lim := httplimit.New(store, set, httplimit.WithObserver(obs))
 //
 // The series:
 //
-//	drip_decisions_total{rule, outcome}         one per rule that applied to a request;
+//	drip_decisions_total{rule, mode, outcome}   one per rule that applied to a request;
+//	                                            mode is the rule's (enforce, shadow),
 //	                                            outcome is an engine.Event
 //	drip_shadow_denials_total{rule}             requests a shadow rule would have denied
 //	drip_local_fallback_decisions_total{rule}   decisions of the local fallback (on_error: local)
 //	drip_store_duration_seconds                 latency of the store calls made
 //	drip_store_errors_total                     store calls that failed or timed out
 //	drip_store_circuit_state{state}             1 for the breaker's state, 0 for the others
+//
+// A series is created by its first event, unless Expect created it
+// before: Prometheus then has no sample of it before the event, so
+// increase() and rate() miss that first event. Expect the rules in force
+// (New creates the breaker's and the store's series at once).
 package promobserver
 
 import (
@@ -59,8 +66,8 @@ func New(opts ...Option) *Observer {
 		store: true,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions by rule and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited.",
-		}, []string{"rule", "outcome"}),
+			Help: "Decisions by rule, its mode (enforce, shadow: its denials let the request through) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited.",
+		}, []string{"rule", "mode", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
 			Help: "Requests a shadow-mode rule would have denied (and let through).",
@@ -125,9 +132,47 @@ func (p prefixed) Decision(rule string, mode rules.Mode, outcome engine.Event) {
 	p.Observer.Decision(p.prefix+rule, mode, outcome)
 }
 
+// Expect creates at zero the series that each of rs can count: its
+// decisions allowed, denied, not_taken and error, and those its on_error
+// gives (a shadow rule's: error_allowed), its shadow denials (a shadow
+// rule) and its local fallback's decisions (on_error local). Call it with
+// the rules in force, and after each reload with the new ones; the
+// series of a rule that is gone stay, as they would had they counted.
+func (o *Observer) Expect(rs ...rules.Rule) {
+	for _, r := range rs {
+		events := []engine.Event{engine.Allowed, engine.Denied, engine.NotTaken, engine.Failed}
+		switch {
+		case r.Mode == rules.Shadow || r.OnError == rules.Allow:
+			events = append(events, engine.ErrorAllowed)
+		case r.OnError == rules.Deny:
+			events = append(events, engine.ErrorDenied)
+		case r.OnError == rules.Local:
+			events = append(events, engine.LocalAllowed, engine.LocalDenied)
+		}
+		o.ExpectEvents(r.Name, r.Mode, events...)
+	}
+}
+
+// ExpectEvents creates at zero the series of rule (a rule's name, or
+// anything its front door counts decisions under, such as an Envoy limit)
+// in mode for events: its decisions, its shadow denials in shadow mode,
+// its local fallback's decisions with a local event. Expect calls it for
+// rules.
+func (o *Observer) ExpectEvents(rule string, mode rules.Mode, events ...engine.Event) {
+	for _, e := range events {
+		o.decisions.WithLabelValues(rule, string(mode), string(e))
+		if e == engine.LocalAllowed || e == engine.LocalDenied {
+			o.fallback.WithLabelValues(rule)
+		}
+	}
+	if mode == rules.Shadow {
+		o.shadowDenials.WithLabelValues(rule)
+	}
+}
+
 // Decision implements engine.Observer.
 func (o *Observer) Decision(rule string, mode rules.Mode, outcome engine.Event) {
-	o.decisions.WithLabelValues(rule, string(outcome)).Inc()
+	o.decisions.WithLabelValues(rule, string(mode), string(outcome)).Inc()
 	local := outcome == engine.LocalAllowed || outcome == engine.LocalDenied
 	if local {
 		o.fallback.WithLabelValues(rule).Inc()

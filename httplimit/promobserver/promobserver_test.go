@@ -55,10 +55,10 @@ func TestCounts(t *testing.T) {
 	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
 	got := w.Body.String()
 	for _, want := range []string{
-		`drip_decisions_total{outcome="allowed",rule="per-key"} 2` + "\n",
-		`drip_decisions_total{outcome="denied",rule="per-key"} 1` + "\n",
-		`drip_decisions_total{outcome="allowed",rule="watch"} 1` + "\n",
-		`drip_decisions_total{outcome="denied",rule="watch"} 2` + "\n",
+		`drip_decisions_total{mode="enforce",outcome="allowed",rule="per-key"} 2` + "\n",
+		`drip_decisions_total{mode="enforce",outcome="denied",rule="per-key"} 1` + "\n",
+		`drip_decisions_total{mode="shadow",outcome="allowed",rule="watch"} 1` + "\n",
+		`drip_decisions_total{mode="shadow",outcome="denied",rule="watch"} 2` + "\n",
 		`drip_shadow_denials_total{rule="watch"} 2` + "\n",
 		`drip_store_circuit_state{state="closed"} 1` + "\n",
 		`drip_store_circuit_state{state="open"} 0` + "\n",
@@ -106,12 +106,79 @@ func TestStoreDown(t *testing.T) {
 	m := httptest.NewRecorder()
 	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(m, httptest.NewRequest("GET", "/metrics", nil))
 	for _, want := range []string{
-		`drip_decisions_total{outcome="local_allowed",rule="all"} 1` + "\n",
+		`drip_decisions_total{mode="enforce",outcome="local_allowed",rule="all"} 1` + "\n",
 		`drip_local_fallback_decisions_total{rule="all"} 1` + "\n",
 		"drip_store_errors_total 1\n",
 	} {
 		if !strings.Contains(m.Body.String(), want) {
 			t.Errorf("metrics lack %q:\n%s", want, m.Body.String())
+		}
+	}
+}
+
+// TestExpect: Expect creates at zero the series each rule can count,
+// labelled with its mode, so that the first event shows in increase();
+// the breaker's and the store's exist from New.
+func TestExpect(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+		{"name": "a", "limit_keys": ["global"], "algorithm_config": {"rps": 1}},
+		{"name": "d", "limit_keys": ["global"], "on_error": "deny", "algorithm_config": {"rps": 1}},
+		{"name": "l", "limit_keys": ["global"], "on_error": "local", "algorithm_config": {"rps": 1}},
+		{"name": "s", "limit_keys": ["global"], "mode": "shadow", "on_error": "local", "algorithm_config": {"rps": 1}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := promobserver.New()
+	obs.Expect(set.Rules...)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(obs)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{} // name{label=value,...} in label name order
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			got[f.GetName()+"{"+strings.Join(ls, ",")+"}"] = v
+		}
+	}
+	want := map[string]float64{
+		"drip_store_circuit_state{state=closed}":      1,
+		"drip_store_circuit_state{state=open}":        0,
+		"drip_store_circuit_state{state=half_open}":   0,
+		"drip_store_errors_total{}":                   0,
+		"drip_store_duration_seconds{}":               0,
+		"drip_shadow_denials_total{rule=s}":           0,
+		"drip_local_fallback_decisions_total{rule=l}": 0,
+	}
+	outcomes := map[string][]string{
+		"a": {"allowed", "denied", "not_taken", "error", "error_allowed"},
+		"d": {"allowed", "denied", "not_taken", "error", "error_denied"},
+		"l": {"allowed", "denied", "not_taken", "error", "local_allowed", "local_denied"},
+		"s": {"allowed", "denied", "not_taken", "error", "error_allowed"},
+	}
+	for rule, outs := range outcomes {
+		mode := "enforce"
+		if rule == "s" {
+			mode = "shadow"
+		}
+		for _, o := range outs {
+			want["drip_decisions_total{mode="+mode+",outcome="+o+",rule="+rule+"}"] = 0
+		}
+	}
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s: %v (present %v), want %v", k, g, ok, v)
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("unexpected series %s", k)
 		}
 	}
 }

@@ -51,7 +51,7 @@ func New(store drip.Store, name string, set *rules.Set, c Config) *Limiter {
 // Swap makes set the rules of every request from now on.
 func (l *Limiter) Swap(set *rules.Set) {
 	rs := l.eng.Compile(set)
-	l.snap.Store(&Snapshot{Rules: rs, jwt: newVerifier(rs.Set.JWT, l.now)})
+	l.snap.Store(&Snapshot{Rules: rs, ReadsPath: rs.Set.ReadsPath(), jwt: newVerifier(rs.Set.JWT, l.now)})
 }
 
 // Snapshot returns the rules in force.
@@ -64,7 +64,9 @@ func (l *Limiter) Engine() *engine.Engine { return l.eng }
 // with its bearer token verifier. It is immutable.
 type Snapshot struct {
 	Rules *engine.Rules
-	jwt   *verifier
+	// ReadsPath is the rules' ReadsPath: whether a request's path is read.
+	ReadsPath bool
+	jwt       *verifier
 }
 
 // Option sets a Config: the options of every front door.

@@ -308,14 +308,41 @@ func (p *parser) bytes() (any, error) {
 	return b, nil
 }
 
+// Quota units of the RateLimit-Policy "qu" parameter, as the IETF httpapi
+// ratelimit-headers draft defines them ("requests" is the default, when
+// there is no "qu").
+const (
+	UnitRequests           = "requests"
+	UnitContentBytes       = "content-bytes"
+	UnitConcurrentRequests = "concurrent-requests"
+)
+
 // CheckHeaders parses strictly every RateLimit header drip writes, as
-// get (http.Header.Get, or a lookup in Envoy's headers) returns them:
-// RateLimit-Policy and RateLimit are lists of items whose value is a
-// string, RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset and
-// Retry-After single numbers. Absent headers are skipped. It returns
+// get (http.Header.Get, or a lookup in Envoy's headers) returns them, and
+// holds them to the IETF httpapi ratelimit-headers draft and to drip's
+// use of it:
+//
+//   - RateLimit-Policy is a list of items whose value is a string, each
+//     with q (a non-negative integer), and optionally qu (one of the
+//     draft's quota units) and w (a positive integer); a quota of
+//     concurrent requests has no window w.
+//   - RateLimit is a list of items whose value is a string, each with r
+//     (a non-negative integer) and optionally t (a non-negative integer).
+//   - RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset and
+//     Retry-After are single non-negative integers.
+//
+// No other parameter is allowed. Absent headers are skipped. It returns
 // every problem found.
 func CheckHeaders(get func(name string) string) error {
 	var errs []error
+	bad := func(name string, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(format, args...)))
+	}
+	// params: of each list, which parameters may appear (true: must).
+	params := map[string]map[string]bool{
+		"RateLimit-Policy": {"q": true, "qu": false, "w": false},
+		"RateLimit":        {"r": true, "t": false},
+	}
 	for _, name := range []string{"RateLimit-Policy", "RateLimit"} {
 		v := get(name)
 		if v == "" {
@@ -328,7 +355,40 @@ func CheckHeaders(get func(name string) string) error {
 		}
 		for i, it := range list {
 			if _, ok := it.Value.(string); !ok {
-				errs = append(errs, fmt.Errorf("%s: member %d is %T, want a string", name, i, it.Value))
+				bad(name, "member %d is %T, want a string", i, it.Value)
+			}
+			seen := map[string]any{}
+			for _, p := range it.Params {
+				if _, ok := params[name][p.Key]; !ok {
+					bad(name, "member %d has parameter %q", i, p.Key)
+					continue
+				}
+				if _, dup := seen[p.Key]; dup {
+					bad(name, "member %d has %q twice", i, p.Key)
+				}
+				seen[p.Key] = p.Value
+				switch p.Key {
+				case "qu":
+					if u, _ := p.Value.(string); u != UnitRequests && u != UnitContentBytes && u != UnitConcurrentRequests {
+						bad(name, "member %d: qu=%v is not a quota unit", i, p.Value)
+					}
+				case "w":
+					if n, ok := p.Value.(int64); !ok || n <= 0 {
+						bad(name, "member %d: w=%v is not a positive integer", i, p.Value)
+					}
+				default:
+					if n, ok := p.Value.(int64); !ok || n < 0 {
+						bad(name, "member %d: %s=%v is not a non-negative integer", i, p.Key, p.Value)
+					}
+				}
+			}
+			for k, must := range params[name] {
+				if _, ok := seen[k]; must && !ok {
+					bad(name, "member %d has no %q", i, k)
+				}
+			}
+			if _, w := seen["w"]; w && seen["qu"] == UnitConcurrentRequests {
+				bad(name, "member %d: a quota of concurrent requests has a window", i)
 			}
 		}
 	}
@@ -342,10 +402,8 @@ func CheckHeaders(get func(name string) string) error {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 			continue
 		}
-		switch it.Value.(type) {
-		case int64, float64:
-		default:
-			errs = append(errs, fmt.Errorf("%s: %q is not a number", name, v))
+		if n, ok := it.Value.(int64); !ok || n < 0 || len(it.Params) > 0 {
+			bad(name, "%q is not a non-negative integer", v)
 		}
 	}
 	return errors.Join(errs...)

@@ -76,3 +76,44 @@ func TestNumber(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckHeaders holds headers to the ratelimit-headers draft: whole
+// quotas, a quota unit from the draft's list, no window for concurrent
+// requests, and integers in the single-value headers.
+func TestCheckHeaders(t *testing.T) {
+	get := func(h map[string]string) func(string) string { return func(n string) string { return h[n] } }
+	for _, good := range []map[string]string{
+		{"RateLimit-Policy": `"free";q=20;w=2`, "RateLimit": `"free";r=7;t=2`, "RateLimit-Limit": "20", "RateLimit-Remaining": "7", "RateLimit-Reset": "2"},
+		{"RateLimit-Policy": `"slots";q=3;qu="concurrent-requests", "free";q=20;w=2`, "RateLimit": `"slots";r=1, "free";r=0;t=3`, "Retry-After": "3"},
+		{"RateLimit-Policy": `"off";q=0`, "RateLimit": `"off";r=0`, "RateLimit-Limit": "0"},
+		{"RateLimit-Policy": `"b";q=100;qu="content-bytes";w=1, "r";q=1;qu="requests";w=1`},
+	} {
+		if err := CheckHeaders(get(good)); err != nil {
+			t.Errorf("%v: %v", good, err)
+		}
+	}
+	for _, bad := range []map[string]string{
+		{"RateLimit-Policy": `"a";q=2.5;w=1`},                         // a fractional quota
+		{"RateLimit-Policy": `"a";q=-1;w=1`},                          // a negative quota
+		{"RateLimit-Policy": `"a";w=1`},                               // no quota
+		{"RateLimit-Policy": `"a";q=1;w=0`},                           // a zero window
+		{"RateLimit-Policy": `"a";q=1;w=1.5`},                         // a fractional window
+		{"RateLimit-Policy": `"a";q=1;qu="slots"`},                    // not a quota unit
+		{"RateLimit-Policy": `"a";q=1;qu=requests`},                   // a token, not a string
+		{"RateLimit-Policy": `"a";q=3;qu="concurrent-requests";w=30`}, // concurrent requests in a window
+		{"RateLimit-Policy": `"a";q=1;q=2`},                           // twice
+		{"RateLimit-Policy": `"a";q=1;x=2`},                           // unknown
+		{"RateLimit-Policy": `a;q=1`},                                 // a token name
+		{"RateLimit": `"a";t=1`},                                      // no remaining
+		{"RateLimit": `"a";r=1.5`},                                    // a fractional remaining
+		{"RateLimit": `"a";r=1;t=-1`},                                 // a negative reset
+		{"RateLimit-Limit": "2.5"},
+		{"RateLimit-Remaining": "-1"},
+		{"RateLimit-Reset": "1;w=1"},
+		{"Retry-After": "1.5"},
+	} {
+		if err := CheckHeaders(get(bad)); err == nil {
+			t.Errorf("%v: accepted", bad)
+		}
+	}
+}

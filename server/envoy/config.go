@@ -112,7 +112,16 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 	if l.UnitMultiplier == 0 {
 		l.UnitMultiplier = 1
 	}
-	if l.Unlimited || l.RequestsPerUnit == 0 {
+	if l.Unlimited {
+		return nil
+	}
+	name := l.Name
+	if name == "" {
+		name = l.Path
+	}
+	l.qname = sfv.String(name)
+	if l.RequestsPerUnit == 0 {
+		l.policy = engine.PolicyItem(name, l.Limit) // a quota of 0, no window
 		return nil
 	}
 	d, ok := units[l.Unit]
@@ -128,13 +137,16 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 	if err := l.Limit.Validate(); err != nil {
 		return err
 	}
-	name := l.Name
-	if name == "" {
-		name = l.Path
-	}
-	l.qname = sfv.String(name)
 	l.policy = engine.PolicyItem(name, l.Limit)
 	return nil
+}
+
+// Label is what l's decisions are counted under: its name, else its Path.
+func (l *Limit) Label() string {
+	if l.Name != "" {
+		return l.Name
+	}
+	return l.Path
 }
 
 // blocks reports whether l denies every request (requests_per_unit 0).
@@ -159,6 +171,30 @@ func (c *Config) Files() []string {
 		return nil
 	}
 	return slices.Clone(c.files)
+}
+
+// Limits returns every configured limit, sorted by Path (which begins
+// with the domain): what the service's decisions are counted under, known
+// before any request.
+func (c *Config) Limits() []*Limit {
+	if c == nil {
+		return nil
+	}
+	var out []*Limit
+	var walk func(*node)
+	walk = func(n *node) {
+		if n.limit != nil {
+			out = append(out, n.limit)
+		}
+		for _, ch := range n.children {
+			walk(ch)
+		}
+	}
+	for _, d := range c.domains {
+		walk(d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out
 }
 
 // Error is a configuration that failed to load: every problem found, each

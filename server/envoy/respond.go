@@ -30,7 +30,7 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 	if !allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	var top, fallback *item
+	var top, fallback, shut *item
 	for i := range items {
 		it := &items[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -54,11 +54,21 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 			if !it.limit.Shadow || it.limit.globalShadow {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
+			if !allowed && !it.limit.Shadow && shut == nil {
+				shut = it
+			}
 			continue
 		}
-		if !it.step.Decided { // cost > burst: never allowed, nothing asked
+		if !it.step.Decided || (it.kind == enforce && it.never()) {
+			// cost > burst: never allowed, and over the limit with
+			// nothing remaining, as envoyproxy/ratelimit says. Peeked
+			// when the request was denied (run): then the headers
+			// describe its bucket, unless a denial a wait cures does.
 			if it.kind == enforce {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			if it.kind == enforce && it.step.Decided && top == nil {
+				top = it
 			}
 			continue
 		}
@@ -86,10 +96,14 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 		}
 	}
 	if top == nil {
-		// Denied only by a limit of 0 or a cost above a burst, which no
-		// wait cures: the headers still describe the buckets, without
-		// Retry-After.
+		// Denied only by a limit of 0 (or by quota descriptors that can
+		// never pass, set aside unasked), which no wait cures: no
+		// Retry-After; the single-value headers describe the limit of 0
+		// (a quota of 0, none remaining, no reset), else the buckets.
 		top = fallback
+		if shut != nil {
+			top = shut
+		}
 	}
 	switch opts.Headers.Mode {
 	case HeadersEnvoy:
@@ -139,46 +153,61 @@ func wait(items []item) time.Duration {
 }
 
 // remaining is the whole tokens left in a descriptor's bucket, as the
-// request left it: for an allowed descriptor of a denied request (so not
-// taken), what it had before (engine.BeforeTake).
+// request left it (current).
 func remaining(it *item) uint32 {
-	r := it.step.Decision.Remaining
+	return uint32(min(current(it).Remaining, math.MaxUint32))
+}
+
+// current is a descriptor's bucket as the request left it: for an allowed
+// descriptor of a denied request (so not taken), as it was before
+// (engine.BeforeTake).
+func current(it *item) drip.Decision {
 	if it.step.Decision.Allowed && !it.step.Applied && it.kind != refund {
-		r = engine.BeforeTake(it.step.Decision, it.limit.Limit, it.key, it.step.Taken).Remaining
+		return engine.BeforeTake(it.step.Decision, it.limit.Limit, it.key, it.step.Taken)
 	}
-	return uint32(min(r, math.MaxUint32))
+	return it.step.Decision
 }
 
 // headers are the engine's RateLimit headers (and Retry-After on a
-// denial) for the enforced descriptors that were decided; the single-value
-// ones describe top: on a denial the denying descriptor with the longest
-// wait, else the one with the fewest tokens left.
+// denial) for the enforced descriptors that were decided, and those whose
+// limit is 0 (a quota of 0, with no window); the single-value ones
+// describe top: on a denial the denying descriptor with the longest wait
+// (or a limit of 0, when no wait cures the denial), else the one with the
+// fewest tokens left.
 func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 	var retry int64
-	if !allowed {
+	if !allowed && top.kind != blocked {
 		// envoyproxy/ratelimit's config has no place for it: the default.
 		retry = retryafter.Default.Seconds(top.key, wait(items))
 	}
 	field := func(it *item) engine.Field {
-		f := engine.Field{Policy: it.limit.policy, Name: it.limit.qname, Remaining: int64(remaining(it)), T: drip.CeilSeconds(it.step.Decision.ResetAfter)}
-		if !allowed && !it.step.Decision.Allowed && retry > 0 {
-			f.T = retry
+		f := engine.Field{Policy: it.limit.policy, Name: it.limit.qname}
+		switch {
+		case it.kind == blocked:
+			f.NoT = true
+		case !allowed && !it.step.Decision.Allowed && retry > 0:
+			f.Remaining, f.T = int64(remaining(it)), retry
+		default:
+			f.Remaining, f.T = int64(remaining(it)), drip.CeilSeconds(current(it).ResetAfter)
 		}
 		return f
 	}
 	var fs []engine.Field
 	for i := range items {
-		if it := &items[i]; it.kind == enforce && it.step.Decided {
+		it := &items[i]
+		if (it.kind == enforce && it.step.Decided) || (it.kind == blocked && !it.limit.Shadow) {
 			fs = append(fs, field(it))
 		}
 	}
-	f := engine.MakeFields(fs, field(top), engine.Burst(top.limit.Limit), retry)
+	f := engine.MakeFields(fs, field(top), engine.Quota(top.limit.Limit), retry)
 	h := []*corev3.HeaderValue{
 		{Key: "RateLimit-Policy", Value: f.Policy},
 		{Key: "RateLimit", Value: f.RateLimit},
 		{Key: "RateLimit-Limit", Value: f.Limit},
 		{Key: "RateLimit-Remaining", Value: f.Remaining},
-		{Key: "RateLimit-Reset", Value: f.Reset},
+	}
+	if f.Reset != "" {
+		h = append(h, &corev3.HeaderValue{Key: "RateLimit-Reset", Value: f.Reset})
 	}
 	if f.RetryAfter > 0 {
 		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(f.RetryAfter, 10)})

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -397,5 +398,74 @@ descriptors:
 		if got, err := strconv.Atoi(retryAfter(resp)); err != nil || got < 30 || got > 45 {
 			t.Errorf("%v: Retry-After %d (%v), want 30 to 45 (fast's wait, jittered)", ds, got, err)
 		}
+	}
+}
+
+// TestNoWaitCuresHeaders: a request denied by a descriptor that can never
+// pass, beside one within its limit, gets RateLimit headers that
+// describe the denying limit, and no Retry-After (no wait cures it); the
+// other limit is still listed, its bucket as it is (untaken). A limit of
+// requests_per_unit 0 is a quota of 0 with nothing remaining and no
+// window; a cost above the burst shows its bucket as it is (peeked,
+// nothing taken), while its status stays envoyproxy/ratelimit's: over
+// the limit, nothing remaining, no duration.
+func TestNoWaitCuresHeaders(t *testing.T) {
+	c, err := Parse(File{Name: "n.yaml", Data: []byte(`domain: n
+descriptors:
+  - key: open
+    rate_limit: {unit: minute, requests_per_unit: 10, name: open}
+  - key: shut
+    rate_limit: {unit: minute, requests_per_unit: 0, name: shut}
+  - key: big
+    rate_limit: {unit: minute, requests_per_unit: 5, name: big}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := serve(t, memstore.New(), c, false)
+
+	resp := r.call(t, "n", 0, desc("open=a"), desc("shut=a"))
+	wantCodes(t, "open and shut", resp, over, ok, over)
+	wantHeaders(t, resp, map[string]string{
+		"RateLimit-Policy":    `"open";q=10;w=60, "shut";q=0`,
+		"RateLimit":           `"open";r=10;t=0, "shut";r=0`,
+		"RateLimit-Limit":     "0",
+		"RateLimit-Remaining": "0",
+		"RateLimit-Reset":     "",
+		"Retry-After":         "",
+	})
+
+	big := desc("big=a")
+	big.HitsAddend = wrapperspb.UInt64(6)
+	resp = r.call(t, "n", 0, big, desc("open=b"))
+	wantCodes(t, "6 of a burst of 5", resp, over, over, ok)
+	if st := resp.Statuses[0]; st.LimitRemaining != 0 || st.DurationUntilReset != nil {
+		t.Errorf("the status over its burst: %v", st)
+	}
+	wantHeaders(t, resp, map[string]string{
+		"RateLimit-Policy":    `"big";q=5;w=60, "open";q=10;w=60`,
+		"RateLimit":           `"big";r=5;t=0, "open";r=10;t=0`,
+		"RateLimit-Limit":     "5",
+		"RateLimit-Remaining": "5",
+		"RateLimit-Reset":     "0",
+		"Retry-After":         "",
+	})
+}
+
+// wantHeaders checks a response's headers against want ("": none) and
+// holds them to the ratelimit-headers draft.
+func wantHeaders(t *testing.T, resp *rlsv3.RateLimitResponse, want map[string]string) {
+	t.Helper()
+	got := map[string]string{}
+	for _, h := range resp.ResponseHeadersToAdd {
+		got[h.Key] = h.Value
+	}
+	for k, v := range want {
+		if g, ok := got[k]; g != v || (v == "" && ok) {
+			t.Errorf("%s: %q (present: %v), want %q", k, g, ok, v)
+		}
+	}
+	if err := sfv.CheckHeaders(func(k string) string { return got[k] }); err != nil {
+		t.Error(err)
 	}
 }

@@ -343,14 +343,10 @@ func (s *Service) observe(items []item, err error) {
 		default:
 			out = engine.Allowed
 		}
-		name := it.limit.Name
-		if name == "" {
-			name = it.limit.Path
-		}
 		mode := rules.Enforce
 		if it.limit.Shadow {
 			mode = rules.Shadow
 		}
-		obs.Decision(name, mode, out)
+		obs.Decision(it.limit.Label(), mode, out)
 	}
 }

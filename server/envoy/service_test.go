@@ -459,37 +459,6 @@ descriptors:
 	}
 }
 
-// TestBlockedKeepsHeaders: a call denied only by a limit of 0 still
-// carries the RateLimit headers of its other limits, and no Retry-After
-// (no wait cures a limit of 0).
-func TestBlockedKeepsHeaders(t *testing.T) {
-	c, err := Parse(File{Name: "b.yaml", Data: []byte(`domain: b
-descriptors:
-  - key: banned
-    rate_limit: {unit: second, requests_per_unit: 0}
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 2}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := serve(t, memstore.New(), c, false)
-	resp := r.call(t, "b", 0, desc("banned=x"), desc("user=u"))
-	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
-		t.Fatalf("%v", resp)
-	}
-	h := map[string]string{}
-	for _, v := range resp.ResponseHeadersToAdd {
-		h[v.Key] = v.Value
-	}
-	if h["RateLimit-Policy"] == "" || h["RateLimit-Limit"] != "2" || h["RateLimit-Remaining"] != "2" {
-		t.Errorf("headers %v: want the user limit's policy, limit 2 and remaining 2", h)
-	}
-	if _, ok := h["Retry-After"]; ok {
-		t.Errorf("Retry-After %q for a limit of 0", h["Retry-After"])
-	}
-}
-
 func TestSwapKeepsBuckets(t *testing.T) {
 	r := serve(t, memstore.New(), loadReadme(t), false)
 	d := desc("remote_address=10.9.0.1")

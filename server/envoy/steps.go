@@ -16,16 +16,28 @@ import (
 
 // run decides the items of kind k in one engine step: a take (all or
 // nothing), a peek when peek is set (the request is denied anyway), or a
-// refund. Items whose cost exceeds the burst are left undecided: they can
-// never be allowed; so are quota items set aside (out), which keep their
+// refund. Items whose cost exceeds the burst can never be allowed: they
+// are left undecided, except that an enforced one is peeked at cost 0
+// when the request is denied, so that the headers describe its bucket,
+// and then decided as denied; quota items set aside (out) keep their
 // last decision.
 func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) error {
 	var step []*engine.Item
+	var never []*item
 	for i := range items {
-		if it := &items[i]; it.kind == k && !it.out && (k == refund || !it.never()) {
-			it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Cost: it.cost}
-			step = append(step, &it.step)
+		it := &items[i]
+		if it.kind != k || it.out {
+			continue
 		}
+		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Cost: it.cost}
+		if k != refund && it.never() {
+			if k != enforce || !peek {
+				continue
+			}
+			it.step.Cost = 0
+			never = append(never, it)
+		}
+		step = append(step, &it.step)
 	}
 	op := drip.OpTake
 	switch {
@@ -43,6 +55,9 @@ func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) erro
 			code = codes.Canceled
 		}
 		return status.Errorf(code, "rate limit store: %v", err)
+	}
+	for _, it := range never {
+		it.step.Decision.Allowed = false
 	}
 	return nil
 }

@@ -113,7 +113,9 @@ func WithMaxBytes(n int) Option {
 // WithClock sets the clock used when a decision is made without a time.
 // By default the store reads the wall clock once, at New, and counts from
 // there on the monotonic clock: decisions never see the wall clock step
-// back or jump, and reading it costs one call instead of two.
+// back or jump, and reading it costs one call instead of two. Either clock
+// is read to the microsecond, as the servers of the other stores read
+// theirs; a decision given its time keeps its nanoseconds.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
 
 // WithSweep sets how often expired buckets are swept away (default one
@@ -234,11 +236,19 @@ func (s *Store) nanos(at time.Time) int64 {
 	return at.UnixNano()
 }
 
+// clock is the store's clock in nanoseconds, on the microsecond, as the
+// servers' clocks are (Redis TIME, PostgreSQL's clock_timestamp): so that
+// a decision at the store's time answers the same on every store (a lease
+// expires on the microsecond, and its reset_after would otherwise carry
+// the nanoseconds of the instant).
 func (s *Store) clock() int64 {
+	var n int64
 	if s.now != nil {
-		return s.now().UnixNano()
+		n = s.now().UnixNano()
+	} else {
+		n = s.start.UnixNano() + int64(time.Since(s.start))
 	}
-	return s.start.UnixNano() + int64(time.Since(s.start))
+	return n - n%1000
 }
 
 // params is drip.Prepare with the last key-independent limit cached, by

@@ -1,8 +1,10 @@
 package memstore
 
 import (
+	"cmp"
 	"context"
 	"maps"
+	"slices"
 	"sync"
 
 	"github.com/driplimit/drip/override"
@@ -17,7 +19,15 @@ type overrides struct {
 	mu       sync.Mutex
 	m        map[string][]byte
 	version  int64
+	log      []change // the latest changes, by version, for OverridesSince
+	floor    int64    // log holds every change after this version
 	watchers map[chan struct{}]struct{}
+}
+
+// change is one entry of the record of changes: key changed at version.
+type change struct {
+	version int64
+	key     string
 }
 
 // PutOverride implements override.Store.
@@ -32,7 +42,7 @@ func (s *Store) PutOverride(_ context.Context, key string, val []byte, max int) 
 		o.m = make(map[string][]byte)
 	}
 	o.m[key] = append([]byte(nil), val...)
-	o.changed()
+	o.changed(key)
 	return nil
 }
 
@@ -45,7 +55,7 @@ func (s *Store) DeleteOverride(_ context.Context, key string) (bool, error) {
 		return false, nil
 	}
 	delete(o.m, key)
-	o.changed()
+	o.changed(key)
 	return true, nil
 }
 
@@ -61,6 +71,22 @@ func (s *Store) Overrides(context.Context) (int64, map[string][]byte, error) {
 	s.ov.mu.Lock()
 	defer s.ov.mu.Unlock()
 	return s.ov.version, maps.Clone(s.ov.m), nil
+}
+
+// OverridesSince implements override.Store.
+func (s *Store) OverridesSince(_ context.Context, since int64) (int64, map[string][]byte, bool, error) {
+	o := &s.ov
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if since < o.floor || since > o.version {
+		return o.version, nil, false, nil
+	}
+	i, _ := slices.BinarySearchFunc(o.log, since+1, func(c change, v int64) int { return cmp.Compare(c.version, v) })
+	changed := make(map[string][]byte)
+	for _, c := range o.log[i:] {
+		changed[c.key] = o.m[c.key] // nil when deleted; the store's copy, never written again
+	}
+	return o.version, changed, true, nil
 }
 
 // WatchOverrides implements override.Store.
@@ -89,9 +115,17 @@ func (s *Store) WatchOverrides(ctx context.Context, changed func()) error {
 	}
 }
 
-// changed bumps the version and wakes the watchers; o.mu is held.
-func (o *overrides) changed() {
+// changed bumps the version, records key's change and wakes the
+// watchers; o.mu is held. The record keeps the latest KeepChanges at
+// least (halved when twice as long: a change costs O(1) on average).
+func (o *overrides) changed(key string) {
 	o.version++
+	o.log = append(o.log, change{o.version, key})
+	if len(o.log) > 2*override.KeepChanges {
+		drop := len(o.log) - override.KeepChanges
+		o.floor = o.log[drop-1].version
+		o.log = slices.Clone(o.log[drop:])
+	}
 	for ch := range o.watchers {
 		select {
 		case ch <- struct{}{}:

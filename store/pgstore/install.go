@@ -47,7 +47,7 @@ var (
 	sweepSQL         = mustSQL("sweep.sql")
 	resetSQL         = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) DELETE FROM drip.leases WHERE key = $1::bytea"
 	sweepLeasesSQL   = mustSQL("sweep_leases.sql")
-	migration        = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql")}
+	migration        = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"strconv"
 
 	"github.com/redis/rueidis"
@@ -13,24 +14,39 @@ import (
 // Overrides (package override) live in one hash, {prefix}overrides
 // (field: bucket key, value: the override as JSON), with a version key
 // that every change bumps and a message on a pub/sub channel, all three
-// named after the prefix. Changes run in one script (override.lua): the
-// hash and version share a hash tag, so they land on one Cluster slot.
+// named after the prefix, and a record of the latest changes (a sorted
+// set of keys by the version of their change, and its floor) for
+// OverridesSince. Changes run in one script (override.lua), and so does
+// reading what changed (override_since.lua): the keys share a hash tag,
+// so they land on one Cluster slot.
 
 var _ override.Store = (*Store)(nil)
 
 //go:embed override.lua
 var overrideLua string
 
-var overrideScript = rueidis.NewLuaScript(overrideLua)
+//go:embed override_since.lua
+var overrideSinceLua string
+
+var (
+	overrideScript      = rueidis.NewLuaScript(overrideLua)
+	overrideSinceScript = rueidis.NewLuaScript(overrideSinceLua)
+)
 
 func (s *Store) overrideKeys() (hash, version, channel string) {
 	tag := "{" + s.prefix + "overrides}"
 	return tag, tag + ":version", s.prefix + "overrides"
 }
 
+// changeKeys are the keys of override.lua and override_since.lua.
+func (s *Store) changeKeys() []string {
+	h, v, _ := s.overrideKeys()
+	return []string{h, v, h + ":changes", h + ":changelog"}
+}
+
 func (s *Store) changeOverride(ctx context.Context, args ...string) (int64, error) {
-	h, v, ch := s.overrideKeys()
-	return overrideScript.Exec(ctx, s.c, []string{h, v}, append(args, ch)).AsInt64()
+	_, _, ch := s.overrideKeys()
+	return overrideScript.Exec(ctx, s.c, s.changeKeys(), append(args, ch, strconv.Itoa(override.KeepChanges))).AsInt64()
 }
 
 // PutOverride implements override.Store.
@@ -74,6 +90,42 @@ func (s *Store) Overrides(ctx context.Context) (int64, map[string][]byte, error)
 		all[k] = []byte(v)
 	}
 	return ver, all, nil
+}
+
+// OverridesSince implements override.Store.
+func (s *Store) OverridesSince(ctx context.Context, since int64) (int64, map[string][]byte, bool, error) {
+	r, err := overrideSinceScript.Exec(ctx, s.c, s.changeKeys(), []string{strconv.FormatInt(since, 10)}).ToArray()
+	if err != nil {
+		return 0, nil, false, err
+	}
+	if len(r) != 2 && len(r) != 4 {
+		return 0, nil, false, errors.New("redisstore: override_since.lua: unexpected reply")
+	}
+	v, err := r[0].AsInt64()
+	if err != nil {
+		return 0, nil, false, err
+	}
+	if ok, err := r[1].AsInt64(); err != nil || ok == 0 || len(r) != 4 {
+		return v, nil, false, err
+	}
+	keys, err := r[2].AsStrSlice()
+	if err != nil {
+		return 0, nil, false, err
+	}
+	vals, err := r[3].ToArray()
+	if err != nil || len(vals) != len(keys) {
+		return 0, nil, false, errors.Join(errors.New("redisstore: override_since.lua: unexpected reply"), err)
+	}
+	changed := make(map[string][]byte, len(keys))
+	for i, k := range keys {
+		changed[k] = nil
+		if val, err := vals[i].ToString(); err == nil {
+			changed[k] = []byte(val)
+		} else if !rueidis.IsRedisNil(err) {
+			return 0, nil, false, err
+		}
+	}
+	return v, changed, true, nil
 }
 
 // WatchOverrides implements override.Store: SUBSCRIBE to the channel (on

@@ -87,6 +87,35 @@ func TestClusterCrossSlot(t *testing.T) {
 	}
 }
 
+// TestClusterSeparately: a multi-take across hash slots through
+// drip.Separately (the engine's store) is taken one key at a time, and a
+// denied one leaves no slot and no token taken.
+func TestClusterSeparately(t *testing.T) {
+	s := open(t, testserver.SharedRedisClusterURL(t))
+	sep := drip.Separately{Store: s}
+	ctx := context.Background()
+	tag := randomTag()
+	c, r := "c:"+tag, "r:"+tag
+	for redisstore.Slot(redisstore.DefaultPrefix+c) == redisstore.Slot(redisstore.DefaultPrefix+r) {
+		r += "x"
+	}
+	one, rate := drip.InFlight(1, time.Minute), drip.PerMinute(1)
+	if d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: r, Limit: rate, Cost: 1}); err != nil || !d.Allowed {
+		t.Fatalf("emptying the bucket: %+v %v", d, err)
+	}
+	m, err := sep.ApplyMulti(ctx, drip.OpTake, time.Time{}, []drip.Request{
+		{Key: c, Limit: one, Lease: "L1"}, {Key: r, Limit: rate, Cost: 1}})
+	if err != nil || m.Allowed || !m.Decisions[0].Allowed || m.Decisions[1].Allowed {
+		t.Fatalf("a lease beside an empty bucket: %+v %v, want denied by the bucket", m, err)
+	}
+	if d, err := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: c, Limit: one}); err != nil || d.Remaining != 1 {
+		t.Errorf("after the denied multi-take: %+v %v, want the slot free", d, err)
+	}
+	if d, err := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: r, Limit: rate}); err != nil || d.Tokens >= 1 {
+		t.Errorf("after the denied multi-take the bucket holds %v (%v), want less than a token", d.Tokens, err)
+	}
+}
+
 // TestSlot holds Slot to the server's CLUSTER KEYSLOT.
 func TestSlot(t *testing.T) {
 	c := open(t, testserver.SharedRedisClusterURL(t)).Client()
