@@ -29,8 +29,10 @@ const BreakerWindow = time.Second
 //     while the store answered nothing else; a call that missed its
 //     deadline while the store was answering other calls is a slow call,
 //     counted as a call but not as a failure;
-//   - a stall: a call has waited Stall and the store has answered nothing
-//     at all in that time (engine.apply's stall timer calls stalled).
+//   - a stall: Stall has passed since a call was sent and the store has
+//     answered nothing at all in that time, while that call or (if its
+//     caller gave up) others still wait (engine.apply's stall timer calls
+//     stalled).
 //
 // Open, the store is not called (each request goes straight to its
 // on_error, costing no deadline) until Cooldown has passed; then a single

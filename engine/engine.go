@@ -47,7 +47,7 @@ import (
 // timeout) shortens it. It is generous on purpose: a store that is slow
 // for a moment (a busy host, a GC pause, a fsync) makes decisions slower,
 // not wrong or absent. A store that is down is found by the circuit
-// breaker instead, in its stall time (500 ms unless set) when it
+// breaker instead, in its stall time (750 ms unless set) when it
 // answers nothing, or at once when it refuses connections. A store that
 // is a drip.InProcess (the memory store) never waits on a server, and its
 // calls get no deadline of their own (the caller's context still applies).
@@ -65,7 +65,7 @@ var ErrBreakerOpen = errors.New("circuit breaker open: the store failed or stopp
 
 // ErrStalled is the error of a store call that failed after the store
 // answered nothing at all for the breaker's stall time: the breaker opens.
-var ErrStalled = errors.New("the store answered nothing within the circuit breaker's stall time (circuit_breaker.stall)")
+var ErrStalled = errors.New("the store answered nothing within the circuit breaker's stall time (circuit_breaker.stall), so the breaker opened")
 
 // ErrOverloaded is the error of a store call shed because MaxPending
 // calls were already waiting on the store.
@@ -222,6 +222,16 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	if !ok {
 		return drip.Multi{}, ErrBreakerOpen
 	}
+	if tk.probe {
+		// A store call that panics must not leave the breaker waiting
+		// for its probe forever: the next call becomes the probe.
+		defer func() {
+			if r := recover(); r != nil {
+				e.brk.abandon(tk)
+				panic(r)
+			}
+		}()
+	}
 	cctx := ctx
 	start := time.Now()
 	var w *watch
@@ -234,12 +244,20 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 			return drip.Multi{}, ErrOverloaded
 		}
 		defer e.pending.Add(-1)
+		stall := e.stallAfter(br, timeout)
+		if tk.probe {
+			// A probe asks whether the store is back: it need not wait
+			// longer than the stall time that judges it. Its deadline
+			// is the one the server holds it to, so its caller waits
+			// no longer than that either.
+			timeout = min(timeout, stall)
+		}
 		var cancel context.CancelFunc
 		cctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
-		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: e.stallAfter(br, timeout)}
+		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: stall}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
-		w.arm(w.stall)
+		w.set(w.start, w.stall)
 		defer w.end()
 	}
 	if len(reqs) == 1 {
@@ -272,13 +290,21 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	switch {
 	case ctx.Err() != nil:
 		// The caller gave up: not the store's fault, so nothing is
-		// counted; a probe frees its place for the next call.
+		// counted; a probe frees its place for the next call. If the
+		// store answered nothing meanwhile, the stall timer watches on:
+		// callers whose deadlines are all shorter than the stall time (a
+		// gRPC deadline, Envoy's timeout) must not hide a stalled store.
+		if w != nil && e.answered.Load() < w.start {
+			w.left.Store(true)
+		}
 		e.brk.abandon(tk)
 	case w != nil && w.stalled.Load():
 		// The stall timer opened the breaker.
-		err = fmt.Errorf("%w: waited %v: %w", ErrStalled, took.Round(time.Millisecond), err)
-	case late && w != nil && e.answered.Load() >= w.start:
-		// Slow, not down: the store answered other calls meanwhile.
+		err = fmt.Errorf("%w: nothing for %v, and this call gave up at its deadline after %v: %w", ErrStalled, w.stall, took.Round(time.Millisecond), err)
+	case late && w != nil && (e.answered.Load() >= w.start || took > timeout+starved):
+		// Slow, not down: the store answered other calls meanwhile, or
+		// this process was starved of CPU (its deadline fired late), so
+		// its silence says little about the store.
 		err = fmt.Errorf("the store did not answer within the deadline of %v, though it is answering (raise store_timeout, drip serve --store-timeout): %w", timeout, err)
 		e.breakerChanged(e.brk.success(e.clock(), tk))
 	default:
@@ -301,6 +327,15 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 // fires too early (the store answered meanwhile) it is set again for the
 // rest.
 //
+// A timer that runs late (by more than an eighth of the stall time) is
+// set again for as long as it was late: the process itself was not
+// running, and what looks like a silent store may be answers it has not
+// read yet.
+//
+// When the caller gives up before the store answered anything, the timer
+// runs on to the stall time: if the store has still answered nothing then,
+// and other calls wait on it, it is stalled just the same.
+//
 // The waiting call itself is not given up: it keeps its deadline, which
 // the store server holds it to. Cancelling it sooner could leave a take
 // that the server applied (its deadline had not passed) answered to the
@@ -313,9 +348,16 @@ type watch struct {
 	start   int64 // UnixNano
 	stall   time.Duration
 	timer   *time.Timer
-	done    atomic.Bool // the call ended: the timer does nothing more
+	due     atomic.Int64 // when the timer is set to fire, UnixNano
+	done    atomic.Bool  // the call ended: the timer does nothing more
+	left    atomic.Bool  // the caller gave up with no answer from the store: the timer runs on
 	stalled atomic.Bool
-	due     atomic.Int64 // when the timer should fire, UnixNano
+}
+
+// set arms the timer to fire d after now (UnixNano).
+func (w *watch) set(now int64, d time.Duration) {
+	w.due.Store(now + int64(d))
+	w.timer.Reset(d)
 }
 
 func (w *watch) fire() {
@@ -323,34 +365,41 @@ func (w *watch) fire() {
 		return
 	}
 	now := time.Now().UnixNano()
-	if lag := time.Duration(now - w.due.Load()); lag > starved {
-		// The timer fired late: this process did not get the CPU (a busy
-		// host). Answers may be waiting unread in its sockets just as
-		// this timer waited; give them as long again before judging.
-		w.arm(lag)
+	if late := time.Duration(now - w.due.Load()); late > w.stall/8 {
+		// The timer ran late: this process did not run for a while (a
+		// busy host, a GC pause), and answers that came meanwhile may
+		// not have been read yet (the runtime runs timers before it
+		// polls the network). Look again once it has had as long again
+		// to read them, at most the stall time. (A store that stays
+		// silent on a host that stays this busy is still found: by the
+		// calls that end at their deadline with no answer.)
+		w.set(now, min(late, w.stall))
 		return
 	}
-	quiet := time.Duration(now - max(w.e.answered.Load(), w.start))
+	answered := w.e.answered.Load()
+	if w.left.Load() && (answered >= w.start || w.e.pending.Load() == 0) {
+		return // the store answered since, or no call waits on it: nothing to tell
+	}
+	quiet := time.Duration(now - max(answered, w.start))
 	if quiet < w.stall {
-		w.arm(max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
+		w.set(now, max(w.stall-quiet, time.Millisecond)) // the store answered meanwhile
 		return
 	}
 	w.stalled.Store(true)
 	w.e.breakerChanged(w.e.brk.stalled(w.e.clock(), w.br, w.tk))
 }
 
-// starved is how late a stall timer may fire before the engine takes it
-// that its process was starved of CPU rather than its store stalled.
+// starved is how late a deadline error may come back before the engine
+// takes it that its process was starved of CPU rather than its store
+// silent.
 const starved = 25 * time.Millisecond
 
-// arm sets the timer to fire in d.
-func (w *watch) arm(d time.Duration) {
-	w.due.Store(time.Now().Add(d).UnixNano())
-	w.timer.Reset(d)
-}
-
-// end stops the timer: the call is over.
+// end stops the timer: the call is over (unless its caller left before
+// the store answered: see watch).
 func (w *watch) end() {
+	if w.left.Load() {
+		return
+	}
 	w.done.Store(true)
 	w.timer.Stop()
 }

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,8 +62,10 @@ func (s *states) changes() []change {
 }
 
 // load runs callers that each make calls one after another until stop,
-// and returns the errors by kind and the number of calls.
-func load(e *engine.Engine, callers int, stop time.Time) (calls int64, errs map[string]int) {
+// and returns the errors by kind and the number of calls. A budget other
+// than 0 is each call's own deadline (a caller's, such as a gRPC
+// deadline).
+func load(e *engine.Engine, callers int, budget time.Duration, stop time.Time) (calls int64, errs map[string]int) {
 	var mu sync.Mutex
 	errs = map[string]int{}
 	var n atomic.Int64
@@ -72,14 +75,22 @@ func load(e *engine.Engine, callers int, stop time.Time) (calls int64, errs map[
 			req := []drip.Request{{Key: "hot", Limit: drip.PerSecond(1e6), Cost: 1}}
 			for i := 0; time.Now().Before(stop); i++ {
 				req[0].Key = []string{"hot", "k1", "k2"}[(c+i)%3]
-				_, err := e.Apply(context.Background(), drip.OpTake, req)
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if budget > 0 {
+					ctx, cancel = context.WithTimeout(ctx, budget)
+				}
+				_, err := e.Apply(ctx, drip.OpTake, req)
+				cancel()
 				n.Add(1)
 				if err != nil {
 					mu.Lock()
 					switch {
 					case errors.Is(err, engine.ErrBreakerOpen):
 						errs["breaker open"]++
-					case errors.Is(err, engine.ErrStalled):
+					case errors.Is(err, engine.ErrStalled),
+						strings.Contains(err.Error(), "answered nothing within the deadline"):
+						// A stalled call, or a probe whose deadline (the
+						// stall time) came first.
 						errs["stalled"]++
 					default:
 						errs[err.Error()]++
@@ -116,7 +127,7 @@ func TestSlowIsNotDown(t *testing.T) {
 		obs := &states{}
 		e := engine.New(st, engine.WithObserver(obs))
 		defer e.Close()
-		calls, errs := load(e, 8, t0.Add(8*time.Second))
+		calls, errs := load(e, 8, 0, t0.Add(8*time.Second))
 		if len(errs) != 0 {
 			t.Errorf("%d calls, errors: %v", calls, errs)
 		}
@@ -129,7 +140,7 @@ func TestSlowIsNotDown(t *testing.T) {
 	})
 }
 
-// TestDownOpensQuickly: a store that answers nothing for 5 s opens the
+// TestDownOpensQuickly: a store that answers nothing for 3 s opens the
 // breaker within a second (its stall time, 0.5 s, after the first call
 // that waits), calls then fail at once with ErrBreakerOpen, and within a
 // second of the store answering again the breaker is closed and calls
@@ -139,7 +150,7 @@ func TestDownOpensQuickly(t *testing.T) {
 		ms := memstore.New(memstore.WithSweep(0))
 		defer ms.Close()
 		t0 := time.Now()
-		downFrom, downTo := t0.Add(time.Second), t0.Add(6*time.Second)
+		downFrom, downTo := t0.Add(time.Second), t0.Add(4*time.Second)
 		st := &paced{Store: ms, delay: func(_ int64, now time.Time) time.Duration {
 			if !now.Before(downFrom) && now.Before(downTo) {
 				return downTo.Sub(now) + time.Millisecond
@@ -149,7 +160,7 @@ func TestDownOpensQuickly(t *testing.T) {
 		obs := &states{}
 		e := engine.New(st, engine.WithObserver(obs))
 		defer e.Close()
-		_, errs := load(e, 8, t0.Add(10*time.Second))
+		_, errs := load(e, 8, 0, t0.Add(10*time.Second))
 		ch := obs.changes()
 		if len(ch) < 3 || ch[0].state != engine.BreakerOpen {
 			t.Fatalf("breaker changes %v, errors %v", ch, errs)
@@ -189,7 +200,7 @@ func TestLateWhileAnswering(t *testing.T) {
 		obs := &states{}
 		e := engine.New(st, engine.WithObserver(obs), engine.WithTimeout(100*time.Millisecond))
 		defer e.Close()
-		_, errs := load(e, 8, time.Now().Add(5*time.Second))
+		_, errs := load(e, 8, 0, time.Now().Add(5*time.Second))
 		late := 0
 		for msg, n := range errs {
 			if msg == "breaker open" || msg == "stalled" {
@@ -202,6 +213,137 @@ func TestLateWhileAnswering(t *testing.T) {
 		}
 		if ch := obs.changes(); len(ch) != 0 {
 			t.Errorf("the breaker changed state: %v", ch)
+		}
+	})
+}
+
+// lateReturn is a store whose calls return their deadline error late, as
+// they do in a process starved of CPU: the goroutine that should have
+// returned at the deadline ran much later.
+type lateReturn struct{ drip.Store }
+
+func (lateReturn) Apply(ctx context.Context, _ drip.Op, _ time.Time, _ drip.Request) (drip.Decision, error) {
+	<-ctx.Done()
+	time.Sleep(300 * time.Millisecond)
+	return drip.Decision{}, ctx.Err()
+}
+
+// TestStarvedDeadlines: calls whose deadline errors come back long after
+// the deadline (this process, not the store, was slow) fail, but do not
+// count against the store: the breaker stays closed.
+func TestStarvedDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &states{}
+		e := engine.New(lateReturn{}, engine.WithObserver(obs), engine.WithTimeout(100*time.Millisecond))
+		defer e.Close()
+		req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 5 {
+					if _, err := e.Apply(context.Background(), drip.OpTake, req); !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("err %v", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if ch := obs.changes(); len(ch) != 0 {
+			t.Errorf("the breaker changed state: %v", ch)
+		}
+	})
+}
+
+// TestDownOpensQuicklyShortCallers: callers whose own deadline (100 ms) is
+// shorter than the stall time (a gRPC deadline, Envoy's timeout) each give
+// up before any one call has waited the stall time. A store that answers
+// none of them still opens the breaker within a second, and it closes
+// within a second of the store answering again; a 0.3 s pause before that
+// fails the calls it holds up (their callers' deadlines) but opens
+// nothing.
+func TestDownOpensQuicklyShortCallers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		t0 := time.Now()
+		pauseFrom, pauseTo := t0.Add(time.Second), t0.Add(1300*time.Millisecond)
+		downFrom, downTo := t0.Add(3*time.Second), t0.Add(6*time.Second)
+		st := &paced{Store: ms, delay: func(_ int64, now time.Time) time.Duration {
+			switch {
+			case !now.Before(pauseFrom) && now.Before(pauseTo):
+				return pauseTo.Sub(now) + time.Millisecond
+			case !now.Before(downFrom) && now.Before(downTo):
+				return downTo.Sub(now) + time.Millisecond
+			}
+			return 2 * time.Millisecond
+		}}
+		obs := &states{}
+		e := engine.New(st, engine.WithObserver(obs))
+		defer e.Close()
+		_, errs := load(e, 8, 100*time.Millisecond, t0.Add(9*time.Second))
+		ch := obs.changes()
+		if len(ch) < 3 || ch[0].state != engine.BreakerOpen {
+			t.Fatalf("breaker changes %v, errors %v", ch, errs)
+		}
+		if ch[0].at.Before(downFrom) {
+			t.Errorf("the breaker opened at %v, before the store went down (a 0.3 s pause): %v", ch[0].at.Sub(t0), ch)
+		}
+		if d := ch[0].at.Sub(downFrom); d > time.Second {
+			t.Errorf("the breaker opened %v after the store went down, want within 1s", d)
+		}
+		last := ch[len(ch)-1]
+		if last.state != engine.BreakerClosed || last.at.Before(downTo) || last.at.Sub(downTo) > time.Second {
+			t.Errorf("last change %v, want closed within 1s of %v: %v", last, downTo, ch)
+		}
+	})
+}
+
+// panicky is a store that is down (failing) until up is set, and panics
+// while panic is set.
+type panicky struct {
+	drip.Store
+	down, panics atomic.Bool
+}
+
+var errDown2 = errors.New("down")
+
+func (p *panicky) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	if p.panics.Load() {
+		panic("store bug")
+	}
+	if p.down.Load() {
+		return drip.Decision{}, errDown2
+	}
+	return p.Store.Apply(ctx, op, at, r)
+}
+
+// TestProbePanics: a probe whose store call panics does not leave the
+// breaker half-open for good: the next call is the probe.
+func TestProbePanics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		st := &panicky{Store: ms}
+		e := engine.New(st)
+		defer e.Close()
+		req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
+		st.down.Store(true)
+		for range 5 {
+			e.Apply(context.Background(), drip.OpTake, req)
+		}
+		if e.BreakerState() != engine.BreakerOpen {
+			t.Fatalf("breaker %s after 5 failures", e.BreakerState())
+		}
+		time.Sleep(time.Second) // past the cool-down
+		st.panics.Store(true)
+		func() {
+			defer func() { recover() }()
+			e.Apply(context.Background(), drip.OpTake, req)
+		}()
+		st.panics.Store(false)
+		st.down.Store(false)
+		if _, err := e.Apply(context.Background(), drip.OpTake, req); err != nil || e.BreakerState() != engine.BreakerClosed {
+			t.Fatalf("after a panicking probe: %v, breaker %s", err, e.BreakerState())
 		}
 	})
 }

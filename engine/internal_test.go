@@ -2,6 +2,7 @@ package engine
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -312,5 +313,48 @@ func TestWatchStarved(t *testing.T) {
 	w.fire()
 	if !w.stalled.Load() || e.BreakerState() != BreakerOpen {
 		t.Fatalf("a timer on time after a second without answers: stalled %v, breaker %s", w.stalled.Load(), e.BreakerState())
+	}
+}
+
+// TestStallLate: a stall timer that runs late (the process was not
+// running: a busy host, a GC pause) does not find the store stalled on
+// that run, since answers that came meanwhile may not have been read yet
+// (the runtime runs timers before it polls the network). It looks again,
+// and opens the breaker only if the store has still answered nothing.
+func TestStallLate(t *testing.T) {
+	for _, answered := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			ms := memstore.New(memstore.WithSweep(0))
+			defer ms.Close()
+			e := New(ms)
+			defer e.Close()
+			_, tk, _ := e.brk.allow(time.Now())
+			// A call began 800 ms ago; its timer, due 300 ms ago (at
+			// the 500 ms stall time), runs only now.
+			now := time.Now()
+			w := &watch{e: e, br: rules.DefaultBreaker, tk: tk, start: now.Add(-800 * time.Millisecond).UnixNano(), stall: 500 * time.Millisecond}
+			w.timer = time.AfterFunc(time.Hour, w.fire)
+			defer w.timer.Stop()
+			w.due.Store(now.Add(-300 * time.Millisecond).UnixNano())
+			w.fire()
+			if w.stalled.Load() || e.BreakerState() != BreakerClosed {
+				t.Fatalf("a late timer found the store stalled at once: breaker %s", e.BreakerState())
+			}
+			if answered {
+				// The process reads the answers that waited: the call ends.
+				time.Sleep(5 * time.Millisecond)
+				e.answered.Store(time.Now().UnixNano())
+				w.end()
+				time.Sleep(2 * time.Second)
+				if w.stalled.Load() || e.BreakerState() != BreakerClosed {
+					t.Fatalf("the store answered, yet stalled: breaker %s", e.BreakerState())
+				}
+				return
+			}
+			time.Sleep(400 * time.Millisecond)
+			if !w.stalled.Load() || e.BreakerState() != BreakerOpen {
+				t.Fatalf("no answer on the second look, yet not stalled: breaker %s", e.BreakerState())
+			}
+		})
 	}
 }

@@ -53,7 +53,7 @@ const (
 	DefaultLocalShare      = 0.5
 	DefaultBreakerFailures = 5
 	DefaultBreakerRatio    = 0.5
-	DefaultBreakerStall    = 500 * time.Millisecond
+	DefaultBreakerStall    = 750 * time.Millisecond
 	DefaultBreakerCooldown = 500 * time.Millisecond
 	defaultCost            = 1.0
 	maxRuleName            = 128
