@@ -21,9 +21,10 @@
 // key held at once (counted by the harness between an allowed acquire and
 // its release, or by the upstream while it holds a request).
 //
-// Breaker openings come from drip serve's /metrics: a counter of openings
-// if it has one, else the drip_store_circuit_state gauge read every 100 ms
-// (50 ms in a fault run), counting its turns to open.
+// Breaker openings: a counter of openings in drip serve's /metrics if it
+// has one; else the more of the breaker's turns to open in drip serve's
+// log and in the drip_store_circuit_state gauge read every 100 ms (50 ms
+// in a fault run).
 //
 // Everything runs on loopback; every loop stops by itself after the
 // run's duration; every process it starts is killed when it exits, on
