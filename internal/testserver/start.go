@@ -3,6 +3,7 @@ package testserver
 import (
 	"os/exec"
 	"runtime"
+	"syscall"
 )
 
 // start starts cmd and returns a channel closed when it has exited.
@@ -32,3 +33,21 @@ func start(cmd *exec.Cmd) (<-chan struct{}, error) {
 	}
 	return done, nil
 }
+
+// Start starts cmd the way this package starts its servers, for programs
+// that have no testing.TB (bench/loadtest): with Pdeathsig SIGKILL unless
+// cmd sets its own, from a goroutine locked to its thread. The channel is
+// closed when the process has exited.
+func Start(cmd *exec.Cmd) (<-chan struct{}, error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	if cmd.SysProcAttr.Pdeathsig == 0 {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
+	return start(cmd)
+}
+
+// LoopbackPort returns a loopback TCP port that was free a moment ago,
+// for programs that have no testing.TB (FreePort).
+func LoopbackPort() (int, error) { return freePort() }
