@@ -83,7 +83,7 @@ var faults = []fault{
 	// A primary killed, its standby promoted; drip serve has both in a
 	// multi-host URL (target_session_attrs=read-write). 30 s after, to
 	// see any later stretch of refusals. Each run has a pair of its own.
-	{"failover", "failover", 0, 32 * time.Second, []string{"postgres"}, 2 * time.Second},
+	{"failover", "failover", 0, 32 * time.Second, []string{"postgres", "sentinel"}, 2 * time.Second},
 }
 
 // faultAt is when a fault starts, from the start of its run.
@@ -271,7 +271,15 @@ type result struct {
 // servers of its own.
 func runFault(ctx context.Context, c *config, env *storeEnv, rulesFile string, busy int, f *fault) result {
 	if f.kind == "failover" {
-		pair, err := startFailoverPair(ctx, c.drip)
+		// Each failover on servers of its own: a PostgreSQL primary and
+		// standby, or a fresh Sentinel set.
+		start := startFailoverPair
+		if env.name == "sentinel" {
+			start = func(ctx context.Context, dripBin string) (*storeEnv, error) {
+				return startStore(ctx, "sentinel", dripBin)
+			}
+		}
+		pair, err := start(ctx, c.drip)
 		if err != nil {
 			return result{store: env.name, work: c.faultWorkload.describe(c.keys), busy: busy, clients: c.faultClients, fault: f, setupErr: err}
 		}

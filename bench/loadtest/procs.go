@@ -80,18 +80,19 @@ func busyLoops(n int) (stop func(), err error) {
 
 // storeEnv is one store's servers, started by internal/testserver.
 type storeEnv struct {
-	name    string
-	url     string // drip serve --store
-	pgURL   string // the PostgreSQL server itself (install, locks)
-	pg      *testserver.Postgres
-	standby *testserver.Postgres // a failover pair's
-	bouncer *testserver.PgBouncer
-	redis   *testserver.Redis
-	cluster *testserver.RedisCluster
-	dir     string
+	name     string
+	url      string // drip serve --store
+	pgURL    string // the PostgreSQL server itself (install, locks)
+	pg       *testserver.Postgres
+	standby  *testserver.Postgres // a failover pair's
+	bouncer  *testserver.PgBouncer
+	redis    *testserver.Redis
+	cluster  *testserver.RedisCluster
+	sentinel *testserver.RedisSentinel // a master, a replica and three Sentinels
+	dir      string
 }
 
-var storeNames = []string{"postgres", "pgbouncer", "redis", "cluster"}
+var storeNames = []string{"postgres", "pgbouncer", "redis", "cluster", "sentinel"}
 
 // startStore starts the servers of a store and installs drip's schema
 // where it needs one.
@@ -140,6 +141,15 @@ func startStore(ctx context.Context, name, dripBin string) (*storeEnv, error) {
 			return nil, err
 		}
 		s.url = s.cluster.URL()
+	case "sentinel":
+		if s.dir, err = os.MkdirTemp("", "drip-load-sentinel-"); err != nil {
+			return nil, err
+		}
+		if s.sentinel, err = testserver.NewRedisSentinel(s.dir); err != nil {
+			s.stop()
+			return nil, err
+		}
+		s.url = s.sentinel.URL()
 	default:
 		return nil, fmt.Errorf("unknown store %q: want %s", name, strings.Join(storeNames, ", "))
 	}
@@ -163,6 +173,9 @@ func (s *storeEnv) stop() {
 	}
 	if s.cluster != nil {
 		s.cluster.Stop()
+	}
+	if s.sentinel != nil {
+		s.sentinel.Stop()
 	}
 	if s.dir != "" {
 		os.RemoveAll(s.dir)
@@ -268,6 +281,9 @@ func startFailoverPair(ctx context.Context, dripBin string) (*storeEnv, error) {
 // It calls killing just before, and returns once the standby accepts
 // writes.
 func (s *storeEnv) failover(killing func()) error {
+	if s.sentinel != nil {
+		return s.sentinelFailover(killing)
+	}
 	if s.standby == nil {
 		return errors.New("failover: not a failover pair")
 	}
@@ -377,4 +393,24 @@ func readServeLog(path string) (opens int, warns map[string]int64) {
 		}
 	}
 	return opens, warns
+}
+
+// sentinelFailover kills the master of a Sentinel set as a crash would
+// and returns once the Sentinels name the replica and it accepts writes
+// (testserver's Sentinels judge a master down after
+// testserver.SentinelDownAfter).
+func (s *storeEnv) sentinelFailover(killing func()) error {
+	old, next := s.sentinel.Master, s.sentinel.Replica
+	killing()
+	old.Kill()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if s.sentinel.MasterAddr() == s.sentinel.ClientAddr(next) {
+			if out, err := next.Cli("SET", "drip-load-failover", "1"); err == nil && strings.Contains(out, "OK") {
+				return nil
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return errors.New("sentinel failover: the replica was not promoted within 30 s")
 }

@@ -55,9 +55,35 @@ func startRedisSentinel(t testing.TB, caFile, certFile, keyFile string) *RedisSe
 	if err := RedisMissing(); err != nil {
 		Missing(t, "redis: %v", err)
 	}
-	dir := t.TempDir()
+	s, err := newRedisSentinel(t.TempDir(), caFile, certFile, keyFile)
+	if s != nil {
+		t.Cleanup(s.Stop)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// NewRedisSentinel starts a RedisSentinel in dir (plain TCP), for
+// programs without a testing.TB (the load harness); the caller must Stop
+// it.
+func NewRedisSentinel(dir string) (*RedisSentinel, error) {
+	if err := RedisMissing(); err != nil {
+		return nil, err
+	}
+	s, err := newRedisSentinel(dir, "", "", "")
+	if err != nil && s != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, err
+}
+
+// newRedisSentinel starts the servers of a RedisSentinel in dir; on an
+// error it returns what it started, for the caller to stop.
+func newRedisSentinel(dir, caFile, certFile, keyFile string) (*RedisSentinel, error) {
 	s := &RedisSentinel{tlsPort: map[*Redis]int{}}
-	t.Cleanup(s.Stop)
 	tlsArgs := func(port int) []string {
 		if certFile == "" {
 			return nil
@@ -65,29 +91,47 @@ func startRedisSentinel(t testing.TB, caFile, certFile, keyFile string) *RedisSe
 		return []string{"--tls-port", strconv.Itoa(port), "--tls-cert-file", certFile, "--tls-key-file", keyFile,
 			"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no", "--tls-replication", "yes"}
 	}
-	launch := func(name string, extra ...string) *Redis {
-		tp := FreePort(t, 0)
+	launch := func(name string, extra ...string) (*Redis, error) {
+		tp, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
 		args := append([]string{"--repl-diskless-sync-delay", "0"}, tlsArgs(tp)...)
 		if certFile != "" {
 			args = append(args, "--replica-announce-port", strconv.Itoa(tp))
 		}
-		r, err := LaunchRedis(filepath.Join(dir, name), FreePort(t, 0), append(args, extra...)...)
+		r, err := LaunchRedis(filepath.Join(dir, name), port, append(args, extra...)...)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		if certFile != "" {
 			s.tlsPort[r] = tp
 		}
-		return r
+		return r, nil
 	}
-	s.Master = launch("master")
-	s.Replica = launch("replica", "--replicaof", "127.0.0.1", strconv.Itoa(s.port(s.Master)))
+	var err error
+	if s.Master, err = launch("master"); err != nil {
+		return s, err
+	}
+	if s.Replica, err = launch("replica", "--replicaof", "127.0.0.1", strconv.Itoa(s.port(s.Master))); err != nil {
+		return s, err
+	}
 	for i := range 3 {
-		port := FreePort(t, 0)
-		tp := FreePort(t, 0)
+		port, err := freePort()
+		if err != nil {
+			return s, err
+		}
+		tp, err := freePort()
+		if err != nil {
+			return s, err
+		}
 		d := filepath.Join(dir, fmt.Sprintf("sentinel%d", i))
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
+			return s, err
 		}
 		conf := filepath.Join(d, "sentinel.conf")
 		text := fmt.Sprintf(`port %d
@@ -109,22 +153,19 @@ sentinel parallel-syncs %s 1
 			text += fmt.Sprintf("sentinel announce-port %d\n", tp)
 		}
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
+			return s, err
 		}
 		bin, _ := exec.LookPath("redis-server")
 		r := &Redis{Port: port, Addr: "127.0.0.1:" + strconv.Itoa(port), dir: d, args: []string{bin, conf, "--sentinel"}}
 		if err := r.Start(); err != nil {
-			t.Fatal(err)
+			return s, err
 		}
 		if certFile != "" {
 			s.tlsPort[r] = tp
 		}
 		s.Sentinels = append(s.Sentinels, r)
 	}
-	if err := s.WaitReady(s.Master, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return s, s.WaitReady(s.Master, 30*time.Second)
 }
 
 // port is the port clients reach r at: its TLS port if it has one.
