@@ -51,9 +51,9 @@ func goBlocks(file string, data []byte) []snippet {
 	return out
 }
 
-// TestReadmeSnippets holds every Go block of README.md and docs/*.md to
-// being a whole program, formatted as gofmt formats it, that compiles
-// against this repository: each block is a package of one module that
+// TestReadmeSnippets holds every Go block of README.md, CONTRIBUTING.md
+// and docs/*.md to being a whole program, formatted as gofmt formats it,
+// that compiles against this repository: each block is a package of one module that
 // requires drip (replaced by this directory) at the dependency versions
 // of drip's go.mod, from the module cache, and go vet type-checks them
 // all at once as the compiler does (a go build would add some 45 s of
@@ -67,7 +67,7 @@ func TestReadmeSnippets(t *testing.T) {
 		t.Fatal(err)
 	}
 	var snippets []snippet
-	for _, f := range append([]string{"README.md"}, files...) {
+	for _, f := range append([]string{"README.md", "CONTRIBUTING.md"}, files...) {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +75,7 @@ func TestReadmeSnippets(t *testing.T) {
 		snippets = append(snippets, goBlocks(f, data)...)
 	}
 	if len(snippets) < 9 {
-		t.Fatalf("found %d Go blocks in README.md and docs/*.md, where README.md alone has more", len(snippets))
+		t.Fatalf("found %d Go blocks in README.md, CONTRIBUTING.md and docs/*.md, which hold more", len(snippets))
 	}
 
 	root, err := filepath.Abs(".")

@@ -1,0 +1,301 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/driplimit/drip/rules"
+)
+
+// docBlock is a fenced code block of a Markdown file.
+type docBlock struct {
+	file string
+	line int // of the opening fence
+	lang string
+	text string
+}
+
+// docFiles are the Markdown files whose blocks the tests hold to the
+// code, relative to the repository root.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("../../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append([]string{"../../README.md", "../../CONTRIBUTING.md"}, files...)
+	for i, f := range files {
+		files[i] = strings.TrimPrefix(f, "../../")
+	}
+	return files
+}
+
+// docBlocks returns the fenced blocks of a Markdown file, fences indented
+// under a list item too (their indentation is taken off every line).
+func docBlocks(t *testing.T, file string) []docBlock {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("../..", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []docBlock
+	var cur *docBlock
+	var indent string
+	for i, line := range strings.Split(string(data), "\n") {
+		trimmed := strings.TrimSpace(line)
+		if cur == nil {
+			if strings.HasPrefix(trimmed, "```") {
+				indent = line[:strings.Index(line, "`")]
+				cur = &docBlock{file: file, line: i + 1, lang: strings.TrimPrefix(trimmed, "```")}
+			}
+			continue
+		}
+		if trimmed == "```" {
+			out = append(out, *cur)
+			cur = nil
+			continue
+		}
+		cur.text += strings.TrimPrefix(line, indent) + "\n"
+	}
+	if cur != nil {
+		t.Errorf("%s:%d: a code block is never closed", file, cur.line)
+	}
+	return out
+}
+
+// checkedLangs are the languages the documents' code blocks may be in:
+// go blocks are compiled by the root package's TestReadmeSnippets, sh,
+// json and yaml blocks are checked here, and text (output, headers, a
+// fragment) and sql (the SQL functions, run by pgstore's tests) are the
+// few left alone on purpose.
+var checkedLangs = []string{"go", "sh", "json", "yaml", "text", "sql"}
+
+// TestDocBlocks holds the code blocks of README.md, CONTRIBUTING.md and
+// docs/*.md to the code: every block names a language this test knows;
+// each drip command of a sh block parses with the command's real flags
+// (drip check runs, on the repository's files); each make target exists;
+// JSON blocks are JSON, and the rules files among them parse
+// (rules.Parse), as do the YAML ones; envoyproxy/ratelimit configs pass
+// drip check.
+func TestDocBlocks(t *testing.T) {
+	makefile, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []docBlock
+	for _, f := range docFiles(t) {
+		blocks = append(blocks, docBlocks(t, f)...)
+	}
+	dir := t.TempDir()
+	t.Chdir("../..") // the commands name the repository's files from its root
+	var commands, files int
+	for i, b := range blocks {
+		at := b.file + ":" + strconv.Itoa(b.line)
+		switch b.lang {
+		case "sh":
+			for _, cmd := range shellCommands(b.text) {
+				switch {
+				case len(cmd) > 0 && cmd[0] == "make":
+					for _, target := range cmd[1:] {
+						if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(target) + `:`).Match(makefile) {
+							t.Errorf("%s: make %s: the Makefile has no such target", at, target)
+						}
+					}
+				case dripArgs(cmd) != nil:
+					commands++
+					checkDripCommand(t, at, dripArgs(cmd))
+				}
+			}
+		case "json":
+			dec := json.NewDecoder(strings.NewReader(b.text))
+			for {
+				var v any
+				if err := dec.Decode(&v); err != nil {
+					if !errors.Is(err, io.EOF) {
+						t.Errorf("%s: the JSON block is not JSON: %v", at, err)
+					}
+					break
+				}
+				obj, _ := v.(map[string]any)
+				switch {
+				case obj["rules"] != nil:
+					files++
+					parseRules(t, at, b.text)
+				case obj["limit_keys"] != nil: // one rule of a rules file
+					files++
+					parseRules(t, at, `{"rules": [`+b.text+`]}`)
+				}
+			}
+		case "yaml":
+			files++
+			if regexp.MustCompile(`(?m)^rules:`).MatchString(b.text) {
+				parseRules(t, at, b.text)
+			} else { // an envoyproxy/ratelimit config
+				checkFile(t, at, filepath.Join(dir, "b"+strconv.Itoa(i)+".yaml"), []byte(b.text))
+			}
+		default:
+			if !slices.Contains(checkedLangs, b.lang) {
+				t.Errorf("%s: a code block in %q: name one of %q (text for output and fragments)", at, b.lang, checkedLangs)
+			}
+		}
+	}
+	t.Logf("%d blocks: %d drip commands, %d rules or config files checked", len(blocks), commands, files)
+	// Far fewer would mean the test lost its way in the documents.
+	if commands < 15 || files < 4 {
+		t.Errorf("checked %d drip commands and %d rules or config files; the documents hold more", commands, files)
+	}
+}
+
+// checkDripCommand runs a documented drip command line: drip check for
+// real, every other command with -h after its flags, so that each flag
+// is parsed by the command's own flag set (a name it does not know or a
+// value it cannot read fails) and nothing is served or written.
+func checkDripCommand(t *testing.T, at string, args []string) {
+	t.Helper()
+	if args[0] != "check" {
+		args = append(slices.Clone(args), "-h")
+	}
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
+	if code != 0 {
+		t.Errorf("%s: drip %s: exit %d\n%s%s", at, strings.Join(args, " "), code, stdout.String(), stderr.String())
+		return
+	}
+	if args[0] != "check" && !strings.HasPrefix(stdout.String(), "usage:") {
+		// -h was not read as a flag: an argument before it stopped the
+		// parsing, and the command ran.
+		t.Errorf("%s: drip %s: the flags were not all parsed (an unexpected argument?):\n%s", at, strings.Join(args, " "), stdout.String())
+	}
+}
+
+// parseRules parses a documented rules file as the loader does, without
+// reading the files and variables it names (a JWKS file, a secret).
+func parseRules(t *testing.T, at, text string) {
+	t.Helper()
+	if _, err := rules.Parse([]byte(text), at); err != nil {
+		t.Errorf("%s: the rules file does not parse: %v", at, err)
+	}
+}
+
+// checkFile writes a documented rules or config file and runs drip check
+// on it.
+func checkFile(t *testing.T, at, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"check", path}, nil, &stdout, &stderr); code != 0 {
+		t.Errorf("%s: drip check of the block: exit %d\n%s%s", at, code, stdout.String(), stderr.String())
+	}
+}
+
+// dripArgs returns the arguments of a drip command, written "drip ..."
+// or "go run ./cmd/drip ...", or nil for another command.
+func dripArgs(cmd []string) []string {
+	switch {
+	case len(cmd) > 1 && cmd[0] == "drip":
+		return cmd[1:]
+	case len(cmd) > 3 && cmd[0] == "go" && cmd[1] == "run" && cmd[2] == "./cmd/drip":
+		return cmd[3:]
+	}
+	return nil
+}
+
+// shellCommands returns the simple commands of a sh block, as word lists:
+// lines joined at a trailing backslash, # comments and the answers shown
+// after a command (lines starting with {) dropped, pipelines and lists
+// (|, &&, ||, ;) split, a subshell's parentheses and leading VAR=value
+// assignments taken off.
+func shellCommands(text string) [][]string {
+	var cmds [][]string
+	text = strings.ReplaceAll(text, "\\\n", " ")
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "{") {
+			continue
+		}
+		var cur []string
+		flush := func() {
+			for len(cur) > 0 && regexp.MustCompile(`^[A-Z_][A-Z0-9_]*=`).MatchString(cur[0]) {
+				cur = cur[1:]
+			}
+			if len(cur) > 0 {
+				cmds = append(cmds, cur)
+			}
+			cur = nil
+		}
+		for _, w := range docWords(line) {
+			switch {
+			case w.op:
+				flush()
+			default:
+				cur = append(cur, w.s)
+			}
+		}
+		flush()
+	}
+	return cmds
+}
+
+// docWord is a word of a command line, or an operator (|, &&, ||, ;, a
+// parenthesis).
+type docWord struct {
+	s  string
+	op bool
+}
+
+// docWords splits a command line as sh would for the documented
+// commands: words, 'single' and "double" quoted strings, operators, and
+// a # comment.
+func docWords(s string) []docWord {
+	var words []docWord
+	var w strings.Builder
+	inWord := false
+	var quote rune
+	end := func() {
+		if inWord {
+			words = append(words, docWord{s: w.String()})
+			w.Reset()
+			inWord = false
+		}
+	}
+	rs := []rune(s)
+	for i := 0; i < len(rs); i++ {
+		r := rs[i]
+		switch {
+		case quote != 0 && r == quote:
+			quote = 0
+		case quote != 0:
+			w.WriteRune(r)
+		case r == '\'' || r == '"':
+			quote, inWord = r, true
+		case r == '#' && !inWord:
+			end()
+			return words
+		case r == ' ' || r == '\t':
+			end()
+		case r == '|' || r == '&' || r == ';' || r == '(' || r == ')':
+			end()
+			if i+1 < len(rs) && (r == '|' || r == '&') && rs[i+1] == r {
+				i++
+			}
+			words = append(words, docWord{s: string(r), op: true})
+		default:
+			w.WriteRune(r)
+			inWord = true
+		}
+	}
+	end()
+	return words
+}
