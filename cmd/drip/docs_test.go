@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/driplimit/drip/rules"
 )
@@ -298,4 +299,67 @@ func docWords(s string) []docWord {
 	}
 	end()
 	return words
+}
+
+// TestDocLinks holds the links of README.md, CONTRIBUTING.md and
+// docs/*.md to the repository: each names a file of it (and, after #, a
+// heading of that file), never a page outside it.
+func TestDocLinks(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	var n int
+	for _, f := range docFiles(t) {
+		data, err := os.ReadFile(filepath.Join("../..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(data), -1) {
+			n++
+			target, anchor, _ := strings.Cut(m[1], "#")
+			if strings.Contains(target, ":") {
+				t.Errorf("%s: a link outside the repository: %s", f, m[1])
+				continue
+			}
+			path := filepath.Join("../..", filepath.Dir(f), target)
+			if target == "" {
+				path = filepath.Join("../..", f)
+			}
+			body, err := os.ReadFile(path)
+			if err != nil {
+				t.Errorf("%s: link %s: %v", f, m[1], err)
+				continue
+			}
+			if anchor != "" && !slices.Contains(anchors(string(body)), anchor) {
+				t.Errorf("%s: link %s: no heading makes the anchor #%s", f, m[1], anchor)
+			}
+		}
+	}
+	if n < 30 {
+		t.Errorf("found %d links in the documents, which hold more", n)
+	}
+}
+
+// anchors returns the anchors of a Markdown file's headings, made as
+// GitHub makes them: lower case, punctuation dropped, spaces as dashes.
+func anchors(md string) []string {
+	var out []string
+	inCode := false
+	for _, line := range strings.Split(md, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inCode = !inCode
+		}
+		if inCode || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		var b strings.Builder
+		for _, r := range strings.ToLower(strings.TrimLeft(line, "# ")) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		out = append(out, b.String())
+	}
+	return out
 }
