@@ -12,7 +12,7 @@ import (
 	"github.com/driplimit/drip"
 )
 
-// burst50 is the limit of the README's worked example: r = 10 tokens per
+// burst50 is the limit of docs/commands.md's worked example: r = 10 tokens per
 // second, b = 50.
 var burst50 = drip.PerSecond(10).WithBurst(50)
 

@@ -85,7 +85,7 @@ RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY for the config directory when
 --rules is not given; GRPC_HOST and GRPC_PORT for the gRPC listener when
 --grpc-listen is not given. DRIP_ENVOY_ALGORITHM=fixed_window counts its
 limits in envoyproxy/ratelimit's windows instead of refilling them
-continuously. README's Envoy section has the details.
+continuously. docs/envoy.md has the details.
 
 Tracing (OpenTelemetry, OTLP) is off unless OTEL_TRACES_EXPORTER=otlp or
 OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set;
@@ -95,7 +95,7 @@ or grpc. The exporter reads the other OTEL_EXPORTER_OTLP_* variables
 (headers, timeout, TLS), the SDK OTEL_SERVICE_NAME (default drip),
 OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG and
 OTEL_BSP_*. Trace context is W3C traceparent and tracestate, passed on to
-the upstream. README's Tracing section lists the spans.
+the upstream. docs/operations.md (Tracing) lists the spans.
 
 Examples:
   drip serve
