@@ -84,7 +84,9 @@ var checkedLangs = []string{"go", "sh", "json", "yaml", "text", "sql"}
 // TestDocBlocks holds the code blocks of README.md, CONTRIBUTING.md and
 // docs/*.md to the code: every block names a language this test knows;
 // each drip command of a sh block parses with the command's real flags
-// (drip check runs, on the repository's files); each make target exists;
+// (drip check runs, on the repository's files; drip replay runs on the
+// lines echo or printf feeds it, and drip simulate runs, each printing
+// what the document shows after it); each make target exists;
 // JSON blocks are JSON, and the rules files among them parse
 // (rules.Parse), as do the YAML ones; envoyproxy/ratelimit configs pass
 // drip check.
@@ -99,11 +101,12 @@ func TestDocBlocks(t *testing.T) {
 	}
 	dir := t.TempDir()
 	t.Chdir("../..") // the commands name the repository's files from its root
-	var commands, files int
+	var commands, files, replays, simulations int
 	for i, b := range blocks {
 		at := b.file + ":" + strconv.Itoa(b.line)
 		switch b.lang {
 		case "sh":
+			replays += checkReplays(t, at, b.text)
 			for _, cmd := range shellCommands(b.text) {
 				switch {
 				case len(cmd) > 0 && cmd[0] == "make":
@@ -112,6 +115,10 @@ func TestDocBlocks(t *testing.T) {
 							t.Errorf("%s: make %s: the Makefile has no such target", at, target)
 						}
 					}
+				case dripArgs(cmd) != nil && dripArgs(cmd)[0] == "simulate" && i+1 < len(blocks) && blocks[i+1].lang == "text":
+					commands++
+					simulations++
+					checkSimulation(t, at, dripArgs(cmd), blocks[i+1].text, dir)
 				case dripArgs(cmd) != nil:
 					commands++
 					checkDripCommand(t, at, dripArgs(cmd))
@@ -150,10 +157,93 @@ func TestDocBlocks(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d blocks: %d drip commands, %d rules or config files checked", len(blocks), commands, files)
+	t.Logf("%d blocks: %d drip commands (%d replays and %d simulations run), %d rules or config files checked", len(blocks), commands, replays, simulations, files)
 	// Far fewer would mean the test lost its way in the documents.
-	if commands < 15 || files < 4 {
-		t.Errorf("checked %d drip commands and %d rules or config files; the documents hold more", commands, files)
+	if commands < 15 || files < 4 || replays < 2 || simulations < 1 {
+		t.Errorf("checked %d drip commands (%d replays and %d simulations run) and %d rules or config files; the documents hold more", commands, replays, simulations, files)
+	}
+}
+
+// checkReplays runs each documented "echo 'line' | drip replay" and
+// "printf '%s\n' 'line' ... | drip replay" of a sh block on its lines,
+// and compares what it writes with the decisions the block shows after
+// it (the lines starting with {). It returns how many it ran.
+func checkReplays(t *testing.T, at, text string) int {
+	t.Helper()
+	lines := strings.Split(strings.ReplaceAll(text, "\\\n", " "), "\n")
+	n := 0
+	for i, line := range lines {
+		producer, consumer, ok := strings.Cut(line, "|")
+		if !ok {
+			continue
+		}
+		cmds := shellCommands(consumer)
+		if len(cmds) == 0 {
+			continue
+		}
+		args := dripArgs(cmds[0])
+		if len(args) == 0 || args[0] != "replay" {
+			continue
+		}
+		var input string
+		var w []string
+		if pc := shellCommands(producer); len(pc) > 0 {
+			w = pc[len(pc)-1]
+		}
+		switch {
+		case len(w) == 2 && w[0] == "echo":
+			input = w[1] + "\n"
+		case len(w) > 2 && w[0] == "printf" && w[1] == `%s\n`:
+			input = strings.Join(w[2:], "\n") + "\n"
+		default:
+			t.Errorf("%s: %s: a replay's input this test cannot read", at, line)
+			continue
+		}
+		var want strings.Builder
+		for _, l := range lines[i+1:] {
+			if !strings.HasPrefix(l, "{") {
+				break
+			}
+			want.WriteString(l + "\n")
+		}
+		if want.Len() == 0 {
+			t.Errorf("%s: %s: the block shows no decisions after it", at, line)
+			continue
+		}
+		n++
+		var stdout, stderr bytes.Buffer
+		if code := run(context.Background(), args, strings.NewReader(input), &stdout, &stderr); code != 0 {
+			t.Errorf("%s: drip %s: exit %d\n%s", at, strings.Join(args, " "), code, stderr.String())
+		} else if stdout.String() != want.String() {
+			t.Errorf("%s: drip %s wrote\n%sthe document shows\n%s", at, strings.Join(args, " "), stdout.String(), want.String())
+		}
+	}
+	return n
+}
+
+// checkSimulation runs a documented drip simulate, its chart written
+// in dir, and compares what it prints with the text block after it.
+func checkSimulation(t *testing.T, at string, args []string, want, dir string) {
+	t.Helper()
+	args = slices.Clone(args)
+	svg := ""
+	for i := range args {
+		if args[i] == "--svg" && i+1 < len(args) {
+			svg = args[i+1]
+			args[i+1] = filepath.Join(dir, "chart.svg")
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), args, strings.NewReader(""), &stdout, &stderr); code != 0 {
+		t.Errorf("%s: drip %s: exit %d\n%s", at, strings.Join(args, " "), code, stderr.String())
+		return
+	}
+	got := stdout.String()
+	if svg != "" {
+		got = strings.ReplaceAll(got, filepath.Join(dir, "chart.svg"), svg)
+	}
+	if got != want {
+		t.Errorf("%s: drip %s printed\n%sthe document shows\n%s", at, strings.Join(args, " "), got, want)
 	}
 }
 
