@@ -376,13 +376,14 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 		}
 	}
 	hosts := strings.Split(raw, ",")
+	typ := strings.ToLower(e.getenv("REDIS_TYPE"))
 	for _, h := range hosts {
-		if _, _, err := net.SplitHostPort(h); err != nil {
+		if _, _, err := net.SplitHostPort(h); err != nil && typ != "sentinel" {
 			return fmt.Errorf("REDIS_URL: %q is not host:port", h)
 		}
 	}
 	var u *url.URL
-	switch t := strings.ToLower(e.getenv("REDIS_TYPE")); t {
+	switch t := typ; t {
 	case "", "single":
 		if len(hosts) > 1 {
 			return errors.New("REDIS_URL: one host:port for REDIS_TYPE=single")

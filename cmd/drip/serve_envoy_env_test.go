@@ -1,8 +1,17 @@
 package main
 
 import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
 	"os"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/server/envoy/xds"
+	"github.com/driplimit/drip/store/redisstore"
 
 	"github.com/driplimit/drip/server"
 	"github.com/driplimit/drip/server/envoy"
@@ -59,3 +68,195 @@ func TestEnvoyEnv(t *testing.T) {
 
 // none: no drip setting given.
 func none(string) bool { return false }
+
+// TestRatelimitEnv: each of envoyproxy/ratelimit's variables is honoured
+// (the setting it makes) or refused with an error naming it.
+func TestRatelimitEnv(t *testing.T) {
+	ca := testserver.NewCA(t, "env")
+	cert, key := ca.Issue(t, ca.Dir(t), "localhost")
+	type env = map[string]string
+	for _, tc := range []struct {
+		name  string
+		env   env
+		given string // a drip setting given
+		check func(*server.Config, *envoySettings) string
+		err   string // a refusal, naming this
+	}{
+		{name: "single", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis.svc:6379"},
+			check: store("redis://redis.redis.svc:6379")},
+		{name: "auth and TLS", env: env{"REDIS_SOCKET_TYPE": "TCP", "REDIS_URL": "r:6380", "REDIS_AUTH": "user:p@ss", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca.pem", "REDIS_TLS_CLIENT_CERT": "/c.pem", "REDIS_TLS_CLIENT_KEY": "/k.pem"},
+			check: store("rediss://user:p%40ss@r:6380?tls_ca_file=%2Fca.pem&tls_cert_file=%2Fc.pem&tls_key_file=%2Fk.pem")},
+		{name: "password only", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_AUTH": "secret"},
+			check: store("redis://:secret@r:6379")},
+		{name: "sentinel", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379"},
+			check: store("redis+sentinel://s1:26379,s2:26379/mymaster")},
+		{name: "cluster", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "CLUSTER", "REDIS_URL": "n1:7000,n2:7001,n3:7002"},
+			check: store("redis://n1:7000?addr=n2%3A7001&addr=n3%3A7002")},
+		{name: "pipeline", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_PIPELINE_WINDOW": "150us", "REDIS_PIPELINE_LIMIT": "8", "REDIS_POOL_SIZE": "10"},
+			check: func(c *server.Config, s *envoySettings) string {
+				if s.batching == nil || s.batching.Window != 150*time.Microsecond || s.batching.MaxBatch != 8 || len(s.notes) != 1 {
+					return fmt.Sprintf("%+v %q", s.batching, s.notes)
+				}
+				return ""
+			}},
+		{name: "unix socket", env: env{"REDIS_URL": "/var/run/nutcracker/ratelimit.sock"}, err: "REDIS_SOCKET_TYPE"},
+		{name: "bad type", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TYPE": "ring"}, err: "REDIS_TYPE"},
+		{name: "skip hostname", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TLS": "true", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"}, err: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"},
+		{name: "TLS file without TLS", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TLS_CACERT": "/ca"}, err: "REDIS_TLS_CACERT"},
+		{name: "per second", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_PERSECOND": "true"}, err: "REDIS_PERSECOND"},
+		{name: "store twice", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1"}, given: "store", err: "REDIS_URL and --store"},
+		{name: "redis setting without URL", env: env{"REDIS_AUTH": "x"}, err: "REDIS_AUTH"},
+		{name: "memcache", env: env{"BACKEND_TYPE": "memcache"}, err: "BACKEND_TYPE"},
+		{name: "xds", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "eg:18001", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit",
+			"FORCE_START_WITHOUT_INITIAL_CONFIG": "true", "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "1s", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "5s",
+			"XDS_CLIENT_BACKOFF_RANDOM_FACTOR": "0.2", "XDS_CLIENT_BACKOFF_JITTER": "false", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "a:1,b:2",
+			"CONFIG_GRPC_XDS_NODE_METADATA": "zone:z1", "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				x := c.XDS
+				if x == nil || x.Server != "eg:18001" || x.NodeID != "envoy-ratelimit" || !c.XDSForceStart || x.TLS != nil ||
+					x.Backoff != (xds.Backoff{Initial: time.Second, Max: 5 * time.Second, RandomFactor: 0.2}) ||
+					x.Headers["b"] != "2" || x.NodeMetadata["zone"] != "z1" || c.Rules != "" {
+					return fmt.Sprintf("%+v rules %q", x, c.Rules)
+				}
+				if c.GRPCListen != "0.0.0.0:8081" || c.HealthListen != "0.0.0.0:8080" || c.Listen != "off" {
+					return fmt.Sprintf("listeners: grpc %q health %q api %q", c.GRPCListen, c.HealthListen, c.Listen)
+				}
+				return ""
+			}},
+		{name: "xds defaults", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.XDS.Server != "localhost:18000" || c.XDS.NodeID != "default" || c.XDS.Backoff != xds.DefaultBackoff || c.XDSForceStart {
+					return fmt.Sprintf("%+v", c.XDS)
+				}
+				return ""
+			}},
+		{name: "xds TLS", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": cert,
+			"CONFIG_GRPC_XDS_CLIENT_TLS_KEY": key, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": ca.CAFile, "CONFIG_GRPC_XDS_SERVER_TLS_SAN": "envoy-gateway"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.XDS.TLS == nil || c.XDS.TLS.RootCAs == nil || c.XDS.TLS.GetClientCertificate == nil || c.XDS.TLS.ServerName != "envoy-gateway" {
+					return fmt.Sprintf("%+v", c.XDS.TLS)
+				}
+				return ""
+			}},
+		{name: "xds with --rules", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW"}, given: "rules", err: "--rules"},
+		{name: "xds setting without xds", env: env{"CONFIG_GRPC_XDS_SERVER_URL": "eg:18001"}, err: "CONFIG_GRPC_XDS_SERVER_URL"},
+		{name: "xds TLS file without TLS", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/ca"}, err: "CONFIG_GRPC_XDS_SERVER_USE_TLS"},
+		{name: "xds random factor", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": "2"}, err: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR"},
+		{name: "config type", env: env{"CONFIG_TYPE": "GRPC_XDS_DELTA"}, err: "CONFIG_TYPE"},
+		{name: "grpc mutual TLS", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.GRPCTLS == nil || c.GRPCTLS.ClientAuth != tls.RequireAndVerifyClientCert || c.GRPCTLS.VerifyConnection == nil {
+					return fmt.Sprintf("%+v", c.GRPCTLS)
+				}
+				return ""
+			}},
+		{name: "grpc TLS, Envoy Gateway's CA name", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_SERVER_TLS_CA_CERT": ca.CAFile},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.GRPCTLS == nil || c.GRPCTLS.ClientAuth != tls.RequireAndVerifyClientCert {
+					return fmt.Sprintf("%+v", c.GRPCTLS)
+				}
+				return ""
+			}},
+		{name: "grpc TLS without a key", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert}, err: "GRPC_SERVER_TLS_KEY"},
+		{name: "grpc TLS file without TLS", env: env{"GRPC_SERVER_TLS_CERT": cert}, err: "GRPC_SERVER_USE_TLS"},
+		{name: "grpc uds", env: env{"GRPC_UDS": "/tmp/rl.sock"}, err: "GRPC_UDS"},
+		{name: "grpc connection age", env: env{"GRPC_MAX_CONNECTION_AGE": "1h", "GRPC_MAX_CONNECTION_AGE_GRACE": "30s"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.GRPCLimits.MaxConnectionAge != time.Hour || c.GRPCLimits.MaxConnectionAgeGrace != 30*time.Second {
+					return fmt.Sprintf("%+v", c.GRPCLimits)
+				}
+				return ""
+			}},
+		{name: "port", env: env{"HOST": "127.0.0.1", "PORT": "9999"}, given: "listen",
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.HealthListen != "127.0.0.1:9999" || c.Listen == "off" || c.GRPCListen != "0.0.0.0:8081" {
+					return fmt.Sprintf("health %q api %q grpc %q", c.HealthListen, c.Listen, c.GRPCListen)
+				}
+				return ""
+			}},
+		{name: "bad port", env: env{"PORT": "http"}, err: "PORT"},
+		{name: "debug port", env: env{"DEBUG_PORT": "6070"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.AdminListen != "0.0.0.0:6070" {
+					return c.AdminListen
+				}
+				return ""
+			}},
+		{name: "prometheus", env: env{"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.AdminListen != ":19001" {
+					return c.AdminListen
+				}
+				return ""
+			}},
+		{name: "prometheus and --admin-listen", env: env{"USE_PROMETHEUS": "true"}, given: "admin-listen",
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.AdminListen != "" {
+					return c.AdminListen
+				}
+				return ""
+			}},
+		{name: "prometheus and debug", env: env{"USE_PROMETHEUS": "true", "DEBUG_PORT": "6070"}, err: "DEBUG_PORT"},
+		{name: "prometheus path", env: env{"USE_PROMETHEUS": "true", "PROMETHEUS_PATH": "/stats"}, err: "PROMETHEUS_PATH"},
+		{name: "statsd", env: env{"USE_STATSD": "true"}, err: "USE_STATSD"},
+		{name: "statsd off", env: env{"USE_STATSD": "false"}, check: func(*server.Config, *envoySettings) string { return "" }},
+		{name: "tracing", env: env{"TRACING_ENABLED": "true"}, err: "OTEL_"},
+		{name: "log", env: env{"LOG_LEVEL": "DEBUG", "LOG_FORMAT": "json"},
+			check: func(_ *server.Config, s *envoySettings) string {
+				if s.level != slog.LevelDebug || !s.json {
+					return fmt.Sprintf("%v %v", s.level, s.json)
+				}
+				return ""
+			}},
+		{name: "log level", env: env{"LOG_LEVEL": "loud"}, err: "LOG_LEVEL"},
+		{name: "log format", env: env{"LOG_FORMAT": "xml"}, err: "LOG_FORMAT"},
+		{name: "no effect", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "NEAR_LIMIT_RATIO": "0.9", "EXPIRATION_JITTER_MAX_SECONDS": "300"},
+			check: func(_ *server.Config, s *envoySettings) string {
+				if len(s.notes) != 3 {
+					return fmt.Sprintf("%q", s.notes)
+				}
+				return ""
+			}},
+		{name: "near limit ratio", env: env{"NEAR_LIMIT_RATIO": "2"}, err: "NEAR_LIMIT_RATIO"},
+		{name: "cache size", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "-1"}, err: "LOCAL_CACHE_SIZE_IN_BYTES"},
+		{name: "cache key prefix", env: env{"CACHE_KEY_PREFIX": "rl_"}, err: "CACHE_KEY_PREFIX"},
+		{name: "healthy with config", env: env{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true"}, err: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"},
+		{name: "headers", env: env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-Left"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.Envoy.Headers != (envoy.Headers{Mode: envoy.HeadersEnvoy, Remaining: "X-Left"}) {
+					return fmt.Sprintf("%+v", c.Envoy.Headers)
+				}
+				return ""
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c server.Config
+			st, err := envoyEnv(&c, func(k string) string { return tc.env[k] }, func(f string) bool { return f == tc.given })
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg := tc.check(&c, st); msg != "" {
+				t.Fatal(msg)
+			}
+		})
+	}
+}
+
+// store checks the store URL made of REDIS_*.
+func store(want string) func(*server.Config, *envoySettings) string {
+	return func(c *server.Config, _ *envoySettings) string {
+		if c.Store != want {
+			return fmt.Sprintf("store %q, want %q", c.Store, want)
+		}
+		if _, err := redisstore.ParseURL(c.Store); err != nil && !strings.Contains(err.Error(), "no such file") {
+			return fmt.Sprintf("store %q: %v", c.Store, err)
+		}
+		return ""
+	}
+}
