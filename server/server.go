@@ -104,6 +104,9 @@ type listener struct {
 // The caller keeps ownership of store and closes it after Serve returns.
 func New(cfg Config, store drip.Store) (*Server, error) {
 	cfg = cfg.withDefaults()
+	if err := cfg.checkXDS(); err != nil { // xds.go
+		return nil, err
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), endDrain: make(chan struct{})}
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),

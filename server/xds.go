@@ -31,11 +31,16 @@ import (
 // errNoConfig is the answer of ShouldRateLimit before the first snapshot.
 var errNoConfig = status.Error(codes.Unavailable, "drip: no rate limit configuration loaded yet (waiting for the xDS server)")
 
-// addXDS makes the xDS client (in New).
-func (s *Server) addXDS() error {
-	if s.cfg.Rules != "" {
+// checkXDS refuses an xDS server beside rules files (in New, first).
+func (c Config) checkXDS() error {
+	if c.XDS != nil && c.Rules != "" {
 		return errors.New("server: the Envoy configuration comes from an xDS server (CONFIG_TYPE=GRPC_XDS_SOTW) and --rules names files: give one")
 	}
+	return nil
+}
+
+// addXDS makes the xDS client (in New).
+func (s *Server) addXDS() error {
 	s.envoyService()
 	c := *s.cfg.XDS
 	if c.Logger == nil {
