@@ -138,7 +138,8 @@ func TestEnvoyGatewayDropIn(t *testing.T) {
 	} {
 		t.Setenv(k, v)
 	}
-	out := startServe(t) // no flags: the container's command is the binary alone
+	// The container's command, /bin/ratelimit, alone.
+	out := startServe(t, argsOf([]string{"/bin/ratelimit"})[1:]...)
 	if !strings.Contains(out, " over TLS") {
 		t.Fatalf("gRPC not over TLS:\n%s", out)
 	}

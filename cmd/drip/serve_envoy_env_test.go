@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -258,5 +259,35 @@ func store(want string) func(*server.Config, *envoySettings) string {
 			return fmt.Sprintf("store %q: %v", c.Store, err)
 		}
 		return ""
+	}
+}
+
+// TestRatelimitEnvDocumented: every envoyproxy/ratelimit variable drip
+// reads has its line in docs/envoy.md.
+func TestRatelimitEnvDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/envoy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`"([A-Z][A-Z0-9_]{2,})"`)
+	n := 0
+	for _, f := range []string{"serve_envoy.go", "../../server/envoy/options.go"} {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+			name := m[1]
+			if strings.HasPrefix(name, "DRIP_") || name == "FILE" || name == "GRPC_XDS_SOTW" {
+				continue
+			}
+			n++
+			if !strings.Contains(string(doc), "`"+name+"`") {
+				t.Errorf("%s reads %s: not in docs/envoy.md", f, name)
+			}
+		}
+	}
+	if n < 50 {
+		t.Fatalf("found only %d variables: the pattern no longer matches the code", n)
 	}
 }
