@@ -67,6 +67,10 @@ type Config struct {
 	// (FORCE_START_WITHOUT_INITIAL_CONFIG).
 	XDS           *xds.Config
 	XDSForceStart bool
+	// HealthNeedsConfig makes /healthcheck fail until the xDS server's
+	// first snapshot applied (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED);
+	// files are loaded before anything is served.
+	HealthNeedsConfig bool
 	// HealthListen, when set, is envoyproxy/ratelimit's HOST:PORT: a
 	// listener that serves /healthcheck and nothing else, for the
 	// probes of deployments made for it.

@@ -75,3 +75,34 @@ func TestXDSWaitsForConfig(t *testing.T) {
 		t.Fatalf("--rules with xDS: %v", err)
 	}
 }
+
+// TestXDSForceStart: with XDSForceStart the server serves at once; until
+// a first snapshot ShouldRateLimit is UNAVAILABLE (gRPC test in
+// cmd/drip), /json 503 and, with HealthNeedsConfig, /healthcheck 500;
+// then they answer.
+func TestXDSForceStart(t *testing.T) {
+	srv := xdstest.Start(t, nil)
+	r := start(t, Config{HealthListen: "127.0.0.1:0", XDSForceStart: true, HealthNeedsConfig: true,
+		XDS: &xds.Config{Server: srv.Addr, NodeID: "n", Backoff: xds.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}}}, memstore.New())
+	health := "http://" + r.HealthAddr().String() + "/healthcheck"
+	body := `{"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
+	if code, _ := call(t, "GET", health, ""); code != 500 {
+		t.Fatalf("/healthcheck before a configuration: %d", code)
+	}
+	if code, _ := call(t, "POST", r.admin+"/json", body); code != 503 {
+		t.Fatalf("/json before a configuration: %d", code)
+	}
+	srv.Push(t, "n", "1", xdstest.Config("c", "d", xdstest.Limit("k", "", 1, rlconfv3.RateLimitUnit_HOUR)))
+	srv.WaitAck(t, "1")
+	if code, b := call(t, "GET", health, ""); code != 200 || b != "OK\n" {
+		t.Fatalf("/healthcheck: %d %q", code, b)
+	}
+	if code, _ := call(t, "GET", "http://"+r.HealthAddr().String()+"/metrics", ""); code != 404 {
+		t.Fatalf("/metrics on the health listener: %d", code)
+	}
+	for i, want := range []int{200, 429} {
+		if code, b := call(t, "POST", r.admin+"/json", body); code != want {
+			t.Fatalf("/json call %d: %d %s, want %d", i, code, b, want)
+		}
+	}
+}

@@ -177,9 +177,7 @@ func envoyEnv(c *server.Config, getenv func(string) string, given explicit) (*en
 	if b := strings.ToLower(getenv("BACKEND_TYPE")); b != "" && b != "redis" {
 		e.fail("BACKEND_TYPE=%q: drip's stores are memory, Redis and PostgreSQL (--store); no memcache", b)
 	}
-	if e.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED") {
-		e.fail("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true: drip does not serve before its first configuration unless FORCE_START_WITHOUT_INITIAL_CONFIG=true, and then answers UNAVAILABLE until one arrives; unset it")
-	}
+	c.HealthNeedsConfig = e.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")
 	return st, e.err()
 }
 

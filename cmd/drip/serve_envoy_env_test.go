@@ -221,7 +221,13 @@ func TestRatelimitEnv(t *testing.T) {
 		{name: "near limit ratio", env: env{"NEAR_LIMIT_RATIO": "2"}, err: "NEAR_LIMIT_RATIO"},
 		{name: "cache size", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "-1"}, err: "LOCAL_CACHE_SIZE_IN_BYTES"},
 		{name: "cache key prefix", env: env{"CACHE_KEY_PREFIX": "rl_"}, err: "CACHE_KEY_PREFIX"},
-		{name: "healthy with config", env: env{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true"}, err: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"},
+		{name: "healthy with config", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if !c.HealthNeedsConfig {
+					return "not set"
+				}
+				return ""
+			}},
 		{name: "headers", env: env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-Left"},
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.Envoy.Headers != (envoy.Headers{Mode: envoy.HeadersEnvoy, Remaining: "X-Left"}) {
