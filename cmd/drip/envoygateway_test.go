@@ -88,7 +88,7 @@ func TestEnvoyGatewayDropIn(t *testing.T) {
 		return kp
 	}
 	xdsSrv := xdstest.Start(t, &tls.Config{Certificates: []tls.Certificate{pair(xdsCert, xdsKey)},
-		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13}) // as Envoy Gateway serves it
 
 	// The same configuration as a file, on drip started with flags only
 	// (before the environment below is set), on another Redis database.
