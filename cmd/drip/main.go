@@ -30,6 +30,7 @@ func register(c command) { commands = append(commands, c) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	asRatelimit = isRatelimit(os.Args)
 	code := run(ctx, argsOf(os.Args), os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -41,11 +42,17 @@ func main() {
 // envoyproxy/ratelimit, which has no decision API, started with its
 // environment (docs/envoy.md).
 func argsOf(argv []string) []string {
-	if len(argv) > 0 && filepath.Base(argv[0]) == "ratelimit" {
+	if isRatelimit(argv) {
 		return append([]string{"serve", "--listen", "off"}, argv[1:]...)
 	}
 	return argv[1:]
 }
+
+// asRatelimit is set when drip runs as ratelimit: drip serve then takes
+// envoyproxy/ratelimit's listeners (serve_envoy.go).
+var asRatelimit bool
+
+func isRatelimit(argv []string) bool { return len(argv) > 0 && filepath.Base(argv[0]) == "ratelimit" }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {

@@ -76,7 +76,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 		return set
 	}
-	env, err := envoyEnv(&c, os.Getenv, given) // envoyproxy/ratelimit's variables (serve_envoy.go)
+	env, err := envoyEnv(&c, os.Getenv, given, asRatelimit) // envoyproxy/ratelimit's variables (serve_envoy.go)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 2
@@ -165,7 +165,10 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 
 	storeName := redact.URL(c.Store) // never print a password
 	rules := c.Rules
-	if rules == "" {
+	switch {
+	case c.XDS != nil:
+		rules = "Envoy's from the xDS server"
+	case rules == "":
 		rules = "built-in defaults"
 	}
 	switch {

@@ -43,8 +43,9 @@ type envoySettings struct {
 }
 
 // envoyEnv applies envoyproxy/ratelimit's environment variables, read
-// through getenv, to c.
-func envoyEnv(c *server.Config, getenv func(string) string, given explicit) (*envoySettings, error) {
+// through getenv, to c; asRatelimit says drip was called as ratelimit
+// (argsOf).
+func envoyEnv(c *server.Config, getenv func(string) string, given explicit, asRatelimit bool) (*envoySettings, error) {
 	e := &envoyReader{getenv: getenv}
 	opts, err := envoy.OptionsFromEnv(getenv)
 	if err != nil {
@@ -54,10 +55,12 @@ func envoyEnv(c *server.Config, getenv func(string) string, given explicit) (*en
 	st := &envoySettings{}
 
 	// Where the configuration comes from. A deployment made for
-	// envoyproxy/ratelimit (one that sets CONFIG_TYPE, HOST or PORT) gets
-	// its listeners: gRPC on 0.0.0.0:8081, /healthcheck on HOST:PORT.
+	// envoyproxy/ratelimit (one that sets CONFIG_TYPE, or runs drip as
+	// ratelimit) gets its listeners: gRPC on 0.0.0.0:8081, /healthcheck
+	// on HOST:PORT. Elsewhere HOST and PORT are not read: platforms set
+	// PORT for their own purposes (docs/envoy.md).
 	mode := getenv("CONFIG_TYPE")
-	ratelimitMode := mode != "" || getenv("HOST") != "" || getenv("PORT") != ""
+	ratelimitMode := mode != "" || asRatelimit
 	switch mode {
 	case "", "FILE":
 		for _, v := range xdsVariables {
@@ -100,9 +103,12 @@ func envoyEnv(c *server.Config, getenv func(string) string, given explicit) (*en
 
 	// The listeners of HOST:PORT and DEBUG_HOST:DEBUG_PORT.
 	if ratelimitMode {
-		c.HealthListen = net.JoinHostPort(or(getenv("HOST"), "0.0.0.0"), e.port("PORT", "8080"))
+		port := e.port("PORT", "8080")
+		c.HealthListen = net.JoinHostPort(or(getenv("HOST"), "0.0.0.0"), port)
 		if !given("listen") {
 			c.Listen = "off"
+		} else if _, p, err := net.SplitHostPort(c.Listen); err == nil && p == port {
+			return nil, fmt.Errorf("the decision API (--listen or DRIP_LISTEN, %s) and envoyproxy/ratelimit's /healthcheck (HOST and PORT, %s) share port %s: set PORT, or --listen off", c.Listen, c.HealthListen, port)
 		}
 	}
 	debug := getenv("DEBUG_HOST") != "" || getenv("DEBUG_PORT") != ""

@@ -27,7 +27,7 @@ func TestEnvoyEnv(t *testing.T) {
 	t.Setenv("SHADOW_MODE", "false")
 	t.Setenv("RUNTIME_IGNOREDOTFILES", "true")
 	var c server.Config
-	if _, err := envoyEnv(&c, os.Getenv, none); err != nil {
+	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil {
 		t.Fatal(err)
 	}
 	if c.Rules != "/data/ratelimit/config" || c.Envoy != (envoy.Options{MergeDomains: true, IgnoreDotfiles: true}) {
@@ -37,32 +37,32 @@ func TestEnvoyEnv(t *testing.T) {
 		t.Fatalf("gRPC listener %q without GRPC_HOST or GRPC_PORT", c.GRPCListen)
 	}
 	c = server.Config{Rules: "mine.yaml"}
-	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "rules" }); err != nil || c.Rules != "mine.yaml" {
+	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "rules" }, false); err != nil || c.Rules != "mine.yaml" {
 		t.Fatalf("%q %v", c.Rules, err)
 	}
 	t.Setenv("GRPC_PORT", "9081")
 	c = server.Config{}
-	if _, err := envoyEnv(&c, os.Getenv, none); err != nil || c.GRPCListen != "0.0.0.0:9081" {
+	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil || c.GRPCListen != "0.0.0.0:9081" {
 		t.Fatalf("GRPC_PORT=9081: %q %v", c.GRPCListen, err)
 	}
 	c = server.Config{GRPCListen: "127.0.0.1:7000"} // --grpc-listen wins
-	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "grpc-listen" }); err != nil || c.GRPCListen != "127.0.0.1:7000" {
+	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "grpc-listen" }, false); err != nil || c.GRPCListen != "127.0.0.1:7000" {
 		t.Fatalf("--grpc-listen: %q %v", c.GRPCListen, err)
 	}
 	t.Setenv("GRPC_HOST", "::1")
 	t.Setenv("GRPC_PORT", "")
 	c = server.Config{}
-	if _, err := envoyEnv(&c, os.Getenv, none); err != nil || c.GRPCListen != "[::1]:8081" {
+	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil || c.GRPCListen != "[::1]:8081" {
 		t.Fatalf("GRPC_HOST=::1: %q %v", c.GRPCListen, err)
 	}
 	t.Setenv("GRPC_PORT", "http")
-	if _, err := envoyEnv(&server.Config{}, os.Getenv, none); err == nil {
+	if _, err := envoyEnv(&server.Config{}, os.Getenv, none, false); err == nil {
 		t.Fatal("GRPC_PORT=http accepted")
 	}
 	t.Setenv("GRPC_PORT", "")
 	t.Setenv("GRPC_HOST", "")
 	t.Setenv("SHADOW_MODE", "sometimes")
-	if _, err := envoyEnv(&c, os.Getenv, none); err == nil {
+	if _, err := envoyEnv(&c, os.Getenv, none, false); err == nil {
 		t.Fatal("SHADOW_MODE=sometimes accepted")
 	}
 }
@@ -77,11 +77,13 @@ func TestRatelimitEnv(t *testing.T) {
 	cert, key := ca.Issue(t, ca.Dir(t), "localhost")
 	type env = map[string]string
 	for _, tc := range []struct {
-		name  string
-		env   env
-		given string // a drip setting given
-		check func(*server.Config, *envoySettings) string
-		err   string // a refusal, naming this
+		name      string
+		env       env
+		given     string // a drip setting given
+		listen    string // --listen, when given
+		ratelimit bool   // called as ratelimit
+		check     func(*server.Config, *envoySettings) string
+		err       string // a refusal, naming this
 	}{
 		{name: "single", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis.svc:6379"},
 			check: store("redis://redis.redis.svc:6379")},
@@ -168,14 +170,29 @@ func TestRatelimitEnv(t *testing.T) {
 				}
 				return ""
 			}},
-		{name: "port", env: env{"HOST": "127.0.0.1", "PORT": "9999"}, given: "listen",
+		{name: "port", env: env{"CONFIG_TYPE": "FILE", "HOST": "127.0.0.1", "PORT": "9999"}, given: "listen",
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.HealthListen != "127.0.0.1:9999" || c.Listen == "off" || c.GRPCListen != "0.0.0.0:8081" {
 					return fmt.Sprintf("health %q api %q grpc %q", c.HealthListen, c.Listen, c.GRPCListen)
 				}
 				return ""
 			}},
-		{name: "bad port", env: env{"PORT": "http"}, err: "PORT"},
+		{name: "port as ratelimit", env: env{}, ratelimit: true,
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.HealthListen != "0.0.0.0:8080" || c.Listen != "off" || c.GRPCListen != "0.0.0.0:8081" {
+					return fmt.Sprintf("health %q api %q grpc %q", c.HealthListen, c.Listen, c.GRPCListen)
+				}
+				return ""
+			}},
+		{name: "a platform's PORT", env: env{"PORT": "8080"}, // Cloud Run, Heroku, ...: not read
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.HealthListen != "" || c.Listen != "" || c.GRPCListen != "" {
+					return fmt.Sprintf("health %q api %q grpc %q", c.HealthListen, c.Listen, c.GRPCListen)
+				}
+				return ""
+			}},
+		{name: "port shared", env: env{"CONFIG_TYPE": "FILE"}, given: "listen", listen: "0.0.0.0:8080", err: "share port 8080"},
+		{name: "bad port", env: env{"CONFIG_TYPE": "FILE", "PORT": "http"}, err: "PORT"},
 		{name: "debug port", env: env{"DEBUG_PORT": "6070"},
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.AdminListen != "0.0.0.0:6070" {
@@ -237,8 +254,8 @@ func TestRatelimitEnv(t *testing.T) {
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var c server.Config
-			st, err := envoyEnv(&c, func(k string) string { return tc.env[k] }, func(f string) bool { return f == tc.given })
+			c := server.Config{Listen: tc.listen}
+			st, err := envoyEnv(&c, func(k string) string { return tc.env[k] }, func(f string) bool { return f == tc.given }, tc.ratelimit)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one naming %s", err, tc.err)
