@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"os"
@@ -312,5 +313,86 @@ func TestRatelimitEnvDocumented(t *testing.T) {
 	}
 	if n < 50 {
 		t.Fatalf("found only %d variables: the pattern no longer matches the code", n)
+	}
+}
+
+// TestHasSAN: GRPC_CLIENT_TLS_SAN matches a name the certificate
+// carries, and no other.
+func TestHasSAN(t *testing.T) {
+	ca := testserver.NewCA(t, "san")
+	certFile, keyFile := ca.Issue(t, ca.Dir(t), "envoy", "10.0.0.1")
+	kp, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(kp.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"envoy": true, "10.0.0.1": true, "envoy-gateway": false, "": false, "10.0.0.2": false} {
+		if got := hasSAN(cert, name); got != want {
+			t.Errorf("hasSAN(%q) = %v", name, got)
+		}
+	}
+}
+
+// TestGRPCServerTLS: the TLS the gRPC listener gets from GRPC_* asks for
+// a client certificate of the CA carrying GRPC_CLIENT_TLS_SAN, and takes
+// no other.
+func TestGRPCServerTLS(t *testing.T) {
+	ca := testserver.NewCA(t, "grpc")
+	srvCert, srvKey := ca.Issue(t, ca.Dir(t), "envoy-ratelimit")
+	envoyCert, envoyKey := ca.Issue(t, ca.Dir(t), "envoy")
+	otherCert, otherKey := ca.Issue(t, ca.Dir(t), "someone-else")
+	e := map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert, "GRPC_SERVER_TLS_KEY": srvKey,
+		"GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"}
+	var c server.Config
+	if _, err := envoyEnv(&c, func(k string) string { return e[k] }, none, false); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", c.GRPCTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.(*tls.Conn).Handshake()
+			conn.Write([]byte("x"))
+			conn.Close()
+		}
+	}()
+	pool, err := certPool(ca.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(certs ...tls.Certificate) error {
+		conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "envoy-ratelimit", Certificates: certs})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the server's verdict comes with the first read
+		return err
+	}
+	pair := func(c, k string) tls.Certificate {
+		kp, err := tls.LoadX509KeyPair(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kp
+	}
+	if err := dial(pair(envoyCert, envoyKey)); err != nil {
+		t.Fatalf("envoy's certificate: %v", err)
+	}
+	if err := dial(pair(otherCert, otherKey)); err == nil {
+		t.Fatal("a certificate without the SAN was taken")
+	}
+	if err := dial(); err == nil {
+		t.Fatal("no certificate was taken")
 	}
 }

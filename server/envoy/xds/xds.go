@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -208,7 +209,7 @@ func (c *Client) stream(ctx context.Context) (got bool, err error) {
 		if err := c.take(resp); err != nil {
 			c.log.Error("xds: configuration refused (NACK); the one in force stays", "version", resp.VersionInfo, "err", err.Error())
 			req.VersionInfo = c.Version()
-			req.ErrorDetail = &spb.Status{Code: int32(codes.InvalidArgument), Message: err.Error()}
+			req.ErrorDetail = &spb.Status{Code: int32(codes.InvalidArgument), Message: truncate(err.Error(), maxDetail)}
 		} else {
 			c.log.Info("xds: configuration applied", "version", resp.VersionInfo, "resources", len(resp.Resources))
 			req.VersionInfo = resp.VersionInfo
@@ -258,4 +259,18 @@ func (c *Client) node() *corev3.Node {
 		n.Metadata = &structpb.Struct{Fields: fields}
 	}
 	return n
+}
+
+// maxDetail bounds the error text of a NACK (a snapshot with many
+// problems lists them all in the log).
+const maxDetail = 4 << 10
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
 }
