@@ -538,6 +538,7 @@ func certPool(file string) (*x509.CertPool, error) {
 // checked at most once a second.
 type keyPair struct {
 	cert, key string
+	now       func() time.Time // time.Now; tests set it
 	mu        sync.Mutex
 	kp        *tls.Certificate
 	sig       string
@@ -545,7 +546,7 @@ type keyPair struct {
 }
 
 func newKeyPair(cert, key string) (*keyPair, error) {
-	k := &keyPair{cert: cert, key: key}
+	k := &keyPair{cert: cert, key: key, now: time.Now}
 	if _, err := k.get(); err != nil {
 		return nil, err
 	}
@@ -555,8 +556,8 @@ func newKeyPair(cert, key string) (*keyPair, error) {
 func (k *keyPair) get() (*tls.Certificate, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	now := time.Now()
-	if k.kp != nil && now.Sub(k.checked) < time.Second {
+	now := k.now()
+	if d := now.Sub(k.checked); k.kp != nil && d >= 0 && d < time.Second {
 		return k.kp, nil
 	}
 	k.checked = now

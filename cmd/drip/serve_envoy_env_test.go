@@ -396,3 +396,26 @@ func TestGRPCServerTLS(t *testing.T) {
 		t.Fatal("no certificate was taken")
 	}
 }
+
+// TestKeyPairRotates: a certificate replaced in its files (a rotated
+// Secret) is served from the next check on, a second later at most.
+func TestKeyPairRotates(t *testing.T) {
+	ca := testserver.NewCA(t, "rotate")
+	dir := ca.Dir(t)
+	certFile, keyFile := ca.Issue(t, dir, "envoy-ratelimit")
+	k, err := newKeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(time.Hour) // past the first read's second
+	k.now = func() time.Time { return at }
+	first, _ := k.get()
+	ca.Issue(t, dir, "envoy-ratelimit") // the same files, a new certificate
+	if got, _ := k.get(); string(got.Certificate[0]) != string(first.Certificate[0]) {
+		t.Fatal("read again within the second")
+	}
+	at = at.Add(time.Second)
+	if got, _ := k.get(); string(got.Certificate[0]) == string(first.Certificate[0]) {
+		t.Fatal("the new certificate is not served")
+	}
+}
