@@ -6,11 +6,11 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -108,7 +108,6 @@ func TestEnvoyGatewayDropIn(t *testing.T) {
 	// Envoy Gateway's environment (internal/infrastructure/kubernetes/
 	// ratelimit: expectedRateLimitContainerEnv), certificate paths as
 	// mounted, and the addresses of this test.
-	grpcPort, probePort := testserver.FreePort(t, 0), testserver.FreePort(t, 0)
 	for k, v := range map[string]string{
 		"REDIS_SOCKET_TYPE":                  "tcp",
 		"REDIS_URL":                          redis.Addr,
@@ -130,10 +129,10 @@ func TestEnvoyGatewayDropIn(t *testing.T) {
 		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":     rlKey,
 		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT":  ca.CAFile,
 		"FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
-		// The test's ports, in place of the Deployment's 8081 and 8080,
-		// and drip's admin listener kept off 9090 (other tests').
-		"GRPC_PORT":         strconv.Itoa(grpcPort),
-		"PORT":              strconv.Itoa(probePort),
+		// Free ports in place of the Deployment's 8081 and 8080, and
+		// drip's admin listener kept off 9090 (other tests').
+		"GRPC_PORT":         "0",
+		"PORT":              "0",
 		"DRIP_ADMIN_LISTEN": "127.0.0.1:0",
 	} {
 		t.Setenv(k, v)
@@ -144,9 +143,22 @@ func TestEnvoyGatewayDropIn(t *testing.T) {
 		t.Fatalf("gRPC not over TLS:\n%s", out)
 	}
 
+	port := func(re *regexp.Regexp) string {
+		m := re.FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no %s in:\n%s", re, out)
+		}
+		_, p, err := net.SplitHostPort(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	grpcPort, probePort := port(grpcAnyRe), port(regexp.MustCompile(`/healthcheck on http://(\S+) \(PORT\)`))
+
 	// The readiness probe: GET /healthcheck on PORT, over plain HTTP;
 	// nothing else there.
-	probe := fmt.Sprintf("http://127.0.0.1:%d", probePort)
+	probe := "http://127.0.0.1:" + probePort
 	if code, body := httpGet(t, probe+"/healthcheck"); code != 200 || body != "OK\n" {
 		t.Fatalf("/healthcheck: %d %q", code, body)
 	}
@@ -154,7 +166,7 @@ func TestEnvoyGatewayDropIn(t *testing.T) {
 		t.Fatalf("/json on PORT: %d, want 404 (decisions only on the TLS gRPC port)", code)
 	}
 
-	grpcAddr := fmt.Sprintf("127.0.0.1:%d", grpcPort)
+	grpcAddr := "127.0.0.1:" + grpcPort
 	// Mutual TLS: without a client certificate, no call.
 	anon, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "envoy-ratelimit"})))
 	if err != nil {
