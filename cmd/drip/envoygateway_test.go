@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -230,6 +232,24 @@ func TestEnvoyGatewayDropIn(t *testing.T) {
 	if got := call(t, fromXDS, b); !strings.HasPrefix(got, "OK") {
 		t.Fatalf("/b before the push: %s", got)
 	}
+	// Under load: callers all along, through the push and the NACK
+	// below; none gets an error.
+	loadCtx, stopLoad := context.WithCancel(context.Background())
+	var load sync.WaitGroup
+	var calls, failed atomic.Int64
+	for range 4 {
+		load.Go(func() {
+			for loadCtx.Err() == nil {
+				cctx, ccancel := context.WithTimeout(loadCtx, 30*time.Second)
+				_, err := fromXDS.ShouldRateLimit(cctx, gwRequest(map[string]string{"user": "load"}))
+				ccancel()
+				if err != nil && loadCtx.Err() == nil {
+					failed.Add(1)
+				}
+				calls.Add(1)
+			}
+		})
+	}
 	xdsSrv.Push(t, "envoy-ratelimit", "2", gatewayConfig(xdstest.Limit("path", "/b", 0, rlconfv3.RateLimitUnit_MINUTE)))
 	waitFor(t, "the pushed configuration to apply", func() bool { return strings.HasPrefix(call(t, fromXDS, b), "OVER_LIMIT") })
 	xdsSrv.WaitAck(t, "2")
@@ -245,6 +265,11 @@ func TestEnvoyGatewayDropIn(t *testing.T) {
 	}
 	if got := call(t, fromXDS, reqs[0]); got != aBefore {
 		t.Fatalf("/a after the NACK: %s, before it %s", got, aBefore)
+	}
+	stopLoad()
+	load.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of %d calls under load failed", n, calls.Load())
 	}
 	if xdsSrv.Acked("3") {
 		t.Fatal("the invalid configuration was ACKed")
