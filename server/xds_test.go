@@ -105,4 +105,18 @@ func TestXDSForceStart(t *testing.T) {
 			t.Fatalf("/json call %d: %d %s, want %d", i, code, b, want)
 		}
 	}
+
+	// An invalid snapshot: counted as a failed reload; the old one
+	// answers on.
+	srv.Push(t, "n", "2", xdstest.Config("c", "d", xdstest.Limit("k", "", 1, rlconfv3.RateLimitUnit_UNKNOWN)))
+	srv.WaitNack(t, "2")
+	_, m := call(t, "GET", r.admin+"/metrics", "")
+	for _, want := range []string{`drip_rules_reloads_total{result="ok"} 1`, `drip_rules_reloads_total{result="error"} 1`, "drip_rules_last_reload_ok 0"} { // read once, NACKed twice (xds.go)
+		if !strings.Contains(m, want+"\n") {
+			t.Errorf("metrics lack %s:\n%s", want, m)
+		}
+	}
+	if code, _ := call(t, "POST", r.admin+"/json", body); code != 429 {
+		t.Fatalf("/json after the NACK: %d, want 429 (the old snapshot)", code)
+	}
 }

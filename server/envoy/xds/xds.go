@@ -199,6 +199,7 @@ func (c *Client) stream(ctx context.Context) (got bool, err error) {
 	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: TypeURL, VersionInfo: c.Version()}); err != nil {
 		return false, err
 	}
+	nacked, nackErr := "", error(nil) // the version last refused on this stream, and why
 	for {
 		resp, err := st.Recv()
 		if err != nil {
@@ -206,11 +207,30 @@ func (c *Client) stream(ctx context.Context) (got bool, err error) {
 		}
 		got = true
 		req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.Nonce}
-		if err := c.take(resp); err != nil {
-			c.log.Error("xds: configuration refused (NACK); the one in force stays", "version", resp.VersionInfo, "err", err.Error())
+		repeat := nackErr != nil && resp.VersionInfo == nacked
+		err = nackErr
+		if !repeat {
+			err = c.take(resp) // a version refused already is not read again
+		}
+		if err != nil {
+			// A NACK names the version in force, as the protocol asks.
+			// A server that answers it by sending the refused version
+			// again (go-control-plane's snapshot cache, which Envoy
+			// Gateway uses, resends whatever differs from the version a
+			// request names) would loop with the client, thousands of
+			// times a second; the second NACK of a version names that
+			// version, which such a server takes as the client's and
+			// waits for a new snapshot.
 			req.VersionInfo = c.Version()
+			if repeat {
+				req.VersionInfo = resp.VersionInfo
+			} else {
+				c.log.Error("xds: configuration refused (NACK); the one in force stays", "version", resp.VersionInfo, "err", err.Error())
+			}
+			nacked, nackErr = resp.VersionInfo, err
 			req.ErrorDetail = &spb.Status{Code: int32(codes.InvalidArgument), Message: truncate(err.Error(), maxDetail)}
 		} else {
+			nacked, nackErr = "", nil
 			c.log.Info("xds: configuration applied", "version", resp.VersionInfo, "resources", len(resp.Resources))
 			req.VersionInfo = resp.VersionInfo
 		}

@@ -264,3 +264,38 @@ descriptors:
 		t.Fatal("descriptors nested past MaxDepth accepted")
 	}
 }
+
+// TestNACKNoLoop: a server that sends a refused snapshot again on each
+// NACK (go-control-plane's snapshot cache, as Envoy Gateway runs it) and
+// the client do not loop: the snapshot is read once, NACKed twice, and a
+// good one after it applies.
+func TestNACKNoLoop(t *testing.T) {
+	srv := xdstest.Start(t, nil)
+	var reads atomic.Int64
+	c, err := xds.New(xds.Config{Server: srv.Addr, NodeID: node, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))},
+		func(_ string, files []envoy.File) error {
+			reads.Add(1)
+			_, err := envoy.Parse(files...)
+			return err
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	srv.Push(t, node, "1", xdstest.Config("a", "d", xdstest.Limit("k", "", 1, rlconfv3.RateLimitUnit_SECOND)))
+	srv.WaitAck(t, "1")
+	srv.Push(t, node, "2", xdstest.Config("a", "d", xdstest.Limit("k", "", 1, rlconfv3.RateLimitUnit_UNKNOWN)))
+	srv.WaitNack(t, "2")
+	time.Sleep(200 * time.Millisecond) // room for a loop to show (an absence)
+	srv.Push(t, node, "3", xdstest.Config("a", "d"))
+	srv.WaitAck(t, "3")
+	if n := reads.Load(); n != 3 {
+		t.Fatalf("%d snapshots read for versions 1, 2 (refused) and 3: want 3", n)
+	}
+	if v := c.Version(); v != "3" {
+		t.Fatalf("version %q", v)
+	}
+}
