@@ -24,7 +24,7 @@ func init() {
 func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("serve")
 	var c server.Config
-	fs.StringVar(&c.Listen, "listen", envOr("DRIP_LISTEN", server.DefaultListen), "address of the decision API, or of the gateway with --upstream (env DRIP_LISTEN)")
+	fs.StringVar(&c.Listen, "listen", envOr("DRIP_LISTEN", server.DefaultListen), `address of the decision API, or of the gateway with --upstream; "off" disables it (env DRIP_LISTEN)`)
 	fs.StringVar(&c.AdminListen, "admin-listen", envOr("DRIP_ADMIN_LISTEN", server.DefaultAdminListen), `address of /metrics, /healthz, /readyz, the admin API and Envoy's /healthcheck and /json; "off" disables it (env DRIP_ADMIN_LISTEN)`)
 	fs.StringVar(&c.AdminToken, "admin-token", envOr("DRIP_ADMIN_TOKEN", ""), "bearer token of the admin API; without one the admin API is off (env DRIP_ADMIN_TOKEN)")
 	tokenFile := fs.String("admin-token-file", envOr("DRIP_ADMIN_TOKEN_FILE", ""), "file holding the admin API's bearer token, kept out of ps (env DRIP_ADMIN_TOKEN_FILE)")
