@@ -46,13 +46,35 @@ type envoySettings struct {
 // through getenv, to c; asRatelimit says drip was called as ratelimit
 // (argsOf).
 func envoyEnv(c *server.Config, getenv func(string) string, given explicit, asRatelimit bool) (*envoySettings, error) {
+	st := &envoySettings{}
+	// Names that other programs and platforms set too (a Redis add-on's
+	// REDIS_URL, a shared LOG_LEVEL) are read only in a deployment that
+	// says it is made for envoyproxy/ratelimit; elsewhere the log says
+	// they were not read.
+	deployment := asRatelimit
+	for _, v := range distinctVariables {
+		deployment = deployment || getenv(v) != ""
+	}
+	if !deployment {
+		full := getenv
+		getenv = func(k string) string {
+			if slices.Contains(commonVariables, k) {
+				return ""
+			}
+			return full(k)
+		}
+		for _, v := range commonVariables {
+			if full(v) != "" {
+				st.notes = append(st.notes, fmt.Sprintf("%s is set, but no variable says this is a deployment made for envoyproxy/ratelimit (CONFIG_TYPE, RUNTIME_ROOT, REDIS_SOCKET_TYPE, GRPC_PORT, ...): not read, as other programs set it too (docs/envoy.md)", v))
+			}
+		}
+	}
 	e := &envoyReader{getenv: getenv}
 	opts, err := envoy.OptionsFromEnv(getenv)
 	if err != nil {
 		return nil, err
 	}
 	c.Envoy = opts
-	st := &envoySettings{}
 
 	// Where the configuration comes from. A deployment made for
 	// envoyproxy/ratelimit (one that sets CONFIG_TYPE, or runs drip as
@@ -185,6 +207,20 @@ func envoyEnv(c *server.Config, getenv func(string) string, given explicit, asRa
 	}
 	c.HealthNeedsConfig = e.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")
 	return st, e.err()
+}
+
+// distinctVariables are envoyproxy/ratelimit's own names: one set says
+// the deployment is made for it.
+var distinctVariables = []string{
+	"CONFIG_TYPE", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY", "REDIS_SOCKET_TYPE", "REDIS_TYPE",
+	"GRPC_HOST", "GRPC_PORT", "USE_STATSD", "LIMIT_RESPONSE_HEADERS_ENABLED", "FORCE_START_WITHOUT_INITIAL_CONFIG",
+}
+
+// commonVariables are names other programs set too, read only in a
+// deployment made for envoyproxy/ratelimit.
+var commonVariables = []string{
+	"REDIS_URL", "LOG_LEVEL", "LOG_FORMAT", "DEBUG_HOST", "DEBUG_PORT", "USE_PROMETHEUS",
+	"PROMETHEUS_ADDR", "PROMETHEUS_PATH", "PROMETHEUS_MAPPER_YAML", "TRACING_ENABLED",
 }
 
 // xdsVariables are read under CONFIG_TYPE=GRPC_XDS_SOTW only.

@@ -103,7 +103,14 @@ func TestRatelimitEnv(t *testing.T) {
 				}
 				return ""
 			}},
-		{name: "unix socket", env: env{"REDIS_URL": "/var/run/nutcracker/ratelimit.sock"}, err: "REDIS_SOCKET_TYPE"},
+		{name: "unix socket", env: env{"RUNTIME_ROOT": "/data", "REDIS_URL": "/var/run/nutcracker/ratelimit.sock"}, err: "REDIS_SOCKET_TYPE"},
+		{name: "a platform's REDIS_URL", env: env{"REDIS_URL": "redis://h:6379", "LOG_LEVEL": "verbose"}, // Heroku's, say: not read
+			check: func(c *server.Config, s *envoySettings) string {
+				if c.Store != "" || len(s.notes) != 2 {
+					return fmt.Sprintf("store %q, notes %q", c.Store, s.notes)
+				}
+				return ""
+			}},
 		{name: "bad type", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TYPE": "ring"}, err: "REDIS_TYPE"},
 		{name: "skip hostname", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TLS": "true", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"}, err: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"},
 		{name: "TLS file without TLS", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TLS_CACERT": "/ca"}, err: "REDIS_TLS_CACERT"},
@@ -194,41 +201,41 @@ func TestRatelimitEnv(t *testing.T) {
 			}},
 		{name: "port shared", env: env{"CONFIG_TYPE": "FILE"}, given: "listen", listen: "0.0.0.0:8080", err: "share port 8080"},
 		{name: "bad port", env: env{"CONFIG_TYPE": "FILE", "PORT": "http"}, err: "PORT"},
-		{name: "debug port", env: env{"DEBUG_PORT": "6070"},
+		{name: "debug port", env: env{"USE_STATSD": "false", "DEBUG_PORT": "6070"},
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.AdminListen != "0.0.0.0:6070" {
 					return c.AdminListen
 				}
 				return ""
 			}},
-		{name: "prometheus", env: env{"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001"},
+		{name: "prometheus", env: env{"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001"},
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.AdminListen != ":19001" {
 					return c.AdminListen
 				}
 				return ""
 			}},
-		{name: "prometheus and --admin-listen", env: env{"USE_PROMETHEUS": "true"}, given: "admin-listen",
+		{name: "prometheus and --admin-listen", env: env{"USE_STATSD": "false", "USE_PROMETHEUS": "true"}, given: "admin-listen",
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.AdminListen != "" {
 					return c.AdminListen
 				}
 				return ""
 			}},
-		{name: "prometheus and debug", env: env{"USE_PROMETHEUS": "true", "DEBUG_PORT": "6070"}, err: "DEBUG_PORT"},
-		{name: "prometheus path", env: env{"USE_PROMETHEUS": "true", "PROMETHEUS_PATH": "/stats"}, err: "PROMETHEUS_PATH"},
+		{name: "prometheus and debug", env: env{"USE_STATSD": "false", "USE_PROMETHEUS": "true", "DEBUG_PORT": "6070"}, err: "DEBUG_PORT"},
+		{name: "prometheus path", env: env{"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_PATH": "/stats"}, err: "PROMETHEUS_PATH"},
 		{name: "statsd", env: env{"USE_STATSD": "true"}, err: "USE_STATSD"},
 		{name: "statsd off", env: env{"USE_STATSD": "false"}, check: func(*server.Config, *envoySettings) string { return "" }},
-		{name: "tracing", env: env{"TRACING_ENABLED": "true"}, err: "OTEL_"},
-		{name: "log", env: env{"LOG_LEVEL": "DEBUG", "LOG_FORMAT": "json"},
+		{name: "tracing", env: env{"USE_STATSD": "false", "TRACING_ENABLED": "true"}, err: "OTEL_"},
+		{name: "log", env: env{"USE_STATSD": "false", "LOG_LEVEL": "DEBUG", "LOG_FORMAT": "json"},
 			check: func(_ *server.Config, s *envoySettings) string {
 				if s.level != slog.LevelDebug || !s.json {
 					return fmt.Sprintf("%v %v", s.level, s.json)
 				}
 				return ""
 			}},
-		{name: "log level", env: env{"LOG_LEVEL": "loud"}, err: "LOG_LEVEL"},
-		{name: "log format", env: env{"LOG_FORMAT": "xml"}, err: "LOG_FORMAT"},
+		{name: "log level", env: env{"USE_STATSD": "false", "LOG_LEVEL": "loud"}, err: "LOG_LEVEL"},
+		{name: "log format", env: env{"USE_STATSD": "false", "LOG_FORMAT": "xml"}, err: "LOG_FORMAT"},
 		{name: "no effect", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "NEAR_LIMIT_RATIO": "0.9", "EXPIRATION_JITTER_MAX_SECONDS": "300"},
 			check: func(_ *server.Config, s *envoySettings) string {
 				if len(s.notes) != 3 {
