@@ -20,6 +20,10 @@ RUN make static OUT=/out/drip VERSION=$VERSION
 FROM scratch
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/drip /drip
+# The same binary as /bin/ratelimit, the command Envoy Gateway's rate
+# limit Deployment runs: drip serve with envoyproxy/ratelimit's
+# environment (docs/envoy.md).
+COPY --from=build /out/drip /bin/ratelimit
 # drip serve listens on loopback by default; in a container it must listen
 # on every interface to be reached. Flags (--listen, --admin-listen) and
 # these variables can still be overridden at run time.

@@ -12,6 +12,7 @@ require (
 )
 
 require (
+	github.com/envoyproxy/go-control-plane/ratelimit v0.1.0 // indirect
 	github.com/redis/rueidis v1.0.79 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect

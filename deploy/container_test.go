@@ -163,8 +163,11 @@ func TestContainer(t *testing.T) {
 	if copies[certs] != certs {
 		t.Fatalf("Dockerfile: the image has no %s", certs)
 	}
-	if len(copies) != 2 {
-		t.Fatalf("Dockerfile: the image copies %v: want the binary and the CA certificates only", copies)
+	if copies["/bin/ratelimit"] != out { // Envoy Gateway's command (docs/envoy.md)
+		t.Fatalf("Dockerfile: no COPY of %s to /bin/ratelimit", out)
+	}
+	if len(copies) != 3 {
+		t.Fatalf("Dockerfile: the image copies %v: want the binary (as /drip and /bin/ratelimit) and the CA certificates only", copies)
 	}
 	for _, name := range []string{"DRIP_LISTEN", "DRIP_ADMIN_LISTEN"} {
 		host, port, ok := strings.Cut(env[name], ":")

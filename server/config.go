@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"log/slog"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/server/envoy"
+	"github.com/driplimit/drip/server/envoy/xds"
 )
 
 // Config holds every setting of drip serve. The zero value is usable: it
@@ -16,7 +18,8 @@ import (
 // from flags and DRIP_* environment variables.
 type Config struct {
 	// Listen is the address of the decision API, or of the gateway when
-	// Upstream is set (--listen, DRIP_LISTEN). Empty means DefaultListen.
+	// Upstream is set (--listen, DRIP_LISTEN). Empty means DefaultListen;
+	// "off" turns it off.
 	Listen string
 	// AdminListen is the address of /metrics, /healthz, /readyz and the
 	// admin API (--admin-listen, DRIP_ADMIN_LISTEN). Empty means
@@ -53,6 +56,25 @@ type Config struct {
 	// GRPCLimits bound the connections and calls of GRPCListen's clients;
 	// zero fields take envoy.DefaultLimits.
 	GRPCLimits envoy.Limits
+	// GRPCTLS, when set, serves GRPCListen over TLS (mutual TLS when it
+	// asks for client certificates): envoyproxy/ratelimit's
+	// GRPC_SERVER_USE_TLS and its files.
+	GRPCTLS *tls.Config
+	// XDS, when set, takes the Envoy configuration from an xDS server
+	// instead of files (CONFIG_TYPE=GRPC_XDS_SOTW; Rules must then be
+	// empty); see server/xds.go. Serve waits for its first snapshot
+	// before serving unless XDSForceStart
+	// (FORCE_START_WITHOUT_INITIAL_CONFIG).
+	XDS           *xds.Config
+	XDSForceStart bool
+	// HealthNeedsConfig makes /healthcheck fail until the xDS server's
+	// first snapshot applied (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED);
+	// files are loaded before anything is served.
+	HealthNeedsConfig bool
+	// HealthListen, when set, is envoyproxy/ratelimit's HOST:PORT: a
+	// listener that serves /healthcheck and nothing else, for the
+	// probes of deployments made for it.
+	HealthListen string
 
 	// ReadTimeout bounds the reading of a request (default 30s). On the
 	// decision API and the admin listener it is the most time a request,

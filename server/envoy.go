@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/server/envoy"
@@ -48,12 +49,18 @@ func (s *Server) envoyService() *envoy.Service {
 // addGRPC adds the gRPC listener of Envoy's rate limit service.
 func (s *Server) addGRPC() {
 	s.envoyService()
-	if len(s.rs.envoy.Domains()) == 0 {
+	if s.xds == nil && len(s.rs.envoy.Domains()) == 0 {
 		s.log.Warn("drip serve: --grpc-listen without an envoyproxy/ratelimit config in --rules: every ShouldRateLimit is OK")
 	}
 	var opts []grpc.ServerOption
 	if s.cfg.TracerProvider != nil {
 		opts = append(opts, s.tracedGRPC()) // trace.go
+	}
+	if s.cfg.GRPCTLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.cfg.GRPCTLS)))
+	}
+	if s.xds != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(s.xdsGate)) // xds.go
 	}
 	g := envoy.NewServerWithLimits(s.rls, s.cfg.GRPCReflection, s.cfg.GRPCLimits, opts...)
 	s.listeners = append(s.listeners, &listener{

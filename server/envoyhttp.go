@@ -31,6 +31,11 @@ func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "draining\n")
 		return
 	}
+	if s.cfg.HealthNeedsConfig && s.xds != nil && !s.xdsLoaded.Load() { // xds.go
+		w.WriteHeader(http.StatusInternalServerError)
+		io.WriteString(w, "no configuration loaded yet\n")
+		return
+	}
 	if err := s.pingStore(r); err != nil {
 		w.WriteHeader(http.StatusInternalServerError)
 		io.WriteString(w, "store unreachable\n")
@@ -48,7 +53,13 @@ func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
 // is served.
 func (s *Server) envoyJSON() http.Handler {
 	svc := s.envoyService()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { envoyJSON(svc, w, r) })
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.xds != nil && !s.xdsLoaded.Load() { // xds.go: as ShouldRateLimit answers
+			http.Error(w, "no rate limit configuration loaded yet (waiting for the xDS server)", http.StatusServiceUnavailable)
+			return
+		}
+		envoyJSON(svc, w, r)
+	})
 }
 
 func envoyJSON(svc *envoy.Service, w http.ResponseWriter, r *http.Request) {

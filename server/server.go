@@ -34,6 +34,7 @@ import (
 	"github.com/driplimit/drip/internal/conncap"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/server/envoy"
+	"github.com/driplimit/drip/server/envoy/xds"
 )
 
 // timeZero asks a store for a decision on its own clock.
@@ -51,6 +52,10 @@ type Server struct {
 	rs  *ruleState
 	lim *httplimit.Limiter // the rules on HTTP requests: the gateway's middleware, forward auth
 	rls *envoy.Service     // Envoy's rate limit service; nil without GRPCListen
+	// xds follows the xDS server of Config.XDS (xds.go); xdsLoaded is
+	// set once a first snapshot applied.
+	xds       *xds.Client
+	xdsLoaded atomic.Bool
 
 	// Per-tenant overrides (overrides.go): the store's, nil when it keeps
 	// none; the follower that keeps eng's snapshot of them current; its
@@ -99,6 +104,9 @@ type listener struct {
 // The caller keeps ownership of store and closes it after Serve returns.
 func New(cfg Config, store drip.Store) (*Server, error) {
 	cfg = cfg.withDefaults()
+	if err := cfg.checkXDS(); err != nil { // xds.go
+		return nil, err
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), endDrain: make(chan struct{})}
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
@@ -125,9 +133,19 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	if cfg.TracerProvider != nil {
 		front = s.traced(front) // trace.go
 	}
-	s.addHTTP(name, cfg.Listen, front, name != "gateway")
+	if cfg.Listen != "off" {
+		s.addHTTP(name, cfg.Listen, front, name != "gateway")
+	}
 	if cfg.AdminListen != "off" {
 		s.addHTTP("admin", cfg.AdminListen, s.adminHandler(), true)
+	}
+	if cfg.HealthListen != "" {
+		s.addHTTP("health", cfg.HealthListen, s.healthHandler(), true) // xds.go
+	}
+	if cfg.XDS != nil {
+		if err := s.addXDS(); err != nil { // xds.go
+			return nil, err
+		}
 	}
 	if cfg.GRPCListen != "" {
 		s.addGRPC() // Envoy's rate limit service (envoy.go)
@@ -200,7 +218,7 @@ func (s *Server) Listen() error {
 }
 
 // listenFlag names the drip serve flag that sets each listener's address.
-var listenFlag = map[string]string{"api": "--listen", "gateway": "--listen", "admin": "--admin-listen", "grpc": "--grpc-listen"}
+var listenFlag = map[string]string{"api": "--listen", "gateway": "--listen", "admin": "--admin-listen", "grpc": "--grpc-listen", "health": "HOST and PORT"}
 
 // Addr is the address of the decision API (or gateway), once Listen has
 // bound it; nil before.
@@ -258,6 +276,15 @@ func (s *Server) Serve(ctx context.Context) error {
 	wg.Go(func() { s.watch(bg) })
 	if s.ost != nil {
 		s.followOverrides(bg, &wg)
+	}
+	if !s.startXDS(ctx, bg, &wg) { // xds.go: ended before a first configuration
+		cancel()
+		for _, l := range ls {
+			l.ln.Close()
+		}
+		wg.Wait()
+		s.eng.Close()
+		return nil
 	}
 
 	errc := make(chan error, len(ls))

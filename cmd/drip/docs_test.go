@@ -15,6 +15,8 @@ import (
 	"testing"
 	"unicode"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/driplimit/drip/rules"
 )
 
@@ -146,9 +148,21 @@ func TestDocBlocks(t *testing.T) {
 			}
 		case "yaml":
 			files++
-			if regexp.MustCompile(`(?m)^rules:`).MatchString(b.text) {
+			switch {
+			case regexp.MustCompile(`(?m)^rules:`).MatchString(b.text):
 				parseRules(t, at, b.text)
-			} else { // an envoyproxy/ratelimit config
+			case regexp.MustCompile(`(?m)^apiVersion: `).MatchString(b.text):
+				// A Kubernetes object (Envoy Gateway's configuration):
+				// drip cannot check its meaning, but it must be YAML,
+				// and an object of a kind with an API version.
+				var obj struct {
+					APIVersion string `yaml:"apiVersion"`
+					Kind       string `yaml:"kind"`
+				}
+				if err := yaml.Unmarshal([]byte(b.text), &obj); err != nil || obj.APIVersion == "" || obj.Kind == "" {
+					t.Errorf("%s: a Kubernetes object that does not parse (%v) or has no apiVersion and kind", at, err)
+				}
+			default: // an envoyproxy/ratelimit config
 				checkFile(t, at, filepath.Join(dir, "b"+strconv.Itoa(i)+".yaml"), []byte(b.text))
 			}
 		default:

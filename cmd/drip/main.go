@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"syscall"
 )
@@ -29,10 +30,29 @@ func register(c command) { commands = append(commands, c) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	asRatelimit = isRatelimit(os.Args)
+	code := run(ctx, argsOf(os.Args), os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
+
+// argsOf is the command line of argv: its arguments, or, for a binary
+// called ratelimit (the image's /bin/ratelimit, the command Envoy
+// Gateway's Deployment runs), drip serve --listen off with them:
+// envoyproxy/ratelimit, which has no decision API, started with its
+// environment (docs/envoy.md).
+func argsOf(argv []string) []string {
+	if isRatelimit(argv) {
+		return append([]string{"serve", "--listen", "off"}, argv[1:]...)
+	}
+	return argv[1:]
+}
+
+// asRatelimit is set when drip runs as ratelimit: drip serve then takes
+// envoyproxy/ratelimit's listeners (serve_envoy.go).
+var asRatelimit bool
+
+func isRatelimit(argv []string) bool { return len(argv) > 0 && filepath.Base(argv[0]) == "ratelimit" }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {

@@ -11,8 +11,8 @@ import (
 // rediss+sentinel:// store URL: one server, a whole Redis Cluster from one
 // of its nodes (more nodes to start from as ?addr=), or the master a set
 // of Sentinels names (see redisstore.ParseURL).
-func openRedis(_ context.Context, url string) (drip.Store, func(), error) {
-	s, err := redisstore.Open(url)
+func openRedis(_ context.Context, url string, opts ...redisstore.Option) (drip.Store, func(), error) {
+	s, err := redisstore.Open(url, opts...)
 	if err != nil {
 		return nil, nil, err
 	}

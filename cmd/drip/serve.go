@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/server"
+	"github.com/driplimit/drip/store/redisstore"
 )
 
 func init() {
@@ -22,7 +24,7 @@ func init() {
 func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("serve")
 	var c server.Config
-	fs.StringVar(&c.Listen, "listen", envOr("DRIP_LISTEN", server.DefaultListen), "address of the decision API, or of the gateway with --upstream (env DRIP_LISTEN)")
+	fs.StringVar(&c.Listen, "listen", envOr("DRIP_LISTEN", server.DefaultListen), `address of the decision API, or of the gateway with --upstream; "off" disables it (env DRIP_LISTEN)`)
 	fs.StringVar(&c.AdminListen, "admin-listen", envOr("DRIP_ADMIN_LISTEN", server.DefaultAdminListen), `address of /metrics, /healthz, /readyz, the admin API and Envoy's /healthcheck and /json; "off" disables it (env DRIP_ADMIN_LISTEN)`)
 	fs.StringVar(&c.AdminToken, "admin-token", envOr("DRIP_ADMIN_TOKEN", ""), "bearer token of the admin API; without one the admin API is off (env DRIP_ADMIN_TOKEN)")
 	tokenFile := fs.String("admin-token-file", envOr("DRIP_ADMIN_TOKEN_FILE", ""), "file holding the admin API's bearer token, kept out of ps (env DRIP_ADMIN_TOKEN_FILE)")
@@ -69,11 +71,24 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if c.Drain == 0 {
 		c.Drain = -1 // server.Config's "no drain"
 	}
-	if err := envoyEnv(&c); err != nil { // envoyproxy/ratelimit's variables (serve_envoy.go)
+	given := func(name string) bool { // set by its flag or its DRIP_ variable
+		set := os.Getenv("DRIP_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))) != ""
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+		return set
+	}
+	env, err := envoyEnv(&c, os.Getenv, given, asRatelimit) // envoyproxy/ratelimit's variables (serve_envoy.go)
+	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 2
 	}
-	c.Logger = slog.New(slog.NewTextHandler(stderr, nil))
+	hopts := &slog.HandlerOptions{Level: env.level}
+	c.Logger = slog.New(slog.NewTextHandler(stderr, hopts))
+	if env.json {
+		c.Logger = slog.New(slog.NewJSONHandler(stderr, hopts))
+	}
+	for _, n := range env.notes {
+		c.Logger.Info("drip serve: envoyproxy/ratelimit setting accepted: " + n)
+	}
 	tp, err := startTracing(ctx, os.Getenv, c.Logger) // tracing.go
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
@@ -92,7 +107,11 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}()
 	}
 
-	store, closeStore, err := openStore(ctx, c.Store)
+	var redisOpts []redisstore.Option
+	if env.batching != nil { // REDIS_PIPELINE_WINDOW, REDIS_PIPELINE_LIMIT
+		redisOpts = append(redisOpts, redisstore.WithBatching(*env.batching))
+	}
+	store, closeStore, err := openStore(ctx, c.Store, redisOpts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 1
@@ -146,12 +165,18 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 
 	storeName := redact.URL(c.Store) // never print a password
 	rules := c.Rules
-	if rules == "" {
+	switch {
+	case c.XDS != nil:
+		rules = "Envoy's from the xDS server"
+	case rules == "":
 		rules = "built-in defaults"
 	}
-	if c.Upstream != "" {
+	switch {
+	case s.Addr() == nil:
+		fmt.Fprintf(stdout, "drip serve: no decision API (--listen off; store %s, rules %s)\n", storeName, rules)
+	case c.Upstream != "":
 		fmt.Fprintf(stdout, "drip serve: gateway on http://%s -> %s (store %s, rules %s)\n", s.Addr(), redact.URL(c.Upstream), storeName, rules)
-	} else {
+	default:
 		fmt.Fprintf(stdout, "drip serve: decision API on http://%s (POST /v1/take, /v1/peek, /v1/refund, /v1/reset, /v1/acquire, /v1/release; GET /v1/forward-auth; store %s, rules %s)\n", s.Addr(), storeName, rules)
 	}
 	if a := s.AdminAddr(); a != nil {
@@ -162,7 +187,17 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fmt.Fprintf(stdout, "drip serve: metrics on http://%s/metrics, health on /healthz and /readyz, admin API %s\n", a, admin)
 	}
 	if a := s.GRPCAddr(); a != nil {
-		fmt.Fprintf(stdout, "drip serve: Envoy rate limit service (envoy.service.ratelimit.v3, gRPC) on %s\n", a)
+		how := ""
+		if c.GRPCTLS != nil {
+			how = " over TLS"
+		}
+		fmt.Fprintf(stdout, "drip serve: Envoy rate limit service (envoy.service.ratelimit.v3, gRPC) on %s%s\n", a, how)
+	}
+	if a := s.HealthAddr(); a != nil {
+		fmt.Fprintf(stdout, "drip serve: envoyproxy/ratelimit's /healthcheck on http://%s (PORT)\n", a)
+	}
+	if c.XDS != nil {
+		fmt.Fprintf(stdout, "drip serve: Envoy configuration from the xDS server %s (node %s)\n", c.XDS.Server, c.XDS.NodeID)
 	}
 	if err := s.Serve(ctx); err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)

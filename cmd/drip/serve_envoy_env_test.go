@@ -1,7 +1,19 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/server/envoy/xds"
+	"github.com/driplimit/drip/store/redisstore"
 
 	"github.com/driplimit/drip/server"
 	"github.com/driplimit/drip/server/envoy"
@@ -16,7 +28,7 @@ func TestEnvoyEnv(t *testing.T) {
 	t.Setenv("SHADOW_MODE", "false")
 	t.Setenv("RUNTIME_IGNOREDOTFILES", "true")
 	var c server.Config
-	if err := envoyEnv(&c); err != nil {
+	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil {
 		t.Fatal(err)
 	}
 	if c.Rules != "/data/ratelimit/config" || c.Envoy != (envoy.Options{MergeDomains: true, IgnoreDotfiles: true}) {
@@ -26,32 +38,391 @@ func TestEnvoyEnv(t *testing.T) {
 		t.Fatalf("gRPC listener %q without GRPC_HOST or GRPC_PORT", c.GRPCListen)
 	}
 	c = server.Config{Rules: "mine.yaml"}
-	if err := envoyEnv(&c); err != nil || c.Rules != "mine.yaml" {
+	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "rules" }, false); err != nil || c.Rules != "mine.yaml" {
 		t.Fatalf("%q %v", c.Rules, err)
 	}
 	t.Setenv("GRPC_PORT", "9081")
 	c = server.Config{}
-	if err := envoyEnv(&c); err != nil || c.GRPCListen != "0.0.0.0:9081" {
+	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil || c.GRPCListen != "0.0.0.0:9081" {
 		t.Fatalf("GRPC_PORT=9081: %q %v", c.GRPCListen, err)
 	}
 	c = server.Config{GRPCListen: "127.0.0.1:7000"} // --grpc-listen wins
-	if err := envoyEnv(&c); err != nil || c.GRPCListen != "127.0.0.1:7000" {
+	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "grpc-listen" }, false); err != nil || c.GRPCListen != "127.0.0.1:7000" {
 		t.Fatalf("--grpc-listen: %q %v", c.GRPCListen, err)
 	}
 	t.Setenv("GRPC_HOST", "::1")
 	t.Setenv("GRPC_PORT", "")
 	c = server.Config{}
-	if err := envoyEnv(&c); err != nil || c.GRPCListen != "[::1]:8081" {
+	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil || c.GRPCListen != "[::1]:8081" {
 		t.Fatalf("GRPC_HOST=::1: %q %v", c.GRPCListen, err)
 	}
 	t.Setenv("GRPC_PORT", "http")
-	if err := envoyEnv(&server.Config{}); err == nil {
+	if _, err := envoyEnv(&server.Config{}, os.Getenv, none, false); err == nil {
 		t.Fatal("GRPC_PORT=http accepted")
 	}
 	t.Setenv("GRPC_PORT", "")
 	t.Setenv("GRPC_HOST", "")
 	t.Setenv("SHADOW_MODE", "sometimes")
-	if err := envoyEnv(&c); err == nil {
+	if _, err := envoyEnv(&c, os.Getenv, none, false); err == nil {
 		t.Fatal("SHADOW_MODE=sometimes accepted")
+	}
+}
+
+// none: no drip setting given.
+func none(string) bool { return false }
+
+// TestRatelimitEnv: each of envoyproxy/ratelimit's variables is honoured
+// (the setting it makes) or refused with an error naming it.
+func TestRatelimitEnv(t *testing.T) {
+	ca := testserver.NewCA(t, "env")
+	cert, key := ca.Issue(t, ca.Dir(t), "localhost")
+	type env = map[string]string
+	for _, tc := range []struct {
+		name      string
+		env       env
+		given     string // a drip setting given
+		listen    string // --listen, when given
+		ratelimit bool   // called as ratelimit
+		check     func(*server.Config, *envoySettings) string
+		err       string // a refusal, naming this
+	}{
+		{name: "single", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis.svc:6379"},
+			check: store("redis://redis.redis.svc:6379")},
+		{name: "auth and TLS", env: env{"REDIS_SOCKET_TYPE": "TCP", "REDIS_URL": "r:6380", "REDIS_AUTH": "user:p@ss", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca.pem", "REDIS_TLS_CLIENT_CERT": "/c.pem", "REDIS_TLS_CLIENT_KEY": "/k.pem"},
+			check: store("rediss://user:p%40ss@r:6380?tls_ca_file=%2Fca.pem&tls_cert_file=%2Fc.pem&tls_key_file=%2Fk.pem")},
+		{name: "password only", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_AUTH": "secret"},
+			check: store("redis://:secret@r:6379")},
+		{name: "sentinel", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379"},
+			check: store("redis+sentinel://s1:26379,s2:26379/mymaster")},
+		{name: "cluster", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "CLUSTER", "REDIS_URL": "n1:7000,n2:7001,n3:7002"},
+			check: store("redis://n1:7000?addr=n2%3A7001&addr=n3%3A7002")},
+		{name: "pipeline", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_PIPELINE_WINDOW": "150us", "REDIS_PIPELINE_LIMIT": "8", "REDIS_POOL_SIZE": "10"},
+			check: func(c *server.Config, s *envoySettings) string {
+				if s.batching == nil || s.batching.Window != 150*time.Microsecond || s.batching.MaxBatch != 8 || len(s.notes) != 1 {
+					return fmt.Sprintf("%+v %q", s.batching, s.notes)
+				}
+				return ""
+			}},
+		{name: "unix socket", env: env{"RUNTIME_ROOT": "/data", "REDIS_URL": "/var/run/nutcracker/ratelimit.sock"}, err: "REDIS_SOCKET_TYPE"},
+		{name: "a platform's REDIS_URL", env: env{"REDIS_URL": "redis://h:6379", "LOG_LEVEL": "verbose"}, // Heroku's, say: not read
+			check: func(c *server.Config, s *envoySettings) string {
+				if c.Store != "" || len(s.notes) != 2 {
+					return fmt.Sprintf("store %q, notes %q", c.Store, s.notes)
+				}
+				return ""
+			}},
+		{name: "bad type", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TYPE": "ring"}, err: "REDIS_TYPE"},
+		{name: "skip hostname", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TLS": "true", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"}, err: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"},
+		{name: "TLS file without TLS", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_TLS_CACERT": "/ca"}, err: "REDIS_TLS_CACERT"},
+		{name: "per second", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1", "REDIS_PERSECOND": "true"}, err: "REDIS_PERSECOND"},
+		{name: "store twice", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:1"}, given: "store", err: "REDIS_URL and --store"},
+		{name: "redis setting without URL", env: env{"REDIS_AUTH": "x"}, err: "REDIS_AUTH"},
+		{name: "memcache", env: env{"BACKEND_TYPE": "memcache"}, err: "BACKEND_TYPE"},
+		{name: "xds", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "eg:18001", "CONFIG_GRPC_XDS_NODE_ID": "envoy-ratelimit",
+			"FORCE_START_WITHOUT_INITIAL_CONFIG": "true", "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL": "1s", "XDS_CLIENT_BACKOFF_MAX_INTERVAL": "5s",
+			"XDS_CLIENT_BACKOFF_RANDOM_FACTOR": "0.2", "XDS_CLIENT_BACKOFF_JITTER": "false", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "a:1,b:2",
+			"CONFIG_GRPC_XDS_NODE_METADATA": "zone:z1", "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				x := c.XDS
+				if x == nil || x.Server != "eg:18001" || x.NodeID != "envoy-ratelimit" || !c.XDSForceStart || x.TLS != nil ||
+					x.Backoff != (xds.Backoff{Initial: time.Second, Max: 5 * time.Second, RandomFactor: 0.2}) ||
+					x.Headers["b"] != "2" || x.NodeMetadata["zone"] != "z1" || c.Rules != "" {
+					return fmt.Sprintf("%+v rules %q", x, c.Rules)
+				}
+				if c.GRPCListen != "0.0.0.0:8081" || c.HealthListen != "0.0.0.0:8080" || c.Listen != "off" {
+					return fmt.Sprintf("listeners: grpc %q health %q api %q", c.GRPCListen, c.HealthListen, c.Listen)
+				}
+				return ""
+			}},
+		{name: "xds defaults", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.XDS.Server != "localhost:18000" || c.XDS.NodeID != "default" || c.XDS.Backoff != xds.DefaultBackoff || c.XDSForceStart {
+					return fmt.Sprintf("%+v", c.XDS)
+				}
+				return ""
+			}},
+		{name: "xds TLS", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT": cert,
+			"CONFIG_GRPC_XDS_CLIENT_TLS_KEY": key, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": ca.CAFile, "CONFIG_GRPC_XDS_SERVER_TLS_SAN": "envoy-gateway"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.XDS.TLS == nil || c.XDS.TLS.RootCAs == nil || c.XDS.TLS.GetClientCertificate == nil || c.XDS.TLS.ServerName != "envoy-gateway" {
+					return fmt.Sprintf("%+v", c.XDS.TLS)
+				}
+				return ""
+			}},
+		{name: "xds with --rules", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW"}, given: "rules", err: "--rules"},
+		{name: "xds setting without xds", env: env{"CONFIG_GRPC_XDS_SERVER_URL": "eg:18001"}, err: "CONFIG_GRPC_XDS_SERVER_URL"},
+		{name: "xds TLS file without TLS", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/ca"}, err: "CONFIG_GRPC_XDS_SERVER_USE_TLS"},
+		{name: "xds random factor", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": "2"}, err: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR"},
+		{name: "config type", env: env{"CONFIG_TYPE": "GRPC_XDS_DELTA"}, err: "CONFIG_TYPE"},
+		{name: "grpc mutual TLS", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.GRPCTLS == nil || c.GRPCTLS.ClientAuth != tls.RequireAndVerifyClientCert || c.GRPCTLS.VerifyConnection == nil {
+					return fmt.Sprintf("%+v", c.GRPCTLS)
+				}
+				return ""
+			}},
+		{name: "grpc TLS, Envoy Gateway's CA name", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_SERVER_TLS_CA_CERT": ca.CAFile},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.GRPCTLS == nil || c.GRPCTLS.ClientAuth != tls.RequireAndVerifyClientCert {
+					return fmt.Sprintf("%+v", c.GRPCTLS)
+				}
+				return ""
+			}},
+		{name: "grpc TLS without a key", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert}, err: "GRPC_SERVER_TLS_KEY"},
+		{name: "grpc TLS file without TLS", env: env{"GRPC_SERVER_TLS_CERT": cert}, err: "GRPC_SERVER_USE_TLS"},
+		{name: "grpc uds", env: env{"GRPC_UDS": "/tmp/rl.sock"}, err: "GRPC_UDS"},
+		{name: "grpc connection age", env: env{"GRPC_MAX_CONNECTION_AGE": "1h", "GRPC_MAX_CONNECTION_AGE_GRACE": "30s"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.GRPCLimits.MaxConnectionAge != time.Hour || c.GRPCLimits.MaxConnectionAgeGrace != 30*time.Second {
+					return fmt.Sprintf("%+v", c.GRPCLimits)
+				}
+				return ""
+			}},
+		{name: "port", env: env{"CONFIG_TYPE": "FILE", "HOST": "127.0.0.1", "PORT": "9999"}, given: "listen",
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.HealthListen != "127.0.0.1:9999" || c.Listen == "off" || c.GRPCListen != "0.0.0.0:8081" {
+					return fmt.Sprintf("health %q api %q grpc %q", c.HealthListen, c.Listen, c.GRPCListen)
+				}
+				return ""
+			}},
+		{name: "port as ratelimit", env: env{}, ratelimit: true,
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.HealthListen != "0.0.0.0:8080" || c.Listen != "off" || c.GRPCListen != "0.0.0.0:8081" {
+					return fmt.Sprintf("health %q api %q grpc %q", c.HealthListen, c.Listen, c.GRPCListen)
+				}
+				return ""
+			}},
+		{name: "a platform's PORT", env: env{"PORT": "8080"}, // Cloud Run, Heroku, ...: not read
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.HealthListen != "" || c.Listen != "" || c.GRPCListen != "" {
+					return fmt.Sprintf("health %q api %q grpc %q", c.HealthListen, c.Listen, c.GRPCListen)
+				}
+				return ""
+			}},
+		{name: "port shared", env: env{"CONFIG_TYPE": "FILE"}, given: "listen", listen: "0.0.0.0:8080", err: "share port 8080"},
+		{name: "bad port", env: env{"CONFIG_TYPE": "FILE", "PORT": "http"}, err: "PORT"},
+		{name: "debug port", env: env{"USE_STATSD": "false", "DEBUG_PORT": "6070"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.AdminListen != "0.0.0.0:6070" {
+					return c.AdminListen
+				}
+				return ""
+			}},
+		{name: "prometheus", env: env{"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.AdminListen != ":19001" {
+					return c.AdminListen
+				}
+				return ""
+			}},
+		{name: "prometheus and --admin-listen", env: env{"USE_STATSD": "false", "USE_PROMETHEUS": "true"}, given: "admin-listen",
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.AdminListen != "" {
+					return c.AdminListen
+				}
+				return ""
+			}},
+		{name: "prometheus and debug", env: env{"USE_STATSD": "false", "USE_PROMETHEUS": "true", "DEBUG_PORT": "6070"}, err: "DEBUG_PORT"},
+		{name: "prometheus path", env: env{"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_PATH": "/stats"}, err: "PROMETHEUS_PATH"},
+		{name: "statsd", env: env{"USE_STATSD": "true"}, err: "USE_STATSD"},
+		{name: "statsd off", env: env{"USE_STATSD": "false"}, check: func(*server.Config, *envoySettings) string { return "" }},
+		{name: "tracing", env: env{"USE_STATSD": "false", "TRACING_ENABLED": "true"}, err: "OTEL_"},
+		{name: "log", env: env{"USE_STATSD": "false", "LOG_LEVEL": "DEBUG", "LOG_FORMAT": "json"},
+			check: func(_ *server.Config, s *envoySettings) string {
+				if s.level != slog.LevelDebug || !s.json {
+					return fmt.Sprintf("%v %v", s.level, s.json)
+				}
+				return ""
+			}},
+		{name: "log level", env: env{"USE_STATSD": "false", "LOG_LEVEL": "loud"}, err: "LOG_LEVEL"},
+		{name: "log format", env: env{"USE_STATSD": "false", "LOG_FORMAT": "xml"}, err: "LOG_FORMAT"},
+		{name: "no effect", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "NEAR_LIMIT_RATIO": "0.9", "EXPIRATION_JITTER_MAX_SECONDS": "300"},
+			check: func(_ *server.Config, s *envoySettings) string {
+				if len(s.notes) != 3 {
+					return fmt.Sprintf("%q", s.notes)
+				}
+				return ""
+			}},
+		{name: "near limit ratio", env: env{"NEAR_LIMIT_RATIO": "2"}, err: "NEAR_LIMIT_RATIO"},
+		{name: "cache size", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "-1"}, err: "LOCAL_CACHE_SIZE_IN_BYTES"},
+		{name: "cache key prefix", env: env{"CACHE_KEY_PREFIX": "rl_"}, err: "CACHE_KEY_PREFIX"},
+		{name: "healthy with config", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED": "true"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if !c.HealthNeedsConfig {
+					return "not set"
+				}
+				return ""
+			}},
+		{name: "headers", env: env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-Left"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.Envoy.Headers != (envoy.Headers{Mode: envoy.HeadersEnvoy, Remaining: "X-Left"}) {
+					return fmt.Sprintf("%+v", c.Envoy.Headers)
+				}
+				return ""
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := server.Config{Listen: tc.listen}
+			st, err := envoyEnv(&c, func(k string) string { return tc.env[k] }, func(f string) bool { return f == tc.given }, tc.ratelimit)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg := tc.check(&c, st); msg != "" {
+				t.Fatal(msg)
+			}
+		})
+	}
+}
+
+// store checks the store URL made of REDIS_*.
+func store(want string) func(*server.Config, *envoySettings) string {
+	return func(c *server.Config, _ *envoySettings) string {
+		if c.Store != want {
+			return fmt.Sprintf("store %q, want %q", c.Store, want)
+		}
+		if _, err := redisstore.ParseURL(c.Store); err != nil && !strings.Contains(err.Error(), "no such file") {
+			return fmt.Sprintf("store %q: %v", c.Store, err)
+		}
+		return ""
+	}
+}
+
+// TestRatelimitEnvDocumented: every envoyproxy/ratelimit variable drip
+// reads has its line in docs/envoy.md.
+func TestRatelimitEnvDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/envoy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`"([A-Z][A-Z0-9_]{2,})"`)
+	n := 0
+	for _, f := range []string{"serve_envoy.go", "../../server/envoy/options.go"} {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+			name := m[1]
+			if strings.HasPrefix(name, "DRIP_") || name == "FILE" || name == "GRPC_XDS_SOTW" {
+				continue
+			}
+			n++
+			if !strings.Contains(string(doc), "`"+name+"`") {
+				t.Errorf("%s reads %s: not in docs/envoy.md", f, name)
+			}
+		}
+	}
+	if n < 50 {
+		t.Fatalf("found only %d variables: the pattern no longer matches the code", n)
+	}
+}
+
+// TestHasSAN: GRPC_CLIENT_TLS_SAN matches a name the certificate
+// carries, and no other.
+func TestHasSAN(t *testing.T) {
+	ca := testserver.NewCA(t, "san")
+	certFile, keyFile := ca.Issue(t, ca.Dir(t), "envoy", "10.0.0.1")
+	kp, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(kp.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"envoy": true, "10.0.0.1": true, "envoy-gateway": false, "": false, "10.0.0.2": false} {
+		if got := hasSAN(cert, name); got != want {
+			t.Errorf("hasSAN(%q) = %v", name, got)
+		}
+	}
+}
+
+// TestGRPCServerTLS: the TLS the gRPC listener gets from GRPC_* asks for
+// a client certificate of the CA carrying GRPC_CLIENT_TLS_SAN, and takes
+// no other.
+func TestGRPCServerTLS(t *testing.T) {
+	ca := testserver.NewCA(t, "grpc")
+	srvCert, srvKey := ca.Issue(t, ca.Dir(t), "envoy-ratelimit")
+	envoyCert, envoyKey := ca.Issue(t, ca.Dir(t), "envoy")
+	otherCert, otherKey := ca.Issue(t, ca.Dir(t), "someone-else")
+	e := map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert, "GRPC_SERVER_TLS_KEY": srvKey,
+		"GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"}
+	var c server.Config
+	if _, err := envoyEnv(&c, func(k string) string { return e[k] }, none, false); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", c.GRPCTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.(*tls.Conn).Handshake()
+			conn.Write([]byte("x"))
+			conn.Close()
+		}
+	}()
+	pool, err := certPool(ca.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(certs ...tls.Certificate) error {
+		conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "envoy-ratelimit", Certificates: certs})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the server's verdict comes with the first read
+		return err
+	}
+	pair := func(c, k string) tls.Certificate {
+		kp, err := tls.LoadX509KeyPair(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kp
+	}
+	if err := dial(pair(envoyCert, envoyKey)); err != nil {
+		t.Fatalf("envoy's certificate: %v", err)
+	}
+	if err := dial(pair(otherCert, otherKey)); err == nil {
+		t.Fatal("a certificate without the SAN was taken")
+	}
+	if err := dial(); err == nil {
+		t.Fatal("no certificate was taken")
+	}
+}
+
+// TestKeyPairRotates: a certificate replaced in its files (a rotated
+// Secret) is served from the next check on, a second later at most.
+func TestKeyPairRotates(t *testing.T) {
+	ca := testserver.NewCA(t, "rotate")
+	dir := ca.Dir(t)
+	certFile, keyFile := ca.Issue(t, dir, "envoy-ratelimit")
+	k, err := newKeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(time.Hour) // past the first read's second
+	k.now = func() time.Time { return at }
+	first, _ := k.get()
+	ca.Issue(t, dir, "envoy-ratelimit") // the same files, a new certificate
+	if got, _ := k.get(); string(got.Certificate[0]) != string(first.Certificate[0]) {
+		t.Fatal("read again within the second")
+	}
+	at = at.Add(time.Second)
+	if got, _ := k.get(); string(got.Certificate[0]) == string(first.Certificate[0]) {
+		t.Fatal("the new certificate is not served")
 	}
 }

@@ -9,24 +9,25 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/redisstore"
 )
 
-// openStore opens the store a --store URL names. Each store package adds
-// its scheme here.
+// openStore opens the store a --store URL names, a Redis store with
+// redisOpts. Each store package adds its scheme here.
 // Its errors never show the URL's password.
-func openStore(ctx context.Context, url string) (drip.Store, func(), error) {
-	s, closeStore, err := openStoreURL(ctx, url)
+func openStore(ctx context.Context, url string, redisOpts ...redisstore.Option) (drip.Store, func(), error) {
+	s, closeStore, err := openStoreURL(ctx, url, redisOpts)
 	return s, closeStore, redact.Error(err)
 }
 
-func openStoreURL(ctx context.Context, url string) (drip.Store, func(), error) {
+func openStoreURL(ctx context.Context, url string, redisOpts []redisstore.Option) (drip.Store, func(), error) {
 	switch {
 	case url == "" || url == "memory" || strings.HasPrefix(url, "memory:"):
 		s := memstore.New()
 		return s, func() { s.Close() }, nil
 	case strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://") ||
 		strings.HasPrefix(url, "redis+sentinel://") || strings.HasPrefix(url, "rediss+sentinel://"):
-		return openRedis(ctx, url)
+		return openRedis(ctx, url, redisOpts...)
 	case strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://"):
 		return openPostgres(ctx, url)
 	}

@@ -85,7 +85,11 @@ RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY for the config directory when
 --rules is not given; GRPC_HOST and GRPC_PORT for the gRPC listener when
 --grpc-listen is not given. DRIP_ENVOY_ALGORITHM=fixed_window counts its
 limits in envoyproxy/ratelimit's windows instead of refilling them
-continuously. docs/envoy.md has the details.
+continuously. docs/envoy.md has the details. The rest of
+envoyproxy/ratelimit's environment (CONFIG_TYPE=GRPC_XDS_SOTW and the xDS
+client, REDIS_*, GRPC_SERVER_USE_TLS, HOST and PORT, LOG_*, ...) is read
+too, each variable honoured or refused at start: docs/envoy.md. Called as
+ratelimit (Envoy Gateway's /bin/ratelimit), drip is drip serve --listen off.
 
 Tracing (OpenTelemetry, OTLP) is off unless OTEL_TRACES_EXPORTER=otlp or
 OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set;

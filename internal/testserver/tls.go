@@ -62,7 +62,7 @@ func NewCA(t testing.TB, name string) *CA {
 	return ca
 }
 
-// Issue makes a server certificate for hosts (DNS names, or IP addresses)
+// Issue makes a server (and client) certificate for hosts (DNS names, or IP addresses)
 // and writes it and its key as PEM files into dir, as server.crt and
 // server.key, replacing any there. The key is readable by its owner only:
 // the postgres user when the tests run as root (PostgreSQL insists).
@@ -78,7 +78,7 @@ func (ca *CA) Issue(t testing.TB, dir string, hosts ...string) (certFile, keyFil
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, // a client certificate too (mutual TLS)
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
