@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
@@ -172,7 +171,7 @@ func (a *Applied) tighter(b *Applied) bool {
 
 // pick chooses the rule the single-value headers describe, the reason,
 // the identity and Retry-After.
-func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
+func (out *Outcome) pick(r Request, jitter rules.Jitter) {
 	var top *Applied
 	for i := range out.Applied {
 		a := &out.Applied[i]

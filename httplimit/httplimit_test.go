@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,7 +21,6 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
@@ -313,7 +313,7 @@ func TestRetryAfterJitter(t *testing.T) {
 			if r.code != 429 || n < 60 || n > 90 {
 				t.Fatalf("%s: %d Retry-After %q, want within [60, 90]", ip, r.code, ra)
 			}
-			if want := retryafter.Uncapped("ip:"+ip, time.Minute, 0.5); int64(n) != want {
+			if want := (rules.Jitter{Fraction: 0.5, Max: math.MaxInt64}).Seconds("ip:"+ip, time.Minute); int64(n) != want {
 				t.Errorf("%s: Retry-After %d, want %d", ip, n, want)
 			}
 			if j == 0 {

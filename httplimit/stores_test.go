@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,9 +12,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/rules"
 )
 
 // TestStores runs the key end-to-end cases on every store: the memory
@@ -105,7 +106,7 @@ var storeCases = []struct {
 			ip := fmt.Sprintf("198.51.100.%d", i+1)
 			e.do("/", "X-Forwarded-For: "+ip)
 			r1, r2 := e.do("/", "X-Forwarded-For: "+ip), e.do("/", "X-Forwarded-For: "+ip)
-			want := strconv.FormatInt(retryafter.Uncapped("ip:"+ip, time.Minute, 0.5), 10)
+			want := strconv.FormatInt((rules.Jitter{Fraction: 0.5, Max: math.MaxInt64}).Seconds("ip:"+ip, time.Minute), 10)
 			if r1.code != 429 || r1.h.Get("Retry-After") != want || r2.h.Get("Retry-After") != want {
 				t.Fatalf("%s: %d Retry-After %q %q, want %s", ip, r1.code, r1.h.Get("Retry-After"), r2.h.Get("Retry-After"), want)
 			}

@@ -4,11 +4,11 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // WriteSummary writes the run's summary for a terminal: the totals, the
@@ -97,7 +97,12 @@ func keyNote(r *Result, o *Outcome) string {
 }
 
 // header is the Retry-After header value for a wait, before jitter.
-func header(d time.Duration) int64 { return retryafter.Uncapped("", d, 0) }
+func header(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(d.Seconds()))
+}
 
 func secs(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) }
 

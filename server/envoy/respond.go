@@ -15,7 +15,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/engine/retryafter"
+	"github.com/driplimit/drip/rules"
 )
 
 // respond builds the response to req: the overall code, one status per
@@ -178,7 +178,7 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 	var retry int64
 	if !allowed && top.kind != blocked {
 		// envoyproxy/ratelimit's config has no place for it: the default.
-		retry = retryafter.Default.Seconds(top.key, wait(items))
+		retry = rules.DefaultJitter.Seconds(top.key, wait(items))
 	}
 	field := func(it *item) engine.Field {
 		f := engine.Field{Policy: it.limit.policy, Name: it.limit.qname}

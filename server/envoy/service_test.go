@@ -25,7 +25,6 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
@@ -160,7 +159,7 @@ func testBurst(t *testing.T, r *running) {
 	if got := s.DurationUntilReset.AsDuration(); got != 100*time.Millisecond {
 		t.Fatalf("call 11: duration_until_reset %v, want the wait of 100ms", got)
 	}
-	retry := retryafter.Uncapped(key, 100*time.Millisecond, 0.5)
+	retry := (rules.Jitter{Fraction: 0.5, Max: math.MaxInt64}).Seconds(key, 100*time.Millisecond)
 	if retry < 1 || retry > 2 {
 		t.Fatalf("retry %d", retry)
 	}
