@@ -213,8 +213,9 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		}
 	}
 	var idx []int
+	local := e.localStore() // nil without WithLocal: local allows
 	for i := range enf {
-		if enf[i].Rule.OnError == rules.Local {
+		if enf[i].Rule.OnError == rules.Local && local != nil {
 			idx = append(idx, i)
 		} else {
 			enf[i].Event = ErrorAllowed
@@ -243,7 +244,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 			return
 		}
 	}
-	m, err := e.localStore().ApplyMulti(ctx, drip.OpTake, e.at(), lreqs)
+	m, err := local.ApplyMulti(ctx, drip.OpTake, e.at(), lreqs)
 	if err != nil { // cannot happen with validated rules; fail open
 		e.logError("local fallback", err)
 		for j := range loc {

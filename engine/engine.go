@@ -38,7 +38,6 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
-	"github.com/driplimit/drip/store/memstore"
 )
 
 // DefaultTimeout is the longest a decision waits on the store, in every
@@ -91,9 +90,10 @@ type Engine struct {
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
 	kind     attribute.KeyValue                // drip.store, on every span
 
-	localMu sync.Mutex
-	local   *memstore.Store
-	closed  bool
+	localMu  sync.Mutex
+	newLocal func() drip.Store // WithLocal; nil: on_error local allows
+	local    drip.Store
+	closed   bool
 }
 
 // Option configures an Engine.
@@ -125,6 +125,17 @@ func WithSeparateTakes() Option { return func(e *Engine) { e.separate = true } }
 // WithClock makes the engine pass now() as the time of each decision
 // (instead of the store's clock), and use it for the circuit breaker.
 func WithClock(now func() time.Time) Option { return func(e *Engine) { e.now = now } }
+
+// WithLocal hands the engine the store of on_error "local": newStore
+// is called once, when a rule first falls back to it, and the store it
+// returns is closed by Close if it has a Close method. It should hold
+// its state in this process and be bounded in memory (drip's front doors
+// and drip serve pass a memory store of at most 65536 keys). Without it,
+// a rule whose on_error is local allows the request when the store
+// fails, as on_error allow does.
+func WithLocal(newStore func() drip.Store) Option {
+	return func(e *Engine) { e.newLocal = newStore }
+}
 
 // WithName sets the prefix of the engine's log messages (default
 // "drip").
@@ -158,13 +169,18 @@ func (e *Engine) BreakerState() string { return e.brk.State() }
 // Observer returns the engine's observer.
 func (e *Engine) Observer() Observer { return e.obs }
 
-// Close releases the local fallback's memory store, if one was started.
+// Close closes the local fallback's store (WithLocal), if one was
+// started.
 func (e *Engine) Close() error {
 	e.localMu.Lock()
 	defer e.localMu.Unlock()
 	e.closed = true
-	if e.local != nil {
-		return e.local.Close()
+	return closeStore(e.local)
+}
+
+func closeStore(s drip.Store) error {
+	if c, ok := s.(interface{ Close() error }); ok {
+		return c.Close()
 	}
 	return nil
 }
@@ -431,17 +447,18 @@ func (e *Engine) learnLatency(d time.Duration) {
 	e.latency.Store(old + (int64(d)-old)/8)
 }
 
-// localMaxKeys bounds the local fallback's memory.
-const localMaxKeys = 1 << 16
-
-func (e *Engine) localStore() *memstore.Store {
+// localStore is the local fallback's store (WithLocal), started on first
+// use; nil without one.
+func (e *Engine) localStore() drip.Store {
+	if e.newLocal == nil {
+		return nil
+	}
 	e.localMu.Lock()
 	defer e.localMu.Unlock()
 	if e.local == nil {
-		if e.closed { // no sweeper goroutine may outlive Close
-			e.local = memstore.New(memstore.WithMaxKeys(localMaxKeys), memstore.WithSweep(0))
-		} else {
-			e.local = memstore.New(memstore.WithMaxKeys(localMaxKeys))
+		e.local = e.newLocal()
+		if e.closed { // nothing it runs (a sweeper) may outlive Close
+			closeStore(e.local)
 		}
 	}
 	return e.local

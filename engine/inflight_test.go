@@ -35,7 +35,7 @@ func TestOutcomeRelease(t *testing.T) {
 	}{{"memory", memstore.New(memstore.WithSweep(0))}, {"local fallback", down{}}} {
 		t.Run(st.name, func(t *testing.T) {
 			now := time.Unix(1_800_000_000, 0)
-			e := engine.New(st.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)))
+			e := engine.New(st.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)), withLocal)
 			defer e.Close()
 			rs := e.Compile(set)
 			ctx := context.Background()
@@ -112,7 +112,7 @@ func TestFieldsWholeQuotas(t *testing.T) {
 		// Both decided by the store: "frac" has the fewest left.
 		{memstore.New(memstore.WithSweep(0)), `"half";q=5;w=5, "frac";q=2;w=3`, `"half";r=4;t=1, "frac";r=1;t=1`, "2"},
 	} {
-		e := engine.New(c.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)))
+		e := engine.New(c.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)), withLocal)
 		out := e.Decide(context.Background(), e.Compile(set), values{})
 		f := out.Fields()
 		if f.Policy != c.policy || f.RateLimit != c.rl || f.Limit != c.limit {
@@ -144,5 +144,30 @@ func TestFieldsTopHasWindow(t *testing.T) {
 	out := e.Decide(context.Background(), e.Compile(set), values{})
 	if f := out.Fields(); !out.Allowed || out.Top.Rule.Name != "rate" || f.Limit != "1" || f.Remaining != "0" || f.Reset != "10" {
 		t.Errorf("top %s, limit %s, remaining %s, reset %q; want rate's: 1, 0, 10", out.Top.Rule.Name, f.Limit, f.Remaining, f.Reset)
+	}
+}
+
+// withLocal hands an engine the memory store of on_error local, as
+// drip's front doors do.
+var withLocal = engine.WithLocal(func() drip.Store { return memstore.New(memstore.WithSweep(0)) })
+
+// TestLocalNotHandedIn: an engine given no local store (WithLocal) allows
+// a request whose on_error local rule meets a failing store, as on_error
+// allow would, and decides nothing for it.
+func TestLocalNotHandedIn(t *testing.T) {
+	set, err := rules.Parse([]byte(inflightSet), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := engine.New(down{}, engine.WithLogger(slog.New(slog.DiscardHandler)))
+	defer e.Close()
+	out := e.Decide(context.Background(), e.Compile(set), values{})
+	if !out.Allowed || out.Err == nil {
+		t.Fatalf("allowed %v, err %v; want allowed with the store's error", out.Allowed, out.Err)
+	}
+	for _, a := range out.Applied {
+		if a.Event != engine.ErrorAllowed || a.Decided || a.Local {
+			t.Errorf("%s: %v, decided %v, local %v; want error_allowed, undecided", a.Rule.Name, a.Event, a.Decided, a.Local)
+		}
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/conncap"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/server/envoy"
 )
@@ -102,7 +103,7 @@ func New(cfg Config, store drip.Store) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), endDrain: make(chan struct{})}
 	s.store = s.metrics.observe(store)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
-		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"),
+		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(frontdoor.Local),
 		engine.WithTracerProvider(cfg.TracerProvider))
 	if ost, ok := override.Of(store); ok {
 		s.ost = ost

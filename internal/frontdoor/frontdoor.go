@@ -41,7 +41,7 @@ type Limiter struct {
 func New(store drip.Store, name string, set *rules.Set, c Config) *Limiter {
 	eng := c.Engine
 	if eng == nil {
-		eng = engine.New(store, append([]engine.Option{engine.WithName(name)}, c.Eng...)...)
+		eng = engine.New(store, append([]engine.Option{engine.WithName(name), engine.WithLocal(Local)}, c.Eng...)...)
 	}
 	l := &Limiter{eng: eng, now: c.Now}
 	l.Swap(set)

@@ -43,6 +43,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -120,7 +121,7 @@ func NewService(store drip.Store, cfg *Config, opts ...Option) *Service {
 		f(&o)
 	}
 	if o.eng == nil {
-		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit")}, o.opts...)...)
+		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit"), engine.WithLocal(frontdoor.Local)}, o.opts...)...)
 	}
 	if o.obs == nil {
 		o.obs = o.eng.Observer()
