@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"net/http"
 	"slices"
 	"time"
 
@@ -131,7 +130,7 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	if over >= 0 {
 		// A cost above the burst can never be allowed: deny it without
 		// taking anything, and peek (cost 0) for the headers.
-		out.deny(http.StatusTooManyRequests, ReasonCostExceedsBurst)
+		out.deny(ReasonCostExceedsBurst)
 		its := stepItems(enf, true)
 		_, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpPeek, its)
 		for i := range enf {
@@ -193,7 +192,7 @@ func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
 		}
 	}
 	if !m.Allowed {
-		out.deny(http.StatusTooManyRequests, "")
+		out.deny("")
 	}
 }
 
@@ -201,7 +200,7 @@ func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
 func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	for i := range enf {
 		if enf[i].Rule.OnError == rules.Deny {
-			out.deny(http.StatusServiceUnavailable, ReasonStoreUnavailable)
+			out.deny(ReasonStoreUnavailable)
 			// The breaker probes the store again within its cool-down:
 			// a second is soon enough to ask again.
 			out.RetryAfter = 1
@@ -235,7 +234,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	}
 	for j := range loc {
 		if loc[j].Cost > Burst(loc[j].Limit) {
-			out.deny(http.StatusTooManyRequests, ReasonCostExceedsBurst)
+			out.deny(ReasonCostExceedsBurst)
 			for k := range loc {
 				loc[k].Event, loc[k].Local = NotTaken, true
 			}

@@ -6,10 +6,13 @@
 // Given the values a request offers for the rules' limit keys (a Request),
 // Decide matches the rules (groups, shadow), makes one all-or-nothing store
 // call under a deadline, through a circuit breaker, applies each rule's
-// on_error when the store fails (allow, deny, or a local limiter), and
-// returns one Outcome: the decision, the rules that decided, the RateLimit
-// and RateLimit-Policy field values, Retry-After with jitter, the problem
-// details, and the events of the Observer, in one vocabulary (Event).
+// on_error when the store fails (allow, deny, or a local limiter in a
+// store handed in with WithLocal), and returns one Outcome, as data: the
+// decision, the rules that decided, the RateLimit and RateLimit-Policy
+// field values, Retry-After with jitter and the reason; and the events of
+// the Observer, in one vocabulary (Event). Each front door renders the
+// Outcome its own way (HTTP headers and problem+json, a gRPC status and
+// metadata); the engine knows no transport.
 //
 // Front doors that match limits their own way (Envoy's descriptors) use
 // the engine's parts: Step (a request's limits in one store call, the one

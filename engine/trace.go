@@ -106,7 +106,7 @@ func (e *Engine) endDecide(sp trace.Span, out *Outcome) {
 			attribute.StringSlice("drip.rules", names),
 			attribute.StringSlice("drip.events", events),
 			attribute.Bool("drip.allowed", out.Allowed),
-			attribute.Int("drip.status", out.Status),
+			attribute.Int("drip.status", spanStatus(out)),
 		}
 		if !out.Allowed {
 			attrs = append(attrs, attribute.String("drip.reason", out.Reason))
@@ -120,6 +120,20 @@ func (e *Engine) endDecide(sp trace.Span, out *Outcome) {
 		sp.SetAttributes(attrs...)
 	}
 	sp.End()
+}
+
+// spanStatus is a decision's drip.status attribute: the status an HTTP
+// door answers it with, 0 (allowed), 429 (over a limit) or 503 (the store
+// failed and on_error denied), for those who read the span beside the
+// access log.
+func spanStatus(out *Outcome) int {
+	switch {
+	case out.Allowed:
+		return 0
+	case out.Reason == ReasonStoreUnavailable:
+		return 503
+	}
+	return 429
 }
 
 // startStore starts a store call's span, if the engine traces.

@@ -218,7 +218,7 @@ func (v *callValues) Value(src rules.Source) (string, bool) {
 // a limit. It is empty when no enforce rule was decided.
 func Metadata(out *engine.Outcome) metadata.MD {
 	h := http.Header{}
-	out.WriteHeaders(h)
+	frontdoor.WriteHeaders(h, out)
 	md := make(metadata.MD, len(h))
 	for k, v := range h {
 		md[strings.ToLower(k)] = v
@@ -234,14 +234,14 @@ func Metadata(out *engine.Outcome) metadata.MD {
 // ErrorDomain) whose reason is the denial's in upper case
 // (TOKEN_BUCKET_EXCEEDED, FIXED_WINDOW_EXCEEDED, COST_EXCEEDS_BURST,
 // STORE_UNAVAILABLE) and whose metadata names the rule. The message is
-// the problem details' (engine.Problem). An allowed call has status OK.
+// the problem details' (the HTTP doors' problem+json detail). An allowed call has status OK.
 func Status(out *engine.Outcome) *status.Status {
 	if out.Allowed {
 		return status.New(codes.OK, "")
 	}
-	p := out.Problem()
+	p := frontdoor.ProblemOf(out)
 	code := codes.ResourceExhausted
-	if out.Status == http.StatusServiceUnavailable {
+	if out.Reason == engine.ReasonStoreUnavailable {
 		code = codes.Unavailable
 	}
 	info := &errdetails.ErrorInfo{Reason: strings.ToUpper(p.Reason), Domain: ErrorDomain}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
@@ -38,7 +39,7 @@ type observer struct {
 	states    []string
 }
 
-func (o *observer) Decision(rule string, mode rules.Mode, outcome httplimit.Outcome) {
+func (o *observer) Decision(rule string, mode rules.Mode, outcome engine.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.decisions == nil {
@@ -221,7 +222,7 @@ func Test429AfterBurst(t *testing.T) {
 		t.Errorf("headers %v", r.h)
 	}
 	p := r.problem(t)
-	if p.Rule != "free" || p.Reason != httplimit.ReasonTokenBucket || p.RetryAfter != int64(ra) {
+	if p.Rule != "free" || p.Reason != engine.ReasonTokenBucket || p.RetryAfter != int64(ra) {
 		t.Errorf("problem %+v", p)
 	}
 	if e.hits.Load() != 20 {
@@ -250,7 +251,7 @@ func TestFixedWindow(t *testing.T) {
 		}
 	}
 	r := e.do("/")
-	if r.code != 429 || r.problem(t).Reason != httplimit.ReasonFixedWindow {
+	if r.code != 429 || r.problem(t).Reason != engine.ReasonFixedWindow {
 		t.Fatalf("%d %s", r.code, r.body)
 	}
 	ra, _ := strconv.Atoi(r.h.Get("Retry-After"))
@@ -358,7 +359,7 @@ func TestCost(t *testing.T) {
 	if r.code != 429 || r.h.Get("Retry-After") != "" {
 		t.Fatalf("cost 25: %d Retry-After %q", r.code, r.h.Get("Retry-After"))
 	}
-	if p := r.problem(t); p.Reason != httplimit.ReasonCostExceedsBurst || p.Rule != "q" {
+	if p := r.problem(t); p.Reason != engine.ReasonCostExceedsBurst || p.Rule != "q" {
 		t.Errorf("problem %+v", p)
 	}
 	if r.remaining(t) != 20 || r.h.Get("RateLimit") != `"q";r=20;t=0` {
@@ -547,7 +548,7 @@ func TestStoreDownAllow(t *testing.T) {
 		t.Errorf("hits %d, observed %v", e.hits.Load(), e.obs.decisions)
 	}
 	// The breaker opened after 3 failures: the store was not called again.
-	if ds.calls.Load() != 3 || e.obs.errs() != 3 || e.lim.BreakerState() != httplimit.BreakerOpen {
+	if ds.calls.Load() != 3 || e.obs.errs() != 3 || e.lim.BreakerState() != engine.BreakerOpen {
 		t.Errorf("store calls %d, errors %d, breaker %s", ds.calls.Load(), e.obs.errs(), e.lim.BreakerState())
 	}
 	// After the cool-down one probe goes through; the store is back.
@@ -556,7 +557,7 @@ func TestStoreDownAllow(t *testing.T) {
 	if r := e.do("/", "X-Api-Key: k"); r.code != 200 || r.remaining(t) != 19 {
 		t.Errorf("after recovery: %d %v", r.code, r.h)
 	}
-	if e.lim.BreakerState() != httplimit.BreakerClosed || ds.calls.Load() != 4 {
+	if e.lim.BreakerState() != engine.BreakerClosed || ds.calls.Load() != 4 {
 		t.Errorf("breaker %s, calls %d", e.lim.BreakerState(), ds.calls.Load())
 	}
 	if got := strings.Join(e.obs.states, ","); got != "open,half_open,closed" {
@@ -573,7 +574,7 @@ func TestBreakerProbeCallerGaveUp(t *testing.T) {
 	for range 3 {
 		e.do("/", "X-Api-Key: k")
 	}
-	if e.lim.BreakerState() != httplimit.BreakerOpen {
+	if e.lim.BreakerState() != engine.BreakerOpen {
 		t.Fatalf("breaker %s", e.lim.BreakerState())
 	}
 	e.clock.Add(10 * time.Second)
@@ -584,11 +585,11 @@ func TestBreakerProbeCallerGaveUp(t *testing.T) {
 	if res := e.lim.Decide(ctx, req); res.Err == nil {
 		t.Fatalf("the probe with a cancelled caller: %+v", res)
 	}
-	if ds.calls.Load() != 4 || e.lim.BreakerState() != httplimit.BreakerHalfOpen {
+	if ds.calls.Load() != 4 || e.lim.BreakerState() != engine.BreakerHalfOpen {
 		t.Fatalf("after the abandoned probe: calls %d, breaker %s", ds.calls.Load(), e.lim.BreakerState())
 	}
 	ds.up.Store(true)
-	if r := e.do("/", "X-Api-Key: k"); r.code != 200 || ds.calls.Load() != 5 || e.lim.BreakerState() != httplimit.BreakerClosed {
+	if r := e.do("/", "X-Api-Key: k"); r.code != 200 || ds.calls.Load() != 5 || e.lim.BreakerState() != engine.BreakerClosed {
 		t.Fatalf("next request: %d, calls %d, breaker %s", r.code, ds.calls.Load(), e.lim.BreakerState())
 	}
 }
@@ -600,7 +601,7 @@ func TestStoreDownDeny(t *testing.T) {
 	if r.code != 503 {
 		t.Fatalf("%d", r.code)
 	}
-	if p := r.problem(t); p.Reason != httplimit.ReasonStoreUnavailable || p.Rule != "free" ||
+	if p := r.problem(t); p.Reason != engine.ReasonStoreUnavailable || p.Rule != "free" ||
 		p.RetryAfter != 1 || !strings.Contains(p.Detail, "store_timeout") {
 		t.Errorf("problem %+v", p)
 	}
@@ -627,7 +628,7 @@ func TestStoreDownLocal(t *testing.T) {
 		}
 	}
 	r := e.do("/", "X-Api-Key: k")
-	if r.code != 429 || r.problem(t).Reason != httplimit.ReasonTokenBucket {
+	if r.code != 429 || r.problem(t).Reason != engine.ReasonTokenBucket {
 		t.Fatalf("%d %s", r.code, r.body)
 	}
 	if ra, _ := strconv.Atoi(r.h.Get("Retry-After")); ra < 1 || ra > 2 { // 5/s locally: 0.2 s
@@ -643,7 +644,7 @@ func TestStoreDownLocal(t *testing.T) {
 	e.clock.Add(10 * time.Second)
 	e.do("/", "X-Api-Key: k")
 	e.do("/", "X-Api-Key: k")
-	if ds.calls.Load() != 4 || e.lim.BreakerState() != httplimit.BreakerOpen {
+	if ds.calls.Load() != 4 || e.lim.BreakerState() != engine.BreakerOpen {
 		t.Errorf("calls %d, breaker %s", ds.calls.Load(), e.lim.BreakerState())
 	}
 }

@@ -98,12 +98,12 @@ func NewKeyLimiter(store drip.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, 
 // and gorilla/mux (r.Use(l.Handler)).
 func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		res, err := l.Decide(r.Context(), r)
+		out, err := l.decide(r.Context(), r)
 		if err != nil {
 			l.keyError(w, r, err)
 			return
 		}
-		serve(w, r, next, res)
+		serve(w, r, next, out)
 	})
 }
 
@@ -111,7 +111,12 @@ func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
 // requests themselves. It takes the tokens of an allowed request. The
 // error is the key function's (and then nothing was decided); a request
 // without a key is allowed, with no rule applied.
-func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) (*Result, error) {
+func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) (Result, error) {
+	out, err := l.decide(ctx, r)
+	return Result{out}, err
+}
+
+func (l *KeyLimiter) decide(ctx context.Context, r *http.Request) (*engine.Outcome, error) {
 	key, err := l.kl.Key(r)
 	if err != nil {
 		return nil, err
@@ -125,7 +130,7 @@ func (l *KeyLimiter) keyError(w http.ResponseWriter, r *http.Request, err error)
 		return
 	}
 	l.eng.LogError("key function failed", err)
-	engine.WriteProblem(w, Problem{
+	frontdoor.WriteProblem(w, Problem{
 		Type:   "about:blank",
 		Title:  http.StatusText(http.StatusInternalServerError),
 		Status: http.StatusInternalServerError,

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/teststores"
@@ -209,7 +210,7 @@ func TestKeyFromContext(t *testing.T) {
 	if r.code != 429 || r.h.Get("RateLimit") == "" {
 		t.Fatalf("third: %d %v", r.code, r.h)
 	}
-	if p := r.problem(t); p.Rule != "per-user" || p.Reason != httplimit.ReasonTokenBucket || p.RetryAfter < 30 || p.RetryAfter > 45 {
+	if p := r.problem(t); p.Rule != "per-user" || p.Reason != engine.ReasonTokenBucket || p.RetryAfter < 30 || p.RetryAfter > 45 {
 		t.Errorf("problem %+v", p) // a token every 30 s, jitter up to 50%
 	}
 	if r := e.do("/", "X-Token: b"); r.code != 200 || r.remaining(t) != 1 {
@@ -254,7 +255,7 @@ func TestKeyCost(t *testing.T) {
 	if r.code != 429 || r.h.Get("Retry-After") != "" || r.remaining(t) != int(left) {
 		t.Fatalf("cost 11: %d %v", r.code, r.h)
 	}
-	if p := r.problem(t); p.Reason != httplimit.ReasonCostExceedsBurst || p.Rule != "per-key" {
+	if p := r.problem(t); p.Reason != engine.ReasonCostExceedsBurst || p.Rule != "per-key" {
 		t.Errorf("problem %+v", p)
 	}
 	cost = left
@@ -284,7 +285,7 @@ func TestKeyOnError(t *testing.T) {
 			if r.code != 503 || r.h.Get("Retry-After") != "1" {
 				t.Fatalf("request %d: %d %v", i, r.code, r.h)
 			}
-			if p := r.problem(t); p.Reason != httplimit.ReasonStoreUnavailable || p.Rule != "per-key" {
+			if p := r.problem(t); p.Reason != engine.ReasonStoreUnavailable || p.Rule != "per-key" {
 				t.Fatalf("problem %+v", p)
 			}
 		}, map[string]int{"per-key/enforce/error_denied": 12}},
@@ -296,7 +297,7 @@ func TestKeyOnError(t *testing.T) {
 				}
 				return
 			}
-			if r.code != 429 || r.problem(t).Reason != httplimit.ReasonTokenBucket {
+			if r.code != 429 || r.problem(t).Reason != engine.ReasonTokenBucket {
 				t.Fatalf("request %d: %d %s", i, r.code, r.body)
 			}
 		}, map[string]int{"per-key/enforce/local_allowed": 10, "per-key/enforce/local_denied": 2}},
@@ -310,7 +311,7 @@ func TestKeyOnError(t *testing.T) {
 			if !maps.Equal(k.obs.decisions, c.events) {
 				t.Errorf("observed %v, want %v", k.obs.decisions, c.events)
 			}
-			if ds.calls.Load() != 5 || k.obs.errs() != 5 || k.lim.BreakerState() != httplimit.BreakerOpen {
+			if ds.calls.Load() != 5 || k.obs.errs() != 5 || k.lim.BreakerState() != engine.BreakerOpen {
 				t.Errorf("store calls %d, errors %d, breaker %s", ds.calls.Load(), k.obs.errs(), k.lim.BreakerState())
 			}
 			// Back after the cool-down: the store decides again.
