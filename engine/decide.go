@@ -10,8 +10,8 @@ import (
 	"github.com/driplimit/drip/rules"
 )
 
-// Request is what a front door offers the engine about one request.
-type Request interface {
+// Values is what a front door offers the engine about one request.
+type Values interface {
 	// Value is the request's value for a limit key (client IP, header,
 	// verified claim, path, method, ...); ok is false when it has none,
 	// and the rule then does not apply.
@@ -41,7 +41,7 @@ const (
 // enforce rules' tokens. When the store fails, each enforce rule's
 // on_error decides: allow, deny (503) or local (a per-instance limiter at
 // a share of the rule's rate and burst).
-func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
+func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	ctx, sp := e.startDecide(ctx) // trace.go
 	var enf, sh []Applied
 	var groups []string
@@ -86,7 +86,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
 	return out
 }
 
-// Coster is a Request that computes its own costs: those of the rules
+// Coster is Values that also computes its own costs: those of the rules
 // whose cost_source is of kind rules.KindFunc (a program's cost function,
 // rules.FuncRule). ok false, or a cost that is negative, not finite or
 // above 1e12, costs the rule's DefaultCost, as an unreadable header does.
@@ -95,7 +95,7 @@ type Coster interface {
 }
 
 // cost is the request's cost under rule.
-func cost(r Request, rule *rules.Rule) float64 {
+func cost(r Values, rule *rules.Rule) float64 {
 	switch rule.CostSource.Kind {
 	case rules.KindFixed:
 		return rule.FixedCost

@@ -3,7 +3,7 @@
 // API, Envoy's rate limit service) hands it what a request offers and
 // writes what it answers.
 //
-// Given the values a request offers for the rules' limit keys (a Request),
+// Given the values a request offers for the rules' limit keys (Values),
 // Decide matches the rules (groups, shadow), makes one all-or-nothing store
 // call under a deadline, through a circuit breaker, applies each rule's
 // on_error when the store fails (allow, deny, or a local limiter in a

@@ -43,7 +43,7 @@ type Outcome struct {
 	// (cost_exceeds_burst).
 	RetryAfter int64
 	// Identity is the client identity that seeds the jitter, set on a
-	// denial (Request.Identity of the denying rule's key).
+	// denial (Values.Identity of the denying rule's key).
 	Identity string
 	// Applied lists the rules that applied, enforce rules first, each in
 	// file order.
@@ -171,7 +171,7 @@ func (a *Applied) tighter(b *Applied) bool {
 
 // pick chooses the rule the single-value headers describe, the reason,
 // the identity and Retry-After.
-func (out *Outcome) pick(r Request, jitter rules.Jitter) {
+func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 	var top *Applied
 	for i := range out.Applied {
 		a := &out.Applied[i]

@@ -54,7 +54,7 @@ const ErrorDomain = "drip"
 // Limiter applies a rules Set to gRPC calls. It is safe for concurrent
 // use; Swap replaces its rules atomically. Construct it with New.
 type Limiter struct {
-	fd *frontdoor.Limiter
+	fd *frontdoor.Door
 }
 
 // Option configures a Limiter.
@@ -103,7 +103,7 @@ func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
-	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Apply(opts))}
+	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Configure(opts))}
 }
 
 // Swap makes set the rules of every call from now on. Calls in flight
@@ -181,7 +181,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 		// method, so that "/pkg.Service/*" still matches its calls.
 		fullMethod = rules.FoldPath(fullMethod)
 	}
-	v := &callValues{Request: frontdoor.Request{S: s, Lower: true}, method: fullMethod}
+	v := &callValues{Values: frontdoor.Values{S: s, Lower: true}, method: fullMethod}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		v.Peer = p.Addr.String()
 	}
@@ -195,7 +195,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 // verified claims as every front door does (frontdoor), and the full
 // method as its path (folded as the rules' paths are).
 type callValues struct {
-	frontdoor.Request
+	frontdoor.Values
 	method string
 }
 
@@ -208,7 +208,7 @@ func (v *callValues) Value(src rules.Source) (string, bool) {
 	case rules.KindQuery, rules.KindCookie:
 		return "", false
 	}
-	return v.Request.Value(src)
+	return v.Values.Value(src)
 }
 
 // Metadata returns the response header metadata of a decided call: the

@@ -92,7 +92,7 @@ func (r Result) ProblemJSON() []byte { return frontdoor.ProblemJSON(r.Outcome) }
 // Limiter applies a rules Set to HTTP requests. It is safe for concurrent
 // use; Swap replaces its rules atomically. Construct it with New.
 type Limiter struct {
-	fd *frontdoor.Limiter
+	fd *frontdoor.Door
 }
 
 // Option configures a Limiter.
@@ -156,7 +156,7 @@ func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
-	return &Limiter{fd: frontdoor.New(store, "httplimit", set, frontdoor.Apply(opts))}
+	return &Limiter{fd: frontdoor.New(store, "httplimit", set, frontdoor.Configure(opts))}
 }
 
 // Swap makes set the rules of every request from now on. Requests in

@@ -86,7 +86,7 @@ func NewKeyLimiter(store drip.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, 
 	if err != nil {
 		return nil, errors.New("httplimit: KeyLimit: " + err.Error())
 	}
-	fd := frontdoor.New(store, "httplimit", set, frontdoor.Apply(opts))
+	fd := frontdoor.New(store, "httplimit", set, frontdoor.Configure(opts))
 	return &KeyLimiter{eng: fd.Engine(), rules: fd.Snapshot().Rules, kl: kl}, nil
 }
 
