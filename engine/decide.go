@@ -120,19 +120,22 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	if len(enf) == 0 {
 		return
 	}
+	// Rules' keys are distinct (they begin with the rule's name): one
+	// store request per rule, in order.
+	its := stepItems(enf, false)
 	over := -1
-	for i := range enf {
-		if enf[i].Cost > Burst(enf[i].Limit) {
+	for i, it := range its {
+		if it.Never() {
 			over = i
 			break
 		}
 	}
+	// A cost above the burst can never be allowed: the request is denied
+	// without taking anything, and the buckets are peeked at (cost 0)
+	// for the headers.
+	allowed, err := e.takeItems(ctx, rs.timeout, rs.breaker, its, true)
 	if over >= 0 {
-		// A cost above the burst can never be allowed: deny it without
-		// taking anything, and peek (cost 0) for the headers.
 		out.deny(ReasonCostExceedsBurst)
-		its := stepItems(enf, true)
-		_, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpPeek, its)
 		for i := range enf {
 			a := &enf[i]
 			a.Event = NotTaken
@@ -145,45 +148,41 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 		a.Decision.Allowed = false
 		return
 	}
-	// Rules' keys are distinct (they begin with the rule's name): one
-	// store request per rule, in order.
-	m, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpTake, stepItems(enf, false))
 	if err != nil {
 		out.Err = err
 		e.fail(ctx, out, enf)
 		return
 	}
-	settle(out, enf, m, false)
+	settle(out, enf, allowed, false, func(i int) drip.Decision { return its[i].Decision })
 }
 
-// stepItems are the store step's items of the rules as (cost 0: a peek
-// of the buckets as they are).
-func stepItems(as []Applied, cost0 bool) []*Item {
+// stepItems are the items of the rules as, for DecideItems' steps
+// (shadow: as Shadow items).
+func stepItems(as []Applied, shadow bool) []*Item {
+	buf := make([]Item, len(as))
 	its := make([]*Item, len(as))
 	for i, a := range as {
-		its[i] = &Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
-		if cost0 {
-			its[i].Cost = 0
-		}
+		buf[i] = Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease, Shadow: shadow}
+		its[i] = &buf[i]
 	}
 	return its
 }
 
-// settle records a multi-take's decisions in enf and out. A rule its own
-// bucket allowed but that was not taken (another denied) shows its bucket
-// as it is, before the take (BeforeTake).
-func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
+// settle records a multi-take's decisions (decision(i) of enf[i]) in enf
+// and out. A rule its own bucket allowed but that was not taken (another
+// denied) shows its bucket as it is, before the take (BeforeTake).
+func settle(out *Outcome, enf []Applied, taken, local bool, decision func(i int) drip.Decision) {
 	allowed, denied := Allowed, Denied
 	if local {
 		allowed, denied = LocalAllowed, LocalDenied
 	}
 	for i := range enf {
 		a := &enf[i]
-		a.Decision, a.Decided, a.Local = m.Decisions[i], true, local
+		a.Decision, a.Decided, a.Local = decision(i), true, local
 		switch {
 		case !a.Decision.Allowed:
 			a.Event, a.Reason = denied, reasonOf(a.Limit)
-		case m.Allowed:
+		case taken:
 			a.Event = allowed
 			a.held = a.Lease != ""
 		default:
@@ -191,7 +190,7 @@ func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
 			a.Decision = BeforeTake(a.Decision, a.Limit, a.Key, a.Cost)
 		}
 	}
-	if !m.Allowed {
+	if !taken {
 		out.deny("")
 	}
 }
@@ -233,7 +232,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}
 	for j := range loc {
-		if loc[j].Cost > Burst(loc[j].Limit) {
+		if overBurst(loc[j].Limit, loc[j].Cost) {
 			out.deny(ReasonCostExceedsBurst)
 			for k := range loc {
 				loc[k].Event, loc[k].Local = NotTaken, true
@@ -252,7 +251,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		copyBack(enf, idx, loc)
 		return
 	}
-	settle(out, loc, m, true)
+	settle(out, loc, m.Allowed, true, func(i int) drip.Decision { return m.Decisions[i] })
 	copyBack(enf, idx, loc)
 }
 
@@ -263,46 +262,46 @@ func copyBack(enf []Applied, idx []int, loc []Applied) {
 }
 
 func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Applied) {
-	var idx []int
-	var its []*Item
-	for i := range sh {
-		a := &sh[i]
-		if a.Cost > Burst(a.Limit) {
-			a.Event, a.Reason = Denied, ReasonCostExceedsBurst
-			continue
-		}
-		its = append(its, stepItems(sh[i:i+1], false)...)
-		idx = append(idx, i)
+	if len(sh) == 0 {
+		return
 	}
-	if len(its) == 0 {
+	its := stepItems(sh, true)
+	asked := false // a shadow rule goes to the store
+	for i, it := range its {
+		if it.Never() {
+			sh[i].Event, sh[i].Reason = Denied, ReasonCostExceedsBurst
+		} else {
+			asked = true
+		}
+	}
+	if !asked {
 		return
 	}
 	if out.Err != nil { // the store just failed: spare the request a second deadline
-		for _, i := range idx {
-			sh[i].Event = ErrorAllowed
+		for i, it := range its {
+			if !it.Never() {
+				sh[i].Event = ErrorAllowed
+			}
 		}
 		return
 	}
-	op := drip.OpTake
-	if !out.Allowed {
-		op = drip.OpPeek
-	}
-	_, err := e.step(ctx, rs.timeout, rs.breaker, op, its)
-	for j, i := range idx {
-		a, it := &sh[i], its[j]
-		if err != nil {
-			a.Event = ErrorAllowed
-			continue
-		}
-		a.Decision, a.Decided = it.Decision, true
+	e.shadowItems(ctx, rs.timeout, rs.breaker, its, !out.Allowed)
+	for i, it := range its {
+		a := &sh[i]
 		switch {
+		case it.Never():
+		case it.Failed:
+			a.Event = ErrorAllowed
 		case !it.Decision.Allowed:
+			a.Decision, a.Decided = it.Decision, true
 			a.Event, a.Reason = Denied, reasonOf(a.Limit)
-		case op == drip.OpTake && !it.Applied:
+		case out.Allowed && !it.Applied:
+			a.Decision, a.Decided = it.Decision, true
 			a.Event = NotTaken
 		default:
+			a.Decision, a.Decided = it.Decision, true
 			a.Event = Allowed
-			a.held = op == drip.OpTake && a.Lease != ""
+			a.held = out.Allowed && a.Lease != ""
 		}
 	}
 }

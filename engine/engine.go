@@ -14,12 +14,15 @@
 // Outcome its own way (HTTP headers and problem+json, a gRPC status and
 // metadata); the engine knows no transport.
 //
-// Front doors that match limits their own way (Envoy's descriptors) use
-// the engine's parts: Step (a request's limits in one store call, the one
-// Decide makes), Apply (one store call under the deadline, through the
-// breaker, observed), Tighter (the limit the single-value headers
-// describe), MakeFields (the header values), BeforeTake (the tokens a
-// bucket held before a take that was not applied) and the Observer.
+// Front doors that match limits their own way (Envoy's descriptors) hand
+// the engine the limits they matched, as Items, to DecideItems: the same
+// orchestration as Decide's (enforced limits all or nothing, shadow ones
+// after them, limits that can never allow), with refunds and quota mode
+// besides. They render with the engine's parts: Tighter (the limit the
+// single-value headers describe), MakeFields (the header values),
+// BeforeTake (the tokens a bucket held before a take that was not
+// applied). Apply is one store call under the deadline, through the
+// breaker, observed (the decision API's).
 //
 // The engine is public so that programs can build front doors of their
 // own (a key-function middleware, say) that behave as drip's

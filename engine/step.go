@@ -8,9 +8,10 @@ import (
 	"github.com/driplimit/drip/rules"
 )
 
-// Item is one limit of a request in a store step (Step): a bucket key,
-// its limit and the request's cost. Items that share a key are one
-// bucket: their costs add up.
+// Item is one limit of a request that a front door matched itself
+// (Envoy's descriptors): a bucket key, its limit, the request's cost, and
+// how it takes part (Shadow, Refund, Quota, Blocked); DecideItems fills
+// in the rest. Items that share a key are one bucket: their costs add up.
 type Item struct {
 	Key   string
 	Limit drip.Limit
@@ -19,6 +20,20 @@ type Item struct {
 	// take), releases (a refund) or asks about (a peek). Items on a
 	// concurrency limit never share a key.
 	Lease string
+
+	// Shadow items are decided after the enforced ones and never deny:
+	// taken when the request is allowed, else peeked.
+	Shadow bool
+	// Refund items are given back (Envoy's is_negative_hits), before
+	// anything is taken.
+	Refund bool
+	// Quota items (Envoy's quota mode) do not deny the request on their
+	// own: one over its limit leaves the take (Out), and the request is
+	// allowed when one of them (or a Shadow one) is within its limit.
+	Quota bool
+	// Blocked items never allow (a limit of 0): they are over their
+	// limit without asking the store.
+	Blocked bool
 
 	// Decision is the bucket's decision, for a shared key of the costs
 	// added (Taken); meaningful when Decided.
@@ -30,20 +45,30 @@ type Item struct {
 	// Taken is the cost the bucket was asked for: its items' costs added,
 	// at most its burst.
 	Taken float64
+	// Out reports a Quota item found over its limit and left out of the
+	// take: it took nothing, and Decision is its last.
+	Out bool
+	// Failed reports a Shadow item whose store call failed.
+	Failed bool
 
-	req int // its store request
+	ask float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
+	req int     // its store request
 }
 
-// Step makes one all-or-nothing store call for items, through the breaker
-// and under the engine's deadline (Apply): a take, a peek or a refund. A
-// take of a bucket whose items' costs add up past its burst can never be
-// allowed: the whole step is then a peek, at the burst, and that bucket
-// denies (a refund past the burst just fills the bucket).
-func (e *Engine) Step(ctx context.Context, op drip.Op, items []*Item) error {
-	_, err := e.step(ctx, e.timeout, defaultBreaker, op, items)
-	return err
-}
+// Never reports whether the item can never be allowed: its cost exceeds
+// its limit's burst (overBurst).
+func (it *Item) Never() bool { return overBurst(it.Limit, it.Cost) }
 
+// overBurst reports whether a take of cost under l can never be allowed,
+// its cost being above l's burst: the engine's one such verdict, for
+// rules, the local fallback, Envoy's descriptors and shared keys alike.
+func overBurst(l drip.Limit, cost float64) bool { return cost > Burst(l) }
+
+// step makes one all-or-nothing store call for items, through the breaker
+// and under the deadline (apply): a take, a peek or a refund of each
+// item's ask. A take of a bucket whose items' asks add up past its burst
+// can never be allowed: the whole step is then a peek, at the burst, and
+// that bucket denies (a refund past the burst just fills the bucket).
 func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Breaker, op drip.Op, items []*Item) (drip.Multi, error) {
 	if len(items) == 0 {
 		return drip.Multi{Allowed: true}, nil
@@ -66,11 +91,11 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 		}
 		if j >= 0 {
 			it.req = j
-			reqs[j].Cost += it.Cost
+			reqs[j].Cost += it.ask
 			continue
 		}
 		it.req = len(reqs)
-		reqs = append(reqs, drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.Cost, Lease: it.Lease})
+		reqs = append(reqs, drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.ask, Lease: it.Lease})
 		if byKey == nil && len(reqs) > 8 {
 			byKey = make(map[string]int, len(items))
 			for x, r := range reqs {
@@ -82,7 +107,8 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 	}
 	var over []bool
 	for j := range reqs {
-		if b := Burst(reqs[j].Limit); reqs[j].Cost > b {
+		if overBurst(reqs[j].Limit, reqs[j].Cost) {
+			b := Burst(reqs[j].Limit)
 			if over == nil {
 				over = make([]bool, len(reqs))
 			}

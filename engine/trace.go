@@ -24,8 +24,8 @@ const (
 	// drip.reason, drip.denied_by), whether the store failed
 	// (drip.store_failed) and the store's kind (drip.store).
 	SpanDecide = "drip.decide"
-	// SpanStore is the span of one store call (Apply, Step, and those of
-	// Decide): drip.op, drip.keys (how many buckets), drip.store, the
+	// SpanStore is the span of one store call (Apply, and those of
+	// Decide and DecideItems): drip.op, drip.keys (how many buckets), drip.store, the
 	// error if it failed, and drip.breaker "open" when the circuit
 	// breaker skipped it. Stores add events to it: a retry (drip.retry),
 	// the batch a call went out in (drip.batch).

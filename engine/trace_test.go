@@ -255,7 +255,7 @@ func TestTraceApply(t *testing.T) {
 	if _, err := e.Apply(ctx, drip.OpTake, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}); !drip.IsInput(err) {
 		t.Fatalf("negative cost: %v", err)
 	}
-	if err := e.Step(ctx, drip.OpRefund, []*engine.Item{{Key: "a", Limit: drip.PerSecond(1), Cost: 1}}); err != nil {
+	if _, err := e.DecideItems(ctx, []*engine.Item{{Key: "a", Limit: drip.PerSecond(1), Cost: 1, Refund: true}}); err != nil {
 		t.Fatal(err)
 	}
 	spans := rec.Ended()

@@ -59,7 +59,7 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 			}
 			continue
 		}
-		if !it.step.Decided || (it.kind == enforce && it.never()) {
+		if !it.step.Decided || (it.kind == enforce && it.step.Never()) {
 			// cost > burst: never allowed, and over the limit with
 			// nothing remaining, as envoyproxy/ratelimit says. Peeked
 			// when the request was denied (run): then the headers

@@ -33,6 +33,7 @@ package envoy
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -162,14 +163,12 @@ type item struct {
 	limit *Limit
 	key   string
 	cost  float64
-	// step is its item of the engine's store step (decision, applied,
-	// the cost asked); several descriptors with one key share a bucket
-	// (their costs added).
-	step   engine.Item
-	failed bool // a shadow descriptor whose store call failed
-	// quota marks an enforced (or blocked) descriptor in quota mode; out,
-	// one of those found over its limit, which takes nothing.
-	quota, out bool
+	// step is its item of the engine's decision (decision, applied,
+	// the cost asked, set aside, failed); several descriptors with one
+	// key share a bucket (their costs added).
+	step engine.Item
+	// quota marks an enforced (or blocked) descriptor in quota mode.
+	quota bool
 }
 
 // ShouldRateLimit decides one request of Envoy's rate limit filter.
@@ -236,90 +235,41 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 
-	// cost > burst can never be allowed: such a descriptor is over the
-	// limit without asking the store, and so is the request (a quota
-	// descriptor only leaves the quota descriptors that may pass).
-	denied, quotas, quotaPass := false, 0, false
+	// The engine decides the descriptors that met a limit: refunds first,
+	// then the enforced ones all or nothing (quota mode, limits of 0 and
+	// costs above the burst as the engine's Item says), then the shadow
+	// ones.
+	steps := make([]*engine.Item, 0, len(items))
 	for i := range items {
 		it := &items[i]
-		if it.limit == nil || (it.kind != enforce && it.kind != blocked && it.kind != shadow) {
+		if it.kind < blocked {
 			continue
 		}
-		if q := it.limit.Quota || cfg.opts.Quota; q && (it.kind == shadow || it.limit.Shadow) {
-			quotaPass = true // a limit in shadow mode is never over
-			continue
-		} else if q {
-			it.quota = true
-			quotas++
-		}
-		if it.kind == blocked || (it.kind == enforce && it.never()) {
-			if it.quota {
-				it.out = true
-			} else if !it.limit.Shadow {
-				denied = true
-			}
-		}
+		q := (it.limit.Quota || cfg.opts.Quota) && it.kind != refund
+		it.quota = q && !it.limit.Shadow
+		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Cost: it.cost,
+			Shadow: it.limit.Shadow, Refund: it.kind == refund, Quota: q, Blocked: it.kind == blocked}
+		steps = append(steps, &it.step)
 	}
-	// Refunds first, so that a failing store fails the call before
-	// anything is taken; shadow descriptors last, and their failure
-	// changes no answer.
-	if err := s.run(ctx, items, refund, false); err != nil {
-		s.observe(items, err)
-		return nil, err
-	}
-	allowed, err := s.take(ctx, items, denied, quotas, quotaPass)
+	allowed, err := s.eng.DecideItems(ctx, steps)
 	if err != nil {
 		s.observe(items, err)
-		return nil, err
-	}
-	if err := s.run(ctx, items, shadow, !allowed); err != nil {
-		for i := range items {
-			if items[i].kind == shadow {
-				items[i].failed = true
-			}
-		}
+		return nil, storeError(err)
 	}
 	s.observe(items, nil)
 	return respond(req, items, allowed, &cfg.opts), nil
 }
 
-// take decides the enforced descriptors (denied: the request is denied
-// anyway, so they are only peeked). A request is allowed when none of the
-// descriptors outside quota mode is over its limit and, if it has quota
-// descriptors (quotas), one of them is not (or one is in shadow mode:
-// quotaPass): the descriptors are taken all or nothing, and a quota
-// descriptor over its limit leaves the take, which is asked again without
-// it, until the take is allowed, a descriptor outside quota mode denies,
-// or no quota descriptor is left. What left takes nothing.
-func (s *Service) take(ctx context.Context, items []item, denied bool, quotas int, quotaPass bool) (bool, error) {
-	for {
-		open := quotaPass || quotas == 0
-		for i := range items {
-			if it := &items[i]; it.quota && !it.out {
-				open = true
-			}
-		}
-		if err := s.run(ctx, items, enforce, denied || !open); err != nil {
-			return false, err
-		}
-		if denied || !open {
-			return false, nil
-		}
-		over := false
-		for i := range items {
-			it := &items[i]
-			if it.kind != enforce || it.out || !it.step.Decided || it.step.Decision.Allowed {
-				continue
-			}
-			if !it.quota {
-				return false, nil
-			}
-			it.out, over = true, true
-		}
-		if !over {
-			return true, nil
-		}
+// storeError is the gRPC error of a call whose store failed.
+func storeError(err error) error {
+	code := codes.Unavailable
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
 	}
+	return status.Errorf(code, "rate limit store: %v", err)
 }
 
 // observe reports each descriptor that met a limit to the observer.
@@ -333,7 +283,7 @@ func (s *Service) observe(items []item, err error) {
 			continue
 		case it.kind == unlimited:
 			out = engine.Unlimited
-		case err != nil || it.failed:
+		case err != nil || it.step.Failed:
 			out = engine.Failed
 		case it.kind == blocked || !it.step.Decided || !it.step.Decision.Allowed:
 			out = engine.Denied
