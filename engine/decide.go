@@ -9,6 +9,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Request is what a front door offers the engine about one request.
@@ -133,7 +134,7 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 		// taking anything, and peek (cost 0) for the headers.
 		out.deny(http.StatusTooManyRequests, ReasonCostExceedsBurst)
 		its := stepItems(enf, true)
-		_, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpPeek, its)
+		_, err := e.step(ctx, rs.timeout, rs.breaker, bucket.Peek, its)
 		for i := range enf {
 			a := &enf[i]
 			a.Event = NotTaken
@@ -148,7 +149,7 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	}
 	// Rules' keys are distinct (they begin with the rule's name): one
 	// store request per rule, in order.
-	m, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpTake, stepItems(enf, false))
+	m, err := e.step(ctx, rs.timeout, rs.breaker, bucket.Take, stepItems(enf, false))
 	if err != nil {
 		out.Err = err
 		e.fail(ctx, out, enf)
@@ -243,7 +244,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 			return
 		}
 	}
-	m, err := e.localStore().ApplyMulti(ctx, drip.OpTake, e.at(), lreqs)
+	m, err := drip.Apply(ctx, e.localStore(), bucket.Take, e.at(), lreqs...)
 	if err != nil { // cannot happen with validated rules; fail open
 		e.logError("local fallback", err)
 		for j := range loc {
@@ -283,9 +284,9 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 		}
 		return
 	}
-	op := drip.OpTake
+	op := bucket.Take
 	if !out.Allowed {
-		op = drip.OpPeek
+		op = bucket.Peek
 	}
 	_, err := e.step(ctx, rs.timeout, rs.breaker, op, its)
 	for j, i := range idx {
@@ -298,11 +299,11 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 		switch {
 		case !it.Decision.Allowed:
 			a.Event, a.Reason = Denied, reasonOf(a.Limit)
-		case op == drip.OpTake && !it.Applied:
+		case op == bucket.Take && !it.Applied:
 			a.Event = NotTaken
 		default:
 			a.Event = Allowed
-			a.held = op == drip.OpTake && a.Lease != ""
+			a.held = op == bucket.Take && a.Lease != ""
 		}
 	}
 }
@@ -363,11 +364,11 @@ func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.De
 		d.Remaining++
 		return d
 	}
-	p, err := drip.ParamsOf(l, key)
+	p, err := l.Params(key)
 	if err != nil {
 		return d
 	}
-	c, err := drip.CostOf(drip.OpTake, cost, false, p)
+	c, err := store.Cost(bucket.Take, cost, false, p)
 	if err != nil || c == 0 {
 		return d
 	}

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -31,7 +31,7 @@ func TestOutcomeRelease(t *testing.T) {
 	}
 	for _, st := range []struct {
 		name  string
-		store drip.Store
+		store store.Store
 	}{{"memory", memstore.New(memstore.WithSweep(0))}, {"local fallback", down{}}} {
 		t.Run(st.name, func(t *testing.T) {
 			now := time.Unix(1_800_000_000, 0)
@@ -103,7 +103,7 @@ func TestFieldsWholeQuotas(t *testing.T) {
 	}
 	now := time.Unix(1_800_000_000, 0)
 	for _, c := range []struct {
-		store             drip.Store
+		store             store.Store
 		policy, rl, limit string
 	}{
 		// The store is down: "half" falls back to 2.5 tokens at 0.5/s

@@ -14,6 +14,7 @@ import (
 	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/store"
 )
 
 // TestStores runs the key end-to-end cases on every store: the memory
@@ -57,7 +58,7 @@ func storeEnv(t *testing.T, su *storeUnder, src string) (*env, string) {
 
 // storeUnder is a store and the limiter options it needs.
 type storeUnder struct {
-	store drip.Store
+	store store.Store
 	opts  []httplimit.Option
 }
 

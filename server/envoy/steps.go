@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 )
 
@@ -39,12 +39,12 @@ func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) erro
 		}
 		step = append(step, &it.step)
 	}
-	op := drip.OpTake
+	op := bucket.Take
 	switch {
 	case k == refund:
-		op = drip.OpRefund
+		op = bucket.Refund
 	case peek:
-		op = drip.OpPeek
+		op = bucket.Peek
 	}
 	if err := s.eng.Step(ctx, op, step); err != nil {
 		code := codes.Unavailable
