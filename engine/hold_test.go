@@ -41,6 +41,14 @@ func (p *paced) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	return p.Store.Apply(ctx, op, at, items, results)
 }
 
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (p *paced) Caps() store.Caps {
+	c := p.Store.Caps()
+	c.InProcess = false
+	return c
+}
+
 // states records the breaker's changes of state with their (virtual)
 // times.
 type states struct {
@@ -325,6 +333,14 @@ func (p *panicky) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 		return errDown2
 	}
 	return p.Store.Apply(ctx, op, at, items, results)
+}
+
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (p *panicky) Caps() store.Caps {
+	c := p.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 // TestProbePanics: a probe whose store call panics does not leave the

@@ -307,4 +307,12 @@ func TestStoreKind(t *testing.T) {
 
 type wrapped struct{ store.Store }
 
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (w wrapped) Caps() store.Caps {
+	c := w.Store.Caps()
+	c.InProcess = false
+	return c
+}
+
 func (w wrapped) Unwrap() store.Store { return w.Store }

@@ -84,6 +84,14 @@ func (s *stallStore) Apply(ctx context.Context, op bucket.Op, at time.Time, item
 	return s.Store.Apply(ctx, op, at, items, results)
 }
 
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (s *stallStore) Caps() store.Caps {
+	c := s.Store.Caps()
+	c.InProcess = false
+	return c
+}
+
 // TestCancelledCallsDoNotTripBreaker: a client that cancels its calls
 // while the store works on them is not the store failing: however many
 // it cancels, the circuit breaker stays closed, so the calls of others

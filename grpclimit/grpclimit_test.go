@@ -422,6 +422,14 @@ func (downStore) Apply(context.Context, bucket.Op, time.Time, []bucket.Prepared,
 	return errDown
 }
 
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (d downStore) Caps() store.Caps {
+	c := d.Store.Caps()
+	c.InProcess = false
+	return c
+}
+
 func TestStoreDown(t *testing.T) {
 	const limit = `"limit_keys": ["global"], "algorithm_config": {"rps": 1}`
 	down := downStore{memstore.New()}

@@ -511,6 +511,14 @@ func (s *downStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items
 	return errDown
 }
 
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (d *downStore) Caps() store.Caps {
+	c := d.Store.Caps()
+	c.InProcess = false
+	return c
+}
+
 // slowStore never answers before the deadline.
 type slowStore struct{ store.Store }
 
@@ -518,6 +526,8 @@ func (slowStore) Apply(ctx context.Context, _ bucket.Op, _ time.Time, _ []bucket
 	<-ctx.Done()
 	return ctx.Err()
 }
+
+func (slowStore) Caps() store.Caps { return store.Caps{} }
 
 func downRules(policy string) string {
 	return `{"on_error": "` + policy + `", "local_share": 0.5, "circuit_breaker": {"failures": 3, "cooldown": "10s"},

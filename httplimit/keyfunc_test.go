@@ -382,6 +382,14 @@ func (s *keyStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items 
 	return s.Store.Apply(ctx, op, at, items, results)
 }
 
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (k *keyStore) Caps() store.Caps {
+	c := k.Store.Caps()
+	c.InProcess = false
+	return c
+}
+
 // TestKeyLong: keys of any length are limited, each in its own bucket,
 // under bucket keys the stores accept (at most store.MaxKeyLen bytes).
 func TestKeyLong(t *testing.T) {

@@ -385,6 +385,14 @@ func (b *blocking) Apply(ctx context.Context, op bucket.Op, at time.Time, items 
 	return b.Store.Apply(ctx, op, at, items, results)
 }
 
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (b *blocking) Caps() store.Caps {
+	c := b.Store.Caps()
+	c.InProcess = false
+	return c
+}
+
 func TestGracefulShutdown(t *testing.T) {
 	st := &blocking{Store: memstore.New(), entered: make(chan struct{}), release: make(chan struct{})}
 	srv := start(t, Config{StoreTimeout: time.Minute}, st)
