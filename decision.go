@@ -37,8 +37,8 @@ type Multi struct {
 	Decisions []Decision
 }
 
-// Combine builds a Multi from per-request decisions.
-func Combine(ds []Decision) Multi {
+// combine builds a Multi from per-request decisions.
+func combine(ds []Decision) Multi {
 	m := Multi{Allowed: true, Decisions: ds}
 	for _, d := range ds {
 		if !d.Allowed {

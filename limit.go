@@ -3,13 +3,13 @@ package drip
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // Algorithm names the kind of a limit: a bucket and how it refills
@@ -64,7 +64,7 @@ const (
 
 // maxAmount bounds rates, bursts and costs so that fixed-point values keep
 // headroom in an int64.
-const maxAmount = 1e12
+const maxAmount = store.MaxAmount
 
 // Limit describes one rate limit: a token bucket, a fixed window or a
 // concurrency limit. The zero value is not usable: a token bucket or a
@@ -164,20 +164,18 @@ func (l Limit) WithMaxReserved(n float64) Limit { l.MaxReserved = n; return l }
 func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
 
 // Errors returned for bad input. They are wrapped with details; test with
-// errors.Is.
+// errors.Is. Being over the limit is never an error: it is a Decision.
 var (
 	ErrInvalidLimit     = errors.New("invalid limit")
-	ErrInvalidCost      = errors.New("invalid cost")
-	ErrMissingKey       = errors.New("missing key")
-	ErrCostExceedsBurst = errors.New("cost exceeds burst")
-	ErrNoRequests       = errors.New("no requests")
-	ErrDuplicateKey     = errors.New("duplicate key in multi-take")
-	// ErrNotColocated is returned (wrapped) by a store that cannot apply
-	// the keys of one multi-take in a single atomic step, such as Redis
-	// Cluster when the keys hash to different slots. It is about the keys,
-	// not a failing store: callers that can (httplimit) fall back to
-	// separate takes.
-	ErrNotColocated = errors.New("keys cannot be applied in one atomic step")
+	ErrInvalidCost      = store.ErrInvalidCost
+	ErrMissingKey       = store.ErrMissingKey
+	ErrCostExceedsBurst = store.ErrCostExceedsBurst
+	ErrKeyTooLong       = store.ErrKeyTooLong
+	ErrInvalidLease     = store.ErrInvalidLease
+	ErrNoRequests       = store.ErrNoRequests
+	ErrDuplicateKey     = store.ErrDuplicateKey
+	ErrNotColocated     = store.ErrNotColocated
+	ErrInvalidOp        = store.ErrInvalidOp
 )
 
 func (l Limit) period() time.Duration {
@@ -305,7 +303,7 @@ func (l Limit) String() string {
 // The RateLimit-Policy header's "w" is CeilSeconds(l.FillTime()). For a
 // concurrency limit it is the lease TTL: the longest a slot stays taken.
 func (l Limit) FillTime() time.Duration {
-	p, err := ParamsOf(l, "")
+	p, err := l.Params("")
 	if err != nil {
 		return 0
 	}
@@ -328,30 +326,14 @@ func CeilSeconds(d time.Duration) int64 {
 	return s
 }
 
-// WindowStart is the default grid offset of a fixed window for key: a hash
-// of the key modulo period, so that windows of different keys are spread
-// over the period. The same key always gets the same offset.
-func WindowStart(key string, period time.Duration) time.Duration {
-	if period <= 0 {
-		return 0
-	}
-	h := fnv.New64a()
-	h.Write([]byte(key))
-	return time.Duration(h.Sum64() % uint64(period))
-}
-
-// ForKey returns l with every default that depends on the key made
+// forKey returns l with every default that depends on the key made
 // explicit: for a fixed window without Start, the hashed offset of key.
-// Stores call it through Prepare; callers that rename keys (a prefix) can
-// call it first with the name they want the grid derived from.
-func (l Limit) ForKey(key string) Limit {
+func (l Limit) forKey(key string) Limit {
 	if l.Algorithm == FixedWindow && l.Start == 0 {
-		l.Start = WindowStart(key, l.period())
+		l.Start = store.WindowStart(key, l.period())
 		if l.Start == 0 {
 			l.Start = l.period()
 		}
 	}
 	return l
 }
-
-func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }

@@ -8,6 +8,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Values is what a front door offers the engine about one request.
@@ -242,7 +243,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 			return
 		}
 	}
-	m, err := local.ApplyMulti(ctx, drip.OpTake, e.at(), lreqs)
+	m, err := drip.Apply(ctx, local, bucket.Take, e.at(), lreqs...)
 	if err != nil { // cannot happen with validated rules; fail open
 		e.logError("local fallback", err)
 		for j := range loc {
@@ -362,11 +363,11 @@ func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.De
 		d.Remaining++
 		return d
 	}
-	p, err := drip.ParamsOf(l, key)
+	p, err := l.Params(key)
 	if err != nil {
 		return d
 	}
-	c, err := drip.CostOf(drip.OpTake, cost, false, p)
+	c, err := store.Cost(bucket.Take, cost, false, p)
 	if err != nil || c == 0 {
 		return d
 	}

@@ -42,8 +42,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // DefaultTimeout is the longest a decision waits on the store, in every
@@ -53,8 +55,8 @@ import (
 // for a moment (a busy host, a GC pause, a fsync) makes decisions slower,
 // not wrong or absent. A store that is down is found by the circuit
 // breaker instead, in its stall time (750 ms unless set) when it
-// answers nothing, or at once when it refuses connections. A store that
-// is a drip.InProcess (the memory store) never waits on a server, and its
+// answers nothing, or at once when it refuses connections. A store whose
+// Caps say InProcess (the memory store) never waits on a server, and its
 // calls get no deadline of their own (the caller's context still applies).
 const DefaultTimeout = time.Second
 
@@ -76,10 +78,10 @@ var ErrStalled = errors.New("the store answered nothing within the circuit break
 // calls were already waiting on the store.
 var ErrOverloaded = errors.New("too many decisions waiting on the store: shed without calling it")
 
-// Engine decides requests with state in a drip.Store. Construct it with
+// Engine decides requests with state in a store.Store. Construct it with
 // New; it is safe for concurrent use.
 type Engine struct {
-	store    drip.Store
+	store    store.Store
 	log      *slog.Logger
 	obs      Observer
 	timeout  time.Duration
@@ -90,15 +92,15 @@ type Engine struct {
 	answered atomic.Int64 // when the store last answered a call (a success or an error it sent), UnixNano on the real clock
 	latency  atomic.Int64 // the store's usual answer time: an average of recent calls, ns
 	separate bool         // WithSeparateTakes
-	inproc   bool         // the store is a drip.InProcess: its calls get no deadline
+	inproc   bool         // the store's Caps say InProcess: its calls get no deadline
 	name     string
 	ovr      atomic.Pointer[override.Snapshot] // overrides.go
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
 	kind     attribute.KeyValue                // drip.store, on every span
 
 	localMu  sync.Mutex
-	newLocal func() drip.Store // WithLocal; nil: on_error local allows
-	local    drip.Store
+	newLocal func() store.Store // WithLocal; nil: on_error local allows
+	local    store.Store
 	closed   bool
 }
 
@@ -119,7 +121,7 @@ func WithTimeout(d time.Duration) Option { return func(e *Engine) { e.timeout = 
 
 // WithSeparateTakes is for stores that cannot take several keys in one
 // atomic step, such as Redis Cluster: every multi-key store call is
-// applied one request at a time (drip.Separately with Always), in file
+// applied one request at a time (store.Separately with Always), in file
 // order, and when a take is denied, those already taken are given back
 // (tokens and slots) and the rest are peeked at. Without the option, a
 // store that answers a multi-take with drip.ErrNotColocated gets the same
@@ -139,7 +141,7 @@ func WithClock(now func() time.Time) Option { return func(e *Engine) { e.now = n
 // and drip serve pass a memory store of at most 65536 keys). Without it,
 // a rule whose on_error is local allows the request when the store
 // fails, as on_error allow does.
-func WithLocal(newStore func() drip.Store) Option {
+func WithLocal(newStore func() store.Store) Option {
 	return func(e *Engine) { e.newLocal = newStore }
 }
 
@@ -148,18 +150,18 @@ func WithLocal(newStore func() drip.Store) Option {
 func WithName(name string) Option { return func(e *Engine) { e.name = name } }
 
 // New returns an Engine with state in store.
-func New(store drip.Store, opts ...Option) *Engine {
-	e := &Engine{store: store, log: slog.Default(), obs: NopObserver{},
+func New(st store.Store, opts ...Option) *Engine {
+	e := &Engine{store: st, log: slog.Default(), obs: NopObserver{},
 		timeout: DefaultTimeout, brk: newBreaker(), name: "drip"}
-	_, e.inproc = store.(drip.InProcess)
+	e.inproc = st.Caps().InProcess
 	for _, o := range opts {
 		o(e)
 	}
-	// drip.Separately: on a store that cannot take a request's keys in one
+	// store.Separately: on a store that cannot take a request's keys in one
 	// step (Redis Cluster across hash slots), every multi-key call is
 	// applied one key at a time instead; with WithSeparateTakes, without
 	// asking the store first.
-	e.store = drip.Separately{Store: store, Always: e.separate}
+	e.store = store.Separately{Store: st, Always: e.separate}
 	if e.timeout <= 0 {
 		e.timeout = DefaultTimeout
 	}
@@ -167,7 +169,7 @@ func New(store drip.Store, opts ...Option) *Engine {
 }
 
 // Store returns the engine's store.
-func (e *Engine) Store() drip.Store { return e.store }
+func (e *Engine) Store() store.Store { return e.store }
 
 // BreakerState returns the circuit breaker's state.
 func (e *Engine) BreakerState() string { return e.brk.State() }
@@ -184,7 +186,7 @@ func (e *Engine) Close() error {
 	return closeStore(e.local)
 }
 
-func closeStore(s drip.Store) error {
+func closeStore(s store.Store) error {
 	if c, ok := s.(interface{ Close() error }); ok {
 		return c.Close()
 	}
@@ -223,17 +225,17 @@ func (rs *Rules) Timeout() time.Duration { return rs.timeout }
 // defaultBreaker is the breaker of store calls made without rules.
 var defaultBreaker = rules.DefaultBreaker
 
-// Apply makes one store call (Store.Apply for one request, ApplyMulti for
-// several) behind the circuit breaker and under the engine's deadline (or
+// Apply makes one store call (drip.Apply: every request checked, then one
+// store.Store.Apply for all of them) behind the circuit breaker and under the engine's deadline (or
 // the shorter one of ctx), and reports its latency and any failure to the
 // observer. A call the breaker skips fails with ErrBreakerOpen. Input
 // errors (drip.IsInput) are the caller's, not the store's: they neither
 // count against the breaker nor reach the observer.
-func (e *Engine) Apply(ctx context.Context, op drip.Op, reqs []drip.Request) (drip.Multi, error) {
+func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
 }
 
-func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op drip.Op, reqs []drip.Request) (m drip.Multi, err error) {
+func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request) (m drip.Multi, err error) {
 	if e.tracer != nil { // trace.go
 		var sp trace.Span
 		ctx, sp = e.startStore(ctx, op, len(reqs))
@@ -282,15 +284,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		w.set(w.start, w.stall)
 		defer w.end()
 	}
-	if len(reqs) == 1 {
-		var d drip.Decision
-		d, err = e.store.Apply(cctx, op, e.at(), reqs[0])
-		if err == nil {
-			m = drip.Combine([]drip.Decision{d})
-		}
-	} else {
-		m, err = e.store.ApplyMulti(cctx, op, e.at(), reqs)
-	}
+	m, err = drip.Apply(cctx, e.store, op, e.at(), reqs...)
 	took := time.Since(start)
 	e.obs.StoreLatency(took)
 	if err == nil && len(m.Decisions) != len(reqs) {
@@ -455,7 +449,7 @@ func (e *Engine) learnLatency(d time.Duration) {
 
 // localStore is the local fallback's store (WithLocal), started on first
 // use; nil without one.
-func (e *Engine) localStore() drip.Store {
+func (e *Engine) localStore() store.Store {
 	if e.newLocal == nil {
 		return nil
 	}

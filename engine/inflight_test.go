@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -31,7 +31,7 @@ func TestOutcomeRelease(t *testing.T) {
 	}
 	for _, st := range []struct {
 		name  string
-		store drip.Store
+		store store.Store
 	}{{"memory", memstore.New(memstore.WithSweep(0))}, {"local fallback", down{}}} {
 		t.Run(st.name, func(t *testing.T) {
 			now := time.Unix(1_800_000_000, 0)
@@ -103,7 +103,7 @@ func TestFieldsWholeQuotas(t *testing.T) {
 	}
 	now := time.Unix(1_800_000_000, 0)
 	for _, c := range []struct {
-		store             drip.Store
+		store             store.Store
 		policy, rl, limit string
 	}{
 		// The store is down: "half" falls back to 2.5 tokens at 0.5/s
@@ -147,7 +147,7 @@ func TestFieldsTopHasWindow(t *testing.T) {
 
 // withLocal hands an engine the memory store of on_error local, as
 // drip's front doors do.
-var withLocal = engine.WithLocal(func() drip.Store { return memstore.New(memstore.WithSweep(0)) })
+var withLocal = engine.WithLocal(func() store.Store { return memstore.New(memstore.WithSweep(0)) })
 
 // TestLocalNotHandedIn: an engine given no local store (WithLocal) allows
 // a request whose on_error local rule meets a failing store, as on_error

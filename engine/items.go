@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -165,12 +166,12 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 	if len(step) == 0 {
 		return nil
 	}
-	op := drip.OpTake
+	op := bucket.Take
 	switch {
 	case k == refundItems:
-		op = drip.OpRefund
+		op = bucket.Refund
 	case peek:
-		op = drip.OpPeek
+		op = bucket.Peek
 	}
 	if _, err := e.step(ctx, timeout, br, op, step); err != nil {
 		return err

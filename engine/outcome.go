@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
@@ -131,11 +132,11 @@ func (out *Outcome) Release(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	if len(remote) > 0 {
-		_, err := out.eng.apply(ctx, out.rs.timeout, out.rs.breaker, drip.OpRefund, remote)
+		_, err := out.eng.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, remote)
 		errs = append(errs, err)
 	}
 	if len(local) > 0 {
-		_, err := out.eng.localStore().ApplyMulti(ctx, drip.OpRefund, out.eng.at(), local)
+		_, err := drip.Apply(ctx, out.eng.localStore(), bucket.Refund, out.eng.at(), local...)
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

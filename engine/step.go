@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -69,7 +70,7 @@ func overBurst(l drip.Limit, cost float64) bool { return cost > Burst(l) }
 // item's ask. A take of a bucket whose items' asks add up past its burst
 // can never be allowed: the whole step is then a peek, at the burst, and
 // that bucket denies (a refund past the burst just fills the bucket).
-func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Breaker, op drip.Op, items []*Item) (drip.Multi, error) {
+func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, items []*Item) (drip.Multi, error) {
 	if len(items) == 0 {
 		return drip.Multi{Allowed: true}, nil
 	}
@@ -114,8 +115,8 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 			}
 			over[j] = true
 			reqs[j].Cost = b
-			if op == drip.OpTake {
-				op = drip.OpPeek
+			if op == bucket.Take {
+				op = bucket.Peek
 			}
 		}
 	}
@@ -125,8 +126,8 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 	}
 	for _, it := range items {
 		it.Decision, it.Decided, it.Taken = m.Decisions[it.req], true, reqs[it.req].Cost
-		it.Applied = op == drip.OpRefund || (op == drip.OpTake && m.Allowed)
-		if over != nil && over[it.req] && op == drip.OpPeek {
+		it.Applied = op == bucket.Refund || (op == bucket.Take && m.Allowed)
+		if over != nil && over[it.req] && op == bucket.Peek {
 			it.Decision.Allowed = false
 		}
 	}

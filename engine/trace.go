@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // TracerName is the instrumentation scope of the engine's spans.
@@ -53,21 +55,21 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	}
 }
 
-// Unwrapper is a drip.Store that decorates another (instruments it, say):
+// Unwrapper is a store.Store that decorates another (instruments it, say):
 // StoreKind looks through it.
 type Unwrapper interface {
-	Unwrap() drip.Store
+	Unwrap() store.Store
 }
 
 // StoreKind names the kind of s by its package ("memstore", "pgstore",
-// "redisstore"), looking through drip.Separately and Unwrappers.
-func StoreKind(s drip.Store) string {
+// "redisstore"), looking through store.Separately and Unwrappers.
+func StoreKind(s store.Store) string {
 	for {
 		switch x := s.(type) {
-		case drip.Separately:
+		case store.Separately:
 			s = x.Store
 			continue
-		case *drip.Separately:
+		case *store.Separately:
 			s = x.Store
 			continue
 		case Unwrapper:
@@ -137,7 +139,7 @@ func spanStatus(out *Outcome) int {
 }
 
 // startStore starts a store call's span, if the engine traces.
-func (e *Engine) startStore(ctx context.Context, op drip.Op, keys int) (context.Context, trace.Span) {
+func (e *Engine) startStore(ctx context.Context, op bucket.Op, keys int) (context.Context, trace.Span) {
 	if e.tracer == nil {
 		return ctx, nil
 	}

@@ -1,6 +1,6 @@
 // Package grpclimit is drip's gRPC server interceptors: they apply a
 // rules file (package rules) to each call, with bucket state in any
-// drip.Store, deciding through the same engine and with the same rules as
+// store.Store, deciding through the same engine and with the same rules as
 // the net/http middleware (package httplimit).
 //
 // A rule's sources read a call this way:
@@ -41,10 +41,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo detail of a
@@ -102,7 +102,7 @@ func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
-func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
+func New(store store.Store, set *rules.Set, opts ...Option) *Limiter {
 	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Configure(opts))}
 }
 
@@ -115,7 +115,7 @@ func (l *Limiter) Swap(set *rules.Set) { l.fd.Swap(set) }
 func (l *Limiter) Rules() *rules.Set { return l.fd.Snapshot().Rules.Set }
 
 // Store returns the limiter's store.
-func (l *Limiter) Store() drip.Store { return l.fd.Engine().Store() }
+func (l *Limiter) Store() store.Store { return l.fd.Engine().Store() }
 
 // Engine returns the engine the limiter decides with.
 func (l *Limiter) Engine() *engine.Engine { return l.fd.Engine() }

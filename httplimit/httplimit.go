@@ -1,12 +1,12 @@
 // Package httplimit is drip's net/http middleware: it applies a rules file
-// (package rules) to each request, with bucket state in any drip.Store.
+// (package rules) to each request, with bucket state in any store.Store.
 //
 // For each request, in file order, every rule whose match holds applies,
 // except that within a group only the first matching rule does (tiers). A
 // rule whose limit key has no value in the request (no such header, no
 // verified claim) does not apply, and the next rule of its group may. The
 // enforce rules that apply are taken all or nothing in one store call
-// (ApplyMulti): if any denies, none is consumed, and the answer is 429
+// (store.Store.Apply): if any denies, none is consumed, and the answer is 429
 // with RateLimit headers, a Retry-After jittered per client, and an
 // application/problem+json body naming the rule and the reason.
 //
@@ -37,10 +37,10 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // ReasonAmbiguousPath is the reason of a 400: a request whose path
@@ -126,7 +126,7 @@ func WithTimeout(d time.Duration) Option {
 // WithSeparateTakes is for stores that cannot take several keys in one
 // atomic step, such as Redis Cluster (whose multi-takes need every key in
 // one hash slot, while rules' keys land anywhere): the enforce rules of a
-// request are taken one store call each, in file order (drip.Separately),
+// request are taken one store call each, in file order (store.Separately),
 // and when one denies, those already taken are given back, tokens and
 // slots, and the rest are peeked at for the headers. Without the option, a
 // store that answers a multi-take with drip.ErrNotColocated gets the same
@@ -155,7 +155,7 @@ func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
-func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
+func New(store store.Store, set *rules.Set, opts ...Option) *Limiter {
 	return &Limiter{fd: frontdoor.New(store, "httplimit", set, frontdoor.Configure(opts))}
 }
 
@@ -169,7 +169,7 @@ func (l *Limiter) Swap(set *rules.Set) { l.fd.Swap(set) }
 func (l *Limiter) Rules() *rules.Set { return l.fd.Snapshot().Rules.Set }
 
 // Store returns the limiter's store.
-func (l *Limiter) Store() drip.Store { return l.fd.Engine().Store() }
+func (l *Limiter) Store() store.Store { return l.fd.Engine().Store() }
 
 // Engine returns the engine the limiter decides with.
 func (l *Limiter) Engine() *engine.Engine { return l.fd.Engine() }

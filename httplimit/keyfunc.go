@@ -9,6 +9,7 @@ import (
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // KeyFunc returns the key of a request's bucket under a KeyLimit: the
@@ -75,7 +76,7 @@ type KeyLimiter struct {
 // WithTimeout, WithClock, WithEngine. An invalid KeyLimit (no Key, a bad
 // name, limit, fail policy or share, a burst below 1 without Cost) is an
 // error.
-func NewKeyLimiter(store drip.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, error) {
+func NewKeyLimiter(store store.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, error) {
 	if kl.Key == nil {
 		return nil, errors.New("httplimit: KeyLimit.Key is nil")
 	}
@@ -144,7 +145,7 @@ func (l *KeyLimiter) keyError(w http.ResponseWriter, r *http.Request, err error)
 func (l *KeyLimiter) Name() string { return l.kl.Name }
 
 // Store returns the limiter's store.
-func (l *KeyLimiter) Store() drip.Store { return l.eng.Store() }
+func (l *KeyLimiter) Store() store.Store { return l.eng.Store() }
 
 // Engine returns the engine the limiter decides with.
 func (l *KeyLimiter) Engine() *engine.Engine { return l.eng }

@@ -18,11 +18,13 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -36,7 +38,7 @@ type keyed struct {
 	hits  int
 }
 
-func newKeyed(t *testing.T, store drip.Store, kl httplimit.KeyLimit, clock *testclock.Clock) *keyed {
+func newKeyed(t *testing.T, store store.Store, kl httplimit.KeyLimit, clock *testclock.Clock) *keyed {
 	t.Helper()
 	if store == nil {
 		ms := memstore.New()
@@ -367,24 +369,34 @@ func TestKeyError(t *testing.T) {
 
 // keyStore records the keys a store is asked for.
 type keyStore struct {
-	drip.Store
+	store.Store
 	mu   sync.Mutex
 	keys []string
 }
 
-func (s *keyStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (s *keyStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	s.mu.Lock()
-	s.keys = append(s.keys, r.Key)
+	if len(items) == 1 {
+		s.keys = append(s.keys, items[0].Key)
+	}
 	s.mu.Unlock()
-	return s.Store.Apply(ctx, op, at, r)
+	return s.Store.Apply(ctx, op, at, items, results)
+}
+
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (k *keyStore) Caps() store.Caps {
+	c := k.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 // TestKeyLong: keys of any length are limited, each in its own bucket,
-// under bucket keys the stores accept (at most drip.MaxKeyLen bytes).
+// under bucket keys the stores accept (at most store.MaxKeyLen bytes).
 func TestKeyLong(t *testing.T) {
 	ks := &keyStore{Store: memstore.New()}
 	k := newKeyed(t, ks, httplimit.KeyLimit{Limit: drip.PerHour(1), Key: headerKey}, nil)
-	long := strings.Repeat("x", 2*drip.MaxKeyLen)
+	long := strings.Repeat("x", 2*store.MaxKeyLen)
 	other := long[:len(long)-1] + "y"
 	for _, u := range []string{long, other} {
 		if r := record(k.h, userReq(u, "")); r.code != 200 || r.remaining(t) != 0 {
@@ -398,7 +410,7 @@ func TestKeyLong(t *testing.T) {
 		t.Fatalf("bucket keys %q", ks.keys)
 	}
 	for _, key := range ks.keys {
-		if drip.CheckKey(key) != nil || !strings.HasPrefix(key, "per-key|") || len(key) > 200 {
+		if store.CheckKey(key) != nil || !strings.HasPrefix(key, "per-key|") || len(key) > 200 {
 			t.Errorf("bucket key %q", key)
 		}
 	}

@@ -12,8 +12,9 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -104,11 +105,11 @@ func TestIPv6Prefix(t *testing.T) {
 // oneKeyStore takes one key per call, like Redis Cluster across slots.
 type oneKeyStore struct{ *memstore.Store }
 
-func (s oneKeyStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	if len(rs) > 1 {
-		return drip.Multi{}, fmt.Errorf("keys of a multi-take must share a hash slot: %w", drip.ErrNotColocated)
+func (s oneKeyStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) > 1 {
+		return fmt.Errorf("keys of a multi-take must share a hash slot: %w", store.ErrNotColocated)
 	}
-	return s.Store.ApplyMulti(ctx, op, at, rs)
+	return s.Store.Apply(ctx, op, at, items, results)
 }
 
 // TestSeparateTakes: with WithSeparateTakes the rules are taken one store

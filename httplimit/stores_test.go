@@ -15,6 +15,7 @@ import (
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // TestStores runs the key end-to-end cases on every store: the memory
@@ -58,7 +59,7 @@ func storeEnv(t *testing.T, su *storeUnder, src string) (*env, string) {
 
 // storeUnder is a store and the limiter options it needs.
 type storeUnder struct {
-	store drip.Store
+	store store.Store
 	opts  []httplimit.Option
 }
 

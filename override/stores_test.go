@@ -9,10 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/rueidis"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
-	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
@@ -26,9 +25,9 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 func TestStores(t *testing.T) {
 	for _, ts := range teststores.Shared() {
 		t.Run(ts.Name, func(t *testing.T) {
-			store := ts.Open(t)
-			st, ok := override.Of(store)
-			if !ok {
+			whole := ts.Open(t)
+			st := whole.Caps().Overrides
+			if st == nil {
 				t.Fatal("keeps no overrides")
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), teststores.Timeout)
@@ -36,8 +35,8 @@ func TestStores(t *testing.T) {
 			// The bound counts what the whole store holds, under other
 			// prefixes too (other runs on the shared PostgreSQL).
 			held := 0
-			if p, ok := store.(drip.Prefixed); ok {
-				inner, _ := override.Of(p.Store)
+			if p, ok := whole.(store.Prefixed); ok {
+				inner := p.Store.Caps().Overrides
 				_, all, err := inner.Overrides(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -80,7 +79,7 @@ func TestStores(t *testing.T) {
 			hear("put a")
 			v2 := step("put b", put("b"))
 			hear("put b")
-			if err := put("c")(); !errors.Is(err, override.ErrFull) {
+			if err := put("c")(); !errors.Is(err, store.ErrOverridesFull) {
 				t.Fatalf("a third key under a bound of 2: %v", err)
 			}
 			since := func(what string, v int64, wantV int64, want map[string]string) {
@@ -147,9 +146,9 @@ func TestStores(t *testing.T) {
 // bound counts.
 var olderDrips = []struct {
 	name string
-	open func(t *testing.T) (st, whole override.Store, change func(ctx context.Context, key string) error)
+	open func(t *testing.T) (st, whole store.Overrides, change func(ctx context.Context, key string) error)
 }{
-	{"postgres", func(t *testing.T) (override.Store, override.Store, func(context.Context, string) error) {
+	{"postgres", func(t *testing.T) (store.Overrides, store.Overrides, func(context.Context, string) error) {
 		url, p := testserver.SharedPostgres(t).URL(), testserver.Prefix()
 		s, err := pgstore.Open(context.Background(), url, pgstore.WithInstall(pgstore.InstallOptions{}), pgstore.WithSweep(0))
 		if err != nil {
@@ -161,7 +160,7 @@ var olderDrips = []struct {
 			t.Fatal(err)
 		}
 		t.Cleanup(db.Close)
-		st, _ := override.Of(drip.Prefixed{Store: s, Prefix: p})
+		st := store.Prefixed{Store: s, Prefix: p}.Caps().Overrides
 		return st, s, func(ctx context.Context, key string) error {
 			_, err := db.Exec(ctx, `WITH v AS (UPDATE drip.overrides_version SET version = version + 1 RETURNING 1)
 INSERT INTO drip.overrides (key, value) SELECT convert_to($1::text, 'UTF8'), convert_to('v-' || $2::text, 'UTF8') FROM v`, p+key, key)
@@ -172,8 +171,8 @@ INSERT INTO drip.overrides (key, value) SELECT convert_to($1::text, 'UTF8'), con
 	{"redis-cluster", redisOlder(testserver.SharedRedisClusterURL)},
 }
 
-func redisOlder(url func(testing.TB) string) func(t *testing.T) (override.Store, override.Store, func(context.Context, string) error) {
-	return func(t *testing.T) (override.Store, override.Store, func(context.Context, string) error) {
+func redisOlder(url func(testing.TB) string) func(t *testing.T) (store.Overrides, store.Overrides, func(context.Context, string) error) {
+	return func(t *testing.T) (store.Overrides, store.Overrides, func(context.Context, string) error) {
 		u, p := url(t), testserver.Prefix()
 		s, err := redisstore.Open(u, redisstore.WithPrefix(p))
 		if err != nil {
@@ -249,7 +248,7 @@ func TestStoresUnrecordedChange(t *testing.T) {
 			if changed, ok := since(v3 - 1); !ok || len(changed) != 1 || string(changed["c"]) != "v-c" {
 				t.Fatalf("since the unrecorded change: %q %v, want c", changed, ok)
 			}
-			if _, err := put("d", held+3); !errors.Is(err, override.ErrFull) {
+			if _, err := put("d", held+3); !errors.Is(err, store.ErrOverridesFull) {
 				t.Fatalf("a fourth override under a bound of 3: %v", err)
 			}
 			for _, k := range []string{"a", "b", "c"} {

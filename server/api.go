@@ -9,10 +9,12 @@ import (
 	"net/http"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // The decision API: POST /v1/take, /v1/peek, /v1/refund and /v1/reset,
@@ -169,11 +171,11 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 			rs[i], names[i] = r, name
 		}
 		op := apiOp(opName)
-		if _, err := drip.PrepareMulti(op, rs); err != nil {
+		if err := check(op, rs, true); err != nil {
 			return nil, err
 		}
 		m, err := s.eng.Apply(ctx, op, rs)
-		if err != nil || op == drip.OpTake {
+		if err != nil || op == bucket.Take {
 			for _, n := range names {
 				s.count(n, m.Allowed, err)
 			}
@@ -200,11 +202,11 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		return map[string]bool{"reset": true}, nil
 	}
 	op := apiOp(opName)
-	if _, err := drip.Prepare(op, r); err != nil {
+	if err := check(op, []drip.Request{r}, false); err != nil {
 		return nil, err
 	}
 	m, err := s.eng.Apply(ctx, op, []drip.Request{r})
-	if op == drip.OpTake {
+	if op == bucket.Take {
 		s.count(name, m.Allowed, err)
 	}
 	if err != nil {
@@ -218,12 +220,12 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 
 // apiOp is the store op of a decision API path: acquire is a take (of
 // leases the server names), release a refund (of a named lease).
-func apiOp(opName string) drip.Op {
+func apiOp(opName string) bucket.Op {
 	switch opName {
 	case "acquire":
-		return drip.OpTake
+		return bucket.Take
 	case "release":
-		return drip.OpRefund
+		return bucket.Refund
 	}
 	op, _ := replay.Op(opName)
 	return op
@@ -363,9 +365,9 @@ func ruleOf(it replay.ReqJSON) string {
 // rule name and values only, under the rule's own limit.
 const InlinePrefix = "inline:"
 
-// MaxInlineKeyLen is the longest inline key, in bytes: drip.MaxKeyLen less
+// MaxInlineKeyLen is the longest inline key, in bytes: store.MaxKeyLen less
 // InlinePrefix. A longer one is a 400.
-const MaxInlineKeyLen = drip.MaxKeyLen - len(InlinePrefix)
+const MaxInlineKeyLen = store.MaxKeyLen - len(InlinePrefix)
 
 func prefixed(p string, err error) error {
 	var he *httpError
@@ -376,4 +378,28 @@ func prefixed(p string, err error) error {
 		return inputf("%s%w", p, err)
 	}
 	return err
+}
+
+// check refuses bad input before the engine is called, as drip.Apply
+// would (the same errors, with the index of the request when there are
+// of a multi-take), so that it counts as no decision.
+func check(op bucket.Op, rs []drip.Request, multi bool) error {
+	items := make([]bucket.Prepared, len(rs))
+	for i, r := range rs {
+		err := store.CheckKey(r.Key)
+		var p bucket.Params
+		if err == nil {
+			p, err = r.Limit.Params(r.Key)
+		}
+		if err == nil {
+			items[i], err = store.Prepare(op, r.Key, p, r.Cost, r.Reserve, r.Lease)
+		}
+		if err != nil {
+			if multi {
+				err = fmt.Errorf("requests[%d]: %w", i, err)
+			}
+			return err
+		}
+	}
+	return store.CheckDistinct(items)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/driplimit/drip/internal/strictjson"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Per-tenant overrides on the admin listener (package override):
@@ -71,8 +72,8 @@ func (s *Server) overrideTarget(r *http.Request) (*rules.Rule, []string, string,
 			return nil, nil, "", inputf("a value is not valid UTF-8")
 		}
 	}
-	if n > drip.MaxKeyLen {
-		return nil, nil, "", inputf("values over %d bytes together", drip.MaxKeyLen)
+	if n > store.MaxKeyLen {
+		return nil, nil, "", inputf("values over %d bytes together", store.MaxKeyLen)
 	}
 	list, _ := json.Marshal(vals)
 	if len(vals) == 0 {
@@ -224,7 +225,7 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
 	if err := override.Set(ctx, s.ost, e); err != nil {
-		if errors.Is(err, override.ErrFull) {
+		if errors.Is(err, store.ErrOverridesFull) {
 			err = errorf(http.StatusConflict, "%d overrides are set already: delete some first", override.MaxOverrides)
 		}
 		writeError(w, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 )
 
 // WriteSummary writes the run's summary for a terminal: the totals, the
@@ -23,7 +24,11 @@ func (r *Result) WriteSummary(w io.Writer, traffic string) error {
 	p("limit", "%s", r.Limit)
 	if r.Limit.Algorithm == drip.FixedWindow {
 		period := periodOf(r.Limit)
-		start := r.Limit.ForKey(r.ChartKey).Start % period
+		start := r.Limit.Start
+		if start == 0 {
+			start = store.WindowStart(r.ChartKey, period) // as the store places the grid
+		}
+		start %= period
 		p("windows", "open at %.3fs and every %s after (the grid's offset: --window-start)", start.Seconds(), period)
 	}
 	if traffic != "" {

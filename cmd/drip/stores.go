@@ -6,20 +6,20 @@ import (
 	"os"
 	"strings"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/redact"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
 // openStore opens the store a --store URL names. Each store package adds
 // its scheme here.
 // Its errors never show the URL's password.
-func openStore(ctx context.Context, url string) (drip.Store, func(), error) {
+func openStore(ctx context.Context, url string) (store.Store, func(), error) {
 	s, closeStore, err := openStoreURL(ctx, url)
 	return s, closeStore, redact.Error(err)
 }
 
-func openStoreURL(ctx context.Context, url string) (drip.Store, func(), error) {
+func openStoreURL(ctx context.Context, url string) (store.Store, func(), error) {
 	switch {
 	case url == "" || url == "memory" || strings.HasPrefix(url, "memory:"):
 		s := memstore.New()

@@ -12,9 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Config is what a front door's options set.
@@ -38,7 +38,7 @@ type Door struct {
 
 // New returns a Door that applies set (nil: rules.Default()) with
 // state in store; name prefixes the log messages of the engine it builds.
-func New(store drip.Store, name string, set *rules.Set, c Config) *Door {
+func New(store store.Store, name string, set *rules.Set, c Config) *Door {
 	eng := c.Engine
 	if eng == nil {
 		eng = engine.New(store, append([]engine.Option{engine.WithName(name), engine.WithLocal(Local)}, c.Eng...)...)

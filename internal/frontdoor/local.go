@@ -1,7 +1,7 @@
 package frontdoor
 
 import (
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -11,4 +11,4 @@ const LocalMaxKeys = 1 << 16
 
 // Local returns the store of an engine's local fallback
 // (engine.WithLocal): a memory store of at most LocalMaxKeys buckets.
-func Local() drip.Store { return memstore.New(memstore.WithMaxKeys(LocalMaxKeys)) }
+func Local() store.Store { return memstore.New(memstore.WithMaxKeys(LocalMaxKeys)) }

@@ -1,7 +1,7 @@
 // Package envoy is drip's Envoy rate limit service:
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit over gRPC,
 // so that Envoy and Istio can use drip in place of envoyproxy/ratelimit,
-// with token buckets in any drip.Store.
+// with token buckets in any store.Store.
 //
 // Limits come from envoyproxy/ratelimit's YAML configuration, unchanged
 // (Parse, Load): a domain per file, nested descriptors of key and optional
@@ -42,10 +42,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Limits of one request, so that a bad client cannot make a request
@@ -56,7 +56,7 @@ const (
 	maxCost        = 1e12
 )
 
-// Service implements RateLimitServiceServer over a drip.Store, through
+// Service implements RateLimitServiceServer over a store.Store, through
 // drip's decision engine (package engine): each store call goes through
 // the engine's circuit breaker, under its deadline, and is observed; the
 // RateLimit headers and Retry-After are the engine's. It is safe for
@@ -116,7 +116,7 @@ func WithEngine(e *engine.Engine) Option { return func(o *options) { o.eng = e }
 
 // NewService returns a service deciding with cfg (nil: no domain, every
 // request OK) on store.
-func NewService(store drip.Store, cfg *Config, opts ...Option) *Service {
+func NewService(store store.Store, cfg *Config, opts ...Option) *Service {
 	var o options
 	for _, f := range opts {
 		f(&o)

@@ -96,14 +96,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 	"github.com/driplimit/drip/internal/spans"
+	"github.com/driplimit/drip/store"
 )
 
 // MaxKeyLen is the longest key stored as it is; longer keys (up to
-// drip.MaxKeyLen, the longest any store accepts; the SQL functions take
+// store.MaxKeyLen, the longest any store accepts; the SQL functions take
 // any length) are stored hashed (see the package doc).
 const MaxKeyLen = 512
 
@@ -134,7 +134,7 @@ type Store struct {
 	retries atomic.Int64
 }
 
-var _ drip.Store = (*Store)(nil)
+var _ store.Store = (*Store)(nil)
 
 type config struct {
 	install      bool
@@ -256,24 +256,24 @@ type result struct {
 	late    bool
 }
 
-// decision completes r as bucket.Eval does: retry and reset come from the
+// result completes r as bucket.Eval does: retry and reset come from the
 // bucket with the Go math (Params.Until), not from SQL.
-func (r result) decision(op drip.Op, p bucket.Prepared) drip.Decision {
+func (r result) result(op bucket.Op, p bucket.Prepared) bucket.Result {
 	n := bucket.State{Tokens: r.tokens, TS: r.ts}
 	var retry time.Duration
 	switch {
-	case op == drip.OpRefund:
+	case op == bucket.Refund:
 	case r.allowed:
 		retry = p.Params.Until(n, 0, r.now)
 	default:
 		retry = p.Params.Until(n, p.Params.NeedFor(p.Cost, p.Reserve), r.now)
 	}
-	return drip.DecisionOf(bucket.Result{
+	return bucket.Result{
 		Allowed:    r.allowed,
 		Tokens:     r.tokens,
 		RetryAfter: retry,
 		ResetAfter: p.Params.Until(n, p.Params.Burst, r.now),
-	}, p.Params.Burst)
+	}
 }
 
 // errRace is take.sql's "not ok": the key had no row when the statement
@@ -281,22 +281,17 @@ func (r result) decision(op drip.Op, p bucket.Prepared) drip.Decision {
 // Nothing was written; the statement is run again at once.
 var errRace = errors.New("pgstore: bucket appeared during the statement")
 
-// Apply implements drip.Store.
-func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, err := drip.Prepare(op, r)
-	if err != nil {
-		return drip.Decision{}, err
+// Apply implements store.Store: one item by take.sql or peek.sql (through
+// the batcher when batching), several, or a concurrency limit's, by
+// multi.sql, one statement, all or nothing.
+func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) != 1 || items[0].Params.Kind == bucket.Concurrency {
+		// multi.sql is also the one statement that holds leases.
+		return s.applyMulti(ctx, op, at, items, results)
 	}
-	if p.Params.Kind == bucket.Concurrency {
-		// A concurrency request is a multi-take of one: multi.sql is the
-		// one statement that holds leases.
-		m, err := s.ApplyMulti(ctx, op, at, []drip.Request{r})
-		if err != nil {
-			return drip.Decision{}, err
-		}
-		return m.Decisions[0], nil
-	}
+	p := items[0]
 	var res result
+	var err error
 	if s.batch != nil {
 		res, err = s.batch.Do(ctx, request{op, storeKey(p.Key), p, nanos(at)})
 		if errors.Is(err, batch.ErrClosed) {
@@ -307,18 +302,23 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 		res, err = s.applyOne(ctx, op, p, nanos(at), dl)
 	}
 	if err != nil {
-		return drip.Decision{}, err
+		return err
 	}
-	return res.decision(op, p), nil
+	results[0] = res.result(op, p)
+	return nil
 }
+
+// Caps implements store.Store: the store holds leases and keeps
+// overrides (override.go).
+func (s *Store) Caps() store.Caps { return store.Caps{Leases: true, Overrides: s} }
 
 // applyOne decides one request with one statement (take.sql, peek.sql);
 // a take or refund carries its caller's deadline dl (zero: none).
-func (s *Store) applyOne(ctx context.Context, op drip.Op, p bucket.Prepared, at *int64, dl time.Time) (result, error) {
+func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, at *int64, dl time.Time) (result, error) {
 	sql := takeSQL
 	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
 		p.Params.Burst, p.Params.MaxReserved, p.Params.Start, p.Cost, p.Reserve, at}
-	if op == drip.OpPeek {
+	if op == bucket.Peek {
 		sql = peekSQL // writes nothing: no deadline
 	} else {
 		if err := s.syncClock(ctx, dl); err != nil {
@@ -336,7 +336,7 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p bucket.Prepared, at 
 		ok := false
 		for rows.Next() {
 			dest := []any{&res.allowed, &res.tokens, &res.ts, &res.now, &ok}
-			if op != drip.OpPeek {
+			if op != bucket.Peek {
 				dest = append(dest, &res.late)
 			}
 			if err := rows.Scan(dest...); err != nil {
@@ -367,28 +367,23 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p bucket.Prepared, at 
 	return res, err
 }
 
-// ApplyMulti implements drip.Store: one statement, all or nothing.
-func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	ps, err := drip.PrepareMulti(op, rs)
-	if err != nil {
-		return drip.Multi{}, err
-	}
+// applyMulti applies items with multi.sql: one statement, all or nothing.
+func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps []bucket.Prepared, ds []bucket.Result) error {
 	a := newArrays(len(ps))
 	seen := make(map[string]bool, len(ps))
 	for _, p := range ps {
 		k := storeKey(p.Key)
 		if seen[string(k)] {
-			return drip.Multi{}, fmt.Errorf("%w: two keys hash to the same stored key", drip.ErrDuplicateKey)
+			return fmt.Errorf("%w: two keys hash to the same stored key", store.ErrDuplicateKey)
 		}
 		seen[string(k)] = true
 		a.add(op, k, p, nil)
 	}
-	ds := make([]drip.Decision, len(ps))
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 	if err := s.syncClock(ctx, dl); err != nil {
-		return drip.Multi{}, err
+		return err
 	}
-	err = s.retry(ctx, func() error {
+	return s.retry(ctx, func() error {
 		rows, err := s.db.Query(ctx, multiSQL, int(op), a.keys, a.kinds, a.rates, a.periods,
 			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl), a.leases)
 		if err != nil {
@@ -412,14 +407,14 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 			switch {
 			case i >= len(ds):
 			case ps[i].Params.Kind == bucket.Concurrency:
-				res, _ := ps[i].Params.EvalLeases(bucket.Op(op), ls, ps[i].Lease, r.now)
+				res, _ := ps[i].Params.EvalLeases(op, ls, ps[i].Lease, r.now)
 				if res.Allowed != r.allowed {
 					rows.Close()
 					return fmt.Errorf("pgstore: multi.sql and bucket.EvalLeases disagree (a bug): statement allowed=%v, EvalLeases allowed=%v", r.allowed, res.Allowed)
 				}
-				ds[i] = drip.DecisionOf(res, ps[i].Params.Burst)
+				ds[i] = res
 			default:
-				ds[i] = r.decision(op, ps[i])
+				ds[i] = r.result(op, ps[i])
 			}
 			i++
 		}
@@ -431,15 +426,11 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 		}
 		return nil
 	})
-	if err != nil {
-		return drip.Multi{}, err
-	}
-	return drip.Combine(ds), nil
 }
 
-// Reset implements drip.Store: one DELETE.
+// Reset implements store.Store: one DELETE.
 func (s *Store) Reset(ctx context.Context, key string) error {
-	if err := drip.CheckKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
 	return s.retry(ctx, func() error {
@@ -535,7 +526,7 @@ func newArrays(n int) *arrays {
 	}
 }
 
-func (a *arrays) add(op drip.Op, key []byte, p bucket.Prepared, at *int64) {
+func (a *arrays) add(op bucket.Op, key []byte, p bucket.Prepared, at *int64) {
 	a.ops = append(a.ops, int32(op))
 	a.keys = append(a.keys, key)
 	a.kinds = append(a.kinds, int32(p.Params.Kind))

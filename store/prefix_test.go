@@ -1,10 +1,12 @@
-package drip_test
+package store_test
 
 import (
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -14,13 +16,13 @@ import (
 func TestPrefixed(t *testing.T) {
 	ms := memstore.New()
 	defer ms.Close()
-	storetest.Run(t, func(t *testing.T) drip.Store { return drip.Prefixed{Store: ms, Prefix: "app1:"} })
+	storetest.Run(t, func(t *testing.T) store.Store { return store.Prefixed{Store: ms, Prefix: "app1:"} })
 	before := ms.Len()
-	p := drip.Prefixed{Store: ms, Prefix: "app2:"}
-	if _, err := p.Apply(t.Context(), drip.OpTake, at1800, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err != nil {
+	p := store.Prefixed{Store: ms, Prefix: "app2:"}
+	if _, err := storetest.Apply(t.Context(), p, bucket.Take, at1800, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
-	d, _ := ms.Apply(t.Context(), drip.OpPeek, at1800, drip.Request{Key: "app2:k", Limit: drip.PerSecond(1), Cost: 0})
+	d, _ := storetest.Apply(t.Context(), ms, bucket.Peek, at1800, drip.Request{Key: "app2:k", Limit: drip.PerSecond(1), Cost: 0})
 	if ms.Len() != before+1 || d.Tokens != 0 {
 		t.Fatalf("the bucket is not under the prefix: %+v", d)
 	}
