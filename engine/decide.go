@@ -61,9 +61,9 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if rule.Group != "" {
 			groups = append(groups, rule.Group)
 		}
-		a := Applied{Rule: rule, Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, policy: rs.policy[i]}
+		a := Applied{Rule: rule, Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, plan: rs.plans[i]}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
-			a.Limit, a.policy = l, PolicyItem(rule.Name, l)
+			a.Limit, a.plan = l, compile(rule.Name, l)
 		}
 		if a.Limit.Concurrent() {
 			a.Lease = drip.NewLeaseID()
@@ -163,7 +163,7 @@ func stepItems(as []Applied, shadow bool) []*Item {
 	buf := make([]Item, len(as))
 	its := make([]*Item, len(as))
 	for i, a := range as {
-		buf[i] = Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease, Shadow: shadow}
+		buf[i] = Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease, Shadow: shadow, Params: a.plan.params}
 		its[i] = &buf[i]
 	}
 	return its
@@ -228,12 +228,12 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	for j, i := range idx {
 		a := enf[i]
 		a.Limit = share(a.Limit, a.Rule.LocalShare)
-		a.policy = PolicyItem(a.Rule.Name, a.Limit)
+		a.plan = compile(a.Rule.Name, a.Limit)
 		loc[j] = a
 		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}
 	for j := range loc {
-		if overBurst(loc[j].Limit, loc[j].Cost) {
+		if overBurst(loc[j].Limit, loc[j].plan.params, loc[j].Cost) {
 			out.deny(ReasonCostExceedsBurst)
 			for k := range loc {
 				loc[k].Event, loc[k].Local = NotTaken, true
@@ -317,16 +317,19 @@ func reasonOf(l drip.Limit) string {
 	return ReasonTokenBucket
 }
 
-// Burst is l's burst: its rate when it has none; for a concurrency
-// limit, its slots (max_in_flight).
+// Burst is l's burst, as drip's fixed point holds it (Limit.Params: its
+// rate when it has none); for a concurrency limit, its slots
+// (max_in_flight); 0 for a limit that allows nothing (Envoy's
+// requests_per_unit 0).
 func Burst(l drip.Limit) float64 {
 	if l.Algorithm == drip.Concurrency {
 		return float64(l.MaxInFlight)
 	}
-	if l.Burst == 0 {
-		return l.Rate
+	p, err := l.Params("")
+	if err != nil {
+		return 0
 	}
-	return l.Burst
+	return float64(p.Burst) / bucket.Micro
 }
 
 // share is the local fallback's limit: share of the rate and the burst,

@@ -199,7 +199,22 @@ type Rules struct {
 	Set     *rules.Set
 	timeout time.Duration
 	breaker rules.Breaker
-	policy  []string // per rule: `"name";q=20;w=2`
+	plans   []plan // per rule, compiled once
+}
+
+// plan is a limit compiled once, when its rules are (or, for a limit an
+// override or a token's claims set, when a request meets it): what every
+// decision under it needs, so that the hot path only executes it.
+type plan struct {
+	params bucket.Params // the limit in drip's fixed point (Limit.Params); zero when the limit allows nothing
+	policy string        // its RateLimit-Policy item: `"name";q=20;w=2`
+	quota  int64         // q, RateLimit-Limit (Quota)
+}
+
+// compile is the plan of limit l of a rule called name.
+func compile(name string, l drip.Limit) plan {
+	p, _ := l.Params("") // a rule's limit is valid; its burst does not depend on a key
+	return plan{params: p, policy: PolicyItem(name, l), quota: Quota(l)}
 }
 
 // Compile prepares set (nil: rules.Default()) for Decide.
@@ -212,9 +227,9 @@ func (e *Engine) Compile(set *rules.Set) *Rules {
 		rs.timeout = set.StoreTimeout
 	}
 	rs.breaker = rs.breaker.Or(rules.DefaultBreaker)
-	rs.policy = make([]string, len(set.Rules))
+	rs.plans = make([]plan, len(set.Rules))
 	for i := range set.Rules {
-		rs.policy[i] = PolicyItem(set.Rules[i].Name, set.Rules[i].Limit)
+		rs.plans[i] = compile(set.Rules[i].Name, set.Rules[i].Limit)
 	}
 	return rs
 }

@@ -93,8 +93,8 @@ type Applied struct {
 	// (or tried to) under Key.
 	Lease string
 
-	policy string
-	held   bool // the lease was acquired: Release gives it back
+	plan plan
+	held bool // the lease was acquired: Release gives it back
 }
 
 // Held reports whether the rule holds a lease of its concurrency limit
@@ -256,7 +256,7 @@ func Amount(x float64) string { return sfv.Number(x) }
 // window: its item has no t, unless it denied (then t is the Retry-After
 // value, as for every rule that denied).
 func (out *Outcome) field(a *Applied) Field {
-	f := Field{Policy: a.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining}
+	f := Field{Policy: a.plan.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining}
 	switch {
 	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
 		f.T = out.RetryAfter
@@ -362,5 +362,5 @@ func (out *Outcome) Fields() Fields {
 		}
 		fs = append(fs, f)
 	}
-	return MakeFields(fs, top, Quota(out.Top.Limit), out.RetryAfter)
+	return MakeFields(fs, top, out.Top.plan.quota, out.RetryAfter)
 }

@@ -2,11 +2,13 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Item is one limit of a request that a front door matched itself
@@ -52,18 +54,41 @@ type Item struct {
 	// Failed reports a Shadow item whose store call failed.
 	Failed bool
 
+	// Params is Limit in drip's fixed point (drip.Limit.Params),
+	// compiled once when the front door loaded the limit; left zero, it
+	// is computed from Limit on each decision.
+	Params bucket.Params
+
 	ask float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
 	req int     // its store request
 }
 
 // Never reports whether the item can never be allowed: its cost exceeds
 // its limit's burst (overBurst).
-func (it *Item) Never() bool { return overBurst(it.Limit, it.Cost) }
+func (it *Item) Never() bool { return overBurst(it.Limit, it.fixed(), it.Cost) }
 
-// overBurst reports whether a take of cost under l can never be allowed,
-// its cost being above l's burst: the engine's one such verdict, for
-// rules, the local fallback, Envoy's descriptors and shared keys alike.
-func overBurst(l drip.Limit, cost float64) bool { return cost > Burst(l) }
+// fixed is the item's limit in drip's fixed point: Params, else computed
+// now. A limit that allows nothing (Envoy's requests_per_unit 0, a
+// Blocked item) has a burst of 0.
+func (it *Item) fixed() bucket.Params {
+	if it.Params.Period == 0 {
+		it.Params, _ = it.Limit.Params("")
+	}
+	return it.Params
+}
+
+// overBurst reports whether a take of cost under l (p in fixed point)
+// can never be allowed: the engine's one such verdict, for rules, the
+// local fallback, Envoy's descriptors and shared keys alike. It is the
+// stores' own, in fixed point (store.Cost); a concurrency limit, whose
+// requests hold a slot each, is over when the cost is above its slots.
+func overBurst(l drip.Limit, p bucket.Params, cost float64) bool {
+	if l.Concurrent() {
+		return cost > float64(l.MaxInFlight)
+	}
+	_, err := store.Cost(bucket.Take, cost, false, p)
+	return errors.Is(err, store.ErrCostExceedsBurst)
+}
 
 // step makes one all-or-nothing store call for items, through the breaker
 // and under the deadline (apply): a take, a peek or a refund of each
@@ -107,17 +132,18 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 		}
 	}
 	var over []bool
-	for j := range reqs {
-		if overBurst(reqs[j].Limit, reqs[j].Cost) {
-			b := Burst(reqs[j].Limit)
-			if over == nil {
-				over = make([]bool, len(reqs))
-			}
-			over[j] = true
-			reqs[j].Cost = b
-			if op == bucket.Take {
-				op = bucket.Peek
-			}
+	for _, it := range items {
+		j := it.req
+		if (over != nil && over[j]) || !overBurst(reqs[j].Limit, it.fixed(), reqs[j].Cost) {
+			continue
+		}
+		if over == nil {
+			over = make([]bool, len(reqs))
+		}
+		over[j] = true
+		reqs[j].Cost = Burst(reqs[j].Limit)
+		if op == bucket.Take {
+			op = bucket.Peek
 		}
 	}
 	m, err := e.apply(ctx, timeout, br, op, reqs)

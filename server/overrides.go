@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/strictjson"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
@@ -160,7 +161,7 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 			return drip.Limit{}, inputf("%q must be at most 8760h (a year), not %s", f.name, f.d)
 		}
 	}
-	if cost := ruleCost(ru); cost > l.Burst {
+	if cost := ruleCost(ru); (&engine.Item{Limit: l, Cost: cost}).Never() {
 		return drip.Limit{}, inputf("burst %g is below the rule's cost %g: no request could pass", l.Burst, cost)
 	}
 	return l, nil

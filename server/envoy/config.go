@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/sfv"
 )
@@ -86,8 +87,10 @@ type Limit struct {
 	// when Unlimited or RequestsPerUnit is 0.
 	Limit drip.Limit
 
-	qname  string // the quoted name of RateLimit headers
-	policy string // the RateLimit-Policy item
+	qname  string        // the quoted name of RateLimit headers
+	policy string        // the RateLimit-Policy item
+	quota  int64         // q and RateLimit-Limit (engine.Quota)
+	params bucket.Params // Limit in drip's fixed point, compiled at load
 	// globalShadow: in shadow mode by SHADOW_MODE only. Its status says
 	// OVER_LIMIT when it is over (the request is still allowed), as
 	// envoyproxy/ratelimit's does; a limit's own shadow_mode says OK.
@@ -138,6 +141,8 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 		return err
 	}
 	l.policy = engine.PolicyItem(name, l.Limit)
+	l.quota = engine.Quota(l.Limit)
+	l.params, _ = l.Limit.Params("") // valid, and its burst does not depend on a key
 	return nil
 }
 

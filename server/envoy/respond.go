@@ -199,7 +199,7 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 			fs = append(fs, field(it))
 		}
 	}
-	f := engine.MakeFields(fs, field(top), engine.Quota(top.limit.Limit), retry)
+	f := engine.MakeFields(fs, field(top), top.limit.quota, retry)
 	h := []*corev3.HeaderValue{
 		{Key: "RateLimit-Policy", Value: f.Policy},
 		{Key: "RateLimit", Value: f.RateLimit},
