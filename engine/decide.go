@@ -61,7 +61,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if rule.Group != "" {
 			groups = append(groups, rule.Group)
 		}
-		a := Applied{Rule: rule, Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, plan: rs.plans[i]}
+		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit}, plan: rs.plans[i]}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.plan = l, compile(rule.Name, l)
 		}
@@ -138,11 +138,7 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	if over >= 0 {
 		out.deny(ReasonCostExceedsBurst)
 		for i := range enf {
-			a := &enf[i]
-			a.Event = NotTaken
-			if err == nil {
-				a.Decision, a.Decided = its[i].Decision, true
-			}
+			enf[i].Event = NotTaken // and Decided, unless the peek failed
 		}
 		a := &enf[over]
 		a.Event, a.Reason = Denied, ReasonCostExceedsBurst
@@ -158,13 +154,13 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 }
 
 // stepItems are the items of the rules as, for DecideItems' steps
-// (shadow: as Shadow items).
+// (shadow: as Shadow items), with their compiled params.
 func stepItems(as []Applied, shadow bool) []*Item {
-	buf := make([]Item, len(as))
 	its := make([]*Item, len(as))
-	for i, a := range as {
-		buf[i] = Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease, Shadow: shadow, Params: a.plan.params}
-		its[i] = &buf[i]
+	for i := range as {
+		a := &as[i]
+		a.Shadow, a.Params = shadow, a.plan.params
+		its[i] = &a.Item
 	}
 	return its
 }
@@ -229,11 +225,12 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		a := enf[i]
 		a.Limit = share(a.Limit, a.Rule.LocalShare)
 		a.plan = compile(a.Rule.Name, a.Limit)
+		a.Params = a.plan.params
 		loc[j] = a
 		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}
 	for j := range loc {
-		if overBurst(loc[j].Limit, loc[j].plan.params, loc[j].Cost) {
+		if loc[j].Never() {
 			out.deny(ReasonCostExceedsBurst)
 			for k := range loc {
 				loc[k].Event, loc[k].Local = NotTaken, true
@@ -294,13 +291,10 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 		case it.Failed:
 			a.Event = ErrorAllowed
 		case !it.Decision.Allowed:
-			a.Decision, a.Decided = it.Decision, true
 			a.Event, a.Reason = Denied, reasonOf(a.Limit)
-		case out.Allowed && !it.Applied:
-			a.Decision, a.Decided = it.Decision, true
+		case out.Allowed && !it.Changed:
 			a.Event = NotTaken
 		default:
-			a.Decision, a.Decided = it.Decision, true
 			a.Event = Allowed
 			a.held = out.Allowed && a.Lease != ""
 		}

@@ -149,7 +149,7 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 		if it.kind() != k || it.Out {
 			continue
 		}
-		it.Decision, it.Decided, it.Applied, it.Taken = drip.Decision{}, false, false, 0
+		it.Decision, it.Decided, it.Changed, it.Taken = drip.Decision{}, false, false, 0
 		it.ask = it.Cost
 		if peek && peekZero {
 			it.ask = 0

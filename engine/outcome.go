@@ -67,31 +67,20 @@ func Refuse(reason, detail string) *Outcome {
 	return &Outcome{Reason: reason, Refused: true, Detail: detail}
 }
 
-// Applied is one rule applied to a request.
+// Applied is one rule applied to a request: its Item (the bucket Key,
+// the rule's Limit, or the local fallback's share of it, the request's
+// Cost, a concurrency rule's Lease, and the bucket's Decision, meaningful
+// when Decided; for a rule that allowed but was not taken, the bucket as
+// it is) and what became of the rule.
 type Applied struct {
+	Item
 	Rule *rules.Rule
-	// Key is the bucket key.
-	Key string
-	// Cost is the request's cost under the rule.
-	Cost float64
-	// Decision is the bucket's decision; meaningful when Decided. For a
-	// rule that allowed but was not taken, the bucket as it is.
-	Decision drip.Decision
-	// Decided reports whether a bucket decided (the store or the local
-	// fallback).
-	Decided bool
 	// Local reports that the local fallback decided, at Limit.
 	Local bool
-	// Limit is the limit the decision was made under: the rule's, or the
-	// local fallback's share of it.
-	Limit drip.Limit
 	// Event is what happened to the rule.
 	Event Event
 	// Reason is why the rule denied, if it did.
 	Reason string
-	// Lease is, for a concurrency rule, the lease ID the request acquired
-	// (or tried to) under Key.
-	Lease string
 
 	plan plan
 	held bool // the lease was acquired: Release gives it back

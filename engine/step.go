@@ -42,9 +42,9 @@ type Item struct {
 	// added (Taken); meaningful when Decided.
 	Decision drip.Decision
 	Decided  bool
-	// Applied reports that the step changed the bucket: a take whose
-	// whole was allowed, or a refund.
-	Applied bool
+	// Changed reports that the bucket changed: a take whose whole was
+	// allowed, or a refund.
+	Changed bool
 	// Taken is the cost the bucket was asked for: its items' costs added,
 	// at most its burst.
 	Taken float64
@@ -152,7 +152,7 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 	}
 	for _, it := range items {
 		it.Decision, it.Decided, it.Taken = m.Decisions[it.req], true, reqs[it.req].Cost
-		it.Applied = op == bucket.Refund || (op == bucket.Take && m.Allowed)
+		it.Changed = op == bucket.Refund || (op == bucket.Take && m.Allowed)
 		if over != nil && over[it.req] && op == bucket.Peek {
 			it.Decision.Allowed = false
 		}

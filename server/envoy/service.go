@@ -289,7 +289,7 @@ func (s *Service) observe(items []item, err error) {
 			out = engine.Denied
 		case it.kind == refund:
 			out = engine.Refunded
-		case !it.step.Applied:
+		case !it.step.Changed:
 			out = engine.NotTaken
 		default:
 			out = engine.Allowed
