@@ -104,51 +104,6 @@ type Engine struct {
 	closed   bool
 }
 
-// Option configures an Engine.
-type Option func(*Engine)
-
-// WithLogger sets the logger for store failures and breaker changes
-// (default slog.Default()).
-func WithLogger(log *slog.Logger) Option { return func(e *Engine) { e.log = log } }
-
-// WithObserver sets the observer of decisions, store calls and the
-// breaker.
-func WithObserver(o Observer) Option { return func(e *Engine) { e.obs = o } }
-
-// WithTimeout sets the deadline of each store call (default
-// DefaultTimeout). A rules file's store_timeout takes precedence.
-func WithTimeout(d time.Duration) Option { return func(e *Engine) { e.timeout = d } }
-
-// WithSeparateTakes is for stores that cannot take several keys in one
-// atomic step, such as Redis Cluster: every multi-key store call is
-// applied one request at a time (store.Separately with Always), in file
-// order, and when a take is denied, those already taken are given back
-// (tokens and slots) and the rest are peeked at. Without the option, a
-// store that answers a multi-take with drip.ErrNotColocated gets the same
-// treatment, after a first attempt. Either way the answers are those of
-// one atomic multi-take, and all or nothing holds in the end rather than
-// at every instant.
-func WithSeparateTakes() Option { return func(e *Engine) { e.separate = true } }
-
-// WithClock makes the engine pass now() as the time of each decision
-// (instead of the store's clock), and use it for the circuit breaker.
-func WithClock(now func() time.Time) Option { return func(e *Engine) { e.now = now } }
-
-// WithLocal hands the engine the store of on_error "local": newStore
-// is called once, when a rule first falls back to it, and the store it
-// returns is closed by Close if it has a Close method. It should hold
-// its state in this process and be bounded in memory (drip's front doors
-// and drip serve pass a memory store of at most 65536 keys). Without it,
-// a rule whose on_error is local allows the request when the store
-// fails, as on_error allow does.
-func WithLocal(newStore func() store.Store) Option {
-	return func(e *Engine) { e.newLocal = newStore }
-}
-
-// WithName sets the prefix of the engine's log messages (default
-// "drip").
-func WithName(name string) Option { return func(e *Engine) { e.name = name } }
-
 // New returns an Engine with state in store.
 func New(st store.Store, opts ...Option) *Engine {
 	e := &Engine{store: st, log: slog.Default(), obs: NopObserver{},
@@ -176,66 +131,6 @@ func (e *Engine) BreakerState() string { return e.brk.State() }
 
 // Observer returns the engine's observer.
 func (e *Engine) Observer() Observer { return e.obs }
-
-// Close closes the local fallback's store (WithLocal), if one was
-// started.
-func (e *Engine) Close() error {
-	e.localMu.Lock()
-	defer e.localMu.Unlock()
-	e.closed = true
-	return closeStore(e.local)
-}
-
-func closeStore(s store.Store) error {
-	if c, ok := s.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
-}
-
-// Rules is a rules Set ready for Decide: build it with Engine.Compile
-// whenever the rules change, and hold it as an immutable snapshot.
-type Rules struct {
-	Set     *rules.Set
-	timeout time.Duration
-	breaker rules.Breaker
-	plans   []plan // per rule, compiled once
-}
-
-// plan is a limit compiled once, when its rules are (or, for a limit an
-// override or a token's claims set, when a request meets it): what every
-// decision under it needs, so that the hot path only executes it.
-type plan struct {
-	params bucket.Params // the limit in drip's fixed point (Limit.Params); zero when the limit allows nothing
-	policy string        // its RateLimit-Policy item: `"name";q=20;w=2`
-	quota  int64         // q, RateLimit-Limit (Quota)
-}
-
-// compile is the plan of limit l of a rule called name.
-func compile(name string, l drip.Limit) plan {
-	p, _ := l.Params("") // a rule's limit is valid; its burst does not depend on a key
-	return plan{params: p, policy: PolicyItem(name, l), quota: Quota(l)}
-}
-
-// Compile prepares set (nil: rules.Default()) for Decide.
-func (e *Engine) Compile(set *rules.Set) *Rules {
-	if set == nil {
-		set = rules.Default()
-	}
-	rs := &Rules{Set: set, timeout: e.timeout, breaker: set.Breaker}
-	if set.StoreTimeout > 0 {
-		rs.timeout = set.StoreTimeout
-	}
-	rs.breaker = rs.breaker.Or(rules.DefaultBreaker)
-	rs.plans = make([]plan, len(set.Rules))
-	for i := range set.Rules {
-		rs.plans[i] = compile(set.Rules[i].Name, set.Rules[i].Limit)
-	}
-	return rs
-}
-
-// Timeout is the deadline of each store call under rs.
-func (rs *Rules) Timeout() time.Duration { return rs.timeout }
 
 // defaultBreaker is the breaker of store calls made without rules.
 var defaultBreaker = rules.DefaultBreaker
@@ -460,23 +355,6 @@ func (e *Engine) learnLatency(d time.Duration) {
 		return
 	}
 	e.latency.Store(old + (int64(d)-old)/8)
-}
-
-// localStore is the local fallback's store (WithLocal), started on first
-// use; nil without one.
-func (e *Engine) localStore() store.Store {
-	if e.newLocal == nil {
-		return nil
-	}
-	e.localMu.Lock()
-	defer e.localMu.Unlock()
-	if e.local == nil {
-		e.local = e.newLocal()
-		if e.closed { // nothing it runs (a sweeper) may outlive Close
-			closeStore(e.local)
-		}
-	}
-	return e.local
 }
 
 func (e *Engine) at() time.Time {
