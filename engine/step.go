@@ -11,10 +11,12 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// Item is one limit of a request that a front door matched itself
-// (Envoy's descriptors): a bucket key, its limit, the request's cost, and
-// how it takes part (Shadow, Refund, Quota, Blocked); DecideItems fills
-// in the rest. Items that share a key are one bucket: their costs add up.
+// Item is one limit of a request: a bucket key, its limit, the request's
+// cost, and how it takes part (Shadow, Refund, Quota, Blocked); the
+// decision fills in the rest. Each rule Decide applies is one (Applied);
+// a front door that matches limits itself (Envoy's descriptors) hands
+// its own to DecideItems. Items that share a key are one bucket: their
+// costs add up.
 type Item struct {
 	Key   string
 	Limit drip.Limit
@@ -54,9 +56,10 @@ type Item struct {
 	// Failed reports a Shadow item whose store call failed.
 	Failed bool
 
-	// Params is Limit in drip's fixed point (drip.Limit.Params),
-	// compiled once when the front door loaded the limit; left zero, it
-	// is computed from Limit on each decision.
+	// Params is Limit in drip's fixed point (drip.Limit.Params, for any
+	// key: its burst decides Never), compiled once when the front door
+	// loaded the limit; left zero, it is computed from Limit on each
+	// decision.
 	Params bucket.Params
 
 	ask float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
