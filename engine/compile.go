@@ -27,9 +27,9 @@ type plan struct {
 }
 
 // compile is the plan of limit l of a rule called name.
-func compile(name string, l drip.Limit) plan {
+func compile(name string, l drip.Limit) *plan {
 	p, _ := l.Params("") // a rule's limit is valid; its burst does not depend on a key
-	return plan{params: p, policy: PolicyItem(name, l), quota: Quota(l)}
+	return &plan{params: p, policy: PolicyItem(name, l), quota: Quota(l)}
 }
 
 // Compile prepares set (nil: rules.Default()) for Decide.
@@ -44,7 +44,7 @@ func (e *Engine) Compile(set *rules.Set) *Rules {
 	rs.breaker = rs.breaker.Or(rules.DefaultBreaker)
 	rs.plans = make([]plan, len(set.Rules))
 	for i := range set.Rules {
-		rs.plans[i] = compile(set.Rules[i].Name, set.Rules[i].Limit)
+		rs.plans[i] = *compile(set.Rules[i].Name, set.Rules[i].Limit)
 	}
 	return rs
 }

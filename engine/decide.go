@@ -61,7 +61,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if rule.Group != "" {
 			groups = append(groups, rule.Group)
 		}
-		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit}, plan: rs.plans[i]}
+		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit}, plan: &rs.plans[i]}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.plan = l, compile(rule.Name, l)
 		}
@@ -159,7 +159,7 @@ func stepItems(as []Applied, shadow bool) []*Item {
 	its := make([]*Item, len(as))
 	for i := range as {
 		a := &as[i]
-		a.Shadow, a.Params = shadow, a.plan.params
+		a.Shadow, a.Params = shadow, &a.plan.params
 		its[i] = &a.Item
 	}
 	return its
@@ -225,7 +225,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		a := enf[i]
 		a.Limit = share(a.Limit, a.Rule.LocalShare)
 		a.plan = compile(a.Rule.Name, a.Limit)
-		a.Params = a.plan.params
+		a.Params = &a.plan.params
 		loc[j] = a
 		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}

@@ -82,7 +82,7 @@ type Applied struct {
 	// Reason is why the rule denied, if it did.
 	Reason string
 
-	plan plan
+	plan *plan // its limit compiled: the rule's (Rules), or an override's
 	held bool // the lease was acquired: Release gives it back
 }
 

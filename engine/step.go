@@ -58,9 +58,8 @@ type Item struct {
 
 	// Params is Limit in drip's fixed point (drip.Limit.Params, for any
 	// key: its burst decides Never), compiled once when the front door
-	// loaded the limit; left zero, it is computed from Limit on each
-	// decision.
-	Params bucket.Params
+	// loaded the limit; nil, it is computed from Limit when needed.
+	Params *bucket.Params
 
 	ask float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
 	req int     // its store request
@@ -74,10 +73,11 @@ func (it *Item) Never() bool { return overBurst(it.Limit, it.fixed(), it.Cost) }
 // now. A limit that allows nothing (Envoy's requests_per_unit 0, a
 // Blocked item) has a burst of 0.
 func (it *Item) fixed() bucket.Params {
-	if it.Params.Period == 0 {
-		it.Params, _ = it.Limit.Params("")
+	if it.Params == nil {
+		p, _ := it.Limit.Params("")
+		it.Params = &p
 	}
-	return it.Params
+	return *it.Params
 }
 
 // overBurst reports whether a take of cost under l (p in fixed point)

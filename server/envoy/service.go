@@ -247,7 +247,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		q := (it.limit.Quota || cfg.opts.Quota) && it.kind != refund
 		it.quota = q && !it.limit.Shadow
-		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Params: it.limit.params, Cost: it.cost,
+		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Params: &it.limit.params, Cost: it.cost,
 			Shadow: it.limit.Shadow, Refund: it.kind == refund, Quota: q, Blocked: it.kind == blocked}
 		steps = append(steps, &it.step)
 	}
