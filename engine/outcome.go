@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"iter"
 	"math"
 	"strconv"
 	"strings"
@@ -83,7 +84,7 @@ type Applied struct {
 	Reason string
 
 	plan *plan // its limit compiled: the rule's (Rules), or an override's
-	held bool // the lease was acquired: Release gives it back
+	held bool  // the lease was acquired: Release gives it back
 }
 
 // Held reports whether the rule holds a lease of its concurrency limit
@@ -296,6 +297,40 @@ type Field struct {
 type Fields struct {
 	Policy, RateLimit, Limit, Remaining, Reset string
 	RetryAfter                                 int64
+}
+
+// The names of the fields, as the HTTP doors' headers (in canonical
+// form there), gRPC metadata (in lower case) and Envoy's response carry
+// them.
+const (
+	FieldPolicy     = "RateLimit-Policy"
+	FieldRateLimit  = "RateLimit"
+	FieldLimit      = "RateLimit-Limit"
+	FieldRemaining  = "RateLimit-Remaining"
+	FieldReset      = "RateLimit-Reset"
+	FieldRetryAfter = "Retry-After"
+)
+
+// All yields the fields that have a value, by name, in this order:
+// RateLimit-Policy, RateLimit, RateLimit-Limit and RateLimit-Remaining
+// (when a limit was decided), RateLimit-Reset (when it has a window),
+// Retry-After (when there is one): the one building of the headers of
+// every front door.
+func (f Fields) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		if f.Policy != "" {
+			if !yield(FieldPolicy, f.Policy) || !yield(FieldRateLimit, f.RateLimit) ||
+				!yield(FieldLimit, f.Limit) || !yield(FieldRemaining, f.Remaining) {
+				return
+			}
+			if f.Reset != "" && !yield(FieldReset, f.Reset) {
+				return
+			}
+		}
+		if f.RetryAfter > 0 {
+			yield(FieldRetryAfter, strconv.FormatInt(f.RetryAfter, 10))
+		}
+	}
 }
 
 // MakeFields builds the header values of the decided limits fs, of which

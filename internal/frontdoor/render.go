@@ -34,38 +34,47 @@ func Status(out *engine.Outcome) int {
 // nothing when none was (no rule applied, or the store failed and
 // on_error allowed).
 func WriteHeaders(h http.Header, out *engine.Outcome) {
-	f := out.Fields()
 	// One backing array for the values, and the keys in canonical form,
 	// as Header.Set would store them: the headers cost one allocation,
 	// not two each (the middleware writes them on every request).
-	vals := make([]string, 0, 6)
-	set := func(key, v string) {
+	var vals []string
+	for name, v := range out.Fields().All() {
+		if vals == nil {
+			vals = make([]string, 0, 6)
+		}
 		vals = append(vals, v)
-		h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+		h[canonical(name)] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
-	if f.RetryAfter > 0 {
-		set(hRetryAfter, strconv.FormatInt(f.RetryAfter, 10))
+}
+
+// canonical is a field's header name in canonical form, as Header.Set
+// would store it, without allocating.
+func canonical(name string) string {
+	switch name {
+	case engine.FieldPolicy:
+		return hPolicy
+	case engine.FieldRateLimit:
+		return hRateLimit
+	case engine.FieldLimit:
+		return hLimit
+	case engine.FieldRemaining:
+		return hRemaining
+	case engine.FieldReset:
+		return hReset
+	case engine.FieldRetryAfter:
+		return hRetryAfter
 	}
-	if f.Policy == "" {
-		return
-	}
-	set(hPolicy, f.Policy)
-	set(hRateLimit, f.RateLimit)
-	set(hLimit, f.Limit)
-	set(hRemaining, f.Remaining)
-	if f.Reset != "" {
-		set(hReset, f.Reset)
-	}
+	return http.CanonicalHeaderKey(name)
 }
 
 // The header names WriteHeaders sets, in canonical form.
 var (
-	hRetryAfter = http.CanonicalHeaderKey("Retry-After")
-	hPolicy     = http.CanonicalHeaderKey("RateLimit-Policy")
-	hRateLimit  = http.CanonicalHeaderKey("RateLimit")
-	hLimit      = http.CanonicalHeaderKey("RateLimit-Limit")
-	hRemaining  = http.CanonicalHeaderKey("RateLimit-Remaining")
-	hReset      = http.CanonicalHeaderKey("RateLimit-Reset")
+	hRetryAfter = http.CanonicalHeaderKey(engine.FieldRetryAfter)
+	hPolicy     = http.CanonicalHeaderKey(engine.FieldPolicy)
+	hRateLimit  = http.CanonicalHeaderKey(engine.FieldRateLimit)
+	hLimit      = http.CanonicalHeaderKey(engine.FieldLimit)
+	hRemaining  = http.CanonicalHeaderKey(engine.FieldRemaining)
+	hReset      = http.CanonicalHeaderKey(engine.FieldReset)
 )
 
 // Problem is the application/problem+json body (RFC 9457) of a denial.

@@ -200,17 +200,9 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 		}
 	}
 	f := engine.MakeFields(fs, field(top), top.limit.quota, retry)
-	h := []*corev3.HeaderValue{
-		{Key: "RateLimit-Policy", Value: f.Policy},
-		{Key: "RateLimit", Value: f.RateLimit},
-		{Key: "RateLimit-Limit", Value: f.Limit},
-		{Key: "RateLimit-Remaining", Value: f.Remaining},
-	}
-	if f.Reset != "" {
-		h = append(h, &corev3.HeaderValue{Key: "RateLimit-Reset", Value: f.Reset})
-	}
-	if f.RetryAfter > 0 {
-		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(f.RetryAfter, 10)})
+	h := make([]*corev3.HeaderValue, 0, 6)
+	for name, v := range f.All() {
+		h = append(h, &corev3.HeaderValue{Key: name, Value: v})
 	}
 	return h
 }
