@@ -180,7 +180,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 // all or nothing. Requests with a zero Limit use the limiter's.
 func (l *Limiter) TakeMulti(ctx context.Context, rs ...Request) (Multi, error) {
 	if len(rs) == 0 {
-		return Multi{}, ErrNoRequests
+		return Multi{}, store.ErrNoRequests
 	}
 	own := make([]Request, len(rs))
 	for i, r := range rs {

@@ -30,7 +30,7 @@ type Request struct {
 	// Lease is, for a concurrency limit (Algorithm Concurrency), the lease
 	// ID a take acquires a slot under, a refund releases, or a peek asks
 	// about (a peek without one asks whether a slot is free): 1 to
-	// MaxLeaseLen bytes of printable ASCII, NewLeaseID's. Other limits
+	// store.MaxLeaseLen bytes of printable ASCII, NewLeaseID's. Other limits
 	// leave it empty. A concurrency take ignores Cost: a lease holds one
 	// slot.
 	Lease string
@@ -125,9 +125,6 @@ func (l Limit) keyDependent() bool { return l.Algorithm == FixedWindow && l.Star
 
 // Concurrent reports whether l is a concurrency limit.
 func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }
-
-// MaxLeaseLen is the longest lease ID drip accepts, in bytes.
-const MaxLeaseLen = store.MaxLeaseLen
 
 // NewLeaseID returns a fresh random lease ID: 128 bits from crypto/rand,
 // in 22 characters of unpadded base64url.

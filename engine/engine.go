@@ -118,7 +118,7 @@ func WithTimeout(d time.Duration) Option { return func(e *Engine) { e.timeout = 
 // applied one request at a time (store.Separately with Always), in file
 // order, and when a take is denied, those already taken are given back
 // (tokens and slots) and the rest are peeked at. Without the option, a
-// store that answers a multi-take with drip.ErrNotColocated gets the same
+// store that answers a multi-take with store.ErrNotColocated gets the same
 // treatment, after a first attempt. Either way the answers are those of
 // one atomic multi-take, and all or nothing holds in the end rather than
 // at every instant.
@@ -207,7 +207,7 @@ var defaultBreaker = rules.DefaultBreaker
 // store.Store.Apply for all of them) behind the circuit breaker and under the engine's deadline (or
 // the shorter one of ctx), and reports its latency and any failure to the
 // observer. A call the breaker skips fails with ErrBreakerOpen. Input
-// errors (drip.IsInput) are the caller's, not the store's: they neither
+// errors (store.IsInput) are the caller's, not the store's: they neither
 // count against the breaker nor reach the observer.
 func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
@@ -276,7 +276,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		e.breakerChanged(e.brk.success(e.clock(), tk))
 		return m, nil
 	}
-	if drip.IsInput(err) {
+	if store.IsInput(err) {
 		e.brk.abandon(tk)
 		return drip.Multi{}, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine/retryafter"
+	"github.com/driplimit/drip/internal/seconds"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
@@ -219,7 +220,7 @@ func PolicyItem(name string, l drip.Limit) string {
 	if l.Concurrent() {
 		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
 	}
-	if w := drip.CeilSeconds(l.FillTime()); w > 0 {
+	if w := seconds.Ceil(l.FillTime()); w > 0 {
 		s += ";w=" + strconv.FormatInt(w, 10)
 	}
 	return s
@@ -264,7 +265,7 @@ func (out *Outcome) field(a *Applied) Field {
 	case a.Limit.Concurrent():
 		f.NoT = true
 	default:
-		f.T = drip.CeilSeconds(a.Decision.ResetAfter)
+		f.T = seconds.Ceil(a.Decision.ResetAfter)
 	}
 	return f
 }

@@ -75,7 +75,7 @@ func Set(ctx context.Context, st store.Overrides, e Entry) error {
 		return err
 	}
 	if len(b) > MaxValueBytes {
-		return &drip.InputError{Err: errors.New("override over 4 KiB (rule, values and limit together)")}
+		return &store.InputError{Err: errors.New("override over 4 KiB (rule, values and limit together)")}
 	}
 	return st.PutOverride(ctx, e.Key, b, MaxOverrides)
 }

@@ -97,6 +97,7 @@ type Overrides interface {
 // this package, so that every store refuses bad input the same way before
 // any state is touched. drip re-exports those its users check.
 var (
+	ErrInvalidLimit     = errors.New("invalid limit")
 	ErrMissingKey       = errors.New("missing key")
 	ErrKeyTooLong       = errors.New("key too long")
 	ErrInvalidCost      = errors.New("invalid cost")
