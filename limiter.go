@@ -71,30 +71,29 @@ func (l *Limiter) TakeN(ctx context.Context, key string, cost float64) (Decision
 // apply makes one decision on the limiter's limit: the request is checked
 // and prepared here (store.Prepare), and the store executes it.
 func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost float64, reserve bool, lease string) (Decision, error) {
-	if err := store.CheckKey(key); err != nil {
-		return Decision{}, err
-	}
-	p := l.params
+	p := &l.params
 	if l.keyed {
-		var err error
-		if p, err = l.limit.Params(key); err != nil {
+		// The key places the window's grid: refuse a bad one before
+		// hashing it. The limit itself is valid (New checked it).
+		if err := store.CheckKey(key); err != nil {
 			return Decision{}, err
 		}
-	}
-	it, err := store.Prepare(op, key, p, cost, reserve, lease)
-	if err != nil {
-		return Decision{}, err
+		kp, _ := l.limit.Params(key)
+		p = &kp
 	}
 	c := calls.Get().(*call)
-	c.items[0] = it
-	err = l.store.Apply(ctx, op, l.at(), c.items[:], c.results[:])
-	r := c.results[0]
-	c.items[0] = bucket.Prepared{}
+	it := &c.items[0]
+	err := store.Prepare(it, op, key, p, cost, reserve, lease)
+	if err == nil {
+		err = l.store.Apply(ctx, op, l.at(), c.items[:], c.results[:])
+	}
+	d := DecisionOf(c.results[0], p.Burst)
+	it.Key, it.Lease = "", "" // keep no caller's strings alive in the pool
 	calls.Put(c)
 	if err != nil {
 		return Decision{}, err
 	}
-	return DecisionOf(r, p.Burst), nil
+	return d, nil
 }
 
 // call is the item and result of one decision, pooled: a slice handed to

@@ -47,7 +47,8 @@ func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
 	if err != nil {
 		return bucket.Prepared{}, err
 	}
-	return store.Prepare(op, r.Key, p, r.Cost, r.Reserve, r.Lease)
+	var it bucket.Prepared
+	return it, store.Prepare(&it, op, r.Key, &p, r.Cost, r.Reserve, r.Lease)
 }
 
 // Apply performs op for the requests rs in one call of st, at the time at

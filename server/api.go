@@ -392,7 +392,7 @@ func check(op bucket.Op, rs []drip.Request, multi bool) error {
 			p, err = r.Limit.Params(r.Key)
 		}
 		if err == nil {
-			items[i], err = store.Prepare(op, r.Key, p, r.Cost, r.Reserve, r.Lease)
+			err = store.Prepare(&items[i], op, r.Key, &p, r.Cost, r.Reserve, r.Lease)
 		}
 		if err != nil {
 			if multi {
