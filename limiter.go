@@ -2,6 +2,8 @@ package drip
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"sync"
 	"time"
 
@@ -133,6 +135,14 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (Lease, error) {
 		return Lease{}, err
 	}
 	return Lease{Decision: d, Key: key, ID: id, l: l}, nil
+}
+
+// NewLeaseID returns a fresh random lease ID: 128 bits from crypto/rand,
+// in 22 characters of unpadded base64url.
+func NewLeaseID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // Release gives the lease's slot back. Releasing a lease that was denied,

@@ -2,10 +2,7 @@ package drip
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
@@ -82,70 +79,3 @@ func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs .
 	}
 	return combine(ds), nil
 }
-
-// Params validates l and resolves it to fixed point for key (the key
-// matters only to a fixed window without Start, whose grid it places):
-// what a store executes. Front doors that compile limits once call it.
-func (l Limit) Params(key string) (bucket.Params, error) {
-	if err := l.Validate(); err != nil {
-		return bucket.Params{}, err
-	}
-	l = l.forKey(key)
-	if l.Algorithm == Concurrency {
-		return bucket.Params{
-			Kind:   bucket.Concurrency,
-			Burst:  int64(l.MaxInFlight) * bucket.Micro,
-			Period: int64(l.leaseTTL()),
-		}, nil
-	}
-	p := bucket.Params{
-		Rate:   toMicro(l.Rate),
-		Period: int64(l.period()),
-		Burst:  toMicro(l.burst()),
-		// No bound on reservations is, in fixed point, the largest amount
-		// drip takes (1e12 tokens): debt then stays far inside an int64,
-		// and burst - tokens cannot overflow however many reservations
-		// pile up.
-		MaxReserved: toMicro(maxAmount),
-	}
-	if l.MaxReserved > 0 {
-		p.MaxReserved = toMicro(l.MaxReserved)
-	}
-	switch {
-	case l.Algorithm == FixedWindow:
-		p.Kind = bucket.Window
-		p.Start = int64(l.Start) % p.Period
-	case l.Refill == Interval:
-		p.Kind = bucket.Interval
-	}
-	return p, nil
-}
-
-// keyDependent reports whether l's Params depend on the key.
-func (l Limit) keyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
-
-// Concurrent reports whether l is a concurrency limit.
-func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }
-
-// NewLeaseID returns a fresh random lease ID: 128 bits from crypto/rand,
-// in 22 characters of unpadded base64url.
-func NewLeaseID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// DecisionOf is the Decision of a store's result for an item of a limit
-// of burst micro-tokens (its bucket.Params.Burst): its amounts in tokens.
-func DecisionOf(r bucket.Result, burst int64) Decision {
-	return Decision{
-		Allowed:    r.Allowed,
-		Tokens:     float64(r.Tokens) / bucket.Micro,
-		Remaining:  max(0, r.Tokens) / bucket.Micro,
-		Burst:      float64(burst) / bucket.Micro,
-		RetryAfter: r.RetryAfter,
-		ResetAfter: r.ResetAfter,
-	}
-}
-
-func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }
