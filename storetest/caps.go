@@ -40,6 +40,36 @@ func RunCaps(t *testing.T, newStore NewStore) {
 			t.Errorf("a store without SplitsKeys refused a take of 8 keys: %+v %v", m, err)
 		}
 	}
+	// Apply writes one result per item and leaves the items as they were,
+	// through every wrapper too.
+	for _, w := range []store.Store{st, store.Prefixed{Store: st, Prefix: "w:"}, store.Sharded{Store: st, N: 2}, store.Separately{Store: st, Always: true}} {
+		p := prefix()
+		var items []bucket.Prepared
+		for i, l := range []drip.Limit{drip.PerSecond(2), drip.PerMinute(5).Window(), drip.Per(3, time.Second).WithRefill(drip.Interval)} {
+			params, err := l.Params(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var it bucket.Prepared
+			if err := store.Prepare(&it, bucket.Take, p+string(rune('a'+i)), &params, 1, false, ""); err != nil {
+				t.Fatal(err)
+			}
+			items = append(items, it)
+		}
+		before := append([]bucket.Prepared(nil), items...)
+		results := make([]bucket.Result, len(items))
+		if err := w.Apply(ctx(t), bucket.Take, base(), items, results); err != nil {
+			t.Fatalf("%T: %v", w, err)
+		}
+		for i := range items {
+			if items[i] != before[i] {
+				t.Errorf("%T changed item %d: %+v, was %+v", w, i, items[i], before[i])
+			}
+			if !results[i].Allowed {
+				t.Errorf("%T: item %d of a first take denied: %+v", w, i, results[i])
+			}
+		}
+	}
 	if c.Leases {
 		lim := drip.InFlight(1, time.Minute)
 		if d, err := Apply(ctx(t), st, bucket.Take, base(), drip.Request{Key: prefix() + "caps-lease", Limit: lim, Lease: "a"}); err != nil || !d.Allowed {
