@@ -268,9 +268,9 @@ func Epoch() time.Time { return time.Now().Truncate(time.Second) }
 // Unix epoch.
 func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l Line) (any, error) {
 	at := epoch.Add(l.At)
-	st = store.Prefixed{Store: st, Prefix: prefix} // items arrive prepared: the grid comes from the unprefixed key
 	// Count a fixed window's grid from the epoch, as if the trace began
-	// at the Unix epoch.
+	// at the Unix epoch, from the unprefixed key; then put the key under
+	// the prefix, which counts toward store.MaxKeyLen.
 	fix := func(r drip.Request) drip.Request {
 		if r.Limit.Algorithm == drip.FixedWindow {
 			p := r.Limit.Period
@@ -288,10 +288,13 @@ func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l L
 				r.Limit.Start -= p
 			}
 		}
+		if r.Key != "" {
+			r.Key = prefix + r.Key
+		}
 		return r
 	}
 	if l.Op == "reset" {
-		if err := st.Reset(ctx, l.Request.Key); err != nil {
+		if err := (store.Prefixed{Store: st, Prefix: prefix}).Reset(ctx, l.Request.Key); err != nil {
 			return nil, err
 		}
 		return map[string]bool{"reset": true}, nil
