@@ -198,7 +198,7 @@ func (l *Limiter) TakeMulti(ctx context.Context, rs ...Request) (Multi, error) {
 		}
 		own[i] = r
 	}
-	return Apply(ctx, l.store, bucket.Take, l.at(), own...)
+	return apply(ctx, l.store, bucket.Take, l.at(), true, own)
 }
 
 // Wait blocks until one token of key's bucket is granted, or ctx ends.

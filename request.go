@@ -55,11 +55,17 @@ func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
 // all or nothing. A bad request is an error, with its index when rs holds
 // several; keys must be distinct.
 func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs ...Request) (Multi, error) {
+	return apply(ctx, st, op, at, len(rs) > 1, rs)
+}
+
+// apply is Apply; multi names the request of an error even when there is
+// one (Limiter.TakeMulti).
+func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, multi bool, rs []Request) (Multi, error) {
 	items := make([]bucket.Prepared, len(rs))
 	for i := range rs {
 		it, err := prepare(op, &rs[i])
 		if err != nil {
-			if len(rs) > 1 {
+			if multi {
 				err = fmt.Errorf("requests[%d]: %w", i, err)
 			}
 			return Multi{}, err
