@@ -45,7 +45,8 @@ func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
 		return bucket.Prepared{}, err
 	}
 	var it bucket.Prepared
-	return it, store.Prepare(&it, op, r.Key, &p, r.Cost, r.Reserve, r.Lease)
+	err = store.Prepare(&it, op, r.Key, &p, r.Cost, r.Reserve, r.Lease)
+	return it, err
 }
 
 // Apply performs op for the requests rs in one call of st, at the time at
