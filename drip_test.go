@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"go/build"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,7 +13,6 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -75,35 +75,6 @@ func TestLimitJSON(t *testing.T) {
 	b, _ := json.Marshal(drip.PerSecond(10).WithBurst(20))
 	if string(b) != `{"rate":10,"period":"1s","burst":20}` {
 		t.Errorf("marshal: %s", b)
-	}
-}
-
-// TestSharded checks that a sharded key never grants more than the whole
-// limit, and that the two choices use nearly all of it.
-func TestSharded(t *testing.T) {
-	s := memstore.New()
-	defer s.Close()
-	sh := drip.Sharded{Store: s, N: 4}
-	at := time.Unix(1000, 0)
-	granted := 0
-	for range 200 {
-		d, err := sh.Apply(context.Background(), drip.OpTake, at, drip.Request{Key: "hot", Limit: drip.PerSecond(100), Cost: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Allowed {
-			granted++
-		}
-	}
-	if granted > 100 || granted < 96 {
-		t.Fatalf("4 shards of a 100-token burst granted %d, want 96..100", granted)
-	}
-	if err := sh.Reset(context.Background(), "hot"); err != nil {
-		t.Fatal(err)
-	}
-	d, _ := sh.Apply(context.Background(), drip.OpTake, at, drip.Request{Key: "hot", Limit: drip.PerSecond(100), Cost: 1})
-	if !d.Allowed || d.Tokens != 24 {
-		t.Fatalf("after reset: %+v", d)
 	}
 }
 
@@ -197,30 +168,26 @@ func TestWait(t *testing.T) {
 	})
 }
 
-// TestCoreImportsStdlibOnly keeps the core packages free of dependencies:
-// drip imports the standard library and its math (package bucket) only,
-// and bucket the standard library only, so that the arrow between them
-// points one way.
+// TestCoreImportsStdlibOnly keeps the core packages free of dependencies
+// and the arrows between them pointing one way: drip imports the standard
+// library, bucket, store and internal/seconds; store imports the standard
+// library and bucket; bucket and internal/seconds the standard library
+// only.
 func TestCoreImportsStdlibOnly(t *testing.T) {
-	for dir, allowed := range map[string]string{".": "github.com/driplimit/drip/bucket", "bucket": ""} {
+	for dir, allowed := range map[string][]string{
+		".":                {"github.com/driplimit/drip/bucket", "github.com/driplimit/drip/store", "github.com/driplimit/drip/internal/seconds"},
+		"store":            {"github.com/driplimit/drip/bucket"},
+		"bucket":           nil,
+		"internal/seconds": nil,
+	} {
 		pkg, err := build.ImportDir(dir, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, imp := range pkg.Imports {
-			if strings.Contains(strings.Split(imp, "/")[0], ".") && imp != allowed {
+			if strings.Contains(strings.Split(imp, "/")[0], ".") && !slices.Contains(allowed, imp) {
 				t.Errorf("package %s imports %s: the core must use the standard library only", pkg.Name, imp)
 			}
-		}
-	}
-}
-
-// TestOpsMatch holds drip's Op to bucket's: stores convert one to the
-// other by value.
-func TestOpsMatch(t *testing.T) {
-	for op, want := range map[drip.Op]bucket.Op{drip.OpTake: bucket.Take, drip.OpPeek: bucket.Peek, drip.OpRefund: bucket.Refund} {
-		if bucket.Op(op) != want {
-			t.Errorf("bucket.Op(%v) = %d, want %d", op, bucket.Op(op), want)
 		}
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 func Example() {
@@ -31,7 +33,7 @@ func ExampleLimiter_TakeMulti() {
 	at := time.Unix(1_800_000_000, 0)
 	limiter := drip.New(store, drip.PerSecond(10), drip.WithClock(func() time.Time { return at }))
 	// The tenant has spent its minute's budget.
-	_, _ = store.Apply(context.Background(), drip.OpTake, at, drip.Request{Key: "tenant:acme", Limit: drip.PerMinute(100), Cost: 100})
+	_, _ = storetest.Apply(context.Background(), store, bucket.Take, at, drip.Request{Key: "tenant:acme", Limit: drip.PerMinute(100), Cost: 100})
 
 	m, _ := limiter.TakeMulti(context.Background(),
 		drip.Request{Key: "user:42", Cost: 1},

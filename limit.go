@@ -1,15 +1,14 @@
 package drip
 
 import (
-	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // Algorithm names the kind of a limit: a bucket and how it refills
@@ -64,7 +63,7 @@ const (
 
 // maxAmount bounds rates, bursts and costs so that fixed-point values keep
 // headroom in an int64.
-const maxAmount = 1e12
+const maxAmount = store.MaxAmount
 
 // Limit describes one rate limit: a token bucket, a fixed window or a
 // concurrency limit. The zero value is not usable: a token bucket or a
@@ -140,17 +139,6 @@ func Per(rate float64, period time.Duration) Limit {
 	return Limit{Rate: rate, Period: period}
 }
 
-// Every is Per under its former name: Every(rate, period) is rate tokens
-// per period.
-//
-// Deprecated: use Per. Beware: Every does NOT mean what
-// golang.org/x/time/rate's Every means. rate.Every(interval) is one event
-// per interval; drip.Every(n, period) is n tokens per period. So
-// rate.Every(10*time.Second) is one every 10 seconds, while
-// drip.Every(10, time.Second) is 10 every second. drip.Per(1, d) is the
-// limit rate.Every(d) describes.
-func Every(rate float64, period time.Duration) Limit { return Per(rate, period) }
-
 // WithBurst returns l with capacity burst.
 func (l Limit) WithBurst(burst float64) Limit { l.Burst = burst; return l }
 
@@ -164,20 +152,14 @@ func (l Limit) WithMaxReserved(n float64) Limit { l.MaxReserved = n; return l }
 func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
 
 // Errors returned for bad input. They are wrapped with details; test with
-// errors.Is.
+// errors.Is. Being over the limit is never an error: it is a Decision.
 var (
-	ErrInvalidLimit     = errors.New("invalid limit")
-	ErrInvalidCost      = errors.New("invalid cost")
-	ErrMissingKey       = errors.New("missing key")
-	ErrCostExceedsBurst = errors.New("cost exceeds burst")
-	ErrNoRequests       = errors.New("no requests")
-	ErrDuplicateKey     = errors.New("duplicate key in multi-take")
-	// ErrNotColocated is returned (wrapped) by a store that cannot apply
-	// the keys of one multi-take in a single atomic step, such as Redis
-	// Cluster when the keys hash to different slots. It is about the keys,
-	// not a failing store: callers that can (httplimit) fall back to
-	// separate takes.
-	ErrNotColocated = errors.New("keys cannot be applied in one atomic step")
+	ErrInvalidLimit     = store.ErrInvalidLimit
+	ErrInvalidCost      = store.ErrInvalidCost
+	ErrMissingKey       = store.ErrMissingKey
+	ErrCostExceedsBurst = store.ErrCostExceedsBurst
+	ErrKeyTooLong       = store.ErrKeyTooLong
+	ErrDuplicateKey     = store.ErrDuplicateKey
 )
 
 func (l Limit) period() time.Duration {
@@ -302,10 +284,10 @@ func (l Limit) String() string {
 // periods for a continuous refill, whole periods for interval refill and
 // fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
 // 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-// The RateLimit-Policy header's "w" is CeilSeconds(l.FillTime()). For a
+// The RateLimit-Policy header's "w" is it in whole seconds, rounded up. For a
 // concurrency limit it is the lease TTL: the longest a slot stays taken.
 func (l Limit) FillTime() time.Duration {
-	p, err := ParamsOf(l, "")
+	p, err := l.Params("")
 	if err != nil {
 		return 0
 	}
@@ -315,43 +297,60 @@ func (l Limit) FillTime() time.Duration {
 	return p.Until(bucket.State{}, p.Burst, 0)
 }
 
-// CeilSeconds is d in whole seconds, rounded up (0 for d <= 0), as HTTP
-// headers count time.
-func CeilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
-}
-
-// WindowStart is the default grid offset of a fixed window for key: a hash
-// of the key modulo period, so that windows of different keys are spread
-// over the period. The same key always gets the same offset.
-func WindowStart(key string, period time.Duration) time.Duration {
-	if period <= 0 {
-		return 0
-	}
-	h := fnv.New64a()
-	h.Write([]byte(key))
-	return time.Duration(h.Sum64() % uint64(period))
-}
-
-// ForKey returns l with every default that depends on the key made
+// forKey returns l with every default that depends on the key made
 // explicit: for a fixed window without Start, the hashed offset of key.
-// Stores call it through Prepare; callers that rename keys (a prefix) can
-// call it first with the name they want the grid derived from.
-func (l Limit) ForKey(key string) Limit {
+func (l Limit) forKey(key string) Limit {
 	if l.Algorithm == FixedWindow && l.Start == 0 {
-		l.Start = WindowStart(key, l.period())
+		l.Start = store.WindowStart(key, l.period())
 		if l.Start == 0 {
 			l.Start = l.period()
 		}
 	}
 	return l
 }
+
+// Params validates l and resolves it to fixed point for key (the key
+// matters only to a fixed window without Start, whose grid it places):
+// what a store executes. Front doors that compile limits once call it.
+func (l Limit) Params(key string) (bucket.Params, error) {
+	if err := l.Validate(); err != nil {
+		return bucket.Params{}, err
+	}
+	l = l.forKey(key)
+	if l.Algorithm == Concurrency {
+		return bucket.Params{
+			Kind:   bucket.Concurrency,
+			Burst:  int64(l.MaxInFlight) * bucket.Micro,
+			Period: int64(l.leaseTTL()),
+		}, nil
+	}
+	p := bucket.Params{
+		Rate:   toMicro(l.Rate),
+		Period: int64(l.period()),
+		Burst:  toMicro(l.burst()),
+		// No bound on reservations is, in fixed point, the largest amount
+		// drip takes (1e12 tokens): debt then stays far inside an int64,
+		// and burst - tokens cannot overflow however many reservations
+		// pile up.
+		MaxReserved: toMicro(maxAmount),
+	}
+	if l.MaxReserved > 0 {
+		p.MaxReserved = toMicro(l.MaxReserved)
+	}
+	switch {
+	case l.Algorithm == FixedWindow:
+		p.Kind = bucket.Window
+		p.Start = int64(l.Start) % p.Period
+	case l.Refill == Interval:
+		p.Kind = bucket.Interval
+	}
+	return p, nil
+}
+
+// keyDependent reports whether l's Params depend on the key.
+func (l Limit) keyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
+
+// Concurrent reports whether l is a concurrency limit.
+func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }
 
 func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }

@@ -2,22 +2,26 @@ package drip
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"sync"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
-// Limiter applies one Limit to many keys, with state in a Store. It is safe
-// for concurrent use. Construct it with New.
+// Limiter applies one Limit to many keys, with state in a store (a
+// memstore, pgstore or redisstore Store). It is safe for concurrent use.
+// Construct it with New.
 type Limiter struct {
-	store Store
+	store store.Store
 	limit Limit
 	now   func() time.Time // nil: the store's clock
-	// fast is the store's PreparedStore side when it has one and the limit
-	// does not depend on the key; params is the limit prepared once, which
-	// it is handed by pointer.
-	fast   PreparedStore
+	// params is the limit prepared once, for every key unless keyed: a
+	// fixed window without Start places each key's grid by its name.
 	params bucket.Params
+	keyed  bool
 }
 
 // Option configures a Limiter.
@@ -27,21 +31,18 @@ type Option func(*Limiter)
 // instead of using the store's clock.
 func WithClock(now func() time.Time) Option { return func(l *Limiter) { l.now = now } }
 
-// New returns a Limiter that holds keys to limit, with state in store.
+// New returns a Limiter that holds keys to limit, with state in st.
 //
 // New panics if limit is invalid (see Limit.Validate), as time.NewTicker
 // does for a period that is not positive: a limiter that refused every
 // request would fail far from the mistake. Check limits that come from
 // configuration with Limit.Validate first.
-func New(store Store, limit Limit, opts ...Option) *Limiter {
-	p, err := ParamsOf(limit, "")
+func New(st store.Store, limit Limit, opts ...Option) *Limiter {
+	p, err := limit.Params("")
 	if err != nil {
 		panic("drip.New: " + err.Error())
 	}
-	l := &Limiter{store: store, limit: limit, params: p}
-	if ps, ok := store.(PreparedStore); ok && !limit.KeyDependent() && !limit.Concurrent() {
-		l.fast = ps
-	}
+	l := &Limiter{store: st, limit: limit, params: p, keyed: limit.keyDependent()}
 	for _, o := range opts {
 		o(l)
 	}
@@ -50,9 +51,6 @@ func New(store Store, limit Limit, opts ...Option) *Limiter {
 
 // Limit returns the limiter's limit.
 func (l *Limiter) Limit() Limit { return l.limit }
-
-// Store returns the limiter's store.
-func (l *Limiter) Store() Store { return l.store }
 
 func (l *Limiter) at() time.Time {
 	if l.now == nil {
@@ -69,26 +67,46 @@ func (l *Limiter) Take(ctx context.Context, key string) (Decision, error) {
 // TakeN takes cost tokens from key's bucket. A denial is a Decision with
 // Allowed false; an error means bad input or a failing store.
 func (l *Limiter) TakeN(ctx context.Context, key string, cost float64) (Decision, error) {
-	return l.apply(ctx, OpTake, key, cost, false)
+	return l.apply(ctx, bucket.Take, key, cost, false, "")
 }
 
-// apply makes one decision on the limiter's limit: through the store's
-// PreparedStore side when it has one, which skips re-checking the limit
-// for every request, else through Store.Apply. Both check the key and the
-// cost the same way (Prepare).
-func (l *Limiter) apply(ctx context.Context, op Op, key string, cost float64, reserve bool) (Decision, error) {
-	if l.fast == nil {
-		return l.store.Apply(ctx, op, l.at(), Request{Key: key, Limit: l.limit, Cost: cost, Reserve: reserve})
+// apply makes one decision on the limiter's limit: the request is checked
+// and prepared here (store.Prepare), and the store executes it.
+func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost float64, reserve bool, lease string) (Decision, error) {
+	p := &l.params
+	if l.keyed {
+		// The key places the window's grid: refuse a bad one before
+		// hashing it. The limit itself is valid (New checked it).
+		if err := store.CheckKey(key); err != nil {
+			return Decision{}, err
+		}
+		kp, _ := l.limit.Params(key)
+		p = &kp
 	}
-	if err := CheckKey(key); err != nil {
-		return Decision{}, err
+	c := calls.Get().(*call)
+	it := &c.items[0]
+	err := store.Prepare(it, op, key, p, cost, reserve, lease)
+	if err == nil {
+		err = l.store.Apply(ctx, op, l.at(), c.items[:], c.results[:])
 	}
-	c, err := CostOf(op, cost, reserve, l.params)
+	d := DecisionOf(c.results[0], p.Burst)
+	it.Key, it.Lease = "", "" // keep no caller's strings alive in the pool
+	calls.Put(c)
 	if err != nil {
 		return Decision{}, err
 	}
-	return l.fast.ApplyPrepared(ctx, op, l.at(), key, &l.params, c, reserve)
+	return d, nil
 }
+
+// call is the item and result of one decision, pooled: a slice handed to
+// a store through its interface escapes, and a decision on the memory
+// store should allocate nothing.
+type call struct {
+	items   [1]bucket.Prepared
+	results [1]bucket.Result
+}
+
+var calls = sync.Pool{New: func() any { return new(call) }}
 
 // Lease is a slot of a concurrency limit acquired by Limiter.Acquire: held
 // until Release, or until the limit's LeaseTTL has passed since the
@@ -112,11 +130,19 @@ type Lease struct {
 // limit's LeaseTTL.
 func (l *Limiter) Acquire(ctx context.Context, key string) (Lease, error) {
 	id := NewLeaseID()
-	d, err := l.store.Apply(ctx, OpTake, l.at(), Request{Key: key, Limit: l.limit, Lease: id})
+	d, err := l.apply(ctx, bucket.Take, key, 0, false, id)
 	if err != nil {
 		return Lease{}, err
 	}
 	return Lease{Decision: d, Key: key, ID: id, l: l}, nil
+}
+
+// NewLeaseID returns a fresh random lease ID: 128 bits from crypto/rand,
+// in 22 characters of unpadded base64url.
+func NewLeaseID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // Release gives the lease's slot back. Releasing a lease that was denied,
@@ -127,7 +153,7 @@ func (le Lease) Release(ctx context.Context) error {
 	if !le.Allowed || le.l == nil {
 		return nil
 	}
-	_, err := le.l.store.Apply(ctx, OpRefund, le.l.at(), Request{Key: le.Key, Limit: le.l.limit, Lease: le.ID})
+	_, err := le.l.apply(ctx, bucket.Refund, le.Key, 0, false, le.ID)
 	return err
 }
 
@@ -135,7 +161,7 @@ func (le Lease) Release(ctx context.Context) error {
 // the limit's MaxReserved). When allowed, the reserved work may run after
 // Decision.RetryAfter.
 func (l *Limiter) Reserve(ctx context.Context, key string, cost float64) (Decision, error) {
-	return l.apply(ctx, OpTake, key, cost, true)
+	return l.apply(ctx, bucket.Take, key, cost, true, "")
 }
 
 // Peek reports what Take would decide, and changes nothing.
@@ -145,13 +171,13 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Decision, error) {
 
 // PeekN reports what TakeN would decide for cost, and changes nothing.
 func (l *Limiter) PeekN(ctx context.Context, key string, cost float64) (Decision, error) {
-	return l.apply(ctx, OpPeek, key, cost, false)
+	return l.apply(ctx, bucket.Peek, key, cost, false, "")
 }
 
 // Refund gives back cost tokens that were taken for work that did not
 // happen. The bucket never holds more than its burst.
 func (l *Limiter) Refund(ctx context.Context, key string, cost float64) (Decision, error) {
-	return l.apply(ctx, OpRefund, key, cost, false)
+	return l.apply(ctx, bucket.Refund, key, cost, false, "")
 }
 
 // Reset forgets key's bucket: it is full again.
@@ -163,7 +189,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 // all or nothing. Requests with a zero Limit use the limiter's.
 func (l *Limiter) TakeMulti(ctx context.Context, rs ...Request) (Multi, error) {
 	if len(rs) == 0 {
-		return Multi{}, ErrNoRequests
+		return Multi{}, store.ErrNoRequests
 	}
 	own := make([]Request, len(rs))
 	for i, r := range rs {
@@ -172,7 +198,7 @@ func (l *Limiter) TakeMulti(ctx context.Context, rs ...Request) (Multi, error) {
 		}
 		own[i] = r
 	}
-	return l.store.ApplyMulti(ctx, OpTake, l.at(), own)
+	return apply(ctx, l.store, bucket.Take, l.at(), true, own)
 }
 
 // Wait blocks until one token of key's bucket is granted, or ctx ends.

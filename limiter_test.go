@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -37,11 +39,9 @@ func TestNewPanicsOnInvalidLimit(t *testing.T) {
 	drip.New(s, drip.PerSecond(10)) // a valid limit does not panic
 }
 
-// onlyStore hides a store's PreparedStore side.
-type onlyStore struct{ drip.Store }
-
-// TestPreparedPath: a Limiter on a store with a PreparedStore side decides
-// exactly as one that goes through Store.Apply, errors included.
+// TestPreparedPath: a Limiter, which prepares its limit once in New,
+// decides exactly as drip.Apply, which prepares each request, errors
+// included.
 func TestPreparedPath(t *testing.T) {
 	at := time.Unix(1_000_000, 0)
 	clock := drip.WithClock(func() time.Time { return at })
@@ -53,24 +53,47 @@ func TestPreparedPath(t *testing.T) {
 	}
 	for _, lim := range limits {
 		a, b := memstore.New(memstore.WithSweep(0)), memstore.New(memstore.WithSweep(0))
-		fast, slow := drip.New(a, lim, clock), drip.New(onlyStore{b}, lim, clock)
+		l := drip.New(a, lim, clock)
 		ctx := context.Background()
-		type call func(l *drip.Limiter, key string, cost float64) (drip.Decision, error)
+		apply := func(op bucket.Op, r drip.Request) (drip.Decision, error) {
+			r.Limit = lim
+			m, err := drip.Apply(ctx, b, op, at, r)
+			if err != nil {
+				return drip.Decision{}, err
+			}
+			return m.Decisions[0], nil
+		}
+		type call struct {
+			lim func(key string, cost float64) (drip.Decision, error)
+			req func(key string, cost float64) (drip.Decision, error)
+		}
 		calls := []call{
-			func(l *drip.Limiter, k string, c float64) (drip.Decision, error) { return l.TakeN(ctx, k, c) },
-			func(l *drip.Limiter, k string, c float64) (drip.Decision, error) { return l.Reserve(ctx, k, c) },
-			func(l *drip.Limiter, k string, c float64) (drip.Decision, error) { return l.PeekN(ctx, k, c) },
-			func(l *drip.Limiter, k string, c float64) (drip.Decision, error) { return l.Refund(ctx, k, c) },
+			{func(k string, c float64) (drip.Decision, error) { return l.TakeN(ctx, k, c) },
+				func(k string, c float64) (drip.Decision, error) {
+					return apply(bucket.Take, drip.Request{Key: k, Cost: c})
+				}},
+			{func(k string, c float64) (drip.Decision, error) { return l.Reserve(ctx, k, c) },
+				func(k string, c float64) (drip.Decision, error) {
+					return apply(bucket.Take, drip.Request{Key: k, Cost: c, Reserve: true})
+				}},
+			{func(k string, c float64) (drip.Decision, error) { return l.PeekN(ctx, k, c) },
+				func(k string, c float64) (drip.Decision, error) {
+					return apply(bucket.Peek, drip.Request{Key: k, Cost: c})
+				}},
+			{func(k string, c float64) (drip.Decision, error) { return l.Refund(ctx, k, c) },
+				func(k string, c float64) (drip.Decision, error) {
+					return apply(bucket.Refund, drip.Request{Key: k, Cost: c})
+				}},
 		}
 		costs := []float64{1, 0, 0.25, 2, 7, -1, math.NaN()}
 		keys := []string{"a", "b", "", strings.Repeat("k", 600)}
 		for i := range 400 {
 			at = at.Add(time.Duration(i%7) * 97 * time.Millisecond)
 			c, k, cost := calls[i%len(calls)], keys[i%len(keys)], costs[i%len(costs)]
-			d1, err1 := c(fast, k, cost)
-			d2, err2 := c(slow, k, cost)
+			d1, err1 := c.lim(k, cost)
+			d2, err2 := c.req(k, cost)
 			if d1 != d2 || fmt.Sprint(err1) != fmt.Sprint(err2) {
-				t.Fatalf("%v, call %d (key %.8q, cost %v): prepared %+v, %v; Apply %+v, %v", lim, i, k, cost, d1, err1, d2, err2)
+				t.Fatalf("%v, call %d (key %.8q, cost %v): Limiter %+v, %v; drip.Apply %+v, %v", lim, i, k, cost, d1, err1, d2, err2)
 			}
 		}
 		a.Close()
@@ -107,7 +130,7 @@ func TestAcquireRelease(t *testing.T) {
 		t.Fatal("no slot after the lease TTL")
 	}
 	_ = b
-	if _, err := l.Take(ctx, "k"); !errors.Is(err, drip.ErrInvalidLease) {
+	if _, err := l.Take(ctx, "k"); !errors.Is(err, store.ErrInvalidLease) {
 		t.Errorf("Take on a concurrency limit: %v, want ErrInvalidLease", err)
 	}
 }

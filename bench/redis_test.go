@@ -27,6 +27,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/redisstore"
 )
@@ -122,8 +123,8 @@ func redisDripImpl(opts ...redisstore.Option) func(b *testing.B, url string, cal
 		b.Cleanup(func() { s.Close() })
 		lim := drip.PerSecond(redisRate)
 		return func(ctx context.Context, key string) (bool, error) {
-			d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
-			return d.Allowed, err
+			m, err := drip.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
+			return m.Allowed, err
 		}
 	}
 }

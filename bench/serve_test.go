@@ -33,7 +33,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/server"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -50,7 +52,7 @@ var serveBodies = func() [][]byte {
 }()
 
 // startServe runs a server on loopback port 0 until the benchmark ends.
-func startServe(b *testing.B, cfg server.Config, store drip.Store) string {
+func startServe(b *testing.B, cfg server.Config, store store.Store) string {
 	b.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.AdminListen = "off"
@@ -115,7 +117,7 @@ func BenchmarkServeDecisionAPI(b *testing.B) {
 			req, _ := http.NewRequest("POST", base+"/v1/take", nil)
 			api = append(api, do(b, c, req, serveBodies[i%serveKeys]))
 			start := time.Now()
-			if _, err := store.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: fmt.Sprint("local:", i%serveKeys), Limit: lim, Cost: 1}); err != nil {
+			if _, err := drip.Apply(context.Background(), store, bucket.Take, time.Time{}, drip.Request{Key: fmt.Sprint("local:", i%serveKeys), Limit: lim, Cost: 1}); err != nil {
 				b.Fatal(err)
 			}
 			local = append(local, time.Since(start))

@@ -2,13 +2,15 @@
 // Params, a key's State, and Eval, the one decision of docs/semantics.md as
 // a pure function of (state, params, now, request). It does no I/O, reads
 // no clock and imports the standard library only. Package drip converts a
-// Limit and a Request into it (drip.ParamsOf, drip.Prepare, drip.CostOf)
-// and a Result back into a Decision (drip.DecisionOf); users never need it.
+// Limit into Params (drip.Limit.Params), package store checks a request
+// into a Prepared item (store.Prepare, store.Cost), and drip turns a
+// Result back into a Decision (drip.DecisionOf); users never need it.
 package bucket
 
 import (
 	"math"
 	"math/bits"
+	"strconv"
 	"time"
 )
 
@@ -57,7 +59,7 @@ const (
 
 // Params is a validated limit in fixed point: what the math and the stores'
 // scripts take. Rate, Burst and MaxReserved are micro-tokens; Period and
-// Start are nanoseconds. MaxReserved < 0 means no bound; drip.ParamsOf never
+// Start are nanoseconds. MaxReserved < 0 means no bound; drip.Limit.Params never
 // makes one (an unbounded limit gets 1e12 tokens, see there).
 type Params struct {
 	Kind        Kind
@@ -75,9 +77,8 @@ type State struct {
 	TS     int64
 }
 
-// Op is what Eval does with a request. Its values are those of drip.Op,
-// which a store converts (bucket.Op(op)) after drip.CostOf or drip.Prepare
-// has refused any other.
+// Op is what Eval (and a store) does with a request; store.CheckOp (in
+// store.Cost and store.Prepare) refuses any other value.
 type Op uint8
 
 const (
@@ -86,7 +87,19 @@ const (
 	Refund           // give cost back, up to the burst
 )
 
-// Prepared is a request checked and turned into fixed point (drip.Prepare
+func (o Op) String() string {
+	switch o {
+	case Take:
+		return "take"
+	case Peek:
+		return "peek"
+	case Refund:
+		return "refund"
+	}
+	return "op(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Prepared is a request checked and turned into fixed point (store.Prepare
 // makes it): Cost in micro-tokens, under Params.
 type Prepared struct {
 	Key     string
@@ -221,7 +234,7 @@ func (p Params) NeedFor(cost int64, reserve bool) int64 {
 // Eval decides one request of cost micro-tokens against the state b of its
 // key (found reports whether the key had state) at now. It returns the
 // result, the state to store, and whether it must be written: a denial or
-// a peek writes nothing. cost must have passed drip.CostOf (or Prepare) for
+// a peek writes nothing. cost must have passed store.Cost (or store.Prepare) for
 // p, and op be Take, Peek or Refund.
 func Eval(op Op, b State, found bool, p Params, cost int64, reserve bool, now int64) (Result, State, bool) {
 	// full is when b is full again, kept for ResetAfter while the bucket

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestBeforeTakeIsThePeek holds BeforeTake to the store itself: the
@@ -34,13 +36,13 @@ func TestBeforeTakeIsThePeek(t *testing.T) {
 		// Some history: takes at random instants.
 		for range rng.IntN(6) {
 			at = at.Add(time.Duration(rng.IntN(3000)) * time.Millisecond)
-			s.Apply(ctx, drip.OpTake, at, drip.Request{Key: "a", Limit: l, Cost: float64(rng.IntN(100)) / 10})
+			storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: "a", Limit: l, Cost: float64(rng.IntN(100)) / 10})
 		}
 		at = at.Add(time.Duration(rng.IntN(3000)) * time.Millisecond)
 		cost := float64(rng.IntN(1+int(Burst(l)*10))) / 10
 		deny := drip.Request{Key: "b", Limit: drip.PerHour(1), Cost: 1}
-		s.Apply(ctx, drip.OpTake, at, deny) // b's one token is gone: b denies
-		m, err := s.ApplyMulti(ctx, drip.OpTake, at, []drip.Request{{Key: "a", Limit: l, Cost: cost}, deny})
+		storetest.Apply(ctx, s, bucket.Take, at, deny) // b's one token is gone: b denies
+		m, err := drip.Apply(ctx, s, bucket.Take, at, []drip.Request{{Key: "a", Limit: l, Cost: cost}, deny}...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +51,7 @@ func TestBeforeTakeIsThePeek(t *testing.T) {
 			continue // a denied on its own: nothing to turn
 		}
 		got := BeforeTake(m.Decisions[0], l, "a", cost)
-		want, err := s.Apply(ctx, drip.OpPeek, at, drip.Request{Key: "a", Limit: l, Cost: 0})
+		want, err := storetest.Apply(ctx, s, bucket.Peek, at, drip.Request{Key: "a", Limit: l, Cost: 0})
 		s.Close()
 		if err != nil {
 			t.Fatal(err)

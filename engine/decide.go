@@ -2,17 +2,17 @@ package engine
 
 import (
 	"context"
-	"net/http"
 	"slices"
 	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
-// Request is what a front door offers the engine about one request.
-type Request interface {
+// Values is what a front door offers the engine about one request.
+type Values interface {
 	// Value is the request's value for a limit key (client IP, header,
 	// verified claim, path, method, ...); ok is false when it has none,
 	// and the rule then does not apply.
@@ -42,9 +42,10 @@ const (
 // enforce rules' tokens. When the store fails, each enforce rule's
 // on_error decides: allow, deny (503) or local (a per-instance limiter at
 // a share of the rule's rate and burst).
-func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
+func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	ctx, sp := e.startDecide(ctx) // trace.go
-	var enf, sh []Applied
+	var all []Applied             // the rules that apply: enforce rules first, each in file order
+	ne := 0                       // how many enforce rules
 	var groups []string
 	for i := range rs.Set.Rules {
 		rule := &rs.Set.Rules[i]
@@ -61,23 +62,28 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
 		if rule.Group != "" {
 			groups = append(groups, rule.Group)
 		}
-		a := Applied{Rule: rule, Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, policy: rs.policy[i]}
+		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit}, plan: &rs.plans[i]}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
-			a.Limit, a.policy = l, PolicyItem(rule.Name, l)
+			a.Limit, a.plan = l, compile(rule.Name, l)
 		}
 		if a.Limit.Concurrent() {
 			a.Lease = drip.NewLeaseID()
 		}
-		if rule.Mode == rules.Shadow {
-			sh = append(sh, a)
-		} else {
-			enf = append(enf, a)
+		all = append(all, a)
+		if rule.Mode != rules.Shadow {
+			// Before the shadow rules found so far, in one backing array
+			// for both (the rules' outcome, decided in place).
+			last := len(all) - 1
+			if last > ne {
+				copy(all[ne+1:], all[ne:last])
+				all[ne] = a
+			}
+			ne++
 		}
 	}
-	out := &Outcome{Allowed: true, eng: e, rs: rs}
-	e.enforce(ctx, rs, out, enf)
-	e.shadow(ctx, rs, out, sh)
-	out.Applied = append(enf, sh...)
+	out := &Outcome{Allowed: true, eng: e, rs: rs, Applied: all}
+	e.enforce(ctx, rs, out, all[:ne])
+	e.shadow(ctx, rs, out, all[ne:])
 	for i := range out.Applied {
 		a := &out.Applied[i]
 		e.obs.Decision(a.Rule.Name, a.Rule.Mode, a.Event)
@@ -87,7 +93,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Request) *Outcome {
 	return out
 }
 
-// Coster is a Request that computes its own costs: those of the rules
+// Coster is Values that also computes its own costs: those of the rules
 // whose cost_source is of kind rules.KindFunc (a program's cost function,
 // rules.FuncRule). ok false, or a cost that is negative, not finite or
 // above 1e12, costs the rule's DefaultCost, as an unreadable header does.
@@ -96,7 +102,7 @@ type Coster interface {
 }
 
 // cost is the request's cost under rule.
-func cost(r Request, rule *rules.Rule) float64 {
+func cost(r Values, rule *rules.Rule) float64 {
 	switch rule.CostSource.Kind {
 	case rules.KindFixed:
 		return rule.FixedCost
@@ -121,70 +127,65 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	if len(enf) == 0 {
 		return
 	}
+	// Rules' keys are distinct (they begin with the rule's name): one
+	// store request per rule, in order.
+	its := stepItems(enf, false)
 	over := -1
-	for i := range enf {
-		if enf[i].Cost > Burst(enf[i].Limit) {
+	for i, it := range its {
+		if it.Never() {
 			over = i
 			break
 		}
 	}
+	// A cost above the burst can never be allowed: the request is denied
+	// without taking anything, and the buckets are peeked at (cost 0)
+	// for the headers.
+	allowed, err := e.takeItems(ctx, rs.timeout, rs.breaker, its, true)
 	if over >= 0 {
-		// A cost above the burst can never be allowed: deny it without
-		// taking anything, and peek (cost 0) for the headers.
-		out.deny(http.StatusTooManyRequests, ReasonCostExceedsBurst)
-		its := stepItems(enf, true)
-		_, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpPeek, its)
+		out.deny(ReasonCostExceedsBurst)
 		for i := range enf {
-			a := &enf[i]
-			a.Event = NotTaken
-			if err == nil {
-				a.Decision, a.Decided = its[i].Decision, true
-			}
+			enf[i].Event = NotTaken // and Decided, unless the peek failed
 		}
 		a := &enf[over]
 		a.Event, a.Reason = Denied, ReasonCostExceedsBurst
 		a.Decision.Allowed = false
 		return
 	}
-	// Rules' keys are distinct (they begin with the rule's name): one
-	// store request per rule, in order.
-	m, err := e.step(ctx, rs.timeout, rs.breaker, drip.OpTake, stepItems(enf, false))
 	if err != nil {
 		out.Err = err
 		e.fail(ctx, out, enf)
 		return
 	}
-	settle(out, enf, m, false)
+	settle(out, enf, allowed, false, func(i int) drip.Decision { return its[i].Decision })
 }
 
-// stepItems are the store step's items of the rules as (cost 0: a peek
-// of the buckets as they are).
-func stepItems(as []Applied, cost0 bool) []*Item {
+// stepItems are the items of the rules as, for DecideItems' steps
+// (shadow: as Shadow items), with their compiled params.
+func stepItems(as []Applied, shadow bool) []*Item {
 	its := make([]*Item, len(as))
-	for i, a := range as {
-		its[i] = &Item{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
-		if cost0 {
-			its[i].Cost = 0
-		}
+	for i := range as {
+		a := &as[i]
+		a.Shadow, a.Params = shadow, &a.plan.params
+		its[i] = &a.Item
 	}
 	return its
 }
 
-// settle records a multi-take's decisions in enf and out. A rule its own
-// bucket allowed but that was not taken (another denied) shows its bucket
-// as it is, before the take (BeforeTake).
-func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
+// settle records a multi-take's decisions (decision(i) of enf[i]) in enf
+// and out. A rule its own bucket allowed but that was not taken (another
+// denied) shows its bucket as it is, before the take (BeforeTake).
+func settle(out *Outcome, enf []Applied, taken, local bool, decision func(i int) drip.Decision) {
 	allowed, denied := Allowed, Denied
 	if local {
 		allowed, denied = LocalAllowed, LocalDenied
 	}
 	for i := range enf {
 		a := &enf[i]
-		a.Decision, a.Decided, a.Local = m.Decisions[i], true, local
+		a.Decision, a.Decided, a.Local = decision(i), true, local
 		switch {
 		case !a.Decision.Allowed:
 			a.Event, a.Reason = denied, reasonOf(a.Limit)
-		case m.Allowed:
+		case taken:
 			a.Event = allowed
 			a.held = a.Lease != ""
 		default:
@@ -192,8 +193,8 @@ func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
 			a.Decision = BeforeTake(a.Decision, a.Limit, a.Key, a.Cost)
 		}
 	}
-	if !m.Allowed {
-		out.deny(http.StatusTooManyRequests, "")
+	if !taken {
+		out.deny("")
 	}
 }
 
@@ -201,7 +202,7 @@ func settle(out *Outcome, enf []Applied, m drip.Multi, local bool) {
 func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	for i := range enf {
 		if enf[i].Rule.OnError == rules.Deny {
-			out.deny(http.StatusServiceUnavailable, ReasonStoreUnavailable)
+			out.deny(ReasonStoreUnavailable)
 			// The breaker probes the store again within its cool-down:
 			// a second is soon enough to ask again.
 			out.RetryAfter = 1
@@ -213,8 +214,9 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		}
 	}
 	var idx []int
+	local := e.localStore() // nil without WithLocal: local allows
 	for i := range enf {
-		if enf[i].Rule.OnError == rules.Local {
+		if enf[i].Rule.OnError == rules.Local && local != nil {
 			idx = append(idx, i)
 		} else {
 			enf[i].Event = ErrorAllowed
@@ -228,13 +230,14 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	for j, i := range idx {
 		a := enf[i]
 		a.Limit = share(a.Limit, a.Rule.LocalShare)
-		a.policy = PolicyItem(a.Rule.Name, a.Limit)
+		a.plan = compile(a.Rule.Name, a.Limit)
+		a.Params = &a.plan.params
 		loc[j] = a
 		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}
 	for j := range loc {
-		if loc[j].Cost > Burst(loc[j].Limit) {
-			out.deny(http.StatusTooManyRequests, ReasonCostExceedsBurst)
+		if loc[j].Never() {
+			out.deny(ReasonCostExceedsBurst)
 			for k := range loc {
 				loc[k].Event, loc[k].Local = NotTaken, true
 			}
@@ -243,7 +246,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 			return
 		}
 	}
-	m, err := e.localStore().ApplyMulti(ctx, drip.OpTake, e.at(), lreqs)
+	m, err := drip.Apply(ctx, local, bucket.Take, e.at(), lreqs...)
 	if err != nil { // cannot happen with validated rules; fail open
 		e.logError("local fallback", err)
 		for j := range loc {
@@ -252,7 +255,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		copyBack(enf, idx, loc)
 		return
 	}
-	settle(out, loc, m, true)
+	settle(out, loc, m.Allowed, true, func(i int) drip.Decision { return m.Decisions[i] })
 	copyBack(enf, idx, loc)
 }
 
@@ -263,46 +266,43 @@ func copyBack(enf []Applied, idx []int, loc []Applied) {
 }
 
 func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Applied) {
-	var idx []int
-	var its []*Item
-	for i := range sh {
-		a := &sh[i]
-		if a.Cost > Burst(a.Limit) {
-			a.Event, a.Reason = Denied, ReasonCostExceedsBurst
-			continue
-		}
-		its = append(its, stepItems(sh[i:i+1], false)...)
-		idx = append(idx, i)
+	if len(sh) == 0 {
+		return
 	}
-	if len(its) == 0 {
+	its := stepItems(sh, true)
+	asked := false // a shadow rule goes to the store
+	for i, it := range its {
+		if it.Never() {
+			sh[i].Event, sh[i].Reason = Denied, ReasonCostExceedsBurst
+		} else {
+			asked = true
+		}
+	}
+	if !asked {
 		return
 	}
 	if out.Err != nil { // the store just failed: spare the request a second deadline
-		for _, i := range idx {
-			sh[i].Event = ErrorAllowed
+		for i, it := range its {
+			if !it.Never() {
+				sh[i].Event = ErrorAllowed
+			}
 		}
 		return
 	}
-	op := drip.OpTake
-	if !out.Allowed {
-		op = drip.OpPeek
-	}
-	_, err := e.step(ctx, rs.timeout, rs.breaker, op, its)
-	for j, i := range idx {
-		a, it := &sh[i], its[j]
-		if err != nil {
-			a.Event = ErrorAllowed
-			continue
-		}
-		a.Decision, a.Decided = it.Decision, true
+	e.shadowItems(ctx, rs.timeout, rs.breaker, its, !out.Allowed)
+	for i, it := range its {
+		a := &sh[i]
 		switch {
+		case it.Never():
+		case it.Failed:
+			a.Event = ErrorAllowed
 		case !it.Decision.Allowed:
 			a.Event, a.Reason = Denied, reasonOf(a.Limit)
-		case op == drip.OpTake && !it.Applied:
+		case out.Allowed && !it.Changed:
 			a.Event = NotTaken
 		default:
 			a.Event = Allowed
-			a.held = op == drip.OpTake && a.Lease != ""
+			a.held = out.Allowed && a.Lease != ""
 		}
 	}
 }
@@ -317,16 +317,19 @@ func reasonOf(l drip.Limit) string {
 	return ReasonTokenBucket
 }
 
-// Burst is l's burst: its rate when it has none; for a concurrency
-// limit, its slots (max_in_flight).
+// Burst is l's burst, as drip's fixed point holds it (Limit.Params: its
+// rate when it has none); for a concurrency limit, its slots
+// (max_in_flight); 0 for a limit that allows nothing (Envoy's
+// requests_per_unit 0).
 func Burst(l drip.Limit) float64 {
 	if l.Algorithm == drip.Concurrency {
 		return float64(l.MaxInFlight)
 	}
-	if l.Burst == 0 {
-		return l.Rate
+	p, err := l.Params("")
+	if err != nil {
+		return 0
 	}
-	return l.Burst
+	return float64(p.Burst) / bucket.Micro
 }
 
 // share is the local fallback's limit: share of the rate and the burst,
@@ -363,11 +366,11 @@ func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.De
 		d.Remaining++
 		return d
 	}
-	p, err := drip.ParamsOf(l, key)
+	p, err := l.Params(key)
 	if err != nil {
 		return d
 	}
-	c, err := drip.CostOf(drip.OpTake, cost, false, p)
+	c, err := store.Cost(bucket.Take, cost, false, p)
 	if err != nil || c == 0 {
 		return d
 	}

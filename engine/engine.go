@@ -3,20 +3,26 @@
 // API, Envoy's rate limit service) hands it what a request offers and
 // writes what it answers.
 //
-// Given the values a request offers for the rules' limit keys (a Request),
+// Given the values a request offers for the rules' limit keys (Values),
 // Decide matches the rules (groups, shadow), makes one all-or-nothing store
 // call under a deadline, through a circuit breaker, applies each rule's
-// on_error when the store fails (allow, deny, or a local limiter), and
-// returns one Outcome: the decision, the rules that decided, the RateLimit
-// and RateLimit-Policy field values, Retry-After with jitter, the problem
-// details, and the events of the Observer, in one vocabulary (Event).
+// on_error when the store fails (allow, deny, or a local limiter in a
+// store handed in with WithLocal), and returns one Outcome, as data: the
+// decision, the rules that decided, the RateLimit and RateLimit-Policy
+// field values, Retry-After with jitter and the reason; and the events of
+// the Observer, in one vocabulary (Event). Each front door renders the
+// Outcome its own way (HTTP headers and problem+json, a gRPC status and
+// metadata); the engine knows no transport.
 //
-// Front doors that match limits their own way (Envoy's descriptors) use
-// the engine's parts: Step (a request's limits in one store call, the one
-// Decide makes), Apply (one store call under the deadline, through the
-// breaker, observed), Tighter (the limit the single-value headers
-// describe), MakeFields (the header values), BeforeTake (the tokens a
-// bucket held before a take that was not applied) and the Observer.
+// Front doors that match limits their own way (Envoy's descriptors) hand
+// the engine the limits they matched, as Items, to DecideItems: the same
+// orchestration as Decide's (enforced limits all or nothing, shadow ones
+// after them, limits that can never allow), with refunds and quota mode
+// besides. They render with the engine's parts: Tighter (the limit the
+// single-value headers describe), MakeFields (the header values),
+// BeforeTake (the tokens a bucket held before a take that was not
+// applied). Apply is one store call under the deadline, through the
+// breaker, observed (the decision API's).
 //
 // The engine is public so that programs can build front doors of their
 // own (a key-function middleware, say) that behave as drip's
@@ -36,9 +42,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
-	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store"
 )
 
 // DefaultTimeout is the longest a decision waits on the store, in every
@@ -48,8 +55,8 @@ import (
 // for a moment (a busy host, a GC pause, a fsync) makes decisions slower,
 // not wrong or absent. A store that is down is found by the circuit
 // breaker instead, in its stall time (750 ms unless set) when it
-// answers nothing, or at once when it refuses connections. A store that
-// is a drip.InProcess (the memory store) never waits on a server, and its
+// answers nothing, or at once when it refuses connections. A store whose
+// Caps say InProcess (the memory store) never waits on a server, and its
 // calls get no deadline of their own (the caller's context still applies).
 const DefaultTimeout = time.Second
 
@@ -71,10 +78,10 @@ var ErrStalled = errors.New("the store answered nothing within the circuit break
 // calls were already waiting on the store.
 var ErrOverloaded = errors.New("too many decisions waiting on the store: shed without calling it")
 
-// Engine decides requests with state in a drip.Store. Construct it with
+// Engine decides requests with state in a store.Store. Construct it with
 // New; it is safe for concurrent use.
 type Engine struct {
-	store    drip.Store
+	store    store.Store
 	log      *slog.Logger
 	obs      Observer
 	timeout  time.Duration
@@ -85,64 +92,31 @@ type Engine struct {
 	answered atomic.Int64 // when the store last answered a call (a success or an error it sent), UnixNano on the real clock
 	latency  atomic.Int64 // the store's usual answer time: an average of recent calls, ns
 	separate bool         // WithSeparateTakes
-	inproc   bool         // the store is a drip.InProcess: its calls get no deadline
+	inproc   bool         // the store's Caps say InProcess: its calls get no deadline
 	name     string
 	ovr      atomic.Pointer[override.Snapshot] // overrides.go
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
 	kind     attribute.KeyValue                // drip.store, on every span
 
-	localMu sync.Mutex
-	local   *memstore.Store
-	closed  bool
+	localMu  sync.Mutex
+	newLocal func() store.Store // WithLocal; nil: on_error local allows
+	local    store.Store
+	closed   bool
 }
 
-// Option configures an Engine.
-type Option func(*Engine)
-
-// WithLogger sets the logger for store failures and breaker changes
-// (default slog.Default()).
-func WithLogger(log *slog.Logger) Option { return func(e *Engine) { e.log = log } }
-
-// WithObserver sets the observer of decisions, store calls and the
-// breaker.
-func WithObserver(o Observer) Option { return func(e *Engine) { e.obs = o } }
-
-// WithTimeout sets the deadline of each store call (default
-// DefaultTimeout). A rules file's store_timeout takes precedence.
-func WithTimeout(d time.Duration) Option { return func(e *Engine) { e.timeout = d } }
-
-// WithSeparateTakes is for stores that cannot take several keys in one
-// atomic step, such as Redis Cluster: every multi-key store call is
-// applied one request at a time (drip.Separately with Always), in file
-// order, and when a take is denied, those already taken are given back
-// (tokens and slots) and the rest are peeked at. Without the option, a
-// store that answers a multi-take with drip.ErrNotColocated gets the same
-// treatment, after a first attempt. Either way the answers are those of
-// one atomic multi-take, and all or nothing holds in the end rather than
-// at every instant.
-func WithSeparateTakes() Option { return func(e *Engine) { e.separate = true } }
-
-// WithClock makes the engine pass now() as the time of each decision
-// (instead of the store's clock), and use it for the circuit breaker.
-func WithClock(now func() time.Time) Option { return func(e *Engine) { e.now = now } }
-
-// WithName sets the prefix of the engine's log messages (default
-// "drip").
-func WithName(name string) Option { return func(e *Engine) { e.name = name } }
-
 // New returns an Engine with state in store.
-func New(store drip.Store, opts ...Option) *Engine {
-	e := &Engine{store: store, log: slog.Default(), obs: NopObserver{},
+func New(st store.Store, opts ...Option) *Engine {
+	e := &Engine{store: st, log: slog.Default(), obs: NopObserver{},
 		timeout: DefaultTimeout, brk: newBreaker(), name: "drip"}
-	_, e.inproc = store.(drip.InProcess)
+	e.inproc = st.Caps().InProcess
 	for _, o := range opts {
 		o(e)
 	}
-	// drip.Separately: on a store that cannot take a request's keys in one
+	// store.Separately: on a store that cannot take a request's keys in one
 	// step (Redis Cluster across hash slots), every multi-key call is
 	// applied one key at a time instead; with WithSeparateTakes, without
 	// asking the store first.
-	e.store = drip.Separately{Store: store, Always: e.separate}
+	e.store = store.Separately{Store: st, Always: e.separate}
 	if e.timeout <= 0 {
 		e.timeout = DefaultTimeout
 	}
@@ -150,7 +124,7 @@ func New(store drip.Store, opts ...Option) *Engine {
 }
 
 // Store returns the engine's store.
-func (e *Engine) Store() drip.Store { return e.store }
+func (e *Engine) Store() store.Store { return e.store }
 
 // BreakerState returns the circuit breaker's state.
 func (e *Engine) BreakerState() string { return e.brk.State() }
@@ -158,60 +132,20 @@ func (e *Engine) BreakerState() string { return e.brk.State() }
 // Observer returns the engine's observer.
 func (e *Engine) Observer() Observer { return e.obs }
 
-// Close releases the local fallback's memory store, if one was started.
-func (e *Engine) Close() error {
-	e.localMu.Lock()
-	defer e.localMu.Unlock()
-	e.closed = true
-	if e.local != nil {
-		return e.local.Close()
-	}
-	return nil
-}
-
-// Rules is a rules Set ready for Decide: build it with Engine.Compile
-// whenever the rules change, and hold it as an immutable snapshot.
-type Rules struct {
-	Set     *rules.Set
-	timeout time.Duration
-	breaker rules.Breaker
-	policy  []string // per rule: `"name";q=20;w=2`
-}
-
-// Compile prepares set (nil: rules.Default()) for Decide.
-func (e *Engine) Compile(set *rules.Set) *Rules {
-	if set == nil {
-		set = rules.Default()
-	}
-	rs := &Rules{Set: set, timeout: e.timeout, breaker: set.Breaker}
-	if set.StoreTimeout > 0 {
-		rs.timeout = set.StoreTimeout
-	}
-	rs.breaker = rs.breaker.Or(rules.DefaultBreaker)
-	rs.policy = make([]string, len(set.Rules))
-	for i := range set.Rules {
-		rs.policy[i] = PolicyItem(set.Rules[i].Name, set.Rules[i].Limit)
-	}
-	return rs
-}
-
-// Timeout is the deadline of each store call under rs.
-func (rs *Rules) Timeout() time.Duration { return rs.timeout }
-
 // defaultBreaker is the breaker of store calls made without rules.
 var defaultBreaker = rules.DefaultBreaker
 
-// Apply makes one store call (Store.Apply for one request, ApplyMulti for
-// several) behind the circuit breaker and under the engine's deadline (or
+// Apply makes one store call (drip.Apply: every request checked, then one
+// store.Store.Apply for all of them) behind the circuit breaker and under the engine's deadline (or
 // the shorter one of ctx), and reports its latency and any failure to the
 // observer. A call the breaker skips fails with ErrBreakerOpen. Input
-// errors (drip.IsInput) are the caller's, not the store's: they neither
+// errors (store.IsInput) are the caller's, not the store's: they neither
 // count against the breaker nor reach the observer.
-func (e *Engine) Apply(ctx context.Context, op drip.Op, reqs []drip.Request) (drip.Multi, error) {
+func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
 }
 
-func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op drip.Op, reqs []drip.Request) (m drip.Multi, err error) {
+func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request) (m drip.Multi, err error) {
 	if e.tracer != nil { // trace.go
 		var sp trace.Span
 		ctx, sp = e.startStore(ctx, op, len(reqs))
@@ -260,15 +194,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		w.set(w.start, w.stall)
 		defer w.end()
 	}
-	if len(reqs) == 1 {
-		var d drip.Decision
-		d, err = e.store.Apply(cctx, op, e.at(), reqs[0])
-		if err == nil {
-			m = drip.Combine([]drip.Decision{d})
-		}
-	} else {
-		m, err = e.store.ApplyMulti(cctx, op, e.at(), reqs)
-	}
+	m, err = drip.Apply(cctx, e.store, op, e.at(), reqs...)
 	took := time.Since(start)
 	e.obs.StoreLatency(took)
 	if err == nil && len(m.Decisions) != len(reqs) {
@@ -282,7 +208,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		e.breakerChanged(e.brk.success(e.clock(), tk))
 		return m, nil
 	}
-	if drip.IsInput(err) {
+	if store.IsInput(err) {
 		e.brk.abandon(tk)
 		return drip.Multi{}, err
 	}
@@ -429,22 +355,6 @@ func (e *Engine) learnLatency(d time.Duration) {
 		return
 	}
 	e.latency.Store(old + (int64(d)-old)/8)
-}
-
-// localMaxKeys bounds the local fallback's memory.
-const localMaxKeys = 1 << 16
-
-func (e *Engine) localStore() *memstore.Store {
-	e.localMu.Lock()
-	defer e.localMu.Unlock()
-	if e.local == nil {
-		if e.closed { // no sweeper goroutine may outlive Close
-			e.local = memstore.New(memstore.WithMaxKeys(localMaxKeys), memstore.WithSweep(0))
-		} else {
-			e.local = memstore.New(memstore.WithMaxKeys(localMaxKeys))
-		}
-	}
-	return e.local
 }
 
 func (e *Engine) at() time.Time {

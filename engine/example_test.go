@@ -42,10 +42,10 @@ func Example() {
 	for range 3 {
 		out := e.Decide(context.Background(), rs, values{"header:x-api-key": "k-1"})
 		f := out.Fields()
-		fmt.Println(out.Allowed, out.Status, f.RateLimit, f.Policy, f.RetryAfter)
+		fmt.Printf("%v %q %s %s %d\n", out.Allowed, out.Reason, f.RateLimit, f.Policy, f.RetryAfter)
 	}
 	// Output:
-	// true 0 "per-key";r=1;t=30 "per-key";q=2;w=60 0
-	// true 0 "per-key";r=0;t=60 "per-key";q=2;w=60 0
-	// false 429 "per-key";r=0;t=37 "per-key";q=2;w=60 37
+	// true "" "per-key";r=1;t=30 "per-key";q=2;w=60 0
+	// true "" "per-key";r=0;t=60 "per-key";q=2;w=60 0
+	// false "token_bucket_exceeded" "per-key";r=0;t=37 "per-key";q=2;w=60 37
 }

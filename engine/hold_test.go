@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -20,20 +22,31 @@ import (
 // its context ends, and then it decides nothing. It runs in a synctest
 // bubble, so the waits are virtual.
 type paced struct {
-	drip.Store
+	store.Store
 	n     atomic.Int64
 	delay func(n int64, now time.Time) time.Duration
 }
 
-func (p *paced) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (p *paced) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) != 1 {
+		return p.Store.Apply(ctx, op, at, items, results)
+	}
 	t := time.NewTimer(p.delay(p.n.Add(1)-1, time.Now()))
 	defer t.Stop()
 	select {
 	case <-t.C:
 	case <-ctx.Done():
-		return drip.Decision{}, ctx.Err()
+		return ctx.Err()
 	}
-	return p.Store.Apply(ctx, op, at, r)
+	return p.Store.Apply(ctx, op, at, items, results)
+}
+
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (p *paced) Caps() store.Caps {
+	c := p.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 // states records the breaker's changes of state with their (virtual)
@@ -79,7 +92,7 @@ func load(e *engine.Engine, callers int, budget time.Duration, stop time.Time) (
 				if budget > 0 {
 					ctx, cancel = context.WithTimeout(ctx, budget)
 				}
-				_, err := e.Apply(ctx, drip.OpTake, req)
+				_, err := e.Apply(ctx, bucket.Take, req)
 				cancel()
 				n.Add(1)
 				if err != nil {
@@ -220,13 +233,15 @@ func TestLateWhileAnswering(t *testing.T) {
 // lateReturn is a store whose calls return their deadline error late, as
 // they do in a process starved of CPU: the goroutine that should have
 // returned at the deadline ran much later.
-type lateReturn struct{ drip.Store }
+type lateReturn struct{ store.Store }
 
-func (lateReturn) Apply(ctx context.Context, _ drip.Op, _ time.Time, _ drip.Request) (drip.Decision, error) {
+func (lateReturn) Apply(ctx context.Context, _ bucket.Op, _ time.Time, _ []bucket.Prepared, _ []bucket.Result) error {
 	<-ctx.Done()
 	time.Sleep(300 * time.Millisecond)
-	return drip.Decision{}, ctx.Err()
+	return ctx.Err()
 }
+
+func (lateReturn) Caps() store.Caps { return store.Caps{} }
 
 // TestStarvedDeadlines: calls whose deadline errors come back long after
 // the deadline (this process, not the store, was slow) fail, but do not
@@ -241,7 +256,7 @@ func TestStarvedDeadlines(t *testing.T) {
 		for range 8 {
 			wg.Go(func() {
 				for range 5 {
-					if _, err := e.Apply(context.Background(), drip.OpTake, req); !errors.Is(err, context.DeadlineExceeded) {
+					if _, err := e.Apply(context.Background(), bucket.Take, req); !errors.Is(err, context.DeadlineExceeded) {
 						t.Errorf("err %v", err)
 					}
 				}
@@ -301,20 +316,31 @@ func TestDownOpensQuicklyShortCallers(t *testing.T) {
 // panicky is a store that is down (failing) until up is set, and panics
 // while panic is set.
 type panicky struct {
-	drip.Store
+	store.Store
 	down, panics atomic.Bool
 }
 
 var errDown2 = errors.New("down")
 
-func (p *panicky) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (p *panicky) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) != 1 {
+		return p.Store.Apply(ctx, op, at, items, results)
+	}
 	if p.panics.Load() {
 		panic("store bug")
 	}
 	if p.down.Load() {
-		return drip.Decision{}, errDown2
+		return errDown2
 	}
-	return p.Store.Apply(ctx, op, at, r)
+	return p.Store.Apply(ctx, op, at, items, results)
+}
+
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (p *panicky) Caps() store.Caps {
+	c := p.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 // TestProbePanics: a probe whose store call panics does not leave the
@@ -329,7 +355,7 @@ func TestProbePanics(t *testing.T) {
 		req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
 		st.down.Store(true)
 		for range 5 {
-			e.Apply(context.Background(), drip.OpTake, req)
+			e.Apply(context.Background(), bucket.Take, req)
 		}
 		if e.BreakerState() != engine.BreakerOpen {
 			t.Fatalf("breaker %s after 5 failures", e.BreakerState())
@@ -338,11 +364,11 @@ func TestProbePanics(t *testing.T) {
 		st.panics.Store(true)
 		func() {
 			defer func() { recover() }()
-			e.Apply(context.Background(), drip.OpTake, req)
+			e.Apply(context.Background(), bucket.Take, req)
 		}()
 		st.panics.Store(false)
 		st.down.Store(false)
-		if _, err := e.Apply(context.Background(), drip.OpTake, req); err != nil || e.BreakerState() != engine.BreakerClosed {
+		if _, err := e.Apply(context.Background(), bucket.Take, req); err != nil || e.BreakerState() != engine.BreakerClosed {
 			t.Fatalf("after a panicking probe: %v, breaker %s", err, e.BreakerState())
 		}
 	})

@@ -3,14 +3,15 @@ package engine_test
 import (
 	"context"
 	"log/slog"
-	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -31,11 +32,11 @@ func TestOutcomeRelease(t *testing.T) {
 	}
 	for _, st := range []struct {
 		name  string
-		store drip.Store
+		store store.Store
 	}{{"memory", memstore.New(memstore.WithSweep(0))}, {"local fallback", down{}}} {
 		t.Run(st.name, func(t *testing.T) {
 			now := time.Unix(1_800_000_000, 0)
-			e := engine.New(st.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)))
+			e := engine.New(st.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)), withLocal)
 			defer e.Close()
 			rs := e.Compile(set)
 			ctx := context.Background()
@@ -103,7 +104,7 @@ func TestFieldsWholeQuotas(t *testing.T) {
 	}
 	now := time.Unix(1_800_000_000, 0)
 	for _, c := range []struct {
-		store             drip.Store
+		store             store.Store
 		policy, rl, limit string
 	}{
 		// The store is down: "half" falls back to 2.5 tokens at 0.5/s
@@ -112,15 +113,13 @@ func TestFieldsWholeQuotas(t *testing.T) {
 		// Both decided by the store: "frac" has the fewest left.
 		{memstore.New(memstore.WithSweep(0)), `"half";q=5;w=5, "frac";q=2;w=3`, `"half";r=4;t=1, "frac";r=1;t=1`, "2"},
 	} {
-		e := engine.New(c.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)))
+		e := engine.New(c.store, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)), withLocal)
 		out := e.Decide(context.Background(), e.Compile(set), values{})
 		f := out.Fields()
 		if f.Policy != c.policy || f.RateLimit != c.rl || f.Limit != c.limit {
 			t.Errorf("%T: policy %s, ratelimit %s, limit %s; want %s, %s, %s", c.store, f.Policy, f.RateLimit, f.Limit, c.policy, c.rl, c.limit)
 		}
-		h := http.Header{}
-		out.WriteHeaders(h)
-		if err := sfv.CheckHeaders(h.Get); err != nil {
+		if err := sfv.CheckHeaders(fieldsGet(f)); err != nil {
 			t.Errorf("%T: %v", c.store, err)
 		}
 		e.Close()
@@ -144,5 +143,69 @@ func TestFieldsTopHasWindow(t *testing.T) {
 	out := e.Decide(context.Background(), e.Compile(set), values{})
 	if f := out.Fields(); !out.Allowed || out.Top.Rule.Name != "rate" || f.Limit != "1" || f.Remaining != "0" || f.Reset != "10" {
 		t.Errorf("top %s, limit %s, remaining %s, reset %q; want rate's: 1, 0, 10", out.Top.Rule.Name, f.Limit, f.Remaining, f.Reset)
+	}
+}
+
+// withLocal hands an engine the memory store of on_error local, as
+// drip's front doors do.
+var withLocal = engine.WithLocal(func() store.Store { return memstore.New(memstore.WithSweep(0)) })
+
+// TestLocalNotHandedIn: an engine given no local store (WithLocal) allows
+// a request whose on_error local rule meets a failing store, as on_error
+// allow would, and decides nothing for it.
+func TestLocalNotHandedIn(t *testing.T) {
+	set, err := rules.Parse([]byte(inflightSet), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := engine.New(down{}, engine.WithLogger(slog.New(slog.DiscardHandler)))
+	defer e.Close()
+	out := e.Decide(context.Background(), e.Compile(set), values{})
+	if !out.Allowed || out.Err == nil {
+		t.Fatalf("allowed %v, err %v; want allowed with the store's error", out.Allowed, out.Err)
+	}
+	for _, a := range out.Applied {
+		if a.Event != engine.ErrorAllowed || a.Decided || a.Local {
+			t.Errorf("%s: %v, decided %v, local %v; want error_allowed, undecided", a.Rule.Name, a.Event, a.Decided, a.Local)
+		}
+	}
+}
+
+// fieldsGet reads the header values of f by their header names, as the
+// RateLimit headers carry them.
+func fieldsGet(f engine.Fields) func(string) string {
+	h := map[string]string{"RateLimit-Policy": f.Policy, "RateLimit": f.RateLimit, "RateLimit-Limit": f.Limit,
+		"RateLimit-Remaining": f.Remaining, "RateLimit-Reset": f.Reset}
+	if f.RetryAfter > 0 {
+		h["Retry-After"] = strconv.FormatInt(f.RetryAfter, 10)
+	}
+	return func(name string) string { return h[name] }
+}
+
+// TestAppliedOrder: the rules that apply are listed enforce rules first,
+// each kind in file order, however the file interleaves them.
+func TestAppliedOrder(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+	  {"name": "s1", "mode": "shadow", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "e1", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "s2", "mode": "shadow", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "s3", "mode": "shadow", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "e2", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "e3", "limit_keys": ["global"], "algorithm_config": {"rate": 5}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := engine.New(memstore.New(memstore.WithSweep(0)))
+	defer e.Close()
+	out := e.Decide(context.Background(), e.Compile(set), values{})
+	var names []string
+	for _, a := range out.Applied {
+		names = append(names, a.Rule.Name)
+		if a.Event != engine.Allowed || !a.Decided || a.Decision.Remaining != 4 {
+			t.Errorf("%s: %v, decided %v, %d left; want allowed, 4 left", a.Rule.Name, a.Event, a.Decided, a.Decision.Remaining)
+		}
+	}
+	if got := strings.Join(names, " "); got != "e1 e2 e3 s1 s2 s3" {
+		t.Errorf("applied %s, want e1 e2 e3 s1 s2 s3", got)
 	}
 }

@@ -6,47 +6,52 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
-// deadlines records whether each store call's context had a deadline.
+// deadlines records whether each store call's context had a deadline;
+// its Caps say InProcess when inproc is set.
 type deadlines struct {
-	drip.Store
-	had []bool
+	store.Store
+	inproc bool
+	had    []bool
 }
 
-func (d *deadlines) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (d *deadlines) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	_, ok := ctx.Deadline()
 	d.had = append(d.had, ok)
-	return d.Store.Apply(ctx, op, at, r)
+	return d.Store.Apply(ctx, op, at, items, results)
 }
 
-// inProcess is deadlines on a store that says it is a drip.InProcess.
-type inProcess struct{ *deadlines }
-
-func (inProcess) InProcess() {}
+func (d *deadlines) Caps() store.Caps {
+	c := d.Store.Caps()
+	c.InProcess = d.inproc
+	return c
+}
 
 // TestInProcessNoDeadline: the engine gives a store call its deadline,
-// except on a drip.InProcess store (the memory store), which never waits on
-// a server: a timer per call would buy nothing there.
+// except on a store whose Caps say InProcess (the memory store), which
+// never waits on a server: a timer per call would buy nothing there.
 func TestInProcessNoDeadline(t *testing.T) {
-	if _, ok := drip.Store(memstore.New()).(drip.InProcess); !ok {
-		t.Fatal("the memory store is not a drip.InProcess")
+	if !memstore.New().Caps().InProcess {
+		t.Fatal("the memory store's Caps do not say InProcess")
 	}
 	req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
 	for _, c := range []struct {
-		name  string
-		store func(*deadlines) drip.Store
-		want  bool
+		name   string
+		inproc bool
+		want   bool
 	}{
-		{"a store", func(d *deadlines) drip.Store { return d }, true},
-		{"an in-process store", func(d *deadlines) drip.Store { return inProcess{d} }, false},
+		{"a store", false, true},
+		{"an in-process store", true, false},
 	} {
 		ms := memstore.New()
-		d := &deadlines{Store: ms}
-		e := engine.New(c.store(d))
-		if _, err := e.Apply(context.Background(), drip.OpTake, req); err != nil {
+		d := &deadlines{Store: ms, inproc: c.inproc}
+		e := engine.New(d)
+		if _, err := e.Apply(context.Background(), bucket.Take, req); err != nil {
 			t.Fatal(err)
 		}
 		if len(d.had) != 1 || d.had[0] != c.want {

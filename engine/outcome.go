@@ -2,18 +2,17 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
+	"iter"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/seconds"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
@@ -23,13 +22,17 @@ import (
 type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
-	// Status is 0 when allowed, else 429 (over a limit) or 503 (the store
-	// failed and on_error is deny), or a front door's refusal's (Refuse).
-	Status int
 	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonConcurrency, ReasonCostExceedsBurst or ReasonStoreUnavailable
-	// (or a refusal's own, such as httplimit's ambiguous_path).
+	// ReasonConcurrency or ReasonCostExceedsBurst (over a limit: HTTP
+	// doors answer 429), ReasonStoreUnavailable (the store failed and
+	// on_error is deny: 503), or a refusal's own (Refuse), such as
+	// httplimit's ambiguous_path.
 	Reason string
+	// Refused reports a front door's refusal (Refuse): the request could
+	// not be read as the rules need, and no rule was decided. Detail then
+	// says why.
+	Refused bool
+	Detail  string
 	// Top is the rule that denied the request (the longest wait), or else
 	// the most restrictive enforce rule (least remaining; of a concurrency
 	// rule and another with as few left, the other): the one the
@@ -43,7 +46,7 @@ type Outcome struct {
 	// (cost_exceeds_burst).
 	RetryAfter int64
 	// Identity is the client identity that seeds the jitter, set on a
-	// denial (Request.Identity of the denying rule's key).
+	// denial (Values.Identity of the denying rule's key).
 	Identity string
 	// Applied lists the rules that applied, enforce rules first, each in
 	// file order.
@@ -55,46 +58,34 @@ type Outcome struct {
 	eng      *Engine
 	rs       *Rules
 	released atomic.Bool
-	detail   string // a refusal's problem detail
 }
 
 // Refuse is the outcome of a request that a front door refuses before
 // any rule is decided, because it cannot read the request as the rules
 // would need (an HTTP path that servers read in different ways): nothing
-// was taken, and WriteError writes status and a problem with the reason
-// and the detail.
-func Refuse(status int, reason, detail string) *Outcome {
-	return &Outcome{Status: status, Reason: reason, detail: detail}
+// was taken; the door answers with the reason and the detail (an HTTP
+// door, 400).
+func Refuse(reason, detail string) *Outcome {
+	return &Outcome{Reason: reason, Refused: true, Detail: detail}
 }
 
-// Applied is one rule applied to a request.
+// Applied is one rule applied to a request: its Item (the bucket Key,
+// the rule's Limit, or the local fallback's share of it, the request's
+// Cost, a concurrency rule's Lease, and the bucket's Decision, meaningful
+// when Decided; for a rule that allowed but was not taken, the bucket as
+// it is) and what became of the rule.
 type Applied struct {
+	Item
 	Rule *rules.Rule
-	// Key is the bucket key.
-	Key string
-	// Cost is the request's cost under the rule.
-	Cost float64
-	// Decision is the bucket's decision; meaningful when Decided. For a
-	// rule that allowed but was not taken, the bucket as it is.
-	Decision drip.Decision
-	// Decided reports whether a bucket decided (the store or the local
-	// fallback).
-	Decided bool
 	// Local reports that the local fallback decided, at Limit.
 	Local bool
-	// Limit is the limit the decision was made under: the rule's, or the
-	// local fallback's share of it.
-	Limit drip.Limit
 	// Event is what happened to the rule.
 	Event Event
 	// Reason is why the rule denied, if it did.
 	Reason string
-	// Lease is, for a concurrency rule, the lease ID the request acquired
-	// (or tried to) under Key.
-	Lease string
 
-	policy string
-	held   bool // the lease was acquired: Release gives it back
+	plan *plan // its limit compiled: the rule's (Rules), or an override's
+	held bool  // the lease was acquired: Release gives it back
 }
 
 // Held reports whether the rule holds a lease of its concurrency limit
@@ -132,21 +123,21 @@ func (out *Outcome) Release(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	if len(remote) > 0 {
-		_, err := out.eng.apply(ctx, out.rs.timeout, out.rs.breaker, drip.OpRefund, remote)
+		_, err := out.eng.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, remote)
 		errs = append(errs, err)
 	}
 	if len(local) > 0 {
-		_, err := out.eng.localStore().ApplyMulti(ctx, drip.OpRefund, out.eng.at(), local)
+		_, err := drip.Apply(ctx, out.eng.localStore(), bucket.Refund, out.eng.at(), local...)
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-func (out *Outcome) deny(status int, reason string) {
+func (out *Outcome) deny(reason string) {
 	if !out.Allowed {
 		return
 	}
-	out.Allowed, out.Status, out.Reason = false, status, reason
+	out.Allowed, out.Reason = false, reason
 }
 
 // Tighter reports whether decision a describes a tighter limit than b,
@@ -172,7 +163,7 @@ func (a *Applied) tighter(b *Applied) bool {
 
 // pick chooses the rule the single-value headers describe, the reason,
 // the identity and Retry-After.
-func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
+func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 	var top *Applied
 	for i := range out.Applied {
 		a := &out.Applied[i]
@@ -197,7 +188,7 @@ func (out *Outcome) pick(r Request, jitter retryafter.Jitter) {
 		out.Reason = top.Reason
 	}
 	out.Identity = r.Identity(top.Key)
-	if out.Status == http.StatusTooManyRequests && out.Reason != ReasonCostExceedsBurst {
+	if out.Reason != ReasonStoreUnavailable && out.Reason != ReasonCostExceedsBurst {
 		var retry time.Duration
 		for _, a := range out.Applied {
 			if a.Rule.Mode != rules.Shadow && a.Reason != "" {
@@ -218,7 +209,7 @@ func PolicyItem(name string, l drip.Limit) string {
 	if l.Concurrent() {
 		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
 	}
-	if w := drip.CeilSeconds(l.FillTime()); w > 0 {
+	if w := seconds.Ceil(l.FillTime()); w > 0 {
 		s += ";w=" + strconv.FormatInt(w, 10)
 	}
 	return s
@@ -256,14 +247,14 @@ func Amount(x float64) string { return sfv.Number(x) }
 // window: its item has no t, unless it denied (then t is the Retry-After
 // value, as for every rule that denied).
 func (out *Outcome) field(a *Applied) Field {
-	f := Field{Policy: a.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining}
+	f := Field{Policy: a.plan.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining}
 	switch {
 	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
 		f.T = out.RetryAfter
 	case a.Limit.Concurrent():
 		f.NoT = true
 	default:
-		f.T = drip.CeilSeconds(a.Decision.ResetAfter)
+		f.T = seconds.Ceil(a.Decision.ResetAfter)
 	}
 	return f
 }
@@ -307,6 +298,40 @@ type Field struct {
 type Fields struct {
 	Policy, RateLimit, Limit, Remaining, Reset string
 	RetryAfter                                 int64
+}
+
+// The names of the fields, as the HTTP doors' headers (in canonical
+// form there), gRPC metadata (in lower case) and Envoy's response carry
+// them.
+const (
+	FieldPolicy     = "RateLimit-Policy"
+	FieldRateLimit  = "RateLimit"
+	FieldLimit      = "RateLimit-Limit"
+	FieldRemaining  = "RateLimit-Remaining"
+	FieldReset      = "RateLimit-Reset"
+	FieldRetryAfter = "Retry-After"
+)
+
+// All yields the fields that have a value, by name, in this order:
+// RateLimit-Policy, RateLimit, RateLimit-Limit and RateLimit-Remaining
+// (when a limit was decided), RateLimit-Reset (when it has a window),
+// Retry-After (when there is one): the one building of the headers of
+// every front door.
+func (f Fields) All() iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		if f.Policy != "" {
+			if !yield(FieldPolicy, f.Policy) || !yield(FieldRateLimit, f.RateLimit) ||
+				!yield(FieldLimit, f.Limit) || !yield(FieldRemaining, f.Remaining) {
+				return
+			}
+			if f.Reset != "" && !yield(FieldReset, f.Reset) {
+				return
+			}
+		}
+		if f.RetryAfter > 0 {
+			yield(FieldRetryAfter, strconv.FormatInt(f.RetryAfter, 10))
+		}
+	}
 }
 
 // MakeFields builds the header values of the decided limits fs, of which
@@ -362,122 +387,5 @@ func (out *Outcome) Fields() Fields {
 		}
 		fs = append(fs, f)
 	}
-	return MakeFields(fs, top, Quota(out.Top.Limit), out.RetryAfter)
-}
-
-// WriteHeaders sets the RateLimit headers (and Retry-After on a 429) for
-// the enforce rules that were decided. It writes nothing when none was
-// (no rule applied, or the store failed and on_error allowed).
-func (out *Outcome) WriteHeaders(h http.Header) {
-	f := out.Fields()
-	// One backing array for the values, and the keys in canonical form,
-	// as Header.Set would store them: the headers cost one allocation,
-	// not two each (the middleware writes them on every request).
-	vals := make([]string, 0, 6)
-	set := func(key, v string) {
-		vals = append(vals, v)
-		h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
-	}
-	if f.RetryAfter > 0 {
-		set(hRetryAfter, strconv.FormatInt(f.RetryAfter, 10))
-	}
-	if f.Policy == "" {
-		return
-	}
-	set(hPolicy, f.Policy)
-	set(hRateLimit, f.RateLimit)
-	set(hLimit, f.Limit)
-	set(hRemaining, f.Remaining)
-	if f.Reset != "" {
-		set(hReset, f.Reset)
-	}
-}
-
-// The header names WriteHeaders sets, in canonical form.
-var (
-	hRetryAfter = http.CanonicalHeaderKey("Retry-After")
-	hPolicy     = http.CanonicalHeaderKey("RateLimit-Policy")
-	hRateLimit  = http.CanonicalHeaderKey("RateLimit")
-	hLimit      = http.CanonicalHeaderKey("RateLimit-Limit")
-	hRemaining  = http.CanonicalHeaderKey("RateLimit-Remaining")
-	hReset      = http.CanonicalHeaderKey("RateLimit-Reset")
-)
-
-// Problem is the application/problem+json body (RFC 9457) of a denial.
-type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail"`
-	// Rule is the name of the rule that denied the request.
-	Rule string `json:"rule,omitempty"`
-	// Reason is token_bucket_exceeded, fixed_window_exceeded,
-	// concurrency_exceeded, cost_exceeds_burst or store_unavailable (or a
-	// front door's own, such as the key-function middleware's key_error
-	// and the middleware's ambiguous_path).
-	Reason string `json:"reason"`
-	// RetryAfter repeats the Retry-After header, in seconds.
-	RetryAfter int64 `json:"retry_after,omitempty"`
-}
-
-// Problem returns the problem+json body of a denied request.
-func (out *Outcome) Problem() Problem {
-	p := Problem{Type: "about:blank", Status: out.Status, Reason: out.Reason, RetryAfter: out.RetryAfter}
-	p.Title = http.StatusText(out.Status)
-	name := ""
-	if out.Top != nil {
-		name = out.Top.Rule.Name
-		p.Rule = name
-	}
-	switch {
-	case out.detail != "":
-		p.Detail = out.detail
-	case out.Reason == ReasonCostExceedsBurst:
-		a := out.Top
-		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", Amount(a.Cost), Amount(Burst(a.Limit)), name)
-	case out.Reason == ReasonStoreUnavailable:
-		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then (how long a decision waits on the store is store_timeout; when it counts as down, circuit_breaker)", name)
-	default:
-		unit := "seconds"
-		if out.RetryAfter == 1 {
-			unit = "second"
-		}
-		p.Detail = fmt.Sprintf("rate limit %q exceeded; retry after %d %s", name, out.RetryAfter, unit)
-	}
-	return p
-}
-
-// WriteError writes the status and problem+json body of a denied
-// request. Call WriteHeaders first.
-func (out *Outcome) WriteError(w http.ResponseWriter) { out.WriteErrorAs(w, out.Status) }
-
-// ProblemJSON is the problem+json body of a denied request, without the
-// final newline.
-func (out *Outcome) ProblemJSON() []byte {
-	body, _ := json.Marshal(out.Problem())
-	return body
-}
-
-// WriteErrorAs writes the problem+json body of a denied request under
-// status instead of the denial's own (Status), for a front door whose
-// caller passes on only some statuses (nginx's auth_request: 401 and
-// 403). The body still says the denial's status. Call WriteHeaders first.
-func (out *Outcome) WriteErrorAs(w http.ResponseWriter, status int) {
-	writeProblem(w, status, out.ProblemJSON())
-}
-
-// WriteProblem writes p as the response: its status and its
-// application/problem+json body, never cached.
-func WriteProblem(w http.ResponseWriter, p Problem) {
-	body, _ := json.Marshal(p)
-	writeProblem(w, p.Status, body)
-}
-
-func writeProblem(w http.ResponseWriter, status int, body []byte) {
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
-	w.WriteHeader(status)
-	w.Write(append(body, '\n'))
+	return MakeFields(fs, top, out.Top.plan.quota, out.RetryAfter)
 }

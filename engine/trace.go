@@ -10,7 +10,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // TracerName is the instrumentation scope of the engine's spans.
@@ -24,8 +25,8 @@ const (
 	// drip.reason, drip.denied_by), whether the store failed
 	// (drip.store_failed) and the store's kind (drip.store).
 	SpanDecide = "drip.decide"
-	// SpanStore is the span of one store call (Apply, Step, and those of
-	// Decide): drip.op, drip.keys (how many buckets), drip.store, the
+	// SpanStore is the span of one store call (Apply, and those of
+	// Decide and DecideItems): drip.op, drip.keys (how many buckets), drip.store, the
 	// error if it failed, and drip.breaker "open" when the circuit
 	// breaker skipped it. Stores add events to it: a retry (drip.retry),
 	// the batch a call went out in (drip.batch).
@@ -53,21 +54,21 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	}
 }
 
-// Unwrapper is a drip.Store that decorates another (instruments it, say):
+// Unwrapper is a store.Store that decorates another (instruments it, say):
 // StoreKind looks through it.
 type Unwrapper interface {
-	Unwrap() drip.Store
+	Unwrap() store.Store
 }
 
 // StoreKind names the kind of s by its package ("memstore", "pgstore",
-// "redisstore"), looking through drip.Separately and Unwrappers.
-func StoreKind(s drip.Store) string {
+// "redisstore"), looking through store.Separately and Unwrappers.
+func StoreKind(s store.Store) string {
 	for {
 		switch x := s.(type) {
-		case drip.Separately:
+		case store.Separately:
 			s = x.Store
 			continue
-		case *drip.Separately:
+		case *store.Separately:
 			s = x.Store
 			continue
 		case Unwrapper:
@@ -106,7 +107,7 @@ func (e *Engine) endDecide(sp trace.Span, out *Outcome) {
 			attribute.StringSlice("drip.rules", names),
 			attribute.StringSlice("drip.events", events),
 			attribute.Bool("drip.allowed", out.Allowed),
-			attribute.Int("drip.status", out.Status),
+			attribute.Int("drip.status", spanStatus(out)),
 		}
 		if !out.Allowed {
 			attrs = append(attrs, attribute.String("drip.reason", out.Reason))
@@ -122,8 +123,22 @@ func (e *Engine) endDecide(sp trace.Span, out *Outcome) {
 	sp.End()
 }
 
+// spanStatus is a decision's drip.status attribute: the status an HTTP
+// door answers it with, 0 (allowed), 429 (over a limit) or 503 (the store
+// failed and on_error denied), for those who read the span beside the
+// access log.
+func spanStatus(out *Outcome) int {
+	switch {
+	case out.Allowed:
+		return 0
+	case out.Reason == ReasonStoreUnavailable:
+		return 503
+	}
+	return 429
+}
+
 // startStore starts a store call's span, if the engine traces.
-func (e *Engine) startStore(ctx context.Context, op drip.Op, keys int) (context.Context, trace.Span) {
+func (e *Engine) startStore(ctx context.Context, op bucket.Op, keys int) (context.Context, trace.Span) {
 	if e.tracer == nil {
 		return ctx, nil
 	}
@@ -144,7 +159,7 @@ func endStore(sp trace.Span, err error) {
 		case errors.Is(err, ErrBreakerOpen):
 			sp.SetAttributes(attribute.String("drip.breaker", BreakerOpen))
 			sp.SetStatus(codes.Error, err.Error())
-		case drip.IsInput(err):
+		case store.IsInput(err):
 			sp.SetStatus(codes.Error, "bad input")
 		default:
 			sp.RecordError(err)

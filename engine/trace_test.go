@@ -14,8 +14,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -165,19 +167,11 @@ type down struct{}
 
 var errDown = errors.New("dial tcp 127.0.0.1:1: connection refused")
 
-func (down) Apply(_ context.Context, op drip.Op, _ time.Time, r drip.Request) (drip.Decision, error) {
-	if _, err := drip.Prepare(op, r); err != nil {
-		return drip.Decision{}, err
-	}
-	return drip.Decision{}, errDown
+func (down) Apply(context.Context, bucket.Op, time.Time, []bucket.Prepared, []bucket.Result) error {
+	return errDown
 }
 
-func (down) ApplyMulti(_ context.Context, op drip.Op, _ time.Time, rs []drip.Request) (drip.Multi, error) {
-	if _, err := drip.PrepareMulti(op, rs); err != nil {
-		return drip.Multi{}, err
-	}
-	return drip.Multi{}, errDown
-}
+func (down) Caps() store.Caps { return store.Caps{} }
 
 func (down) Reset(context.Context, string) error { return errDown }
 
@@ -244,18 +238,18 @@ func TestTraceStoreError(t *testing.T) {
 // too; a bad input is marked without its message, which may quote a key.
 func TestTraceApply(t *testing.T) {
 	tp, rec := recorder(t)
-	store := memstore.New()
-	defer store.Close()
-	e := engine.New(store, engine.WithTracerProvider(tp))
+	ms := memstore.New()
+	defer ms.Close()
+	e := engine.New(ms, engine.WithTracerProvider(tp))
 	defer e.Close()
 	ctx := context.Background()
-	if _, err := e.Apply(ctx, drip.OpPeek, []drip.Request{{Key: "a", Limit: drip.PerSecond(1)}, {Key: "b", Limit: drip.PerSecond(1)}}); err != nil {
+	if _, err := e.Apply(ctx, bucket.Peek, []drip.Request{{Key: "a", Limit: drip.PerSecond(1)}, {Key: "b", Limit: drip.PerSecond(1)}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Apply(ctx, drip.OpTake, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}); !drip.IsInput(err) {
+	if _, err := e.Apply(ctx, bucket.Take, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}); !store.IsInput(err) {
 		t.Fatalf("negative cost: %v", err)
 	}
-	if err := e.Step(ctx, drip.OpRefund, []*engine.Item{{Key: "a", Limit: drip.PerSecond(1), Cost: 1}}); err != nil {
+	if _, err := e.DecideItems(ctx, []*engine.Item{{Key: "a", Limit: drip.PerSecond(1), Cost: 1, Refund: true}}); err != nil {
 		t.Fatal(err)
 	}
 	spans := rec.Ended()
@@ -299,9 +293,9 @@ func TestTraceOff(t *testing.T) {
 }
 
 func TestStoreKind(t *testing.T) {
-	store := memstore.New()
-	defer store.Close()
-	for _, s := range []drip.Store{store, drip.Separately{Store: store}, wrapped{store}, &drip.Separately{Store: wrapped{store}}} {
+	ms := memstore.New()
+	defer ms.Close()
+	for _, s := range []store.Store{ms, store.Separately{Store: ms}, wrapped{ms}, &store.Separately{Store: wrapped{ms}}} {
 		if k := engine.StoreKind(s); k != "memstore" {
 			t.Errorf("StoreKind(%T) = %q, want memstore", s, k)
 		}
@@ -311,6 +305,14 @@ func TestStoreKind(t *testing.T) {
 	}
 }
 
-type wrapped struct{ drip.Store }
+type wrapped struct{ store.Store }
 
-func (w wrapped) Unwrap() drip.Store { return w.Store }
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (w wrapped) Caps() store.Caps {
+	c := w.Store.Caps()
+	c.InProcess = false
+	return c
+}
+
+func (w wrapped) Unwrap() store.Store { return w.Store }

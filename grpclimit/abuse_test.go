@@ -12,8 +12,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -70,17 +71,25 @@ func TestAbusiveMetadata(t *testing.T) {
 // stallStore blocks every call on a key holding "stall" until the call's
 // context ends, and says when one has begun.
 type stallStore struct {
-	drip.Store
+	store.Store
 	began chan struct{}
 }
 
-func (s *stallStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	if strings.Contains(r.Key, "stall") {
+func (s *stallStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) == 1 && strings.Contains(items[0].Key, "stall") {
 		s.began <- struct{}{}
 		<-ctx.Done()
-		return drip.Decision{}, ctx.Err()
+		return ctx.Err()
 	}
-	return s.Store.Apply(ctx, op, at, r)
+	return s.Store.Apply(ctx, op, at, items, results)
+}
+
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (s *stallStore) Caps() store.Caps {
+	c := s.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 // TestCancelledCallsDoNotTripBreaker: a client that cancels its calls

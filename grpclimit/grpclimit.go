@@ -1,6 +1,6 @@
 // Package grpclimit is drip's gRPC server interceptors: they apply a
 // rules file (package rules) to each call, with bucket state in any
-// drip.Store, deciding through the same engine and with the same rules as
+// store.Store, deciding through the same engine and with the same rules as
 // the net/http middleware (package httplimit).
 //
 // A rule's sources read a call this way:
@@ -41,10 +41,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo detail of a
@@ -54,7 +54,7 @@ const ErrorDomain = "drip"
 // Limiter applies a rules Set to gRPC calls. It is safe for concurrent
 // use; Swap replaces its rules atomically. Construct it with New.
 type Limiter struct {
-	fd *frontdoor.Limiter
+	fd *frontdoor.Door
 }
 
 // Option configures a Limiter.
@@ -102,8 +102,8 @@ func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
-func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
-	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Apply(opts))}
+func New(store store.Store, set *rules.Set, opts ...Option) *Limiter {
+	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Configure(opts))}
 }
 
 // Swap makes set the rules of every call from now on. Calls in flight
@@ -115,7 +115,7 @@ func (l *Limiter) Swap(set *rules.Set) { l.fd.Swap(set) }
 func (l *Limiter) Rules() *rules.Set { return l.fd.Snapshot().Rules.Set }
 
 // Store returns the limiter's store.
-func (l *Limiter) Store() drip.Store { return l.fd.Engine().Store() }
+func (l *Limiter) Store() store.Store { return l.fd.Engine().Store() }
 
 // Engine returns the engine the limiter decides with.
 func (l *Limiter) Engine() *engine.Engine { return l.fd.Engine() }
@@ -181,7 +181,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 		// method, so that "/pkg.Service/*" still matches its calls.
 		fullMethod = rules.FoldPath(fullMethod)
 	}
-	v := &callValues{Request: frontdoor.Request{S: s, Lower: true}, method: fullMethod}
+	v := &callValues{Values: frontdoor.Values{S: s, Lower: true}, method: fullMethod}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		v.Peer = p.Addr.String()
 	}
@@ -195,7 +195,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 // verified claims as every front door does (frontdoor), and the full
 // method as its path (folded as the rules' paths are).
 type callValues struct {
-	frontdoor.Request
+	frontdoor.Values
 	method string
 }
 
@@ -208,7 +208,7 @@ func (v *callValues) Value(src rules.Source) (string, bool) {
 	case rules.KindQuery, rules.KindCookie:
 		return "", false
 	}
-	return v.Request.Value(src)
+	return v.Values.Value(src)
 }
 
 // Metadata returns the response header metadata of a decided call: the
@@ -218,7 +218,7 @@ func (v *callValues) Value(src rules.Source) (string, bool) {
 // a limit. It is empty when no enforce rule was decided.
 func Metadata(out *engine.Outcome) metadata.MD {
 	h := http.Header{}
-	out.WriteHeaders(h)
+	frontdoor.WriteHeaders(h, out)
 	md := make(metadata.MD, len(h))
 	for k, v := range h {
 		md[strings.ToLower(k)] = v
@@ -234,14 +234,14 @@ func Metadata(out *engine.Outcome) metadata.MD {
 // ErrorDomain) whose reason is the denial's in upper case
 // (TOKEN_BUCKET_EXCEEDED, FIXED_WINDOW_EXCEEDED, COST_EXCEEDS_BURST,
 // STORE_UNAVAILABLE) and whose metadata names the rule. The message is
-// the problem details' (engine.Problem). An allowed call has status OK.
+// the problem details' (the HTTP doors' problem+json detail). An allowed call has status OK.
 func Status(out *engine.Outcome) *status.Status {
 	if out.Allowed {
 		return status.New(codes.OK, "")
 	}
-	p := out.Problem()
+	p := frontdoor.ProblemOf(out)
 	code := codes.ResourceExhausted
-	if out.Status == http.StatusServiceUnavailable {
+	if out.Reason == engine.ReasonStoreUnavailable {
 		code = codes.Unavailable
 	}
 	info := &errdetails.ErrorInfo{Reason: strings.ToUpper(p.Reason), Domain: ErrorDomain}

@@ -22,12 +22,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/grpclimit"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -62,7 +63,7 @@ func parse(t *testing.T, src string) *rules.Set {
 
 // newEnv serves set with state in store (nil: a memory store on the
 // test's clock).
-func newEnv(t *testing.T, store drip.Store, set *rules.Set) *env {
+func newEnv(t *testing.T, store store.Store, set *rules.Set) *env {
 	t.Helper()
 	e := &env{t: t, clock: testclock.New(), health: health.NewServer()}
 	if store == nil {
@@ -413,16 +414,20 @@ func TestCost(t *testing.T) {
 }
 
 // downStore fails every call.
-type downStore struct{ drip.Store }
+type downStore struct{ store.Store }
 
 var errDown = errors.New("connection refused")
 
-func (downStore) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
-	return drip.Decision{}, errDown
+func (downStore) Apply(context.Context, bucket.Op, time.Time, []bucket.Prepared, []bucket.Result) error {
+	return errDown
 }
 
-func (downStore) ApplyMulti(context.Context, drip.Op, time.Time, []drip.Request) (drip.Multi, error) {
-	return drip.Multi{}, errDown
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (d downStore) Caps() store.Caps {
+	c := d.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 func TestStoreDown(t *testing.T) {

@@ -1,12 +1,12 @@
 // Package httplimit is drip's net/http middleware: it applies a rules file
-// (package rules) to each request, with bucket state in any drip.Store.
+// (package rules) to each request, with bucket state in any store.Store.
 //
 // For each request, in file order, every rule whose match holds applies,
 // except that within a group only the first matching rule does (tiers). A
 // rule whose limit key has no value in the request (no such header, no
 // verified claim) does not apply, and the next rule of its group may. The
 // enforce rules that apply are taken all or nothing in one store call
-// (ApplyMulti): if any denies, none is consumed, and the answer is 429
+// (store.Store.Apply): if any denies, none is consumed, and the answer is 429
 // with RateLimit headers, a Retry-After jittered per client, and an
 // application/problem+json body naming the rule and the reason.
 //
@@ -37,65 +37,62 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
-// The engine's names, under the middleware's.
-type (
-	// Result is the decision on one request (engine.Outcome).
-	Result = engine.Outcome
-	// Applied is one rule applied to a request (engine.Applied).
-	Applied = engine.Applied
-	// Outcome is what happened to one rule for one request (engine.Event).
-	Outcome = engine.Event
-	// Observer receives what a Limiter does, for metrics (engine.Observer).
-	Observer = engine.Observer
-	// NopObserver does nothing; embed it to implement part of Observer.
-	NopObserver = engine.NopObserver
-	// Problem is the application/problem+json body of a denial.
-	Problem = engine.Problem
-)
+// ReasonAmbiguousPath is the reason of a 400: a request whose path
+// servers read in different ways, refused when a rule reads the path
+// (rules.Set.CleanPath). The other reasons are the engine's
+// (engine.ReasonTokenBucket, ...).
+const ReasonAmbiguousPath = "ambiguous_path"
 
-// What happened to a rule (engine.Event), the reasons of a denial, and
-// the circuit breaker's states.
-const (
-	Allowed      = engine.Allowed
-	Denied       = engine.Denied
-	NotTaken     = engine.NotTaken
-	ErrorAllowed = engine.ErrorAllowed
-	ErrorDenied  = engine.ErrorDenied
-	LocalAllowed = engine.LocalAllowed
-	LocalDenied  = engine.LocalDenied
+// Problem is the application/problem+json body of a denial.
+type Problem = frontdoor.Problem
 
-	ReasonTokenBucket      = engine.ReasonTokenBucket
-	ReasonFixedWindow      = engine.ReasonFixedWindow
-	ReasonCostExceedsBurst = engine.ReasonCostExceedsBurst
-	ReasonStoreUnavailable = engine.ReasonStoreUnavailable
-	// ReasonAmbiguousPath is the reason of a 400: a request whose path
-	// servers read in different ways, refused when a rule reads the path
-	// (rules.Set.CleanPath).
-	ReasonAmbiguousPath = "ambiguous_path"
+// Result is the middleware's answer on one request: the engine's
+// decision (engine.Outcome: allowed, the rules that applied, the
+// RateLimit values, Retry-After, the reason) and its HTTP form (Status,
+// WriteHeaders, WriteError).
+type Result struct {
+	*engine.Outcome
+}
 
-	BreakerClosed   = engine.BreakerClosed
-	BreakerOpen     = engine.BreakerOpen
-	BreakerHalfOpen = engine.BreakerHalfOpen
-)
+// Status is the HTTP status of the answer: 0 when allowed, 429 over a
+// limit, 503 when the store failed and on_error denied, 400 for a
+// request refused before any rule was decided (ReasonAmbiguousPath).
+func (r Result) Status() int { return frontdoor.Status(r.Outcome) }
 
-// DefaultTimeout is the default deadline of each store call
-// (engine.DefaultTimeout).
-const DefaultTimeout = engine.DefaultTimeout
+// WriteHeaders sets the RateLimit headers (and Retry-After on a 429) for
+// the enforce rules that were decided. It writes nothing when none was
+// (no rule applied, or the store failed and on_error allowed).
+func (r Result) WriteHeaders(h http.Header) { frontdoor.WriteHeaders(h, r.Outcome) }
 
-// ErrBreakerOpen is the error of a store call that the circuit breaker
-// did not make.
-var ErrBreakerOpen = engine.ErrBreakerOpen
+// WriteError writes the status and problem+json body of a denied
+// request. Call WriteHeaders first.
+func (r Result) WriteError(w http.ResponseWriter) { frontdoor.WriteError(w, r.Outcome) }
+
+// WriteErrorAs writes the problem+json body of a denied request under
+// status instead of its own (Status), for a front door whose caller
+// passes on only some statuses (nginx's auth_request: 401 and 403). The
+// body still says the denial's status. Call WriteHeaders first.
+func (r Result) WriteErrorAs(w http.ResponseWriter, status int) {
+	frontdoor.WriteErrorAs(w, r.Outcome, status)
+}
+
+// Problem returns the problem details of a denied request.
+func (r Result) Problem() Problem { return frontdoor.ProblemOf(r.Outcome) }
+
+// ProblemJSON is the problem+json body of a denied request, without the
+// final newline.
+func (r Result) ProblemJSON() []byte { return frontdoor.ProblemJSON(r.Outcome) }
 
 // Limiter applies a rules Set to HTTP requests. It is safe for concurrent
 // use; Swap replaces its rules atomically. Construct it with New.
 type Limiter struct {
-	fd *frontdoor.Limiter
+	fd *frontdoor.Door
 }
 
 // Option configures a Limiter.
@@ -116,12 +113,12 @@ func WithLogger(log *slog.Logger) Option {
 
 // WithObserver sets the observer of decisions, store calls and the
 // breaker.
-func WithObserver(obs Observer) Option {
+func WithObserver(obs engine.Observer) Option {
 	return frontdoor.WithEngineOption(engine.WithObserver(obs))
 }
 
 // WithTimeout sets the deadline of each store call (default
-// DefaultTimeout). A rules file's store_timeout takes precedence.
+// engine.DefaultTimeout). A rules file's store_timeout takes precedence.
 func WithTimeout(d time.Duration) Option {
 	return frontdoor.WithEngineOption(engine.WithTimeout(d))
 }
@@ -129,10 +126,10 @@ func WithTimeout(d time.Duration) Option {
 // WithSeparateTakes is for stores that cannot take several keys in one
 // atomic step, such as Redis Cluster (whose multi-takes need every key in
 // one hash slot, while rules' keys land anywhere): the enforce rules of a
-// request are taken one store call each, in file order (drip.Separately),
+// request are taken one store call each, in file order (store.Separately),
 // and when one denies, those already taken are given back, tokens and
 // slots, and the rest are peeked at for the headers. Without the option, a
-// store that answers a multi-take with drip.ErrNotColocated gets the same
+// store that answers a multi-take with store.ErrNotColocated gets the same
 // treatment, after a first attempt that the store refuses without a round
 // trip. The answers are those of one atomic multi-take; all or nothing
 // holds in the end rather than at every instant: between a take and its
@@ -158,8 +155,8 @@ func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
-func New(store drip.Store, set *rules.Set, opts ...Option) *Limiter {
-	return &Limiter{fd: frontdoor.New(store, "httplimit", set, frontdoor.Apply(opts))}
+func New(store store.Store, set *rules.Set, opts ...Option) *Limiter {
+	return &Limiter{fd: frontdoor.New(store, "httplimit", set, frontdoor.Configure(opts))}
 }
 
 // Swap makes set the rules of every request from now on. Requests in
@@ -172,7 +169,7 @@ func (l *Limiter) Swap(set *rules.Set) { l.fd.Swap(set) }
 func (l *Limiter) Rules() *rules.Set { return l.fd.Snapshot().Rules.Set }
 
 // Store returns the limiter's store.
-func (l *Limiter) Store() drip.Store { return l.fd.Engine().Store() }
+func (l *Limiter) Store() store.Store { return l.fd.Engine().Store() }
 
 // Engine returns the engine the limiter decides with.
 func (l *Limiter) Engine() *engine.Engine { return l.fd.Engine() }
@@ -189,7 +186,7 @@ func (l *Limiter) Close() error { return l.fd.Engine().Close() }
 // the RateLimit headers.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		serve(w, r, next, l.Decide(r.Context(), r))
+		serve(w, r, next, l.decide(r.Context(), r))
 	})
 }
 
@@ -200,11 +197,11 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 // run, and the panic goes on), or because the client went away and it
 // gave up. Release uses a context of its own, so a cancelled request
 // still releases.
-func serve(w http.ResponseWriter, r *http.Request, next http.Handler, res *Result) {
-	defer func() { _ = res.Release(r.Context()) }()
-	res.WriteHeaders(w.Header())
-	if !res.Allowed {
-		res.WriteError(w)
+func serve(w http.ResponseWriter, r *http.Request, next http.Handler, out *engine.Outcome) {
+	defer func() { _ = out.Release(r.Context()) }()
+	frontdoor.WriteHeaders(w.Header(), out)
+	if !out.Allowed {
+		frontdoor.WriteError(w, out)
 		return
 	}
 	next.ServeHTTP(w, r)
@@ -218,13 +215,17 @@ func serve(w http.ResponseWriter, r *http.Request, next http.Handler, res *Resul
 // rules.Set.CleanPath reads it, and a path that servers read in different
 // ways (an encoded NUL, a double encoding, ...) is refused: the Result is
 // a 400 with the reason ReasonAmbiguousPath, and nothing is taken.
-func (l *Limiter) Decide(ctx context.Context, r *http.Request) *Result {
+func (l *Limiter) Decide(ctx context.Context, r *http.Request) Result {
+	return Result{l.decide(ctx, r)}
+}
+
+func (l *Limiter) decide(ctx context.Context, r *http.Request) *engine.Outcome {
 	s := l.fd.Snapshot()
 	v := newReqValues(s, r)
 	if s.ReadsPath {
 		p, err := s.Rules.Set.CleanPath(escapedPath(r.URL))
 		if err != nil {
-			return engine.Refuse(http.StatusBadRequest, ReasonAmbiguousPath, err.Error())
+			return engine.Refuse(ReasonAmbiguousPath, err.Error())
 		}
 		v.path = p
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,13 +21,16 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // observer counts what the limiter reports.
@@ -38,7 +42,7 @@ type observer struct {
 	states    []string
 }
 
-func (o *observer) Decision(rule string, mode rules.Mode, outcome httplimit.Outcome) {
+func (o *observer) Decision(rule string, mode rules.Mode, outcome engine.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.decisions == nil {
@@ -68,7 +72,7 @@ type env struct {
 	lim   *httplimit.Limiter
 	clock *testclock.Clock // shared by the limiter and the test: no test sleeps
 	obs   *observer
-	store drip.Store
+	store store.Store
 	hits  atomic.Int64
 }
 
@@ -81,7 +85,7 @@ func parse(t *testing.T, src string) *rules.Set {
 	return set
 }
 
-func newEnv(t *testing.T, store drip.Store, set *rules.Set, opts ...httplimit.Option) *env {
+func newEnv(t *testing.T, store store.Store, set *rules.Set, opts ...httplimit.Option) *env {
 	t.Helper()
 	e := &env{t: t, clock: testclock.New(), obs: &observer{}, store: store}
 	if e.store == nil {
@@ -221,7 +225,7 @@ func Test429AfterBurst(t *testing.T) {
 		t.Errorf("headers %v", r.h)
 	}
 	p := r.problem(t)
-	if p.Rule != "free" || p.Reason != httplimit.ReasonTokenBucket || p.RetryAfter != int64(ra) {
+	if p.Rule != "free" || p.Reason != engine.ReasonTokenBucket || p.RetryAfter != int64(ra) {
 		t.Errorf("problem %+v", p)
 	}
 	if e.hits.Load() != 20 {
@@ -250,7 +254,7 @@ func TestFixedWindow(t *testing.T) {
 		}
 	}
 	r := e.do("/")
-	if r.code != 429 || r.problem(t).Reason != httplimit.ReasonFixedWindow {
+	if r.code != 429 || r.problem(t).Reason != engine.ReasonFixedWindow {
 		t.Fatalf("%d %s", r.code, r.body)
 	}
 	ra, _ := strconv.Atoi(r.h.Get("Retry-After"))
@@ -313,7 +317,7 @@ func TestRetryAfterJitter(t *testing.T) {
 			if r.code != 429 || n < 60 || n > 90 {
 				t.Fatalf("%s: %d Retry-After %q, want within [60, 90]", ip, r.code, ra)
 			}
-			if want := retryafter.Uncapped("ip:"+ip, time.Minute, 0.5); int64(n) != want {
+			if want := (rules.Jitter{Fraction: 0.5, Max: math.MaxInt64}).Seconds("ip:"+ip, time.Minute); int64(n) != want {
 				t.Errorf("%s: Retry-After %d, want %d", ip, n, want)
 			}
 			if j == 0 {
@@ -358,7 +362,7 @@ func TestCost(t *testing.T) {
 	if r.code != 429 || r.h.Get("Retry-After") != "" {
 		t.Fatalf("cost 25: %d Retry-After %q", r.code, r.h.Get("Retry-After"))
 	}
-	if p := r.problem(t); p.Reason != httplimit.ReasonCostExceedsBurst || p.Rule != "q" {
+	if p := r.problem(t); p.Reason != engine.ReasonCostExceedsBurst || p.Rule != "q" {
 		t.Errorf("problem %+v", p)
 	}
 	if r.remaining(t) != 20 || r.h.Get("RateLimit") != `"q";r=20;t=0` {
@@ -469,7 +473,7 @@ func TestShadow(t *testing.T) {
 		t.Errorf("observed %v", e.obs.decisions)
 	}
 	e.clock.Add(time.Second)
-	d, err := e.store.Apply(context.Background(), drip.OpPeek, e.clock.Now(), drip.Request{Key: "watch", Limit: drip.PerSecond(1).WithBurst(2), Cost: 0})
+	d, err := storetest.Apply(context.Background(), e.store, bucket.Peek, e.clock.Now(), drip.Request{Key: "watch", Limit: drip.PerSecond(1).WithBurst(2), Cost: 0})
 	if err != nil || d.Tokens != 1 {
 		t.Errorf("shadow bucket %+v %v: want 1 token", d, err)
 	}
@@ -495,39 +499,36 @@ func TestSwapKeepsBuckets(t *testing.T) {
 type downStore struct {
 	up    atomic.Bool
 	calls atomic.Int64
-	drip.Store
+	store.Store
 }
 
 var errDown = errors.New("connection refused")
 
-func (s *downStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (s *downStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	s.calls.Add(1)
 	if s.up.Load() {
-		return s.Store.Apply(ctx, op, at, r)
+		return s.Store.Apply(ctx, op, at, items, results)
 	}
-	return drip.Decision{}, errDown
+	return errDown
 }
 
-func (s *downStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	s.calls.Add(1)
-	if s.up.Load() {
-		return s.Store.ApplyMulti(ctx, op, at, rs)
-	}
-	return drip.Multi{}, errDown
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (d *downStore) Caps() store.Caps {
+	c := d.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 // slowStore never answers before the deadline.
-type slowStore struct{ drip.Store }
+type slowStore struct{ store.Store }
 
-func (slowStore) Apply(ctx context.Context, _ drip.Op, _ time.Time, _ drip.Request) (drip.Decision, error) {
+func (slowStore) Apply(ctx context.Context, _ bucket.Op, _ time.Time, _ []bucket.Prepared, _ []bucket.Result) error {
 	<-ctx.Done()
-	return drip.Decision{}, ctx.Err()
+	return ctx.Err()
 }
 
-func (slowStore) ApplyMulti(ctx context.Context, _ drip.Op, _ time.Time, _ []drip.Request) (drip.Multi, error) {
-	<-ctx.Done()
-	return drip.Multi{}, ctx.Err()
-}
+func (slowStore) Caps() store.Caps { return store.Caps{} }
 
 func downRules(policy string) string {
 	return `{"on_error": "` + policy + `", "local_share": 0.5, "circuit_breaker": {"failures": 3, "cooldown": "10s"},
@@ -547,7 +548,7 @@ func TestStoreDownAllow(t *testing.T) {
 		t.Errorf("hits %d, observed %v", e.hits.Load(), e.obs.decisions)
 	}
 	// The breaker opened after 3 failures: the store was not called again.
-	if ds.calls.Load() != 3 || e.obs.errs() != 3 || e.lim.BreakerState() != httplimit.BreakerOpen {
+	if ds.calls.Load() != 3 || e.obs.errs() != 3 || e.lim.BreakerState() != engine.BreakerOpen {
 		t.Errorf("store calls %d, errors %d, breaker %s", ds.calls.Load(), e.obs.errs(), e.lim.BreakerState())
 	}
 	// After the cool-down one probe goes through; the store is back.
@@ -556,7 +557,7 @@ func TestStoreDownAllow(t *testing.T) {
 	if r := e.do("/", "X-Api-Key: k"); r.code != 200 || r.remaining(t) != 19 {
 		t.Errorf("after recovery: %d %v", r.code, r.h)
 	}
-	if e.lim.BreakerState() != httplimit.BreakerClosed || ds.calls.Load() != 4 {
+	if e.lim.BreakerState() != engine.BreakerClosed || ds.calls.Load() != 4 {
 		t.Errorf("breaker %s, calls %d", e.lim.BreakerState(), ds.calls.Load())
 	}
 	if got := strings.Join(e.obs.states, ","); got != "open,half_open,closed" {
@@ -573,7 +574,7 @@ func TestBreakerProbeCallerGaveUp(t *testing.T) {
 	for range 3 {
 		e.do("/", "X-Api-Key: k")
 	}
-	if e.lim.BreakerState() != httplimit.BreakerOpen {
+	if e.lim.BreakerState() != engine.BreakerOpen {
 		t.Fatalf("breaker %s", e.lim.BreakerState())
 	}
 	e.clock.Add(10 * time.Second)
@@ -584,11 +585,11 @@ func TestBreakerProbeCallerGaveUp(t *testing.T) {
 	if res := e.lim.Decide(ctx, req); res.Err == nil {
 		t.Fatalf("the probe with a cancelled caller: %+v", res)
 	}
-	if ds.calls.Load() != 4 || e.lim.BreakerState() != httplimit.BreakerHalfOpen {
+	if ds.calls.Load() != 4 || e.lim.BreakerState() != engine.BreakerHalfOpen {
 		t.Fatalf("after the abandoned probe: calls %d, breaker %s", ds.calls.Load(), e.lim.BreakerState())
 	}
 	ds.up.Store(true)
-	if r := e.do("/", "X-Api-Key: k"); r.code != 200 || ds.calls.Load() != 5 || e.lim.BreakerState() != httplimit.BreakerClosed {
+	if r := e.do("/", "X-Api-Key: k"); r.code != 200 || ds.calls.Load() != 5 || e.lim.BreakerState() != engine.BreakerClosed {
 		t.Fatalf("next request: %d, calls %d, breaker %s", r.code, ds.calls.Load(), e.lim.BreakerState())
 	}
 }
@@ -600,7 +601,7 @@ func TestStoreDownDeny(t *testing.T) {
 	if r.code != 503 {
 		t.Fatalf("%d", r.code)
 	}
-	if p := r.problem(t); p.Reason != httplimit.ReasonStoreUnavailable || p.Rule != "free" ||
+	if p := r.problem(t); p.Reason != engine.ReasonStoreUnavailable || p.Rule != "free" ||
 		p.RetryAfter != 1 || !strings.Contains(p.Detail, "store_timeout") {
 		t.Errorf("problem %+v", p)
 	}
@@ -627,7 +628,7 @@ func TestStoreDownLocal(t *testing.T) {
 		}
 	}
 	r := e.do("/", "X-Api-Key: k")
-	if r.code != 429 || r.problem(t).Reason != httplimit.ReasonTokenBucket {
+	if r.code != 429 || r.problem(t).Reason != engine.ReasonTokenBucket {
 		t.Fatalf("%d %s", r.code, r.body)
 	}
 	if ra, _ := strconv.Atoi(r.h.Get("Retry-After")); ra < 1 || ra > 2 { // 5/s locally: 0.2 s
@@ -643,7 +644,7 @@ func TestStoreDownLocal(t *testing.T) {
 	e.clock.Add(10 * time.Second)
 	e.do("/", "X-Api-Key: k")
 	e.do("/", "X-Api-Key: k")
-	if ds.calls.Load() != 4 || e.lim.BreakerState() != httplimit.BreakerOpen {
+	if ds.calls.Load() != 4 || e.lim.BreakerState() != engine.BreakerOpen {
 		t.Errorf("calls %d, breaker %s", ds.calls.Load(), e.lim.BreakerState())
 	}
 }
@@ -658,7 +659,7 @@ type deadlineStore struct {
 	none    bool // a call without a deadline
 }
 
-func (s *deadlineStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (s *deadlineStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	s.mu.Lock()
 	s.calls++
 	if d, ok := ctx.Deadline(); ok {
@@ -667,7 +668,7 @@ func (s *deadlineStore) Apply(ctx context.Context, op drip.Op, at time.Time, r d
 		s.none = true
 	}
 	s.mu.Unlock()
-	return s.slowStore.Apply(ctx, op, at, r)
+	return s.slowStore.Apply(ctx, op, at, items, results)
 }
 
 func TestStoreDeadline(t *testing.T) {
@@ -777,18 +778,18 @@ func TestPathDotSegments(t *testing.T) {
 }
 
 // TestKeysFitWrappedStore: behind a store wrapper that lengthens keys
-// (drip.Prefixed, drip.Sharded), no request can choose its values so that
+// (store.Prefixed, store.Sharded), no request can choose its values so that
 // its bucket key is refused as too long, which would count as the store
 // failing and let on_error (allow) pass it unlimited. Here the values make
 // a rule key of every length around the old bound, 1,024 bytes.
 func TestKeysFitWrappedStore(t *testing.T) {
 	ms := memstore.New()
 	t.Cleanup(func() { ms.Close() })
-	for _, store := range []drip.Store{
-		drip.Prefixed{Store: ms, Prefix: strings.Repeat("p", 64) + ":"},
-		drip.Sharded{Store: drip.Prefixed{Store: ms, Prefix: "s:"}, N: 4},
+	for _, st := range []store.Store{
+		store.Prefixed{Store: ms, Prefix: strings.Repeat("p", 64) + ":"},
+		store.Sharded{Store: store.Prefixed{Store: ms, Prefix: "s:"}, N: 4},
 	} {
-		e := newEnv(t, store, parse(t, `{"rules": [{"name": "r", "on_error": "allow",
+		e := newEnv(t, st, parse(t, `{"rules": [{"name": "r", "on_error": "allow",
 		  "limit_keys": ["header:a", "header:b", "header:c", "header:d"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 4}}]}`))
 		v := strings.Repeat("|", 127) // 254 bytes escaped
 		for n := 100; n <= 127; n++ {
@@ -798,10 +799,10 @@ func TestKeysFitWrappedStore(t *testing.T) {
 				// A failed store call would answer 200 without headers.
 				r := e.do("/", hdr...)
 				if r.h.Get("RateLimit") == "" {
-					t.Fatalf("%T, key of %d bytes, request %d: %d %v: want it decided by the store", store, 767+2*n, i+1, r.code, r.h)
+					t.Fatalf("%T, key of %d bytes, request %d: %d %v: want it decided by the store", st, 767+2*n, i+1, r.code, r.h)
 				}
-				if _, sharded := store.(drip.Sharded); !sharded && (r.code == 429) != (i == 4) {
-					t.Fatalf("%T, key of %d bytes, request %d: %d, want the burst of 4 allowed", store, 767+2*n, i+1, r.code)
+				if _, sharded := st.(store.Sharded); !sharded && (r.code == 429) != (i == 4) {
+					t.Fatalf("%T, key of %d bytes, request %d: %d, want the burst of 4 allowed", st, 767+2*n, i+1, r.code)
 				}
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"math"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -223,7 +223,7 @@ func TestJWTIdentity(t *testing.T) {
 		for range 3 {
 			r = e.do("/", "X-Api-Key: "+sub, "Authorization: Bearer "+tok)
 		}
-		want := retryafter.Uncapped("sub:"+sub, time.Minute, 0.5)
+		want := (rules.Jitter{Fraction: 0.5, Max: math.MaxInt64}).Seconds("sub:"+sub, time.Minute)
 		if r.code != 429 || r.h.Get("Retry-After") != strconv.FormatInt(want, 10) {
 			t.Errorf("%s: %d Retry-After %q, want %d", sub, r.code, r.h.Get("Retry-After"), want)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // KeyFunc returns the key of a request's bucket under a KeyLimit: the
@@ -75,7 +76,7 @@ type KeyLimiter struct {
 // WithTimeout, WithClock, WithEngine. An invalid KeyLimit (no Key, a bad
 // name, limit, fail policy or share, a burst below 1 without Cost) is an
 // error.
-func NewKeyLimiter(store drip.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, error) {
+func NewKeyLimiter(store store.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, error) {
 	if kl.Key == nil {
 		return nil, errors.New("httplimit: KeyLimit.Key is nil")
 	}
@@ -86,7 +87,7 @@ func NewKeyLimiter(store drip.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, 
 	if err != nil {
 		return nil, errors.New("httplimit: KeyLimit: " + err.Error())
 	}
-	fd := frontdoor.New(store, "httplimit", set, frontdoor.Apply(opts))
+	fd := frontdoor.New(store, "httplimit", set, frontdoor.Configure(opts))
 	return &KeyLimiter{eng: fd.Engine(), rules: fd.Snapshot().Rules, kl: kl}, nil
 }
 
@@ -98,12 +99,12 @@ func NewKeyLimiter(store drip.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, 
 // and gorilla/mux (r.Use(l.Handler)).
 func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		res, err := l.Decide(r.Context(), r)
+		out, err := l.decide(r.Context(), r)
 		if err != nil {
 			l.keyError(w, r, err)
 			return
 		}
-		serve(w, r, next, res)
+		serve(w, r, next, out)
 	})
 }
 
@@ -111,7 +112,12 @@ func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
 // requests themselves. It takes the tokens of an allowed request. The
 // error is the key function's (and then nothing was decided); a request
 // without a key is allowed, with no rule applied.
-func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) (*Result, error) {
+func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) (Result, error) {
+	out, err := l.decide(ctx, r)
+	return Result{out}, err
+}
+
+func (l *KeyLimiter) decide(ctx context.Context, r *http.Request) (*engine.Outcome, error) {
 	key, err := l.kl.Key(r)
 	if err != nil {
 		return nil, err
@@ -125,7 +131,7 @@ func (l *KeyLimiter) keyError(w http.ResponseWriter, r *http.Request, err error)
 		return
 	}
 	l.eng.LogError("key function failed", err)
-	engine.WriteProblem(w, Problem{
+	frontdoor.WriteProblem(w, Problem{
 		Type:   "about:blank",
 		Title:  http.StatusText(http.StatusInternalServerError),
 		Status: http.StatusInternalServerError,
@@ -139,7 +145,7 @@ func (l *KeyLimiter) keyError(w http.ResponseWriter, r *http.Request, err error)
 func (l *KeyLimiter) Name() string { return l.kl.Name }
 
 // Store returns the limiter's store.
-func (l *KeyLimiter) Store() drip.Store { return l.eng.Store() }
+func (l *KeyLimiter) Store() store.Store { return l.eng.Store() }
 
 // Engine returns the engine the limiter decides with.
 func (l *KeyLimiter) Engine() *engine.Engine { return l.eng }

@@ -18,10 +18,13 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -35,7 +38,7 @@ type keyed struct {
 	hits  int
 }
 
-func newKeyed(t *testing.T, store drip.Store, kl httplimit.KeyLimit, clock *testclock.Clock) *keyed {
+func newKeyed(t *testing.T, store store.Store, kl httplimit.KeyLimit, clock *testclock.Clock) *keyed {
 	t.Helper()
 	if store == nil {
 		ms := memstore.New()
@@ -209,7 +212,7 @@ func TestKeyFromContext(t *testing.T) {
 	if r.code != 429 || r.h.Get("RateLimit") == "" {
 		t.Fatalf("third: %d %v", r.code, r.h)
 	}
-	if p := r.problem(t); p.Rule != "per-user" || p.Reason != httplimit.ReasonTokenBucket || p.RetryAfter < 30 || p.RetryAfter > 45 {
+	if p := r.problem(t); p.Rule != "per-user" || p.Reason != engine.ReasonTokenBucket || p.RetryAfter < 30 || p.RetryAfter > 45 {
 		t.Errorf("problem %+v", p) // a token every 30 s, jitter up to 50%
 	}
 	if r := e.do("/", "X-Token: b"); r.code != 200 || r.remaining(t) != 1 {
@@ -254,7 +257,7 @@ func TestKeyCost(t *testing.T) {
 	if r.code != 429 || r.h.Get("Retry-After") != "" || r.remaining(t) != int(left) {
 		t.Fatalf("cost 11: %d %v", r.code, r.h)
 	}
-	if p := r.problem(t); p.Reason != httplimit.ReasonCostExceedsBurst || p.Rule != "per-key" {
+	if p := r.problem(t); p.Reason != engine.ReasonCostExceedsBurst || p.Rule != "per-key" {
 		t.Errorf("problem %+v", p)
 	}
 	cost = left
@@ -284,7 +287,7 @@ func TestKeyOnError(t *testing.T) {
 			if r.code != 503 || r.h.Get("Retry-After") != "1" {
 				t.Fatalf("request %d: %d %v", i, r.code, r.h)
 			}
-			if p := r.problem(t); p.Reason != httplimit.ReasonStoreUnavailable || p.Rule != "per-key" {
+			if p := r.problem(t); p.Reason != engine.ReasonStoreUnavailable || p.Rule != "per-key" {
 				t.Fatalf("problem %+v", p)
 			}
 		}, map[string]int{"per-key/enforce/error_denied": 12}},
@@ -296,7 +299,7 @@ func TestKeyOnError(t *testing.T) {
 				}
 				return
 			}
-			if r.code != 429 || r.problem(t).Reason != httplimit.ReasonTokenBucket {
+			if r.code != 429 || r.problem(t).Reason != engine.ReasonTokenBucket {
 				t.Fatalf("request %d: %d %s", i, r.code, r.body)
 			}
 		}, map[string]int{"per-key/enforce/local_allowed": 10, "per-key/enforce/local_denied": 2}},
@@ -310,7 +313,7 @@ func TestKeyOnError(t *testing.T) {
 			if !maps.Equal(k.obs.decisions, c.events) {
 				t.Errorf("observed %v, want %v", k.obs.decisions, c.events)
 			}
-			if ds.calls.Load() != 5 || k.obs.errs() != 5 || k.lim.BreakerState() != httplimit.BreakerOpen {
+			if ds.calls.Load() != 5 || k.obs.errs() != 5 || k.lim.BreakerState() != engine.BreakerOpen {
 				t.Errorf("store calls %d, errors %d, breaker %s", ds.calls.Load(), k.obs.errs(), k.lim.BreakerState())
 			}
 			// Back after the cool-down: the store decides again.
@@ -366,24 +369,34 @@ func TestKeyError(t *testing.T) {
 
 // keyStore records the keys a store is asked for.
 type keyStore struct {
-	drip.Store
+	store.Store
 	mu   sync.Mutex
 	keys []string
 }
 
-func (s *keyStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (s *keyStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	s.mu.Lock()
-	s.keys = append(s.keys, r.Key)
+	if len(items) == 1 {
+		s.keys = append(s.keys, items[0].Key)
+	}
 	s.mu.Unlock()
-	return s.Store.Apply(ctx, op, at, r)
+	return s.Store.Apply(ctx, op, at, items, results)
+}
+
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (k *keyStore) Caps() store.Caps {
+	c := k.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 // TestKeyLong: keys of any length are limited, each in its own bucket,
-// under bucket keys the stores accept (at most drip.MaxKeyLen bytes).
+// under bucket keys the stores accept (at most store.MaxKeyLen bytes).
 func TestKeyLong(t *testing.T) {
 	ks := &keyStore{Store: memstore.New()}
 	k := newKeyed(t, ks, httplimit.KeyLimit{Limit: drip.PerHour(1), Key: headerKey}, nil)
-	long := strings.Repeat("x", 2*drip.MaxKeyLen)
+	long := strings.Repeat("x", 2*store.MaxKeyLen)
 	other := long[:len(long)-1] + "y"
 	for _, u := range []string{long, other} {
 		if r := record(k.h, userReq(u, "")); r.code != 200 || r.remaining(t) != 0 {
@@ -397,7 +410,7 @@ func TestKeyLong(t *testing.T) {
 		t.Fatalf("bucket keys %q", ks.keys)
 	}
 	for _, key := range ks.keys {
-		if drip.CheckKey(key) != nil || !strings.HasPrefix(key, "per-key|") || len(key) > 200 {
+		if store.CheckKey(key) != nil || !strings.HasPrefix(key, "per-key|") || len(key) > 200 {
 			t.Errorf("bucket key %q", key)
 		}
 	}

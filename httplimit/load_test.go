@@ -12,8 +12,9 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -104,11 +105,11 @@ func TestIPv6Prefix(t *testing.T) {
 // oneKeyStore takes one key per call, like Redis Cluster across slots.
 type oneKeyStore struct{ *memstore.Store }
 
-func (s oneKeyStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	if len(rs) > 1 {
-		return drip.Multi{}, fmt.Errorf("keys of a multi-take must share a hash slot: %w", drip.ErrNotColocated)
+func (s oneKeyStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) > 1 {
+		return fmt.Errorf("keys of a multi-take must share a hash slot: %w", store.ErrNotColocated)
 	}
-	return s.Store.ApplyMulti(ctx, op, at, rs)
+	return s.Store.Apply(ctx, op, at, items, results)
 }
 
 // TestSeparateTakes: with WithSeparateTakes the rules are taken one store
@@ -151,7 +152,7 @@ func TestSeparateTakes(t *testing.T) {
 	if e.obs.errs() != 0 {
 		t.Errorf("%d store errors", e.obs.errs())
 	}
-	// Without the option, the store's drip.ErrNotColocated switches the
+	// Without the option, the store's store.ErrNotColocated switches the
 	// limiter to separate takes by itself: no store error, no breaker, and
 	// the same all-or-nothing answers.
 	e2 := newEnv(t, oneKeyStore{ms}, e.lim.Rules())

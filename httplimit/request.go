@@ -13,7 +13,7 @@ import (
 // headers and verified claims as every front door does (frontdoor), and
 // the query, path, method and cookies of HTTP.
 type reqValues struct {
-	frontdoor.Request
+	frontdoor.Values
 	r *http.Request
 
 	queryDone bool
@@ -25,7 +25,7 @@ type reqValues struct {
 }
 
 func newReqValues(s *frontdoor.Snapshot, r *http.Request) *reqValues {
-	return &reqValues{Request: frontdoor.Request{S: s, Peer: r.RemoteAddr, Header: r.Header}, r: r}
+	return &reqValues{Values: frontdoor.Values{S: s, Peer: r.RemoteAddr, Header: r.Header}, r: r}
 }
 
 func (v *reqValues) Value(src rules.Source) (string, bool) {
@@ -46,7 +46,7 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 		}
 		return frontdoor.Joined(vals)
 	}
-	return v.Request.Value(src)
+	return v.Values.Value(src)
 }
 
 // escapedPath is u's path as it was sent, percent-encoded: its RawPath

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -100,13 +101,13 @@ func FuzzDecide(f *testing.F) {
 		rec := httptest.NewRecorder()
 		res.WriteHeaders(rec.Header())
 		if res.Allowed {
-			if res.Status != 0 || res.RetryAfter != 0 {
+			if res.Status() != 0 || res.RetryAfter != 0 {
 				t.Fatalf("allowed with %+v", res)
 			}
 			return
 		}
 		res.WriteError(rec)
-		if res.Status == 400 {
+		if res.Status() == 400 {
 			// A path servers read in different ways: refused, nothing taken.
 			if res.Reason != ReasonAmbiguousPath || res.Top != nil || rec.Header().Get("RateLimit-Policy") != "" {
 				t.Fatalf("refused: %d %v %+v", rec.Code, rec.Header(), res)
@@ -116,7 +117,7 @@ func FuzzDecide(f *testing.F) {
 		if rec.Code != 429 || res.Top == nil || rec.Header().Get("RateLimit-Policy") == "" {
 			t.Fatalf("denied: %d %v %+v", rec.Code, rec.Header(), res)
 		}
-		if res.Reason != ReasonCostExceedsBurst && res.RetryAfter < 1 {
+		if res.Reason != engine.ReasonCostExceedsBurst && res.RetryAfter < 1 {
 			t.Fatalf("Retry-After %d", res.RetryAfter)
 		}
 	})

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,9 +12,10 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // TestStores runs the key end-to-end cases on every store: the memory
@@ -21,7 +23,7 @@ import (
 // middleware makes the same decisions, headers included, on all three.
 func TestStores(t *testing.T) {
 	// On Redis Cluster the rules' keys land in different hash slots; the
-	// store says so (drip.ErrNotColocated) and the limiter takes the
+	// store says so (store.ErrNotColocated) and the limiter takes the
 	// enforce rules one call each, with no option needed.
 	for _, st := range teststores.Shared() {
 		t.Run(st.Name, func(t *testing.T) {
@@ -57,7 +59,7 @@ func storeEnv(t *testing.T, su *storeUnder, src string) (*env, string) {
 
 // storeUnder is a store and the limiter options it needs.
 type storeUnder struct {
-	store drip.Store
+	store store.Store
 	opts  []httplimit.Option
 }
 
@@ -105,7 +107,7 @@ var storeCases = []struct {
 			ip := fmt.Sprintf("198.51.100.%d", i+1)
 			e.do("/", "X-Forwarded-For: "+ip)
 			r1, r2 := e.do("/", "X-Forwarded-For: "+ip), e.do("/", "X-Forwarded-For: "+ip)
-			want := strconv.FormatInt(retryafter.Uncapped("ip:"+ip, time.Minute, 0.5), 10)
+			want := strconv.FormatInt((rules.Jitter{Fraction: 0.5, Max: math.MaxInt64}).Seconds("ip:"+ip, time.Minute), 10)
 			if r1.code != 429 || r1.h.Get("Retry-After") != want || r2.h.Get("Retry-After") != want {
 				t.Fatalf("%s: %d Retry-After %q %q, want %s", ip, r1.code, r1.h.Get("Retry-After"), r2.h.Get("Retry-After"), want)
 			}

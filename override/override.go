@@ -3,8 +3,8 @@
 // say tenant "acme" on rule "api"), kept in the store every instance
 // shares, so that every instance applies it.
 //
-// A store that keeps overrides implements Store (pgstore, redisstore and
-// memstore do). Each instance runs a Follower, which loads every override
+// A store that keeps overrides has an Overrides side in its capabilities
+// (store.Caps: pgstore, redisstore and memstore do). Each instance runs a Follower, which loads every override
 // into an immutable Snapshot once, and then, whenever the store's version
 // of them changes, reads only the overrides changed since its snapshot's
 // version and swaps in a new snapshot that shares everything else with
@@ -24,22 +24,20 @@ import (
 	"encoding/json"
 	"errors"
 	"hash/maphash"
-	"log/slog"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 )
 
 // MaxOverrides bounds the overrides a store holds: setting one more (a
-// new key) fails with ErrFull.
+// new key) fails with store.ErrOverridesFull.
 const MaxOverrides = 100_000
 
 // MaxValueBytes bounds the stored text of one override (its rule, values
-// and limit as JSON): keys are at most drip.MaxKeyLen bytes, and the
+// and limit as JSON): keys are at most store.MaxKeyLen bytes, and the
 // values they are built from at most as long.
 const MaxValueBytes = 4 << 10
 
@@ -50,108 +48,6 @@ const PollEvery = 500 * time.Millisecond
 // LoadTimeout bounds each Refresh of Run: a store that hangs holds up no
 // later one.
 const LoadTimeout = 5 * time.Second
-
-// KeepChanges is how many of the latest changes a store keeps a record
-// of (which key changed at which version), for OverridesSince: a follower
-// further behind loads every override.
-const KeepChanges = 4096
-
-// ErrFull is the error of setting a new override when the store holds
-// MaxOverrides already.
-var ErrFull = errors.New("too many overrides")
-
-// ErrNoWatch is the error of Store.WatchOverrides for a store that cannot
-// notify changes: a Follower then only polls.
-var ErrNoWatch = errors.New("the store cannot notify override changes")
-
-// Store keeps overrides, by bucket key, as opaque values (an Entry as
-// JSON), shared by every instance that uses it. Every change bumps a
-// version number that only grows.
-type Store interface {
-	// PutOverride sets the value of key, failing with ErrFull when key is
-	// new and max values are held already (by the whole store: a prefixed
-	// view's bound counts the other prefixes' too).
-	PutOverride(ctx context.Context, key string, val []byte, max int) error
-	// DeleteOverride removes key's value, reporting whether it had one.
-	DeleteOverride(ctx context.Context, key string) (bool, error)
-	// OverridesVersion is the version of the overrides: it changes
-	// whenever one is set or deleted.
-	OverridesVersion(ctx context.Context) (int64, error)
-	// Overrides returns every override, and a version that is at most
-	// theirs (it is read first).
-	Overrides(ctx context.Context) (int64, map[string][]byte, error)
-	// OverridesSince returns the overrides changed after version since
-	// (a set one with its value, a deleted one with nil) and the version
-	// they bring the overrides of version since to, read together. ok is
-	// false when the store cannot tell what changed (its record of
-	// changes, KeepChanges long, does not reach back to since, or since
-	// is not one of its versions): the caller loads them all.
-	OverridesSince(ctx context.Context, since int64) (version int64, changed map[string][]byte, ok bool, err error)
-	// WatchOverrides calls changed after each change, and once when it is
-	// listening, until ctx ends or the notifications stop (an error; the
-	// Follower watches again after a poll interval). A store that cannot
-	// notify returns ErrNoWatch at once.
-	WatchOverrides(ctx context.Context, changed func()) error
-}
-
-// Of returns the overrides of store: store itself, or the inner store of
-// a drip.Prefixed (its keys under the prefix).
-func Of(store drip.Store) (Store, bool) {
-	switch s := store.(type) {
-	case Store:
-		return s, true
-	case drip.Prefixed:
-		if in, ok := Of(s.Store); ok {
-			return prefixed{in, s.Prefix}, true
-		}
-	case *drip.Prefixed:
-		return Of(*s)
-	}
-	return nil, false
-}
-
-// prefixed keeps the overrides of keys under a prefix, as drip.Prefixed
-// keeps their buckets.
-type prefixed struct {
-	Store
-	prefix string
-}
-
-func (p prefixed) PutOverride(ctx context.Context, key string, val []byte, max int) error {
-	return p.Store.PutOverride(ctx, p.prefix+key, val, max)
-}
-
-func (p prefixed) DeleteOverride(ctx context.Context, key string) (bool, error) {
-	return p.Store.DeleteOverride(ctx, p.prefix+key)
-}
-
-func (p prefixed) Overrides(ctx context.Context) (int64, map[string][]byte, error) {
-	v, all, err := p.Store.Overrides(ctx)
-	if err != nil {
-		return 0, nil, err
-	}
-	out := make(map[string][]byte)
-	for k, val := range all {
-		if rest, ok := strings.CutPrefix(k, p.prefix); ok {
-			out[rest] = val
-		}
-	}
-	return v, out, nil
-}
-
-func (p prefixed) OverridesSince(ctx context.Context, since int64) (int64, map[string][]byte, bool, error) {
-	v, changed, ok, err := p.Store.OverridesSince(ctx, since)
-	if err != nil || !ok {
-		return v, nil, ok, err
-	}
-	out := make(map[string][]byte)
-	for k, val := range changed {
-		if rest, ok := strings.CutPrefix(k, p.prefix); ok {
-			out[rest] = val
-		}
-	}
-	return v, out, true, nil
-}
 
 // Entry is one override: the limit of the bucket Key, the bucket of Rule
 // for Values.
@@ -164,8 +60,8 @@ type Entry struct {
 }
 
 // Set stores e in st, by its key.
-func Set(ctx context.Context, st Store, e Entry) error {
-	if err := drip.CheckKey(e.Key); err != nil {
+func Set(ctx context.Context, st store.Overrides, e Entry) error {
+	if err := store.CheckKey(e.Key); err != nil {
 		return err
 	}
 	if err := e.Limit.Validate(); err != nil {
@@ -176,7 +72,7 @@ func Set(ctx context.Context, st Store, e Entry) error {
 		return err
 	}
 	if len(b) > MaxValueBytes {
-		return &drip.InputError{Err: errors.New("override over 4 KiB (rule, values and limit together)")}
+		return &store.InputError{Err: errors.New("override over 4 KiB (rule, values and limit together)")}
 	}
 	return st.PutOverride(ctx, e.Key, b, MaxOverrides)
 }
@@ -402,151 +298,4 @@ func (s *Snapshot) apply(version int64, changed map[string][]byte) (out *Snapsho
 	slices.Sort(keys)
 	out.version, out.changed, out.all = version, keys, false
 	return out, bad
-}
-
-// Follower keeps an instance's snapshot of a store's overrides current.
-// Construct it with NewFollower; it is safe for concurrent use.
-type Follower struct {
-	st       Store
-	log      *slog.Logger
-	poll     time.Duration
-	noWatch  bool
-	onChange func(*Snapshot)
-	mu       sync.Mutex // serializes Refresh: snapshots are swapped in version order
-	cur      atomic.Pointer[Snapshot]
-	lastLog  atomic.Int64
-}
-
-// Option configures a Follower.
-type Option func(*Follower)
-
-// WithPoll sets how often the version is checked (default PollEvery).
-func WithPoll(d time.Duration) Option { return func(f *Follower) { f.poll = d } }
-
-// WithoutWatch turns notifications off: the follower only polls.
-func WithoutWatch() Option { return func(f *Follower) { f.noWatch = true } }
-
-// WithLogger sets the logger of load failures (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(f *Follower) { f.log = l } }
-
-// OnChange sets a function called with each new snapshot.
-func OnChange(fn func(*Snapshot)) Option { return func(f *Follower) { f.onChange = fn } }
-
-// NewFollower returns a follower of st's overrides, holding none until
-// its first Refresh.
-func NewFollower(st Store, opts ...Option) *Follower {
-	f := &Follower{st: st, log: slog.Default(), poll: PollEvery}
-	for _, o := range opts {
-		o(f)
-	}
-	if f.poll <= 0 {
-		f.poll = PollEvery
-	}
-	return f
-}
-
-// Snapshot is the overrides in force.
-func (f *Follower) Snapshot() *Snapshot { return f.cur.Load() }
-
-// Refresh brings the snapshot to the store's version of the overrides,
-// if it differs from the snapshot's: the first time by loading them all,
-// then by applying the changes since (or loading them all again when the
-// store cannot tell them). On an error the snapshot stays as it is.
-func (f *Follower) Refresh(ctx context.Context) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	cur := f.cur.Load()
-	v, err := f.st.OverridesVersion(ctx)
-	if err != nil {
-		return err
-	}
-	if cur != nil && v == cur.version {
-		return nil
-	}
-	var s *Snapshot
-	var bad int
-	if cur != nil {
-		v, changed, ok, err := f.st.OverridesSince(ctx, cur.version)
-		if err != nil {
-			return err
-		}
-		if ok {
-			s, bad = cur.apply(v, changed)
-		}
-	}
-	if s == nil {
-		v, all, err := f.st.Overrides(ctx)
-		if err != nil {
-			return err
-		}
-		s, bad = build(v, all)
-	}
-	if bad > 0 {
-		f.logf("drip: overrides that do not decode were skipped", "count", bad)
-	}
-	f.cur.Store(s)
-	if f.onChange != nil {
-		f.onChange(s)
-	}
-	return nil
-}
-
-// Run keeps the snapshot current until ctx ends: it refreshes on every
-// notification of the store and every poll interval.
-func (f *Follower) Run(ctx context.Context) {
-	kick := make(chan struct{}, 1)
-	changed := func() {
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
-	}
-	done := make(chan struct{})
-	defer func() { <-done }()
-	go func() {
-		defer close(done)
-		if f.noWatch {
-			return
-		}
-		for {
-			err := f.st.WatchOverrides(ctx, changed)
-			if ctx.Err() != nil || errors.Is(err, ErrNoWatch) {
-				return
-			}
-			if err != nil {
-				f.logf("drip: override notifications lost; polling until they are back", "err", err)
-			}
-			select { // the polls carry on meanwhile
-			case <-ctx.Done():
-				return
-			case <-time.After(f.poll):
-			}
-		}
-	}()
-	t := time.NewTicker(f.poll)
-	defer t.Stop()
-	for {
-		rctx, cancel := context.WithTimeout(ctx, LoadTimeout)
-		if err := f.Refresh(rctx); err != nil && ctx.Err() == nil {
-			f.logf("drip: loading overrides failed; the ones in force stay", "err", err)
-		}
-		cancel()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-kick:
-		}
-	}
-}
-
-// logf logs at most once a minute, so that an outage does not flood the
-// log.
-func (f *Follower) logf(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := f.lastLog.Load()
-	if now-last < int64(time.Minute) || !f.lastLog.CompareAndSwap(last, now) {
-		return
-	}
-	f.log.Warn(msg, args...)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -18,8 +19,8 @@ import (
 // overrides of a prefixed store under its prefix.
 func TestFollowerMemstore(t *testing.T) {
 	st := memstore.New(memstore.WithSweep(0))
-	ost, ok := override.Of(drip.Prefixed{Store: st, Prefix: "p:"})
-	if !ok {
+	ost := store.Prefixed{Store: st, Prefix: "p:"}.Caps().Overrides
+	if ost == nil {
 		t.Fatal("a prefixed memory store keeps no overrides")
 	}
 	snaps := make(chan *override.Snapshot, 16)
@@ -129,7 +130,7 @@ func TestFollowerIncremental(t *testing.T) {
 	}
 
 	// More changes than the store keeps a record of: a load of them all.
-	for i := range 2*override.KeepChanges + 1 {
+	for i := range 2*store.KeepChanges + 1 {
 		set("churn", float64(i+1))
 	}
 	if err := f.Refresh(ctx); err != nil {
@@ -137,9 +138,9 @@ func TestFollowerIncremental(t *testing.T) {
 	}
 	s2 := f.Snapshot()
 	if _, all := s2.Changed(); !all || s2.Len() != 101 {
-		t.Fatalf("after %d changes: all %v, %d overrides", 2*override.KeepChanges+1, all, s2.Len())
+		t.Fatalf("after %d changes: all %v, %d overrides", 2*store.KeepChanges+1, all, s2.Len())
 	}
-	if l, _ := s2.Limit("churn"); l.Rate != 2*override.KeepChanges+1 {
+	if l, _ := s2.Limit("churn"); l.Rate != 2*store.KeepChanges+1 {
 		t.Fatalf("churn: %+v", l)
 	}
 }

@@ -1,5 +1,5 @@
 // Package replay runs drip's JSON-lines protocol (docs/api.md): one request per
-// input line, one decision per output line, in order, on any drip.Store and
+// input line, one decision per output line, in order, on any store.Store and
 // in virtual time. drip replay and the decision API of drip serve share
 // its request shape.
 package replay
@@ -14,7 +14,10 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/seconds"
 	"github.com/driplimit/drip/internal/strictjson"
+	"github.com/driplimit/drip/store"
 )
 
 // MaxRequests is the most requests of one multi-take, here and in the
@@ -92,7 +95,7 @@ var (
 // fields f does not allow), trailing data, a bad "at" or "op" are errors,
 // and so is what encoding/json alone would let pass (see strict): invalid
 // UTF-8, a lone surrogate escape, a field given twice, a field name in
-// another case (strictjson). Every error it returns is a *drip.InputError.
+// another case (strictjson). Every error it returns is a *store.InputError.
 func Decode(b []byte, f Format) (Raw, error) {
 	if err := strictjson.Check(b, "values"); err != nil {
 		return Raw{}, inputf("bad JSON: %w", err)
@@ -118,7 +121,7 @@ func Decode(b []byte, f Format) (Raw, error) {
 		if err := json.Unmarshal(j.At, &v); err != nil {
 			return Raw{}, inputf("at: %w", err)
 		}
-		at, err := drip.ParseSeconds(v)
+		at, err := seconds.Parse(v)
 		if err != nil {
 			return Raw{}, inputf("at: %w", err)
 		}
@@ -173,7 +176,7 @@ func (r *Raw) CheckMulti(f Format, opErr error) error {
 		return opErr
 	}
 	if len(r.Requests) == 0 {
-		return &drip.InputError{Err: drip.ErrNoRequests}
+		return &store.InputError{Err: store.ErrNoRequests}
 	}
 	if len(r.Requests) > MaxRequests {
 		return inputf("%d requests: a multi-take has at most %d", len(r.Requests), MaxRequests)
@@ -182,13 +185,13 @@ func (r *Raw) CheckMulti(f Format, opErr error) error {
 }
 
 func inputf(format string, args ...any) error {
-	return &drip.InputError{Err: fmt.Errorf(format, args...)}
+	return &store.InputError{Err: fmt.Errorf(format, args...)}
 }
 
 // ToRequest checks a JSON request and applies the defaults (cost 1).
 func (r ReqJSON) ToRequest() (drip.Request, error) {
 	if r.Key == "" {
-		return drip.Request{}, &drip.InputError{Err: drip.ErrMissingKey}
+		return drip.Request{}, &store.InputError{Err: drip.ErrMissingKey}
 	}
 	if r.Limit == nil {
 		return drip.Request{}, inputf("%w: missing limit", drip.ErrInvalidLimit)
@@ -226,7 +229,7 @@ func Parse(b []byte) (Line, error) {
 	}
 	if l.Op == "reset" {
 		if r.Key == "" {
-			return Line{}, &drip.InputError{Err: drip.ErrMissingKey}
+			return Line{}, &store.InputError{Err: drip.ErrMissingKey}
 		}
 		l.Request.Key = r.Key
 		return l, nil
@@ -239,17 +242,17 @@ func Parse(b []byte) (Line, error) {
 	return l, nil
 }
 
-// Op maps an op name to a drip.Op; ok is false for "reset".
-func Op(name string) (drip.Op, bool) {
+// Op maps an op name to a bucket.Op; ok is false for "reset".
+func Op(name string) (bucket.Op, bool) {
 	switch name {
 	case "peek":
-		return drip.OpPeek, true
+		return bucket.Peek, true
 	case "refund":
-		return drip.OpRefund, true
+		return bucket.Refund, true
 	case "reset":
 		return 0, false
 	}
-	return drip.OpTake, true
+	return bucket.Take, true
 }
 
 // Epoch returns the instant virtual time 0 maps to for a run starting now:
@@ -263,17 +266,21 @@ func Epoch() time.Time { return time.Now().Truncate(time.Second) }
 // the prefix or the epoch: a fixed window's grid is derived from the
 // unprefixed key and counted from the epoch, as if the trace began at the
 // Unix epoch.
-func Do(ctx context.Context, store drip.Store, epoch time.Time, prefix string, l Line) (any, error) {
+func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l Line) (any, error) {
 	at := epoch.Add(l.At)
-	store = drip.Prefixed{Store: store, Prefix: prefix} // the grid comes from the unprefixed key
 	// Count a fixed window's grid from the epoch, as if the trace began
-	// at the Unix epoch.
+	// at the Unix epoch, from the unprefixed key; then put the key under
+	// the prefix, which counts toward store.MaxKeyLen.
 	fix := func(r drip.Request) drip.Request {
-		r.Limit = r.Limit.ForKey(r.Key)
 		if r.Limit.Algorithm == drip.FixedWindow {
 			p := r.Limit.Period
 			if p == 0 {
 				p = time.Second
+			}
+			if r.Limit.Start == 0 {
+				if r.Limit.Start = store.WindowStart(r.Key, p); r.Limit.Start == 0 {
+					r.Limit.Start = p
+				}
 			}
 			shift := time.Duration(epoch.UnixNano() % int64(p))
 			r.Limit.Start = (r.Limit.Start+shift)%p + p // never 0: 0 means "derive"
@@ -281,10 +288,13 @@ func Do(ctx context.Context, store drip.Store, epoch time.Time, prefix string, l
 				r.Limit.Start -= p
 			}
 		}
+		if r.Key != "" {
+			r.Key = prefix + r.Key
+		}
 		return r
 	}
 	if l.Op == "reset" {
-		if err := store.Reset(ctx, l.Request.Key); err != nil {
+		if err := (store.Prefixed{Store: st, Prefix: prefix}).Reset(ctx, l.Request.Key); err != nil {
 			return nil, err
 		}
 		return map[string]bool{"reset": true}, nil
@@ -295,20 +305,29 @@ func Do(ctx context.Context, store drip.Store, epoch time.Time, prefix string, l
 		for i, r := range l.Requests {
 			rs[i] = fix(r)
 		}
-		return store.ApplyMulti(ctx, op, at, rs)
+		m, err := drip.Apply(ctx, st, op, at, rs...)
+		if err != nil && len(rs) == 1 && store.IsInput(err) {
+			// A multi-take names the request of its error, even of one.
+			err = fmt.Errorf("requests[0]: %w", err)
+		}
+		return m, err
 	}
-	return store.Apply(ctx, op, at, fix(l.Request))
+	m, err := drip.Apply(ctx, st, op, at, fix(l.Request))
+	if err != nil {
+		return drip.Decision{}, err
+	}
+	return m.Decisions[0], nil
 }
 
 // Run reads lines from r and writes one output line per input line to w.
 // Bad lines print {"error": "..."} and the run goes on; a failing store
 // also prints an error line for that request. Run returns only I/O errors.
-func Run(ctx context.Context, store drip.Store, prefix string, r io.Reader, w io.Writer) error {
-	return RunAt(ctx, store, Epoch(), prefix, r, w)
+func Run(ctx context.Context, st store.Store, prefix string, r io.Reader, w io.Writer) error {
+	return RunAt(ctx, st, Epoch(), prefix, r, w)
 }
 
 // RunAt is Run with virtual time 0 at epoch.
-func RunAt(ctx context.Context, store drip.Store, epoch time.Time, prefix string, r io.Reader, w io.Writer) error {
+func RunAt(ctx context.Context, st store.Store, epoch time.Time, prefix string, r io.Reader, w io.Writer) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	bw := bufio.NewWriter(w)
@@ -322,7 +341,7 @@ func RunAt(ctx context.Context, store drip.Store, epoch time.Time, prefix string
 		var out any
 		l, err := Parse(line)
 		if err == nil {
-			out, err = Do(ctx, store, epoch, prefix, l)
+			out, err = Do(ctx, st, epoch, prefix, l)
 		}
 		if err != nil {
 			out = map[string]string{"error": err.Error()}

@@ -2,8 +2,6 @@ package rules
 
 import (
 	"net/netip"
-
-	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // The top level of a rules file.
@@ -18,7 +16,7 @@ func (c *checker) set(v any) *Set {
 		Breaker:    DefaultBreaker,
 		byName:     map[string]int{},
 	}
-	s.RetryJitter = retryafter.Default
+	s.RetryJitter = DefaultJitter
 	f, ok := c.object("", v)
 	if !ok {
 		c.problems[len(c.problems)-1].Message = "the file must hold an object with \"rules\", not " + kindOf(v)

@@ -5,7 +5,6 @@ import (
 	"strconv"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // FuncRule is a rule without a rules file: one enforce limit whose key,
@@ -82,7 +81,7 @@ func (f FuncRule) Set() (*Set, error) {
 		OnError:     f.OnError,
 		LocalShare:  f.LocalShare,
 		Breaker:     DefaultBreaker,
-		RetryJitter: retryafter.Default,
+		RetryJitter: DefaultJitter,
 		byName:      map[string]int{f.Name: 0},
 	}, nil
 }

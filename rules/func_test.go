@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // TestFuncRule: a FuncRule's Set holds one enforce rule keyed by a
@@ -29,7 +28,7 @@ func TestFuncRule(t *testing.T) {
 		r.LocalShare != DefaultLocalShare || r.CostSource.Kind != KindFixed || r.FixedCost != 1 || r.DefaultCost != 1 {
 		t.Errorf("rule %+v", r)
 	}
-	if set.Breaker != file.Breaker || set.RetryJitter != retryafter.Default || set.StoreTimeout != 0 || set.OnError != Allow {
+	if set.Breaker != file.Breaker || set.RetryJitter != DefaultJitter || set.StoreTimeout != 0 || set.OnError != Allow {
 		t.Errorf("set %+v", set)
 	}
 	if got, want := r.Key([]string{"a|b"}), f.Key([]string{"a|b"}); got != want || got != `per-user|a\|b` {

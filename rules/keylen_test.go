@@ -4,11 +4,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 )
 
 // TestKeysFit: whatever the values, a rule's key fits half of
-// drip.MaxKeyLen (the rest is room for a store wrapper's prefix), so that
+// store.MaxKeyLen (the rest is room for a store wrapper's prefix), so that
 // a store never refuses a key the middleware built; and values that differ
 // keep their keys apart.
 func TestKeysFit(t *testing.T) {
@@ -31,8 +31,8 @@ func TestKeysFit(t *testing.T) {
 		return v
 	}
 	a, b := r.Key(vals("a")), r.Key(vals("b"))
-	if len(a) > drip.MaxKeyLen/2 || len(b) > drip.MaxKeyLen/2 {
-		t.Fatalf("keys of %d and %d bytes, want at most %d", len(a), len(b), drip.MaxKeyLen/2)
+	if len(a) > store.MaxKeyLen/2 || len(b) > store.MaxKeyLen/2 {
+		t.Fatalf("keys of %d and %d bytes, want at most %d", len(a), len(b), store.MaxKeyLen/2)
 	}
 	if a == b {
 		t.Fatal("two different values made the same key")

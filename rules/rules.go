@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
 )
 
 // Mode is whether a rule blocks.
@@ -87,9 +86,9 @@ type Set struct {
 	// Breaker configures the circuit breaker in front of the store.
 	Breaker Breaker
 	// RetryJitter spreads the Retry-After of denied requests over clients
-	// (retry_after_jitter; default retryafter.Default: up to 50% of
+	// (retry_after_jitter; default DefaultJitter: up to 50% of
 	// the wait, at most 60 s).
-	RetryJitter retryafter.Jitter
+	RetryJitter Jitter
 	// ExactPaths is the file's exact_paths: request paths are compared in
 	// their own case and keep their segments' trailing dots and spaces
 	// (CleanPath). False, the default, folds case and drops them, so that

@@ -7,7 +7,7 @@ import (
 	"net/textproto"
 	"strings"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 )
 
 // Kind is where a key, match or cost value is read from.
@@ -113,8 +113,8 @@ const maxValueLen = 128
 // the key of another rule or of other values; a value longer than 128
 // bytes is replaced by `\h` and its SHA-256 in hex (a form escaping never
 // produces). A "global" key contributes no value. A key that still ends
-// up over drip.MaxKeyLen bytes (a rule with many limit keys) is replaced
-// whole by drip.FitKey's stand-in. The middleware and the
+// up over store.MaxKeyLen bytes (a rule with many limit keys) is replaced
+// whole by store.FitKey's stand-in. The middleware and the
 // decision API both build keys here, so they hit the same buckets; keys
 // depend only on the rule name, so bucket state survives a reload.
 func (r *Rule) Key(values []string) string {
@@ -134,7 +134,7 @@ func (r *Rule) Key(values []string) string {
 		b.WriteByte('|')
 		writeEscaped(&b, v)
 	}
-	return drip.FitKey(b.String())
+	return store.FitKey(b.String())
 }
 
 func writeEscaped(b *strings.Builder, v string) {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/redact"
 )
 
@@ -85,7 +86,7 @@ func (s *Server) auth(next http.Handler) http.Handler {
 func (s *Server) pingStore(r *http.Request) error {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
 	defer cancel()
-	_, err := s.store.Apply(ctx, drip.OpPeek, timeZero, drip.Request{Key: readyKey, Limit: drip.PerSecond(1), Cost: 1})
+	_, err := drip.Apply(ctx, s.store, bucket.Peek, timeZero, drip.Request{Key: readyKey, Limit: drip.PerSecond(1), Cost: 1})
 	return err
 }
 
@@ -145,12 +146,12 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
 	defer cancel()
-	d, err := s.store.Apply(ctx, drip.OpPeek, timeZero, req)
+	m, err := drip.Apply(ctx, s.store, bucket.Peek, timeZero, req)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, inspection{Rule: name, Key: req.Key, Limit: req.Limit, Decision: d})
+	writeJSON(w, http.StatusOK, inspection{Rule: name, Key: req.Key, Limit: req.Limit, Decision: m.Decisions[0]})
 }
 
 func (s *Server) adminReset(w http.ResponseWriter, r *http.Request) {

@@ -9,10 +9,12 @@ import (
 	"net/http"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // The decision API: POST /v1/take, /v1/peek, /v1/refund and /v1/reset,
@@ -54,7 +56,7 @@ import (
 const maxBody = 256 << 10
 
 // httpError is an error with the HTTP status that reports it: 404, 405,
-// 413. Bad input (400) is a *drip.InputError (inputf).
+// 413. Bad input (400) is a *store.InputError (inputf).
 type httpError struct {
 	status int
 	msg    string
@@ -68,7 +70,7 @@ func errorf(status int, format string, args ...any) error {
 
 // inputf is bad input: 400.
 func inputf(format string, args ...any) error {
-	return &drip.InputError{Err: fmt.Errorf(format, args...)}
+	return &store.InputError{Err: fmt.Errorf(format, args...)}
 }
 
 // decode reads a decision API body (or an admin reset's) with the
@@ -103,7 +105,7 @@ func writeError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &he):
 		status = he.status
-	case drip.IsInput(err):
+	case store.IsInput(err):
 		status = http.StatusBadRequest
 	default:
 		// The store failed, was too slow, or the breaker skipped it:
@@ -169,11 +171,11 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 			rs[i], names[i] = r, name
 		}
 		op := apiOp(opName)
-		if _, err := drip.PrepareMulti(op, rs); err != nil {
+		if err := check(op, rs, true); err != nil {
 			return nil, err
 		}
 		m, err := s.eng.Apply(ctx, op, rs)
-		if err != nil || op == drip.OpTake {
+		if err != nil || op == bucket.Take {
 			for _, n := range names {
 				s.count(n, m.Allowed, err)
 			}
@@ -200,11 +202,11 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		return map[string]bool{"reset": true}, nil
 	}
 	op := apiOp(opName)
-	if _, err := drip.Prepare(op, r); err != nil {
+	if err := check(op, []drip.Request{r}, false); err != nil {
 		return nil, err
 	}
 	m, err := s.eng.Apply(ctx, op, []drip.Request{r})
-	if op == drip.OpTake {
+	if op == bucket.Take {
 		s.count(name, m.Allowed, err)
 	}
 	if err != nil {
@@ -218,12 +220,12 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 
 // apiOp is the store op of a decision API path: acquire is a take (of
 // leases the server names), release a refund (of a named lease).
-func apiOp(opName string) drip.Op {
+func apiOp(opName string) bucket.Op {
 	switch opName {
 	case "acquire":
-		return drip.OpTake
+		return bucket.Take
 	case "release":
-		return drip.OpRefund
+		return bucket.Refund
 	}
 	op, _ := replay.Op(opName)
 	return op
@@ -272,7 +274,7 @@ func acquiredMulti(m drip.Multi, rs []drip.Request) any {
 func (s *Server) count(rule string, allowed bool, err error) {
 	ev := engine.Denied
 	switch {
-	case err != nil && drip.IsInput(err):
+	case err != nil && store.IsInput(err):
 		return
 	case err != nil:
 		ev = engine.Failed
@@ -299,7 +301,7 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 		return r, name, nil
 	}
 	if it.Lease != "" {
-		return drip.Request{}, "", inputf("%v: /v1/acquire names its leases itself; give none", drip.ErrInvalidLease)
+		return drip.Request{}, "", inputf("%v: /v1/acquire names its leases itself; give none", store.ErrInvalidLease)
 	}
 	if r.Limit.Concurrent() {
 		r.Lease = drip.NewLeaseID()
@@ -363,16 +365,16 @@ func ruleOf(it replay.ReqJSON) string {
 // rule name and values only, under the rule's own limit.
 const InlinePrefix = "inline:"
 
-// MaxInlineKeyLen is the longest inline key, in bytes: drip.MaxKeyLen less
+// MaxInlineKeyLen is the longest inline key, in bytes: store.MaxKeyLen less
 // InlinePrefix. A longer one is a 400.
-const MaxInlineKeyLen = drip.MaxKeyLen - len(InlinePrefix)
+const MaxInlineKeyLen = store.MaxKeyLen - len(InlinePrefix)
 
 func prefixed(p string, err error) error {
 	var he *httpError
 	if errors.As(err, &he) {
 		return &httpError{he.status, p + he.msg}
 	}
-	if drip.IsInput(err) {
+	if store.IsInput(err) {
 		return inputf("%s%w", p, err)
 	}
 	return err

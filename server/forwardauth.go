@@ -91,7 +91,7 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
 	case res.Allowed:
 		w.WriteHeader(http.StatusOK)
 	case deny != 0:
-		h.Set(hdrDripStatus, strconv.Itoa(res.Status))
+		h.Set(hdrDripStatus, strconv.Itoa(res.Status()))
 		h.Set(hdrDripProblem, string(res.ProblemJSON()))
 		res.WriteErrorAs(w, deny)
 	default:

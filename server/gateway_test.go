@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -210,7 +210,7 @@ func TestGatewayReloadUnderLoad(t *testing.T) {
 	testGatewayReloadUnderLoad(t, memstore.New())
 }
 
-func testGatewayReloadUnderLoad(t *testing.T, store drip.Store) {
+func testGatewayReloadUnderLoad(t *testing.T, store store.Store) {
 	const burst = 25
 	up := newUpstream(t)
 	path := rulesFile(t, "", burst, "api")

@@ -7,11 +7,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit/promobserver"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/server/envoy"
+	"github.com/driplimit/drip/store"
 )
 
 // metrics are the server's Prometheus series, in a registry of its own so
@@ -98,16 +99,16 @@ func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
 // storeOps are the values of the store series' op label.
 var storeOps = []string{"take", "peek", "refund", "multi", "reset"}
 
-// observed is a drip.Store that times every call and counts failures: the
+// observed is a store.Store that times every call and counts failures: the
 // store latency and error series. Telemetry stays out of the stores
 // themselves.
 type observed struct {
-	drip.Store
+	store.Store
 	take, peek, refund, multi, reset prometheus.Observer
 	errs                             *prometheus.CounterVec
 }
 
-func (m *metrics) observe(s drip.Store) *observed {
+func (m *metrics) observe(s store.Store) *observed {
 	return &observed{
 		Store:  s,
 		take:   m.storeSeconds.WithLabelValues("take"),
@@ -120,47 +121,41 @@ func (m *metrics) observe(s drip.Store) *observed {
 }
 
 // Unwrap is the store observed (engine.StoreKind names it in traces).
-func (o *observed) Unwrap() drip.Store { return o.Store }
+func (o *observed) Unwrap() store.Store { return o.Store }
 
-func (o *observed) obs(op drip.Op) (prometheus.Observer, string) {
+func (o *observed) obs(op bucket.Op) (prometheus.Observer, string) {
 	switch op {
-	case drip.OpPeek:
+	case bucket.Peek:
 		return o.peek, "peek"
-	case drip.OpRefund:
+	case bucket.Refund:
 		return o.refund, "refund"
 	}
 	return o.take, "take"
 }
 
-// Apply implements drip.Store.
-func (o *observed) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+// Apply implements store.Store: a call of one item under its op, of
+// several as "multi". Caps come from the embedded store, so an in-process
+// store stays one for the engine.
+func (o *observed) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	start := time.Now()
-	d, err := o.Store.Apply(ctx, op, at, r)
+	err := o.Store.Apply(ctx, op, at, items, results)
 	h, name := o.obs(op)
+	if len(items) > 1 {
+		h, name = o.multi, "multi"
+	}
 	h.Observe(time.Since(start).Seconds())
-	if err != nil && !drip.IsInput(err) {
+	if err != nil && !store.IsInput(err) {
 		o.errs.WithLabelValues(name).Inc()
 	}
-	return d, err
+	return err
 }
 
-// ApplyMulti implements drip.Store.
-func (o *observed) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	start := time.Now()
-	m, err := o.Store.ApplyMulti(ctx, op, at, rs)
-	o.multi.Observe(time.Since(start).Seconds())
-	if err != nil && !drip.IsInput(err) {
-		o.errs.WithLabelValues("multi").Inc()
-	}
-	return m, err
-}
-
-// Reset implements drip.Store.
+// Reset implements store.Store.
 func (o *observed) Reset(ctx context.Context, key string) error {
 	start := time.Now()
 	err := o.Store.Reset(ctx, key)
 	o.reset.Observe(time.Since(start).Seconds())
-	if err != nil && !drip.IsInput(err) {
+	if err != nil && !store.IsInput(err) {
 		o.errs.WithLabelValues("reset").Inc()
 	}
 	return err

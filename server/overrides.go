@@ -13,9 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/strictjson"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Per-tenant overrides on the admin listener (package override):
@@ -71,8 +73,8 @@ func (s *Server) overrideTarget(r *http.Request) (*rules.Rule, []string, string,
 			return nil, nil, "", inputf("a value is not valid UTF-8")
 		}
 	}
-	if n > drip.MaxKeyLen {
-		return nil, nil, "", inputf("values over %d bytes together", drip.MaxKeyLen)
+	if n > store.MaxKeyLen {
+		return nil, nil, "", inputf("values over %d bytes together", store.MaxKeyLen)
 	}
 	list, _ := json.Marshal(vals)
 	if len(vals) == 0 {
@@ -159,7 +161,7 @@ func overrideLimit(ru *rules.Rule, body []byte) (drip.Limit, error) {
 			return drip.Limit{}, inputf("%q must be at most 8760h (a year), not %s", f.name, f.d)
 		}
 	}
-	if cost := ruleCost(ru); cost > l.Burst {
+	if cost := ruleCost(ru); (&engine.Item{Limit: l, Cost: cost}).Never() {
 		return drip.Limit{}, inputf("burst %g is below the rule's cost %g: no request could pass", l.Burst, cost)
 	}
 	return l, nil
@@ -224,7 +226,7 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), overrideTimeout)
 	defer cancel()
 	if err := override.Set(ctx, s.ost, e); err != nil {
-		if errors.Is(err, override.ErrFull) {
+		if errors.Is(err, store.ErrOverridesFull) {
 			err = errorf(http.StatusConflict, "%d overrides are set already: delete some first", override.MaxOverrides)
 		}
 		writeError(w, err)

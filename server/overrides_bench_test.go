@@ -13,6 +13,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
@@ -24,15 +25,15 @@ import (
 func BenchmarkOverridePut(b *testing.B) {
 	stores := []struct {
 		name string
-		open func(b *testing.B, n int) drip.Store
+		open func(b *testing.B, n int) store.Store
 	}{
-		{"memory", func(b *testing.B, n int) drip.Store {
+		{"memory", func(b *testing.B, n int) store.Store {
 			st := memstore.New()
 			b.Cleanup(func() { st.Close() })
 			fillOverrides(b, st, n)
 			return st
 		}},
-		{"redis", func(b *testing.B, n int) drip.Store {
+		{"redis", func(b *testing.B, n int) store.Store {
 			st, err := redisstore.Open(testserver.StartRedis(b).URL())
 			if err != nil {
 				b.Fatal(err)
@@ -41,7 +42,7 @@ func BenchmarkOverridePut(b *testing.B) {
 			fillOverrides(b, st, n)
 			return st
 		}},
-		{"postgres", func(b *testing.B, n int) drip.Store {
+		{"postgres", func(b *testing.B, n int) store.Store {
 			pg := testserver.StartPostgres(b)
 			st := openPostgres(b, pg.URL())
 			// One transaction per override would take minutes (changes
@@ -92,8 +93,8 @@ SET version = version + 1, logged = version + 1, floor = version + 1, held = $1:
 
 // fillOverrides stores n overrides of rule api, for keys k0 ... k<n-1>,
 // from a few goroutines.
-func fillOverrides(b *testing.B, st drip.Store, n int) {
-	ost, _ := override.Of(st)
+func fillOverrides(b *testing.B, st store.Store, n int) {
+	ost := st.Caps().Overrides
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for w := range 8 {

@@ -13,6 +13,7 @@ import (
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
@@ -59,18 +60,18 @@ func jsonString(s string) string {
 // same prefix, as a second drip serve would open.
 type overrideBackend struct {
 	name string
-	open func(t *testing.T) (a, b func() drip.Store)
+	open func(t *testing.T) (a, b func() store.Store)
 	// notify: b learns of changes by notification only (its poll interval
 	// is an hour); else by polling only (every 50 ms), but for defaults.
 	notify   bool
 	defaults bool
 }
 
-func pgHandle(t *testing.T, url, prefix string) drip.Store {
-	return drip.Prefixed{Store: openPostgres(t, url), Prefix: prefix}
+func pgHandle(t *testing.T, url, prefix string) store.Store {
+	return store.Prefixed{Store: openPostgres(t, url), Prefix: prefix}
 }
 
-func redisHandle(t *testing.T, url, prefix string) drip.Store {
+func redisHandle(t *testing.T, url, prefix string) store.Store {
 	s, err := redisstore.Open(url, redisstore.WithPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
@@ -80,33 +81,33 @@ func redisHandle(t *testing.T, url, prefix string) drip.Store {
 }
 
 // redisPair opens clients of the server at url(t), under one prefix.
-func redisPair(url func(testing.TB) string) func(t *testing.T) (func() drip.Store, func() drip.Store) {
-	return func(t *testing.T) (func() drip.Store, func() drip.Store) {
+func redisPair(url func(testing.TB) string) func(t *testing.T) (func() store.Store, func() store.Store) {
+	return func(t *testing.T) (func() store.Store, func() store.Store) {
 		u, p := url(t), testserver.Prefix()
-		h := func() drip.Store { return redisHandle(t, u, p) }
+		h := func() store.Store { return redisHandle(t, u, p) }
 		return h, h
 	}
 }
 
 var overrideBackends = []overrideBackend{
-	{"postgres-listen", func(t *testing.T) (func() drip.Store, func() drip.Store) {
+	{"postgres-listen", func(t *testing.T) (func() store.Store, func() store.Store) {
 		url, p := testserver.SharedPostgres(t).URL(), testserver.Prefix()
-		h := func() drip.Store { return pgHandle(t, url, p) }
+		h := func() store.Store { return pgHandle(t, url, p) }
 		return h, h
 	}, true, false},
-	{"postgres-pgbouncer-polling", func(t *testing.T) (func() drip.Store, func() drip.Store) {
+	{"postgres-pgbouncer-polling", func(t *testing.T) (func() store.Store, func() store.Store) {
 		pg := testserver.SharedPostgres(t)
 		bouncer := testserver.StartPgBouncer(t, pg, 0)
 		p := testserver.Prefix()
-		return func() drip.Store { return pgHandle(t, pg.URL(), p) }, func() drip.Store { return pgHandle(t, bouncer.URL(), p) }
+		return func() store.Store { return pgHandle(t, pg.URL(), p) }, func() store.Store { return pgHandle(t, bouncer.URL(), p) }
 	}, false, false},
-	{"postgres-pgbouncer", func(t *testing.T) (func() drip.Store, func() drip.Store) {
+	{"postgres-pgbouncer", func(t *testing.T) (func() store.Store, func() store.Store) {
 		// Both through the pooler, as configured by default (LISTEN tried,
 		// the version polled every 500 ms): whichever brings a change, it
 		// arrives, and nothing breaks.
 		bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
 		p := testserver.Prefix()
-		h := func() drip.Store { return pgHandle(t, bouncer.URL(), p) }
+		h := func() store.Store { return pgHandle(t, bouncer.URL(), p) }
 		return h, h
 	}, false, true},
 	{"redis-pubsub", redisPair(testserver.SharedRedisURL), true, false},
@@ -251,7 +252,7 @@ func TestOverridesAdminAPI(t *testing.T) {
 		{"PUT", ov + "/api/acme", `{"rate": 5, "period": "` + strings.Repeat("9", 5000) + `"}`, 413, `body over`},
 		{"PUT", ov + "/api/acme", `{"rate": 5, "period": "1000000h"}`, 400, `\"period\" must be at most 8760h (a year)`},
 		{"PUT", ov + "/all", `{"rate": 5, "start": "8761h"}`, 400, `\"start\" must be at most 8760h (a year)`},
-		{"PUT", ov + "/api?value=" + strings.Repeat("v", drip.MaxKeyLen+1), `{"rate": 5}`, 400, `bytes together`},
+		{"PUT", ov + "/api?value=" + strings.Repeat("v", store.MaxKeyLen+1), `{"rate": 5}`, 400, `bytes together`},
 		{"DELETE", ov + "/api/acme", ``, 404, `no override`},
 		{"PUT", ov + "/api/%ff", `{"rate": 5}`, 400, `UTF-8`},
 	} {

@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/pathtest"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestGatewayPathSpellings: the gateway meets a rule however its path or
@@ -92,7 +94,7 @@ func TestDecisionAPIPathKeys(t *testing.T) {
 			if exact {
 				want = map[string]float64{"/docs": 3, "/Docs": 2, "/DOCS": 2}[p]
 			}
-			d, err := st.Apply(t.Context(), drip.OpPeek, time.Time{}, drip.Request{Key: ru.Key([]string{"GET", p}), Limit: ru.Limit})
+			d, err := storetest.Apply(t.Context(), st, bucket.Peek, time.Time{}, drip.Request{Key: ru.Key([]string{"GET", p}), Limit: ru.Limit})
 			if err != nil || d.Tokens != want {
 				t.Errorf("exact_paths %v: the bucket of GET %s holds %v (%v), want %v", exact, p, d.Tokens, err, want)
 			}

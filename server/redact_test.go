@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 )
 
 // leaky is a store whose errors quote its URL with the password, as a
@@ -17,8 +17,8 @@ type leaky struct{ failing }
 
 var errLeaky = errors.New("connect postgres://drip:s3cret@db:5432/app?password=s3cret: refused")
 
-func (leaky) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
-	return drip.Decision{}, errLeaky
+func (leaky) Apply(context.Context, bucket.Op, time.Time, []bucket.Prepared, []bucket.Result) error {
+	return errLeaky
 }
 
 // TestNoSecretInAnswers: a store error that quotes a password reaches

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // rulesFile writes a rules file with one token bucket rule per name,
@@ -96,7 +98,7 @@ func TestDecisionAPIByRule(t *testing.T) {
 	if d := decision(t, out); code != 200 || !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("take by rule with a map: %d %s", code, out)
 	}
-	d, err := st.Apply(t.Context(), drip.OpPeek, time.Time{}, drip.Request{Key: key, Limit: ru.Limit, Cost: 0})
+	d, err := storetest.Apply(t.Context(), st, bucket.Peek, time.Time{}, drip.Request{Key: key, Limit: ru.Limit, Cost: 0})
 	if err != nil || d.Tokens != 0 {
 		t.Fatalf("the rule's bucket %q in the store: %+v %v, want empty", key, d, err)
 	}

@@ -3,7 +3,7 @@
 // checks and the admin API (inspect and reset buckets, reload rules, set
 // per-tenant overrides: overrides.go).
 //
-// A Server is built from a Config and an open drip.Store. Listen binds its
+// A Server is built from a Config and an open store.Store. Listen binds its
 // listeners (so that port 0 resolves before anyone connects), Serve runs
 // them until its context ends, drains (Config.Drain) and then shuts down
 // gracefully; Run does both.
@@ -28,13 +28,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/conncap"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/server/envoy"
 	"github.com/driplimit/drip/server/envoy/xds"
+	"github.com/driplimit/drip/store"
 )
 
 // timeZero asks a store for a decision on its own clock.
@@ -46,7 +47,7 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
-	store   drip.Store     // instrumented
+	store   store.Store    // instrumented
 	eng     *engine.Engine // every front door's: one deadline, one breaker, one observer
 
 	rs  *ruleState
@@ -60,7 +61,7 @@ type Server struct {
 	// Per-tenant overrides (overrides.go): the store's, nil when it keeps
 	// none; the follower that keeps eng's snapshot of them current; its
 	// options (tests: the poll interval, no notifications).
-	ost     override.Store
+	ost     store.Overrides
 	ovr     *override.Follower
 	ovrOpts []override.Option
 	stale   staleOverrides // stale.go
@@ -102,19 +103,17 @@ type listener struct {
 // New returns a server for cfg with state in store. It loads the rules
 // (Config.Rules, or the built-in default) and fails if they are not valid.
 // The caller keeps ownership of store and closes it after Serve returns.
-func New(cfg Config, store drip.Store) (*Server, error) {
+func New(cfg Config, st store.Store) (*Server, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.checkXDS(); err != nil { // xds.go
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), endDrain: make(chan struct{})}
-	s.store = s.metrics.observe(store)
+	s.store = s.metrics.observe(st)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
-		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"),
+		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(frontdoor.Local),
 		engine.WithTracerProvider(cfg.TracerProvider))
-	if ost, ok := override.Of(store); ok {
-		s.ost = ost
-	}
+	s.ost = st.Caps().Overrides
 	rs, err := s.loadRules()
 	if err != nil {
 		return nil, err

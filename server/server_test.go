@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -28,14 +30,14 @@ type running struct {
 }
 
 // start serves cfg on free loopback ports until the test ends.
-func start(t testing.TB, cfg Config, store drip.Store) *running {
+func start(t testing.TB, cfg Config, store store.Store) *running {
 	t.Helper()
 	return startWith(t, cfg, store, nil)
 }
 
 // startWatched is start with the rules watcher driven by the test: poll
 // makes it poll the rules files once, and returns when it has.
-func startWatched(t *testing.T, cfg Config, store drip.Store) (srv *running, poll func()) {
+func startWatched(t *testing.T, cfg Config, store store.Store) (srv *running, poll func()) {
 	t.Helper()
 	tick, polled := make(chan time.Time), make(chan struct{})
 	srv = startWith(t, cfg, store, func(s *Server) {
@@ -50,7 +52,7 @@ func startWatched(t *testing.T, cfg Config, store drip.Store) (srv *running, pol
 }
 
 // startWith is start with setup applied to the server before it serves.
-func startWith(t testing.TB, cfg Config, store drip.Store, setup func(*Server)) *running {
+func startWith(t testing.TB, cfg Config, store store.Store, setup func(*Server)) *running {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	if cfg.StoreTimeout == 0 {
@@ -276,19 +278,11 @@ type failing struct{}
 
 var errDown = errors.New("dial tcp 127.0.0.1:1: connection refused")
 
-func (failing) Apply(_ context.Context, op drip.Op, _ time.Time, r drip.Request) (drip.Decision, error) {
-	if _, err := drip.Prepare(op, r); err != nil {
-		return drip.Decision{}, err
-	}
-	return drip.Decision{}, errDown
+func (failing) Apply(context.Context, bucket.Op, time.Time, []bucket.Prepared, []bucket.Result) error {
+	return errDown
 }
 
-func (failing) ApplyMulti(_ context.Context, op drip.Op, _ time.Time, rs []drip.Request) (drip.Multi, error) {
-	if _, err := drip.PrepareMulti(op, rs); err != nil {
-		return drip.Multi{}, err
-	}
-	return drip.Multi{}, errDown
-}
+func (failing) Caps() store.Caps { return store.Caps{} }
 
 func (failing) Reset(context.Context, string) error { return errDown }
 
@@ -378,17 +372,25 @@ func TestAdminAuth(t *testing.T) {
 
 // blocking is a memory store whose takes wait for release.
 type blocking struct {
-	drip.Store
+	store.Store
 	entered chan struct{}
 	release chan struct{}
 }
 
-func (b *blocking) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	if r.Key != readyKey {
+func (b *blocking) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) == 1 && items[0].Key != readyKey {
 		b.entered <- struct{}{}
 		<-b.release
 	}
-	return b.Store.Apply(ctx, op, at, r)
+	return b.Store.Apply(ctx, op, at, items, results)
+}
+
+// Caps are the store's, but not InProcess: it stands for a store on a
+// server, whose calls get a deadline.
+func (b *blocking) Caps() store.Caps {
+	c := b.Store.Caps()
+	c.InProcess = false
+	return c
 }
 
 func TestGracefulShutdown(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
@@ -44,7 +44,7 @@ const (
 func TestStalledStore(t *testing.T) {
 	for _, kind := range []string{"redis", "postgres"} {
 		t.Run(kind, func(t *testing.T) {
-			var store drip.Store
+			var store store.Store
 			var stall func()
 			switch kind {
 			case "redis":
@@ -96,7 +96,7 @@ type stallResult struct {
 	stalled bool // sent while the store stalled
 }
 
-func testStall(t *testing.T, store drip.Store, stall func()) {
+func testStall(t *testing.T, store store.Store, stall func()) {
 	path := filepath.Join(t.TempDir(), "rules.json")
 	writeFile(t, path, `{"on_error": "deny", "circuit_breaker": {"failures": 1000000, "cooldown": "100ms"},
 	  "rules": [{"name": "api", "limit_keys": ["header:x-api-key"],

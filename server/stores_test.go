@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
@@ -24,8 +24,8 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 // stop and start.
 type backend struct {
 	name   string
-	shared func(t *testing.T) drip.Store
-	own    func(t *testing.T) (store drip.Store, stop, start func())
+	shared func(t *testing.T) store.Store
+	own    func(t *testing.T) (store store.Store, stop, start func())
 }
 
 func openPostgres(t testing.TB, url string) *pgstore.Store {
@@ -41,8 +41,8 @@ func openPostgres(t testing.TB, url string) *pgstore.Store {
 var backends = []backend{
 	{
 		name:   "postgres",
-		shared: func(t *testing.T) drip.Store { return teststores.Open(t, "postgres") },
-		own: func(t *testing.T) (drip.Store, func(), func()) {
+		shared: func(t *testing.T) store.Store { return teststores.Open(t, "postgres") },
+		own: func(t *testing.T) (store.Store, func(), func()) {
 			pg := testserver.StartPostgres(t)
 			return openPostgres(t, pg.URL()), func() {
 					if err := pg.Kill(); err != nil {
@@ -57,8 +57,8 @@ var backends = []backend{
 	},
 	{
 		name:   "redis",
-		shared: func(t *testing.T) drip.Store { return teststores.Open(t, "redis") },
-		own: func(t *testing.T) (drip.Store, func(), func()) {
+		shared: func(t *testing.T) store.Store { return teststores.Open(t, "redis") },
+		own: func(t *testing.T) (store.Store, func(), func()) {
 			r := testserver.StartRedis(t)
 			s, err := redisstore.Open(r.URL())
 			if err != nil {

@@ -8,8 +8,11 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestReadyzTLS serves on a store reached over TLS (rediss://, and
@@ -23,7 +26,7 @@ func TestReadyzTLS(t *testing.T) {
 			ca := testserver.NewCA(t, "drip-test")
 			dir := ca.Dir(t)
 			cert, key := ca.Issue(t, dir, "localhost")
-			var store drip.Store
+			var store store.Store
 			var restart func()
 			switch kind {
 			case "redis":
@@ -83,7 +86,7 @@ func TestReadyzTLS(t *testing.T) {
 			// Decisions fail too (never decided without the store).
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
-			if _, err := store.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err == nil {
+			if _, err := storetest.Apply(ctx, store, bucket.Take, time.Time{}, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err == nil {
 				t.Errorf("a decision with a certificate from another CA succeeded")
 			}
 		})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/store"
 )
 
 // ReadTrace reads a trace in the JSON-lines format of drip replay (docs/api.md):
@@ -147,7 +148,7 @@ func ReadLog(r io.Reader, o LogOptions) ([]Event, LogStats, error) {
 			key = "-"
 			st.NoKey++
 		}
-		key = drip.FitKey(key) // a huge field is a client of its own, not an error
+		key = store.FitKey(key) // a huge field is a client of its own, not an error
 		lines = append(lines, stamped{t, key})
 		if len(lines) > MaxEvents {
 			return nil, st, fmt.Errorf("more than %d requests", MaxEvents)

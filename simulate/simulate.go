@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -238,8 +239,15 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 	}
 	res.Steady = Row{From: span - half, To: span}
 
-	store := memstore.New(memstore.WithSweep(0), memstore.WithMaxKeys(max(1024, 2*len(takes))))
-	defer store.Close()
+	ms := memstore.New(memstore.WithSweep(0), memstore.WithMaxKeys(max(1024, 2*len(takes))))
+	defer ms.Close()
+	apply := func(op bucket.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+		m, err := drip.Apply(ctx, ms, op, at, r)
+		if err != nil {
+			return drip.Decision{}, err
+		}
+		return m.Decisions[0], nil
+	}
 	// Virtual time 0 is the Unix epoch, so a fixed window's grid is the
 	// one drip replay gives the same trace.
 	at := func(d time.Duration) time.Time { return time.Unix(0, int64(d)) }
@@ -247,7 +255,7 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 
 	thin := thinner{step: sampleStep}
 	peek := func(t time.Duration) (float64, error) {
-		d, err := store.Apply(ctx, drip.OpPeek, at(t), chartReq)
+		d, err := apply(bucket.Peek, at(t), chartReq)
 		return d.Tokens, err
 	}
 	// Probes: the chart key's tokens at each sample instant and at the
@@ -289,21 +297,21 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 		var d drip.Decision
 		switch e.Op {
 		case Reset:
-			err = store.Reset(ctx, e.Key)
+			err = ms.Reset(ctx, e.Key)
 			if e.Key == res.ChartKey && err == nil {
 				var v float64
 				v, err = peek(e.At)
 				thin.add(Sample{e.At, v})
 			}
 		case Peek:
-			_, err = store.Apply(ctx, drip.OpPeek, at(e.At), r)
+			_, err = apply(bucket.Peek, at(e.At), r)
 		case Refund:
-			d, err = store.Apply(ctx, drip.OpRefund, at(e.At), r)
+			d, err = apply(bucket.Refund, at(e.At), r)
 			if e.Key == res.ChartKey && err == nil {
 				thin.add(Sample{e.At, d.Tokens})
 			}
 		default:
-			d, err = store.Apply(ctx, drip.OpTake, at(e.At), r)
+			d, err = apply(bucket.Take, at(e.At), r)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("request at %.3fs, key %q: %w", e.At.Seconds(), e.Key, err)

@@ -4,11 +4,12 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine/retryafter"
+	"github.com/driplimit/drip/store"
 )
 
 // WriteSummary writes the run's summary for a terminal: the totals, the
@@ -23,7 +24,11 @@ func (r *Result) WriteSummary(w io.Writer, traffic string) error {
 	p("limit", "%s", r.Limit)
 	if r.Limit.Algorithm == drip.FixedWindow {
 		period := periodOf(r.Limit)
-		start := r.Limit.ForKey(r.ChartKey).Start % period
+		start := r.Limit.Start
+		if start == 0 {
+			start = store.WindowStart(r.ChartKey, period) // as the store places the grid
+		}
+		start %= period
 		p("windows", "open at %.3fs and every %s after (the grid's offset: --window-start)", start.Seconds(), period)
 	}
 	if traffic != "" {
@@ -97,7 +102,12 @@ func keyNote(r *Result, o *Outcome) string {
 }
 
 // header is the Retry-After header value for a wait, before jitter.
-func header(d time.Duration) int64 { return retryafter.Uncapped("", d, 0) }
+func header(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(d.Seconds()))
+}
 
 func secs(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // RunErrors checks that every kind of bad input is an error (errors.Is the
@@ -37,23 +39,23 @@ func RunErrors(t *testing.T, newStore NewStore) {
 		{"unknown algorithm", drip.Request{Key: p + "k", Limit: drip.Limit{Rate: 1, Algorithm: "leaky"}, Cost: 1}, drip.ErrInvalidLimit},
 		{"unknown refill", drip.Request{Key: p + "k", Limit: drip.Limit{Rate: 1, Refill: "sometimes"}, Cost: 1}, drip.ErrInvalidLimit},
 		{"cost over burst", drip.Request{Key: p + "k", Limit: good, Cost: 10.5}, drip.ErrCostExceedsBurst},
-		{"key too long", drip.Request{Key: p + "k" + strings.Repeat("x", drip.MaxKeyLen), Limit: good, Cost: 1}, drip.ErrKeyTooLong},
+		{"key too long", drip.Request{Key: p + "k" + strings.Repeat("x", store.MaxKeyLen), Limit: good, Cost: 1}, drip.ErrKeyTooLong},
 	}
 	for _, tc := range cases {
-		for _, op := range []drip.Op{drip.OpTake, drip.OpPeek} {
-			if _, err := st.Apply(c, op, at, tc.r); !errors.Is(err, tc.want) {
+		for _, op := range []bucket.Op{bucket.Take, bucket.Peek} {
+			if _, err := Apply(c, st, op, at, tc.r); !errors.Is(err, tc.want) {
 				t.Errorf("%s (%v): err = %v, want %v", tc.name, op, err, tc.want)
 			}
 		}
-		if _, err := st.ApplyMulti(c, drip.OpTake, at, []drip.Request{{Key: p + "ok", Limit: good, Cost: 1}, tc.r}); !errors.Is(err, tc.want) {
+		if _, err := drip.Apply(c, st, bucket.Take, at, []drip.Request{{Key: p + "ok", Limit: good, Cost: 1}, tc.r}...); !errors.Is(err, tc.want) {
 			t.Errorf("%s in a multi-take: err = %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if _, err := st.ApplyMulti(c, drip.OpTake, at, nil); !errors.Is(err, drip.ErrNoRequests) {
-		t.Errorf("empty multi-take: err = %v, want %v", err, drip.ErrNoRequests)
+	if _, err := drip.Apply(c, st, bucket.Take, at, nil...); !errors.Is(err, store.ErrNoRequests) {
+		t.Errorf("empty multi-take: err = %v, want %v", err, store.ErrNoRequests)
 	}
 	dup := []drip.Request{{Key: p + "d", Limit: good, Cost: 1}, {Key: p + "d", Limit: good, Cost: 1}}
-	if _, err := st.ApplyMulti(c, drip.OpTake, at, dup); !errors.Is(err, drip.ErrDuplicateKey) {
+	if _, err := drip.Apply(c, st, bucket.Take, at, dup...); !errors.Is(err, drip.ErrDuplicateKey) {
 		t.Errorf("duplicate keys: err = %v, want %v", err, drip.ErrDuplicateKey)
 	}
 	if err := st.Reset(c, ""); !errors.Is(err, drip.ErrMissingKey) {
@@ -61,45 +63,45 @@ func RunErrors(t *testing.T, newStore NewStore) {
 	}
 	// A reservation that can never fit (cost above burst + max_reserved).
 	bounded := drip.Limit{Rate: 4, Burst: 1, MaxReserved: 3}
-	for _, op := range []drip.Op{drip.OpTake, drip.OpPeek} {
+	for _, op := range []bucket.Op{bucket.Take, bucket.Peek} {
 		r := drip.Request{Key: p + "k", Limit: bounded, Cost: 5, Reserve: true}
-		if _, err := st.Apply(c, op, at, r); !errors.Is(err, drip.ErrCostExceedsBurst) {
+		if _, err := Apply(c, st, op, at, r); !errors.Is(err, drip.ErrCostExceedsBurst) {
 			t.Errorf("reservation that can never fit (%v): err = %v, want %v", op, err, drip.ErrCostExceedsBurst)
 		}
-		if _, err := st.ApplyMulti(c, op, at, []drip.Request{{Key: p + "ok", Limit: good, Cost: 1}, r}); !errors.Is(err, drip.ErrCostExceedsBurst) {
+		if _, err := drip.Apply(c, st, op, at, []drip.Request{{Key: p + "ok", Limit: good, Cost: 1}, r}...); !errors.Is(err, drip.ErrCostExceedsBurst) {
 			t.Errorf("reservation that can never fit in a multi-take (%v): err = %v, want %v", op, err, drip.ErrCostExceedsBurst)
 		}
 	}
 	// An op that is none of take, peek, refund.
-	for _, op := range []drip.Op{drip.OpRefund + 1, 4, 255} {
+	for _, op := range []bucket.Op{bucket.Refund + 1, 4, 255} {
 		r := drip.Request{Key: p + "k", Limit: good, Cost: 1}
-		if _, err := st.Apply(c, op, at, r); !errors.Is(err, drip.ErrInvalidOp) {
-			t.Errorf("op %v: err = %v, want %v", op, err, drip.ErrInvalidOp)
+		if _, err := Apply(c, st, op, at, r); !errors.Is(err, store.ErrInvalidOp) {
+			t.Errorf("op %v: err = %v, want %v", op, err, store.ErrInvalidOp)
 		}
-		if _, err := st.ApplyMulti(c, op, at, []drip.Request{r, {Key: p + "ok", Limit: good, Cost: 1}}); !errors.Is(err, drip.ErrInvalidOp) {
-			t.Errorf("op %v in a multi-take: err = %v, want %v", op, err, drip.ErrInvalidOp)
+		if _, err := drip.Apply(c, st, op, at, []drip.Request{r, {Key: p + "ok", Limit: good, Cost: 1}}...); !errors.Is(err, store.ErrInvalidOp) {
+			t.Errorf("op %v in a multi-take: err = %v, want %v", op, err, store.ErrInvalidOp)
 		}
 	}
-	if err := st.Reset(c, p+"k"+strings.Repeat("x", drip.MaxKeyLen)); !errors.Is(err, drip.ErrKeyTooLong) {
+	if err := st.Reset(c, p+"k"+strings.Repeat("x", store.MaxKeyLen)); !errors.Is(err, drip.ErrKeyTooLong) {
 		t.Errorf("reset of a key over MaxKeyLen: err = %v, want %v", err, drip.ErrKeyTooLong)
 	}
 	// A key near MaxKeyLen (less 32 bytes, room for the prefix of a
-	// wrapper such as drip.Prefixed) is a key like any other.
-	long := p + strings.Repeat("l", drip.MaxKeyLen-32-len(p))
+	// wrapper such as store.Prefixed) is a key like any other.
+	long := p + strings.Repeat("l", store.MaxKeyLen-32-len(p))
 	for i, want := range []float64{9, 8} {
-		if d, err := st.Apply(c, drip.OpTake, at, drip.Request{Key: long, Limit: good, Cost: 1}); err != nil || d.Tokens != want {
+		if d, err := Apply(c, st, bucket.Take, at, drip.Request{Key: long, Limit: good, Cost: 1}); err != nil || d.Tokens != want {
 			t.Errorf("take %d on a key near MaxKeyLen bytes: %+v, %v; want %v tokens", i, d, err, want)
 		}
 	}
 	if err := st.Reset(c, long); err != nil {
 		t.Errorf("reset of a key near MaxKeyLen bytes: %v", err)
 	}
-	if d, err := st.Apply(c, drip.OpPeek, at, drip.Request{Key: long, Limit: good, Cost: 0}); err != nil || d.Tokens != 10 {
+	if d, err := Apply(c, st, bucket.Peek, at, drip.Request{Key: long, Limit: good, Cost: 0}); err != nil || d.Tokens != 10 {
 		t.Errorf("after its reset, the key near MaxKeyLen bytes holds %v (err %v), want 10", d.Tokens, err)
 	}
 	// Nothing above consumed anything.
 	for _, k := range []string{"k", "ok", "d"} {
-		d, err := st.Apply(c, drip.OpPeek, at, drip.Request{Key: p + k, Limit: good, Cost: 0})
+		d, err := Apply(c, st, bucket.Peek, at, drip.Request{Key: p + k, Limit: good, Cost: 0})
 		if err != nil || d.Tokens != 10 {
 			t.Errorf("after the errors, %s holds %v (err %v), want 10", k, d.Tokens, err)
 		}
@@ -118,7 +120,7 @@ func RunMulti(t *testing.T, newStore NewStore) {
 		return drip.Request{Key: p + k, Limit: l, Cost: cost}
 	}
 	// All allowed: all applied.
-	m, err := st.ApplyMulti(c, drip.OpTake, at, []drip.Request{req("u", user, 4), req("t", tenant, 15)})
+	m, err := drip.Apply(c, st, bucket.Take, at, []drip.Request{req("u", user, 4), req("t", tenant, 15)}...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +128,7 @@ func RunMulti(t *testing.T, newStore NewStore) {
 		t.Fatalf("all allowed: %+v", m)
 	}
 	// One denied: none applied, each shows its own decision.
-	m, err = st.ApplyMulti(c, drip.OpTake, at.Add(100*ms), []drip.Request{req("u", user, 2), req("t", tenant, 6), req("x", user, 1)})
+	m, err = drip.Apply(c, st, bucket.Take, at.Add(100*ms), []drip.Request{req("u", user, 2), req("t", tenant, 6), req("x", user, 1)}...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,13 +151,13 @@ func RunMulti(t *testing.T, newStore NewStore) {
 		if k == "t" {
 			l = tenant
 		}
-		d, err := st.Apply(c, drip.OpPeek, at.Add(100*ms), drip.Request{Key: p + k, Limit: l})
+		d, err := Apply(c, st, bucket.Peek, at.Add(100*ms), drip.Request{Key: p + k, Limit: l})
 		if err != nil || d.Tokens != w {
 			t.Errorf("after the denied multi-take %s holds %v (err %v), want %v", k, d.Tokens, err, w)
 		}
 	}
 	// The overall retry is the largest among the denied.
-	m, err = st.ApplyMulti(c, drip.OpTake, at.Add(100*ms), []drip.Request{req("u", user, 9), req("t", tenant, 10)})
+	m, err = drip.Apply(c, st, bucket.Take, at.Add(100*ms), []drip.Request{req("u", user, 9), req("t", tenant, 10)}...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,10 +165,10 @@ func RunMulti(t *testing.T, newStore NewStore) {
 		t.Errorf("two denied: %+v", m)
 	}
 	// A multi-peek writes nothing even when all would pass.
-	if _, err := st.ApplyMulti(c, drip.OpPeek, at.Add(100*ms), []drip.Request{req("u", user, 1), req("t", tenant, 1)}); err != nil {
+	if _, err := drip.Apply(c, st, bucket.Peek, at.Add(100*ms), []drip.Request{req("u", user, 1), req("t", tenant, 1)}...); err != nil {
 		t.Fatal(err)
 	}
-	d, _ := st.Apply(c, drip.OpPeek, at.Add(100*ms), drip.Request{Key: p + "u", Limit: user})
+	d, _ := Apply(c, st, bucket.Peek, at.Add(100*ms), drip.Request{Key: p + "u", Limit: user})
 	if d.Tokens != 7 {
 		t.Errorf("after a multi-peek u holds %v, want 7", d.Tokens)
 	}
@@ -184,7 +186,7 @@ func RunConcurrency(t *testing.T, newStore NewStore) {
 		var granted atomic.Int64
 		run(t, workers, func(w int) error {
 			for range each {
-				d, err := st.Apply(c, drip.OpTake, at, drip.Request{Key: p + "hot", Limit: lim, Cost: 1})
+				d, err := Apply(c, st, bucket.Take, at, drip.Request{Key: p + "hot", Limit: lim, Cost: 1})
 				if err != nil {
 					return err
 				}
@@ -207,7 +209,7 @@ func RunConcurrency(t *testing.T, newStore NewStore) {
 		run(t, workers, func(w int) error {
 			for i := range each {
 				k := (w + i) % keys
-				d, err := st.Apply(c, drip.OpTake, at, drip.Request{Key: p + string(rune('a'+k)), Limit: lim, Cost: 1})
+				d, err := Apply(c, st, bucket.Take, at, drip.Request{Key: p + string(rune('a'+k)), Limit: lim, Cost: 1})
 				if err != nil {
 					return err
 				}
@@ -232,8 +234,8 @@ func RunConcurrency(t *testing.T, newStore NewStore) {
 		run(t, workers, func(w int) error {
 			for i := range each {
 				x, y := (w+i)%3, (w+i+1)%3
-				m, err := st.ApplyMulti(c, drip.OpTake, at, []drip.Request{
-					{Key: p + keys[x], Limit: lim, Cost: 1}, {Key: p + keys[y], Limit: lim, Cost: 1}})
+				m, err := drip.Apply(c, st, bucket.Take, at, []drip.Request{
+					{Key: p + keys[x], Limit: lim, Cost: 1}, {Key: p + keys[y], Limit: lim, Cost: 1}}...)
 				if err != nil {
 					return err
 				}
@@ -245,7 +247,7 @@ func RunConcurrency(t *testing.T, newStore NewStore) {
 			return nil
 		})
 		for i, k := range keys {
-			d, err := st.Apply(c, drip.OpPeek, at, drip.Request{Key: p + k, Limit: lim, Cost: 0})
+			d, err := Apply(c, st, bucket.Peek, at, drip.Request{Key: p + k, Limit: lim, Cost: 0})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +268,7 @@ func RunConcurrency(t *testing.T, newStore NewStore) {
 			// always granted.
 			for calls.Load() < 20 || time.Now().Before(deadline) {
 				calls.Add(1)
-				d, err := st.Apply(c, drip.OpTake, time.Time{}, drip.Request{Key: p + "clock", Limit: lim, Cost: 1})
+				d, err := Apply(c, st, bucket.Take, time.Time{}, drip.Request{Key: p + "clock", Limit: lim, Cost: 1})
 				if err != nil {
 					return err
 				}

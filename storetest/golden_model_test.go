@@ -11,9 +11,10 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/store"
 )
 
-// modelStore is the exact Model behind the drip.Store interface, so that
+// modelStore is the exact Model behind the store.Store interface, so that
 // replay.Do can run a trace on it with the same line handling (key
 // prefixes, fixed-window grids) as on a store. Before each line the test
 // sets follow to the golden decisions; each call records the model's
@@ -25,26 +26,18 @@ type modelStore struct {
 	params []bucket.Params
 }
 
-func (s *modelStore) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, err := s.m.Prepare(op, r)
-	if err != nil {
-		return drip.Decision{}, err
-	}
-	return drip.Decision{}, s.decide(op, at, []bucket.Prepared{p}, false)
+// Apply decides items, prepared by drip.Apply; the model's own reading
+// of the requests (Model.Prepare) was checked before (checkWithModel).
+func (s *modelStore) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	return s.decide(op, at, items, len(items) > 1)
 }
 
-func (s *modelStore) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	ps, err := s.m.PrepareMulti(op, rs)
-	if err != nil {
-		return drip.Multi{}, err
-	}
-	return drip.Multi{}, s.decide(op, at, ps, true)
-}
+func (s *modelStore) Caps() store.Caps { return store.Caps{} }
 
 // decide is CompareWithModel's step: each request decided exactly
 // (following the golden answer only at a boundary within Tolerance),
 // then a take applied all or nothing, a refund always.
-func (s *modelStore) decide(op drip.Op, at time.Time, ps []bucket.Prepared, multi bool) error {
+func (s *modelStore) decide(op bucket.Op, at time.Time, ps []bucket.Prepared, multi bool) error {
 	if len(s.follow) != len(ps) {
 		return fmt.Errorf("the golden line has %d decisions, the input %d requests", len(s.follow), len(ps))
 	}
@@ -55,9 +48,9 @@ func (s *modelStore) decide(op drip.Op, at time.Time, ps []bucket.Prepared, mult
 		s.params[i] = p.Params
 		all = all && s.want[i].Allowed
 	}
-	if op == drip.OpRefund || (op == drip.OpTake && (all || !multi)) {
+	if op == bucket.Refund || (op == bucket.Take && (all || !multi)) {
 		for i, p := range ps {
-			if s.want[i].Allowed || op == drip.OpRefund {
+			if s.want[i].Allowed || op == bucket.Refund {
 				s.m.Apply(op, p, at, true, &s.follow[i], Tolerance)
 			}
 		}
@@ -107,7 +100,18 @@ func checkWithModel(t *testing.T, name string, in, golden []string) {
 					ms.follow = []drip.Decision{d}
 				}
 			}
-			_, err = replay.Do(t.Context(), ms, epoch, "", l)
+			// The model reads the requests itself: an input it refuses
+			// must be refused, with the golden error.
+			if op, ok := replay.Op(l.Op); ok {
+				rs := l.Requests
+				if rs == nil {
+					rs = []drip.Request{l.Request}
+				}
+				_, err = ms.m.PrepareMulti(op, rs)
+			}
+			if err == nil {
+				_, err = replay.Do(t.Context(), ms, epoch, "", l)
+			}
 		}
 		switch {
 		case err != nil:

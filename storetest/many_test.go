@@ -3,7 +3,7 @@ package storetest_test
 import (
 	"testing"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -15,7 +15,7 @@ func TestManySeeds(t *testing.T) {
 	if testing.Short() {
 		n = 5
 	}
-	storetest.RunRandom(t, func(t *testing.T) drip.Store {
+	storetest.RunRandom(t, func(t *testing.T) store.Store {
 		s := memstore.New()
 		t.Cleanup(func() { s.Close() })
 		return s

@@ -7,6 +7,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // Model is the reference model of docs/semantics.md in exact rational
@@ -136,13 +137,13 @@ func (l mlimit) until(tokens, ts, target, now *big.Rat) *big.Rat {
 // is the store's answer: where the exact answer and the store's differ by
 // less than tol tokens (drip's documented fixed-point tolerance), the model
 // follows the store, so both keep the same state.
-func (m *Model) Apply(op drip.Op, p bucket.Prepared, at time.Time, write bool, follow *drip.Decision, tol *big.Rat) ModelDecision {
+func (m *Model) Apply(op bucket.Op, p bucket.Prepared, at time.Time, write bool, follow *drip.Decision, tol *big.Rat) ModelDecision {
 	l := modelLimit(p.Params)
 	now := new(big.Rat).SetInt64(at.UnixNano())
 	cost := big.NewRat(p.Cost, bucket.Micro)
 	tokens, ts := m.state(p.Key, l, now)
 	d := ModelDecision{Burst: l.burst, Cost: cost}
-	if op == drip.OpRefund {
+	if op == bucket.Refund {
 		n := minRat(new(big.Rat).Add(tokens, cost), l.burst)
 		d.Allowed, d.Tokens, d.RetryNs = true, n, new(big.Rat)
 		d.ResetNs = l.until(n, ts, l.burst, now)
@@ -166,7 +167,7 @@ func (m *Model) Apply(op drip.Op, p bucket.Prepared, at time.Time, write bool, f
 			d.Tokens = n
 		}
 		d.ResetNs = l.until(n, ts, l.burst, now)
-		if write && op == drip.OpTake {
+		if write && op == bucket.Take {
 			m.buckets[p.Key] = &modelBucket{n, ts}
 		}
 	case canReserve:
@@ -174,7 +175,7 @@ func (m *Model) Apply(op drip.Op, p bucket.Prepared, at time.Time, write bool, f
 		d.Allowed, d.Tokens = true, n
 		d.RetryNs = l.until(n, ts, new(big.Rat), now)
 		d.ResetNs = l.until(n, ts, l.burst, now)
-		if write && op == drip.OpTake {
+		if write && op == bucket.Take {
 			m.buckets[p.Key] = &modelBucket{n, ts}
 		}
 	default:
@@ -194,21 +195,21 @@ func (m *Model) Reset(key string) { delete(m.buckets, key) }
 
 // Prepare is the model's own reading of a request: the errors docs/semantics.md
 // names for op and cost, decided in exact arithmetic (the limit itself is
-// validated and resolved by drip.ParamsOf, which the model does not
+// validated and resolved by drip.Limit.Params, which the model does not
 // re-derive). A take or peek whose cost exceeds the burst is an error
 // unless reserved, and a reservation whose cost exceeds the burst plus a
 // bound on the debt is an error too (it could never fit); a refund takes
 // any finite cost >= 0.
-func (m *Model) Prepare(op drip.Op, r drip.Request) (bucket.Prepared, error) {
+func (m *Model) Prepare(op bucket.Op, r drip.Request) (bucket.Prepared, error) {
 	if r.Key == "" {
 		return bucket.Prepared{}, drip.ErrMissingKey
 	}
-	p, err := drip.ParamsOf(r.Limit, r.Key)
+	p, err := r.Limit.Params(r.Key)
 	if err != nil {
 		return bucket.Prepared{}, err
 	}
-	if op != drip.OpTake && op != drip.OpPeek && op != drip.OpRefund {
-		return bucket.Prepared{}, drip.ErrInvalidOp
+	if op != bucket.Take && op != bucket.Peek && op != bucket.Refund {
+		return bucket.Prepared{}, store.ErrInvalidOp
 	}
 	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > 1e12 {
 		return bucket.Prepared{}, drip.ErrInvalidCost
@@ -216,7 +217,7 @@ func (m *Model) Prepare(op drip.Op, r drip.Request) (bucket.Prepared, error) {
 	micro := int64(math.Round(r.Cost * bucket.Micro))
 	l := modelLimit(p)
 	over := new(big.Rat).Sub(big.NewRat(micro, bucket.Micro), l.burst) // cost - burst
-	if op != drip.OpRefund && over.Sign() > 0 {
+	if op != bucket.Refund && over.Sign() > 0 {
 		if !r.Reserve || (l.maxReserved != nil && over.Cmp(l.maxReserved) > 0) {
 			return bucket.Prepared{}, drip.ErrCostExceedsBurst
 		}
@@ -226,9 +227,9 @@ func (m *Model) Prepare(op drip.Op, r drip.Request) (bucket.Prepared, error) {
 
 // PrepareMulti is Prepare for a multi-take: the first bad request's error,
 // or a key that appears twice.
-func (m *Model) PrepareMulti(op drip.Op, rs []drip.Request) ([]bucket.Prepared, error) {
+func (m *Model) PrepareMulti(op bucket.Op, rs []drip.Request) ([]bucket.Prepared, error) {
 	if len(rs) == 0 {
-		return nil, drip.ErrNoRequests
+		return nil, store.ErrNoRequests
 	}
 	ps := make([]bucket.Prepared, len(rs))
 	seen := map[string]bool{}

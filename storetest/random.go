@@ -12,6 +12,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/store"
 )
 
 // randomLimits are the limits random traces draw from: exact and inexact
@@ -114,7 +115,7 @@ var Tolerance = big.NewRat(1, 100000)
 
 // CompareWithModel runs lines on the store and on a fresh Model and fails
 // on any disagreement beyond Tolerance.
-func CompareWithModel(t *testing.T, st drip.Store, lines []replay.Line) {
+func CompareWithModel(t *testing.T, st store.Store, lines []replay.Line) {
 	t.Helper()
 	c := ctx(t)
 	p := prefix()
@@ -145,11 +146,11 @@ func CompareWithModel(t *testing.T, st drip.Store, lines []replay.Line) {
 		allowed := false
 		if l.Requests == nil {
 			var d drip.Decision
-			d, err = st.Apply(c, op, at, own[0])
+			d, err = Apply(c, st, op, at, own[0])
 			got, allowed = []drip.Decision{d}, d.Allowed
 		} else {
 			var mm drip.Multi
-			mm, err = st.ApplyMulti(c, op, at, own)
+			mm, err = drip.Apply(c, st, op, at, own...)
 			got, allowed = mm.Decisions, mm.Allowed
 		}
 		if msg := m.step(op, own, l.Requests != nil, at, got, allowed, err); msg != "" {
@@ -161,7 +162,7 @@ func CompareWithModel(t *testing.T, st drip.Store, lines []replay.Line) {
 // step checks one line's outcome (the store's decisions, or its error)
 // against the exact model, and advances the model. It returns what is
 // wrong, or "".
-func (m *Model) step(op drip.Op, rs []drip.Request, multi bool, at time.Time, got []drip.Decision, allowed bool, err error) string {
+func (m *Model) step(op bucket.Op, rs []drip.Request, multi bool, at time.Time, got []drip.Decision, allowed bool, err error) string {
 	var ps []bucket.Prepared
 	var perr error
 	if multi {
@@ -196,9 +197,9 @@ func (m *Model) step(op drip.Op, rs []drip.Request, multi bool, at time.Time, go
 	for _, w := range want {
 		all = all && w.Allowed
 	}
-	if op == drip.OpRefund || (op == drip.OpTake && (all || len(ps) == 1)) {
+	if op == bucket.Refund || (op == bucket.Take && (all || len(ps) == 1)) {
 		for j, pr := range ps {
-			if want[j].Allowed || op == drip.OpRefund {
+			if want[j].Allowed || op == bucket.Refund {
 				m.Apply(op, pr, at, true, &got[j], Tolerance)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/store"
 )
 
 // encodeLine writes l in the replay format.
@@ -64,7 +65,7 @@ func RunReplayRandom(t *testing.T, newStore NewStore, seeds, n int) {
 // depend on its epoch or key prefix (it is as if the trace began at the
 // Unix epoch, with fixed-window grids derived from the unprefixed keys), so
 // the model runs at the Unix epoch on the unprefixed keys.
-func CompareReplayWithModel(t *testing.T, st drip.Store, lines []replay.Line) {
+func CompareReplayWithModel(t *testing.T, st store.Store, lines []replay.Line) {
 	t.Helper()
 	var in strings.Builder
 	for _, l := range lines {

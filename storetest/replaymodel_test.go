@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/replay"
 )
 
@@ -29,7 +30,7 @@ func TestRandomLinesCoverEdges(t *testing.T) {
 				continue
 			}
 			for _, r := range rs {
-				if op == drip.OpRefund && r.Cost > limBurst(r.Limit) {
+				if op == bucket.Refund && r.Cost > limBurst(r.Limit) {
 					refunds++
 				}
 				if _, err := m.Prepare(op, r); r.Reserve && errors.Is(err, drip.ErrCostExceedsBurst) {

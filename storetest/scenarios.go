@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 )
 
 const (
@@ -221,8 +222,8 @@ func RunScenarios(t *testing.T, newStore NewStore) {
 					}
 					continue
 				}
-				op := map[string]drip.Op{"": drip.OpTake, "take": drip.OpTake, "peek": drip.OpPeek, "refund": drip.OpRefund}[stp.op]
-				d, err := st.Apply(c, op, at, drip.Request{Key: p + key, Limit: lim, Cost: cost, Reserve: stp.reserve})
+				op := map[string]bucket.Op{"": bucket.Take, "take": bucket.Take, "peek": bucket.Peek, "refund": bucket.Refund}[stp.op]
+				d, err := Apply(c, st, op, at, drip.Request{Key: p + key, Limit: lim, Cost: cost, Reserve: stp.reserve})
 				if stp.err != nil {
 					if !errors.Is(err, stp.err) {
 						t.Fatalf("%s: err = %v, want %v", where, err, stp.err)

@@ -1,16 +1,18 @@
-// Package storetest is the conformance suite every drip.Store must pass:
+// Package storetest is the conformance suite every store.Store must pass:
 // scenario tables over named instants for every rule of docs/semantics.md,
 // the replay traces in testdata/ with their golden outputs, concurrency
 // bounds, a randomized comparison against an exact rational reference
 // model (Model), concurrency limits (RunLeases: leases, their TTL,
 // all or nothing beside buckets, 64 concurrent callers, random steps
-// against bucket.EvalLeases), and multi-takes applied one request at a
-// time through drip.Separately (RunSeparately).
+// against bucket.EvalLeases), multi-takes applied one request at a time
+// through store.Separately (RunSeparately), the capabilities and that
+// every wrapper forwards them (RunCaps), and the overrides side
+// (RunOverrides).
 //
 // A store's tests call Run:
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T) drip.Store { return newStore(t) })
+//		storetest.Run(t, func(t *testing.T) store.Store { return newStore(t) })
 //	}
 //
 // Every decision is made with a caller-supplied time, so the suite never
@@ -25,12 +27,14 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 )
 
 // NewStore returns the store under test. It may return the same store for
 // every call (tests use fresh keys); cleanup belongs to t.Cleanup.
-type NewStore func(t *testing.T) drip.Store
+type NewStore func(t *testing.T) store.Store
 
 // Run runs the whole suite.
 func Run(t *testing.T, newStore NewStore) {
@@ -42,6 +46,8 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("Concurrency", func(t *testing.T) { RunConcurrency(t, newStore) })
 	t.Run("Leases", func(t *testing.T) { RunLeases(t, newStore) })
 	t.Run("Separately", func(t *testing.T) { RunSeparately(t, newStore) })
+	t.Run("Caps", func(t *testing.T) { RunCaps(t, newStore) })
+	t.Run("Overrides", func(t *testing.T) { RunOverrides(t, newStore) })
 	t.Run("Random", func(t *testing.T) { RunRandom(t, newStore, 1, 600) })
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
 }
@@ -58,4 +64,14 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return c
+}
+
+// Apply performs op for the one request r on st, checked and prepared as
+// every front door prepares it (drip.Apply): its Decision.
+func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	m, err := drip.Apply(ctx, st, op, at, r)
+	if err != nil {
+		return drip.Decision{}, err
+	}
+	return m.Decisions[0], nil
 }

@@ -92,13 +92,14 @@ func TestGoldenAgreesWithModel(t *testing.T) {
 // docs/semantics.md (10/s: 0.1 s after the bucket emptied, a take passes).
 func TestModelWorkedExample(t *testing.T) {
 	m := NewModel()
-	p, _ := drip.Prepare(drip.OpTake, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 10})
+	params, _ := drip.PerSecond(10).Params("k")
+	p := bucket.Prepared{Key: "k", Params: params, Cost: 10 * bucket.Micro}
 	at := time.Unix(100, 0)
-	if d := m.Apply(drip.OpTake, p, at, true, nil, nil); !d.Allowed || d.Tokens.Sign() != 0 {
+	if d := m.Apply(bucket.Take, p, at, true, nil, nil); !d.Allowed || d.Tokens.Sign() != 0 {
 		t.Fatalf("burst: %+v", d)
 	}
 	p.Cost = bucket.Micro
-	if d := m.Apply(drip.OpTake, p, at.Add(100*time.Millisecond), true, nil, nil); !d.Allowed || d.Tokens.Cmp(big.NewRat(0, 1)) != 0 {
+	if d := m.Apply(bucket.Take, p, at.Add(100*time.Millisecond), true, nil, nil); !d.Allowed || d.Tokens.Cmp(big.NewRat(0, 1)) != 0 {
 		t.Fatalf("0.1 s later: %+v", d)
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/redact"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/pgstore"
 )
 
@@ -17,7 +17,7 @@ func init() {
 
 // openPostgres opens a postgres:// or postgresql:// store URL (see
 // pgstore.Open for drip's own URL parameters).
-func openPostgres(ctx context.Context, url string) (drip.Store, func(), error) {
+func openPostgres(ctx context.Context, url string) (store.Store, func(), error) {
 	s, err := pgstore.Open(ctx, url)
 	if err != nil {
 		return nil, nil, err

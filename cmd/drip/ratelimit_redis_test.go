@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/server"
 	"github.com/driplimit/drip/store/redisstore"
@@ -78,14 +79,14 @@ func TestRatelimitRedis(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			store, closeStore, err := openStore(ctx, c.Store, opts...)
+			rs, closeStore, err := openStore(ctx, c.Store, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer closeStore()
 			req := drip.Request{Key: testserver.Prefix() + "k", Limit: drip.Limit{Rate: 2, Period: time.Hour, Burst: 2}, Cost: 1}
 			for i, want := range []bool{true, true, false} {
-				d, err := store.Apply(ctx, drip.OpTake, time.Time{}, req)
+				d, err := drip.Apply(ctx, rs, bucket.Take, time.Time{}, req)
 				if err != nil {
 					t.Fatalf("take %d: %v", i, err)
 				}

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
@@ -11,7 +11,7 @@ import (
 // rediss+sentinel:// store URL: one server, a whole Redis Cluster from one
 // of its nodes (more nodes to start from as ?addr=), or the master a set
 // of Sentinels names (see redisstore.ParseURL).
-func openRedis(_ context.Context, url string, opts ...redisstore.Option) (drip.Store, func(), error) {
+func openRedis(_ context.Context, url string, opts ...redisstore.Option) (store.Store, func(), error) {
 	s, err := redisstore.Open(url, opts...)
 	if err != nil {
 		return nil, nil, err

@@ -87,15 +87,15 @@ func TestRatelimitEnv(t *testing.T) {
 		err       string // a refusal, naming this
 	}{
 		{name: "single", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis.svc:6379"},
-			check: store("redis://redis.redis.svc:6379")},
+			check: storeURL("redis://redis.redis.svc:6379")},
 		{name: "auth and TLS", env: env{"REDIS_SOCKET_TYPE": "TCP", "REDIS_URL": "r:6380", "REDIS_AUTH": "user:p@ss", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca.pem", "REDIS_TLS_CLIENT_CERT": "/c.pem", "REDIS_TLS_CLIENT_KEY": "/k.pem"},
-			check: store("rediss://user:p%40ss@r:6380?tls_ca_file=%2Fca.pem&tls_cert_file=%2Fc.pem&tls_key_file=%2Fk.pem")},
+			check: storeURL("rediss://user:p%40ss@r:6380?tls_ca_file=%2Fca.pem&tls_cert_file=%2Fc.pem&tls_key_file=%2Fk.pem")},
 		{name: "password only", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_AUTH": "secret"},
-			check: store("redis://:secret@r:6379")},
+			check: storeURL("redis://:secret@r:6379")},
 		{name: "sentinel", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379"},
-			check: store("redis+sentinel://s1:26379,s2:26379/mymaster")},
+			check: storeURL("redis+sentinel://s1:26379,s2:26379/mymaster")},
 		{name: "cluster", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "CLUSTER", "REDIS_URL": "n1:7000,n2:7001,n3:7002"},
-			check: store("redis://n1:7000?addr=n2%3A7001&addr=n3%3A7002")},
+			check: storeURL("redis://n1:7000?addr=n2%3A7001&addr=n3%3A7002")},
 		{name: "pipeline", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_PIPELINE_WINDOW": "150us", "REDIS_PIPELINE_LIMIT": "8", "REDIS_POOL_SIZE": "10"},
 			check: func(c *server.Config, s *envoySettings) string {
 				if s.batching == nil || s.batching.Window != 150*time.Microsecond || s.batching.MaxBatch != 8 || len(s.notes) != 1 {
@@ -280,8 +280,8 @@ func TestRatelimitEnv(t *testing.T) {
 	}
 }
 
-// store checks the store URL made of REDIS_*.
-func store(want string) func(*server.Config, *envoySettings) string {
+// storeURL checks the store URL made of REDIS_*.
+func storeURL(want string) func(*server.Config, *envoySettings) string {
 	return func(c *server.Config, _ *envoySettings) string {
 		if c.Store != want {
 			return fmt.Sprintf("store %q, want %q", c.Store, want)

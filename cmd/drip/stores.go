@@ -6,8 +6,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/redact"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
@@ -15,12 +15,12 @@ import (
 // openStore opens the store a --store URL names, a Redis store with
 // redisOpts. Each store package adds its scheme here.
 // Its errors never show the URL's password.
-func openStore(ctx context.Context, url string, redisOpts ...redisstore.Option) (drip.Store, func(), error) {
+func openStore(ctx context.Context, url string, redisOpts ...redisstore.Option) (store.Store, func(), error) {
 	s, closeStore, err := openStoreURL(ctx, url, redisOpts)
 	return s, closeStore, redact.Error(err)
 }
 
-func openStoreURL(ctx context.Context, url string, redisOpts []redisstore.Option) (drip.Store, func(), error) {
+func openStoreURL(ctx context.Context, url string, redisOpts []redisstore.Option) (store.Store, func(), error) {
 	switch {
 	case url == "" || url == "memory" || strings.HasPrefix(url, "memory:"):
 		s := memstore.New()

@@ -34,7 +34,7 @@ import (
 	"github.com/driplimit/drip/rules"
 )
 
-// Observer is an engine.Observer (so an httplimit.Observer) and a
+// Observer is an engine.Observer (so an engine.Observer) and a
 // prometheus.Collector. It is safe
 // for concurrent use. Construct it with New and register it once.
 type Observer struct {

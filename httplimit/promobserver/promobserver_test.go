@@ -12,10 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/httplimit/promobserver"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -75,15 +76,13 @@ func TestCounts(t *testing.T) {
 }
 
 // down is a store that fails every call.
-type down struct{ drip.Store }
+type down struct{ store.Store }
 
-func (down) ApplyMulti(context.Context, drip.Op, time.Time, []drip.Request) (drip.Multi, error) {
-	return drip.Multi{}, errors.New("connection refused")
+func (down) Apply(context.Context, bucket.Op, time.Time, []bucket.Prepared, []bucket.Result) error {
+	return errors.New("connection refused")
 }
 
-func (down) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
-	return drip.Decision{}, errors.New("connection refused")
-}
+func (down) Caps() store.Caps { return store.Caps{} }
 
 // TestStoreDown: failed store calls are counted, and on_error: local
 // decisions count as fallback decisions.

@@ -1,7 +1,7 @@
 // Package frontdoor is what the front doors that apply a rules file (the
 // net/http middleware, the gRPC interceptors) share, so that they differ
 // only in how they read a request and write an answer: the engine and the
-// rules in force, swapped whole (Limiter), and a request's values read the
+// rules in force, swapped whole (Door), and a request's values read the
 // same way (Request): the client IP behind trusted proxies, headers (or
 // gRPC metadata), and the claims of a verified bearer token, each read at
 // most once per request, and the client identity that seeds the
@@ -12,9 +12,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Config is what a front door's options set.
@@ -28,37 +28,37 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Limiter holds a front door's engine and its rules in force. It is safe
+// Door holds a front door's engine and its rules in force. It is safe
 // for concurrent use.
-type Limiter struct {
+type Door struct {
 	eng  *engine.Engine
 	snap atomic.Pointer[Snapshot]
 	now  func() time.Time
 }
 
-// New returns a Limiter that applies set (nil: rules.Default()) with
+// New returns a Door that applies set (nil: rules.Default()) with
 // state in store; name prefixes the log messages of the engine it builds.
-func New(store drip.Store, name string, set *rules.Set, c Config) *Limiter {
+func New(store store.Store, name string, set *rules.Set, c Config) *Door {
 	eng := c.Engine
 	if eng == nil {
-		eng = engine.New(store, append([]engine.Option{engine.WithName(name)}, c.Eng...)...)
+		eng = engine.New(store, append([]engine.Option{engine.WithName(name), engine.WithLocal(Local)}, c.Eng...)...)
 	}
-	l := &Limiter{eng: eng, now: c.Now}
+	l := &Door{eng: eng, now: c.Now}
 	l.Swap(set)
 	return l
 }
 
 // Swap makes set the rules of every request from now on.
-func (l *Limiter) Swap(set *rules.Set) {
+func (l *Door) Swap(set *rules.Set) {
 	rs := l.eng.Compile(set)
 	l.snap.Store(&Snapshot{Rules: rs, ReadsPath: rs.Set.ReadsPath(), jwt: newVerifier(rs.Set.JWT, l.now)})
 }
 
 // Snapshot returns the rules in force.
-func (l *Limiter) Snapshot() *Snapshot { return l.snap.Load() }
+func (l *Door) Snapshot() *Snapshot { return l.snap.Load() }
 
 // Engine returns the engine the limiter decides with.
-func (l *Limiter) Engine() *engine.Engine { return l.eng }
+func (l *Door) Engine() *engine.Engine { return l.eng }
 
 // Snapshot is one rules Set ready for requests: compiled for the engine,
 // with its bearer token verifier. It is immutable.
@@ -72,8 +72,8 @@ type Snapshot struct {
 // Option sets a Config: the options of every front door.
 type Option func(*Config)
 
-// Apply returns the Config that opts set.
-func Apply(opts []Option) Config {
+// Configure returns the Config that opts set.
+func Configure(opts []Option) Config {
 	var c Config
 	for _, f := range opts {
 		f(&c)

@@ -9,10 +9,10 @@ import (
 	"github.com/driplimit/drip/rules"
 )
 
-// Request holds what every front door reads the same way. Front doors
+// Values holds what every front door reads the same way. Front doors
 // embed it, answer the sources of their own kind (path, method, query,
 // cookie) and pass the rest to Value.
-type Request struct {
+type Values struct {
 	S *Snapshot
 	// Peer is the address the request came from ("ip:port").
 	Peer string
@@ -30,7 +30,7 @@ type Request struct {
 }
 
 // header returns the values of the header whose canonical name is name.
-func (v *Request) header(name string) []string {
+func (v *Values) header(name string) []string {
 	if v.Lower {
 		return v.Header[strings.ToLower(name)]
 	}
@@ -39,7 +39,7 @@ func (v *Request) header(name string) []string {
 
 // Value returns the request's value for the sources every front door has
 // (ip, header, jwt, global); ok is false for others.
-func (v *Request) Value(src rules.Source) (string, bool) {
+func (v *Values) Value(src rules.Source) (string, bool) {
 	switch src.Kind {
 	case rules.KindIP:
 		a, ok := v.ClientIP()
@@ -79,7 +79,7 @@ func Joined(vals []string) (string, bool) {
 
 // ClientIP is the request's client address under the rules' trusted
 // proxies (the package's ClientIP).
-func (v *Request) ClientIP() (netip.Addr, bool) {
+func (v *Values) ClientIP() (netip.Addr, bool) {
 	if !v.ipDone {
 		v.ip, v.ipOK = ClientIP(v.Peer, v.header("X-Forwarded-For"), v.S.Rules.Set.TrustedProxies)
 		v.ipDone = true
@@ -89,7 +89,7 @@ func (v *Request) ClientIP() (netip.Addr, bool) {
 
 // Claims returns the verified claims of the request's bearer token, or
 // nil (no token, one that fails, or no jwt setting).
-func (v *Request) Claims() jwt.MapClaims {
+func (v *Values) Claims() jwt.MapClaims {
 	if !v.claimsDone {
 		v.claimsDone = true
 		if v.S.jwt != nil {
@@ -102,7 +102,7 @@ func (v *Request) Claims() jwt.MapClaims {
 // Identity is the client identity that seeds the Retry-After jitter:
 // "sub:" and the verified JWT subject, else "ip:" and the client IP (its
 // /64 for IPv6), else "key:" and the denying rule's key.
-func (v *Request) Identity(key string) string {
+func (v *Values) Identity(key string) string {
 	if v.S.jwt != nil {
 		if sub, ok := v.Claims()["sub"].(string); ok && sub != "" {
 			return "sub:" + sub

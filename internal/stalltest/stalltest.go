@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/storetest"
 )
 
 // Limit refills so little during a test (a token an hour) that its bucket
@@ -58,7 +61,7 @@ func (r Result) String() string {
 // Run runs l against st, which the caller has just stalled; every take
 // must fail. It returns what it saw; the caller checks the bounds it
 // expects and, once the server runs again, NothingTaken.
-func Run(t *testing.T, st drip.Store, l Load) Result {
+func Run(t *testing.T, st store.Store, l Load) Result {
 	t.Helper()
 	res := Result{Goroutines: runtime.NumGoroutine()}
 	var takes, errs, ok atomic.Int64
@@ -82,12 +85,12 @@ func Run(t *testing.T, st drip.Store, l Load) Result {
 				switch {
 				case l.Leases && i%3 == 2:
 					rs := []drip.Request{{Key: k, Limit: Limit, Cost: 1}, {Key: SlotsKey(k), Limit: Slots, Lease: drip.NewLeaseID()}}
-					_, err = st.ApplyMulti(ctx, drip.OpTake, time.Time{}, rs)
+					_, err = drip.Apply(ctx, st, bucket.Take, time.Time{}, rs...)
 				case l.Multi && i%4 == 3 && len(l.Keys) > 1:
 					rs := []drip.Request{{Key: l.Keys[i%len(l.Keys)], Limit: Limit, Cost: 1}, {Key: l.Keys[(i+1)%len(l.Keys)], Limit: Limit, Cost: 1}}
-					_, err = st.ApplyMulti(ctx, drip.OpTake, time.Time{}, rs)
+					_, err = drip.Apply(ctx, st, bucket.Take, time.Time{}, rs...)
 				default:
-					_, err = st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: k, Limit: Limit, Cost: 1})
+					_, err = storetest.Apply(ctx, st, bucket.Take, time.Time{}, drip.Request{Key: k, Limit: Limit, Cost: 1})
 				}
 				over := time.Since(start) - l.Deadline
 				cancel()
@@ -135,11 +138,11 @@ sample:
 // whole burst: a take of the burst is allowed, to the exact token (a late
 // take applied would leave less); and that its SlotsKey has every slot
 // free (a late acquire applied would hold one).
-func NothingTaken(t *testing.T, st drip.Store, keys []string) {
+func NothingTaken(t *testing.T, st store.Store, keys []string) {
 	t.Helper()
 	for _, k := range keys {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		d, err := st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: k, Limit: Limit, Cost: Limit.Burst})
+		d, err := storetest.Apply(ctx, st, bucket.Take, time.Time{}, drip.Request{Key: k, Limit: Limit, Cost: Limit.Burst})
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: %v", k, err)
@@ -148,7 +151,7 @@ func NothingTaken(t *testing.T, st drip.Store, keys []string) {
 			t.Errorf("%s: a take of the whole burst: allowed %v, %v tokens left; want allowed with 0 left: requests answered with errors were applied", k, d.Allowed, d.Tokens)
 		}
 		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
-		d, err = st.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: SlotsKey(k), Limit: Slots})
+		d, err = storetest.Apply(ctx, st, bucket.Peek, time.Time{}, drip.Request{Key: SlotsKey(k), Limit: Slots})
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: %v", SlotsKey(k), err)

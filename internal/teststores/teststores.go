@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
@@ -29,41 +29,41 @@ const Timeout = 30 * time.Second
 // Store opens one kind of store for a test, closed when the test ends.
 type Store struct {
 	Name string
-	Open func(t *testing.T) drip.Store
+	Open func(t *testing.T) store.Store
 }
 
 // Shared lists the stores: memory, postgres (schema installed, no
 // sweeper), redis and redis-cluster, the last three on shared servers
 // under a fresh prefix. On Redis Cluster the keys of one multi-take
 // usually land in different hash slots: such a multi-take fails with
-// drip.ErrNotColocated, as it would in production.
+// store.ErrNotColocated, as it would in production.
 func Shared() []Store {
 	return []Store{
-		{"memory", func(t *testing.T) drip.Store {
+		{"memory", func(t *testing.T) store.Store {
 			s := memstore.New()
 			t.Cleanup(func() { s.Close() })
 			return s
 		}},
-		{"postgres", func(t *testing.T) drip.Store {
+		{"postgres", func(t *testing.T) store.Store {
 			s, err := pgstore.Open(context.Background(), testserver.SharedPostgres(t).URL(),
 				pgstore.WithInstall(pgstore.InstallOptions{}), pgstore.WithSweep(0))
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Close() })
-			return drip.Prefixed{Store: s, Prefix: testserver.Prefix()}
+			return store.Prefixed{Store: s, Prefix: testserver.Prefix()}
 		}},
-		{"redis", func(t *testing.T) drip.Store {
+		{"redis", func(t *testing.T) store.Store {
 			return openRedis(t, testserver.SharedRedisURL(t))
 		}},
-		{"redis-cluster", func(t *testing.T) drip.Store {
+		{"redis-cluster", func(t *testing.T) store.Store {
 			return openRedis(t, testserver.SharedRedisClusterURL(t))
 		}},
 	}
 }
 
 // Open is the store of Shared named name.
-func Open(t *testing.T, name string) drip.Store {
+func Open(t *testing.T, name string) store.Store {
 	t.Helper()
 	for _, s := range Shared() {
 		if s.Name == name {
@@ -74,7 +74,7 @@ func Open(t *testing.T, name string) drip.Store {
 	return nil
 }
 
-func openRedis(t *testing.T, url string) drip.Store {
+func openRedis(t *testing.T, url string) store.Store {
 	s, err := redisstore.Open(url, redisstore.WithPrefix(testserver.Prefix()))
 	if err != nil {
 		t.Fatal(err)

@@ -226,7 +226,7 @@ func TestStalledStreamsCut(t *testing.T) {
 		conns, streams, cut.Seconds(), runtime.NumGoroutine())
 }
 
-// TestLongDescriptorValues: a descriptor value far over drip.MaxKeyLen
+// TestLongDescriptorValues: a descriptor value far over store.MaxKeyLen
 // (a long path, say) is limited under a hashed key of its own, never
 // refused (a refusal would let Envoy's failure mode decide), and two long
 // values that differ only at their end stay apart.

@@ -4,9 +4,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/driplimit/drip/store"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-
-	"github.com/driplimit/drip"
 )
 
 // match is the limit a descriptor maps to.
@@ -138,7 +137,7 @@ func bucketKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, 
 		}
 		b = netstring(b, e.Value)
 	}
-	return drip.FitKey(string(b)) // a long value (say, a path) is hashed, never refused
+	return store.FitKey(string(b)) // a long value (say, a path) is hashed, never refused
 }
 
 func netstring(b []byte, s string) []byte {

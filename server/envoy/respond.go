@@ -15,7 +15,8 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/engine/retryafter"
+	"github.com/driplimit/drip/internal/seconds"
+	"github.com/driplimit/drip/rules"
 )
 
 // respond builds the response to req: the overall code, one status per
@@ -59,7 +60,7 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 			}
 			continue
 		}
-		if !it.step.Decided || (it.kind == enforce && it.never()) {
+		if !it.step.Decided || (it.kind == enforce && it.step.Never()) {
 			// cost > burst: never allowed, and over the limit with
 			// nothing remaining, as envoyproxy/ratelimit says. Peeked
 			// when the request was denied (run): then the headers
@@ -162,7 +163,7 @@ func remaining(it *item) uint32 {
 // descriptor of a denied request (so not taken), as it was before
 // (engine.BeforeTake).
 func current(it *item) drip.Decision {
-	if it.step.Decision.Allowed && !it.step.Applied && it.kind != refund {
+	if it.step.Decision.Allowed && !it.step.Changed && it.kind != refund {
 		return engine.BeforeTake(it.step.Decision, it.limit.Limit, it.key, it.step.Taken)
 	}
 	return it.step.Decision
@@ -178,7 +179,7 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 	var retry int64
 	if !allowed && top.kind != blocked {
 		// envoyproxy/ratelimit's config has no place for it: the default.
-		retry = retryafter.Default.Seconds(top.key, wait(items))
+		retry = rules.DefaultJitter.Seconds(top.key, wait(items))
 	}
 	field := func(it *item) engine.Field {
 		f := engine.Field{Policy: it.limit.policy, Name: it.limit.qname}
@@ -188,7 +189,7 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 		case !allowed && !it.step.Decision.Allowed && retry > 0:
 			f.Remaining, f.T = int64(remaining(it)), retry
 		default:
-			f.Remaining, f.T = int64(remaining(it)), drip.CeilSeconds(current(it).ResetAfter)
+			f.Remaining, f.T = int64(remaining(it)), seconds.Ceil(current(it).ResetAfter)
 		}
 		return f
 	}
@@ -199,18 +200,10 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 			fs = append(fs, field(it))
 		}
 	}
-	f := engine.MakeFields(fs, field(top), engine.Quota(top.limit.Limit), retry)
-	h := []*corev3.HeaderValue{
-		{Key: "RateLimit-Policy", Value: f.Policy},
-		{Key: "RateLimit", Value: f.RateLimit},
-		{Key: "RateLimit-Limit", Value: f.Limit},
-		{Key: "RateLimit-Remaining", Value: f.Remaining},
-	}
-	if f.Reset != "" {
-		h = append(h, &corev3.HeaderValue{Key: "RateLimit-Reset", Value: f.Reset})
-	}
-	if f.RetryAfter > 0 {
-		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(f.RetryAfter, 10)})
+	f := engine.MakeFields(fs, field(top), top.limit.quota, retry)
+	h := make([]*corev3.HeaderValue, 0, 6)
+	for name, v := range f.All() {
+		h = append(h, &corev3.HeaderValue{Key: name, Value: v})
 	}
 	return h
 }
@@ -236,11 +229,11 @@ func envoyHeaders(h Headers, items []item, statuses []*rlsv3.RateLimitResponse_D
 	}
 	var reset int64
 	if d := pick.DurationUntilReset; d != nil {
-		reset = drip.CeilSeconds(d.AsDuration())
+		reset = seconds.Ceil(d.AsDuration())
 	} else {
 		// A limit of 0, or a cost above the burst: no wait cures it; one
 		// unit, as envoyproxy/ratelimit would say at most.
-		reset = drip.CeilSeconds(units[l.Unit] * time.Duration(l.UnitMultiplier))
+		reset = seconds.Ceil(units[l.Unit] * time.Duration(l.UnitMultiplier))
 	}
 	limit, remaining, resetName := h.names()
 	return []*corev3.HeaderValue{

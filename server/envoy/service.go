@@ -1,7 +1,7 @@
 // Package envoy is drip's Envoy rate limit service:
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit over gRPC,
 // so that Envoy and Istio can use drip in place of envoyproxy/ratelimit,
-// with token buckets in any drip.Store.
+// with token buckets in any store.Store.
 //
 // Limits come from envoyproxy/ratelimit's YAML configuration, unchanged
 // (Parse, Load): a domain per file, nested descriptors of key and optional
@@ -33,6 +33,7 @@ package envoy
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -41,9 +42,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Limits of one request, so that a bad client cannot make a request
@@ -54,7 +56,7 @@ const (
 	maxCost        = 1e12
 )
 
-// Service implements RateLimitServiceServer over a drip.Store, through
+// Service implements RateLimitServiceServer over a store.Store, through
 // drip's decision engine (package engine): each store call goes through
 // the engine's circuit breaker, under its deadline, and is observed; the
 // RateLimit headers and Retry-After are the engine's. It is safe for
@@ -114,13 +116,13 @@ func WithEngine(e *engine.Engine) Option { return func(o *options) { o.eng = e }
 
 // NewService returns a service deciding with cfg (nil: no domain, every
 // request OK) on store.
-func NewService(store drip.Store, cfg *Config, opts ...Option) *Service {
+func NewService(store store.Store, cfg *Config, opts ...Option) *Service {
 	var o options
 	for _, f := range opts {
 		f(&o)
 	}
 	if o.eng == nil {
-		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit")}, o.opts...)...)
+		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit"), engine.WithLocal(frontdoor.Local)}, o.opts...)...)
 	}
 	if o.obs == nil {
 		o.obs = o.eng.Observer()
@@ -161,14 +163,12 @@ type item struct {
 	limit *Limit
 	key   string
 	cost  float64
-	// step is its item of the engine's store step (decision, applied,
-	// the cost asked); several descriptors with one key share a bucket
-	// (their costs added).
-	step   engine.Item
-	failed bool // a shadow descriptor whose store call failed
-	// quota marks an enforced (or blocked) descriptor in quota mode; out,
-	// one of those found over its limit, which takes nothing.
-	quota, out bool
+	// step is its item of the engine's decision (decision, applied,
+	// the cost asked, set aside, failed); several descriptors with one
+	// key share a bucket (their costs added).
+	step engine.Item
+	// quota marks an enforced (or blocked) descriptor in quota mode.
+	quota bool
 }
 
 // ShouldRateLimit decides one request of Envoy's rate limit filter.
@@ -235,90 +235,41 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 
-	// cost > burst can never be allowed: such a descriptor is over the
-	// limit without asking the store, and so is the request (a quota
-	// descriptor only leaves the quota descriptors that may pass).
-	denied, quotas, quotaPass := false, 0, false
+	// The engine decides the descriptors that met a limit: refunds first,
+	// then the enforced ones all or nothing (quota mode, limits of 0 and
+	// costs above the burst as the engine's Item says), then the shadow
+	// ones.
+	steps := make([]*engine.Item, 0, len(items))
 	for i := range items {
 		it := &items[i]
-		if it.limit == nil || (it.kind != enforce && it.kind != blocked && it.kind != shadow) {
+		if it.kind < blocked {
 			continue
 		}
-		if q := it.limit.Quota || cfg.opts.Quota; q && (it.kind == shadow || it.limit.Shadow) {
-			quotaPass = true // a limit in shadow mode is never over
-			continue
-		} else if q {
-			it.quota = true
-			quotas++
-		}
-		if it.kind == blocked || (it.kind == enforce && it.never()) {
-			if it.quota {
-				it.out = true
-			} else if !it.limit.Shadow {
-				denied = true
-			}
-		}
+		q := (it.limit.Quota || cfg.opts.Quota) && it.kind != refund
+		it.quota = q && !it.limit.Shadow
+		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Params: &it.limit.params, Cost: it.cost,
+			Shadow: it.limit.Shadow, Refund: it.kind == refund, Quota: q, Blocked: it.kind == blocked}
+		steps = append(steps, &it.step)
 	}
-	// Refunds first, so that a failing store fails the call before
-	// anything is taken; shadow descriptors last, and their failure
-	// changes no answer.
-	if err := s.run(ctx, items, refund, false); err != nil {
-		s.observe(items, err)
-		return nil, err
-	}
-	allowed, err := s.take(ctx, items, denied, quotas, quotaPass)
+	allowed, err := s.eng.DecideItems(ctx, steps)
 	if err != nil {
 		s.observe(items, err)
-		return nil, err
-	}
-	if err := s.run(ctx, items, shadow, !allowed); err != nil {
-		for i := range items {
-			if items[i].kind == shadow {
-				items[i].failed = true
-			}
-		}
+		return nil, storeError(err)
 	}
 	s.observe(items, nil)
 	return respond(req, items, allowed, &cfg.opts), nil
 }
 
-// take decides the enforced descriptors (denied: the request is denied
-// anyway, so they are only peeked). A request is allowed when none of the
-// descriptors outside quota mode is over its limit and, if it has quota
-// descriptors (quotas), one of them is not (or one is in shadow mode:
-// quotaPass): the descriptors are taken all or nothing, and a quota
-// descriptor over its limit leaves the take, which is asked again without
-// it, until the take is allowed, a descriptor outside quota mode denies,
-// or no quota descriptor is left. What left takes nothing.
-func (s *Service) take(ctx context.Context, items []item, denied bool, quotas int, quotaPass bool) (bool, error) {
-	for {
-		open := quotaPass || quotas == 0
-		for i := range items {
-			if it := &items[i]; it.quota && !it.out {
-				open = true
-			}
-		}
-		if err := s.run(ctx, items, enforce, denied || !open); err != nil {
-			return false, err
-		}
-		if denied || !open {
-			return false, nil
-		}
-		over := false
-		for i := range items {
-			it := &items[i]
-			if it.kind != enforce || it.out || !it.step.Decided || it.step.Decision.Allowed {
-				continue
-			}
-			if !it.quota {
-				return false, nil
-			}
-			it.out, over = true, true
-		}
-		if !over {
-			return true, nil
-		}
+// storeError is the gRPC error of a call whose store failed.
+func storeError(err error) error {
+	code := codes.Unavailable
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
 	}
+	return status.Errorf(code, "rate limit store: %v", err)
 }
 
 // observe reports each descriptor that met a limit to the observer.
@@ -332,13 +283,13 @@ func (s *Service) observe(items []item, err error) {
 			continue
 		case it.kind == unlimited:
 			out = engine.Unlimited
-		case err != nil || it.failed:
+		case err != nil || it.step.Failed:
 			out = engine.Failed
 		case it.kind == blocked || !it.step.Decided || !it.step.Decision.Allowed:
 			out = engine.Denied
 		case it.kind == refund:
 			out = engine.Refunded
-		case !it.step.Applied:
+		case !it.step.Changed:
 			out = engine.NotTaken
 		default:
 			out = engine.Allowed

@@ -23,13 +23,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/engine/retryafter"
 	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -37,7 +37,7 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 
 // stores are the stores every end-to-end case runs on. On Redis Cluster a
 // call's descriptors land in different hash slots: the service takes them
-// one by one (drip.Separately).
+// one by one (store.Separately).
 var stores = teststores.Shared()
 
 // running is a gRPC server on a free port and a client of it.
@@ -49,7 +49,7 @@ type running struct {
 	clock  *testclock.Clock // the service's: no test sleeps
 }
 
-func serve(t *testing.T, store drip.Store, cfg *Config, reflect bool) *running {
+func serve(t *testing.T, store store.Store, cfg *Config, reflect bool) *running {
 	t.Helper()
 	ck := testclock.At(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	svc := NewService(store, cfg, WithClock(ck.Now), WithTimeout(teststores.Timeout))
@@ -160,7 +160,7 @@ func testBurst(t *testing.T, r *running) {
 	if got := s.DurationUntilReset.AsDuration(); got != 100*time.Millisecond {
 		t.Fatalf("call 11: duration_until_reset %v, want the wait of 100ms", got)
 	}
-	retry := retryafter.Uncapped(key, 100*time.Millisecond, 0.5)
+	retry := (rules.Jitter{Fraction: 0.5, Max: math.MaxInt64}).Seconds(key, 100*time.Millisecond)
 	if retry < 1 || retry > 2 {
 		t.Fatalf("retry %d", retry)
 	}
@@ -352,12 +352,12 @@ type down struct{}
 
 var errDown = errors.New("connection refused")
 
-func (down) Apply(context.Context, drip.Op, time.Time, drip.Request) (drip.Decision, error) {
-	return drip.Decision{}, errDown
+func (down) Apply(context.Context, bucket.Op, time.Time, []bucket.Prepared, []bucket.Result) error {
+	return errDown
 }
-func (down) ApplyMulti(context.Context, drip.Op, time.Time, []drip.Request) (drip.Multi, error) {
-	return drip.Multi{}, errDown
-}
+
+func (down) Caps() store.Caps { return store.Caps{} }
+
 func (down) Reset(context.Context, string) error { return errDown }
 
 func TestStoreDown(t *testing.T) {
@@ -484,16 +484,10 @@ type gate struct {
 	release chan struct{}
 }
 
-func (g gate) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+func (g gate) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	g.entered <- struct{}{}
 	<-g.release
-	return g.Store.Apply(ctx, op, at, r)
-}
-
-func (g gate) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	g.entered <- struct{}{}
-	<-g.release
-	return g.Store.ApplyMulti(ctx, op, at, rs)
+	return g.Store.Apply(ctx, op, at, items, results)
 }
 
 // TestGracefulShutdown: a call in flight when shutdown starts is

@@ -3,7 +3,6 @@ package memstore
 import (
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 )
 
@@ -13,24 +12,24 @@ import (
 // two never meet. Lease sets have a bound of their own, the bound on keys
 // (WithMaxKeys): a shard holds at most that many sets beside its buckets.
 // A set holds at most the limit's MaxInFlight leases of at most
-// drip.MaxLeaseLen bytes each: its size is fixed by the limit, not by
+// store.MaxLeaseLen bytes each: its size is fixed by the limit, not by
 // callers. Expired sets are dropped by Sweep (and on insert into a full
 // shard).
 
 // applyLeases decides one request on a concurrency limit (p, lease id
 // checked by the caller).
-func (s *Store) applyLeases(op drip.Op, at time.Time, key string, p *bucket.Params, id string) drip.Decision {
+func (s *Store) applyLeases(op bucket.Op, at time.Time, key string, p *bucket.Params, id string) bucket.Result {
 	now := s.nanos(at)
 	key = held(key)
 	sh, _ := s.locate(key)
 	sh.mu.Lock()
 	ls := sh.leases[key]
-	r, write := p.EvalLeases(bucket.Op(op), bucket.Leases(ls, id, now), id, now)
+	r, write := p.EvalLeases(op, bucket.Leases(ls, id, now), id, now)
 	if write {
-		s.putLeases(sh, key, p.NextLeases(bucket.Op(op), ls, id, now), now)
+		s.putLeases(sh, key, p.NextLeases(op, ls, id, now), now)
 	}
 	sh.mu.Unlock()
-	return drip.DecisionOf(r, p.Burst)
+	return r
 }
 
 // putLeases stores the lease set ls of the held key, or drops the key

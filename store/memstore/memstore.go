@@ -27,13 +27,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"hash/maphash"
-	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // DefaultMaxKeys is the default bound on the number of buckets.
@@ -64,9 +62,8 @@ type Store struct {
 	seed       maphash.Seed
 	now        func() time.Time // nil: the monotonic clock below
 	start      time.Time        // wall time at New, with its monotonic reading
-	recent     [recentLimits]atomic.Pointer[cached]
-	maxKeys    int // per shard
-	maxBytes   int // per shard
+	maxKeys    int              // per shard
+	maxBytes   int              // per shard
 	shards     [shardCount]shard
 	stop       chan struct{}
 	stopOnce   sync.Once
@@ -74,23 +71,7 @@ type Store struct {
 	ov         overrides // override.go
 }
 
-// recentLimits is how many resolved limits the store keeps, so that the
-// common cases (one limit, many keys; a few rules' limits in turn, as the
-// middleware's enforce and shadow rules) skip validation and allocate
-// nothing. A power of two.
-const recentLimits = 8
-
-// cached is a limit the store resolved.
-type cached struct {
-	limit  drip.Limit
-	params bucket.Params
-}
-
-var (
-	_ drip.Store         = (*Store)(nil)
-	_ drip.PreparedStore = (*Store)(nil)
-	_ drip.InProcess     = (*Store)(nil)
-)
+var _ store.Store = (*Store)(nil)
 
 // Option configures a Store.
 type Option func(*Store)
@@ -251,67 +232,28 @@ func (s *Store) clock() int64 {
 	return n - n%1000
 }
 
-// params is drip.Prepare with the last key-independent limit cached, by
-// pointer so that the hot path copies no request: the params and the cost
-// in fixed point.
-func (s *Store) params(op drip.Op, r *drip.Request) (bucket.Params, int64, error) {
-	if err := drip.CheckKey(r.Key); err != nil {
-		return bucket.Params{}, 0, err
-	}
-	var p bucket.Params
-	slot := &s.recent[limitSlot(&r.Limit)]
-	if c := slot.Load(); c != nil && c.limit == r.Limit {
-		p = c.params
-	} else {
-		var err error
-		if p, err = drip.ParamsOf(r.Limit, r.Key); err != nil {
-			return p, 0, err
-		}
-		if !r.Limit.KeyDependent() {
-			slot.Store(&cached{r.Limit, p})
-		}
-	}
-	cost, err := drip.CostOf(op, r.Cost, r.Reserve, p)
-	return p, cost, err
+// Caps implements store.Store: the store decides in process, holds
+// leases, and keeps overrides (override.go).
+func (s *Store) Caps() store.Caps {
+	return store.Caps{InProcess: true, Leases: true, Overrides: s}
 }
 
-// limitSlot is where l is cached among the recent limits: a cheap mix of
-// the fields that tell limits apart in practice. Two limits that share a
-// slot only cost a validation when they alternate.
-func limitSlot(l *drip.Limit) int {
-	h := math.Float64bits(l.Rate) ^ math.Float64bits(l.Burst)*31 ^ uint64(l.Period)*131
-	h ^= h >> 29
-	h *= 0x9E3779B97F4A7C15
-	return int(h>>32) & (recentLimits - 1)
-}
-
-// InProcess implements drip.InProcess: the store never waits on a server,
-// so front doors give its calls no deadline.
-func (*Store) InProcess() {}
-
-// Apply implements drip.Store.
-func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, cost, err := s.params(op, &r)
-	if err != nil {
-		return drip.Decision{}, err
+// Apply implements store.Store. One item is decided here, under its
+// shard's lock (the hot path: no call more); several under the locks of
+// all their shards (applyMulti); a concurrency limit's by applyLeases.
+func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) != 1 {
+		s.applyMulti(op, at, items, results)
+		return nil
 	}
+	it := &items[0]
+	p := &it.Params
 	if p.Kind == bucket.Concurrency {
-		if err := drip.CheckLease(op, r.Lease, p); err != nil {
-			return drip.Decision{}, err
-		}
-		return s.applyLeases(op, at, r.Key, &p, r.Lease), nil
+		results[0] = s.applyLeases(op, at, it.Key, p, it.Lease)
+		return nil
 	}
-	if r.Lease != "" {
-		return drip.Decision{}, drip.CheckLease(op, r.Lease, p)
-	}
-	return s.ApplyPrepared(ctx, op, at, r.Key, &p, cost, r.Reserve)
-}
-
-// ApplyPrepared implements drip.PreparedStore: Apply without the checks
-// the Limiter made once.
-func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key string, p *bucket.Params, cost int64, reserve bool) (drip.Decision, error) {
 	now := s.nanos(at)
-	key = held(key)
+	key := held(it.Key)
 	sh, h := s.locate(key)
 	sh.mu.Lock()
 	i, found := sh.find(h, key)
@@ -319,7 +261,7 @@ func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key s
 	if found {
 		b = sh.slots[i].b
 	}
-	r, next, write := bucket.Eval(bucket.Op(op), b, found, *p, cost, reserve, now)
+	r, next, write := bucket.Eval(op, b, found, *p, it.Cost, it.Reserve, now)
 	if write {
 		if found {
 			sl := &sh.slots[i]
@@ -329,7 +271,8 @@ func (s *Store) ApplyPrepared(_ context.Context, op drip.Op, at time.Time, key s
 		}
 	}
 	sh.mu.Unlock()
-	return drip.DecisionOf(r, p.Burst), nil
+	results[0] = r
+	return nil
 }
 
 // write stores b under the held key, a bucket already there or a new one.
@@ -356,13 +299,9 @@ func (s *Store) put(sh *shard, h uint64, key string, b bucket.State, exp, now in
 	sh.add(h, key, b, exp)
 }
 
-// ApplyMulti implements drip.Store. It locks the shards involved in a fixed
-// order, so concurrent multi-takes never deadlock.
-func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	ps, err := drip.PrepareMulti(op, rs)
-	if err != nil {
-		return drip.Multi{}, err
-	}
+// applyMulti decides several items as one step. It locks the shards
+// involved in a fixed order, so concurrent multi-takes never deadlock.
+func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, results []bucket.Result) {
 	now := s.nanos(at)
 	keys := make([]string, len(ps))
 	shards := make([]*shard, len(ps))
@@ -393,12 +332,12 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
-	res, next, write := bucket.EvalMultiLeases(bucket.Op(op), ps, buckets, found, leases, now)
+	res, next, write := bucket.EvalMultiLeases(op, ps, buckets, found, leases, now)
 	for i, p := range ps {
 		switch {
 		case !write[i]:
 		case p.Params.Kind == bucket.Concurrency:
-			s.putLeases(shards[i], keys[i], p.Params.NextLeases(bucket.Op(op), shards[i].leases[keys[i]], p.Lease, now), now)
+			s.putLeases(shards[i], keys[i], p.Params.NextLeases(op, shards[i].leases[keys[i]], p.Lease, now), now)
 		default:
 			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
@@ -408,12 +347,12 @@ func (s *Store) ApplyMulti(_ context.Context, op drip.Op, at time.Time, rs []dri
 			s.shards[i].mu.Unlock()
 		}
 	}
-	return drip.MultiOf(res, ps), nil
+	copy(results, res)
 }
 
-// Reset implements drip.Store.
+// Reset implements store.Store.
 func (s *Store) Reset(_ context.Context, key string) error {
-	if err := drip.CheckKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
 	key = held(key)

@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/storetest"
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) drip.Store {
+	storetest.Run(t, func(t *testing.T) store.Store {
 		s := memstore.New()
 		t.Cleanup(func() { s.Close() })
 		return s
@@ -35,19 +37,19 @@ func TestBoundedMemory(t *testing.T) {
 	at := time.Unix(1_000_000, 0)
 	lim := drip.PerMinute(10)
 	// A real user who has spent their whole burst.
-	if d, _ := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: "victim", Limit: lim, Cost: 10}); !d.Allowed {
+	if d, _ := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: "victim", Limit: lim, Cost: 10}); !d.Allowed {
 		t.Fatal(d)
 	}
 	// 200,000 one-off keys, each one token off full.
 	for i := range 200_000 {
-		if _, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: fmt.Sprint("attacker-", i), Limit: lim, Cost: 1}); err != nil {
+		if _, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: fmt.Sprint("attacker-", i), Limit: lim, Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := s.Len(); n > bound+256 {
 		t.Fatalf("%d buckets held, bound %d", n, bound)
 	}
-	d, _ := s.Apply(ctx, drip.OpPeek, at, drip.Request{Key: "victim", Limit: lim, Cost: 1})
+	d, _ := storetest.Apply(ctx, s, bucket.Peek, at, drip.Request{Key: "victim", Limit: lim, Cost: 1})
 	if d.Allowed || d.Tokens != 0 {
 		t.Fatalf("the empty bucket was evicted before nearly full ones: %+v", d)
 	}
@@ -58,8 +60,8 @@ func TestSweep(t *testing.T) {
 	defer s.Close()
 	ctx := context.Background()
 	at := time.Unix(1_000_000, 0)
-	s.Apply(ctx, drip.OpTake, at, drip.Request{Key: "short", Limit: drip.PerSecond(1), Cost: 1})
-	s.Apply(ctx, drip.OpTake, at, drip.Request{Key: "long", Limit: drip.PerHour(1), Cost: 1})
+	storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: "short", Limit: drip.PerSecond(1), Cost: 1})
+	storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: "long", Limit: drip.PerHour(1), Cost: 1})
 	if n := s.Sweep(at.Add(memstore.SweepMargin)); n != 0 {
 		t.Fatalf("swept %d buckets before any expired a margin ago", n)
 	}
@@ -84,18 +86,18 @@ func TestBoundedBytes(t *testing.T) {
 	at := time.Unix(1_000_000, 0)
 	lim := drip.PerHour(10)
 	take := func(key string) drip.Decision {
-		d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+		d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return d
 	}
-	// A 1 MiB key is refused before it reaches the store (drip.MaxKeyLen),
+	// A 1 MiB key is refused before it reaches the store (store.MaxKeyLen),
 	// and takes nothing.
 	big := make([]byte, 1<<20)
 	for i := range 30 {
 		copy(big, fmt.Sprintf("big-%d-", i))
-		if _, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: string(big), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
+		if _, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: string(big), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
 			t.Fatalf("1 MiB key %d: err = %v, want %v", i, err, drip.ErrKeyTooLong)
 		}
 	}
@@ -105,9 +107,9 @@ func TestBoundedBytes(t *testing.T) {
 	// The longest keys a store is given (held hashed) and keys just short
 	// of being hashed: 20 MB of keys in all, five times the bound.
 	for i := range 10_000 {
-		take(fmt.Sprintf("%0*d", drip.MaxKeyLen, i))
+		take(fmt.Sprintf("%0*d", store.MaxKeyLen, i))
 		if n := s.Bytes(); n > bound {
-			t.Fatalf("after %d keys of %d bytes, the store counts %d bytes, bound %d", i+1, drip.MaxKeyLen, n, bound)
+			t.Fatalf("after %d keys of %d bytes, the store counts %d bytes, bound %d", i+1, store.MaxKeyLen, n, bound)
 		}
 	}
 	for i := range 20_000 {
@@ -120,7 +122,7 @@ func TestBoundedBytes(t *testing.T) {
 		t.Fatalf("only %d buckets held; the bound allows about %d", n, bound/(memstore.BucketBytes+memstore.MaxKeyLen))
 	}
 	// The same long (hashed) key again is the same bucket, not a fresh one.
-	long := "again-" + strings.Repeat("x", drip.MaxKeyLen-6)
+	long := "again-" + strings.Repeat("x", store.MaxKeyLen-6)
 	take(long)
 	if d := take(long); d.Tokens != 8 {
 		t.Fatalf("a %d-byte key taken twice: %+v, want 8 tokens left", len(long), d)
@@ -156,7 +158,7 @@ func TestTable(t *testing.T) {
 			delete(taken, k)
 			continue
 		}
-		d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: k, Limit: lim, Cost: 1})
+		d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: k, Limit: lim, Cost: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,11 +179,11 @@ func TestSweepLeases(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	lim := drip.InFlight(2, time.Minute)
 	for _, k := range []string{"a", "b"} {
-		if _, err := s.Apply(context.Background(), drip.OpTake, t0, drip.Request{Key: k, Limit: lim, Lease: "x"}); err != nil {
+		if _, err := storetest.Apply(context.Background(), s, bucket.Take, t0, drip.Request{Key: k, Limit: lim, Lease: "x"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Apply(context.Background(), drip.OpTake, t0.Add(time.Hour), drip.Request{Key: "b", Limit: lim, Lease: "y"}); err != nil {
+	if _, err := storetest.Apply(context.Background(), s, bucket.Take, t0.Add(time.Hour), drip.Request{Key: "b", Limit: lim, Lease: "y"}); err != nil {
 		t.Fatal(err)
 	}
 	if n := s.Len(); n != 2 {
@@ -202,7 +204,7 @@ func TestLeaseSetsBounded(t *testing.T) {
 	at := time.Unix(1_800_000_000, 0)
 	lim := drip.InFlight(1, time.Hour)
 	for i := range 5000 {
-		d, err := s.Apply(context.Background(), drip.OpTake, at, drip.Request{Key: fmt.Sprint("k", i), Limit: lim, Lease: "x"})
+		d, err := storetest.Apply(context.Background(), s, bucket.Take, at, drip.Request{Key: fmt.Sprint("k", i), Limit: lim, Lease: "x"})
 		if err != nil || !d.Allowed {
 			t.Fatalf("acquire %d: %+v %v", i, d, err)
 		}

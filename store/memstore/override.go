@@ -7,10 +7,10 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/store"
 )
 
-var _ override.Store = (*Store)(nil)
+var _ store.Overrides = (*Store)(nil)
 
 // overrides are the store's per-tenant limits (package override), held
 // in process memory: shared by the engines of one process, as its buckets
@@ -30,13 +30,13 @@ type change struct {
 	key     string
 }
 
-// PutOverride implements override.Store.
+// PutOverride implements store.Overrides.
 func (s *Store) PutOverride(_ context.Context, key string, val []byte, max int) error {
 	o := &s.ov
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if _, ok := o.m[key]; !ok && len(o.m) >= max {
-		return override.ErrFull
+		return store.ErrOverridesFull
 	}
 	if o.m == nil {
 		o.m = make(map[string][]byte)
@@ -46,7 +46,7 @@ func (s *Store) PutOverride(_ context.Context, key string, val []byte, max int) 
 	return nil
 }
 
-// DeleteOverride implements override.Store.
+// DeleteOverride implements store.Overrides.
 func (s *Store) DeleteOverride(_ context.Context, key string) (bool, error) {
 	o := &s.ov
 	o.mu.Lock()
@@ -59,21 +59,21 @@ func (s *Store) DeleteOverride(_ context.Context, key string) (bool, error) {
 	return true, nil
 }
 
-// OverridesVersion implements override.Store.
+// OverridesVersion implements store.Overrides.
 func (s *Store) OverridesVersion(context.Context) (int64, error) {
 	s.ov.mu.Lock()
 	defer s.ov.mu.Unlock()
 	return s.ov.version, nil
 }
 
-// Overrides implements override.Store.
+// Overrides implements store.Overrides.
 func (s *Store) Overrides(context.Context) (int64, map[string][]byte, error) {
 	s.ov.mu.Lock()
 	defer s.ov.mu.Unlock()
 	return s.ov.version, maps.Clone(s.ov.m), nil
 }
 
-// OverridesSince implements override.Store.
+// OverridesSince implements store.Overrides.
 func (s *Store) OverridesSince(_ context.Context, since int64) (int64, map[string][]byte, bool, error) {
 	o := &s.ov
 	o.mu.Lock()
@@ -89,7 +89,7 @@ func (s *Store) OverridesSince(_ context.Context, since int64) (int64, map[strin
 	return o.version, changed, true, nil
 }
 
-// WatchOverrides implements override.Store.
+// WatchOverrides implements store.Overrides.
 func (s *Store) WatchOverrides(ctx context.Context, changed func()) error {
 	o := &s.ov
 	ch := make(chan struct{}, 1)
@@ -121,8 +121,8 @@ func (s *Store) WatchOverrides(ctx context.Context, changed func()) error {
 func (o *overrides) changed(key string) {
 	o.version++
 	o.log = append(o.log, change{o.version, key})
-	if len(o.log) > 2*override.KeepChanges {
-		drop := len(o.log) - override.KeepChanges
+	if len(o.log) > 2*store.KeepChanges {
+		drop := len(o.log) - store.KeepChanges
 		o.floor = o.log[drop-1].version
 		o.log = slices.Clone(o.log[drop:])
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 )
@@ -45,7 +44,7 @@ func WithoutBatching() Option { return func(c *config) { c.batching = Batching{M
 
 // request is one Apply waiting in a batch.
 type request struct {
-	op  drip.Op
+	op  bucket.Op
 	key []byte
 	p   bucket.Prepared
 	at  *int64
@@ -67,10 +66,10 @@ func newBatcher(s *Store) *batch.Batcher[request, result] {
 // caller had left before the answer came (see package batch): what it
 // took goes back, and the caller's error stays true.
 func undo(q request, r result) (request, bool) {
-	if q.op != drip.OpTake || !r.allowed || r.late {
+	if q.op != bucket.Take || !r.allowed || r.late {
 		return request{}, false
 	}
-	q.op = drip.OpRefund
+	q.op = bucket.Refund
 	return q, true
 }
 

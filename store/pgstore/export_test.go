@@ -7,17 +7,22 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
+	"github.com/driplimit/drip/store"
 )
 
 // ApplyBatch decides rs (with ops and times) in one batch.sql statement,
 // in order, as the batcher would: for tests of batch.sql itself.
-func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request, ats []time.Time) ([]drip.Decision, []error) {
+func ApplyBatch(ctx context.Context, s *Store, ops []bucket.Op, rs []drip.Request, ats []time.Time) ([]drip.Decision, []error) {
 	errs := make([]error, len(rs))
 	var calls []*batch.Call[request, result]
 	var idx []int
 	var ps []bucket.Prepared
 	for i, r := range rs {
-		p, err := drip.Prepare(ops[i], r)
+		params, err := r.Limit.Params(r.Key)
+		var p bucket.Prepared
+		if err == nil {
+			err = store.Prepare(&p, ops[i], r.Key, &params, r.Cost, r.Reserve, r.Lease)
+		}
 		if err != nil {
 			errs[i] = err
 			continue
@@ -37,7 +42,7 @@ func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request,
 			continue
 		}
 		if errs[i] = res[j].err(); errs[i] == nil {
-			ds[i] = res[j].decision(ops[i], ps[j])
+			ds[i] = drip.DecisionOf(res[j].result(ops[i], ps[j]), ps[j].Params.Burst)
 		}
 	}
 	return ds, errs

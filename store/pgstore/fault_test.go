@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/pgstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestServerRestart restarts the server in the middle of a load run on one
@@ -51,7 +53,7 @@ func TestServerRestart(t *testing.T) {
 						default:
 						}
 						c, cancel := context.WithTimeout(ctx, 5*time.Second)
-						d, err := st.Apply(c, drip.OpTake, t0, req)
+						d, err := storetest.Apply(c, st, bucket.Take, t0, req)
 						cancel()
 						switch {
 						case err != nil:
@@ -88,7 +90,7 @@ func TestServerRestart(t *testing.T) {
 			if before == 0 || failed.Load() == 0 {
 				t.Fatalf("the restart did not land in the load run: %d successes before, %d errors", before, failed.Load())
 			}
-			d, err := st.Apply(ctx, drip.OpPeek, t0, drip.Request{Key: "restart", Limit: lim, Cost: 0})
+			d, err := storetest.Apply(ctx, st, bucket.Peek, t0, drip.Request{Key: "restart", Limit: lim, Cost: 0})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -114,7 +116,7 @@ func TestUnloggedCrash(t *testing.T) {
 	defer st.Close()
 	lim := drip.PerHour(1).WithBurst(5)
 	take := func() (drip.Decision, error) {
-		return st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: "u", Limit: lim, Cost: 5})
+		return storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: "u", Limit: lim, Cost: 5})
 	}
 	if d, err := take(); err != nil || !d.Allowed {
 		t.Fatalf("%+v %v", d, err)

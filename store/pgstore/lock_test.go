@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/pgstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestClockAfterLock: on the server's clock, a statement that waited for a
@@ -20,7 +22,7 @@ func TestClockAfterLock(t *testing.T) {
 			st := newStore(t, pgstore.WithoutBatching())
 			ctx := context.Background()
 			key := prefix() + "locked"
-			if d, err := st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 10}); err != nil || !d.Allowed {
+			if d, err := storetest.Apply(ctx, st, bucket.Take, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 10}); err != nil || !d.Allowed {
 				t.Fatalf("drain: %+v %v", d, err)
 			}
 			tx, err := pool(t).Begin(ctx)
@@ -41,15 +43,15 @@ func TestClockAfterLock(t *testing.T) {
 				var o out
 				switch path {
 				case "take":
-					o.d, o.err = st.Apply(ctx, drip.OpTake, time.Time{}, req)
+					o.d, o.err = storetest.Apply(ctx, st, bucket.Take, time.Time{}, req)
 				case "multi":
 					var m drip.Multi
-					m, o.err = st.ApplyMulti(ctx, drip.OpTake, time.Time{}, []drip.Request{req, {Key: key + "-other", Limit: lim, Cost: 1}})
+					m, o.err = drip.Apply(ctx, st, bucket.Take, time.Time{}, []drip.Request{req, {Key: key + "-other", Limit: lim, Cost: 1}}...)
 					if o.err == nil {
 						o.d = m.Decisions[0]
 					}
 				case "batch":
-					ds, errs := pgstore.ApplyBatch(ctx, st, []drip.Op{drip.OpTake}, []drip.Request{req}, []time.Time{{}})
+					ds, errs := pgstore.ApplyBatch(ctx, st, []bucket.Op{bucket.Take}, []drip.Request{req}, []time.Time{{}})
 					o.d, o.err = ds[0], errs[0]
 				}
 				done <- o

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/store"
 )
 
 // Overrides (package override) live in drip.overrides, with a version
@@ -19,14 +19,14 @@ import (
 // Their statements are rare and prepare nothing by name, so they run
 // through a pooler in transaction mode as they are.
 
-var _ override.Store = (*Store)(nil)
+var _ store.Overrides = (*Store)(nil)
 
 const overridesChannel = "drip_overrides"
 
 // odb is the store's pool for the override statements.
 func (s *Store) odb() DB { return newModeDB(s.dbm.db, FallbackQueryMode) }
 
-// PutOverride implements override.Store. The version row, updated first,
+// PutOverride implements store.Overrides. The version row, updated first,
 // serializes changes, so the number of overrides it keeps (held), which
 // bounds them, is exact.
 func (s *Store) PutOverride(ctx context.Context, key string, val []byte, max int) error {
@@ -41,7 +41,7 @@ WHERE EXISTS (SELECT 1 FROM drip.overrides WHERE key = $1::bytea) OR (SELECT hel
 ON CONFLICT (key) DO UPDATE SET value = excluded.value
 RETURNING xmax = 0`, []byte(key), val, max).Scan(&added)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return override.ErrFull // rolls the version back
+			return store.ErrOverridesFull // rolls the version back
 		}
 		if err != nil {
 			return err
@@ -59,7 +59,7 @@ RETURNING xmax = 0`, []byte(key), val, max).Scan(&added)
 // errNotFound rolls back the version bump of a delete of nothing.
 var errNotFound = errors.New("no such override")
 
-// DeleteOverride implements override.Store.
+// DeleteOverride implements store.Overrides.
 func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 	err := pgx.BeginFunc(ctx, s.odb(), func(tx pgx.Tx) error {
 		if err := bumpVersion(ctx, tx, []byte(key)); err != nil {
@@ -87,7 +87,7 @@ func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 // bumpVersion bumps the version of the overrides for a change of key (a
 // lock on the version row to the end of the transaction: changes are
 // serialized), records the change, and trims the record to the latest
-// override.KeepChanges. A version beyond the latest recorded one was
+// store.KeepChanges. A version beyond the latest recorded one was
 // changed by a drip that records none (nor keeps held): the record then
 // holds nothing before this change, and held is counted afresh.
 func bumpVersion(ctx context.Context, tx pgx.Tx, key []byte) error {
@@ -100,7 +100,7 @@ func bumpVersion(ctx context.Context, tx pgx.Tx, key []byte) error {
   RETURNING version
 )
 INSERT INTO drip.override_changes (key, version) SELECT $1::bytea, version FROM v
-ON CONFLICT (key) DO UPDATE SET version = excluded.version`, key, override.KeepChanges)
+ON CONFLICT (key) DO UPDATE SET version = excluded.version`, key, store.KeepChanges)
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ ON CONFLICT (key) DO UPDATE SET version = excluded.version`, key, override.KeepC
 	return err
 }
 
-// OverridesSince implements override.Store: one statement, so the
+// OverridesSince implements store.Overrides: one statement, so the
 // version and the changes are read at one moment.
 func (s *Store) OverridesSince(ctx context.Context, since int64) (int64, map[string][]byte, bool, error) {
 	// Each changed key's value by its primary key: never a scan of every
@@ -141,14 +141,14 @@ LEFT JOIN drip.override_changes c ON c.version > $1::bigint AND v.logged = v.ver
 	return v, changed, true, nil
 }
 
-// OverridesVersion implements override.Store.
+// OverridesVersion implements store.Overrides.
 func (s *Store) OverridesVersion(ctx context.Context) (int64, error) {
 	var v int64
 	err := s.odb().QueryRow(ctx, "SELECT version FROM drip.overrides_version").Scan(&v)
 	return v, err
 }
 
-// Overrides implements override.Store.
+// Overrides implements store.Overrides.
 func (s *Store) Overrides(ctx context.Context) (int64, map[string][]byte, error) {
 	v, err := s.OverridesVersion(ctx)
 	if err != nil {
@@ -170,7 +170,7 @@ func (s *Store) Overrides(ctx context.Context) (int64, map[string][]byte, error)
 	return v, all, nil
 }
 
-// WatchOverrides implements override.Store: LISTEN on a connection of its
+// WatchOverrides implements store.Overrides: LISTEN on a connection of its
 // own, opened with the pool's settings, for as long as ctx lasts. A store
 // on a DB that is not a *pgxpool.Pool cannot open one (ErrNoWatch). Behind
 // a pooler in transaction mode notifications may never arrive: polling
@@ -178,7 +178,7 @@ func (s *Store) Overrides(ctx context.Context) (int64, map[string][]byte, error)
 func (s *Store) WatchOverrides(ctx context.Context, changed func()) error {
 	p, ok := s.dbm.db.(interface{ Config() *pgxpool.Config })
 	if !ok {
-		return override.ErrNoWatch
+		return store.ErrNoWatch
 	}
 	conn, err := pgx.ConnectConfig(ctx, p.Config().ConnConfig.Copy())
 	if err != nil {

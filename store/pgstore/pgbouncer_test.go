@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -39,7 +41,7 @@ func TestPgBouncerConformance(t *testing.T) {
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			st := openVia(t, bouncer.URL(), mode.params)
-			storetest.Run(t, func(t *testing.T) drip.Store { return st })
+			storetest.Run(t, func(t *testing.T) store.Store { return st })
 			if _, err := st.Sweep(context.Background()); err != nil {
 				t.Fatalf("sweep through pgbouncer: %v", err)
 			}
@@ -98,7 +100,7 @@ func TestPgBouncerFallsBack(t *testing.T) {
 	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 3}
 	take := func() drip.Decision {
 		t.Helper()
-		d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: key, Limit: lim, Cost: 1})
+		d, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: key, Limit: lim, Cost: 1})
 		if err != nil {
 			t.Fatalf("take through pgbouncer: %v\n%s", err, bouncer.Log())
 		}
@@ -141,7 +143,7 @@ func TestQueryModeFromURL(t *testing.T) {
 	if st.QueryMode() != pgx.QueryExecModeSimpleProtocol {
 		t.Fatalf("query mode %v, want simple_protocol", st.QueryMode())
 	}
-	d, err := st.Apply(context.Background(), drip.OpTake, t0, drip.Request{Key: prefix() + "k", Limit: drip.PerSecond(1), Cost: 1})
+	d, err := storetest.Apply(context.Background(), st, bucket.Take, t0, drip.Request{Key: prefix() + "k", Limit: drip.PerSecond(1), Cost: 1})
 	if err != nil || !d.Allowed {
 		t.Fatalf("take: %+v %v", d, err)
 	}

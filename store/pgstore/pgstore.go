@@ -88,7 +88,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,14 +95,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
-	"github.com/driplimit/drip/internal/spans"
+	"github.com/driplimit/drip/store"
 )
 
 // MaxKeyLen is the longest key stored as it is; longer keys (up to
-// drip.MaxKeyLen, the longest any store accepts; the SQL functions take
+// store.MaxKeyLen, the longest any store accepts; the SQL functions take
 // any length) are stored hashed (see the package doc).
 const MaxKeyLen = 512
 
@@ -134,7 +132,7 @@ type Store struct {
 	retries atomic.Int64
 }
 
-var _ drip.Store = (*Store)(nil)
+var _ store.Store = (*Store)(nil)
 
 type config struct {
 	install      bool
@@ -256,24 +254,24 @@ type result struct {
 	late    bool
 }
 
-// decision completes r as bucket.Eval does: retry and reset come from the
+// result completes r as bucket.Eval does: retry and reset come from the
 // bucket with the Go math (Params.Until), not from SQL.
-func (r result) decision(op drip.Op, p bucket.Prepared) drip.Decision {
+func (r result) result(op bucket.Op, p bucket.Prepared) bucket.Result {
 	n := bucket.State{Tokens: r.tokens, TS: r.ts}
 	var retry time.Duration
 	switch {
-	case op == drip.OpRefund:
+	case op == bucket.Refund:
 	case r.allowed:
 		retry = p.Params.Until(n, 0, r.now)
 	default:
 		retry = p.Params.Until(n, p.Params.NeedFor(p.Cost, p.Reserve), r.now)
 	}
-	return drip.DecisionOf(bucket.Result{
+	return bucket.Result{
 		Allowed:    r.allowed,
 		Tokens:     r.tokens,
 		RetryAfter: retry,
 		ResetAfter: p.Params.Until(n, p.Params.Burst, r.now),
-	}, p.Params.Burst)
+	}
 }
 
 // errRace is take.sql's "not ok": the key had no row when the statement
@@ -281,22 +279,17 @@ func (r result) decision(op drip.Op, p bucket.Prepared) drip.Decision {
 // Nothing was written; the statement is run again at once.
 var errRace = errors.New("pgstore: bucket appeared during the statement")
 
-// Apply implements drip.Store.
-func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, err := drip.Prepare(op, r)
-	if err != nil {
-		return drip.Decision{}, err
+// Apply implements store.Store: one item by take.sql or peek.sql (through
+// the batcher when batching), several, or a concurrency limit's, by
+// multi.sql, one statement, all or nothing.
+func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) != 1 || items[0].Params.Kind == bucket.Concurrency {
+		// multi.sql is also the one statement that holds leases.
+		return s.applyMulti(ctx, op, at, items, results)
 	}
-	if p.Params.Kind == bucket.Concurrency {
-		// A concurrency request is a multi-take of one: multi.sql is the
-		// one statement that holds leases.
-		m, err := s.ApplyMulti(ctx, op, at, []drip.Request{r})
-		if err != nil {
-			return drip.Decision{}, err
-		}
-		return m.Decisions[0], nil
-	}
+	p := items[0]
 	var res result
+	var err error
 	if s.batch != nil {
 		res, err = s.batch.Do(ctx, request{op, storeKey(p.Key), p, nanos(at)})
 		if errors.Is(err, batch.ErrClosed) {
@@ -307,18 +300,23 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 		res, err = s.applyOne(ctx, op, p, nanos(at), dl)
 	}
 	if err != nil {
-		return drip.Decision{}, err
+		return err
 	}
-	return res.decision(op, p), nil
+	results[0] = res.result(op, p)
+	return nil
 }
+
+// Caps implements store.Store: the store holds leases and keeps
+// overrides (override.go).
+func (s *Store) Caps() store.Caps { return store.Caps{Leases: true, Overrides: s} }
 
 // applyOne decides one request with one statement (take.sql, peek.sql);
 // a take or refund carries its caller's deadline dl (zero: none).
-func (s *Store) applyOne(ctx context.Context, op drip.Op, p bucket.Prepared, at *int64, dl time.Time) (result, error) {
+func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, at *int64, dl time.Time) (result, error) {
 	sql := takeSQL
 	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
 		p.Params.Burst, p.Params.MaxReserved, p.Params.Start, p.Cost, p.Reserve, at}
-	if op == drip.OpPeek {
+	if op == bucket.Peek {
 		sql = peekSQL // writes nothing: no deadline
 	} else {
 		if err := s.syncClock(ctx, dl); err != nil {
@@ -336,7 +334,7 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p bucket.Prepared, at 
 		ok := false
 		for rows.Next() {
 			dest := []any{&res.allowed, &res.tokens, &res.ts, &res.now, &ok}
-			if op != drip.OpPeek {
+			if op != bucket.Peek {
 				dest = append(dest, &res.late)
 			}
 			if err := rows.Scan(dest...); err != nil {
@@ -367,79 +365,9 @@ func (s *Store) applyOne(ctx context.Context, op drip.Op, p bucket.Prepared, at 
 	return res, err
 }
 
-// ApplyMulti implements drip.Store: one statement, all or nothing.
-func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	ps, err := drip.PrepareMulti(op, rs)
-	if err != nil {
-		return drip.Multi{}, err
-	}
-	a := newArrays(len(ps))
-	seen := make(map[string]bool, len(ps))
-	for _, p := range ps {
-		k := storeKey(p.Key)
-		if seen[string(k)] {
-			return drip.Multi{}, fmt.Errorf("%w: two keys hash to the same stored key", drip.ErrDuplicateKey)
-		}
-		seen[string(k)] = true
-		a.add(op, k, p, nil)
-	}
-	ds := make([]drip.Decision, len(ps))
-	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
-	if err := s.syncClock(ctx, dl); err != nil {
-		return drip.Multi{}, err
-	}
-	err = s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, multiSQL, int(op), a.keys, a.kinds, a.rates, a.periods,
-			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl), a.leases)
-		if err != nil {
-			return err
-		}
-		i := 0
-		for rows.Next() {
-			var r result
-			var ls bucket.LeaseSet
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest); err != nil {
-				rows.Close()
-				return err
-			}
-			if at.IsZero() && i == 0 {
-				s.clock.Observe(time.Now(), r.now) // now is the server's clock
-			}
-			if r.late {
-				rows.Close()
-				return errLate
-			}
-			switch {
-			case i >= len(ds):
-			case ps[i].Params.Kind == bucket.Concurrency:
-				res, _ := ps[i].Params.EvalLeases(bucket.Op(op), ls, ps[i].Lease, r.now)
-				if res.Allowed != r.allowed {
-					rows.Close()
-					return fmt.Errorf("pgstore: multi.sql and bucket.EvalLeases disagree (a bug): statement allowed=%v, EvalLeases allowed=%v", r.allowed, res.Allowed)
-				}
-				ds[i] = drip.DecisionOf(res, ps[i].Params.Burst)
-			default:
-				ds[i] = r.decision(op, ps[i])
-			}
-			i++
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if i != len(ds) {
-			return fmt.Errorf("pgstore: multi-take returned %d rows for %d requests", i, len(ds))
-		}
-		return nil
-	})
-	if err != nil {
-		return drip.Multi{}, err
-	}
-	return drip.Combine(ds), nil
-}
-
-// Reset implements drip.Store: one DELETE.
+// Reset implements store.Store: one DELETE.
 func (s *Store) Reset(ctx context.Context, key string) error {
-	if err := drip.CheckKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
 	return s.retry(ctx, func() error {
@@ -447,109 +375,3 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		return err
 	})
 }
-
-// retryable reports whether err is a serialization failure or a deadlock:
-// the statement was rolled back and may be run again.
-func retryable(err error) bool {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Code == "40001" || pe.Code == "40P01"
-	}
-	return false
-}
-
-// retry runs f until it succeeds, fails with an error that is not
-// retryable, or has been tried cfg.attempts times.
-func (s *Store) retry(ctx context.Context, f func() error) (err error) {
-	defer func() {
-		// A failed connection or server: the next answer may come from
-		// another server (a failover), whose clock is learned afresh.
-		if err != nil && !errors.Is(err, errRace) {
-			s.clock.ForgetOn(err)
-		}
-	}()
-	wait := s.cfg.backoff
-	fell := false // switched to FallbackQueryMode once
-	for attempt := 1; ; attempt++ {
-		err = f()
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, errRace) {
-			if attempt >= 2*s.cfg.attempts {
-				return err
-			}
-			s.retries.Add(1)
-			spans.Retry(ctx, attempt, "race")
-			continue
-		}
-		if !fell && s.fallBack(err) {
-			fell = true
-			spans.Retry(ctx, attempt, "query_mode_fallback")
-			continue
-		}
-		if !retryable(err) {
-			return err
-		}
-		if attempt >= s.cfg.attempts {
-			return fmt.Errorf("pgstore: gave up after %d attempts: %w", attempt, err)
-		}
-		s.retries.Add(1)
-		spans.Retry(ctx, attempt, "conflict") // a serialization failure or a deadlock
-		d := wait/2 + rand.N(wait/2+1)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("pgstore: %w (while retrying: %v)", ctx.Err(), err)
-		case <-t.C:
-		}
-		wait = min(2*wait, s.cfg.maxBackoff)
-	}
-}
-
-// arrays holds requests as one array per field, for multi.sql and
-// batch.sql.
-type arrays struct {
-	ops      []int32
-	keys     [][]byte
-	kinds    []int32
-	rates    []int64
-	periods  []int64
-	bursts   []int64
-	maxres   []int64
-	starts   []int64
-	costs    []int64
-	reserves []bool
-	leases   []string // multi.sql: lease IDs of concurrency requests
-	ats      []*int64
-	dls      []*int64 // batch.sql: deadlines in the server's clock
-}
-
-func newArrays(n int) *arrays {
-	return &arrays{
-		ops: make([]int32, 0, n), keys: make([][]byte, 0, n), kinds: make([]int32, 0, n),
-		rates: make([]int64, 0, n), periods: make([]int64, 0, n), bursts: make([]int64, 0, n),
-		maxres: make([]int64, 0, n), starts: make([]int64, 0, n), costs: make([]int64, 0, n),
-		reserves: make([]bool, 0, n), ats: make([]*int64, 0, n),
-	}
-}
-
-func (a *arrays) add(op drip.Op, key []byte, p bucket.Prepared, at *int64) {
-	a.ops = append(a.ops, int32(op))
-	a.keys = append(a.keys, key)
-	a.kinds = append(a.kinds, int32(p.Params.Kind))
-	a.rates = append(a.rates, p.Params.Rate)
-	a.periods = append(a.periods, p.Params.Period)
-	a.bursts = append(a.bursts, p.Params.Burst)
-	a.maxres = append(a.maxres, p.Params.MaxReserved)
-	a.starts = append(a.starts, p.Params.Start)
-	a.costs = append(a.costs, p.Cost)
-	a.reserves = append(a.reserves, p.Reserve)
-	a.leases = append(a.leases, p.Lease)
-	a.ats = append(a.ats, at)
-}
-
-// IsSerializationFailure reports whether err is (or wraps) a serialization
-// failure or deadlock that survived the store's retries.
-func IsSerializationFailure(err error) bool { return retryable(err) }

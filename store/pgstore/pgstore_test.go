@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/storetest"
@@ -26,13 +28,13 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	st := newStore(t, pgstore.WithoutBatching())
-	storetest.Run(t, func(t *testing.T) drip.Store { return st })
+	storetest.Run(t, func(t *testing.T) store.Store { return st })
 }
 
 func TestConformanceBatching(t *testing.T) {
 	t.Parallel()
 	st := newStore(t, pgstore.WithBatching(pgstore.Batching{MaxBatch: 64, InFlight: 4}))
-	storetest.Run(t, func(t *testing.T) drip.Store { return st })
+	storetest.Run(t, func(t *testing.T) store.Store { return st })
 }
 
 // TestSameAsMemstore runs random traces on the memory store and on
@@ -67,7 +69,7 @@ func TestSameAsMemstore(t *testing.T) {
 	}
 }
 
-func do(ctx context.Context, st drip.Store, epoch time.Time, prefix string, l replay.Line) string {
+func do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l replay.Line) string {
 	out, err := replay.Do(ctx, st, epoch, prefix, l)
 	if err != nil {
 		return "error: " + err.Error()
@@ -103,7 +105,7 @@ func TestHammerOneKey(t *testing.T) {
 					// At least one take each, so that the burst is taken
 					// however slowly a loaded machine runs the goroutines.
 					for first := true; first || time.Now().Before(deadline); first = false {
-						d, err := st.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
+						d, err := storetest.Apply(ctx, st, bucket.Take, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
 						if err != nil {
 							errs <- err
 							return
@@ -155,7 +157,7 @@ func TestSerializableRetries(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range 10 {
-					d, e := st.Apply(ctx, drip.OpTake, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+					d, e := storetest.Apply(ctx, st, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 1})
 					if e != nil {
 						once.Do(func() { err = e })
 						return
@@ -173,7 +175,7 @@ func TestSerializableRetries(t *testing.T) {
 
 	st := open(pgstore.WithRetry(1000, 100*time.Microsecond))
 	key := prefix() + "ser"
-	if _, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: key, Limit: lim, Cost: 0}); err != nil {
+	if _, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: key, Limit: lim, Cost: 0}); err != nil {
 		t.Fatal(err)
 	}
 	g, err := hammer(st, key, lim, t0)
@@ -190,7 +192,7 @@ func TestSerializableRetries(t *testing.T) {
 
 	noRetry := open(pgstore.WithRetry(1, 0))
 	key = prefix() + "ser"
-	if _, err := noRetry.Apply(ctx, drip.OpTake, t0, drip.Request{Key: key, Limit: lim, Cost: 0}); err != nil {
+	if _, err := storetest.Apply(ctx, noRetry, bucket.Take, t0, drip.Request{Key: key, Limit: lim, Cost: 0}); err != nil {
 		t.Fatal(err)
 	}
 	var surfaced error
@@ -206,24 +208,24 @@ func TestSerializableRetries(t *testing.T) {
 }
 
 // TestLongKeys: keys over MaxKeyLen (512 bytes) are stored hashed, and
-// keys that differ only past it stay apart; keys over drip.MaxKeyLen are
+// keys that differ only past it stay apart; keys over store.MaxKeyLen are
 // refused.
 func TestLongKeys(t *testing.T) {
 	st := newStore(t)
 	ctx := context.Background()
 	lim := drip.PerMinute(1).WithBurst(1)
 	p := prefix()
-	a := p + strings.Repeat("x", drip.MaxKeyLen-64) + "a"
-	b := p + strings.Repeat("x", drip.MaxKeyLen-64) + "b"
-	if _, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: a + strings.Repeat("x", 64), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
-		t.Fatalf("a key over drip.MaxKeyLen: %v, want %v", err, drip.ErrKeyTooLong)
+	a := p + strings.Repeat("x", store.MaxKeyLen-64) + "a"
+	b := p + strings.Repeat("x", store.MaxKeyLen-64) + "b"
+	if _, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: a + strings.Repeat("x", 64), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
+		t.Fatalf("a key over store.MaxKeyLen: %v, want %v", err, drip.ErrKeyTooLong)
 	}
 	for _, k := range []string{a, b, "\xff" + p} {
-		d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: k, Limit: lim, Cost: 1})
+		d, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: k, Limit: lim, Cost: 1})
 		if err != nil || !d.Allowed {
 			t.Fatalf("first take on a long key: %+v %v", d, err)
 		}
-		d, err = st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: k, Limit: lim, Cost: 1})
+		d, err = storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: k, Limit: lim, Cost: 1})
 		if err != nil || d.Allowed {
 			t.Fatalf("second take on a long key: %+v %v", d, err)
 		}
@@ -231,7 +233,7 @@ func TestLongKeys(t *testing.T) {
 	if err := st.Reset(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: a, Limit: lim, Cost: 1}); err != nil || !d.Allowed {
+	if d, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: a, Limit: lim, Cost: 1}); err != nil || !d.Allowed {
 		t.Fatalf("after reset: %+v %v", d, err)
 	}
 }
@@ -247,10 +249,10 @@ func TestSweep(t *testing.T) {
 	// Ten buckets that were full again long ago, and ten that will be
 	// for an hour.
 	for i := range 10 {
-		if _, err := st.Apply(ctx, drip.OpTake, now.Add(-2*time.Hour), drip.Request{Key: p + "old" + string(rune('a'+i)), Limit: lim, Cost: 1}); err != nil {
+		if _, err := storetest.Apply(ctx, st, bucket.Take, now.Add(-2*time.Hour), drip.Request{Key: p + "old" + string(rune('a'+i)), Limit: lim, Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := st.Apply(ctx, drip.OpTake, now, drip.Request{Key: p + "new" + string(rune('a'+i)), Limit: drip.PerHour(1), Cost: 1}); err != nil {
+		if _, err := storetest.Apply(ctx, st, bucket.Take, now, drip.Request{Key: p + "new" + string(rune('a'+i)), Limit: drip.PerHour(1), Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -337,13 +339,13 @@ func testBatchStatement(t *testing.T, distinct bool) {
 				start++
 				continue
 			}
-			var ops []drip.Op
+			var ops []bucket.Op
 			var rs, mrs []drip.Request
 			var ats []time.Time
 			for _, l := range lines[start:end] {
 				op, _ := replay.Op(l.Op)
 				r := l.Request
-				r.Limit = r.Limit.ForKey(r.Key)
+				r.Limit = forKey(r.Limit, r.Key)
 				mrs = append(mrs, r)
 				r.Key = p + r.Key
 				ops, rs, ats = append(ops, op), append(rs, r), append(ats, epoch.Add(l.At))
@@ -351,7 +353,7 @@ func testBatchStatement(t *testing.T, distinct bool) {
 			got, errs := pgstore.ApplyBatch(ctx, pg, ops, rs, ats)
 			batches++
 			for i := range rs {
-				want, werr := mem.Apply(ctx, ops[i], ats[i], mrs[i])
+				want, werr := storetest.Apply(ctx, mem, ops[i], ats[i], mrs[i])
 				if (werr == nil) != (errs[i] == nil) {
 					t.Fatalf("seed %d line %d: postgres error %v, memory error %v", seed, start+i, errs[i], werr)
 				}
@@ -394,11 +396,11 @@ func TestOpenErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err != nil || !d.Allowed {
+	if d, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err != nil || !d.Allowed {
 		t.Fatalf("%+v %v", d, err)
 	}
 	st.Close()
-	if _, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err == nil {
+	if _, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: "k", Limit: drip.PerSecond(1), Cost: 1}); err == nil {
 		t.Fatal("a decision after Close succeeded")
 	}
 }
@@ -410,7 +412,7 @@ func TestApplyAfterClose(t *testing.T) {
 	st.Close()
 	start := time.Now()
 	for range 20 {
-		if _, err := st.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: prefix() + "k", Limit: drip.PerSecond(10), Cost: 1}); err == nil {
+		if _, err := storetest.Apply(context.Background(), st, bucket.Take, time.Time{}, drip.Request{Key: prefix() + "k", Limit: drip.PerSecond(10), Cost: 1}); err == nil {
 			t.Fatal("a take on a closed store succeeded")
 		}
 	}
@@ -431,7 +433,7 @@ func TestSweepLeases(t *testing.T) {
 	lim := drip.InFlight(2, time.Minute)
 	now := time.Now()
 	for key, at := range map[string]time.Time{"oldslots": now.Add(-2 * time.Hour), "newslots": now} {
-		if _, err := st.Apply(ctx, drip.OpTake, at, drip.Request{Key: p + key, Limit: lim, Lease: "a"}); err != nil {
+		if _, err := storetest.Apply(ctx, st, bucket.Take, at, drip.Request{Key: p + key, Limit: lim, Lease: "a"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -451,4 +453,19 @@ func TestSweepLeases(t *testing.T) {
 	if count("oldslots") != 0 || count("newslots") != 1 {
 		t.Fatalf("after the sweep: %d old rows (want 0), %d new (want 1)", count("oldslots"), count("newslots"))
 	}
+}
+
+// forKey is l with a fixed window's grid placed by key, as a store places
+// it, so that the prefixed key keeps the grid of the unprefixed one.
+func forKey(l drip.Limit, key string) drip.Limit {
+	if l.Algorithm == drip.FixedWindow && l.Start == 0 {
+		p := l.Period
+		if p == 0 {
+			p = time.Second
+		}
+		if l.Start = store.WindowStart(key, p); l.Start == 0 {
+			l.Start = p
+		}
+	}
+	return l
 }

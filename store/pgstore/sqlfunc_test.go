@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // sqlTake calls drip.take (or drip.peek, drip.refund) through SQL, as a
@@ -92,14 +94,14 @@ func TestSQLFunctions(t *testing.T) {
 			at = at.Add(time.Duration(i%7) * 113 * time.Millisecond)
 			cost := []float64{1, 0.5, 2, 3.25}[i%4]
 			reserve := i%5 == 0
-			op, fn := drip.OpTake, "take"
+			op, fn := bucket.Take, "take"
 			switch i % 6 {
 			case 3:
-				op, fn = drip.OpPeek, "peek"
+				op, fn = bucket.Peek, "peek"
 			case 5:
-				op, fn, reserve = drip.OpRefund, "refund", false
+				op, fn, reserve = bucket.Refund, "refund", false
 			}
-			want, werr := mem.Apply(ctx, op, at, drip.Request{Key: key, Limit: l, Cost: cost, Reserve: reserve})
+			want, werr := storetest.Apply(ctx, mem, op, at, drip.Request{Key: key, Limit: l, Cost: cost, Reserve: reserve})
 			if werr != nil {
 				continue // bad input: tested below
 			}
@@ -109,11 +111,11 @@ func TestSQLFunctions(t *testing.T) {
 				t.Fatalf("limit %v step %d %s cost %v reserve %v:\nsql  %+v\ngo   %+v", l, i, fn, cost, reserve, got, want)
 			}
 			// The Go store sees what SQL wrote.
-			peek, err := st.Apply(ctx, drip.OpPeek, at, drip.Request{Key: key, Limit: l, Cost: 0.5})
+			peek, err := storetest.Apply(ctx, st, bucket.Peek, at, drip.Request{Key: key, Limit: l, Cost: 0.5})
 			if err != nil {
 				t.Fatal(err)
 			}
-			mpeek, _ := mem.Apply(ctx, drip.OpPeek, at, drip.Request{Key: key, Limit: l, Cost: 0.5})
+			mpeek, _ := storetest.Apply(ctx, mem, bucket.Peek, at, drip.Request{Key: key, Limit: l, Cost: 0.5})
 			if peek != mpeek {
 				t.Fatalf("limit %v step %d: the Go store reads %+v after SQL, want %+v", l, i, peek, mpeek)
 			}
@@ -132,7 +134,7 @@ func TestSQLFunctions(t *testing.T) {
 	} {
 		key := p + "r" + string(rune('a'+li))
 		for i, cost := range seq.costs {
-			want, err := mem.Apply(ctx, drip.OpTake, t0, drip.Request{Key: key, Limit: seq.l, Cost: cost, Reserve: true})
+			want, err := storetest.Apply(ctx, mem, bucket.Take, t0, drip.Request{Key: key, Limit: seq.l, Cost: cost, Reserve: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -162,7 +164,7 @@ func TestSQLFunctions(t *testing.T) {
 	if d := sqlCall(t, db, "take", long, l, 1, false, t0); !d.Allowed || d.Tokens != 1 {
 		t.Fatalf("sql take on a long key: %+v", d)
 	}
-	if d, err := st.Apply(ctx, drip.OpTake, t0, drip.Request{Key: long, Limit: l, Cost: 1}); err != nil || !d.Allowed || d.Tokens != 0 {
+	if d, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: long, Limit: l, Cost: 1}); err != nil || !d.Allowed || d.Tokens != 0 {
 		t.Fatalf("go take after sql on a long key: %+v %v", d, err)
 	}
 	var had bool

@@ -10,9 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/stalltest"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/pgstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestLockedTableTakesNothing locks drip.buckets (LOCK TABLE in another
@@ -55,7 +57,7 @@ func TestLockedTableTakesNothing(t *testing.T) {
 			// clock.
 			warm, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			if _, err := st.Apply(warm, drip.OpTake, time.Time{}, drip.Request{Key: "stall:warm", Limit: stalltest.Limit, Cost: 1}); err != nil {
+			if _, err := storetest.Apply(warm, st, bucket.Take, time.Time{}, drip.Request{Key: "stall:warm", Limit: stalltest.Limit, Cost: 1}); err != nil {
 				t.Fatal(err)
 			}
 			admin := mustPool(t, srv.URL())

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -29,7 +29,7 @@ func TestTLS(t *testing.T) {
 	if err := mustPool(t, good).QueryRow(context.Background(), "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").Scan(&ssl); err != nil || !ssl {
 		t.Fatalf("a connection with the store's URL is not TLS: %v %v", ssl, err)
 	}
-	storetest.Run(t, func(t *testing.T) drip.Store { return st })
+	storetest.Run(t, func(t *testing.T) store.Store { return st })
 
 	other := testserver.NewCA(t, "other")
 	for _, c := range []struct{ name, url, want string }{

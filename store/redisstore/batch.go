@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 )
@@ -47,12 +46,12 @@ var errLate = fmt.Errorf("redisstore: the server ran the request after its deadl
 
 // request is one Apply waiting in a batch.
 type request struct {
-	op drip.Op
+	op bucket.Op
 	at time.Time
 	p  bucket.Prepared
 }
 
-func newBatcher(s *Store) *batch.Batcher[request, drip.Decision] {
+func newBatcher(s *Store) *batch.Batcher[request, bucket.Result] {
 	return batch.New(s.batching, nil, s.runBatch, undo)
 }
 
@@ -64,17 +63,17 @@ func newBatcher(s *Store) *batch.Batcher[request, drip.Decision] {
 // lease either way, so an acquire whose caller left frees its slot at
 // once. A renewal answered with an error may thus have lost its lease,
 // which docs/semantics.md tells holders to assume of any failed renewal.
-func undo(q request, d drip.Decision) (request, bool) {
-	if q.op != drip.OpTake || !d.Allowed {
+func undo(q request, d bucket.Result) (request, bool) {
+	if q.op != bucket.Take || !d.Allowed {
 		return request{}, false
 	}
-	q.op = drip.OpRefund
+	q.op = bucket.Refund
 	return q, true
 }
 
 // buffers are a batch's arguments, reused from one batch to the next.
 type buffers struct {
-	ops []drip.Op
+	ops []bucket.Op
 	ats []time.Time
 	dls []time.Time
 	ps  []bucket.Prepared
@@ -95,7 +94,7 @@ var bufs = sync.Pool{New: func() any { return new(buffers) }}
 // InFlight batches at a stalled server, and changes nothing in what is
 // applied: each request carries its caller's deadline, and the server
 // refuses the late ones.
-func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, drip.Decision]) {
+func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, bucket.Result]) {
 	for _, c := range calls {
 		if c.Deadline.IsZero() || s.clock.Known() {
 			continue

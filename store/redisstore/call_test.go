@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/redisstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -24,7 +26,7 @@ func TestFunctionReload(t *testing.T) {
 	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
 	take := func(want int64) {
 		t.Helper()
-		d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: lim, Cost: 1})
+		d, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: "k", Limit: lim, Cost: 1})
 		if err != nil || !d.Allowed || d.Remaining != want {
 			t.Fatalf("take: %+v, %v; want allowed, %d remaining", d, err, want)
 		}
@@ -62,7 +64,7 @@ func TestScriptsWithoutFunctions(t *testing.T) {
 		t.Fatalf("FUNCTION LIST answered %q", out)
 	}
 	s := open(t, r.URL())
-	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+	storetest.Run(t, func(t *testing.T) store.Store { return s })
 	if out, err := r.Cli("INFO", "commandstats"); err != nil || !strings.Contains(out, "cmdstat_evalsha") {
 		t.Fatalf("no EVALSHA in the server's command stats (%v): %s", err, out)
 	}
@@ -94,7 +96,7 @@ func TestFunctionLoadedOnce(t *testing.T) {
 	s := open(t, r.URL(), redisstore.WithoutBatching())
 	ctx := context.Background()
 	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 100}
-	if _, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: lim, Cost: 1}); err != nil {
+	if _, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: "k", Limit: lim, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Cli("FUNCTION", "FLUSH"); err != nil {
@@ -107,7 +109,7 @@ func TestFunctionLoadedOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "k" + strconv.Itoa(i), Limit: lim, Cost: 1})
+			_, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: "k" + strconv.Itoa(i), Limit: lim, Cost: 1})
 			errs <- err
 		}()
 	}
@@ -134,15 +136,15 @@ func TestKeyPermission(t *testing.T) {
 	s := open(t, "redis://app:pw@"+r.Addr, redisstore.WithoutBatching())
 	ctx := context.Background()
 	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
-	if _, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "ok1", Limit: lim, Cost: 1}); err != nil {
+	if _, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: "ok1", Limit: lim, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "bad", Limit: lim, Cost: 1})
+	_, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: "bad", Limit: lim, Cost: 1})
 	if err == nil || !strings.Contains(err.Error(), "NOPERM") {
 		t.Fatalf("take on a key the ACL refuses: %v, want NOPERM", err)
 	}
 	fcalls := commandCalls(t, r, "fcall")
-	if _, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "ok2", Limit: lim, Cost: 1}); err != nil {
+	if _, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: "ok2", Limit: lim, Cost: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if commandCalls(t, r, "fcall") != fcalls+1 || commandCalls(t, r, "evalsha") != 0 {
@@ -156,7 +158,7 @@ func TestKeyPermission(t *testing.T) {
 func TestWithScripts(t *testing.T) {
 	r := testserver.StartRedis(t)
 	s := open(t, r.URL(), redisstore.WithScripts())
-	d, err := s.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 1})
+	d, err := storetest.Apply(context.Background(), s, bucket.Take, time.Time{}, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 1})
 	if err != nil || !d.Allowed {
 		t.Fatalf("take: %+v, %v", d, err)
 	}
@@ -173,7 +175,7 @@ func TestApplyAfterClose(t *testing.T) {
 	s.Close()
 	start := time.Now()
 	for range 20 {
-		if _, err := s.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 1}); err == nil {
+		if _, err := storetest.Apply(context.Background(), s, bucket.Take, time.Time{}, drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 1}); err == nil {
 			t.Fatal("a take on a closed store succeeded")
 		}
 	}
@@ -198,7 +200,7 @@ func TestShapeCache(t *testing.T) {
 				continue
 			}
 			lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: float64(1000 + i)}
-			d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: "shape:" + tag + ":" + strconv.Itoa(i), Limit: lim, Cost: float64(1 + i%7)})
+			d, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: "shape:" + tag + ":" + strconv.Itoa(i), Limit: lim, Cost: float64(1 + i%7)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -219,7 +221,7 @@ func TestFunctionsRefused(t *testing.T) {
 	}
 	s := open(t, "redis://app:pw@"+r.Addr)
 	for i := range 3 {
-		d, err := s.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: "k", Limit: drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}, Cost: 1})
+		d, err := storetest.Apply(context.Background(), s, bucket.Take, time.Time{}, drip.Request{Key: "k", Limit: drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}, Cost: 1})
 		if err != nil || !d.Allowed || d.Remaining != int64(9-i) {
 			t.Fatalf("take %d: %+v, %v", i, d, err)
 		}

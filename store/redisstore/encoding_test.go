@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestEncoding checks both forms of a stored bucket: a take writes the
@@ -33,7 +35,7 @@ func TestEncoding(t *testing.T) {
 	// Binary: 10 tokens - 3 at a fixed time.
 	key := "enc:" + randomTag()
 	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
-	if d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: key, Limit: lim, Cost: 3}); err != nil || !d.Allowed {
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 3}); err != nil || !d.Allowed {
 		t.Fatalf("take: %+v, %v", d, err)
 	}
 	v := get(key)
@@ -50,7 +52,7 @@ func TestEncoding(t *testing.T) {
 	if err := c.Do(ctx, c.B().Set().Key("drip:"+key).Value("4500000 1700000000 250 0").Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+	d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 1})
 	if err != nil || !d.Allowed || d.Remaining != 3 {
 		t.Fatalf("take on a decimal bucket of 4.5 tokens: %+v, %v; want allowed, 3 remaining (3.5)", d, err)
 	}
@@ -61,7 +63,7 @@ func TestEncoding(t *testing.T) {
 	// Beyond 2^53 micro-tokens: decimal, exact.
 	key = "enc:" + randomTag()
 	big := drip.Limit{Rate: 1, Period: time.Hour, Burst: 1e12}
-	if d, err := s.Apply(ctx, drip.OpTake, at, drip.Request{Key: key, Limit: big, Cost: 1}); err != nil || !d.Allowed {
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: big, Cost: 1}); err != nil || !d.Allowed {
 		t.Fatalf("take: %+v, %v", d, err)
 	}
 	want := strconv.FormatInt(1e12*1e6-1e6, 10) + " 1700000000 250 "

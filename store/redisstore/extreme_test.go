@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestExtremeAgainstMemstore drives the script where doubles cannot go:
@@ -73,9 +75,9 @@ func extremeAgainstMemstore(t *testing.T, rs *redisstore.Store) {
 			default:
 				r.Cost, r.Reserve = burst*3*rng.Float64(), true
 			}
-			op := []drip.Op{drip.OpTake, drip.OpTake, drip.OpPeek, drip.OpRefund}[rng.IntN(4)]
-			want, werr := ms.Apply(ctx, op, at, r)
-			got, gerr := rs.Apply(ctx, op, at, r)
+			op := []bucket.Op{bucket.Take, bucket.Take, bucket.Peek, bucket.Refund}[rng.IntN(4)]
+			want, werr := storetest.Apply(ctx, ms, op, at, r)
+			got, gerr := storetest.Apply(ctx, rs, op, at, r)
 			if (werr == nil) != (gerr == nil) || got != want {
 				t.Fatalf("round %d step %d: %s %+v at %d:\n got  %+v (%v)\n want %+v (%v)", round, step, op, r, now, got, gerr, want, werr)
 			}

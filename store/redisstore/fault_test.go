@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // slow refills so little during a test that a key grants its burst and
@@ -104,7 +106,7 @@ func TestKillServerMidLoad(t *testing.T) {
 				key := keys[i%len(keys)]
 				l := int(life.Load())
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: slow, Cost: 1})
+				d, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: key, Limit: slow, Cost: 1})
 				cancel()
 				if err != nil {
 					errs[l].Add(1)

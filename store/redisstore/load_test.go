@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // takeLoad is workers goroutines taking one token at a time from keys,
@@ -39,7 +41,7 @@ func startTakeLoad(s *redisstore.Store, keys []string, lim drip.Limit, workers i
 				}
 				k := i % len(keys)
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: keys[k], Limit: lim, Cost: 1})
+				d, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: keys[k], Limit: lim, Cost: 1})
 				cancel()
 				if err != nil {
 					l.errs.Add(1)

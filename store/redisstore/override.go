@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/store"
 )
 
 // Overrides (package override) live in one hash, {prefix}overrides
@@ -20,7 +20,7 @@ import (
 // reading what changed (override_since.lua): the keys share a hash tag,
 // so they land on one Cluster slot.
 
-var _ override.Store = (*Store)(nil)
+var _ store.Overrides = (*Store)(nil)
 
 //go:embed override.lua
 var overrideLua string
@@ -46,25 +46,25 @@ func (s *Store) changeKeys() []string {
 
 func (s *Store) changeOverride(ctx context.Context, args ...string) (int64, error) {
 	_, _, ch := s.overrideKeys()
-	return overrideScript.Exec(ctx, s.c, s.changeKeys(), append(args, ch, strconv.Itoa(override.KeepChanges))).AsInt64()
+	return overrideScript.Exec(ctx, s.c, s.changeKeys(), append(args, ch, strconv.Itoa(store.KeepChanges))).AsInt64()
 }
 
-// PutOverride implements override.Store.
+// PutOverride implements store.Overrides.
 func (s *Store) PutOverride(ctx context.Context, key string, val []byte, max int) error {
 	n, err := s.changeOverride(ctx, "put", key, string(val), strconv.Itoa(max))
 	if err == nil && n < 0 {
-		err = override.ErrFull
+		err = store.ErrOverridesFull
 	}
 	return err
 }
 
-// DeleteOverride implements override.Store.
+// DeleteOverride implements store.Overrides.
 func (s *Store) DeleteOverride(ctx context.Context, key string) (bool, error) {
 	n, err := s.changeOverride(ctx, "del", key, "", "0")
 	return n > 0, err
 }
 
-// OverridesVersion implements override.Store.
+// OverridesVersion implements store.Overrides.
 func (s *Store) OverridesVersion(ctx context.Context) (int64, error) {
 	_, v, _ := s.overrideKeys()
 	n, err := s.c.Do(ctx, s.c.B().Get().Key(v).Build()).AsInt64()
@@ -74,7 +74,7 @@ func (s *Store) OverridesVersion(ctx context.Context) (int64, error) {
 	return n, err
 }
 
-// Overrides implements override.Store.
+// Overrides implements store.Overrides.
 func (s *Store) Overrides(ctx context.Context) (int64, map[string][]byte, error) {
 	ver, err := s.OverridesVersion(ctx)
 	if err != nil {
@@ -92,7 +92,7 @@ func (s *Store) Overrides(ctx context.Context) (int64, map[string][]byte, error)
 	return ver, all, nil
 }
 
-// OverridesSince implements override.Store.
+// OverridesSince implements store.Overrides.
 func (s *Store) OverridesSince(ctx context.Context, since int64) (int64, map[string][]byte, bool, error) {
 	r, err := overrideSinceScript.Exec(ctx, s.c, s.changeKeys(), []string{strconv.FormatInt(since, 10)}).ToArray()
 	if err != nil {
@@ -128,7 +128,7 @@ func (s *Store) OverridesSince(ctx context.Context, since int64) (int64, map[str
 	return v, changed, true, nil
 }
 
-// WatchOverrides implements override.Store: SUBSCRIBE to the channel (on
+// WatchOverrides implements store.Overrides: SUBSCRIBE to the channel (on
 // Redis Cluster a PUBLISH reaches every node; through Sentinel the client
 // follows the master).
 func (s *Store) WatchOverrides(ctx context.Context, changed func()) error {

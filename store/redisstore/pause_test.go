@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/stalltest"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestPauseTakesNothing pauses the server (CLIENT PAUSE, for writes and
@@ -35,7 +37,7 @@ func TestPauseTakesNothing(t *testing.T) {
 				// server's clock and the function library is loaded.
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				if _, err := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: keys[0], Limit: stalltest.Limit}); err != nil {
+				if _, err := storetest.Apply(ctx, s, bucket.Peek, time.Time{}, drip.Request{Key: keys[0], Limit: stalltest.Limit}); err != nil {
 					t.Fatal(err)
 				}
 				before := fcalls(t, srv)

@@ -63,10 +63,10 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
 	"github.com/driplimit/drip/internal/redact"
+	"github.com/driplimit/drip/store"
 )
 
 //go:embed bigint.lua
@@ -77,7 +77,7 @@ var decideLua string
 
 // ErrCrossSlot is returned for a multi-take on Redis Cluster whose keys do
 // not all hash to one slot.
-var ErrCrossSlot = fmt.Errorf("redisstore: keys of a multi-take must share a hash slot on Redis Cluster; give them a common hash tag, e.g. {tenant}:user:1 and {tenant} (%w)", drip.ErrNotColocated)
+var ErrCrossSlot = fmt.Errorf("redisstore: keys of a multi-take must share a hash slot on Redis Cluster; give them a common hash tag, e.g. {tenant}:user:1 and {tenant} (%w)", store.ErrNotColocated)
 
 // ErrWrongType is returned for a request whose key holds a Redis value of
 // another type (something else wrote into drip's key space): that request
@@ -88,13 +88,13 @@ var ErrWrongType = errors.New("redisstore: the key holds a value of another type
 // DefaultPrefix is put before every key unless WithPrefix says otherwise.
 const DefaultPrefix = "drip:"
 
-// Store is a drip.Store on Redis. It is safe for concurrent use.
+// Store is a store.Store on Redis. It is safe for concurrent use.
 type Store struct {
 	c       rueidis.Client
 	prefix  string
 	cluster bool
 	owned   bool
-	batch   *batch.Batcher[request, drip.Decision]
+	batch   *batch.Batcher[request, bucket.Result]
 
 	batching    Batching
 	clock       batch.Clock // the server's clock, for deadlines
@@ -106,7 +106,7 @@ type Store struct {
 	end         context.CancelFunc
 }
 
-var _ drip.Store = (*Store)(nil)
+var _ store.Store = (*Store)(nil)
 
 // Option configures a Store.
 type Option func(*Store)
@@ -175,45 +175,50 @@ func (s *Store) Close() error {
 // tag land in the same Redis Cluster slot, so a multi-take can span them.
 func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 
-// Apply implements drip.Store.
-func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-	p, err := drip.Prepare(op, r)
-	if err != nil {
-		return drip.Decision{}, err
+// Apply implements store.Store: one item through the batcher (or a batch
+// of one), several in one call of the script, all or nothing.
+func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if len(items) != 1 {
+		return s.applyMulti(ctx, op, at, items, results)
 	}
+	p := items[0]
 	if s.batch != nil {
-		d, err := s.batch.Do(ctx, request{op, at, p})
+		r, err := s.batch.Do(ctx, request{op, at, p})
 		if errors.Is(err, batch.ErrClosed) {
 			err = errClosed
 		}
-		return d, err
+		results[0] = r
+		return err
 	}
 	// A batch of one: the same decision as a take of one key, and the
 	// batch loop has the script's straight path for common takes.
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
-	ps := []bucket.Prepared{p}
-	rep, err := s.run(ctx, "batch", []drip.Op{op}, []time.Time{at}, []time.Time{dl}, ps)
+	rep, err := s.run(ctx, "batch", []bucket.Op{op}, []time.Time{at}, []time.Time{dl}, items)
 	if err != nil {
-		return drip.Decision{}, err
+		return err
 	}
-	return rep.decide(0, op, at, p)
+	results[0], err = rep.decide(0, op, at, p)
+	return err
 }
 
-// ApplyMulti implements drip.Store.
-func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []drip.Request) (drip.Multi, error) {
-	ps, err := drip.PrepareMulti(op, rs)
-	if err != nil {
-		return drip.Multi{}, err
-	}
+// Caps implements store.Store: the store holds leases and keeps overrides
+// (override.go); on Redis Cluster, keys of one call must share a hash slot
+// (ErrCrossSlot).
+func (s *Store) Caps() store.Caps {
+	return store.Caps{SplitsKeys: s.cluster, Leases: true, Overrides: s}
+}
+
+// applyMulti applies several items in one call of the script.
+func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps []bucket.Prepared, results []bucket.Result) error {
 	if s.cluster {
 		slot := Slot(s.prefix + ps[0].Key)
 		for _, p := range ps[1:] {
 			if Slot(s.prefix+p.Key) != slot {
-				return drip.Multi{}, fmt.Errorf("%w (%q and %q differ)", ErrCrossSlot, ps[0].Key, p.Key)
+				return fmt.Errorf("%w (%q and %q differ)", ErrCrossSlot, ps[0].Key, p.Key)
 			}
 		}
 	}
-	ops := make([]drip.Op, len(ps))
+	ops := make([]bucket.Op, len(ps))
 	ats := make([]time.Time, len(ps))
 	dls := make([]time.Time, len(ps))
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
@@ -222,10 +227,10 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 	}
 	rep, err := s.run(ctx, op.String(), ops, ats, dls, ps)
 	if err != nil {
-		return drip.Multi{}, err
+		return err
 	}
 	if rep.reqs[0].late {
-		return drip.Multi{}, errLate // and the script wrote nothing
+		return errLate // and the script wrote nothing
 	}
 	now := rep.nowFor(at)
 	buckets := make([]bucket.State, len(ps))
@@ -233,47 +238,29 @@ func (s *Store) ApplyMulti(ctx context.Context, op drip.Op, at time.Time, rs []d
 	leases := make([]bucket.LeaseSet, len(ps))
 	for i := range ps {
 		if rep.reqs[i].badType {
-			return drip.Multi{}, ErrWrongType // and the script wrote nothing
+			return ErrWrongType // and the script wrote nothing
 		}
 		buckets[i], found[i], leases[i] = rep.reqs[i].before, rep.reqs[i].found, rep.reqs[i].leases
 	}
-	res, _, write := bucket.EvalMultiLeases(bucket.Op(op), ps, buckets, found, leases, now)
+	res, _, write := bucket.EvalMultiLeases(op, ps, buckets, found, leases, now)
 	for i := range ps {
 		if err := rep.check(i, res[i].Allowed, write[i]); err != nil {
-			return drip.Multi{}, err
+			return err
 		}
 	}
-	return drip.MultiOf(res, ps), nil
+	copy(results, res)
+	return nil
 }
 
-// Reset implements drip.Store.
+// Reset implements store.Store.
 func (s *Store) Reset(ctx context.Context, key string) error {
-	if err := drip.CheckKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
 	if err := s.c.Do(ctx, s.c.B().Del().Key(s.prefix+key).Build()).Error(); err != nil {
 		return fmt.Errorf("redisstore: reset: %w", err)
 	}
 	return nil
-}
-
-// reply is a script's reply: the server's time and, per
-// request, the stored bucket before and what the script did.
-type reply struct {
-	now  int64 // the server's TIME in nanoseconds
-	reqs []reqReply
-}
-
-type reqReply struct {
-	found   bool
-	before  bucket.State
-	allowed bool
-	written bool
-	badType bool // the key holds a value of another type: no decision
-	late    bool // run after its deadline: no decision, nothing written
-	// leases is, for a request on a concurrency limit, the key's live
-	// leases as the script read them (expiries in nanoseconds).
-	leases bucket.LeaseSet
 }
 
 const (
@@ -313,7 +300,7 @@ func (sh shape) text() string {
 // decimals once per call; each request is a small fixed record of one
 // packed argument (see decide.lua), which costs the server much less to
 // read than arguments of its own.
-func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []time.Time, ps []bucket.Prepared) (reply, error) {
+func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls []time.Time, ps []bucket.Prepared) (reply, error) {
 	if !s.clock.Known() && slices.ContainsFunc(dls, func(d time.Time) bool { return !d.IsZero() }) {
 		if err := s.syncClock(ctx); err != nil {
 			return reply{}, err
@@ -374,121 +361,4 @@ func (s *Store) run(ctx context.Context, mode string, ops []drip.Op, ats, dls []
 	}
 	s.clock.Observe(recv, rep.now)
 	return rep, nil
-}
-
-func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
-	if len(msgs) < 3 {
-		return reply{}, fmt.Errorf("%d values, want at least 3", len(msgs))
-	}
-	sec, err1 := msgs[0].AsInt64()
-	nsec, err2 := msgs[1].AsInt64()
-	recs, err3 := msgs[2].ToString()
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return reply{}, err
-	}
-	if len(recs) != replyRecord*n {
-		return reply{}, fmt.Errorf("%d bytes of records, want %d", len(recs), replyRecord*n)
-	}
-	rep := reply{now: join(sec, nsec), reqs: make([]reqReply, n)}
-	big := msgs[3:]
-	for i := range n {
-		r := recs[replyRecord*i:]
-		f := r[0]
-		tokens := float64at(r[1:])
-		if f&16 != 0 {
-			if len(big) == 0 {
-				return reply{}, errors.New("missing big tokens")
-			}
-			t, err := big[0].AsInt64()
-			if err != nil {
-				return reply{}, err
-			}
-			big = big[1:]
-			rep.reqs[i].before.Tokens = t
-		} else {
-			rep.reqs[i].before.Tokens = int64(tokens)
-		}
-		rep.reqs[i].before.TS = join(int64(float64at(r[9:])), int64(float64at(r[17:])))
-		rep.reqs[i].found = f&4 != 0
-		rep.reqs[i].allowed = f&1 != 0
-		rep.reqs[i].written = f&2 != 0
-		rep.reqs[i].badType = f&8 != 0
-		rep.reqs[i].late = f&32 != 0
-		// A lease request's record: live leases, earliest and latest
-		// expiry in microseconds (exact doubles).
-		rep.reqs[i].leases = bucket.LeaseSet{Live: int64(tokens), Held: f&64 != 0,
-			Earliest: int64(float64at(r[9:])) * 1e3, Latest: int64(float64at(r[17:])) * 1e3}
-	}
-	if len(big) != 0 {
-		return reply{}, fmt.Errorf("%d big tokens left over", len(big))
-	}
-	return rep, nil
-}
-
-// float64at is the little-endian double at the start of b.
-func float64at(b string) float64 {
-	return math.Float64frombits(uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56)
-}
-
-// nowFor is the time of a decision asked at at.
-func (rep *reply) nowFor(at time.Time) int64 {
-	if at.IsZero() {
-		return rep.now
-	}
-	return at.UnixNano()
-}
-
-// decide is request i's decision, recomputed with bucket.Eval from the
-// state the script saw, and checked against what the script did.
-func (rep *reply) decide(i int, op drip.Op, at time.Time, p bucket.Prepared) (drip.Decision, error) {
-	r := rep.reqs[i]
-	var res bucket.Result
-	var write bool
-	if p.Params.Kind == bucket.Concurrency {
-		res, write = p.Params.EvalLeases(bucket.Op(op), r.leases, p.Lease, rep.nowFor(at))
-	} else {
-		res, _, write = bucket.Eval(bucket.Op(op), r.before, r.found, p.Params, p.Cost, p.Reserve, rep.nowFor(at))
-	}
-	if err := rep.check(i, res.Allowed, write); err != nil {
-		return drip.Decision{}, err
-	}
-	return drip.DecisionOf(res, p.Params.Burst), nil
-}
-
-// check holds the script to bucket.Eval: the same verdict and the same
-// write. (What it wrote is held to Eval by the next decision on the key,
-// which storetest compares.) A mismatch is a bug in the script, reported
-// rather than hidden.
-func (rep *reply) check(i int, allowed, write bool) error {
-	r := rep.reqs[i]
-	if r.late {
-		return errLate
-	}
-	if r.badType {
-		return ErrWrongType
-	}
-	if r.allowed != allowed || r.written != write {
-		return fmt.Errorf("redisstore: script and bucket.Eval disagree (a bug): script allowed=%v written=%v, Eval allowed=%v write=%v",
-			r.allowed, r.written, allowed, write)
-	}
-	return nil
-}
-
-// split is t nanoseconds as whole seconds (rounded down) and nanoseconds.
-func split(t int64) (sec, nsec int64) {
-	sec, nsec = t/1e9, t%1e9
-	if nsec < 0 {
-		sec, nsec = sec-1, nsec+1e9
-	}
-	return sec, nsec
-}
-
-func join(sec, nsec int64) int64 { return sec*1e9 + nsec }
-
-func gcd(a, b int64) int64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/redisstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -32,7 +34,7 @@ func randomTag() string { return testserver.Prefix() }
 func TestConformance(t *testing.T) {
 	url := testserver.SharedRedisURL(t)
 	s := open(t, url)
-	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+	storetest.Run(t, func(t *testing.T) store.Store { return s })
 }
 
 // TestConformanceWithoutBatching runs the suite with every decision its
@@ -41,7 +43,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceWithoutBatching(t *testing.T) {
 	url := testserver.SharedRedisURL(t)
 	s := open(t, url, redisstore.WithoutBatching())
-	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+	storetest.Run(t, func(t *testing.T) store.Store { return s })
 }
 
 // TestConformanceCluster runs the suite on Redis Cluster. Each test gets a
@@ -50,7 +52,7 @@ func TestConformanceWithoutBatching(t *testing.T) {
 func TestConformanceCluster(t *testing.T) {
 	url := testserver.SharedRedisClusterURL(t)
 	c := open(t, url).Client()
-	storetest.Run(t, func(t *testing.T) drip.Store {
+	storetest.Run(t, func(t *testing.T) store.Store {
 		return redisstore.New(c, redisstore.WithPrefix("drip:{"+randomTag()+"}:"))
 	})
 }
@@ -66,7 +68,7 @@ func TestClusterCrossSlot(t *testing.T) {
 		{Key: redisstore.Tag(tag, "user:1"), Limit: l, Cost: 1},
 		{Key: redisstore.Tag(tag, ""), Limit: drip.PerSecond(100), Cost: 1},
 	}
-	m, err := s.ApplyMulti(ctx, drip.OpTake, time.Time{}, rs)
+	m, err := drip.Apply(ctx, s, bucket.Take, time.Time{}, rs...)
 	if err != nil || !m.Allowed {
 		t.Fatalf("tagged multi-take: %+v, %v", m, err)
 	}
@@ -75,24 +77,24 @@ func TestClusterCrossSlot(t *testing.T) {
 	for i := 0; redisstore.Slot(redisstore.DefaultPrefix+a) == redisstore.Slot(redisstore.DefaultPrefix+b); i++ {
 		b += "x"
 	}
-	_, err = s.ApplyMulti(ctx, drip.OpTake, time.Time{}, []drip.Request{
+	_, err = drip.Apply(ctx, s, bucket.Take, time.Time{}, []drip.Request{
 		{Key: a, Limit: l, Cost: 5}, {Key: b, Limit: l, Cost: 5},
-	})
+	}...)
 	if !errors.Is(err, redisstore.ErrCrossSlot) {
 		t.Fatalf("cross-slot multi-take: err %v, want ErrCrossSlot", err)
 	}
-	d, err := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: a, Limit: l, Cost: 0})
+	d, err := storetest.Apply(ctx, s, bucket.Peek, time.Time{}, drip.Request{Key: a, Limit: l, Cost: 0})
 	if err != nil || d.Tokens != 10 {
 		t.Fatalf("after a refused multi-take %q holds %v tokens (%v), want 10", a, d.Tokens, err)
 	}
 }
 
 // TestClusterSeparately: a multi-take across hash slots through
-// drip.Separately (the engine's store) is taken one key at a time, and a
+// store.Separately (the engine's store) is taken one key at a time, and a
 // denied one leaves no slot and no token taken.
 func TestClusterSeparately(t *testing.T) {
 	s := open(t, testserver.SharedRedisClusterURL(t))
-	sep := drip.Separately{Store: s}
+	sep := store.Separately{Store: s}
 	ctx := context.Background()
 	tag := randomTag()
 	c, r := "c:"+tag, "r:"+tag
@@ -100,18 +102,18 @@ func TestClusterSeparately(t *testing.T) {
 		r += "x"
 	}
 	one, rate := drip.InFlight(1, time.Minute), drip.PerMinute(1)
-	if d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: r, Limit: rate, Cost: 1}); err != nil || !d.Allowed {
+	if d, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: r, Limit: rate, Cost: 1}); err != nil || !d.Allowed {
 		t.Fatalf("emptying the bucket: %+v %v", d, err)
 	}
-	m, err := sep.ApplyMulti(ctx, drip.OpTake, time.Time{}, []drip.Request{
-		{Key: c, Limit: one, Lease: "L1"}, {Key: r, Limit: rate, Cost: 1}})
+	m, err := drip.Apply(ctx, sep, bucket.Take, time.Time{}, []drip.Request{
+		{Key: c, Limit: one, Lease: "L1"}, {Key: r, Limit: rate, Cost: 1}}...)
 	if err != nil || m.Allowed || !m.Decisions[0].Allowed || m.Decisions[1].Allowed {
 		t.Fatalf("a lease beside an empty bucket: %+v %v, want denied by the bucket", m, err)
 	}
-	if d, err := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: c, Limit: one}); err != nil || d.Remaining != 1 {
+	if d, err := storetest.Apply(ctx, s, bucket.Peek, time.Time{}, drip.Request{Key: c, Limit: one}); err != nil || d.Remaining != 1 {
 		t.Errorf("after the denied multi-take: %+v %v, want the slot free", d, err)
 	}
-	if d, err := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: r, Limit: rate}); err != nil || d.Tokens >= 1 {
+	if d, err := storetest.Apply(ctx, s, bucket.Peek, time.Time{}, drip.Request{Key: r, Limit: rate}); err != nil || d.Tokens >= 1 {
 		t.Errorf("after the denied multi-take the bucket holds %v (%v), want less than a token", d.Tokens, err)
 	}
 }

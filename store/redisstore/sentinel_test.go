@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/storetest"
 )
 
@@ -16,7 +18,7 @@ import (
 func TestConformanceSentinel(t *testing.T) {
 	rs := testserver.StartRedisSentinel(t)
 	s := open(t, rs.URL())
-	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+	storetest.Run(t, func(t *testing.T) store.Store { return s })
 }
 
 // TestSentinelFailover kills the master under load. Decisions fail only
@@ -96,7 +98,7 @@ func TestSentinelFailover(t *testing.T) {
 	fresh := "sentinel-fresh:" + randomTag()
 	n := 0
 	for range 15 {
-		d, err := s.Apply(context.Background(), drip.OpTake, time.Time{}, drip.Request{Key: fresh, Limit: drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}, Cost: 1})
+		d, err := storetest.Apply(context.Background(), s, bucket.Take, time.Time{}, drip.Request{Key: fresh, Limit: drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}, Cost: 1})
 		if err != nil {
 			t.Fatalf("after the failover: %v", err)
 		}

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/redisstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -21,7 +21,7 @@ func TestTLS(t *testing.T) {
 	_, port := testserver.StartRedisTLS(t, cert, key)
 	url := fmt.Sprintf("rediss://localhost:%d?tls_ca_file=%s", port, ca.CAFile)
 	s := open(t, url)
-	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+	storetest.Run(t, func(t *testing.T) store.Store { return s })
 
 	other := testserver.NewCA(t, "other")
 	for _, c := range []struct{ name, url, want string }{
@@ -60,7 +60,7 @@ func TestTLSSentinel(t *testing.T) {
 	cert, key := ca.Issue(t, ca.Dir(t), "localhost", "127.0.0.1")
 	rs := testserver.StartRedisSentinelTLS(t, ca.CAFile, cert, key)
 	s := open(t, rs.URL()+"?tls_ca_file="+ca.CAFile)
-	storetest.Run(t, func(t *testing.T) drip.Store { return s })
+	storetest.Run(t, func(t *testing.T) store.Store { return s })
 	other := testserver.NewCA(t, "other")
 	if s, err := redisstore.Open(rs.URL() + "?tls_ca_file=" + other.CAFile); err == nil {
 		s.Close()

@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestTTL checks that a written bucket's key lives at least a minute past
@@ -32,7 +34,7 @@ func ttlCheck(t *testing.T, s *redisstore.Store, lim drip.Limit) {
 		// shows it less the time since, which is at most el (plus the
 		// millisecond PTTL rounds to).
 		start := time.Now()
-		d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
+		d, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
 		if err != nil || !d.Allowed {
 			t.Fatalf("take %d: %+v, %v", i, d, err)
 		}
@@ -57,7 +59,7 @@ func TestLeaseTTL(t *testing.T) {
 	key := "lease-ttl:" + randomTag()
 	lim := drip.InFlight(2, 10*time.Minute)
 	start := time.Now()
-	if _, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Lease: "a"}); err != nil {
+	if _, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: key, Limit: lim, Lease: "a"}); err != nil {
 		t.Fatal(err)
 	}
 	pttl, err := c.Do(ctx, c.B().Pttl().Key("drip:"+key).Build()).AsInt64()
@@ -69,7 +71,7 @@ func TestLeaseTTL(t *testing.T) {
 	if got := time.Duration(pttl) * time.Millisecond; got < need-el-time.Millisecond || got > need+time.Second {
 		t.Fatalf("TTL %v %v after the acquire, want a minute past the lease's 10m", got, el)
 	}
-	if _, err := s.Apply(ctx, drip.OpRefund, time.Time{}, drip.Request{Key: key, Limit: lim, Lease: "a"}); err != nil {
+	if _, err := storetest.Apply(ctx, s, bucket.Refund, time.Time{}, drip.Request{Key: key, Limit: lim, Lease: "a"}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := c.Do(ctx, c.B().Exists().Key("drip:"+key).Build()).AsInt64(); err != nil || n != 0 {

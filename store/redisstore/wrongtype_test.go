@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestWrongType: a key that holds another Redis type (something else wrote
@@ -36,7 +38,7 @@ func TestWrongType(t *testing.T) {
 			if i%50 == 0 {
 				key = bad
 			}
-			d, err := s.Apply(ctx, drip.OpTake, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
+			d, err := storetest.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: key, Limit: lim, Cost: 1})
 			switch {
 			case key == bad && errors.Is(err, redisstore.ErrWrongType):
 				badErrs.Add(1)
@@ -52,17 +54,17 @@ func TestWrongType(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("a good key's call failed: %v", err)
 	}
-	d, err := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: "good", Limit: lim, Cost: 0})
+	d, err := storetest.Apply(ctx, s, bucket.Peek, time.Time{}, drip.Request{Key: "good", Limit: lim, Cost: 0})
 	// 196 calls on the good key: exactly its burst of 100 granted, and
 	// the bucket is empty (but for a few microseconds of refill).
 	if err != nil || badErrs.Load() != 4 || granted.Load() != 100 || d.Tokens >= 0.01 {
 		t.Fatalf("bad-key errors %d (want 4), granted %d (want 100), good bucket holds %v (err %v)", badErrs.Load(), granted.Load(), d.Tokens, err)
 	}
-	m, err := s.ApplyMulti(ctx, drip.OpTake, time.Time{}, []drip.Request{{Key: "fresh", Limit: lim, Cost: 1}, {Key: bad, Limit: lim, Cost: 1}})
+	m, err := drip.Apply(ctx, s, bucket.Take, time.Time{}, []drip.Request{{Key: "fresh", Limit: lim, Cost: 1}, {Key: bad, Limit: lim, Cost: 1}}...)
 	if !errors.Is(err, redisstore.ErrWrongType) {
 		t.Fatalf("multi-take with a bad key: %+v %v", m, err)
 	}
-	if d, _ := s.Apply(ctx, drip.OpPeek, time.Time{}, drip.Request{Key: "fresh", Limit: lim, Cost: 0}); d.Tokens != 100 {
+	if d, _ := storetest.Apply(ctx, s, bucket.Peek, time.Time{}, drip.Request{Key: "fresh", Limit: lim, Cost: 0}); d.Tokens != 100 {
 		t.Fatalf("the multi-take with a bad key took from the good one: %+v", d)
 	}
 }

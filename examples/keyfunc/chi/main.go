@@ -23,6 +23,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -43,7 +44,7 @@ func main() {
 var errNoKey = errors.New("send your API key in X-Api-Key")
 
 // newRouter is the server; opts configure the limiter (the test's clock).
-func newRouter(store drip.Store, opts ...httplimit.Option) (http.Handler, error) {
+func newRouter(store store.Store, opts ...httplimit.Option) (http.Handler, error) {
 	lim, err := httplimit.NewKeyLimiter(store, httplimit.KeyLimit{
 		Name:  "per-api-key",
 		Limit: drip.PerMinute(10),

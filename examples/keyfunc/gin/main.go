@@ -25,6 +25,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -60,7 +61,7 @@ func ginMiddleware(mw func(http.Handler) http.Handler) gin.HandlerFunc {
 var errNoKey = errors.New("send your API key in X-Api-Key")
 
 // newEngine is the server; opts configure the limiter (the test's clock).
-func newEngine(store drip.Store, opts ...httplimit.Option) (http.Handler, error) {
+func newEngine(store store.Store, opts ...httplimit.Option) (http.Handler, error) {
 	lim, err := httplimit.NewKeyLimiter(store, httplimit.KeyLimit{
 		Name:  "per-api-key",
 		Limit: drip.PerMinute(10),

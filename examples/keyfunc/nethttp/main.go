@@ -22,6 +22,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -57,7 +58,7 @@ func authenticate(next http.Handler) http.Handler {
 
 // newHandler is the server: authentication, then the two limits, then
 // the application. opts configure the limiters (the test's clock).
-func newHandler(store drip.Store, opts ...httplimit.Option) (http.Handler, error) {
+func newHandler(store store.Store, opts ...httplimit.Option) (http.Handler, error) {
 	perUser, err := httplimit.NewKeyLimiter(store, httplimit.KeyLimit{
 		Name:  "per-user",
 		Limit: drip.PerSecond(5).WithBurst(10),

@@ -1,70 +1,13 @@
 package envoy
 
 import (
-	"context"
-	"errors"
 	"fmt"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/engine"
 )
-
-// run decides the items of kind k in one engine step: a take (all or
-// nothing), a peek when peek is set (the request is denied anyway), or a
-// refund. Items whose cost exceeds the burst can never be allowed: they
-// are left undecided, except that an enforced one is peeked at cost 0
-// when the request is denied, so that the headers describe its bucket,
-// and then decided as denied; quota items set aside (out) keep their
-// last decision.
-func (s *Service) run(ctx context.Context, items []item, k kind, peek bool) error {
-	var step []*engine.Item
-	var never []*item
-	for i := range items {
-		it := &items[i]
-		if it.kind != k || it.out {
-			continue
-		}
-		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Cost: it.cost}
-		if k != refund && it.never() {
-			if k != enforce || !peek {
-				continue
-			}
-			it.step.Cost = 0
-			never = append(never, it)
-		}
-		step = append(step, &it.step)
-	}
-	op := drip.OpTake
-	switch {
-	case k == refund:
-		op = drip.OpRefund
-	case peek:
-		op = drip.OpPeek
-	}
-	if err := s.eng.Step(ctx, op, step); err != nil {
-		code := codes.Unavailable
-		switch {
-		case errors.Is(err, context.DeadlineExceeded):
-			code = codes.DeadlineExceeded
-		case errors.Is(err, context.Canceled):
-			code = codes.Canceled
-		}
-		return status.Errorf(code, "rate limit store: %v", err)
-	}
-	for _, it := range never {
-		it.step.Decision.Allowed = false
-	}
-	return nil
-}
-
-// never reports whether the item's cost exceeds its burst, so that it can
-// never be allowed.
-func (it *item) never() bool { return it.cost > engine.Burst(it.limit.Limit) }
 
 // validate checks a request's shape; a bad one gets InvalidArgument.
 func validate(req *rlsv3.RateLimitRequest) error {

@@ -1,4 +1,4 @@
-package drip_test
+package store_test
 
 import (
 	"context"
@@ -7,7 +7,10 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestShardedWindows sums the grants of a sharded key over every window
@@ -27,12 +30,12 @@ func TestShardedWindows(t *testing.T) {
 		t.Run(l.String(), func(t *testing.T) {
 			s := memstore.New(memstore.WithSweep(0))
 			defer s.Close()
-			sh := drip.Sharded{Store: s, N: 4}
+			sh := store.Sharded{Store: s, N: 4}
 			rng := rand.New(rand.NewPCG(1, 2))
 			base := time.Unix(1_000_000, 0)
 			var grants []time.Duration
 			for at := time.Duration(0); at < 40*period; at += time.Duration(rng.IntN(60)) * time.Millisecond {
-				d, err := sh.Apply(context.Background(), drip.OpTake, base.Add(at), drip.Request{Key: "hot", Limit: l, Cost: 1})
+				d, err := storetest.Apply(context.Background(), sh, bucket.Take, base.Add(at), drip.Request{Key: "hot", Limit: l, Cost: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -60,7 +63,7 @@ func TestShardedWindows(t *testing.T) {
 				return
 			}
 			// The key's grid, counted from base.
-			off := time.Duration(base.UnixNano()-int64(drip.WindowStart("hot", period))) % period
+			off := time.Duration(base.UnixNano()-int64(store.WindowStart("hot", period))) % period
 			count := map[time.Duration]int{}
 			for _, g := range grants {
 				count[(g+off)/period]++
@@ -77,5 +80,34 @@ func TestShardedWindows(t *testing.T) {
 				t.Errorf("%d grants over 40 windows, want at least %v", total, want)
 			}
 		})
+	}
+}
+
+// TestSharded checks that a sharded key never grants more than the whole
+// limit, and that the two choices use nearly all of it.
+func TestSharded(t *testing.T) {
+	s := memstore.New()
+	defer s.Close()
+	sh := store.Sharded{Store: s, N: 4}
+	at := time.Unix(1000, 0)
+	granted := 0
+	for range 200 {
+		d, err := storetest.Apply(context.Background(), sh, bucket.Take, at, drip.Request{Key: "hot", Limit: drip.PerSecond(100), Cost: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			granted++
+		}
+	}
+	if granted > 100 || granted < 96 {
+		t.Fatalf("4 shards of a 100-token burst granted %d, want 96..100", granted)
+	}
+	if err := sh.Reset(context.Background(), "hot"); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := storetest.Apply(context.Background(), sh, bucket.Take, at, drip.Request{Key: "hot", Limit: drip.PerSecond(100), Cost: 1})
+	if !d.Allowed || d.Tokens != 24 {
+		t.Fatalf("after reset: %+v", d)
 	}
 }

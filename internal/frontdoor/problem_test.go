@@ -1,10 +1,10 @@
-package engine_test
+package frontdoor_test
 
 import (
-	"net/http"
 	"testing"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -20,8 +20,8 @@ func TestProblemDetailPlural(t *testing.T) {
 		{2, `rate limit "free" exceeded; retry after 2 seconds`},
 		{60, `rate limit "free" exceeded; retry after 60 seconds`},
 	} {
-		out := engine.Outcome{Status: http.StatusTooManyRequests, Reason: engine.ReasonTokenBucket, Top: &engine.Applied{Rule: rule}, RetryAfter: c.retry}
-		if got := out.Problem().Detail; got != c.want {
+		out := engine.Outcome{Reason: engine.ReasonTokenBucket, Top: &engine.Applied{Rule: rule}, RetryAfter: c.retry}
+		if got := frontdoor.ProblemOf(&out).Detail; got != c.want {
 			t.Errorf("Retry-After %d: detail %q, want %q", c.retry, got, c.want)
 		}
 	}

@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/rules"
+)
+
+// DecideItems decides a request whose limits a front door matched itself
+// (Envoy's descriptors, in Items): the Refund items first, so that a
+// failing store fails the request before anything is taken; then the
+// enforced items, all or nothing in one store call, with Quota items over
+// their limit left out and the call asked again without them; then the
+// Shadow items, taken when the request is allowed and else peeked, whose
+// failure (Failed) changes no answer. An item that can never be allowed
+// (Blocked, or Never) is over its limit without asking the store; when
+// the request is denied anyway the enforced items are only peeked, so
+// that their buckets can be told of. allowed reports the request's
+// answer; err is the store's failure of a refund or of the take (then
+// nothing more was asked).
+//
+// It is the orchestration of Decide too, for the rules that apply to a
+// request (decide.go), so every front door decides alike.
+func (e *Engine) DecideItems(ctx context.Context, items []*Item) (allowed bool, err error) {
+	if err := e.runItems(ctx, e.timeout, defaultBreaker, items, refundItems, false, false); err != nil {
+		return false, err
+	}
+	allowed, err = e.takeItems(ctx, e.timeout, defaultBreaker, items, false)
+	if err != nil {
+		return false, err
+	}
+	e.shadowItems(ctx, e.timeout, defaultBreaker, items, !allowed)
+	return allowed, nil
+}
+
+// itemKind is which step of DecideItems an item belongs to.
+type itemKind uint8
+
+const (
+	enforceItems itemKind = iota
+	shadowItems
+	refundItems
+	blockedItems // never stepped
+)
+
+func (it *Item) kind() itemKind {
+	switch {
+	case it.Blocked:
+		return blockedItems
+	case it.Refund:
+		return refundItems
+	case it.Shadow:
+		return shadowItems
+	}
+	return enforceItems
+}
+
+// quota reports whether the item counts in the quota: a Quota item that
+// is enforced (a Shadow one only lets the request pass).
+func (it *Item) quota() bool { return it.Quota && !it.Shadow && !it.Refund }
+
+// takeItems decides the enforced items (peek: the request is denied
+// anyway, so they are only peeked; peekZero: at cost 0, the buckets as
+// they are). A request is allowed when none of the items outside quota
+// mode is over its limit and, if it has quota items, one of them is not
+// (or a Shadow one is in quota mode): the items are taken all or
+// nothing, and a quota item over its limit leaves the take (Out), which
+// is asked again without it, until the take is allowed, an item outside
+// quota mode denies, or no quota item is left. What left takes nothing.
+func (e *Engine) takeItems(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item, peekZero bool) (bool, error) {
+	// An item that can never be allowed is over its limit without asking
+	// the store, and so is the request (a quota item only leaves the
+	// quota items that may pass).
+	denied, quotas, quotaPass := false, 0, false
+	for _, it := range items {
+		k := it.kind()
+		if k == refundItems {
+			continue
+		}
+		if it.Quota && it.Shadow {
+			quotaPass = true // a limit in shadow mode is never over
+			continue
+		}
+		if it.Quota {
+			quotas++
+		}
+		if k == blockedItems || (k == enforceItems && it.Never()) {
+			if it.Quota {
+				it.Out = true
+			} else if !it.Shadow {
+				denied = true
+			}
+		}
+	}
+	for {
+		open := quotaPass || quotas == 0
+		for _, it := range items {
+			if it.quota() && !it.Out {
+				open = true
+			}
+		}
+		peek := denied || !open
+		if err := e.runItems(ctx, timeout, br, items, enforceItems, peek, peekZero); err != nil {
+			return false, err
+		}
+		if peek {
+			return false, nil
+		}
+		over := false
+		for _, it := range items {
+			if it.kind() != enforceItems || it.Out || !it.Decided || it.Decision.Allowed {
+				continue
+			}
+			if !it.quota() {
+				return false, nil
+			}
+			it.Out, over = true, true
+		}
+		if !over {
+			return true, nil
+		}
+	}
+}
+
+// shadowItems decides the Shadow items: taken, or peeked when peek (the
+// request was denied). A failure marks them Failed.
+func (e *Engine) shadowItems(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item, peek bool) {
+	if err := e.runItems(ctx, timeout, br, items, shadowItems, peek, false); err != nil {
+		for _, it := range items {
+			if it.kind() == shadowItems {
+				it.Failed = true
+			}
+		}
+	}
+}
+
+// runItems decides the items of kind k in one store step: a take (all or
+// nothing), a peek when peek is set (at cost 0 when peekZero), or a
+// refund. Items that can never be allowed are left undecided, except that
+// an enforced one is peeked at cost 0 when peek is set, so that its
+// bucket can be told of, and then decided as denied; Out items keep
+// their last decision.
+func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item, k itemKind, peek, peekZero bool) error {
+	var step, never []*Item
+	for _, it := range items {
+		if it.kind() != k || it.Out {
+			continue
+		}
+		it.Decision, it.Decided, it.Changed, it.Taken = drip.Decision{}, false, false, 0
+		it.ask = it.Cost
+		if peek && peekZero {
+			it.ask = 0
+		}
+		if k != refundItems && it.Never() {
+			if k != enforceItems || !peek {
+				continue
+			}
+			it.ask = 0
+			never = append(never, it)
+		}
+		step = append(step, it)
+	}
+	if len(step) == 0 {
+		return nil
+	}
+	op := bucket.Take
+	switch {
+	case k == refundItems:
+		op = bucket.Refund
+	case peek:
+		op = bucket.Peek
+	}
+	if _, err := e.step(ctx, timeout, br, op, step); err != nil {
+		return err
+	}
+	for _, it := range never {
+		it.Decision.Allowed = false
+	}
+	return nil
+}

@@ -1,0 +1,88 @@
+package drip
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
+)
+
+// Request is one rate-limited request: which bucket, under which limit, at
+// which cost.
+type Request struct {
+	// Key names the bucket. Required.
+	Key string
+	// Limit is the limit the bucket is held to.
+	Limit Limit
+	// Cost is how many tokens the request takes (or refunds). It must be
+	// >= 0; zero is valid. Callers that want the customary default of 1 set
+	// it (the Limiter does).
+	Cost float64
+	// Reserve lets a take that finds too few tokens go into debt (up to
+	// Limit.MaxReserved): it is allowed, and Decision.RetryAfter says when
+	// the reserved work may run.
+	Reserve bool
+	// Lease is, for a concurrency limit (Algorithm Concurrency), the lease
+	// ID a take acquires a slot under, a refund releases, or a peek asks
+	// about (a peek without one asks whether a slot is free): 1 to
+	// store.MaxLeaseLen bytes of printable ASCII, NewLeaseID's. Other limits
+	// leave it empty. A concurrency take ignores Cost: a lease holds one
+	// slot.
+	Lease string
+}
+
+// prepare checks r for op and resolves it to fixed point: the key, then
+// the limit, the cost and the lease, in that order, so that every caller
+// reports the first problem the same way.
+func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
+	if err := store.CheckKey(r.Key); err != nil {
+		return bucket.Prepared{}, err
+	}
+	p, err := r.Limit.Params(r.Key)
+	if err != nil {
+		return bucket.Prepared{}, err
+	}
+	var it bucket.Prepared
+	err = store.Prepare(&it, op, r.Key, &p, r.Cost, r.Reserve, r.Lease)
+	return it, err
+}
+
+// Apply performs op for the requests rs in one call of st, at the time at
+// (zero: the store's clock), after checking every request: the path of
+// Limiter.TakeMulti, and of callers that hold requests of several limits
+// (drip replay, the decision API). For a take of several requests it is
+// all or nothing. A bad request is an error, with its index when rs holds
+// several; keys must be distinct.
+func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs ...Request) (Multi, error) {
+	return apply(ctx, st, op, at, len(rs) > 1, rs)
+}
+
+// apply is Apply; multi names the request of an error even when there is
+// one (Limiter.TakeMulti).
+func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, multi bool, rs []Request) (Multi, error) {
+	items := make([]bucket.Prepared, len(rs))
+	for i := range rs {
+		it, err := prepare(op, &rs[i])
+		if err != nil {
+			if multi {
+				err = fmt.Errorf("requests[%d]: %w", i, err)
+			}
+			return Multi{}, err
+		}
+		items[i] = it
+	}
+	if err := store.CheckDistinct(items); err != nil {
+		return Multi{}, err
+	}
+	res := make([]bucket.Result, len(items))
+	if err := st.Apply(ctx, op, at, items, res); err != nil {
+		return Multi{}, err
+	}
+	ds := make([]Decision, len(res))
+	for i, r := range res {
+		ds[i] = DecisionOf(r, items[i].Params.Burst)
+	}
+	return combine(ds), nil
+}

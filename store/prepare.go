@@ -1,0 +1,149 @@
+package store
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/driplimit/drip/bucket"
+)
+
+// MaxAmount bounds costs (and a limit's rates and bursts) so that
+// fixed-point values keep headroom in an int64: 1e12 tokens.
+const MaxAmount = 1e12
+
+// MaxLeaseLen is the longest lease ID drip accepts, in bytes.
+const MaxLeaseLen = 64
+
+// Prepare checks one request against its limit's params p (made by
+// drip.Limit.Params) and writes it to it as an item for Store.Apply: the
+// key (CheckKey), the op and the cost (Cost) and the lease (CheckLease),
+// in that order. Bad input gets the same error on every store, before any
+// store is called; it is then left as it was. it is written in place, so
+// that a caller on a hot path copies nothing more.
+func Prepare(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, cost float64, reserve bool, lease string) error {
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	c, err := Cost(op, cost, reserve, *p)
+	if err != nil {
+		return err
+	}
+	if lease != "" || p.Kind == bucket.Concurrency {
+		if err := CheckLease(op, lease, *p); err != nil {
+			return err
+		}
+	}
+	it.Key, it.Params, it.Cost, it.Reserve, it.Lease = key, *p, c, reserve, lease
+	return nil
+}
+
+// CheckDistinct reports ErrNoRequests for no items and ErrDuplicateKey
+// for two items of one key: a call of several items must name each key
+// once.
+func CheckDistinct(items []bucket.Prepared) error {
+	if len(items) == 0 {
+		return ErrNoRequests
+	}
+	if len(items) == 1 {
+		return nil
+	}
+	seen := make(map[string]int, len(items))
+	for i, it := range items {
+		if j, dup := seen[it.Key]; dup {
+			return fmt.Errorf("requests[%d]: %w (the key of requests[%d])", i, ErrDuplicateKey, j)
+		}
+		seen[it.Key] = i
+	}
+	return nil
+}
+
+// CheckOp reports ErrInvalidOp for an op that is not Take, Peek or
+// Refund.
+func CheckOp(op bucket.Op) error {
+	switch op {
+	case bucket.Take, bucket.Peek, bucket.Refund:
+		return nil
+	}
+	return fmt.Errorf("%w: %v is not take, peek or refund", ErrInvalidOp, op)
+}
+
+// Cost checks op, and a request's cost against params p, and turns the
+// cost to fixed point (bucket.CostMicro). It is the one place an unknown
+// op is refused and the one place a cost is held to the burst.
+//
+// A take or peek that can never be allowed is an error rather than a
+// denial, because no wait would help: a cost above the burst without
+// reserve, or with reserve a cost above the burst plus MaxReserved (a
+// bounded reservation needs the bucket to hold cost - MaxReserved, more
+// than it ever holds). A refund takes any valid cost: it may give back a
+// reservation larger than the burst, and the bucket is capped at its
+// burst. A concurrency limit's lease holds one slot, whatever the cost.
+func Cost(op bucket.Op, cost float64, reserve bool, p bucket.Params) (int64, error) {
+	// The common case in a few comparisons (NaN fails both); cost says
+	// why otherwise.
+	if op <= bucket.Refund && cost >= 0 && cost <= MaxAmount && p.Kind != bucket.Concurrency {
+		if c := bucket.CostMicro(cost); op == bucket.Refund || c <= p.Burst {
+			return c, nil
+		}
+	}
+	return costOf(op, cost, reserve, p)
+}
+
+// costOf is Cost in full: each check in its order.
+func costOf(op bucket.Op, cost float64, reserve bool, p bucket.Params) (int64, error) {
+	if err := CheckOp(op); err != nil {
+		return 0, err
+	}
+	if math.IsNaN(cost) || math.IsInf(cost, 0) || cost < 0 || cost > MaxAmount {
+		return 0, fmt.Errorf("%w: %v (must be a finite number from 0 to %g)", ErrInvalidCost, cost, float64(MaxAmount))
+	}
+	if p.Kind == bucket.Concurrency {
+		if reserve {
+			return 0, fmt.Errorf("%w: reserve does not apply to a concurrency limit", ErrInvalidCost)
+		}
+		return bucket.Micro, nil
+	}
+	c := bucket.CostMicro(cost)
+	return c, checkBurst(op, c, cost, reserve, p)
+}
+
+// checkBurst holds a cost of c micro-tokens (cost as written) to p's
+// burst: see Cost.
+func checkBurst(op bucket.Op, c int64, cost float64, reserve bool, p bucket.Params) error {
+	switch {
+	case op == bucket.Refund || c <= p.Burst:
+	case !reserve:
+		return fmt.Errorf("%w: cost %v > burst %v can never succeed without reserve", ErrCostExceedsBurst, cost, float64(p.Burst)/bucket.Micro)
+	case p.MaxReserved >= 0 && c-p.Burst > p.MaxReserved:
+		return fmt.Errorf("%w: cost %v > burst %v + max_reserved %v can never be reserved", ErrCostExceedsBurst, cost, float64(p.Burst)/bucket.Micro, float64(p.MaxReserved)/bucket.Micro)
+	}
+	return nil
+}
+
+// CheckLease checks a request's lease ID for op under params p: a take or
+// refund on a concurrency limit needs one; a peek may name one or not;
+// other limits take none. IDs are 1 to MaxLeaseLen bytes of printable
+// ASCII (drip.NewLeaseID makes such IDs). Prepare calls it.
+func CheckLease(op bucket.Op, id string, p bucket.Params) error {
+	if p.Kind != bucket.Concurrency {
+		if id != "" {
+			return fmt.Errorf("%w: a lease applies to a concurrency limit only", ErrInvalidLease)
+		}
+		return nil
+	}
+	if id == "" {
+		if op == bucket.Peek {
+			return nil
+		}
+		return fmt.Errorf("%w: a %v on a concurrency limit needs a lease", ErrInvalidLease, op)
+	}
+	if len(id) > MaxLeaseLen {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidLease, len(id), MaxLeaseLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return fmt.Errorf("%w: byte %d is not printable ASCII", ErrInvalidLease, i)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,131 @@
+// Package store is the kit of store writers: the Store interface every
+// store implements (memstore, pgstore, redisstore), its capabilities
+// (Caps), the checks that turn a request into a prepared item of package
+// bucket (Prepare, Cost, CheckKey, CheckLease) and the errors they return,
+// and the wrappers that change keys on the way to a store (Prefixed,
+// Sharded) or take several keys one by one (Separately). A user of drip
+// meets it only to wrap a store: a drip.Limiter checks and prepares every
+// request, and hands the store checked, fixed-point items.
+//
+// It imports the standard library and package bucket only.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/driplimit/drip/bucket"
+)
+
+// Store holds bucket state and executes prepared items, each call one
+// atomic step.
+//
+// Apply performs op on items and writes each item's result to results
+// (len(results) == len(items)). For a take of several items it is all or
+// nothing: if any item is denied none is applied, and every result says
+// what that item alone would have got. The caller has checked every item
+// (Prepare) and that their keys are distinct (CheckDistinct); a store
+// trusts them and checks nothing again. items and results are the
+// caller's: a store keeps neither after it returns.
+//
+// A zero at means the store's own clock (a shared store uses its
+// server's, so that instances with skewed clocks agree); any other value
+// is the time of the decision, which tests and replays supply.
+//
+// Reset deletes the bucket (or the leases) of key: it is full again. It
+// checks key itself (CheckKey).
+//
+// Caps says what the store can do; every wrapper forwards its store's.
+//
+// Implementations must be safe for concurrent use and pass storetest.Run.
+type Store interface {
+	Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error
+	Reset(ctx context.Context, key string) error
+	Caps() Caps
+}
+
+// Caps is what a store can do beyond executing items.
+type Caps struct {
+	// InProcess reports that the store decides in the caller's process
+	// and never waits on a network or a server (the memory store): callers
+	// give its calls no deadline of their own, which saves a timer.
+	InProcess bool
+	// SplitsKeys reports that a call on several keys may fail with
+	// ErrNotColocated when the store cannot hold them in one atomic step
+	// (Redis Cluster, keys in different hash slots). Separately then takes
+	// them one by one.
+	SplitsKeys bool
+	// Leases reports that the store holds the leases of concurrency limits
+	// (bucket.Concurrency items).
+	Leases bool
+	// Overrides is the store's side that keeps per-tenant limits (package
+	// override), or nil when it keeps none.
+	Overrides Overrides
+}
+
+// Overrides keeps overrides (package override), by bucket key, as opaque
+// values, shared by every instance that uses the store. Every change
+// bumps a version number that only grows.
+type Overrides interface {
+	// PutOverride sets the value of key, failing with ErrOverridesFull
+	// when key is new and max values are held already (by the whole
+	// store: a prefixed view's bound counts the other prefixes' too).
+	PutOverride(ctx context.Context, key string, val []byte, max int) error
+	// DeleteOverride removes key's value, reporting whether it had one.
+	DeleteOverride(ctx context.Context, key string) (bool, error)
+	// OverridesVersion is the version of the overrides: it changes
+	// whenever one is set or deleted.
+	OverridesVersion(ctx context.Context) (int64, error)
+	// Overrides returns every override, and a version that is at most
+	// theirs (it is read first).
+	Overrides(ctx context.Context) (int64, map[string][]byte, error)
+	// OverridesSince returns the overrides changed after version since
+	// (a set one with its value, a deleted one with nil) and the version
+	// they bring the overrides of version since to, read together. ok is
+	// false when the store cannot tell what changed (its record of
+	// changes, KeepChanges long, does not reach back to since, or since is not one of its
+	// versions): the caller loads them all.
+	OverridesSince(ctx context.Context, since int64) (version int64, changed map[string][]byte, ok bool, err error)
+	// WatchOverrides calls changed after each change, and once when it is
+	// listening, until ctx ends or the notifications stop (an error; the
+	// caller watches again later). A store that cannot notify returns
+	// ErrNoWatch at once.
+	WatchOverrides(ctx context.Context, changed func()) error
+}
+
+// Errors of bad input, returned (wrapped, with details) by the checks of
+// this package, so that every store refuses bad input the same way before
+// any state is touched. drip re-exports those its users check.
+var (
+	ErrInvalidLimit     = errors.New("invalid limit")
+	ErrMissingKey       = errors.New("missing key")
+	ErrKeyTooLong       = errors.New("key too long")
+	ErrInvalidCost      = errors.New("invalid cost")
+	ErrCostExceedsBurst = errors.New("cost exceeds burst")
+	ErrInvalidLease     = errors.New("invalid lease")
+	ErrInvalidOp        = errors.New("invalid op")
+	ErrNoRequests       = errors.New("no requests")
+	ErrDuplicateKey     = errors.New("duplicate key in multi-take")
+	// ErrNotColocated is returned (wrapped) by a store that cannot apply
+	// the keys of one call in a single atomic step, such as Redis Cluster
+	// when the keys hash to different slots (Caps.SplitsKeys). It is about
+	// the keys, not a failing store: Separately falls back to separate
+	// takes.
+	ErrNotColocated = errors.New("keys cannot be applied in one atomic step")
+)
+
+// KeepChanges is how many of the latest changes of the overrides a store
+// keeps a record of (which key changed at which version), for
+// OverridesSince: a follower further behind loads every override.
+const KeepChanges = 4096
+
+// Errors of the overrides side.
+var (
+	// ErrOverridesFull is the error of setting a new override when the
+	// store holds the most it may already.
+	ErrOverridesFull = errors.New("too many overrides")
+	// ErrNoWatch is the error of Overrides.WatchOverrides for a store that
+	// cannot notify changes: a follower then only polls.
+	ErrNoWatch = errors.New("the store cannot notify override changes")
+)
