@@ -12,7 +12,8 @@ import (
 // DecideItems decides a request whose limits a front door matched itself
 // (Envoy's descriptors, in Items): the Refund items first, so that a
 // failing store fails the request before anything is taken; then the
-// enforced items, all or nothing in one store call, with Quota items over
+// Check items, peeked at their cost (one over its limit denies the
+// request); then the enforced items, all or nothing in one store call, with Quota items over
 // their limit left out and the call asked again without them; then the
 // Shadow items, taken when the request is allowed and else peeked, whose
 // failure (Failed) changes no answer. An item that can never be allowed
@@ -43,6 +44,7 @@ const (
 	enforceItems itemKind = iota
 	shadowItems
 	refundItems
+	checkItems
 	blockedItems // never stepped
 )
 
@@ -52,6 +54,8 @@ func (it *Item) kind() itemKind {
 		return blockedItems
 	case it.Refund:
 		return refundItems
+	case it.Check:
+		return checkItems
 	case it.Shadow:
 		return shadowItems
 	}
@@ -60,7 +64,7 @@ func (it *Item) kind() itemKind {
 
 // quota reports whether the item counts in the quota: a Quota item that
 // is enforced (a Shadow one only lets the request pass).
-func (it *Item) quota() bool { return it.Quota && !it.Shadow && !it.Refund }
+func (it *Item) quota() bool { return it.Quota && !it.Shadow && !it.Refund && !it.Check }
 
 // takeItems decides the enforced items (peek: the request is denied
 // anyway, so they are only peeked; peekZero: at cost 0, the buckets as
@@ -75,8 +79,13 @@ func (e *Engine) takeItems(ctx context.Context, timeout time.Duration, br rules.
 	// the store, and so is the request (a quota item only leaves the
 	// quota items that may pass).
 	denied, quotas, quotaPass := false, 0, false
+	checks := false
 	for _, it := range items {
 		k := it.kind()
+		if k == checkItems {
+			checks = true
+			continue
+		}
 		if k == refundItems {
 			continue
 		}
@@ -91,6 +100,19 @@ func (e *Engine) takeItems(ctx context.Context, timeout time.Duration, br rules.
 			if it.Quota {
 				it.Out = true
 			} else if !it.Shadow {
+				denied = true
+			}
+		}
+	}
+	if checks {
+		// Peeked at their cost (a Never one at 0, then denied): a
+		// peek cannot hold what it saw, so a bound on what passes
+		// them is the caller's to state (count_status, docs).
+		if err := e.runItems(ctx, timeout, br, items, checkItems, true, false); err != nil {
+			return false, err
+		}
+		for _, it := range items {
+			if it.kind() == checkItems && it.Decided && !it.Decision.Allowed {
 				denied = true
 			}
 		}
@@ -155,7 +177,7 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 			it.ask = 0
 		}
 		if k != refundItems && it.Never() {
-			if k != enforceItems || !peek {
+			if (k != enforceItems && k != checkItems) || !peek {
 				continue
 			}
 			it.ask = 0

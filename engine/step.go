@@ -12,7 +12,7 @@ import (
 )
 
 // Item is one limit of a request: a bucket key, its limit, the request's
-// cost, and how it takes part (Shadow, Refund, Quota, Blocked); the
+// cost, and how it takes part (Shadow, Refund, Check, Quota, Blocked); the
 // decision fills in the rest. Each rule Decide applies is one (Applied);
 // a front door that matches limits itself (Envoy's descriptors) hands
 // its own to DecideItems. Items that share a key are one bucket: their
@@ -36,6 +36,11 @@ type Item struct {
 	// own: one over its limit leaves the take (Out), and the request is
 	// allowed when one of them (or a Shadow one) is within its limit.
 	Quota bool
+	// Check items are only peeked at their cost, before the take: one
+	// over its limit denies the request, and they take nothing (a
+	// count_status rule: its cost is taken after the response, when its
+	// status matches, Outcome.Settle).
+	Check bool
 	// Blocked items never allow (a limit of 0): they are over their
 	// limit without asking the store.
 	Blocked bool
