@@ -135,7 +135,9 @@ func (p prefixed) Decision(rule string, mode rules.Mode, outcome engine.Event) {
 // Expect creates at zero the series that each of rs can count: its
 // decisions allowed, denied, not_taken and error, and those its on_error
 // gives (a shadow rule's: error_allowed), its shadow denials (a shadow
-// rule) and its local fallback's decisions (on_error local). Call it with
+// rule), its local fallback's decisions (on_error local) and, for a rule
+// settled after the response (cost_from_response, count_status), its
+// settlements: charged, refunded, forgiven and settled. Call it with
 // the rules in force, and after each reload with the new ones; the
 // series of a rule that is gone stay, as they would had they counted.
 func (o *Observer) Expect(rs ...rules.Rule) {
@@ -148,6 +150,9 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 			events = append(events, engine.ErrorDenied)
 		case r.OnError == rules.Local:
 			events = append(events, engine.LocalAllowed, engine.LocalDenied)
+		}
+		if r.Settles() { // cost_from_response, count_status: Outcome.Settle's events
+			events = append(events, engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled)
 		}
 		o.ExpectEvents(r.Name, r.Mode, events...)
 	}
