@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
+	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
@@ -143,56 +145,72 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	return errors.Join(errs...)
 }
 
-// charge takes reqs with a reservation, all at once; when the debt bound
-// refuses some, it asks once more with each of those at what its bound
-// leaves (its tokens plus the bound), and forgives the rest.
+// charge takes reqs with a reservation (chargeReqs) and reports each.
 func (out *Outcome) charge(ctx context.Context, reqs []drip.Request, as []*Applied) error {
-	e := out.eng
-	forgiven := make([]bool, len(reqs))
+	_, forgiven, err := out.eng.chargeReqs(ctx, out.rs.timeout, out.rs.breaker, reqs)
+	if err != nil {
+		return err
+	}
+	for i, a := range as {
+		ev := Charged
+		if forgiven[i] {
+			ev = Forgiven
+		}
+		out.eng.obs.Decision(a.Rule.Name, a.Rule.Mode, ev)
+	}
+	return nil
+}
+
+// chargeReqs takes reqs with a reservation, all at once: work that was
+// done, charged into debt. When the debt bound (each request's
+// Limit.MaxReserved) refuses some, it asks once more with each of those
+// at what its bound leaves (its tokens plus the bound), and forgives the
+// rest: forgiven[i] reports that request i was charged less than asked
+// (or nothing); decs are the bucket's decisions, the last asked of each.
+func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules.Breaker, reqs []drip.Request) (decs []drip.Decision, forgiven []bool, err error) {
+	decs, forgiven = make([]drip.Decision, len(reqs)), make([]bool, len(reqs))
+	idx := make([]int, len(reqs)) // reqs[j] is the request idx[j] of the caller
+	for i := range idx {
+		idx[i] = i
+	}
+	reqs = slices.Clone(reqs)
 	for try := 0; ; try++ {
-		m, err := e.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Take, reqs)
+		m, err := e.apply(ctx, timeout, br, bucket.Take, reqs)
 		if err != nil {
-			return err
+			return nil, nil, err
+		}
+		for j, i := range idx {
+			decs[i] = m.Decisions[j]
 		}
 		if m.Allowed {
-			for i, a := range as {
-				ev := Charged
-				if forgiven[i] {
-					ev = Forgiven
-				}
-				e.obs.Decision(a.Rule.Name, a.Rule.Mode, ev)
-			}
-			return nil
+			return decs, forgiven, nil
 		}
 		if try == 1 {
-			for _, a := range as {
-				e.obs.Decision(a.Rule.Name, a.Rule.Mode, Forgiven)
+			for _, i := range idx {
+				forgiven[i] = true
 			}
-			return nil
+			return decs, forgiven, nil
 		}
 		// What the bound leaves each refused charge: the bucket's
 		// tokens (a denial reports them) plus the bound, in drip's
 		// fixed point, less one micro-token against rounding.
-		keep := reqs[:0]
-		var kept []*Applied
-		var kf []bool
-		for i, r := range reqs {
-			d := m.Decisions[i]
-			if d.Allowed {
-				keep, kept, kf = append(keep, r), append(kept, as[i]), append(kf, forgiven[i])
-				continue
+		var keep []drip.Request
+		var kept []int
+		for j, r := range reqs {
+			d := m.Decisions[j]
+			if !d.Allowed {
+				forgiven[idx[j]] = true
+				left := toMicro(d.Tokens) + toMicro(r.Limit.MaxReserved) - 1
+				if left <= 0 {
+					continue
+				}
+				r.Cost = float64(left) / bucket.Micro
 			}
-			left := toMicro(d.Tokens) + toMicro(r.Limit.MaxReserved) - 1
-			if left <= 0 {
-				e.obs.Decision(as[i].Rule.Name, as[i].Rule.Mode, Forgiven)
-				continue
-			}
-			r.Cost = float64(left) / bucket.Micro
-			keep, kept, kf = append(keep, r), append(kept, as[i]), append(kf, true)
+			keep, kept = append(keep, r), append(kept, idx[j])
 		}
 		if len(keep) == 0 {
-			return nil
+			return decs, forgiven, nil
 		}
-		reqs, as, forgiven = keep, kept, kf
+		reqs, idx = keep, kept
 	}
 }
