@@ -1,6 +1,10 @@
 package rules
 
-import "testing"
+import (
+	"os"
+	"strings"
+	"testing"
+)
 
 func TestSettleFields(t *testing.T) {
 	s, err := Parse([]byte(`{"rules": [
@@ -23,5 +27,40 @@ func TestSettleFields(t *testing.T) {
 		if logins.CountStatus.Has(code) != want {
 			t.Errorf("count_status has %d: %v", code, !want)
 		}
+	}
+}
+
+// TestSettleDocs: the rules files docs/rules.md shows for rules that know
+// the response load.
+func TestSettleDocs(t *testing.T) {
+	doc, err := os.ReadFile("../docs/rules.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(doc), "## Rules that know the response\n")
+	if !ok {
+		t.Fatal("docs/rules.md has no section on rules that know the response")
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	n := 0
+	for {
+		_, after, ok := strings.Cut(sec, "```yaml\n")
+		if !ok {
+			break
+		}
+		var block string
+		block, sec, _ = strings.Cut(after, "```")
+		set, err := Parse([]byte(block), "shown.yaml")
+		if err != nil {
+			t.Errorf("%v\n%s", err, block)
+			continue
+		}
+		if !set.Rules[0].Settles() {
+			t.Errorf("a rule that does not settle:\n%s", block)
+		}
+		n++
+	}
+	if n != 2 {
+		t.Errorf("%d blocks, want 2", n)
 	}
 }
