@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -71,7 +72,9 @@ func newSettleEnv(t *testing.T, st store.Store, src string, handler http.Handler
 	e.clock.Set(time.Now())
 	e.lim = httplimit.New(st, e.set, httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs))
 	t.Cleanup(func() { e.lim.Close() })
-	e.srv = httptest.NewServer(e.lim.Handler(handler))
+	e.srv = httptest.NewUnstartedServer(e.lim.Handler(handler))
+	e.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // TestSettlePanic's panic
+	e.srv.Start()
 	t.Cleanup(e.srv.Close)
 	return e
 }
@@ -349,5 +352,57 @@ func TestCountStatusParallel(t *testing.T) {
 			}
 			t.Logf("%d workers, burst %d: %d failures got through, %d refused", workers, burst, n, refused.Load())
 		})
+	}
+}
+
+// TestCountStatusAllOrNothing: a count_status rule that refuses the
+// request leaves the other rules' buckets as they were, and its check
+// takes nothing from its own when the request is allowed.
+func TestCountStatusAllOrNothing(t *testing.T) {
+	src := `{"rules": [
+	{"name": "logins", "limit_keys": ["header:x-user"], "count_status": "4xx",
+	 "algorithm_config": {"rate": 2, "period": "1h"}},
+	{"name": "per-user", "limit_keys": ["header:x-user"],
+	 "algorithm_config": {"rate": 100, "period": "1h"}}]}`
+	e := newSettleEnv(t, nil, src, loginHandler())
+	for range 2 {
+		if code, _ := e.get(t, "/", "X-User: u"); code != 401 {
+			t.Fatalf("%d", code)
+		}
+		e.obs.next(t)
+	}
+	if got := e.tokens(t, "per-user", "u"); got != 98 {
+		t.Fatalf("per-user: %v, want 98", got)
+	}
+	for range 3 {
+		if code, _ := e.get(t, "/", "X-User: u", "X-Password: right"); code != 429 {
+			t.Fatalf("locked out: %d", code)
+		}
+	}
+	if got := e.tokens(t, "per-user", "u"); got != 98 {
+		t.Errorf("per-user after refusals: %v, want 98 (nothing taken)", got)
+	}
+	if got := e.tokens(t, "logins", "u"); got != 0 {
+		t.Errorf("logins: %v, want 0", got)
+	}
+}
+
+// TestSettlePanic: a handler that panics before it wrote anything served
+// nothing: the estimate is refunded, and the panic goes on.
+func TestSettlePanic(t *testing.T) {
+	e := newSettleEnv(t, nil, usageRules, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic("boom")
+	}))
+	req, _ := http.NewRequest("GET", e.srv.URL+"/", nil)
+	req.Header.Set("X-Tenant", "p")
+	if res, err := e.srv.Client().Do(req); err == nil {
+		res.Body.Close()
+		t.Fatalf("a panicking handler answered %d", res.StatusCode)
+	}
+	if ev := e.obs.next(t); ev != "tokens/refunded" {
+		t.Errorf("%s, want refunded", ev)
+	}
+	if got := e.tokens(t, "tokens", "p"); got != 1000 {
+		t.Errorf("%v tokens, want 1000", got)
 	}
 }
