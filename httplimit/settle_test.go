@@ -313,7 +313,7 @@ func TestCountStatus(t *testing.T) {
 // ends at burst minus the failures (in debt for those past the burst).
 func TestCountStatusParallel(t *testing.T) {
 	const workers, burst = 8, 5
-	for _, name := range []string{"memory", "redis"} {
+	for _, name := range []string{"memory", "postgres", "redis"} {
 		t.Run(name, func(t *testing.T) {
 			// Room in the debt for every failure past the burst, so that
 			// none is forgiven and each one shows in the bucket.

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +145,30 @@ func TestLLMExample(t *testing.T) {
 	settled("refunded", 2)
 	if m, d := tokens("gamma"); m != 100000 || d != 2000000 {
 		t.Errorf("upstream down: %v and %v left, want nothing taken", m, d)
+	}
+}
+
+// TestForwardAuthSettles: forward auth hears nothing after the request, as
+// docs/api.md says: a cost_from_response rule keeps its estimate, and a
+// count_status rule is only checked (its bucket stays full).
+func TestForwardAuthSettles(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [
+	  {"name": "tokens", "limit_keys": ["header:x-tenant"], "cost_from_response": "header:x-usage",
+	   "algorithm_config": {"rate": 1000, "period": "1h", "cost_source": "header:x-estimate", "default_cost": 100}},
+	  {"name": "logins", "limit_keys": ["header:x-user"], "count_status": [401],
+	   "algorithm_config": {"rate": 2, "period": "1h"}}]}`)
+	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	for i := range 3 {
+		resp, _ := ask(t, srv.base, "", "GET", "/v1/chat", "X-Tenant", "a", "X-Estimate", "300")
+		if want := strconv.Itoa(1000 - 300*(i+1)); resp.StatusCode != 200 || resp.Header.Get("RateLimit-Remaining") != want {
+			t.Fatalf("ask %d: %d, %q left, want %s", i, resp.StatusCode, resp.Header.Get("RateLimit-Remaining"), want)
+		}
+	}
+	for i := range 5 {
+		resp, _ := ask(t, srv.base, "", "POST", "/login", "X-User", "u")
+		if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Remaining") != "1" {
+			t.Fatalf("login ask %d: %d, remaining %q: a check takes nothing", i, resp.StatusCode, resp.Header.Get("RateLimit-Remaining"))
+		}
 	}
 }
