@@ -431,3 +431,22 @@ func TestChargeTwoRules(t *testing.T) {
 		t.Errorf("day: %v, want 9500", d)
 	}
 }
+
+// TestCostFromResponseFixedWindow: a fixed window settles as a token
+// bucket does (the same reservation and refund).
+func TestCostFromResponseFixedWindow(t *testing.T) {
+	src := strings.Replace(usageRules, `"algorithm": "token_bucket"`, `"algorithm": "fixed_window"`, 1)
+	e := newSettleEnv(t, nil, src, usageHandler())
+	for _, s := range []struct {
+		query string
+		want  float64
+	}{{"?usage=250", 750}, {"?usage=50", 700}, {"?usage=1500", -800}} {
+		if code, _ := e.get(t, "/"+s.query, "X-Tenant: w"); code != 200 {
+			t.Fatalf("%s: %d", s.query, code)
+		}
+		e.obs.next(t)
+		if got := e.tokens(t, "tokens", "w"); got != s.want {
+			t.Errorf("%s: %v, want %v", s.query, got, s.want)
+		}
+	}
+}
