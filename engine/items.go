@@ -248,14 +248,14 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 	if len(reqs) == 0 {
 		return nil
 	}
-	decs, forgiven, err := e.chargeReqs(ctx, e.timeout, defaultBreaker, reqs)
+	decs, charged, err := e.chargeReqs(ctx, e.timeout, defaultBreaker, reqs)
 	if err != nil {
 		return err
 	}
 	for _, it := range its {
 		j := it.req
-		it.Decision, it.Decided, it.Changed, it.Taken = decs[j], true, true, reqs[j].Cost
-		it.Forgiven = forgiven[j] || reqs[j].Cost < asked[j]
+		it.Decision, it.Decided, it.Changed, it.Taken = decs[j], true, true, charged[j]
+		it.Forgiven = charged[j] < asked[j]
 	}
 	return nil
 }

@@ -95,6 +95,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	e := out.eng
 	var charges, refunds []drip.Request
 	var charged, refunded []*Applied
+	var asked []float64
 	for i := range out.Applied {
 		a := &out.Applied[i]
 		if !a.settles() {
@@ -121,7 +122,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 			l.MaxReserved = DebtBound(l)
 			c := min(delta, Burst(l)+l.MaxReserved)
 			charges = append(charges, drip.Request{Key: a.Key, Limit: l, Cost: c, Reserve: true})
-			charged = append(charged, a)
+			charged, asked = append(charged, a), append(asked, delta)
 		case delta < 0:
 			refunds = append(refunds, drip.Request{Key: a.Key, Limit: a.Limit, Cost: -delta})
 			refunded = append(refunded, a)
@@ -133,42 +134,63 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	if len(refunds) > 0 {
 		_, err := e.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, refunds)
 		if err == nil {
-			for _, a := range refunded {
+			to, _ := e.obs.(TokenObserver)
+			for i, a := range refunded {
 				e.obs.Decision(a.Rule.Name, a.Rule.Mode, Refunded)
+				if to != nil && refunds[i].Cost > 0 {
+					to.Tokens(a.Rule.Name, Refunded, refunds[i].Cost)
+				}
 			}
 		}
 		errs = append(errs, err)
 	}
 	if len(charges) > 0 {
-		errs = append(errs, out.charge(ctx, charges, charged))
+		errs = append(errs, out.charge(ctx, charges, asked, charged))
 	}
 	return errors.Join(errs...)
 }
 
-// charge takes reqs with a reservation (chargeReqs) and reports each.
-func (out *Outcome) charge(ctx context.Context, reqs []drip.Request, as []*Applied) error {
-	_, forgiven, err := out.eng.chargeReqs(ctx, out.rs.timeout, out.rs.breaker, reqs)
+// charge takes reqs with a reservation (chargeReqs) and reports each
+// (asked: what each would have charged before the cap at the burst plus
+// the bound).
+func (out *Outcome) charge(ctx context.Context, reqs []drip.Request, asked []float64, as []*Applied) error {
+	_, charged, err := out.eng.chargeReqs(ctx, out.rs.timeout, out.rs.breaker, reqs)
 	if err != nil {
 		return err
 	}
 	for i, a := range as {
-		ev := Charged
-		if forgiven[i] {
-			ev = Forgiven
-		}
-		out.eng.obs.Decision(a.Rule.Name, a.Rule.Mode, ev)
+		out.eng.charged(a.Rule.Name, a.Rule.Mode, charged[i], asked[i])
 	}
 	return nil
+}
+
+// charged reports a charge of asked tokens of which charged were taken:
+// the event (Charged, or Forgiven when less was taken) and, to a
+// TokenObserver, the tokens charged and forgiven.
+func (e *Engine) charged(rule string, mode rules.Mode, charged, asked float64) {
+	ev := Charged
+	if charged < asked {
+		ev = Forgiven
+	}
+	e.obs.Decision(rule, mode, ev)
+	if to, ok := e.obs.(TokenObserver); ok {
+		if charged > 0 {
+			to.Tokens(rule, Charged, charged)
+		}
+		if charged < asked {
+			to.Tokens(rule, Forgiven, asked-charged)
+		}
+	}
 }
 
 // chargeReqs takes reqs with a reservation, all at once: work that was
 // done, charged into debt. When the debt bound (each request's
 // Limit.MaxReserved) refuses some, it asks once more with each of those
 // at what its bound leaves (its tokens plus the bound), and forgives the
-// rest: forgiven[i] reports that request i was charged less than asked
-// (or nothing); decs are the bucket's decisions, the last asked of each.
-func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules.Breaker, reqs []drip.Request) (decs []drip.Decision, forgiven []bool, err error) {
-	decs, forgiven = make([]drip.Decision, len(reqs)), make([]bool, len(reqs))
+// rest: charged[i] is what request i was charged (its cost, less, or 0);
+// decs are the bucket's decisions, the last asked of each.
+func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules.Breaker, reqs []drip.Request) (decs []drip.Decision, charged []float64, err error) {
+	decs, charged = make([]drip.Decision, len(reqs)), make([]float64, len(reqs))
 	idx := make([]int, len(reqs)) // reqs[j] is the request idx[j] of the caller
 	for i := range idx {
 		idx[i] = i
@@ -183,13 +205,13 @@ func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules
 			decs[i] = m.Decisions[j]
 		}
 		if m.Allowed {
-			return decs, forgiven, nil
+			for j, i := range idx {
+				charged[i] = reqs[j].Cost
+			}
+			return decs, charged, nil
 		}
 		if try == 1 {
-			for _, i := range idx {
-				forgiven[i] = true
-			}
-			return decs, forgiven, nil
+			return decs, charged, nil // all forgiven
 		}
 		// What the bound leaves each refused charge: the bucket's
 		// tokens (a denial reports them) plus the bound, in drip's
@@ -197,9 +219,7 @@ func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules
 		var keep []drip.Request
 		var kept []int
 		for j, r := range reqs {
-			d := m.Decisions[j]
-			if !d.Allowed {
-				forgiven[idx[j]] = true
+			if d := m.Decisions[j]; !d.Allowed {
 				left := toMicro(d.Tokens) + toMicro(r.Limit.MaxReserved) - 1
 				if left <= 0 {
 					continue
@@ -209,7 +229,7 @@ func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules
 			keep, kept = append(keep, r), append(kept, idx[j])
 		}
 		if len(keep) == 0 {
-			return decs, forgiven, nil
+			return decs, charged, nil
 		}
 		reqs, idx = keep, kept
 	}

@@ -61,7 +61,7 @@ type Item struct {
 	// allowed, or a refund.
 	Changed bool
 	// Taken is the cost the bucket was asked for: its items' costs added,
-	// at most its burst.
+	// at most its burst; for Charge items, what the bucket was charged.
 	Taken float64
 	// Out reports a Quota item found over its limit and left out of the
 	// take: it took nothing, and Decision is its last.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -31,6 +32,23 @@ import (
 type settleObserver struct {
 	engine.NopObserver
 	events chan string
+	mu     sync.Mutex
+	tokens map[string]float64 // "rule/event": tokens (engine.TokenObserver)
+}
+
+func (o *settleObserver) Tokens(rule string, ev engine.Event, tokens float64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.tokens == nil {
+		o.tokens = map[string]float64{}
+	}
+	o.tokens[rule+"/"+string(ev)] += tokens
+}
+
+func (o *settleObserver) moved(key string) float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.tokens[key]
 }
 
 func (o *settleObserver) Decision(rule string, _ rules.Mode, ev engine.Event) {
@@ -191,6 +209,12 @@ func TestCostFromResponseDebtBound(t *testing.T) {
 		}
 		if got := e.tokens(t, "tokens", "b"); got < c.want || got > c.want+0.001 {
 			t.Errorf("%q: %v tokens, want %v", c.maxReserved, got, c.want)
+		}
+		// 900 left after the estimate: charged down to the bound, the
+		// rest of the 4,900 forgiven.
+		charged, forgiven := e.obs.moved("tokens/charged"), e.obs.moved("tokens/forgiven")
+		if math.Abs(charged-(900-c.want)) > 0.001 || math.Abs(charged+forgiven-4900) > 1e-6 {
+			t.Errorf("%q: %v charged and %v forgiven, want %v and the rest of 4900", c.maxReserved, charged, forgiven, 900-c.want)
 		}
 	}
 }

@@ -146,6 +146,16 @@ func TestLLMExample(t *testing.T) {
 	if m, d := tokens("gamma"); m != 100000 || d != 2000000 {
 		t.Errorf("upstream down: %v and %v left, want nothing taken", m, d)
 	}
+	// The tokens each settlement moved: 970 and 1,000 refunded, 94,500
+	// charged, none forgiven.
+	got := scrape(t, srv.admin)
+	for outcome, want := range map[string]float64{"refunded": 1970, "charged": 94500, "forgiven": 0} {
+		for _, rule := range []string{"tokens-minute", "tokens-day"} {
+			if k := "drip_settled_tokens_total{outcome=" + outcome + ",rule=" + rule + "}"; got[k] != want {
+				t.Errorf("%s: %v, want %v", k, got[k], want)
+			}
+		}
+	}
 }
 
 // TestForwardAuthSettles: forward auth hears nothing after the request, as
