@@ -66,15 +66,17 @@ func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs .
 func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, multi bool, rs []Request) (Multi, error) {
 	var items []bucket.Prepared
 	var res []bucket.Result
-	if len(rs) == 1 {
+	if n := len(rs); n <= pooled {
 		c := calls.Get().(*call)
 		defer func() {
-			c.items[0].Key, c.items[0].Lease = "", ""
+			for i := range n {
+				c.items[i].Key, c.items[i].Lease = "", ""
+			}
 			calls.Put(c)
 		}()
-		items, res = c.items[:], c.results[:]
+		items, res = c.items[:n], c.results[:n]
 	} else {
-		items, res = make([]bucket.Prepared, len(rs)), make([]bucket.Result, len(rs))
+		items, res = make([]bucket.Prepared, n), make([]bucket.Result, n)
 	}
 	for i := range rs {
 		it, err := prepare(op, &rs[i])
