@@ -20,6 +20,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -241,12 +242,39 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 
 	ms := memstore.New(memstore.WithSweep(0), memstore.WithMaxKeys(max(1024, 2*len(takes))))
 	defer ms.Close()
+	// apply decides one request on the memory store through the store's
+	// own interface, as drip.Apply would: the key checked, the limit
+	// resolved (once per limit, or per key for a window that places its
+	// grid by the key), the item prepared, executed and answered.
+	var (
+		items   [1]bucket.Prepared
+		results [1]bucket.Result
+		last    struct {
+			limit  drip.Limit
+			key    string
+			params bucket.Params
+			ok     bool
+		}
+	)
 	apply := func(op bucket.Op, at time.Time, r drip.Request) (drip.Decision, error) {
-		m, err := drip.Apply(ctx, ms, op, at, r)
-		if err != nil {
+		if err := store.CheckKey(r.Key); err != nil {
 			return drip.Decision{}, err
 		}
-		return m.Decisions[0], nil
+		byKey := r.Limit.Algorithm == drip.FixedWindow && r.Limit.Start == 0
+		if !last.ok || last.limit != r.Limit || (byKey && last.key != r.Key) {
+			p, err := r.Limit.Params(r.Key)
+			if err != nil {
+				return drip.Decision{}, err
+			}
+			last.limit, last.key, last.params, last.ok = r.Limit, r.Key, p, true
+		}
+		if err := store.Prepare(&items[0], op, r.Key, &last.params, r.Cost, r.Reserve, r.Lease); err != nil {
+			return drip.Decision{}, err
+		}
+		if err := ms.Apply(ctx, op, at, items[:], results[:]); err != nil {
+			return drip.Decision{}, err
+		}
+		return drip.DecisionOf(results[0], last.params.Burst), nil
 	}
 	// Virtual time 0 is the Unix epoch, so a fixed window's grid is the
 	// one drip replay gives the same trace.
