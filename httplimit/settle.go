@@ -107,7 +107,12 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next http.Handler, out
 	sw := &settleWriter{ResponseWriter: w}
 	defer func() {
 		p := recover()
-		if p != nil && !errors.Is(asError(p), http.ErrAbortHandler) && sw.status == 0 {
+		switch {
+		case sw.status != 0:
+		case p == nil:
+			// It wrote nothing: net/http answers 200 with its headers.
+			sw.status, sw.sent = http.StatusOK, w.Header().Clone()
+		case !errors.Is(asError(p), http.ErrAbortHandler):
 			sw.errored = true // failed before it served anything
 		}
 		_ = out.Settle(context.WithoutCancel(r.Context()), sw.response())

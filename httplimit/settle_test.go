@@ -142,6 +142,9 @@ func usageHandler() http.Handler {
 		if u := r.URL.Query().Get("usage"); u != "" {
 			w.Header().Set("X-Usage", u)
 		}
+		if r.URL.Query().Get("silent") != "" {
+			return // no body: an implicit 200
+		}
 		fmt.Fprintln(w, "done")
 	})
 }
@@ -153,14 +156,15 @@ func TestCostFromResponseHeader(t *testing.T) {
 		event           string
 		want            float64 // tokens after the settlement
 	}{
-		{"?usage=250", "", "tokens/charged", 750},   // took 100, then 150 more
-		{"?usage=20", "", "tokens/refunded", 730},   // took 100, 80 back
-		{"?usage=40", "40", "tokens/settled", 690},  // as estimated
-		{"", "50", "tokens/settled", 640},           // no usage: the estimate stands
-		{"?usage=x", "10", "tokens/settled", 630},   // not a cost: the estimate stands
-		{"?fail=1", "300", "tokens/refunded", 630},  // errored: took nothing
-		{"?usage=0", "", "tokens/refunded", 630},    // a usage of 0 costs nothing
-		{"?usage=1500", "", "tokens/charged", -870}, // 630 - 1500: into debt, the work is done
+		{"?usage=250", "", "tokens/charged", 750},          // took 100, then 150 more
+		{"?usage=20", "", "tokens/refunded", 730},          // took 100, 80 back
+		{"?usage=40", "40", "tokens/settled", 690},         // as estimated
+		{"", "50", "tokens/settled", 640},                  // no usage: the estimate stands
+		{"?usage=x", "10", "tokens/settled", 630},          // not a cost: the estimate stands
+		{"?fail=1", "300", "tokens/refunded", 630},         // errored: took nothing
+		{"?usage=0", "", "tokens/refunded", 630},           // a usage of 0 costs nothing
+		{"?usage=30&silent=1", "", "tokens/refunded", 600}, // no body: still served (200)
+		{"?usage=1500", "", "tokens/charged", -900},        // 600 - 1500: into debt, the work is done
 	}
 	for _, s := range steps {
 		var hs []string
@@ -187,7 +191,7 @@ func TestCostFromResponseHeader(t *testing.T) {
 	if code, _ := e.get(t, "/?usage=1", "X-Tenant: a"); code != 429 {
 		t.Errorf("in debt: %d, want 429", code)
 	}
-	// An hour refills 1000: 130, and one more request goes through.
+	// An hour refills 1000: 100, and one more request goes through.
 	e.clock.Add(time.Hour)
 	if code, _ := e.get(t, "/?usage=1", "X-Tenant: a", "X-Estimate: 1"); code != 200 {
 		t.Errorf("after an hour: %d", code)
