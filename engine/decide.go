@@ -62,7 +62,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if rule.Group != "" {
 			groups = append(groups, rule.Group)
 		}
-		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit}, plan: &rs.plans[i]}
+		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, Check: len(rule.CountStatus) > 0}, plan: &rs.plans[i]}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.plan = l, compile(rule.Name, l)
 		}

@@ -12,7 +12,9 @@ import (
 // DecideItems decides a request whose limits a front door matched itself
 // (Envoy's descriptors, in Items): the Refund items first, so that a
 // failing store fails the request before anything is taken; then the
-// enforced items, all or nothing in one store call, with Quota items over
+// Charge items (work done: into bounded debt, never denying); then the
+// Check items, peeked at their cost (one over its limit denies the
+// request); then the enforced items, all or nothing in one store call, with Quota items over
 // their limit left out and the call asked again without them; then the
 // Shadow items, taken when the request is allowed and else peeked, whose
 // failure (Failed) changes no answer. An item that can never be allowed
@@ -26,6 +28,9 @@ import (
 // request (decide.go), so every front door decides alike.
 func (e *Engine) DecideItems(ctx context.Context, items []*Item) (allowed bool, err error) {
 	if err := e.runItems(ctx, e.timeout, defaultBreaker, items, refundItems, false, false); err != nil {
+		return false, err
+	}
+	if err := e.chargeItems(ctx, items); err != nil {
 		return false, err
 	}
 	allowed, err = e.takeItems(ctx, e.timeout, defaultBreaker, items, false)
@@ -43,6 +48,8 @@ const (
 	enforceItems itemKind = iota
 	shadowItems
 	refundItems
+	chargeItems
+	checkItems
 	blockedItems // never stepped
 )
 
@@ -52,6 +59,10 @@ func (it *Item) kind() itemKind {
 		return blockedItems
 	case it.Refund:
 		return refundItems
+	case it.Charge:
+		return chargeItems
+	case it.Check:
+		return checkItems
 	case it.Shadow:
 		return shadowItems
 	}
@@ -60,7 +71,7 @@ func (it *Item) kind() itemKind {
 
 // quota reports whether the item counts in the quota: a Quota item that
 // is enforced (a Shadow one only lets the request pass).
-func (it *Item) quota() bool { return it.Quota && !it.Shadow && !it.Refund }
+func (it *Item) quota() bool { return it.Quota && !it.Shadow && !it.Refund && !it.Check && !it.Charge }
 
 // takeItems decides the enforced items (peek: the request is denied
 // anyway, so they are only peeked; peekZero: at cost 0, the buckets as
@@ -75,9 +86,14 @@ func (e *Engine) takeItems(ctx context.Context, timeout time.Duration, br rules.
 	// the store, and so is the request (a quota item only leaves the
 	// quota items that may pass).
 	denied, quotas, quotaPass := false, 0, false
+	checks := false
 	for _, it := range items {
 		k := it.kind()
-		if k == refundItems {
+		if k == checkItems {
+			checks = true
+			continue
+		}
+		if k == refundItems || k == chargeItems {
 			continue
 		}
 		if it.Quota && it.Shadow {
@@ -91,6 +107,19 @@ func (e *Engine) takeItems(ctx context.Context, timeout time.Duration, br rules.
 			if it.Quota {
 				it.Out = true
 			} else if !it.Shadow {
+				denied = true
+			}
+		}
+	}
+	if checks {
+		// Peeked at their cost (a Never one at 0, then denied): a
+		// peek cannot hold what it saw, so a bound on what passes
+		// them is the caller's to state (count_status, docs).
+		if err := e.runItems(ctx, timeout, br, items, checkItems, true, false); err != nil {
+			return false, err
+		}
+		for _, it := range items {
+			if it.kind() == checkItems && it.Decided && !it.Decision.Allowed {
 				denied = true
 			}
 		}
@@ -155,7 +184,7 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 			it.ask = 0
 		}
 		if k != refundItems && it.Never() {
-			if k != enforceItems || !peek {
+			if (k != enforceItems && k != checkItems) || !peek {
 				continue
 			}
 			it.ask = 0
@@ -178,6 +207,55 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 	}
 	for _, it := range never {
 		it.Decision.Allowed = false
+	}
+	return nil
+}
+
+// chargeItems takes the Charge items with a reservation, each at most
+// the burst plus its debt bound (DebtBound), in one store call (and one
+// more for those the bound refused: chargeReqs); items of one key add up.
+func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
+	var reqs []drip.Request
+	var its []*Item
+	for _, it := range items {
+		if it.kind() != chargeItems {
+			continue
+		}
+		it.Decision, it.Decided, it.Changed, it.Forgiven, it.Taken = drip.Decision{}, false, false, false, 0
+		if it.Limit.Concurrent() || it.Cost <= 0 {
+			continue // a slot is held, not charged; nothing to charge
+		}
+		l := it.Limit
+		l.MaxReserved = DebtBound(l)
+		it.req = -1
+		for j, r := range reqs { // items of one key are one bucket: their costs add up
+			if r.Key == it.Key {
+				it.req = j
+				reqs[j].Cost += it.Cost
+			}
+		}
+		if it.req < 0 {
+			it.req = len(reqs)
+			reqs = append(reqs, drip.Request{Key: it.Key, Limit: l, Cost: it.Cost, Reserve: true})
+		}
+		its = append(its, it)
+	}
+	asked := make([]float64, len(reqs))
+	for j := range reqs {
+		asked[j] = reqs[j].Cost
+		reqs[j].Cost = min(reqs[j].Cost, Burst(reqs[j].Limit)+reqs[j].Limit.MaxReserved)
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	decs, charged, err := e.chargeReqs(ctx, e.timeout, defaultBreaker, reqs)
+	if err != nil {
+		return err
+	}
+	for _, it := range its {
+		j := it.req
+		it.Decision, it.Decided, it.Changed, it.Taken = decs[j], true, true, charged[j]
+		it.Forgiven = charged[j] < asked[j]
 	}
 	return nil
 }

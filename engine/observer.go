@@ -53,6 +53,17 @@ type Observer interface {
 	BreakerState(state string)
 }
 
+// TokenObserver is an Observer that is also told the tokens each
+// settlement moved (Outcome.Settle, and Envoy's Charge items): with
+// Charged, the tokens charged; Forgiven, the tokens of a charge past its
+// debt bound, not charged; Refunded, the tokens given back. Observers
+// that do not implement it are told the events only (Decision); a
+// wrapper of an Observer forwards it when it can.
+type TokenObserver interface {
+	Observer
+	Tokens(rule string, event Event, tokens float64)
+}
+
 // NopObserver does nothing; embed it to implement part of Observer.
 type NopObserver struct{}
 

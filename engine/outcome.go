@@ -58,6 +58,7 @@ type Outcome struct {
 	eng      *Engine
 	rs       *Rules
 	released atomic.Bool
+	settled  atomic.Bool
 }
 
 // Refuse is the outcome of a request that a front door refuses before

@@ -12,7 +12,7 @@ import (
 )
 
 // Item is one limit of a request: a bucket key, its limit, the request's
-// cost, and how it takes part (Shadow, Refund, Quota, Blocked); the
+// cost, and how it takes part (Shadow, Refund, Charge, Check, Quota, Blocked); the
 // decision fills in the rest. Each rule Decide applies is one (Applied);
 // a front door that matches limits itself (Envoy's descriptors) hands
 // its own to DecideItems. Items that share a key are one bucket: their
@@ -36,6 +36,19 @@ type Item struct {
 	// own: one over its limit leaves the take (Out), and the request is
 	// allowed when one of them (or a Shadow one) is within its limit.
 	Quota bool
+	// Charge items are work already done (Envoy's apply_on_stream_done
+	// call): taken with a reservation, into debt at most DebtBound of
+	// their limit (what would pass it is Forgiven), after the refunds and
+	// before anything is decided; they never deny the request.
+	Charge bool
+	// Forgiven reports a Charge item charged less than its cost (or
+	// nothing): its bucket's debt would have passed the bound.
+	Forgiven bool
+	// Check items are only peeked at their cost, before the take: one
+	// over its limit denies the request, and they take nothing (a
+	// count_status rule: its cost is taken after the response, when its
+	// status matches, Outcome.Settle).
+	Check bool
 	// Blocked items never allow (a limit of 0): they are over their
 	// limit without asking the store.
 	Blocked bool
@@ -48,7 +61,7 @@ type Item struct {
 	// allowed, or a refund.
 	Changed bool
 	// Taken is the cost the bucket was asked for: its items' costs added,
-	// at most its burst.
+	// at most its burst; for Charge items, what the bucket was charged.
 	Taken float64
 	// Out reports a Quota item found over its limit and left out of the
 	// take: it took nothing, and Decision is its last.

@@ -131,7 +131,10 @@ func (l *Limiter) Close() error { return l.fd.Engine().Close() }
 func (l *Limiter) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		err = l.guard(ctx, info.FullMethod, func(md metadata.MD) error { return grpc.SetHeader(ctx, md) },
-			func() error {
+			func(w *watched) error {
+				if w != nil {
+					ctx = w.context(ctx)
+				}
 				resp, err = handler(ctx, req)
 				return err
 			})
@@ -144,13 +147,24 @@ func (l *Limiter) UnaryInterceptor() grpc.UnaryServerInterceptor {
 // grpc.ChainStreamInterceptor.
 func (l *Limiter) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		return l.guard(ss.Context(), info.FullMethod, ss.SetHeader, func() error { return handler(srv, ss) })
+		return l.guard(ss.Context(), info.FullMethod, ss.SetHeader, func(w *watched) error {
+			if w != nil {
+				ss = &stream{ServerStream: ss, w: w, ctx: w.context(ss.Context())}
+			}
+			return handler(srv, ss)
+		})
 	}
 }
 
 // guard decides a call, sets its response header metadata, and runs it
 // if allowed: the one place where both interceptors meet the handler.
-func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(metadata.MD) error, run func() error) error {
+//
+// A call with rules settled when it ends (cost_from_response: a header
+// or trailer the handler sets; count_status: its code as an HTTP status,
+// HTTPStatus) runs with what it sends back watched (run's w, else nil),
+// and is settled when the handler returns, or panics (then as a call
+// that errored: nothing taken).
+func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(metadata.MD) error, run func(w *watched) error) (err error) {
 	out := l.Decide(ctx, fullMethod)
 	// The slots of concurrency rules are held while the handler runs and
 	// given back when it returns, however it ends (an error, a panic, a
@@ -167,7 +181,21 @@ func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(m
 	}
 	// The one place where the handler runs: the release deferred above
 	// comes when it returns.
-	return run()
+	if !out.Settles() {
+		return run(nil)
+	}
+	w := &watched{}
+	ended := false
+	defer func() {
+		resp := engine.Response{} // a panic: errored
+		if ended {
+			resp = w.response(err)
+		}
+		_ = out.Settle(ctx, resp)
+	}()
+	err = run(w)
+	ended = true
+	return err
 }
 
 // Decide decides a call to fullMethod ("/pkg.Service/Method") whose

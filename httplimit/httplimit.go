@@ -192,6 +192,10 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 
 // serve writes res's headers, and its error or next's response.
 //
+// Rules that know the response (cost_from_response, count_status) are
+// settled when next returns, with its status, its headers as it sent
+// them and its trailers (Errored: a request that was not served).
+//
 // The slots of concurrency rules are held while next runs and given back
 // when it returns, however it ends: normally, by a panic (deferred calls
 // run, and the panic goes on), or because the client went away and it
@@ -202,6 +206,10 @@ func serve(w http.ResponseWriter, r *http.Request, next http.Handler, out *engin
 	frontdoor.WriteHeaders(w.Header(), out)
 	if !out.Allowed {
 		frontdoor.WriteError(w, out)
+		return
+	}
+	if out.Settles() { // settle.go
+		serveSettled(w, r, next, out)
 		return
 	}
 	next.ServeHTTP(w, r)

@@ -11,7 +11,7 @@ import (
 
 // One rule: its name, keys, match and limit.
 
-var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims"}
+var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status"}
 
 func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	r := Rule{Mode: Enforce, OnError: s.OnError, LocalShare: s.LocalShare}
@@ -78,6 +78,13 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	if v, fp, ok := f.get("limit_from_claims"); ok {
 		r.Claims = c.claims(fp, v, &r) // claims.go
 	}
+	if v, fp, ok := f.get("cost_from_response"); ok {
+		r.CostFrom = c.costFromResponse(fp, v) // response.go
+	}
+	if v, fp, ok := f.get("count_status"); ok {
+		r.CountStatus = c.countStatus(fp, v)
+	}
+	c.settleRule(p, &r)
 	if c.jwtUser == "" && r.usesJWT() {
 		c.jwtUser = p
 	}

@@ -209,6 +209,16 @@ type Rule struct {
 	// Claims, when set, reads the rate and burst of a request's bucket
 	// from its verified token's claims (limit_from_claims; see LimitFor).
 	Claims *ClaimLimit
+	// CostFrom, when set (cost_from_response), is where the response
+	// tells the request's actual cost: the request takes its cost
+	// (CostSource, the estimate) before it is served, and the front door
+	// settles the difference when the response ends.
+	CostFrom *ResponseSource
+	// CountStatus, when set (count_status), makes the rule count only the
+	// responses whose status is in the set: before the request its bucket
+	// is only checked (peeked at the cost), and the cost is taken after
+	// the response when its status matches.
+	CountStatus StatusSet
 	// Index is the rule's position in the file.
 	Index int
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -43,6 +44,7 @@ func (s *Server) gateway() (http.Handler, error) {
 		BufferPool: bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			s.log.Warn("drip serve: upstream failed", "err", err, "path", r.URL.Path)
+			httplimit.Errored(w) // not served: the rules that settle on the response take nothing
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.WriteHeader(http.StatusBadGateway)
 			fmt.Fprintf(w, `{"type":"about:blank","title":"Bad Gateway","status":502,"detail":"upstream unavailable"}`+"\n")

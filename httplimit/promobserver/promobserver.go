@@ -15,6 +15,9 @@
 //	                                            outcome is an engine.Event
 //	drip_shadow_denials_total{rule}             requests a shadow rule would have denied
 //	drip_local_fallback_decisions_total{rule}   decisions of the local fallback (on_error: local)
+//	drip_settled_tokens_total{rule, outcome}    tokens moved after responses (cost_from_response,
+//	                                            count_status, Envoy's drip_settle): outcome charged,
+//	                                            refunded, or forgiven (past the debt bound)
 //	drip_store_duration_seconds                 latency of the store calls made
 //	drip_store_errors_total                     store calls that failed or timed out
 //	drip_store_circuit_state{state}             1 for the breaker's state, 0 for the others
@@ -41,6 +44,7 @@ type Observer struct {
 	decisions     *prometheus.CounterVec
 	shadowDenials *prometheus.CounterVec
 	fallback      *prometheus.CounterVec
+	settled       *prometheus.CounterVec
 	storeSeconds  prometheus.Histogram
 	storeErrors   prometheus.Counter
 	circuit       *prometheus.GaugeVec
@@ -56,7 +60,8 @@ type Option func(*Observer)
 func WithoutStore() Option { return func(o *Observer) { o.store = false } }
 
 var (
-	_ engine.Observer      = (*Observer)(nil)
+	_ engine.TokenObserver = (*Observer)(nil)
+	_ engine.TokenObserver = prefixed{}
 	_ prometheus.Collector = (*Observer)(nil)
 )
 
@@ -66,7 +71,7 @@ func New(opts ...Option) *Observer {
 		store: true,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions by rule, its mode (enforce, shadow: its denials let the request through) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited.",
+			Help: "Decisions by rule, its mode (enforce, shadow: its denials let the request through) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited; after a response (cost_from_response, count_status): charged, forgiven, settled (nothing to change).",
 		}, []string{"rule", "mode", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
@@ -76,6 +81,10 @@ func New(opts ...Option) *Observer {
 			Name: "drip_local_fallback_decisions_total",
 			Help: "Decisions made by the per-instance local limiter while the store was failing (on_error: local), by rule.",
 		}, []string{"rule"}),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_settled_tokens_total",
+			Help: "Tokens moved when responses ended (cost_from_response, count_status, Envoy's drip_settle descriptors), by rule and outcome: charged (into debt if need be), refunded, forgiven (past the debt bound, not charged).",
+		}, []string{"rule", "outcome"}),
 		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "drip_store_duration_seconds",
 			Help:    "Latency of the engine's store calls.",
@@ -113,9 +122,9 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 
 func (o *Observer) collectors() []prometheus.Collector {
 	if !o.store {
-		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.circuit}
+		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.circuit}
 	}
-	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.storeSeconds, o.storeErrors, o.circuit}
+	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.storeSeconds, o.storeErrors, o.circuit}
 }
 
 // Prefixed returns an observer of the same series that puts prefix before
@@ -132,10 +141,16 @@ func (p prefixed) Decision(rule string, mode rules.Mode, outcome engine.Event) {
 	p.Observer.Decision(p.prefix+rule, mode, outcome)
 }
 
+func (p prefixed) Tokens(rule string, outcome engine.Event, tokens float64) {
+	p.Observer.Tokens(p.prefix+rule, outcome, tokens)
+}
+
 // Expect creates at zero the series that each of rs can count: its
 // decisions allowed, denied, not_taken and error, and those its on_error
 // gives (a shadow rule's: error_allowed), its shadow denials (a shadow
-// rule) and its local fallback's decisions (on_error local). Call it with
+// rule), its local fallback's decisions (on_error local) and, for a rule
+// settled after the response (cost_from_response, count_status), its
+// settlements: charged, refunded, forgiven and settled. Call it with
 // the rules in force, and after each reload with the new ones; the
 // series of a rule that is gone stay, as they would had they counted.
 func (o *Observer) Expect(rs ...rules.Rule) {
@@ -148,6 +163,12 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 			events = append(events, engine.ErrorDenied)
 		case r.OnError == rules.Local:
 			events = append(events, engine.LocalAllowed, engine.LocalDenied)
+		}
+		if r.Settles() { // cost_from_response, count_status: Outcome.Settle's events
+			events = append(events, engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled)
+			for _, e := range []engine.Event{engine.Charged, engine.Refunded, engine.Forgiven} {
+				o.settled.WithLabelValues(r.Name, string(e))
+			}
 		}
 		o.ExpectEvents(r.Name, r.Mode, events...)
 	}
@@ -180,6 +201,11 @@ func (o *Observer) Decision(rule string, mode rules.Mode, outcome engine.Event) 
 	if mode == rules.Shadow && (outcome == engine.Denied || outcome == engine.LocalDenied) {
 		o.shadowDenials.WithLabelValues(rule).Inc()
 	}
+}
+
+// Tokens implements engine.TokenObserver.
+func (o *Observer) Tokens(rule string, outcome engine.Event, tokens float64) {
+	o.settled.WithLabelValues(rule, string(outcome)).Add(tokens)
 }
 
 // StoreError implements engine.Observer.

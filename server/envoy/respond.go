@@ -163,7 +163,7 @@ func remaining(it *item) uint32 {
 // descriptor of a denied request (so not taken), as it was before
 // (engine.BeforeTake).
 func current(it *item) drip.Decision {
-	if it.step.Decision.Allowed && !it.step.Changed && it.kind != refund {
+	if it.step.Decision.Allowed && !it.step.Changed && it.kind != refund && it.kind != charge {
 		return engine.BeforeTake(it.step.Decision, it.limit.Limit, it.key, it.step.Taken)
 	}
 	return it.step.Decision

@@ -155,7 +155,18 @@ const (
 	enforce               // taken from a bucket
 	shadow                // decided on a bucket, never denies
 	refund                // is_negative_hits: given back to a bucket
+	charge                // a SettleKey descriptor: work done, charged into bounded debt
 )
+
+// SettleKey marks a descriptor that charges work already done: a
+// descriptor whose last entry has this key (any value) is matched without
+// that entry, so it meets the same limit and bucket as the descriptor
+// without it, and its hits are charged, into debt at most the limit's
+// engine.DebtBound (what would pass it is forgiven), never denied. It is
+// for Envoy's apply_on_stream_done rate limits, whose call comes when the
+// response has ended, with the actual cost as hits_addend; add the entry
+// with a generic_key action (descriptor_key: drip_settle).
+const SettleKey = "drip_settle"
 
 // item is one descriptor of a request on its way to a decision.
 type item struct {
@@ -186,6 +197,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			cost = float64(d.HitsAddend.GetValue())
 		}
 		it.cost = cost
+		entries, settles := d.Entries, false
+		if n := len(entries); n > 1 && entries[n-1].GetKey() == SettleKey {
+			entries, settles = entries[:n-1], true
+		}
 		var m match
 		if d.Limit != nil {
 			if cfg.domains[req.Domain] != nil {
@@ -199,7 +214,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				m.limit = l
 			}
 		} else {
-			m = cfg.match(req.Domain, d.Entries)
+			m = cfg.match(req.Domain, entries)
 		}
 		it.limit = m.limit
 		switch l := m.limit; {
@@ -211,6 +226,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			it.kind = blocked
 		case d.IsNegativeHits:
 			it.kind = refund
+		case settles:
+			it.kind = charge
 		case l.Shadow:
 			it.kind = shadow
 		default:
@@ -220,7 +237,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			replacing[r] = true
 		}
 		if it.kind >= enforce {
-			it.key = bucketKey(req.Domain, d.Entries, m.shared)
+			it.key = bucketKey(req.Domain, entries, m.shared)
 		}
 	}
 	if len(replacing) > 0 {
@@ -245,10 +262,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		if it.kind < blocked {
 			continue
 		}
-		q := (it.limit.Quota || cfg.opts.Quota) && it.kind != refund
+		q := (it.limit.Quota || cfg.opts.Quota) && it.kind != refund && it.kind != charge
 		it.quota = q && !it.limit.Shadow
 		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Params: &it.limit.params, Cost: it.cost,
-			Shadow: it.limit.Shadow, Refund: it.kind == refund, Quota: q, Blocked: it.kind == blocked}
+			Shadow: it.limit.Shadow && it.kind != charge, Refund: it.kind == refund, Charge: it.kind == charge,
+			Quota: q, Blocked: it.kind == blocked}
 		steps = append(steps, &it.step)
 	}
 	allowed, err := s.eng.DecideItems(ctx, steps)
@@ -285,10 +303,16 @@ func (s *Service) observe(items []item, err error) {
 			out = engine.Unlimited
 		case err != nil || it.step.Failed:
 			out = engine.Failed
-		case it.kind == blocked || !it.step.Decided || !it.step.Decision.Allowed:
+		case it.kind == charge && !it.step.Decided: // nothing to charge
+			out = engine.Settled
+		case it.kind == blocked || !it.step.Decided || (!it.step.Decision.Allowed && it.kind != charge):
 			out = engine.Denied
 		case it.kind == refund:
 			out = engine.Refunded
+		case it.kind == charge && it.step.Forgiven:
+			out = engine.Forgiven
+		case it.kind == charge:
+			out = engine.Charged
 		case !it.step.Changed:
 			out = engine.NotTaken
 		default:
@@ -299,5 +323,16 @@ func (s *Service) observe(items []item, err error) {
 			mode = rules.Shadow
 		}
 		obs.Decision(it.limit.Label(), mode, out)
+		if to, ok := obs.(engine.TokenObserver); ok && it.kind == charge && it.step.Decided {
+			// The tokens of the descriptor's bucket (for descriptors
+			// that share one, each is told the bucket's charge).
+			charged := min(it.step.Taken, it.cost)
+			if charged > 0 {
+				to.Tokens(it.limit.Label(), engine.Charged, charged)
+			}
+			if charged < it.cost {
+				to.Tokens(it.limit.Label(), engine.Forgiven, it.cost-charged)
+			}
+		}
 	}
 }

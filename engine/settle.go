@@ -1,0 +1,236 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/rules"
+)
+
+// Events of Settle, in the vocabulary of Observer.Decision.
+const (
+	// Charged: the response cost more than the estimate taken
+	// (cost_from_response), and the difference was taken, into debt if
+	// need be; or a response whose status matched was counted
+	// (count_status).
+	Charged Event = "charged"
+	// Forgiven: a charge would have run the bucket's debt past its bound
+	// (max_reserved, else one burst): what passed it was not charged.
+	Forgiven Event = "forgiven"
+	// Settled: the response cost what was taken (or said nothing of its
+	// cost), or its status did not count: nothing changed.
+	Settled Event = "settled"
+)
+
+// Response is what a front door read of a request's response, for
+// Outcome.Settle.
+type Response struct {
+	// Status is the response's status: an HTTP status (a gRPC door gives
+	// its code's HTTP equivalent, 200 for OK, 401 for Unauthenticated,
+	// ...). Zero means the request errored and nothing was served (the
+	// upstream could not be reached, the handler failed before it wrote
+	// anything): the estimates are refunded and nothing is counted.
+	Status int
+	// Value reads a value of the response (a header or a trailer, as
+	// src says), when it has one. Nil: none.
+	Value func(src rules.ResponseSource) (string, bool)
+}
+
+// Settles reports whether the outcome has rules to settle when the
+// response ends (Settle): cost_from_response or count_status rules that
+// the request passed. A front door reads the response only then.
+func (out *Outcome) Settles() bool {
+	if out == nil || !out.Allowed {
+		return false
+	}
+	for i := range out.Applied {
+		if out.Applied[i].settles() {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *Applied) settles() bool { return a.Rule.Settles() && a.Event == Allowed && !a.Local }
+
+// DebtBound is the most debt a settlement may run a bucket of limit l
+// into: its max_reserved when set, else one burst.
+func DebtBound(l drip.Limit) float64 {
+	if l.MaxReserved > 0 {
+		return l.MaxReserved
+	}
+	return Burst(l)
+}
+
+// Settle settles the request's rules that know the response, when it
+// has ended (however it ended: a client gone, a panic): call it once,
+// after the response, with what the door read of it; further calls do
+// nothing. It goes through the engine (breaker, the rules' deadline,
+// observer) on a context that ctx's cancellation does not end.
+//
+// A cost_from_response rule took its estimate (the rule's cost) before
+// the request was served: when the response reports its actual cost,
+// the difference is taken, with a reservation (the work is done, so the
+// bucket may go into debt, at most DebtBound: what would pass it is
+// Forgiven), or given back (Refunded). A response that reports no cost
+// (or one that is not a cost, ParseCost) leaves the estimate; a request
+// that errored (Status 0) took nothing: its estimate is refunded.
+//
+// A count_status rule was only checked before the request: its cost is
+// taken now, as a charge, when Status is in its set.
+//
+// Charges are one store call and refunds another (each only when there
+// is one); a charge the debt bound refuses is asked once more at what
+// the bound leaves. A store failure changes nothing (the error is
+// returned; the estimates stand).
+func (out *Outcome) Settle(ctx context.Context, resp Response) error {
+	if !out.Settles() || !out.settled.CompareAndSwap(false, true) {
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx)
+	e := out.eng
+	var charges, refunds []drip.Request
+	var charged, refunded []*Applied
+	var asked []float64
+	for i := range out.Applied {
+		a := &out.Applied[i]
+		if !a.settles() {
+			continue
+		}
+		delta := 0.0
+		switch {
+		case len(a.Rule.CountStatus) > 0:
+			if resp.Status != 0 && a.Rule.CountStatus.Has(resp.Status) {
+				delta = a.Cost
+			}
+		case resp.Status == 0:
+			delta = -a.Cost
+		case resp.Value != nil:
+			if s, ok := resp.Value(*a.Rule.CostFrom); ok {
+				if c, ok := ParseCost(s); ok {
+					delta = c - a.Cost
+				}
+			}
+		}
+		switch {
+		case delta > 0:
+			l := a.Limit
+			l.MaxReserved = DebtBound(l)
+			c := min(delta, Burst(l)+l.MaxReserved)
+			charges = append(charges, drip.Request{Key: a.Key, Limit: l, Cost: c, Reserve: true})
+			charged, asked = append(charged, a), append(asked, delta)
+		case delta < 0:
+			refunds = append(refunds, drip.Request{Key: a.Key, Limit: a.Limit, Cost: -delta})
+			refunded = append(refunded, a)
+		default:
+			e.obs.Decision(a.Rule.Name, a.Rule.Mode, Settled)
+		}
+	}
+	var errs []error
+	if len(refunds) > 0 {
+		_, err := e.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, refunds)
+		if err == nil {
+			to, _ := e.obs.(TokenObserver)
+			for i, a := range refunded {
+				e.obs.Decision(a.Rule.Name, a.Rule.Mode, Refunded)
+				if to != nil && refunds[i].Cost > 0 {
+					to.Tokens(a.Rule.Name, Refunded, refunds[i].Cost)
+				}
+			}
+		}
+		errs = append(errs, err)
+	}
+	if len(charges) > 0 {
+		errs = append(errs, out.charge(ctx, charges, asked, charged))
+	}
+	return errors.Join(errs...)
+}
+
+// charge takes reqs with a reservation (chargeReqs) and reports each
+// (asked: what each would have charged before the cap at the burst plus
+// the bound).
+func (out *Outcome) charge(ctx context.Context, reqs []drip.Request, asked []float64, as []*Applied) error {
+	_, charged, err := out.eng.chargeReqs(ctx, out.rs.timeout, out.rs.breaker, reqs)
+	if err != nil {
+		return err
+	}
+	for i, a := range as {
+		out.eng.charged(a.Rule.Name, a.Rule.Mode, charged[i], asked[i])
+	}
+	return nil
+}
+
+// charged reports a charge of asked tokens of which charged were taken:
+// the event (Charged, or Forgiven when less was taken) and, to a
+// TokenObserver, the tokens charged and forgiven.
+func (e *Engine) charged(rule string, mode rules.Mode, charged, asked float64) {
+	ev := Charged
+	if charged < asked {
+		ev = Forgiven
+	}
+	e.obs.Decision(rule, mode, ev)
+	if to, ok := e.obs.(TokenObserver); ok {
+		if charged > 0 {
+			to.Tokens(rule, Charged, charged)
+		}
+		if charged < asked {
+			to.Tokens(rule, Forgiven, asked-charged)
+		}
+	}
+}
+
+// chargeReqs takes reqs with a reservation, all at once: work that was
+// done, charged into debt. When the debt bound (each request's
+// Limit.MaxReserved) refuses some, it asks once more with each of those
+// at what its bound leaves (its tokens plus the bound), and forgives the
+// rest: charged[i] is what request i was charged (its cost, less, or 0);
+// decs are the bucket's decisions, the last asked of each.
+func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules.Breaker, reqs []drip.Request) (decs []drip.Decision, charged []float64, err error) {
+	decs, charged = make([]drip.Decision, len(reqs)), make([]float64, len(reqs))
+	idx := make([]int, len(reqs)) // reqs[j] is the request idx[j] of the caller
+	for i := range idx {
+		idx[i] = i
+	}
+	reqs = slices.Clone(reqs)
+	for try := 0; ; try++ {
+		m, err := e.apply(ctx, timeout, br, bucket.Take, reqs)
+		if err != nil {
+			return nil, nil, err
+		}
+		for j, i := range idx {
+			decs[i] = m.Decisions[j]
+		}
+		if m.Allowed {
+			for j, i := range idx {
+				charged[i] = reqs[j].Cost
+			}
+			return decs, charged, nil
+		}
+		if try == 1 {
+			return decs, charged, nil // all forgiven
+		}
+		// What the bound leaves each refused charge: the bucket's
+		// tokens (a denial reports them) plus the bound, in drip's
+		// fixed point, less one micro-token against rounding.
+		var keep []drip.Request
+		var kept []int
+		for j, r := range reqs {
+			if d := m.Decisions[j]; !d.Allowed {
+				left := toMicro(d.Tokens) + toMicro(r.Limit.MaxReserved) - 1
+				if left <= 0 {
+					continue
+				}
+				r.Cost = float64(left) / bucket.Micro
+			}
+			keep, kept = append(keep, r), append(kept, idx[j])
+		}
+		if len(keep) == 0 {
+			return decs, charged, nil
+		}
+		reqs, idx = keep, kept
+	}
+}

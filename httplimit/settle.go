@@ -1,0 +1,131 @@
+package httplimit
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/rules"
+)
+
+// settleWriter watches a response for the rules that settle when it ends
+// (cost_from_response, count_status): its status, its headers as they
+// were sent, and its trailers.
+type settleWriter struct {
+	http.ResponseWriter
+	status  int
+	sent    http.Header // the headers when the status was written
+	errored bool
+}
+
+func (w *settleWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+		w.sent = w.ResponseWriter.Header().Clone()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *settleWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush, Hijack and Unwrap keep what the writer underneath can do: a
+// reverse proxy flushes a streamed response as it goes.
+func (w *settleWriter) Flush() {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *settleWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
+
+func (w *settleWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// response is what was read of the response when the handler returned.
+func (w *settleWriter) response() engine.Response {
+	if w.errored || w.status == 0 {
+		return engine.Response{}
+	}
+	return engine.Response{Status: w.status, Value: func(src rules.ResponseSource) (string, bool) {
+		if !src.Trailer {
+			v := w.sent.Get(src.Name)
+			return v, v != ""
+		}
+		h := w.ResponseWriter.Header()
+		// A trailer is set after the body: under its own name when it
+		// was announced (the Trailer header), else with TrailerPrefix.
+		if v := h.Get(http.TrailerPrefix + src.Name); v != "" {
+			return v, true
+		}
+		for _, t := range w.sent.Values("Trailer") {
+			for n := range strings.SplitSeq(t, ",") {
+				if strings.EqualFold(strings.TrimSpace(n), src.Name) {
+					v := h.Get(src.Name)
+					return v, v != ""
+				}
+			}
+		}
+		return "", false
+	}}
+}
+
+// Errored tells the middleware in front of a handler that the request
+// failed without being served (a gateway whose upstream could not be
+// reached): the estimates of its cost_from_response rules are refunded
+// and no count_status rule counts it, whatever the handler then writes
+// (its own error page). It does nothing for a writer the middleware did
+// not wrap (no rule to settle).
+func Errored(w http.ResponseWriter) {
+	for {
+		if sw, ok := w.(*settleWriter); ok {
+			sw.errored = true
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
+}
+
+// serveSettled runs next with a writer that watches its response, and
+// settles out's rules when it has ended, however it ended: returned, a
+// panic (the panic goes on), a client gone.
+func serveSettled(w http.ResponseWriter, r *http.Request, next http.Handler, out *engine.Outcome) {
+	sw := &settleWriter{ResponseWriter: w}
+	defer func() {
+		p := recover()
+		switch {
+		case sw.status != 0:
+		case p == nil:
+			// It wrote nothing: net/http answers 200 with its headers.
+			sw.status, sw.sent = http.StatusOK, w.Header().Clone()
+		case !errors.Is(asError(p), http.ErrAbortHandler):
+			sw.errored = true // failed before it served anything
+		}
+		_ = out.Settle(context.WithoutCancel(r.Context()), sw.response())
+		if p != nil {
+			panic(p)
+		}
+	}()
+	next.ServeHTTP(sw, r)
+}
+
+func asError(p any) error {
+	if err, ok := p.(error); ok {
+		return err
+	}
+	return nil
+}
