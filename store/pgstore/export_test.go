@@ -45,3 +45,7 @@ func ApplyBatch(ctx context.Context, s *Store, ops []drip.Op, rs []drip.Request,
 
 // StoreKey is the key's bytes as the table holds them.
 func StoreKey(key string) []byte { return storeKey(key) }
+
+// Migrations is the schema's migrations, in order: for the test of the
+// migration of leases to rows.
+var Migrations = migration

@@ -10,9 +10,11 @@ import (
 // BenchmarkLeases: acquire+release pairs on one key, 64 clients, beside
 // 0 or more leases held (storetest.BenchLeases).
 func BenchmarkLeases(b *testing.B) {
-	for _, holders := range []int{0, 1000} {
+	for _, holders := range benchHolders {
 		b.Run(fmt.Sprint("holders=", holders), func(b *testing.B) {
 			storetest.BenchLeases(b, newStore(b), holders)
 		})
 	}
 }
+
+var benchHolders = []int{0, 1000}

@@ -25,14 +25,19 @@
 // Only the retry and reset durations of a decision are computed in Go, from
 // the bucket the statement returns, with bucket.Params.Until.
 //
-// Concurrency limits: a key's leases are one row of drip.leases (lease IDs
-// and expiries, as arrays in step). Every request on such a limit, alone
-// or in a multi-take with buckets, is one run of sql/multi.sql, which
-// locks the row (FOR UPDATE, so two acquires of the last slot queue on it
-// and the second sees the first's lease), counts what bucket.Leases
-// summarizes, and writes the live leases back only when the whole is
-// allowed; the Go side checks its verdict against bucket.Params.EvalLeases.
-// Rows whose leases all expired are swept like buckets. The SQL functions
+// Concurrency limits: a key has a row in drip.leases (its lock, the
+// number of its leases and when the last expires) and a row per lease in
+// drip.lease_holders (the lease ID and its expiry), so that an acquire or
+// release costs a few index lookups whatever the number of leases held
+// (sql/leases.sql). Every request on such a limit locks the key's row
+// (FOR UPDATE, so two acquires of the last slot queue on it and the second
+// sees the first's lease), reads what bucket.Leases summarizes, and writes
+// only when allowed; the Go side checks the verdict against
+// bucket.Params.EvalLeases. Single requests are batched like buckets:
+// concurrent ones go in one statement (drip.lease_batch), decided one
+// after another, so a hot key costs one row lock per batch; a multi-take
+// with buckets is one run of sql/multi.sql, all or nothing. Keys whose
+// leases all expired are swept like buckets. The SQL functions
 // (drip.take, ...) do not cover concurrency limits.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
@@ -254,6 +259,9 @@ type result struct {
 	ts      int64
 	now     int64
 	late    bool
+	// leases is, for a request on a concurrency limit, what bucket.Leases
+	// summarizes of the key's leases as the statement read them.
+	leases bucket.LeaseSet
 }
 
 // decision completes r as bucket.Eval does: retry and reset come from the
@@ -276,6 +284,17 @@ func (r result) decision(op drip.Op, p bucket.Prepared) drip.Decision {
 	}, p.Params.Burst)
 }
 
+// leaseDecision completes r, a request on a concurrency limit, with the
+// Go math (bucket.Params.EvalLeases), which must agree with the
+// statement's verdict.
+func (r result) leaseDecision(op drip.Op, p bucket.Prepared) (drip.Decision, error) {
+	res, _ := p.Params.EvalLeases(bucket.Op(op), r.leases, p.Lease, r.now)
+	if res.Allowed != r.allowed {
+		return drip.Decision{}, fmt.Errorf("pgstore: the lease statement and bucket.EvalLeases disagree (a bug): statement allowed=%v, EvalLeases allowed=%v", r.allowed, res.Allowed)
+	}
+	return drip.DecisionOf(res, p.Params.Burst), nil
+}
+
 // errRace is take.sql's "not ok": the key had no row when the statement
 // locked it, and a concurrent statement inserted one before it wrote.
 // Nothing was written; the statement is run again at once.
@@ -287,9 +306,8 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	if err != nil {
 		return drip.Decision{}, err
 	}
-	if p.Params.Kind == bucket.Concurrency {
-		// A concurrency request is a multi-take of one: multi.sql is the
-		// one statement that holds leases.
+	if p.Params.Kind == bucket.Concurrency && s.batch == nil {
+		// Without batching, a concurrency request is a multi-take of one.
 		m, err := s.ApplyMulti(ctx, op, at, []drip.Request{r})
 		if err != nil {
 			return drip.Decision{}, err
@@ -308,6 +326,9 @@ func (s *Store) Apply(ctx context.Context, op drip.Op, at time.Time, r drip.Requ
 	}
 	if err != nil {
 		return drip.Decision{}, err
+	}
+	if p.Params.Kind == bucket.Concurrency {
+		return res.leaseDecision(op, p)
 	}
 	return res.decision(op, p), nil
 }
