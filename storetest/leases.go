@@ -195,6 +195,12 @@ func RunLeases(t *testing.T, newStore NewStore) {
 		}
 	})
 
+	t.Run("random steps with the clock stepping back and two TTLs", func(t *testing.T) {
+		for seed := range uint64(2) {
+			compareLeasesBack(t, st, seed, 300)
+		}
+	})
+
 	t.Run("64 concurrent callers never hold more than the max", func(t *testing.T) {
 		k := prefix() + "hot"
 		const maxIn, workers, each = 5, 64, 6
@@ -290,6 +296,59 @@ func compareLeases(t *testing.T, st drip.Store, seed uint64, n int) {
 		}
 		if write {
 			model = p.NextLeases(bucket.Op(op), model, id, now)
+		}
+	}
+}
+
+// compareLeasesBack is compareLeases with more leases (up to 20 of 12
+// slots), a limit whose TTL changes from step to step (10 s or 3 s), times
+// that now and then step back (a caller-supplied clock) or land exactly
+// on a lease's expiry, and no multi-takes: a store must drop expired
+// leases only when it writes, as bucket.NextLeases does, so that a lease
+// that expired at a later time is live again at an earlier one.
+func compareLeasesBack(t *testing.T, st drip.Store, seed uint64, n int) {
+	t.Helper()
+	c := ctx(t)
+	rng := rand.New(rand.NewPCG(seed, 11))
+	key := prefix() + "back"
+	lims := []drip.Limit{drip.InFlight(12, 10*time.Second), drip.InFlight(12, 3*time.Second)}
+	var ps []bucket.Params
+	for _, l := range lims {
+		p, err := drip.ParamsOf(l, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	var model []bucket.Lease
+	at := base()
+	ops := []drip.Op{drip.OpTake, drip.OpTake, drip.OpTake, drip.OpRefund, drip.OpPeek}
+	for i := range n {
+		switch d := rng.IntN(100); {
+		case d < 8:
+			at = at.Add(-time.Duration(rng.Int64N(int64(4 * time.Second))))
+		case d < 18 && len(model) > 0:
+			at = time.Unix(0, model[rng.IntN(len(model))].Exp)
+		default:
+			at = at.Add(time.Duration(rng.Int64N(int64(time.Second))))
+		}
+		k := rng.IntN(len(lims))
+		op := ops[rng.IntN(len(ops))]
+		id := fmt.Sprint("l", rng.IntN(20))
+		if op == drip.OpPeek && rng.IntN(2) == 0 {
+			id = ""
+		}
+		now := at.UnixNano()
+		want, write := ps[k].EvalLeases(bucket.Op(op), bucket.Leases(model, id, now), id, now)
+		got, err := st.Apply(c, op, at, drip.Request{Key: key, Limit: lims[k], Lease: id})
+		if err != nil {
+			t.Fatalf("seed %d step %d: %v", seed, i, err)
+		}
+		if w := drip.DecisionOf(want, ps[k].Burst); got != w {
+			t.Fatalf("seed %d step %d: %v %q at +%v: got %+v, want %+v (leases %+v)", seed, i, op, id, at.Sub(base()), got, w, model)
+		}
+		if write {
+			model = ps[k].NextLeases(bucket.Op(op), model, id, now)
 		}
 	}
 }
