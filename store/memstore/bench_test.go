@@ -26,7 +26,7 @@ func BenchmarkTakeHotKey(b *testing.B) {
 // BenchmarkLeases: acquire+release pairs on one key, 64 clients, beside
 // 0 or more leases held (storetest.BenchLeases).
 func BenchmarkLeases(b *testing.B) {
-	for _, holders := range []int{0, 1000, 9000} {
+	for _, holders := range []int{0, 1000, 9000, 100_000} {
 		b.Run(fmt.Sprint("holders=", holders), func(b *testing.B) {
 			s := memstore.New()
 			defer s.Close()

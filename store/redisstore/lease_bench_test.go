@@ -12,7 +12,7 @@ import (
 // 0 or more leases held (storetest.BenchLeases).
 func BenchmarkLeases(b *testing.B) {
 	url := testserver.SharedRedisURL(b)
-	for _, holders := range []int{0, 1000} {
+	for _, holders := range []int{0, 1000, 100_000} {
 		b.Run(fmt.Sprint("holders=", holders), func(b *testing.B) {
 			storetest.BenchLeases(b, open(b, url), holders)
 		})
