@@ -37,13 +37,40 @@ type leaseTable struct {
 
 // leaseSet is the leases of one key; exp is when the last of them
 // expires (bucket.LeasesExpireAt) and at its place in leaseTable.byExp.
+// A set of up to smallSet leases finds a lease by walking them and keeps
+// its heaps in fb and lb: a new key costs two allocations, the set and its
+// lease.
 type leaseSet struct {
-	key   string
-	exp   int64
-	at    int
-	byID  map[string]*leaseEntry
-	first leaseHeap // the earliest expiry on top
-	last  leaseHeap // the latest expiry on top
+	key    string
+	exp    int64
+	at     int
+	byID   map[string]*leaseEntry // nil while at most smallSet leases
+	first  leaseHeap              // the earliest expiry on top
+	last   leaseHeap              // the latest expiry on top
+	fb, lb [2]*leaseEntry
+}
+
+const smallSet = 8
+
+// newLeaseSet is an empty set for the held key.
+func newLeaseSet(key string) *leaseSet {
+	ls := &leaseSet{key: key, last: leaseHeap{desc: true}}
+	ls.first.hs, ls.last.hs = ls.fb[:0], ls.lb[:0]
+	return ls
+}
+
+// find is the set's lease id.
+func (ls *leaseSet) find(id string) (*leaseEntry, bool) {
+	if ls.byID != nil {
+		l, ok := ls.byID[id]
+		return l, ok
+	}
+	for _, l := range ls.first.hs {
+		if l.id == id {
+			return l, true
+		}
+	}
+	return nil, false
 }
 
 // leaseEntry is one lease of a set and its places in the set's two heaps.
@@ -122,7 +149,7 @@ func (ls *leaseSet) summary(id string, now int64) bucket.LeaseSet {
 	s.Live = int64(len(ls.first.hs)) - expired
 	s.Earliest = earliest
 	s.Latest = ls.last.hs[0].exp
-	if l, ok := ls.byID[id]; ok && id != "" && l.exp > now {
+	if l, ok := ls.find(id); ok && id != "" && l.exp > now {
 		s.Held = true
 	}
 	return s
@@ -150,7 +177,9 @@ func (h *leaseHeap) below(i int, now int64) (expired, earliest int64) {
 func (ls *leaseSet) remove(l *leaseEntry) {
 	heap.Remove(&ls.first, l.at[0])
 	heap.Remove(&ls.last, l.at[1])
-	delete(ls.byID, l.id)
+	if ls.byID != nil {
+		delete(ls.byID, l.id)
+	}
 }
 
 // next is bucket.Params.NextLeases on the set: the leases expired by now
@@ -159,7 +188,7 @@ func (ls *leaseSet) next(p *bucket.Params, op bucket.Op, id string, now int64) {
 	for len(ls.first.hs) > 0 && ls.first.hs[0].exp <= now {
 		ls.remove(ls.first.hs[0])
 	}
-	l, ok := ls.byID[id]
+	l, ok := ls.find(id)
 	switch {
 	case op == bucket.Refund && ok:
 		ls.remove(l)
@@ -169,12 +198,17 @@ func (ls *leaseSet) next(p *bucket.Params, op bucket.Op, id string, now int64) {
 		heap.Fix(&ls.last, l.at[1])
 	case op == bucket.Take:
 		l = &leaseEntry{id: id, exp: p.LeaseExp(now)}
-		if ls.byID == nil {
-			ls.byID = map[string]*leaseEntry{}
-		}
-		ls.byID[id] = l
 		heap.Push(&ls.first, l)
 		heap.Push(&ls.last, l)
+		switch {
+		case ls.byID != nil:
+			ls.byID[id] = l
+		case len(ls.first.hs) > smallSet:
+			ls.byID = make(map[string]*leaseEntry, 2*smallSet)
+			for _, l := range ls.first.hs {
+				ls.byID[l.id] = l
+			}
+		}
 	}
 }
 
@@ -235,7 +269,7 @@ func (s *Store) writeLeases(sh *shard, key string, p *bucket.Params, op bucket.O
 				t.drop(t.byExp[0])
 			}
 		}
-		ls = &leaseSet{key: key, first: leaseHeap{}, last: leaseHeap{desc: true}}
+		ls = newLeaseSet(key)
 		t.sets[key] = ls
 		heap.Push(&t.byExp, ls)
 	}
