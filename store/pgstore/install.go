@@ -45,7 +45,7 @@ var (
 	// batchDistinctSQL is batch.sql for distinct keys: no recursion.
 	batchDistinctSQL = withEval("batch_distinct.sql")
 	sweepSQL         = mustSQL("sweep.sql")
-	resetSQL         = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea), l AS (DELETE FROM drip.leases WHERE key = $1::bytea) DELETE FROM drip.lease_holders WHERE key = $1::bytea"
+	resetSQL         = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) SELECT drip.lease_drop($1::bytea)"
 	sweepLeasesSQL   = mustSQL("sweep_leases.sql")
 	migration        = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql")}
 )

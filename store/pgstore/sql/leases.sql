@@ -99,6 +99,21 @@ BEGIN
     RETURN true;
 END $$;
 
+-- drip.lease_drop deletes a key's leases and its row (Reset, and the
+-- sweeper, which locked the row already): the row first, which waits for
+-- a statement that holds it, then the leases, read with a fresh snapshot
+-- that holds every lease committed before. True if the key had a row.
+CREATE OR REPLACE FUNCTION drip.lease_drop(p_key bytea) RETURNS bool
+LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
+DECLARE
+    v_had bool;
+BEGIN
+    DELETE FROM drip.leases l WHERE l.key = p_key;
+    v_had := FOUND;
+    DELETE FROM drip.lease_holders h WHERE h.key = p_key;
+    RETURN v_had;
+END $$;
+
 -- drip.lease_batch decides many requests on concurrency limits (from
 -- concurrent callers) in one statement, each as if alone, in array order:
 -- a request sees what the ones before it on the same key wrote. One array

@@ -9,10 +9,9 @@ WITH victims AS MATERIALIZED (
     LIMIT $1::int
     FOR UPDATE OF l SKIP LOCKED
 ),
-held AS (
-    DELETE FROM drip.lease_holders h USING victims v WHERE h.key = v.key
-),
-del AS (
-    DELETE FROM drip.leases l USING victims v WHERE l.key = v.key RETURNING 1
+-- drip.lease_drop (sql/leases.sql) reads the leases with a fresh snapshot,
+-- which holds those committed after this statement's own, before its lock.
+del AS MATERIALIZED (
+    SELECT drip.lease_drop(v.key) AS had FROM victims v
 )
-SELECT count(*) FROM del
+SELECT count(*) FROM del WHERE had
