@@ -41,7 +41,7 @@ const MaxLeaseTTL = 24 * time.Hour
 
 // MaxInFlight bounds a concurrency limit's slots, so that a key's leases
 // stay a bounded amount of state in every store: at most a million leases,
-// about 150 bytes each in the memory store, a row each in PostgreSQL, a
+// about 130 bytes each in the memory store, a row each in PostgreSQL, a
 // sorted-set member each in Redis. No store's acquire or release costs
 // time that grows with the leases held (a heap in memory, an index in
 // PostgreSQL, a sorted set in Redis; BENCHMARKS.md), so the bound is the
