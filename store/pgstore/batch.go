@@ -65,7 +65,10 @@ func newBatcher(s *Store) *batch.Batcher[request, result] {
 
 // undo is the refund that takes back a take the server applied but whose
 // caller had left before the answer came (see package batch): what it
-// took goes back, and the caller's error stays true.
+// took goes back, and the caller's error stays true. A take with a lease
+// is an acquire or a renewal; its refund releases the lease either way
+// (as in redisstore), so a renewal answered with an error may have lost
+// its lease.
 func undo(q request, r result) (request, bool) {
 	if q.op != drip.OpTake || !r.allowed || r.late {
 		return request{}, false
