@@ -18,7 +18,10 @@
 -- drip.lease_read is bucket.Leases: for lease p_lease at p_now, whether the
 -- key has a row in drip.leases, how many of its leases are live, whether
 -- p_lease is among them, and the earliest and latest live expiry (0: none
--- live). It writes nothing.
+-- live). It writes nothing. It locks the key's row (a no-op when the
+-- statement did already): a row a concurrent first acquire made and
+-- committed after the statement's own locking read is seen here, and must
+-- be held before its leases are counted and written.
 CREATE OR REPLACE FUNCTION drip.lease_read(p_key bytea, p_lease text, p_now bigint,
     OUT present bool, OUT live bigint, OUT held bool, OUT earliest bigint, OUT latest bigint)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
@@ -26,7 +29,7 @@ DECLARE
     v_n bigint;
 BEGIN
     live := 0; held := false; earliest := 0; latest := 0;
-    SELECT l.n INTO v_n FROM drip.leases l WHERE l.key = p_key;
+    SELECT l.n INTO v_n FROM drip.leases l WHERE l.key = p_key FOR UPDATE;
     present := FOUND;
     IF NOT present OR v_n = 0 THEN
         RETURN;
