@@ -39,11 +39,14 @@ const DefaultLeaseTTL = 30 * time.Second
 const MaxLeaseTTL = 24 * time.Hour
 
 // MaxInFlight bounds a concurrency limit's slots, so that a key's leases
-// stay a bounded amount of state in every store: the memory store and
-// PostgreSQL rewrite a key's leases at each acquire and release, in time
-// linear in their number (a PostgreSQL row of 10,000 leases is about half
-// a megabyte).
-const MaxInFlight = 10_000
+// stay a bounded amount of state in every store: at most a million leases,
+// about 130 bytes each in the memory store, a row each in PostgreSQL, a
+// sorted-set member each in Redis. No store's acquire or release costs
+// time that grows with the leases held (a heap in memory, an index in
+// PostgreSQL, a sorted set in Redis; BENCHMARKS.md), so the bound is the
+// state, not the time: it was 10,000 while the memory store and
+// PostgreSQL rewrote a key's leases whole at each acquire and release.
+const MaxInFlight = 1_000_000
 
 // Refill names how a token bucket refills.
 type Refill string

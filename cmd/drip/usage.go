@@ -144,12 +144,13 @@ Examples:
 const pgUsage = `usage: drip pg install --url postgres://... [--unlogged | --logged]
 
 install creates drip's schema in a PostgreSQL database: the tables
-drip.buckets (token buckets and fixed windows), drip.leases (the leases of
-in-flight limits) and drip.overrides (drip serve's per-tenant limits), and
+drip.buckets (token buckets and fixed windows), drip.leases and
+drip.lease_holders (the leases of in-flight limits) and drip.overrides
+(drip serve's per-tenant limits), and
 the SQL functions drip.take, drip.peek, drip.refund and drip.reset (so that
 any language can share the buckets), or migrates the schema of an older
 drip. Running it again is harmless. --unlogged and --logged apply to
-drip.buckets and drip.leases; the overrides are always logged. drip serve
+drip.buckets and the lease tables; the overrides are always logged. drip serve
 and drip replay can also install it themselves when their store URL says
 ?drip_install=true.
 

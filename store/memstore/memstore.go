@@ -168,7 +168,7 @@ func (s *Store) Sweep(now time.Time) int {
 
 // Len is the number of buckets held, lease sets of concurrency limits
 // included.
-func (s *Store) Len() int { return s.sum(func(sh *shard) int { return sh.n + len(sh.leases) }) }
+func (s *Store) Len() int { return s.sum(func(sh *shard) int { return sh.n + sh.leaseCount() }) }
 
 // Bytes is what the buckets held count against the bound on bytes (see
 // WithMaxBytes).
@@ -325,7 +325,7 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 			if leases == nil {
 				leases = make([]bucket.LeaseSet, len(ps))
 			}
-			leases[i] = bucket.Leases(shards[i].leases[k], ps[i].Lease, now)
+			leases[i] = shards[i].leaseSet(k).summary(ps[i].Lease, now)
 			continue
 		}
 		if j, ok := shards[i].find(hashes[i], k); ok {
@@ -337,7 +337,7 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 		switch {
 		case !write[i]:
 		case p.Params.Kind == bucket.Concurrency:
-			s.putLeases(shards[i], keys[i], p.Params.NextLeases(op, shards[i].leases[keys[i]], p.Lease, now), now)
+			s.writeLeases(shards[i], keys[i], &p.Params, op, p.Lease, now)
 		default:
 			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
@@ -361,7 +361,7 @@ func (s *Store) Reset(_ context.Context, key string) error {
 	if i, ok := sh.find(h, key); ok {
 		sh.remove(i)
 	}
-	delete(sh.leases, key)
+	sh.dropLeases(key)
 	sh.mu.Unlock()
 	return nil
 }

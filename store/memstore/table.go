@@ -21,7 +21,7 @@ type shard struct {
 	bytes int    // counted against the bound on bytes
 	// leases holds the lease sets of concurrency limits by held key (nil
 	// until the first); see leases.go.
-	leases map[string][]bucket.Lease
+	leases *leaseTable
 	_      [72]byte // keep shards on separate cache lines
 }
 

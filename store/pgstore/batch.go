@@ -64,7 +64,10 @@ func newBatcher(s *Store) *batch.Batcher[request, result] {
 
 // undo is the refund that takes back a take the server applied but whose
 // caller had left before the answer came (see package batch): what it
-// took goes back, and the caller's error stays true.
+// took goes back, and the caller's error stays true. A take with a lease
+// is an acquire or a renewal; its refund releases the lease either way
+// (as in redisstore), so a renewal answered with an error may have lost
+// its lease.
 func undo(q request, r result) (request, bool) {
 	if q.op != bucket.Take || !r.allowed || r.late {
 		return request{}, false
@@ -77,6 +80,9 @@ func undo(q request, r result) (request, bool) {
 // batch of one is decided by the single-request statement, which is
 // lighter.
 func (s *Store) runCalls(ctx context.Context, calls []*batch.Call[request, result]) {
+	if calls = s.splitLeases(ctx, calls); len(calls) == 0 {
+		return
+	}
 	if len(calls) == 1 {
 		c := calls[0]
 		c.Res, c.Err = s.applyOne(ctx, c.Req.op, c.Req.p, c.Req.at, c.SendBy)
@@ -137,6 +143,102 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 		}
 		if n != len(calls) {
 			return fmt.Errorf("pgstore: batch returned %d rows for %d requests", n, len(calls))
+		}
+		return nil
+	})
+	if err == nil {
+		recv := time.Now()
+		for i, c := range calls {
+			if c.Req.at == nil { // now is the server's clock
+				s.clock.Observe(recv, res[i].now)
+				break
+			}
+		}
+	}
+	return res, err
+}
+
+// splitLeases decides the calls on concurrency limits among calls with
+// drip.lease_batch (sql/leases.sql), in one statement, and returns the
+// others.
+func (s *Store) splitLeases(ctx context.Context, calls []*batch.Call[request, result]) []*batch.Call[request, result] {
+	n := 0
+	for _, c := range calls {
+		if c.Req.p.Params.Kind == bucket.Concurrency {
+			n++
+		}
+	}
+	if n == 0 {
+		return calls
+	}
+	leases := make([]*batch.Call[request, result], 0, n)
+	others := make([]*batch.Call[request, result], 0, len(calls)-n)
+	for _, c := range calls {
+		if c.Req.p.Params.Kind == bucket.Concurrency {
+			leases = append(leases, c)
+		} else {
+			others = append(others, c)
+		}
+	}
+	res, err := s.runLeases(ctx, leases)
+	for i, c := range leases {
+		if err == nil {
+			c.Res, c.Err = res[i], res[i].err()
+		} else {
+			c.Err = err
+		}
+	}
+	return others
+}
+
+// leaseBatchSQL runs drip.lease_batch (sql/leases.sql).
+const leaseBatchSQL = "SELECT * FROM drip.lease_batch($1::int[], $2::bytea[], $3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[])"
+
+// runLeases decides calls on concurrency limits with drip.lease_batch, in
+// one statement.
+func (s *Store) runLeases(ctx context.Context, calls []*batch.Call[request, result]) ([]result, error) {
+	ops := make([]int32, len(calls))
+	keys := make([][]byte, len(calls))
+	slots := make([]int64, len(calls))
+	periods := make([]int64, len(calls))
+	ids := make([]string, len(calls))
+	ats := make([]*int64, len(calls))
+	dls := make([]*int64, len(calls))
+	for i, c := range calls {
+		if err := s.syncClock(ctx, c.Deadline); err != nil {
+			return nil, err
+		}
+		ops[i], keys[i], ids[i], ats[i] = int32(c.Req.op), c.Req.key, c.Req.p.Lease, c.Req.at
+		slots[i], periods[i] = c.Req.p.Params.Slots(), c.Req.p.Params.Period
+		dls[i] = s.deadline(c.SendBy)
+	}
+	res := make([]result, len(calls))
+	err := s.retry(ctx, func() error {
+		rows, err := s.db.Query(ctx, leaseBatchSQL, ops, keys, slots, periods, ids, ats, dls)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for rows.Next() {
+			var i int32
+			var r result
+			ls := &r.leases
+			if err := rows.Scan(&i, &r.allowed, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &r.now, &r.late); err != nil {
+				rows.Close()
+				return err
+			}
+			if i < 1 || int(i) > len(res) {
+				rows.Close()
+				return fmt.Errorf("pgstore: lease batch returned index %d of %d", i, len(res))
+			}
+			res[i-1] = r
+			n++
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if n != len(calls) {
+			return fmt.Errorf("pgstore: lease batch returned %d rows for %d requests", n, len(calls))
 		}
 		return nil
 	})

@@ -50,3 +50,7 @@ func ApplyBatch(ctx context.Context, s *Store, ops []bucket.Op, rs []drip.Reques
 
 // StoreKey is the key's bytes as the table holds them.
 func StoreKey(key string) []byte { return storeKey(key) }
+
+// Migrations is the schema's migrations, in order: for the test of the
+// migration of leases to rows.
+var Migrations = migration

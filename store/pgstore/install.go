@@ -45,9 +45,9 @@ var (
 	// batchDistinctSQL is batch.sql for distinct keys: no recursion.
 	batchDistinctSQL = withEval("batch_distinct.sql")
 	sweepSQL         = mustSQL("sweep.sql")
-	resetSQL         = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) DELETE FROM drip.leases WHERE key = $1::bytea"
+	resetSQL         = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) SELECT drip.lease_drop($1::bytea)"
 	sweepLeasesSQL   = mustSQL("sweep_leases.sql")
-	migration        = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql")}
+	migration        = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs
@@ -117,6 +117,9 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 		if _, err := tx.Exec(ctx, mustSQL("functions.sql")); err != nil {
 			return fmt.Errorf("functions.sql: %w", err)
 		}
+		if _, err := tx.Exec(ctx, mustSQL("leases.sql")); err != nil {
+			return fmt.Errorf("leases.sql: %w", err)
+		}
 		// take.sql and peek.sql as SQL functions, so that drip.take runs
 		// the very statements the Go store runs.
 		sig := "(bytea, int, int, bigint, bigint, bigint, bigint, bigint, bigint, bool, bigint) RETURNS TABLE (allowed bool, n_tokens bigint, n_ts bigint, now bigint, ok bool) LANGUAGE sql VOLATILE AS $drip$\n"
@@ -134,11 +137,11 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 				return err
 			}
 			if o.Unlogged && persistence != "u" {
-				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED; ALTER TABLE drip.leases SET UNLOGGED")
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED; ALTER TABLE drip.leases SET UNLOGGED; ALTER TABLE drip.lease_holders SET UNLOGGED")
 				return err
 			}
 			if o.Logged && persistence == "u" {
-				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED; ALTER TABLE drip.leases SET LOGGED")
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED; ALTER TABLE drip.leases SET LOGGED; ALTER TABLE drip.lease_holders SET LOGGED")
 				return err
 			}
 		}

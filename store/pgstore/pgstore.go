@@ -25,14 +25,19 @@
 // Only the retry and reset durations of a decision are computed in Go, from
 // the bucket the statement returns, with bucket.Params.Until.
 //
-// Concurrency limits: a key's leases are one row of drip.leases (lease IDs
-// and expiries, as arrays in step). Every request on such a limit, alone
-// or in a multi-take with buckets, is one run of sql/multi.sql, which
-// locks the row (FOR UPDATE, so two acquires of the last slot queue on it
-// and the second sees the first's lease), counts what bucket.Leases
-// summarizes, and writes the live leases back only when the whole is
-// allowed; the Go side checks its verdict against bucket.Params.EvalLeases.
-// Rows whose leases all expired are swept like buckets. The SQL functions
+// Concurrency limits: a key has a row in drip.leases (its lock, the
+// number of its leases and when the last expires) and a row per lease in
+// drip.lease_holders (the lease ID and its expiry), so that an acquire or
+// release costs a few index lookups whatever the number of leases held
+// (sql/leases.sql). Every request on such a limit locks the key's row
+// (FOR UPDATE, so two acquires of the last slot queue on it and the second
+// sees the first's lease), reads what bucket.Leases summarizes, and writes
+// only when allowed; the Go side checks the verdict against
+// bucket.Params.EvalLeases. Single requests are batched like buckets:
+// concurrent ones go in one statement (drip.lease_batch), decided one
+// after another, so a hot key costs one row lock per batch; a multi-take
+// with buckets is one run of sql/multi.sql, all or nothing. Keys whose
+// leases all expired are swept like buckets. The SQL functions
 // (drip.take, ...) do not cover concurrency limits.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
@@ -252,6 +257,9 @@ type result struct {
 	ts      int64
 	now     int64
 	late    bool
+	// leases is, for a request on a concurrency limit, what bucket.Leases
+	// summarizes of the key's leases as the statement read them.
+	leases bucket.LeaseSet
 }
 
 // result completes r as bucket.Eval does: retry and reset come from the
@@ -274,17 +282,28 @@ func (r result) result(op bucket.Op, p bucket.Prepared) bucket.Result {
 	}
 }
 
+// leaseResult completes r, a request on a concurrency limit, with the
+// Go math (bucket.Params.EvalLeases), which must agree with the
+// statement's verdict.
+func (r result) leaseResult(op bucket.Op, p bucket.Prepared) (bucket.Result, error) {
+	res, _ := p.Params.EvalLeases(op, r.leases, p.Lease, r.now)
+	if res.Allowed != r.allowed {
+		return bucket.Result{}, fmt.Errorf("pgstore: the lease statement and bucket.EvalLeases disagree (a bug): statement allowed=%v, EvalLeases allowed=%v", r.allowed, res.Allowed)
+	}
+	return res, nil
+}
+
 // errRace is take.sql's "not ok": the key had no row when the statement
 // locked it, and a concurrent statement inserted one before it wrote.
 // Nothing was written; the statement is run again at once.
 var errRace = errors.New("pgstore: bucket appeared during the statement")
 
-// Apply implements store.Store: one item by take.sql or peek.sql (through
-// the batcher when batching), several, or a concurrency limit's, by
-// multi.sql, one statement, all or nothing.
+// Apply implements store.Store: one item by take.sql or peek.sql, or a
+// concurrency limit's by the lease functions (through the batcher when
+// batching); several by multi.sql, one statement, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if len(items) != 1 || items[0].Params.Kind == bucket.Concurrency {
-		// multi.sql is also the one statement that holds leases.
+	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {
+		// Without batching, a concurrency item is a multi-take of one.
 		return s.applyMulti(ctx, op, at, items, results)
 	}
 	p := items[0]
@@ -301,6 +320,14 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	}
 	if err != nil {
 		return err
+	}
+	if p.Params.Kind == bucket.Concurrency {
+		r, err := res.leaseResult(op, p)
+		if err != nil {
+			return err
+		}
+		results[0] = r
+		return nil
 	}
 	results[0] = res.result(op, p)
 	return nil

@@ -423,8 +423,9 @@ func TestApplyAfterClose(t *testing.T) {
 	}
 }
 
-// TestSweepLeases: the lease row of a concurrency key whose leases all
-// expired long ago is swept; one with a live lease stays.
+// TestSweepLeases: the rows of a concurrency key whose leases all expired
+// long ago (its row in drip.leases and its leases in drip.lease_holders)
+// are swept; those of a key with a live lease stay. A reset deletes both.
 func TestSweepLeases(t *testing.T) {
 	db := pool(t)
 	st := newStore(t)
@@ -432,26 +433,39 @@ func TestSweepLeases(t *testing.T) {
 	p := prefix()
 	lim := drip.InFlight(2, time.Minute)
 	now := time.Now()
-	for key, at := range map[string]time.Time{"oldslots": now.Add(-2 * time.Hour), "newslots": now} {
-		if _, err := storetest.Apply(ctx, st, bucket.Take, at, drip.Request{Key: p + key, Limit: lim, Lease: "a"}); err != nil {
-			t.Fatal(err)
+	for key, at := range map[string]time.Time{"oldslots": now.Add(-2 * time.Hour), "newslots": now, "resetslots": now} {
+		for _, lease := range []string{"a", "b"} {
+			if _, err := storetest.Apply(ctx, st, bucket.Take, at, drip.Request{Key: p + key, Limit: lim, Lease: lease}); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	count := func(key string) int {
-		var n int
-		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.leases WHERE key = $1::bytea", []byte(p+key)).Scan(&n); err != nil {
+	count := func(key string) (keys, leases int) {
+		t.Helper()
+		if err := db.QueryRow(ctx, "SELECT (SELECT count(*) FROM drip.leases WHERE key = $1::bytea), (SELECT count(*) FROM drip.lease_holders WHERE key = $1::bytea)", []byte(p+key)).Scan(&keys, &leases); err != nil {
 			t.Fatal(err)
 		}
-		return n
+		return keys, leases
 	}
-	if count("oldslots") != 1 || count("newslots") != 1 {
-		t.Fatalf("before the sweep: %d old, %d new rows", count("oldslots"), count("newslots"))
+	for _, key := range []string{"oldslots", "newslots", "resetslots"} {
+		if k, l := count(key); k != 1 || l != 2 {
+			t.Fatalf("before the sweep, %s: %d rows, %d leases, want 1 and 2", key, k, l)
+		}
 	}
 	if _, err := st.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if count("oldslots") != 0 || count("newslots") != 1 {
-		t.Fatalf("after the sweep: %d old rows (want 0), %d new (want 1)", count("oldslots"), count("newslots"))
+	if err := st.Reset(ctx, p+"resetslots"); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string][2]int{"oldslots": {0, 0}, "newslots": {1, 2}, "resetslots": {0, 0}} {
+		if k, l := count(key); k != want[0] || l != want[1] {
+			t.Errorf("after the sweep and reset, %s: %d rows, %d leases, want %d and %d", key, k, l, want[0], want[1])
+		}
+	}
+	d, err := storetest.Apply(ctx, st, bucket.Peek, now, drip.Request{Key: p + "resetslots", Limit: lim})
+	if err != nil || d.Remaining != 2 {
+		t.Errorf("after the reset: %+v %v, want 2 free slots", d, err)
 	}
 }
 

@@ -6,8 +6,10 @@
 -- reserved, $8 starts, $9 costs, $10 reserves; $11 now in ns (NULL: the
 -- server's clock); $12 the caller's deadline in the server's clock, ns
 -- (NULL: none); $13 leases (the lease ID of a request on a concurrency
--- limit, kind 3, whose state is a row of drip.leases; '' otherwise). A statement that got its locks after its deadline is late:
--- it writes nothing, and its caller, who gave up, gets an error.
+-- limit, kind 3, whose state is its rows in drip.leases and
+-- drip.lease_holders; '' otherwise). A statement that got its locks
+-- after its deadline is late: it writes nothing, and its caller, who gave
+-- up, gets an error.
 --
 -- cur locks the buckets that exist in key order (so multi-takes never
 -- deadlock each other) and reads their latest versions; every decision is
@@ -15,10 +17,10 @@
 -- allowed. A bucket that appeared after the locking read (a concurrent
 -- first request) makes drip.ensure raise 40001: the statement rolls back and
 -- the store retries it. Requests on concurrency limits (kind 3) lock their
--- rows of drip.leases the same way, after the buckets (so the order of
--- locks is the same in every statement), and count in them what
--- bucket.Leases summarizes (live leases, whether the request's lease is
--- among them, the earliest and latest expiry): the verdict is
+-- keys' rows of drip.leases the same way, after the buckets (so the order
+-- of locks is the same in every statement), and read what bucket.Leases
+-- summarizes (live leases, whether the request's lease is among them, the
+-- earliest and latest expiry; sql/leases.sql): the verdict is
 -- bucket.Params.EvalLeases's, and the Go store checks it. All or nothing
 -- holds across both kinds.
 WITH r AS MATERIALIZED (
@@ -34,7 +36,7 @@ cur AS MATERIALIZED (
     FOR UPDATE OF b
 ),
 lcur AS MATERIALIZED (
-    SELECT l.key, l.ids, l.exps
+    SELECT l.key
     FROM drip.leases l
     WHERE l.key IN (SELECT key FROM r WHERE kind = 3)
     ORDER BY l.key
@@ -54,17 +56,14 @@ d AS MATERIALIZED (
           FROM p, r LEFT JOIN cur c ON c.key = r.key WHERE r.kind <> 3) i
     CROSS JOIN LATERAL ({{EVAL}}) e
 ),
--- The requests on concurrency limits: bucket.Leases, then the verdict of
--- bucket.Params.EvalLeases (a release is always allowed; a take or peek
--- if its lease is live or a slot is free).
+-- The requests on concurrency limits: bucket.Leases (drip.lease_read, in
+-- sql/leases.sql: its queries read a fresh snapshot, taken after lcur's
+-- locks), then the verdict of bucket.Params.EvalLeases (a release is
+-- always allowed; a take or peek if its lease is live or a slot is free).
 ld AS MATERIALIZED (
-    SELECT r.i AS ord, r.key, r.lease, r.period, c.key IS NOT NULL AS present, c.ids, c.exps, s.*,
+    SELECT r.i AS ord, r.key, r.lease, r.period, s.*,
            (p.op = 2 OR s.held OR s.live < r.burst / 1000000) AS allowed
-    FROM p, r LEFT JOIN lcur c ON c.key = r.key
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS live, coalesce(bool_or(x.id = r.lease), false) AS held,
-               coalesce(min(x.e), 0) AS earliest, coalesce(max(x.e), 0) AS latest
-        FROM unnest(c.ids, c.exps) AS x(id, e) WHERE x.e > p.now) s
+    FROM p, r CROSS JOIN LATERAL drip.lease_read(r.key, r.lease, p.now) s
     WHERE r.kind = 3
 ),
 -- all: every request is allowed (a take writes only then)
@@ -76,33 +75,17 @@ w AS MATERIALIZED (
     FROM d, p, ok
     WHERE d.write AND NOT p.late AND (p.op <> 0 OR ok.everyone)
 ),
--- The lease rows to write: the live leases but the request's own, and for
--- a take the request's lease with a fresh expiry (now + TTL, rounded up
--- to a whole microsecond); expires is the latest expiry. A release of a
--- key without a row writes none.
-lw AS MATERIALIZED (
-    SELECT ld.key, coalesce(n.ids, '{}') AS ids, coalesce(n.exps, '{}') AS exps, coalesce(n.latest, p.now) AS expires
+-- The leases to write (drip.lease_write, bucket.Params.NextLeases): the
+-- expired ones dropped, then the request's lease acquired or renewed (a
+-- take) or released (a refund). A release of a key without a row writes
+-- none. lease_write is false when a first acquire found the key's row
+-- made by a concurrent statement: then drip.ensure below raises 40001 and
+-- the statement is run again.
+lup AS MATERIALIZED (
+    SELECT drip.lease_write(p.op, ld.key, ld.lease, ld.period, p.now, ld.present) AS ok
     FROM p, ok, ld
-    CROSS JOIN LATERAL (
-        SELECT array_agg(y.id ORDER BY y.o) AS ids, array_agg(y.e ORDER BY y.o) AS exps, max(y.e) AS latest
-        FROM (SELECT x.id, x.e, x.o FROM unnest(ld.ids, ld.exps) WITH ORDINALITY AS x(id, e, o)
-              WHERE x.e > p.now AND x.id <> ld.lease
-              UNION ALL
-              SELECT ld.lease,
-                     CASE WHEN p.now + ld.period > 0 THEN (p.now + ld.period + 999) / 1000
-                          ELSE (p.now + ld.period) / 1000 END * 1000,
-                     9223372036854775807
-              WHERE p.op = 0) y
-    ) n
     WHERE NOT p.late AND ((p.op = 2 AND ld.present) OR (p.op = 0 AND ok.everyone))
-),
-lup AS (
-    INSERT INTO drip.leases AS l (key, ids, exps, expires)
-    SELECT key, ids, exps, expires FROM lw ORDER BY key
-    ON CONFLICT (key) DO UPDATE
-    SET ids = excluded.ids, exps = excluded.exps, expires = excluded.expires
-    WHERE l.key IN (SELECT key FROM lcur)
-    RETURNING 1
+    ORDER BY ld.key
 ),
 up AS (
     INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
@@ -116,5 +99,5 @@ SELECT x.allowed, x.n_tokens, x.n_ts, p.now, p.late, x.live, x.held, x.earliest,
 FROM (SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, 0::bigint AS live, false AS held, 0::bigint AS earliest, 0::bigint AS latest FROM d
       UNION ALL
       SELECT ld.ord, ld.allowed, 0, 0, ld.live, ld.held, ld.earliest, ld.latest FROM ld) x, p
-WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w) AND (SELECT count(*) FROM lup) = (SELECT count(*) FROM lw))
+WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w) AND (SELECT coalesce(bool_and(lup.ok), true) FROM lup))
 ORDER BY x.ord

@@ -1,0 +1,99 @@
+package pgstore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/pgstore"
+	"github.com/driplimit/drip/storetest"
+)
+
+// TestMigrateLeasesToRows: a schema at version 4 (a key's leases in one
+// row of arrays) migrated by Install keeps every lease, with its expiry:
+// the key answers as it did.
+func TestMigrateLeasesToRows(t *testing.T) {
+	ctx := context.Background()
+	name := "migrate_" + strings.ReplaceAll(strings.ToLower(strings.Trim(testserver.Prefix(), ":")), "-", "_")
+	name = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return '_'
+	}, name)
+	admin := pool(t)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec(ctx, "DROP DATABASE "+name) })
+	cfg, err := pgxpool.ParseConfig(testserver.SharedPostgres(t).URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(ctx, "CREATE SCHEMA drip; CREATE TABLE drip.schema_version (version int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range pgstore.Migrations[:4] {
+		if _, err := db.Exec(ctx, strings.ReplaceAll(m, "{{PERSISTENCE}}", "")); err != nil {
+			t.Fatalf("migration %d: %v", i+1, err)
+		}
+	}
+	at := time.Unix(1_700_000_000, 0)
+	e1, e2 := at.Add(10*time.Second).UnixNano(), at.Add(20*time.Second).UnixNano()
+	if _, err := db.Exec(ctx, "INSERT INTO drip.schema_version VALUES (4)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO drip.leases (key, ids, exps, expires) VALUES ('k', ARRAY['a', 'b'], ARRAY[$1::bigint, $2::bigint], $2::bigint)`, e1, e2); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.Install(ctx, db, pgstore.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim := drip.InFlight(3, 10*time.Second)
+	step := func(op bucket.Op, at time.Time, lease string) drip.Decision {
+		t.Helper()
+		d, err := storetest.Apply(ctx, st, op, at, drip.Request{Key: "k", Limit: lim, Lease: lease})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for _, c := range []struct {
+		what  string
+		op    bucket.Op
+		at    time.Time
+		lease string
+		want  drip.Decision
+	}{
+		{"peek: a and b held", bucket.Peek, at, "", drip.Decision{Allowed: true, Tokens: 1, Remaining: 1, Burst: 3, ResetAfter: 20 * time.Second}},
+		{"c takes the last slot", bucket.Take, at, "c", drip.Decision{Allowed: true, Burst: 3, ResetAfter: 20 * time.Second}},
+		{"d waits for a", bucket.Take, at, "d", drip.Decision{Burst: 3, RetryAfter: 10 * time.Second, ResetAfter: 20 * time.Second}},
+		{"b released", bucket.Refund, at, "b", drip.Decision{Allowed: true, Tokens: 1, Remaining: 1, Burst: 3, ResetAfter: 20 * time.Second}},
+		{"a and c expired at +10s", bucket.Peek, at.Add(10 * time.Second), "", drip.Decision{Allowed: true, Tokens: 3, Remaining: 3, Burst: 3}},
+	} {
+		if got := step(c.op, c.at, c.lease); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.what, got, c.want)
+		}
+	}
+	var n int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.lease_holders").Scan(&n); err != nil || n != 2 {
+		t.Errorf("%d lease rows (%v), want 2 (a and c)", n, err)
+	}
+}
