@@ -396,7 +396,7 @@ func checkRendered(t *testing.T, r *rendered, expose []string, uid string, dashb
 		drain = d
 	}
 	if g := pod.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= drain+dripShutdown {
-		t.Errorf("terminationGracePeriodSeconds %v: drip's drain and shutdown take %s", g, drain+dripShutdown)
+		t.Errorf("terminationGracePeriodSeconds: want more than drip's drain and shutdown, %s", drain+dripShutdown)
 	}
 	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("resources %+v: want cpu and memory requests and a memory limit", c.Resources)
