@@ -352,9 +352,16 @@ func checkRendered(t *testing.T, r *rendered, expose []string, uid string, dashb
 			}
 		}
 	} else {
-		// No flags: the image's DRIP_LISTEN and DRIP_ADMIN_LISTEN, 8080 and 9090.
+		// No flags: the image's DRIP_LISTEN and DRIP_ADMIN_LISTEN, 8080 and
+		// 9090, and the gRPC listener from the environment.
 		if ports["http"] != 8080 || ports["admin"] != 9090 {
 			t.Errorf("no flags, so drip listens where the image says (8080, 9090), but the container ports are %v", ports)
+		}
+		if ports["grpc"] != 0 && !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+			return e.Name == "GRPC_PORT" && e.Value == strconv.Itoa(int(ports["grpc"])) ||
+				e.Name == "DRIP_GRPC_LISTEN" && strings.HasSuffix(e.Value, ":"+strconv.Itoa(int(ports["grpc"])))
+		}) {
+			t.Errorf("no flags and a grpc container port %d, but neither GRPC_PORT nor DRIP_GRPC_LISTEN says drip listens there", ports["grpc"])
 		}
 	}
 	if a := pod.Annotations; a["prometheus.io/scrape"] == "true" && (a["prometheus.io/port"] != strconv.Itoa(int(ports["admin"])) || a["prometheus.io/path"] != "/metrics") {
