@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,6 +44,13 @@ func TestDeploymentRuns(t *testing.T) {
 		addr := startRedis(t)
 		runDeployment(t, render(t, filepath.Join(examplesDir, "redis.yaml")), map[string]string{
 			"drip-store/url": "redis://" + addr,
+		})
+	})
+	t.Run("sentinel.yaml", func(t *testing.T) {
+		t.Parallel()
+		sentinel := startSentinel(t, startRedis(t))
+		runDeployment(t, render(t, filepath.Join(examplesDir, "sentinel.yaml")), map[string]string{
+			"drip-store/url": "redis+sentinel://" + sentinel + "/mymaster",
 		})
 	})
 }
@@ -288,6 +296,24 @@ func secret(t *testing.T, secrets map[string]string, name, key string) string {
 // startRedis starts a throwaway redis-server on a free loopback port and
 // returns its address. Under CI=true a missing redis-server fails.
 func startRedis(t *testing.T) string {
+	return startRedisServer(t)
+}
+
+// startSentinel starts a Redis Sentinel that names the server at master
+// mymaster, and returns its address once it does.
+func startSentinel(t *testing.T, master string) string {
+	host, port, _ := net.SplitHostPort(master)
+	conf := filepath.Join(t.TempDir(), "sentinel.conf") // a Sentinel rewrites its file
+	body := fmt.Sprintf("sentinel monitor mymaster %s %s 1\n", host, port)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return startRedisServer(t, conf, "--sentinel")
+}
+
+// startRedisServer runs redis-server with args before its own and waits
+// for it to answer PING.
+func startRedisServer(t *testing.T, args ...string) string {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -302,7 +328,11 @@ func startRedis(t *testing.T) string {
 	addr := l.Addr().String()
 	l.Close()
 	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	args = append(args, "--port", port, "--bind", "127.0.0.1", "--dir", t.TempDir())
+	if !slices.Contains(args, "--sentinel") {
+		args = append(args, "--save", "", "--appendonly", "no")
+	}
+	cmd := exec.Command(bin, args...)
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
