@@ -171,7 +171,7 @@ func runDeployment(t *testing.T, r *rendered, secrets map[string]string) {
 		"admin": regexp.MustCompile(`metrics on http://(\S+)/metrics`),
 		"grpc":  regexp.MustCompile(`Envoy rate limit service .* on (\S+)$`),
 	}
-	deadline := time.After(30 * time.Second)
+	deadline := time.After(60 * time.Second)
 	for len(addrs) < len(want) {
 		select {
 		case l, ok := <-lines:
@@ -185,7 +185,7 @@ func runDeployment(t *testing.T, r *rendered, secrets map[string]string) {
 				}
 			}
 		case <-deadline:
-			t.Fatalf("drip did not say where it listens within 30 s: %v\n%s", addrs, stderr.String())
+			t.Fatalf("drip did not say where it listens within 60 s: %v\n%s", addrs, stderr.String())
 		}
 	}
 	go func() { // what else drip says
@@ -339,7 +339,7 @@ func startRedisServer(t *testing.T, args ...string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.SetDeadline(time.Now().Add(5 * time.Second))
@@ -351,7 +351,7 @@ func startRedisServer(t *testing.T, args ...string) string {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not answer within 30 s: %v\n%s", addr, err, out.String())
+			t.Fatalf("redis-server on %s did not answer within 60 s: %v\n%s", addr, err, out.String())
 		}
 	}
 }
