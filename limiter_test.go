@@ -132,7 +132,7 @@ func TestAcquireRelease(t *testing.T) {
 		t.Fatal("no slot after the lease TTL")
 	}
 	_ = b
-	if _, err := l.Take(ctx, "k"); !errors.Is(err, drip.ErrInvalidLease) {
+	if _, err := l.Take(ctx, "k"); !errors.Is(err, store.ErrInvalidLease) {
 		t.Errorf("Take on a concurrency limit: %v, want ErrInvalidLease", err)
 	}
 }
@@ -144,7 +144,7 @@ func TestAcquireRelease(t *testing.T) {
 func TestAllowAsTake(t *testing.T) {
 	limits := map[string]drip.Limit{
 		"continuous":          drip.PerSecond(10).WithBurst(5),
-		"fractional":          drip.Every(2.5, 3*time.Second).WithBurst(3.5),
+		"fractional":          drip.Per(2.5, 3*time.Second).WithBurst(3.5),
 		"interval":            {Rate: 3, Period: time.Second, Burst: 6, Refill: drip.Interval},
 		"window":              {Algorithm: drip.FixedWindow, Rate: 4, Period: time.Second, Start: time.Second},
 		"window by key":       {Algorithm: drip.FixedWindow, Rate: 4, Period: time.Second},
