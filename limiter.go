@@ -22,6 +22,11 @@ type Limiter struct {
 	// fixed window without Start places each key's grid by its name.
 	params bucket.Params
 	keyed  bool
+	// admit is the store when it decides plain takes itself (the memory
+	// store) and the limit is a token bucket or fixed window the same for
+	// every key: Allow's path, with the cost (one token) prepared here.
+	admit store.Admitter
+	cost  int64
 }
 
 // Option configures a Limiter.
@@ -46,7 +51,25 @@ func New(st store.Store, limit Limit, opts ...Option) *Limiter {
 	for _, o := range opts {
 		o(l)
 	}
+	if a, ok := st.(store.Admitter); ok && !l.keyed && p.Kind != bucket.Concurrency {
+		if c, err := store.Cost(bucket.Take, 1, false, p); err == nil {
+			l.admit, l.cost = a, c
+		}
+	}
 	return l
+}
+
+// Allow takes one token from key's bucket and reports whether it was
+// allowed: Take's decision, for callers that need no more than a yes or
+// no. Bad input or a failing store is false (Take reports why). On the
+// memory store it builds no Decision (store.Admitter), so it is the
+// fastest way to ask.
+func (l *Limiter) Allow(key string) bool {
+	if l.admit != nil && key != "" && len(key) <= store.MaxKeyLen {
+		return l.admit.Admit(key, &l.params, l.cost, l.at())
+	}
+	d, err := l.Take(context.Background(), key)
+	return err == nil && d.Allowed
 }
 
 // Limit returns the limiter's limit.

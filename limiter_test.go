@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/testclock"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -132,5 +134,72 @@ func TestAcquireRelease(t *testing.T) {
 	_ = b
 	if _, err := l.Take(ctx, "k"); !errors.Is(err, store.ErrInvalidLease) {
 		t.Errorf("Take on a concurrency limit: %v, want ErrInvalidLease", err)
+	}
+}
+
+// TestAllowAsTake: Allow decides as Take does, on the memory store's own
+// path and on the general one (a limit keyed by name, a wrapped store),
+// and leaves the same buckets: two stores on one clock, one asked with
+// Allow and one with Take, step by step.
+func TestAllowAsTake(t *testing.T) {
+	limits := map[string]drip.Limit{
+		"continuous":          drip.PerSecond(10).WithBurst(5),
+		"fractional":          drip.Per(2.5, 3*time.Second).WithBurst(3.5),
+		"interval":            {Rate: 3, Period: time.Second, Burst: 6, Refill: drip.Interval},
+		"window":              {Algorithm: drip.FixedWindow, Rate: 4, Period: time.Second, Start: time.Second},
+		"window by key":       {Algorithm: drip.FixedWindow, Rate: 4, Period: time.Second},
+		"burst under a token": drip.PerSecond(0.5).WithBurst(0.5),
+	}
+	// A wrapper that changes keys must not pass Allow to the store below.
+	mem := memstore.New(memstore.WithSweep(0))
+	defer mem.Close()
+	for _, w := range []store.Store{store.Prefixed{Store: mem, Prefix: "p:"}, store.Sharded{Store: mem}, store.Separately{Store: mem}} {
+		if _, ok := w.(store.Admitter); ok {
+			t.Fatalf("%T is an Admitter: Allow would skip what it does to keys", w)
+		}
+	}
+	for name, lim := range limits {
+		for _, limiterClock := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/limiter clock %v", name, limiterClock), func(t *testing.T) {
+				clock := testclock.New()
+				mk := func() *drip.Limiter {
+					if limiterClock {
+						s := memstore.New(memstore.WithSweep(0))
+						t.Cleanup(func() { s.Close() })
+						return drip.New(s, lim, drip.WithClock(clock.Now))
+					}
+					s := memstore.New(memstore.WithSweep(0), memstore.WithClock(clock.Now))
+					t.Cleanup(func() { s.Close() })
+					return drip.New(s, lim)
+				}
+				a, b := mk(), mk()
+				ctx := context.Background()
+				rng := rand.New(rand.NewPCG(1, 2))
+				keys := []string{"a", "b", "a-key-longer-than-fifteen-bytes", "", strings.Repeat("k", 1025)}
+				allowed := 0
+				for i := range 2000 {
+					clock.Add(time.Duration(rng.IntN(300)) * time.Millisecond)
+					key := keys[rng.IntN(len(keys))]
+					got := a.Allow(key)
+					d, err := b.Take(ctx, key)
+					if want := err == nil && d.Allowed; got != want {
+						t.Fatalf("step %d, key %q: Allow %v, Take %+v, %v", i, key, got, d, err)
+					}
+					if got {
+						allowed++
+					}
+				}
+				if allowed == 0 && name != "burst under a token" {
+					t.Fatal("nothing allowed: the steps test nothing")
+				}
+				for _, key := range keys[:3] {
+					pa, errA := a.Peek(ctx, key)
+					pb, errB := b.Peek(ctx, key)
+					if pa != pb || (errA == nil) != (errB == nil) {
+						t.Fatalf("key %q after the steps: %+v, %v; want %+v, %v", key, pa, errA, pb, errB)
+					}
+				}
+			})
+		}
 	}
 }

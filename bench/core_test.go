@@ -57,6 +57,12 @@ func (d *dripMem) allow(key string) bool {
 	return err == nil && dec.Allowed
 }
 
+// dripAllow is the same limiter asked with Allow: a yes or no, on the
+// memory store's direct path.
+type dripAllow struct{ l *drip.Limiter }
+
+func (d dripAllow) allow(key string) bool { return d.l.Allow(key) }
+
 // xrate is golang.org/x/time/rate keyed the way users key it: one Limiter
 // per key in a map (sync.Map, the faster of the two usual maps for a
 // read-mostly key set).
@@ -117,6 +123,7 @@ func peers(maxKeys int) []struct {
 		l    keyedLimiter
 	}{
 		{"drip-memstore", newDripMem(maxKeys)},
+		{"drip-allow", dripAllow{newDripMem(maxKeys).l}},
 		{"x-time-rate", &xrate{}},
 		{"go-limiter", newGoLimiter()},
 		{"throttled-gcra", newThrottled(maxKeys)},
@@ -154,6 +161,16 @@ func BenchmarkHotKey(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				d.allow("hot")
+			}
+		})
+	})
+	b.Run("drip-allow", func(b *testing.B) {
+		l := newDripMem(1024).l
+		b.ReportAllocs()
+		defer reportCPU(b)()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				l.Allow("hot")
 			}
 		})
 	})

@@ -189,3 +189,76 @@ func BenchmarkServeGateway(b *testing.B) {
 	b.ReportMetric(pct(via, 0.99)/pct(direct, 0.99), "gateway/direct-p99")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkServeVsTrivial: the decision API beside a trivial Go JSON
+// server (it reads the body and answers a fixed decision) under the same
+// load: 64 clients over kept-alive connections, 100,000 keys, inline
+// limits that always allow, on the memory store. Rounds alternate which
+// server goes first; each phase lasts servePhase. It reports each
+// server's median requests/s and the median of the rounds' ratios, and
+// the process's CPU time per request (clients and server together, the
+// figure the machine's other work disturbs least) with its ratio.
+//
+//	cd bench && go test -run '^$' -bench ServeVsTrivial -benchtime 1x
+func BenchmarkServeVsTrivial(b *testing.B) {
+	const clients, keys, rounds, servePhase = 64, 100_000, 6, 2 * time.Second
+	bodies := make([][]byte, keys)
+	for i := range bodies {
+		bodies[i] = fmt.Appendf(nil, `{"key": "user:%d", "limit": {"rate": 1000000, "burst": 1000000}}`, i)
+	}
+	api := startServe(b, server.Config{}, memstore.New()) + "/v1/take"
+	fixed := []byte(`{"allowed":true,"tokens":999999,"remaining":999999,"limit":1000000,"retry_after":0,"reset_after":0.000001}` + "\n")
+	triv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(fixed)
+	}))
+	b.Cleanup(triv.Close)
+	c := benchClient()
+	phase := func(url string) (perSec, cpuPer float64) {
+		var n atomic.Int64
+		deadline := time.Now().Add(servePhase)
+		start, cpu := time.Now(), processCPU()
+		done := make(chan struct{})
+		for g := range clients {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				for i := g * 7919; time.Now().Before(deadline); i++ {
+					req, _ := http.NewRequest("POST", url, nil)
+					do(b, c, req, bodies[i%keys])
+					n.Add(1)
+				}
+			}()
+		}
+		for range clients {
+			<-done
+		}
+		return float64(n.Load()) / time.Since(start).Seconds(), float64(processCPU()-cpu) / 1e3 / float64(n.Load())
+	}
+	phase(api) // warm: connections made, every key held
+	phase(triv.URL)
+	for range b.N {
+		var a, t, ratio, ac, tc, cratio []float64
+		for r := range rounds {
+			var ra, rt, ca, ct float64
+			if r%2 == 0 {
+				rt, ct = phase(triv.URL)
+				ra, ca = phase(api)
+			} else {
+				ra, ca = phase(api)
+				rt, ct = phase(triv.URL)
+			}
+			a, t, ratio = append(a, ra), append(t, rt), append(ratio, ra/rt)
+			ac, tc, cratio = append(ac, ca), append(tc, ct), append(cratio, ct/ca)
+			b.Logf("round %d: decision API %.0f/s %.1f cpu-µs/req, trivial %.0f/s %.1f cpu-µs/req; ratio %.2f, by CPU %.2f", r, ra, ca, rt, ct, ra/rt, ct/ca)
+		}
+		med := func(x []float64) float64 { slices.Sort(x); return x[len(x)/2] }
+		b.ReportMetric(med(a), "api-req/s")
+		b.ReportMetric(med(t), "trivial-req/s")
+		b.ReportMetric(med(ratio), "api/trivial")
+		b.ReportMetric(med(ac), "api-cpu-µs/req")
+		b.ReportMetric(med(tc), "trivial-cpu-µs/req")
+		b.ReportMetric(med(cratio), "trivial/api-cpu")
+		b.ReportMetric(0, "ns/op")
+	}
+}

@@ -143,6 +143,11 @@ func (p Params) Refilled(b State, now int64) State {
 		if hi >= uint64(p.Period) {
 			return State{Tokens: p.Burst, TS: now}
 		}
+		// Full again once e*Rate >= missing*Period: the common case on a
+		// key used now and then, decided by a multiply, not the divide.
+		if mh, ml := bits.Mul64(uint64(missing), uint64(p.Period)); hi > mh || hi == mh && lo >= ml {
+			return State{Tokens: p.Burst, TS: now}
+		}
 		q, rem := bits.Div64(hi, lo, uint64(p.Period))
 		if q >= uint64(missing) {
 			return State{Tokens: p.Burst, TS: now}
@@ -275,6 +280,31 @@ func Eval(op Op, b State, found bool, p Params, cost int64, reserve bool, now in
 	}
 	d := p.decide(allowed, n, retry, resetAfter(n))
 	return d, n, allowed && op == Take
+}
+
+// Admit decides a take of cost micro-tokens, without reserve, exactly as
+// Eval(Take, b, found, p, cost, false, now) does, and returns only what
+// a caller that wants a yes or no needs: whether it is allowed, and the
+// state to store when it is (a denial writes nothing). It computes no
+// waits, so a denial on a busy key costs no division. cost must have
+// passed store.Cost for p.
+func Admit(b State, found bool, p Params, cost int64, now int64) (bool, State) {
+	switch {
+	case !found:
+		b = p.Fresh(now)
+	case p.Kind != Continuous:
+		if now >= p.ExpiresAt(b) {
+			b = p.Fresh(now)
+		}
+		// A continuous bucket needs no such check: from the instant it is
+		// full again Refilled returns {Burst, now}, which is its Fresh.
+	}
+	a := p.Refilled(b, now)
+	if a.Tokens < cost {
+		return false, b
+	}
+	a.Tokens -= cost
+	return true, a
 }
 
 func (p Params) decide(allowed bool, b State, retry, reset time.Duration) Result {

@@ -131,3 +131,28 @@ func TestBeforeEpoch(t *testing.T) {
 		t.Fatalf("a full bucket after -9 s: %+v", d)
 	}
 }
+
+// FuzzAdmit checks that Admit decides a take as Eval does, and leaves the
+// same state when it allows.
+func FuzzAdmit(f *testing.F) {
+	f.Add(uint8(0), int64(5e6), int64(1e9), int64(10e6), int64(1e6), int64(3e6), int64(123), int64(1e9), true)
+	f.Add(uint8(0), int64(100e6), int64(1e9), int64(100e6), int64(1e6), int64(99e6), int64(5e9), int64(5e9+10), true)
+	f.Add(uint8(0), int64(100e6), int64(1e9), int64(100e6), int64(1e6), int64(0), int64(5e9), int64(5e9+10_000_000), true)
+	f.Add(uint8(1), int64(5e6), int64(10e9), int64(20e6), int64(18e6), int64(2e6), int64(15e9), int64(20e9), true)
+	f.Add(uint8(2), int64(3e6), int64(60e9), int64(5e6), int64(4e6), int64(-7e6), int64(9e9), int64(1e9), false)
+	f.Fuzz(func(t *testing.T, kind uint8, rate, period, burst, cost, tokens, ts, now int64, found bool) {
+		p := Params{Kind: Kind(kind % 3), Rate: clamp(rate, 1, 1e18), Period: clamp(period, 1, 1e15), Burst: clamp(burst, 1, 1e18), MaxReserved: -1}
+		p.Start = floorMod(ts, p.Period)
+		cost = clamp(cost, 0, p.Burst)
+		b := State{Tokens: clamp(tokens, -p.Burst, p.Burst), TS: clamp(ts, -1e18, 1e18)}
+		now = clamp(now, -1e18, 1e18)
+		d, n, write := Eval(Take, b, found, p, cost, false, now)
+		ok, m := Admit(b, found, p, cost, now)
+		if ok != d.Allowed || ok != write {
+			t.Fatalf("Admit %v, Eval %+v (write %v)", ok, d, write)
+		}
+		if ok && m != n {
+			t.Fatalf("Admit leaves %+v, Eval %+v", m, n)
+		}
+	})
+}

@@ -45,6 +45,19 @@ type Store interface {
 	Caps() Caps
 }
 
+// Admitter is a store that decides a plain take in process and says only
+// yes or no (the memory store): drip.Limiter.Allow's path, which skips
+// the Result and the slices of Apply. Admit takes cost micro-tokens (as
+// Cost makes them, so within p's burst) from key's bucket under p, a
+// token bucket or a fixed window, without reserve, as Apply of that one
+// Take would, and reports whether it was allowed. key has passed
+// CheckKey; a zero at is the store's clock. A wrapper that changes keys
+// (Prefixed, Sharded) does not implement it, so its calls go through
+// Apply.
+type Admitter interface {
+	Admit(key string, p *bucket.Params, cost int64, at time.Time) bool
+}
+
 // Caps is what a store can do beyond executing items.
 type Caps struct {
 	// InProcess reports that the store decides in the caller's process

@@ -36,6 +36,14 @@ func Check(b []byte, free string) error {
 	if err := checkEscapes(b); err != nil {
 		return err
 	}
+	if err, sure := fastCheck(b, free); sure {
+		return err
+	}
+	return slowCheck(b, free)
+}
+
+// slowCheck is the walk over a token stream, for any document.
+func slowCheck(b []byte, free string) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	err := walk(dec, free, false, 0)

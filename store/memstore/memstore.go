@@ -71,7 +71,10 @@ type Store struct {
 	ov         overrides // override.go
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store    = (*Store)(nil)
+	_ store.Admitter = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*Store)
@@ -263,16 +266,43 @@ func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []buc
 	}
 	r, next, write := bucket.Eval(op, b, found, *p, it.Cost, it.Reserve, now)
 	if write {
-		if found {
-			sl := &sh.slots[i]
-			sl.b, sl.exp = next, p.ExpiresAt(next)
-		} else {
-			s.put(sh, h, key, next, p.ExpiresAt(next), now)
-		}
+		s.keep(sh, i, found, h, key, next, p.ExpiresAt(next), now)
 	}
 	sh.mu.Unlock()
 	results[0] = r
 	return nil
+}
+
+// Admit implements store.Admitter: a take of cost micro-tokens from key's
+// bucket under p, decided by bucket.Admit (Eval's decision without the
+// waits), and whether it was allowed.
+func (s *Store) Admit(key string, p *bucket.Params, cost int64, at time.Time) bool {
+	now := s.nanos(at)
+	key = held(key)
+	sh, h := s.locate(key)
+	sh.mu.Lock()
+	i, found := sh.find(h, key)
+	var b bucket.State
+	if found {
+		b = sh.slots[i].b
+	}
+	ok, next := bucket.Admit(b, found, *p, cost, now)
+	if ok {
+		s.keep(sh, i, found, h, key, next, p.ExpiresAt(next), now)
+	}
+	sh.mu.Unlock()
+	return ok
+}
+
+// keep writes b under the held key, into slot i when found (sh.find's
+// answer), else as a new bucket. The caller holds sh.mu.
+func (s *Store) keep(sh *shard, i int, found bool, h uint64, key string, b bucket.State, exp, now int64) {
+	if found {
+		sl := &sh.slots[i]
+		sl.b, sl.exp = b, exp
+		return
+	}
+	s.put(sh, h, key, b, exp, now)
 }
 
 // write stores b under the held key, a bucket already there or a new one.
