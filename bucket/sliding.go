@@ -1,0 +1,125 @@
+package bucket
+
+import "time"
+
+// This file is the math of a sliding window limit: at most Limit
+// micro-tokens taken in any rolling window of Window nanoseconds. It is
+// exact in the direction that matters, within bounded memory:
+//
+// Time is cut into slots of Slot = ceil(Window/Slots) nanoseconds on the
+// epoch grid, and a key keeps one count per slot for the last Slots+1
+// slots. A take is allowed when the counts of those slots, added to its
+// cost, stay within Limit. Any interval of Window nanoseconds lies within
+// Slots+1 consecutive slots, and the last take allowed in it counted all of
+// them, so no interval of Window ever holds more than Limit: never
+// over-admission. The price is early denials: what a take counts reaches
+// back between Window and Window+Slot (the oldest slot is counted whole),
+// so a take may be refused while the exact rolling count is below Limit by
+// at most what was taken in the oldest slot's part that is older than
+// Window. With 10 slots, that is at most a tenth of the window's length of
+// history. A weighted two-window counter (the previous window's count
+// scaled by how much of it still overlaps) keeps two counts instead, but it
+// assumes the previous window's takes were spread evenly and can admit more
+// than the limit in a rolling window; drip does not.
+
+// SlidingParams is a sliding window limit in fixed point.
+type SlidingParams struct {
+	Limit  int64 // micro-tokens in any rolling window
+	Window int64 // nanoseconds
+	Slots  int   // counts kept: Slots+1; 1 to MaxSlots
+}
+
+// MaxSlots bounds the counts a key keeps.
+const MaxSlots = 1000
+
+// Slot is the length of one slot, in nanoseconds.
+func (p SlidingParams) Slot() int64 { return ceilDiv(p.Window, int64(p.Slots)) }
+
+// SlidingState is the stored state of one key: Counts[i] is what was taken
+// in slot Last-Slots+i (Slots+1 counts, the last one the newest).
+type SlidingState struct {
+	Last   int64
+	Counts []int64
+}
+
+// shift moves s to slot j: counts of slots before j-Slots are dropped.
+func (p SlidingParams) shift(s SlidingState, found bool, j int64) SlidingState {
+	n := p.Slots + 1
+	counts := make([]int64, n)
+	if found {
+		if d := j - s.Last; d >= 0 && d < int64(n) {
+			copy(counts, s.Counts[d:])
+		}
+	}
+	return SlidingState{Last: j, Counts: counts}
+}
+
+// EvalSliding decides op (take, peek or refund) of cost micro-tokens at
+// now under p, from state s (found false for a key without one), and
+// returns the result and the state to store (write false when nothing
+// changed). A refund gives back from the newest slot first, never below
+// zero. A cost above Limit can never be taken: the caller refuses it first,
+// as it does a cost above a bucket's burst; reservations do not apply.
+func EvalSliding(op Op, s SlidingState, found bool, p SlidingParams, cost, now int64) (Result, SlidingState, bool) {
+	slot := p.Slot()
+	j := floorDiv(now, slot)
+	s = p.shift(s, found, j)
+	var used int64
+	for _, c := range s.Counts {
+		used += c
+	}
+	switch op {
+	case Refund:
+		for i := len(s.Counts) - 1; i >= 0 && cost > 0; i-- {
+			give := min(cost, s.Counts[i])
+			s.Counts[i] -= give
+			used -= give
+			cost -= give
+		}
+		return p.result(true, s, used, 0, now), s, true
+	case Take, Peek:
+		if used+cost > p.Limit {
+			// The slots that must leave the count, oldest first: slot i
+			// (of the counts) leaves when the current slot is past
+			// Last-Slots+i by Slots, at (Last+i+1)*slot.
+			need, retry := used+cost-p.Limit, int64(0)
+			for i, c := range s.Counts {
+				need -= c
+				if need <= 0 {
+					retry = (s.Last+int64(i)+1)*slot - now
+					break
+				}
+			}
+			return p.result(false, s, used, time.Duration(retry), now), s, false
+		}
+		if op == Take {
+			s.Counts[len(s.Counts)-1] += cost
+			used += cost
+			return p.result(true, s, used, 0, now), s, true
+		}
+		return p.result(true, s, used, 0, now), s, false
+	}
+	return Result{}, s, false
+}
+
+// result is a decision on s: Tokens is what may still be taken now, and
+// ResetAfter when every count has left (all of Limit may be taken again).
+func (p SlidingParams) result(allowed bool, s SlidingState, used int64, retry time.Duration, now int64) Result {
+	var reset int64
+	for i := len(s.Counts) - 1; i >= 0; i-- {
+		if s.Counts[i] > 0 {
+			reset = (s.Last+int64(i)+1)*p.Slot() - now
+			break
+		}
+	}
+	return Result{Allowed: allowed, Tokens: p.Limit - used, RetryAfter: retry, ResetAfter: time.Duration(reset)}
+}
+
+// floorDiv is a/b rounded down, for b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}

@@ -1,0 +1,158 @@
+package bucket
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// entry is one take of the log the reference keeps.
+type entry struct{ at, cost int64 }
+
+// slidingLog is the reference: every take kept, each decision counted from
+// the log. A take at now is allowed when what was taken since the start of
+// slot j-Slots (j the slot of now), plus its cost, is within the limit.
+type slidingLog struct {
+	p   SlidingParams
+	log []entry
+}
+
+func (l *slidingLog) since(now int64) int64 {
+	slot := l.p.Slot()
+	j := now / slot
+	return (j - int64(l.p.Slots)) * slot
+}
+
+func (l *slidingLog) used(now int64) int64 {
+	from, n := l.since(now), int64(0)
+	for _, e := range l.log {
+		if e.at >= from {
+			n += e.cost
+		}
+	}
+	return n
+}
+
+func (l *slidingLog) decide(op Op, cost, now int64) Result {
+	slot := l.p.Slot()
+	used := l.used(now)
+	res := Result{Allowed: true}
+	switch op {
+	case Refund:
+		from := l.since(now)
+		for i := len(l.log) - 1; i >= 0 && cost > 0 && l.log[i].at >= from; i-- {
+			g := min(cost, l.log[i].cost)
+			l.log[i].cost -= g
+			cost -= g
+			used -= g
+		}
+	case Take, Peek:
+		if used+cost > l.p.Limit {
+			// Wait, slot by slot, until enough has left the count.
+			res.Allowed = false
+			for t := (now/slot + 1) * slot; ; t += slot {
+				if l.used(t)+cost <= l.p.Limit {
+					res.RetryAfter = time.Duration(t - now)
+					break
+				}
+			}
+		} else if op == Take {
+			l.log = append(l.log, entry{now, cost})
+			used += cost
+		}
+	}
+	res.Tokens = l.p.Limit - used
+	// Reset: the first slot start from which nothing taken is counted.
+	for t := now; ; t = (t/slot + 1) * slot {
+		if l.used(t) == 0 {
+			res.ResetAfter = time.Duration(t - now)
+			break
+		}
+	}
+	return res
+}
+
+// Random traces against the log, and the guarantee on every trace: no
+// window of Window nanoseconds holds more than Limit taken.
+func TestSlidingAgainstTheLog(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 28))
+	for trace := range 300 {
+		p := SlidingParams{
+			Limit:  (1 + r.Int64N(20)) * Micro,
+			Window: 1 + r.Int64N(int64(10*time.Second)),
+			Slots:  1 + r.IntN(12),
+		}
+		ref := &slidingLog{p: p}
+		var s SlidingState
+		found := false
+		now := r.Int64N(int64(time.Hour))
+		refunds := r.IntN(2) == 0
+		for step := range 200 {
+			now += r.Int64N(p.Window/4 + 1)
+			op := Take
+			switch x := r.IntN(10); {
+			case x == 0:
+				op = Peek
+			case x == 1 && refunds:
+				op = Refund
+			}
+			cost := r.Int64N(p.Limit/3+1) + 1
+			got, next, write := EvalSliding(op, s, found, p, cost, now)
+			want := ref.decide(op, cost, now)
+			if got != want {
+				t.Fatalf("trace %d step %d: %v of %d at %d under %+v: %+v, the log says %+v", trace, step, op, cost, now, p, got, want)
+			}
+			if write {
+				s, found = next, true
+			}
+		}
+		if refunds {
+			continue
+		}
+		for i, e := range ref.log {
+			var n int64
+			for _, f := range ref.log[:i+1] {
+				if f.at > e.at-p.Window {
+					n += f.cost
+				}
+			}
+			if n > p.Limit {
+				t.Fatalf("trace %d: %d taken in the window of %d ns ending at %d, limit %d", trace, n, p.Window, e.at, p.Limit)
+			}
+		}
+	}
+}
+
+// Early denials are bounded: a denied take would have overflowed a window
+// at most one slot longer than Window.
+func TestSlidingDenialsReachBackOneSlot(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 28))
+	for range 200 {
+		p := SlidingParams{Limit: 10 * Micro, Window: int64(time.Second), Slots: 1 + r.IntN(10)}
+		var s SlidingState
+		found := false
+		var log []entry
+		now := int64(0)
+		for range 300 {
+			now += r.Int64N(int64(50 * time.Millisecond))
+			cost := (1 + r.Int64N(3)) * Micro
+			res, next, write := EvalSliding(Take, s, found, p, cost, now)
+			if write {
+				s, found = next, true
+			}
+			if res.Allowed {
+				log = append(log, entry{now, cost})
+				continue
+			}
+			var n int64
+			for _, e := range log {
+				if e.at > now-p.Window-p.Slot() {
+					n += e.cost
+				}
+			}
+			if n+cost <= p.Limit {
+				t.Fatalf("a take of %d at %d denied with %d taken in the last window and slot (%+v)", cost, now, n, p)
+			}
+		}
+	}
+}
