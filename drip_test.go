@@ -30,7 +30,7 @@ func TestLimitValidate(t *testing.T) {
 		"period must be > 0":                               {Rate: 1, Period: -1},
 		"burst must be > 0":                                {Rate: 1, Burst: -2},
 		"refill applies to token_bucket only":              {Rate: 1, Algorithm: drip.FixedWindow, Refill: drip.Interval},
-		"is not token_bucket, fixed_window or concurrency": {Rate: 1, Algorithm: "gcra"},
+		"is not token_bucket, fixed_window, sliding_window or concurrency": {Rate: 1, Algorithm: "gcra"},
 		"rate must be at least 0.000001":                   {Rate: 1e-9},
 	}
 	for want, l := range bad {

@@ -30,6 +30,10 @@ const (
 	// it, and a lease not released within LeaseTTL of its acquisition
 	// frees its slot by itself (a crashed holder). See Limiter.Acquire.
 	Concurrency Algorithm = "concurrency"
+	// SlidingWindow allows at most Rate tokens in any rolling window of
+	// length Period: never more, and a denial reaches back at most one
+	// slot (Period/Slots) further than Period. See docs/semantics.md.
+	SlidingWindow Algorithm = "sliding_window"
 )
 
 // DefaultLeaseTTL is the lease TTL of a concurrency limit without one.
@@ -106,6 +110,12 @@ type Limit struct {
 	// crashed) comes back after it. Zero means DefaultLeaseTTL. Other
 	// algorithms leave it zero.
 	LeaseTTL time.Duration
+	// Slots is, for a SlidingWindow, how many slots its window is cut
+	// into: 1 to 1000, zero meaning 10. More slots count closer to the
+	// exact rolling window (a denial reaches back at most Period/Slots
+	// further than Period) at the cost of a count per slot per key. Other
+	// algorithms leave it zero.
+	Slots int
 }
 
 // InFlight returns a concurrency limit of n slots whose leases last ttl
@@ -207,8 +217,18 @@ func (l Limit) Validate() error {
 		if l.Refill != "" {
 			problems = append(problems, "refill applies to token_bucket only")
 		}
+	case SlidingWindow:
+		if l.Refill != "" || l.Start != 0 || l.MaxReserved != 0 || (l.Burst != 0 && l.Burst != l.Rate) {
+			problems = append(problems, "refill, start, max_reserved and a burst other than the rate do not apply to sliding_window")
+		}
+		if l.Slots < 0 || l.Slots > bucket.MaxSlots {
+			problems = append(problems, fmt.Sprintf("slots must be from 1 to %d", bucket.MaxSlots))
+		}
 	default:
-		problems = append(problems, fmt.Sprintf("algorithm %q is not token_bucket, fixed_window or concurrency", l.Algorithm))
+		problems = append(problems, fmt.Sprintf("algorithm %q is not token_bucket, fixed_window, sliding_window or concurrency", l.Algorithm))
+	}
+	if l.Slots != 0 && l.Algorithm != SlidingWindow {
+		problems = append(problems, "slots applies to sliding_window only")
 	}
 	switch l.Refill {
 	case "", Continuous, Interval:
@@ -278,8 +298,8 @@ func (l Limit) String() string {
 	if l.Algorithm == Concurrency {
 		return "concurrency " + strconv.Itoa(l.MaxInFlight) + " lease_ttl " + l.leaseTTL().String()
 	}
-	if l.Algorithm == FixedWindow {
-		b.WriteString("fixed_window ")
+	if l.Algorithm == FixedWindow || l.Algorithm == SlidingWindow {
+		b.WriteString(string(l.Algorithm) + " ")
 	}
 	b.WriteString(strconv.FormatFloat(l.Rate, 'g', -1, 64))
 	b.WriteString("/")
@@ -288,6 +308,10 @@ func (l Limit) String() string {
 	b.WriteString(strconv.FormatFloat(l.burst(), 'g', -1, 64))
 	if l.Refill == Interval {
 		b.WriteString(" interval")
+	}
+	if l.Slots != 0 {
+		b.WriteString(" slots ")
+		b.WriteString(strconv.Itoa(l.Slots))
 	}
 	if l.MaxReserved > 0 {
 		b.WriteString(" max_reserved ")

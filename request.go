@@ -111,6 +111,14 @@ func (l Limit) Params(key string) (bucket.Params, error) {
 		p.MaxReserved = toMicro(l.MaxReserved)
 	}
 	switch {
+	case l.Algorithm == SlidingWindow:
+		// The window's slots must be at least a nanosecond long; the
+		// limit is a count, so what a sliding window reserves never
+		// matters (reserve is refused).
+		p.Kind = bucket.Sliding
+		p.Rate = p.Burst
+		p.MaxReserved = 0
+		p.Parts = int64(min(int64(l.slots()), p.Period))
 	case l.Algorithm == FixedWindow:
 		p.Kind = bucket.Window
 		p.Start = int64(l.Start) % p.Period
@@ -118,6 +126,13 @@ func (l Limit) Params(key string) (bucket.Params, error) {
 		p.Kind = bucket.Interval
 	}
 	return p, nil
+}
+
+func (l Limit) slots() int {
+	if l.Slots == 0 {
+		return bucket.DefaultSlots
+	}
+	return l.Slots
 }
 
 // keyDependent reports whether l's Params depend on the key.

@@ -12,6 +12,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
@@ -58,6 +59,9 @@ type Caps struct {
 	// Leases reports that the store holds the leases of concurrency limits
 	// (bucket.Concurrency items).
 	Leases bool
+	// Sliding reports that the store holds sliding windows (bucket.Sliding
+	// items). A store without it refuses them with ErrUnsupported.
+	Sliding bool
 	// Overrides is the store's side that keeps per-tenant limits (package
 	// override), or nil when it keeps none.
 	Overrides Overrides
@@ -104,7 +108,10 @@ var (
 	ErrInvalidLease     = errors.New("invalid lease")
 	ErrInvalidOp        = errors.New("invalid op")
 	ErrNoRequests       = errors.New("no requests")
-	ErrDuplicateKey     = errors.New("duplicate key in multi-take")
+	// ErrUnsupported is returned (wrapped) by a store given an item of a
+	// kind it cannot hold (see Caps).
+	ErrUnsupported  = errors.New("not supported by this store")
+	ErrDuplicateKey = errors.New("duplicate key in multi-take")
 	// ErrNotColocated is returned (wrapped) by a store that cannot apply
 	// the keys of one call in a single atomic step, such as Redis Cluster
 	// when the keys hash to different slots (Caps.SplitsKeys). It is about
@@ -112,6 +119,17 @@ var (
 	// takes.
 	ErrNotColocated = errors.New("keys cannot be applied in one atomic step")
 )
+
+// CheckSliding reports ErrUnsupported when items hold a sliding window:
+// the check of a store whose Caps.Sliding is false.
+func CheckSliding(items []bucket.Prepared) error {
+	for i := range items {
+		if items[i].Params.Kind == bucket.Sliding {
+			return fmt.Errorf("%w: sliding_window (key %q)", ErrUnsupported, items[i].Key)
+		}
+	}
+	return nil
+}
 
 // KeepChanges is how many of the latest changes of the overrides a store
 // keeps a record of (which key changed at which version), for

@@ -46,6 +46,7 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("Separately", func(t *testing.T) { RunSeparately(t, newStore) })
 	t.Run("Random", func(t *testing.T) { RunRandom(t, newStore, 1, 600) })
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
+	t.Run("Windows", func(t *testing.T) { RunWindows(t, newStore, 4, 600) })
 }
 
 // prefix returns a fresh key prefix.
