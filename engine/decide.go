@@ -28,6 +28,7 @@ type Values interface {
 const (
 	ReasonTokenBucket      = "token_bucket_exceeded"
 	ReasonFixedWindow      = "fixed_window_exceeded"
+	ReasonSlidingWindow    = "sliding_window_exceeded"
 	ReasonConcurrency      = "concurrency_exceeded"
 	ReasonCostExceedsBurst = "cost_exceeds_burst"
 	ReasonStoreUnavailable = "store_unavailable"
@@ -305,6 +306,8 @@ func reasonOf(l drip.Limit) string {
 	switch l.Algorithm {
 	case drip.FixedWindow:
 		return ReasonFixedWindow
+	case drip.SlidingWindow:
+		return ReasonSlidingWindow
 	case drip.Concurrency:
 		return ReasonConcurrency
 	}

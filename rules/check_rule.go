@@ -60,7 +60,7 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	}
 	algo := drip.TokenBucket
 	if v, fp, ok := f.get("algorithm"); ok {
-		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window", "concurrency"); ok {
+		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window", "sliding_window", "concurrency"); ok {
 			algo = drip.Algorithm(a)
 		}
 	}
@@ -222,7 +222,11 @@ func scalarText(v any) (string, bool) {
 	return "", false
 }
 
-var configFields = []string{"tokens_per_second", "rps", "rate", "period", "burst", "refill", "start", "max_reserved", "cost_source", "fixed_cost", "default_cost"}
+// maxSlots is bucket.MaxSlots, the most slots a sliding window has
+// (drip.Limit.Validate holds limits to it too).
+const maxSlots = 1000
+
+var configFields = []string{"tokens_per_second", "rps", "rate", "period", "burst", "refill", "start", "max_reserved", "slots", "cost_source", "fixed_cost", "default_cost"}
 
 func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule) {
 	f, ok := c.object(p, v)
@@ -260,7 +264,9 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 		}
 	}
 	burstOK := false
-	if v, fp, ok := f.get("burst"); ok {
+	if v, fp, ok := f.get("burst"); ok && algo == drip.SlidingWindow {
+		c.add(fp, "does not apply to sliding_window (at most rate in any window of period)")
+	} else if ok {
 		if b, ok := c.amount(fp, v); ok {
 			// A burst below the rate is a legitimate limit (a bucket that
 			// holds less than a second's refill smooths traffic): rps and
@@ -290,8 +296,17 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 		}
 	}
 	if v, fp, ok := f.get("max_reserved"); ok {
-		if m, ok := c.amount(fp, v); ok {
+		if algo == drip.SlidingWindow {
+			c.add(fp, "does not apply to sliding_window (it takes no reservations)")
+		} else if m, ok := c.amount(fp, v); ok {
 			l.MaxReserved = m
+		}
+	}
+	if v, fp, ok := f.get("slots"); ok {
+		if algo != drip.SlidingWindow {
+			c.add(fp, "applies to sliding_window only")
+		} else if n, ok := c.integer(fp, v, 1, maxSlots); ok {
+			l.Slots = n
 		}
 	}
 	r.CostSource = Source{Kind: KindFixed}

@@ -29,6 +29,7 @@ steady state, the longest Retry-After and a row per second.
 
 LIMIT:   --rate N [--period D] [--burst N] [--refill interval]
          [--algorithm fixed_window [--window-start D]] [--max-reserved N]
+         [--algorithm sliding_window [--slots N]] (at most rate in any period)
          or --rules FILE --rule NAME (a rule's limit and fixed cost)
 TRAFFIC: --rps N [--for D]       shorthand for --pattern "N/s for D"
          --pattern "60/s for 10s, idle 5s, 100 at once, 10/s for 5s"
@@ -51,7 +52,8 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	period := secondsFlag(fs, "period", time.Second, "refill period: a Go duration or seconds")
 	fs.Float64Var(&l.Burst, "burst", 0, "bucket capacity (default: rate)")
 	refill := fs.String("refill", "continuous", "token bucket refill: continuous or interval")
-	algorithm := fs.String("algorithm", "token_bucket", "token_bucket or fixed_window")
+	algorithm := fs.String("algorithm", "token_bucket", "token_bucket, fixed_window or sliding_window")
+	fs.IntVar(&l.Slots, "slots", 0, "sliding window: the slots its period is cut into (default 10)")
 	windowStart := secondsFlag(fs, "window-start", 0, "fixed window: offset of the window grid from the start of the run (default: derived from the key, as in production)")
 	fs.Float64Var(&l.MaxReserved, "max-reserved", 0, "most debt a reservation may run up (default: unbounded)")
 	rulesFile := fs.String("rules", "", "a rules file (JSON or YAML) to take the limit from, with --rule")
@@ -87,7 +89,7 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	var ruleNote string
 	switch {
 	case set["rules"] || set["rule"]:
-		for _, name := range []string{"rate", "period", "burst", "refill", "algorithm", "window-start"} {
+		for _, name := range []string{"rate", "period", "burst", "refill", "algorithm", "window-start", "slots"} {
 			if set[name] {
 				return fail(2, fmt.Errorf("--%s and --rules: the limit comes from one or the other", name))
 			}
@@ -114,7 +116,7 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	case set["rate"]:
 		l.Period = *period
 		l.Algorithm = drip.Algorithm(*algorithm)
-		if set["refill"] || l.Algorithm != drip.FixedWindow {
+		if set["refill"] || l.Algorithm == drip.TokenBucket {
 			l.Refill = drip.Refill(*refill)
 		}
 		if set["window-start"] {

@@ -162,3 +162,25 @@ func TestSimulateRules(t *testing.T) {
 		}
 	}
 }
+
+// TestSimulateSlidingWindow: 10 per 10s in 5 slots of 2s. The 10 taken
+// at 0 count in slot 0, which every window counts until slot 6 begins at
+// 12s (one slot past the 10s window: what a slot costs), so the requests
+// of 5s to 11s are denied and those of 12s on are allowed.
+func TestSimulateSlidingWindow(t *testing.T) {
+	code, out, errOut := simulateCmd(t, "", "--algorithm", "sliding_window", "--rate", "10", "--period", "10s", "--slots", "5", "--pattern", "10 at once, idle 5s, 1/s for 12s")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"limit           sliding_window 10/10s burst 10 slots 5\n",
+		"accepted        15 (68.2%), 0.9/s\n",
+		"first denial    request 11 at 5.000s: 0.00 tokens left, retry after 7.000s (Retry-After: 7)\n",
+		"11-12                1         0        1       0.0%",
+		"12-13                1         1        0     100.0%  9.00\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
