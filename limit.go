@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/calendar"
 	"github.com/driplimit/drip/store"
 )
 
@@ -116,6 +117,14 @@ type Limit struct {
 	// further than Period) at the cost of a count per slot per key. Other
 	// algorithms leave it zero.
 	Slots int
+	// Calendar is, for a FixedWindow, a calendar period instead of a
+	// Period: "day", "week" (ISO, from Monday) or "month", each window
+	// starting at local midnight in Location (nil: UTC), DST included. A
+	// calendar window holds Rate tokens (Burst must be zero or Rate), and
+	// Period and Start stay zero. See docs/semantics.md.
+	Calendar string
+	// Location is the time zone of a Calendar window (nil: UTC).
+	Location *time.Location
 }
 
 // InFlight returns a concurrency limit of n slots whose leases last ttl
@@ -230,6 +239,7 @@ func (l Limit) Validate() error {
 	if l.Slots != 0 && l.Algorithm != SlidingWindow {
 		problems = append(problems, "slots applies to sliding_window only")
 	}
+	problems = append(problems, l.checkCalendar()...)
 	switch l.Refill {
 	case "", Continuous, Interval:
 	default:
@@ -291,6 +301,27 @@ func checkAmount(x float64) string {
 	return ""
 }
 
+// checkCalendar is Validate for the fields of a calendar window.
+func (l Limit) checkCalendar() []string {
+	if l.Calendar == "" {
+		if l.Location != nil {
+			return []string{"time_zone applies to a calendar period only"}
+		}
+		return nil
+	}
+	var problems []string
+	if _, err := calendar.ParseUnit(l.Calendar); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if l.Algorithm != FixedWindow {
+		problems = append(problems, "a calendar period applies to fixed_window only")
+	}
+	if l.Period != 0 || l.Start != 0 || l.MaxReserved != 0 || (l.Burst != 0 && l.Burst != l.Rate) {
+		problems = append(problems, "a calendar period takes no period, start, max_reserved or burst other than the rate")
+	}
+	return problems
+}
+
 // String renders l compactly, e.g. "10/1s burst 20" or
 // "fixed_window 100/1m0s burst 100".
 func (l Limit) String() string {
@@ -303,7 +334,14 @@ func (l Limit) String() string {
 	}
 	b.WriteString(strconv.FormatFloat(l.Rate, 'g', -1, 64))
 	b.WriteString("/")
-	b.WriteString(l.period().String())
+	if l.Calendar != "" {
+		b.WriteString(l.Calendar)
+		if l.Location != nil {
+			b.WriteString(" " + l.Location.String())
+		}
+	} else {
+		b.WriteString(l.period().String())
+	}
 	b.WriteString(" burst ")
 	b.WriteString(strconv.FormatFloat(l.burst(), 'g', -1, 64))
 	if l.Refill == Interval {
@@ -353,7 +391,7 @@ func CeilSeconds(d time.Duration) int64 {
 // forKey returns l with every default that depends on the key made
 // explicit: for a fixed window without Start, the hashed offset of key.
 func (l Limit) forKey(key string) Limit {
-	if l.Algorithm == FixedWindow && l.Start == 0 {
+	if l.Algorithm == FixedWindow && l.Start == 0 && l.Calendar == "" {
 		l.Start = store.WindowStart(key, l.period())
 		if l.Start == 0 {
 			l.Start = l.period()

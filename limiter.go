@@ -74,10 +74,10 @@ func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost floa
 	if err := store.CheckKey(key); err != nil {
 		return Decision{}, err
 	}
-	p := l.params
+	p, at := l.params, l.at()
 	if l.keyed {
 		var err error
-		if p, err = l.limit.Params(key); err != nil {
+		if p, err = l.limit.paramsAt(key, at); err != nil {
 			return Decision{}, err
 		}
 	}
@@ -87,7 +87,7 @@ func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost floa
 	}
 	c := calls.Get().(*call)
 	c.items[0] = it
-	err = l.store.Apply(ctx, op, l.at(), c.items[:], c.results[:])
+	err = l.store.Apply(ctx, op, at, c.items[:], c.results[:])
 	r := c.results[0]
 	c.items[0] = bucket.Prepared{}
 	calls.Put(c)

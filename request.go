@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/calendar"
 	"github.com/driplimit/drip/store"
 )
 
@@ -39,11 +40,11 @@ type Request struct {
 // prepare checks r for op and resolves it to fixed point: the key, then
 // the limit, the cost and the lease, in that order, so that every caller
 // reports the first problem the same way.
-func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
+func prepare(op bucket.Op, r *Request, at time.Time) (bucket.Prepared, error) {
 	if err := store.CheckKey(r.Key); err != nil {
 		return bucket.Prepared{}, err
 	}
-	p, err := r.Limit.Params(r.Key)
+	p, err := r.Limit.paramsAt(r.Key, at)
 	if err != nil {
 		return bucket.Prepared{}, err
 	}
@@ -59,7 +60,7 @@ func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
 func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs ...Request) (Multi, error) {
 	items := make([]bucket.Prepared, len(rs))
 	for i := range rs {
-		it, err := prepare(op, &rs[i])
+		it, err := prepare(op, &rs[i], at)
 		if err != nil {
 			if len(rs) > 1 {
 				err = fmt.Errorf("requests[%d]: %w", i, err)
@@ -85,7 +86,14 @@ func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs .
 // Params validates l and resolves it to fixed point for key (the key
 // matters only to a fixed window without Start, whose grid it places):
 // what a store executes. Front doors that compile limits once call it.
-func (l Limit) Params(key string) (bucket.Params, error) {
+// A calendar window's params are those of the window that holds the
+// present instant: decisions resolve theirs at their own time.
+func (l Limit) Params(key string) (bucket.Params, error) { return l.paramsAt(key, time.Time{}) }
+
+// paramsAt is Params for a decision at t (zero: now, by the caller's
+// clock, which places a calendar window when the store decides on its
+// own clock: see bucket.Calendar).
+func (l Limit) paramsAt(key string, t time.Time) (bucket.Params, error) {
 	if err := l.Validate(); err != nil {
 		return bucket.Params{}, err
 	}
@@ -111,6 +119,16 @@ func (l Limit) Params(key string) (bucket.Params, error) {
 		p.MaxReserved = toMicro(l.MaxReserved)
 	}
 	switch {
+	case l.Calendar != "":
+		if t.IsZero() {
+			t = time.Now()
+		}
+		u, _ := calendar.ParseUnit(l.Calendar) // valid
+		start, end := calendar.Period{Unit: u, Loc: l.Location}.Window(t)
+		p.Kind = bucket.Calendar
+		p.Start = start.UnixNano()
+		p.Period = end.Sub(start).Nanoseconds()
+		p.Rate = p.Burst
 	case l.Algorithm == SlidingWindow:
 		// The window's slots must be at least a nanosecond long; the
 		// limit is a count, so what a sliding window reserves never
@@ -135,8 +153,13 @@ func (l Limit) slots() int {
 	return l.Slots
 }
 
-// keyDependent reports whether l's Params depend on the key.
-func (l Limit) keyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
+// keyDependent reports whether l's Params depend on the key, so that a
+// Limiter resolves them at each decision.
+// A calendar window's depend on the time: they are resolved at every
+// decision.
+func (l Limit) keyDependent() bool {
+	return l.Algorithm == FixedWindow && (l.Start == 0 || l.Calendar != "")
+}
 
 // Concurrent reports whether l is a concurrency limit.
 func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }

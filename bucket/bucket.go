@@ -118,7 +118,7 @@ type Prepared struct {
 // with TS now, or for a fixed window the start of the current window.
 func (p Params) Fresh(now int64) State {
 	ts := now
-	if p.Kind == Window {
+	if p.Kind == Window || p.Kind == Calendar {
 		ts = now - floorMod(now-p.Start, p.Period)
 	}
 	return State{Tokens: p.Burst, TS: ts}
@@ -242,6 +242,9 @@ func (p Params) NeedFor(cost int64, reserve bool) int64 {
 func Eval(op Op, b State, found bool, p Params, cost int64, reserve bool, now int64) (Result, State, bool) {
 	// full is when b is full again, kept for ResetAfter while the bucket
 	// stays as it was (a denial or a peek on a hot key), to divide once.
+	if p.Kind == Calendar {
+		found, now = p.calendarNow(b, found, now)
+	}
 	var full int64
 	if found {
 		full = p.reach(b, p.Burst)

@@ -119,12 +119,11 @@ func EvalSliding(op Op, s SlidingState, found bool, p SlidingParams, cost, now i
 			}
 			return p.result(false, s, used, time.Duration(retry), now), s, false
 		}
-		if op == Take {
-			s.Counts[len(s.Counts)-1] += cost
-			used += cost
-			return p.result(true, s, used, 0, now), s, true
-		}
-		return p.result(true, s, used, 0, now), s, false
+		// A peek answers as the take would (s is shift's copy), and
+		// writes nothing.
+		s.Counts[len(s.Counts)-1] += cost
+		used += cost
+		return p.result(true, s, used, 0, now), s, op == Take
 	}
 	return Result{}, s, false
 }

@@ -86,8 +86,8 @@ func Cost(op bucket.Op, cost float64, reserve bool, p bucket.Params) (int64, err
 		}
 		return bucket.Micro, nil
 	}
-	if p.Kind == bucket.Sliding && reserve {
-		return 0, fmt.Errorf("%w: reserve does not apply to a sliding window", ErrInvalidCost)
+	if (p.Kind == bucket.Sliding || p.Kind == bucket.Calendar) && reserve {
+		return 0, fmt.Errorf("%w: reserve does not apply to a sliding or calendar window", ErrInvalidCost)
 	}
 	c := bucket.CostMicro(cost)
 	return c, checkBurst(op, c, cost, reserve, p)

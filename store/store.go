@@ -60,8 +60,10 @@ type Caps struct {
 	// (bucket.Concurrency items).
 	Leases bool
 	// Sliding reports that the store holds sliding windows (bucket.Sliding
-	// items). A store without it refuses them with ErrUnsupported.
-	Sliding bool
+	// items), and Calendar calendar windows (bucket.Calendar items). A
+	// store without them refuses such items with ErrUnsupported
+	// (CheckKinds).
+	Sliding, Calendar bool
 	// Overrides is the store's side that keeps per-tenant limits (package
 	// override), or nil when it keeps none.
 	Overrides Overrides
@@ -120,12 +122,16 @@ var (
 	ErrNotColocated = errors.New("keys cannot be applied in one atomic step")
 )
 
-// CheckSliding reports ErrUnsupported when items hold a sliding window:
-// the check of a store whose Caps.Sliding is false.
-func CheckSliding(items []bucket.Prepared) error {
+// CheckKinds reports ErrUnsupported when items hold a sliding window and
+// c has no Sliding, or a calendar window and c has no Calendar: the check
+// of a store that holds neither.
+func CheckKinds(items []bucket.Prepared, c Caps) error {
 	for i := range items {
-		if items[i].Params.Kind == bucket.Sliding {
+		switch k := items[i].Params.Kind; {
+		case k == bucket.Sliding && !c.Sliding:
 			return fmt.Errorf("%w: sliding_window (key %q)", ErrUnsupported, items[i].Key)
+		case k == bucket.Calendar && !c.Calendar:
+			return fmt.Errorf("%w: a calendar period (key %q)", ErrUnsupported, items[i].Key)
 		}
 	}
 	return nil

@@ -16,6 +16,10 @@ import (
 type Model struct {
 	buckets map[string]*modelBucket
 	logs    map[string]*slidingLog // sliding windows (slidingmodel.go)
+	// Calendar windows (calendarmodel.go): each key's count, and the
+	// limit its last request named (Prepare notes it).
+	counts    map[string]calendarCount
+	calendars map[string]drip.Limit
 }
 
 type modelBucket struct {
@@ -24,7 +28,8 @@ type modelBucket struct {
 
 // NewModel returns an empty model.
 func NewModel() *Model {
-	return &Model{buckets: map[string]*modelBucket{}, logs: map[string]*slidingLog{}}
+	return &Model{buckets: map[string]*modelBucket{}, logs: map[string]*slidingLog{},
+		counts: map[string]calendarCount{}, calendars: map[string]drip.Limit{}}
 }
 
 // ModelDecision is a decision in exact arithmetic.
@@ -143,6 +148,9 @@ func (m *Model) Apply(op bucket.Op, p bucket.Prepared, at time.Time, write bool,
 	if p.Params.Kind == bucket.Sliding {
 		return m.applySliding(op, p, at, write)
 	}
+	if l, ok := m.calendars[p.Key]; ok {
+		return m.applyCalendar(op, p, l, at, write)
+	}
 	l := modelLimit(p.Params)
 	now := new(big.Rat).SetInt64(at.UnixNano())
 	cost := big.NewRat(p.Cost, bucket.Micro)
@@ -196,7 +204,11 @@ func (m *Model) Apply(op bucket.Op, p bucket.Prepared, at time.Time, write bool,
 }
 
 // Reset forgets key.
-func (m *Model) Reset(key string) { delete(m.buckets, key); delete(m.logs, key) }
+func (m *Model) Reset(key string) {
+	delete(m.buckets, key)
+	delete(m.logs, key)
+	delete(m.counts, key)
+}
 
 // Prepare is the model's own reading of a request: the errors docs/semantics.md
 // names for op and cost, decided in exact arithmetic (the limit itself is
@@ -219,8 +231,13 @@ func (m *Model) Prepare(op bucket.Op, r drip.Request) (bucket.Prepared, error) {
 	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > 1e12 {
 		return bucket.Prepared{}, drip.ErrInvalidCost
 	}
-	if p.Kind == bucket.Sliding && r.Reserve {
-		return bucket.Prepared{}, drip.ErrInvalidCost // a sliding window takes no reservations
+	if (p.Kind == bucket.Sliding || r.Limit.Calendar != "") && r.Reserve {
+		return bucket.Prepared{}, drip.ErrInvalidCost // no reservations on sliding or calendar windows
+	}
+	if r.Limit.Calendar != "" {
+		m.calendars[r.Key] = r.Limit
+	} else {
+		delete(m.calendars, r.Key)
 	}
 	micro := int64(math.Round(r.Cost * bucket.Micro))
 	l := modelLimit(p)

@@ -78,11 +78,10 @@ func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, writ
 			}
 		}
 	default:
+		// A peek answers as the take would, and writes nothing.
 		d.Allowed = true
-		if op == bucket.Take {
-			entries = append(append([]slidingEntry(nil), l.entries...), slidingEntry{j, p.Cost})
-			used += p.Cost
-		}
+		entries = append(append([]slidingEntry(nil), l.entries...), slidingEntry{j, p.Cost})
+		used += p.Cost
 	}
 	d.Tokens = big.NewRat(limit-used, bucket.Micro)
 	// Reset: when the newest entry of the window with a count leaves it.

@@ -236,9 +236,9 @@ func (s *Store) clock() int64 {
 }
 
 // Caps implements store.Store: the store decides in process, holds
-// leases and sliding windows, and keeps overrides (override.go).
+// leases, sliding and calendar windows, and keeps overrides (override.go).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{InProcess: true, Leases: true, Sliding: true, Overrides: s}
+	return store.Caps{InProcess: true, Leases: true, Sliding: true, Calendar: true, Overrides: s}
 }
 
 // Apply implements store.Store. One item is decided under its shard's

@@ -285,8 +285,8 @@ var errRace = errors.New("pgstore: bucket appeared during the statement")
 // the batcher when batching), several, or a concurrency limit's, by
 // multi.sql, one statement, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if err := store.CheckSliding(items); err != nil {
-		return err // not yet held here: Caps.Sliding is false
+	if err := store.CheckKinds(items, store.Caps{}); err != nil {
+		return err // neither held here yet: Caps.Sliding and Caps.Calendar are false
 	}
 	if len(items) != 1 || items[0].Params.Kind == bucket.Concurrency {
 		// multi.sql is also the one statement that holds leases.

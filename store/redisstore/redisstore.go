@@ -178,8 +178,8 @@ func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 // Apply implements store.Store: one item through the batcher (or a batch
 // of one), several in one call of the script, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if err := store.CheckSliding(items); err != nil {
-		return err // not yet held here: Caps.Sliding is false
+	if err := store.CheckKinds(items, store.Caps{}); err != nil {
+		return err // neither held here yet: Caps.Sliding and Caps.Calendar are false
 	}
 	if len(items) != 1 {
 		return s.applyMulti(ctx, op, at, items, results)
