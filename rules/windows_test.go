@@ -1,10 +1,12 @@
 package rules
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
 )
 
 // TestSlidingWindowRule: a sliding_window rule is its rate per period,
@@ -34,5 +36,41 @@ func TestSlidingWindowRule(t *testing.T) {
 		if slots := max(w.Slots, 10); p.Parts != int64(slots) {
 			t.Errorf("rule %d: %d slots, want %d", i, p.Parts, slots)
 		}
+	}
+}
+
+// TestCalendarRule: "period": "day" | "week" | "month" on a fixed window
+// is a calendar window in its time zone (UTC without one).
+func TestCalendarRule(t *testing.T) {
+	set, err := Parse([]byte(`{"rules": [
+		{"name": "a", "limit_keys": ["global"], "algorithm": "fixed_window",
+		 "algorithm_config": {"rate": 10000, "period": "month", "time_zone": "Europe/Berlin"}},
+		{"name": "b", "limit_keys": ["global"], "algorithm": "fixed_window",
+		 "algorithm_config": {"rate": 5, "period": "week"}}
+	]}`), "calendar.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := set.Rules[0].Limit, set.Rules[1].Limit
+	if a.Algorithm != drip.FixedWindow || a.Calendar != "month" || a.Location.String() != berlin.String() || a.Rate != 10000 || a.Period != 0 {
+		t.Errorf("rule a: %+v", a)
+	}
+	if b.Calendar != "week" || b.Location != nil || b.Rate != 5 {
+		t.Errorf("rule b: %+v", b)
+	}
+	// A take on 2026-03-30 (after Berlin's change to summer time) is in
+	// March in Berlin, which ends on 31 March at 22:00 UTC (midnight CEST).
+	st := memstore.New(memstore.WithSweep(0))
+	at := time.Date(2026, 3, 30, 12, 0, 0, 0, time.UTC)
+	d, err := drip.New(st, a, drip.WithClock(func() time.Time { return at })).Take(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 34 * time.Hour; !d.Allowed || d.ResetAfter != want || d.Remaining != 9999 {
+		t.Errorf("take: %+v, want allowed, 9999 left and a reset after %v", d, want)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+
+	_ "time/tzdata" // calendar periods' time zones, also in an empty root (the container)
 )
 
 // version, when set at build time with -ldflags "-X main.version=...",
