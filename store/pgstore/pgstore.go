@@ -260,6 +260,9 @@ type result struct {
 // bucket with the Go math (Params.Until), not from SQL.
 func (r result) result(op bucket.Op, p bucket.Prepared) bucket.Result {
 	n := bucket.State{Tokens: r.tokens, TS: r.ts}
+	if p.Params.Kind == bucket.Calendar {
+		r.now = max(r.now, p.Params.Start) // eval.sql decides at the window's start, at the earliest
+	}
 	var retry time.Duration
 	switch {
 	case op == bucket.Refund:
@@ -285,8 +288,8 @@ var errRace = errors.New("pgstore: bucket appeared during the statement")
 // the batcher when batching), several, or a concurrency limit's, by
 // multi.sql, one statement, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if err := store.CheckKinds(items, store.Caps{}); err != nil {
-		return err // neither held here yet: Caps.Sliding and Caps.Calendar are false
+	if err := store.CheckKinds(items, store.Caps{Calendar: true}); err != nil {
+		return err // no sliding windows here yet: Caps.Sliding is false
 	}
 	if len(items) != 1 || items[0].Params.Kind == bucket.Concurrency {
 		// multi.sql is also the one statement that holds leases.
@@ -311,9 +314,9 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	return nil
 }
 
-// Caps implements store.Store: the store holds leases and keeps
-// overrides (override.go).
-func (s *Store) Caps() store.Caps { return store.Caps{Leases: true, Overrides: s} }
+// Caps implements store.Store: the store holds leases and calendar
+// windows, and keeps overrides (override.go).
+func (s *Store) Caps() store.Caps { return store.Caps{Leases: true, Calendar: true, Overrides: s} }
 
 // applyOne decides one request with one statement (take.sql, peek.sql);
 // a take or refund carries its caller's deadline dl (zero: none).

@@ -16,7 +16,8 @@
 -- enough).
 -- ARGV[2] is the number of distinct shapes S (a limit with a cost), then
 -- one string per shape of 10 decimal integers separated by spaces: kind
--- (0 continuous, 1 interval, 2 fixed window), rate, period, crate, cperiod
+-- (0 continuous, 1 interval, 2 fixed window, 5 calendar window), rate,
+-- period, crate, cperiod
 -- (rate and period divided by their gcd), burst, max_reserved (-1: no
 -- bound), start, cost, reserve (1 or 0). Then one string of packed
 -- requests, a record per key (struct format '<IBdd'): its shape (1..S);
@@ -43,6 +44,9 @@
 -- buckets vanish; a missing key is a fresh bucket.
 
 local NS = 1000000000
+-- CAL is the kind of a calendar window (bucket.Calendar): a fixed window
+-- whose start (l.ss, l.sn) is an instant, with two rules more (decide).
+local CAL = 5
 local rcall, rpcall = redis.call, redis.pcall
 local pack, unpack, byte, concat = struct.pack, struct.unpack, string.byte, table.concat
 local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
@@ -75,7 +79,7 @@ end
 
 -- fresh is the bucket of a key never seen (or expired) at now.
 local function fresh(l, nows, nown)
-  if l.kind == 2 then
+  if l.kind == 2 or l.kind == CAL then
     -- m = (now - start) mod period
     local _, m, a, b
     if type(l.period) == 'number' and l.period < 67108864 then
@@ -101,7 +105,7 @@ local function expired(l, nows, nown, tokens, s, n)
   local need = sub(l.burst, tokens)
   local short = cmp(need, 0) > 0
   local c = tcmp(nows, nown, s, n)
-  if l.kind == 2 and not short then return c >= 0 end
+  if (l.kind == 2 or l.kind == CAL) and not short then return c >= 0 end
   if c <= 0 then return false end
   local k = 0
   if short then
@@ -220,6 +224,10 @@ end
 -- found), and the bucket after (tokens, s, n).
 local function decide(v, l, op, nows, nown)
   local flags = 0
+  if l.kind == CAL and tcmp(nows, nown, l.ss, l.sn) < 0 then
+    -- A clock behind the calendar window's start decides at it.
+    nows, nown = l.ss, l.sn
+  end
   local otok, os, on, dl = 0, 0, 0, nil
   local tok, s, n
   if type(v) == 'table' and v.err then
@@ -241,7 +249,9 @@ local function decide(v, l, op, nows, nown)
     end
     if flags == 4 then
       s, n = os, on
-      if l.kind ~= 0 then
+      if l.kind == CAL and tcmp(s, n, l.ss, l.sn) < 0 then
+        tok = nil -- a state from an earlier calendar window: fresh
+      elseif l.kind ~= 0 then
         if expired(l, nows, nown, tok, s, n) then
           tok = nil
         else
@@ -443,6 +453,7 @@ local function parseShape(txt)
     and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
   t.fastTake = t.fast and t.kind == 0 and type(t.cost) == 'number' and t.cost < HALF
   if t.kind == LEASE then t.slots = t.burst / 1000000 end
+  if t.kind == CAL then t.ss, t.sn = divmod(t.start, NS) end
   return t
 end
 

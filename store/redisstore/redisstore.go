@@ -178,8 +178,8 @@ func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 // Apply implements store.Store: one item through the batcher (or a batch
 // of one), several in one call of the script, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if err := store.CheckKinds(items, store.Caps{}); err != nil {
-		return err // neither held here yet: Caps.Sliding and Caps.Calendar are false
+	if err := store.CheckKinds(items, store.Caps{Calendar: true}); err != nil {
+		return err // no sliding windows here yet: Caps.Sliding is false
 	}
 	if len(items) != 1 {
 		return s.applyMulti(ctx, op, at, items, results)
@@ -204,11 +204,11 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	return err
 }
 
-// Caps implements store.Store: the store holds leases and keeps overrides
-// (override.go); on Redis Cluster, keys of one call must share a hash slot
+// Caps implements store.Store: the store holds leases and calendar
+// windows, and keeps overrides (override.go); on Redis Cluster, keys of one call must share a hash slot
 // (ErrCrossSlot).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{SplitsKeys: s.cluster, Leases: true, Overrides: s}
+	return store.Caps{SplitsKeys: s.cluster, Leases: true, Calendar: true, Overrides: s}
 }
 
 // applyMulti applies several items in one call of the script.
