@@ -170,14 +170,16 @@ func TestWait(t *testing.T) {
 
 // TestCoreImportsStdlibOnly keeps the core packages free of dependencies
 // and the arrows between them pointing one way: drip imports the standard
-// library, bucket, store and internal/calendar (the windows of calendar
-// periods); store imports the standard library and bucket; bucket and
-// internal/calendar the standard library only.
+// library, bucket, store, internal/seconds and internal/calendar (the
+// windows of calendar periods); store imports the standard library and
+// bucket; bucket, internal/seconds and internal/calendar the standard
+// library only.
 func TestCoreImportsStdlibOnly(t *testing.T) {
 	for dir, allowed := range map[string][]string{
-		".":                 {"github.com/driplimit/drip/bucket", "github.com/driplimit/drip/store", "github.com/driplimit/drip/internal/calendar"},
+		".":                 {"github.com/driplimit/drip/bucket", "github.com/driplimit/drip/store", "github.com/driplimit/drip/internal/seconds", "github.com/driplimit/drip/internal/calendar"},
 		"store":             {"github.com/driplimit/drip/bucket"},
 		"bucket":            nil,
+		"internal/seconds":  nil,
 		"internal/calendar": nil,
 	} {
 		pkg, err := build.ImportDir(dir, 0)

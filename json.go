@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"strconv"
 	"time"
+
+	"github.com/driplimit/drip/internal/seconds"
 )
 
 // The JSON shapes of docs/api.md, shared by drip replay, the decision API and
@@ -14,17 +15,17 @@ import (
 // string ("10s") or a number of seconds.
 
 type limitJSON struct {
-	Algorithm   Algorithm   `json:"algorithm,omitempty"`
-	Rate        float64     `json:"rate,omitempty"`
-	Period      *periodJSON `json:"period,omitempty"`
-	TimeZone    string      `json:"time_zone,omitempty"`
-	Slots       int         `json:"slots,omitempty"`
-	Burst       *float64    `json:"burst,omitempty"`
-	Refill      Refill      `json:"refill,omitempty"`
-	Start       *Seconds    `json:"start,omitempty"`
-	MaxReserved float64     `json:"max_reserved,omitempty"`
-	MaxInFlight int         `json:"max_in_flight,omitempty"`
-	LeaseTTL    *Seconds    `json:"lease_ttl,omitempty"`
+	Algorithm   Algorithm         `json:"algorithm,omitempty"`
+	Rate        float64           `json:"rate,omitempty"`
+	Period      *periodJSON       `json:"period,omitempty"`
+	TimeZone    string            `json:"time_zone,omitempty"`
+	Slots       int               `json:"slots,omitempty"`
+	Burst       *float64          `json:"burst,omitempty"`
+	Refill      Refill            `json:"refill,omitempty"`
+	Start       *seconds.Duration `json:"start,omitempty"`
+	MaxReserved float64           `json:"max_reserved,omitempty"`
+	MaxInFlight int               `json:"max_in_flight,omitempty"`
+	LeaseTTL    *seconds.Duration `json:"lease_ttl,omitempty"`
 }
 
 // MarshalJSON encodes l as {"rate": 10, "period": "1s", ...}.
@@ -37,17 +38,17 @@ func (l Limit) MarshalJSON() ([]byte, error) {
 		j.TimeZone = l.Location.String()
 	}
 	if l.LeaseTTL != 0 {
-		t := Seconds(l.LeaseTTL)
+		t := seconds.Duration(l.LeaseTTL)
 		j.LeaseTTL = &t
 	}
 	if l.Period != 0 {
-		j.Period = &periodJSON{d: Seconds(l.Period)}
+		j.Period = &periodJSON{d: seconds.Duration(l.Period)}
 	}
 	if l.Burst != 0 {
 		j.Burst = &l.Burst
 	}
 	if l.Start != 0 {
-		s := Seconds(l.Start)
+		s := seconds.Duration(l.Start)
 		j.Start = &s
 	}
 	return json.Marshal(j)
@@ -105,7 +106,7 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 // periodJSON is a limit's period in JSON: a duration, or a calendar
 // period ("day", "week", "month").
 type periodJSON struct {
-	d        Seconds
+	d        seconds.Duration
 	calendar string
 }
 
@@ -139,62 +140,6 @@ func loadZone(name string) (*time.Location, error) {
 		return nil, fmt.Errorf("%w: unknown time_zone %q", ErrInvalidLimit, name)
 	}
 	return loc, nil
-}
-
-// Seconds is a duration that reads from JSON as a Go duration string
-// ("1.5s", "2m") or a number of seconds (1.5, "1.5"), and writes as a Go
-// duration string.
-type Seconds time.Duration
-
-// MarshalJSON writes s as a Go duration string.
-func (s Seconds) MarshalJSON() ([]byte, error) {
-	return json.Marshal(time.Duration(s).String())
-}
-
-// UnmarshalJSON reads a duration string or a number of seconds.
-func (s *Seconds) UnmarshalJSON(b []byte) error {
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	d, err := ParseSeconds(v)
-	if err != nil {
-		return err
-	}
-	*s = Seconds(d)
-	return nil
-}
-
-// ParseSeconds reads a JSON value as a duration: a number of seconds, a
-// numeric string of seconds, or a Go duration string.
-func ParseSeconds(v any) (time.Duration, error) {
-	switch x := v.(type) {
-	case float64:
-		return secondsToDuration(x)
-	case json.Number:
-		f, err := x.Float64()
-		if err != nil {
-			return 0, err
-		}
-		return secondsToDuration(f)
-	case string:
-		if f, err := strconv.ParseFloat(x, 64); err == nil {
-			return secondsToDuration(f)
-		}
-		d, err := time.ParseDuration(x)
-		if err != nil {
-			return 0, fmt.Errorf("%q is not a duration (\"10s\") or a number of seconds", x)
-		}
-		return d, nil
-	}
-	return 0, fmt.Errorf("%v is not a duration (\"10s\") or a number of seconds", v)
-}
-
-func secondsToDuration(f float64) (time.Duration, error) {
-	if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > 9e9 {
-		return 0, fmt.Errorf("%v is not a usable number of seconds", f)
-	}
-	return time.Duration(math.Round(f * 1e9)), nil
 }
 
 type decisionJSON struct {

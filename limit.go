@@ -1,7 +1,6 @@
 package drip
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -159,17 +158,6 @@ func Per(rate float64, period time.Duration) Limit {
 	return Limit{Rate: rate, Period: period}
 }
 
-// Every is Per under its former name: Every(rate, period) is rate tokens
-// per period.
-//
-// Deprecated: use Per. Beware: Every does NOT mean what
-// golang.org/x/time/rate's Every means. rate.Every(interval) is one event
-// per interval; drip.Every(n, period) is n tokens per period. So
-// rate.Every(10*time.Second) is one every 10 seconds, while
-// drip.Every(10, time.Second) is 10 every second. drip.Per(1, d) is the
-// limit rate.Every(d) describes.
-func Every(rate float64, period time.Duration) Limit { return Per(rate, period) }
-
 // WithBurst returns l with capacity burst.
 func (l Limit) WithBurst(burst float64) Limit { l.Burst = burst; return l }
 
@@ -185,16 +173,12 @@ func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
 // Errors returned for bad input. They are wrapped with details; test with
 // errors.Is. Being over the limit is never an error: it is a Decision.
 var (
-	ErrInvalidLimit     = errors.New("invalid limit")
+	ErrInvalidLimit     = store.ErrInvalidLimit
 	ErrInvalidCost      = store.ErrInvalidCost
 	ErrMissingKey       = store.ErrMissingKey
 	ErrCostExceedsBurst = store.ErrCostExceedsBurst
 	ErrKeyTooLong       = store.ErrKeyTooLong
-	ErrInvalidLease     = store.ErrInvalidLease
-	ErrNoRequests       = store.ErrNoRequests
 	ErrDuplicateKey     = store.ErrDuplicateKey
-	ErrNotColocated     = store.ErrNotColocated
-	ErrInvalidOp        = store.ErrInvalidOp
 )
 
 func (l Limit) period() time.Duration {
@@ -362,7 +346,7 @@ func (l Limit) String() string {
 // periods for a continuous refill, whole periods for interval refill and
 // fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
 // 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-// The RateLimit-Policy header's "w" is CeilSeconds(l.FillTime()). For a
+// The RateLimit-Policy header's "w" is it in whole seconds, rounded up. For a
 // concurrency limit it is the lease TTL: the longest a slot stays taken.
 func (l Limit) FillTime() time.Duration {
 	p, err := l.Params("")
@@ -373,19 +357,6 @@ func (l Limit) FillTime() time.Duration {
 		return l.leaseTTL()
 	}
 	return p.Until(bucket.State{}, p.Burst, 0)
-}
-
-// CeilSeconds is d in whole seconds, rounded up (0 for d <= 0), as HTTP
-// headers count time.
-func CeilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
 }
 
 // forKey returns l with every default that depends on the key made
@@ -399,3 +370,84 @@ func (l Limit) forKey(key string) Limit {
 	}
 	return l
 }
+
+// Params validates l and resolves it to fixed point for key (the key
+// matters only to a fixed window without Start, whose grid it places):
+// what a store executes. Front doors that compile limits once call it.
+// A calendar window's params are those of the window that holds the
+// present instant: decisions resolve theirs at their own time.
+func (l Limit) Params(key string) (bucket.Params, error) { return l.paramsAt(key, time.Time{}) }
+
+// paramsAt is Params for a decision at t (zero: now, by the caller's
+// clock, which places a calendar window when the store decides on its
+// own clock: see bucket.Calendar).
+func (l Limit) paramsAt(key string, t time.Time) (bucket.Params, error) {
+	if err := l.Validate(); err != nil {
+		return bucket.Params{}, err
+	}
+	l = l.forKey(key)
+	if l.Algorithm == Concurrency {
+		return bucket.Params{
+			Kind:   bucket.Concurrency,
+			Burst:  int64(l.MaxInFlight) * bucket.Micro,
+			Period: int64(l.leaseTTL()),
+		}, nil
+	}
+	p := bucket.Params{
+		Rate:   toMicro(l.Rate),
+		Period: int64(l.period()),
+		Burst:  toMicro(l.burst()),
+		// No bound on reservations is, in fixed point, the largest amount
+		// drip takes (1e12 tokens): debt then stays far inside an int64,
+		// and burst - tokens cannot overflow however many reservations
+		// pile up.
+		MaxReserved: toMicro(maxAmount),
+	}
+	if l.MaxReserved > 0 {
+		p.MaxReserved = toMicro(l.MaxReserved)
+	}
+	switch {
+	case l.Calendar != "":
+		if t.IsZero() {
+			t = time.Now()
+		}
+		u, _ := calendar.ParseUnit(l.Calendar) // valid
+		start, end := calendar.Period{Unit: u, Loc: l.Location}.Window(t)
+		p.Kind = bucket.Calendar
+		p.Start = start.UnixNano()
+		p.Period = end.Sub(start).Nanoseconds()
+		p.Rate = p.Burst
+	case l.Algorithm == SlidingWindow:
+		// The limit is a count: the rate is the burst (so that a divided
+		// limit stays whole), and reserve is refused.
+		p.Kind = bucket.Sliding
+		p.Rate = p.Burst
+		p.MaxReserved = 0
+		p.Parts = int64(min(int64(l.slots()), p.Period))
+	case l.Algorithm == FixedWindow:
+		p.Kind = bucket.Window
+		p.Start = int64(l.Start) % p.Period
+	case l.Refill == Interval:
+		p.Kind = bucket.Interval
+	}
+	return p, nil
+}
+
+func (l Limit) slots() int {
+	if l.Slots == 0 {
+		return bucket.DefaultSlots
+	}
+	return l.Slots
+}
+
+// keyDependent reports whether l's Params depend on the key (or, for a
+// calendar window, on the time), so that a Limiter resolves them at each
+// decision.
+func (l Limit) keyDependent() bool {
+	return l.Algorithm == FixedWindow && (l.Start == 0 || l.Calendar != "")
+}
+
+// Concurrent reports whether l is a concurrency limit.
+func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }
+
+func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }
