@@ -2,6 +2,7 @@ package rules
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +73,30 @@ func TestCalendarRule(t *testing.T) {
 	}
 	if want := 34 * time.Hour; !d.Allowed || d.ResetAfter != want || d.Remaining != 9999 {
 		t.Errorf("take: %+v, want allowed, 9999 left and a reset after %v", d, want)
+	}
+}
+
+// TestWindowClaims: a claimed rate is a sliding window's whole limit (its
+// burst follows), and a burst_claim is refused with its path.
+func TestWindowClaims(t *testing.T) {
+	set, err := Parse([]byte(`{"jwt": {"verify": false}, "rules": [
+		{"name": "a", "limit_keys": ["global"], "algorithm": "sliding_window",
+		 "algorithm_config": {"rate": 10, "period": "1m"},
+		 "limit_from_claims": {"rate_claim": "rpm", "max_rate": 100}}
+	]}`), "claims.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, ok := set.Rules[0].LimitFor(func(s Source) (string, bool) { return "50", s.Name == "rpm" })
+	if !ok || l.Rate != 50 || l.Burst != 50 || l.Validate() != nil {
+		t.Errorf("claimed limit %+v (%v), want 50 per minute", l, ok)
+	}
+	_, err = Parse([]byte(`{"jwt": {"verify": false}, "rules": [
+		{"name": "a", "limit_keys": ["global"], "algorithm": "fixed_window",
+		 "algorithm_config": {"rate": 10, "period": "day"},
+		 "limit_from_claims": {"burst_claim": "b", "max_burst": 100}}
+	]}`), "claims.json")
+	if err == nil || !strings.Contains(err.Error(), "rules[0].limit_from_claims.burst_claim: a sliding or calendar window has no burst apart from its rate") {
+		t.Errorf("a burst_claim on a calendar window: err = %v", err)
 	}
 }
