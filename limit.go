@@ -50,6 +50,10 @@ const MaxLeaseTTL = 24 * time.Hour
 // a megabyte).
 const MaxInFlight = 10_000
 
+// MaxSlidingRate bounds a sliding window's rate, so that its counts stay
+// exact in every store's arithmetic (doubles in Redis's scripts).
+const MaxSlidingRate = 1e9
+
 // Refill names how a token bucket refills.
 type Refill string
 
@@ -216,6 +220,11 @@ func (l Limit) Validate() error {
 		}
 		if l.Slots < 0 || l.Slots > bucket.MaxSlots {
 			problems = append(problems, fmt.Sprintf("slots must be from 1 to %d", bucket.MaxSlots))
+		} else if l.period() < time.Duration(l.slots())*time.Microsecond {
+			problems = append(problems, "a sliding window's slots must be at least a microsecond long (period >= slots µs)")
+		}
+		if l.Rate > MaxSlidingRate {
+			problems = append(problems, "a sliding window's rate must be at most 1e9")
 		}
 	default:
 		problems = append(problems, fmt.Sprintf("algorithm %q is not token_bucket, fixed_window, sliding_window or concurrency", l.Algorithm))
