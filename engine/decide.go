@@ -350,6 +350,9 @@ func share(l drip.Limit, f float64) drip.Limit {
 	b := Burst(l)
 	l.Burst = max(b*f, min(b, 1))
 	l.Rate *= f
+	if l.Algorithm == drip.SlidingWindow || l.Calendar != "" {
+		l.Rate, l.Burst = l.Burst, 0 // the limit is the rate: its burst follows
+	}
 	return l
 }
 
