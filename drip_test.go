@@ -25,13 +25,13 @@ func TestLimitValidate(t *testing.T) {
 		}
 	}
 	bad := map[string]drip.Limit{
-		"rate must be > 0":                                 {},
-		"rate must be a finite number":                     {Rate: float64Inf()},
-		"period must be > 0":                               {Rate: 1, Period: -1},
-		"burst must be > 0":                                {Rate: 1, Burst: -2},
-		"refill applies to token_bucket only":              {Rate: 1, Algorithm: drip.FixedWindow, Refill: drip.Interval},
-		"is not token_bucket, fixed_window or concurrency": {Rate: 1, Algorithm: "gcra"},
-		"rate must be at least 0.000001":                   {Rate: 1e-9},
+		"rate must be > 0":                    {},
+		"rate must be a finite number":        {Rate: float64Inf()},
+		"period must be > 0":                  {Rate: 1, Period: -1},
+		"burst must be > 0":                   {Rate: 1, Burst: -2},
+		"refill applies to token_bucket only": {Rate: 1, Algorithm: drip.FixedWindow, Refill: drip.Interval},
+		"is not token_bucket, fixed_window, sliding_window or concurrency": {Rate: 1, Algorithm: "gcra"},
+		"rate must be at least 0.000001":                                   {Rate: 1e-9},
 	}
 	for want, l := range bad {
 		err := l.Validate()
@@ -170,15 +170,17 @@ func TestWait(t *testing.T) {
 
 // TestCoreImportsStdlibOnly keeps the core packages free of dependencies
 // and the arrows between them pointing one way: drip imports the standard
-// library, bucket, store and internal/seconds; store imports the standard
-// library and bucket; bucket and internal/seconds the standard library
-// only.
+// library, bucket, store, internal/seconds and internal/calendar (the
+// windows of calendar periods); store imports the standard library and
+// bucket; bucket, internal/seconds and internal/calendar the standard
+// library only.
 func TestCoreImportsStdlibOnly(t *testing.T) {
 	for dir, allowed := range map[string][]string{
-		".":                {"github.com/driplimit/drip/bucket", "github.com/driplimit/drip/store", "github.com/driplimit/drip/internal/seconds"},
-		"store":            {"github.com/driplimit/drip/bucket"},
-		"bucket":           nil,
-		"internal/seconds": nil,
+		".":                 {"github.com/driplimit/drip/bucket", "github.com/driplimit/drip/store", "github.com/driplimit/drip/internal/seconds", "github.com/driplimit/drip/internal/calendar"},
+		"store":             {"github.com/driplimit/drip/bucket"},
+		"bucket":            nil,
+		"internal/seconds":  nil,
+		"internal/calendar": nil,
 	} {
 		pkg, err := build.ImportDir(dir, 0)
 		if err != nil {

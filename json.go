@@ -17,7 +17,9 @@ import (
 type limitJSON struct {
 	Algorithm   Algorithm         `json:"algorithm,omitempty"`
 	Rate        float64           `json:"rate,omitempty"`
-	Period      *seconds.Duration `json:"period,omitempty"`
+	Period      *periodJSON       `json:"period,omitempty"`
+	TimeZone    string            `json:"time_zone,omitempty"`
+	Slots       int               `json:"slots,omitempty"`
 	Burst       *float64          `json:"burst,omitempty"`
 	Refill      Refill            `json:"refill,omitempty"`
 	Start       *seconds.Duration `json:"start,omitempty"`
@@ -28,14 +30,19 @@ type limitJSON struct {
 
 // MarshalJSON encodes l as {"rate": 10, "period": "1s", ...}.
 func (l Limit) MarshalJSON() ([]byte, error) {
-	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Refill: l.Refill, MaxReserved: l.MaxReserved, MaxInFlight: l.MaxInFlight}
+	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Refill: l.Refill, MaxReserved: l.MaxReserved, MaxInFlight: l.MaxInFlight, Slots: l.Slots}
+	if l.Calendar != "" {
+		j.Period = &periodJSON{calendar: l.Calendar}
+	}
+	if l.Location != nil {
+		j.TimeZone = l.Location.String()
+	}
 	if l.LeaseTTL != 0 {
 		t := seconds.Duration(l.LeaseTTL)
 		j.LeaseTTL = &t
 	}
 	if l.Period != 0 {
-		p := seconds.Duration(l.Period)
-		j.Period = &p
+		j.Period = &periodJSON{d: seconds.Duration(l.Period)}
 	}
 	if l.Burst != 0 {
 		j.Burst = &l.Burst
@@ -58,7 +65,7 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 	}
 	// In Go a zero Period or Burst means the default; in JSON the default
 	// is an absent field, and an explicit zero is an invalid limit.
-	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Refill: j.Refill, MaxReserved: j.MaxReserved, MaxInFlight: j.MaxInFlight}
+	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Refill: j.Refill, MaxReserved: j.MaxReserved, MaxInFlight: j.MaxInFlight, Slots: j.Slots}
 	if j.LeaseTTL != nil {
 		if *j.LeaseTTL <= 0 {
 			return fmt.Errorf("%w: lease_ttl must be > 0", ErrInvalidLimit)
@@ -66,10 +73,20 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 		l.LeaseTTL = time.Duration(*j.LeaseTTL)
 	}
 	if j.Period != nil {
-		if *j.Period <= 0 {
+		if j.Period.calendar != "" {
+			l.Calendar = j.Period.calendar
+		} else if j.Period.d <= 0 {
 			return fmt.Errorf("%w: period must be > 0", ErrInvalidLimit)
+		} else {
+			l.Period = time.Duration(j.Period.d)
 		}
-		l.Period = time.Duration(*j.Period)
+	}
+	if j.TimeZone != "" {
+		loc, err := loadZone(j.TimeZone)
+		if err != nil {
+			return err
+		}
+		l.Location = loc
 	}
 	if j.Burst != nil {
 		if !(*j.Burst > 0) {
@@ -84,6 +101,45 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 		}
 	}
 	return nil
+}
+
+// periodJSON is a limit's period in JSON: a duration, or a calendar
+// period ("day", "week", "month").
+type periodJSON struct {
+	d        seconds.Duration
+	calendar string
+}
+
+func (p periodJSON) MarshalJSON() ([]byte, error) {
+	if p.calendar != "" {
+		return json.Marshal(p.calendar)
+	}
+	return p.d.MarshalJSON()
+}
+
+func (p *periodJSON) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil && (s == "day" || s == "week" || s == "month") {
+		p.calendar = s
+		return nil
+	}
+	return p.d.UnmarshalJSON(b)
+}
+
+// maxZoneLen bounds a time zone's name in JSON (the longest of the time
+// zone database is 32 bytes).
+const maxZoneLen = 64
+
+// loadZone loads a time zone of the time zone database by name.
+func loadZone(name string) (*time.Location, error) {
+	if len(name) > maxZoneLen || name == "Local" {
+		return nil, fmt.Errorf("%w: time_zone must name a zone of the time zone database", ErrInvalidLimit)
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: unknown time_zone %q", ErrInvalidLimit, name)
+	}
+	return loc, nil
 }
 
 type decisionJSON struct {

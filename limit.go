@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/calendar"
 	"github.com/driplimit/drip/store"
 )
 
@@ -29,6 +30,10 @@ const (
 	// it, and a lease not released within LeaseTTL of its acquisition
 	// frees its slot by itself (a crashed holder). See Limiter.Acquire.
 	Concurrency Algorithm = "concurrency"
+	// SlidingWindow allows at most Rate tokens in any rolling window of
+	// length Period: never more, and a denial reaches back at most one
+	// slot (Period/Slots) further than Period. See docs/semantics.md.
+	SlidingWindow Algorithm = "sliding_window"
 )
 
 // DefaultLeaseTTL is the lease TTL of a concurrency limit without one.
@@ -47,6 +52,10 @@ const MaxLeaseTTL = 24 * time.Hour
 // state, not the time: it was 10,000 while the memory store and
 // PostgreSQL rewrote a key's leases whole at each acquire and release.
 const MaxInFlight = 1_000_000
+
+// MaxSlidingRate bounds a sliding window's rate, so that its counts stay
+// exact in every store's arithmetic (doubles in Redis's scripts).
+const MaxSlidingRate = 1e9
 
 // Refill names how a token bucket refills.
 type Refill string
@@ -108,6 +117,20 @@ type Limit struct {
 	// crashed) comes back after it. Zero means DefaultLeaseTTL. Other
 	// algorithms leave it zero.
 	LeaseTTL time.Duration
+	// Slots is, for a SlidingWindow, how many slots its window is cut
+	// into: 1 to 1000, zero meaning 10. More slots count closer to the
+	// exact rolling window (a denial reaches back at most Period/Slots
+	// further than Period) at the cost of a count per slot per key. Other
+	// algorithms leave it zero.
+	Slots int
+	// Calendar is, for a FixedWindow, a calendar period instead of a
+	// Period: "day", "week" (ISO, from Monday) or "month", each window
+	// starting at local midnight in Location (nil: UTC), DST included. A
+	// calendar window holds Rate tokens (Burst must be zero or Rate), and
+	// Period and Start stay zero. See docs/semantics.md.
+	Calendar string
+	// Location is the time zone of a Calendar window (nil: UTC).
+	Location *time.Location
 }
 
 // InFlight returns a concurrency limit of n slots whose leases last ttl
@@ -194,9 +217,25 @@ func (l Limit) Validate() error {
 		if l.Refill != "" {
 			problems = append(problems, "refill applies to token_bucket only")
 		}
+	case SlidingWindow:
+		if l.Refill != "" || l.Start != 0 || l.MaxReserved != 0 || (l.Burst != 0 && l.Burst != l.Rate) {
+			problems = append(problems, "refill, start, max_reserved and a burst other than the rate do not apply to sliding_window")
+		}
+		if l.Slots < 0 || l.Slots > bucket.MaxSlots {
+			problems = append(problems, fmt.Sprintf("slots must be from 1 to %d", bucket.MaxSlots))
+		} else if l.period() < time.Duration(l.slots())*time.Microsecond {
+			problems = append(problems, "a sliding window's slots must be at least a microsecond long (period >= slots µs)")
+		}
+		if l.Rate > MaxSlidingRate {
+			problems = append(problems, "a sliding window's rate must be at most 1e9")
+		}
 	default:
-		problems = append(problems, fmt.Sprintf("algorithm %q is not token_bucket, fixed_window or concurrency", l.Algorithm))
+		problems = append(problems, fmt.Sprintf("algorithm %q is not token_bucket, fixed_window, sliding_window or concurrency", l.Algorithm))
 	}
+	if l.Slots != 0 && l.Algorithm != SlidingWindow {
+		problems = append(problems, "slots applies to sliding_window only")
+	}
+	problems = append(problems, l.checkCalendar()...)
 	switch l.Refill {
 	case "", Continuous, Interval:
 	default:
@@ -258,6 +297,27 @@ func checkAmount(x float64) string {
 	return ""
 }
 
+// checkCalendar is Validate for the fields of a calendar window.
+func (l Limit) checkCalendar() []string {
+	if l.Calendar == "" {
+		if l.Location != nil {
+			return []string{"time_zone applies to a calendar period only"}
+		}
+		return nil
+	}
+	var problems []string
+	if _, err := calendar.ParseUnit(l.Calendar); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if l.Algorithm != FixedWindow {
+		problems = append(problems, "a calendar period applies to fixed_window only")
+	}
+	if l.Period != 0 || l.Start != 0 || l.MaxReserved != 0 || (l.Burst != 0 && l.Burst != l.Rate) {
+		problems = append(problems, "a calendar period takes no period, start, max_reserved or burst other than the rate")
+	}
+	return problems
+}
+
 // String renders l compactly, e.g. "10/1s burst 20" or
 // "fixed_window 100/1m0s burst 100".
 func (l Limit) String() string {
@@ -265,16 +325,27 @@ func (l Limit) String() string {
 	if l.Algorithm == Concurrency {
 		return "concurrency " + strconv.Itoa(l.MaxInFlight) + " lease_ttl " + l.leaseTTL().String()
 	}
-	if l.Algorithm == FixedWindow {
-		b.WriteString("fixed_window ")
+	if l.Algorithm == FixedWindow || l.Algorithm == SlidingWindow {
+		b.WriteString(string(l.Algorithm) + " ")
 	}
 	b.WriteString(strconv.FormatFloat(l.Rate, 'g', -1, 64))
 	b.WriteString("/")
-	b.WriteString(l.period().String())
+	if l.Calendar != "" {
+		b.WriteString(l.Calendar)
+		if l.Location != nil {
+			b.WriteString(" " + l.Location.String())
+		}
+	} else {
+		b.WriteString(l.period().String())
+	}
 	b.WriteString(" burst ")
 	b.WriteString(strconv.FormatFloat(l.burst(), 'g', -1, 64))
 	if l.Refill == Interval {
 		b.WriteString(" interval")
+	}
+	if l.Slots != 0 {
+		b.WriteString(" slots ")
+		b.WriteString(strconv.Itoa(l.Slots))
 	}
 	if l.MaxReserved > 0 {
 		b.WriteString(" max_reserved ")
@@ -303,7 +374,7 @@ func (l Limit) FillTime() time.Duration {
 // forKey returns l with every default that depends on the key made
 // explicit: for a fixed window without Start, the hashed offset of key.
 func (l Limit) forKey(key string) Limit {
-	if l.Algorithm == FixedWindow && l.Start == 0 {
+	if l.Algorithm == FixedWindow && l.Start == 0 && l.Calendar == "" {
 		l.Start = store.WindowStart(key, l.period())
 		if l.Start == 0 {
 			l.Start = l.period()
@@ -315,7 +386,14 @@ func (l Limit) forKey(key string) Limit {
 // Params validates l and resolves it to fixed point for key (the key
 // matters only to a fixed window without Start, whose grid it places):
 // what a store executes. Front doors that compile limits once call it.
-func (l Limit) Params(key string) (bucket.Params, error) {
+// A calendar window's params are those of the window that holds the
+// present instant: decisions resolve theirs at their own time.
+func (l Limit) Params(key string) (bucket.Params, error) { return l.paramsAt(key, time.Time{}) }
+
+// paramsAt is Params for a decision at t (zero: now, by the caller's
+// clock, which places a calendar window when the store decides on its
+// own clock: see bucket.Calendar).
+func (l Limit) paramsAt(key string, t time.Time) (bucket.Params, error) {
 	if err := l.Validate(); err != nil {
 		return bucket.Params{}, err
 	}
@@ -341,6 +419,23 @@ func (l Limit) Params(key string) (bucket.Params, error) {
 		p.MaxReserved = toMicro(l.MaxReserved)
 	}
 	switch {
+	case l.Calendar != "":
+		if t.IsZero() {
+			t = time.Now()
+		}
+		u, _ := calendar.ParseUnit(l.Calendar) // valid
+		start, end := calendar.Period{Unit: u, Loc: l.Location}.Window(t)
+		p.Kind = bucket.Calendar
+		p.Start = start.UnixNano()
+		p.Period = end.Sub(start).Nanoseconds()
+		p.Rate = p.Burst
+	case l.Algorithm == SlidingWindow:
+		// The limit is a count: the rate is the burst (so that a divided
+		// limit stays whole), and reserve is refused.
+		p.Kind = bucket.Sliding
+		p.Rate = p.Burst
+		p.MaxReserved = 0
+		p.Parts = int64(min(int64(l.slots()), p.Period))
 	case l.Algorithm == FixedWindow:
 		p.Kind = bucket.Window
 		p.Start = int64(l.Start) % p.Period
@@ -350,8 +445,19 @@ func (l Limit) Params(key string) (bucket.Params, error) {
 	return p, nil
 }
 
-// keyDependent reports whether l's Params depend on the key.
-func (l Limit) keyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
+func (l Limit) slots() int {
+	if l.Slots == 0 {
+		return bucket.DefaultSlots
+	}
+	return l.Slots
+}
+
+// keyDependent reports whether l's Params depend on the key (or, for a
+// calendar window, on the time), so that a Limiter resolves them at each
+// decision.
+func (l Limit) keyDependent() bool {
+	return l.Algorithm == FixedWindow && (l.Start == 0 || l.Calendar != "")
+}
 
 // Concurrent reports whether l is a concurrency limit.
 func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }

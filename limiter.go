@@ -96,21 +96,22 @@ func (l *Limiter) TakeN(ctx context.Context, key string, cost float64) (Decision
 // apply makes one decision on the limiter's limit: the request is checked
 // and prepared here (store.Prepare), and the store executes it.
 func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost float64, reserve bool, lease string) (Decision, error) {
-	p := &l.params
+	p, at := &l.params, l.at()
 	if l.keyed {
-		// The key places the window's grid: refuse a bad one before
-		// hashing it. The limit itself is valid (New checked it).
+		// The key places the window's grid (and a calendar window's
+		// params depend on the time): refuse a bad key before hashing it.
+		// The limit itself is valid (New checked it).
 		if err := store.CheckKey(key); err != nil {
 			return Decision{}, err
 		}
-		kp, _ := l.limit.Params(key)
+		kp, _ := l.limit.paramsAt(key, at)
 		p = &kp
 	}
 	c := calls.Get().(*call)
 	it := &c.items[0]
 	err := store.Prepare(it, op, key, p, cost, reserve, lease)
 	if err == nil {
-		err = l.store.Apply(ctx, op, l.at(), c.items[:1], c.results[:1])
+		err = l.store.Apply(ctx, op, at, c.items[:1], c.results[:1])
 	}
 	d := DecisionOf(c.results[0], p.Burst)
 	it.Key, it.Lease = "", "" // keep no caller's strings alive in the pool

@@ -2,6 +2,7 @@ package drip_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -200,6 +201,37 @@ func TestAllowAsTake(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestLimitJSONWindows: sliding and calendar windows read and write as
+// the decision API and drip replay spell them.
+func TestLimitJSONWindows(t *testing.T) {
+	for _, in := range []string{
+		`{"algorithm":"sliding_window","rate":100,"period":"1m0s","slots":20}`,
+		`{"algorithm":"fixed_window","rate":10000,"period":"month","time_zone":"Europe/Berlin"}`,
+		`{"algorithm":"fixed_window","rate":5,"period":"week"}`,
+	} {
+		var l drip.Limit
+		if err := json.Unmarshal([]byte(in), &l); err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if err := l.Validate(); err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		out, err := json.Marshal(l)
+		if err != nil || string(out) != in {
+			t.Errorf("%s reads and writes back as %s (%v)", in, out, err)
+		}
+	}
+	var l drip.Limit
+	for _, bad := range []string{
+		`{"algorithm":"fixed_window","rate":5,"period":"week","time_zone":"Mars/Olympus"}`,
+		`{"algorithm":"fixed_window","rate":5,"period":"week","time_zone":"Local"}`,
+	} {
+		if err := json.Unmarshal([]byte(bad), &l); !errors.Is(err, drip.ErrInvalidLimit) {
+			t.Errorf("%s: err = %v, want ErrInvalidLimit", bad, err)
 		}
 	}
 }

@@ -38,11 +38,11 @@ type Request struct {
 // prepare checks r for op and resolves it to fixed point: the key, then
 // the limit, the cost and the lease, in that order, so that every caller
 // reports the first problem the same way.
-func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
+func prepare(op bucket.Op, r *Request, at time.Time) (bucket.Prepared, error) {
 	if err := store.CheckKey(r.Key); err != nil {
 		return bucket.Prepared{}, err
 	}
-	p, err := paramsFor(&r.Limit, r.Key)
+	p, err := paramsFor(&r.Limit, r.Key, at)
 	if err != nil {
 		return bucket.Prepared{}, err
 	}
@@ -79,7 +79,7 @@ func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, mult
 		items, res = make([]bucket.Prepared, n), make([]bucket.Result, n)
 	}
 	for i := range rs {
-		it, err := prepare(op, &rs[i])
+		it, err := prepare(op, &rs[i], at)
 		if err != nil {
 			if multi {
 				err = fmt.Errorf("requests[%d]: %w", i, err)
@@ -113,7 +113,10 @@ type cachedParams struct {
 }
 
 // paramsFor is l.Params(key), from recent when l is there.
-func paramsFor(l *Limit, key string) (bucket.Params, error) {
+func paramsFor(l *Limit, key string, at time.Time) (bucket.Params, error) {
+	if l.Calendar != "" {
+		return l.paramsAt(key, at) // the window of the decision's time: never cached
+	}
 	slot := &recent[limitSlot(l)]
 	if c := slot.Load(); c != nil && c.limit == *l {
 		return c.params, nil

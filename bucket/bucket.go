@@ -68,6 +68,9 @@ type Params struct {
 	Burst       int64
 	MaxReserved int64
 	Start       int64
+	// Parts is, for a sliding window (Kind Sliding), how many slots its
+	// window is cut into (1 to MaxSlots); other kinds leave it zero.
+	Parts int64
 }
 
 // State is the stored state of one key: Tokens in micro-tokens (negative
@@ -115,7 +118,7 @@ type Prepared struct {
 // with TS now, or for a fixed window the start of the current window.
 func (p Params) Fresh(now int64) State {
 	ts := now
-	if p.Kind == Window {
+	if p.Kind == Window || p.Kind == Calendar {
 		ts = now - floorMod(now-p.Start, p.Period)
 	}
 	return State{Tokens: p.Burst, TS: ts}
@@ -244,6 +247,9 @@ func (p Params) NeedFor(cost int64, reserve bool) int64 {
 func Eval(op Op, b State, found bool, p Params, cost int64, reserve bool, now int64) (Result, State, bool) {
 	// full is when b is full again, kept for ResetAfter while the bucket
 	// stays as it was (a denial or a peek on a hot key), to divide once.
+	if p.Kind == Calendar {
+		found, now = p.calendarNow(b, found, now)
+	}
 	var full int64
 	if found {
 		full = p.reach(b, p.Burst)
@@ -353,21 +359,38 @@ func EvalMulti(op Op, ps []Prepared, states []State, found []bool, now int64) ([
 	return EvalMultiLeases(op, ps, states, found, nil, now)
 }
 
-// EvalMultiLeases is EvalMulti for requests of any kind: a request of
-// Kind Concurrency is decided by EvalLeases on leases[i], the summary of
-// its key's leases (its states[i] and found[i] are unused), the others by
-// Eval. All or nothing holds across kinds: for Take nothing is written
-// unless every request is allowed. leases may be nil when no request is a
-// concurrency one.
+// EvalMultiLeases is EvalMulti for requests of any kind but Sliding: a
+// request of Kind Concurrency is decided by EvalLeases on leases[i], the
+// summary of its key's leases (its states[i] and found[i] are unused), the
+// others by Eval. All or nothing holds across kinds: for Take nothing is
+// written unless every request is allowed. leases may be nil when no
+// request is a concurrency one.
 func EvalMultiLeases(op Op, ps []Prepared, states []State, found []bool, leases []LeaseSet, now int64) ([]Result, []State, []bool) {
+	rs, next, _, write := EvalMultiAll(op, ps, states, found, leases, nil, now)
+	return rs, next, write
+}
+
+// EvalMultiAll is EvalMultiLeases for requests of every kind: a request
+// of Kind Sliding is decided by EvalSliding on slides[i], its key's
+// sliding state (found when its Counts are not nil), and its state to
+// write is returned in the third result. slides may be nil when no
+// request is a sliding window.
+func EvalMultiAll(op Op, ps []Prepared, states []State, found []bool, leases []LeaseSet, slides []SlidingState, now int64) ([]Result, []State, []SlidingState, []bool) {
 	rs := make([]Result, len(ps))
 	next := make([]State, len(ps))
+	var nextSlides []SlidingState
+	if slides != nil {
+		nextSlides = make([]SlidingState, len(ps))
+	}
 	write := make([]bool, len(ps))
 	all := true
 	for i, p := range ps {
-		if p.Params.Kind == Concurrency {
+		switch p.Params.Kind {
+		case Concurrency:
 			rs[i], write[i] = p.Params.EvalLeases(op, leases[i], p.Lease, now)
-		} else {
+		case Sliding:
+			rs[i], nextSlides[i], write[i] = EvalSliding(op, slides[i], slides[i].Counts != nil, p.Params.Sliding(), p.Cost, now)
+		default:
 			rs[i], next[i], write[i] = Eval(op, states[i], found[i], p.Params, p.Cost, p.Reserve, now)
 		}
 		all = all && rs[i].Allowed
@@ -375,5 +398,5 @@ func EvalMultiLeases(op Op, ps []Prepared, states []State, found []bool, leases 
 	if !all && op == Take {
 		clear(write)
 	}
-	return rs, next, write
+	return rs, next, nextSlides, write
 }

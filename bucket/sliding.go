@@ -22,6 +22,21 @@ import "time"
 // assumes the previous window's takes were spread evenly and can admit more
 // than the limit in a rolling window; drip does not.
 
+// Sliding is the kind of a sliding window limit: Burst (and Rate, so
+// that a divided limit stays whole) is the limit in micro-tokens, Period
+// the window in nanoseconds, Parts the slots the window is cut into.
+// MaxReserved and Start are unused. Its state is a SlidingState.
+const Sliding Kind = 4
+
+// DefaultSlots is how many slots a sliding window has unless its limit
+// says otherwise.
+const DefaultSlots = 10
+
+// Sliding is the SlidingParams of a limit of Kind Sliding.
+func (p Params) Sliding() SlidingParams {
+	return SlidingParams{Limit: p.Burst, Window: p.Period, Slots: int(p.Parts)}
+}
+
 // SlidingParams is a sliding window limit in fixed point.
 type SlidingParams struct {
 	Limit  int64 // micro-tokens in any rolling window
@@ -42,16 +57,28 @@ type SlidingState struct {
 	Counts []int64
 }
 
-// shift moves s to slot j: counts of slots before j-Slots are dropped.
+// shift moves s to slot j: counts of slots before j-Slots are dropped. A
+// clock that went back (j before s.Last) moves nothing: the decision is
+// taken as in slot s.Last, so no count is ever dropped early.
 func (p SlidingParams) shift(s SlidingState, found bool, j int64) SlidingState {
 	n := p.Slots + 1
 	counts := make([]int64, n)
-	if found {
-		if d := j - s.Last; d >= 0 && d < int64(n) {
+	if found && len(s.Counts) == n {
+		if j < s.Last {
+			j = s.Last
+		}
+		if d := j - s.Last; d < int64(n) {
 			copy(counts, s.Counts[d:])
 		}
 	}
 	return SlidingState{Last: j, Counts: counts}
+}
+
+// SlidingExpiresAt is the instant from which the stored state s carries
+// no information (every count has left the window), so that a store may
+// drop it: stores set their TTLs from it.
+func (p SlidingParams) SlidingExpiresAt(s SlidingState) int64 {
+	return (s.Last + int64(p.Slots) + 1) * p.Slot()
 }
 
 // EvalSliding decides op (take, peek or refund) of cost micro-tokens at
@@ -92,12 +119,11 @@ func EvalSliding(op Op, s SlidingState, found bool, p SlidingParams, cost, now i
 			}
 			return p.result(false, s, used, time.Duration(retry), now), s, false
 		}
-		if op == Take {
-			s.Counts[len(s.Counts)-1] += cost
-			used += cost
-			return p.result(true, s, used, 0, now), s, true
-		}
-		return p.result(true, s, used, 0, now), s, false
+		// A peek answers as the take would (s is shift's copy), and
+		// writes nothing.
+		s.Counts[len(s.Counts)-1] += cost
+		used += cost
+		return p.result(true, s, used, 0, now), s, op == Take
 	}
 	return Result{}, s, false
 }

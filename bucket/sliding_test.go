@@ -56,9 +56,14 @@ func (l *slidingLog) decide(op Op, cost, now int64) Result {
 					break
 				}
 			}
-		} else if op == Take {
+		} else {
+			// A peek answers as the take would: with its cost logged,
+			// and the log put back after.
 			l.log = append(l.log, entry{now, cost})
 			used += cost
+			if op == Peek {
+				defer func() { l.log = l.log[:len(l.log)-1] }()
+			}
 		}
 	}
 	res.Tokens = l.p.Limit - used

@@ -293,6 +293,9 @@ func TestContainer(t *testing.T) {
 		{"GET", "http://127.0.0.1:" + admin + "/healthz", "", `"ok"`},
 		{"GET", "http://127.0.0.1:" + admin + "/readyz", "", `"ready"`},
 		{"POST", "http://127.0.0.1:" + api + "/v1/take", `{"rule": "per-ip", "values": ["192.0.2.1"]}`, `"allowed":true`},
+		// A calendar window's time zone loads in the empty root: the
+		// binary carries the time zone database.
+		{"POST", "http://127.0.0.1:" + api + "/v1/take", `{"key": "cal", "limit": {"algorithm": "fixed_window", "rate": 5, "period": "month", "time_zone": "Europe/Berlin"}}`, `"allowed":true`},
 	} {
 		req, _ := http.NewRequestWithContext(ctx, c.method, c.url, strings.NewReader(c.body))
 		resp, err := http.DefaultClient.Do(req)

@@ -28,6 +28,7 @@ type Values interface {
 const (
 	ReasonTokenBucket      = "token_bucket_exceeded"
 	ReasonFixedWindow      = "fixed_window_exceeded"
+	ReasonSlidingWindow    = "sliding_window_exceeded"
 	ReasonConcurrency      = "concurrency_exceeded"
 	ReasonCostExceedsBurst = "cost_exceeds_burst"
 	ReasonStoreUnavailable = "store_unavailable"
@@ -311,6 +312,8 @@ func reasonOf(l drip.Limit) string {
 	switch l.Algorithm {
 	case drip.FixedWindow:
 		return ReasonFixedWindow
+	case drip.SlidingWindow:
+		return ReasonSlidingWindow
 	case drip.Concurrency:
 		return ReasonConcurrency
 	}
@@ -347,6 +350,9 @@ func share(l drip.Limit, f float64) drip.Limit {
 	b := Burst(l)
 	l.Burst = max(b*f, min(b, 1))
 	l.Rate *= f
+	if l.Algorithm == drip.SlidingWindow || l.Calendar != "" {
+		l.Rate, l.Burst = l.Burst, 0 // the limit is the rate: its burst follows
+	}
 	return l
 }
 

@@ -359,3 +359,19 @@ func TestStallLate(t *testing.T) {
 		})
 	}
 }
+
+// TestShareWindows: the local fallback's share of a sliding or calendar
+// window is a valid window of that kind (its burst follows its rate),
+// with at least one token.
+func TestShareWindows(t *testing.T) {
+	for _, l := range []drip.Limit{
+		{Algorithm: drip.SlidingWindow, Rate: 10, Period: time.Minute},
+		{Algorithm: drip.SlidingWindow, Rate: 1, Period: time.Minute, Burst: 1},
+		{Algorithm: drip.FixedWindow, Rate: 1, Calendar: "day"},
+	} {
+		s := share(l, 0.5)
+		if err := s.Validate(); err != nil || s.Rate != max(l.Rate/2, 1) {
+			t.Errorf("share(%v) = %v (%v), want a valid window of rate %v", l, s, err, max(l.Rate/2, 1))
+		}
+	}
+}

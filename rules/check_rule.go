@@ -60,7 +60,7 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	}
 	algo := drip.TokenBucket
 	if v, fp, ok := f.get("algorithm"); ok {
-		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window", "concurrency"); ok {
+		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window", "sliding_window", "concurrency"); ok {
 			algo = drip.Algorithm(a)
 		}
 	}
@@ -229,7 +229,30 @@ func scalarText(v any) (string, bool) {
 	return "", false
 }
 
-var configFields = []string{"tokens_per_second", "rps", "rate", "period", "burst", "refill", "start", "max_reserved", "cost_source", "fixed_cost", "default_cost"}
+// maxZoneLen bounds a time zone's name (the longest in the time zone
+// database is 32 bytes).
+const maxZoneLen = 64
+
+// location loads the time zone name ("Europe/Berlin", "UTC"), which must
+// be one of the time zone database's.
+func (c *checker) location(path, name string) *time.Location {
+	if name == "" || len(name) > maxZoneLen || name == "Local" {
+		c.add(path, "must name a time zone of the time zone database, such as \"Europe/Berlin\" or \"UTC\"")
+		return nil
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		c.add(path, "unknown time zone %q", name)
+		return nil
+	}
+	return loc
+}
+
+// maxSlots is bucket.MaxSlots, the most slots a sliding window has
+// (drip.Limit.Validate holds limits to it too).
+const maxSlots = 1000
+
+var configFields = []string{"tokens_per_second", "rps", "rate", "period", "time_zone", "burst", "refill", "start", "max_reserved", "slots", "cost_source", "fixed_cost", "default_cost"}
 
 func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule) {
 	f, ok := c.object(p, v)
@@ -260,14 +283,32 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 		c.add(p, "one of tokens_per_second, rps or rate (with period) is required")
 	}
 	if v, fp, ok := f.get("period"); ok {
-		if rateName != "" && rateName != "rate" {
+		switch unit, _ := v.(string); {
+		case rateName != "" && rateName != "rate":
 			c.add(fp, "applies to rate only (%s is per second)", rateName)
-		} else if d, ok := c.duration(fp, v, false); ok {
-			l.Period = d
+		case unit == "day" || unit == "week" || unit == "month":
+			if algo != drip.FixedWindow {
+				c.add(fp, "a calendar period (%s) applies to fixed_window only", unit)
+			} else {
+				l.Calendar, l.Period = unit, 0
+			}
+		default:
+			if d, ok := c.duration(fp, v, false); ok {
+				l.Period = d
+			}
+		}
+	}
+	if v, fp, ok := f.get("time_zone"); ok {
+		if l.Calendar == "" {
+			c.add(fp, "applies to a calendar period (\"period\": \"day\", \"week\" or \"month\") only")
+		} else if name, ok := c.str(fp, v); ok {
+			l.Location = c.location(fp, name)
 		}
 	}
 	burstOK := false
-	if v, fp, ok := f.get("burst"); ok {
+	if v, fp, ok := f.get("burst"); ok && algo == drip.SlidingWindow {
+		c.add(fp, "does not apply to sliding_window (at most rate in any window of period)")
+	} else if ok {
 		if b, ok := c.amount(fp, v); ok {
 			// A burst below the rate is a legitimate limit (a bucket that
 			// holds less than a second's refill smooths traffic): rps and
@@ -289,6 +330,8 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 	if v, fp, ok := f.get("start"); ok {
 		if algo != drip.FixedWindow {
 			c.add(fp, "applies to fixed_window only")
+		} else if l.Calendar != "" {
+			c.add(fp, "does not apply to a calendar period (its windows start at local midnight)")
 		} else if d, ok := c.duration(fp, v, true); ok {
 			l.Start = d
 			if d == 0 {
@@ -297,8 +340,17 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 		}
 	}
 	if v, fp, ok := f.get("max_reserved"); ok {
-		if m, ok := c.amount(fp, v); ok {
+		if algo == drip.SlidingWindow {
+			c.add(fp, "does not apply to sliding_window (it takes no reservations)")
+		} else if m, ok := c.amount(fp, v); ok {
 			l.MaxReserved = m
+		}
+	}
+	if v, fp, ok := f.get("slots"); ok {
+		if algo != drip.SlidingWindow {
+			c.add(fp, "applies to sliding_window only")
+		} else if n, ok := c.integer(fp, v, 1, maxSlots); ok {
+			l.Slots = n
 		}
 	}
 	r.CostSource = Source{Kind: KindFixed}

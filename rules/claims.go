@@ -42,6 +42,9 @@ func (r *Rule) LimitFor(value func(Source) (string, bool)) (l drip.Limit, ok boo
 	if x, found := claimAmount(value, c.BurstClaim); found {
 		l.Burst, ok = min(max(x, c.MinBurst), c.MaxBurst), true
 	}
+	if l.Algorithm == drip.SlidingWindow || l.Calendar != "" {
+		l.Burst = l.Rate // its limit is its rate (it has no burst_claim)
+	}
 	if ok && l.Validate() != nil { // cannot happen with checked bounds
 		return r.Limit, false
 	}
@@ -100,6 +103,9 @@ func (c *checker) claims(p string, v any, r *Rule) *ClaimLimit {
 		return x
 	}
 	cl.RateClaim, cl.BurstClaim = claim("rate_claim"), claim("burst_claim")
+	if cl.BurstClaim != "" && (r.Limit.Algorithm == drip.SlidingWindow || r.Limit.Calendar != "") {
+		c.add(field(p, "burst_claim"), "a sliding or calendar window has no burst apart from its rate: use rate_claim")
+	}
 	if cl.RateClaim == "" && cl.BurstClaim == "" && len(c.problems) == n {
 		c.add(p, "rate_claim or burst_claim (or both) is required")
 	}
@@ -134,6 +140,9 @@ func (c *checker) claims(p string, v any, r *Rule) *ClaimLimit {
 			}
 			if cl.BurstClaim != "" {
 				l.Burst = burst
+			}
+			if l.Algorithm == drip.SlidingWindow || l.Calendar != "" {
+				l.Burst = l.Rate // as LimitFor gives it
 			}
 			if err := l.Validate(); err != nil {
 				c.add(p, "%v", err)

@@ -40,6 +40,9 @@ func (s *Server) loadRules() (*ruleState, error) {
 	} else {
 		var err error
 		set, rs.envoy, rs.hash, err = readRules(s.cfg.Rules, s.cfg.Envoy) // a file or a directory (envoy.go)
+		if err == nil {
+			err = s.checkHeld(set)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -69,6 +72,9 @@ func (s *Server) Reload() error {
 	set, env, hash, err := readRules(s.cfg.Rules, s.cfg.Envoy) // a file or a directory (envoy.go)
 	if hash != ([32]byte{}) {
 		s.rs.hash = hash
+	}
+	if err == nil {
+		err = s.checkHeld(set)
 	}
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()

@@ -28,6 +28,15 @@ type decider struct {
 }
 
 func (d *decider) apply(ctx context.Context, op bucket.Op, at time.Time, r drip.Request) (drip.Decision, error) {
+	if r.Limit.Calendar != "" {
+		// A calendar window's params are those of the window of at,
+		// which drip.Apply resolves.
+		m, err := drip.Apply(ctx, d.ms, op, at, r)
+		if err != nil {
+			return drip.Decision{}, err
+		}
+		return m.Decisions[0], nil
+	}
 	if err := store.CheckKey(r.Key); err != nil {
 		return drip.Decision{}, err
 	}

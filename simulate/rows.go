@@ -30,6 +30,14 @@ func index(at, step time.Duration, n int) int {
 }
 
 func periodOf(l drip.Limit) time.Duration {
+	switch l.Calendar {
+	case "day":
+		return 24 * time.Hour
+	case "week":
+		return 7 * 24 * time.Hour
+	case "month":
+		return 28 * 24 * time.Hour // the shortest: whole windows are at least this long
+	}
 	if l.Period <= 0 {
 		return time.Second
 	}

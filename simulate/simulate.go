@@ -69,6 +69,11 @@ type Options struct {
 	ChartKey string
 	// Keep is how many of the first takes to keep in Result.First.
 	Keep int
+	// From is the instant of virtual time 0; zero means the Unix epoch
+	// (so that a fixed window's grid is the one drip replay gives the same
+	// trace). A calendar window's boundaries (month ends, daylight saving
+	// time) are those of the days from From on.
+	From time.Time
 }
 
 // Outcome is the decision on one take.
@@ -247,7 +252,11 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 	}
 	// Virtual time 0 is the Unix epoch, so a fixed window's grid is the
 	// one drip replay gives the same trace.
-	at := func(d time.Duration) time.Time { return time.Unix(0, int64(d)) }
+	from := o.From
+	if from.IsZero() {
+		from = time.Unix(0, 0)
+	}
+	at := func(d time.Duration) time.Time { return from.Add(d) }
 	chartReq := drip.Request{Key: res.ChartKey, Limit: res.Limit}
 
 	thin := thinner{step: sampleStep}

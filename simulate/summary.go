@@ -22,7 +22,13 @@ func (r *Result) WriteSummary(w io.Writer, traffic string) error {
 		fmt.Fprintf(b, "%-15s %s\n", label, fmt.Sprintf(format, args...))
 	}
 	p("limit", "%s", r.Limit)
-	if r.Limit.Algorithm == drip.FixedWindow {
+	if r.Limit.Calendar != "" {
+		zone := "UTC"
+		if r.Limit.Location != nil {
+			zone = r.Limit.Location.String()
+		}
+		p("windows", "calendar %ss in %s, from local midnight (daylight saving time included)", r.Limit.Calendar, zone)
+	} else if r.Limit.Algorithm == drip.FixedWindow {
 		period := periodOf(r.Limit)
 		start := r.Limit.Start
 		if start == 0 {

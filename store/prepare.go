@@ -89,7 +89,9 @@ func CheckOp(op bucket.Op) error {
 func Cost(op bucket.Op, cost float64, reserve bool, p bucket.Params) (int64, error) {
 	// The common case in a few comparisons (NaN fails both); cost says
 	// why otherwise.
-	if op <= bucket.Refund && cost >= 0 && cost <= MaxAmount && p.Kind != bucket.Concurrency {
+	// (A reservation on a kind past Window, which takes none, is refused
+	// there.)
+	if op <= bucket.Refund && cost >= 0 && cost <= MaxAmount && p.Kind != bucket.Concurrency && (!reserve || p.Kind <= bucket.Window) {
 		if c := bucket.CostMicro(cost); op == bucket.Refund || c <= p.Burst {
 			return c, nil
 		}
@@ -110,6 +112,9 @@ func costOf(op bucket.Op, cost float64, reserve bool, p bucket.Params) (int64, e
 			return 0, fmt.Errorf("%w: reserve does not apply to a concurrency limit", ErrInvalidCost)
 		}
 		return bucket.Micro, nil
+	}
+	if (p.Kind == bucket.Sliding || p.Kind == bucket.Calendar) && reserve {
+		return 0, fmt.Errorf("%w: reserve does not apply to a sliding or calendar window", ErrInvalidCost)
 	}
 	c := bucket.CostMicro(cost)
 	return c, checkBurst(op, c, cost, reserve, p)

@@ -13,6 +13,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
@@ -72,6 +73,11 @@ type Caps struct {
 	// Leases reports that the store holds the leases of concurrency limits
 	// (bucket.Concurrency items).
 	Leases bool
+	// Sliding reports that the store holds sliding windows (bucket.Sliding
+	// items), and Calendar calendar windows (bucket.Calendar items). A
+	// store without them refuses such items with ErrUnsupported
+	// (CheckKinds).
+	Sliding, Calendar bool
 	// Overrides is the store's side that keeps per-tenant limits (package
 	// override), or nil when it keeps none.
 	Overrides Overrides
@@ -119,7 +125,10 @@ var (
 	ErrInvalidLease     = errors.New("invalid lease")
 	ErrInvalidOp        = errors.New("invalid op")
 	ErrNoRequests       = errors.New("no requests")
-	ErrDuplicateKey     = errors.New("duplicate key in multi-take")
+	// ErrUnsupported is returned (wrapped) by a store given an item of a
+	// kind it cannot hold (see Caps).
+	ErrUnsupported  = errors.New("not supported by this store")
+	ErrDuplicateKey = errors.New("duplicate key in multi-take")
 	// ErrNotColocated is returned (wrapped) by a store that cannot apply
 	// the keys of one call in a single atomic step, such as Redis Cluster
 	// when the keys hash to different slots (Caps.SplitsKeys). It is about
@@ -127,6 +136,21 @@ var (
 	// takes.
 	ErrNotColocated = errors.New("keys cannot be applied in one atomic step")
 )
+
+// CheckKinds reports ErrUnsupported when items hold a sliding window and
+// c has no Sliding, or a calendar window and c has no Calendar: the check
+// of a store that holds neither.
+func CheckKinds(items []bucket.Prepared, c Caps) error {
+	for i := range items {
+		switch k := items[i].Params.Kind; {
+		case k == bucket.Sliding && !c.Sliding:
+			return fmt.Errorf("%w: sliding_window (key %q)", ErrUnsupported, items[i].Key)
+		case k == bucket.Calendar && !c.Calendar:
+			return fmt.Errorf("%w: a calendar period (key %q)", ErrUnsupported, items[i].Key)
+		}
+	}
+	return nil
+}
 
 // KeepChanges is how many of the latest changes of the overrides a store
 // keeps a record of (which key changed at which version), for

@@ -16,6 +16,11 @@ import (
 // compared against it. It never drops state.
 type Model struct {
 	buckets map[string]*modelBucket
+	logs    map[string]*slidingLog // sliding windows (slidingmodel.go)
+	// Calendar windows (calendarmodel.go): each key's count, and the
+	// limit its last request named (Prepare notes it).
+	counts    map[string]calendarCount
+	calendars map[string]drip.Limit
 }
 
 type modelBucket struct {
@@ -23,7 +28,10 @@ type modelBucket struct {
 }
 
 // NewModel returns an empty model.
-func NewModel() *Model { return &Model{buckets: map[string]*modelBucket{}} }
+func NewModel() *Model {
+	return &Model{buckets: map[string]*modelBucket{}, logs: map[string]*slidingLog{},
+		counts: map[string]calendarCount{}, calendars: map[string]drip.Limit{}}
+}
 
 // ModelDecision is a decision in exact arithmetic.
 type ModelDecision struct {
@@ -138,6 +146,12 @@ func (l mlimit) until(tokens, ts, target, now *big.Rat) *big.Rat {
 // less than tol tokens (drip's documented fixed-point tolerance), the model
 // follows the store, so both keep the same state.
 func (m *Model) Apply(op bucket.Op, p bucket.Prepared, at time.Time, write bool, follow *drip.Decision, tol *big.Rat) ModelDecision {
+	if p.Params.Kind == bucket.Sliding {
+		return m.applySliding(op, p, at, write)
+	}
+	if l, ok := m.calendars[p.Key]; ok {
+		return m.applyCalendar(op, p, l, at, write)
+	}
 	l := modelLimit(p.Params)
 	now := new(big.Rat).SetInt64(at.UnixNano())
 	cost := big.NewRat(p.Cost, bucket.Micro)
@@ -191,7 +205,11 @@ func (m *Model) Apply(op bucket.Op, p bucket.Prepared, at time.Time, write bool,
 }
 
 // Reset forgets key.
-func (m *Model) Reset(key string) { delete(m.buckets, key) }
+func (m *Model) Reset(key string) {
+	delete(m.buckets, key)
+	delete(m.logs, key)
+	delete(m.counts, key)
+}
 
 // Prepare is the model's own reading of a request: the errors docs/semantics.md
 // names for op and cost, decided in exact arithmetic (the limit itself is
@@ -213,6 +231,14 @@ func (m *Model) Prepare(op bucket.Op, r drip.Request) (bucket.Prepared, error) {
 	}
 	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > 1e12 {
 		return bucket.Prepared{}, drip.ErrInvalidCost
+	}
+	if (p.Kind == bucket.Sliding || r.Limit.Calendar != "") && r.Reserve {
+		return bucket.Prepared{}, drip.ErrInvalidCost // no reservations on sliding or calendar windows
+	}
+	if r.Limit.Calendar != "" {
+		m.calendars[r.Key] = r.Limit
+	} else {
+		delete(m.calendars, r.Key)
 	}
 	micro := int64(math.Round(r.Cost * bucket.Micro))
 	l := modelLimit(p)

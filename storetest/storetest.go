@@ -63,6 +63,8 @@ func Run(t *testing.T, newStore NewStore, opts ...Option) {
 	t.Run("Overrides", func(t *testing.T) { RunOverrides(t, newStore, opts...) })
 	t.Run("Random", func(t *testing.T) { RunRandom(t, newStore, 1, 600) })
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
+	t.Run("Windows", func(t *testing.T) { RunWindows(t, newStore, 4, 600) })
+	t.Run("Calendar", func(t *testing.T) { RunCalendar(t, newStore, 4, 600) })
 }
 
 // prefix returns a fresh key prefix.

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"syscall"
+
+	_ "time/tzdata" // calendar periods' time zones, also in an empty root (the container)
 )
 
 // version, when set at build time with -ldflags "-X main.version=...",

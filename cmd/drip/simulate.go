@@ -30,6 +30,9 @@ steady state, the longest Retry-After and a row per second.
 
 LIMIT:   --rate N [--period D] [--burst N] [--refill interval]
          [--algorithm fixed_window [--window-start D]] [--max-reserved N]
+         [--algorithm sliding_window [--slots N]] (at most rate in any period)
+         [--algorithm fixed_window --calendar day|week|month [--time-zone Z]]
+         [--from RFC3339] (the instant the run starts: calendar windows follow it)
          or --rules FILE --rule NAME (a rule's limit and fixed cost)
 TRAFFIC: --rps N [--for D]       shorthand for --pattern "N/s for D"
          --pattern "60/s for 10s, idle 5s, 100 at once, 10/s for 5s"
@@ -52,7 +55,11 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	period := secondsFlag(fs, "period", time.Second, "refill period: a Go duration or seconds")
 	fs.Float64Var(&l.Burst, "burst", 0, "bucket capacity (default: rate)")
 	refill := fs.String("refill", "continuous", "token bucket refill: continuous or interval")
-	algorithm := fs.String("algorithm", "token_bucket", "token_bucket or fixed_window")
+	algorithm := fs.String("algorithm", "token_bucket", "token_bucket, fixed_window or sliding_window")
+	fs.IntVar(&l.Slots, "slots", 0, "sliding window: the slots its period is cut into (default 10)")
+	fs.StringVar(&l.Calendar, "calendar", "", "fixed window: a calendar period, day, week or month, instead of --period")
+	timeZone := fs.String("time-zone", "", "with --calendar: the time zone of its windows, such as Europe/Berlin (default UTC)")
+	fromFlag := fs.String("from", "", "the instant the run starts, RFC 3339 (default: the Unix epoch)")
 	windowStart := secondsFlag(fs, "window-start", 0, "fixed window: offset of the window grid from the start of the run (default: derived from the key, as in production)")
 	fs.Float64Var(&l.MaxReserved, "max-reserved", 0, "most debt a reservation may run up (default: unbounded)")
 	rulesFile := fs.String("rules", "", "a rules file (JSON or YAML) to take the limit from, with --rule")
@@ -88,7 +95,7 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	var ruleNote string
 	switch {
 	case set["rules"] || set["rule"]:
-		for _, name := range []string{"rate", "period", "burst", "refill", "algorithm", "window-start"} {
+		for _, name := range []string{"rate", "period", "burst", "refill", "algorithm", "window-start", "slots", "calendar", "time-zone"} {
 			if set[name] {
 				return fail(2, fmt.Errorf("--%s and --rules: the limit comes from one or the other", name))
 			}
@@ -114,8 +121,21 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		}
 	case set["rate"]:
 		l.Period = *period
+		if l.Calendar != "" {
+			if set["period"] {
+				return fail(2, fmt.Errorf("--period and --calendar: a calendar window's length is its period's"))
+			}
+			l.Period = 0
+		}
+		if set["time-zone"] {
+			loc, err := time.LoadLocation(*timeZone)
+			if err != nil || *timeZone == "" || *timeZone == "Local" {
+				return fail(2, fmt.Errorf("--time-zone %q: not a time zone of the time zone database", *timeZone))
+			}
+			l.Location = loc
+		}
 		l.Algorithm = drip.Algorithm(*algorithm)
-		if set["refill"] || l.Algorithm != drip.FixedWindow {
+		if set["refill"] || l.Algorithm == drip.TokenBucket {
 			l.Refill = drip.Refill(*refill)
 		}
 		if set["window-start"] {
@@ -209,7 +229,14 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		}
 	}
 
-	res, err := simulate.Run(ctx, events, simulate.Options{Limit: l, End: end, Step: *step, ChartKey: *chartKey, Keep: *keep})
+	var from time.Time
+	if *fromFlag != "" {
+		var err error
+		if from, err = time.Parse(time.RFC3339, *fromFlag); err != nil {
+			return fail(2, fmt.Errorf("--from: %w", err))
+		}
+	}
+	res, err := simulate.Run(ctx, events, simulate.Options{Limit: l, End: end, Step: *step, ChartKey: *chartKey, Keep: *keep, From: from})
 	if err != nil {
 		return fail(1, err)
 	}

@@ -162,3 +162,52 @@ func TestSimulateRules(t *testing.T) {
 		}
 	}
 }
+
+// TestSimulateSlidingWindow: 10 per 10s in 5 slots of 2s. The 10 taken
+// at 0 count in slot 0, which every window counts until slot 6 begins at
+// 12s (one slot past the 10s window: what a slot costs), so the requests
+// of 5s to 11s are denied and those of 12s on are allowed.
+func TestSimulateSlidingWindow(t *testing.T) {
+	code, out, errOut := simulateCmd(t, "", "--algorithm", "sliding_window", "--rate", "10", "--period", "10s", "--slots", "5", "--pattern", "10 at once, idle 5s, 1/s for 12s")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"limit           sliding_window 10/10s burst 10 slots 5\n",
+		"accepted        15 (68.2%), 0.9/s\n",
+		"first denial    request 11 at 5.000s: 0.00 tokens left, retry after 7.000s (Retry-After: 7)\n",
+		"11-12                1         0        1       0.0%",
+		"12-13                1         1        0     100.0%  9.00\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestSimulateCalendarDay: 3 per calendar day in Berlin, one request an
+// hour from 20:00 CET on 28 March 2026. The 28th ends 4 hours in; the
+// 29th, when clocks go from 02:00 to 03:00, is 23 hours long and ends at
+// 27h (midnight CEST); the 30th ends 24 hours later, at 51h.
+func TestSimulateCalendarDay(t *testing.T) {
+	code, out, errOut := simulateCmd(t, "", "--algorithm", "fixed_window", "--calendar", "day", "--time-zone", "Europe/Berlin", "--rate", "3",
+		"--from", "2026-03-28T20:00:00+01:00", "--pattern", "1/h for 52h", "--step", "1h")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"limit           fixed_window 3/day Europe/Berlin burst 3\n",
+		"windows         calendar days in Europe/Berlin, from local midnight (daylight saving time included)\n",
+		"accepted        10 (19.2%)",
+		"first denial    request 4 at 10800.000s: 0.00 tokens left, retry after 3600.000s (Retry-After: 3600)\n",
+		"10800-14400          1         0        1       0.0%  3.00\n",
+		"14400-18000          1         1        0     100.0%  2.00\n",
+		"93600-97200          1         0        1       0.0%  3.00\n",
+		"97200-100800         1         1        0     100.0%  2.00\n",
+		"180000-183600        1         0        1       0.0%  3.00\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

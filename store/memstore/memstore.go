@@ -156,6 +156,7 @@ func (s *Store) Sweep(now time.Time) int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		dropped += sh.sweepLeases(n)
+		dropped += sh.sweepWindows(n)
 		for j := 0; j < len(sh.slots); {
 			if sh.slots[j].hash != 0 && sh.slots[j].exp <= n {
 				sh.remove(j) // and look at j again: remove may move a slot there
@@ -170,8 +171,10 @@ func (s *Store) Sweep(now time.Time) int {
 }
 
 // Len is the number of buckets held, lease sets of concurrency limits
-// included.
-func (s *Store) Len() int { return s.sum(func(sh *shard) int { return sh.n + sh.leaseCount() }) }
+// and states of sliding windows included.
+func (s *Store) Len() int {
+	return s.sum(func(sh *shard) int { return sh.n + sh.leaseCount() + len(sh.windows) })
+}
 
 // Bytes is what the buckets held count against the bound on bytes (see
 // WithMaxBytes).
@@ -236,14 +239,15 @@ func (s *Store) clock() int64 {
 }
 
 // Caps implements store.Store: the store decides in process, holds
-// leases, and keeps overrides (override.go).
+// leases, sliding and calendar windows, and keeps overrides (override.go).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{InProcess: true, Leases: true, Overrides: s}
+	return store.Caps{InProcess: true, Leases: true, Sliding: true, Calendar: true, Overrides: s}
 }
 
 // Apply implements store.Store. One item is decided here, under its
 // shard's lock (the hot path: no call more); several under the locks of
-// all their shards (applyMulti); a concurrency limit's by applyLeases.
+// all their shards (applyMulti); a concurrency limit's by applyLeases,
+// a sliding window's by applySliding.
 func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	if len(items) != 1 {
 		s.applyMulti(op, at, items, results)
@@ -251,8 +255,12 @@ func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []buc
 	}
 	it := &items[0]
 	p := &it.Params
-	if p.Kind == bucket.Concurrency {
+	switch p.Kind {
+	case bucket.Concurrency:
 		results[0] = s.applyLeases(op, at, it.Key, p, it.Lease)
+		return nil
+	case bucket.Sliding:
+		results[0] = s.applySliding(op, at, it)
 		return nil
 	}
 	now := s.nanos(at)
@@ -350,7 +358,15 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
 	var leases []bucket.LeaseSet
+	var slides []bucket.SlidingState
 	for i, k := range keys {
+		if ps[i].Params.Kind == bucket.Sliding {
+			if slides == nil {
+				slides = make([]bucket.SlidingState, len(ps))
+			}
+			slides[i] = shards[i].windows[k].s
+			continue
+		}
 		if ps[i].Params.Kind == bucket.Concurrency {
 			if leases == nil {
 				leases = make([]bucket.LeaseSet, len(ps))
@@ -362,10 +378,12 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
-	res, next, write := bucket.EvalMultiLeases(op, ps, buckets, found, leases, now)
+	res, next, nextSlides, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, now)
 	for i, p := range ps {
 		switch {
 		case !write[i]:
+		case p.Params.Kind == bucket.Sliding:
+			s.putWindow(shards[i], keys[i], nextSlides[i], p.Params.Sliding().SlidingExpiresAt(nextSlides[i]), now)
 		case p.Params.Kind == bucket.Concurrency:
 			s.writeLeases(shards[i], keys[i], &p.Params, op, p.Lease, now)
 		default:
@@ -392,6 +410,7 @@ func (s *Store) Reset(_ context.Context, key string) error {
 		sh.remove(i)
 	}
 	sh.dropLeases(key)
+	delete(sh.windows, key)
 	sh.mu.Unlock()
 	return nil
 }

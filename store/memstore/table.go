@@ -22,7 +22,10 @@ type shard struct {
 	// leases holds the lease sets of concurrency limits by held key (nil
 	// until the first); see leases.go.
 	leases *leaseTable
-	_      [72]byte // keep shards on separate cache lines
+	// windows holds the states of sliding windows by held key (nil until
+	// the first); see sliding.go.
+	windows map[string]window
+	_       [64]byte // keep shards on separate cache lines
 }
 
 // slot is one bucket, the key it is held under and the key's hash (0: the

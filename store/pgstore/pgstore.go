@@ -266,6 +266,9 @@ type result struct {
 // bucket with the Go math (Params.Until), not from SQL.
 func (r result) result(op bucket.Op, p bucket.Prepared) bucket.Result {
 	n := bucket.State{Tokens: r.tokens, TS: r.ts}
+	if p.Params.Kind == bucket.Calendar {
+		r.now = max(r.now, p.Params.Start) // eval.sql decides at the window's start, at the earliest
+	}
 	var retry time.Duration
 	switch {
 	case op == bucket.Refund:
@@ -302,6 +305,9 @@ var errRace = errors.New("pgstore: bucket appeared during the statement")
 // concurrency limit's by the lease functions (through the batcher when
 // batching); several by multi.sql, one statement, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if err := store.CheckKinds(items, store.Caps{Calendar: true}); err != nil {
+		return err // no sliding windows here yet: Caps.Sliding is false
+	}
 	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {
 		// Without batching, a concurrency item is a multi-take of one.
 		return s.applyMulti(ctx, op, at, items, results)
@@ -333,9 +339,9 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	return nil
 }
 
-// Caps implements store.Store: the store holds leases and keeps
-// overrides (override.go).
-func (s *Store) Caps() store.Caps { return store.Caps{Leases: true, Overrides: s} }
+// Caps implements store.Store: the store holds leases and calendar
+// windows, and keeps overrides (override.go).
+func (s *Store) Caps() store.Caps { return store.Caps{Leases: true, Calendar: true, Overrides: s} }
 
 // applyOne decides one request with one statement (take.sql, peek.sql);
 // a take or refund carries its caller's deadline dl (zero: none).

@@ -16,7 +16,8 @@
 -- enough).
 -- ARGV[2] is the number of distinct shapes S (a limit with a cost), then
 -- one string per shape of 10 decimal integers separated by spaces: kind
--- (0 continuous, 1 interval, 2 fixed window), rate, period, crate, cperiod
+-- (0 continuous, 1 interval, 2 fixed window, 5 calendar window), rate,
+-- period, crate, cperiod
 -- (rate and period divided by their gcd), burst, max_reserved (-1: no
 -- bound), start, cost, reserve (1 or 0). Then one string of packed
 -- requests, a record per key (struct format '<IBdd'): its shape (1..S);
@@ -31,7 +32,8 @@
 -- Reply: {now_s, now_n (the server's TIME), records, big...}: records
 -- is one string of a packed record per request (struct format '<Bddd'):
 -- flags (1: allowed, 2: written, 4: found, 8: the key holds another
--- type, 16: tokens is in big, 32: late, nothing decided), tokens, ts_s, ts_n (the stored bucket
+-- type, 16: tokens is in big, 32: late, nothing decided, 128: a sliding
+-- window, its state before in big), tokens, ts_s, ts_n (the stored bucket
 -- before); big holds, in order, the tokens beyond 2^53 in magnitude as
 -- decimals. The caller recomputes each decision from the state before
 -- with bucket.Eval and checks allowed and written against it. (One string
@@ -43,8 +45,12 @@
 -- buckets vanish; a missing key is a fresh bucket.
 
 local NS = 1000000000
+-- CAL is the kind of a calendar window (bucket.Calendar): a fixed window
+-- whose start (l.ss, l.sn) is an instant, with two rules more (decide).
+local CAL = 5
 local rcall, rpcall = redis.call, redis.pcall
 local pack, unpack, byte, concat = struct.pack, struct.unpack, string.byte, table.concat
+local gmatch = string.gmatch
 local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
 
 -- Times are pairs (s, n): s is a plain number (|s| < 2^34 for any int64
@@ -75,7 +81,7 @@ end
 
 -- fresh is the bucket of a key never seen (or expired) at now.
 local function fresh(l, nows, nown)
-  if l.kind == 2 then
+  if l.kind == 2 or l.kind == CAL then
     -- m = (now - start) mod period
     local _, m, a, b
     if type(l.period) == 'number' and l.period < 67108864 then
@@ -101,7 +107,7 @@ local function expired(l, nows, nown, tokens, s, n)
   local need = sub(l.burst, tokens)
   local short = cmp(need, 0) > 0
   local c = tcmp(nows, nown, s, n)
-  if l.kind == 2 and not short then return c >= 0 end
+  if (l.kind == 2 or l.kind == CAL) and not short then return c >= 0 end
   if c <= 0 then return false end
   local k = 0
   if short then
@@ -220,6 +226,10 @@ end
 -- found), and the bucket after (tokens, s, n).
 local function decide(v, l, op, nows, nown)
   local flags = 0
+  if l.kind == CAL and tcmp(nows, nown, l.ss, l.sn) < 0 then
+    -- A clock behind the calendar window's start decides at it.
+    nows, nown = l.ss, l.sn
+  end
   local otok, os, on, dl = 0, 0, 0, nil
   local tok, s, n
   if type(v) == 'table' and v.err then
@@ -241,7 +251,9 @@ local function decide(v, l, op, nows, nown)
     end
     if flags == 4 then
       s, n = os, on
-      if l.kind ~= 0 then
+      if l.kind == CAL and tcmp(s, n, l.ss, l.sn) < 0 then
+        tok = nil -- a state from an earlier calendar window: fresh
+      elseif l.kind ~= 0 then
         if expired(l, nows, nown, tok, s, n) then
           tok = nil
         else
@@ -429,6 +441,68 @@ local function writeLeases(key, l, op, id, nows, nown, latest)
   rcall('PEXPIRE', key, format('%.0f', (us - us % 1000) / 1000 + 60001))
 end
 
+-- Sliding windows (kind 4): the key is a string of decimals, "last c1 ...
+-- cn": the newest slot written and a count per slot for the last n =
+-- slots+1 slots (bucket.SlidingState). The shape carries the slot's
+-- length in nanoseconds as its rate and the number of slots as its start.
+-- Counts are plain doubles (drip.Limit holds a sliding window to 1e9
+-- tokens, 1e15 micro-tokens) and the slot index too (a slot is at least a
+-- microsecond). The script decides as bucket.EvalSliding does and replies
+-- with the state before, as a string after the records (flag 128), from
+-- which the Go side recomputes the decision and checks the script's.
+local SLIDE = 4
+
+-- decideSliding decides op on the state v (GET's answer) at now. It
+-- returns flags (1 allowed, 4 found, 8 another type), the state before as
+-- stored ("" when none) and the state after {last, counts}.
+local function decideSliding(v, l, op, nows, nown)
+  if type(v) == 'table' and v.err then return 8, '', nil end
+  local n = l.slots + 1
+  local j = divmod(add(mul(nows, NS), nown), l.slot)
+  local flags, before, last, counts = 0, '', nil, {}
+  if v then
+    flags, before = 4, v
+    for x in gmatch(v, '%-?%d+') do
+      if last == nil then last = tonumber(x) else counts[#counts + 1] = tonumber(x) end
+    end
+  end
+  local cur = {}
+  for i = 1, n do cur[i] = 0 end
+  if last and #counts == n then
+    if j < last then j = last end -- a clock that went back moves nothing
+    local d = j - last
+    if d < n then
+      for i = 1, n - d do cur[i] = counts[i + d] end
+    end
+  end
+  local used = 0
+  for i = 1, n do used = used + cur[i] end
+  local cost = l.cost
+  if type(cost) ~= 'number' then cost = HALF end -- a refund above anything counted
+  if op == REFUND then
+    for i = n, 1, -1 do
+      if cost <= 0 then break end
+      local give = cur[i] < cost and cur[i] or cost
+      cur[i], cost = cur[i] - give, cost - give
+    end
+    flags = flags + 1
+  elseif used + cost <= l.burst then
+    cur[n] = cur[n] + cost
+    flags = flags + 1
+  end
+  return flags, before, {j, cur}
+end
+
+-- writeSliding stores the state st, for as long as its newest count is
+-- counted (an estimate in doubles, plus a minute).
+local function writeSliding(key, l, st)
+  local parts = {format('%.0f', st[1])}
+  for i = 1, #st[2] do parts[i + 1] = format('%.0f', st[2][i]) end
+  local ms = (l.slots + 2) * l.slot / 1e6
+  ms = ms - ms % 1 + 60001
+  rcall('SET', key, concat(parts, ' '), 'PX', format('%.0f', ms))
+end
+
 -- parseShape reads a shape: "kind rate period crate cperiod burst
 -- max_reserved start cost reserve".
 local function parseShape(txt)
@@ -443,6 +517,8 @@ local function parseShape(txt)
     and t.burst < HALF and t.period < HALF and t.crate < HALF and t.cperiod < HALF
   t.fastTake = t.fast and t.kind == 0 and type(t.cost) == 'number' and t.cost < HALF
   if t.kind == LEASE then t.slots = t.burst / 1000000 end
+  if t.kind == CAL then t.ss, t.sn = divmod(t.start, NS) end
+  if t.kind == SLIDE then t.slot, t.slots = t.rate, t.start end
   return t
 end
 
@@ -532,6 +608,15 @@ local function main(KEYS, ARGV)
           writeLeases(key, l, op, ARGV[li], nows, nown, on)
           flags = flags + 2
         end
+      elseif l.kind == SLIDE then
+        local before, st
+        flags, before, st = decideSliding(rpcall('GET', key), l, op, nows, nown)
+        if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
+          writeSliding(key, l, st)
+          flags = flags + 2
+        end
+        big[#big + 1] = before
+        flags, otok, os, on = flags + 128, 0, 0, 0
       else
         -- pcall: a key of another type (WRONGTYPE) fails its own request
         -- only, not the others of a batch, some of which may be written.
@@ -575,6 +660,9 @@ local function main(KEYS, ARGV)
       -- r: l, nows, nown, flags, live, earliest, latest, then the lease
       -- and its op
       r[8], r[9] = ARGV[li], op
+    elseif l.kind == SLIDE then
+      local flags, before, st = decideSliding(rpcall('GET', KEYS[i]), l, op, nows, nown)
+      r = {l, nows, nown, flags, before, st}
     else
       r = {l, nows, nown, decide(rpcall('GET', KEYS[i]), l, op, nows, nown)}
       -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
@@ -586,7 +674,14 @@ local function main(KEYS, ARGV)
   local doWrite = not bad and (mode == 'refund' or (mode == 'take' and all))
   for i = 1, #KEYS do
     local r = res[i]
-    if doWrite and r[1].kind == LEASE then
+    if r[1].kind == SLIDE then
+      if doWrite then
+        writeSliding(KEYS[i], r[1], r[6])
+        r[4] = r[4] + 2
+      end
+      big[#big + 1] = r[5]
+      r[4], r[5], r[6], r[7] = r[4] + 128, 0, 0, 0
+    elseif doWrite and r[1].kind == LEASE then
       writeLeases(KEYS[i], r[1], r[9], r[8], r[2], r[3], r[7])
       r[4] = r[4] + 2
     elseif doWrite then

@@ -201,11 +201,11 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	return err
 }
 
-// Caps implements store.Store: the store holds leases and keeps overrides
-// (override.go); on Redis Cluster, keys of one call must share a hash slot
+// Caps implements store.Store: the store holds leases, sliding and
+// calendar windows, and keeps overrides (override.go); on Redis Cluster, keys of one call must share a hash slot
 // (ErrCrossSlot).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{SplitsKeys: s.cluster, Leases: true, Overrides: s}
+	return store.Caps{SplitsKeys: s.cluster, Leases: true, Sliding: true, Calendar: true, Overrides: s}
 }
 
 // applyMulti applies several items in one call of the script.
@@ -236,13 +236,14 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
 	leases := make([]bucket.LeaseSet, len(ps))
+	slides := make([]bucket.SlidingState, len(ps))
 	for i := range ps {
 		if rep.reqs[i].badType {
 			return ErrWrongType // and the script wrote nothing
 		}
-		buckets[i], found[i], leases[i] = rep.reqs[i].before, rep.reqs[i].found, rep.reqs[i].leases
+		buckets[i], found[i], leases[i], slides[i] = rep.reqs[i].before, rep.reqs[i].found, rep.reqs[i].leases, rep.reqs[i].slide
 	}
-	res, _, write := bucket.EvalMultiLeases(op, ps, buckets, found, leases, now)
+	res, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, now)
 	for i := range ps {
 		if err := rep.check(i, res[i].Allowed, write[i]); err != nil {
 			return err
@@ -313,6 +314,11 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 	for i, p := range ps {
 		keys[i] = s.prefix + p.Key
 		sh := shape{p.Params, p.Cost, p.Reserve}
+		if p.Params.Kind == bucket.Sliding {
+			// The script reads a sliding window's slot as its rate and its
+			// slots as its start (see decide.lua).
+			sh.p.Rate, sh.p.Start = p.Params.Sliding().Slot(), p.Params.Parts
+		}
 		if last < 0 || shapes[last] != sh {
 			last = slices.Index(shapes, sh)
 			if last < 0 {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -28,6 +30,9 @@ type reqReply struct {
 	// leases is, for a request on a concurrency limit, the key's live
 	// leases as the script read them (expiries in nanoseconds).
 	leases bucket.LeaseSet
+	// slide is, for a request on a sliding window, the key's state as the
+	// script read it.
+	slide bucket.SlidingState
 }
 
 func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
@@ -49,6 +54,20 @@ func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
 		r := recs[replyRecord*i:]
 		f := r[0]
 		tokens := float64at(r[1:])
+		if f&128 != 0 {
+			// A sliding window: its state before, stored as decimals.
+			if len(big) == 0 {
+				return reply{}, errors.New("missing sliding window state")
+			}
+			st, err := big[0].ToString()
+			if err != nil {
+				return reply{}, err
+			}
+			big = big[1:]
+			if rep.reqs[i].slide, err = parseSliding(st); err != nil {
+				return reply{}, err
+			}
+		}
 		if f&16 != 0 {
 			if len(big) == 0 {
 				return reply{}, errors.New("missing big tokens")
@@ -79,6 +98,34 @@ func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
 	return rep, nil
 }
 
+// parseSliding reads a sliding window's stored state, "last c1 ... cn"
+// ("" when the key had none).
+func parseSliding(s string) (bucket.SlidingState, error) {
+	var st bucket.SlidingState
+	if s == "" {
+		return st, nil
+	}
+	f := strings.Fields(s)
+	if len(f) > bucket.MaxSlots+2 {
+		return st, fmt.Errorf("sliding window state of %d fields", len(f))
+	}
+	for i, x := range f {
+		n, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return st, fmt.Errorf("sliding window state: %w", err)
+		}
+		if i == 0 {
+			st.Last = n
+		} else {
+			st.Counts = append(st.Counts, n)
+		}
+	}
+	if st.Counts == nil {
+		st.Counts = []int64{}
+	}
+	return st, nil
+}
+
 // float64at is the little-endian double at the start of b.
 func float64at(b string) float64 {
 	return math.Float64frombits(uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
@@ -99,9 +146,12 @@ func (rep *reply) decide(i int, op bucket.Op, at time.Time, p bucket.Prepared) (
 	r := rep.reqs[i]
 	var res bucket.Result
 	var write bool
-	if p.Params.Kind == bucket.Concurrency {
+	switch p.Params.Kind {
+	case bucket.Concurrency:
 		res, write = p.Params.EvalLeases(op, r.leases, p.Lease, rep.nowFor(at))
-	} else {
+	case bucket.Sliding:
+		res, _, write = bucket.EvalSliding(op, r.slide, r.found, p.Params.Sliding(), p.Cost, rep.nowFor(at))
+	default:
 		res, _, write = bucket.Eval(op, r.before, r.found, p.Params, p.Cost, p.Reserve, rep.nowFor(at))
 	}
 	if err := rep.check(i, res.Allowed, write); err != nil {

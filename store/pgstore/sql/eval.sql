@@ -1,7 +1,7 @@
 -- eval.sql: bucket.Eval in SQL, a fragment that the statements include where
 -- they say {{EVAL}}, as a LATERAL subquery over a row i with the columns
 -- op, present, tokens, ts, kind, rate, period, burst, maxres, start, cost,
--- reserve, now (see functions.sql for units). It yields allowed, write,
+-- reserve, now (see functions.sql for units; kind 5 is a calendar window). It yields allowed, write,
 -- the bucket after the decision (n_tokens, n_ts: for a denial, the bucket
 -- refilled to now) and expires, Params.ExpiresAt of that bucket. The
 -- caller derives retry_after and reset_after from the bucket with
@@ -17,30 +17,35 @@
 SELECT o.allowed, o.write, o.n_tokens, o.n_ts,
        drip.expires_at(i.kind, i.rate, i.period, i.burst, o.n_tokens, o.n_ts) AS expires
 FROM
+-- A calendar window (kind 5, start an instant): a clock behind its start
+-- decides at it, and a state from before it is from an earlier window.
+(SELECT CASE WHEN i.kind = 5 THEN greatest(i.now, i.start) ELSE i.now END AS now,
+        coalesce(i.present, false) AND NOT (i.kind = 5 AND i.ts < i.start) AS present
+ OFFSET 0) c
 -- Params.Fresh for a key without state, or whose state has expired
-(SELECT CASE WHEN NOT coalesce(i.present, false)
-              OR coalesce(i.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true)
+CROSS JOIN LATERAL (SELECT CASE WHEN NOT c.present
+              OR coalesce(c.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true)
              THEN i.burst ELSE i.tokens END AS t0,
-        CASE WHEN NOT (NOT coalesce(i.present, false)
-              OR coalesce(i.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true)) THEN i.ts
-             WHEN i.kind = 2 THEN i.now - ((i.now - i.start) % i.period + i.period) % i.period
-             ELSE i.now END AS s0
+        CASE WHEN NOT (NOT c.present
+              OR coalesce(c.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true)) THEN i.ts
+             WHEN i.kind IN (2, 5) THEN c.now - ((c.now - i.start) % i.period + i.period) % i.period
+             ELSE c.now END AS s0
  OFFSET 0) b
 -- Params.Refilled
 CROSS JOIN LATERAL (SELECT
-    CASE WHEN i.now <= b.s0 THEN least(b.t0, i.burst)
+    CASE WHEN c.now <= b.s0 THEN least(b.t0, i.burst)
          WHEN i.burst - b.t0 <= 0 THEN i.burst
          WHEN i.kind = 0 THEN CASE
-             WHEN div((i.now - b.s0)::numeric * i.rate, i.period) >= i.burst - b.t0 THEN i.burst
-             ELSE b.t0 + div((i.now - b.s0)::numeric * i.rate, i.period)::bigint END
-         WHEN (i.now - b.s0) / i.period >= (i.burst - b.t0) / i.rate + ((i.burst - b.t0) % i.rate <> 0)::int THEN i.burst
-         ELSE b.t0 + (i.now - b.s0) / i.period * i.rate
+             WHEN div((c.now - b.s0)::numeric * i.rate, i.period) >= i.burst - b.t0 THEN i.burst
+             ELSE b.t0 + div((c.now - b.s0)::numeric * i.rate, i.period)::bigint END
+         WHEN (c.now - b.s0) / i.period >= (i.burst - b.t0) / i.rate + ((i.burst - b.t0) % i.rate <> 0)::int THEN i.burst
+         ELSE b.t0 + (c.now - b.s0) / i.period * i.rate
          END AS tokens,
-    CASE WHEN i.now <= b.s0 THEN b.s0
-         WHEN i.kind <> 0 THEN b.s0 + (i.now - b.s0) / i.period * i.period
-         WHEN i.burst - b.t0 <= 0 THEN i.now
-         WHEN div((i.now - b.s0)::numeric * i.rate, i.period) >= i.burst - b.t0 THEN i.now
-         ELSE i.now - div(mod((i.now - b.s0)::numeric * i.rate, i.period), i.rate)::bigint
+    CASE WHEN c.now <= b.s0 THEN b.s0
+         WHEN i.kind <> 0 THEN b.s0 + (c.now - b.s0) / i.period * i.period
+         WHEN i.burst - b.t0 <= 0 THEN c.now
+         WHEN div((c.now - b.s0)::numeric * i.rate, i.period) >= i.burst - b.t0 THEN c.now
+         ELSE c.now - div(mod((c.now - b.s0)::numeric * i.rate, i.period), i.rate)::bigint
          END AS ts
     OFFSET 0) a
 -- the decision (allowed, repeated where it is needed)
