@@ -116,10 +116,20 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 	if len(seen) == len(calls) {
 		sql = batchDistinctSQL
 	}
+	return s.query(ctx, calls, "batch", func(i *int64, r *result) []any {
+		return []any{i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late}
+	}, sql, a.ops, a.keys, a.kinds, a.rates, a.periods,
+		a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats, a.dls)
+}
+
+// query runs one batch statement for calls: each row is the 1-based index
+// of its call and the columns fields names, read into its result. It
+// checks that every call has its row, and takes the server's clock from
+// the first call decided on it.
+func (s *Store) query(ctx context.Context, calls []*batch.Call[request, result], what string, fields func(i *int64, r *result) []any, sql string, args ...any) ([]result, error) {
 	res := make([]result, len(calls))
 	err := s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, sql, a.ops, a.keys, a.kinds, a.rates, a.periods,
-			a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats, a.dls)
+		rows, err := s.db.Query(ctx, sql, args...)
 		if err != nil {
 			return err
 		}
@@ -127,13 +137,13 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 		for rows.Next() {
 			var i int64
 			var r result
-			if err := rows.Scan(&i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late); err != nil {
+			if err := rows.Scan(fields(&i, &r)...); err != nil {
 				rows.Close()
 				return err
 			}
 			if i < 1 || int(i) > len(res) {
 				rows.Close()
-				return fmt.Errorf("pgstore: batch returned index %d of %d", i, len(res))
+				return fmt.Errorf("pgstore: %s returned index %d of %d", what, i, len(res))
 			}
 			res[i-1] = r
 			n++
@@ -142,7 +152,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 			return err
 		}
 		if n != len(calls) {
-			return fmt.Errorf("pgstore: batch returned %d rows for %d requests", n, len(calls))
+			return fmt.Errorf("pgstore: %s returned %d rows for %d requests", what, n, len(calls))
 		}
 		return nil
 	})
@@ -212,46 +222,10 @@ func (s *Store) runLeases(ctx context.Context, calls []*batch.Call[request, resu
 		slots[i], periods[i] = c.Req.p.Params.Slots(), c.Req.p.Params.Period
 		dls[i] = s.deadline(c.SendBy)
 	}
-	res := make([]result, len(calls))
-	err := s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, leaseBatchSQL, ops, keys, slots, periods, ids, ats, dls)
-		if err != nil {
-			return err
-		}
-		n := 0
-		for rows.Next() {
-			var i int32
-			var r result
-			ls := &r.leases
-			if err := rows.Scan(&i, &r.allowed, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &r.now, &r.late); err != nil {
-				rows.Close()
-				return err
-			}
-			if i < 1 || int(i) > len(res) {
-				rows.Close()
-				return fmt.Errorf("pgstore: lease batch returned index %d of %d", i, len(res))
-			}
-			res[i-1] = r
-			n++
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if n != len(calls) {
-			return fmt.Errorf("pgstore: lease batch returned %d rows for %d requests", n, len(calls))
-		}
-		return nil
-	})
-	if err == nil {
-		recv := time.Now()
-		for i, c := range calls {
-			if c.Req.at == nil { // now is the server's clock
-				s.clock.Observe(recv, res[i].now)
-				break
-			}
-		}
-	}
-	return res, err
+	return s.query(ctx, calls, "lease batch", func(i *int64, r *result) []any {
+		ls := &r.leases
+		return []any{i, &r.allowed, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &r.now, &r.late}
+	}, leaseBatchSQL, ops, keys, slots, periods, ids, ats, dls)
 }
 
 // deadline is a caller's deadline d in the server's clock (nil: none).
