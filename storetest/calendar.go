@@ -87,23 +87,7 @@ func RandomCalendarLines(seed uint64, n int, from time.Time) []replay.Line {
 		for next < len(marks) && marks[next].Sub(from) <= at {
 			next++
 		}
-		l := replay.Line{At: at}
-		switch x := rng.IntN(100); {
-		case x < 55:
-			l.Op, l.Request = "take", req(keys[rng.IntN(3)])
-		case x < 70:
-			l.Op, l.Request = "peek", req(keys[rng.IntN(3)])
-		case x < 80:
-			l.Op, l.Request = "refund", req(keys[rng.IntN(3)])
-		case x < 83:
-			l.Op, l.Request = "reset", drip.Request{Key: keys[rng.IntN(3)]}
-		default:
-			l.Op = "take"
-			for _, i := range rng.Perm(len(keys))[:2+rng.IntN(2)] {
-				l.Requests = append(l.Requests, req(keys[i]))
-			}
-		}
-		lines = append(lines, l)
+		lines = append(lines, windowLine(rng, at, keys, req))
 	}
 	return lines
 }

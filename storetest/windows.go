@@ -57,23 +57,7 @@ func RandomWindowLines(seed uint64, n int) []replay.Line {
 		} else {
 			at += steps[rng.IntN(len(steps))]
 		}
-		l := replay.Line{At: at}
-		switch x := rng.IntN(100); {
-		case x < 55:
-			l.Op, l.Request = "take", req(keys[rng.IntN(3)])
-		case x < 70:
-			l.Op, l.Request = "peek", req(keys[rng.IntN(3)])
-		case x < 80:
-			l.Op, l.Request = "refund", req(keys[rng.IntN(3)])
-		case x < 83:
-			l.Op, l.Request = "reset", drip.Request{Key: keys[rng.IntN(3)]}
-		default:
-			l.Op = "take"
-			for _, i := range rng.Perm(len(keys))[:2+rng.IntN(2)] {
-				l.Requests = append(l.Requests, req(keys[i]))
-			}
-		}
-		lines = append(lines, l)
+		lines = append(lines, windowLine(rng, at, keys, req))
 	}
 	return lines
 }
@@ -95,4 +79,27 @@ func RunWindows(t *testing.T, newStore NewStore, seeds, n int) {
 			CompareWithModel(t, newStore(t), RandomWindowLines(uint64(seed), n))
 		})
 	}
+}
+
+// windowLine is a random line of a window trace at at: a take, peek or
+// refund on one of the first three keys, a reset, or a multi-take of two
+// or three keys, each request made by req.
+func windowLine(rng *rand.Rand, at time.Duration, keys []string, req func(string) drip.Request) replay.Line {
+	l := replay.Line{At: at}
+	switch x := rng.IntN(100); {
+	case x < 55:
+		l.Op, l.Request = "take", req(keys[rng.IntN(3)])
+	case x < 70:
+		l.Op, l.Request = "peek", req(keys[rng.IntN(3)])
+	case x < 80:
+		l.Op, l.Request = "refund", req(keys[rng.IntN(3)])
+	case x < 83:
+		l.Op, l.Request = "reset", drip.Request{Key: keys[rng.IntN(3)]}
+	default:
+		l.Op = "take"
+		for _, i := range rng.Perm(len(keys))[:2+rng.IntN(2)] {
+			l.Requests = append(l.Requests, req(keys[i]))
+		}
+	}
+	return l
 }
