@@ -514,3 +514,41 @@ func TestKeyPanics(t *testing.T) {
 		t.Errorf("store calls %q, want only the last request's", ks.keys)
 	}
 }
+
+// TestKeyInFlight: a KeyLimit may be a concurrency limit: while a
+// request holds the key's one slot, the next is a 429, and once it
+// returns the slot is free again (its burst is its slots, never below 1).
+func TestKeyInFlight(t *testing.T) {
+	ms := memstore.New()
+	defer ms.Close()
+	l, err := httplimit.NewKeyLimiter(ms, httplimit.KeyLimit{Limit: drip.InFlight(1, time.Minute), Key: headerKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hold") != "" {
+			close(entered)
+			<-release
+		}
+	}))
+	held := userReq("alice", "")
+	held.Header.Set("X-Hold", "1")
+	done := make(chan resp)
+	go func() { done <- record(h, held) }()
+	<-entered
+	if r := record(h, userReq("alice", "")); r.code != http.StatusTooManyRequests {
+		t.Fatalf("a second request while the slot is held: %d, want 429", r.code)
+	}
+	if r := record(h, userReq("bob", "")); r.code != http.StatusOK {
+		t.Fatalf("another key: %d, want 200", r.code)
+	}
+	close(release)
+	if r := <-done; r.code != http.StatusOK {
+		t.Fatalf("the holding request: %d, want 200", r.code)
+	}
+	if r := record(h, userReq("alice", "")); r.code != http.StatusOK {
+		t.Fatalf("after the slot was released: %d, want 200", r.code)
+	}
+}

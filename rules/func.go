@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 )
 
 // FuncRule is a rule without a rules file: one enforce limit whose key,
@@ -42,7 +43,7 @@ func (f FuncRule) Set() (*Set, error) {
 	}
 	if err := f.Limit.Validate(); err != nil {
 		add("limit", err.Error())
-	} else if !f.Cost && limitBurst(f.Limit) < defaultCost {
+	} else if p, err := f.Limit.Params(""); err == nil && !f.Cost && p.Kind != bucket.Concurrency && p.Burst < defaultCost*bucket.Micro {
 		add("limit", "the burst must be >= 1, the cost of a request (or compute costs)")
 	}
 	switch f.OnError {
@@ -84,11 +85,4 @@ func (f FuncRule) Set() (*Set, error) {
 		RetryJitter: DefaultJitter,
 		byName:      map[string]int{f.Name: 0},
 	}, nil
-}
-
-func limitBurst(l drip.Limit) float64 {
-	if l.Burst == 0 {
-		return l.Rate
-	}
-	return l.Burst
 }
