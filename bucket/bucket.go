@@ -109,6 +109,11 @@ type Prepared struct {
 	// Lease is, for a concurrency limit, the lease a take acquires, a
 	// refund releases or a peek asks about.
 	Lease string
+	// Block is, for a take or a refund of leased tokens (EvalBlocks), the
+	// ID of the block taken or returned; BlockTTL is a block take's life
+	// in nanoseconds. Empty for any other request.
+	Block    string
+	BlockTTL int64
 }
 
 // Fresh is the bucket of a key never seen before (or expired) at now: full,

@@ -58,6 +58,10 @@ type Caps struct {
 	// Leases reports that the store holds the leases of concurrency limits
 	// (bucket.Concurrency items).
 	Leases bool
+	// Blocks reports that the store holds blocks of leased tokens
+	// (bucket.EvalBlocks: items with a Block, and the cap they put on
+	// every take of their key), which package leased needs.
+	Blocks bool
 	// Overrides is the store's side that keeps per-tenant limits (package
 	// override), or nil when it keeps none.
 	Overrides Overrides
@@ -102,6 +106,7 @@ var (
 	ErrInvalidCost      = errors.New("invalid cost")
 	ErrCostExceedsBurst = errors.New("cost exceeds burst")
 	ErrInvalidLease     = errors.New("invalid lease")
+	ErrInvalidBlock     = errors.New("invalid block")
 	ErrInvalidOp        = errors.New("invalid op")
 	ErrNoRequests       = errors.New("no requests")
 	ErrDuplicateKey     = errors.New("duplicate key in multi-take")

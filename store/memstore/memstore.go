@@ -161,6 +161,7 @@ func (s *Store) Sweep(now time.Time) int {
 			}
 			j++
 		}
+		s.sweepBlocks(sh, n) // after the buckets: see there
 		sh.mu.Unlock()
 	}
 	return dropped
@@ -233,9 +234,9 @@ func (s *Store) clock() int64 {
 }
 
 // Caps implements store.Store: the store decides in process, holds
-// leases, and keeps overrides (override.go).
+// leases and blocks of leased tokens, and keeps overrides (override.go).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{InProcess: true, Leases: true, Overrides: s}
+	return store.Caps{InProcess: true, Leases: true, Blocks: true, Overrides: s}
 }
 
 // Apply implements store.Store. One item is decided under its shard's
@@ -261,6 +262,11 @@ func (s *Store) applyOne(op bucket.Op, at time.Time, it *bucket.Prepared) bucket
 	p := &it.Params
 	sh, h := s.locate(key)
 	sh.mu.Lock()
+	if it.Block != "" || len(sh.blocks) > 0 && sh.blocks[key] != nil {
+		r := s.applyBlocks(sh, h, key, op, it, now)
+		sh.mu.Unlock()
+		return r
+	}
 	i, found := sh.find(h, key)
 	var b bucket.State
 	if found {
@@ -324,7 +330,14 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
 	var leases []bucket.LeaseSet
+	var blocks [][]bucket.Block
 	for i, k := range keys {
+		if bs := shards[i].blocks[k]; ps[i].Block != "" || bs != nil {
+			if blocks == nil {
+				blocks = make([][]bucket.Block, len(ps))
+			}
+			blocks[i] = bs
+		}
 		if ps[i].Params.Kind == bucket.Concurrency {
 			if leases == nil {
 				leases = make([]bucket.LeaseSet, len(ps))
@@ -336,12 +349,15 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
-	res, next, write := bucket.EvalMultiLeases(op, ps, buckets, found, leases, now)
+	res, next, nextBlocks, write := bucket.EvalMultiBlocks(op, ps, buckets, found, leases, blocks, now)
 	for i, p := range ps {
 		switch {
 		case !write[i]:
 		case p.Params.Kind == bucket.Concurrency:
 			s.putLeases(shards[i], keys[i], p.Params.NextLeases(op, shards[i].leases[keys[i]], p.Lease, now), now)
+		case blocks != nil:
+			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.StateExpiresAt(next[i], nextBlocks[i]), now)
+			s.putBlocks(shards[i], keys[i], nextBlocks[i])
 		default:
 			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
@@ -366,6 +382,7 @@ func (s *Store) Reset(_ context.Context, key string) error {
 		sh.remove(i)
 	}
 	delete(sh.leases, key)
+	delete(sh.blocks, key)
 	sh.mu.Unlock()
 	return nil
 }

@@ -22,7 +22,10 @@ type shard struct {
 	// leases holds the lease sets of concurrency limits by held key (nil
 	// until the first); see leases.go.
 	leases map[string][]bucket.Lease
-	_      [72]byte // keep shards on separate cache lines
+	// blocks holds the live blocks of leased tokens by held key (nil
+	// until the first); see blocks.go.
+	blocks map[string][]bucket.Block
+	_      [64]byte // keep shards on separate cache lines
 }
 
 // slot is one bucket, the key it is held under and the key's hash (0: the
