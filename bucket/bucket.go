@@ -114,6 +114,12 @@ type Prepared struct {
 	// in nanoseconds. Empty for any other request.
 	Block    string
 	BlockTTL int64
+	// Leased reports that the item's limit is leased (package leased
+	// marks every item of such a limit it passes to its store): a store
+	// that keeps the blocks of leased limits apart from other buckets
+	// (Redis) decides it under its key's blocks. The memory store decides
+	// every item under its key's blocks, whatever this says.
+	Leased bool
 }
 
 // Fresh is the bucket of a key never seen before (or expired) at now: full,

@@ -159,5 +159,5 @@ func PrepareBlock(op bucket.Op, key string, p bucket.Params, size int64, id stri
 	if op != bucket.Take {
 		ttl = 0
 	}
-	return bucket.Prepared{Key: key, Params: p, Cost: size, Block: id, BlockTTL: int64(ttl)}, nil
+	return bucket.Prepared{Key: key, Params: p, Cost: size, Block: id, BlockTTL: int64(ttl), Leased: true}, nil
 }

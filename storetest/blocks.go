@@ -95,6 +95,7 @@ func CompareBlocks(t *testing.T, st store.Store, seed uint64, n int) {
 		var it bucket.Prepared
 		if o.id == "" {
 			it, err = store.Prepare(o.op, key, params, o.cost, false, "")
+			it.Leased = true
 		} else {
 			it, err = store.PrepareBlock(o.op, key, params, int64(o.cost*bucket.Micro), o.id, o.ttl)
 		}
@@ -175,6 +176,7 @@ func blockScenarios(t *testing.T, st store.Store) {
 				var it bucket.Prepared
 				if s.id == "" {
 					it, err = store.Prepare(s.op, key, params, s.cost, false, "")
+					it.Leased = true
 				} else {
 					it, err = store.PrepareBlock(s.op, key, params, int64(s.cost*bucket.Micro), s.id, s.ttl)
 				}

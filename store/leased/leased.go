@@ -21,6 +21,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -231,10 +232,32 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 			s.decisions.Add(1)
 		}
 		s.calls.Add(1)
-		return s.st.Apply(ctx, op, at, items, results)
+		return s.st.Apply(ctx, op, at, s.mark(items), results)
 	}
 	s.decisions.Add(1)
-	return s.take(ctx, at, items[:1], results[:1])
+	own := items[0]
+	own.Leased = true
+	return s.take(ctx, at, []bucket.Prepared{own}, results[:1])
+}
+
+// mark returns items with those of leased limits marked Leased (a copy,
+// when any is).
+func (s *Store) mark(items []bucket.Prepared) []bucket.Prepared {
+	var own []bucket.Prepared
+	for i := range items {
+		it := &items[i]
+		if it.Params.Kind == bucket.Concurrency || it.Leased || (s.sel != nil && !s.sel(it.Key, it.Params)) {
+			continue
+		}
+		if own == nil {
+			own = slices.Clone(items)
+		}
+		own[i].Leased = true
+	}
+	if own == nil {
+		return items
+	}
+	return own
 }
 
 // local is an instance's state of one key: its block, the next one
