@@ -273,6 +273,7 @@ type local struct {
 	// average that forgets with a time constant of the horizon.
 	rate float64
 	last time.Time // the last decision
+	at   time.Time // the time the last decision was given (zero: the store's clock)
 	// avail is the bucket's tokens after the store's last answer, and
 	// starved whether a block take was denied since the last answer
 	// that showed room.
@@ -344,6 +345,7 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	}
 	now := s.clock(at)
 	l.mu.Lock()
+	l.at = at
 	l.demand(now, it.Cost, s.horizon)
 	if r, ok := s.grant(l, now, it.Cost, at); ok {
 		l.mu.Unlock()
@@ -643,8 +645,9 @@ func (s *Store) janitor() {
 // idle keys.
 func (s *Store) sweep(now time.Time, closing bool) {
 	type due struct {
-		l *local
-		b block
+		l  *local
+		b  block
+		at time.Time
 	}
 	var back []due
 	s.keys.Range(func(k, v any) bool {
@@ -658,7 +661,7 @@ func (s *Store) sweep(now time.Time, closing bool) {
 				s.expire(l, *b)
 				*b = block{}
 			case closing || idle || !now.Before(b.ret):
-				back = append(back, due{l, *b})
+				back = append(back, due{l, *b, l.at})
 				*b = block{}
 			}
 		}
@@ -675,7 +678,7 @@ func (s *Store) sweep(now time.Time, closing bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
 	for _, d := range back {
-		s.giveBack(ctx, time.Time{}, d.l, d.b)
+		s.giveBack(ctx, d.at, d.l, d.b)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -130,42 +129,7 @@ func runWorkload(t *testing.T, w workload, dur time.Duration) {
 		}
 	}
 	wg.Wait()
-	var st leased.Stats
-	for _, o := range ins {
-		o.Close()
-		s := o.Stats()
-		st.Decisions += s.Decisions
-		st.Local += s.Local
-		st.StoreCalls += s.StoreCalls
-		st.Fetched += s.Fetched
-		st.Returned += s.Returned
-		st.Expired += s.Expired
-		st.TokensLost += s.TokensLost
-	}
-	byKey := map[int][]event{}
-	granted := 0
-	for _, e := range events {
-		byKey[e.key] = append(byKey[e.key], e)
-		if e.allowed {
-			granted++
-		}
-	}
-	t.Logf("%d takes, %d granted; %d local, %d store calls (%.3f a decision), blocks: %d fetched, %d returned, %d expired, %.0f tokens lost",
-		st.Decisions, granted, st.Local, st.StoreCalls, float64(st.StoreCalls)/float64(st.Decisions), st.Fetched, st.Returned, st.Expired, float64(st.TokensLost)/bucket.Micro)
-	early := 0
-	for k, es := range byKey {
-		slices.SortStableFunc(es, func(a, b event) int { return int(a.at - b.at) })
-		p, err := w.lim.Params(key(k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkWindows(t, k, es, p)
-		early += checkDenials(t, k, es, p)
-	}
-	t.Logf("%d early denials", early)
-	if w.keys == 1 && st.Local*2 < st.Decisions {
-		t.Errorf("a hot key decided %d of %d takes locally: want most", st.Local, st.Decisions)
-	}
+	report(t, w, ins, events, key)
 }
 
 // checkWindows fails if any window [a, b] of key k's grants holds more
