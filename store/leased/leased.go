@@ -264,6 +264,7 @@ func (s *Store) mark(items []bucket.Prepared) []bucket.Prepared {
 // fetched ahead of need, and its recent demand.
 type local struct {
 	mu       sync.Mutex
+	sem      chan struct{} // held by the one store call of take at a time
 	key      string
 	p        bucket.Params
 	cur      block
@@ -322,7 +323,7 @@ func (s *Store) localOf(it *bucket.Prepared) *local {
 	if s.nkeys.Load() >= int64(s.maxKeys) {
 		return nil
 	}
-	l := &local{key: it.Key, p: it.Params}
+	l := &local{key: it.Key, p: it.Params, sem: make(chan struct{}, 1)}
 	if v, loaded := s.keys.LoadOrStore(it.Key, l); loaded {
 		old := v.(*local)
 		if old.p == it.Params {
@@ -347,18 +348,22 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	l.mu.Lock()
 	l.at = at
 	l.demand(now, it.Cost, s.horizon)
-	if r, ok := s.grant(l, now, it.Cost, at); ok {
-		l.mu.Unlock()
-		s.local.Add(1)
-		*res = r
+	if s.fromLocal(l, now, it.Cost, at, res) {
 		return nil
 	}
-	if l.deniedCost > 0 && it.Cost >= l.deniedCost && now.Before(l.deniedAt.Add(safe(min(l.denied.RetryAfter, s.horizon)))) && !now.Before(l.deniedAt) {
-		r := l.denied
-		r.RetryAfter -= now.Sub(l.deniedAt)
-		l.mu.Unlock()
-		s.local.Add(1)
-		*res = r
+	l.mu.Unlock()
+	// One store call per key at a time from this instance: the others
+	// wait for its answer (a block, or a denial to repeat), so that a hot
+	// key's callers do not all ask the store at once.
+	select {
+	case l.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-l.sem }()
+	now = s.clock(at)
+	l.mu.Lock()
+	if s.fromLocal(l, now, it.Cost, at, res) {
 		return nil
 	}
 	// Nothing local covers it: what is left of the blocks goes back
@@ -420,6 +425,27 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	}
 	l.mu.Unlock()
 	return nil
+}
+
+// fromLocal decides a take of cost at now from what l holds: a grant
+// from its blocks, or the store's last denial repeated. It reports
+// whether it decided, and then has unlocked l.mu, which the caller holds.
+func (s *Store) fromLocal(l *local, now time.Time, cost int64, at time.Time, res *bucket.Result) bool {
+	if r, ok := s.grant(l, now, cost, at); ok {
+		l.mu.Unlock()
+		s.local.Add(1)
+		*res = r
+		return true
+	}
+	if l.deniedCost > 0 && cost >= l.deniedCost && now.Before(l.deniedAt.Add(safe(min(l.denied.RetryAfter, s.horizon)))) && !now.Before(l.deniedAt) {
+		r := l.denied
+		r.RetryAfter -= now.Sub(l.deniedAt)
+		l.mu.Unlock()
+		s.local.Add(1)
+		*res = r
+		return true
+	}
+	return false
 }
 
 // demand adds a decision of cost at now to l's recent demand. The caller

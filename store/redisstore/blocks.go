@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -22,7 +23,8 @@ import (
 // TIME in one script (blocks_read.lua), decides in Go with
 // bucket.EvalMultiBlocks, and writes the new values in a second script
 // only if none changed since it read them (blocks_write.lua); a call that
-// finds a value changed reads and decides again, up to blockTries times.
+// finds a value changed reads and decides again after a random backoff,
+// up to blockTries times.
 // That is two round trips per decision instead of one, and retries under
 // contention: leased limits call the store once per block, not per
 // decision, so the cost is paid rarely. (A Lua version of
@@ -73,7 +75,17 @@ func (s *Store) applyBlocks(ctx context.Context, op bucket.Op, at time.Time, ite
 	states := make([]bucket.State, len(items))
 	found := make([]bool, len(items))
 	blocks := make([][]bucket.Block, len(items))
-	for range blockTries {
+	for try := range blockTries {
+		if try > 0 {
+			// Changed under us: back off a random while, growing, so
+			// that contending callers spread out.
+			d := time.Duration(rand.Int64N(int64(min(time.Millisecond, 20*time.Microsecond<<min(try, 10)))))
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		msgs, err := blocksRead.Exec(ctx, s.c, keys, nil).ToArray()
 		if err != nil {
 			return fmt.Errorf("redisstore: %w", err)
