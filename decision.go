@@ -1,6 +1,10 @@
 package drip
 
-import "time"
+import (
+	"time"
+
+	"github.com/driplimit/drip/bucket"
+)
 
 // Decision is the answer to one request. Being over the limit is a
 // decision (Allowed false), never an error.
@@ -52,4 +56,17 @@ func combine(ds []Decision) Multi {
 		}
 	}
 	return m
+}
+
+// DecisionOf is the Decision of a store's result for an item of a limit
+// of burst micro-tokens (its bucket.Params.Burst): its amounts in tokens.
+func DecisionOf(r bucket.Result, burst int64) Decision {
+	return Decision{
+		Allowed:    r.Allowed,
+		Tokens:     float64(r.Tokens) / bucket.Micro,
+		Remaining:  max(0, r.Tokens) / bucket.Micro,
+		Burst:      float64(burst) / bucket.Micro,
+		RetryAfter: r.RetryAfter,
+		ResetAfter: r.ResetAfter,
+	}
 }

@@ -11,9 +11,8 @@
 //	d, err := lim.Take(ctx, "user:42")
 //
 // Being over the limit is a Decision (Allowed false, with RetryAfter), never
-// an error: errors are bad input (drip.IsInput: ErrInvalidLimit,
-// ErrInvalidCost, ErrMissingKey, ErrCostExceedsBurst, ...) or a failing
-// store. Take, TakeN, Reserve, Peek, Refund, Reset, TakeMulti (several
+// an error: errors are bad input (ErrInvalidLimit, ErrInvalidCost,
+// ErrMissingKey, ErrCostExceedsBurst, ...) or a failing store. Take, TakeN, Reserve, Peek, Refund, Reset, TakeMulti (several
 // keys, all or nothing) and Wait cover what a caller asks.
 //
 // PerSecond, PerMinute, PerHour and Per(n, period) make token buckets of n
@@ -48,18 +47,15 @@
 // nothing (a Limiter's Take costs 1). Limit, Request and Decision are
 // values, safe to copy.
 //
-// Safe for concurrent use: a Limiter and every Store are, and
-// a multi-key take is one atomic step in the store.
+// Safe for concurrent use: a Limiter and every store are, and a
+// multi-key take is one atomic step in the store.
 //
-// Store wrappers: Sharded spreads a hot key over several, Prefixed puts
-// keys under a prefix, Separately takes keys one by one where a store
-// cannot hold them together (Redis Cluster across slots).
-//
-// Beyond this package: httplimit is the net/http middleware that applies a
-// rules file (package rules), engine is the decision engine behind it and
-// every other front door, and drip serve (package server) runs the
-// decision API, a gateway and Envoy's rate limit service. Store writers
-// implement Store: Prepare (or ParamsOf and CostOf) turns a Request into the
-// fixed point of package bucket, bucket.Eval decides, DecisionOf answers;
-// storetest checks the result.
+// Beyond this package: package store is the kit of store writers (the
+// store.Store interface, and wrappers: store.Sharded spreads a hot key
+// over several buckets, store.Prefixed puts keys under a prefix), and
+// storetest the conformance suite every store passes; httplimit is the
+// net/http middleware that applies a rules file (package rules), engine
+// is the decision engine behind it and every other front door, and drip
+// serve (package server) runs the decision API, a gateway and Envoy's
+// rate limit service.
 package drip

@@ -170,13 +170,15 @@ func TestWait(t *testing.T) {
 
 // TestCoreImportsStdlibOnly keeps the core packages free of dependencies
 // and the arrows between them pointing one way: drip imports the standard
-// library, bucket and store; store imports the standard library and
-// bucket; bucket the standard library only.
+// library, bucket, store and internal/seconds; store imports the standard
+// library and bucket; bucket and internal/seconds the standard library
+// only.
 func TestCoreImportsStdlibOnly(t *testing.T) {
 	for dir, allowed := range map[string][]string{
-		".":      {"github.com/driplimit/drip/bucket", "github.com/driplimit/drip/store"},
-		"store":  {"github.com/driplimit/drip/bucket"},
-		"bucket": nil,
+		".":                {"github.com/driplimit/drip/bucket", "github.com/driplimit/drip/store", "github.com/driplimit/drip/internal/seconds"},
+		"store":            {"github.com/driplimit/drip/bucket"},
+		"bucket":           nil,
+		"internal/seconds": nil,
 	} {
 		pkg, err := build.ImportDir(dir, 0)
 		if err != nil {

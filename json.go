@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"strconv"
 	"time"
+
+	"github.com/driplimit/drip/internal/seconds"
 )
 
 // The JSON shapes of docs/api.md, shared by drip replay, the decision API and
@@ -14,33 +15,33 @@ import (
 // string ("10s") or a number of seconds.
 
 type limitJSON struct {
-	Algorithm   Algorithm `json:"algorithm,omitempty"`
-	Rate        float64   `json:"rate,omitempty"`
-	Period      *Seconds  `json:"period,omitempty"`
-	Burst       *float64  `json:"burst,omitempty"`
-	Refill      Refill    `json:"refill,omitempty"`
-	Start       *Seconds  `json:"start,omitempty"`
-	MaxReserved float64   `json:"max_reserved,omitempty"`
-	MaxInFlight int       `json:"max_in_flight,omitempty"`
-	LeaseTTL    *Seconds  `json:"lease_ttl,omitempty"`
+	Algorithm   Algorithm         `json:"algorithm,omitempty"`
+	Rate        float64           `json:"rate,omitempty"`
+	Period      *seconds.Duration `json:"period,omitempty"`
+	Burst       *float64          `json:"burst,omitempty"`
+	Refill      Refill            `json:"refill,omitempty"`
+	Start       *seconds.Duration `json:"start,omitempty"`
+	MaxReserved float64           `json:"max_reserved,omitempty"`
+	MaxInFlight int               `json:"max_in_flight,omitempty"`
+	LeaseTTL    *seconds.Duration `json:"lease_ttl,omitempty"`
 }
 
 // MarshalJSON encodes l as {"rate": 10, "period": "1s", ...}.
 func (l Limit) MarshalJSON() ([]byte, error) {
 	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Refill: l.Refill, MaxReserved: l.MaxReserved, MaxInFlight: l.MaxInFlight}
 	if l.LeaseTTL != 0 {
-		t := Seconds(l.LeaseTTL)
+		t := seconds.Duration(l.LeaseTTL)
 		j.LeaseTTL = &t
 	}
 	if l.Period != 0 {
-		p := Seconds(l.Period)
+		p := seconds.Duration(l.Period)
 		j.Period = &p
 	}
 	if l.Burst != 0 {
 		j.Burst = &l.Burst
 	}
 	if l.Start != 0 {
-		s := Seconds(l.Start)
+		s := seconds.Duration(l.Start)
 		j.Start = &s
 	}
 	return json.Marshal(j)
@@ -83,62 +84,6 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 		}
 	}
 	return nil
-}
-
-// Seconds is a duration that reads from JSON as a Go duration string
-// ("1.5s", "2m") or a number of seconds (1.5, "1.5"), and writes as a Go
-// duration string.
-type Seconds time.Duration
-
-// MarshalJSON writes s as a Go duration string.
-func (s Seconds) MarshalJSON() ([]byte, error) {
-	return json.Marshal(time.Duration(s).String())
-}
-
-// UnmarshalJSON reads a duration string or a number of seconds.
-func (s *Seconds) UnmarshalJSON(b []byte) error {
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	d, err := ParseSeconds(v)
-	if err != nil {
-		return err
-	}
-	*s = Seconds(d)
-	return nil
-}
-
-// ParseSeconds reads a JSON value as a duration: a number of seconds, a
-// numeric string of seconds, or a Go duration string.
-func ParseSeconds(v any) (time.Duration, error) {
-	switch x := v.(type) {
-	case float64:
-		return secondsToDuration(x)
-	case json.Number:
-		f, err := x.Float64()
-		if err != nil {
-			return 0, err
-		}
-		return secondsToDuration(f)
-	case string:
-		if f, err := strconv.ParseFloat(x, 64); err == nil {
-			return secondsToDuration(f)
-		}
-		d, err := time.ParseDuration(x)
-		if err != nil {
-			return 0, fmt.Errorf("%q is not a duration (\"10s\") or a number of seconds", x)
-		}
-		return d, nil
-	}
-	return 0, fmt.Errorf("%v is not a duration (\"10s\") or a number of seconds", v)
-}
-
-func secondsToDuration(f float64) (time.Duration, error) {
-	if math.IsNaN(f) || math.IsInf(f, 0) || math.Abs(f) > 9e9 {
-		return 0, fmt.Errorf("%v is not a usable number of seconds", f)
-	}
-	return time.Duration(math.Round(f * 1e9)), nil
 }
 
 type decisionJSON struct {

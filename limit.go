@@ -1,7 +1,6 @@
 package drip
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -140,17 +139,6 @@ func Per(rate float64, period time.Duration) Limit {
 	return Limit{Rate: rate, Period: period}
 }
 
-// Every is Per under its former name: Every(rate, period) is rate tokens
-// per period.
-//
-// Deprecated: use Per. Beware: Every does NOT mean what
-// golang.org/x/time/rate's Every means. rate.Every(interval) is one event
-// per interval; drip.Every(n, period) is n tokens per period. So
-// rate.Every(10*time.Second) is one every 10 seconds, while
-// drip.Every(10, time.Second) is 10 every second. drip.Per(1, d) is the
-// limit rate.Every(d) describes.
-func Every(rate float64, period time.Duration) Limit { return Per(rate, period) }
-
 // WithBurst returns l with capacity burst.
 func (l Limit) WithBurst(burst float64) Limit { l.Burst = burst; return l }
 
@@ -166,16 +154,12 @@ func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
 // Errors returned for bad input. They are wrapped with details; test with
 // errors.Is. Being over the limit is never an error: it is a Decision.
 var (
-	ErrInvalidLimit     = errors.New("invalid limit")
+	ErrInvalidLimit     = store.ErrInvalidLimit
 	ErrInvalidCost      = store.ErrInvalidCost
 	ErrMissingKey       = store.ErrMissingKey
 	ErrCostExceedsBurst = store.ErrCostExceedsBurst
 	ErrKeyTooLong       = store.ErrKeyTooLong
-	ErrInvalidLease     = store.ErrInvalidLease
-	ErrNoRequests       = store.ErrNoRequests
 	ErrDuplicateKey     = store.ErrDuplicateKey
-	ErrNotColocated     = store.ErrNotColocated
-	ErrInvalidOp        = store.ErrInvalidOp
 )
 
 func (l Limit) period() time.Duration {
@@ -300,7 +284,7 @@ func (l Limit) String() string {
 // periods for a continuous refill, whole periods for interval refill and
 // fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
 // 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-// The RateLimit-Policy header's "w" is CeilSeconds(l.FillTime()). For a
+// The RateLimit-Policy header's "w" is it in whole seconds, rounded up. For a
 // concurrency limit it is the lease TTL: the longest a slot stays taken.
 func (l Limit) FillTime() time.Duration {
 	p, err := l.Params("")
@@ -311,19 +295,6 @@ func (l Limit) FillTime() time.Duration {
 		return l.leaseTTL()
 	}
 	return p.Until(bucket.State{}, p.Burst, 0)
-}
-
-// CeilSeconds is d in whole seconds, rounded up (0 for d <= 0), as HTTP
-// headers count time.
-func CeilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
 }
 
 // forKey returns l with every default that depends on the key made
@@ -337,3 +308,49 @@ func (l Limit) forKey(key string) Limit {
 	}
 	return l
 }
+
+// Params validates l and resolves it to fixed point for key (the key
+// matters only to a fixed window without Start, whose grid it places):
+// what a store executes. Front doors that compile limits once call it.
+func (l Limit) Params(key string) (bucket.Params, error) {
+	if err := l.Validate(); err != nil {
+		return bucket.Params{}, err
+	}
+	l = l.forKey(key)
+	if l.Algorithm == Concurrency {
+		return bucket.Params{
+			Kind:   bucket.Concurrency,
+			Burst:  int64(l.MaxInFlight) * bucket.Micro,
+			Period: int64(l.leaseTTL()),
+		}, nil
+	}
+	p := bucket.Params{
+		Rate:   toMicro(l.Rate),
+		Period: int64(l.period()),
+		Burst:  toMicro(l.burst()),
+		// No bound on reservations is, in fixed point, the largest amount
+		// drip takes (1e12 tokens): debt then stays far inside an int64,
+		// and burst - tokens cannot overflow however many reservations
+		// pile up.
+		MaxReserved: toMicro(maxAmount),
+	}
+	if l.MaxReserved > 0 {
+		p.MaxReserved = toMicro(l.MaxReserved)
+	}
+	switch {
+	case l.Algorithm == FixedWindow:
+		p.Kind = bucket.Window
+		p.Start = int64(l.Start) % p.Period
+	case l.Refill == Interval:
+		p.Kind = bucket.Interval
+	}
+	return p, nil
+}
+
+// keyDependent reports whether l's Params depend on the key.
+func (l Limit) keyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
+
+// Concurrent reports whether l is a concurrency limit.
+func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }
+
+func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }

@@ -2,6 +2,8 @@ package drip
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"sync"
 	"time"
 
@@ -71,30 +73,29 @@ func (l *Limiter) TakeN(ctx context.Context, key string, cost float64) (Decision
 // apply makes one decision on the limiter's limit: the request is checked
 // and prepared here (store.Prepare), and the store executes it.
 func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost float64, reserve bool, lease string) (Decision, error) {
-	if err := store.CheckKey(key); err != nil {
-		return Decision{}, err
-	}
-	p := l.params
+	p := &l.params
 	if l.keyed {
-		var err error
-		if p, err = l.limit.Params(key); err != nil {
+		// The key places the window's grid: refuse a bad one before
+		// hashing it. The limit itself is valid (New checked it).
+		if err := store.CheckKey(key); err != nil {
 			return Decision{}, err
 		}
-	}
-	it, err := store.Prepare(op, key, p, cost, reserve, lease)
-	if err != nil {
-		return Decision{}, err
+		kp, _ := l.limit.Params(key)
+		p = &kp
 	}
 	c := calls.Get().(*call)
-	c.items[0] = it
-	err = l.store.Apply(ctx, op, l.at(), c.items[:], c.results[:])
-	r := c.results[0]
-	c.items[0] = bucket.Prepared{}
+	it := &c.items[0]
+	err := store.Prepare(it, op, key, p, cost, reserve, lease)
+	if err == nil {
+		err = l.store.Apply(ctx, op, l.at(), c.items[:], c.results[:])
+	}
+	d := DecisionOf(c.results[0], p.Burst)
+	it.Key, it.Lease = "", "" // keep no caller's strings alive in the pool
 	calls.Put(c)
 	if err != nil {
 		return Decision{}, err
 	}
-	return DecisionOf(r, p.Burst), nil
+	return d, nil
 }
 
 // call is the item and result of one decision, pooled: a slice handed to
@@ -134,6 +135,14 @@ func (l *Limiter) Acquire(ctx context.Context, key string) (Lease, error) {
 		return Lease{}, err
 	}
 	return Lease{Decision: d, Key: key, ID: id, l: l}, nil
+}
+
+// NewLeaseID returns a fresh random lease ID: 128 bits from crypto/rand,
+// in 22 characters of unpadded base64url.
+func NewLeaseID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // Release gives the lease's slot back. Releasing a lease that was denied,
@@ -180,7 +189,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 // all or nothing. Requests with a zero Limit use the limiter's.
 func (l *Limiter) TakeMulti(ctx context.Context, rs ...Request) (Multi, error) {
 	if len(rs) == 0 {
-		return Multi{}, ErrNoRequests
+		return Multi{}, store.ErrNoRequests
 	}
 	own := make([]Request, len(rs))
 	for i, r := range rs {
@@ -189,7 +198,7 @@ func (l *Limiter) TakeMulti(ctx context.Context, rs ...Request) (Multi, error) {
 		}
 		own[i] = r
 	}
-	return Apply(ctx, l.store, bucket.Take, l.at(), own...)
+	return apply(ctx, l.store, bucket.Take, l.at(), true, own)
 }
 
 // Wait blocks until one token of key's bucket is granted, or ctx ends.

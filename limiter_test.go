@@ -11,6 +11,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -129,7 +130,7 @@ func TestAcquireRelease(t *testing.T) {
 		t.Fatal("no slot after the lease TTL")
 	}
 	_ = b
-	if _, err := l.Take(ctx, "k"); !errors.Is(err, drip.ErrInvalidLease) {
+	if _, err := l.Take(ctx, "k"); !errors.Is(err, store.ErrInvalidLease) {
 		t.Errorf("Take on a concurrency limit: %v, want ErrInvalidLease", err)
 	}
 }

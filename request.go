@@ -2,10 +2,7 @@ package drip
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
@@ -30,7 +27,7 @@ type Request struct {
 	// Lease is, for a concurrency limit (Algorithm Concurrency), the lease
 	// ID a take acquires a slot under, a refund releases, or a peek asks
 	// about (a peek without one asks whether a slot is free): 1 to
-	// MaxLeaseLen bytes of printable ASCII, NewLeaseID's. Other limits
+	// store.MaxLeaseLen bytes of printable ASCII, NewLeaseID's. Other limits
 	// leave it empty. A concurrency take ignores Cost: a lease holds one
 	// slot.
 	Lease string
@@ -47,7 +44,9 @@ func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
 	if err != nil {
 		return bucket.Prepared{}, err
 	}
-	return store.Prepare(op, r.Key, p, r.Cost, r.Reserve, r.Lease)
+	var it bucket.Prepared
+	err = store.Prepare(&it, op, r.Key, &p, r.Cost, r.Reserve, r.Lease)
+	return it, err
 }
 
 // Apply performs op for the requests rs in one call of st, at the time at
@@ -57,11 +56,17 @@ func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
 // all or nothing. A bad request is an error, with its index when rs holds
 // several; keys must be distinct.
 func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs ...Request) (Multi, error) {
+	return apply(ctx, st, op, at, len(rs) > 1, rs)
+}
+
+// apply is Apply; multi names the request of an error even when there is
+// one (Limiter.TakeMulti).
+func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, multi bool, rs []Request) (Multi, error) {
 	items := make([]bucket.Prepared, len(rs))
 	for i := range rs {
 		it, err := prepare(op, &rs[i])
 		if err != nil {
-			if len(rs) > 1 {
+			if multi {
 				err = fmt.Errorf("requests[%d]: %w", i, err)
 			}
 			return Multi{}, err
@@ -81,73 +86,3 @@ func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs .
 	}
 	return combine(ds), nil
 }
-
-// Params validates l and resolves it to fixed point for key (the key
-// matters only to a fixed window without Start, whose grid it places):
-// what a store executes. Front doors that compile limits once call it.
-func (l Limit) Params(key string) (bucket.Params, error) {
-	if err := l.Validate(); err != nil {
-		return bucket.Params{}, err
-	}
-	l = l.forKey(key)
-	if l.Algorithm == Concurrency {
-		return bucket.Params{
-			Kind:   bucket.Concurrency,
-			Burst:  int64(l.MaxInFlight) * bucket.Micro,
-			Period: int64(l.leaseTTL()),
-		}, nil
-	}
-	p := bucket.Params{
-		Rate:   toMicro(l.Rate),
-		Period: int64(l.period()),
-		Burst:  toMicro(l.burst()),
-		// No bound on reservations is, in fixed point, the largest amount
-		// drip takes (1e12 tokens): debt then stays far inside an int64,
-		// and burst - tokens cannot overflow however many reservations
-		// pile up.
-		MaxReserved: toMicro(maxAmount),
-	}
-	if l.MaxReserved > 0 {
-		p.MaxReserved = toMicro(l.MaxReserved)
-	}
-	switch {
-	case l.Algorithm == FixedWindow:
-		p.Kind = bucket.Window
-		p.Start = int64(l.Start) % p.Period
-	case l.Refill == Interval:
-		p.Kind = bucket.Interval
-	}
-	return p, nil
-}
-
-// keyDependent reports whether l's Params depend on the key.
-func (l Limit) keyDependent() bool { return l.Algorithm == FixedWindow && l.Start == 0 }
-
-// Concurrent reports whether l is a concurrency limit.
-func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }
-
-// MaxLeaseLen is the longest lease ID drip accepts, in bytes.
-const MaxLeaseLen = store.MaxLeaseLen
-
-// NewLeaseID returns a fresh random lease ID: 128 bits from crypto/rand,
-// in 22 characters of unpadded base64url.
-func NewLeaseID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// DecisionOf is the Decision of a store's result for an item of a limit
-// of burst micro-tokens (its bucket.Params.Burst): its amounts in tokens.
-func DecisionOf(r bucket.Result, burst int64) Decision {
-	return Decision{
-		Allowed:    r.Allowed,
-		Tokens:     float64(r.Tokens) / bucket.Micro,
-		Remaining:  max(0, r.Tokens) / bucket.Micro,
-		Burst:      float64(burst) / bucket.Micro,
-		RetryAfter: r.RetryAfter,
-		ResetAfter: r.ResetAfter,
-	}
-}
-
-func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }

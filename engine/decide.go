@@ -44,7 +44,8 @@ const (
 // a share of the rule's rate and burst).
 func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	ctx, sp := e.startDecide(ctx) // trace.go
-	var enf, sh []Applied
+	var all []Applied             // the rules that apply: enforce rules first, each in file order
+	ne := 0                       // how many enforce rules
 	var groups []string
 	for i := range rs.Set.Rules {
 		rule := &rs.Set.Rules[i]
@@ -68,16 +69,21 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if a.Limit.Concurrent() {
 			a.Lease = drip.NewLeaseID()
 		}
-		if rule.Mode == rules.Shadow {
-			sh = append(sh, a)
-		} else {
-			enf = append(enf, a)
+		all = append(all, a)
+		if rule.Mode != rules.Shadow {
+			// Before the shadow rules found so far, in one backing array
+			// for both (the rules' outcome, decided in place).
+			last := len(all) - 1
+			if last > ne {
+				copy(all[ne+1:], all[ne:last])
+				all[ne] = a
+			}
+			ne++
 		}
 	}
-	out := &Outcome{Allowed: true, eng: e, rs: rs}
-	e.enforce(ctx, rs, out, enf)
-	e.shadow(ctx, rs, out, sh)
-	out.Applied = append(enf, sh...)
+	out := &Outcome{Allowed: true, eng: e, rs: rs, Applied: all}
+	e.enforce(ctx, rs, out, all[:ne])
+	e.shadow(ctx, rs, out, all[ne:])
 	for i := range out.Applied {
 		a := &out.Applied[i]
 		e.obs.Decision(a.Rule.Name, a.Rule.Mode, a.Event)

@@ -139,7 +139,7 @@ var defaultBreaker = rules.DefaultBreaker
 // store.Store.Apply for all of them) behind the circuit breaker and under the engine's deadline (or
 // the shorter one of ctx), and reports its latency and any failure to the
 // observer. A call the breaker skips fails with ErrBreakerOpen. Input
-// errors (drip.IsInput) are the caller's, not the store's: they neither
+// errors (store.IsInput) are the caller's, not the store's: they neither
 // count against the breaker nor reach the observer.
 func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
@@ -208,7 +208,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		e.breakerChanged(e.brk.success(e.clock(), tk))
 		return m, nil
 	}
-	if drip.IsInput(err) {
+	if store.IsInput(err) {
 		e.brk.abandon(tk)
 		return drip.Multi{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,4 +180,32 @@ func fieldsGet(f engine.Fields) func(string) string {
 		h["Retry-After"] = strconv.FormatInt(f.RetryAfter, 10)
 	}
 	return func(name string) string { return h[name] }
+}
+
+// TestAppliedOrder: the rules that apply are listed enforce rules first,
+// each kind in file order, however the file interleaves them.
+func TestAppliedOrder(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+	  {"name": "s1", "mode": "shadow", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "e1", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "s2", "mode": "shadow", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "s3", "mode": "shadow", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "e2", "limit_keys": ["global"], "algorithm_config": {"rate": 5}},
+	  {"name": "e3", "limit_keys": ["global"], "algorithm_config": {"rate": 5}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := engine.New(memstore.New(memstore.WithSweep(0)))
+	defer e.Close()
+	out := e.Decide(context.Background(), e.Compile(set), values{})
+	var names []string
+	for _, a := range out.Applied {
+		names = append(names, a.Rule.Name)
+		if a.Event != engine.Allowed || !a.Decided || a.Decision.Remaining != 4 {
+			t.Errorf("%s: %v, decided %v, %d left; want allowed, 4 left", a.Rule.Name, a.Event, a.Decided, a.Decision.Remaining)
+		}
+	}
+	if got := strings.Join(names, " "); got != "e1 e2 e3 s1 s2 s3" {
+		t.Errorf("applied %s, want e1 e2 e3 s1 s2 s3", got)
+	}
 }

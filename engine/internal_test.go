@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/seconds"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
@@ -262,7 +263,7 @@ func TestFillSeconds(t *testing.T) {
 		{drip.Per(3, 10*time.Second).Window(), 10},
 		{drip.PerSecond(0.1).WithBurst(1), 10},
 	} {
-		if got := drip.CeilSeconds(c.l.FillTime()); got != c.want {
+		if got := seconds.Ceil(c.l.FillTime()); got != c.want {
 			t.Errorf("CeilSeconds(%v.FillTime()) = %d, want %d", c.l, got, c.want)
 		}
 	}

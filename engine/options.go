@@ -27,7 +27,7 @@ func WithTimeout(d time.Duration) Option { return func(e *Engine) { e.timeout = 
 // applied one request at a time (store.Separately with Always), in file
 // order, and when a take is denied, those already taken are given back
 // (tokens and slots) and the rest are peeked at. Without the option, a
-// store that answers a multi-take with drip.ErrNotColocated gets the same
+// store that answers a multi-take with store.ErrNotColocated gets the same
 // treatment, after a first attempt. Either way the answers are those of
 // one atomic multi-take, and all or nothing holds in the end rather than
 // at every instant.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/seconds"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
@@ -208,7 +209,7 @@ func PolicyItem(name string, l drip.Limit) string {
 	if l.Concurrent() {
 		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
 	}
-	if w := drip.CeilSeconds(l.FillTime()); w > 0 {
+	if w := seconds.Ceil(l.FillTime()); w > 0 {
 		s += ";w=" + strconv.FormatInt(w, 10)
 	}
 	return s
@@ -253,7 +254,7 @@ func (out *Outcome) field(a *Applied) Field {
 	case a.Limit.Concurrent():
 		f.NoT = true
 	default:
-		f.T = drip.CeilSeconds(a.Decision.ResetAfter)
+		f.T = seconds.Ceil(a.Decision.ResetAfter)
 	}
 	return f
 }

@@ -10,7 +10,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store"
 )
@@ -160,7 +159,7 @@ func endStore(sp trace.Span, err error) {
 		case errors.Is(err, ErrBreakerOpen):
 			sp.SetAttributes(attribute.String("drip.breaker", BreakerOpen))
 			sp.SetStatus(codes.Error, err.Error())
-		case drip.IsInput(err):
+		case store.IsInput(err):
 			sp.SetStatus(codes.Error, "bad input")
 		default:
 			sp.RecordError(err)

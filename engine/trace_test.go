@@ -238,15 +238,15 @@ func TestTraceStoreError(t *testing.T) {
 // too; a bad input is marked without its message, which may quote a key.
 func TestTraceApply(t *testing.T) {
 	tp, rec := recorder(t)
-	store := memstore.New()
-	defer store.Close()
-	e := engine.New(store, engine.WithTracerProvider(tp))
+	ms := memstore.New()
+	defer ms.Close()
+	e := engine.New(ms, engine.WithTracerProvider(tp))
 	defer e.Close()
 	ctx := context.Background()
 	if _, err := e.Apply(ctx, bucket.Peek, []drip.Request{{Key: "a", Limit: drip.PerSecond(1)}, {Key: "b", Limit: drip.PerSecond(1)}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Apply(ctx, bucket.Take, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}); !drip.IsInput(err) {
+	if _, err := e.Apply(ctx, bucket.Take, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}); !store.IsInput(err) {
 		t.Fatalf("negative cost: %v", err)
 	}
 	if _, err := e.DecideItems(ctx, []*engine.Item{{Key: "a", Limit: drip.PerSecond(1), Cost: 1, Refund: true}}); err != nil {

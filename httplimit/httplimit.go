@@ -129,7 +129,7 @@ func WithTimeout(d time.Duration) Option {
 // request are taken one store call each, in file order (store.Separately),
 // and when one denies, those already taken are given back, tokens and
 // slots, and the rest are peeked at for the headers. Without the option, a
-// store that answers a multi-take with drip.ErrNotColocated gets the same
+// store that answers a multi-take with store.ErrNotColocated gets the same
 // treatment, after a first attempt that the store refuses without a round
 // trip. The answers are those of one atomic multi-take; all or nothing
 // holds in the end rather than at every instant: between a take and its

@@ -152,7 +152,7 @@ func TestSeparateTakes(t *testing.T) {
 	if e.obs.errs() != 0 {
 		t.Errorf("%d store errors", e.obs.errs())
 	}
-	// Without the option, the store's drip.ErrNotColocated switches the
+	// Without the option, the store's store.ErrNotColocated switches the
 	// limiter to separate takes by itself: no store error, no breaker, and
 	// the same all-or-nothing answers.
 	e2 := newEnv(t, oneKeyStore{ms}, e.lim.Rules())

@@ -23,7 +23,7 @@ import (
 // middleware makes the same decisions, headers included, on all three.
 func TestStores(t *testing.T) {
 	// On Redis Cluster the rules' keys land in different hash slots; the
-	// store says so (drip.ErrNotColocated) and the limiter takes the
+	// store says so (store.ErrNotColocated) and the limiter takes the
 	// enforce rules one call each, with no option needed.
 	for _, st := range teststores.Shared() {
 		t.Run(st.Name, func(t *testing.T) {

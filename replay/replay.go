@@ -15,6 +15,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/seconds"
 	"github.com/driplimit/drip/internal/strictjson"
 	"github.com/driplimit/drip/store"
 )
@@ -94,7 +95,7 @@ var (
 // fields f does not allow), trailing data, a bad "at" or "op" are errors,
 // and so is what encoding/json alone would let pass (see strict): invalid
 // UTF-8, a lone surrogate escape, a field given twice, a field name in
-// another case (strictjson). Every error it returns is a *drip.InputError.
+// another case (strictjson). Every error it returns is a *store.InputError.
 func Decode(b []byte, f Format) (Raw, error) {
 	if err := strictjson.Check(b, "values"); err != nil {
 		return Raw{}, inputf("bad JSON: %w", err)
@@ -120,7 +121,7 @@ func Decode(b []byte, f Format) (Raw, error) {
 		if err := json.Unmarshal(j.At, &v); err != nil {
 			return Raw{}, inputf("at: %w", err)
 		}
-		at, err := drip.ParseSeconds(v)
+		at, err := seconds.Parse(v)
 		if err != nil {
 			return Raw{}, inputf("at: %w", err)
 		}
@@ -175,7 +176,7 @@ func (r *Raw) CheckMulti(f Format, opErr error) error {
 		return opErr
 	}
 	if len(r.Requests) == 0 {
-		return &drip.InputError{Err: drip.ErrNoRequests}
+		return &store.InputError{Err: store.ErrNoRequests}
 	}
 	if len(r.Requests) > MaxRequests {
 		return inputf("%d requests: a multi-take has at most %d", len(r.Requests), MaxRequests)
@@ -184,13 +185,13 @@ func (r *Raw) CheckMulti(f Format, opErr error) error {
 }
 
 func inputf(format string, args ...any) error {
-	return &drip.InputError{Err: fmt.Errorf(format, args...)}
+	return &store.InputError{Err: fmt.Errorf(format, args...)}
 }
 
 // ToRequest checks a JSON request and applies the defaults (cost 1).
 func (r ReqJSON) ToRequest() (drip.Request, error) {
 	if r.Key == "" {
-		return drip.Request{}, &drip.InputError{Err: drip.ErrMissingKey}
+		return drip.Request{}, &store.InputError{Err: drip.ErrMissingKey}
 	}
 	if r.Limit == nil {
 		return drip.Request{}, inputf("%w: missing limit", drip.ErrInvalidLimit)
@@ -228,7 +229,7 @@ func Parse(b []byte) (Line, error) {
 	}
 	if l.Op == "reset" {
 		if r.Key == "" {
-			return Line{}, &drip.InputError{Err: drip.ErrMissingKey}
+			return Line{}, &store.InputError{Err: drip.ErrMissingKey}
 		}
 		l.Request.Key = r.Key
 		return l, nil
@@ -267,9 +268,9 @@ func Epoch() time.Time { return time.Now().Truncate(time.Second) }
 // Unix epoch.
 func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l Line) (any, error) {
 	at := epoch.Add(l.At)
-	st = store.Prefixed{Store: st, Prefix: prefix} // items arrive prepared: the grid comes from the unprefixed key
 	// Count a fixed window's grid from the epoch, as if the trace began
-	// at the Unix epoch.
+	// at the Unix epoch, from the unprefixed key; then put the key under
+	// the prefix, which counts toward store.MaxKeyLen.
 	fix := func(r drip.Request) drip.Request {
 		if r.Limit.Algorithm == drip.FixedWindow {
 			p := r.Limit.Period
@@ -287,10 +288,13 @@ func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l L
 				r.Limit.Start -= p
 			}
 		}
+		if r.Key != "" {
+			r.Key = prefix + r.Key
+		}
 		return r
 	}
 	if l.Op == "reset" {
-		if err := st.Reset(ctx, l.Request.Key); err != nil {
+		if err := (store.Prefixed{Store: st, Prefix: prefix}).Reset(ctx, l.Request.Key); err != nil {
 			return nil, err
 		}
 		return map[string]bool{"reset": true}, nil
@@ -302,7 +306,7 @@ func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l L
 			rs[i] = fix(r)
 		}
 		m, err := drip.Apply(ctx, st, op, at, rs...)
-		if err != nil && len(rs) == 1 && drip.IsInput(err) {
+		if err != nil && len(rs) == 1 && store.IsInput(err) {
 			// A multi-take names the request of its error, even of one.
 			err = fmt.Errorf("requests[0]: %w", err)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -70,7 +71,7 @@ func TestRunGoesOn(t *testing.T) {
 
 // TestDecodeFormats: one parser for drip replay, drip simulate and the
 // decision API; each refuses the fields of the others as unknown, and
-// every error is a *drip.InputError (the decision API's 400).
+// every error is a *store.InputError (the decision API's 400).
 func TestDecodeFormats(t *testing.T) {
 	for _, c := range []struct {
 		line string
@@ -105,23 +106,23 @@ func TestDecodeFormats(t *testing.T) {
 		{`{"key": "k", "limit": {"rate": 1}`, replay.BodyFormat, "bad JSON: unexpected EOF"},
 	} {
 		_, err := replay.Decode([]byte(c.line), c.f)
-		var ie *drip.InputError
+		var ie *store.InputError
 		switch {
 		case c.want == "" && err != nil:
 			t.Errorf("%s (%s): %v", c.line, c.f.Unit, err)
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%s (%s): err = %v, want it to mention %q", c.line, c.f.Unit, err, c.want)
-		case err != nil && (!errors.As(err, &ie) || !drip.IsInput(err)):
+		case err != nil && (!errors.As(err, &ie) || !store.IsInput(err)):
 			t.Errorf("%s (%s): %T is not an input error", c.line, c.f.Unit, err)
 		}
 	}
 	// Parse's errors too, down to a multi-take's requests.
 	for _, line := range []string{`{"key": "k"}`, `{"requests": []}`, `{"requests": [{"key": "a"}]}`, `{"op": "reset"}`} {
-		if _, err := replay.Parse([]byte(line)); !drip.IsInput(err) {
+		if _, err := replay.Parse([]byte(line)); !store.IsInput(err) {
 			t.Errorf("%s: %v is not an input error", line, err)
 		}
 	}
-	if drip.IsInput(errors.New("connection refused")) || !drip.IsInput(fmt.Errorf("x: %w", drip.ErrInvalidCost)) {
+	if store.IsInput(errors.New("connection refused")) || !store.IsInput(fmt.Errorf("x: %w", drip.ErrInvalidCost)) {
 		t.Error("IsInput tells a store's error from bad input wrongly")
 	}
 }
@@ -165,7 +166,7 @@ func TestDecodeDeepNesting(t *testing.T) {
 		strings.Repeat("[", 17),
 	} {
 		_, err := replay.Decode([]byte(b), replay.BodyFormat)
-		if err == nil || !drip.IsInput(err) || !strings.Contains(err.Error(), "nested more than") {
+		if err == nil || !store.IsInput(err) || !strings.Contains(err.Error(), "nested more than") {
 			t.Errorf("%.20s... (%d bytes): err = %v, want an input error about nesting", b, len(b), err)
 		}
 	}

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/seconds"
 )
 
 // checker turns plain values into a Set, collecting every problem.
@@ -148,7 +148,7 @@ func (c *checker) integer(path string, v any, lo, hi int) (int, bool) {
 }
 
 func (c *checker) duration(path string, v any, zeroOK bool) (time.Duration, bool) {
-	d, err := drip.ParseSeconds(v)
+	d, err := seconds.Parse(v)
 	if err != nil {
 		c.add(path, "must be a duration (\"10s\") or a number of seconds")
 		return 0, false

@@ -56,7 +56,7 @@ import (
 const maxBody = 256 << 10
 
 // httpError is an error with the HTTP status that reports it: 404, 405,
-// 413. Bad input (400) is a *drip.InputError (inputf).
+// 413. Bad input (400) is a *store.InputError (inputf).
 type httpError struct {
 	status int
 	msg    string
@@ -70,7 +70,7 @@ func errorf(status int, format string, args ...any) error {
 
 // inputf is bad input: 400.
 func inputf(format string, args ...any) error {
-	return &drip.InputError{Err: fmt.Errorf(format, args...)}
+	return &store.InputError{Err: fmt.Errorf(format, args...)}
 }
 
 // decode reads a decision API body (or an admin reset's) with the
@@ -105,7 +105,7 @@ func writeError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &he):
 		status = he.status
-	case drip.IsInput(err):
+	case store.IsInput(err):
 		status = http.StatusBadRequest
 	default:
 		// The store failed, was too slow, or the breaker skipped it:
@@ -274,7 +274,7 @@ func acquiredMulti(m drip.Multi, rs []drip.Request) any {
 func (s *Server) count(rule string, allowed bool, err error) {
 	ev := engine.Denied
 	switch {
-	case err != nil && drip.IsInput(err):
+	case err != nil && store.IsInput(err):
 		return
 	case err != nil:
 		ev = engine.Failed
@@ -301,7 +301,7 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 		return r, name, nil
 	}
 	if it.Lease != "" {
-		return drip.Request{}, "", inputf("%v: /v1/acquire names its leases itself; give none", drip.ErrInvalidLease)
+		return drip.Request{}, "", inputf("%v: /v1/acquire names its leases itself; give none", store.ErrInvalidLease)
 	}
 	if r.Limit.Concurrent() {
 		r.Lease = drip.NewLeaseID()
@@ -374,32 +374,8 @@ func prefixed(p string, err error) error {
 	if errors.As(err, &he) {
 		return &httpError{he.status, p + he.msg}
 	}
-	if drip.IsInput(err) {
+	if store.IsInput(err) {
 		return inputf("%s%w", p, err)
 	}
 	return err
-}
-
-// check refuses bad input before the engine is called, as drip.Apply
-// would (the same errors, with the index of the request when there are
-// of a multi-take), so that it counts as no decision.
-func check(op bucket.Op, rs []drip.Request, multi bool) error {
-	items := make([]bucket.Prepared, len(rs))
-	for i, r := range rs {
-		err := store.CheckKey(r.Key)
-		var p bucket.Params
-		if err == nil {
-			p, err = r.Limit.Params(r.Key)
-		}
-		if err == nil {
-			items[i], err = store.Prepare(op, r.Key, p, r.Cost, r.Reserve, r.Lease)
-		}
-		if err != nil {
-			if multi {
-				err = fmt.Errorf("requests[%d]: %w", i, err)
-			}
-			return err
-		}
-	}
-	return store.CheckDistinct(items)
 }

@@ -7,7 +7,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit/promobserver"
@@ -145,7 +144,7 @@ func (o *observed) Apply(ctx context.Context, op bucket.Op, at time.Time, items 
 		h, name = o.multi, "multi"
 	}
 	h.Observe(time.Since(start).Seconds())
-	if err != nil && !drip.IsInput(err) {
+	if err != nil && !store.IsInput(err) {
 		o.errs.WithLabelValues(name).Inc()
 	}
 	return err
@@ -156,7 +155,7 @@ func (o *observed) Reset(ctx context.Context, key string) error {
 	start := time.Now()
 	err := o.Store.Reset(ctx, key)
 	o.reset.Observe(time.Since(start).Seconds())
-	if err != nil && !drip.IsInput(err) {
+	if err != nil && !store.IsInput(err) {
 		o.errs.WithLabelValues("reset").Inc()
 	}
 	return err

@@ -27,13 +27,18 @@ const MaxKeyLen = 1024
 // key over MaxKeyLen bytes; nil otherwise. Prepare calls it; a store's
 // Reset calls it too.
 func CheckKey(key string) error {
-	switch {
-	case key == "":
-		return ErrMissingKey
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(key), MaxKeyLen)
+	if key == "" || len(key) > MaxKeyLen {
+		return badKey(key)
 	}
 	return nil
+}
+
+// badKey is CheckKey's error, apart so that CheckKey inlines.
+func badKey(key string) error {
+	if key == "" {
+		return ErrMissingKey
+	}
+	return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(key), MaxKeyLen)
 }
 
 // FitKey returns key when it is at most MaxKeyLen/2 bytes long, and else a

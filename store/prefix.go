@@ -31,6 +31,9 @@ func (p Prefixed) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 			return ErrMissingKey
 		}
 		it.Key = p.Prefix + it.Key
+		if err := CheckKey(it.Key); err != nil {
+			return err // MaxKeyLen counts the prefix
+		}
 		own[i] = it
 	}
 	return p.Store.Apply(ctx, op, at, own, results)

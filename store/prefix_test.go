@@ -1,6 +1,8 @@
 package store_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,3 +31,26 @@ func TestPrefixed(t *testing.T) {
 }
 
 var at1800 = time.Unix(1_800_000_000, 0)
+
+// TestWrappersCountTheirKeys: store.MaxKeyLen counts the key as the store
+// is given it, a wrapper's prefix or shard suffix included, so a key
+// valid as the caller wrote it is refused once a wrapper lengthens it
+// past the bound.
+func TestWrappersCountTheirKeys(t *testing.T) {
+	ms := memstore.New()
+	defer ms.Close()
+	key := strings.Repeat("k", store.MaxKeyLen-1)
+	for _, st := range []store.Store{
+		store.Prefixed{Store: ms, Prefix: "p:"},
+		store.Sharded{Store: ms, N: 1},
+		store.Sharded{Store: ms, N: 4},
+	} {
+		_, err := drip.Apply(t.Context(), st, bucket.Take, at1800, drip.Request{Key: key, Limit: drip.PerSecond(1), Cost: 1})
+		if !errors.Is(err, drip.ErrKeyTooLong) {
+			t.Errorf("%T: a key of %d bytes, lengthened: %v, want ErrKeyTooLong", st, len(key), err)
+		}
+	}
+	if _, err := drip.Apply(t.Context(), ms, bucket.Take, at1800, drip.Request{Key: key, Limit: drip.PerSecond(1), Cost: 1}); err != nil {
+		t.Errorf("the same key on the store itself: %v", err)
+	}
+}

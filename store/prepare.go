@@ -16,21 +16,26 @@ const MaxAmount = 1e12
 const MaxLeaseLen = 64
 
 // Prepare checks one request against its limit's params p (made by
-// drip.Limit.Params) and returns it as an item for Store.Apply: the key
-// (CheckKey), the op, the cost (Cost) and the lease (CheckLease). Bad
-// input gets the same error on every store, before any store is called.
-func Prepare(op bucket.Op, key string, p bucket.Params, cost float64, reserve bool, lease string) (bucket.Prepared, error) {
+// drip.Limit.Params) and writes it to it as an item for Store.Apply: the
+// key (CheckKey), the op and the cost (Cost) and the lease (CheckLease),
+// in that order. Bad input gets the same error on every store, before any
+// store is called; it is then left as it was. it is written in place, so
+// that a caller on a hot path copies nothing more.
+func Prepare(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, cost float64, reserve bool, lease string) error {
 	if err := CheckKey(key); err != nil {
-		return bucket.Prepared{}, err
+		return err
 	}
-	c, err := Cost(op, cost, reserve, p)
+	c, err := Cost(op, cost, reserve, *p)
 	if err != nil {
-		return bucket.Prepared{}, err
+		return err
 	}
-	if err := CheckLease(op, lease, p); err != nil {
-		return bucket.Prepared{}, err
+	if lease != "" || p.Kind == bucket.Concurrency {
+		if err := CheckLease(op, lease, *p); err != nil {
+			return err
+		}
 	}
-	return bucket.Prepared{Key: key, Params: p, Cost: c, Reserve: reserve, Lease: lease}, nil
+	it.Key, it.Params, it.Cost, it.Reserve, it.Lease = key, *p, c, reserve, lease
+	return nil
 }
 
 // CheckDistinct reports ErrNoRequests for no items and ErrDuplicateKey
@@ -75,6 +80,18 @@ func CheckOp(op bucket.Op) error {
 // reservation larger than the burst, and the bucket is capped at its
 // burst. A concurrency limit's lease holds one slot, whatever the cost.
 func Cost(op bucket.Op, cost float64, reserve bool, p bucket.Params) (int64, error) {
+	// The common case in a few comparisons (NaN fails both); cost says
+	// why otherwise.
+	if op <= bucket.Refund && cost >= 0 && cost <= MaxAmount && p.Kind != bucket.Concurrency {
+		if c := bucket.CostMicro(cost); op == bucket.Refund || c <= p.Burst {
+			return c, nil
+		}
+	}
+	return costOf(op, cost, reserve, p)
+}
+
+// costOf is Cost in full: each check in its order.
+func costOf(op bucket.Op, cost float64, reserve bool, p bucket.Params) (int64, error) {
 	if err := CheckOp(op); err != nil {
 		return 0, err
 	}

@@ -72,16 +72,24 @@ func (s Sharded) pick(ctx context.Context, op bucket.Op, at time.Time, it bucket
 	cost := float64(it.Cost) / bucket.Micro
 	if n == 1 {
 		it.Key = ShardKey(it.Key, 0)
+		if err := CheckKey(it.Key); err != nil {
+			return it, err // MaxKeyLen counts the suffix
+		}
 		return it, checkBurst(op, it.Cost, cost, it.Reserve, it.Params)
-	}
-	// The peek holds the cost to a shard's burst, whatever the op.
-	if err := checkBurst(bucket.Peek, it.Cost, cost, false, it.Params); err != nil {
-		return it, err
 	}
 	i := rand.IntN(n)
 	j := (i + 1 + rand.IntN(n-1)) % n
 	a := bucket.Prepared{Key: ShardKey(it.Key, i), Params: it.Params, Cost: it.Cost}
 	b := bucket.Prepared{Key: ShardKey(it.Key, j), Params: it.Params, Cost: it.Cost}
+	for _, k := range []string{a.Key, b.Key} {
+		if err := CheckKey(k); err != nil {
+			return it, err // MaxKeyLen counts the suffix
+		}
+	}
+	// The peek holds the cost to a shard's burst, whatever the op.
+	if err := checkBurst(bucket.Peek, it.Cost, cost, false, it.Params); err != nil {
+		return it, err
+	}
 	var res [2]bucket.Result
 	if err := s.Store.Apply(ctx, bucket.Peek, at, []bucket.Prepared{a, b}, res[:]); err != nil {
 		return it, err

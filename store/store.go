@@ -1,10 +1,11 @@
 // Package store is the kit of store writers: the Store interface every
-// store implements (memstore, pgstore, redisstore), its capabilities, the
-// checks that turn a request into a prepared item of package bucket, and
-// the wrappers that change keys on the way to a store (Prefixed, Sharded)
-// or take several keys one by one (Separately). Users of drip need none of
-// it: they call a drip.Limiter, which prepares every request and hands the
-// store only checked, fixed-point items.
+// store implements (memstore, pgstore, redisstore), its capabilities
+// (Caps), the checks that turn a request into a prepared item of package
+// bucket (Prepare, Cost, CheckKey, CheckLease) and the errors they return,
+// and the wrappers that change keys on the way to a store (Prefixed,
+// Sharded) or take several keys one by one (Separately). A user of drip
+// meets it only to wrap a store: a drip.Limiter checks and prepares every
+// request, and hands the store checked, fixed-point items.
 //
 // It imports the standard library and package bucket only.
 package store
@@ -101,6 +102,7 @@ type Overrides interface {
 // this package, so that every store refuses bad input the same way before
 // any state is touched. drip re-exports those its users check.
 var (
+	ErrInvalidLimit     = errors.New("invalid limit")
 	ErrMissingKey       = errors.New("missing key")
 	ErrKeyTooLong       = errors.New("key too long")
 	ErrInvalidCost      = errors.New("invalid cost")

@@ -51,8 +51,8 @@ func RunErrors(t *testing.T, newStore NewStore) {
 			t.Errorf("%s in a multi-take: err = %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if _, err := drip.Apply(c, st, bucket.Take, at, nil...); !errors.Is(err, drip.ErrNoRequests) {
-		t.Errorf("empty multi-take: err = %v, want %v", err, drip.ErrNoRequests)
+	if _, err := drip.Apply(c, st, bucket.Take, at, nil...); !errors.Is(err, store.ErrNoRequests) {
+		t.Errorf("empty multi-take: err = %v, want %v", err, store.ErrNoRequests)
 	}
 	dup := []drip.Request{{Key: p + "d", Limit: good, Cost: 1}, {Key: p + "d", Limit: good, Cost: 1}}
 	if _, err := drip.Apply(c, st, bucket.Take, at, dup...); !errors.Is(err, drip.ErrDuplicateKey) {
@@ -75,11 +75,11 @@ func RunErrors(t *testing.T, newStore NewStore) {
 	// An op that is none of take, peek, refund.
 	for _, op := range []bucket.Op{bucket.Refund + 1, 4, 255} {
 		r := drip.Request{Key: p + "k", Limit: good, Cost: 1}
-		if _, err := Apply(c, st, op, at, r); !errors.Is(err, drip.ErrInvalidOp) {
-			t.Errorf("op %v: err = %v, want %v", op, err, drip.ErrInvalidOp)
+		if _, err := Apply(c, st, op, at, r); !errors.Is(err, store.ErrInvalidOp) {
+			t.Errorf("op %v: err = %v, want %v", op, err, store.ErrInvalidOp)
 		}
-		if _, err := drip.Apply(c, st, op, at, []drip.Request{r, {Key: p + "ok", Limit: good, Cost: 1}}...); !errors.Is(err, drip.ErrInvalidOp) {
-			t.Errorf("op %v in a multi-take: err = %v, want %v", op, err, drip.ErrInvalidOp)
+		if _, err := drip.Apply(c, st, op, at, []drip.Request{r, {Key: p + "ok", Limit: good, Cost: 1}}...); !errors.Is(err, store.ErrInvalidOp) {
+			t.Errorf("op %v in a multi-take: err = %v, want %v", op, err, store.ErrInvalidOp)
 		}
 	}
 	if err := st.Reset(c, p+"k"+strings.Repeat("x", store.MaxKeyLen)); !errors.Is(err, drip.ErrKeyTooLong) {

@@ -87,18 +87,18 @@ func RunLeases(t *testing.T, newStore NewStore) {
 			r    drip.Request
 			want error
 		}{
-			{"take without a lease", bucket.Take, drip.Request{Key: k, Limit: lim, Cost: 1}, drip.ErrInvalidLease},
-			{"release without a lease", bucket.Refund, drip.Request{Key: k, Limit: lim, Cost: 1}, drip.ErrInvalidLease},
-			{"a lease too long", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: strings.Repeat("x", drip.MaxLeaseLen+1)}, drip.ErrInvalidLease},
-			{"a lease with a space", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: "a b"}, drip.ErrInvalidLease},
-			{"a lease on a token bucket", bucket.Take, drip.Request{Key: k + "tb", Limit: tb, Cost: 1, Lease: "a"}, drip.ErrInvalidLease},
+			{"take without a lease", bucket.Take, drip.Request{Key: k, Limit: lim, Cost: 1}, store.ErrInvalidLease},
+			{"release without a lease", bucket.Refund, drip.Request{Key: k, Limit: lim, Cost: 1}, store.ErrInvalidLease},
+			{"a lease too long", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: strings.Repeat("x", store.MaxLeaseLen+1)}, store.ErrInvalidLease},
+			{"a lease with a space", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: "a b"}, store.ErrInvalidLease},
+			{"a lease on a token bucket", bucket.Take, drip.Request{Key: k + "tb", Limit: tb, Cost: 1, Lease: "a"}, store.ErrInvalidLease},
 			{"reserve", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: "a", Reserve: true}, drip.ErrInvalidCost},
 			{"no slots", bucket.Take, drip.Request{Key: k, Limit: drip.InFlight(0, ttl), Lease: "a"}, drip.ErrInvalidLimit},
 			{"a negative TTL", bucket.Take, drip.Request{Key: k, Limit: drip.InFlight(1, -time.Second), Lease: "a"}, drip.ErrInvalidLimit},
 			{"a rate", bucket.Take, drip.Request{Key: k, Limit: drip.Limit{Algorithm: drip.Concurrency, MaxInFlight: 1, Rate: 1}, Lease: "a"}, drip.ErrInvalidLimit},
 		}
 		for _, tc := range cases {
-			if _, err := Apply(c, st, tc.op, at, tc.r); !errors.Is(err, tc.want) || !drip.IsInput(err) {
+			if _, err := Apply(c, st, tc.op, at, tc.r); !errors.Is(err, tc.want) || !store.IsInput(err) {
 				t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
 			}
 			if _, err := drip.Apply(c, st, tc.op, at, []drip.Request{{Key: k + "other", Limit: tb, Cost: 1}, tc.r}...); !errors.Is(err, tc.want) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // Model is the reference model of docs/semantics.md in exact rational
@@ -233,7 +234,7 @@ func (m *Model) Prepare(op bucket.Op, r drip.Request) (bucket.Prepared, error) {
 		return bucket.Prepared{}, err
 	}
 	if op != bucket.Take && op != bucket.Peek && op != bucket.Refund {
-		return bucket.Prepared{}, drip.ErrInvalidOp
+		return bucket.Prepared{}, store.ErrInvalidOp
 	}
 	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > 1e12 {
 		return bucket.Prepared{}, drip.ErrInvalidCost
@@ -253,7 +254,7 @@ func (m *Model) Prepare(op bucket.Op, r drip.Request) (bucket.Prepared, error) {
 // or a key that appears twice.
 func (m *Model) PrepareMulti(op bucket.Op, rs []drip.Request) ([]bucket.Prepared, error) {
 	if len(rs) == 0 {
-		return nil, drip.ErrNoRequests
+		return nil, store.ErrNoRequests
 	}
 	ps := make([]bucket.Prepared, len(rs))
 	seen := map[string]bool{}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // RunRounding checks that costs round up to whole micro-tokens, so that no
@@ -51,7 +52,7 @@ func RunRounding(t *testing.T, newStore NewStore) {
 	m, err := drip.Apply(c, st, bucket.Take, at, []drip.Request{
 		{Key: p + "m1", Limit: lim, Cost: 0.0000001}, {Key: p + "m2", Limit: lim, Cost: 0.0000001}}...)
 	switch {
-	case errors.Is(err, drip.ErrNotColocated):
+	case errors.Is(err, store.ErrNotColocated):
 	case err != nil || !m.Allowed || len(m.Decisions) != 2 || m.Decisions[0].Tokens != 1.999999 || m.Decisions[1].Tokens != 1.999999:
 		t.Fatalf("multi-take of 0.0000001 each: %+v, %v; want 1.999999 tokens each", m, err)
 	}

@@ -50,7 +50,7 @@ func (s failing) Apply(ctx context.Context, op bucket.Op, at time.Time, items []
 
 // RunSeparately checks multi-takes applied one request at a time
 // (store.Separately) on the store: over the store made to refuse them
-// (drip.ErrNotColocated, as Redis Cluster does across hash slots), and
+// (store.ErrNotColocated, as Redis Cluster does across hash slots), and
 // with Separately.Always. Every step is made twice, on keys of its own
 // with the store's one atomic multi-take and on keys of its own one by
 // one, and must give the same decisions and leave the same state: a

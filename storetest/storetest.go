@@ -4,8 +4,10 @@
 // bounds, a randomized comparison against an exact rational reference
 // model (Model), concurrency limits (RunLeases: leases, their TTL,
 // all or nothing beside buckets, 64 concurrent callers, random steps
-// against bucket.EvalLeases), and multi-takes applied one request at a
-// time through store.Separately (RunSeparately).
+// against bucket.EvalLeases), multi-takes applied one request at a time
+// through store.Separately (RunSeparately), the capabilities and that
+// every wrapper forwards them (RunCaps), and the overrides side
+// (RunOverrides).
 //
 // A store's tests call Run:
 //
@@ -44,6 +46,8 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("Concurrency", func(t *testing.T) { RunConcurrency(t, newStore) })
 	t.Run("Leases", func(t *testing.T) { RunLeases(t, newStore) })
 	t.Run("Separately", func(t *testing.T) { RunSeparately(t, newStore) })
+	t.Run("Caps", func(t *testing.T) { RunCaps(t, newStore) })
+	t.Run("Overrides", func(t *testing.T) { RunOverrides(t, newStore) })
 	t.Run("Random", func(t *testing.T) { RunRandom(t, newStore, 1, 600) })
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/seconds"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/simulate"
 )
@@ -286,7 +287,7 @@ func secondsFlag(fs *flag.FlagSet, name string, def time.Duration, usage string)
 		usage = fmt.Sprintf("%s (default %v)", usage, def)
 	}
 	fs.Func(name, usage, func(s string) error {
-		v, err := drip.ParseSeconds(s)
+		v, err := seconds.Parse(s)
 		if err != nil {
 			return err
 		}

@@ -36,7 +36,7 @@ type Store struct {
 // sweeper), redis and redis-cluster, the last three on shared servers
 // under a fresh prefix. On Redis Cluster the keys of one multi-take
 // usually land in different hash slots: such a multi-take fails with
-// drip.ErrNotColocated, as it would in production.
+// store.ErrNotColocated, as it would in production.
 func Shared() []Store {
 	return []Store{
 		{"memory", func(t *testing.T) store.Store {

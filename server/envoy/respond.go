@@ -15,6 +15,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/seconds"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -188,7 +189,7 @@ func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
 		case !allowed && !it.step.Decision.Allowed && retry > 0:
 			f.Remaining, f.T = int64(remaining(it)), retry
 		default:
-			f.Remaining, f.T = int64(remaining(it)), drip.CeilSeconds(current(it).ResetAfter)
+			f.Remaining, f.T = int64(remaining(it)), seconds.Ceil(current(it).ResetAfter)
 		}
 		return f
 	}
@@ -228,11 +229,11 @@ func envoyHeaders(h Headers, items []item, statuses []*rlsv3.RateLimitResponse_D
 	}
 	var reset int64
 	if d := pick.DurationUntilReset; d != nil {
-		reset = drip.CeilSeconds(d.AsDuration())
+		reset = seconds.Ceil(d.AsDuration())
 	} else {
 		// A limit of 0, or a cost above the burst: no wait cures it; one
 		// unit, as envoyproxy/ratelimit would say at most.
-		reset = drip.CeilSeconds(units[l.Unit] * time.Duration(l.UnitMultiplier))
+		reset = seconds.Ceil(units[l.Unit] * time.Duration(l.UnitMultiplier))
 	}
 	limit, remaining, resetName := h.names()
 	return []*corev3.HeaderValue{

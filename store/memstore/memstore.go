@@ -239,27 +239,22 @@ func (s *Store) Caps() store.Caps {
 	return store.Caps{InProcess: true, Leases: true, Blocks: true, Overrides: s}
 }
 
-// Apply implements store.Store. One item is decided under its shard's
-// lock; several under the locks of all their shards (applyMulti).
+// Apply implements store.Store. One item is decided here, under its
+// shard's lock (the hot path: no call more); several under the locks of
+// all their shards (applyMulti); a concurrency limit's by applyLeases.
 func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	if len(items) != 1 {
 		s.applyMulti(op, at, items, results)
 		return nil
 	}
 	it := &items[0]
-	if it.Params.Kind == bucket.Concurrency {
-		results[0] = s.applyLeases(op, at, it.Key, &it.Params, it.Lease)
+	p := &it.Params
+	if p.Kind == bucket.Concurrency {
+		results[0] = s.applyLeases(op, at, it.Key, p, it.Lease)
 		return nil
 	}
-	results[0] = s.applyOne(op, at, it)
-	return nil
-}
-
-// applyOne decides one item of a token bucket or a fixed window.
-func (s *Store) applyOne(op bucket.Op, at time.Time, it *bucket.Prepared) bucket.Result {
 	now := s.nanos(at)
 	key := held(it.Key)
-	p := &it.Params
 	sh, h := s.locate(key)
 	sh.mu.Lock()
 	if it.Block != "" || len(sh.blocks) > 0 && sh.blocks[key] != nil {
@@ -282,7 +277,8 @@ func (s *Store) applyOne(op bucket.Op, at time.Time, it *bucket.Prepared) bucket
 		}
 	}
 	sh.mu.Unlock()
-	return r
+	results[0] = r
+	return nil
 }
 
 // write stores b under the held key, a bucket already there or a new one.

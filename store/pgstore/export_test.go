@@ -21,7 +21,7 @@ func ApplyBatch(ctx context.Context, s *Store, ops []bucket.Op, rs []drip.Reques
 		params, err := r.Limit.Params(r.Key)
 		var p bucket.Prepared
 		if err == nil {
-			p, err = store.Prepare(ops[i], r.Key, params, r.Cost, r.Reserve, r.Lease)
+			err = store.Prepare(&p, ops[i], r.Key, &params, r.Cost, r.Reserve, r.Lease)
 		}
 		if err != nil {
 			errs[i] = err

@@ -88,7 +88,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,7 +97,6 @@ import (
 
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
-	"github.com/driplimit/drip/internal/spans"
 	"github.com/driplimit/drip/store"
 )
 
@@ -367,67 +365,6 @@ func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, a
 	return res, err
 }
 
-// applyMulti applies items with multi.sql: one statement, all or nothing.
-func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps []bucket.Prepared, ds []bucket.Result) error {
-	a := newArrays(len(ps))
-	seen := make(map[string]bool, len(ps))
-	for _, p := range ps {
-		k := storeKey(p.Key)
-		if seen[string(k)] {
-			return fmt.Errorf("%w: two keys hash to the same stored key", store.ErrDuplicateKey)
-		}
-		seen[string(k)] = true
-		a.add(op, k, p, nil)
-	}
-	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
-	if err := s.syncClock(ctx, dl); err != nil {
-		return err
-	}
-	return s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, multiSQL, int(op), a.keys, a.kinds, a.rates, a.periods,
-			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl), a.leases)
-		if err != nil {
-			return err
-		}
-		i := 0
-		for rows.Next() {
-			var r result
-			var ls bucket.LeaseSet
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest); err != nil {
-				rows.Close()
-				return err
-			}
-			if at.IsZero() && i == 0 {
-				s.clock.Observe(time.Now(), r.now) // now is the server's clock
-			}
-			if r.late {
-				rows.Close()
-				return errLate
-			}
-			switch {
-			case i >= len(ds):
-			case ps[i].Params.Kind == bucket.Concurrency:
-				res, _ := ps[i].Params.EvalLeases(op, ls, ps[i].Lease, r.now)
-				if res.Allowed != r.allowed {
-					rows.Close()
-					return fmt.Errorf("pgstore: multi.sql and bucket.EvalLeases disagree (a bug): statement allowed=%v, EvalLeases allowed=%v", r.allowed, res.Allowed)
-				}
-				ds[i] = res
-			default:
-				ds[i] = r.result(op, ps[i])
-			}
-			i++
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if i != len(ds) {
-			return fmt.Errorf("pgstore: multi-take returned %d rows for %d requests", i, len(ds))
-		}
-		return nil
-	})
-}
-
 // Reset implements store.Store: one DELETE.
 func (s *Store) Reset(ctx context.Context, key string) error {
 	if err := store.CheckKey(key); err != nil {
@@ -438,109 +375,3 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		return err
 	})
 }
-
-// retryable reports whether err is a serialization failure or a deadlock:
-// the statement was rolled back and may be run again.
-func retryable(err error) bool {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Code == "40001" || pe.Code == "40P01"
-	}
-	return false
-}
-
-// retry runs f until it succeeds, fails with an error that is not
-// retryable, or has been tried cfg.attempts times.
-func (s *Store) retry(ctx context.Context, f func() error) (err error) {
-	defer func() {
-		// A failed connection or server: the next answer may come from
-		// another server (a failover), whose clock is learned afresh.
-		if err != nil && !errors.Is(err, errRace) {
-			s.clock.ForgetOn(err)
-		}
-	}()
-	wait := s.cfg.backoff
-	fell := false // switched to FallbackQueryMode once
-	for attempt := 1; ; attempt++ {
-		err = f()
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, errRace) {
-			if attempt >= 2*s.cfg.attempts {
-				return err
-			}
-			s.retries.Add(1)
-			spans.Retry(ctx, attempt, "race")
-			continue
-		}
-		if !fell && s.fallBack(err) {
-			fell = true
-			spans.Retry(ctx, attempt, "query_mode_fallback")
-			continue
-		}
-		if !retryable(err) {
-			return err
-		}
-		if attempt >= s.cfg.attempts {
-			return fmt.Errorf("pgstore: gave up after %d attempts: %w", attempt, err)
-		}
-		s.retries.Add(1)
-		spans.Retry(ctx, attempt, "conflict") // a serialization failure or a deadlock
-		d := wait/2 + rand.N(wait/2+1)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("pgstore: %w (while retrying: %v)", ctx.Err(), err)
-		case <-t.C:
-		}
-		wait = min(2*wait, s.cfg.maxBackoff)
-	}
-}
-
-// arrays holds requests as one array per field, for multi.sql and
-// batch.sql.
-type arrays struct {
-	ops      []int32
-	keys     [][]byte
-	kinds    []int32
-	rates    []int64
-	periods  []int64
-	bursts   []int64
-	maxres   []int64
-	starts   []int64
-	costs    []int64
-	reserves []bool
-	leases   []string // multi.sql: lease IDs of concurrency requests
-	ats      []*int64
-	dls      []*int64 // batch.sql: deadlines in the server's clock
-}
-
-func newArrays(n int) *arrays {
-	return &arrays{
-		ops: make([]int32, 0, n), keys: make([][]byte, 0, n), kinds: make([]int32, 0, n),
-		rates: make([]int64, 0, n), periods: make([]int64, 0, n), bursts: make([]int64, 0, n),
-		maxres: make([]int64, 0, n), starts: make([]int64, 0, n), costs: make([]int64, 0, n),
-		reserves: make([]bool, 0, n), ats: make([]*int64, 0, n),
-	}
-}
-
-func (a *arrays) add(op bucket.Op, key []byte, p bucket.Prepared, at *int64) {
-	a.ops = append(a.ops, int32(op))
-	a.keys = append(a.keys, key)
-	a.kinds = append(a.kinds, int32(p.Params.Kind))
-	a.rates = append(a.rates, p.Params.Rate)
-	a.periods = append(a.periods, p.Params.Period)
-	a.bursts = append(a.bursts, p.Params.Burst)
-	a.maxres = append(a.maxres, p.Params.MaxReserved)
-	a.starts = append(a.starts, p.Params.Start)
-	a.costs = append(a.costs, p.Cost)
-	a.reserves = append(a.reserves, p.Reserve)
-	a.leases = append(a.leases, p.Lease)
-	a.ats = append(a.ats, at)
-}
-
-// IsSerializationFailure reports whether err is (or wraps) a serialization
-// failure or deadlock that survived the store's retries.
-func IsSerializationFailure(err error) bool { return retryable(err) }

@@ -1,4 +1,4 @@
-package drip
+package store
 
 import "errors"
 
@@ -15,7 +15,7 @@ func (e *InputError) Error() string { return e.Err.Error() }
 func (e *InputError) Unwrap() error { return e.Err }
 
 // IsInput reports whether err is the caller's fault rather than a failing
-// store's: an *InputError, or one of the input errors stores return
+// store's: an *InputError, or one of the input errors of this package
 // (ErrInvalidLimit, ErrInvalidCost, ErrMissingKey, ErrCostExceedsBurst,
 // ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp,
 // ErrKeyTooLong, ErrInvalidLease).
