@@ -61,7 +61,7 @@ func BenchmarkLeased(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					if items[k], err = store.Prepare(bucket.Take, key, p, 1, false, ""); err != nil {
+					if err := store.Prepare(&items[k], bucket.Take, key, &p, 1, false, ""); err != nil {
 						b.Fatal(err)
 					}
 				}

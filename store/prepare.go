@@ -35,6 +35,7 @@ func Prepare(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, co
 		}
 	}
 	it.Key, it.Params, it.Cost, it.Reserve, it.Lease = key, *p, c, reserve, lease
+	it.Block, it.BlockTTL, it.Leased = "", 0, false
 	return nil
 }
 

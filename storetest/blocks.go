@@ -94,7 +94,7 @@ func CompareBlocks(t *testing.T, st store.Store, seed uint64, n int) {
 		}
 		var it bucket.Prepared
 		if o.id == "" {
-			it, err = store.Prepare(o.op, key, params, o.cost, false, "")
+			err = store.Prepare(&it, o.op, key, &params, o.cost, false, "")
 			it.Leased = true
 		} else {
 			it, err = store.PrepareBlock(o.op, key, params, int64(o.cost*bucket.Micro), o.id, o.ttl)
@@ -175,7 +175,7 @@ func blockScenarios(t *testing.T, st store.Store) {
 			for _, s := range sc.steps {
 				var it bucket.Prepared
 				if s.id == "" {
-					it, err = store.Prepare(s.op, key, params, s.cost, false, "")
+					err = store.Prepare(&it, s.op, key, &params, s.cost, false, "")
 					it.Leased = true
 				} else {
 					it, err = store.PrepareBlock(s.op, key, params, int64(s.cost*bucket.Micro), s.id, s.ttl)

@@ -104,8 +104,8 @@ func runWorkload(t *testing.T, w workload, dur time.Duration) {
 						t.Error(err)
 						return
 					}
-					it, err := store.Prepare(bucket.Take, key(k), pk, 1, false, "")
-					if err != nil {
+					var it bucket.Prepared
+					if err := store.Prepare(&it, bucket.Take, key(k), &pk, 1, false, ""); err != nil {
 						t.Error(err)
 						return
 					}

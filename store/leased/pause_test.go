@@ -32,8 +32,8 @@ func TestRedisPause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	it, err := store.Prepare(bucket.Take, "hot", p, 1, false, "")
-	if err != nil {
+	var it bucket.Prepared
+	if err := store.Prepare(&it, bucket.Take, "hot", &p, 1, false, ""); err != nil {
 		t.Fatal(err)
 	}
 	const instances, callers = 4, 4

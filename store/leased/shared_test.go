@@ -120,7 +120,7 @@ func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration) {
 					pk, err := w.lim.Params(key(k))
 					if err == nil {
 						var it bucket.Prepared
-						it, err = store.Prepare(bucket.Take, key(k), pk, 1, false, "")
+						err = store.Prepare(&it, bucket.Take, key(k), &pk, 1, false, "")
 						at := clock.Now()
 						if err == nil {
 							err = ins[wk.i].Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, wk.res)

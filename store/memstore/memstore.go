@@ -258,9 +258,9 @@ func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []buc
 	sh, h := s.locate(key)
 	sh.mu.Lock()
 	if it.Block != "" || len(sh.blocks) > 0 && sh.blocks[key] != nil {
-		r := s.applyBlocks(sh, h, key, op, it, now)
+		results[0] = s.applyBlocks(sh, h, key, op, it, now)
 		sh.mu.Unlock()
-		return r
+		return nil
 	}
 	i, found := sh.find(h, key)
 	var b bucket.State
