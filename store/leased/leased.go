@@ -191,6 +191,7 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		l := v.(*local)
 		l.mu.Lock()
 		l.cur, l.next = block{}, block{}
+		l.out.Store(0) // the reset drops the store's blocks of key too
 		l.mu.Unlock()
 	}
 	return s.st.Reset(ctx, key)
