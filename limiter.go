@@ -87,7 +87,7 @@ func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost floa
 	it := &c.items[0]
 	err := store.Prepare(it, op, key, p, cost, reserve, lease)
 	if err == nil {
-		err = l.store.Apply(ctx, op, l.at(), c.items[:], c.results[:])
+		err = l.store.Apply(ctx, op, l.at(), c.items[:1], c.results[:1])
 	}
 	d := DecisionOf(c.results[0], p.Burst)
 	it.Key, it.Lease = "", "" // keep no caller's strings alive in the pool
@@ -102,9 +102,13 @@ func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost floa
 // a store through its interface escapes, and a decision on the memory
 // store should allocate nothing.
 type call struct {
-	items   [1]bucket.Prepared
-	results [1]bucket.Result
+	items   [pooled]bucket.Prepared
+	results [pooled]bucket.Result
 }
+
+// pooled is how many items a pooled call holds: a Limiter's one, and the
+// few of a front door's rules (drip.Apply).
+const pooled = 4
 
 var calls = sync.Pool{New: func() any { return new(call) }}
 

@@ -3,6 +3,8 @@ package drip
 import (
 	"context"
 	"fmt"
+	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
@@ -40,7 +42,7 @@ func prepare(op bucket.Op, r *Request) (bucket.Prepared, error) {
 	if err := store.CheckKey(r.Key); err != nil {
 		return bucket.Prepared{}, err
 	}
-	p, err := r.Limit.Params(r.Key)
+	p, err := paramsFor(&r.Limit, r.Key)
 	if err != nil {
 		return bucket.Prepared{}, err
 	}
@@ -62,7 +64,20 @@ func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs .
 // apply is Apply; multi names the request of an error even when there is
 // one (Limiter.TakeMulti).
 func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, multi bool, rs []Request) (Multi, error) {
-	items := make([]bucket.Prepared, len(rs))
+	var items []bucket.Prepared
+	var res []bucket.Result
+	if n := len(rs); n <= pooled {
+		c := calls.Get().(*call)
+		defer func() {
+			for i := range n {
+				c.items[i].Key, c.items[i].Lease = "", ""
+			}
+			calls.Put(c)
+		}()
+		items, res = c.items[:n], c.results[:n]
+	} else {
+		items, res = make([]bucket.Prepared, n), make([]bucket.Result, n)
+	}
 	for i := range rs {
 		it, err := prepare(op, &rs[i])
 		if err != nil {
@@ -76,7 +91,6 @@ func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, mult
 	if err := store.CheckDistinct(items); err != nil {
 		return Multi{}, err
 	}
-	res := make([]bucket.Result, len(items))
 	if err := st.Apply(ctx, op, at, items, res); err != nil {
 		return Multi{}, err
 	}
@@ -85,4 +99,38 @@ func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, mult
 		ds[i] = DecisionOf(r, items[i].Params.Burst)
 	}
 	return combine(ds), nil
+}
+
+// recent holds the params of the last key-independent limits prepare
+// resolved, so that the common cases (one limit, many keys; a few rules'
+// limits in turn) skip validating them again. A power of two.
+var recent [8]atomic.Pointer[cachedParams]
+
+// cachedParams is a limit and its params, immutable once stored.
+type cachedParams struct {
+	limit  Limit
+	params bucket.Params
+}
+
+// paramsFor is l.Params(key), from recent when l is there.
+func paramsFor(l *Limit, key string) (bucket.Params, error) {
+	slot := &recent[limitSlot(l)]
+	if c := slot.Load(); c != nil && c.limit == *l {
+		return c.params, nil
+	}
+	p, err := l.Params(key)
+	if err == nil && !l.keyDependent() {
+		slot.Store(&cachedParams{*l, p})
+	}
+	return p, err
+}
+
+// limitSlot is where l is kept among the recent limits: a cheap mix of
+// the fields that tell limits apart in practice. Two limits that share a
+// slot only cost a validation when they alternate.
+func limitSlot(l *Limit) int {
+	h := math.Float64bits(l.Rate) ^ math.Float64bits(l.Burst)*31 ^ uint64(l.Period)*131
+	h ^= h >> 29
+	h *= 0x9E3779B97F4A7C15
+	return int(h>>32) & (len(recent) - 1)
 }

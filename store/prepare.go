@@ -46,7 +46,15 @@ func CheckDistinct(items []bucket.Prepared) error {
 	if len(items) == 0 {
 		return ErrNoRequests
 	}
-	if len(items) == 1 {
+	if len(items) <= 8 {
+		// A few keys: compare them, without a map.
+		for i := 1; i < len(items); i++ {
+			for j := range i {
+				if items[i].Key == items[j].Key {
+					return fmt.Errorf("requests[%d]: %w (the key of requests[%d])", i, ErrDuplicateKey, j)
+				}
+			}
+		}
 		return nil
 	}
 	seen := make(map[string]int, len(items))

@@ -84,8 +84,13 @@ func RunCaps(t *testing.T, newStore NewStore) {
 // the whole store holds), the version moves on every change and on no
 // non-change, OverridesSince returns exactly what changed, and a watcher
 // hears that it listens and then every change (unless the store answers
-// ErrNoWatch). A store that keeps no overrides has nothing to check.
-func RunOverrides(t *testing.T, newStore NewStore) {
+// ErrNoWatch, or WithoutOverrideNotifications is given). A store that
+// keeps no overrides has nothing to check.
+func RunOverrides(t *testing.T, newStore NewStore, opts ...Option) {
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
 	whole := newStore(t)
 	inner := whole.Caps().Overrides
 	if inner == nil {
@@ -104,8 +109,10 @@ func RunOverrides(t *testing.T, newStore NewStore) {
 	held := len(all)
 	heard := make(chan struct{}, 64)
 	watchDone := make(chan error, 1)
-	go func() { watchDone <- st.WatchOverrides(c, func() { heard <- struct{}{} }) }()
-	watching := true
+	watching := !cfg.noNotify
+	if watching {
+		go func() { watchDone <- st.WatchOverrides(c, func() { heard <- struct{}{} }) }()
+	}
 	hear := func(what string) {
 		t.Helper()
 		if !watching {
