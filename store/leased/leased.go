@@ -23,6 +23,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -228,6 +229,31 @@ func (s *Store) leased(it *bucket.Prepared) bool {
 // the item's own take. Peeks, refunds, calls of several items and items
 // that are not leased go to the store as they are.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if op == bucket.Take && len(items) > 1 && s.allLeased(items) {
+		s.decisions.Add(1)
+		if s.takeLocal(at, items, results) {
+			s.local.Add(1)
+			return nil
+		}
+		now := s.clock(at)
+		s.calls.Add(1)
+		if err := s.st.Apply(ctx, op, at, s.mark(items), results); err != nil {
+			return err
+		}
+		// The items denied: their denials are repeated locally, as a
+		// take of one item's are.
+		for i := range items {
+			if results[i].Allowed {
+				continue
+			}
+			if l := s.localOf(&items[i]); l != nil {
+				l.mu.Lock()
+				l.denied, l.deniedCost, l.deniedAt = results[i], items[i].Cost, now
+				l.mu.Unlock()
+			}
+		}
+		return nil
+	}
 	if op != bucket.Take || len(items) != 1 || !s.leased(&items[0]) {
 		if op == bucket.Take {
 			s.decisions.Add(1)
@@ -239,6 +265,111 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	own := items[0]
 	own.Leased = true
 	return s.take(ctx, at, []bucket.Prepared{own}, results[:1])
+}
+
+// allLeased reports whether every item of a call is decided from blocks.
+func (s *Store) allLeased(items []bucket.Prepared) bool {
+	for i := range items {
+		if !s.leased(&items[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// takeLocal decides a take of several items (distinct keys) from the
+// instance's blocks when each item's key has a block that covers it: all
+// of them are granted, under the locks of all their keys, taken in key
+// order. Else it grants nothing, starts fetching blocks for the keys
+// whose demand calls for one, and reports false: the call goes to the
+// store, all or nothing there.
+func (s *Store) takeLocal(at time.Time, items []bucket.Prepared, results []bucket.Result) bool {
+	ls := make([]*local, len(items))
+	order := make([]int, len(items))
+	for i := range items {
+		if ls[i] = s.localOf(&items[i]); ls[i] == nil {
+			return false
+		}
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].Key, items[b].Key) })
+	for _, i := range order {
+		ls[i].mu.Lock()
+	}
+	now := s.clock(at)
+	all, denied := true, false
+	for i, l := range ls {
+		l.at = at
+		l.demand(now, items[i].Cost, s.horizon)
+		all = all && l.covers(now, items[i].Cost)
+		if _, ok := s.deniedNow(l, now, items[i].Cost); ok {
+			denied = true
+		}
+	}
+	if denied {
+		// A store denial of one of the keys still holds: the call is
+		// denied, each item reporting its own (the denial repeated, or
+		// what the instance knows of its key).
+		for i, l := range ls {
+			r, ok := s.deniedNow(l, now, items[i].Cost)
+			if !ok {
+				r = localResult(&l.p, l.cur.left+l.next.left+max(0, l.avail))
+				r.Allowed = l.covers(now, items[i].Cost)
+			}
+			results[i] = r
+		}
+		for _, i := range order {
+			ls[i].mu.Unlock()
+		}
+		return true
+	}
+	var back []due
+	for i, l := range ls {
+		if all {
+			results[i], _ = s.grant(l, now, items[i].Cost, at)
+			continue
+		}
+		if l.cur.live(now) && l.cur.left > 0 && l.cur.left < items[i].Cost {
+			back = append(back, due{l, l.cur, at}) // it would never cover: back to the store
+			l.cur = block{}
+		}
+		if !l.fetching && l.next.id == "" && !l.covers(now, items[i].Cost) {
+			if size := s.blockSize(l, items[i].Cost); size > 0 {
+				l.fetching = true
+				s.wg.Add(1)
+				go s.ahead(at, l, size)
+			}
+		}
+	}
+	for _, i := range order {
+		ls[i].mu.Unlock()
+	}
+	if len(back) > 0 {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for _, d := range back {
+				s.giveBack(context.Background(), d.at, d.l, d.b)
+			}
+		}()
+	}
+	return all
+}
+
+// covers reports whether grant would grant cost from l's blocks at now.
+// The caller holds l.mu.
+func (l *local) covers(now time.Time, cost int64) bool {
+	if l.cur.live(now) {
+		return l.cur.left >= cost
+	}
+	return l.next.live(now) && l.next.left >= cost
+}
+
+// due is a block to give back, with the time to give it at.
+type due struct {
+	l  *local
+	b  block
+	at time.Time
 }
 
 // mark returns items with those of leased limits marked Leased (a copy,
@@ -438,15 +569,24 @@ func (s *Store) fromLocal(l *local, now time.Time, cost int64, at time.Time, res
 		*res = r
 		return true
 	}
-	if l.deniedCost > 0 && cost >= l.deniedCost && now.Before(l.deniedAt.Add(safe(min(l.denied.RetryAfter, s.horizon)))) && !now.Before(l.deniedAt) {
-		r := l.denied
-		r.RetryAfter -= now.Sub(l.deniedAt)
+	if r, ok := s.deniedNow(l, now, cost); ok {
 		l.mu.Unlock()
 		s.local.Add(1)
 		*res = r
 		return true
 	}
 	return false
+}
+
+// deniedNow is the store's last denial of l's key, repeated for a take
+// of cost at now, while it holds. The caller holds l.mu.
+func (s *Store) deniedNow(l *local, now time.Time, cost int64) (bucket.Result, bool) {
+	if l.deniedCost > 0 && cost >= l.deniedCost && now.Before(l.deniedAt.Add(safe(min(l.denied.RetryAfter, s.horizon)))) && !now.Before(l.deniedAt) {
+		r := l.denied
+		r.RetryAfter -= now.Sub(l.deniedAt)
+		return r, true
+	}
+	return bucket.Result{}, false
 }
 
 // demand adds a decision of cost at now to l's recent demand. The caller
@@ -671,11 +811,6 @@ func (s *Store) janitor() {
 // sweep gives back the blocks due (all of them when closing) and forgets
 // idle keys.
 func (s *Store) sweep(now time.Time, closing bool) {
-	type due struct {
-		l  *local
-		b  block
-		at time.Time
-	}
 	var back []due
 	s.keys.Range(func(k, v any) bool {
 		l := v.(*local)

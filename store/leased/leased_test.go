@@ -37,6 +37,9 @@ type workload struct {
 	gap time.Duration
 	// dur is how long (fake time) the callers run.
 	dur time.Duration
+	// pair: each take is of two keys together (the key picked and the
+	// next), all or nothing.
+	pair bool
 }
 
 var workloads = []workload{
@@ -46,6 +49,8 @@ var workloads = []workload{
 		pick: func(*rand.Rand) int { return 0 }, gap: 500 * time.Microsecond, dur: 2 * time.Second},
 	{name: "hot fixed window", lim: drip.Limit{Algorithm: drip.FixedWindow, Rate: 1500, Period: time.Second}, keys: 1,
 		pick: func(*rand.Rand) int { return 0 }, gap: 500 * time.Microsecond, dur: 2 * time.Second},
+	{name: "two hot keys taken together", lim: drip.PerSecond(1000).WithBurst(200), keys: 2, pair: true,
+		pick: func(r *rand.Rand) int { return r.IntN(2) }, gap: 500 * time.Microsecond, dur: 2 * time.Second},
 	{name: "10000 keys, a few hot", lim: drip.PerSecond(50).WithBurst(20), keys: 10000,
 		pick: func(r *rand.Rand) int {
 			if r.IntN(2) == 0 {
@@ -95,32 +100,47 @@ func runWorkload(t *testing.T, w workload, dur time.Duration) {
 				defer wg.Done()
 				r := rand.New(rand.NewPCG(uint64(i), uint64(c)))
 				var own []event
-				res := make([]bucket.Result, 1)
+				res := make([]bucket.Result, 2)
 				for time.Since(start) < dur {
 					time.Sleep(time.Duration(r.Int64N(int64(w.gap))))
-					k := w.pick(r)
-					pk, err := w.lim.Params(key(k))
-					if err != nil {
-						t.Error(err)
-						return
+					ks := []int{w.pick(r)}
+					if w.pair {
+						ks = append(ks, (ks[0]+1)%w.keys)
 					}
-					var it bucket.Prepared
-					if err := store.Prepare(&it, bucket.Take, key(k), &pk, 1, false, ""); err != nil {
-						t.Error(err)
-						return
-					}
-					if err := ins[i].Apply(context.Background(), bucket.Take, time.Time{}, []bucket.Prepared{it}, res); err != nil {
-						t.Error(err)
-						return
-					}
-					// On the microsecond, as the store's clock reads it.
-					e := event{key: k, at: time.Now().UnixNano() / 1000 * 1000, allowed: res[0].Allowed}
-					if !e.allowed {
-						for _, o := range ins {
-							e.out += o.Outstanding(key(k))
+					its := make([]bucket.Prepared, len(ks))
+					for j, k := range ks {
+						pk, err := w.lim.Params(key(k))
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if err := store.Prepare(&its[j], bucket.Take, key(k), &pk, 1, false, ""); err != nil {
+							t.Error(err)
+							return
 						}
 					}
-					own = append(own, e)
+					if err := ins[i].Apply(context.Background(), bucket.Take, time.Time{}, its, res[:len(its)]); err != nil {
+						t.Error(err)
+						return
+					}
+					allowed := true
+					for j := range its {
+						allowed = allowed && res[j].Allowed
+					}
+					for _, k := range ks {
+						// On the microsecond, as the store's clock reads it.
+						e := event{key: k, at: time.Now().UnixNano() / 1000 * 1000, allowed: allowed}
+						switch {
+						case allowed:
+						case w.pair:
+							e.out = -1 // the other key's denial, maybe: not this key's
+						default:
+							for _, o := range ins {
+								e.out += o.Outstanding(key(k))
+							}
+						}
+						own = append(own, e)
+					}
 				}
 				mu.Lock()
 				events = append(events, own...)
@@ -191,7 +211,7 @@ func checkDenials(t *testing.T, k int, es []event, p bucket.Params) int {
 		}
 		_, a, _ := bucket.Eval(bucket.Peek, b, found, p, 0, false, now)
 		for _, e := range es[i:j] {
-			if e.allowed || a.Tokens < bucket.Micro {
+			if e.allowed || e.out < 0 || a.Tokens < bucket.Micro {
 				continue
 			}
 			early++
