@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/spans"
 	"github.com/driplimit/drip/store"
 )
 
@@ -233,10 +234,12 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 		s.decisions.Add(1)
 		if s.takeLocal(at, items, results) {
 			s.local.Add(1)
+			spans.Leased(ctx, "local")
 			return nil
 		}
 		now := s.clock(at)
 		s.calls.Add(1)
+		spans.Leased(ctx, "store")
 		if err := s.st.Apply(ctx, op, at, s.mark(items), results); err != nil {
 			return err
 		}
@@ -481,6 +484,7 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	l.at = at
 	l.demand(now, it.Cost, s.horizon)
 	if s.fromLocal(l, now, it.Cost, at, res) {
+		spans.Leased(ctx, "local")
 		return nil
 	}
 	l.mu.Unlock()
@@ -496,6 +500,7 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	now = s.clock(at)
 	l.mu.Lock()
 	if s.fromLocal(l, now, it.Cost, at, res) {
+		spans.Leased(ctx, "local")
 		return nil
 	}
 	// Nothing local covers it: what is left of the blocks goes back
@@ -538,10 +543,12 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 			r.Tokens += b.left
 			r.RetryAfter = 0
 			*res = r
+			spans.Leased(ctx, "block")
 			return nil
 		}
 	}
 	s.calls.Add(1)
+	spans.Leased(ctx, "store")
 	if err := s.st.Apply(ctx, bucket.Take, at, items, results); err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/spans"
 )
 
 // Leased limits (bucket.Prepared.Leased, package leased) keep their state
@@ -77,6 +78,7 @@ func (s *Store) applyBlocks(ctx context.Context, op bucket.Op, at time.Time, ite
 	blocks := make([][]bucket.Block, len(items))
 	for try := range blockTries {
 		if try > 0 {
+			spans.Retry(ctx, try, "changed")
 			// Changed under us: back off a random while, growing, so
 			// that contending callers spread out.
 			d := time.Duration(rand.Int64N(int64(min(time.Millisecond, 20*time.Microsecond<<min(try, 10)))))
