@@ -51,7 +51,9 @@ func New(st store.Store, limit Limit, opts ...Option) *Limiter {
 	for _, o := range opts {
 		o(l)
 	}
-	if a, ok := st.(store.Admitter); ok && !l.keyed && p.Kind != bucket.Concurrency {
+	// Admit decides token buckets and fixed windows only: a sliding
+	// window's and a concurrency limit's state is not a bucket.
+	if a, ok := st.(store.Admitter); ok && !l.keyed && (p.Kind == bucket.Continuous || p.Kind == bucket.Interval || p.Kind == bucket.Window) {
 		if c, err := store.Cost(bucket.Take, 1, false, p); err == nil {
 			l.admit, l.cost = a, c
 		}

@@ -150,6 +150,7 @@ func TestAllowAsTake(t *testing.T) {
 		"window":              {Algorithm: drip.FixedWindow, Rate: 4, Period: time.Second, Start: time.Second},
 		"window by key":       {Algorithm: drip.FixedWindow, Rate: 4, Period: time.Second},
 		"burst under a token": drip.PerSecond(0.5).WithBurst(0.5),
+		"sliding window":      {Algorithm: drip.SlidingWindow, Rate: 4, Period: time.Second},
 	}
 	// A wrapper that changes keys must not pass Allow to the store below.
 	mem := memstore.New(memstore.WithSweep(0))

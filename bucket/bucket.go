@@ -112,6 +112,17 @@ type Prepared struct {
 	// Lease is, for a concurrency limit, the lease a take acquires, a
 	// refund releases or a peek asks about.
 	Lease string
+	// Block is, for a take or a refund of leased tokens (EvalBlocks), the
+	// ID of the block taken or returned; BlockTTL is a block take's life
+	// in nanoseconds. Empty for any other request.
+	Block    string
+	BlockTTL int64
+	// Leased reports that the item's limit is leased (package leased
+	// marks every item of such a limit it passes to its store): a store
+	// that keeps the blocks of leased limits apart from other buckets
+	// (Redis) decides it under its key's blocks. The memory store decides
+	// every item under its key's blocks, whatever this says.
+	Leased bool
 }
 
 // Fresh is the bucket of a key never seen before (or expired) at now: full,
@@ -366,30 +377,40 @@ func EvalMulti(op Op, ps []Prepared, states []State, found []bool, now int64) ([
 // written unless every request is allowed. leases may be nil when no
 // request is a concurrency one.
 func EvalMultiLeases(op Op, ps []Prepared, states []State, found []bool, leases []LeaseSet, now int64) ([]Result, []State, []bool) {
-	rs, next, _, write := EvalMultiAll(op, ps, states, found, leases, nil, now)
+	rs, next, _, _, write := EvalMultiAll(op, ps, states, found, leases, nil, nil, now)
 	return rs, next, write
 }
 
 // EvalMultiAll is EvalMultiLeases for requests of every kind: a request
 // of Kind Sliding is decided by EvalSliding on slides[i], its key's
 // sliding state (found when its Counts are not nil), and its state to
-// write is returned in the third result. slides may be nil when no
-// request is a sliding window.
-func EvalMultiAll(op Op, ps []Prepared, states []State, found []bool, leases []LeaseSet, slides []SlidingState, now int64) ([]Result, []State, []SlidingState, []bool) {
+// write is returned in the third result; a request whose key may hold
+// blocks of leased tokens (blocks[i], or a request for a block) is
+// decided by EvalBlocks, and its blocks to store are returned in the
+// fourth. slides and blocks may be nil when no request is a sliding
+// window, and when no key holds blocks and no request is a block's.
+func EvalMultiAll(op Op, ps []Prepared, states []State, found []bool, leases []LeaseSet, slides []SlidingState, blocks [][]Block, now int64) ([]Result, []State, []SlidingState, [][]Block, []bool) {
 	rs := make([]Result, len(ps))
 	next := make([]State, len(ps))
 	var nextSlides []SlidingState
 	if slides != nil {
 		nextSlides = make([]SlidingState, len(ps))
 	}
+	var nextBlocks [][]Block
+	if blocks != nil {
+		nextBlocks = make([][]Block, len(ps))
+	}
 	write := make([]bool, len(ps))
 	all := true
-	for i, p := range ps {
-		switch p.Params.Kind {
-		case Concurrency:
+	for i := range ps {
+		p := &ps[i]
+		switch {
+		case p.Params.Kind == Concurrency:
 			rs[i], write[i] = p.Params.EvalLeases(op, leases[i], p.Lease, now)
-		case Sliding:
+		case p.Params.Kind == Sliding:
 			rs[i], nextSlides[i], write[i] = EvalSliding(op, slides[i], slides[i].Counts != nil, p.Params.Sliding(), p.Cost, now)
+		case blocks != nil:
+			rs[i], next[i], nextBlocks[i], write[i] = EvalBlocks(op, states[i], found[i], blocks[i], p, now)
 		default:
 			rs[i], next[i], write[i] = Eval(op, states[i], found[i], p.Params, p.Cost, p.Reserve, now)
 		}
@@ -398,5 +419,5 @@ func EvalMultiAll(op Op, ps []Prepared, states []State, found []bool, leases []L
 	if !all && op == Take {
 		clear(write)
 	}
-	return rs, next, nextSlides, write
+	return rs, next, nextSlides, nextBlocks, write
 }

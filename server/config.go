@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/driplimit/drip/engine"
@@ -123,6 +124,9 @@ type Config struct {
 	// client's traceparent and tracestate through unchanged. cmd/drip
 	// builds it from the OTEL_* environment variables.
 	TracerProvider trace.TracerProvider
+	// Collectors are more Prometheus collectors for /metrics, such as
+	// leased tokens' (cmd/drip's --leased).
+	Collectors []prometheus.Collector
 }
 
 // Defaults of Config.

@@ -109,6 +109,11 @@ func New(cfg Config, st store.Store) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), endDrain: make(chan struct{})}
+	for _, c := range cfg.Collectors {
+		if err := s.metrics.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+	}
 	s.store = s.metrics.observe(st)
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
 		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(frontdoor.Local),

@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/driplimit/drip/bucket"
 )
@@ -34,6 +35,7 @@ func Prepare(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, co
 		}
 	}
 	it.Key, it.Params, it.Cost, it.Reserve, it.Lease = key, *p, c, reserve, lease
+	it.Block, it.BlockTTL, it.Leased = "", 0, false
 	return nil
 }
 
@@ -159,4 +161,34 @@ func CheckLease(op bucket.Op, id string, p bucket.Params) error {
 		}
 	}
 	return nil
+}
+
+// PrepareBlock checks a block take (op Take: size tokens under the block
+// ID id, to live ttl) or a block return (op Refund: size tokens unused of
+// the block id) on key under params p, and returns it as an item for
+// Store.Apply (see bucket.EvalBlocks). A concurrency limit takes no
+// blocks; a block take's size is at most the burst; ttl is from one
+// millisecond to bucket.MaxBlockTTL (a return ignores it); IDs are as
+// lease IDs are (CheckLease).
+func PrepareBlock(op bucket.Op, key string, p bucket.Params, size int64, id string, ttl time.Duration) (bucket.Prepared, error) {
+	if err := CheckKey(key); err != nil {
+		return bucket.Prepared{}, err
+	}
+	switch {
+	case p.Kind == bucket.Concurrency:
+		return bucket.Prepared{}, fmt.Errorf("%w: a concurrency limit takes no blocks", ErrInvalidBlock)
+	case op != bucket.Take && op != bucket.Refund:
+		return bucket.Prepared{}, fmt.Errorf("%w: a block is taken or returned, not %v", ErrInvalidBlock, op)
+	case size < 0 || (op == bucket.Take && size > p.Burst):
+		return bucket.Prepared{}, fmt.Errorf("%w: size %d micro-tokens (burst %d)", ErrInvalidBlock, size, p.Burst)
+	case op == bucket.Take && (ttl < time.Millisecond || int64(ttl) > bucket.MaxBlockTTL):
+		return bucket.Prepared{}, fmt.Errorf("%w: ttl %v, from 1ms to %v", ErrInvalidBlock, ttl, time.Duration(bucket.MaxBlockTTL))
+	}
+	if err := CheckLease(op, id, bucket.Params{Kind: bucket.Concurrency}); err != nil {
+		return bucket.Prepared{}, fmt.Errorf("%w: id: %w", ErrInvalidBlock, err)
+	}
+	if op != bucket.Take {
+		ttl = 0
+	}
+	return bucket.Prepared{Key: key, Params: p, Cost: size, Block: id, BlockTTL: int64(ttl), Leased: true}, nil
 }

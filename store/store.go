@@ -78,6 +78,10 @@ type Caps struct {
 	// store without them refuses such items with ErrUnsupported
 	// (CheckKinds).
 	Sliding, Calendar bool
+	// Blocks reports that the store holds blocks of leased tokens
+	// (bucket.EvalBlocks: items with a Block, and the cap they put on
+	// every take of their key), which package leased needs.
+	Blocks bool
 	// Overrides is the store's side that keeps per-tenant limits (package
 	// override), or nil when it keeps none.
 	Overrides Overrides
@@ -123,6 +127,7 @@ var (
 	ErrInvalidCost      = errors.New("invalid cost")
 	ErrCostExceedsBurst = errors.New("cost exceeds burst")
 	ErrInvalidLease     = errors.New("invalid lease")
+	ErrInvalidBlock     = errors.New("invalid block")
 	ErrInvalidOp        = errors.New("invalid op")
 	ErrNoRequests       = errors.New("no requests")
 	// ErrUnsupported is returned (wrapped) by a store given an item of a

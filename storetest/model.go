@@ -21,6 +21,7 @@ type Model struct {
 	// limit its last request named (Prepare notes it).
 	counts    map[string]calendarCount
 	calendars map[string]drip.Limit
+	blocks    map[string][]mblock // live blocks of leased tokens (model_blocks.go)
 }
 
 type modelBucket struct {
@@ -30,7 +31,7 @@ type modelBucket struct {
 // NewModel returns an empty model.
 func NewModel() *Model {
 	return &Model{buckets: map[string]*modelBucket{}, logs: map[string]*slidingLog{},
-		counts: map[string]calendarCount{}, calendars: map[string]drip.Limit{}}
+		counts: map[string]calendarCount{}, calendars: map[string]drip.Limit{}, blocks: map[string][]mblock{}}
 }
 
 // ModelDecision is a decision in exact arithmetic.
@@ -88,6 +89,11 @@ func ceilRat(r *big.Rat) *big.Int {
 
 func (m *Model) state(key string, l mlimit, now *big.Rat) (tokens, ts *big.Rat) {
 	b, ok := m.buckets[key]
+	return stateOf(b, ok, l, now)
+}
+
+// stateOf is the bucket b (ok: the key has state) at now.
+func stateOf(b *modelBucket, ok bool, l mlimit, now *big.Rat) (tokens, ts *big.Rat) {
 	if ok && l.kind == bucket.Interval {
 		// An interval bucket full for a whole period starts a new grid
 		// (bucket.Params.ExpiresAt); the stale state stays until a write.
@@ -156,13 +162,27 @@ func (m *Model) Apply(op bucket.Op, p bucket.Prepared, at time.Time, write bool,
 	now := new(big.Rat).SetInt64(at.UnixNano())
 	cost := big.NewRat(p.Cost, bucket.Micro)
 	tokens, ts := m.state(p.Key, l, now)
+	var live []mblock
+	blocky := len(m.blocks[p.Key]) > 0 || p.Block != ""
+	if blocky {
+		tokens, ts, live, l = m.advance(p.Key, l, now)
+		if p.Block != "" && op != bucket.Peek {
+			return m.applyBlock(op, p, l, tokens, ts, live, at, write)
+		}
+	}
+	put := func(n, ts *big.Rat) {
+		m.buckets[p.Key] = &modelBucket{n, ts}
+		if blocky {
+			m.setBlocks(p.Key, live)
+		}
+	}
 	d := ModelDecision{Burst: l.burst, Cost: cost}
 	if op == bucket.Refund {
 		n := minRat(new(big.Rat).Add(tokens, cost), l.burst)
 		d.Allowed, d.Tokens, d.RetryNs = true, n, new(big.Rat)
 		d.ResetNs = l.until(n, ts, l.burst, now)
 		if write {
-			m.buckets[p.Key] = &modelBucket{n, ts}
+			put(n, ts)
 		}
 		return d
 	}
@@ -182,7 +202,7 @@ func (m *Model) Apply(op bucket.Op, p bucket.Prepared, at time.Time, write bool,
 		}
 		d.ResetNs = l.until(n, ts, l.burst, now)
 		if write && op == bucket.Take {
-			m.buckets[p.Key] = &modelBucket{n, ts}
+			put(n, ts)
 		}
 	case canReserve:
 		n := new(big.Rat).Sub(tokens, cost)
@@ -190,7 +210,7 @@ func (m *Model) Apply(op bucket.Op, p bucket.Prepared, at time.Time, write bool,
 		d.RetryNs = l.until(n, ts, new(big.Rat), now)
 		d.ResetNs = l.until(n, ts, l.burst, now)
 		if write && op == bucket.Take {
-			m.buckets[p.Key] = &modelBucket{n, ts}
+			put(n, ts)
 		}
 	default:
 		d.Tokens = tokens
@@ -209,6 +229,7 @@ func (m *Model) Reset(key string) {
 	delete(m.buckets, key)
 	delete(m.logs, key)
 	delete(m.counts, key)
+	delete(m.blocks, key)
 }
 
 // Prepare is the model's own reading of a request: the errors docs/semantics.md

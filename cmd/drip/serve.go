@@ -14,6 +14,7 @@ import (
 
 	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/server"
+	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
@@ -38,6 +39,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 2
 	}
 	storeTimeout := fs.Duration("store-timeout", timeoutDefault, "deadline of each store call (env DRIP_STORE_TIMEOUT)")
+	leasedOn := fs.Bool("leased", envOr("DRIP_LEASED", "") == "true", "leased tokens: decide token buckets and fixed windows from blocks of their tokens taken from the store, never over the limit (docs/semantics.md, \"Leased tokens\"); every instance sharing the store must set it alike (env DRIP_LEASED=true)")
 	drainDefault, ok := envDuration("DRIP_DRAIN", server.DefaultDrain, true, stderr)
 	if !ok {
 		return 2
@@ -117,6 +119,16 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 1
 	}
 	defer closeStore()
+	if *leasedOn {
+		ls, err := leased.New(store)
+		if err != nil {
+			fmt.Fprintln(stderr, "drip serve: --leased:", err)
+			return 1
+		}
+		defer ls.Close() // before closeStore: it gives the blocks back
+		store = ls
+		c.Collectors = append(c.Collectors, leasedCollector{ls})
+	}
 	s, err := server.New(c, store)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)

@@ -59,3 +59,13 @@ func (f fanout) SetAttributes(kv ...attribute.KeyValue) {
 		sp.SetAttributes(kv...)
 	}
 }
+
+// Leased records on ctx's span how leased tokens (store/leased) decided
+// the call: "local" (from the instance's blocks, or a store denial
+// repeated: no store call), "block" (a block taken for it) or "store"
+// (the store's own decision).
+func Leased(ctx context.Context, how string) {
+	if sp := trace.SpanFromContext(ctx); sp.IsRecording() {
+		sp.SetAttributes(attribute.String("drip.leased", how))
+	}
+}

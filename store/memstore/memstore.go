@@ -165,6 +165,7 @@ func (s *Store) Sweep(now time.Time) int {
 			}
 			j++
 		}
+		s.sweepBlocks(sh, n) // after the buckets: see there
 		sh.mu.Unlock()
 	}
 	return dropped
@@ -239,9 +240,10 @@ func (s *Store) clock() int64 {
 }
 
 // Caps implements store.Store: the store decides in process, holds
-// leases, sliding and calendar windows, and keeps overrides (override.go).
+// leases, sliding and calendar windows, blocks of leased tokens, and
+// keeps overrides (override.go).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{InProcess: true, Leases: true, Sliding: true, Calendar: true, Overrides: s}
+	return store.Caps{InProcess: true, Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s}
 }
 
 // Apply implements store.Store. One item is decided here, under its
@@ -267,6 +269,11 @@ func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []buc
 	key := held(it.Key)
 	sh, h := s.locate(key)
 	sh.mu.Lock()
+	if it.Block != "" || len(sh.blocks) > 0 && sh.blocks[key] != nil {
+		results[0] = s.applyBlocks(sh, h, key, op, it, now)
+		sh.mu.Unlock()
+		return nil
+	}
 	i, found := sh.find(h, key)
 	var b bucket.State
 	if found {
@@ -289,6 +296,13 @@ func (s *Store) Admit(key string, p *bucket.Params, cost int64, at time.Time) bo
 	key = held(key)
 	sh, h := s.locate(key)
 	sh.mu.Lock()
+	if len(sh.blocks) > 0 && sh.blocks[key] != nil {
+		// The key holds blocks of leased tokens, which cap its refill:
+		// decide as Apply does.
+		r := s.applyBlocks(sh, h, key, bucket.Take, &bucket.Prepared{Params: *p, Cost: cost}, now)
+		sh.mu.Unlock()
+		return r.Allowed
+	}
 	i, found := sh.find(h, key)
 	var b bucket.State
 	if found {
@@ -359,6 +373,7 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 	found := make([]bool, len(ps))
 	var leases []bucket.LeaseSet
 	var slides []bucket.SlidingState
+	var blocks [][]bucket.Block
 	for i, k := range keys {
 		if ps[i].Params.Kind == bucket.Sliding {
 			if slides == nil {
@@ -366,6 +381,12 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 			}
 			slides[i] = shards[i].windows[k].s
 			continue
+		}
+		if bs := shards[i].blocks[k]; ps[i].Block != "" || bs != nil {
+			if blocks == nil {
+				blocks = make([][]bucket.Block, len(ps))
+			}
+			blocks[i] = bs
 		}
 		if ps[i].Params.Kind == bucket.Concurrency {
 			if leases == nil {
@@ -378,7 +399,7 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 			buckets[i], found[i] = shards[i].slots[j].b, true
 		}
 	}
-	res, next, nextSlides, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, now)
+	res, next, nextSlides, nextBlocks, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, blocks, now)
 	for i, p := range ps {
 		switch {
 		case !write[i]:
@@ -386,6 +407,9 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 			s.putWindow(shards[i], keys[i], nextSlides[i], p.Params.Sliding().SlidingExpiresAt(nextSlides[i]), now)
 		case p.Params.Kind == bucket.Concurrency:
 			s.writeLeases(shards[i], keys[i], &p.Params, op, p.Lease, now)
+		case blocks != nil:
+			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.StateExpiresAt(next[i], nextBlocks[i]), now)
+			s.putBlocks(shards[i], keys[i], nextBlocks[i])
 		default:
 			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
@@ -411,6 +435,7 @@ func (s *Store) Reset(_ context.Context, key string) error {
 	}
 	sh.dropLeases(key)
 	delete(sh.windows, key)
+	delete(sh.blocks, key)
 	sh.mu.Unlock()
 	return nil
 }

@@ -25,7 +25,10 @@ type shard struct {
 	// windows holds the states of sliding windows by held key (nil until
 	// the first); see sliding.go.
 	windows map[string]window
-	_       [64]byte // keep shards on separate cache lines
+	// blocks holds the live blocks of leased tokens by held key (nil
+	// until the first); see blocks.go.
+	blocks map[string][]bucket.Block
+	_      [56]byte // keep shards on separate cache lines
 }
 
 // slot is one bucket, the key it is held under and the key's hash (0: the

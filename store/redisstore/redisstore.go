@@ -178,6 +178,9 @@ func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 // Apply implements store.Store: one item through the batcher (or a batch
 // of one), several in one call of the script, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if leasedItems(items) {
+		return s.applyBlocks(ctx, op, at, items, results)
+	}
 	if len(items) != 1 {
 		return s.applyMulti(ctx, op, at, items, results)
 	}
@@ -205,7 +208,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 // calendar windows, and keeps overrides (override.go); on Redis Cluster, keys of one call must share a hash slot
 // (ErrCrossSlot).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{SplitsKeys: s.cluster, Leases: true, Sliding: true, Calendar: true, Overrides: s}
+	return store.Caps{SplitsKeys: s.cluster, Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s}
 }
 
 // applyMulti applies several items in one call of the script.
@@ -243,7 +246,7 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 		}
 		buckets[i], found[i], leases[i], slides[i] = rep.reqs[i].before, rep.reqs[i].found, rep.reqs[i].leases, rep.reqs[i].slide
 	}
-	res, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, now)
+	res, _, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, nil, now)
 	for i := range ps {
 		if err := rep.check(i, res[i].Allowed, write[i]); err != nil {
 			return err
@@ -259,6 +262,9 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		return err
 	}
 	if err := s.c.Do(ctx, s.c.B().Del().Key(s.prefix+key).Build()).Error(); err != nil {
+		return fmt.Errorf("redisstore: reset: %w", err)
+	}
+	if err := s.c.Do(ctx, s.c.B().Del().Key(s.prefix+key+BlocksSuffix).Build()).Error(); err != nil {
 		return fmt.Errorf("redisstore: reset: %w", err)
 	}
 	return nil

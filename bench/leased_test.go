@@ -1,0 +1,101 @@
+package bench
+
+// Leased tokens (store/leased) beside per-decision takes, on one
+// redis-server started for the run: 4 instances (each its own connection
+// and, leased, its own blocks) share it, 64 callers spread over them.
+//
+//	cd bench && go test -run '^$' -bench 'Leased' -benchtime 2s -count 3
+//
+// Workloads: one hot key (a limit of a million a second, burst 100,000,
+// so that nearly every take is granted and the store is the bottleneck of
+// the per-decision mode), and 10,000 keys taken uniformly (each key then
+// sees about one take per 10,000: demand per key is too thin for blocks).
+// Metrics: decisions/s, store calls per decision, the share granted.
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/store/leased"
+	"github.com/driplimit/drip/store/redisstore"
+)
+
+func BenchmarkLeased(b *testing.B) {
+	url := redisURL(b)
+	lim := drip.PerSecond(1_000_000).WithBurst(100_000)
+	for _, keys := range []int{1, 10_000} {
+		for _, mode := range []string{"per-decision", "leased"} {
+			b.Run(fmt.Sprintf("keys=%d/%s", keys, mode), func(b *testing.B) {
+				redisClean(b, url)
+				const instances, callers = 4, 64
+				sts := make([]store.Store, instances)
+				var ls []*leased.Store
+				for i := range sts {
+					rs, err := redisstore.Open(url, redisstore.WithPrefix("bench:"))
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { rs.Close() })
+					sts[i] = rs
+					if mode == "leased" {
+						l, err := leased.New(rs)
+						if err != nil {
+							b.Fatal(err)
+						}
+						b.Cleanup(func() { l.Close() })
+						ls = append(ls, l)
+						sts[i] = l
+					}
+				}
+				items := make([]bucket.Prepared, keys)
+				for k := range items {
+					key := fmt.Sprint("k", k)
+					p, err := lim.Params(key)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := store.Prepare(&items[k], bucket.Take, key, &p, 1, false, ""); err != nil {
+						b.Fatal(err)
+					}
+				}
+				var next, granted atomic.Int64
+				b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					n := next.Add(1)
+					st := sts[n%instances]
+					res := make([]bucket.Result, 1)
+					i := int(n * 7919)
+					for pb.Next() {
+						i++
+						if err := st.Apply(context.Background(), bucket.Take, time.Time{}, items[i%keys:i%keys+1], res); err != nil {
+							b.Error(err)
+							return
+						}
+						if res[0].Allowed {
+							granted.Add(1)
+						}
+					}
+				})
+				b.StopTimer()
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+				b.ReportMetric(float64(granted.Load())/float64(b.N), "granted")
+				calls := int64(b.N)
+				if ls != nil {
+					calls = 0
+					for _, l := range ls {
+						calls += l.Stats().StoreCalls
+					}
+				}
+				b.ReportMetric(float64(calls)/float64(b.N), "calls/decision")
+			})
+		}
+	}
+}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/driplimit/drip/store/leased"
+)
+
+// leasedCollector is the metrics of --leased on /metrics: the instance's
+// leased.Stats, read at each scrape.
+type leasedCollector struct{ ls *leased.Store }
+
+var leasedDescs = struct {
+	decisions, local, calls, blocks, lost, held *prometheus.Desc
+}{
+	decisions: prometheus.NewDesc("drip_leased_decisions_total", "Takes of leased limits (one call of several items counts once).", nil, nil),
+	local:     prometheus.NewDesc("drip_leased_local_total", "Takes of leased limits decided without a store call (from a block, or a store denial repeated).", nil, nil),
+	calls:     prometheus.NewDesc("drip_leased_store_calls_total", "Store calls of leased limits, block takes and returns included.", nil, nil),
+	blocks:    prometheus.NewDesc("drip_leased_blocks_total", "Blocks of leased tokens, by what became of them: fetched, returned, or expired (ran out their life, or their return failed).", []string{"event"}, nil),
+	lost:      prometheus.NewDesc("drip_leased_tokens_lost_total", "Tokens of blocks that expired unused: counted as granted, never granted.", nil, nil),
+	held:      prometheus.NewDesc("drip_leased_tokens_held", "Tokens unused in the instance's live blocks now: granted by the store, not yet by the instance.", nil, nil),
+}
+
+func (c leasedCollector) Describe(ch chan<- *prometheus.Desc) {
+	d := leasedDescs
+	for _, x := range []*prometheus.Desc{d.decisions, d.local, d.calls, d.blocks, d.lost, d.held} {
+		ch <- x
+	}
+}
+
+func (c leasedCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.ls.Stats()
+	d := leasedDescs
+	const micro = 1e6
+	ch <- prometheus.MustNewConstMetric(d.decisions, prometheus.CounterValue, float64(s.Decisions))
+	ch <- prometheus.MustNewConstMetric(d.local, prometheus.CounterValue, float64(s.Local))
+	ch <- prometheus.MustNewConstMetric(d.calls, prometheus.CounterValue, float64(s.StoreCalls))
+	ch <- prometheus.MustNewConstMetric(d.blocks, prometheus.CounterValue, float64(s.Fetched), "fetched")
+	ch <- prometheus.MustNewConstMetric(d.blocks, prometheus.CounterValue, float64(s.Returned), "returned")
+	ch <- prometheus.MustNewConstMetric(d.blocks, prometheus.CounterValue, float64(s.Expired), "expired")
+	ch <- prometheus.MustNewConstMetric(d.lost, prometheus.CounterValue, float64(s.TokensLost)/micro)
+	ch <- prometheus.MustNewConstMetric(d.held, prometheus.GaugeValue, float64(s.TokensHeld)/micro)
+}

@@ -1,0 +1,864 @@
+// Package leased decides at memory speed on a shared store without ever
+// exceeding its limits: leased tokens (docs/semantics.md, "Leased
+// tokens"). A Store wraps the shared store.Store of one instance; for the
+// limits it leases it takes a block of a bucket's tokens in one store
+// call, grants from that block in process, and gives back what is left.
+// Every token granted locally was taken from the shared bucket first, and
+// while a block is out the shared bucket refills only up to its burst less
+// the tokens out in blocks (bucket.EvalBlocks), so no window of any length
+// T sees more than burst + rate*T grants, whatever the number of
+// instances. The price is early denials: a request may be denied while
+// other instances hold unused tokens in their blocks, at most those
+// tokens.
+//
+// Since Store is a store.Store, the engine, a drip.Limiter and drip serve
+// use it unchanged. The store under it must hold blocks (Caps.Blocks).
+package leased
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/spans"
+	"github.com/driplimit/drip/store"
+)
+
+// Defaults of the options.
+const (
+	// DefaultShare is the largest block, as a share of the burst.
+	DefaultShare = 1.0 / 8
+	// DefaultHorizon is how far ahead of its demand an instance takes
+	// blocks: a block holds about this long of the key's recent demand.
+	DefaultHorizon = 100 * time.Millisecond
+	// DefaultTTL is a block's life: the instance stops granting from a
+	// block this long after it sent the block's take, and gives back
+	// what is left a little before.
+	DefaultTTL = time.Second
+	// DefaultMaxKeys bounds the keys an instance keeps local state for;
+	// beyond it, decisions on new keys go to the store.
+	DefaultMaxKeys = 1 << 16
+)
+
+// ErrNoBlocks is the error of New for a store that holds no blocks.
+var ErrNoBlocks = errors.New("leased: the store does not hold blocks of leased tokens")
+
+// Observer is told of the blocks an instance takes and gives back, for
+// metrics. Its methods must be quick and safe for concurrent use. Tokens
+// are micro-tokens (bucket.Micro).
+type Observer interface {
+	// BlockFetched: a block of size was taken for key.
+	BlockFetched(key string, size int64)
+	// BlockReturned: a block was given back with unused of its tokens.
+	BlockReturned(key string, unused int64)
+	// BlockExpired: a block ran out its life with lost tokens unused (or
+	// its return failed): they count as granted (stranded).
+	BlockExpired(key string, lost int64)
+}
+
+// Stats are an instance's counters since New.
+type Stats struct {
+	Decisions     int64 // takes decided, locally or by the store
+	Local         int64 // takes granted from a block, without a store call
+	StoreCalls    int64 // calls to the store, block takes and returns included
+	Fetched       int64 // blocks taken
+	Returned      int64 // blocks given back
+	Expired       int64 // blocks that ran out their life, or whose return failed
+	TokensLost    int64 // micro-tokens of expired blocks unused
+	TokensHeld    int64 // micro-tokens unused in live blocks now
+	FetchFailures int64 // block takes that failed (store errors)
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithShare sets the largest block as a share of the burst (0 < f <= 1;
+// default DefaultShare). A smaller share strands fewer tokens in an
+// instance and costs more store calls on a hot key.
+func WithShare(f float64) Option {
+	return func(s *Store) {
+		if f > 0 && f <= 1 {
+			s.share = f
+		}
+	}
+}
+
+// WithHorizon sets how many of its recent demand an instance's blocks
+// hold (default DefaultHorizon).
+func WithHorizon(d time.Duration) Option {
+	return func(s *Store) {
+		if d > 0 {
+			s.horizon = d
+		}
+	}
+}
+
+// WithTTL sets a block's life (default DefaultTTL; from 10 ms to
+// bucket.MaxBlockTTL).
+func WithTTL(d time.Duration) Option {
+	return func(s *Store) {
+		s.ttl = min(max(d, 10*time.Millisecond), time.Duration(bucket.MaxBlockTTL))
+	}
+}
+
+// WithClock sets the instance's clock (default time.Now), by which it
+// measures demand and a block's life. A decision given its time uses that
+// time instead.
+func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
+
+// WithSelect sets which items are leased (default: every token bucket and
+// fixed window item; a concurrency limit never is).
+func WithSelect(f func(key string, p bucket.Params) bool) Option {
+	return func(s *Store) { s.sel = f }
+}
+
+// WithObserver sets the observer of blocks.
+func WithObserver(o Observer) Option { return func(s *Store) { s.obs = o } }
+
+// WithMaxKeys bounds the keys the instance keeps local state for
+// (default DefaultMaxKeys).
+func WithMaxKeys(n int) Option { return func(s *Store) { s.maxKeys = max(1, n) } }
+
+// Store is one instance's view of a shared store with leased tokens. It
+// is safe for concurrent use. Call Close to give back its blocks.
+type Store struct {
+	st      store.Store
+	share   float64
+	horizon time.Duration
+	ttl     time.Duration
+	now     func() time.Time
+	sel     func(string, bucket.Params) bool
+	obs     Observer
+	maxKeys int
+
+	prefix string         // this instance's block IDs begin with it
+	seq    atomic.Uint64  // and end with a number
+	keys   sync.Map       // key -> *local
+	nkeys  atomic.Int64   // entries in keys
+	wg     sync.WaitGroup // fetches and returns in flight
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+
+	decisions, local, calls, fetched, returned, expired, lost, failures atomic.Int64
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New wraps st, which must hold blocks (Caps.Blocks), for one instance.
+// It starts a goroutine that gives back the blocks of keys whose demand
+// stopped; Close stops it.
+func New(st store.Store, opts ...Option) (*Store, error) {
+	if !st.Caps().Blocks {
+		return nil, ErrNoBlocks
+	}
+	var id [9]byte
+	_, _ = rand.Read(id[:])
+	s := &Store{
+		st: st, share: DefaultShare, horizon: DefaultHorizon, ttl: DefaultTTL,
+		now: time.Now, maxKeys: DefaultMaxKeys, obs: nopObserver{},
+		prefix: base64.RawURLEncoding.EncodeToString(id[:]) + ".",
+		stop:   make(chan struct{}), done: make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	go s.janitor()
+	return s, nil
+}
+
+type nopObserver struct{}
+
+func (nopObserver) BlockFetched(string, int64)  {}
+func (nopObserver) BlockReturned(string, int64) {}
+func (nopObserver) BlockExpired(string, int64)  {}
+
+// Caps are the store's.
+func (s *Store) Caps() store.Caps { return s.st.Caps() }
+
+// Reset resets key in the store and forgets the instance's block of it
+// (its tokens were taken; the reset gives the bucket back whole).
+func (s *Store) Reset(ctx context.Context, key string) error {
+	if v, ok := s.keys.LoadAndDelete(key); ok {
+		s.nkeys.Add(-1)
+		l := v.(*local)
+		l.mu.Lock()
+		l.cur, l.next = block{}, block{}
+		l.out.Store(0) // the reset drops the store's blocks of key too
+		l.mu.Unlock()
+	}
+	return s.st.Reset(ctx, key)
+}
+
+// Stats returns the instance's counters.
+func (s *Store) Stats() Stats {
+	st := Stats{
+		Decisions: s.decisions.Load(), Local: s.local.Load(), StoreCalls: s.calls.Load(),
+		Fetched: s.fetched.Load(), Returned: s.returned.Load(), Expired: s.expired.Load(),
+		TokensLost: s.lost.Load(), FetchFailures: s.failures.Load(),
+	}
+	s.keys.Range(func(_, v any) bool {
+		l := v.(*local)
+		l.mu.Lock()
+		st.TokensHeld += l.cur.left + l.next.left
+		l.mu.Unlock()
+		return true
+	})
+	return st
+}
+
+// leased reports whether an item is decided from blocks.
+func (s *Store) leased(it *bucket.Prepared) bool {
+	if it.Params.Kind == bucket.Concurrency || it.Reserve || it.Block != "" || it.Lease != "" {
+		return false
+	}
+	return s.sel == nil || s.sel(it.Key, it.Params)
+}
+
+// Apply decides a take of one leased item from the instance's block of
+// its key when the block covers it, and else through the store: a block
+// take when the key's demand calls for one (the take granted from it), or
+// the item's own take. Peeks, refunds, calls of several items and items
+// that are not leased go to the store as they are.
+func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if op == bucket.Take && len(items) > 1 && s.allLeased(items) {
+		s.decisions.Add(1)
+		if s.takeLocal(at, items, results) {
+			s.local.Add(1)
+			spans.Leased(ctx, "local")
+			return nil
+		}
+		now := s.clock(at)
+		s.calls.Add(1)
+		spans.Leased(ctx, "store")
+		if err := s.st.Apply(ctx, op, at, s.mark(items), results); err != nil {
+			return err
+		}
+		// The items denied: their denials are repeated locally, as a
+		// take of one item's are.
+		for i := range items {
+			if results[i].Allowed {
+				continue
+			}
+			if l := s.localOf(&items[i]); l != nil {
+				l.mu.Lock()
+				l.denied, l.deniedCost, l.deniedAt = results[i], items[i].Cost, now
+				l.mu.Unlock()
+			}
+		}
+		return nil
+	}
+	if op != bucket.Take || len(items) != 1 || !s.leased(&items[0]) {
+		if op == bucket.Take {
+			s.decisions.Add(1)
+		}
+		s.calls.Add(1)
+		return s.st.Apply(ctx, op, at, s.mark(items), results)
+	}
+	s.decisions.Add(1)
+	own := items[0]
+	own.Leased = true
+	return s.take(ctx, at, []bucket.Prepared{own}, results[:1])
+}
+
+// allLeased reports whether every item of a call is decided from blocks.
+func (s *Store) allLeased(items []bucket.Prepared) bool {
+	for i := range items {
+		if !s.leased(&items[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// takeLocal decides a take of several items (distinct keys) from the
+// instance's blocks when each item's key has a block that covers it: all
+// of them are granted, under the locks of all their keys, taken in key
+// order. Else it grants nothing, starts fetching blocks for the keys
+// whose demand calls for one, and reports false: the call goes to the
+// store, all or nothing there.
+func (s *Store) takeLocal(at time.Time, items []bucket.Prepared, results []bucket.Result) bool {
+	ls := make([]*local, len(items))
+	order := make([]int, len(items))
+	for i := range items {
+		if ls[i] = s.localOf(&items[i]); ls[i] == nil {
+			return false
+		}
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].Key, items[b].Key) })
+	for _, i := range order {
+		ls[i].mu.Lock()
+	}
+	now := s.clock(at)
+	all, denied := true, false
+	for i, l := range ls {
+		l.at = at
+		l.demand(now, items[i].Cost, s.horizon)
+		all = all && l.covers(now, items[i].Cost)
+		if _, ok := s.deniedNow(l, now, items[i].Cost); ok {
+			denied = true
+		}
+	}
+	if denied {
+		// A store denial of one of the keys still holds: the call is
+		// denied, each item reporting its own (the denial repeated, or
+		// what the instance knows of its key).
+		for i, l := range ls {
+			r, ok := s.deniedNow(l, now, items[i].Cost)
+			if !ok {
+				r = localResult(&l.p, l.cur.left+l.next.left+max(0, l.avail))
+				r.Allowed = l.covers(now, items[i].Cost)
+			}
+			results[i] = r
+		}
+		for _, i := range order {
+			ls[i].mu.Unlock()
+		}
+		return true
+	}
+	var back []due
+	for i, l := range ls {
+		if all {
+			results[i], _ = s.grant(l, now, items[i].Cost, at)
+			continue
+		}
+		if l.cur.live(now) && l.cur.left > 0 && l.cur.left < items[i].Cost {
+			back = append(back, due{l, l.cur, at}) // it would never cover: back to the store
+			l.cur = block{}
+		}
+		if !l.fetching && l.next.id == "" && !l.covers(now, items[i].Cost) {
+			if size := s.blockSize(l, items[i].Cost); size > 0 {
+				l.fetching = true
+				s.wg.Add(1)
+				go s.ahead(at, l, size)
+			}
+		}
+	}
+	for _, i := range order {
+		ls[i].mu.Unlock()
+	}
+	if len(back) > 0 {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for _, d := range back {
+				s.giveBack(context.Background(), d.at, d.l, d.b)
+			}
+		}()
+	}
+	return all
+}
+
+// covers reports whether grant would grant cost from l's blocks at now.
+// The caller holds l.mu.
+func (l *local) covers(now time.Time, cost int64) bool {
+	if l.cur.live(now) {
+		return l.cur.left >= cost
+	}
+	return l.next.live(now) && l.next.left >= cost
+}
+
+// due is a block to give back, with the time to give it at.
+type due struct {
+	l  *local
+	b  block
+	at time.Time
+}
+
+// mark returns items with those of leased limits marked Leased (a copy,
+// when any is).
+func (s *Store) mark(items []bucket.Prepared) []bucket.Prepared {
+	var own []bucket.Prepared
+	for i := range items {
+		it := &items[i]
+		if it.Params.Kind == bucket.Concurrency || it.Leased || (s.sel != nil && !s.sel(it.Key, it.Params)) {
+			continue
+		}
+		if own == nil {
+			own = slices.Clone(items)
+		}
+		own[i].Leased = true
+	}
+	if own == nil {
+		return items
+	}
+	return own
+}
+
+// local is an instance's state of one key: its block, the next one
+// fetched ahead of need, and its recent demand.
+type local struct {
+	mu       sync.Mutex
+	sem      chan struct{} // held by the one store call of take at a time
+	key      string
+	p        bucket.Params
+	cur      block
+	next     block
+	fetching bool
+	// rate is the key's recent demand, micro-tokens per second: an
+	// average that forgets with a time constant of the horizon.
+	rate float64
+	last time.Time // the last decision
+	at   time.Time // the time the last decision was given (zero: the store's clock)
+	// avail is the bucket's tokens after the store's last answer, and
+	// starved whether a block take was denied since the last answer
+	// that showed room.
+	avail   int64
+	known   bool
+	starved bool
+	// denied is the store's last denial of a take of deniedCost, sent
+	// at deniedAt: until its RetryAfter has passed, takes of at least
+	// that cost are denied without asking again.
+	denied     bucket.Result
+	deniedCost int64
+	deniedAt   time.Time
+	// out is the size of the blocks of this key the store may count as
+	// outstanding for this instance: from the take's send to the
+	// return's answer, or to the block's end.
+	out atomic.Int64
+}
+
+// block is a block the instance holds (zero: none).
+type block struct {
+	id   string
+	size int64
+	left int64
+	stop time.Time // no grant from it from then on: its send time + life
+	ret  time.Time // give back what is left from then on
+}
+
+func (b *block) live(now time.Time) bool { return b.id != "" && now.Before(b.stop) }
+
+func (s *Store) clock(at time.Time) time.Time {
+	if !at.IsZero() {
+		return at
+	}
+	return s.now()
+}
+
+func (s *Store) localOf(it *bucket.Prepared) *local {
+	if v, ok := s.keys.Load(it.Key); ok {
+		l := v.(*local)
+		if l.p == it.Params {
+			return l
+		}
+		// The limit changed: a new local state (the old one's block is
+		// given back by the janitor... or simply dropped: it expires).
+	}
+	if s.nkeys.Load() >= int64(s.maxKeys) {
+		return nil
+	}
+	l := &local{key: it.Key, p: it.Params, sem: make(chan struct{}, 1)}
+	if v, loaded := s.keys.LoadOrStore(it.Key, l); loaded {
+		old := v.(*local)
+		if old.p == it.Params {
+			return old
+		}
+		s.keys.Store(it.Key, l)
+		return l
+	}
+	s.nkeys.Add(1)
+	return l
+}
+
+// take decides the take of the one item.
+func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	it, res := &items[0], &results[0]
+	l := s.localOf(it)
+	if l == nil {
+		s.calls.Add(1)
+		return s.st.Apply(ctx, bucket.Take, at, items, results)
+	}
+	now := s.clock(at)
+	l.mu.Lock()
+	l.at = at
+	l.demand(now, it.Cost, s.horizon)
+	if s.fromLocal(l, now, it.Cost, at, res) {
+		spans.Leased(ctx, "local")
+		return nil
+	}
+	l.mu.Unlock()
+	// One store call per key at a time from this instance: the others
+	// wait for its answer (a block, or a denial to repeat), so that a hot
+	// key's callers do not all ask the store at once.
+	select {
+	case l.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-l.sem }()
+	now = s.clock(at)
+	l.mu.Lock()
+	if s.fromLocal(l, now, it.Cost, at, res) {
+		spans.Leased(ctx, "local")
+		return nil
+	}
+	// Nothing local covers it: what is left of the blocks goes back
+	// first, so that the store sees every token this instance holds.
+	var back []block
+	for _, b := range []*block{&l.cur, &l.next} {
+		if b.id != "" {
+			if b.live(now) {
+				back = append(back, *b)
+			}
+			*b = block{}
+		}
+	}
+	size := s.blockSize(l, it.Cost)
+	l.mu.Unlock()
+	for _, b := range back {
+		s.giveBack(ctx, at, l, b)
+	}
+	if size > it.Cost {
+		b, r, ok, err := s.fetch(ctx, at, l, size, now)
+		if err != nil {
+			return err
+		}
+		if ok {
+			b.left -= it.Cost
+			var extra block
+			l.mu.Lock()
+			switch {
+			case l.cur.id == "":
+				l.cur = b
+			case l.next.id == "":
+				l.next = b
+			default: // other decisions fetched meanwhile
+				extra = b
+			}
+			l.mu.Unlock()
+			if extra.id != "" {
+				s.giveBack(ctx, at, l, extra)
+			}
+			r.Tokens += b.left
+			r.RetryAfter = 0
+			*res = r
+			spans.Leased(ctx, "block")
+			return nil
+		}
+	}
+	s.calls.Add(1)
+	spans.Leased(ctx, "store")
+	if err := s.st.Apply(ctx, bucket.Take, at, items, results); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.avail, l.known = res.Tokens, true
+	if res.Tokens >= 2*int64(s.share*float64(l.p.Burst)) {
+		l.starved = false
+	}
+	if !res.Allowed {
+		l.denied, l.deniedCost, l.deniedAt = *res, it.Cost, now
+	} else {
+		l.deniedCost = 0
+	}
+	l.mu.Unlock()
+	return nil
+}
+
+// fromLocal decides a take of cost at now from what l holds: a grant
+// from its blocks, or the store's last denial repeated. It reports
+// whether it decided, and then has unlocked l.mu, which the caller holds.
+func (s *Store) fromLocal(l *local, now time.Time, cost int64, at time.Time, res *bucket.Result) bool {
+	if r, ok := s.grant(l, now, cost, at); ok {
+		l.mu.Unlock()
+		s.local.Add(1)
+		*res = r
+		return true
+	}
+	if r, ok := s.deniedNow(l, now, cost); ok {
+		l.mu.Unlock()
+		s.local.Add(1)
+		*res = r
+		return true
+	}
+	return false
+}
+
+// deniedNow is the store's last denial of l's key, repeated for a take
+// of cost at now, while it holds. The caller holds l.mu.
+func (s *Store) deniedNow(l *local, now time.Time, cost int64) (bucket.Result, bool) {
+	if l.deniedCost > 0 && cost >= l.deniedCost && now.Before(l.deniedAt.Add(safe(min(l.denied.RetryAfter, s.horizon)))) && !now.Before(l.deniedAt) {
+		r := l.denied
+		r.RetryAfter -= now.Sub(l.deniedAt)
+		return r, true
+	}
+	return bucket.Result{}, false
+}
+
+// demand adds a decision of cost at now to l's recent demand. The caller
+// holds l.mu.
+func (l *local) demand(now time.Time, cost int64, horizon time.Duration) {
+	tau := horizon.Seconds()
+	if !l.last.IsZero() {
+		if dt := now.Sub(l.last).Seconds(); dt > 0 {
+			l.rate *= math.Exp(-dt / tau)
+		}
+	}
+	l.rate += float64(cost) / tau
+	if now.After(l.last) {
+		l.last = now
+	}
+}
+
+// grant grants cost from l's blocks at now, and fetches the next block
+// when the current one runs low. The caller holds l.mu.
+func (s *Store) grant(l *local, now time.Time, cost int64, at time.Time) (bucket.Result, bool) {
+	if !l.cur.live(now) || l.cur.left < cost {
+		if l.cur.id != "" && !l.cur.live(now) {
+			s.expire(l, l.cur)
+		} else if l.cur.id != "" && l.cur.left > 0 {
+			return bucket.Result{}, false // too little left: the store decides, after the return
+		}
+		l.cur = block{}
+		if l.next.live(now) && l.next.left >= cost {
+			l.cur, l.next = l.next, block{}
+		} else {
+			return bucket.Result{}, false
+		}
+	}
+	l.cur.left -= cost
+	if l.cur.left == 0 {
+		// Used up: the store learns it at once, so that its tokens
+		// leave the cap now rather than at the block's expiry.
+		done := l.cur
+		l.cur, l.next = l.next, block{}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.giveBack(context.Background(), at, l, done)
+		}()
+	}
+	if !l.fetching && l.next.id == "" && (l.cur.left*2 < l.cur.size || !now.Before(l.cur.ret) || l.cur.id == "") {
+		if size := s.blockSize(l, 0); size > 0 {
+			l.fetching = true
+			s.wg.Add(1)
+			go s.ahead(at, l, size)
+		}
+	}
+	return localResult(&l.p, l.cur.left+l.next.left+max(0, l.avail)), true
+}
+
+// localResult is the result of a grant from a block: allowed, the tokens
+// the instance knows of (its blocks', and the bucket's at the store's
+// last answer), and the time they take to fill the burst.
+func localResult(p *bucket.Params, tokens int64) bucket.Result {
+	tokens = min(tokens, p.Burst)
+	reset := time.Duration(float64(p.Burst-tokens) * float64(p.Period) / float64(p.Rate))
+	return bucket.Result{Allowed: true, Tokens: tokens, ResetAfter: reset}
+}
+
+// blockSize is the size of the next block of l for a take of cost: its
+// demand over the horizon, at most the share of the burst, and less when
+// the bucket is nearly empty; 0 (no block: per-decision takes) when that
+// would hold less than two takes of cost. The caller holds l.mu.
+func (s *Store) blockSize(l *local, cost int64) int64 {
+	if l.starved {
+		return 0
+	}
+	want := int64(l.rate * s.horizon.Seconds())
+	size := min(want, int64(s.share*float64(l.p.Burst)))
+	if l.known && l.avail < 2*size {
+		size = max(0, l.avail/2)
+	}
+	size = size / bucket.Micro * bucket.Micro // whole tokens
+	if size < 2*max(cost, bucket.Micro) {
+		return 0
+	}
+	return size
+}
+
+// ahead fetches l's next block in the background.
+func (s *Store) ahead(at time.Time, l *local, size int64) {
+	defer s.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	defer cancel()
+	now := s.clock(at)
+	b, _, ok, _ := s.fetch(ctx, at, l, size, now)
+	l.mu.Lock()
+	l.fetching = false
+	if ok {
+		if l.next.id == "" {
+			l.next = b
+			b = block{}
+		}
+	}
+	l.mu.Unlock()
+	if b.id != "" {
+		s.giveBack(ctx, at, l, b)
+	}
+}
+
+// fetch takes a block of size for l, sent at now.
+func (s *Store) fetch(ctx context.Context, at time.Time, l *local, size int64, now time.Time) (block, bucket.Result, bool, error) {
+	id := s.prefix + strconv.FormatUint(s.seq.Add(1), 36)
+	it, err := store.PrepareBlock(bucket.Take, l.key, l.p, size, id, s.ttl)
+	if err != nil {
+		return block{}, bucket.Result{}, false, err
+	}
+	var rs [1]bucket.Result
+	s.calls.Add(1)
+	l.out.Add(size)
+	if err := s.st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, rs[:]); err != nil {
+		// The take may have been applied: its block stays counted until
+		// it would end.
+		s.failures.Add(1)
+		s.later(l, size, now.Add(s.ttl))
+		return block{}, bucket.Result{}, false, err
+	}
+	r := rs[0]
+	l.mu.Lock()
+	l.avail, l.known = r.Tokens, true
+	l.starved = !r.Allowed
+	l.mu.Unlock()
+	if !r.Allowed {
+		l.out.Add(-size)
+		return block{}, r, false, nil
+	}
+	s.fetched.Add(1)
+	s.obs.BlockFetched(l.key, size)
+	life := safe(min(r.RetryAfter, s.ttl))
+	return block{
+		id: id, size: size, left: size,
+		stop: now.Add(life),
+		ret:  now.Add(life - life/4),
+	}, r, true, nil
+}
+
+// safe is a span d the store measured from its answer, shortened for the
+// instance to measure from its request's send: by the store clock's
+// grain (a microsecond: Redis and PostgreSQL read theirs to it, and the
+// memory store does too) and by a thousandth for the clocks' rates. The
+// instance thus stops acting on the answer (granting from a block,
+// denying as the store denied) before the store's own time for it has
+// come, whatever the clocks read.
+func safe(d time.Duration) time.Duration { return max(0, d-d/1000-time.Microsecond) }
+
+// giveBack returns b's unused tokens to the store.
+func (s *Store) giveBack(ctx context.Context, at time.Time, l *local, b block) {
+	it, err := store.PrepareBlock(bucket.Refund, l.key, l.p, b.left, b.id, 0)
+	if err != nil {
+		return
+	}
+	var rs [1]bucket.Result
+	s.calls.Add(1)
+	if err := s.st.Apply(context.WithoutCancel(ctx), bucket.Refund, at, []bucket.Prepared{it}, rs[:]); err != nil {
+		s.count(l, b)
+		s.later(l, b.size, b.stop)
+		return
+	}
+	l.out.Add(-b.size)
+	s.returned.Add(1)
+	s.obs.BlockReturned(l.key, b.left)
+}
+
+// expire counts b, whose life has ended, as expired with its unused
+// tokens lost.
+func (s *Store) expire(l *local, b block) {
+	l.out.Add(-b.size)
+	s.count(l, b)
+}
+
+func (s *Store) count(l *local, b block) {
+	s.expired.Add(1)
+	s.lost.Add(b.left)
+	s.obs.BlockExpired(l.key, b.left)
+}
+
+// later stops counting size as outstanding for l at the instance's time
+// end (a block whose take or return failed: the store may hold it till
+// then).
+func (s *Store) later(l *local, size int64, end time.Time) {
+	d := end.Sub(s.now())
+	if d <= 0 {
+		l.out.Add(-size)
+		return
+	}
+	time.AfterFunc(d, func() { l.out.Add(-size) })
+}
+
+// Outstanding is how many micro-tokens of key the store may count in
+// this instance's blocks now (bucket.Outstanding over them): the sizes of
+// its blocks from their take's send to their return's answer or their end.
+// Tests use it to bound early denials.
+func (s *Store) Outstanding(key string) int64 {
+	if v, ok := s.keys.Load(key); ok {
+		return v.(*local).out.Load()
+	}
+	return 0
+}
+
+// janitor gives back, every tenth of the TTL, the blocks near their
+// expiry and those of keys whose demand stopped (no decision for twice
+// the horizon), and forgets idle keys.
+func (s *Store) janitor() {
+	defer close(s.done)
+	t := time.NewTicker(max(s.ttl/10, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.sweep(s.now(), false)
+		}
+	}
+}
+
+// sweep gives back the blocks due (all of them when closing) and forgets
+// idle keys.
+func (s *Store) sweep(now time.Time, closing bool) {
+	var back []due
+	s.keys.Range(func(k, v any) bool {
+		l := v.(*local)
+		l.mu.Lock()
+		idle := now.Sub(l.last) > 2*s.horizon
+		for _, b := range []*block{&l.cur, &l.next} {
+			switch {
+			case b.id == "":
+			case !b.live(now):
+				s.expire(l, *b)
+				*b = block{}
+			case closing || idle || !now.Before(b.ret):
+				back = append(back, due{l, *b, l.at})
+				*b = block{}
+			}
+		}
+		if l.cur.id == "" && l.next.id == "" && !l.fetching && now.Sub(l.last) > 10*s.horizon {
+			s.keys.Delete(k)
+			s.nkeys.Add(-1)
+		}
+		l.mu.Unlock()
+		return true
+	})
+	if len(back) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
+	defer cancel()
+	for _, d := range back {
+		s.giveBack(ctx, d.at, d.l, d.b)
+	}
+}
+
+// Close stops the janitor and gives back every block held, waiting for
+// fetches in flight. The store under it stays open.
+func (s *Store) Close() error {
+	s.once.Do(func() {
+		close(s.stop)
+		<-s.done
+		s.wg.Wait()
+		s.sweep(s.now(), true)
+	})
+	return nil
+}

@@ -1,0 +1,119 @@
+package leased_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/store/leased"
+	"github.com/driplimit/drip/store/redisstore"
+)
+
+// TestRedisPause pauses Redis for 3 s (CLIENT PAUSE ALL) under 4 busy
+// instances of one hot key: the instances keep answering from the blocks
+// they hold, then their takes fail (the caller's on_error applies), and
+// once the server runs again they answer again; over the whole run the
+// key never grants more than burst + rate*T.
+func TestRedisPause(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	rs, err := redisstore.Open(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	lim := drip.PerSecond(1000).WithBurst(5000)
+	p, err := lim.Params("hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var it bucket.Prepared
+	if err := store.Prepare(&it, bucket.Take, "hot", &p, 1, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	const instances, callers = 4, 4
+	ins := make([]*leased.Store, instances)
+	for i := range ins {
+		ins[i], err = leased.New(rs, leased.WithShare(0.25), leased.WithHorizon(time.Second), leased.WithTTL(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var granted, answeredInPause, failedInPause, answeredAfter, failedAfter atomic.Int64
+	var phase atomic.Int32 // 0 before, 1 paused, 2 after
+	start := time.Now()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range instances {
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res := make([]bucket.Result, 1)
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Millisecond):
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+					err := ins[i].Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res)
+					cancel()
+					ph := phase.Load()
+					switch {
+					case err == nil && res[0].Allowed:
+						granted.Add(1)
+					}
+					switch {
+					case ph == 1 && err == nil:
+						answeredInPause.Add(1)
+					case ph == 1:
+						failedInPause.Add(1)
+					case ph == 2 && err == nil:
+						answeredAfter.Add(1)
+					case ph == 2:
+						failedAfter.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if _, err := srv.Cli("CLIENT", "PAUSE", "3000", "ALL"); err != nil {
+		t.Fatal(err)
+	}
+	phase.Store(1)
+	time.Sleep(3 * time.Second)
+	// The pause ends by itself; a PING waits for it.
+	if _, err := srv.Cli("PING"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the callers' first calls after it
+	phase.Store(2)
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	for _, o := range ins {
+		o.Close()
+	}
+	elapsed := time.Since(start)
+	bound := 5000 + 1000*elapsed.Seconds()
+	t.Logf("in the pause: %d answered, %d failed; after it: %d answered, %d failed; %d granted in %v (bound %.0f)",
+		answeredInPause.Load(), failedInPause.Load(), answeredAfter.Load(), failedAfter.Load(), granted.Load(), elapsed, bound)
+	if answeredInPause.Load() == 0 {
+		t.Error("no instance answered during the pause: blocks should carry them")
+	}
+	// After it the server answers again: nearly every call (a loaded
+	// machine may miss the 100 ms deadline now and then).
+	if answeredAfter.Load() == 0 || failedAfter.Load()*2 > answeredAfter.Load() {
+		t.Errorf("after the pause: %d answered, %d failed", answeredAfter.Load(), failedAfter.Load())
+	}
+	if g := granted.Load(); float64(g) > bound {
+		t.Errorf("granted %d in %v, over burst + rate*T = %.0f", g, elapsed, bound)
+	}
+}

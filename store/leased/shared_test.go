@@ -1,0 +1,203 @@
+package leased_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/store/leased"
+	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/redisstore"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+// TestSharedStores runs the workloads of TestNeverOverLimit on real
+// shared stores: 4 instances, each with its own local state and clock, on
+// one Redis server and on a Redis Cluster (and on the memory store, as a
+// reference), in virtual time. Every instance's clock reads one virtual
+// clock, which a driver moves forward only while no decision is in
+// flight, and every decision is made at its time (the stores take it, as
+// drip replay's do), so that the grants can be checked against the exact
+// bound at the instants the store decided them.
+func TestSharedStores(t *testing.T) {
+	stores := []struct {
+		name string
+		open func(t *testing.T) store.Store
+	}{
+		{"memory", func(t *testing.T) store.Store {
+			ms := memstore.New(memstore.WithSweep(0))
+			t.Cleanup(func() { ms.Close() })
+			return ms
+		}},
+		{"redis", func(t *testing.T) store.Store {
+			s, err := redisstore.Open(testserver.SharedRedisURL(t), redisstore.WithPrefix(testserver.Prefix()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}},
+		{"redis cluster", func(t *testing.T) store.Store {
+			s, err := redisstore.Open(testserver.SharedRedisClusterURL(t), redisstore.WithPrefix(testserver.Prefix()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}},
+	}
+	for _, sc := range stores {
+		t.Run(sc.name, func(t *testing.T) {
+			st := sc.open(t)
+			for _, w := range workloads {
+				t.Run(w.name, func(t *testing.T) { runVirtual(t, st, w, time.Second) })
+			}
+		})
+	}
+}
+
+// virtual is a clock that moves only while no decision is in flight.
+type virtual struct{ now atomic.Int64 }
+
+func (v *virtual) Now() time.Time { return time.Unix(0, v.now.Load()) }
+
+// runVirtual runs w for dur of virtual time in steps of a virtual
+// millisecond: at each step every caller makes perStep takes (at the
+// step's time, together with the others), and the clock moves on when
+// all are done. Blocks are still fetched ahead and given back in the
+// background, as they would be.
+func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration) {
+	const instances, callers, perStep = 4, 4, 3
+	var clock virtual
+	start := time.Now().Truncate(time.Hour).Add(time.Hour) // ahead of the stores' own clocks
+	clock.now.Store(start.UnixNano())
+	ins := make([]*leased.Store, instances)
+	for i := range ins {
+		var err error
+		ins[i], err = leased.New(st, leased.WithTTL(500*time.Millisecond), leased.WithClock(clock.Now))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	prefix := testserver.Prefix()
+	key := func(k int) string { return fmt.Sprint(prefix, "k", k) }
+	var mu sync.Mutex
+	var events []event
+	var failed atomic.Bool
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	type worker struct {
+		i    int
+		r    *rand.Rand
+		own  []event
+		res  []bucket.Result
+		step chan struct{}
+	}
+	var done sync.WaitGroup
+	ws := make([]*worker, 0, instances*callers)
+	for i := range instances {
+		for c := range callers {
+			ws = append(ws, &worker{i: i, r: rand.New(rand.NewPCG(uint64(i), uint64(c))), res: make([]bucket.Result, 1), step: make(chan struct{})})
+		}
+	}
+	for _, wk := range ws {
+		go func() {
+			for range wk.step {
+				for range perStep {
+					if failed.Load() {
+						break
+					}
+					k := w.pick(wk.r)
+					pk, err := w.lim.Params(key(k))
+					if err == nil {
+						var it bucket.Prepared
+						err = store.Prepare(&it, bucket.Take, key(k), &pk, 1, false, "")
+						at := clock.Now()
+						if err == nil {
+							err = ins[wk.i].Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, wk.res)
+						}
+						if err == nil {
+							e := event{key: k, at: at.UnixNano(), allowed: wk.res[0].Allowed}
+							if !e.allowed {
+								for _, o := range ins {
+									e.out += o.Outstanding(key(k))
+								}
+							}
+							wk.own = append(wk.own, e)
+						}
+					}
+					if err != nil && !failed.Swap(true) {
+						t.Error(err)
+					}
+				}
+				done.Done()
+			}
+		}()
+	}
+	for clock.now.Load() < start.Add(dur).UnixNano() && !failed.Load() {
+		done.Add(len(ws))
+		for _, wk := range ws {
+			wk.step <- struct{}{}
+		}
+		done.Wait()
+		clock.now.Add(int64(time.Millisecond))
+	}
+	for _, wk := range ws {
+		close(wk.step)
+		mu.Lock()
+		events = append(events, wk.own...)
+		mu.Unlock()
+	}
+	report(t, w, ins, events, func(k int) string { return key(k) })
+}
+
+// report closes the instances, logs their counters and checks every key's
+// grants and denials against the exact bound.
+func report(t *testing.T, w workload, ins []*leased.Store, events []event, key func(int) string) {
+	t.Helper()
+	var st leased.Stats
+	for _, o := range ins {
+		o.Close()
+		s := o.Stats()
+		st.Decisions += s.Decisions
+		st.Local += s.Local
+		st.StoreCalls += s.StoreCalls
+		st.Fetched += s.Fetched
+		st.Returned += s.Returned
+		st.Expired += s.Expired
+		st.TokensLost += s.TokensLost
+	}
+	byKey := map[int][]event{}
+	granted := 0
+	for _, e := range events {
+		byKey[e.key] = append(byKey[e.key], e)
+		if e.allowed {
+			granted++
+		}
+	}
+	t.Logf("%d takes, %d granted; %d local, %d store calls (%.3f a decision), blocks: %d fetched, %d returned, %d expired, %.0f tokens lost",
+		st.Decisions, granted, st.Local, st.StoreCalls, float64(st.StoreCalls)/float64(max(1, st.Decisions)), st.Fetched, st.Returned, st.Expired, float64(st.TokensLost)/bucket.Micro)
+	early := 0
+	for k, es := range byKey {
+		slices.SortStableFunc(es, func(a, b event) int { return int(a.at - b.at) })
+		p, err := w.lim.Params(key(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkWindows(t, k, es, p)
+		early += checkDenials(t, k, es, p)
+	}
+	t.Logf("%d early denials", early)
+	if w.keys <= 2 && st.Local*2 < st.Decisions {
+		t.Errorf("a hot key decided %d of %d takes locally: want most", st.Local, st.Decisions)
+	}
+}
