@@ -109,6 +109,20 @@ func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost floa
 		kp, _ := l.limit.paramsAt(key, at)
 		p = &kp
 	}
+	if l.admit != nil && lease == "" && !l.keyed {
+		// The memory store: the same decision, without the pooled slices.
+		if err := store.CheckKey(key); err != nil {
+			return Decision{}, err
+		}
+		c := l.cost
+		if cost != 1 || reserve || op != bucket.Take {
+			var err error
+			if c, err = store.Cost(op, cost, reserve, *p); err != nil {
+				return Decision{}, err
+			}
+		}
+		return DecisionOf(l.admit.Decide(op, key, p, c, reserve, at), p.Burst), nil
+	}
 	c := calls.Get().(*call)
 	it := &c.items[0]
 	err := store.Prepare(it, op, key, p, cost, reserve, lease)

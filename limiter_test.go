@@ -89,7 +89,7 @@ func TestPreparedPath(t *testing.T) {
 				}},
 		}
 		costs := []float64{1, 0, 0.25, 2, 7, -1, math.NaN()}
-		keys := []string{"a", "b", "", strings.Repeat("k", 600)}
+		keys := []string{"a", "b", "", strings.Repeat("k", 600), strings.Repeat("k", 1025)}
 		for i := range 400 {
 			at = at.Add(time.Duration(i%7) * 97 * time.Millisecond)
 			c, k, cost := calls[i%len(calls)], keys[i%len(keys)], costs[i%len(costs)]

@@ -55,8 +55,15 @@ type Store interface {
 // CheckKey; a zero at is the store's clock. A wrapper that changes keys
 // (Prefixed, Sharded) does not implement it, so its calls go through
 // Apply.
+//
+// Decide is the same path for a whole decision: op of one item (key, p,
+// cost, reserve: as Prepare checked them, p a token bucket or a fixed
+// window) decided exactly as Apply of that one item would, and its
+// result; drip.Limiter's Take, Peek, Refund and Reserve on the memory
+// store, without the slices an interface call makes escape.
 type Admitter interface {
 	Admit(key string, p *bucket.Params, cost int64, at time.Time) bool
+	Decide(op bucket.Op, key string, p *bucket.Params, cost int64, reserve bool, at time.Time) bucket.Result
 }
 
 // Caps is what a store can do beyond executing items.

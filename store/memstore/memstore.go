@@ -265,14 +265,29 @@ func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []buc
 		results[0] = s.applySliding(op, at, it)
 		return nil
 	}
+	results[0] = s.decide(op, it, p, at)
+	return nil
+}
+
+// Decide implements store.Admitter: Apply of one item of a token bucket
+// or fixed window, on the same path.
+func (s *Store) Decide(op bucket.Op, key string, p *bucket.Params, cost int64, reserve bool, at time.Time) bucket.Result {
+	it := bucket.Prepared{Key: key, Cost: cost, Reserve: reserve}
+	return s.decide(op, &it, p, at)
+}
+
+// decide is Apply of it, an item of a token bucket or fixed window under p
+// (it.Params, or the caller's copy of them).
+func (s *Store) decide(op bucket.Op, it *bucket.Prepared, p *bucket.Params, at time.Time) bucket.Result {
 	now := s.nanos(at)
 	key := held(it.Key)
 	sh, h := s.locate(key)
 	sh.mu.Lock()
 	if it.Block != "" || len(sh.blocks) > 0 && sh.blocks[key] != nil {
-		results[0] = s.applyBlocks(sh, h, key, op, it, now)
+		it.Params = *p
+		r := s.applyBlocks(sh, h, key, op, it, now)
 		sh.mu.Unlock()
-		return nil
+		return r
 	}
 	i, found := sh.find(h, key)
 	var b bucket.State
@@ -284,8 +299,7 @@ func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []buc
 		s.keep(sh, i, found, h, key, next, p.ExpiresAt(next), now)
 	}
 	sh.mu.Unlock()
-	results[0] = r
-	return nil
+	return r
 }
 
 // Admit implements store.Admitter: a take of cost micro-tokens from key's
