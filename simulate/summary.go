@@ -48,7 +48,7 @@ func (r *Result) WriteSummary(w io.Writer, traffic string) error {
 	if r.Keys > 1 {
 		p("tokens of", "%q (the busiest key)", r.ChartKey)
 	}
-	p("accepted", "%d (%s), %s/s", r.Total.Accepted, share(r.Total.Accepted, r.Total.Sent), rate(r.Total.AcceptedPerSecond()))
+	p("accepted", "%d (%s), %s", r.Total.Accepted, share(r.Total.Accepted, r.Total.Sent), rate(r.Total.AcceptedPerSecond()))
 	p("denied", "%d (%s)", r.Total.Denied, share(r.Total.Denied, r.Total.Sent))
 	if d := r.FirstDenial; d != nil {
 		p("first denial", "request %d at %.3fs%s: %s tokens left, retry after %.3fs (Retry-After: %d)",
@@ -56,7 +56,7 @@ func (r *Result) WriteSummary(w io.Writer, traffic string) error {
 	} else {
 		p("first denial", "none")
 	}
-	p("steady state", "%s accepted, %s/s (from %ss to the end at %ss)",
+	p("steady state", "%s accepted, %s (from %ss to the end at %ss)",
 		share(r.Steady.Accepted, r.Steady.Sent), rate(r.Steady.AcceptedPerSecond()), secs(r.Steady.From), secs(r.Steady.To))
 	if d := r.LongestRetry; d != nil {
 		p("longest retry", "%.3fs (Retry-After: %d), request %d at %.3fs%s",
@@ -117,6 +117,17 @@ func header(d time.Duration) int64 {
 
 func secs(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) }
 
-func rate(x float64) string { return strconv.FormatFloat(x, 'f', 1, 64) }
+// rate is an accepted rate per second, shown per second from 0.1/s, else
+// per hour from 1/h, else per day: a calendar run's 100 a day reads
+// "4.2/h", not "0.0/s".
+func rate(x float64) string {
+	switch {
+	case x == 0 || x >= 0.1:
+		return strconv.FormatFloat(x, 'f', 1, 64) + "/s"
+	case x*3600 >= 1:
+		return strconv.FormatFloat(x*3600, 'f', 1, 64) + "/h"
+	}
+	return strconv.FormatFloat(x*86400, 'f', 1, 64) + "/day"
+}
 
 func tok(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }
