@@ -72,6 +72,7 @@ func documentedCurls(t *testing.T, path string) []curlCmd {
 	defer f.Close()
 	var cmds []curlCmd
 	inSh := false
+	afterCurl := false // the line before was a curl command: an answer may follow
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -80,9 +81,12 @@ func documentedCurls(t *testing.T, path string) []curlCmd {
 			inSh = line == "```sh"
 		case inSh && strings.HasPrefix(line, "curl "):
 			cmds = append(cmds, curlCmd{line: line, args: shellWords(line)[1:]})
-		case inSh && strings.HasPrefix(line, "{") && len(cmds) > 0 && cmds[len(cmds)-1].want == "":
+			afterCurl = true
+			continue
+		case inSh && afterCurl && strings.HasPrefix(line, "{"):
 			cmds[len(cmds)-1].want = line
 		}
+		afterCurl = false
 	}
 	return cmds
 }
