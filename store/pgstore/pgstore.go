@@ -25,6 +25,17 @@
 // Only the retry and reset durations of a decision are computed in Go, from
 // the bucket the statement returns, with bucket.Params.Until.
 //
+// Sliding windows: a key's counts per slot are its row of drip.buckets
+// (the column counts, NULL for a bucket; ts is then the newest slot's
+// index), so the row is locked, batched, reset and swept as a bucket's.
+// The statements decide it with sql/slide.sql, bucket.EvalSliding in
+// plain SQL, which the store joins in (sql/sliding.sql) only to the
+// statements that carry a sliding window: the others run eval.sql alone.
+// Each statement also returns the state it read, from which the store
+// recomputes the decision with bucket.EvalSliding and fails with an error
+// if the two disagree. A key used by both kinds reads the other kind's
+// row as no state.
+//
 // Concurrency limits: a key has a row in drip.leases (its lock, the
 // number of its leases and when the last expires) and a row per lease in
 // drip.lease_holders (the lease ID and its expiry), so that an acquire or
@@ -38,7 +49,7 @@
 // after another, so a hot key costs one row lock per batch; a multi-take
 // with buckets is one run of sql/multi.sql, all or nothing. Keys whose
 // leases all expired are swept like buckets. The SQL functions
-// (drip.take, ...) do not cover concurrency limits.
+// (drip.take, ...) do not cover concurrency limits nor sliding windows.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
