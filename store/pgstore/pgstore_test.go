@@ -39,8 +39,9 @@ func TestConformanceBatching(t *testing.T) {
 
 // TestSameAsMemstore runs random traces on the memory store and on
 // PostgreSQL, and wants every output identical: the SQL math is bucket.Eval
-// bit for bit (storetest allows a tolerance against its exact model; this
-// allows none against the Go math).
+// (and bucket.EvalSliding, on traces of sliding windows) bit for bit
+// (storetest allows a tolerance against its exact model; this allows none
+// against the Go math).
 func TestSameAsMemstore(t *testing.T) {
 	for _, mode := range []struct {
 		name string
@@ -52,11 +53,16 @@ func TestSameAsMemstore(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			pg := newStore(t, mode.opts...)
 			ctx := context.Background()
-			for seed := range uint64(4) {
+			for seed := range uint64(8) {
+				// Even seeds: buckets; odd ones: sliding windows.
+				gen := storetest.RandomLines
+				if seed%2 == 1 {
+					gen = storetest.RandomWindowLines
+				}
 				mem := memstore.New(memstore.WithSweep(0))
 				p := prefix()
 				epoch := time.Now().Truncate(time.Second)
-				for i, l := range storetest.RandomLines(seed+100, 400) {
+				for i, l := range gen(seed/2+100, 400) {
 					want := do(ctx, mem, epoch, "", l)
 					got := do(ctx, pg, epoch, p, l)
 					if got != want {
