@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -48,5 +49,30 @@ func TestSlidingWindowServed(t *testing.T) {
 	}
 	if code, out := post(t, other.base+"/v1/take", `{"rule": "api", "values": []}`); code != 200 {
 		t.Fatalf("the rules in force after the refused reload: %d %s", code, out)
+	}
+}
+
+// TestStoresSlidingWindow: every shared store holds sliding windows
+// (Caps.Sliding): drip serve loads the sliding rule on it and decides
+// through the decision API, at most 3 in the window, under a key of its
+// own.
+func TestStoresSlidingWindow(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			st := b.shared(t)
+			if !st.Caps().Sliding {
+				t.Fatalf("%s: Caps.Sliding false", b.name)
+			}
+			path := filepath.Join(t.TempDir(), "rules.json")
+			writeFile(t, path, slidingRules)
+			srv := start(t, Config{Rules: path, WatchEvery: -1}, st)
+			body := `{"rule": "search", "values": ["` + testserver.Prefix() + `"]}`
+			for i, want := range []bool{true, true, true, false} {
+				code, out := post(t, srv.base+"/v1/take", body)
+				if d := decision(t, out); code != 200 || d.Allowed != want || d.Burst != 3 {
+					t.Fatalf("take %d: %d %s, want allowed %v of 3", i, code, out, want)
+				}
+			}
+		})
 	}
 }

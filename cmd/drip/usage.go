@@ -144,7 +144,7 @@ Examples:
 const pgUsage = `usage: drip pg install --url postgres://... [--unlogged | --logged]
 
 install creates drip's schema in a PostgreSQL database: the tables
-drip.buckets (token buckets and fixed windows), drip.leases and
+drip.buckets (token buckets, fixed and sliding windows), drip.leases and
 drip.lease_holders (the leases of in-flight limits) and drip.overrides
 (drip serve's per-tenant limits), and
 the SQL functions drip.take, drip.peek, drip.refund and drip.reset (so that

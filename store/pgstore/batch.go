@@ -113,11 +113,16 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 		seen[string(c.Req.key)] = struct{}{}
 	}
 	sql := batchSQL
-	if len(seen) == len(calls) {
+	switch distinct := len(seen) == len(calls); {
+	case distinct && a.sliding:
+		sql = batchDistinctSlidingSQL
+	case distinct:
 		sql = batchDistinctSQL
+	case a.sliding:
+		sql = batchSlidingSQL
 	}
 	return s.query(ctx, calls, "batch", func(i *int64, r *result) []any {
-		return []any{i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late}
+		return []any{i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &r.slide.Last, &r.slide.Counts}
 	}, sql, a.ops, a.keys, a.kinds, a.rates, a.periods,
 		a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats, a.dls)
 }

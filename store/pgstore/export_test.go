@@ -42,7 +42,10 @@ func ApplyBatch(ctx context.Context, s *Store, ops []bucket.Op, rs []drip.Reques
 			continue
 		}
 		if errs[i] = res[j].err(); errs[i] == nil {
-			ds[i] = drip.DecisionOf(res[j].result(ops[i], ps[j]), ps[j].Params.Burst)
+			var r bucket.Result
+			if r, errs[i] = res[j].decide(ops[i], ps[j]); errs[i] == nil {
+				ds[i] = drip.DecisionOf(r, ps[j].Params.Burst)
+			}
 		}
 	}
 	return ds, errs

@@ -28,26 +28,47 @@ func mustSQL(name string) string {
 	return string(b)
 }
 
-// withEval is a statement with the math of eval.sql in place of {{EVAL}}.
+// withEval is a statement with the math of eval.sql in place of {{EVAL}}:
+// for requests that are no sliding window.
 func withEval(name string) string {
 	return strings.ReplaceAll(mustSQL(name), "{{EVAL}}", "\n"+mustSQL("eval.sql"))
 }
 
+// withSliding is a statement with sliding.sql in place of {{EVAL}}: eval.sql
+// or, for a sliding window, slide.sql. The store sends it only when a
+// request is a sliding window, so the others keep the plain statement.
+func withSliding(name string) string {
+	both := strings.NewReplacer("{{BUCKET}}", "\n"+mustSQL("eval.sql"), "{{SLIDE}}", "\n"+mustSQL("slide.sql")).Replace(mustSQL("sliding.sql"))
+	return strings.ReplaceAll(mustSQL(name), "{{EVAL}}", "\n"+both)
+}
+
+// goColumns are the columns take.sql and peek.sql return to the Go store
+// only: the stored state before the decision (a sliding window's).
+const goColumns = ", coalesce(d.b_ts, 0), d.b_counts"
+
 var (
 	// takeSQL is take.sql with its caller's deadline ($12), for the Go
-	// store; takeFuncSQL without one, for the SQL function drip.apply_one.
-	takeSQL = strings.NewReplacer("{{LATE}}", "coalesce(drip.clock() >= $12::bigint, false)",
-		"{{LATE_COLUMN}}", ", d.late").Replace(withEval("take.sql"))
-	takeFuncSQL = strings.NewReplacer("{{LATE}}", "false", "{{LATE_COLUMN}}", "").Replace(withEval("take.sql"))
-	peekSQL     = withEval("peek.sql")
-	multiSQL    = withEval("multi.sql")
-	batchSQL    = withEval("batch.sql")
+	// store (takeSlidingSQL when the request is a sliding window);
+	// takeFuncSQL without one, for the SQL function drip.apply_one.
+	goTake          = strings.NewReplacer("{{LATE}}", "coalesce(drip.clock() >= $12::bigint, false)", "{{GO_COLUMNS}}", ", d.late"+goColumns)
+	takeSQL         = goTake.Replace(withEval("take.sql"))
+	takeSlidingSQL  = goTake.Replace(withSliding("take.sql"))
+	takeFuncSQL     = strings.NewReplacer("{{LATE}}", "false", "{{GO_COLUMNS}}", "").Replace(withEval("take.sql"))
+	goPeek          = strings.NewReplacer("{{GO_COLUMNS}}", ", coalesce(i.ts, 0), i.counts")
+	peekSQL         = goPeek.Replace(withEval("peek.sql"))
+	peekSlidingSQL  = goPeek.Replace(withSliding("peek.sql"))
+	peekFuncSQL     = strings.ReplaceAll(withEval("peek.sql"), "{{GO_COLUMNS}}", "")
+	multiSQL        = withEval("multi.sql")
+	multiSlidingSQL = withSliding("multi.sql")
+	batchSQL        = withEval("batch.sql")
+	batchSlidingSQL = withSliding("batch.sql")
 	// batchDistinctSQL is batch.sql for distinct keys: no recursion.
-	batchDistinctSQL = withEval("batch_distinct.sql")
-	sweepSQL         = mustSQL("sweep.sql")
-	resetSQL         = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) SELECT drip.lease_drop($1::bytea)"
-	sweepLeasesSQL   = mustSQL("sweep_leases.sql")
-	migration        = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql")}
+	batchDistinctSQL        = withEval("batch_distinct.sql")
+	batchDistinctSlidingSQL = withSliding("batch_distinct.sql")
+	sweepSQL                = mustSQL("sweep.sql")
+	resetSQL                = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) SELECT drip.lease_drop($1::bytea)"
+	sweepLeasesSQL          = mustSQL("sweep_leases.sql")
+	migration               = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql"), mustSQL("006_sliding.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs
@@ -123,7 +144,7 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 		// take.sql and peek.sql as SQL functions, so that drip.take runs
 		// the very statements the Go store runs.
 		sig := "(bytea, int, int, bigint, bigint, bigint, bigint, bigint, bigint, bool, bigint) RETURNS TABLE (allowed bool, n_tokens bigint, n_ts bigint, now bigint, ok bool) LANGUAGE sql VOLATILE AS $drip$\n"
-		for name, body := range map[string]string{"apply_one": takeFuncSQL, "peek_one": peekSQL} {
+		for name, body := range map[string]string{"apply_one": takeFuncSQL, "peek_one": peekFuncSQL} {
 			if _, err := tx.Exec(ctx, "CREATE OR REPLACE FUNCTION drip."+name+sig+body+"\n$drip$"); err != nil {
 				return fmt.Errorf("drip.%s: %w", name, err)
 			}

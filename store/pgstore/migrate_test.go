@@ -20,41 +20,9 @@ import (
 // the key answers as it did.
 func TestMigrateLeasesToRows(t *testing.T) {
 	ctx := context.Background()
-	name := "migrate_" + strings.ReplaceAll(strings.ToLower(strings.Trim(testserver.Prefix(), ":")), "-", "_")
-	name = strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
-			return r
-		}
-		return '_'
-	}, name)
-	admin := pool(t)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Exec(ctx, "DROP DATABASE "+name) })
-	cfg, err := pgxpool.ParseConfig(testserver.SharedPostgres(t).URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Database = name
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Exec(ctx, "CREATE SCHEMA drip; CREATE TABLE drip.schema_version (version int NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	for i, m := range pgstore.Migrations[:4] {
-		if _, err := db.Exec(ctx, strings.ReplaceAll(m, "{{PERSISTENCE}}", "")); err != nil {
-			t.Fatalf("migration %d: %v", i+1, err)
-		}
-	}
+	db := schemaAt(t, 4)
 	at := time.Unix(1_700_000_000, 0)
 	e1, e2 := at.Add(10*time.Second).UnixNano(), at.Add(20*time.Second).UnixNano()
-	if _, err := db.Exec(ctx, "INSERT INTO drip.schema_version VALUES (4)"); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := db.Exec(ctx, `INSERT INTO drip.leases (key, ids, exps, expires) VALUES ('k', ARRAY['a', 'b'], ARRAY[$1::bigint, $2::bigint], $2::bigint)`, e1, e2); err != nil {
 		t.Fatal(err)
 	}
@@ -96,4 +64,109 @@ func TestMigrateLeasesToRows(t *testing.T) {
 	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.lease_holders").Scan(&n); err != nil || n != 2 {
 		t.Errorf("%d lease rows (%v), want 2 (a and c)", n, err)
 	}
+}
+
+// TestMigrateToSliding: a schema at version 5 migrated by Install (the
+// counts of sliding windows, migration 6) keeps its buckets and leases:
+// they answer as they did, and the key of a sliding window works beside
+// them.
+func TestMigrateToSliding(t *testing.T) {
+	ctx := context.Background()
+	db := schemaAt(t, 5)
+	at := time.Unix(1_700_000_000, 0)
+	// A bucket of 10 a minute holding 4, and one lease of 2 held for 30s.
+	if _, err := db.Exec(ctx, `INSERT INTO drip.buckets (key, tokens, ts, expires) VALUES ('b', 4000000, $1::bigint, $2::bigint)`,
+		at.UnixNano(), at.Add(36*time.Second).UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	exp := at.Add(30 * time.Second).UnixNano()
+	for _, q := range []string{`INSERT INTO drip.leases (key, n, expires) VALUES ('l', 1, $1::bigint)`,
+		`INSERT INTO drip.lease_holders (key, id, exp) VALUES ('l', 'a', $1::bigint)`} {
+		if _, err := db.Exec(ctx, q, exp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pgstore.Install(ctx, db, pgstore.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	if err := db.QueryRow(ctx, "SELECT version FROM drip.schema_version").Scan(&v); err != nil || v != pgstore.SchemaVersion || v != 6 {
+		t.Fatalf("schema version %d (%v), want 6", v, err)
+	}
+	st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	step := func(op bucket.Op, r drip.Request) drip.Decision {
+		t.Helper()
+		d, err := storetest.Apply(ctx, st, op, at, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	win := drip.Limit{Algorithm: drip.SlidingWindow, Rate: 2, Period: time.Minute, Slots: 6}
+	for _, c := range []struct {
+		what string
+		op   bucket.Op
+		r    drip.Request
+		want drip.Decision
+	}{
+		{"the bucket kept its 4", bucket.Peek, drip.Request{Key: "b", Limit: drip.PerMinute(10), Cost: 1},
+			drip.Decision{Allowed: true, Tokens: 3, Remaining: 3, Burst: 10, ResetAfter: 42 * time.Second}},
+		{"the lease kept its slot", bucket.Take, drip.Request{Key: "l", Limit: drip.InFlight(1, time.Minute), Lease: "b"},
+			drip.Decision{Burst: 1, RetryAfter: 30 * time.Second, ResetAfter: 30 * time.Second}},
+		// Its slots are 10s; the count leaves the window when the slot is
+		// 6 slots behind: 70s on.
+		{"a sliding window's first", bucket.Take, drip.Request{Key: "w", Limit: win, Cost: 2},
+			drip.Decision{Allowed: true, Burst: 2, ResetAfter: 70 * time.Second}},
+		{"a sliding window's next", bucket.Take, drip.Request{Key: "w", Limit: win, Cost: 1},
+			drip.Decision{Burst: 2, RetryAfter: 70 * time.Second, ResetAfter: 70 * time.Second}},
+	} {
+		if got := step(c.op, c.r); got != c.want {
+			t.Errorf("%s: %+v, want %+v", c.what, got, c.want)
+		}
+	}
+}
+
+// schemaAt is a database of its own holding the drip schema at version
+// v, made by the first v migrations, as an older drip left it.
+func schemaAt(t *testing.T, v int) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	name := "migrate_" + strings.ReplaceAll(strings.ToLower(strings.Trim(testserver.Prefix(), ":")), "-", "_")
+	name = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return '_'
+	}, name)
+	admin := pool(t)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec(ctx, "DROP DATABASE "+name) })
+	cfg, err := pgxpool.ParseConfig(testserver.SharedPostgres(t).URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.Exec(ctx, "CREATE SCHEMA drip; CREATE TABLE drip.schema_version (version int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range pgstore.Migrations[:v] {
+		if _, err := db.Exec(ctx, strings.ReplaceAll(m, "{{PERSISTENCE}}", "")); err != nil {
+			t.Fatalf("migration %d: %v", i+1, err)
+		}
+	}
+	if _, err := db.Exec(ctx, "INSERT INTO drip.schema_version VALUES ($1)", v); err != nil {
+		t.Fatal(err)
+	}
+	return db
 }

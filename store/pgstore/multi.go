@@ -27,7 +27,11 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 		return err
 	}
 	return s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, multiSQL, int(op), a.keys, a.kinds, a.rates, a.periods,
+		sql := multiSQL
+		if a.sliding {
+			sql = multiSlidingSQL
+		}
+		rows, err := s.db.Query(ctx, sql, int(op), a.keys, a.kinds, a.rates, a.periods,
 			a.bursts, a.maxres, a.starts, a.costs, a.reserves, nanos(at), s.deadline(dl), a.leases)
 		if err != nil {
 			return err
@@ -36,7 +40,7 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 		for rows.Next() {
 			var r result
 			var ls bucket.LeaseSet
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest); err != nil {
+			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &r.slide.Last, &r.slide.Counts); err != nil {
 				rows.Close()
 				return err
 			}
@@ -47,17 +51,14 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 				rows.Close()
 				return errLate
 			}
-			switch {
-			case i >= len(ds):
-			case ps[i].Params.Kind == bucket.Concurrency:
-				res, _ := ps[i].Params.EvalLeases(op, ls, ps[i].Lease, r.now)
-				if res.Allowed != r.allowed {
+			if i < len(ds) {
+				r.leases = ls
+				res, err := r.decide(op, ps[i])
+				if err != nil {
 					rows.Close()
-					return fmt.Errorf("pgstore: multi.sql and bucket.EvalLeases disagree (a bug): statement allowed=%v, EvalLeases allowed=%v", r.allowed, res.Allowed)
+					return err
 				}
 				ds[i] = res
-			default:
-				ds[i] = r.result(op, ps[i])
 			}
 			i++
 		}
@@ -87,6 +88,9 @@ type arrays struct {
 	leases   []string // multi.sql: lease IDs of concurrency requests
 	ats      []*int64
 	dls      []*int64 // batch.sql: deadlines in the server's clock
+	// sliding is whether a request is a sliding window: the statement
+	// must then be the one with slide.sql (withSliding).
+	sliding bool
 }
 
 func newArrays(n int) *arrays {
@@ -106,9 +110,19 @@ func (a *arrays) add(op bucket.Op, key []byte, p bucket.Prepared, at *int64) {
 	a.periods = append(a.periods, p.Params.Period)
 	a.bursts = append(a.bursts, p.Params.Burst)
 	a.maxres = append(a.maxres, p.Params.MaxReserved)
-	a.starts = append(a.starts, p.Params.Start)
+	a.starts = append(a.starts, start(p.Params))
 	a.costs = append(a.costs, p.Cost)
 	a.reserves = append(a.reserves, p.Reserve)
 	a.leases = append(a.leases, p.Lease)
 	a.ats = append(a.ats, at)
+	a.sliding = a.sliding || p.Params.Kind == bucket.Sliding
+}
+
+// start is what the statements take as a limit's start: for a sliding
+// window, which has none, its number of slots (slide.sql).
+func start(p bucket.Params) int64 {
+	if p.Kind == bucket.Sliding {
+		return p.Parts
+	}
+	return p.Start
 }

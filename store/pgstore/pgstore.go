@@ -25,6 +25,17 @@
 // Only the retry and reset durations of a decision are computed in Go, from
 // the bucket the statement returns, with bucket.Params.Until.
 //
+// Sliding windows: a key's counts per slot are its row of drip.buckets
+// (the column counts, NULL for a bucket; ts is then the newest slot's
+// index), so the row is locked, batched, reset and swept as a bucket's.
+// The statements decide it with sql/slide.sql, bucket.EvalSliding in
+// plain SQL, which the store joins in (sql/sliding.sql) only to the
+// statements that carry a sliding window: the others run eval.sql alone.
+// Each statement also returns the state it read, from which the store
+// recomputes the decision with bucket.EvalSliding and fails with an error
+// if the two disagree. A key used by both kinds reads the other kind's
+// row as no state.
+//
 // Concurrency limits: a key has a row in drip.leases (its lock, the
 // number of its leases and when the last expires) and a row per lease in
 // drip.lease_holders (the lease ID and its expiry), so that an acquire or
@@ -38,7 +49,7 @@
 // after another, so a hot key costs one row lock per batch; a multi-take
 // with buckets is one run of sql/multi.sql, all or nothing. Keys whose
 // leases all expired are swept like buckets. The SQL functions
-// (drip.take, ...) do not cover concurrency limits.
+// (drip.take, ...) do not cover concurrency limits nor sliding windows.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
@@ -260,6 +271,34 @@ type result struct {
 	// leases is, for a request on a concurrency limit, what bucket.Leases
 	// summarizes of the key's leases as the statement read them.
 	leases bucket.LeaseSet
+	// slide is the key's stored state before the request as a sliding
+	// window's (Counts nil when the key has none: no row, or a bucket's).
+	slide bucket.SlidingState
+}
+
+// decide completes r, the statement's answer to op on p, with the Go
+// math: a concurrency limit's by leaseResult, a sliding window's by
+// slidingResult, a bucket's by result.
+func (r result) decide(op bucket.Op, p bucket.Prepared) (bucket.Result, error) {
+	switch p.Params.Kind {
+	case bucket.Concurrency:
+		return r.leaseResult(op, p)
+	case bucket.Sliding:
+		return r.slidingResult(op, p)
+	}
+	return r.result(op, p), nil
+}
+
+// slidingResult completes r, a request on a sliding window, with
+// bucket.EvalSliding on the state the statement read, which must agree
+// with the statement's verdict and the state it left (slide.sql).
+func (r result) slidingResult(op bucket.Op, p bucket.Prepared) (bucket.Result, error) {
+	res, next, _ := bucket.EvalSliding(op, r.slide, r.slide.Counts != nil, p.Params.Sliding(), p.Cost, r.now)
+	if res.Allowed != r.allowed || res.Tokens != r.tokens || next.Last != r.ts {
+		return bucket.Result{}, fmt.Errorf("pgstore: the statement and bucket.EvalSliding disagree (a bug): statement allowed=%v tokens=%d slot=%d, EvalSliding allowed=%v tokens=%d slot=%d",
+			r.allowed, r.tokens, r.ts, res.Allowed, res.Tokens, next.Last)
+	}
+	return res, nil
 }
 
 // result completes r as bucket.Eval does: retry and reset come from the
@@ -305,8 +344,8 @@ var errRace = errors.New("pgstore: bucket appeared during the statement")
 // concurrency limit's by the lease functions (through the batcher when
 // batching); several by multi.sql, one statement, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if err := store.CheckKinds(items, store.Caps{Calendar: true}); err != nil {
-		return err // no sliding windows here yet: Caps.Sliding is false
+	if err := store.CheckKinds(items, store.Caps{Sliding: true, Calendar: true}); err != nil {
+		return err
 	}
 	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {
 		// Without batching, a concurrency item is a multi-take of one.
@@ -327,30 +366,35 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	if err != nil {
 		return err
 	}
-	if p.Params.Kind == bucket.Concurrency {
-		r, err := res.leaseResult(op, p)
-		if err != nil {
-			return err
-		}
-		results[0] = r
-		return nil
+	r, err := res.decide(op, p)
+	if err != nil {
+		return err
 	}
-	results[0] = res.result(op, p)
+	results[0] = r
 	return nil
 }
 
-// Caps implements store.Store: the store holds leases and calendar
-// windows, and keeps overrides (override.go).
-func (s *Store) Caps() store.Caps { return store.Caps{Leases: true, Calendar: true, Overrides: s} }
+// Caps implements store.Store: the store holds leases, sliding and
+// calendar windows, and keeps overrides (override.go).
+func (s *Store) Caps() store.Caps {
+	return store.Caps{Leases: true, Sliding: true, Calendar: true, Overrides: s}
+}
 
 // applyOne decides one request with one statement (take.sql, peek.sql);
 // a take or refund carries its caller's deadline dl (zero: none).
 func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, at *int64, dl time.Time) (result, error) {
+	sliding := p.Params.Kind == bucket.Sliding
 	sql := takeSQL
+	if sliding {
+		sql = takeSlidingSQL
+	}
 	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
-		p.Params.Burst, p.Params.MaxReserved, p.Params.Start, p.Cost, p.Reserve, at}
+		p.Params.Burst, p.Params.MaxReserved, start(p.Params), p.Cost, p.Reserve, at}
 	if op == bucket.Peek {
 		sql = peekSQL // writes nothing: no deadline
+		if sliding {
+			sql = peekSlidingSQL
+		}
 	} else {
 		if err := s.syncClock(ctx, dl); err != nil {
 			return result{}, err
@@ -370,6 +414,7 @@ func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, a
 			if op != bucket.Peek {
 				dest = append(dest, &res.late)
 			}
+			dest = append(dest, &res.slide.Last, &res.slide.Counts)
 			if err := rows.Scan(dest...); err != nil {
 				rows.Close()
 				return err

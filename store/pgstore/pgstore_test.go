@@ -39,8 +39,9 @@ func TestConformanceBatching(t *testing.T) {
 
 // TestSameAsMemstore runs random traces on the memory store and on
 // PostgreSQL, and wants every output identical: the SQL math is bucket.Eval
-// bit for bit (storetest allows a tolerance against its exact model; this
-// allows none against the Go math).
+// (and bucket.EvalSliding, on traces of sliding windows) bit for bit
+// (storetest allows a tolerance against its exact model; this allows none
+// against the Go math).
 func TestSameAsMemstore(t *testing.T) {
 	for _, mode := range []struct {
 		name string
@@ -52,11 +53,16 @@ func TestSameAsMemstore(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			pg := newStore(t, mode.opts...)
 			ctx := context.Background()
-			for seed := range uint64(4) {
+			for seed := range uint64(8) {
+				// Even seeds: buckets; odd ones: sliding windows.
+				gen := storetest.RandomLines
+				if seed%2 == 1 {
+					gen = storetest.RandomWindowLines
+				}
 				mem := memstore.New(memstore.WithSweep(0))
 				p := prefix()
 				epoch := time.Now().Truncate(time.Second)
-				for i, l := range storetest.RandomLines(seed+100, 400) {
+				for i, l := range gen(seed/2+100, 400) {
 					want := do(ctx, mem, epoch, "", l)
 					got := do(ctx, pg, epoch, p, l)
 					if got != want {
@@ -238,7 +244,7 @@ func TestLongKeys(t *testing.T) {
 	}
 }
 
-// TestSweep deletes idle buckets, and only those.
+// TestSweep deletes idle buckets and sliding windows, and only those.
 func TestSweep(t *testing.T) {
 	db := pool(t)
 	st := newStore(t)
@@ -247,8 +253,15 @@ func TestSweep(t *testing.T) {
 	lim := drip.PerSecond(10)
 	now := time.Now()
 	// Ten buckets that were full again long ago, and ten that will be
-	// for an hour.
+	// for an hour; as many sliding windows whose counts all left long ago
+	// and that count for an hour.
 	for i := range 10 {
+		if _, err := storetest.Apply(ctx, st, bucket.Take, now.Add(-2*time.Hour), drip.Request{Key: p + "wold" + string(rune('a'+i)), Limit: slidingLimit(drip.PerSecond(10), 10), Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := storetest.Apply(ctx, st, bucket.Take, now, drip.Request{Key: p + "wnew" + string(rune('a'+i)), Limit: slidingLimit(drip.PerHour(1), 6), Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := storetest.Apply(ctx, st, bucket.Take, now.Add(-2*time.Hour), drip.Request{Key: p + "old" + string(rune('a'+i)), Limit: lim, Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
@@ -263,8 +276,8 @@ func TestSweep(t *testing.T) {
 		}
 		return n
 	}
-	if count("old") != 10 || count("new") != 10 {
-		t.Fatalf("before the sweep: %d old, %d new rows", count("old"), count("new"))
+	if count("old") != 10 || count("new") != 10 || count("wold") != 10 || count("wnew") != 10 {
+		t.Fatalf("before the sweep: %d old, %d new rows; %d old, %d new sliding windows", count("old"), count("new"), count("wold"), count("wnew"))
 	}
 	st2, err := pgstore.New(ctx, db, pgstore.WithSweep(0), pgstore.WithSweepPage(7))
 	if err != nil {
@@ -274,8 +287,8 @@ func TestSweep(t *testing.T) {
 	if _, err := st2.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if count("old") != 0 || count("new") != 10 {
-		t.Fatalf("after the sweep: %d old rows (want 0), %d new (want 10)", count("old"), count("new"))
+	if count("old") != 0 || count("new") != 10 || count("wold") != 0 || count("wnew") != 10 {
+		t.Fatalf("after the sweep: %d old rows (want 0), %d new (want 10); %d old sliding windows (want 0), %d new (want 10)", count("old"), count("new"), count("wold"), count("wnew"))
 	}
 }
 
@@ -305,19 +318,25 @@ func TestInstall(t *testing.T) {
 func TestBatchStatementSameAsMemstore(t *testing.T) {
 	// chains: runs of up to 24 lines, so keys repeat (batch.sql);
 	// distinct: runs end before a key repeats (batch_distinct.sql).
-	for _, mode := range []string{"chains", "distinct"} {
-		t.Run(mode, func(t *testing.T) { testBatchStatement(t, mode == "distinct") })
+	// The same over traces of sliding windows (with a token bucket in
+	// some multi-takes): the statements with slide.sql.
+	for _, mode := range []string{"chains", "distinct", "sliding chains", "sliding distinct"} {
+		gen := storetest.RandomLines
+		if strings.HasPrefix(mode, "sliding") {
+			gen = storetest.RandomWindowLines
+		}
+		t.Run(mode, func(t *testing.T) { testBatchStatement(t, strings.HasSuffix(mode, "distinct"), gen) })
 	}
 }
 
-func testBatchStatement(t *testing.T, distinct bool) {
+func testBatchStatement(t *testing.T, distinct bool, gen func(seed uint64, n int) []replay.Line) {
 	pg := newStore(t)
 	ctx := context.Background()
 	for seed := range uint64(4) {
 		mem := memstore.New(memstore.WithSweep(0))
 		p := prefix()
 		epoch := time.Now().Truncate(time.Second)
-		lines := storetest.RandomLines(seed+200, 400)
+		lines := gen(seed+200, 400)
 		batches := 0
 		for start := 0; start < len(lines); {
 			// A run of up to 24 single-request lines (resets and

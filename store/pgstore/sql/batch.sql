@@ -6,7 +6,10 @@
 -- One array per field: $1 ops, $2 keys, $3 kinds, $4 rates, $5 periods,
 -- $6 bursts, $7 max reserved, $8 starts, $9 costs, $10 reserves, $11 times
 -- in ns (NULL elements: the server's clock, read once per statement),
--- $12 deadlines in the server's clock, ns (NULL elements: none).
+-- $12 deadlines in the server's clock, ns (NULL elements: none). A
+-- sliding window's start is its number of slots (see slide.sql). Each row
+-- of the result carries the stored state before its request (b_ts,
+-- b_counts), from which Go recomputes a sliding window's decision.
 --
 -- A request whose deadline passed when the batch got its locks is late:
 -- it is left out (neither decided nor written; the others are decided as
@@ -23,7 +26,7 @@ u AS MATERIALIZED (
         WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, dl, i)
 ),
 cur AS MATERIALIZED (
-    SELECT b.key, b.tokens, b.ts, b.expires
+    SELECT b.key, b.tokens, b.ts, b.expires, b.counts
     FROM drip.buckets b
     WHERE b.key IN (SELECT key FROM u)
     ORDER BY b.key
@@ -41,17 +44,19 @@ r AS MATERIALIZED (
     WHERE NOT coalesce(p.clock >= u.dl, false)
 ),
 -- chain: one row per request, with the bucket after it (ex: a row exists;
--- st, ss, sx: its tokens, ts, expires) and whether any step wrote.
-chain (i, key, seq, allowed, tokens, ts, now, ex, st, ss, sx, dirty) AS (
+-- st, ss, sx, sc: its tokens, ts, expires, counts), whether any step
+-- wrote, and the row's ts and counts before it (bts, bcounts).
+chain (i, key, seq, allowed, tokens, ts, now, ex, st, ss, sx, sc, dirty, bts, bcounts) AS (
     SELECT r.i, r.key, r.seq, e.allowed, e.n_tokens, e.n_ts, r.now,
            e.write OR c.key IS NOT NULL,
            CASE WHEN e.write THEN e.n_tokens ELSE c.tokens END,
            CASE WHEN e.write THEN e.n_ts ELSE c.ts END,
            CASE WHEN e.write THEN e.expires ELSE c.expires END,
-           e.write
+           CASE WHEN e.write THEN e.n_counts ELSE c.counts END,
+           e.write, c.ts, c.counts
     FROM r
     LEFT JOIN cur c ON c.key = r.key
-    CROSS JOIN LATERAL (SELECT r.op, c.key IS NOT NULL AS present, c.tokens, c.ts, r.kind, r.rate,
+    CROSS JOIN LATERAL (SELECT r.op, c.key IS NOT NULL AS present, c.tokens, c.ts, c.counts, r.kind, r.rate,
                                r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now) i
     CROSS JOIN LATERAL ({{EVAL}}) e
     WHERE r.seq = 1
@@ -61,30 +66,31 @@ chain (i, key, seq, allowed, tokens, ts, now, ex, st, ss, sx, dirty) AS (
            CASE WHEN e.write THEN e.n_tokens ELSE h.st END,
            CASE WHEN e.write THEN e.n_ts ELSE h.ss END,
            CASE WHEN e.write THEN e.expires ELSE h.sx END,
-           e.write OR h.dirty
+           CASE WHEN e.write THEN e.n_counts ELSE h.sc END,
+           e.write OR h.dirty, h.ss, h.sc
     FROM chain h
     JOIN r ON r.key = h.key AND r.seq = h.seq + 1
-    CROSS JOIN LATERAL (SELECT r.op, h.ex AS present, h.st AS tokens, h.ss AS ts, r.kind, r.rate,
+    CROSS JOIN LATERAL (SELECT r.op, h.ex AS present, h.st AS tokens, h.ss AS ts, h.sc AS counts, r.kind, r.rate,
                                r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now) i
     CROSS JOIN LATERAL ({{EVAL}}) e
 ),
 w AS MATERIALIZED (
-    SELECT key, st, ss, sx FROM (
-        SELECT DISTINCT ON (key) key, st, ss, sx, dirty FROM chain ORDER BY key, seq DESC
+    SELECT key, st, ss, sx, sc FROM (
+        SELECT DISTINCT ON (key) key, st, ss, sx, sc, dirty FROM chain ORDER BY key, seq DESC
     ) last
     WHERE dirty
 ),
 up AS (
-    INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
-    SELECT key, st, ss, sx FROM w ORDER BY key
+    INSERT INTO drip.buckets AS b (key, tokens, ts, expires, counts)
+    SELECT key, st, ss, sx, sc FROM w ORDER BY key
     ON CONFLICT (key) DO UPDATE
-    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT c.i, c.allowed, c.tokens, c.ts, c.now, false AS late
+SELECT c.i, c.allowed, c.tokens, c.ts, c.now, false AS late, coalesce(c.bts, 0), c.bcounts
 FROM chain c
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
 UNION ALL
-SELECT u.i, false, 0, 0, p.clock, true FROM p, u WHERE p.clock >= u.dl
+SELECT u.i, false, 0, 0, p.clock, true, 0, NULL::bigint[] FROM p, u WHERE p.clock >= u.dl
 ORDER BY 1

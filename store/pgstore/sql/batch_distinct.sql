@@ -8,7 +8,7 @@ WITH u AS MATERIALIZED (
         WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, dl, i)
 ),
 cur AS MATERIALIZED (
-    SELECT b.key, b.tokens, b.ts
+    SELECT b.key, b.tokens, b.ts, b.counts
     FROM drip.buckets b
     WHERE b.key IN (SELECT key FROM u)
     ORDER BY b.key
@@ -25,26 +25,26 @@ r AS MATERIALIZED (
     WHERE NOT coalesce(p.clock >= u.dl, false)
 ),
 d AS MATERIALIZED (
-    SELECT i.ord, i.key, i.now, e.*
-    FROM (SELECT r.i AS ord, r.key, r.op, c.key IS NOT NULL AS present, c.tokens, c.ts,
+    SELECT i.ord, i.key, i.now, i.ts AS b_ts, i.counts AS b_counts, e.*
+    FROM (SELECT r.i AS ord, r.key, r.op, c.key IS NOT NULL AS present, c.tokens, c.ts, c.counts,
                  r.kind, r.rate, r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, r.now
           FROM r LEFT JOIN cur c ON c.key = r.key) i
     CROSS JOIN LATERAL ({{EVAL}}) e
 ),
 w AS MATERIALIZED (
-    SELECT key, n_tokens, n_ts, expires FROM d WHERE write
+    SELECT key, n_tokens, n_ts, expires, n_counts FROM d WHERE write
 ),
 up AS (
-    INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
-    SELECT key, n_tokens, n_ts, expires FROM w ORDER BY key
+    INSERT INTO drip.buckets AS b (key, tokens, ts, expires, counts)
+    SELECT key, n_tokens, n_ts, expires, n_counts FROM w ORDER BY key
     ON CONFLICT (key) DO UPDATE
-    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, d.now, false AS late
+SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, d.now, false AS late, coalesce(d.b_ts, 0), d.b_counts
 FROM d
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
 UNION ALL
-SELECT u.i, false, 0, 0, p.clock, true FROM p, u WHERE p.clock >= u.dl
+SELECT u.i, false, 0, 0, p.clock, true, 0, NULL::bigint[] FROM p, u WHERE p.clock >= u.dl
 ORDER BY 1

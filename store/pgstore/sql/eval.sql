@@ -1,9 +1,12 @@
 -- eval.sql: bucket.Eval in SQL, a fragment that the statements include where
 -- they say {{EVAL}}, as a LATERAL subquery over a row i with the columns
--- op, present, tokens, ts, kind, rate, period, burst, maxres, start, cost,
--- reserve, now (see functions.sql for units; kind 5 is a calendar window). It yields allowed, write,
--- the bucket after the decision (n_tokens, n_ts: for a denial, the bucket
--- refilled to now) and expires, Params.ExpiresAt of that bucket. The
+-- op, present, tokens, ts, counts, kind, rate, period, burst, maxres, start,
+-- cost, reserve, now (see functions.sql for units; kind 5 is a calendar
+-- window). It yields allowed, write, the bucket after the decision
+-- (n_tokens, n_ts: for a denial, the bucket refilled to now), expires,
+-- Params.ExpiresAt of that bucket, and n_counts, NULL (a sliding window's
+-- counts: see slide.sql). A row whose counts are set is a sliding
+-- window's (migration 6): a bucket reads it as no state. The
 -- caller derives retry_after and reset_after from the bucket with
 -- bucket.Params.Until, in Go (drip.until in SQL).
 --
@@ -15,12 +18,13 @@
 -- calls (drip.reach, drip.until, drip.expires_at) are one-expression SQL
 -- functions that the planner inlines: no function is called at run time.
 SELECT o.allowed, o.write, o.n_tokens, o.n_ts,
-       drip.expires_at(i.kind, i.rate, i.period, i.burst, o.n_tokens, o.n_ts) AS expires
+       drip.expires_at(i.kind, i.rate, i.period, i.burst, o.n_tokens, o.n_ts) AS expires,
+       NULL::bigint[] AS n_counts
 FROM
 -- A calendar window (kind 5, start an instant): a clock behind its start
 -- decides at it, and a state from before it is from an earlier window.
 (SELECT CASE WHEN i.kind = 5 THEN greatest(i.now, i.start) ELSE i.now END AS now,
-        coalesce(i.present, false) AND NOT (i.kind = 5 AND i.ts < i.start) AS present
+        coalesce(i.present, false) AND i.counts IS NULL AND NOT (i.kind = 5 AND i.ts < i.start) AS present
  OFFSET 0) c
 -- Params.Fresh for a key without state, or whose state has expired
 CROSS JOIN LATERAL (SELECT CASE WHEN NOT c.present

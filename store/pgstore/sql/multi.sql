@@ -3,7 +3,8 @@
 --
 -- $1 op, then one array per field, one element per request (distinct
 -- keys): $2 keys, $3 kinds, $4 rates, $5 periods, $6 bursts, $7 max
--- reserved, $8 starts, $9 costs, $10 reserves; $11 now in ns (NULL: the
+-- reserved, $8 starts (a sliding window's: its number of slots), $9
+-- costs, $10 reserves; $11 now in ns (NULL: the
 -- server's clock); $12 the caller's deadline in the server's clock, ns
 -- (NULL: none); $13 leases (the lease ID of a request on a concurrency
 -- limit, kind 3, whose state is its rows in drip.leases and
@@ -29,7 +30,7 @@ WITH r AS MATERIALIZED (
         WITH ORDINALITY AS u(key, kind, rate, period, burst, maxres, start, cost, reserve, lease, i)
 ),
 cur AS MATERIALIZED (
-    SELECT b.key, b.tokens, b.ts, b.expires
+    SELECT b.key, b.tokens, b.ts, b.expires, b.counts
     FROM drip.buckets b
     WHERE b.key IN (SELECT key FROM r WHERE kind <> 3)
     ORDER BY b.key
@@ -50,8 +51,8 @@ p AS MATERIALIZED (
     FROM (SELECT count(*) FROM cur) locked, (SELECT count(*) FROM lcur) llocked
 ),
 d AS MATERIALIZED (
-    SELECT i.ord, i.key, e.*
-    FROM (SELECT r.i AS ord, r.key, p.op, c.key IS NOT NULL AS present, c.tokens, c.ts,
+    SELECT i.ord, i.key, i.ts AS b_ts, i.counts AS b_counts, e.*
+    FROM (SELECT r.i AS ord, r.key, p.op, c.key IS NOT NULL AS present, c.tokens, c.ts, c.counts,
                  r.kind, r.rate, r.period, r.burst, r.maxres, r.start, r.cost, r.reserve, p.now
           FROM p, r LEFT JOIN cur c ON c.key = r.key WHERE r.kind <> 3) i
     CROSS JOIN LATERAL ({{EVAL}}) e
@@ -71,7 +72,7 @@ ok AS MATERIALIZED (
     SELECT NOT EXISTS (SELECT FROM d WHERE NOT d.allowed) AND NOT EXISTS (SELECT FROM ld WHERE NOT ld.allowed) AS everyone
 ),
 w AS MATERIALIZED (
-    SELECT d.key, d.n_tokens, d.n_ts, d.expires
+    SELECT d.key, d.n_tokens, d.n_ts, d.expires, d.n_counts
     FROM d, p, ok
     WHERE d.write AND NOT p.late AND (p.op <> 0 OR ok.everyone)
 ),
@@ -88,16 +89,17 @@ lup AS MATERIALIZED (
     ORDER BY ld.key
 ),
 up AS (
-    INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
-    SELECT key, n_tokens, n_ts, expires FROM w ORDER BY key
+    INSERT INTO drip.buckets AS b (key, tokens, ts, expires, counts)
+    SELECT key, n_tokens, n_ts, expires, n_counts FROM w ORDER BY key
     ON CONFLICT (key) DO UPDATE
-    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT x.allowed, x.n_tokens, x.n_ts, p.now, p.late, x.live, x.held, x.earliest, x.latest
-FROM (SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, 0::bigint AS live, false AS held, 0::bigint AS earliest, 0::bigint AS latest FROM d
+SELECT x.allowed, x.n_tokens, x.n_ts, p.now, p.late, x.live, x.held, x.earliest, x.latest, x.b_ts, x.b_counts
+FROM (SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, 0::bigint AS live, false AS held, 0::bigint AS earliest, 0::bigint AS latest,
+             coalesce(d.b_ts, 0) AS b_ts, d.b_counts FROM d
       UNION ALL
-      SELECT ld.ord, ld.allowed, 0, 0, ld.live, ld.held, ld.earliest, ld.latest FROM ld) x, p
+      SELECT ld.ord, ld.allowed, 0, 0, ld.live, ld.held, ld.earliest, ld.latest, 0, NULL::bigint[] FROM ld) x, p
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w) AND (SELECT coalesce(bool_and(lup.ok), true) FROM lup))
 ORDER BY x.ord

@@ -4,7 +4,8 @@
 -- $6 burst, $7 max reserved (-1: no bound), $8 window start, $9 cost (all
 -- bigint micro-tokens and nanoseconds), $10 reserve, $11 now in ns (NULL:
 -- the server's clock_timestamp()); for the Go store, $12 its caller's
--- deadline in the server's clock, ns (NULL: none).
+-- deadline in the server's clock, ns (NULL: none). For a sliding window
+-- (kind 4), $8 is its number of slots (see slide.sql).
 --
 -- cur locks the key's row, if any, and reads its latest version (a statement
 -- that waited on the lock sees what the one before it wrote); d then reads
@@ -18,14 +19,16 @@
 -- nothing is written, and the Go store answers it with an error (its
 -- caller gave up on it). The SQL functions have no deadline: the
 -- installer puts false in place of the LATE marker and nothing in place
--- of LATE_COLUMN. (Deciding in the DO UPDATE's SET and WHERE instead would run the
+-- of GO_COLUMNS, which for the Go store are late and the stored state
+-- before the decision (b_ts, b_counts: a sliding window's, from which Go
+-- recomputes the decision with bucket.EvalSliding). (Deciding in the DO UPDATE's SET and WHERE instead would run the
 -- math three times: for the proposed fresh row, the WHERE and the SET.)
 WITH cur AS MATERIALIZED (
-    SELECT b.tokens, b.ts FROM drip.buckets b WHERE b.key = $1::bytea FOR UPDATE OF b
+    SELECT b.tokens, b.ts, b.counts FROM drip.buckets b WHERE b.key = $1::bytea FOR UPDATE OF b
 ),
 d AS MATERIALIZED (
-    SELECT i.now, i.late, e.*
-    FROM (SELECT $2::int AS op, c.tokens IS NOT NULL AS present, c.tokens, c.ts, $3::int AS kind, $4::bigint AS rate,
+    SELECT i.now, i.late, i.ts AS b_ts, i.counts AS b_counts, e.*
+    FROM (SELECT $2::int AS op, c.tokens IS NOT NULL AS present, c.tokens, c.ts, c.counts, $3::int AS kind, $4::bigint AS rate,
                  $5::bigint AS period, $6::bigint AS burst, $7::bigint AS maxres, $8::bigint AS start, $9::bigint AS cost,
                  $10::bool AS reserve, coalesce($11::bigint, drip.clock()) AS now,
                  {{LATE}} AS late
@@ -33,12 +36,12 @@ d AS MATERIALIZED (
     CROSS JOIN LATERAL ({{EVAL}}) e
 ),
 up AS (
-    INSERT INTO drip.buckets AS b (key, tokens, ts, expires)
-    SELECT $1::bytea, d.n_tokens, d.n_ts, d.expires FROM d WHERE d.write AND NOT d.late
+    INSERT INTO drip.buckets AS b (key, tokens, ts, expires, counts)
+    SELECT $1::bytea, d.n_tokens, d.n_ts, d.expires, d.n_counts FROM d WHERE d.write AND NOT d.late
     ON CONFLICT (key) DO UPDATE
-    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts
     WHERE EXISTS (SELECT FROM cur)
     RETURNING 1
 )
-SELECT d.allowed, d.n_tokens, d.n_ts, d.now, (d.write AND NOT d.late) = EXISTS (SELECT FROM up) AS ok{{LATE_COLUMN}}
+SELECT d.allowed, d.n_tokens, d.n_ts, d.now, (d.write AND NOT d.late) = EXISTS (SELECT FROM up) AS ok{{GO_COLUMNS}}
 FROM d

@@ -1,0 +1,17 @@
+-- Migration 6: sliding windows (bucket.Sliding) in the bucket table.
+--
+-- A key of a sliding window has its row in drip.buckets as a bucket does,
+-- so that every statement locks, writes, resets and sweeps it the same way;
+-- counts tells the two apart. For a bucket it is NULL. For a sliding window
+-- it holds bucket.SlidingState's counts (micro-tokens taken per slot, the
+-- oldest first, slots+1 of them), ts the index of the newest slot on the
+-- epoch grid (bucket.SlidingState.Last), tokens what may still be taken
+-- (the limit less the counts) and expires
+-- bucket.SlidingParams.SlidingExpiresAt, when every count has left the
+-- window. A decision of one kind on a row of the other reads it as no
+-- state: the key starts afresh, and its write replaces the row.
+--
+-- A nullable column without a default: existing rows are not rewritten,
+-- and the tables' rows take no more room (their null bitmap fits in the
+-- tuple header's padding).
+ALTER TABLE drip.buckets ADD COLUMN counts bigint[];
