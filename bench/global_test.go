@@ -3,7 +3,8 @@ package bench
 // Leased tokens (store/leased: 4 instances on one redis-server started for
 // the run) beside gubernator v2.13.0 (4 daemons in this process, peers on
 // loopback gRPC), on limits the callers' demand exceeds, so that
-// over-admission can show; one checker counts both systems' grants:
+// over-admission can show (and one it does not reach); one checker counts
+// both systems' grants:
 //
 //	cd bench && go test -run '^$' -bench 'Global' -benchtime 2s -count 3
 //
