@@ -83,6 +83,8 @@ func (o *leasedRules) count(key, event, tokens string, micro int64) {
 	o.tokens.WithLabelValues(r, tokens).Add(float64(micro) / 1e6)
 }
 
-func (o *leasedRules) BlockFetched(key string, size int64)  { o.count(key, "fetched", "fetched", size) }
-func (o *leasedRules) BlockReturned(key string, left int64) { o.count(key, "returned", "returned", left) }
-func (o *leasedRules) BlockExpired(key string, lost int64)  { o.count(key, "expired", "lost", lost) }
+func (o *leasedRules) BlockFetched(key string, size int64) { o.count(key, "fetched", "fetched", size) }
+func (o *leasedRules) BlockReturned(key string, left int64) {
+	o.count(key, "returned", "returned", left)
+}
+func (o *leasedRules) BlockExpired(key string, lost int64) { o.count(key, "expired", "lost", lost) }
