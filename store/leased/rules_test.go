@@ -243,3 +243,64 @@ func (r *recording) last() []bucket.Prepared {
 	defer r.mu.Unlock()
 	return append([]bucket.Prepared(nil), r.items...)
 }
+
+// TestLeasedBesidePlain: a request under a leased rule and a plain one
+// takes both, all or nothing, and the plain rule's bucket is one bucket
+// whether the leased rule applies beside it or not: on memory and on
+// Redis (where a leased limit's state lives apart), its burst of 10
+// grants 10 of 30 requests, half of them beside the leased rule.
+func TestLeasedBesidePlain(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+		{"name": "hot", "limit_keys": ["header:x-tenant"], "match": {"path": "/hot/*"}, "leased": true,
+		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 200}},
+		{"name": "plain", "limit_keys": ["header:x-tenant"],
+		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 10}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, open := range map[string]func(t *testing.T) store.Store{
+		"memory": func(t *testing.T) store.Store {
+			ms := memstore.New(memstore.WithSweep(0))
+			t.Cleanup(func() { ms.Close() })
+			return ms
+		},
+		"redis": func(t *testing.T) store.Store {
+			s, err := redisstore.Open(testserver.SharedRedisURL(t), redisstore.WithPrefix(testserver.Prefix()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var clock virtual
+			clock.now.Store(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC).UnixNano())
+			ls, err := leased.New(open(t), leased.Marked(), leased.WithClock(clock.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ls.Close()
+			eng := engine.New(ls, engine.WithClock(clock.Now), engine.WithTimeout(30*time.Second))
+			rs := eng.Compile(set)
+			granted := 0
+			for i := range 30 {
+				clock.now.Add(int64(time.Millisecond))
+				path := "/hot/a" // both rules
+				if i%2 == 1 {
+					path = "/other" // the plain rule alone
+				}
+				out := eng.Decide(context.Background(), rs, request{path, "tenant-1"})
+				if out.Err != nil {
+					t.Fatalf("%s: %v", path, out.Err)
+				}
+				if out.Allowed {
+					granted++
+				}
+			}
+			if granted != 10 {
+				t.Errorf("granted %d of 30 under the plain rule's burst of 10, want exactly 10", granted)
+			}
+		})
+	}
+}
