@@ -120,11 +120,13 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}
 	defer closeStore()
 	var byRule *leasedRules
-	if *leasedOn || store.Caps().Blocks {
+	if caps := store.Caps(); *leasedOn || (caps.Blocks && !caps.InProcess) {
 		// Leased tokens: every token bucket and fixed window with
 		// --leased, else the limits marked leased (a rule's "leased":
 		// true, an Envoy rate_limit's leased: true), which a reload may
-		// add; every other call passes through.
+		// add; every other call passes through. The memory store is in
+		// the process already: there, marked limits are decided as
+		// any other, exactly.
 		byRule = newLeasedRules()
 		opts := []leased.Option{leased.WithObserver(byRule)}
 		if !*leasedOn {
