@@ -18,7 +18,8 @@ import (
 
 func TestLimitValidate(t *testing.T) {
 	good := []drip.Limit{drip.PerSecond(10), drip.PerMinute(0.5).WithBurst(3), drip.Per(5, 10*time.Second).WithRefill(drip.Interval),
-		drip.PerHour(100).Window(), drip.PerSecond(1).WithMaxReserved(10)}
+		drip.PerHour(100).Window(), drip.PerSecond(1).WithMaxReserved(10),
+		drip.PerSecond(10).WithLeased(true), drip.PerHour(100).Window().WithLeased(true)}
 	for _, l := range good {
 		if err := l.Validate(); err != nil {
 			t.Errorf("%v: %v", l, err)
@@ -32,6 +33,8 @@ func TestLimitValidate(t *testing.T) {
 		"refill applies to token_bucket only": {Rate: 1, Algorithm: drip.FixedWindow, Refill: drip.Interval},
 		"is not token_bucket, fixed_window, sliding_window or concurrency": {Rate: 1, Algorithm: "gcra"},
 		"rate must be at least 0.000001":                                   {Rate: 1e-9},
+		"a concurrency limit is not leased":                                drip.InFlight(3, 0).WithLeased(true),
+		"a sliding_window is not leased":                                   {Algorithm: drip.SlidingWindow, Rate: 5, Leased: true},
 	}
 	for want, l := range bad {
 		err := l.Validate()
@@ -75,6 +78,14 @@ func TestLimitJSON(t *testing.T) {
 	b, _ := json.Marshal(drip.PerSecond(10).WithBurst(20))
 	if string(b) != `{"rate":10,"period":"1s","burst":20}` {
 		t.Errorf("marshal: %s", b)
+	}
+	// Leased is the program's (or the rules file's) to set, never a
+	// limit's JSON: a client of the decision API cannot move a bucket.
+	if b, _ := json.Marshal(drip.PerSecond(10).WithLeased(true)); string(b) != `{"rate":10,"period":"1s"}` {
+		t.Errorf("marshal of a leased limit: %s", b)
+	}
+	if err := json.Unmarshal([]byte(`{"rate":5,"leased":true}`), &l); err == nil {
+		t.Error(`"leased" in a limit's JSON must be an error`)
 	}
 }
 

@@ -131,6 +131,17 @@ type Limit struct {
 	Calendar string
 	// Location is the time zone of a Calendar window (nil: UTC).
 	Location *time.Location
+	// Leased marks a token bucket or a fixed window as leased: a store
+	// wrapped by package store/leased (leased.New with leased.Marked, or
+	// leasing every limit it can) decides it from blocks of its tokens,
+	// at memory speed and never over the limit (docs/semantics.md,
+	// "Leased tokens"). Every request of the limit carries the mark to the store
+	// (bucket.Prepared.Leased), so that every instance deciding its keys
+	// obeys the blocks out; a store without the wrapper decides it as it
+	// would any other. Sliding windows and concurrency limits are not
+	// leased (Validate refuses the mark). It is not part of a limit's
+	// JSON: the decision API and overrides never set it.
+	Leased bool
 }
 
 // InFlight returns a concurrency limit of n slots whose leases last ttl
@@ -173,6 +184,9 @@ func (l Limit) WithRefill(r Refill) Limit { l.Refill = r; return l }
 
 // WithMaxReserved returns l with a bound on reservation debt.
 func (l Limit) WithMaxReserved(n float64) Limit { l.MaxReserved = n; return l }
+
+// WithLeased returns l marked Leased (on) or not.
+func (l Limit) WithLeased(on bool) Limit { l.Leased = on; return l }
 
 // Window returns l as a fixed window limit.
 func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
@@ -235,6 +249,9 @@ func (l Limit) Validate() error {
 	if l.Slots != 0 && l.Algorithm != SlidingWindow {
 		problems = append(problems, "slots applies to sliding_window only")
 	}
+	if l.Leased && l.Algorithm == SlidingWindow {
+		problems = append(problems, "a sliding_window is not leased (token_bucket and fixed_window are)")
+	}
 	problems = append(problems, l.checkCalendar()...)
 	switch l.Refill {
 	case "", Continuous, Interval:
@@ -276,6 +293,9 @@ func (l Limit) validateConcurrency() error {
 	}
 	if l.Rate != 0 || l.Period != 0 || l.Burst != 0 || l.Refill != "" || l.Start != 0 || l.MaxReserved != 0 {
 		problems = append(problems, "rate, period, burst, refill, start and max_reserved do not apply to concurrency")
+	}
+	if l.Leased {
+		problems = append(problems, "a concurrency limit is not leased (token_bucket and fixed_window are)")
 	}
 	if len(problems) == 0 {
 		return nil

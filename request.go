@@ -48,6 +48,7 @@ func prepare(op bucket.Op, r *Request, at time.Time) (bucket.Prepared, error) {
 	}
 	var it bucket.Prepared
 	err = store.Prepare(&it, op, r.Key, &p, r.Cost, r.Reserve, r.Lease)
+	it.Leased = r.Limit.Leased // valid: a token bucket or a fixed window
 	return it, err
 }
 

@@ -23,9 +23,11 @@ func (e *Engine) Overrides() *override.Snapshot { return e.ovr.Load() }
 // rule's own. An override is the operator's word on one bucket, so it
 // wins over what a token says; but an override of another algorithm than
 // the rule's (set before the rule's algorithm changed) is stale and never
-// applies (see Stale).
+// applies (see Stale). An override keeps its rule's Leased mark: whether
+// a rule is leased is the rules file's to say, for every key alike.
 func (e *Engine) LimitOf(rule *rules.Rule, key string, value func(rules.Source) (string, bool)) (l drip.Limit, ok bool) {
 	if l, ok := e.ovr.Load().Limit(key); ok && Stale(rule, l) == "" {
+		l.Leased = rule.Limit.Leased
 		return l, true
 	}
 	if value == nil {

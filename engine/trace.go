@@ -23,7 +23,9 @@ const (
 	// that applied (drip.rules) and what happened to each (drip.events,
 	// in the same order: an Event), the outcome (drip.allowed, drip.status,
 	// drip.reason, drip.denied_by), whether the store failed
-	// (drip.store_failed) and the store's kind (drip.store).
+	// (drip.store_failed), the store's kind (drip.store) and the leased
+	// rules among those that applied (drip.leased_rules, when any: how
+	// each store call was decided is its span's drip.leased).
 	SpanDecide = "drip.decide"
 	// SpanStore is the span of one store call (Apply, and those of
 	// Decide and DecideItems): drip.op, drip.keys (how many buckets), drip.store, the
@@ -117,6 +119,15 @@ func (e *Engine) endDecide(sp trace.Span, out *Outcome) {
 		}
 		if out.Err != nil {
 			attrs = append(attrs, attribute.Bool("drip.store_failed", true))
+		}
+		var leased []string
+		for i := range out.Applied {
+			if out.Applied[i].Limit.Leased {
+				leased = append(leased, out.Applied[i].Rule.Name)
+			}
+		}
+		if leased != nil {
+			attrs = append(attrs, attribute.StringSlice("drip.leased_rules", leased))
 		}
 		sp.SetAttributes(attrs...)
 	}

@@ -11,7 +11,7 @@ import (
 
 // One rule: its name, keys, match and limit.
 
-var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status"}
+var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased"}
 
 func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	r := Rule{Mode: Enforce, OnError: s.OnError, LocalShare: s.LocalShare}
@@ -74,6 +74,18 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 		c.add(p+".algorithm_config", "required")
 	} else {
 		c.algorithmConfig(fp, v, algo, &r)
+	}
+	if v, fp, ok := f.get("leased"); ok {
+		if on, ok := c.boolean(fp, v); ok && on {
+			switch algo {
+			case drip.Concurrency:
+				c.add(fp, "a concurrency rule is not leased: a slot is held by one request at a time (token_bucket and fixed_window rules are)")
+			case drip.SlidingWindow:
+				c.add(fp, "a sliding_window rule is not leased: its counts are per slot, not tokens to hand out (token_bucket and fixed_window rules are)")
+			default:
+				r.Limit.Leased = true
+			}
+		}
 	}
 	if v, fp, ok := f.get("limit_from_claims"); ok {
 		r.Claims = c.claims(fp, v, &r) // claims.go

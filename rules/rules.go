@@ -188,7 +188,7 @@ type Rule struct {
 	// Mode is Enforce or Shadow.
 	Mode Mode
 	// Limit is the rule's limit (algorithm, rate, period, burst, refill,
-	// max_reserved). Its MaxReserved is 0 unless the rule sets
+	// max_reserved; Leased for "leased": true). Its MaxReserved is 0 unless the rule sets
 	// max_reserved, and then the rule allows no reservations at all (the
 	// decision API refuses "reserve": true by such a rule), where for
 	// drip.Limit itself 0 would mean no bound on the debt.

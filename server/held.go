@@ -5,6 +5,8 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/server/envoy"
+	"github.com/driplimit/drip/store"
 )
 
 // checkHeld refuses rules the store cannot hold (store.Caps): sliding
@@ -12,8 +14,10 @@ import (
 // store of the user's may not) would make every decision
 // of the rule an error (answered by its on_error), so a file asking for
 // them fails to load, at start as on reload, rather than leave the rule
-// unenforced.
-func (s *Server) checkHeld(set *rules.Set) error {
+// unenforced. A leased rule (or Envoy limit, env) on a store without
+// blocks of leased tokens would be decided per request, with none of
+// what the file asked: refused too.
+func (s *Server) checkHeld(set *rules.Set, env *envoy.Config) error {
 	c := s.store.Caps()
 	for _, r := range set.Rules {
 		switch {
@@ -21,6 +25,22 @@ func (s *Server) checkHeld(set *rules.Set) error {
 			return fmt.Errorf("rule %q: this store does not hold sliding windows", r.Name)
 		case r.Limit.Calendar != "" && !c.Calendar:
 			return fmt.Errorf("rule %q: this store does not hold calendar windows", r.Name)
+		case r.Limit.Leased && !c.Blocks:
+			return fmt.Errorf("rule %q: leased: this store does not hold blocks of leased tokens (the memory and Redis stores do)", r.Name)
+		}
+	}
+	return checkEnvoyHeld(env, c)
+}
+
+// checkEnvoyHeld refuses an Envoy config with a leased limit on a store
+// without blocks, as checkHeld refuses such a rule.
+func checkEnvoyHeld(env *envoy.Config, c store.Caps) error {
+	if c.Blocks {
+		return nil
+	}
+	for _, l := range env.Limits() {
+		if l.Limit.Leased {
+			return fmt.Errorf("envoy limit %q: leased: this store does not hold blocks of leased tokens (the memory and Redis stores do)", l.Label())
 		}
 	}
 	return nil

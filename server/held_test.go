@@ -1,6 +1,7 @@
 package server
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -74,5 +75,48 @@ func TestStoresSlidingWindow(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// noBlocks is a memory store that says, in Caps, that it holds no blocks
+// of leased tokens, as PostgreSQL does not.
+type noBlocks struct{ *memstore.Store }
+
+func (s noBlocks) Caps() store.Caps {
+	c := s.Store.Caps()
+	c.Blocks = false
+	return c
+}
+
+// TestLeasedRefused: a leased rule, or a leased Envoy limit, on a store
+// without blocks is refused at start and on reload, naming it; the admin
+// API shows which rules are leased.
+func TestLeasedRefused(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.json")
+	leasedRule := `{"rules": [{"name": "hot", "limit_keys": ["global"], "leased": true, "algorithm_config": {"rps": 5}}]}`
+	writeFile(t, path, leasedRule)
+	if _, err := New(Config{Rules: path, WatchEvery: -1}, noBlocks{memstore.New()}); err == nil || !strings.Contains(err.Error(), `rule "hot": leased: this store does not hold blocks of leased tokens`) {
+		t.Fatalf("New with a leased rule on a store without blocks: err = %v", err)
+	}
+	srv := start(t, Config{Rules: path, WatchEvery: -1, AdminToken: "T"}, memstore.New())
+	if code, out := call(t, "GET", srv.admin+"/v1/admin/rules", "", "Authorization", "Bearer T"); code != 200 || !strings.Contains(out, `"leased":true`) {
+		t.Errorf("admin rules: %d %s; want the rule shown leased", code, out)
+	}
+
+	writeFile(t, path, `{"rules": [{"name": "api", "limit_keys": ["global"], "algorithm_config": {"rps": 5}}]}`)
+	other := start(t, Config{Rules: path, WatchEvery: -1}, noBlocks{memstore.New()})
+	writeFile(t, path, leasedRule)
+	if err := other.Reload(); err == nil || !strings.Contains(err.Error(), "leased") {
+		t.Fatalf("reload of a leased rule on a store without blocks: err = %v", err)
+	}
+
+	envoyDir := filepath.Join(dir, "envoy")
+	if err := os.MkdirAll(envoyDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(envoyDir, "d.yaml"), "domain: d\ndescriptors:\n  - {key: a, rate_limit: {unit: second, requests_per_unit: 5, leased: true}}\n")
+	if _, err := New(Config{Rules: envoyDir, WatchEvery: -1}, noBlocks{memstore.New()}); err == nil || !strings.Contains(err.Error(), `envoy limit "d.a": leased: this store does not hold blocks`) {
+		t.Fatalf("New with a leased Envoy limit on a store without blocks: err = %v", err)
 	}
 }

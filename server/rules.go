@@ -41,7 +41,7 @@ func (s *Server) loadRules() (*ruleState, error) {
 		var err error
 		set, rs.envoy, rs.hash, err = readRules(s.cfg.Rules, s.cfg.Envoy) // a file or a directory (envoy.go)
 		if err == nil {
-			err = s.checkHeld(set)
+			err = s.checkHeld(set, rs.envoy)
 		}
 		if err != nil {
 			return nil, err
@@ -74,7 +74,7 @@ func (s *Server) Reload() error {
 		s.rs.hash = hash
 	}
 	if err == nil {
-		err = s.checkHeld(set)
+		err = s.checkHeld(set, env)
 	}
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()
@@ -212,6 +212,22 @@ func keyValue(src rules.Source, x string, set *rules.Set) string {
 	return x
 }
 
+// RuleOf names what the bucket key key belongs to, for metrics of a
+// bounded number of series: the rule in force whose key it is (a rule's
+// keys begin with its name, then '|' or nothing), "envoy" for the keys of
+// Envoy's limits, else "" (a decision API request's own limit, or a key
+// too long to be kept whole).
+func (s *Server) RuleOf(key string) string {
+	if strings.HasPrefix(key, "envoy:") {
+		return "envoy"
+	}
+	name, _, _ := strings.Cut(key, "|")
+	if _, ok := s.rules().Rule(name); ok {
+		return name
+	}
+	return ""
+}
+
 // ruleView is a rule as the admin API shows it.
 type ruleView struct {
 	Name      string     `json:"name"`
@@ -220,6 +236,8 @@ type ruleView struct {
 	Mode      string     `json:"mode"`
 	Limit     drip.Limit `json:"limit"`
 	OnError   string     `json:"on_error"`
+	// Leased reports a leased rule ("leased": true).
+	Leased bool `json:"leased,omitempty"`
 	// Claims is the rule's limit_from_claims, if any.
 	Claims *rules.ClaimLimit `json:"limit_from_claims,omitempty"`
 }
@@ -239,7 +257,7 @@ func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
 		Rules    []ruleView `json:"rules"`
 	}{File: file, LoadedAt: loaded, Rules: []ruleView{}}
 	for _, ru := range set.Rules {
-		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), LimitKeys: []string{}, Claims: ru.Claims}
+		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), Leased: ru.Limit.Leased, LimitKeys: []string{}, Claims: ru.Claims}
 		for _, k := range ru.LimitKeys {
 			v.LimitKeys = append(v.LimitKeys, k.String())
 		}

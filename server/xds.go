@@ -61,6 +61,9 @@ func (s *Server) applyXDS(version string, files []envoy.File) error {
 	s.rs.mu.Lock()
 	defer s.rs.mu.Unlock()
 	cfg, err := envoy.ParseWith(s.cfg.Envoy, files...)
+	if err == nil {
+		err = checkEnvoyHeld(cfg, s.store.Caps())
+	}
 	if err != nil {
 		s.metrics.reloads.WithLabelValues("error").Inc()
 		s.metrics.rulesOK.Set(0)

@@ -1,13 +1,15 @@
 package main
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/driplimit/drip/store/leased"
 )
 
-// leasedCollector is the metrics of --leased on /metrics: the instance's
-// leased.Stats, read at each scrape.
+// leasedCollector is the metrics of leased tokens on /metrics: the
+// instance's leased.Stats, read at each scrape.
 type leasedCollector struct{ ls *leased.Store }
 
 var leasedDescs = struct {
@@ -41,3 +43,48 @@ func (c leasedCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(d.lost, prometheus.CounterValue, float64(s.TokensLost)/micro)
 	ch <- prometheus.MustNewConstMetric(d.held, prometheus.GaugeValue, float64(s.TokensHeld)/micro)
 }
+
+// leasedRules counts blocks and their tokens per rule (a leased.Observer):
+// drip_leased_rule_blocks_total{rule,event} and
+// drip_leased_rule_tokens_total{rule,event}. Blocks are few (one per
+// block's worth of decisions), so naming a key's rule on each is cheap.
+// The rule label is bounded by the rules in force: ruleOf (the server's
+// RuleOf, set once it exists) names "envoy" for Envoy's limits and ""
+// for any other key.
+type leasedRules struct {
+	ruleOf atomic.Pointer[func(string) string]
+	blocks *prometheus.CounterVec
+	tokens *prometheus.CounterVec
+}
+
+func newLeasedRules() *leasedRules {
+	return &leasedRules{
+		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_leased_rule_blocks_total",
+			Help: "Blocks of leased tokens of each rule (envoy: Envoy's limits), by what became of them: fetched, returned, or expired.",
+		}, []string{"rule", "event"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_leased_rule_tokens_total",
+			Help: "Tokens of each rule's blocks: fetched (taken from the store in blocks), returned (given back unused) or lost (expired unused: counted as granted, never granted).",
+		}, []string{"rule", "event"}),
+	}
+}
+
+func (o *leasedRules) rule(key string) string {
+	if f := o.ruleOf.Load(); f != nil {
+		return (*f)(key)
+	}
+	return ""
+}
+
+func (o *leasedRules) count(key, event, tokens string, micro int64) {
+	r := o.rule(key)
+	o.blocks.WithLabelValues(r, event).Inc()
+	o.tokens.WithLabelValues(r, tokens).Add(float64(micro) / 1e6)
+}
+
+func (o *leasedRules) BlockFetched(key string, size int64) { o.count(key, "fetched", "fetched", size) }
+func (o *leasedRules) BlockReturned(key string, left int64) {
+	o.count(key, "returned", "returned", left)
+}
+func (o *leasedRules) BlockExpired(key string, lost int64) { o.count(key, "expired", "lost", lost) }

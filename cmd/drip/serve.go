@@ -39,7 +39,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 2
 	}
 	storeTimeout := fs.Duration("store-timeout", timeoutDefault, "deadline of each store call (env DRIP_STORE_TIMEOUT)")
-	leasedOn := fs.Bool("leased", envOr("DRIP_LEASED", "") == "true", "leased tokens: decide token buckets and fixed windows from blocks of their tokens taken from the store, never over the limit (docs/semantics.md, \"Leased tokens\"); every instance sharing the store must set it alike (env DRIP_LEASED=true)")
+	leasedOn := fs.Bool("leased", envOr("DRIP_LEASED", "") == "true", "leased tokens for every limit: decide all token buckets and fixed windows from blocks of their tokens taken from the store, never over the limit (docs/semantics.md, \"Leased tokens\"); without it only the rules and Envoy limits marked leased are; every instance sharing the store must set it alike (env DRIP_LEASED=true)")
 	drainDefault, ok := envDuration("DRIP_DRAIN", server.DefaultDrain, true, stderr)
 	if !ok {
 		return 2
@@ -119,20 +119,36 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 1
 	}
 	defer closeStore()
-	if *leasedOn {
-		ls, err := leased.New(store)
+	var byRule *leasedRules
+	if caps := store.Caps(); *leasedOn || (caps.Blocks && !caps.InProcess) {
+		// Leased tokens: every token bucket and fixed window with
+		// --leased, else the limits marked leased (a rule's "leased":
+		// true, an Envoy rate_limit's leased: true), which a reload may
+		// add; every other call passes through. The memory store is in
+		// the process already: there, marked limits are decided as
+		// any other, exactly.
+		byRule = newLeasedRules()
+		opts := []leased.Option{leased.WithObserver(byRule)}
+		if !*leasedOn {
+			opts = append(opts, leased.Marked())
+		}
+		ls, err := leased.New(store, opts...)
 		if err != nil {
 			fmt.Fprintln(stderr, "drip serve: --leased:", err)
 			return 1
 		}
 		defer ls.Close() // before closeStore: it gives the blocks back
 		store = ls
-		c.Collectors = append(c.Collectors, leasedCollector{ls})
+		c.Collectors = append(c.Collectors, leasedCollector{ls}, byRule.blocks, byRule.tokens)
 	}
 	s, err := server.New(c, store)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 1
+	}
+	if byRule != nil {
+		ruleOf := s.RuleOf
+		byRule.ruleOf.Store(&ruleOf)
 	}
 	if err := s.Listen(); err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)

@@ -1,8 +1,14 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/driplimit/drip/internal/testserver"
 )
 
 // TestServeLeased: with --leased, the decision API's takes are decided
@@ -31,4 +37,70 @@ func TestServeLeased(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
+}
+
+// TestServeLeasedRule: without --leased, drip serve on Redis leases the
+// rules marked "leased": true and only them: the plain rule grants
+// exactly its burst and takes no block, the leased one never more than
+// its burst, and /metrics counts the leased rule's blocks under its name
+// (takes come 16 at once, so that the leased rule's demand calls for
+// blocks however slow the machine).
+func TestServeLeasedRule(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.json")
+	if err := os.WriteFile(file, []byte(`{"rules": [
+		{"name": "hot", "limit_keys": ["header:x-tenant"], "match": {"path": "/hot"}, "leased": true,
+		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 100}},
+		{"name": "cold", "limit_keys": ["header:x-tenant"], "match": {"path": "/cold"},
+		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 100}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	api, admin, _ := serveInProcess(t, "--store", testserver.SharedRedisURL(t), "--rules", file, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	tenant := testserver.Prefix() + "t"
+	granted := map[string]int{}
+	for _, rule := range []string{"hot", "cold"} {
+		var mu sync.Mutex
+		for range 10 {
+			var wg sync.WaitGroup
+			for range 16 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					code, body := httpDo(t, "POST", "http://"+api+"/v1/take", `{"rule": "`+rule+`", "values": [`+strconv.Quote(tenant)+`]}`)
+					if code != 200 {
+						t.Errorf("%s: %d %s", rule, code, body)
+					}
+					if strings.Contains(body, `"allowed":true`) {
+						mu.Lock()
+						granted[rule]++
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+		}
+	}
+	if granted["cold"] != 100 || granted["hot"] > 100 {
+		t.Errorf("granted of 160: hot %d, cold %d; want at most 100 and exactly 100", granted["hot"], granted["cold"])
+	}
+	_, metrics := httpDo(t, "GET", "http://"+admin+"/metrics", "")
+	if !strings.Contains(metrics, `drip_leased_rule_blocks_total{event="fetched",rule="hot"}`) {
+		t.Errorf("/metrics lacks the leased rule's blocks fetched:\n%s", grepLines(metrics, "drip_leased"))
+	}
+	if strings.Contains(grepLines(metrics, "drip_leased_rule"), `rule="cold"`) {
+		t.Errorf("/metrics counts blocks of the plain rule:\n%s", grepLines(metrics, "drip_leased"))
+	}
+	if !strings.Contains(metrics, "drip_leased_decisions_total ") {
+		t.Errorf("/metrics lacks drip_leased_decisions_total")
+	}
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

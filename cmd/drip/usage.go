@@ -85,7 +85,9 @@ RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY for the config directory when
 --rules is not given; GRPC_HOST and GRPC_PORT for the gRPC listener when
 --grpc-listen is not given. DRIP_ENVOY_ALGORITHM=fixed_window counts its
 limits in envoyproxy/ratelimit's windows instead of refilling them
-continuously. docs/envoy.md has the details. The rest of
+continuously; DRIP_ENVOY_LEASED=true leases every limit without its own
+"leased" (decided from blocks of its tokens, memory and Redis stores).
+docs/envoy.md has the details. The rest of
 envoyproxy/ratelimit's environment (CONFIG_TYPE=GRPC_XDS_SOTW and the xDS
 client, REDIS_*, GRPC_SERVER_USE_TLS, HOST and PORT, LOG_*, ...) is read
 too, each variable honoured or refused at start: docs/envoy.md. Called as
@@ -131,7 +133,8 @@ rules file (JSON or YAML; docs/rules.md), or envoyproxy/ratelimit config
 files: a file with a top-level "domain" or "descriptors", or a directory
 of them (its *.yaml, *.yml and *.json files are loaded together, as drip
 serve --rules DIR does). envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG and
-RUNTIME_IGNOREDOTFILES, and DRIP_ENVOY_ALGORITHM, apply as in drip serve.
+RUNTIME_IGNOREDOTFILES, and DRIP_ENVOY_ALGORITHM and DRIP_ENVOY_LEASED,
+apply as in drip serve.
 
 Exit status: 0 when every file is good, 1 when one is bad, 2 on a usage
 error.

@@ -80,8 +80,9 @@ type Limit struct {
 	// UnitMultiplier stretches the unit (request overrides only; 1 in files).
 	UnitMultiplier uint32
 	// Limit is the drip limit: a token bucket of RequestsPerUnit per unit
-	// with a burst of RequestsPerUnit (or the file's drip "burst"); zero
-	// when Unlimited or RequestsPerUnit is 0.
+	// with a burst of RequestsPerUnit (or the file's drip "burst"),
+	// Leased by the file's drip "leased" (or Options.Leased); zero when
+	// Unlimited or RequestsPerUnit is 0.
 	Limit drip.Limit
 
 	qname  string        // the quoted name of RateLimit headers
@@ -107,8 +108,9 @@ var units = map[rlsv3.RateLimitResponse_RateLimit_Unit]time.Duration{
 }
 
 // newLimit completes l from its RequestsPerUnit, Unit and multiplier, with
-// burst (0: RequestsPerUnit) and algorithm ("" or drip.FixedWindow).
-func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
+// burst (0: RequestsPerUnit), algorithm ("" or drip.FixedWindow) and
+// leased (drip.Limit.Leased; no effect on a limit of 0 or unlimited).
+func newLimit(l *Limit, burst float64, algo drip.Algorithm, leased bool) error {
 	if l.UnitMultiplier == 0 {
 		l.UnitMultiplier = 1
 	}
@@ -128,7 +130,7 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm) error {
 	if !ok {
 		return fmt.Errorf("invalid rate limit unit %q", l.Unit)
 	}
-	l.Limit = drip.Limit{Rate: float64(l.RequestsPerUnit), Period: d * time.Duration(l.UnitMultiplier), Burst: burst}
+	l.Limit = drip.Limit{Rate: float64(l.RequestsPerUnit), Period: d * time.Duration(l.UnitMultiplier), Burst: burst, Leased: leased}
 	if algo == drip.FixedWindow {
 		// Windows on the unit's grid from the epoch, as envoyproxy/ratelimit
 		// counts them.
@@ -257,7 +259,7 @@ func ParseWith(opts Options, files ...File) (*Config, error) {
 	var problems []string
 	domainFile := map[string]string{}
 	for _, f := range files {
-		p := &parser{file: f.Name, shadow: opts.Shadow, algo: opts.Algorithm}
+		p := &parser{file: f.Name, shadow: opts.Shadow, algo: opts.Algorithm, leased: opts.Leased}
 		domain, descs := p.parse(f.Data)
 		if domain != "" {
 			root := c.domains[domain]

@@ -37,6 +37,11 @@ type Options struct {
 	// epoch). drip's own setting (DRIP_ENVOY_ALGORITHM): envoyproxy/ratelimit
 	// has no other algorithm.
 	Algorithm drip.Algorithm
+	// Leased marks every rate_limit without its own "leased" as leased
+	// (drip.Limit.Leased; DRIP_ENVOY_LEASED=true): decided from blocks of
+	// leased tokens when drip serve's store holds them. drip's own
+	// setting; limits a request sets itself are never leased.
+	Leased bool
 	// Quota puts every limit in quota mode (QUOTA_MODE), those a request
 	// sets itself included: a request is over the limit when a limit
 	// without quota mode is, or when every quota limit of the request is
@@ -106,7 +111,8 @@ func (h Headers) names() (limit, remaining, reset string) {
 // reads them; unset or empty is false); LIMIT_RESPONSE_HEADERS_ENABLED
 // (true: HeadersEnvoy, false: HeadersNone, unset or empty: HeadersDrip)
 // and LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER
-// (header names); and drip's DRIP_ENVOY_ALGORITHM.
+// (header names); and drip's DRIP_ENVOY_ALGORITHM and DRIP_ENVOY_LEASED
+// (true or false, as the others).
 func OptionsFromEnv(getenv func(string) string) (Options, error) {
 	var o Options
 	var headers bool
@@ -120,6 +126,7 @@ func OptionsFromEnv(getenv func(string) string) (Options, error) {
 		{"RUNTIME_IGNOREDOTFILES", &o.IgnoreDotfiles},
 		{"RESPONSE_DYNAMIC_METADATA", &o.DynamicMetadata},
 		{"LIMIT_RESPONSE_HEADERS_ENABLED", &headers},
+		{"DRIP_ENVOY_LEASED", &o.Leased},
 	} {
 		s := getenv(v.name)
 		if s == "" {

@@ -21,6 +21,7 @@ type parser struct {
 	file     string
 	shadow   bool           // every limit in shadow mode (SHADOW_MODE)
 	algo     drip.Algorithm // of limits without "algorithm" (Options.Algorithm)
+	leased   bool           // of limits without "leased" (Options.Leased)
 	problems []string
 }
 
@@ -124,7 +125,7 @@ func (p *parser) parse(data []byte) (string, *yaml.Node) {
 }
 
 var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata"}
-var rateLimitKeys = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "algorithm"}
+var rateLimitKeys = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "algorithm", "leased"}
 
 // descriptors loads a descriptor list into parent.
 func (p *parser) descriptors(parent *node, n *yaml.Node, path, parentKey string) {
@@ -290,10 +291,18 @@ func (p *parser) rateLimit(n *yaml.Node, path, full string, shadow bool) *Limit 
 			ok = false
 		}
 	}
+	leased := p.leased
+	if v, has := f["leased"]; has {
+		leased = p.boolean(v, path+".leased")
+		if leased && (l.Unlimited || l.RequestsPerUnit == 0) {
+			p.addAt(v, path+".leased", "needs a limit of requests_per_unit > 0")
+			ok = false
+		}
+	}
 	if !ok {
 		return nil
 	}
-	if err := newLimit(l, burst, algo); err != nil {
+	if err := newLimit(l, burst, algo, leased); err != nil {
 		p.addAt(n, path, "%s", strings.TrimPrefix(err.Error(), drip.ErrInvalidLimit.Error()+": "))
 		return nil
 	}

@@ -59,7 +59,7 @@ func override(domain string, d *ratelimitv3.RateLimitDescriptor) (*Limit, error)
 	if _, ok := units[l.Unit]; !ok {
 		return nil, fmt.Errorf("%w %v", errUnit, o.Unit)
 	}
-	if err := newLimit(l, 0, ""); err != nil {
+	if err := newLimit(l, 0, "", false); err != nil { // a client's own limit is never leased
 		return nil, err
 	}
 	return l, nil

@@ -116,10 +116,18 @@ func WithTTL(d time.Duration) Option {
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
 
 // WithSelect sets which items are leased (default: every token bucket and
-// fixed window item; a concurrency limit never is).
+// fixed window item; a concurrency limit or a sliding window never is).
 func WithSelect(f func(key string, p bucket.Params) bool) Option {
 	return func(s *Store) { s.sel = f }
 }
+
+// Marked leases only the items of the limits marked leased
+// (bucket.Prepared.Leased: a drip.Limit's Leased, a rules file's
+// "leased": true, an Envoy rate_limit's leased: true), and passes every
+// other call to the store as it is, counting nothing: the way to lease
+// some limits of an instance, not all. Without it every token bucket
+// and fixed window is leased (narrowed by WithSelect).
+func Marked() Option { return func(s *Store) { s.marked = true } }
 
 // WithObserver sets the observer of blocks.
 func WithObserver(o Observer) Option { return func(s *Store) { s.obs = o } }
@@ -137,6 +145,7 @@ type Store struct {
 	ttl     time.Duration
 	now     func() time.Time
 	sel     func(string, bucket.Params) bool
+	marked  bool // Marked: only the items marked Leased
 	obs     Observer
 	maxKeys int
 
@@ -185,6 +194,10 @@ func (nopObserver) BlockExpired(string, int64)  {}
 // Caps are the store's.
 func (s *Store) Caps() store.Caps { return s.st.Caps() }
 
+// Unwrap is the store under it (its kind is the one traces name:
+// engine.StoreKind).
+func (s *Store) Unwrap() store.Store { return s.st }
+
 // Reset resets key in the store and forgets the instance's block of it
 // (its tokens were taken; the reset gives the bucket back whole).
 func (s *Store) Reset(ctx context.Context, key string) error {
@@ -218,10 +231,33 @@ func (s *Store) Stats() Stats {
 
 // leased reports whether an item is decided from blocks.
 func (s *Store) leased(it *bucket.Prepared) bool {
-	if it.Params.Kind == bucket.Concurrency || it.Reserve || it.Block != "" || it.Lease != "" {
+	if it.Reserve || it.Block != "" || it.Lease != "" {
+		return false
+	}
+	return s.chosen(it)
+}
+
+// chosen reports whether an item's limit is leased: a token bucket or a
+// fixed window, marked when Marked, and selected.
+func (s *Store) chosen(it *bucket.Prepared) bool {
+	if k := it.Params.Kind; k == bucket.Concurrency || k == bucket.Sliding || (s.marked && !it.Leased) {
 		return false
 	}
 	return s.sel == nil || s.sel(it.Key, it.Params)
+}
+
+// passes reports whether a call goes to the store as it is under Marked:
+// none of its items is marked.
+func (s *Store) passes(items []bucket.Prepared) bool {
+	if !s.marked {
+		return false
+	}
+	for i := range items {
+		if items[i].Leased {
+			return false
+		}
+	}
+	return true
 }
 
 // Apply decides a take of one leased item from the instance's block of
@@ -230,6 +266,9 @@ func (s *Store) leased(it *bucket.Prepared) bool {
 // the item's own take. Peeks, refunds, calls of several items and items
 // that are not leased go to the store as they are.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if s.passes(items) {
+		return s.st.Apply(ctx, op, at, items, results)
+	}
 	if op == bucket.Take && len(items) > 1 && s.allLeased(items) {
 		s.decisions.Add(1)
 		if s.takeLocal(at, items, results) {
@@ -381,7 +420,7 @@ func (s *Store) mark(items []bucket.Prepared) []bucket.Prepared {
 	var own []bucket.Prepared
 	for i := range items {
 		it := &items[i]
-		if it.Params.Kind == bucket.Concurrency || it.Leased || (s.sel != nil && !s.sel(it.Key, it.Params)) {
+		if it.Leased || !s.chosen(it) {
 			continue
 		}
 		if own == nil {

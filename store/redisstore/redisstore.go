@@ -179,6 +179,13 @@ func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 // of one), several in one call of the script, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	if leasedItems(items) {
+		if len(items) > 1 && slices.ContainsFunc(items, func(it bucket.Prepared) bool { return !it.Leased && it.Block == "" }) {
+			// Leased limits beside others (a request under a leased rule
+			// and a plain one): their states live apart (blocks.go), so
+			// each item is decided on its own state, all or nothing in
+			// the end, as on Redis Cluster across slots.
+			return store.Separately{Store: s, Always: true}.Apply(ctx, op, at, items, results)
+		}
 		return s.applyBlocks(ctx, op, at, items, results)
 	}
 	if len(items) != 1 {
