@@ -202,7 +202,7 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 	case peek:
 		op = bucket.Peek
 	}
-	if _, err := e.step(ctx, timeout, br, op, step); err != nil {
+	if err := e.step(ctx, timeout, br, op, step); err != nil {
 		return err
 	}
 	for _, it := range never {

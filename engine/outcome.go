@@ -57,6 +57,7 @@ type Outcome struct {
 
 	eng      *Engine
 	rs       *Rules
+	first    [2]Applied // Applied's backing array for up to two rules: one allocation with the Outcome
 	released atomic.Bool
 	settled  atomic.Bool
 }

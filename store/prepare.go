@@ -26,6 +26,22 @@ func Prepare(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, co
 		return err
 	}
 	c, err := Cost(op, cost, reserve, *p)
+	return prepareCost(it, op, key, p, c, err, reserve, lease)
+}
+
+// PrepareCost is Prepare for a caller that turned the cost to fixed point
+// itself, with Cost or as Cost does (c, or what is wrong with it: err):
+// a plan that holds its params checks only the request's key and lease
+// here, and reports the first problem as Prepare would.
+func PrepareCost(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, c int64, err error, reserve bool, lease string) error {
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	return prepareCost(it, op, key, p, c, err, reserve, lease)
+}
+
+// prepareCost is Prepare after the key's check.
+func prepareCost(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, c int64, err error, reserve bool, lease string) error {
 	if err != nil {
 		return err
 	}
