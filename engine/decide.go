@@ -68,8 +68,8 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.plan = l, compile(rule.Name, l)
 		}
-		if a.Limit.Concurrent() {
-			a.Lease = drip.NewLeaseID()
+		if a.Limit.Algorithm == drip.Concurrency {
+			a.Lease = store.NewLeaseID()
 		}
 		all = append(all, a)
 		if rule.Mode != rules.Shadow {

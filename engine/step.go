@@ -147,7 +147,7 @@ func overBurst(l drip.Limit, p *bucket.Params, cost float64) bool {
 // (store.Cost's: not a finite number from 0 to 1e12).
 func takeCost(l drip.Limit, p *bucket.Params, cost float64) (c int64, over bool, err error) {
 	c, err = store.Cost(bucket.Take, cost, false, *p)
-	if l.Concurrent() {
+	if l.Algorithm == drip.Concurrency {
 		return c, err == nil && cost > float64(l.MaxInFlight), err
 	}
 	if errors.Is(err, store.ErrCostExceedsBurst) {
