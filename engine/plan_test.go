@@ -34,6 +34,7 @@ func TestPlanIsApply(t *testing.T) {
 		{Algorithm: drip.FixedWindow, Rate: 5, Period: 7 * time.Second, Start: 3 * time.Second},
 		{Algorithm: drip.SlidingWindow, Rate: 6, Period: 10 * time.Second, Slots: 5},
 		{Algorithm: drip.FixedWindow, Rate: 40, Calendar: "day", Location: paris},
+		drip.InFlight(3, 5*time.Second),
 	}
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(26, 1))
@@ -43,6 +44,7 @@ func TestPlanIsApply(t *testing.T) {
 	defer viaApply.Close()
 	e := New(viaPlan, WithClock(func() time.Time { return at }))
 	defer e.Close()
+	leaseIDs := []string{store.NewLeaseID(), store.NewLeaseID(), store.NewLeaseID(), store.NewLeaseID()}
 	for step := range 3000 {
 		at = at.Add(time.Duration(rng.IntN(90)) * time.Millisecond)
 		l := limits[rng.IntN(len(limits))]
@@ -56,13 +58,19 @@ func TestPlanIsApply(t *testing.T) {
 		for _, k := range keys {
 			key := l.String() + "/" + k
 			cost := float64(rng.IntN(30)) / 4
-			items = append(items, &Item{Key: key, Limit: l, Params: &p, Cost: cost, ask: cost})
-			if rng.IntN(4) == 0 { // a second item of the key: the costs add up
+			lease := ""
+			if l.Algorithm == drip.Concurrency {
+				// A slot a take (one of a few IDs, so that refunds
+				// release some), at most one item a key.
+				lease, cost = leaseIDs[rng.IntN(len(leaseIDs))], float64(rng.IntN(5))
+			}
+			items = append(items, &Item{Key: key, Limit: l, Params: &p, Cost: cost, Lease: lease, ask: cost})
+			if rng.IntN(4) == 0 && lease == "" { // a second item of the key: the costs add up
 				extra := float64(rng.IntN(30)) / 4
 				items = append(items, &Item{Key: key, Limit: l, Params: &p, Cost: extra, ask: extra})
 				cost += extra
 			}
-			reqs = append(reqs, drip.Request{Key: key, Limit: l, Cost: cost})
+			reqs = append(reqs, drip.Request{Key: key, Limit: l, Cost: cost, Lease: lease})
 		}
 		op := bucket.Take
 		if rng.IntN(5) == 0 {

@@ -86,7 +86,8 @@ type Item struct {
 }
 
 // Never reports whether the item can never be allowed: its cost exceeds
-// its limit's burst (overBurst). The verdict is made once, at the first
+// its limit's burst (takeCost: the engine's one such verdict, for rules,
+// the local fallback, Envoy's descriptors and shared keys alike). The verdict is made once, at the first
 // ask, with the cost in fixed point (costOf): an item's limit and cost do
 // not change during a decision (the local fallback, which changes the
 // limit, makes new items).
@@ -131,25 +132,22 @@ func (it *Item) fixed() *bucket.Params {
 	return it.Params
 }
 
-// overBurst reports whether a take of cost under l (p in fixed point)
-// can never be allowed: the engine's one such verdict, for rules, the
-// local fallback, Envoy's descriptors and shared keys alike (takeCost).
-func overBurst(l drip.Limit, p *bucket.Params, cost float64) bool {
-	_, over, _ := takeCost(l, p, cost)
-	return over
-}
-
 // takeCost is the store's cost of a take of cost under l (p in fixed
 // point, store.Cost), and whether it can never be allowed: it exceeds the
-// burst, as the stores hold it, in fixed point (the cost is then the
-// burst); for a concurrency limit, whose requests hold a slot each, when
-// cost is above its slots. err is any other problem of the cost
+// burst, as the stores hold it, in fixed point (the take is then one of
+// the burst); for a concurrency limit, whose requests hold a slot each,
+// when cost is above its slots (the take then holds one slot, as every
+// take of a lease does). err is any other problem of the cost
 // (store.Cost's: not a finite number from 0 to 1e12).
 func takeCost(l drip.Limit, p *bucket.Params, cost float64) (c int64, over bool, err error) {
-	c, err = store.Cost(bucket.Take, cost, false, *p)
 	if l.Algorithm == drip.Concurrency {
-		return c, err == nil && cost > float64(l.MaxInFlight), err
+		if cost > float64(l.MaxInFlight) {
+			return bucket.Micro, true, nil
+		}
+		c, err = store.Cost(bucket.Take, cost, false, *p)
+		return c, false, err
 	}
+	c, err = store.Cost(bucket.Take, cost, false, *p)
 	if errors.Is(err, store.ErrCostExceedsBurst) {
 		return p.Burst, true, nil
 	}
@@ -221,12 +219,11 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 		case r.cost == r.it.Cost: // the common case: one item a key, at its cost
 			r.c, r.err = r.it.costOf()
 			r.over = r.it.Never()
-		case r.cost == 0: // a peek at the bucket as it is
 		default:
 			r.c, r.over, r.err = takeCost(r.it.Limit, p, r.cost)
 		}
-		if r.over {
-			r.cost, r.c = float64(p.Burst)/bucket.Micro, p.Burst
+		if r.over { // takeCost's cost: the burst
+			r.cost = float64(p.Burst) / bucket.Micro
 			if op == bucket.Take {
 				op = bucket.Peek
 			}
