@@ -39,24 +39,6 @@ const (
 // DefaultLeaseTTL is the lease TTL of a concurrency limit without one.
 const DefaultLeaseTTL = 30 * time.Second
 
-// MaxLeaseTTL bounds a concurrency limit's lease TTL: a slot never stays
-// taken longer than a day by a holder that is gone.
-const MaxLeaseTTL = 24 * time.Hour
-
-// MaxInFlight bounds a concurrency limit's slots, so that a key's leases
-// stay a bounded amount of state in every store: at most a million leases,
-// about 130 bytes each in the memory store, a row each in PostgreSQL, a
-// sorted-set member each in Redis. No store's acquire or release costs
-// time that grows with the leases held (a heap in memory, an index in
-// PostgreSQL, a sorted set in Redis; BENCHMARKS.md), so the bound is the
-// state, not the time: it was 10,000 while the memory store and
-// PostgreSQL rewrote a key's leases whole at each acquire and release.
-const MaxInFlight = 1_000_000
-
-// MaxSlidingRate bounds a sliding window's rate, so that its counts stay
-// exact in every store's arithmetic (doubles in Redis's scripts).
-const MaxSlidingRate = 1e9
-
 // Refill names how a token bucket refills.
 type Refill string
 
@@ -110,7 +92,8 @@ type Limit struct {
 	// drip takes, so that fixed-point state cannot overflow).
 	MaxReserved float64
 	// MaxInFlight is, for a Concurrency limit, how many leases may be held
-	// at once (1 to MaxInFlight). Other algorithms leave it zero.
+	// at once (1 to store.MaxInFlight, a million). Other algorithms leave
+	// it zero.
 	MaxInFlight int
 	// LeaseTTL is, for a Concurrency limit, how long a lease lasts unless
 	// it is released first: the slot of a holder that never releases (it
@@ -240,7 +223,7 @@ func (l Limit) Validate() error {
 		} else if l.period() < time.Duration(l.slots())*time.Microsecond {
 			problems = append(problems, "a sliding window's slots must be at least a microsecond long (period >= slots µs)")
 		}
-		if l.Rate > MaxSlidingRate {
+		if l.Rate > store.MaxSlidingRate {
 			problems = append(problems, "a sliding window's rate must be at most 1e9")
 		}
 	default:
@@ -285,10 +268,10 @@ func (l Limit) Validate() error {
 // TTL, and none of the fields of the other algorithms.
 func (l Limit) validateConcurrency() error {
 	var problems []string
-	if l.MaxInFlight < 1 || l.MaxInFlight > MaxInFlight {
-		problems = append(problems, fmt.Sprintf("max_in_flight must be from 1 to %d", MaxInFlight))
+	if l.MaxInFlight < 1 || l.MaxInFlight > store.MaxInFlight {
+		problems = append(problems, fmt.Sprintf("max_in_flight must be from 1 to %d", store.MaxInFlight))
 	}
-	if l.LeaseTTL < 0 || l.LeaseTTL > MaxLeaseTTL {
+	if l.LeaseTTL < 0 || l.LeaseTTL > store.MaxLeaseTTL {
 		problems = append(problems, "lease_ttl must be > 0 and at most 24h")
 	}
 	if l.Rate != 0 || l.Period != 0 || l.Burst != 0 || l.Refill != "" || l.Start != 0 || l.MaxReserved != 0 {
@@ -372,23 +355,6 @@ func (l Limit) String() string {
 		b.WriteString(strconv.FormatFloat(l.MaxReserved, 'g', -1, 64))
 	}
 	return b.String()
-}
-
-// FillTime is how long an empty bucket of l takes to fill: burst/rate
-// periods for a continuous refill, whole periods for interval refill and
-// fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
-// 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-// The RateLimit-Policy header's "w" is it in whole seconds, rounded up. For a
-// concurrency limit it is the lease TTL: the longest a slot stays taken.
-func (l Limit) FillTime() time.Duration {
-	p, err := l.Params("")
-	if err != nil {
-		return 0
-	}
-	if l.Algorithm == Concurrency {
-		return l.leaseTTL()
-	}
-	return p.Until(bucket.State{}, p.Burst, 0)
 }
 
 // forKey returns l with every default that depends on the key made
@@ -478,8 +444,5 @@ func (l Limit) slots() int {
 func (l Limit) keyDependent() bool {
 	return l.Algorithm == FixedWindow && (l.Start == 0 || l.Calendar != "")
 }
-
-// Concurrent reports whether l is a concurrency limit.
-func (l Limit) Concurrent() bool { return l.Algorithm == Concurrency }
 
 func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }

@@ -2,8 +2,6 @@ package drip
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"sync"
 	"time"
 
@@ -174,20 +172,12 @@ type Lease struct {
 // work ends; a holder that never does (it crashed) loses it after the
 // limit's LeaseTTL.
 func (l *Limiter) Acquire(ctx context.Context, key string) (Lease, error) {
-	id := NewLeaseID()
+	id := store.NewLeaseID()
 	d, err := l.apply(ctx, bucket.Take, key, 0, false, id)
 	if err != nil {
 		return Lease{}, err
 	}
 	return Lease{Decision: d, Key: key, ID: id, l: l}, nil
-}
-
-// NewLeaseID returns a fresh random lease ID: 128 bits from crypto/rand,
-// in 22 characters of unpadded base64url.
-func NewLeaseID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // Release gives the lease's slot back. Releasing a lease that was denied,

@@ -29,7 +29,7 @@ type Request struct {
 	// Lease is, for a concurrency limit (Algorithm Concurrency), the lease
 	// ID a take acquires a slot under, a refund releases, or a peek asks
 	// about (a peek without one asks whether a slot is free): 1 to
-	// store.MaxLeaseLen bytes of printable ASCII, NewLeaseID's. Other limits
+	// store.MaxLeaseLen bytes of printable ASCII, store.NewLeaseID's. Other limits
 	// leave it empty. A concurrency take ignores Cost: a lease holds one
 	// slot.
 	Lease string

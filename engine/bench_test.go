@@ -3,11 +3,10 @@ package engine_test
 import (
 	"context"
 	"strconv"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/cputime"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -37,22 +36,13 @@ func benchDecide(b *testing.B, opts ...engine.Option) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
-	start := processCPU()
+	start := cputime.Process()
 	for i := range b.N {
 		if !e.Decide(ctx, rs, vs[i%len(vs)]).Allowed {
 			b.Fatal("denied")
 		}
 	}
-	b.ReportMetric(float64(processCPU()-start)/float64(b.N), "cpu-ns/op")
-}
-
-// processCPU is the process's CPU time so far, user and system.
-func processCPU() time.Duration {
-	var u syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
-		panic(err)
-	}
-	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+	cputime.Report(b, start)
 }
 
 // BenchmarkDecide is the engine without tracing.

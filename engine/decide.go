@@ -45,8 +45,9 @@ const (
 // a share of the rule's rate and burst).
 func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	ctx, sp := e.startDecide(ctx) // trace.go
-	var all []Applied             // the rules that apply: enforce rules first, each in file order
-	ne := 0                       // how many enforce rules
+	out := &Outcome{Allowed: true, eng: e, rs: rs}
+	all := out.first[:0] // the rules that apply: enforce rules first, each in file order
+	ne := 0              // how many enforce rules
 	var groups []string
 	for i := range rs.Set.Rules {
 		rule := &rs.Set.Rules[i]
@@ -67,8 +68,8 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.plan = l, compile(rule.Name, l)
 		}
-		if a.Limit.Concurrent() {
-			a.Lease = drip.NewLeaseID()
+		if a.Limit.Algorithm == drip.Concurrency {
+			a.Lease = store.NewLeaseID()
 		}
 		all = append(all, a)
 		if rule.Mode != rules.Shadow {
@@ -82,7 +83,9 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			ne++
 		}
 	}
-	out := &Outcome{Allowed: true, eng: e, rs: rs, Applied: all}
+	if len(all) > 0 {
+		out.Applied = all
+	}
 	e.enforce(ctx, rs, out, all[:ne])
 	e.shadow(ctx, rs, out, all[ne:])
 	for i := range out.Applied {
@@ -232,7 +235,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		a := enf[i]
 		a.Limit = share(a.Limit, a.Rule.LocalShare)
 		a.plan = compile(a.Rule.Name, a.Limit)
-		a.Params = &a.plan.params
+		a.Params, a.never = &a.plan.params, unknown // a new limit: its own verdict
 		loc[j] = a
 		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}

@@ -145,16 +145,48 @@ func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request) (
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
 }
 
-func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request) (m drip.Multi, err error) {
+func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
+	g := &guarded{e: e, timeout: timeout, br: br}
+	m, err := drip.Apply(ctx, g, op, e.at(), reqs...)
+	if err != nil && !g.asked {
+		e.refused(ctx, op, len(reqs), err)
+	}
+	return m, err
+}
+
+// guarded is the engine's store seen through call: what drip.Apply hands
+// its checked items to.
+type guarded struct {
+	e       *Engine
+	timeout time.Duration
+	br      rules.Breaker
+	asked   bool // the items passed drip.Apply's checks
+}
+
+func (g *guarded) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, res []bucket.Result) error {
+	g.asked = true
+	return g.e.call(ctx, g.timeout, g.br, op, at, items, res)
+}
+
+func (g *guarded) Reset(ctx context.Context, key string) error { return g.e.store.Reset(ctx, key) }
+
+func (g *guarded) Caps() store.Caps { return g.e.store.Caps() }
+
+// call executes prepared items in one store call (store.Store.Apply, at
+// the time at), behind the breaker (br: its settings) and under the
+// deadline timeout (or ctx's, if shorter), and reports its latency and
+// any failure to the observer and the tracer: the one road of the
+// engine's store calls.
+func (e *Engine) call(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, at time.Time, items []bucket.Prepared, res []bucket.Result) (err error) {
 	if e.tracer != nil { // trace.go
 		var sp trace.Span
-		ctx, sp = e.startStore(ctx, op, len(reqs))
+		ctx, sp = e.startStore(ctx, op, len(items))
 		defer func() { endStore(sp, err) }()
 	}
 	ok, tk, changed := e.brk.allow(e.clock())
 	e.breakerChanged(changed)
 	if !ok {
-		return drip.Multi{}, ErrBreakerOpen
+		return ErrBreakerOpen
 	}
 	if tk.probe {
 		// A store call that panics must not leave the breaker waiting
@@ -175,7 +207,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 			e.brk.abandon(tk)
 			e.obs.StoreError(ErrOverloaded)
 			e.logError("store call shed", ErrOverloaded)
-			return drip.Multi{}, ErrOverloaded
+			return ErrOverloaded
 		}
 		defer e.pending.Add(-1)
 		stall := e.stallAfter(br, timeout)
@@ -194,23 +226,20 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		w.set(w.start, w.stall)
 		defer w.end()
 	}
-	m, err = drip.Apply(cctx, e.store, op, e.at(), reqs...)
+	err = e.store.Apply(cctx, op, at, items, res)
 	took := time.Since(start)
 	e.obs.StoreLatency(took)
-	if err == nil && len(m.Decisions) != len(reqs) {
-		err = errors.New("the store returned a wrong number of decisions")
-	}
 	if err == nil {
 		if w != nil {
 			e.answered.Store(time.Now().UnixNano())
 			e.learnLatency(took)
 		}
 		e.breakerChanged(e.brk.success(e.clock(), tk))
-		return m, nil
+		return nil
 	}
 	if store.IsInput(err) {
 		e.brk.abandon(tk)
-		return drip.Multi{}, err
+		return err
 	}
 	late := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 	switch {
@@ -243,7 +272,7 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	}
 	e.obs.StoreError(err)
 	e.logError("store call failed", err)
-	return drip.Multi{}, err
+	return err
 }
 
 // watch is a store call's stall timer: when the store has answered

@@ -263,8 +263,8 @@ func TestFillSeconds(t *testing.T) {
 		{drip.Per(3, 10*time.Second).Window(), 10},
 		{drip.PerSecond(0.1).WithBurst(1), 10},
 	} {
-		if got := seconds.Ceil(c.l.FillTime()); got != c.want {
-			t.Errorf("CeilSeconds(%v.FillTime()) = %d, want %d", c.l, got, c.want)
+		if got := seconds.Ceil(fillTime(c.l)); got != c.want {
+			t.Errorf("seconds.Ceil(fillTime(%v)) = %d, want %d", c.l, got, c.want)
 		}
 	}
 	// q is a whole number, the burst rounded down (never more than the

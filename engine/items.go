@@ -202,7 +202,7 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 	case peek:
 		op = bucket.Peek
 	}
-	if _, err := e.step(ctx, timeout, br, op, step); err != nil {
+	if err := e.step(ctx, timeout, br, op, step); err != nil {
 		return err
 	}
 	for _, it := range never {
@@ -222,7 +222,7 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 			continue
 		}
 		it.Decision, it.Decided, it.Changed, it.Forgiven, it.Taken = drip.Decision{}, false, false, false, 0
-		if it.Limit.Concurrent() || it.Cost <= 0 {
+		if it.Limit.Algorithm == drip.Concurrency || it.Cost <= 0 {
 			continue // a slot is held, not charged; nothing to charge
 		}
 		l := it.Limit

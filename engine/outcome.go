@@ -57,6 +57,7 @@ type Outcome struct {
 
 	eng      *Engine
 	rs       *Rules
+	first    [2]Applied // Applied's backing array for up to two rules: one allocation with the Outcome
 	released atomic.Bool
 	settled  atomic.Bool
 }
@@ -156,8 +157,8 @@ func Tighter(a, b drip.Decision, denied bool) bool {
 // another with as few left, the other, whose reset is a wait to tell of
 // (a slot comes back when a request ends).
 func (a *Applied) tighter(b *Applied) bool {
-	if a.Decision.Remaining == b.Decision.Remaining && a.Limit.Concurrent() != b.Limit.Concurrent() {
-		return !a.Limit.Concurrent()
+	if a.Decision.Remaining == b.Decision.Remaining && (a.Limit.Algorithm == drip.Concurrency) != (b.Limit.Algorithm == drip.Concurrency) {
+		return a.Limit.Algorithm != drip.Concurrency
 	}
 	return Tighter(a.Decision, b.Decision, false)
 }
@@ -207,13 +208,25 @@ func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 // allows, such as Envoy's requests_per_unit 0, has none).
 func PolicyItem(name string, l drip.Limit) string {
 	s := sfv.String(name) + ";q=" + strconv.FormatInt(Quota(l), 10)
-	if l.Concurrent() {
+	if l.Algorithm == drip.Concurrency {
 		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
 	}
-	if w := seconds.Ceil(l.FillTime()); w > 0 {
+	if w := seconds.Ceil(fillTime(l)); w > 0 {
 		s += ";w=" + strconv.FormatInt(w, 10)
 	}
 	return s
+}
+
+// fillTime is how long an empty bucket of l takes to fill: burst/rate
+// periods for a continuous refill, whole periods for interval refill and
+// fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
+// 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
+func fillTime(l drip.Limit) time.Duration {
+	p, err := l.Params("")
+	if err != nil {
+		return 0
+	}
+	return p.Until(bucket.State{}, p.Burst, 0)
 }
 
 // Quota is the quota the RateLimit headers advertise for l ("q" and
@@ -233,7 +246,7 @@ const ConcurrencyRetryAfter = time.Second
 // wait is how long a rule that denied stands for in Retry-After: its
 // decision's wait, at most ConcurrencyRetryAfter for a concurrency limit.
 func (a *Applied) wait() time.Duration {
-	if a.Limit.Concurrent() {
+	if a.Limit.Algorithm == drip.Concurrency {
 		return min(a.Decision.RetryAfter, ConcurrencyRetryAfter)
 	}
 	return a.Decision.RetryAfter
@@ -252,7 +265,7 @@ func (out *Outcome) field(a *Applied) Field {
 	switch {
 	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
 		f.T = out.RetryAfter
-	case a.Limit.Concurrent():
+	case a.Limit.Algorithm == drip.Concurrency:
 		f.NoT = true
 	default:
 		f.T = seconds.Ceil(a.Decision.ResetAfter)

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -16,7 +18,8 @@ import (
 // decision fills in the rest. Each rule Decide applies is one (Applied);
 // a front door that matches limits itself (Envoy's descriptors) hands
 // its own to DecideItems. Items that share a key are one bucket: their
-// costs add up.
+// costs add up. An Item serves one decision: make a new one for the next
+// (its verdicts, Never's, are made once).
 type Item struct {
 	Key   string
 	Limit drip.Limit
@@ -74,48 +77,108 @@ type Item struct {
 	// loaded the limit; nil, it is computed from Limit when needed.
 	Params *bucket.Params
 
+	never   verdict // Never, once made (costOf)
+	micro   int64   // Cost in fixed point, as the store takes it (takeCost)
+	costErr error   // what is wrong with Cost, if anything
+
 	ask float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
 	req int     // its store request
 }
 
 // Never reports whether the item can never be allowed: its cost exceeds
-// its limit's burst (overBurst).
-func (it *Item) Never() bool { return overBurst(it.Limit, it.fixed(), it.Cost) }
+// its limit's burst (takeCost: the engine's one such verdict, for rules,
+// the local fallback, Envoy's descriptors and shared keys alike). The verdict is made once, at the first
+// ask, with the cost in fixed point (costOf): an item's limit and cost do
+// not change during a decision (the local fallback, which changes the
+// limit, makes new items).
+func (it *Item) Never() bool {
+	it.costOf()
+	return it.never == yes
+}
+
+// costOf is the item's cost as its store takes it (takeCost), made once.
+func (it *Item) costOf() (int64, error) {
+	if it.never == unknown {
+		c, over, err := takeCost(it.Limit, it.fixed(), it.Cost)
+		it.micro, it.costErr, it.never = c, err, verdictOf(over)
+	}
+	return it.micro, it.costErr
+}
+
+// verdict is a yes or no made once, or not yet.
+type verdict uint8
+
+const (
+	unknown verdict = iota
+	no
+	yes
+)
+
+func verdictOf(b bool) verdict {
+	if b {
+		return yes
+	}
+	return no
+}
 
 // fixed is the item's limit in drip's fixed point: Params, else computed
 // now. A limit that allows nothing (Envoy's requests_per_unit 0, a
 // Blocked item) has a burst of 0.
-func (it *Item) fixed() bucket.Params {
+func (it *Item) fixed() *bucket.Params {
 	if it.Params == nil {
 		p, _ := it.Limit.Params("")
 		it.Params = &p
 	}
-	return *it.Params
+	return it.Params
 }
 
-// overBurst reports whether a take of cost under l (p in fixed point)
-// can never be allowed: the engine's one such verdict, for rules, the
-// local fallback, Envoy's descriptors and shared keys alike. It is the
-// stores' own, in fixed point (store.Cost); a concurrency limit, whose
-// requests hold a slot each, is over when the cost is above its slots.
-func overBurst(l drip.Limit, p bucket.Params, cost float64) bool {
-	if l.Concurrent() {
-		return cost > float64(l.MaxInFlight)
+// takeCost is the store's cost of a take of cost under l (p in fixed
+// point, store.Cost), and whether it can never be allowed: it exceeds the
+// burst, as the stores hold it, in fixed point (the take is then one of
+// the burst); for a concurrency limit, whose requests hold a slot each,
+// when cost is above its slots (the take then holds one slot, as every
+// take of a lease does). err is any other problem of the cost
+// (store.Cost's: not a finite number from 0 to 1e12).
+func takeCost(l drip.Limit, p *bucket.Params, cost float64) (c int64, over bool, err error) {
+	if l.Algorithm == drip.Concurrency {
+		if cost > float64(l.MaxInFlight) {
+			return bucket.Micro, true, nil
+		}
+		c, err = store.Cost(bucket.Take, cost, false, *p)
+		return c, false, err
 	}
-	_, err := store.Cost(bucket.Take, cost, false, p)
-	return errors.Is(err, store.ErrCostExceedsBurst)
+	c, err = store.Cost(bucket.Take, cost, false, *p)
+	if errors.Is(err, store.ErrCostExceedsBurst) {
+		return p.Burst, true, nil
+	}
+	return c, false, err
+}
+
+// perKey reports whether params p of limit l hold for one key at one
+// time only (Limit.Params): a fixed window placed by its key's hash, a
+// calendar window. Those are resolved at each decision (drip.Apply).
+func perKey(l *drip.Limit, p *bucket.Params) bool {
+	return p.Kind == bucket.Calendar || (p.Kind == bucket.Window && l.Start == 0)
 }
 
 // step makes one all-or-nothing store call for items, through the breaker
-// and under the deadline (apply): a take, a peek or a refund of each
-// item's ask. A take of a bucket whose items' asks add up past its burst
-// can never be allowed: the whole step is then a peek, at the burst, and
-// that bucket denies (a refund past the burst just fills the bucket).
-func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, items []*Item) (drip.Multi, error) {
+// and under the deadline (call): a take, a peek or a refund of each
+// item's ask. Items of one key are one bucket: their asks add up. A take
+// of a bucket whose asks add up past its burst can never be allowed: the
+// whole step is then a peek, at the burst, and that bucket denies (a
+// refund past the burst just fills the bucket).
+//
+// The store executes the items' compiled params (Item.Params), with the
+// cost in fixed point; what depends on the request (the key, the cost,
+// the lease) is checked here, once. Limits whose params depend on the
+// key or the time (perKey) go through drip.Apply, which resolves them.
+func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, items []*Item) error {
 	if len(items) == 0 {
-		return drip.Multi{Allowed: true}, nil
+		return nil
 	}
-	reqs := make([]drip.Request, 0, len(items))
+	sc := scratches.Get().(*scratch)
+	defer sc.free()
+	reqs := sc.reqs[:0]
 	var byKey map[string]int // beyond a few requests; a scan below
 	for _, it := range items {
 		j := -1
@@ -125,7 +188,7 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 			}
 		} else {
 			for x := range reqs {
-				if reqs[x].Key == it.Key {
+				if reqs[x].it.Key == it.Key {
 					j = x
 					break
 				}
@@ -133,45 +196,139 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 		}
 		if j >= 0 {
 			it.req = j
-			reqs[j].Cost += it.ask
+			reqs[j].cost += it.ask
 			continue
 		}
 		it.req = len(reqs)
-		reqs = append(reqs, drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.ask, Lease: it.Lease})
+		reqs = append(reqs, stepReq{it: it, cost: it.ask})
 		if byKey == nil && len(reqs) > 8 {
 			byKey = make(map[string]int, len(items))
 			for x, r := range reqs {
-				byKey[r.Key] = x
+				byKey[r.it.Key] = x
 			}
 		} else if byKey != nil {
 			byKey[it.Key] = it.req
 		}
 	}
-	var over []bool
-	for _, it := range items {
-		j := it.req
-		if (over != nil && over[j]) || !overBurst(reqs[j].Limit, it.fixed(), reqs[j].Cost) {
-			continue
+	sc.reqs = reqs
+	direct := true
+	for j := range reqs {
+		r := &reqs[j]
+		p := r.it.fixed()
+		switch {
+		case r.cost == r.it.Cost: // the common case: one item a key, at its cost
+			r.c, r.err = r.it.costOf()
+			r.over = r.it.Never()
+		default:
+			r.c, r.over, r.err = takeCost(r.it.Limit, p, r.cost)
 		}
-		if over == nil {
-			over = make([]bool, len(reqs))
+		if r.over { // takeCost's cost: the burst
+			r.cost = float64(p.Burst) / bucket.Micro
+			if op == bucket.Take {
+				op = bucket.Peek
+			}
 		}
-		over[j] = true
-		reqs[j].Cost = Burst(reqs[j].Limit)
-		if op == bucket.Take {
-			op = bucket.Peek
-		}
+		direct = direct && !perKey(&r.it.Limit, p)
 	}
-	m, err := e.apply(ctx, timeout, br, op, reqs)
+	var err error
+	if direct {
+		err = e.stepPrepared(ctx, timeout, br, op, sc)
+	} else {
+		err = e.stepRequests(ctx, timeout, br, op, sc)
+	}
 	if err != nil {
-		return m, err
+		return err
+	}
+	allowed := true
+	for j := range reqs {
+		allowed = allowed && reqs[j].d.Allowed
 	}
 	for _, it := range items {
-		it.Decision, it.Decided, it.Taken = m.Decisions[it.req], true, reqs[it.req].Cost
-		it.Changed = op == bucket.Refund || (op == bucket.Take && m.Allowed)
-		if over != nil && over[it.req] && op == bucket.Peek {
+		r := &reqs[it.req]
+		it.Decision, it.Decided, it.Taken = r.d, true, r.cost
+		it.Changed = op == bucket.Refund || (op == bucket.Take && allowed)
+		if r.over && op == bucket.Peek {
 			it.Decision.Allowed = false
 		}
 	}
-	return m, nil
+	return nil
+}
+
+// stepPrepared is step's store call of items whose params hold for every
+// key: each request checked (the key, the cost, the lease, in that
+// order, as store.Prepare does) and handed to the store as it is.
+func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, sc *scratch) error {
+	reqs := sc.reqs
+	n := len(reqs)
+	if cap(sc.items) < n {
+		sc.items, sc.res = make([]bucket.Prepared, n), make([]bucket.Result, n)
+	}
+	items, res := sc.items[:n], sc.res[:n]
+	for j := range reqs {
+		r := &reqs[j]
+		if err := store.PrepareCost(&items[j], op, r.it.Key, r.it.fixed(), r.c, r.err, false, r.it.Lease); err != nil {
+			if n > 1 {
+				err = fmt.Errorf("requests[%d]: %w", j, err)
+			}
+			e.refused(ctx, op, n, err)
+			return err
+		}
+	}
+	if err := e.call(ctx, timeout, br, op, e.at(), items, res); err != nil {
+		return err
+	}
+	for j := range reqs {
+		reqs[j].d = drip.DecisionOf(res[j], items[j].Params.Burst)
+	}
+	return nil
+}
+
+// stepRequests is step's store call through drip.Apply, for limits whose
+// params it resolves per key and time.
+func (e *Engine) stepRequests(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, sc *scratch) error {
+	rs := make([]drip.Request, len(sc.reqs))
+	for j, r := range sc.reqs {
+		rs[j] = drip.Request{Key: r.it.Key, Limit: r.it.Limit, Cost: r.cost, Lease: r.it.Lease}
+	}
+	m, err := e.apply(ctx, timeout, br, op, rs)
+	if err != nil {
+		return err
+	}
+	for j := range sc.reqs {
+		sc.reqs[j].d = m.Decisions[j]
+	}
+	return nil
+}
+
+// stepReq is one bucket of a step: its first item, the asks of its
+// items added (in fixed point c, or what is wrong with them), whether
+// they are over its burst, and its decision.
+type stepReq struct {
+	it   *Item
+	cost float64
+	c    int64
+	err  error
+	over bool
+	d    drip.Decision
+}
+
+// scratch is a step's memory, pooled: the items and results handed to a
+// store through its interface escape, and a decision on the memory store
+// should allocate little.
+type scratch struct {
+	reqs  []stepReq
+	items []bucket.Prepared
+	res   []bucket.Result
+}
+
+var scratches = sync.Pool{New: func() any {
+	return &scratch{reqs: make([]stepReq, 0, 4), items: make([]bucket.Prepared, 4), res: make([]bucket.Result, 4)}
+}}
+
+// free returns sc to the pool, holding no caller's items or strings.
+func (sc *scratch) free() {
+	clear(sc.reqs[:cap(sc.reqs)])
+	clear(sc.items[:cap(sc.items)])
+	sc.reqs = sc.reqs[:0]
+	scratches.Put(sc)
 }

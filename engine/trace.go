@@ -161,6 +161,15 @@ func (e *Engine) startStore(ctx context.Context, op bucket.Op, keys int) (contex
 }
 
 // endStore records err on sp and ends it.
+// refused records a store call that its input refused before the store
+// was asked (store.IsInput), as a store span marked bad input.
+func (e *Engine) refused(ctx context.Context, op bucket.Op, keys int, err error) {
+	if e.tracer != nil && store.IsInput(err) {
+		_, sp := e.startStore(ctx, op, keys)
+		endStore(sp, err)
+	}
+}
+
 func endStore(sp trace.Span, err error) {
 	if sp == nil {
 		return

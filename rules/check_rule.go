@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 )
 
 // One rule: its name, keys, match and limit.
@@ -423,12 +424,12 @@ func (c *checker) concurrencyConfig(f *fields, r *Rule) {
 	l := drip.Limit{Algorithm: drip.Concurrency, LeaseTTL: drip.DefaultLeaseTTL}
 	if v, fp, ok := f.get("max_in_flight"); !ok {
 		c.add(field(f.path, "max_in_flight"), "required for algorithm concurrency")
-	} else if m, ok := c.integer(fp, v, 1, drip.MaxInFlight); ok {
+	} else if m, ok := c.integer(fp, v, 1, store.MaxInFlight); ok {
 		l.MaxInFlight = m
 	}
 	if v, fp, ok := f.get("lease_ttl"); ok {
 		if d, ok := c.duration(fp, v, false); ok {
-			if d > drip.MaxLeaseTTL {
+			if d > store.MaxLeaseTTL {
 				c.add(fp, "must be at most 24h")
 			} else {
 				l.LeaseTTL = d

@@ -72,7 +72,7 @@ func (c *checker) claims(p string, v any, r *Rule) *ClaimLimit {
 	if !ok {
 		return nil
 	}
-	if r.Limit.Concurrent() {
+	if r.Limit.Algorithm == drip.Concurrency {
 		// Claims give a rate and a burst; a concurrency rule has neither
 		// (its per-tenant limits are overrides of max_in_flight).
 		c.add(p, "a concurrency rule has no rate or burst for claims to set: use a per-tenant override of max_in_flight")

@@ -4,6 +4,8 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+
+	"github.com/driplimit/drip"
 )
 
 // Rules that know the response: cost_from_response (the cost is settled
@@ -122,7 +124,7 @@ func (c *checker) settleRule(p string, r *Rule) {
 		c.add(p+".count_status", "cannot be combined with cost_from_response")
 	}
 	switch {
-	case r.Limit.Concurrent():
+	case r.Limit.Algorithm == drip.Concurrency:
 		c.add(p+"."+what, "a concurrency rule holds a slot, it has no cost to settle")
 	case r.Mode == Shadow:
 		c.add(p+"."+what, "is for enforce rules only")

@@ -291,7 +291,7 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 	if err != nil {
 		return r, name, err
 	}
-	if opName == "release" && !r.Limit.Concurrent() {
+	if opName == "release" && r.Limit.Algorithm != drip.Concurrency {
 		// A release gives back slots only: the tokens of the acquire's
 		// token buckets are spent. Such a request gives back nothing
 		// and answers its bucket as it is.
@@ -303,8 +303,8 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 	if it.Lease != "" {
 		return drip.Request{}, "", inputf("%v: /v1/acquire names its leases itself; give none", store.ErrInvalidLease)
 	}
-	if r.Limit.Concurrent() {
-		r.Lease = drip.NewLeaseID()
+	if r.Limit.Algorithm == drip.Concurrency {
+		r.Lease = store.NewLeaseID()
 	}
 	return r, name, nil
 }

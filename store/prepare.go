@@ -1,6 +1,8 @@
 package store
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"math"
 	"time"
@@ -15,6 +17,32 @@ const MaxAmount = 1e12
 // MaxLeaseLen is the longest lease ID drip accepts, in bytes.
 const MaxLeaseLen = 64
 
+// MaxLeaseTTL bounds a concurrency limit's lease TTL: a slot never stays
+// taken longer than a day by a holder that is gone.
+const MaxLeaseTTL = 24 * time.Hour
+
+// MaxInFlight bounds a concurrency limit's slots, so that a key's leases
+// stay a bounded amount of state in every store: at most a million leases,
+// about 130 bytes each in the memory store, a row each in PostgreSQL, a
+// sorted-set member each in Redis. No store's acquire or release costs
+// time that grows with the leases held (a heap in memory, an index in
+// PostgreSQL, a sorted set in Redis; BENCHMARKS.md), so the bound is the
+// state, not the time: it was 10,000 while the memory store and
+// PostgreSQL rewrote a key's leases whole at each acquire and release.
+const MaxInFlight = 1_000_000
+
+// MaxSlidingRate bounds a sliding window's rate, so that its counts stay
+// exact in every store's arithmetic (doubles in Redis's scripts).
+const MaxSlidingRate = 1e9
+
+// NewLeaseID returns a fresh random lease ID, as CheckLease accepts: 128
+// bits from crypto/rand, in 22 characters of unpadded base64url.
+func NewLeaseID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
 // Prepare checks one request against its limit's params p (made by
 // drip.Limit.Params) and writes it to it as an item for Store.Apply: the
 // key (CheckKey), the op and the cost (Cost) and the lease (CheckLease),
@@ -26,6 +54,22 @@ func Prepare(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, co
 		return err
 	}
 	c, err := Cost(op, cost, reserve, *p)
+	return prepareCost(it, op, key, p, c, err, reserve, lease)
+}
+
+// PrepareCost is Prepare for a caller that turned the cost to fixed point
+// itself, with Cost or as Cost does (c, or what is wrong with it: err):
+// a plan that holds its params checks only the request's key and lease
+// here, and reports the first problem as Prepare would.
+func PrepareCost(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, c int64, err error, reserve bool, lease string) error {
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	return prepareCost(it, op, key, p, c, err, reserve, lease)
+}
+
+// prepareCost is Prepare after the key's check.
+func prepareCost(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, c int64, err error, reserve bool, lease string) error {
 	if err != nil {
 		return err
 	}
@@ -138,7 +182,7 @@ func checkBurst(op bucket.Op, c int64, cost float64, reserve bool, p bucket.Para
 // CheckLease checks a request's lease ID for op under params p: a take or
 // refund on a concurrency limit needs one; a peek may name one or not;
 // other limits take none. IDs are 1 to MaxLeaseLen bytes of printable
-// ASCII (drip.NewLeaseID makes such IDs). Prepare calls it.
+// ASCII (NewLeaseID makes such IDs). Prepare calls it.
 func CheckLease(op bucket.Op, id string, p bucket.Params) error {
 	if p.Kind != bucket.Concurrency {
 		if id != "" {

@@ -210,7 +210,7 @@ func RunLeases(t *testing.T, newStore NewStore) {
 		var holders, peak, granted atomic.Int64
 		run(t, workers, func(w int) error {
 			for range each {
-				id := drip.NewLeaseID()
+				id := store.NewLeaseID()
 				d, err := Apply(c, st, bucket.Take, at, drip.Request{Key: k, Limit: hot, Lease: id})
 				if err != nil {
 					return err
@@ -396,7 +396,7 @@ func BenchLeases(b *testing.B, st store.Store, holders int) {
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			id := drip.NewLeaseID()
+			id := store.NewLeaseID()
 			d, err := Apply(c, st, bucket.Take, time.Time{}, drip.Request{Key: key, Limit: lim, Lease: id})
 			if err == nil && !d.Allowed {
 				err = fmt.Errorf("acquire denied: %+v", d)

@@ -84,7 +84,7 @@ func Run(t *testing.T, st store.Store, l Load) Result {
 				k := l.Keys[i%len(l.Keys)]
 				switch {
 				case l.Leases && i%3 == 2:
-					rs := []drip.Request{{Key: k, Limit: Limit, Cost: 1}, {Key: SlotsKey(k), Limit: Slots, Lease: drip.NewLeaseID()}}
+					rs := []drip.Request{{Key: k, Limit: Limit, Cost: 1}, {Key: SlotsKey(k), Limit: Slots, Lease: store.NewLeaseID()}}
 					_, err = drip.Apply(ctx, st, bucket.Take, time.Time{}, rs...)
 				case l.Multi && i%4 == 3 && len(l.Keys) > 1:
 					rs := []drip.Request{{Key: l.Keys[i%len(l.Keys)], Limit: Limit, Cost: 1}, {Key: l.Keys[(i+1)%len(l.Keys)], Limit: Limit, Cost: 1}}

@@ -18,5 +18,5 @@ func BenchmarkLeases(b *testing.B) {
 }
 
 // benchHolders: the leases held beside the timed pairs (at most
-// drip.MaxInFlight - 64).
+// store.MaxInFlight - 64).
 var benchHolders = []int{0, 1000, 100_000}

@@ -1,0 +1,162 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// TestPlanIsApply holds the engine's store calls, which hand the store
+// each item's compiled params (Item.Params) with its cost in fixed point,
+// to drip.Apply, which prepares every request from its Limit: the same
+// decisions, at the same instants, for every kind of limit, including
+// those whose params depend on the key (a fixed window without Start) or
+// the time (a calendar window), and for items of one key whose costs add
+// up past the burst.
+func TestPlanIsApply(t *testing.T) {
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := []drip.Limit{
+		drip.PerSecond(10).WithBurst(20),
+		drip.Per(3, time.Minute).WithRefill(drip.Interval),
+		drip.Per(5, time.Second).Window(),
+		{Algorithm: drip.FixedWindow, Rate: 5, Period: 7 * time.Second, Start: 3 * time.Second},
+		{Algorithm: drip.SlidingWindow, Rate: 6, Period: 10 * time.Second, Slots: 5},
+		{Algorithm: drip.FixedWindow, Rate: 40, Calendar: "day", Location: paris},
+		drip.InFlight(3, 5*time.Second),
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(26, 1))
+	at := time.Date(2026, 3, 28, 22, 59, 0, 0, time.UTC) // a minute before midnight in Paris
+	viaPlan, viaApply := memstore.New(memstore.WithSweep(0)), memstore.New(memstore.WithSweep(0))
+	defer viaPlan.Close()
+	defer viaApply.Close()
+	e := New(viaPlan, WithClock(func() time.Time { return at }))
+	defer e.Close()
+	leaseIDs := []string{store.NewLeaseID(), store.NewLeaseID(), store.NewLeaseID(), store.NewLeaseID()}
+	for step := range 3000 {
+		at = at.Add(time.Duration(rng.IntN(90)) * time.Millisecond)
+		l := limits[rng.IntN(len(limits))]
+		p, err := l.Params("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := []string{"a", "b", "c"}[:1+rng.IntN(3)]
+		var items []*Item
+		var reqs []drip.Request
+		for _, k := range keys {
+			key := l.String() + "/" + k
+			cost := float64(rng.IntN(30)) / 4
+			lease := ""
+			if l.Algorithm == drip.Concurrency {
+				// A slot a take (one of a few IDs, so that refunds
+				// release some), at most one item a key.
+				lease, cost = leaseIDs[rng.IntN(len(leaseIDs))], float64(rng.IntN(5))
+			}
+			items = append(items, &Item{Key: key, Limit: l, Params: &p, Cost: cost, Lease: lease, ask: cost})
+			if rng.IntN(4) == 0 && lease == "" { // a second item of the key: the costs add up
+				extra := float64(rng.IntN(30)) / 4
+				items = append(items, &Item{Key: key, Limit: l, Params: &p, Cost: extra, ask: extra})
+				cost += extra
+			}
+			reqs = append(reqs, drip.Request{Key: key, Limit: l, Cost: cost, Lease: lease})
+		}
+		op := bucket.Take
+		if rng.IntN(5) == 0 {
+			op = bucket.Refund
+		}
+		over := make([]bool, len(reqs))
+		for i := range reqs {
+			if reqs[i].Cost > Burst(l) {
+				// A bucket over its burst: the whole call is a peek (a
+				// refund stays one) at the burst, and that bucket denies.
+				over[i], reqs[i].Cost = true, Burst(l)
+				if op == bucket.Take {
+					op = bucket.Peek
+				}
+			}
+		}
+		if err := e.step(ctx, e.timeout, defaultBreaker, opOf(op == bucket.Refund), items); err != nil {
+			t.Fatal(err)
+		}
+		want, err := drip.Apply(ctx, viaApply, op, at, reqs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range items {
+			j := slicesIndex(reqs, it.Key)
+			w := want.Decisions[j]
+			if over[j] && op == bucket.Peek {
+				w.Allowed = false
+			}
+			if !it.Decided || it.Decision != w || it.Taken != reqs[j].Cost || it.Changed != (op == bucket.Refund || (op == bucket.Take && want.Allowed)) {
+				t.Fatalf("step %d, %v %v, key %s: %+v (taken %v, changed %v), drip.Apply's %+v", step, op, l, it.Key, it.Decision, it.Taken, it.Changed, w)
+			}
+		}
+	}
+}
+
+// opOf is the op step is asked for: a refund, else a take.
+func opOf(refund bool) bucket.Op {
+	if refund {
+		return bucket.Refund
+	}
+	return bucket.Take
+}
+
+func slicesIndex(reqs []drip.Request, key string) int {
+	for i, r := range reqs {
+		if r.Key == key {
+			return i
+		}
+	}
+	panic("no request of key " + key)
+}
+
+// TestPlanErrors: the engine's store call reports a request's problems as
+// drip.Apply does (the key, then the cost, then the lease), without
+// calling the store.
+func TestPlanErrors(t *testing.T) {
+	ms := memstore.New()
+	defer ms.Close()
+	e := New(ms)
+	defer e.Close()
+	l := drip.PerSecond(10)
+	p, _ := l.Params("")
+	slots := drip.InFlight(2, time.Minute)
+	sp, _ := slots.Params("")
+	long := strings.Repeat("k", store.MaxKeyLen+1)
+	for _, c := range []struct {
+		name string
+		item Item
+		want error
+	}{
+		{"no key, bad cost", Item{Limit: l, Params: &p, Cost: math.NaN()}, store.ErrMissingKey},
+		{"long key", Item{Key: long, Limit: l, Params: &p, Cost: 1}, store.ErrKeyTooLong},
+		{"bad cost, bad lease", Item{Key: "a", Limit: l, Params: &p, Cost: math.Inf(1), Lease: "x"}, store.ErrInvalidCost},
+		{"a lease on a bucket", Item{Key: "a", Limit: l, Params: &p, Cost: 1, Lease: "x"}, store.ErrInvalidLease},
+		{"a take of a slot without a lease", Item{Key: "a", Limit: slots, Params: &sp, Cost: 1}, store.ErrInvalidLease},
+	} {
+		it := c.item
+		_, err := e.DecideItems(context.Background(), []*Item{&it})
+		r := c.item
+		_, want := drip.Apply(context.Background(), ms, bucket.Take, time.Time{}, drip.Request{Key: r.Key, Limit: r.Limit, Cost: r.Cost, Lease: r.Lease})
+		if !errors.Is(err, c.want) || !errors.Is(want, c.want) || err.Error() != want.Error() {
+			t.Errorf("%s: %v, drip.Apply's %v, want %v", c.name, err, want, c.want)
+		}
+		if !store.IsInput(err) {
+			t.Errorf("%s: %v is not an input error", c.name, err)
+		}
+	}
+}
