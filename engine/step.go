@@ -273,6 +273,7 @@ func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rul
 			e.refused(ctx, op, n, err)
 			return err
 		}
+		items[j].Leased = r.it.Limit.Leased // as drip.Apply marks it: a leased limit's blocks
 	}
 	if err := e.call(ctx, timeout, br, op, e.at(), items, res); err != nil {
 		return err
