@@ -1,7 +1,9 @@
 package calendar
 
 import (
+	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -262,6 +264,35 @@ func TestHint(t *testing.T) {
 	for _, h := range []time.Duration{0, -1, 100 * 31 * 24 * time.Hour} {
 		if got := month.Hint(end, end.Sub(start), at("2026-02-01 00:00:00"), h); got != h {
 			t.Errorf("Hint(%v) = %v: no wait and a wait far out stay as they are", h, got)
+		}
+	}
+}
+
+// TestLoadZone: the names of the time zone database load (the same
+// Location each time); a name with a path trick, one of the machine's own
+// files, or too long is refused before any file is read.
+func TestLoadZone(t *testing.T) {
+	for _, name := range []string{"Europe/Berlin", "UTC", "Etc/GMT+5", "EST5EDT", "America/Port-au-Prince", "America/Argentina/ComodRivadavia", "GMT-0"} {
+		a, err := LoadZone(name)
+		if err != nil {
+			t.Errorf("%q: %v", name, err)
+			continue
+		}
+		if b, _ := LoadZone(name); a != b || a.String() != name {
+			t.Errorf("%q: %v then %v", name, a, b)
+		}
+	}
+	for _, name := range []string{"", "Local", "localtime", "posixrules", "right/UTC", "posix/Europe/Berlin",
+		"./Europe/Berlin", "Europe//Berlin", "Europe/./Berlin", "Europe/../Europe/Berlin", "../../etc/passwd",
+		"/etc/localtime", "Europe/Berlin/", "Europe/Berlin\x00", "zone.tab", "tzdata.zi", "Europe\\Berlin",
+		"Europe/" + strings.Repeat("a", 60), strings.Repeat("A/", 1000) + "B"} {
+		if loc, err := LoadZone(name); !errors.Is(err, ErrZoneName) {
+			t.Errorf("%q: %v, %v, want ErrZoneName", name, loc, err)
+		}
+	}
+	for _, name := range []string{"Mars/Olympus", "leapseconds", "SystemV/AST4", "europe/berlin"} {
+		if loc, err := LoadZone(name); err == nil || errors.Is(err, ErrZoneName) {
+			t.Errorf("%q: %v, %v, want an unknown zone", name, loc, err)
 		}
 	}
 }
