@@ -484,3 +484,81 @@ func TestCostFromResponseFixedWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestCostFromResponseHostile: what a response reports and what a
+// request estimates are read as costs only when they are plain decimal
+// numbers from 0 to 1e12: a sign, an exponent, hex, NaN, digits past the
+// bound or 32 characters leave the estimate (or, for the estimate, the
+// rule's default cost); an estimate above the burst is refused and takes
+// nothing; of several values of the header, the first counts; a report of
+// the largest cost charges at most to the debt bound. Each step starts
+// on a full bucket.
+func TestCostFromResponseHostile(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, u := range r.URL.Query()["usage"] {
+			w.Header().Add("X-Usage", u)
+		}
+		fmt.Fprintln(w, "done")
+	})
+	e := newSettleEnv(t, nil, usageRules, h)
+	want := 1000.0
+	for _, s := range []struct {
+		usage    []string
+		estimate string
+		event    string
+		delta    float64 // tokens taken in the end
+	}{
+		{[]string{"-500"}, "", "tokens/settled", 100},
+		{[]string{"NaN"}, "", "tokens/settled", 100},
+		{[]string{"Inf"}, "", "tokens/settled", 100},
+		{[]string{"0x10"}, "", "tokens/settled", 100},
+		{[]string{"1e3"}, "", "tokens/settled", 100},
+		{[]string{"1_0"}, "", "tokens/settled", 100},
+		{[]string{"1000000000000.5"}, "", "tokens/settled", 100},
+		{[]string{"99999999999999999999999"}, "", "tokens/settled", 100},
+		{[]string{strings.Repeat("0", 40) + "5"}, "", "tokens/settled", 100},
+		{[]string{"5", "900"}, "", "tokens/refunded", 5},  // the first
+		{[]string{"x", "900"}, "", "tokens/settled", 100}, // the first is not a cost
+		{[]string{"20"}, "1e12", "tokens/refunded", 20},   // the estimate: default_cost
+		{[]string{"20"}, "-5", "tokens/refunded", 20},     // the estimate: default_cost
+		{[]string{"20"}, "NaN", "tokens/refunded", 20},    // the estimate: default_cost
+		{[]string{"20"}, "0", "tokens/charged", 20},       // an estimate of 0 is an estimate
+		{[]string{"20"}, strings.Repeat("9", 33), "tokens/refunded", 20},
+	} {
+		e.clock.Add(time.Hour) // full again: 1000 an hour
+		q := "/?"
+		for _, u := range s.usage {
+			q += "usage=" + strings.ReplaceAll(u, "+", "%2B") + "&"
+		}
+		hs := []string{"X-Tenant: h"}
+		if s.estimate != "" {
+			hs = append(hs, "X-Estimate: "+s.estimate)
+		}
+		if code, _ := e.get(t, q, hs...); code != 200 {
+			t.Fatalf("%v (estimate %q): %d", s.usage, s.estimate, code)
+		}
+		if ev := e.obs.next(t); ev != s.event {
+			t.Errorf("%v (estimate %q): %s, want %s", s.usage, s.estimate, ev, s.event)
+		}
+		want = 1000 - s.delta
+		if got := e.tokens(t, "tokens", "h"); got != want {
+			t.Fatalf("%v (estimate %q): %v tokens, want %v", s.usage, s.estimate, got, want)
+		}
+	}
+	// An estimate above the burst is refused (429) and takes nothing.
+	if code, _ := e.get(t, "/?usage=1", "X-Tenant: h", "X-Estimate: 999999999999"); code != 429 {
+		t.Errorf("an estimate of 999999999999: %d, want 429", code)
+	}
+	if got := e.tokens(t, "tokens", "h"); got != want {
+		t.Errorf("after the refused estimate: %v tokens, want %v", got, want)
+	}
+	// The largest cost a response may report: charged into debt down to
+	// one burst, the rest forgiven.
+	e.get(t, "/?usage=1000000000000", "X-Tenant: h")
+	if ev := e.obs.next(t); ev != "tokens/forgiven" {
+		t.Errorf("a report of 1e12: %s, want forgiven", ev)
+	}
+	if got := e.tokens(t, "tokens", "h"); got < -1000 || got > -999.999 {
+		t.Errorf("after a report of 1e12: %v tokens, want -1000", got)
+	}
+}

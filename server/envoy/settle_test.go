@@ -7,6 +7,8 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/driplimit/drip"
@@ -179,5 +181,56 @@ func TestSettleParse(t *testing.T) {
 	}
 	if l := cfg.Match("d", entries("k=v")); l == nil || l.Settle {
 		t.Errorf("settle: false: %+v", l)
+	}
+}
+
+// TestSettleHuge: the largest hits_addend a charge may carry (1e12) runs
+// the bucket into debt at most one burst, on a drip_settle descriptor and
+// on a settle limit; one more is INVALID_ARGUMENT and takes nothing, from
+// the other descriptors of the call too.
+func TestSettleHuge(t *testing.T) {
+	cfg, err := Parse(File{Name: "llm.yaml", Data: []byte(`domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1000, settle: true}
+  - key: other
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := memstore.New()
+	t.Cleanup(func() { ms.Close() })
+	r := serve(t, ms, cfg, false)
+	tokens := func(kv string) float64 {
+		t.Helper()
+		l := drip.Limit{Rate: 1000, Period: 60e9, Burst: 1000}
+		m, err := drip.Apply(context.Background(), ms, bucket.Peek, r.clock.Now(), drip.Request{Key: bucketKey("llm", entries(kv), nil), Limit: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Decisions[0].Tokens
+	}
+	for _, d := range []*ratelimitv3.RateLimitDescriptor{desc("tenant=a"), desc("other=a", SettleKey+"=1")} {
+		d.HitsAddend = wrapperspb.UInt64(1e12)
+		if c := r.call(t, "llm", 0, d).OverallCode; c != rlsv3.RateLimitResponse_OK {
+			t.Errorf("%v: a charge of 1e12: %v", d.Entries, c)
+		}
+	}
+	for _, kv := range []string{"tenant=a", "other=a"} {
+		if got := tokens(kv); got < -1000 || got > -999.999 {
+			t.Errorf("%s after a charge of 1e12: %v, want -1000", kv, got)
+		}
+	}
+	over := desc("tenant=b")
+	over.HitsAddend = wrapperspb.UInt64(1e12 + 1)
+	_, err = r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("other=b"), over}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[1].hits_addend") {
+		t.Errorf("a charge of 1e12+1: %v, want INVALID_ARGUMENT naming descriptors[1].hits_addend", err)
+	}
+	for _, kv := range []string{"tenant=b", "other=b"} {
+		if got := tokens(kv); got != 1000 {
+			t.Errorf("%s after the refused call: %v, want 1000", kv, got)
+		}
 	}
 }
