@@ -562,3 +562,49 @@ func TestCostFromResponseHostile(t *testing.T) {
 		t.Errorf("after a report of 1e12: %v tokens, want -1000", got)
 	}
 }
+
+// TestCountStatusParallelHeld: a count_status rule's bound grows with the
+// requests of a key in flight at once, which a client chooses; a
+// concurrency rule on the same key beside it bounds them, so that 8
+// clients failing logins in parallel, 20 attempts each, get at most the
+// burst through (max_in_flight 1: burst + 1 - 1), each counted.
+func TestCountStatusParallelHeld(t *testing.T) {
+	const workers, attempts, burst = 8, 20, 5
+	src := `{"rules": [
+	{"name": "logins", "limit_keys": ["header:x-user"], "count_status": [401, 403],
+	 "algorithm": "token_bucket", "algorithm_config": {"rate": 5, "period": "1h", "burst": 5, "max_reserved": 10}},
+	{"name": "login-slots", "limit_keys": ["header:x-user"], "algorithm": "concurrency",
+	 "algorithm_config": {"max_in_flight": 1}}]}`
+	e := newSettleEnv(t, nil, src, loginHandler())
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range attempts {
+				code, _ := e.get(t, "/", "X-User: p")
+				switch code {
+				case 401:
+					failed.Add(1)
+				case 429:
+				default:
+					t.Errorf("status %d", code)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := failed.Load()
+	if n > burst {
+		t.Errorf("%d failures got through, want at most %d", n, burst)
+	}
+	// Each failure's charge is settled after its response: wait for them.
+	for range n {
+		if ev := e.obs.next(t); ev != "logins/charged" {
+			t.Errorf("%s", ev)
+		}
+	}
+	if got, want := e.tokens(t, "logins", "p"), float64(burst-n); got != want {
+		t.Errorf("%v tokens after %d failures, want %v", got, n, want)
+	}
+}

@@ -117,3 +117,53 @@ func TestRedisPause(t *testing.T) {
 		t.Errorf("granted %d in %v, over burst + rate*T = %.0f", g, elapsed, bound)
 	}
 }
+
+// TestCloseWhilePaused: an instance closed while Redis is paused (CLIENT
+// PAUSE for 14 s) still holding a block gives up on giving it back after
+// the block's life (1 s here), as its return would not matter past it,
+// instead of waiting for the server (or for its client's own timeout, 10
+// s: Close took that long before): drip serve's shutdown is not held by a
+// stalled store.
+func TestCloseWhilePaused(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	rs, err := redisstore.Open(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	p, err := drip.PerSecond(1000).WithBurst(5000).Params("hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var it bucket.Prepared
+	if err := store.Prepare(&it, bucket.Take, "hot", &p, 1, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := leased.New(rs, leased.WithHorizon(time.Second), leased.WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Demand until the instance holds a block.
+	res := make([]bucket.Result, 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for ls.Stats().TokensHeld == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no block after 30 s of demand")
+		}
+		if err := ls.Apply(context.Background(), bucket.Take, time.Time{}, []bucket.Prepared{it}, res); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := srv.Cli("CLIENT", "PAUSE", "14000", "ALL"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Cli("CLIENT", "UNPAUSE") })
+	start := time.Now()
+	ls.Close()
+	// The block's life, and room for a loaded machine, short of the
+	// client's timeout.
+	if d := time.Since(start); d > 6*time.Second {
+		t.Errorf("Close took %v while the store was paused, want about the block's life (1 s)", d)
+	}
+}
