@@ -608,3 +608,69 @@ func TestCountStatusParallelHeld(t *testing.T) {
 		t.Errorf("%v tokens after %d failures, want %v", got, n, want)
 	}
 }
+
+// TestSettleWindows: sliding and calendar windows hold no debt, so their
+// settlements charge what the window has left and forgive the rest (the
+// charge used to be refused as a reservation, and was lost: a
+// cost_from_response paid its estimate only, a count_status rule counted
+// nothing). Failed logins per calendar day in Berlin: five are counted,
+// the sixth attempt is refused, and the next local day starts afresh.
+func TestSettleWindows(t *testing.T) {
+	for _, algo := range []string{
+		`"algorithm": "sliding_window", "algorithm_config": {"rate": 1000, "period": "1h", "cost_source": "header:x-estimate", "default_cost": 100}`,
+		`"algorithm": "fixed_window", "algorithm_config": {"rate": 1000, "period": "month", "time_zone": "Europe/Berlin", "cost_source": "header:x-estimate", "default_cost": 100}`,
+	} {
+		t.Run(strings.Split(algo, ",")[0], func(t *testing.T) {
+			src := `{"rules": [{"name": "tokens", "limit_keys": ["header:x-tenant"], "cost_from_response": "header:x-usage", ` + algo + `}]}`
+			e := newSettleEnv(t, nil, src, usageHandler())
+			for _, s := range []struct {
+				query, event string
+				want         float64
+			}{
+				{"?usage=250", "tokens/charged", 750},
+				{"?usage=20", "tokens/refunded", 730},
+				{"?usage=5000", "tokens/forgiven", 0}, // 630 left after the estimate: all of it
+			} {
+				if code, _ := e.get(t, "/"+s.query, "X-Tenant: a"); code != 200 {
+					t.Fatalf("%s: %d", s.query, code)
+				}
+				if ev := e.obs.next(t); ev != s.event {
+					t.Errorf("%s: %s, want %s", s.query, ev, s.event)
+				}
+				if got := e.tokens(t, "tokens", "a"); got != s.want {
+					t.Errorf("%s: %v tokens, want %v", s.query, got, s.want)
+				}
+			}
+			if c, f := e.obs.moved("tokens/charged"), e.obs.moved("tokens/forgiven"); c != 150+630 || f != 4900-630 {
+				t.Errorf("%v charged and %v forgiven, want %v and %v", c, f, 150+630, 4900-630)
+			}
+			if code, _ := e.get(t, "/?usage=1", "X-Tenant: a"); code != 429 {
+				t.Errorf("the window used up: %d, want 429", code)
+			}
+		})
+	}
+
+	src := `{"rules": [{"name": "logins", "limit_keys": ["header:x-user"], "count_status": [401],
+	 "algorithm": "fixed_window", "algorithm_config": {"rate": 5, "period": "day", "time_zone": "Europe/Berlin"}}]}`
+	e := newSettleEnv(t, nil, src, loginHandler())
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Set(time.Date(2026, 3, 28, 23, 0, 0, 0, berlin)) // the day before summer time
+	for i := range 5 {
+		if code, _ := e.get(t, "/", "X-User: u"); code != 401 {
+			t.Fatalf("failure %d: %d", i, code)
+		}
+		if ev := e.obs.next(t); ev != "logins/charged" {
+			t.Fatalf("failure %d: %s", i, ev)
+		}
+	}
+	if code, _ := e.get(t, "/", "X-User: u", "X-Password: right"); code != 429 {
+		t.Fatalf("after 5 failures: %d, want 429", code)
+	}
+	e.clock.Set(time.Date(2026, 3, 29, 0, 0, 1, 0, berlin))
+	if code, _ := e.get(t, "/", "X-User: u", "X-Password: right"); code != 200 {
+		t.Errorf("the next day: %d, want 200", code)
+	}
+}
