@@ -7,6 +7,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/calendar"
 	"github.com/driplimit/drip/internal/seconds"
 )
 
@@ -19,7 +21,7 @@ type limitJSON struct {
 	Rate        float64           `json:"rate,omitempty"`
 	Period      *periodJSON       `json:"period,omitempty"`
 	TimeZone    string            `json:"time_zone,omitempty"`
-	Slots       int               `json:"slots,omitempty"`
+	Slots       *int              `json:"slots,omitempty"`
 	Burst       *float64          `json:"burst,omitempty"`
 	Refill      Refill            `json:"refill,omitempty"`
 	Start       *seconds.Duration `json:"start,omitempty"`
@@ -30,7 +32,10 @@ type limitJSON struct {
 
 // MarshalJSON encodes l as {"rate": 10, "period": "1s", ...}.
 func (l Limit) MarshalJSON() ([]byte, error) {
-	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Refill: l.Refill, MaxReserved: l.MaxReserved, MaxInFlight: l.MaxInFlight, Slots: l.Slots}
+	j := limitJSON{Algorithm: l.Algorithm, Rate: l.Rate, Refill: l.Refill, MaxReserved: l.MaxReserved, MaxInFlight: l.MaxInFlight}
+	if l.Slots != 0 {
+		j.Slots = &l.Slots
+	}
 	if l.Calendar != "" {
 		j.Period = &periodJSON{calendar: l.Calendar}
 	}
@@ -65,7 +70,13 @@ func (l *Limit) UnmarshalJSON(b []byte) error {
 	}
 	// In Go a zero Period or Burst means the default; in JSON the default
 	// is an absent field, and an explicit zero is an invalid limit.
-	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Refill: j.Refill, MaxReserved: j.MaxReserved, MaxInFlight: j.MaxInFlight, Slots: j.Slots}
+	*l = Limit{Algorithm: j.Algorithm, Rate: j.Rate, Refill: j.Refill, MaxReserved: j.MaxReserved, MaxInFlight: j.MaxInFlight}
+	if j.Slots != nil {
+		if *j.Slots == 0 {
+			return fmt.Errorf("%w: slots must be from 1 to %d", ErrInvalidLimit, bucket.MaxSlots)
+		}
+		l.Slots = *j.Slots
+	}
 	if j.LeaseTTL != nil {
 		if *j.LeaseTTL <= 0 {
 			return fmt.Errorf("%w: lease_ttl must be > 0", ErrInvalidLimit)
@@ -126,18 +137,12 @@ func (p *periodJSON) UnmarshalJSON(b []byte) error {
 	return p.d.UnmarshalJSON(b)
 }
 
-// maxZoneLen bounds a time zone's name in JSON (the longest of the time
-// zone database is 32 bytes).
-const maxZoneLen = 64
-
-// loadZone loads a time zone of the time zone database by name.
+// loadZone loads a time zone of the time zone database by name
+// (calendar.LoadZone).
 func loadZone(name string) (*time.Location, error) {
-	if len(name) > maxZoneLen || name == "Local" {
-		return nil, fmt.Errorf("%w: time_zone must name a zone of the time zone database", ErrInvalidLimit)
-	}
-	loc, err := time.LoadLocation(name)
+	loc, err := calendar.LoadZone(name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: unknown time_zone %q", ErrInvalidLimit, name)
+		return nil, fmt.Errorf("%w: time_zone: %w", ErrInvalidLimit, err)
 	}
 	return loc, nil
 }

@@ -407,7 +407,7 @@ func (l Limit) paramsAt(key string, t time.Time) (bucket.Params, error) {
 	switch {
 	case l.Calendar != "":
 		if t.IsZero() {
-			t = time.Now()
+			t = wallNow()
 		}
 		u, _ := calendar.ParseUnit(l.Calendar) // valid
 		start, end := calendar.Period{Unit: u, Loc: l.Location}.Window(t)
@@ -446,3 +446,26 @@ func (l Limit) keyDependent() bool {
 }
 
 func toMicro(x float64) int64 { return int64(math.Round(x * bucket.Micro)) }
+
+// wallNow is the caller's clock where a decision has no time of its own
+// (the store decides on its clock): the calendar window it places, and
+// the time its wait hints are read from. A variable for tests.
+var wallNow = time.Now
+
+// calendarHints puts the wait hints of a calendar window's result on the
+// calendar (see calendar.Period.Hint): p is the window the store was
+// handed, at the decision's time (zero: the store's, read here as the
+// caller's clock after the store answered).
+func calendarHints(r *bucket.Result, l *Limit, p *bucket.Params, at time.Time) {
+	if p.Kind != bucket.Calendar {
+		return
+	}
+	if at.IsZero() {
+		at = wallNow()
+	}
+	u, _ := calendar.ParseUnit(l.Calendar) // valid: p came from l
+	per := calendar.Period{Unit: u, Loc: l.Location}
+	end, length := time.Unix(0, p.Start+p.Period), time.Duration(p.Period)
+	r.RetryAfter = per.Hint(end, length, at, r.RetryAfter)
+	r.ResetAfter = per.Hint(end, length, at, r.ResetAfter)
+}

@@ -128,6 +128,9 @@ func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost floa
 	if err == nil {
 		err = l.store.Apply(ctx, op, at, c.items[:1], c.results[:1])
 	}
+	if l.keyed {
+		calendarHints(&c.results[0], &l.limit, p, at)
+	}
 	d := DecisionOf(c.results[0], p.Burst)
 	it.Key, it.Lease = "", "" // keep no caller's strings alive in the pool
 	calls.Put(c)

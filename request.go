@@ -96,8 +96,9 @@ func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, mult
 		return Multi{}, err
 	}
 	ds := make([]Decision, len(res))
-	for i, r := range res {
-		ds[i] = DecisionOf(r, items[i].Params.Burst)
+	for i := range res {
+		calendarHints(&res[i], &rs[i].Limit, &items[i].Params, at)
+		ds[i] = DecisionOf(res[i], items[i].Params.Burst)
 	}
 	return combine(ds), nil
 }

@@ -16,7 +16,9 @@ package bucket
 //
 // A store whose clock has passed the window's end decides in the next
 // window on the window's grid: its start is right (the current window's
-// end), and the next call's params carry its true length.
+// end), and the next call's params carry its true length. Its waits
+// (RetryAfter, ResetAfter) end on that grid; the caller moves them to the
+// calendar (calendar.Period.Hint).
 const Calendar Kind = 5
 
 // calendarNow applies Calendar's rules to a decision on b (found) at now.

@@ -225,8 +225,6 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 		if it.Limit.Algorithm == drip.Concurrency || it.Cost <= 0 {
 			continue // a slot is held, not charged; nothing to charge
 		}
-		l := it.Limit
-		l.MaxReserved = DebtBound(l)
 		it.req = -1
 		for j, r := range reqs { // items of one key are one bucket: their costs add up
 			if r.Key == it.Key {
@@ -236,14 +234,14 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 		}
 		if it.req < 0 {
 			it.req = len(reqs)
-			reqs = append(reqs, drip.Request{Key: it.Key, Limit: l, Cost: it.Cost, Reserve: true})
+			reqs = append(reqs, drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.Cost})
 		}
 		its = append(its, it)
 	}
 	asked := make([]float64, len(reqs))
-	for j := range reqs {
-		asked[j] = reqs[j].Cost
-		reqs[j].Cost = min(reqs[j].Cost, Burst(reqs[j].Limit)+reqs[j].Limit.MaxReserved)
+	for j, r := range reqs {
+		asked[j] = r.Cost
+		reqs[j] = chargeReq(r.Key, r.Limit, r.Cost)
 	}
 	if len(reqs) == 0 {
 		return nil

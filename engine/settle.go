@@ -58,12 +58,25 @@ func (out *Outcome) Settles() bool {
 func (a *Applied) settles() bool { return a.Rule.Settles() && a.Event == Allowed && !a.Local }
 
 // DebtBound is the most debt a settlement may run a bucket of limit l
-// into: its max_reserved when set, else one burst.
+// into: its max_reserved when set, else one burst; 0 for a sliding or a
+// calendar window, which hold no debt (a charge there takes what the
+// window has left, and the rest is forgiven).
 func DebtBound(l drip.Limit) float64 {
-	if l.MaxReserved > 0 {
+	switch {
+	case l.Algorithm == drip.SlidingWindow || l.Calendar != "":
+		return 0
+	case l.MaxReserved > 0:
 		return l.MaxReserved
 	}
 	return Burst(l)
+}
+
+// chargeReq is the request that charges cost of work done to key's bucket
+// of limit l: with a reservation, into debt at most DebtBound (cost cut to
+// the burst plus the bound); a limit without debt is taken plainly.
+func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
+	l.MaxReserved = DebtBound(l)
+	return drip.Request{Key: key, Limit: l, Cost: min(cost, Burst(l)+l.MaxReserved), Reserve: l.MaxReserved > 0}
 }
 
 // Settle settles the request's rules that know the response, when it
@@ -118,10 +131,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 		}
 		switch {
 		case delta > 0:
-			l := a.Limit
-			l.MaxReserved = DebtBound(l)
-			c := min(delta, Burst(l)+l.MaxReserved)
-			charges = append(charges, drip.Request{Key: a.Key, Limit: l, Cost: c, Reserve: true})
+			charges = append(charges, chargeReq(a.Key, a.Limit, delta))
 			charged, asked = append(charged, a), append(asked, delta)
 		case delta < 0:
 			refunds = append(refunds, drip.Request{Key: a.Key, Limit: a.Limit, Cost: -delta})
@@ -215,12 +225,16 @@ func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules
 		}
 		// What the bound leaves each refused charge: the bucket's
 		// tokens (a denial reports them) plus the bound, in drip's
-		// fixed point, less one micro-token against rounding.
+		// fixed point, less one micro-token against rounding when
+		// there is a bound (a window without debt is taken to 0).
 		var keep []drip.Request
 		var kept []int
 		for j, r := range reqs {
 			if d := m.Decisions[j]; !d.Allowed {
-				left := toMicro(d.Tokens) + toMicro(r.Limit.MaxReserved) - 1
+				left := toMicro(d.Tokens) + toMicro(r.Limit.MaxReserved)
+				if r.Reserve {
+					left--
+				}
 				if left <= 0 {
 					continue
 				}

@@ -484,3 +484,193 @@ func TestCostFromResponseFixedWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestCostFromResponseHostile: what a response reports and what a
+// request estimates are read as costs only when they are plain decimal
+// numbers from 0 to 1e12: a sign, an exponent, hex, NaN, digits past the
+// bound or 32 characters leave the estimate (or, for the estimate, the
+// rule's default cost); an estimate above the burst is refused and takes
+// nothing; of several values of the header, the first counts; a report of
+// the largest cost charges at most to the debt bound. Each step starts
+// on a full bucket.
+func TestCostFromResponseHostile(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, u := range r.URL.Query()["usage"] {
+			w.Header().Add("X-Usage", u)
+		}
+		fmt.Fprintln(w, "done")
+	})
+	e := newSettleEnv(t, nil, usageRules, h)
+	want := 1000.0
+	for _, s := range []struct {
+		usage    []string
+		estimate string
+		event    string
+		delta    float64 // tokens taken in the end
+	}{
+		{[]string{"-500"}, "", "tokens/settled", 100},
+		{[]string{"NaN"}, "", "tokens/settled", 100},
+		{[]string{"Inf"}, "", "tokens/settled", 100},
+		{[]string{"0x10"}, "", "tokens/settled", 100},
+		{[]string{"1e3"}, "", "tokens/settled", 100},
+		{[]string{"1_0"}, "", "tokens/settled", 100},
+		{[]string{"1000000000000.5"}, "", "tokens/settled", 100},
+		{[]string{"99999999999999999999999"}, "", "tokens/settled", 100},
+		{[]string{strings.Repeat("0", 40) + "5"}, "", "tokens/settled", 100},
+		{[]string{"5", "900"}, "", "tokens/refunded", 5},  // the first
+		{[]string{"x", "900"}, "", "tokens/settled", 100}, // the first is not a cost
+		{[]string{"20"}, "1e12", "tokens/refunded", 20},   // the estimate: default_cost
+		{[]string{"20"}, "-5", "tokens/refunded", 20},     // the estimate: default_cost
+		{[]string{"20"}, "NaN", "tokens/refunded", 20},    // the estimate: default_cost
+		{[]string{"20"}, "0", "tokens/charged", 20},       // an estimate of 0 is an estimate
+		{[]string{"20"}, strings.Repeat("9", 33), "tokens/refunded", 20},
+	} {
+		e.clock.Add(time.Hour) // full again: 1000 an hour
+		q := "/?"
+		for _, u := range s.usage {
+			q += "usage=" + strings.ReplaceAll(u, "+", "%2B") + "&"
+		}
+		hs := []string{"X-Tenant: h"}
+		if s.estimate != "" {
+			hs = append(hs, "X-Estimate: "+s.estimate)
+		}
+		if code, _ := e.get(t, q, hs...); code != 200 {
+			t.Fatalf("%v (estimate %q): %d", s.usage, s.estimate, code)
+		}
+		if ev := e.obs.next(t); ev != s.event {
+			t.Errorf("%v (estimate %q): %s, want %s", s.usage, s.estimate, ev, s.event)
+		}
+		want = 1000 - s.delta
+		if got := e.tokens(t, "tokens", "h"); got != want {
+			t.Fatalf("%v (estimate %q): %v tokens, want %v", s.usage, s.estimate, got, want)
+		}
+	}
+	// An estimate above the burst is refused (429) and takes nothing.
+	if code, _ := e.get(t, "/?usage=1", "X-Tenant: h", "X-Estimate: 999999999999"); code != 429 {
+		t.Errorf("an estimate of 999999999999: %d, want 429", code)
+	}
+	if got := e.tokens(t, "tokens", "h"); got != want {
+		t.Errorf("after the refused estimate: %v tokens, want %v", got, want)
+	}
+	// The largest cost a response may report: charged into debt down to
+	// one burst, the rest forgiven.
+	e.get(t, "/?usage=1000000000000", "X-Tenant: h")
+	if ev := e.obs.next(t); ev != "tokens/forgiven" {
+		t.Errorf("a report of 1e12: %s, want forgiven", ev)
+	}
+	if got := e.tokens(t, "tokens", "h"); got < -1000 || got > -999.999 {
+		t.Errorf("after a report of 1e12: %v tokens, want -1000", got)
+	}
+}
+
+// TestCountStatusParallelHeld: a count_status rule's bound grows with the
+// requests of a key in flight at once, which a client chooses; a
+// concurrency rule on the same key beside it bounds them, so that 8
+// clients failing logins in parallel, 20 attempts each, get at most the
+// burst through (max_in_flight 1: burst + 1 - 1), each counted.
+func TestCountStatusParallelHeld(t *testing.T) {
+	const workers, attempts, burst = 8, 20, 5
+	src := `{"rules": [
+	{"name": "logins", "limit_keys": ["header:x-user"], "count_status": [401, 403],
+	 "algorithm": "token_bucket", "algorithm_config": {"rate": 5, "period": "1h", "burst": 5, "max_reserved": 10}},
+	{"name": "login-slots", "limit_keys": ["header:x-user"], "algorithm": "concurrency",
+	 "algorithm_config": {"max_in_flight": 1}}]}`
+	e := newSettleEnv(t, nil, src, loginHandler())
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range attempts {
+				code, _ := e.get(t, "/", "X-User: p")
+				switch code {
+				case 401:
+					failed.Add(1)
+				case 429:
+				default:
+					t.Errorf("status %d", code)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := failed.Load()
+	if n > burst {
+		t.Errorf("%d failures got through, want at most %d", n, burst)
+	}
+	// Each failure's charge is settled after its response: wait for them.
+	for range n {
+		if ev := e.obs.next(t); ev != "logins/charged" {
+			t.Errorf("%s", ev)
+		}
+	}
+	if got, want := e.tokens(t, "logins", "p"), float64(burst-n); got != want {
+		t.Errorf("%v tokens after %d failures, want %v", got, n, want)
+	}
+}
+
+// TestSettleWindows: sliding and calendar windows hold no debt, so their
+// settlements charge what the window has left and forgive the rest (the
+// charge used to be refused as a reservation, and was lost: a
+// cost_from_response paid its estimate only, a count_status rule counted
+// nothing). Failed logins per calendar day in Berlin: five are counted,
+// the sixth attempt is refused, and the next local day starts afresh.
+func TestSettleWindows(t *testing.T) {
+	for _, algo := range []string{
+		`"algorithm": "sliding_window", "algorithm_config": {"rate": 1000, "period": "1h", "cost_source": "header:x-estimate", "default_cost": 100}`,
+		`"algorithm": "fixed_window", "algorithm_config": {"rate": 1000, "period": "month", "time_zone": "Europe/Berlin", "cost_source": "header:x-estimate", "default_cost": 100}`,
+	} {
+		t.Run(strings.Split(algo, ",")[0], func(t *testing.T) {
+			src := `{"rules": [{"name": "tokens", "limit_keys": ["header:x-tenant"], "cost_from_response": "header:x-usage", ` + algo + `}]}`
+			e := newSettleEnv(t, nil, src, usageHandler())
+			for _, s := range []struct {
+				query, event string
+				want         float64
+			}{
+				{"?usage=250", "tokens/charged", 750},
+				{"?usage=20", "tokens/refunded", 730},
+				{"?usage=5000", "tokens/forgiven", 0}, // 630 left after the estimate: all of it
+			} {
+				if code, _ := e.get(t, "/"+s.query, "X-Tenant: a"); code != 200 {
+					t.Fatalf("%s: %d", s.query, code)
+				}
+				if ev := e.obs.next(t); ev != s.event {
+					t.Errorf("%s: %s, want %s", s.query, ev, s.event)
+				}
+				if got := e.tokens(t, "tokens", "a"); got != s.want {
+					t.Errorf("%s: %v tokens, want %v", s.query, got, s.want)
+				}
+			}
+			if c, f := e.obs.moved("tokens/charged"), e.obs.moved("tokens/forgiven"); c != 150+630 || f != 4900-630 {
+				t.Errorf("%v charged and %v forgiven, want %v and %v", c, f, 150+630, 4900-630)
+			}
+			if code, _ := e.get(t, "/?usage=1", "X-Tenant: a"); code != 429 {
+				t.Errorf("the window used up: %d, want 429", code)
+			}
+		})
+	}
+
+	src := `{"rules": [{"name": "logins", "limit_keys": ["header:x-user"], "count_status": [401],
+	 "algorithm": "fixed_window", "algorithm_config": {"rate": 5, "period": "day", "time_zone": "Europe/Berlin"}}]}`
+	e := newSettleEnv(t, nil, src, loginHandler())
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Set(time.Date(2026, 3, 28, 23, 0, 0, 0, berlin)) // the day before summer time
+	for i := range 5 {
+		if code, _ := e.get(t, "/", "X-User: u"); code != 401 {
+			t.Fatalf("failure %d: %d", i, code)
+		}
+		if ev := e.obs.next(t); ev != "logins/charged" {
+			t.Fatalf("failure %d: %s", i, ev)
+		}
+	}
+	if code, _ := e.get(t, "/", "X-User: u", "X-Password: right"); code != 429 {
+		t.Fatalf("after 5 failures: %d, want 429", code)
+	}
+	e.clock.Set(time.Date(2026, 3, 29, 0, 0, 1, 0, berlin))
+	if code, _ := e.get(t, "/", "X-User: u", "X-Password: right"); code != 200 {
+		t.Errorf("the next day: %d, want 200", code)
+	}
+}

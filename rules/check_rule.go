@@ -8,6 +8,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/internal/calendar"
 )
 
 // One rule: its name, keys, match and limit.
@@ -242,20 +243,12 @@ func scalarText(v any) (string, bool) {
 	return "", false
 }
 
-// maxZoneLen bounds a time zone's name (the longest in the time zone
-// database is 32 bytes).
-const maxZoneLen = 64
-
 // location loads the time zone name ("Europe/Berlin", "UTC"), which must
-// be one of the time zone database's.
+// be one of the time zone database's (calendar.LoadZone).
 func (c *checker) location(path, name string) *time.Location {
-	if name == "" || len(name) > maxZoneLen || name == "Local" {
-		c.add(path, "must name a time zone of the time zone database, such as \"Europe/Berlin\" or \"UTC\"")
-		return nil
-	}
-	loc, err := time.LoadLocation(name)
+	loc, err := calendar.LoadZone(name)
 	if err != nil {
-		c.add(path, "unknown time zone %q", name)
+		c.add(path, "%v", err)
 		return nil
 	}
 	return loc

@@ -100,3 +100,16 @@ func TestWindowClaims(t *testing.T) {
 		t.Errorf("a burst_claim on a calendar window: err = %v", err)
 	}
 }
+
+// TestCalendarZoneNames: a rules file's time_zone is a name of the time
+// zone database: path tricks, the machine's own zone files and long names
+// are refused with the rule's path, before any file is read.
+func TestCalendarZoneNames(t *testing.T) {
+	for _, zone := range []string{"./Europe/Berlin", "Europe//Berlin", "../../etc/passwd", "/etc/localtime", "localtime", "Local", "posixrules", "right/UTC", "", strings.Repeat("A/", 100) + "B"} {
+		_, err := Parse([]byte(`{"rules": [{"name": "a", "limit_keys": ["global"], "algorithm": "fixed_window",
+		 "algorithm_config": {"rate": 5, "period": "day", "time_zone": "`+zone+`"}}]}`), "zones.json")
+		if err == nil || !strings.Contains(err.Error(), "rules[0].algorithm_config.time_zone: must name a time zone of the time zone database") {
+			t.Errorf("time_zone %.40q: %v", zone, err)
+		}
+	}
+}

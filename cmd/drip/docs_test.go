@@ -162,6 +162,26 @@ func TestDocBlocks(t *testing.T) {
 				if err := yaml.Unmarshal([]byte(b.text), &obj); err != nil || obj.APIVersion == "" || obj.Kind == "" {
 					t.Errorf("%s: a Kubernetes object that does not parse (%v) or has no apiVersion and kind", at, err)
 				}
+			case regexp.MustCompile(`(?m)^rate_limits:`).MatchString(b.text):
+				// Envoy's own rate limits of a route: drip cannot check
+				// them, but each must be YAML, with actions, and only
+				// the fields of Envoy's RateLimit.
+				var obj struct {
+					RateLimits []map[string]any `yaml:"rate_limits"`
+				}
+				if err := yaml.Unmarshal([]byte(b.text), &obj); err != nil || len(obj.RateLimits) == 0 {
+					t.Errorf("%s: Envoy's rate_limits do not parse (%v) or are empty", at, err)
+				}
+				for j, rl := range obj.RateLimits {
+					if rl["actions"] == nil {
+						t.Errorf("%s: rate_limits[%d] has no actions", at, j)
+					}
+					for k := range rl {
+						if !slices.Contains([]string{"stage", "disable_key", "actions", "limit", "hits_addend", "apply_on_stream_done"}, k) {
+							t.Errorf("%s: rate_limits[%d].%s is not a field of Envoy's RateLimit", at, j, k)
+						}
+					}
+				}
 			default: // an envoyproxy/ratelimit config
 				checkFile(t, at, filepath.Join(dir, "b"+strconv.Itoa(i)+".yaml"), []byte(b.text))
 			}

@@ -16,7 +16,7 @@
 //	drip_shadow_denials_total{rule}             requests a shadow rule would have denied
 //	drip_local_fallback_decisions_total{rule}   decisions of the local fallback (on_error: local)
 //	drip_settled_tokens_total{rule, outcome}    tokens moved after responses (cost_from_response,
-//	                                            count_status, Envoy's drip_settle): outcome charged,
+//	                                            count_status, Envoy's charges): outcome charged,
 //	                                            refunded, or forgiven (past the debt bound)
 //	drip_store_duration_seconds                 latency of the store calls made
 //	drip_store_errors_total                     store calls that failed or timed out
@@ -83,7 +83,7 @@ func New(opts ...Option) *Observer {
 		}, []string{"rule"}),
 		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_settled_tokens_total",
-			Help: "Tokens moved when responses ended (cost_from_response, count_status, Envoy's drip_settle descriptors), by rule and outcome: charged (into debt if need be), refunded, forgiven (past the debt bound, not charged).",
+			Help: "Tokens moved when responses ended (cost_from_response, count_status, Envoy's charges: drip_settle descriptors and settle limits), by rule and outcome: charged (into debt if need be), refunded, forgiven (past the debt bound, not charged).",
 		}, []string{"rule", "outcome"}),
 		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "drip_store_duration_seconds",

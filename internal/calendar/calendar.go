@@ -152,3 +152,39 @@ func firstInstant(u date, loc *time.Location) time.Time {
 	// its offset 64 times in four days.
 	return time.Unix(midnight, 0).In(loc)
 }
+
+// maxGrid is how many windows past its end Hint follows a store's grid: a
+// calendar window's debt is at most one window's count, so a store's wait
+// reaches at most two windows on; a hint further out is left as it is.
+const maxGrid = 8
+
+// Hint puts a store's wait hint on the calendar. A store is handed one
+// window, [end-length, end), and lays the windows after it on that
+// window's grid, each as long as it: a store whose clock has passed end
+// (or a bucket in debt) counts right but waits, after a month of 31 days,
+// for a February of 31. h is a wait the store reported (a retry or a
+// reset), at is the caller's time of the decision: at+h names an instant,
+// and the grid's end nearest to it, end + k*length, is moved to the end of
+// the k-th window after end on the calendar. A store's clock off the
+// caller's by less than half a window changes nothing; h <= 0 (no wait)
+// is returned as it is, and a wait is never made less than a nanosecond.
+func (p Period) Hint(end time.Time, length time.Duration, at time.Time, h time.Duration) time.Duration {
+	if h <= 0 || length <= 0 || h > (maxGrid+1)*length {
+		return h
+	}
+	// at+h-end, in nanoseconds, is within a few windows of 0 for any time
+	// a store decides at (a caller's clock within 292 years of end).
+	off := at.Sub(end) + h
+	if off < length/2 {
+		return h // at or before end: the window handed over
+	}
+	k := int((off + length/2) / length)
+	if k > maxGrid {
+		return h
+	}
+	e := end
+	for range k {
+		_, e = p.Window(e)
+	}
+	return max(h+e.Sub(end)-time.Duration(k)*length, time.Nanosecond)
+}

@@ -1,7 +1,9 @@
 package calendar
 
 import (
+	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -191,6 +193,106 @@ func TestParseUnit(t *testing.T) {
 	for _, s := range []string{"", "Day", "year", "30d"} {
 		if _, err := ParseUnit(s); err == nil {
 			t.Errorf("ParseUnit(%q) is not an error", s)
+		}
+	}
+}
+
+// TestHint: a store handed one window waits on that window's grid; Hint
+// moves its waits to the calendar's ends, across a month end and both
+// daylight saving changes of Europe/Berlin, and leaves the window handed
+// over as it is.
+func TestHint(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(s string) time.Time {
+		t.Helper()
+		v, err := time.ParseInLocation("2006-01-02 15:04:05", s, berlin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	month, day := Period{Month, berlin}, Period{Day, berlin}
+	for _, tc := range []struct {
+		name string
+		p    Period
+		// window is the window the store was handed; store is its
+		// clock, caller the caller's; grid is the store's wait, as an
+		// instant on the window's grid; want the calendar's.
+		window         string
+		store, caller  string
+		grid, want     string
+		unchanged, off bool
+	}{
+		{name: "past January's end: February is 28 days", p: month, window: "2026-01-15 12:00:00",
+			store: "2026-02-01 00:00:10", caller: "2026-01-31 23:59:59",
+			grid: "2026-03-04 00:00:00", want: "2026-03-01 00:00:00"},
+		{name: "past February's end: March is 31 days", p: month, window: "2026-02-15 12:00:00",
+			store: "2026-03-01 00:00:01", caller: "2026-02-28 23:59:58",
+			grid: "2026-03-29 00:00:00", want: "2026-04-01 00:00:00"},
+		{name: "a debt into the next month", p: month, window: "2026-01-15 12:00:00",
+			store: "2026-01-20 08:00:00", caller: "2026-01-20 08:00:00",
+			grid: "2026-03-04 00:00:00", want: "2026-03-01 00:00:00"},
+		{name: "a debt two months on", p: month, window: "2026-01-15 12:00:00",
+			store: "2026-01-20 08:00:00", caller: "2026-01-20 08:00:00",
+			grid: "2026-04-04 01:00:00", want: "2026-04-01 00:00:00"}, // the grid in CET
+		// Berlin's clocks go forward on 2026-03-29 (a day of 23 hours)
+		// and back on 2026-10-25 (25 hours).
+		{name: "past the day before spring: a day of 23 hours", p: day, window: "2026-03-28 12:00:00",
+			store: "2026-03-29 00:00:05", caller: "2026-03-28 23:59:59",
+			grid: "2026-03-30 01:00:00", want: "2026-03-30 00:00:00"},
+		{name: "past the day before autumn: a day of 25 hours", p: day, window: "2026-10-24 12:00:00",
+			store: "2026-10-25 00:00:05", caller: "2026-10-24 23:59:59",
+			grid: "2026-10-25 23:00:00", want: "2026-10-26 00:00:00"},
+		{name: "within the window: its own end", p: month, window: "2026-01-15 12:00:00",
+			store: "2026-01-31 23:59:59", caller: "2026-02-01 00:00:03",
+			grid: "2026-02-01 00:00:00", want: "2026-02-01 00:00:00"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start, end := tc.p.Window(at(tc.window))
+			store := at(tc.store)
+			h := at(tc.grid).Sub(store)
+			got := tc.p.Hint(end, end.Sub(start), at(tc.caller), h)
+			if want := at(tc.want).Sub(store); got != want {
+				t.Errorf("Hint(%v) = %v, want %v (to %s)", h, got, want, tc.want)
+			}
+		})
+	}
+	start, end := month.Window(at("2026-01-15 12:00:00"))
+	for _, h := range []time.Duration{0, -1, 100 * 31 * 24 * time.Hour} {
+		if got := month.Hint(end, end.Sub(start), at("2026-02-01 00:00:00"), h); got != h {
+			t.Errorf("Hint(%v) = %v: no wait and a wait far out stay as they are", h, got)
+		}
+	}
+}
+
+// TestLoadZone: the names of the time zone database load (the same
+// Location each time); a name with a path trick, one of the machine's own
+// files, or too long is refused before any file is read.
+func TestLoadZone(t *testing.T) {
+	for _, name := range []string{"Europe/Berlin", "UTC", "Etc/GMT+5", "EST5EDT", "America/Port-au-Prince", "America/Argentina/ComodRivadavia", "GMT-0"} {
+		a, err := LoadZone(name)
+		if err != nil {
+			t.Errorf("%q: %v", name, err)
+			continue
+		}
+		if b, _ := LoadZone(name); a != b || a.String() != name {
+			t.Errorf("%q: %v then %v", name, a, b)
+		}
+	}
+	for _, name := range []string{"", "Local", "localtime", "posixrules", "right/UTC", "posix/Europe/Berlin",
+		"./Europe/Berlin", "Europe//Berlin", "Europe/./Berlin", "Europe/../Europe/Berlin", "../../etc/passwd",
+		"/etc/localtime", "Europe/Berlin/", "Europe/Berlin\x00", "zone.tab", "tzdata.zi", "Europe\\Berlin",
+		"Europe/" + strings.Repeat("a", 60), strings.Repeat("A/", 1000) + "B"} {
+		if loc, err := LoadZone(name); !errors.Is(err, ErrZoneName) {
+			t.Errorf("%q: %v, %v, want ErrZoneName", name, loc, err)
+		}
+	}
+	for _, name := range []string{"Mars/Olympus", "leapseconds", "SystemV/AST4", "europe/berlin"} {
+		if loc, err := LoadZone(name); err == nil || errors.Is(err, ErrZoneName) {
+			t.Errorf("%q: %v, %v, want an unknown zone", name, loc, err)
 		}
 	}
 }

@@ -77,6 +77,13 @@ type Limit struct {
 	// requests denies every request, as in envoyproxy/ratelimit.
 	RequestsPerUnit uint32
 	Unit            rlsv3.RateLimitResponse_RateLimit_Unit
+	// Settle is drip's "settle: true" beside a rate_limit: a call that
+	// gives this descriptor its own hits_addend above 0 charges work done
+	// (as a SettleKey descriptor does: into bounded debt, never denied),
+	// so that Envoy's apply_on_stream_done call needs no extra entry.
+	// Its own hits_addend of 0 stays a check, and a call without one a
+	// take.
+	Settle bool
 	// UnitMultiplier stretches the unit (request overrides only; 1 in files).
 	UnitMultiplier uint32
 	// Limit is the drip limit: a token bucket of RequestsPerUnit per unit

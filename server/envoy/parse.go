@@ -125,7 +125,7 @@ func (p *parser) parse(data []byte) (string, *yaml.Node) {
 }
 
 var descriptorKeys = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata"}
-var rateLimitKeys = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "algorithm", "leased"}
+var rateLimitKeys = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "algorithm", "leased", "settle"}
 
 // descriptors loads a descriptor list into parent.
 func (p *parser) descriptors(parent *node, n *yaml.Node, path, parentKey string) {
@@ -275,6 +275,13 @@ func (p *parser) rateLimit(n *yaml.Node, path, full string, shadow bool) *Limit 
 			ok = false
 		} else if l.Unlimited || l.RequestsPerUnit == 0 {
 			p.addAt(v, path+".burst", "needs a limit of requests_per_unit > 0")
+			ok = false
+		}
+	}
+	if v, has := f["settle"]; has {
+		l.Settle = p.boolean(v, path+".settle")
+		if l.Settle && (l.Unlimited || l.RequestsPerUnit == 0) {
+			p.addAt(v, path+".settle", "needs a limit of requests_per_unit > 0")
 			ok = false
 		}
 	}

@@ -165,7 +165,10 @@ const (
 // engine.DebtBound (what would pass it is forgiven), never denied. It is
 // for Envoy's apply_on_stream_done rate limits, whose call comes when the
 // response has ended, with the actual cost as hits_addend; add the entry
-// with a generic_key action (descriptor_key: drip_settle).
+// with a generic_key action (descriptor_key: drip_settle). Envoy's request
+// carries nothing else that tells that call from the others (a domain,
+// descriptors, hits_addend); a limit with Settle instead marks the calls
+// that give the descriptor its own hits_addend above 0 as charges.
 const SettleKey = "drip_settle"
 
 // item is one descriptor of a request on its way to a decision.
@@ -226,7 +229,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			it.kind = blocked
 		case d.IsNegativeHits:
 			it.kind = refund
-		case settles:
+		case settles, l.Settle && d.HitsAddend.GetValue() > 0:
 			it.kind = charge
 		case l.Shadow:
 			it.kind = shadow

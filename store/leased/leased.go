@@ -783,7 +783,10 @@ func (s *Store) fetch(ctx context.Context, at time.Time, l *local, size int64, n
 // come, whatever the clocks read.
 func safe(d time.Duration) time.Duration { return max(0, d-d/1000-time.Microsecond) }
 
-// giveBack returns b's unused tokens to the store.
+// giveBack returns b's unused tokens to the store, within a block's life
+// (past it the block has expired in the store, and its return changes
+// nothing) and ctx's deadline: a stalled store holds neither the caller
+// nor Close longer. ctx's cancellation does not stop it.
 func (s *Store) giveBack(ctx context.Context, at time.Time, l *local, b block) {
 	it, err := store.PrepareBlock(bucket.Refund, l.key, l.p, b.left, b.id, 0)
 	if err != nil {
@@ -791,7 +794,13 @@ func (s *Store) giveBack(ctx context.Context, at time.Time, l *local, b block) {
 	}
 	var rs [1]bucket.Result
 	s.calls.Add(1)
-	if err := s.st.Apply(context.WithoutCancel(ctx), bucket.Refund, at, []bucket.Prepared{it}, rs[:]); err != nil {
+	life := s.ttl
+	if dl, ok := ctx.Deadline(); ok {
+		life = min(life, time.Until(dl))
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), life)
+	defer cancel()
+	if err := s.st.Apply(ctx, bucket.Refund, at, []bucket.Prepared{it}, rs[:]); err != nil {
 		s.count(l, b)
 		s.later(l, b.size, b.stop)
 		return

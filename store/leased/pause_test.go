@@ -2,6 +2,7 @@ package leased_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -115,5 +116,65 @@ func TestRedisPause(t *testing.T) {
 	}
 	if g := granted.Load(); float64(g) > bound {
 		t.Errorf("granted %d in %v, over burst + rate*T = %.0f", g, elapsed, bound)
+	}
+}
+
+// TestCloseWhilePaused: an instance closed while Redis is paused (CLIENT
+// PAUSE for 14 s) still holding blocks of 10 keys gives up on giving them
+// back after a block's life (1 s here) in all, as their return would not
+// matter past it, instead of waiting for the server (or for its client's
+// own timeout, 10 s a block: Close took that long before): drip serve's
+// shutdown is not held by a stalled store.
+func TestCloseWhilePaused(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	rs, err := redisstore.Open(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	ls, err := leased.New(rs, leased.WithHorizon(time.Second), leased.WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keys = 10
+	its := make([]bucket.Prepared, keys)
+	for i := range its {
+		k := fmt.Sprintf("hot%d", i)
+		p, err := drip.PerSecond(1000).WithBurst(5000).Params(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Prepare(&its[i], bucket.Take, k, &p, 1, false, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Demand until the instance holds a block of every key.
+	res := make([]bucket.Result, 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for held := 0; held < keys; {
+		if time.Now().After(deadline) {
+			t.Fatalf("blocks of %d keys after 30 s of demand", held)
+		}
+		held = 0
+		for i := range its {
+			if err := ls.Apply(context.Background(), bucket.Take, time.Time{}, its[i:i+1], res); err != nil {
+				t.Fatal(err)
+			}
+			if ls.Outstanding(its[i].Key) > 0 {
+				held++
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := srv.Cli("CLIENT", "PAUSE", "14000", "ALL"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Cli("CLIENT", "UNPAUSE") })
+	start := time.Now()
+	ls.Close()
+	// A block's life, and room for a loaded machine, short of the
+	// client's timeout of one block.
+	if d := time.Since(start); d > 6*time.Second {
+		t.Errorf("Close took %v while the store was paused, want about a block's life (1 s)", d)
 	}
 }

@@ -299,3 +299,56 @@ func TestNACKNoLoop(t *testing.T) {
 		t.Fatalf("version %q", v)
 	}
 }
+
+// TestHostileSnapshots: a snapshot whose descriptors nest deeper than
+// MaxDepth is refused (NACK, naming the bound) and one larger than
+// MaxMessage ends the stream before it is read; in both cases the
+// configuration in force stays and answers, and the next good snapshot
+// applies.
+func TestHostileSnapshots(t *testing.T) {
+	srv := xdstest.Start(t, nil)
+	svc := envoy.NewService(memstore.New(), nil)
+	c := follow(t, srv, svc, nil)
+	srv.Push(t, node, "1", xdstest.Config("a", "d", xdstest.Limit("k", "", 0, rlconfv3.RateLimitUnit_SECOND)))
+	srv.WaitAck(t, "1")
+	over := func() {
+		t.Helper()
+		if got := code(t, svc, request("d", "k", "v")); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("version 1's limit of 0: %v", got)
+		}
+	}
+	over()
+
+	deep := xdstest.Limit("k", "", 5, rlconfv3.RateLimitUnit_SECOND)
+	for range xds.MaxDepth + 8 {
+		deep = xdstest.Limit("k", "", 5, rlconfv3.RateLimitUnit_SECOND, deep)
+	}
+	srv.Push(t, node, "2", xdstest.Config("a", "d", deep))
+	if msg := srv.WaitNack(t, "2"); !strings.Contains(msg, fmt.Sprintf("deeper than %d levels", xds.MaxDepth)) {
+		t.Errorf("NACK of a deep snapshot: %q", msg)
+	}
+	over()
+
+	huge := xdstest.Limit("k", strings.Repeat("v", xds.MaxMessage), 5, rlconfv3.RateLimitUnit_SECOND)
+	streams := srv.Streams()
+	srv.Push(t, node, "3", xdstest.Config("a", "d", huge))
+	// The client drops the stream and opens another (which gets the same
+	// snapshot): wait for two more.
+	deadline := time.Now().Add(xdstest.Wait)
+	for srv.Streams() < streams+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d streams after a snapshot over MaxMessage: the client did not drop it", srv.Streams()-streams)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if srv.Acked("3") || c.Version() != "1" {
+		t.Fatalf("a snapshot over MaxMessage: acked %v, version %q", srv.Acked("3"), c.Version())
+	}
+	over()
+
+	srv.Push(t, node, "4", xdstest.Config("a", "d", xdstest.Limit("k", "", 5, rlconfv3.RateLimitUnit_SECOND)))
+	srv.WaitAck(t, "4")
+	if got := code(t, svc, request("d", "k", "v")); got != rlsv3.RateLimitResponse_OK {
+		t.Errorf("version 4: %v", got)
+	}
+}
