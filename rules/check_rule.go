@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/internal/calendar"
+	"github.com/driplimit/drip/store"
 )
 
 // One rule: its name, keys, match and limit.
