@@ -178,9 +178,6 @@ func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 // Apply implements store.Store: one item through the batcher (or a batch
 // of one), several in one call of the script, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if leasedItems(items) {
-		return s.applyBlocks(ctx, op, at, items, results)
-	}
 	if len(items) != 1 {
 		return s.applyMulti(ctx, op, at, items, results)
 	}
@@ -240,13 +237,20 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 	found := make([]bool, len(ps))
 	leases := make([]bucket.LeaseSet, len(ps))
 	slides := make([]bucket.SlidingState, len(ps))
+	var blocks [][]bucket.Block
 	for i := range ps {
 		if rep.reqs[i].badType {
 			return ErrWrongType // and the script wrote nothing
 		}
 		buckets[i], found[i], leases[i], slides[i] = rep.reqs[i].before, rep.reqs[i].found, rep.reqs[i].leases, rep.reqs[i].slide
+		if rep.reqs[i].hasBlocks && blocks == nil {
+			blocks = make([][]bucket.Block, len(ps))
+		}
+		if blocks != nil {
+			blocks[i] = rep.reqs[i].blocks
+		}
 	}
-	res, _, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, nil, now)
+	res, _, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, blocks, now)
 	for i := range ps {
 		if err := rep.check(i, res[i].Allowed, write[i]); err != nil {
 			return err
@@ -262,9 +266,6 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		return err
 	}
 	if err := s.c.Do(ctx, s.c.B().Del().Key(s.prefix+key).Build()).Error(); err != nil {
-		return fmt.Errorf("redisstore: reset: %w", err)
-	}
-	if err := s.c.Do(ctx, s.c.B().Del().Key(s.prefix+key+BlocksSuffix).Build()).Error(); err != nil {
 		return fmt.Errorf("redisstore: reset: %w", err)
 	}
 	return nil
@@ -333,6 +334,9 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 			}
 		}
 		op := byte(ops[i])
+		if p.Block != "" {
+			op += 8 // its block's ID and life follow the records
+		}
 		var sec, nsec int64
 		if !ats[i].IsZero() {
 			op += 4
@@ -355,8 +359,11 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 	}
 	args = append(args, string(recs))
 	for _, p := range ps {
-		if p.Params.Kind == bucket.Concurrency {
+		switch {
+		case p.Params.Kind == bucket.Concurrency:
 			args = append(args, p.Lease) // after the records, in order
+		case p.Block != "":
+			args = append(args, p.Block+" "+strconv.FormatInt(p.BlockTTL, 10))
 		}
 	}
 	msgs, err := s.exec(ctx, keys, args)
