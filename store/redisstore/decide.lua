@@ -13,7 +13,8 @@
 -- deadline" (micro-tokens; ts as whole seconds and nanoseconds,
 -- ts = s*1e9 + n, 0 <= n < 1e9; and when the key's TTL ends, in the
 -- server's milliseconds, so that a write can keep a TTL that is long
--- enough).
+-- enough); then, on a key with live blocks of leased tokens, a newline
+-- and the blocks (see decideBlocks).
 -- ARGV[2] is the number of distinct shapes S (a limit with a cost), then
 -- one string per shape of 10 decimal integers separated by spaces: kind
 -- (0 continuous, 1 interval, 2 fixed window, 5 calendar window), rate,
@@ -22,7 +23,9 @@
 -- bound), start, cost, reserve (1 or 0). Then one string of packed
 -- requests, a record per key (struct format '<IBdd'): its shape (1..S);
 -- its op (0 take, 1 peek, 2 refund; used in batch mode), plus 4 when the
--- request carries its own time; that time, whole seconds and nanoseconds
+-- request carries its own time, plus 8 when it is a block's (its ID and
+-- life, "id ttl", follow the records in request order, with the lease
+-- IDs of concurrency requests); that time, whole seconds and nanoseconds
 -- (both 0 for the server's TIME); and its deadline in the server's clock,
 -- in microseconds (0: none). A request whose deadline is not after the
 -- server's TIME is late: it is neither decided nor written (flag 32), and
@@ -33,9 +36,10 @@
 -- is one string of a packed record per request (struct format '<Bddd'):
 -- flags (1: allowed, 2: written, 4: found, 8: the key holds another
 -- type, 16: tokens is in big, 32: late, nothing decided, 128: a sliding
--- window, its state before in big), tokens, ts_s, ts_n (the stored bucket
--- before); big holds, in order, the tokens beyond 2^53 in magnitude as
--- decimals. The caller recomputes each decision from the state before
+-- window, its state before in big, 192: decided under blocks of leased
+-- tokens, the key's blocks before in big), tokens, ts_s, ts_n (the stored
+-- bucket before); big holds, in order, those states and the tokens beyond
+-- 2^53 in magnitude as decimals. The caller recomputes each decision from the state before
 -- with bucket.Eval and checks allowed and written against it. (One string
 -- instead of four values per request: the server converts, and the
 -- client parses, a fraction of the reply.)

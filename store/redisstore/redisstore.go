@@ -22,6 +22,14 @@
 // as an error. Every write leaves the key a TTL of at least a minute past
 // the bucket's expiry (bucket.Params.ExpiresAt), so idle buckets vanish.
 //
+// Leased tokens (bucket.EvalBlocks, package leased): a key's live blocks
+// follow its bucket in the same value, and the same script takes and
+// returns them and decides every request on the key under their cap, in
+// one call, so instances that lease a limit and instances that do not
+// can share its keys. A key without live blocks is stored as above. (The
+// values under key#leased of earlier versions are not read; see
+// docs/semantics.md.)
+//
 // Concurrency limits: a key is a sorted set of lease IDs scored by their
 // expiries in microseconds, read and written by the same script in the
 // same call (so a multi-take mixing leases and buckets stays one atomic
