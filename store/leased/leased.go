@@ -265,9 +265,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 		return s.st.Apply(ctx, op, at, s.mark(items), results)
 	}
 	s.decisions.Add(1)
-	own := items[0]
-	own.Leased = true
-	return s.take(ctx, at, []bucket.Prepared{own}, results[:1])
+	return s.take(ctx, at, items[:1], results[:1])
 }
 
 // allLeased reports whether every item of a call is decided from blocks.
@@ -471,13 +469,14 @@ func (s *Store) localOf(it *bucket.Prepared) *local {
 	return l
 }
 
-// take decides the take of the one item.
+// take decides the take of the one item. The item goes to the store
+// marked (a copy: a grant from a block allocates nothing).
 func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	it, res := &items[0], &results[0]
 	l := s.localOf(it)
 	if l == nil {
 		s.calls.Add(1)
-		return s.st.Apply(ctx, bucket.Take, at, items, results)
+		return s.st.Apply(ctx, bucket.Take, at, s.mark(items), results)
 	}
 	now := s.clock(at)
 	l.mu.Lock()
@@ -549,7 +548,7 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	}
 	s.calls.Add(1)
 	spans.Leased(ctx, "store")
-	if err := s.st.Apply(ctx, bucket.Take, at, items, results); err != nil {
+	if err := s.st.Apply(ctx, bucket.Take, at, s.mark(items), results); err != nil {
 		return err
 	}
 	l.mu.Lock()
