@@ -110,7 +110,7 @@ func WithTTL(d time.Duration) Option {
 	}
 }
 
-// WithClock sets the instance's clock (default time.Now), by which it
+// WithClock sets the instance's clock (default time.Now's), by which it
 // measures demand and a block's life. A decision given its time uses that
 // time instead.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
@@ -165,7 +165,7 @@ func New(st store.Store, opts ...Option) (*Store, error) {
 	_, _ = rand.Read(id[:])
 	s := &Store{
 		st: st, share: DefaultShare, horizon: DefaultHorizon, ttl: DefaultTTL,
-		now: time.Now, maxKeys: DefaultMaxKeys, obs: nopObserver{},
+		now: monotonic(), maxKeys: DefaultMaxKeys, obs: nopObserver{},
 		prefix: base64.RawURLEncoding.EncodeToString(id[:]) + ".",
 		stop:   make(chan struct{}), done: make(chan struct{}),
 	}
@@ -174,6 +174,15 @@ func New(st store.Store, opts ...Option) (*Store, error) {
 	}
 	go s.janitor()
 	return s, nil
+}
+
+// monotonic is the default clock: time.Now's, read from the monotonic
+// clock alone (the wall time at New plus the time since), one clock read
+// a decision instead of time.Now's two. The instance compares its own
+// instants only, which time.Now compares by the monotonic clock anyway.
+func monotonic() func() time.Time {
+	start := time.Now()
+	return func() time.Time { return start.Add(time.Since(start)) }
 }
 
 type nopObserver struct{}
