@@ -28,22 +28,30 @@ func TestExtremeAgainstMemstore(t *testing.T) {
 	})
 }
 
+// extremeLimits are limits where doubles cannot go.
+var extremeLimits = []drip.Limit{
+	{Rate: 1e12, Period: 1, Burst: 1e12},
+	{Rate: 1e-6, Period: 290 * 365 * 24 * time.Hour, Burst: 1e12},
+	{Rate: 999999.999999, Period: 3 * time.Nanosecond, Burst: 7.5},
+	{Rate: 3, Period: 700 * time.Millisecond, Burst: 1e12, Refill: drip.Interval},
+	{Rate: 1e12, Period: 100 * 365 * 24 * time.Hour, Burst: 1, Refill: drip.Interval},
+	{Algorithm: drip.FixedWindow, Rate: 123456.789, Period: 97 * 365 * 24 * time.Hour, Start: 5},
+	{Algorithm: drip.FixedWindow, Rate: 1e-6, Period: 7 * time.Second, Burst: 1e12},
+	{Rate: 7, Period: 3 * time.Second, Burst: 5, MaxReserved: 1e12},
+}
+
+// extremeStarts are the times the extreme runs start at: now, near the
+// end of int64 nanoseconds, before 1970, 0 and 2^53.
+func extremeStarts() []int64 {
+	return []int64{time.Now().UnixNano(), 9_000_000_000_000_000_000, -2_000_000_000_000_000_000, 0, 1 << 53}
+}
+
 func extremeAgainstMemstore(t *testing.T, rs *redisstore.Store) {
 	ms := memstore.New(memstore.WithSweep(0))
 	defer ms.Close()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(7, 11))
-	limits := []drip.Limit{
-		{Rate: 1e12, Period: 1, Burst: 1e12},
-		{Rate: 1e-6, Period: 290 * 365 * 24 * time.Hour, Burst: 1e12},
-		{Rate: 999999.999999, Period: 3 * time.Nanosecond, Burst: 7.5},
-		{Rate: 3, Period: 700 * time.Millisecond, Burst: 1e12, Refill: drip.Interval},
-		{Rate: 1e12, Period: 100 * 365 * 24 * time.Hour, Burst: 1, Refill: drip.Interval},
-		{Algorithm: drip.FixedWindow, Rate: 123456.789, Period: 97 * 365 * 24 * time.Hour, Start: 5},
-		{Algorithm: drip.FixedWindow, Rate: 1e-6, Period: 7 * time.Second, Burst: 1e12},
-		{Rate: 7, Period: 3 * time.Second, Burst: 5, MaxReserved: 1e12},
-	}
-	starts := []int64{time.Now().UnixNano(), 9_000_000_000_000_000_000, -2_000_000_000_000_000_000, 0, 1 << 53}
+	limits, starts := extremeLimits, extremeStarts()
 	var errs, allowed, denied int
 	for round, start := range starts {
 		now := start
@@ -110,16 +118,7 @@ func TestExtremeBlocksAgainstMemstore(t *testing.T) {
 	defer ms.Close()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(27, 13))
-	limits := []drip.Limit{
-		{Rate: 1e12, Period: 1, Burst: 1e12},
-		{Rate: 1e-6, Period: 290 * 365 * 24 * time.Hour, Burst: 1e12},
-		{Rate: 999999.999999, Period: 3 * time.Nanosecond, Burst: 7.5},
-		{Rate: 3, Period: 700 * time.Millisecond, Burst: 1e12, Refill: drip.Interval},
-		{Algorithm: drip.FixedWindow, Rate: 123456.789, Period: 97 * 365 * 24 * time.Hour, Start: 5},
-		{Algorithm: drip.FixedWindow, Rate: 1e-6, Period: 7 * time.Second, Burst: 1e12},
-		{Rate: 7, Period: 3 * time.Second, Burst: 5, MaxReserved: 1e12},
-	}
-	starts := []int64{time.Now().UnixNano(), 9_000_000_000_000_000_000, -2_000_000_000_000_000_000, 0, 1 << 53}
+	limits, starts := extremeLimits, extremeStarts()
 	var blocks, allowed, denied int
 	res := make([]bucket.Result, 2)
 	for round, start := range starts {
@@ -158,7 +157,8 @@ func TestExtremeBlocksAgainstMemstore(t *testing.T) {
 				it, err = store.PrepareBlock(op, key, p, rng.Int64N(p.Burst+1), "b"+strconv.Itoa(rng.IntN(6)), 0)
 			default:
 				op = []bucket.Op{bucket.Take, bucket.Take, bucket.Peek, bucket.Refund}[rng.IntN(4)]
-				err = store.Prepare(&it, op, key, &p, float64(rng.IntN(3)), rng.IntN(4) == 0, "")
+				cost := min(int64(rng.IntN(3)), p.Burst/bucket.Micro)
+				err = store.Prepare(&it, op, key, &p, float64(cost), rng.IntN(4) == 0, "")
 			}
 			if err != nil {
 				t.Fatal(err)
