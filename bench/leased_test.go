@@ -6,11 +6,20 @@ package bench
 //
 //	cd bench && go test -run '^$' -bench 'Leased' -benchtime 2s -count 3
 //
-// Workloads: one hot key (a limit of a million a second, burst 100,000,
-// so that nearly every take is granted and the store is the bottleneck of
-// the per-decision mode), and 10,000 keys taken uniformly (each key then
+// Workloads: one hot key (a limit of 100 million a second, burst 10
+// million, so that every take is granted and neither mode is held back by
+// the limit: at a million a second, as before, the leased instances
+// reached the limit's own rate, emptied the bucket and fell back to
+// per-decision takes), and 10,000 keys taken uniformly (each key then
 // sees about one take per 10,000: demand per key is too thin for blocks).
-// Metrics: decisions/s, store calls per decision, the share granted.
+// Metrics: decisions/s, store calls per decision, the share granted, and
+// the CPU each decision cost this process (cpu-ns/op: callers, instances,
+// client) and the server (server-cpu-µs). On a machine shared with other
+// jobs decisions/s follow the share of the CPU each side gets; the CPU per
+// decision does not.
+//
+// BenchmarkLeasedLocal is the leased instance's own cost: one key on the
+// memory store, every take but a few granted from a block.
 
 import (
 	"context"
@@ -24,12 +33,13 @@ import (
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/leased"
+	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
 func BenchmarkLeased(b *testing.B) {
 	url := redisURL(b)
-	lim := drip.PerSecond(1_000_000).WithBurst(100_000)
+	lim := drip.PerSecond(100_000_000).WithBurst(10_000_000)
 	for _, keys := range []int{1, 10_000} {
 		for _, mode := range []string{"per-decision", "leased"} {
 			b.Run(fmt.Sprintf("keys=%d/%s", keys, mode), func(b *testing.B) {
@@ -67,7 +77,9 @@ func BenchmarkLeased(b *testing.B) {
 				}
 				var next, granted atomic.Int64
 				b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
+				server := redisCPU(b, url)
 				b.ResetTimer()
+				cpu := reportCPU(b)
 				b.RunParallel(func(pb *testing.PB) {
 					n := next.Add(1)
 					st := sts[n%instances]
@@ -85,6 +97,8 @@ func BenchmarkLeased(b *testing.B) {
 					}
 				})
 				b.StopTimer()
+				cpu()
+				b.ReportMetric((redisCPU(b, url)-server)*1e6/float64(b.N), "server-cpu-µs")
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 				b.ReportMetric(float64(granted.Load())/float64(b.N), "granted")
 				calls := int64(b.N)
@@ -98,4 +112,40 @@ func BenchmarkLeased(b *testing.B) {
 			})
 		}
 	}
+}
+
+func BenchmarkLeasedLocal(b *testing.B) {
+	ms := memstore.New()
+	defer ms.Close()
+	l, err := leased.New(ms)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	// A limit no caller exhausts: every take but the first few and those
+	// that meet a block's end is granted locally.
+	lim := drip.PerSecond(1_000_000_000).WithBurst(100_000_000)
+	p, err := lim.Params("k")
+	if err != nil {
+		b.Fatal(err)
+	}
+	items := make([]bucket.Prepared, 1)
+	if err := store.Prepare(&items[0], bucket.Take, "k", &p, 1, false, ""); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	cpu := reportCPU(b)
+	b.RunParallel(func(pb *testing.PB) {
+		res := make([]bucket.Result, 1)
+		for pb.Next() {
+			if err := l.Apply(context.Background(), bucket.Take, time.Time{}, items, res); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	cpu()
+	st := l.Stats()
+	b.ReportMetric(float64(st.Local)/float64(max(1, st.Decisions)), "local")
 }

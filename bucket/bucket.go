@@ -118,10 +118,10 @@ type Prepared struct {
 	Block    string
 	BlockTTL int64
 	// Leased reports that the item's limit is leased (package leased
-	// marks every item of such a limit it passes to its store): a store
-	// that keeps the blocks of leased limits apart from other buckets
-	// (Redis) decides it under its key's blocks. The memory store decides
-	// every item under its key's blocks, whatever this says.
+	// marks every item of such a limit it passes to its store), for a
+	// store that would keep the blocks of leased limits apart from other
+	// buckets. The stores that hold blocks (memory, Redis) decide every
+	// item under its key's blocks, whatever this says.
 	Leased bool
 }
 

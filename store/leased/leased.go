@@ -110,7 +110,7 @@ func WithTTL(d time.Duration) Option {
 	}
 }
 
-// WithClock sets the instance's clock (default time.Now), by which it
+// WithClock sets the instance's clock (default time.Now's), by which it
 // measures demand and a block's life. A decision given its time uses that
 // time instead.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
@@ -174,7 +174,7 @@ func New(st store.Store, opts ...Option) (*Store, error) {
 	_, _ = rand.Read(id[:])
 	s := &Store{
 		st: st, share: DefaultShare, horizon: DefaultHorizon, ttl: DefaultTTL,
-		now: time.Now, maxKeys: DefaultMaxKeys, obs: nopObserver{},
+		now: monotonic(), maxKeys: DefaultMaxKeys, obs: nopObserver{},
 		prefix: base64.RawURLEncoding.EncodeToString(id[:]) + ".",
 		stop:   make(chan struct{}), done: make(chan struct{}),
 	}
@@ -183,6 +183,15 @@ func New(st store.Store, opts ...Option) (*Store, error) {
 	}
 	go s.janitor()
 	return s, nil
+}
+
+// monotonic is the default clock: time.Now's, read from the monotonic
+// clock alone (the wall time at New plus the time since), one clock read
+// a decision instead of time.Now's two. The instance compares its own
+// instants only, which time.Now compares by the monotonic clock anyway.
+func monotonic() func() time.Time {
+	start := time.Now()
+	return func() time.Time { return start.Add(time.Since(start)) }
 }
 
 type nopObserver struct{}
@@ -304,9 +313,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 		return s.st.Apply(ctx, op, at, s.mark(items), results)
 	}
 	s.decisions.Add(1)
-	own := items[0]
-	own.Leased = true
-	return s.take(ctx, at, []bucket.Prepared{own}, results[:1])
+	return s.take(ctx, at, items[:1], results[:1])
 }
 
 // allLeased reports whether every item of a call is decided from blocks.
@@ -510,13 +517,14 @@ func (s *Store) localOf(it *bucket.Prepared) *local {
 	return l
 }
 
-// take decides the take of the one item.
+// take decides the take of the one item. The item goes to the store
+// marked (a copy: a grant from a block allocates nothing).
 func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	it, res := &items[0], &results[0]
 	l := s.localOf(it)
 	if l == nil {
 		s.calls.Add(1)
-		return s.st.Apply(ctx, bucket.Take, at, items, results)
+		return s.st.Apply(ctx, bucket.Take, at, s.mark(items), results)
 	}
 	now := s.clock(at)
 	l.mu.Lock()
@@ -588,7 +596,7 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	}
 	s.calls.Add(1)
 	spans.Leased(ctx, "store")
-	if err := s.st.Apply(ctx, bucket.Take, at, items, results); err != nil {
+	if err := s.st.Apply(ctx, bucket.Take, at, s.mark(items), results); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -638,10 +646,19 @@ func (s *Store) deniedNow(l *local, now time.Time, cost int64) (bucket.Result, b
 // demand adds a decision of cost at now to l's recent demand. The caller
 // holds l.mu.
 func (l *local) demand(now time.Time, cost int64, horizon time.Duration) {
+	// Decisions closer than a 64th of the horizon (a hot key's) decay
+	// the average by 1 - x, x = dt/tau, instead of exp(-x): no
+	// exponential under the key's lock, and never more than exp(-x) (the
+	// relative error is below x*x/2, 1.2e-4).
 	tau := horizon.Seconds()
 	if !l.last.IsZero() {
-		if dt := now.Sub(l.last).Seconds(); dt > 0 {
-			l.rate *= math.Exp(-dt / tau)
+		if dt := now.Sub(l.last); dt > 0 {
+			x := dt.Seconds() / tau
+			if dt < horizon/64 {
+				l.rate *= 1 - x
+			} else {
+				l.rate *= math.Exp(-x)
+			}
 		}
 	}
 	l.rate += float64(cost) / tau

@@ -29,37 +29,59 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 // drip replay's do), so that the grants can be checked against the exact
 // bound at the instants the store decided them.
 func TestSharedStores(t *testing.T) {
-	stores := []struct {
-		name string
-		open func(t *testing.T) store.Store
-	}{
-		{"memory", func(t *testing.T) store.Store {
-			ms := memstore.New(memstore.WithSweep(0))
-			t.Cleanup(func() { ms.Close() })
-			return ms
-		}},
-		{"redis", func(t *testing.T) store.Store {
-			s, err := redisstore.Open(testserver.SharedRedisURL(t), redisstore.WithPrefix(testserver.Prefix()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}},
-		{"redis cluster", func(t *testing.T) store.Store {
-			s, err := redisstore.Open(testserver.SharedRedisClusterURL(t), redisstore.WithPrefix(testserver.Prefix()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			return s
-		}},
-	}
-	for _, sc := range stores {
+	for _, sc := range sharedStores {
 		t.Run(sc.name, func(t *testing.T) {
 			st := sc.open(t)
 			for _, w := range workloads {
-				t.Run(w.name, func(t *testing.T) { runVirtual(t, st, w, time.Second) })
+				t.Run(w.name, func(t *testing.T) { runVirtual(t, st, w, time.Second, 0) })
+			}
+		})
+	}
+}
+
+// sharedStores are the stores instances share in these tests.
+var sharedStores = []struct {
+	name string
+	open func(t *testing.T) store.Store
+}{
+	{"memory", func(t *testing.T) store.Store {
+		ms := memstore.New(memstore.WithSweep(0))
+		t.Cleanup(func() { ms.Close() })
+		return ms
+	}},
+	{"redis", func(t *testing.T) store.Store {
+		s, err := redisstore.Open(testserver.SharedRedisURL(t), redisstore.WithPrefix(testserver.Prefix()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}},
+	{"redis cluster", func(t *testing.T) store.Store {
+		s, err := redisstore.Open(testserver.SharedRedisClusterURL(t), redisstore.WithPrefix(testserver.Prefix()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}},
+}
+
+// TestMixedInstances shares one key between instances that lease it and
+// instances that take from the store per decision: 2 of each, on one
+// Redis server, a Redis Cluster and the memory store. A plain take obeys
+// the same cap as the blocks (they live in the bucket's own key), so the
+// exact bound holds over every grant, and a plain instance's denials are
+// early by no more than the tokens then out in the leased ones' blocks.
+func TestMixedInstances(t *testing.T) {
+	for _, sc := range sharedStores {
+		t.Run(sc.name, func(t *testing.T) {
+			st := sc.open(t)
+			for _, w := range workloads {
+				if w.keys > 2 {
+					continue
+				}
+				t.Run(w.name, func(t *testing.T) { runVirtual(t, st, w, time.Second, 2) })
 			}
 		})
 	}
@@ -75,18 +97,27 @@ func (v *virtual) Now() time.Time { return time.Unix(0, v.now.Load()) }
 // step's time, together with the others), and the clock moves on when
 // all are done. Blocks are still fetched ahead and given back in the
 // background, as they would be.
-func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration) {
+//
+// The last plain of the instances lease nothing: their callers take from
+// st per decision.
+func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration, plain int) {
 	const instances, callers, perStep = 4, 4, 3
 	var clock virtual
 	start := time.Now().Truncate(time.Hour).Add(time.Hour) // ahead of the stores' own clocks
 	clock.now.Store(start.UnixNano())
-	ins := make([]*leased.Store, instances)
-	for i := range ins {
+	ins := make([]*leased.Store, instances-plain)
+	apps := make([]store.Store, instances)
+	for i := range apps {
+		apps[i] = st
+		if i >= len(ins) {
+			continue
+		}
 		var err error
 		ins[i], err = leased.New(st, leased.WithTTL(500*time.Millisecond), leased.WithClock(clock.Now))
 		if err != nil {
 			t.Fatal(err)
 		}
+		apps[i] = ins[i]
 	}
 	prefix := testserver.Prefix()
 	key := func(k int) string { return fmt.Sprint(prefix, "k", k) }
@@ -127,7 +158,7 @@ func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration) {
 						err = store.Prepare(&it, bucket.Take, key(k), &pk, 1, false, "")
 						at := clock.Now()
 						if err == nil {
-							err = ins[wk.i].Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, wk.res)
+							err = apps[wk.i].Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, wk.res)
 						}
 						if err == nil {
 							e := event{key: k, at: at.UnixNano(), allowed: wk.res[0].Allowed}

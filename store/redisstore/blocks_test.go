@@ -10,9 +10,18 @@ import (
 )
 
 // TestBlocks holds the blocks of leased limits on Redis to the exact
-// model, on one server and on a cluster.
+// model, on one server and on a cluster (and on Sentinel, in
+// TestConformanceSentinel). Plain requests in RunBlocks go to the same
+// keys as the blocks, so they are held to the blocks' cap too.
 func TestBlocks(t *testing.T) {
 	s := open(t, testserver.SharedRedisURL(t))
+	storetest.RunBlocks(t, func(t *testing.T) store.Store { return s })
+}
+
+// TestBlocksScripts runs the same on a server with functions, as a
+// script (EVALSHA): the code a server without functions runs.
+func TestBlocksScripts(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t), redisstore.WithScripts())
 	storetest.RunBlocks(t, func(t *testing.T) store.Store { return s })
 }
 

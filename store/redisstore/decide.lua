@@ -13,7 +13,8 @@
 -- deadline" (micro-tokens; ts as whole seconds and nanoseconds,
 -- ts = s*1e9 + n, 0 <= n < 1e9; and when the key's TTL ends, in the
 -- server's milliseconds, so that a write can keep a TTL that is long
--- enough).
+-- enough); then, on a key with live blocks of leased tokens, a newline
+-- and the blocks (see decideBlocks).
 -- ARGV[2] is the number of distinct shapes S (a limit with a cost), then
 -- one string per shape of 10 decimal integers separated by spaces: kind
 -- (0 continuous, 1 interval, 2 fixed window, 5 calendar window), rate,
@@ -22,7 +23,9 @@
 -- bound), start, cost, reserve (1 or 0). Then one string of packed
 -- requests, a record per key (struct format '<IBdd'): its shape (1..S);
 -- its op (0 take, 1 peek, 2 refund; used in batch mode), plus 4 when the
--- request carries its own time; that time, whole seconds and nanoseconds
+-- request carries its own time, plus 8 when it is a block's (its ID and
+-- life, "id ttl", follow the records in request order, with the lease
+-- IDs of concurrency requests); that time, whole seconds and nanoseconds
 -- (both 0 for the server's TIME); and its deadline in the server's clock,
 -- in microseconds (0: none). A request whose deadline is not after the
 -- server's TIME is late: it is neither decided nor written (flag 32), and
@@ -33,9 +36,10 @@
 -- is one string of a packed record per request (struct format '<Bddd'):
 -- flags (1: allowed, 2: written, 4: found, 8: the key holds another
 -- type, 16: tokens is in big, 32: late, nothing decided, 128: a sliding
--- window, its state before in big), tokens, ts_s, ts_n (the stored bucket
--- before); big holds, in order, the tokens beyond 2^53 in magnitude as
--- decimals. The caller recomputes each decision from the state before
+-- window, its state before in big, 192: decided under blocks of leased
+-- tokens, the key's blocks before in big), tokens, ts_s, ts_n (the stored
+-- bucket before); big holds, in order, those states and the tokens beyond
+-- 2^53 in magnitude as decimals. The caller recomputes each decision from the state before
 -- with bucket.Eval and checks allowed and written against it. (One string
 -- instead of four values per request: the server converts, and the
 -- client parses, a fraction of the reply.)
@@ -50,7 +54,7 @@ local NS = 1000000000
 local CAL = 5
 local rcall, rpcall = redis.call, redis.pcall
 local pack, unpack, byte, concat = struct.pack, struct.unpack, string.byte, table.concat
-local gmatch = string.gmatch
+local gmatch, ssub, find, sort = string.gmatch, string.sub, string.find, table.sort
 local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
 
 -- Times are pairs (s, n): s is a plain number (|s| < 2^34 for any int64
@@ -219,84 +223,106 @@ local function keep(l, nows, nown, tokens, s, n)
   return ms
 end
 
+-- load reads a bucket's value (v: GET's answer, a string or false): flags
+-- (4: found, else 0), the tokens as stored (a number, or the decimal
+-- string), s, n and the TTL deadline as stored, the tokens as an integer
+-- (nil: not found), and the text of the key's blocks after the bucket
+-- (nil: none; see decideBlocks).
+local function load(v)
+  if not v then return 0, 0, 0, 0, nil, nil, nil end
+  if byte(v, 1) == 0 and #v >= 33 then
+    -- Binary: tokens, s, n, deadline as doubles (tokens below 2^53).
+    local tok, os, on, dl = unpack('<xdddd', v)
+    local rest
+    if #v > 34 then rest = ssub(v, 35) end
+    return 4, tok, os, on, dl, tok, rest
+  end
+  local rest
+  local nl = find(v, '\n', 1, true)
+  if nl then v, rest = ssub(v, 1, nl - 1), ssub(v, nl + 1) end
+  local x, y, z, d = match(v, '^(%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
+  if not x then return 0, 0, 0, 0, nil, nil, nil end
+  local tok = tonumber(x)
+  if not (tok < HALF and tok > -HALF) then tok = parse(x) end
+  return 4, x, tonumber(y), tonumber(z), tonumber(d), tok, rest
+end
+
+-- bring is the bucket (tokens tok, nil when not found, at s, n) as
+-- bucket.Eval sees it before its op at now: refilled to now, or fresh.
+local function bring(l, tok, s, n, nows, nown)
+  if l.kind == CAL and tcmp(nows, nown, l.ss, l.sn) < 0 then
+    -- A clock behind the calendar window's start decides at it.
+    nows, nown = l.ss, l.sn
+  end
+  if tok ~= nil then
+    if l.kind == CAL and tcmp(s, n, l.ss, l.sn) < 0 then
+      tok = nil -- a state from an earlier calendar window: fresh
+    elseif l.kind ~= 0 then
+      if expired(l, nows, nown, tok, s, n) then
+        tok = nil
+      else
+        tok, s, n = refilled(l, nows, nown, tok, s, n)
+      end
+    else
+      local t2, s2, n2
+      if l.fast and type(tok) == 'number' and tok < HALF and tok > -HALF then
+        t2, s2, n2 = refilledFast(l, nows, nown, tok, s, n)
+      end
+      if t2 then
+        tok, s, n = t2, s2, n2
+      else
+        tok, s, n = refilled(l, nows, nown, tok, s, n)
+      end
+    end
+  end
+  if tok == nil then
+    -- Fresh; refilling a fresh bucket at now changes nothing.
+    return fresh(l, nows, nown)
+  end
+  return tok, s, n
+end
+
+-- applyOp is op on the tokens tok (brought to now) under l, as
+-- bucket.Eval decides it: whether it is allowed, and the tokens after.
+local function applyOp(l, op, tok)
+  local cost = l.cost
+  if op == REFUND then
+    local nt = add(tok, cost)
+    if cmp(nt, l.burst) > 0 then nt = l.burst end
+    return true, nt
+  elseif (type(tok) == 'number' and type(cost) == 'number' and tok >= cost) or cmp(tok, cost) >= 0 then
+    return true, sub(tok, cost)
+  elseif l.reserve and (cmp(l.maxr, 0) < 0 or cmp(sub(cost, tok), l.maxr) <= 0) then
+    return true, sub(tok, cost)
+  end
+  return false, tok
+end
+
 -- decide decides one request (op, under shape l) on a bucket read with
 -- GET (v: redis.pcall's answer), without writing. It returns flags (1:
 -- allowed, 4: found, 8: the key holds another type, so nothing is
 -- decided or written for it), the stored tokens, s, n and deadline (if
 -- found), and the bucket after (tokens, s, n).
 local function decide(v, l, op, nows, nown)
-  local flags = 0
-  if l.kind == CAL and tcmp(nows, nown, l.ss, l.sn) < 0 then
-    -- A clock behind the calendar window's start decides at it.
-    nows, nown = l.ss, l.sn
-  end
-  local otok, os, on, dl = 0, 0, 0, nil
-  local tok, s, n
   if type(v) == 'table' and v.err then
     return 8, 0, 0, 0, nil, 0, 0, 0
   end
-  if v then
-    if #v == 33 and byte(v, 1) == 0 then
-      -- Binary: tokens, s, n, deadline as doubles (tokens below 2^53).
-      tok, os, on, dl = unpack('<xdddd', v)
-      otok, flags = tok, 4
-    else
-      local x, y, z, d = match(v, '^(%-?%d+) (%-?%d+) (%d+) ?(%d*)$')
-      if x then
-        flags = 4
-        otok, os, on, dl = x, tonumber(y), tonumber(z), tonumber(d)
-        tok = tonumber(x)
-        if not (tok < HALF and tok > -HALF) then tok = parse(x) end
-      end
-    end
-    if flags == 4 then
-      s, n = os, on
-      if l.kind == CAL and tcmp(s, n, l.ss, l.sn) < 0 then
-        tok = nil -- a state from an earlier calendar window: fresh
-      elseif l.kind ~= 0 then
-        if expired(l, nows, nown, tok, s, n) then
-          tok = nil
-        else
-          tok, s, n = refilled(l, nows, nown, tok, s, n)
-        end
-      else
-        local t2, s2, n2
-        if l.fast and type(tok) == 'number' and tok < HALF and tok > -HALF then
-          t2, s2, n2 = refilledFast(l, nows, nown, tok, s, n)
-        end
-        if t2 then
-          tok, s, n = t2, s2, n2
-        else
-          tok, s, n = refilled(l, nows, nown, tok, s, n)
-        end
-      end
-    end
-  end
-  if tok == nil then
-    -- Fresh; refilling a fresh bucket at now changes nothing.
-    tok, s, n = fresh(l, nows, nown)
-  end
-  local nt, cost = tok, l.cost
-  if op == REFUND then
-    flags = flags + 1
-    nt = add(tok, cost)
-    if cmp(nt, l.burst) > 0 then nt = l.burst end
-  elseif (type(tok) == 'number' and type(cost) == 'number' and tok >= cost) or cmp(tok, cost) >= 0 then
-    flags = flags + 1
-    nt = sub(tok, cost)
-  elseif l.reserve and (cmp(l.maxr, 0) < 0 or cmp(sub(cost, tok), l.maxr) <= 0) then
-    flags = flags + 1
-    nt = sub(tok, cost)
-  end
+  local flags, otok, os, on, dl, tok = load(v)
+  local s, n
+  tok, s, n = bring(l, tok, os, on, nows, nown)
+  local ok, nt = applyOp(l, op, tok)
+  if ok then flags = flags + 1 end
   return flags, otok, os, on, dl, nt, s, n
 end
 
 -- write stores a bucket. A TTL that already lasts long enough is kept
 -- (SET ... KEEPTTL costs about half of setting one); otherwise the TTL is
 -- set a minute longer than needed, so the next writes can keep it. srvms
--- is the server's clock in milliseconds, the frame of TTL deadlines.
-local function write(key, l, nows, nown, dl, nt, s, n, srvms)
-  local want = keep(l, nows, nown, nt, s, n)
+-- is the server's clock in milliseconds, the frame of TTL deadlines. sfx
+-- (nil: none) follows the bucket in the value: its blocks (writeBlocks),
+-- which want to be kept want milliseconds (nil: as the bucket alone).
+local function write(key, l, nows, nown, dl, nt, s, n, srvms, sfx, want)
+  want = want or keep(l, nows, nown, nt, s, n)
   local keepttl = dl and dl >= srvms + want
   local px
   if not keepttl then
@@ -313,6 +339,7 @@ local function write(key, l, nows, nown, dl, nt, s, n, srvms)
   else
     v = str(nt) .. format(' %d %d %.0f', s, n, dl)
   end
+  if sfx then v = v .. sfx end
   if keepttl then
     rcall('SET', key, v, 'KEEPTTL')
   else
@@ -371,6 +398,138 @@ local function takeFast(key, v, l, nows, nown, srvms)
     rcall('SET', key, pack('<Bdddd', 0, nt, s, n, srvms + px), 'PX', format('%.0f', px))
   end
   return flags + 3, otok, os, on
+end
+
+-- Blocks of leased tokens (bucket.EvalBlocks) live in their bucket's own
+-- value, after the bucket and a newline: per block, its ID (printable
+-- ASCII, no spaces), size (micro-tokens) and expiry (s and n, in the
+-- requests' frame), all separated by spaces. A key without live blocks
+-- holds the bucket alone, so the common path never reads a block; a plain
+-- request on a key with blocks is decided under their cap like a block's.
+local MAXBLOCKS = 64 -- bucket.MaxBlocks
+
+-- hasBlocks reports a bucket's value (a string) with blocks after it.
+local function hasBlocks(v)
+  if #v <= 33 then return false end
+  return byte(v, 1) == 0 or find(v, '\n', 1, true) ~= nil
+end
+
+-- blockArg reads a block request's argument: "id ttl".
+local function blockArg(a)
+  local id, ttl = match(a, '^(%S+) (%d+)$')
+  if not id then error('drip: bad block: ' .. a) end
+  return id, tonumber(ttl)
+end
+
+-- capped is l with its burst lowered by the outstanding tokens o (not
+-- below 0): bucket.Params.capped.
+local function capped(l, o)
+  if o == 0 then return l end
+  local c = {}
+  for k, x in pairs(l) do c[k] = x end
+  local b = sub(l.burst, o)
+  if cmp(b, 0) < 0 then b = 0 end
+  c.burst = b
+  return c
+end
+
+-- decideBlocks decides a request on a key whose value v (GET's answer)
+-- may hold blocks, as bucket.EvalBlocks does: bid is the request's block
+-- ID (nil for a plain request) and bttl a block take's life in
+-- nanoseconds. It writes nothing; it returns flags (1 allowed, 4 found, 8
+-- another type), the stored tokens, s and n, the blocks text as stored
+-- ('' for none), and what to write ({dl, tokens, s, n, live blocks}), nil
+-- when nothing is.
+local function decideBlocks(v, l, op, nows, nown, bid, bttl)
+  if type(v) == 'table' and v.err then return 8, 0, 0, 0, '', nil end
+  local flags, otok, os, on, dl, tok, btxt = load(v)
+  btxt = btxt or ''
+  local s, n = os, on
+  -- Advance: through the expiries of the blocks, in order, each refill
+  -- under the cap of the blocks live until then.
+  local live, done, o = {}, {}, 0
+  for id, sz, es, en in gmatch(btxt, '(%S+) (%d+) (%-?%d+) (%d+)') do
+    local b = {id, parse(sz), tonumber(es), tonumber(en)}
+    o = add(o, b[2])
+    if tcmp(b[3], b[4], nows, nown) <= 0 then done[#done + 1] = b else live[#live + 1] = b end
+  end
+  local q = capped(l, o)
+  if #done > 0 then
+    sort(done, function(x, y) return tcmp(x[3], x[4], y[3], y[4]) < 0 end)
+    for k = 1, #done do
+      local b = done[k]
+      local ts, tn = b[3], b[4]
+      if l.kind ~= 0 then ts, tn = tadd(ts, tn, -1) end -- before the grid point's refill
+      tok, s, n = bring(q, tok, s, n, ts, tn)
+      if cmp(tok, q.burst) > 0 then tok = q.burst end -- a refund of nothing
+      o = sub(o, b[2])
+      q = capped(l, o)
+    end
+  end
+  tok, s, n = bring(q, tok, s, n, nows, nown)
+  local nt, w = tok, false
+  if not bid or op == PEEK then
+    local ok
+    ok, nt = applyOp(q, op, tok)
+    if ok then
+      flags = flags + 1
+      w = op ~= PEEK
+    end
+  else
+    local i
+    for k = 1, #live do
+      if live[k][1] == bid then i = k end
+    end
+    if op == TAKE then
+      if i then
+        -- Live already: nothing more taken (a peek of nothing).
+        if cmp(tok, 0) >= 0 then flags = flags + 1 end
+      elseif #live < MAXBLOCKS and cmp(tok, l.cost) >= 0 then
+        flags, w, nt = flags + 1, true, sub(tok, l.cost)
+        -- bucket.Params.BlockExp: now + ttl, and a fixed window's block
+        -- ends with its window.
+        local es, en = tadd(nows, nown, bttl)
+        if l.kind == 2 then
+          local ws, wn = tadd(s, n, l.period)
+          if tcmp(ws, wn, es, en) < 0 then es, en = ws, wn end
+        end
+        live[#live + 1] = {bid, l.cost, es, en}
+      end
+    else -- REFUND: the block's unused tokens back, capped
+      flags = flags + 1
+      if cmp(tok, q.burst) > 0 then nt = q.burst end
+      if i then
+        local b = table.remove(live, i)
+        local back = l.cost
+        if cmp(back, b[2]) > 0 then back = b[2] end
+        local cb = add(q.burst, b[2])
+        nt = add(nt, back)
+        if cmp(nt, cb) > 0 then nt = cb end
+        w = true
+      end
+    end
+  end
+  if not w then return flags, otok, os, on, btxt, nil end
+  return flags, otok, os, on, btxt, {dl, nt, s, n, live}
+end
+
+-- writeBlocks stores what decideBlocks decided (st), the live blocks
+-- after the bucket. The key is kept until every block has expired and the
+-- bucket, refilled under their caps, is full again: at most the last
+-- expiry plus the time the bucket takes to refill from its tokens less
+-- the outstanding ones (bucket.Params.StateExpiresAt, estimated above).
+local function writeBlocks(key, l, nows, nown, st, srvms)
+  local live = st[5]
+  if #live == 0 then return write(key, l, nows, nown, st[1], st[2], st[3], st[4], srvms) end
+  local parts, o, ls, ln = {}, 0, nows, nown
+  for k = 1, #live do
+    local b = live[k]
+    parts[k] = b[1] .. ' ' .. str(b[2]) .. format(' %.0f %.0f', b[3], b[4])
+    o = add(o, b[2])
+    if tcmp(b[3], b[4], ls, ln) > 0 then ls, ln = b[3], b[4] end
+  end
+  local want = keep(l, nows, nown, sub(st[2], o), nows, nown) + ceil(todouble(tdiff(ls, ln, nows, nown)) / 1e6)
+  write(key, l, nows, nown, st[1], st[2], st[3], st[4], srvms, '\n' .. concat(parts, ' '), want)
 end
 
 -- Concurrency limits (kind 3): the key is a sorted set of lease IDs, each
@@ -578,8 +737,10 @@ local function main(KEYS, ARGV)
     local sh, op, ts, tn, dl
     sh, op, ts, tn, dl, pos = unpack('<IBddd', reqs, pos)
     local late = dl > 0 and dl <= srvus
-    if op >= 4 then return limits[sh], op - 4, ts, tn, late end
-    return limits[sh], op, srvs, srvn, late
+    local blk = op >= 8
+    if blk then op = op - 8 end
+    if op >= 4 then return limits[sh], op - 4, ts, tn, late, blk end
+    return limits[sh], op, srvs, srvn, late, blk
   end
 
   local recs, big = {}, {}
@@ -596,9 +757,11 @@ local function main(KEYS, ARGV)
       local key, sh, op, nows, nown, dl = KEYS[i]
       sh, op, nows, nown, dl, pos = unpack('<IBddd', reqs, pos)
       local l = limits[sh]
+      local blk = op >= 8
+      if blk then op = op - 8 end
       if op >= 4 then op = op - 4 else nows, nown = srvs, srvn end
       local flags, otok, os, on
-      if l.kind == LEASE then li = li + 1 end
+      if l.kind == LEASE or blk then li = li + 1 end
       if dl > 0 and dl <= srvus then
         -- Late (its caller gave up): nothing decided, nothing written.
         flags, otok, os, on = 32, 0, 0, 0
@@ -621,7 +784,17 @@ local function main(KEYS, ARGV)
         -- pcall: a key of another type (WRONGTYPE) fails its own request
         -- only, not the others of a batch, some of which may be written.
         local v = rpcall('GET', key)
-        if op == TAKE and l.fastTake then
+        if blk or (type(v) == 'string' and #v > 33 and hasBlocks(v)) then
+          local bid, bttl, btxt, st
+          if blk then bid, bttl = blockArg(ARGV[li]) end
+          flags, otok, os, on, btxt, st = decideBlocks(v, l, op, nows, nown, bid, bttl)
+          if st then
+            writeBlocks(key, l, nows, nown, st, srvms)
+            flags = flags + 2
+          end
+          big[#big + 1] = btxt
+          flags = flags + 192
+        elseif op == TAKE and l.fastTake then
           flags, otok, os, on = takeFast(key, v, l, nows, nown, srvms)
         end
         if not flags then
@@ -647,7 +820,7 @@ local function main(KEYS, ARGV)
   local all, bad = true, false
   local res = {}
   for i = 1, #KEYS do
-    local l, op, nows, nown, late = request()
+    local l, op, nows, nown, late, blk = request()
     if late then
       -- The caller gave up: nothing is decided or written.
       for j = 1, #KEYS do recs[j] = pack('<Bddd', 32, 0, 0, 0) end
@@ -664,8 +837,21 @@ local function main(KEYS, ARGV)
       local flags, before, st = decideSliding(rpcall('GET', KEYS[i]), l, op, nows, nown)
       r = {l, nows, nown, flags, before, st}
     else
-      r = {l, nows, nown, decide(rpcall('GET', KEYS[i]), l, op, nows, nown)}
-      -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
+      local v = rpcall('GET', KEYS[i])
+      if blk or (type(v) == 'string' and #v > 33 and hasBlocks(v)) then
+        local bid, bttl
+        if blk then
+          li = li + 1
+          bid, bttl = blockArg(ARGV[li])
+        end
+        -- r: l, nows, nown, flags, otok, os, on, blocks text, what to
+        -- write (nil: nothing)
+        r = {l, nows, nown, decideBlocks(v, l, op, nows, nown, bid, bttl)}
+        r.blocks = true
+      else
+        r = {l, nows, nown, decide(v, l, op, nows, nown)}
+        -- r: l, nows, nown, flags, otok, os, on, dl, nt, s, n
+      end
     end
     if r[4] % 2 == 0 then all = false end
     if r[4] % 16 >= 8 then bad = true end
@@ -681,6 +867,13 @@ local function main(KEYS, ARGV)
       end
       big[#big + 1] = r[5]
       r[4], r[5], r[6], r[7] = r[4] + 128, 0, 0, 0
+    elseif r.blocks then
+      if doWrite and r[9] then
+        writeBlocks(KEYS[i], r[1], r[2], r[3], r[9], srvms)
+        r[4] = r[4] + 2
+      end
+      big[#big + 1] = r[8]
+      r[4] = r[4] + 192
     elseif doWrite and r[1].kind == LEASE then
       writeLeases(KEYS[i], r[1], r[9], r[8], r[2], r[3], r[7])
       r[4] = r[4] + 2

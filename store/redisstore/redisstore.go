@@ -22,6 +22,14 @@
 // as an error. Every write leaves the key a TTL of at least a minute past
 // the bucket's expiry (bucket.Params.ExpiresAt), so idle buckets vanish.
 //
+// Leased tokens (bucket.EvalBlocks, package leased): a key's live blocks
+// follow its bucket in the same value, and the same script takes and
+// returns them and decides every request on the key under their cap, in
+// one call, so instances that lease a limit and instances that do not
+// can share its keys. A key without live blocks is stored as above. (The
+// values under key#leased of earlier versions are not read; see
+// docs/semantics.md.)
+//
 // Concurrency limits: a key is a sorted set of lease IDs scored by their
 // expiries in microseconds, read and written by the same script in the
 // same call (so a multi-take mixing leases and buckets stays one atomic
@@ -178,16 +186,6 @@ func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 // Apply implements store.Store: one item through the batcher (or a batch
 // of one), several in one call of the script, all or nothing.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if leasedItems(items) {
-		if len(items) > 1 && slices.ContainsFunc(items, func(it bucket.Prepared) bool { return !it.Leased && it.Block == "" }) {
-			// Leased limits beside others (a request under a leased rule
-			// and a plain one): their states live apart (blocks.go), so
-			// each item is decided on its own state, all or nothing in
-			// the end, as on Redis Cluster across slots.
-			return store.Separately{Store: s, Always: true}.Apply(ctx, op, at, items, results)
-		}
-		return s.applyBlocks(ctx, op, at, items, results)
-	}
 	if len(items) != 1 {
 		return s.applyMulti(ctx, op, at, items, results)
 	}
@@ -247,13 +245,20 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 	found := make([]bool, len(ps))
 	leases := make([]bucket.LeaseSet, len(ps))
 	slides := make([]bucket.SlidingState, len(ps))
+	var blocks [][]bucket.Block
 	for i := range ps {
 		if rep.reqs[i].badType {
 			return ErrWrongType // and the script wrote nothing
 		}
 		buckets[i], found[i], leases[i], slides[i] = rep.reqs[i].before, rep.reqs[i].found, rep.reqs[i].leases, rep.reqs[i].slide
+		if rep.reqs[i].hasBlocks && blocks == nil {
+			blocks = make([][]bucket.Block, len(ps))
+		}
+		if blocks != nil {
+			blocks[i] = rep.reqs[i].blocks
+		}
 	}
-	res, _, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, nil, now)
+	res, _, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, blocks, now)
 	for i := range ps {
 		if err := rep.check(i, res[i].Allowed, write[i]); err != nil {
 			return err
@@ -269,9 +274,6 @@ func (s *Store) Reset(ctx context.Context, key string) error {
 		return err
 	}
 	if err := s.c.Do(ctx, s.c.B().Del().Key(s.prefix+key).Build()).Error(); err != nil {
-		return fmt.Errorf("redisstore: reset: %w", err)
-	}
-	if err := s.c.Do(ctx, s.c.B().Del().Key(s.prefix+key+BlocksSuffix).Build()).Error(); err != nil {
 		return fmt.Errorf("redisstore: reset: %w", err)
 	}
 	return nil
@@ -340,6 +342,9 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 			}
 		}
 		op := byte(ops[i])
+		if p.Block != "" {
+			op += 8 // its block's ID and life follow the records
+		}
 		var sec, nsec int64
 		if !ats[i].IsZero() {
 			op += 4
@@ -362,8 +367,11 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 	}
 	args = append(args, string(recs))
 	for _, p := range ps {
-		if p.Params.Kind == bucket.Concurrency {
+		switch {
+		case p.Params.Kind == bucket.Concurrency:
 			args = append(args, p.Lease) // after the records, in order
+		case p.Block != "":
+			args = append(args, p.Block+" "+strconv.FormatInt(p.BlockTTL, 10))
 		}
 	}
 	msgs, err := s.exec(ctx, keys, args)

@@ -33,6 +33,11 @@ type reqReply struct {
 	// slide is, for a request on a sliding window, the key's state as the
 	// script read it.
 	slide bucket.SlidingState
+	// hasBlocks reports a request decided under its key's blocks of
+	// leased tokens (a block's request, or a key that held blocks), and
+	// blocks are those the script read (expired ones included).
+	hasBlocks bool
+	blocks    []bucket.Block
 }
 
 func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
@@ -55,16 +60,22 @@ func parseReply(msgs []rueidis.RedisMessage, n int) (reply, error) {
 		f := r[0]
 		tokens := float64at(r[1:])
 		if f&128 != 0 {
-			// A sliding window: its state before, stored as decimals.
+			// A sliding window's state before, or with 64 too a bucket's
+			// blocks before, stored as decimals.
 			if len(big) == 0 {
-				return reply{}, errors.New("missing sliding window state")
+				return reply{}, errors.New("missing sliding window or blocks state")
 			}
 			st, err := big[0].ToString()
 			if err != nil {
 				return reply{}, err
 			}
 			big = big[1:]
-			if rep.reqs[i].slide, err = parseSliding(st); err != nil {
+			if f&64 != 0 {
+				rep.reqs[i].hasBlocks = true
+				if rep.reqs[i].blocks, err = parseBlocks(st); err != nil {
+					return reply{}, err
+				}
+			} else if rep.reqs[i].slide, err = parseSliding(st); err != nil {
 				return reply{}, err
 			}
 		}
@@ -126,6 +137,26 @@ func parseSliding(s string) (bucket.SlidingState, error) {
 	return st, nil
 }
 
+// parseBlocks reads a key's blocks as stored after its bucket (see
+// decide.lua): "id size s n ..." ("" when none).
+func parseBlocks(s string) ([]bucket.Block, error) {
+	f := strings.Fields(s)
+	if len(f)%4 != 0 || len(f) > 4*bucket.MaxBlocks {
+		return nil, fmt.Errorf("blocks state of %d fields", len(f))
+	}
+	bs := make([]bucket.Block, 0, len(f)/4)
+	for i := 0; i < len(f); i += 4 {
+		size, err1 := strconv.ParseInt(f[i+1], 10, 64)
+		sec, err2 := strconv.ParseInt(f[i+2], 10, 64)
+		nsec, err3 := strconv.ParseInt(f[i+3], 10, 64)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("blocks state: %w", err)
+		}
+		bs = append(bs, bucket.Block{ID: f[i], Size: size, Exp: join(sec, nsec)})
+	}
+	return bs, nil
+}
+
 // float64at is the little-endian double at the start of b.
 func float64at(b string) float64 {
 	return math.Float64frombits(uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
@@ -146,11 +177,13 @@ func (rep *reply) decide(i int, op bucket.Op, at time.Time, p bucket.Prepared) (
 	r := rep.reqs[i]
 	var res bucket.Result
 	var write bool
-	switch p.Params.Kind {
-	case bucket.Concurrency:
+	switch {
+	case p.Params.Kind == bucket.Concurrency:
 		res, write = p.Params.EvalLeases(op, r.leases, p.Lease, rep.nowFor(at))
-	case bucket.Sliding:
+	case p.Params.Kind == bucket.Sliding:
 		res, _, write = bucket.EvalSliding(op, r.slide, r.found, p.Params.Sliding(), p.Cost, rep.nowFor(at))
+	case r.hasBlocks:
+		res, _, _, write = bucket.EvalBlocks(op, r.before, r.found, r.blocks, &p, rep.nowFor(at))
 	default:
 		res, _, write = bucket.Eval(op, r.before, r.found, p.Params, p.Cost, p.Reserve, rep.nowFor(at))
 	}

@@ -13,12 +13,14 @@ import (
 	"github.com/driplimit/drip/storetest"
 )
 
-// TestConformanceSentinel runs the suite on a master found through three
-// Sentinels, with the redis+sentinel:// URL.
+// TestConformanceSentinel runs the suite, and the blocks of leased
+// tokens, on a master found through three Sentinels, with the
+// redis+sentinel:// URL.
 func TestConformanceSentinel(t *testing.T) {
 	rs := testserver.StartRedisSentinel(t)
 	s := open(t, rs.URL())
 	storetest.Run(t, func(t *testing.T) store.Store { return s })
+	t.Run("Blocks", func(t *testing.T) { storetest.RunBlocks(t, func(t *testing.T) store.Store { return s }) })
 }
 
 // TestSentinelFailover kills the master under load. Decisions fail only
