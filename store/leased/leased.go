@@ -534,10 +534,21 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 		spans.Leased(ctx, "local")
 		return nil
 	}
+	// No block held and none worth fetching (the bucket nearly empty, or
+	// the key's demand too thin): a take decided by the store, as without
+	// leasing, and as many at once as the callers make. Queued behind one
+	// call per key, the callers of an empty hot bucket would each wait a
+	// store round trip, longer than the denial they could repeat holds
+	// (one token's time), and be granted at the limit's pace rather than
+	// denied at once.
+	direct := l.cur.id == "" && l.next.id == "" && s.blockSize(l, it.Cost) <= it.Cost
 	l.mu.Unlock()
+	if direct {
+		return s.perDecision(ctx, at, l, now, items, results)
+	}
 	// One store call per key at a time from this instance: the others
 	// wait for its answer (a block, or a denial to repeat), so that a hot
-	// key's callers do not all ask the store at once.
+	// key's callers do not all ask the store at once for blocks.
 	select {
 	case l.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -594,6 +605,14 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 			return nil
 		}
 	}
+	return s.perDecision(ctx, at, l, now, items, results)
+}
+
+// perDecision decides a take of l's key by the store, sent at now, and
+// keeps what its answer says of the bucket: the tokens left, and a
+// denial to repeat.
+func (s *Store) perDecision(ctx context.Context, at time.Time, l *local, now time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	it, res := &items[0], &results[0]
 	s.calls.Add(1)
 	spans.Leased(ctx, "store")
 	if err := s.st.Apply(ctx, bucket.Take, at, s.mark(items), results); err != nil {
