@@ -6,17 +6,40 @@ replace github.com/driplimit/drip => ../
 
 require (
 	github.com/driplimit/drip v0.0.0-00010101000000-000000000000
+	github.com/envoyproxy/ratelimit v1.4.1-0.20260122083618-3fb702589d36
+	github.com/lyft/gostats v0.4.14
 	github.com/sethvargo/go-limiter v0.7.1
+	github.com/sirupsen/logrus v1.9.3
 	github.com/throttled/throttled/v2 v2.15.0
 	golang.org/x/time v0.16.0
 )
 
 require (
-	github.com/envoyproxy/go-control-plane/ratelimit v0.1.0 // indirect
+	cel.dev/expr v0.25.3 // indirect
+	github.com/coocood/freecache v1.2.4 // indirect
+	github.com/envoyproxy/go-control-plane v0.14.0 // indirect
+	github.com/envoyproxy/go-control-plane/ratelimit v0.1.1-0.20250812085011-4cf7e8485428 // indirect
+	github.com/fsnotify/fsnotify v1.7.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/gorilla/mux v1.8.1 // indirect
+	github.com/grpc-ecosystem/go-grpc-middleware v1.4.0 // indirect
+	github.com/jpillora/backoff v1.0.0 // indirect
+	github.com/kelseyhightower/envconfig v1.4.0 // indirect
+	github.com/libp2p/go-reuseport v0.4.0 // indirect
+	github.com/lyft/goruntime v0.3.0 // indirect
+	github.com/mediocregopher/radix/v4 v4.1.4 // indirect
 	github.com/redis/rueidis v1.0.79 // indirect
+	github.com/tilinna/clock v1.0.2 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.53.0 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
+	gopkg.in/yaml.v2 v2.4.0 // indirect
 )
 
 require (
