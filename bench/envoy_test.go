@@ -54,10 +54,11 @@ descriptors:
 // startEnvoy runs drip serve with only its gRPC listener on loopback
 // port 0, on the memory store, until the benchmark ends, and returns a
 // client of it.
-func startEnvoy(b *testing.B) *grpc.ClientConn { return startEnvoyStore(b, memstore.New()) }
+func startEnvoy(b *testing.B) *grpc.ClientConn { return startEnvoyStore(b, memstore.New(), 0) }
 
-// startEnvoyStore is startEnvoy on st.
-func startEnvoyStore(b *testing.B, st store.Store) *grpc.ClientConn {
+// startEnvoyStore is startEnvoy on st, with store calls under deadline
+// (0: drip serve's default).
+func startEnvoyStore(b *testing.B, st store.Store, deadline time.Duration) *grpc.ClientConn {
 	b.Helper()
 	rules := filepath.Join(b.TempDir(), "edge.yaml")
 	if err := os.WriteFile(rules, []byte(envoyBenchConfig), 0o644); err != nil {
@@ -65,7 +66,7 @@ func startEnvoyStore(b *testing.B, st store.Store) *grpc.ClientConn {
 	}
 	s, err := server.New(server.Config{
 		Listen: "127.0.0.1:0", AdminListen: "off", GRPCListen: "127.0.0.1:0",
-		Rules: rules, WatchEvery: -1,
+		Rules: rules, WatchEvery: -1, StoreTimeout: deadline,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, st)
 	if err != nil {
