@@ -39,14 +39,11 @@ var (
 
 	decideScript = rueidis.NewLuaScript(strings.Replace(scriptLua, "{{CODE}}", code, 1))
 
-	// libName names both the library and its function of one call;
-	// groupsFn is its function of several multi-takes in one call.
+	// libName names both the library and its one function.
 	libName = func() string {
 		h := sha256.Sum256([]byte(libraryLua + code))
 		return "drip_" + hex.EncodeToString(h[:8])
 	}()
-
-	groupsFn = libName + "_groups"
 
 	libCode = "#!lua name=" + libName + "\n" +
 		strings.NewReplacer("{{CODE}}", code, "{{NAME}}", libName).Replace(libraryLua)
@@ -57,21 +54,13 @@ var (
 // answer FCALL in some way the store does not recognise as "no functions".
 func WithScripts() Option { return func(s *Store) { s.scriptsOnly.Store(true) } }
 
-// exec makes one call of the decision code on keys with args: of the
-// library's function fn, libName (or groupsFn, which only a library has:
-// its callers check scriptsOnly first).
-func (s *Store) exec(ctx context.Context, fn string, keys, args []string) ([]rueidis.RedisMessage, error) {
-	script := func() ([]rueidis.RedisMessage, error) {
-		if fn != libName {
-			return nil, errNoGroups
-		}
+// exec makes one call of the decision code on keys with args.
+func (s *Store) exec(ctx context.Context, keys, args []string) ([]rueidis.RedisMessage, error) {
+	if s.scriptsOnly.Load() {
 		return decideScript.Exec(ctx, s.c, keys, args).ToArray()
 	}
-	if s.scriptsOnly.Load() {
-		return script()
-	}
 	fcall := func() ([]rueidis.RedisMessage, error) {
-		return s.c.Do(ctx, s.c.B().Fcall().Function(fn).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
+		return s.c.Do(ctx, s.c.B().Fcall().Function(libName).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).ToArray()
 	}
 	gen := s.loads.Load()
 	msgs, err := fcall()
@@ -80,7 +69,7 @@ func (s *Store) exec(ctx context.Context, fn string, keys, args []string) ([]rue
 		return msgs, err
 	case noFunctions(err):
 		s.scriptsOnly.Store(true)
-		return script()
+		return decideScript.Exec(ctx, s.c, keys, args).ToArray()
 	case !strings.Contains(err.Error(), "Function not found"):
 		return msgs, err
 	}
@@ -91,7 +80,7 @@ func (s *Store) exec(ctx context.Context, fn string, keys, args []string) ([]rue
 	if err := s.load(ctx, gen); err != nil {
 		if noFunctions(err) {
 			s.scriptsOnly.Store(true)
-			return script()
+			return decideScript.Exec(ctx, s.c, keys, args).ToArray()
 		}
 		return nil, fmt.Errorf("loading the function library %s: %w", libName, err)
 	}

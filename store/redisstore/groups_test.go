@@ -14,8 +14,8 @@ import (
 )
 
 // TestConcurrentMultiTakes: 64 callers at once, each multi-take all or
-// nothing (batched together by default, one call each without batching
-// or with scripts): a pair a+b and a pair a+c, where b and c run out and
+// nothing in one call (beside the batched single keys by default, without
+// batching, and with scripts): a pair a+b and a pair a+c, where b and c run out and
 // a never does, so a denied pair must leave a untouched. Exactly b's and
 // c's bursts are granted, and a lost exactly what they were granted.
 func TestConcurrentMultiTakes(t *testing.T) {

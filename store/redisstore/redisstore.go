@@ -96,7 +96,6 @@ type Store struct {
 	cluster bool
 	owned   bool
 	batch   *batch.Batcher[request, bucket.Result]
-	groups  *batch.Batcher[group, []bucket.Result] // multi-takes
 
 	batching    Batching
 	clock       batch.Clock // the server's clock, for deadlines
@@ -128,7 +127,6 @@ func New(c rueidis.Client, opts ...Option) *Store {
 	}
 	if s.batching.On() && !s.cluster {
 		s.batch = newBatcher(s)
-		s.groups = newGroupBatcher(s)
 	}
 	return s
 }
@@ -167,7 +165,6 @@ func (s *Store) Close() error {
 		s.end()
 		if s.batch != nil {
 			s.batch.Close()
-			s.groups.Close()
 		}
 		if s.owned {
 			s.c.Close()
@@ -226,27 +223,12 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 			}
 		}
 	}
-	if s.groups != nil && !s.scriptsOnly.Load() {
-		r, err := s.groups.Do(ctx, group{op, at, ps})
-		if errors.Is(err, batch.ErrClosed) {
-			err = errClosed
-		}
-		copy(results, r)
-		return err
-	}
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 	// One op, time and deadline for every item (see run).
 	rep, err := s.run(ctx, op.String(), []bucket.Op{op}, []time.Time{at}, []time.Time{dl}, ps)
 	if err != nil {
 		return err
 	}
-	return rep.multi(op, at, ps, results)
-}
-
-// multi is the decision of a multi-take from its reply: recomputed with
-// bucket.EvalMultiAll from the states the script read, and checked
-// against what the script did.
-func (rep *reply) multi(op bucket.Op, at time.Time, ps []bucket.Prepared, results []bucket.Result) error {
 	if rep.reqs[0].late {
 		return errLate // and the script wrote nothing
 	}
@@ -374,32 +356,7 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 			return reply{}, err
 		}
 	}
-	keys, args := s.build(mode, ops, ats, dls, ps)
-	msgs, err := s.exec(ctx, libName, keys, args)
-	if err != nil {
-		// A failed connection or server: the next answer may come from
-		// another server (a failover), whose clock is learned afresh.
-		s.clock.ForgetOn(err)
-		return reply{}, fmt.Errorf("redisstore: %s: %w", mode, err)
-	}
-	return s.parse(mode, msgs, len(ps))
-}
-
-// parse reads the reply of a call of n requests in mode, and learns the
-// server's clock from it.
-func (s *Store) parse(mode string, msgs []rueidis.RedisMessage, n int) (reply, error) {
-	recv := time.Now()
-	rep, err := parseReply(msgs, n)
-	if err != nil {
-		return reply{}, fmt.Errorf("redisstore: %s: bad script reply: %w", mode, err)
-	}
-	s.clock.Observe(recv, rep.now)
-	return rep, nil
-}
-
-// build is the keys and arguments of a call of the script (see run).
-func (s *Store) build(mode string, ops []bucket.Op, ats, dls []time.Time, ps []bucket.Prepared) (keys, args []string) {
-	keys = s.keys(ps)
+	keys := s.keys(ps)
 	var shapesA [4]shape // the usual few, on the stack
 	shapes := shapesA[:0]
 	// The records, written into the argument's string itself (no copy).
@@ -443,7 +400,7 @@ func (s *Store) build(mode string, ops []bucket.Op, ats, dls []time.Time, ps []b
 		binary.LittleEndian.PutUint64(rec[21:], math.Float64bits(float64(max(0, s.clock.Deadline(dls[j])/1e3))))
 		recs.Write(rec[:])
 	}
-	args = make([]string, 0, 3+len(shapes))
+	args := make([]string, 0, 3+len(shapes))
 	args = append(args, mode, strconv.Itoa(len(shapes)))
 	for _, sh := range shapes {
 		args = append(args, s.shapeText(sh))
@@ -454,5 +411,18 @@ func (s *Store) build(mode string, ops []bucket.Op, ats, dls []time.Time, ps []b
 			args = append(args, p.Lease) // after the records, in order
 		}
 	}
-	return keys, args
+	msgs, err := s.exec(ctx, keys, args)
+	if err != nil {
+		// A failed connection or server: the next answer may come from
+		// another server (a failover), whose clock is learned afresh.
+		s.clock.ForgetOn(err)
+		return reply{}, fmt.Errorf("redisstore: %s: %w", mode, err)
+	}
+	recv := time.Now()
+	rep, err := parseReply(msgs, len(ps))
+	if err != nil {
+		return reply{}, fmt.Errorf("redisstore: %s: bad script reply: %w", mode, err)
+	}
+	s.clock.Observe(recv, rep.now)
+	return rep, nil
 }
