@@ -16,9 +16,9 @@ package bench
 //
 // Three workloads: one descriptor over 100,000 client addresses, one
 // descriptor on one hot address, and two descriptors per call (the
-// address and a path nested under it) over 100,000 addresses. Each round
-// runs every workload on both services, alternating which goes first,
-// each phase envoyPhase long with 64 calls in flight on one connection
+// address and a path nested under it) over 100,000 addresses, each a
+// sub-benchmark of envoyRoundCount rounds of both services, alternating
+// which goes first, each phase envoyPhase long with 64 calls in flight on one connection
 // (each the next as soon as the last returns), under a deadline of five
 // seconds (so that both do all their work on a loaded machine; calls over
 // Envoy's default 20 ms are counted, and any over the deadline).
