@@ -20,6 +20,7 @@ test: testdeps
 
 bench:
 	cd bench && go test -run '^$$' -bench . -benchmem ./...
+	cd bench/global && go test -run '^$$' -bench . -benchmem ./...
 
 fuzz:
 	go test -run '^$$' -fuzz FuzzEval -fuzztime 30s .

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/driplimit/drip/server"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -51,8 +52,13 @@ descriptors:
 `
 
 // startEnvoy runs drip serve with only its gRPC listener on loopback
-// port 0 until the benchmark ends, and returns a client of it.
-func startEnvoy(b *testing.B) *grpc.ClientConn {
+// port 0, on the memory store, until the benchmark ends, and returns a
+// client of it.
+func startEnvoy(b *testing.B) *grpc.ClientConn { return startEnvoyStore(b, memstore.New(), 0) }
+
+// startEnvoyStore is startEnvoy on st, with store calls under deadline
+// (0: drip serve's default).
+func startEnvoyStore(b *testing.B, st store.Store, deadline time.Duration) *grpc.ClientConn {
 	b.Helper()
 	rules := filepath.Join(b.TempDir(), "edge.yaml")
 	if err := os.WriteFile(rules, []byte(envoyBenchConfig), 0o644); err != nil {
@@ -60,9 +66,9 @@ func startEnvoy(b *testing.B) *grpc.ClientConn {
 	}
 	s, err := server.New(server.Config{
 		Listen: "127.0.0.1:0", AdminListen: "off", GRPCListen: "127.0.0.1:0",
-		Rules: rules, WatchEvery: -1,
+		Rules: rules, WatchEvery: -1, StoreTimeout: deadline,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, memstore.New())
+	}, st)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -81,7 +87,13 @@ func startEnvoy(b *testing.B) *grpc.ClientConn {
 }
 
 func envoyRequests(descriptors int) []*rlsv3.RateLimitRequest {
-	reqs := make([]*rlsv3.RateLimitRequest, serveKeys)
+	return envoyRequestsOver(serveKeys, descriptors)
+}
+
+// envoyRequestsOver are calls of one or two descriptors over keys client
+// addresses.
+func envoyRequestsOver(keys, descriptors int) []*rlsv3.RateLimitRequest {
+	reqs := make([]*rlsv3.RateLimitRequest, keys)
 	for i := range reqs {
 		ip := &ratelimitv3.RateLimitDescriptor_Entry{Key: "remote_address", Value: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)}
 		ds := []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{ip}}}

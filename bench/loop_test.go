@@ -27,6 +27,11 @@ type loadRun struct {
 // uniformly (caller w draws from a generator seeded with w and seed), and
 // fails b on the first error.
 func closedLoop(b *testing.B, callers int, hot bool, seed uint64, decide decider) loadRun {
+	return closedLoopN(b, b.N, callers, hot, seed, decide)
+}
+
+// closedLoopN is closedLoop making n decisions.
+func closedLoopN(b *testing.B, n, callers int, hot bool, seed uint64, decide decider) loadRun {
 	ctx := context.Background()
 	var next atomic.Int64
 	lat := make([][]time.Duration, callers)
@@ -41,7 +46,7 @@ func closedLoop(b *testing.B, callers int, hot bool, seed uint64, decide decider
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), seed))
-			for next.Add(1) <= int64(b.N) {
+			for next.Add(1) <= int64(n) {
 				key := "hot"
 				if !hot {
 					key = keys[rng.IntN(keyCount)]

@@ -18,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -238,4 +239,73 @@ func BenchmarkRedisBatchTuning(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkRedisVsRate holds redisstore (batching on, as it comes) against
+// redis_rate in alternating rounds on one server: each round runs both,
+// the first of the last round going second, redisVsRateN decisions each,
+// 64 callers, 100,000 keys. The throughput of a phase moves with the
+// machine's other work (1.3x to 14x between runs on a shared machine);
+// the CPU each decision costs (this process's, callers and client
+// library, plus redis-server's) and the median latency a caller sees move
+// much less, and the ratios are taken round by round, then their median.
+//
+//	cd bench && go test -run '^$' -bench 'RedisVsRate' -benchtime 1x -v
+func BenchmarkRedisVsRate(b *testing.B) {
+	const callers, rounds, redisVsRateN = 64, 6, 100_000
+	url := redisURL(b)
+	redisClean(b, url)
+	impls := []struct {
+		name   string
+		decide decider
+	}{
+		{"drip", redisDripImpl()(b, url, callers)},
+		{"redis_rate", redisRateImpl(b, url, callers)},
+	}
+	type phase struct{ perSec, p50, cpu float64 }
+	run := func(d decider, seed uint64) phase {
+		srv := redisCPU(b, url)
+		r := closedLoopN(b, redisVsRateN, callers, false, seed, d)
+		if r.denied > 0 {
+			b.Fatalf("%d of %d decisions denied under a limit that always allows", r.denied, redisVsRateN)
+		}
+		cpu := r.cpu.Seconds() + redisCPU(b, url) - srv
+		return phase{redisVsRateN / r.elapsed.Seconds(), pct(r.lat, 0.5), cpu * 1e6 / redisVsRateN}
+	}
+	for _, im := range impls { // warm: connections made, every key held
+		run(im.decide, 1)
+	}
+	med := func(x []float64) float64 { slices.Sort(x); return x[len(x)/2] }
+	for range b.N {
+		res := make([][]phase, len(impls))
+		for r := range rounds {
+			for k := range impls {
+				i := k
+				if r%2 == 1 {
+					i = len(impls) - 1 - k
+				}
+				p := run(impls[i].decide, uint64(r+2))
+				res[i] = append(res[i], p)
+				b.Logf("round %d %s: %.0f decisions/s, p50 %.0f µs, cpu %.1f µs/decision", r, impls[i].name, p.perSec, p.p50, p.cpu)
+			}
+		}
+		for i, im := range impls {
+			var ps, p50, cpu []float64
+			for _, p := range res[i] {
+				ps, p50, cpu = append(ps, p.perSec), append(p50, p.p50), append(cpu, p.cpu)
+			}
+			b.ReportMetric(med(ps), im.name+"-decisions/s")
+			b.ReportMetric(med(p50), im.name+"-p50-µs")
+			b.ReportMetric(med(cpu), im.name+"-cpu-µs")
+		}
+		var ps, p50, cpu []float64
+		for r := range rounds {
+			d, rr := res[0][r], res[1][r]
+			ps, p50, cpu = append(ps, d.perSec/rr.perSec), append(p50, rr.p50/d.p50), append(cpu, rr.cpu/d.cpu)
+		}
+		b.ReportMetric(med(ps), "drip/redis_rate-decisions/s")
+		b.ReportMetric(med(p50), "redis_rate/drip-p50")
+		b.ReportMetric(med(cpu), "redis_rate/drip-cpu")
+	}
+	b.ReportMetric(0, "ns/op")
 }

@@ -146,6 +146,10 @@ func (s *Server) decideHandler(opName string) http.Handler {
 			writeError(w, err)
 			return
 		}
+		if d, ok := out.(drip.Decision); ok {
+			writeDecision(w, d)
+			return
+		}
 		writeJSON(w, http.StatusOK, out)
 	})
 }

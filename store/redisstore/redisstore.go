@@ -65,6 +65,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,6 +107,7 @@ type Store struct {
 
 	batching    Batching
 	clock       batch.Clock // the server's clock, for deadlines
+	lastShape   atomic.Pointer[shapeText]
 	scriptsOnly atomic.Bool // the server has no functions: use scripts
 	loadMu      sync.Mutex  // one FUNCTION LOAD at a time
 	loads       atomic.Uint64
@@ -226,14 +228,9 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 			}
 		}
 	}
-	ops := make([]bucket.Op, len(ps))
-	ats := make([]time.Time, len(ps))
-	dls := make([]time.Time, len(ps))
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
-	for i := range ps {
-		ops[i], ats[i], dls[i] = op, at, dl
-	}
-	rep, err := s.run(ctx, op.String(), ops, ats, dls, ps)
+	// One op, time and deadline for every item (see run).
+	rep, err := s.run(ctx, op.String(), []bucket.Op{op}, []time.Time{at}, []time.Time{dl}, ps)
 	if err != nil {
 		return err
 	}
@@ -241,21 +238,27 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 		return errLate // and the script wrote nothing
 	}
 	now := rep.nowFor(at)
-	buckets := make([]bucket.State, len(ps))
-	found := make([]bool, len(ps))
-	leases := make([]bucket.LeaseSet, len(ps))
-	slides := make([]bucket.SlidingState, len(ps))
+	// The states the script read, on the stack for the usual few items.
+	var (
+		bucketsA [4]bucket.State
+		foundA   [4]bool
+		leasesA  [4]bucket.LeaseSet
+		slidesA  [4]bucket.SlidingState
+	)
+	buckets, found, leases, slides := bucketsA[:0], foundA[:0], leasesA[:0], slidesA[:0]
 	var blocks [][]bucket.Block
 	for i := range ps {
 		if rep.reqs[i].badType {
 			return ErrWrongType // and the script wrote nothing
 		}
-		buckets[i], found[i], leases[i], slides[i] = rep.reqs[i].before, rep.reqs[i].found, rep.reqs[i].leases, rep.reqs[i].slide
-		if rep.reqs[i].hasBlocks && blocks == nil {
+		r := &rep.reqs[i]
+		buckets, found = append(buckets, r.before), append(found, r.found)
+		leases, slides = append(leases, r.leases), append(slides, r.slide)
+		if r.hasBlocks && blocks == nil {
 			blocks = make([][]bucket.Block, len(ps))
 		}
 		if blocks != nil {
-			blocks[i] = rep.reqs[i].blocks
+			blocks[i] = r.blocks
 		}
 	}
 	res, _, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, blocks, now)
@@ -292,6 +295,45 @@ type shape struct {
 	reserve bool
 }
 
+// shapeText is sh.text(), kept for the shape of the last call: most
+// calls of a store carry the same one or few limits (a rule's, a
+// descriptor's), and the text is nine integers formatted afresh otherwise.
+func (s *Store) shapeText(sh shape) string {
+	if c := s.lastShape.Load(); c != nil && c.sh == sh {
+		return c.text
+	}
+	t := sh.text()
+	s.lastShape.Store(&shapeText{sh, t})
+	return t
+}
+
+type shapeText struct {
+	sh   shape
+	text string
+}
+
+// keys are the server's keys of ps (the prefix and each key), cut from one
+// string: one allocation for all of them.
+func (s *Store) keys(ps []bucket.Prepared) []string {
+	n := 0
+	for i := range ps {
+		n += len(s.prefix) + len(ps[i].Key)
+	}
+	var all strings.Builder
+	all.Grow(n)
+	for i := range ps {
+		all.WriteString(s.prefix)
+		all.WriteString(ps[i].Key)
+	}
+	str, keys := all.String(), make([]string, len(ps))
+	at := 0
+	for i := range ps {
+		end := at + len(s.prefix) + len(ps[i].Key)
+		keys[i], at = str[at:end], end
+	}
+	return keys
+}
+
 // text is the shape as the script reads it (see decide.lua), which also
 // keys the script's cache of parsed shapes.
 func (sh shape) text() string {
@@ -309,7 +351,8 @@ func (sh shape) text() string {
 }
 
 // run calls the script in mode ("take", "peek", "refund" or "batch") for
-// requests ps, each with its op, time and deadline (zero: none; the
+// requests ps, each with its op, time and deadline (ops, ats and dls of
+// one element: the same for every request; a zero deadline: none; the
 // script refuses a request whose deadline passed on the server's clock,
 // see batch.Clock). Requests of the same shape (a
 // limit and a cost, as a rule's requests) share its arguments, sent as
@@ -322,12 +365,20 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 			return reply{}, err
 		}
 	}
-	keys := make([]string, len(ps))
-	var shapes []shape
-	recs := make([]byte, 0, requestRecord*len(ps))
+	keys := s.keys(ps)
+	var shapesA [4]shape // the usual few, on the stack
+	shapes := shapesA[:0]
+	// The records, written into the argument's string itself (no copy).
+	var recs strings.Builder
+	recs.Grow(requestRecord * len(ps))
+	var rec [requestRecord]byte
 	last := -1
+	one := len(ops) == 1
 	for i, p := range ps {
-		keys[i] = s.prefix + p.Key
+		j := i
+		if one {
+			j = 0
+		}
 		sh := shape{p.Params, p.Cost, p.Reserve}
 		if p.Params.Kind == bucket.Sliding {
 			// The script reads a sliding window's slot as its rate and its
@@ -341,31 +392,32 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 				shapes = append(shapes, sh)
 			}
 		}
-		op := byte(ops[i])
+		op := byte(ops[j])
 		if p.Block != "" {
 			op += 8 // its block's ID and life follow the records
 		}
 		var sec, nsec int64
-		if !ats[i].IsZero() {
+		if !ats[j].IsZero() {
 			op += 4
-			sec, nsec = split(ats[i].UnixNano())
+			sec, nsec = split(ats[j].UnixNano())
 		}
 		// Seconds (below 2^34 for any time.Time in int64 nanoseconds) and
 		// nanoseconds are exact as doubles.
-		recs = binary.LittleEndian.AppendUint32(recs, uint32(last+1))
-		recs = append(recs, op)
-		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(sec)))
-		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(nsec)))
+		binary.LittleEndian.PutUint32(rec[0:], uint32(last+1))
+		rec[4] = op
+		binary.LittleEndian.PutUint64(rec[5:], math.Float64bits(float64(sec)))
+		binary.LittleEndian.PutUint64(rec[13:], math.Float64bits(float64(nsec)))
 		// The deadline in whole microseconds of the server's clock,
 		// rounded down (exact as a double).
-		recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(max(0, s.clock.Deadline(dls[i])/1e3))))
+		binary.LittleEndian.PutUint64(rec[21:], math.Float64bits(float64(max(0, s.clock.Deadline(dls[j])/1e3))))
+		recs.Write(rec[:])
 	}
 	args := make([]string, 0, 3+len(shapes))
 	args = append(args, mode, strconv.Itoa(len(shapes)))
 	for _, sh := range shapes {
-		args = append(args, sh.text())
+		args = append(args, s.shapeText(sh))
 	}
-	args = append(args, string(recs))
+	args = append(args, recs.String())
 	for _, p := range ps {
 		switch {
 		case p.Params.Kind == bucket.Concurrency:

@@ -1,4 +1,4 @@
-package bench
+package global
 
 // Leased tokens (store/leased: 4 instances on one redis-server started for
 // the run) beside gubernator v2.13.0 (4 daemons in this process, peers on
@@ -6,7 +6,7 @@ package bench
 // over-admission can show (and one it does not reach); one checker counts
 // both systems' grants:
 //
-//	cd bench && go test -run '^$' -bench 'Global' -benchtime 2s -count 3
+//	cd bench/global && go test -run '^$' -bench 'Global' -benchtime 2s -count 3
 //
 // Both hold the same limit: drip a token bucket (continuous refill) of
 // limit tokens per period with a burst, gubernator a LEAKY_BUCKET with the

@@ -1,0 +1,47 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/redisstore"
+)
+
+// BenchmarkApply is one caller's store call, a take of one key (without
+// batching: one call of the function) and of two keys (one call, all or
+// nothing, as an Envoy request of two descriptors makes), on 1,000 keys
+// under a limit that always allows: the client's time and allocations
+// per call, the server's round trip included.
+//
+//	CI=true go test -run '^$' -bench Apply -benchmem ./store/redisstore/
+func BenchmarkApply(b *testing.B) {
+	url := testserver.SharedRedisURL(b)
+	s := open(b, url, redisstore.WithoutBatching(), redisstore.WithPrefix(randomTag()+":"))
+	params := bucket.Params{Rate: 1e12, Period: 1e9, Burst: 1e12}
+	for _, n := range []int{1, 2} {
+		b.Run("keys="+strconv.Itoa(n), func(b *testing.B) {
+			items := make([][]bucket.Prepared, 1000)
+			for i := range items {
+				for k := range n {
+					items[i] = append(items[i], bucket.Prepared{Key: "k" + strconv.Itoa(i) + ":" + strconv.Itoa(k), Params: params, Cost: 1e6})
+				}
+			}
+			res := make([]bucket.Result, n)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+			defer cancel()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if err := s.Apply(ctx, bucket.Take, time.Time{}, items[i%len(items)], res); err != nil {
+					b.Fatal(err)
+				}
+				if !res[0].Allowed {
+					b.Fatal("denied")
+				}
+			}
+		})
+	}
+}
