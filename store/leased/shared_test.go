@@ -232,7 +232,12 @@ func report(t *testing.T, w workload, ins []*leased.Store, events []event, key f
 		early += checkDenials(t, k, es, p)
 	}
 	t.Logf("%d early denials", early)
-	if w.keys <= 2 && st.Local*2 < st.Decisions {
-		t.Errorf("a hot key decided %d of %d takes locally: want most", st.Local, st.Decisions)
+	// The hot workloads ask 24 times their rate: the bucket is empty most
+	// of the run, and then takes go to the store as without leasing (all
+	// at once; a denial is repeated locally only until its retry_after).
+	// Locally decided are the grants from blocks and those repeats: half
+	// to nearly all of the takes, and none if leasing did not work.
+	if w.keys <= 2 && st.Local*3 < st.Decisions {
+		t.Errorf("a hot key decided %d of %d takes locally: want a third at least", st.Local, st.Decisions)
 	}
 }
