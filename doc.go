@@ -11,8 +11,8 @@
 //	d, err := lim.Take(ctx, "user:42")
 //
 // Being over the limit is a Decision (Allowed false, with RetryAfter), never
-// an error: errors are bad input (ErrInvalidLimit, ErrInvalidCost,
-// ErrMissingKey, ErrCostExceedsBurst, ...) or a failing store. Take, TakeN, Reserve, Peek, Refund, Reset, TakeMulti (several
+// an error: errors are bad input (ErrInvalidLimit, ErrCostExceedsBurst,
+// and the rest in package store) or a failing store. Take, TakeN, Reserve, Peek, Refund, Reset, TakeMulti (several
 // keys, all or nothing) and Wait cover what a caller asks.
 //
 // PerSecond, PerMinute, PerHour and Per(n, period) make token buckets of n
@@ -42,7 +42,7 @@
 //
 // Zero values: a token bucket or fixed window Limit must have a Rate
 // (Period zero is one second, Burst zero is the rate), a concurrency Limit
-// a MaxInFlight (LeaseTTL zero is DefaultLeaseTTL); a Limiter comes from
+// a MaxInFlight (LeaseTTL zero is store.DefaultLeaseTTL, 30 s); a Limiter comes from
 // New; a Request's zero Cost takes
 // nothing (a Limiter's Take costs 1). Limit, Request and Decision are
 // values, safe to copy.

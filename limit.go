@@ -36,9 +36,6 @@ const (
 	SlidingWindow Algorithm = "sliding_window"
 )
 
-// DefaultLeaseTTL is the lease TTL of a concurrency limit without one.
-const DefaultLeaseTTL = 30 * time.Second
-
 // Refill names how a token bucket refills.
 type Refill string
 
@@ -97,7 +94,7 @@ type Limit struct {
 	MaxInFlight int
 	// LeaseTTL is, for a Concurrency limit, how long a lease lasts unless
 	// it is released first: the slot of a holder that never releases (it
-	// crashed) comes back after it. Zero means DefaultLeaseTTL. Other
+	// crashed) comes back after it. Zero means store.DefaultLeaseTTL. Other
 	// algorithms leave it zero.
 	LeaseTTL time.Duration
 	// Slots is, for a SlidingWindow, how many slots its window is cut
@@ -128,14 +125,14 @@ type Limit struct {
 }
 
 // InFlight returns a concurrency limit of n slots whose leases last ttl
-// (zero: DefaultLeaseTTL) unless released.
+// (zero: store.DefaultLeaseTTL) unless released.
 func InFlight(n int, ttl time.Duration) Limit {
 	return Limit{Algorithm: Concurrency, MaxInFlight: n, LeaseTTL: ttl}
 }
 
 func (l Limit) leaseTTL() time.Duration {
 	if l.LeaseTTL == 0 {
-		return DefaultLeaseTTL
+		return store.DefaultLeaseTTL
 	}
 	return l.LeaseTTL
 }
@@ -174,15 +171,15 @@ func (l Limit) WithLeased(on bool) Limit { l.Leased = on; return l }
 // Window returns l as a fixed window limit.
 func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
 
-// Errors returned for bad input. They are wrapped with details; test with
-// errors.Is. Being over the limit is never an error: it is a Decision.
+// Errors returned for bad input, the two a caller most often tests for:
+// a limit that is not valid, and a cost no wait can allow. They are
+// wrapped with details; test with errors.Is. Every bad input is a
+// *store.InputError, and package store names the rest (a missing or too
+// long key, a bad cost, a key twice in a multi-take). Being over the
+// limit is never an error: it is a Decision.
 var (
 	ErrInvalidLimit     = store.ErrInvalidLimit
-	ErrInvalidCost      = store.ErrInvalidCost
-	ErrMissingKey       = store.ErrMissingKey
 	ErrCostExceedsBurst = store.ErrCostExceedsBurst
-	ErrKeyTooLong       = store.ErrKeyTooLong
-	ErrDuplicateKey     = store.ErrDuplicateKey
 )
 
 func (l Limit) period() time.Duration {

@@ -191,7 +191,7 @@ func inputf(format string, args ...any) error {
 // ToRequest checks a JSON request and applies the defaults (cost 1).
 func (r ReqJSON) ToRequest() (drip.Request, error) {
 	if r.Key == "" {
-		return drip.Request{}, &store.InputError{Err: drip.ErrMissingKey}
+		return drip.Request{}, &store.InputError{Err: store.ErrMissingKey}
 	}
 	if r.Limit == nil {
 		return drip.Request{}, inputf("%w: missing limit", drip.ErrInvalidLimit)
@@ -229,7 +229,7 @@ func Parse(b []byte) (Line, error) {
 	}
 	if l.Op == "reset" {
 		if r.Key == "" {
-			return Line{}, &store.InputError{Err: drip.ErrMissingKey}
+			return Line{}, &store.InputError{Err: store.ErrMissingKey}
 		}
 		l.Request.Key = r.Key
 		return l, nil

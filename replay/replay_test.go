@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
@@ -122,7 +121,7 @@ func TestDecodeFormats(t *testing.T) {
 			t.Errorf("%s: %v is not an input error", line, err)
 		}
 	}
-	if store.IsInput(errors.New("connection refused")) || !store.IsInput(fmt.Errorf("x: %w", drip.ErrInvalidCost)) {
+	if store.IsInput(errors.New("connection refused")) || !store.IsInput(fmt.Errorf("x: %w", store.ErrInvalidCost)) {
 		t.Error("IsInput tells a store's error from bad input wrongly")
 	}
 }

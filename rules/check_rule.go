@@ -410,11 +410,11 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 }
 
 // concurrencyConfig reads the algorithm_config of a concurrency rule:
-// max_in_flight (required) and lease_ttl (default drip.DefaultLeaseTTL).
+// max_in_flight (required) and lease_ttl (default store.DefaultLeaseTTL).
 // Every request holds one slot: such a rule has no cost.
 func (c *checker) concurrencyConfig(f *fields, r *Rule) {
 	n := len(c.problems)
-	l := drip.Limit{Algorithm: drip.Concurrency, LeaseTTL: drip.DefaultLeaseTTL}
+	l := drip.Limit{Algorithm: drip.Concurrency, LeaseTTL: store.DefaultLeaseTTL}
 	if v, fp, ok := f.get("max_in_flight"); !ok {
 		c.add(field(f.path, "max_in_flight"), "required for algorithm concurrency")
 	} else if m, ok := c.integer(fp, v, 1, store.MaxInFlight); ok {

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store"
 )
 
 const testSecret = "0123456789abcdef0123456789abcdef"
@@ -406,7 +407,7 @@ func TestConcurrencyRule(t *testing.T) {
 	if got, want := set.Rules[0].Limit, drip.InFlight(8, 45*time.Second); got != want {
 		t.Errorf("limit %+v, want %+v", got, want)
 	}
-	if got, want := set.Rules[1].Limit, drip.InFlight(2, drip.DefaultLeaseTTL); got != want {
+	if got, want := set.Rules[1].Limit, drip.InFlight(2, store.DefaultLeaseTTL); got != want {
 		t.Errorf("limit %+v, want %+v", got, want)
 	}
 	if set.Rules[0].FixedCost != 1 {

@@ -339,10 +339,10 @@ func (s *Server) request1(it replay.ReqJSON, opName string) (drip.Request, strin
 		return drip.Request{}, "", inputf("values need a rule")
 	}
 	if it.Key == "" {
-		return drip.Request{}, "", inputf("%v: give key and limit, or rule and values", drip.ErrMissingKey)
+		return drip.Request{}, "", inputf("%v: give key and limit, or rule and values", store.ErrMissingKey)
 	}
 	if len(it.Key) > MaxInlineKeyLen {
-		return drip.Request{}, "", inputf("%v: key is %d bytes, at most %d", drip.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
+		return drip.Request{}, "", inputf("%v: key is %d bytes, at most %d", store.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
 	}
 	if opName == "reset" {
 		if it.Limit != nil || it.Cost != nil || it.Reserve || it.Lease != "" {

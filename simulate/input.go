@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/store"
 )
@@ -63,7 +62,7 @@ func parseTraceLine(b []byte) (Event, error) {
 		e.Op = Reset
 	}
 	if r.Key == "" {
-		return Event{}, drip.ErrMissingKey
+		return Event{}, store.ErrMissingKey
 	}
 	e.Key, e.Reserve, e.Limit, e.Cost = r.Key, r.Reserve, r.Limit, 1
 	if r.Cost != nil {

@@ -46,7 +46,7 @@ func TestWrappersCountTheirKeys(t *testing.T) {
 		store.Sharded{Store: ms, N: 4},
 	} {
 		_, err := drip.Apply(t.Context(), st, bucket.Take, at1800, drip.Request{Key: key, Limit: drip.PerSecond(1), Cost: 1})
-		if !errors.Is(err, drip.ErrKeyTooLong) {
+		if !errors.Is(err, store.ErrKeyTooLong) {
 			t.Errorf("%T: a key of %d bytes, lengthened: %v, want ErrKeyTooLong", st, len(key), err)
 		}
 	}

@@ -21,6 +21,9 @@ const MaxLeaseLen = 64
 // taken longer than a day by a holder that is gone.
 const MaxLeaseTTL = 24 * time.Hour
 
+// DefaultLeaseTTL is the lease TTL of a concurrency limit without one.
+const DefaultLeaseTTL = 30 * time.Second
+
 // MaxInFlight bounds a concurrency limit's slots, so that a key's leases
 // stay a bounded amount of state in every store: at most a million leases,
 // about 130 bytes each in the memory store, a row each in PostgreSQL, a

@@ -27,10 +27,10 @@ func RunErrors(t *testing.T, newStore NewStore) {
 		r    drip.Request
 		want error
 	}{
-		{"missing key", drip.Request{Limit: good, Cost: 1}, drip.ErrMissingKey},
-		{"negative cost", drip.Request{Key: p + "k", Limit: good, Cost: -1}, drip.ErrInvalidCost},
-		{"NaN cost", drip.Request{Key: p + "k", Limit: good, Cost: math.NaN()}, drip.ErrInvalidCost},
-		{"infinite cost", drip.Request{Key: p + "k", Limit: good, Cost: math.Inf(1)}, drip.ErrInvalidCost},
+		{"missing key", drip.Request{Limit: good, Cost: 1}, store.ErrMissingKey},
+		{"negative cost", drip.Request{Key: p + "k", Limit: good, Cost: -1}, store.ErrInvalidCost},
+		{"NaN cost", drip.Request{Key: p + "k", Limit: good, Cost: math.NaN()}, store.ErrInvalidCost},
+		{"infinite cost", drip.Request{Key: p + "k", Limit: good, Cost: math.Inf(1)}, store.ErrInvalidCost},
 		{"zero rate", drip.Request{Key: p + "k", Limit: drip.Limit{}, Cost: 1}, drip.ErrInvalidLimit},
 		{"negative rate", drip.Request{Key: p + "k", Limit: drip.Limit{Rate: -1}, Cost: 1}, drip.ErrInvalidLimit},
 		{"NaN rate", drip.Request{Key: p + "k", Limit: drip.Limit{Rate: math.NaN()}, Cost: 1}, drip.ErrInvalidLimit},
@@ -39,7 +39,7 @@ func RunErrors(t *testing.T, newStore NewStore) {
 		{"unknown algorithm", drip.Request{Key: p + "k", Limit: drip.Limit{Rate: 1, Algorithm: "leaky"}, Cost: 1}, drip.ErrInvalidLimit},
 		{"unknown refill", drip.Request{Key: p + "k", Limit: drip.Limit{Rate: 1, Refill: "sometimes"}, Cost: 1}, drip.ErrInvalidLimit},
 		{"cost over burst", drip.Request{Key: p + "k", Limit: good, Cost: 10.5}, drip.ErrCostExceedsBurst},
-		{"key too long", drip.Request{Key: p + "k" + strings.Repeat("x", store.MaxKeyLen), Limit: good, Cost: 1}, drip.ErrKeyTooLong},
+		{"key too long", drip.Request{Key: p + "k" + strings.Repeat("x", store.MaxKeyLen), Limit: good, Cost: 1}, store.ErrKeyTooLong},
 	}
 	for _, tc := range cases {
 		for _, op := range []bucket.Op{bucket.Take, bucket.Peek} {
@@ -55,11 +55,11 @@ func RunErrors(t *testing.T, newStore NewStore) {
 		t.Errorf("empty multi-take: err = %v, want %v", err, store.ErrNoRequests)
 	}
 	dup := []drip.Request{{Key: p + "d", Limit: good, Cost: 1}, {Key: p + "d", Limit: good, Cost: 1}}
-	if _, err := drip.Apply(c, st, bucket.Take, at, dup...); !errors.Is(err, drip.ErrDuplicateKey) {
-		t.Errorf("duplicate keys: err = %v, want %v", err, drip.ErrDuplicateKey)
+	if _, err := drip.Apply(c, st, bucket.Take, at, dup...); !errors.Is(err, store.ErrDuplicateKey) {
+		t.Errorf("duplicate keys: err = %v, want %v", err, store.ErrDuplicateKey)
 	}
-	if err := st.Reset(c, ""); !errors.Is(err, drip.ErrMissingKey) {
-		t.Errorf("reset of no key: err = %v, want %v", err, drip.ErrMissingKey)
+	if err := st.Reset(c, ""); !errors.Is(err, store.ErrMissingKey) {
+		t.Errorf("reset of no key: err = %v, want %v", err, store.ErrMissingKey)
 	}
 	// A reservation that can never fit (cost above burst + max_reserved).
 	bounded := drip.Limit{Rate: 4, Burst: 1, MaxReserved: 3}
@@ -82,8 +82,8 @@ func RunErrors(t *testing.T, newStore NewStore) {
 			t.Errorf("op %v in a multi-take: err = %v, want %v", op, err, store.ErrInvalidOp)
 		}
 	}
-	if err := st.Reset(c, p+"k"+strings.Repeat("x", store.MaxKeyLen)); !errors.Is(err, drip.ErrKeyTooLong) {
-		t.Errorf("reset of a key over MaxKeyLen: err = %v, want %v", err, drip.ErrKeyTooLong)
+	if err := st.Reset(c, p+"k"+strings.Repeat("x", store.MaxKeyLen)); !errors.Is(err, store.ErrKeyTooLong) {
+		t.Errorf("reset of a key over MaxKeyLen: err = %v, want %v", err, store.ErrKeyTooLong)
 	}
 	// A key near MaxKeyLen (less 32 bytes, room for the prefix of a
 	// wrapper such as store.Prefixed) is a key like any other.

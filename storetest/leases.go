@@ -94,7 +94,7 @@ func RunLeases(t *testing.T, newStore NewStore) {
 			{"a lease too long", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: strings.Repeat("x", store.MaxLeaseLen+1)}, store.ErrInvalidLease},
 			{"a lease with a space", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: "a b"}, store.ErrInvalidLease},
 			{"a lease on a token bucket", bucket.Take, drip.Request{Key: k + "tb", Limit: tb, Cost: 1, Lease: "a"}, store.ErrInvalidLease},
-			{"reserve", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: "a", Reserve: true}, drip.ErrInvalidCost},
+			{"reserve", bucket.Take, drip.Request{Key: k, Limit: lim, Lease: "a", Reserve: true}, store.ErrInvalidCost},
 			{"no slots", bucket.Take, drip.Request{Key: k, Limit: drip.InFlight(0, ttl), Lease: "a"}, drip.ErrInvalidLimit},
 			{"a negative TTL", bucket.Take, drip.Request{Key: k, Limit: drip.InFlight(1, -time.Second), Lease: "a"}, drip.ErrInvalidLimit},
 			{"a rate", bucket.Take, drip.Request{Key: k, Limit: drip.Limit{Algorithm: drip.Concurrency, MaxInFlight: 1, Rate: 1}, Lease: "a"}, drip.ErrInvalidLimit},

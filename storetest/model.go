@@ -241,7 +241,7 @@ func (m *Model) Reset(key string) {
 // any finite cost >= 0.
 func (m *Model) Prepare(op bucket.Op, r drip.Request) (bucket.Prepared, error) {
 	if r.Key == "" {
-		return bucket.Prepared{}, drip.ErrMissingKey
+		return bucket.Prepared{}, store.ErrMissingKey
 	}
 	p, err := r.Limit.Params(r.Key)
 	if err != nil {
@@ -251,10 +251,10 @@ func (m *Model) Prepare(op bucket.Op, r drip.Request) (bucket.Prepared, error) {
 		return bucket.Prepared{}, store.ErrInvalidOp
 	}
 	if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 || r.Cost > 1e12 {
-		return bucket.Prepared{}, drip.ErrInvalidCost
+		return bucket.Prepared{}, store.ErrInvalidCost
 	}
 	if (p.Kind == bucket.Sliding || r.Limit.Calendar != "") && r.Reserve {
-		return bucket.Prepared{}, drip.ErrInvalidCost // no reservations on sliding or calendar windows
+		return bucket.Prepared{}, store.ErrInvalidCost // no reservations on sliding or calendar windows
 	}
 	if r.Limit.Calendar != "" {
 		m.calendars[r.Key] = r.Limit
@@ -286,7 +286,7 @@ func (m *Model) PrepareMulti(op bucket.Op, rs []drip.Request) ([]bucket.Prepared
 			return nil, err
 		}
 		if seen[r.Key] {
-			return nil, drip.ErrDuplicateKey
+			return nil, store.ErrDuplicateKey
 		}
 		seen[r.Key] = true
 		ps[i] = p

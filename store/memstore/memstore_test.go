@@ -97,8 +97,8 @@ func TestBoundedBytes(t *testing.T) {
 	big := make([]byte, 1<<20)
 	for i := range 30 {
 		copy(big, fmt.Sprintf("big-%d-", i))
-		if _, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: string(big), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
-			t.Fatalf("1 MiB key %d: err = %v, want %v", i, err, drip.ErrKeyTooLong)
+		if _, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: string(big), Limit: lim, Cost: 1}); !errors.Is(err, store.ErrKeyTooLong) {
+			t.Fatalf("1 MiB key %d: err = %v, want %v", i, err, store.ErrKeyTooLong)
 		}
 	}
 	if n := s.Bytes(); n != 0 {

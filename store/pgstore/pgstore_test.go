@@ -223,8 +223,8 @@ func TestLongKeys(t *testing.T) {
 	p := prefix()
 	a := p + strings.Repeat("x", store.MaxKeyLen-64) + "a"
 	b := p + strings.Repeat("x", store.MaxKeyLen-64) + "b"
-	if _, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: a + strings.Repeat("x", 64), Limit: lim, Cost: 1}); !errors.Is(err, drip.ErrKeyTooLong) {
-		t.Fatalf("a key over store.MaxKeyLen: %v, want %v", err, drip.ErrKeyTooLong)
+	if _, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: a + strings.Repeat("x", 64), Limit: lim, Cost: 1}); !errors.Is(err, store.ErrKeyTooLong) {
+		t.Fatalf("a key over store.MaxKeyLen: %v, want %v", err, store.ErrKeyTooLong)
 	}
 	for _, k := range []string{a, b, "\xff" + p} {
 		d, err := storetest.Apply(ctx, st, bucket.Take, t0, drip.Request{Key: k, Limit: lim, Cost: 1})
