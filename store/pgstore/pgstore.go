@@ -308,6 +308,9 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	if err := store.CheckKinds(items, store.Caps{Calendar: true}); err != nil {
 		return err // no sliding windows here yet: Caps.Sliding is false
 	}
+	if leasedItems(items) {
+		return s.applyBlocks(ctx, op, at, items, results)
+	}
 	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {
 		// Without batching, a concurrency item is a multi-take of one.
 		return s.applyMulti(ctx, op, at, items, results)
@@ -339,9 +342,12 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	return nil
 }
 
-// Caps implements store.Store: the store holds leases and calendar
-// windows, and keeps overrides (override.go).
-func (s *Store) Caps() store.Caps { return store.Caps{Leases: true, Calendar: true, Overrides: s} }
+// Caps implements store.Store: the store holds leases, calendar windows
+// and blocks of leased tokens (blocks.go), and keeps overrides
+// (override.go).
+func (s *Store) Caps() store.Caps {
+	return store.Caps{Leases: true, Calendar: true, Blocks: true, Overrides: s}
+}
 
 // applyOne decides one request with one statement (take.sql, peek.sql);
 // a take or refund carries its caller's deadline dl (zero: none).
