@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
@@ -22,7 +24,8 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 
 // TestSharedStores runs the workloads of TestNeverOverLimit on real
 // shared stores: 4 instances, each with its own local state and clock, on
-// one Redis server and on a Redis Cluster (and on the memory store, as a
+// one Redis server, on a Redis Cluster, on PostgreSQL directly and through
+// PgBouncer in transaction mode (and on the memory store, as a
 // reference), in virtual time. Every instance's clock reads one virtual
 // clock, which a driver moves forward only while no decision is in
 // flight, and every decision is made at its time (the stores take it, as
@@ -54,6 +57,12 @@ func TestSharedStores(t *testing.T) {
 			t.Cleanup(func() { s.Close() })
 			return s
 		}},
+		{"postgres", func(t *testing.T) store.Store {
+			return openPG(t, testserver.SharedPostgres(t).URL())
+		}},
+		{"postgres via pgbouncer", func(t *testing.T) store.Store {
+			return openPG(t, testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0).URL())
+		}},
 	}
 	for _, sc := range stores {
 		t.Run(sc.name, func(t *testing.T) {
@@ -63,6 +72,21 @@ func TestSharedStores(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openPG opens a PostgreSQL store at url, its schema installed, without
+// the sweeper (the virtual times are ahead of the server's clock).
+func openPG(t *testing.T, url string) store.Store {
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	s, err := pgstore.Open(context.Background(), url+sep+"drip_install=true&drip_sweep=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 // virtual is a clock that moves only while no decision is in flight.
@@ -93,7 +117,7 @@ func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration) {
 	var mu sync.Mutex
 	var events []event
 	var failed atomic.Bool
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute) // generous: PostgreSQL through PgBouncer on a loaded machine
 	defer cancel()
 	type worker struct {
 		i    int
