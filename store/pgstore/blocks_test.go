@@ -1,8 +1,12 @@
 package pgstore_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/pgstore"
@@ -31,4 +35,140 @@ func TestBlocks(t *testing.T) {
 		st := openVia(t, bouncer.URL(), "")
 		storetest.RunBlocks(t, func(t *testing.T) store.Store { return st })
 	})
+}
+
+// leasedItem is an item of a call of TestBlocksMixed.
+type leasedItem struct {
+	key    string
+	lim    drip.Limit
+	cost   float64
+	lease  string // a concurrency limit's lease
+	block  string // a block take or return
+	leased bool
+}
+
+func prepareLeased(t *testing.T, op bucket.Op, it leasedItem) bucket.Prepared {
+	t.Helper()
+	p, err := it.lim.Params(it.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.block != "" {
+		pr, err := store.PrepareBlock(op, it.key, p, int64(it.cost*bucket.Micro), it.block, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pr
+	}
+	var pr bucket.Prepared
+	if err := store.Prepare(&pr, op, it.key, &p, it.cost, false, it.lease); err != nil {
+		t.Fatal(err)
+	}
+	pr.Leased = it.leased
+	return pr
+}
+
+// TestBlocksMixed: a call that holds a leased item is decided whole by
+// drip.block_apply, whatever else it holds (a plain bucket, a concurrency
+// limit), all or nothing; and a leased limit's state is apart from the
+// plain bucket of the same key.
+func TestBlocksMixed(t *testing.T) {
+	t.Parallel()
+	db := pool(t)
+	for _, mode := range []struct {
+		name string
+		opts []pgstore.Option
+	}{
+		{"statement", []pgstore.Option{pgstore.WithoutBatching()}},
+		{"batching", nil},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			st := newStore(t, mode.opts...)
+			ctx := context.Background()
+			p := prefix()
+			at := t0
+			leasedLim, plainLim := drip.PerSecond(1).WithBurst(5), drip.PerHour(2)
+			l := leasedItem{key: p + "L", lim: leasedLim, cost: 1, leased: true}
+			plain := leasedItem{key: p + "P", lim: plainLim, cost: 1}
+			slot := func(lease string) leasedItem {
+				return leasedItem{key: p + "C", lim: drip.InFlight(1, time.Minute), lease: lease}
+			}
+			call := func(what string, op bucket.Op, want []bool, tokens []float64, its ...leasedItem) {
+				t.Helper()
+				items := make([]bucket.Prepared, len(its))
+				for i, it := range its {
+					items[i] = prepareLeased(t, op, it)
+				}
+				res := make([]bucket.Result, len(items))
+				if err := st.Apply(ctx, op, at, items, res); err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				for i := range res {
+					d := drip.DecisionOf(res[i], items[i].Params.Burst)
+					if d.Allowed != want[i] || d.Tokens != tokens[i] {
+						t.Errorf("%s: item %d allowed %v tokens %v, want %v %v", what, i, d.Allowed, d.Tokens, want[i], tokens[i])
+					}
+				}
+			}
+			call("all three", bucket.Take, []bool{true, true, true}, []float64{4, 1, 0}, l, plain, slot("a"))
+			big := plain
+			big.cost = 2
+			call("the bucket and the slot deny", bucket.Take, []bool{true, false, false}, []float64{3, 1, 0}, l, big, slot("b"))
+			call("nothing was taken (a peek tells what a take would leave)", bucket.Peek, []bool{true, true, true}, []float64{3, 0, 0}, l, plain, slot("a"))
+			blk := leasedItem{key: l.key, lim: leasedLim, cost: 3, block: "x"}
+			call("a block of 3 beside a take", bucket.Take, []bool{true, true}, []float64{1, 0}, blk, plain)
+			notLeased := l
+			notLeased.leased = false
+			call("the same key, not leased: its own bucket", bucket.Take, []bool{true}, []float64{4}, notLeased)
+			call("the block back with 2 unused, the slot released", bucket.Refund, []bool{true, true}, []float64{3, 1}, leasedItem{key: l.key, lim: leasedLim, cost: 2, block: "x"}, slot("a"))
+			call("the slot is free", bucket.Take, []bool{true, true}, []float64{2, 0}, l, slot("b"))
+			var rows int
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 1 {
+				t.Fatalf("%d rows of the leased key (%v), want 1", rows, err)
+			}
+			if err := st.Reset(ctx, l.key); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 0 {
+				t.Fatalf("after Reset: %d rows of the leased key (%v), want 0", rows, err)
+			}
+			call("reset: full again", bucket.Peek, []bool{true}, []float64{4}, l)
+		})
+	}
+}
+
+// TestSweepBlocks: the sweeper deletes the rows of leased limits whose
+// blocks all expired and whose bucket is full again, and keeps those with
+// a live block.
+func TestSweepBlocks(t *testing.T) {
+	db := pool(t)
+	st := newStore(t)
+	ctx := context.Background()
+	p := prefix()
+	lim := drip.PerSecond(10).WithBurst(20)
+	now := time.Now()
+	for key, at := range map[string]time.Time{"old": now.Add(-2 * time.Hour), "live": now} {
+		it := prepareLeased(t, bucket.Take, leasedItem{key: p + key, lim: lim, cost: 5, block: "b"})
+		res := make([]bucket.Result, 1)
+		if err := st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, res); err != nil || !res[0].Allowed {
+			t.Fatalf("%s: %+v, %v", key, res[0], err)
+		}
+	}
+	count := func(key string) int {
+		t.Helper()
+		var n int
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(p+key)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if count("old") != 1 || count("live") != 1 {
+		t.Fatalf("before the sweep: %d old, %d live rows", count("old"), count("live"))
+	}
+	if _, err := st.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if count("old") != 0 || count("live") != 1 {
+		t.Fatalf("after the sweep: %d old rows (want 0), %d live (want 1)", count("old"), count("live"))
+	}
 }

@@ -11,14 +11,16 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/storetest"
 )
 
-// TestMigrateLeasesToRows: a schema at version 4 (a key's leases in one
-// row of arrays) migrated by Install keeps every lease, with its expiry:
-// the key answers as it did.
-func TestMigrateLeasesToRows(t *testing.T) {
+// schemaAt is a pool on a database of its own whose drip schema is at
+// version v: the first v migrations, as an older drip installed them
+// (persistence: "" or "UNLOGGED").
+func schemaAt(t *testing.T, v int, persistence string) *pgxpool.Pool {
+	t.Helper()
 	ctx := context.Background()
 	name := "migrate_" + strings.ReplaceAll(strings.ToLower(strings.Trim(testserver.Prefix(), ":")), "-", "_")
 	name = strings.Map(func(r rune) rune {
@@ -41,20 +43,29 @@ func TestMigrateLeasesToRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(db.Close)
 	if _, err := db.Exec(ctx, "CREATE SCHEMA drip; CREATE TABLE drip.schema_version (version int NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	for i, m := range pgstore.Migrations[:4] {
-		if _, err := db.Exec(ctx, strings.ReplaceAll(m, "{{PERSISTENCE}}", "")); err != nil {
+	for i, m := range pgstore.Migrations[:v] {
+		if _, err := db.Exec(ctx, strings.ReplaceAll(m, "{{PERSISTENCE}}", persistence)); err != nil {
 			t.Fatalf("migration %d: %v", i+1, err)
 		}
 	}
-	at := time.Unix(1_700_000_000, 0)
-	e1, e2 := at.Add(10*time.Second).UnixNano(), at.Add(20*time.Second).UnixNano()
-	if _, err := db.Exec(ctx, "INSERT INTO drip.schema_version VALUES (4)"); err != nil {
+	if _, err := db.Exec(ctx, "INSERT INTO drip.schema_version VALUES ($1)", v); err != nil {
 		t.Fatal(err)
 	}
+	return db
+}
+
+// TestMigrateLeasesToRows: a schema at version 4 (a key's leases in one
+// row of arrays) migrated by Install keeps every lease, with its expiry:
+// the key answers as it did.
+func TestMigrateLeasesToRows(t *testing.T) {
+	ctx := context.Background()
+	db := schemaAt(t, 4, "")
+	at := time.Unix(1_700_000_000, 0)
+	e1, e2 := at.Add(10*time.Second).UnixNano(), at.Add(20*time.Second).UnixNano()
 	if _, err := db.Exec(ctx, `INSERT INTO drip.leases (key, ids, exps, expires) VALUES ('k', ARRAY['a', 'b'], ARRAY[$1::bigint, $2::bigint], $2::bigint)`, e1, e2); err != nil {
 		t.Fatal(err)
 	}
@@ -95,5 +106,56 @@ func TestMigrateLeasesToRows(t *testing.T) {
 	var n int
 	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.lease_holders").Scan(&n); err != nil || n != 2 {
 		t.Errorf("%d lease rows (%v), want 2 (a and c)", n, err)
+	}
+}
+
+// TestMigrateBlocks: a schema at version 5 (before leased limits) migrated
+// by Install keeps its buckets as they were and holds leased limits in a
+// table of their own, unlogged when the install was.
+func TestMigrateBlocks(t *testing.T) {
+	for _, persistence := range []string{"", "UNLOGGED"} {
+		t.Run("persistence "+persistence, func(t *testing.T) {
+			ctx := context.Background()
+			db := schemaAt(t, 5, persistence)
+			at := time.Unix(1_700_000_000, 0)
+			// A bucket of 10/s, burst 10, at 4 tokens at 'at'.
+			if _, err := db.Exec(ctx, "INSERT INTO drip.buckets (key, tokens, ts, expires) VALUES ('k', 4000000, $1::bigint, $2::bigint)",
+				at.UnixNano(), at.Add(600*time.Millisecond).UnixNano()); err != nil {
+				t.Fatal(err)
+			}
+			if err := pgstore.Install(ctx, db, pgstore.InstallOptions{Unlogged: persistence != ""}); err != nil {
+				t.Fatal(err)
+			}
+			var v int
+			var rel string
+			if err := db.QueryRow(ctx, "SELECT (SELECT max(version) FROM drip.schema_version), (SELECT relpersistence::text FROM pg_class WHERE oid = 'drip.blocks'::regclass)").Scan(&v, &rel); err != nil {
+				t.Fatal(err)
+			}
+			if wantRel := map[string]string{"": "p", "UNLOGGED": "u"}[persistence]; v != pgstore.SchemaVersion || rel != wantRel {
+				t.Fatalf("version %d, drip.blocks persistence %q; want %d, %q", v, rel, pgstore.SchemaVersion, wantRel)
+			}
+			st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			lim := drip.PerSecond(10)
+			d, err := storetest.Apply(ctx, st, bucket.Peek, at.Add(100*time.Millisecond), drip.Request{Key: "k", Limit: lim, Cost: 1})
+			if err != nil || d.Tokens != 4 {
+				t.Fatalf("the old bucket: %+v, %v; want 5 tokens less the peek's 1", d, err)
+			}
+			p, err := lim.Params("k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			it, err := store.PrepareBlock(bucket.Take, "k", p, 3*bucket.Micro, "b", time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := make([]bucket.Result, 1)
+			if err := st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, res); err != nil || !res[0].Allowed || res[0].Tokens != 7*bucket.Micro {
+				t.Fatalf("a block of 3 of the leased limit of k: %+v, %v; want 7 left (its own bucket)", res[0], err)
+			}
+		})
 	}
 }
