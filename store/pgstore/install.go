@@ -59,7 +59,7 @@ var SchemaVersion = len(migration)
 
 // InstallOptions tunes Install.
 type InstallOptions struct {
-	// Unlogged makes the bucket and lease tables UNLOGGED: faster (no
+	// Unlogged makes the bucket, lease and block tables UNLOGGED: faster (no
 	// WAL), but emptied by crash recovery, which can admit up to one extra
 	// burst per key (and free every in-flight slot) after a crash. Existing
 	// tables are converted (ALTER TABLE ... SET UNLOGGED rewrites them under

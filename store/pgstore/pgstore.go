@@ -40,6 +40,13 @@
 // leases all expired are swept like buckets. The SQL functions
 // (drip.take, ...) do not cover concurrency limits.
 //
+// Leased limits (package leased): a key's bucket and its live blocks of
+// leased tokens are a row of drip.blocks, apart from drip.buckets, and a
+// call with a leased item is one plpgsql function, drip.block_apply
+// (sql/blocks.sql, blocks.go): the call's rows locked in one order, every
+// item decided with bucket.EvalMultiAll's rules, all or nothing; the Go
+// side decides again from the state it read and checks the verdicts.
+//
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
 // drip.reset for services in other languages, which share the buckets with
