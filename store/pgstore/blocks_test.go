@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -172,5 +173,49 @@ func TestSweepBlocks(t *testing.T) {
 	}
 	if count("old") != 0 || count("live") != 1 {
 		t.Fatalf("after the sweep: %d old rows (want 0), %d live (want 1)", count("old"), count("live"))
+	}
+}
+
+// BenchmarkLeasedTake: one caller's takes of one key, plain (take.sql) and
+// leased (drip.block_apply), beside 0 or 8 live blocks of the key: the
+// cost of a leased limit's take that goes to the store.
+func BenchmarkLeasedTake(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		leased bool
+		blocks int
+	}{{"plain", false, 0}, {"leased", true, 0}, {"leased/blocks=8", true, 8}} {
+		b.Run(c.name, func(b *testing.B) {
+			st := newStore(b, pgstore.WithoutBatching())
+			ctx := context.Background()
+			key := prefix() + "k"
+			lim := drip.PerSecond(1e9).WithBurst(1e9)
+			p, err := lim.Params(key)
+			if err != nil {
+				b.Fatal(err)
+			}
+			res := make([]bucket.Result, 1)
+			for i := range c.blocks {
+				it, err := store.PrepareBlock(bucket.Take, key, p, bucket.Micro, fmt.Sprint("b", i), time.Minute)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := st.Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res); err != nil || !res[0].Allowed {
+					b.Fatal(res[0], err)
+				}
+			}
+			var it bucket.Prepared
+			if err := store.Prepare(&it, bucket.Take, key, &p, 1, false, ""); err != nil {
+				b.Fatal(err)
+			}
+			it.Leased = c.leased
+			items := []bucket.Prepared{it}
+			b.ResetTimer()
+			for range b.N {
+				if err := st.Apply(ctx, bucket.Take, time.Time{}, items, res); err != nil || !res[0].Allowed {
+					b.Fatal(res[0], err)
+				}
+			}
+		})
 	}
 }

@@ -6,9 +6,10 @@
 -- there), and its blocks of leased tokens, one element each in ids, sizes
 -- (micro-tokens) and exps (ns): the blocks taken and neither returned nor
 -- dropped yet (a decision that writes drops the expired ones; see
--- bucket.EvalBlocks). expires is bucket.Params.StateExpiresAt, when the
--- row carries no more information (every block expired and the bucket,
--- refilled under their caps, full again): the sweeper deletes it after.
+-- bucket.EvalBlocks). expires is when the row carries no more
+-- information (every block expired and the bucket, refilled under their
+-- caps, full again; no earlier than bucket.Params.StateExpiresAt): the
+-- sweeper deletes it after.
 -- A key holds at most bucket.MaxBlocks (64) live blocks, so the arrays
 -- stay small; only sql/blocks.sql writes them, holding the row's lock.
 -- Independent of every other table: no migration before it is read.

@@ -10,18 +10,21 @@
 -- rows of a concurrency limit, sql/leases.sql), all or nothing.
 
 -- drip.eval_one is bucket.Eval on one bucket: eval.sql as a function of
--- its inputs (see there for units and kinds).
-CREATE OR REPLACE FUNCTION drip.eval_one(op int, present bool, tokens bigint, ts bigint,
-    kind int, rate bigint, period bigint, burst bigint, maxres bigint, start bigint,
-    cost bigint, reserve bool, now bigint,
+-- its inputs (see there for units and kinds). plpgsql, not SQL: a SQL
+-- function called from plpgsql is planned again on every call, where
+-- plpgsql keeps its query's plan for the session.
+CREATE OR REPLACE FUNCTION drip.eval_one(p_op int, p_present bool, p_tokens bigint, p_ts bigint,
+    p_kind int, p_rate bigint, p_period bigint, p_burst bigint, p_maxres bigint, p_start bigint,
+    p_cost bigint, p_reserve bool, p_now bigint,
     OUT allowed bool, OUT write bool, OUT n_tokens bigint, OUT n_ts bigint, OUT expires bigint)
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $drip$
-SELECT e.allowed, e.write, e.n_tokens, e.n_ts, e.expires
-FROM (SELECT eval_one.op, eval_one.present, eval_one.tokens, eval_one.ts, eval_one.kind,
-             eval_one.rate, eval_one.period, eval_one.burst, eval_one.maxres, eval_one.start,
-             eval_one.cost, eval_one.reserve, eval_one.now) i
-CROSS JOIN LATERAL ({{EVAL}}) e
-$drip$;
+LANGUAGE plpgsql IMMUTABLE AS $drip$
+BEGIN
+    SELECT e.allowed, e.write, e.n_tokens, e.n_ts, e.expires INTO allowed, write, n_tokens, n_ts, expires
+    FROM (SELECT p_op AS op, p_present AS present, p_tokens AS tokens, p_ts AS ts, p_kind AS kind,
+                 p_rate AS rate, p_period AS period, p_burst AS burst, p_maxres AS maxres,
+                 p_start AS start, p_cost AS cost, p_reserve AS reserve, p_now AS now) i
+    CROSS JOIN LATERAL ({{EVAL}}) e;
+END $drip$;
 
 -- drip.block_advance is bucket.Params.Advance: the bucket (present,
 -- tokens, ts) of a key whose blocks are (ids, sizes, exps), brought to now
@@ -68,24 +71,22 @@ BEGIN
     FROM unnest(ids, sizes, exps) WITH ORDINALITY AS u(id, size, exp, j) WHERE u.exp > now;
 END $$;
 
--- drip.block_expires is bucket.Params.StateExpiresAt: when a key's bucket
--- and blocks carry no more information (every block expired, and the
--- bucket, refilled under their caps until then, full again).
+-- drip.block_expires is when a key's bucket and blocks carry no more
+-- information, for the sweeper: no earlier than
+-- bucket.Params.StateExpiresAt, without walking the blocks. Until the
+-- last block expires the bucket only refills (under caps of at least 0)
+-- or is clamped to such a cap, so then it holds at least the lesser of
+-- its tokens and 0, with a ts no later than that expiry: from there it is
+-- full again no later than drip.expires_at says.
 CREATE OR REPLACE FUNCTION drip.block_expires(kind int, rate bigint, period bigint, burst bigint,
-    maxres bigint, start bigint, tokens bigint, ts bigint, ids text[], sizes bigint[], exps bigint[])
+    tokens bigint, ts bigint, exps bigint[])
 RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    last bigint;
-    a record;
-BEGIN
-    IF coalesce(cardinality(ids), 0) = 0 THEN
-        RETURN drip.expires_at(kind, rate, period, burst, tokens, ts);
-    END IF;
-    SELECT max(x) INTO last FROM unnest(exps) AS x;
-    a := drip.block_advance(kind, rate, period, burst, maxres, start, true, tokens, ts, ids, sizes, exps, last);
-    RETURN greatest(last, drip.expires_at(kind, rate, period, burst, a.tokens, a.ts));
-END $$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN coalesce(cardinality(exps), 0) = 0
+                THEN drip.expires_at(kind, rate, period, burst, tokens, ts)
+                ELSE (SELECT greatest(max(x), drip.expires_at(kind, rate, period, burst, least(tokens, 0), max(x)))
+                      FROM unnest(exps) AS x) END
+$$;
 
 -- drip.block_apply decides one call (a take, peek or refund of several
 -- items, distinct keys) as bucket.EvalMultiAll does, all or nothing. One
@@ -288,8 +289,8 @@ BEGIN
                 PERFORM drip.ensure(FOUND);
             END IF;
         ELSE
-            v_exp := drip.block_expires(p_kinds[j], p_rates[j], p_periods[j], p_bursts[j], p_maxres[j],
-                p_starts[j], v_row.tokens, v_row.ts, v_row.ids, v_row.sizes, v_row.exps);
+            v_exp := drip.block_expires(p_kinds[j], p_rates[j], p_periods[j], p_bursts[j],
+                v_row.tokens, v_row.ts, v_row.exps);
             IF v_present[j] THEN
                 UPDATE drip.blocks b SET tokens = v_row.tokens, ts = v_row.ts, ids = v_row.ids,
                     sizes = v_row.sizes, exps = v_row.exps, expires = v_exp
