@@ -81,12 +81,16 @@ END $$;
 CREATE OR REPLACE FUNCTION drip.block_expires(kind int, rate bigint, period bigint, burst bigint,
     tokens bigint, ts bigint, exps bigint[])
 RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN coalesce(cardinality(exps), 0) = 0
-                THEN drip.expires_at(kind, rate, period, burst, tokens, ts)
-                ELSE (SELECT greatest(max(x), drip.expires_at(kind, rate, period, burst, least(tokens, 0), max(x)))
-                      FROM unnest(exps) AS x) END
-$$;
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    last bigint;
+BEGIN
+    IF coalesce(cardinality(exps), 0) = 0 THEN
+        RETURN drip.expires_at(kind, rate, period, burst, tokens, ts);
+    END IF;
+    SELECT max(x) INTO last FROM unnest(exps) AS x;
+    RETURN greatest(last, drip.expires_at(kind, rate, period, burst, least(tokens, 0), last));
+END $$;
 
 -- drip.block_apply decides one call (a take, peek or refund of several
 -- items, distinct keys) as bucket.EvalMultiAll does, all or nothing. One
@@ -144,7 +148,6 @@ DECLARE
     x int;
     v_cap bigint;
     v_exp bigint;
-    v_ok bool;
 BEGIN
     -- The class of each item: 0 a bucket, 1 a concurrency limit, 2 leased.
     FOR i IN 1 .. n LOOP
