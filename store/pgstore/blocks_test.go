@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -217,5 +218,52 @@ func BenchmarkLeasedTake(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestBlocksLateTakesNothing: a block take whose statement gets its row
+// locks after its caller's deadline (drip.blocks locked by another
+// session, and a connection that cannot cancel the statement) fails with
+// an error that wraps context.DeadlineExceeded and writes nothing.
+func TestBlocksLateTakesNothing(t *testing.T) {
+	db := pool(t)
+	ctx := context.Background()
+	st, err := pgstore.New(ctx, uncancellable{db}, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	key := prefix() + "late"
+	lim := drip.PerSecond(1).WithBurst(10)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE drip.blocks IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		it := prepareLeased(t, bucket.Take, leasedItem{key: key, lim: lim, cost: 4, block: "b"})
+		done <- st.Apply(c, bucket.Take, time.Time{}, []bucket.Prepared{it}, make([]bucket.Result, 1))
+	}()
+	<-c.Done() // the caller gave up; its statement still waits on the lock
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a late block take: %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	var rows int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(key)).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d rows of the key (%v), want none", rows, err)
+	}
+	peek := prepareLeased(t, bucket.Peek, leasedItem{key: key, lim: lim, leased: true})
+	res := make([]bucket.Result, 1)
+	if err := st.Apply(ctx, bucket.Peek, time.Time{}, []bucket.Prepared{peek}, res); err != nil || res[0].Tokens != 10*bucket.Micro {
+		t.Fatalf("after the late take: %+v, %v; want the bucket full", res[0], err)
 	}
 }
