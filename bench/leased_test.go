@@ -1,7 +1,8 @@
 package bench
 
 // Leased tokens (store/leased) beside per-decision takes, on one
-// redis-server started for the run: 4 instances (each its own connection
+// redis-server started for the run, and on PostgreSQL
+// (BenchmarkLeasedPostgres): 4 instances (each its own connection
 // and, leased, its own blocks) share it, 64 callers spread over them.
 //
 //	cd bench && go test -run '^$' -bench 'Leased' -benchtime 2s -count 3
@@ -34,28 +35,65 @@ import (
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
 func BenchmarkLeased(b *testing.B) {
 	url := redisURL(b)
+	benchLeased(b, func(b *testing.B) string {
+		redisClean(b, url)
+		return "k"
+	}, func(b *testing.B) float64 { return redisCPU(b, url) }, func(b *testing.B) store.Store {
+		rs, err := redisstore.Open(url, redisstore.WithPrefix("bench:"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { rs.Close() })
+		return rs
+	})
+}
+
+// BenchmarkLeasedPostgres is BenchmarkLeased on the PostgreSQL server of
+// the PostgreSQL benchmarks (pg_test.go), each instance a pgstore of its
+// own (batching on, the default), each run on keys of its own:
+//
+//	cd bench && go test -run '^$' -bench 'LeasedPostgres' -benchtime 2s -count 3
+func BenchmarkLeasedPostgres(b *testing.B) {
+	url := pgURL(b)
+	db := pgPool(b, url, 1, "")
+	if err := pgstore.Install(context.Background(), db, pgstore.InstallOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	var run atomic.Int64
+	benchLeased(b, func(*testing.B) string {
+		return fmt.Sprint("leased", time.Now().UnixNano(), ".", run.Add(1), ":k")
+	}, nil, func(b *testing.B) store.Store {
+		st, err := pgstore.Open(context.Background(), url, pgstore.WithSweep(0))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { st.Close() })
+		return st
+	})
+}
+
+// benchLeased runs the workloads on 4 instances from open, on keys whose
+// names begin with what fresh returns (called once a run); serverCPU (nil:
+// none reported) reads the server's CPU seconds.
+func benchLeased(b *testing.B, fresh func(*testing.B) string, serverCPU func(*testing.B) float64, open func(*testing.B) store.Store) {
 	lim := drip.PerSecond(100_000_000).WithBurst(10_000_000)
 	for _, keys := range []int{1, 10_000} {
 		for _, mode := range []string{"per-decision", "leased"} {
 			b.Run(fmt.Sprintf("keys=%d/%s", keys, mode), func(b *testing.B) {
-				redisClean(b, url)
+				prefix := fresh(b)
 				const instances, callers = 4, 64
 				sts := make([]store.Store, instances)
 				var ls []*leased.Store
 				for i := range sts {
-					rs, err := redisstore.Open(url, redisstore.WithPrefix("bench:"))
-					if err != nil {
-						b.Fatal(err)
-					}
-					b.Cleanup(func() { rs.Close() })
-					sts[i] = rs
+					sts[i] = open(b)
 					if mode == "leased" {
-						l, err := leased.New(rs)
+						l, err := leased.New(sts[i])
 						if err != nil {
 							b.Fatal(err)
 						}
@@ -66,7 +104,7 @@ func BenchmarkLeased(b *testing.B) {
 				}
 				items := make([]bucket.Prepared, keys)
 				for k := range items {
-					key := fmt.Sprint("k", k)
+					key := fmt.Sprint(prefix, k)
 					p, err := lim.Params(key)
 					if err != nil {
 						b.Fatal(err)
@@ -77,7 +115,10 @@ func BenchmarkLeased(b *testing.B) {
 				}
 				var next, granted atomic.Int64
 				b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
-				server := redisCPU(b, url)
+				var server float64
+				if serverCPU != nil {
+					server = serverCPU(b)
+				}
 				b.ResetTimer()
 				cpu := reportCPU(b)
 				b.RunParallel(func(pb *testing.PB) {
@@ -98,7 +139,9 @@ func BenchmarkLeased(b *testing.B) {
 				})
 				b.StopTimer()
 				cpu()
-				b.ReportMetric((redisCPU(b, url)-server)*1e6/float64(b.N), "server-cpu-µs")
+				if serverCPU != nil {
+					b.ReportMetric((serverCPU(b)-server)*1e6/float64(b.N), "server-cpu-µs")
+				}
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 				b.ReportMetric(float64(granted.Load())/float64(b.N), "granted")
 				calls := int64(b.N)

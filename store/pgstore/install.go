@@ -66,9 +66,12 @@ var (
 	batchDistinctSQL        = withEval("batch_distinct.sql")
 	batchDistinctSlidingSQL = withSliding("batch_distinct.sql")
 	sweepSQL                = mustSQL("sweep.sql")
-	resetSQL                = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) SELECT drip.lease_drop($1::bytea)"
+	resetSQL                = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea), k AS (DELETE FROM drip.blocks WHERE key = $1::bytea) SELECT drip.lease_drop($1::bytea)"
 	sweepLeasesSQL          = mustSQL("sweep_leases.sql")
-	migration               = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql"), mustSQL("006_sliding.sql")}
+	sweepBlocksSQL          = mustSQL("sweep_blocks.sql")
+	blocksSQL               = withEval("blocks.sql")
+	migration               = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql"),
+		mustSQL("006_sliding.sql"), mustSQL("007_blocks.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs
@@ -77,7 +80,7 @@ var SchemaVersion = len(migration)
 
 // InstallOptions tunes Install.
 type InstallOptions struct {
-	// Unlogged makes the bucket and lease tables UNLOGGED: faster (no
+	// Unlogged makes the bucket, lease and block tables UNLOGGED: faster (no
 	// WAL), but emptied by crash recovery, which can admit up to one extra
 	// burst per key (and free every in-flight slot) after a crash. Existing
 	// tables are converted (ALTER TABLE ... SET UNLOGGED rewrites them under
@@ -141,6 +144,9 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 		if _, err := tx.Exec(ctx, mustSQL("leases.sql")); err != nil {
 			return fmt.Errorf("leases.sql: %w", err)
 		}
+		if _, err := tx.Exec(ctx, blocksSQL); err != nil {
+			return fmt.Errorf("blocks.sql: %w", err)
+		}
 		// take.sql and peek.sql as SQL functions, so that drip.take runs
 		// the very statements the Go store runs.
 		sig := "(bytea, int, int, bigint, bigint, bigint, bigint, bigint, bigint, bool, bigint) RETURNS TABLE (allowed bool, n_tokens bigint, n_ts bigint, now bigint, ok bool) LANGUAGE sql VOLATILE AS $drip$\n"
@@ -158,11 +164,11 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 				return err
 			}
 			if o.Unlogged && persistence != "u" {
-				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED; ALTER TABLE drip.leases SET UNLOGGED; ALTER TABLE drip.lease_holders SET UNLOGGED")
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED; ALTER TABLE drip.leases SET UNLOGGED; ALTER TABLE drip.lease_holders SET UNLOGGED; ALTER TABLE drip.blocks SET UNLOGGED")
 				return err
 			}
 			if o.Logged && persistence == "u" {
-				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED; ALTER TABLE drip.leases SET LOGGED; ALTER TABLE drip.lease_holders SET LOGGED")
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED; ALTER TABLE drip.leases SET LOGGED; ALTER TABLE drip.lease_holders SET LOGGED; ALTER TABLE drip.blocks SET LOGGED")
 				return err
 			}
 		}

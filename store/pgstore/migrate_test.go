@@ -11,16 +11,59 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/storetest"
 )
+
+// schemaAt is a pool on a database of its own whose drip schema is at
+// version v: the first v migrations, as an older drip installed them
+// (persistence: "" or "UNLOGGED").
+func schemaAt(t *testing.T, v int, persistence string) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	name := "migrate_" + strings.ReplaceAll(strings.ToLower(strings.Trim(testserver.Prefix(), ":")), "-", "_")
+	name = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return '_'
+	}, name)
+	admin := pool(t)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec(ctx, "DROP DATABASE "+name) })
+	cfg, err := pgxpool.ParseConfig(testserver.SharedPostgres(t).URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = name
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.Exec(ctx, "CREATE SCHEMA drip; CREATE TABLE drip.schema_version (version int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range pgstore.Migrations[:v] {
+		if _, err := db.Exec(ctx, strings.ReplaceAll(m, "{{PERSISTENCE}}", persistence)); err != nil {
+			t.Fatalf("migration %d: %v", i+1, err)
+		}
+	}
+	if _, err := db.Exec(ctx, "INSERT INTO drip.schema_version VALUES ($1)", v); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
 
 // TestMigrateLeasesToRows: a schema at version 4 (a key's leases in one
 // row of arrays) migrated by Install keeps every lease, with its expiry:
 // the key answers as it did.
 func TestMigrateLeasesToRows(t *testing.T) {
 	ctx := context.Background()
-	db := schemaAt(t, 4)
+	db := schemaAt(t, 4, "")
 	at := time.Unix(1_700_000_000, 0)
 	e1, e2 := at.Add(10*time.Second).UnixNano(), at.Add(20*time.Second).UnixNano()
 	if _, err := db.Exec(ctx, `INSERT INTO drip.leases (key, ids, exps, expires) VALUES ('k', ARRAY['a', 'b'], ARRAY[$1::bigint, $2::bigint], $2::bigint)`, e1, e2); err != nil {
@@ -66,13 +109,64 @@ func TestMigrateLeasesToRows(t *testing.T) {
 	}
 }
 
+// TestMigrateBlocks: a schema at version 5 (before leased limits) migrated
+// by Install keeps its buckets as they were and holds leased limits in a
+// table of their own, unlogged when the install was.
+func TestMigrateBlocks(t *testing.T) {
+	for _, persistence := range []string{"", "UNLOGGED"} {
+		t.Run("persistence "+persistence, func(t *testing.T) {
+			ctx := context.Background()
+			db := schemaAt(t, 5, persistence)
+			at := time.Unix(1_700_000_000, 0)
+			// A bucket of 10/s, burst 10, at 4 tokens at 'at'.
+			if _, err := db.Exec(ctx, "INSERT INTO drip.buckets (key, tokens, ts, expires) VALUES ('k', 4000000, $1::bigint, $2::bigint)",
+				at.UnixNano(), at.Add(600*time.Millisecond).UnixNano()); err != nil {
+				t.Fatal(err)
+			}
+			if err := pgstore.Install(ctx, db, pgstore.InstallOptions{Unlogged: persistence != ""}); err != nil {
+				t.Fatal(err)
+			}
+			var v int
+			var rel string
+			if err := db.QueryRow(ctx, "SELECT (SELECT max(version) FROM drip.schema_version), (SELECT relpersistence::text FROM pg_class WHERE oid = 'drip.blocks'::regclass)").Scan(&v, &rel); err != nil {
+				t.Fatal(err)
+			}
+			if wantRel := map[string]string{"": "p", "UNLOGGED": "u"}[persistence]; v != pgstore.SchemaVersion || rel != wantRel {
+				t.Fatalf("version %d, drip.blocks persistence %q; want %d, %q", v, rel, pgstore.SchemaVersion, wantRel)
+			}
+			st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			lim := drip.PerSecond(10)
+			d, err := storetest.Apply(ctx, st, bucket.Peek, at.Add(100*time.Millisecond), drip.Request{Key: "k", Limit: lim, Cost: 1})
+			if err != nil || d.Tokens != 4 {
+				t.Fatalf("the old bucket: %+v, %v; want 5 tokens less the peek's 1", d, err)
+			}
+			p, err := lim.Params("k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			it, err := store.PrepareBlock(bucket.Take, "k", p, 3*bucket.Micro, "b", time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := make([]bucket.Result, 1)
+			if err := st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, res); err != nil || !res[0].Allowed || res[0].Tokens != 7*bucket.Micro {
+				t.Fatalf("a block of 3 of the leased limit of k: %+v, %v; want 7 left (its own bucket)", res[0], err)
+			}
+		})
+	}
+}
+
 // TestMigrateToSliding: a schema at version 5 migrated by Install (the
 // counts of sliding windows, migration 6) keeps its buckets and leases:
 // they answer as they did, and the key of a sliding window works beside
 // them.
 func TestMigrateToSliding(t *testing.T) {
 	ctx := context.Background()
-	db := schemaAt(t, 5)
+	db := schemaAt(t, 5, "")
 	at := time.Unix(1_700_000_000, 0)
 	// A bucket of 10 a minute holding 4, and one lease of 2 held for 30s.
 	if _, err := db.Exec(ctx, `INSERT INTO drip.buckets (key, tokens, ts, expires) VALUES ('b', 4000000, $1::bigint, $2::bigint)`,
@@ -128,45 +222,4 @@ func TestMigrateToSliding(t *testing.T) {
 			t.Errorf("%s: %+v, want %+v", c.what, got, c.want)
 		}
 	}
-}
-
-// schemaAt is a database of its own holding the drip schema at version
-// v, made by the first v migrations, as an older drip left it.
-func schemaAt(t *testing.T, v int) *pgxpool.Pool {
-	t.Helper()
-	ctx := context.Background()
-	name := "migrate_" + strings.ReplaceAll(strings.ToLower(strings.Trim(testserver.Prefix(), ":")), "-", "_")
-	name = strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
-			return r
-		}
-		return '_'
-	}, name)
-	admin := pool(t)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Exec(ctx, "DROP DATABASE "+name) })
-	cfg, err := pgxpool.ParseConfig(testserver.SharedPostgres(t).URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Database = name
-	db, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.Exec(ctx, "CREATE SCHEMA drip; CREATE TABLE drip.schema_version (version int NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	for i, m := range pgstore.Migrations[:v] {
-		if _, err := db.Exec(ctx, strings.ReplaceAll(m, "{{PERSISTENCE}}", "")); err != nil {
-			t.Fatalf("migration %d: %v", i+1, err)
-		}
-	}
-	if _, err := db.Exec(ctx, "INSERT INTO drip.schema_version VALUES ($1)", v); err != nil {
-		t.Fatal(err)
-	}
-	return db
 }

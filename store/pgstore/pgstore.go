@@ -51,6 +51,13 @@
 // leases all expired are swept like buckets. The SQL functions
 // (drip.take, ...) do not cover concurrency limits nor sliding windows.
 //
+// Leased limits (package leased): a key's bucket and its live blocks of
+// leased tokens are a row of drip.blocks, apart from drip.buckets, and a
+// call with a leased item is one plpgsql function, drip.block_apply
+// (sql/blocks.sql, blocks.go): the call's rows locked in one order, every
+// item decided with bucket.EvalMultiAll's rules, all or nothing; the Go
+// side decides again from the state it read and checks the verdicts.
+//
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
 // drip.reset for services in other languages, which share the buckets with
@@ -104,6 +111,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -347,6 +355,15 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	if err := store.CheckKinds(items, store.Caps{Sliding: true, Calendar: true}); err != nil {
 		return err
 	}
+	if leasedItems(items) {
+		if len(items) > 1 && slices.ContainsFunc(items, func(it bucket.Prepared) bool { return it.Params.Kind == bucket.Sliding }) {
+			// A leased limit beside a sliding window (never leased
+			// itself): drip.block_apply holds no sliding math, so each
+			// item is decided on its own, all or nothing in the end.
+			return store.Separately{Store: s, Always: true}.Apply(ctx, op, at, items, results)
+		}
+		return s.applyBlocks(ctx, op, at, items, results)
+	}
 	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {
 		// Without batching, a concurrency item is a multi-take of one.
 		return s.applyMulti(ctx, op, at, items, results)
@@ -375,9 +392,10 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 }
 
 // Caps implements store.Store: the store holds leases, sliding and
-// calendar windows, and keeps overrides (override.go).
+// calendar windows and blocks of leased tokens (blocks.go), and keeps
+// overrides (override.go).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{Leases: true, Sliding: true, Calendar: true, Overrides: s}
+	return store.Caps{Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s}
 }
 
 // applyOne decides one request with one statement (take.sql, peek.sql);

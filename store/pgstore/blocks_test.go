@@ -1,0 +1,269 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/store/pgstore"
+	"github.com/driplimit/drip/storetest"
+)
+
+// TestBlocks holds the blocks of leased limits on PostgreSQL to the exact
+// model: one statement a call, with batching on (leased calls bypass the
+// batcher) and off, and through PgBouncer in transaction mode.
+func TestBlocks(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []struct {
+		name string
+		opts []pgstore.Option
+	}{
+		{"statement", []pgstore.Option{pgstore.WithoutBatching()}},
+		{"batching", []pgstore.Option{pgstore.WithBatching(pgstore.Batching{MaxBatch: 64, InFlight: 4})}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			st := newStore(t, mode.opts...)
+			storetest.RunBlocks(t, func(t *testing.T) store.Store { return st })
+		})
+	}
+	t.Run("pgbouncer", func(t *testing.T) {
+		bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
+		st := openVia(t, bouncer.URL(), "")
+		storetest.RunBlocks(t, func(t *testing.T) store.Store { return st })
+	})
+}
+
+// leasedItem is an item of a call of TestBlocksMixed.
+type leasedItem struct {
+	key    string
+	lim    drip.Limit
+	cost   float64
+	lease  string // a concurrency limit's lease
+	block  string // a block take or return
+	leased bool
+}
+
+func prepareLeased(t *testing.T, op bucket.Op, it leasedItem) bucket.Prepared {
+	t.Helper()
+	p, err := it.lim.Params(it.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if it.block != "" {
+		pr, err := store.PrepareBlock(op, it.key, p, int64(it.cost*bucket.Micro), it.block, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pr
+	}
+	var pr bucket.Prepared
+	if err := store.Prepare(&pr, op, it.key, &p, it.cost, false, it.lease); err != nil {
+		t.Fatal(err)
+	}
+	pr.Leased = it.leased
+	return pr
+}
+
+// TestBlocksMixed: a call that holds a leased item is decided whole by
+// drip.block_apply, whatever else it holds (a plain bucket, a concurrency
+// limit), all or nothing; and a leased limit's state is apart from the
+// plain bucket of the same key.
+func TestBlocksMixed(t *testing.T) {
+	t.Parallel()
+	db := pool(t)
+	for _, mode := range []struct {
+		name string
+		opts []pgstore.Option
+	}{
+		{"statement", []pgstore.Option{pgstore.WithoutBatching()}},
+		{"batching", nil},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			st := newStore(t, mode.opts...)
+			ctx := context.Background()
+			p := prefix()
+			// Ahead of the server's clock: no sweep of a parallel test
+			// drops these rows mid-test.
+			at := time.Now().Truncate(time.Hour).Add(time.Hour)
+			leasedLim, plainLim := drip.PerSecond(1).WithBurst(5), drip.PerHour(2)
+			l := leasedItem{key: p + "L", lim: leasedLim, cost: 1, leased: true}
+			plain := leasedItem{key: p + "P", lim: plainLim, cost: 1}
+			slot := func(lease string) leasedItem {
+				return leasedItem{key: p + "C", lim: drip.InFlight(1, time.Minute), lease: lease}
+			}
+			call := func(what string, op bucket.Op, want []bool, tokens []float64, its ...leasedItem) {
+				t.Helper()
+				items := make([]bucket.Prepared, len(its))
+				for i, it := range its {
+					items[i] = prepareLeased(t, op, it)
+				}
+				res := make([]bucket.Result, len(items))
+				if err := st.Apply(ctx, op, at, items, res); err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				for i := range res {
+					d := drip.DecisionOf(res[i], items[i].Params.Burst)
+					if d.Allowed != want[i] || d.Tokens != tokens[i] {
+						t.Errorf("%s: item %d allowed %v tokens %v, want %v %v", what, i, d.Allowed, d.Tokens, want[i], tokens[i])
+					}
+				}
+			}
+			call("all three", bucket.Take, []bool{true, true, true}, []float64{4, 1, 0}, l, plain, slot("a"))
+			big := plain
+			big.cost = 2
+			call("the bucket and the slot deny", bucket.Take, []bool{true, false, false}, []float64{3, 1, 0}, l, big, slot("b"))
+			call("nothing was taken (a peek tells what a take would leave)", bucket.Peek, []bool{true, true, true}, []float64{3, 0, 0}, l, plain, slot("a"))
+			blk := leasedItem{key: l.key, lim: leasedLim, cost: 3, block: "x"}
+			call("a block of 3 beside a take", bucket.Take, []bool{true, true}, []float64{1, 0}, blk, plain)
+			notLeased := l
+			notLeased.leased = false
+			call("the same key, not leased: its own bucket", bucket.Take, []bool{true}, []float64{4}, notLeased)
+			call("the block back with 2 unused, the slot released", bucket.Refund, []bool{true, true}, []float64{3, 1}, leasedItem{key: l.key, lim: leasedLim, cost: 2, block: "x"}, slot("a"))
+			call("the slot is free", bucket.Take, []bool{true, true}, []float64{2, 0}, l, slot("b"))
+			var rows int
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 1 {
+				t.Fatalf("%d rows of the leased key (%v), want 1", rows, err)
+			}
+			if err := st.Reset(ctx, l.key); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 0 {
+				t.Fatalf("after Reset: %d rows of the leased key (%v), want 0", rows, err)
+			}
+			call("reset: full again", bucket.Peek, []bool{true}, []float64{4}, l)
+		})
+	}
+}
+
+// TestSweepBlocks: the sweeper deletes the rows of leased limits whose
+// blocks all expired and whose bucket is full again, and keeps those with
+// a live block.
+func TestSweepBlocks(t *testing.T) {
+	db := pool(t)
+	st := newStore(t)
+	ctx := context.Background()
+	p := prefix()
+	lim := drip.PerSecond(10).WithBurst(20)
+	now := time.Now()
+	for key, at := range map[string]time.Time{"old": now.Add(-2 * time.Hour), "live": now} {
+		it := prepareLeased(t, bucket.Take, leasedItem{key: p + key, lim: lim, cost: 5, block: "b"})
+		res := make([]bucket.Result, 1)
+		if err := st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, res); err != nil || !res[0].Allowed {
+			t.Fatalf("%s: %+v, %v", key, res[0], err)
+		}
+	}
+	count := func(key string) int {
+		t.Helper()
+		var n int
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(p+key)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if count("old") != 1 || count("live") != 1 {
+		t.Fatalf("before the sweep: %d old, %d live rows", count("old"), count("live"))
+	}
+	if _, err := st.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if count("old") != 0 || count("live") != 1 {
+		t.Fatalf("after the sweep: %d old rows (want 0), %d live (want 1)", count("old"), count("live"))
+	}
+}
+
+// BenchmarkLeasedTake: one caller's takes of one key, plain (take.sql) and
+// leased (drip.block_apply), beside 0 or 8 live blocks of the key: the
+// cost of a leased limit's take that goes to the store.
+func BenchmarkLeasedTake(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		leased bool
+		blocks int
+	}{{"plain", false, 0}, {"leased", true, 0}, {"leased/blocks=8", true, 8}} {
+		b.Run(c.name, func(b *testing.B) {
+			st := newStore(b, pgstore.WithoutBatching())
+			ctx := context.Background()
+			key := prefix() + "k"
+			lim := drip.PerSecond(1e9).WithBurst(1e9)
+			p, err := lim.Params(key)
+			if err != nil {
+				b.Fatal(err)
+			}
+			res := make([]bucket.Result, 1)
+			for i := range c.blocks {
+				it, err := store.PrepareBlock(bucket.Take, key, p, bucket.Micro, fmt.Sprint("b", i), time.Minute)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := st.Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res); err != nil || !res[0].Allowed {
+					b.Fatal(res[0], err)
+				}
+			}
+			var it bucket.Prepared
+			if err := store.Prepare(&it, bucket.Take, key, &p, 1, false, ""); err != nil {
+				b.Fatal(err)
+			}
+			it.Leased = c.leased
+			items := []bucket.Prepared{it}
+			b.ResetTimer()
+			for range b.N {
+				if err := st.Apply(ctx, bucket.Take, time.Time{}, items, res); err != nil || !res[0].Allowed {
+					b.Fatal(res[0], err)
+				}
+			}
+		})
+	}
+}
+
+// TestBlocksLateTakesNothing: a block take whose statement gets its row
+// locks after its caller's deadline (drip.blocks locked by another
+// session, and a connection that cannot cancel the statement) fails with
+// an error that wraps context.DeadlineExceeded and writes nothing.
+func TestBlocksLateTakesNothing(t *testing.T) {
+	db := pool(t)
+	ctx := context.Background()
+	st, err := pgstore.New(ctx, uncancellable{db}, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	key := prefix() + "late"
+	lim := drip.PerSecond(1).WithBurst(10)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE drip.blocks IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		it := prepareLeased(t, bucket.Take, leasedItem{key: key, lim: lim, cost: 4, block: "b"})
+		done <- st.Apply(c, bucket.Take, time.Time{}, []bucket.Prepared{it}, make([]bucket.Result, 1))
+	}()
+	<-c.Done() // the caller gave up; its statement still waits on the lock
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a late block take: %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	var rows int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(key)).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d rows of the key (%v), want none", rows, err)
+	}
+	peek := prepareLeased(t, bucket.Peek, leasedItem{key: key, lim: lim, leased: true})
+	res := make([]bucket.Result, 1)
+	if err := st.Apply(ctx, bucket.Peek, time.Time{}, []bucket.Prepared{peek}, res); err != nil || res[0].Tokens != 10*bucket.Micro {
+		t.Fatalf("after the late take: %+v, %v; want the bucket full", res[0], err)
+	}
+}

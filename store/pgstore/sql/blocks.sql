@@ -1,0 +1,310 @@
+-- blocks.sql: leased tokens (package leased, bucket.EvalBlocks) in one
+-- statement: SELECT * FROM drip.block_apply(...), one round trip per call.
+-- Installed (CREATE OR REPLACE) by every install, like functions.sql; the
+-- installer puts eval.sql in place of the EVAL marker.
+--
+-- The state of a leased limit is its row in drip.blocks (migration 7): the
+-- bucket and its live blocks, apart from drip.buckets. A call that holds
+-- a leased item is decided here whole: its leased items under their keys'
+-- blocks, its other items on their own state (drip.buckets, or the lease
+-- rows of a concurrency limit, sql/leases.sql), all or nothing.
+
+-- drip.eval_one is bucket.Eval on one bucket: eval.sql as a function of
+-- its inputs (see there for units and kinds). plpgsql, not SQL: a SQL
+-- function called from plpgsql is planned again on every call, where
+-- plpgsql keeps its query's plan for the session.
+CREATE OR REPLACE FUNCTION drip.eval_one(p_op int, p_present bool, p_tokens bigint, p_ts bigint,
+    p_kind int, p_rate bigint, p_period bigint, p_burst bigint, p_maxres bigint, p_start bigint,
+    p_cost bigint, p_reserve bool, p_now bigint,
+    OUT allowed bool, OUT write bool, OUT n_tokens bigint, OUT n_ts bigint, OUT expires bigint)
+LANGUAGE plpgsql IMMUTABLE AS $drip$
+BEGIN
+    SELECT e.allowed, e.write, e.n_tokens, e.n_ts, e.expires INTO allowed, write, n_tokens, n_ts, expires
+    FROM (SELECT p_op AS op, p_present AS present, p_tokens AS tokens, p_ts AS ts, p_kind AS kind,
+                 p_rate AS rate, p_period AS period, p_burst AS burst, p_maxres AS maxres,
+                 p_start AS start, p_cost AS cost, p_reserve AS reserve, p_now AS now) i
+    CROSS JOIN LATERAL ({{EVAL}}) e;
+END $drip$;
+
+-- drip.block_advance is bucket.Params.Advance: the bucket (present,
+-- tokens, ts) of a key whose blocks are (ids, sizes, exps), brought to now
+-- through the expiries of its blocks, each in order of expiry (then ID) a
+-- refund of nothing under the cap of the blocks live until then (burst
+-- less their sizes, not below 0), at the expiry, or for kinds other than
+-- continuous one nanosecond before it (before a grid point's refill). It
+-- returns the bucket, the blocks live at now (in their order) and the cap
+-- of those.
+CREATE OR REPLACE FUNCTION drip.block_advance(kind int, rate bigint, period bigint, burst bigint,
+    maxres bigint, start bigint, INOUT present bool, INOUT tokens bigint, INOUT ts bigint,
+    INOUT ids text[], INOUT sizes bigint[], INOUT exps bigint[], now bigint, OUT cap bigint)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    o bigint := 0;
+    n int := coalesce(cardinality(ids), 0);
+    expired int := 0;
+    e record;
+    b record;
+BEGIN
+    FOR j IN 1 .. n LOOP
+        o := o + sizes[j];
+        IF exps[j] <= now THEN
+            expired := expired + 1;
+        END IF;
+    END LOOP;
+    cap := greatest(0, burst - o);
+    IF expired = 0 THEN
+        RETURN;
+    END IF;
+    FOR b IN SELECT u.size, u.exp FROM unnest(ids, sizes, exps) AS u(id, size, exp)
+             WHERE u.exp <= now ORDER BY u.exp, u.id LOOP
+        e := drip.eval_one(2, present, tokens, ts, kind, rate, period, cap, maxres, start, 0, false,
+                           CASE WHEN kind <> 0 THEN b.exp - 1 ELSE b.exp END);
+        tokens := e.n_tokens;
+        ts := e.n_ts;
+        present := true;
+        o := o - b.size;
+        cap := greatest(0, burst - o);
+    END LOOP;
+    SELECT coalesce(array_agg(u.id ORDER BY u.j), '{}'), coalesce(array_agg(u.size ORDER BY u.j), '{}'),
+           coalesce(array_agg(u.exp ORDER BY u.j), '{}')
+    INTO ids, sizes, exps
+    FROM unnest(ids, sizes, exps) WITH ORDINALITY AS u(id, size, exp, j) WHERE u.exp > now;
+END $$;
+
+-- drip.block_expires is when a key's bucket and blocks carry no more
+-- information, for the sweeper: no earlier than
+-- bucket.Params.StateExpiresAt, without walking the blocks. Until the
+-- last block expires the bucket only refills (under caps of at least 0)
+-- or is clamped to such a cap, so then it holds at least the lesser of
+-- its tokens and 0, with a ts no later than that expiry: from there it is
+-- full again no later than drip.expires_at says.
+CREATE OR REPLACE FUNCTION drip.block_expires(kind int, rate bigint, period bigint, burst bigint,
+    tokens bigint, ts bigint, exps bigint[])
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    last bigint;
+BEGIN
+    IF coalesce(cardinality(exps), 0) = 0 THEN
+        RETURN drip.expires_at(kind, rate, period, burst, tokens, ts);
+    END IF;
+    SELECT max(x) INTO last FROM unnest(exps) AS x;
+    RETURN greatest(last, drip.expires_at(kind, rate, period, burst, least(tokens, 0), last));
+END $$;
+
+-- drip.block_apply decides one call (a take, peek or refund of several
+-- items, distinct keys) as bucket.EvalMultiAll does, all or nothing. One
+-- array per field, one element per item: keys (stored form), kinds, rates,
+-- periods, bursts, max reserved, starts, costs, reserves, lease IDs (a
+-- concurrency limit's), block IDs and block TTLs (ns) of block takes and
+-- returns, and whether the item is leased; p_at the time in ns (NULL: the
+-- server's clock, read after the locks), p_dl the caller's deadline in the
+-- server's clock (NULL: none).
+--
+-- It locks the rows of the call's keys in one order, the same in every
+-- statement (drip.buckets, then drip.leases, then drip.blocks, each in key
+-- order, as multi.sql does for the first two), so statements never
+-- deadlock each other, then reads each key's state, latest version, and
+-- decides every item: a leased item (p_leased, or one with a block ID) by
+-- bucket.EvalBlocks on its row in drip.blocks, a concurrency limit's (kind
+-- 3) by bucket.Params.EvalLeases on its lease rows, any other by
+-- bucket.Eval on its row in drip.buckets. Writes follow EvalMultiAll: a
+-- peek writes nothing, a refund what it decided, a take everything only if
+-- every item was allowed. A statement that got its locks after its
+-- deadline is late: it decides and writes nothing. A key whose row
+-- appeared after it was read (a concurrent first write) raises 40001
+-- (drip.ensure): the statement rolls back and the store runs it again.
+--
+-- A row per item, in order: the verdict, the state as read (whether the
+-- key had a row, its bucket and blocks; for a concurrency limit what
+-- bucket.Leases summarizes), the bucket and the number of blocks after
+-- the decision, the time and whether it was late. The Go store decides
+-- again from the state as read, with bucket.EvalMultiAll, and checks that
+-- both agree.
+CREATE OR REPLACE FUNCTION drip.block_apply(p_op int, p_keys bytea[], p_kinds int[],
+    p_rates bigint[], p_periods bigint[], p_bursts bigint[], p_maxres bigint[], p_starts bigint[],
+    p_costs bigint[], p_reserves bool[], p_leases text[], p_blocks text[], p_ttls bigint[],
+    p_leased bool[], p_at bigint, p_dl bigint)
+RETURNS TABLE (ord int, allowed bool, present bool, tokens bigint, ts bigint, ids text[],
+    sizes bigint[], exps bigint[], n_tokens bigint, n_ts bigint, n_blocks int,
+    live bigint, held bool, earliest bigint, latest bigint, now bigint, late bool)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n int := coalesce(cardinality(p_keys), 0);
+    v_clock bigint;
+    v_class int[];
+    v_allowed bool[];
+    v_write bool[];
+    v_present bool[];
+    v_next drip.blocks[];
+    v_row drip.blocks;
+    v_all bool := true;
+    k record;
+    r record;
+    e record;
+    a record;
+    s record;
+    j int;
+    x int;
+    v_cap bigint;
+    v_exp bigint;
+BEGIN
+    -- The class of each item: 0 a bucket, 1 a concurrency limit, 2 leased.
+    FOR i IN 1 .. n LOOP
+        v_class[i] := CASE WHEN p_kinds[i] = 3 THEN 1
+                           WHEN p_leased[i] OR p_blocks[i] <> '' THEN 2 ELSE 0 END;
+    END LOOP;
+    FOR k IN SELECT u.c, u.key FROM unnest(v_class, p_keys) AS u(c, key) ORDER BY u.c, u.key LOOP
+        CASE k.c
+        WHEN 0 THEN PERFORM FROM drip.buckets b WHERE b.key = k.key FOR UPDATE;
+        WHEN 1 THEN PERFORM FROM drip.leases l WHERE l.key = k.key FOR UPDATE;
+        ELSE PERFORM FROM drip.blocks b WHERE b.key = k.key FOR UPDATE;
+        END CASE;
+    END LOOP;
+    v_clock := drip.clock();
+    now := coalesce(p_at, v_clock);
+    late := p_dl IS NOT NULL AND v_clock >= p_dl;
+    IF late THEN
+        FOR i IN 1 .. n LOOP
+            ord := i; allowed := false; present := false; tokens := 0; ts := 0;
+            ids := '{}'; sizes := '{}'; exps := '{}'; n_tokens := 0; n_ts := 0; n_blocks := 0;
+            live := 0; held := false; earliest := 0; latest := 0;
+            RETURN NEXT;
+        END LOOP;
+        RETURN;
+    END IF;
+    -- Decide each item on its state as read (under the locks: each query
+    -- of a VOLATILE function reads a fresh snapshot, which holds every
+    -- write committed before the lock was got).
+    FOR i IN 1 .. n LOOP
+        ord := i;
+        present := false; tokens := 0; ts := 0; ids := '{}'; sizes := '{}'; exps := '{}';
+        live := 0; held := false; earliest := 0; latest := 0;
+        n_blocks := 0;
+        v_row := ROW(p_keys[i], 0, 0, '{}', '{}', '{}', 0)::drip.blocks;
+        IF v_class[i] = 1 THEN
+            s := drip.lease_read(p_keys[i], p_leases[i], now);
+            present := s.present; live := s.live; held := s.held; earliest := s.earliest; latest := s.latest;
+            allowed := p_op = 2 OR s.held OR s.live < p_bursts[i] / 1000000;
+            v_write[i] := allowed AND p_op <> 1 AND (p_op = 0 OR s.present);
+            n_tokens := 0; n_ts := 0;
+        ELSIF v_class[i] = 0 THEN
+            SELECT b.tokens, b.ts INTO r FROM drip.buckets b WHERE b.key = p_keys[i] FOR UPDATE;
+            present := FOUND;
+            IF present THEN
+                tokens := r.tokens; ts := r.ts;
+            END IF;
+            e := drip.eval_one(p_op, present, tokens, ts, p_kinds[i], p_rates[i], p_periods[i], p_bursts[i],
+                               p_maxres[i], p_starts[i], p_costs[i], p_reserves[i], now);
+            allowed := e.allowed;
+            v_write[i] := e.write;
+            n_tokens := e.n_tokens; n_ts := e.n_ts;
+            v_row.tokens := e.n_tokens; v_row.ts := e.n_ts; v_row.expires := e.expires;
+        ELSE
+            SELECT b.tokens, b.ts, b.ids, b.sizes, b.exps INTO r
+            FROM drip.blocks b WHERE b.key = p_keys[i] FOR UPDATE;
+            present := FOUND;
+            IF present THEN
+                tokens := r.tokens; ts := r.ts; ids := r.ids; sizes := r.sizes; exps := r.exps;
+            END IF;
+            -- bucket.EvalBlocks
+            a := drip.block_advance(p_kinds[i], p_rates[i], p_periods[i], p_bursts[i], p_maxres[i],
+                                    p_starts[i], present, tokens, ts, ids, sizes, exps, now);
+            v_cap := a.cap;
+            v_row.ids := a.ids; v_row.sizes := a.sizes; v_row.exps := a.exps;
+            x := array_position(a.ids, p_blocks[i]);
+            IF p_blocks[i] = '' OR p_op = 1 THEN
+                e := drip.eval_one(p_op, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
+                                   v_cap, p_maxres[i], p_starts[i], p_costs[i], p_reserves[i], now);
+                allowed := e.allowed;
+                v_write[i] := e.write;
+            ELSIF p_op = 0 AND x IS NOT NULL THEN
+                -- a take under a live ID: nothing more taken
+                e := drip.eval_one(1, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
+                                   v_cap, p_maxres[i], p_starts[i], 0, false, now);
+                allowed := e.allowed;
+                v_write[i] := false;
+            ELSIF p_op = 0 AND cardinality(a.ids) >= 64 THEN
+                -- bucket.MaxBlocks live: denied
+                e := drip.eval_one(1, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
+                                   v_cap, p_maxres[i], p_starts[i], p_costs[i], false, now);
+                allowed := false;
+                v_write[i] := false;
+            ELSIF p_op = 0 THEN
+                e := drip.eval_one(0, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
+                                   v_cap, p_maxres[i], p_starts[i], p_costs[i], false, now);
+                allowed := e.allowed;
+                v_write[i] := e.write;
+                IF e.write THEN
+                    -- bucket.Params.BlockExp
+                    v_exp := now + p_ttls[i];
+                    IF p_kinds[i] = 2 THEN
+                        v_exp := least(v_exp, e.n_ts + p_periods[i]);
+                    END IF;
+                    v_row.ids := a.ids || p_blocks[i];
+                    v_row.sizes := a.sizes || p_costs[i];
+                    v_row.exps := a.exps || v_exp;
+                END IF;
+            ELSE
+                -- a return: the block leaves the outstanding tokens, its
+                -- unused ones go back, capped
+                e := drip.eval_one(2, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
+                                   v_cap, p_maxres[i], p_starts[i], 0, false, now);
+                allowed := e.allowed;
+                v_write[i] := x IS NOT NULL;
+                IF x IS NOT NULL THEN
+                    v_cap := v_cap + a.sizes[x];
+                    e.n_tokens := least(v_cap, e.n_tokens + least(p_costs[i], a.sizes[x]));
+                    v_row.ids := a.ids[:x - 1] || a.ids[x + 1:];
+                    v_row.sizes := a.sizes[:x - 1] || a.sizes[x + 1:];
+                    v_row.exps := a.exps[:x - 1] || a.exps[x + 1:];
+                END IF;
+            END IF;
+            n_tokens := e.n_tokens; n_ts := e.n_ts;
+            v_row.tokens := e.n_tokens; v_row.ts := e.n_ts;
+            n_blocks := cardinality(v_row.ids);
+        END IF;
+        v_next[i] := v_row;
+        v_allowed[i] := allowed;
+        v_present[i] := present;
+        v_all := v_all AND allowed;
+        RETURN NEXT;
+    END LOOP;
+    IF p_op = 1 OR (p_op = 0 AND NOT v_all) THEN
+        RETURN;
+    END IF;
+    -- The writes, in the order of the locks.
+    FOR k IN SELECT u.c, u.i FROM unnest(v_class, p_keys) WITH ORDINALITY AS u(c, key, i)
+             ORDER BY u.c, u.key LOOP
+        j := k.i;
+        CONTINUE WHEN NOT v_write[j];
+        v_row := v_next[j];
+        IF k.c = 1 THEN
+            PERFORM drip.ensure(drip.lease_write(p_op, p_keys[j], p_leases[j], p_periods[j], now, v_present[j]));
+        ELSIF k.c = 0 THEN
+            IF v_present[j] THEN
+                UPDATE drip.buckets b SET tokens = v_row.tokens, ts = v_row.ts, expires = v_row.expires
+                WHERE b.key = p_keys[j];
+            ELSE
+                INSERT INTO drip.buckets (key, tokens, ts, expires)
+                VALUES (p_keys[j], v_row.tokens, v_row.ts, v_row.expires)
+                ON CONFLICT (key) DO NOTHING;
+                PERFORM drip.ensure(FOUND);
+            END IF;
+        ELSE
+            v_exp := drip.block_expires(p_kinds[j], p_rates[j], p_periods[j], p_bursts[j],
+                v_row.tokens, v_row.ts, v_row.exps);
+            IF v_present[j] THEN
+                UPDATE drip.blocks b SET tokens = v_row.tokens, ts = v_row.ts, ids = v_row.ids,
+                    sizes = v_row.sizes, exps = v_row.exps, expires = v_exp
+                WHERE b.key = p_keys[j];
+            ELSE
+                INSERT INTO drip.blocks (key, tokens, ts, ids, sizes, exps, expires)
+                VALUES (p_keys[j], v_row.tokens, v_row.ts, v_row.ids, v_row.sizes,
+                        v_row.exps, v_exp)
+                ON CONFLICT (key) DO NOTHING;
+                PERFORM drip.ensure(FOUND);
+            END IF;
+        END IF;
+    END LOOP;
+END $$;
