@@ -267,3 +267,44 @@ func TestBlocksLateTakesNothing(t *testing.T) {
 		t.Fatalf("after the late take: %+v, %v; want the bucket full", res[0], err)
 	}
 }
+
+// TestBlocksOverSlidingRow: a plain bucket decided by drip.block_apply
+// (beside a leased item) on a key whose row holds a sliding window's
+// counts reads it as no state, as the plain statements do, and its write
+// replaces the row: the window is gone, and the bucket is a bucket.
+func TestBlocksOverSlidingRow(t *testing.T) {
+	t.Parallel()
+	st := newStore(t, pgstore.WithoutBatching())
+	ctx := context.Background()
+	p := prefix()
+	at := time.Now().Truncate(time.Hour).Add(time.Hour)
+	window := leasedItem{key: p + "S", lim: drip.Limit{Algorithm: drip.SlidingWindow, Rate: 3, Period: time.Minute}, cost: 1}
+	bucketOnS := leasedItem{key: p + "S", lim: drip.PerHour(10), cost: 4}
+	l := leasedItem{key: p + "L", lim: drip.PerSecond(1).WithBurst(5), cost: 1, leased: true}
+	apply := func(op bucket.Op, its ...leasedItem) []drip.Decision {
+		t.Helper()
+		items := make([]bucket.Prepared, len(its))
+		for i, it := range its {
+			items[i] = prepareLeased(t, op, it)
+		}
+		res := make([]bucket.Result, len(items))
+		if err := st.Apply(ctx, op, at, items, res); err != nil {
+			t.Fatal(err)
+		}
+		ds := make([]drip.Decision, len(res))
+		for i := range res {
+			ds[i] = drip.DecisionOf(res[i], items[i].Params.Burst)
+		}
+		return ds
+	}
+	apply(bucket.Take, window)
+	apply(bucket.Take, window)
+	if d := apply(bucket.Take, l, bucketOnS); !d[1].Allowed || d[1].Tokens != 6 {
+		t.Fatalf("a bucket of 10 taking 4 on the window's key: %+v; want allowed, 6 left (a fresh bucket)", d[1])
+	}
+	// A peek tells what a take would leave: 2 of a fresh window of 3 (0
+	// had the window's two takes stayed).
+	if d := apply(bucket.Peek, window); d[0].Tokens != 2 {
+		t.Errorf("the window after the bucket replaced its row: a take would leave %v; want 2 (fresh)", d[0].Tokens)
+	}
+}

@@ -184,8 +184,8 @@ func TestMigrateToSliding(t *testing.T) {
 		t.Fatal(err)
 	}
 	var v int
-	if err := db.QueryRow(ctx, "SELECT version FROM drip.schema_version").Scan(&v); err != nil || v != pgstore.SchemaVersion || v != 6 {
-		t.Fatalf("schema version %d (%v), want 6", v, err)
+	if err := db.QueryRow(ctx, "SELECT version FROM drip.schema_version").Scan(&v); err != nil || v != pgstore.SchemaVersion || v != 7 {
+		t.Fatalf("schema version %d (%v), want 7", v, err)
 	}
 	st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
 	if err != nil {

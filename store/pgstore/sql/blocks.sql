@@ -20,7 +20,7 @@ CREATE OR REPLACE FUNCTION drip.eval_one(p_op int, p_present bool, p_tokens bigi
 LANGUAGE plpgsql IMMUTABLE AS $drip$
 BEGIN
     SELECT e.allowed, e.write, e.n_tokens, e.n_ts, e.expires INTO allowed, write, n_tokens, n_ts, expires
-    FROM (SELECT p_op AS op, p_present AS present, p_tokens AS tokens, p_ts AS ts, p_kind AS kind,
+    FROM (SELECT p_op AS op, p_present AS present, p_tokens AS tokens, p_ts AS ts, NULL::bigint[] AS counts, p_kind AS kind,
                  p_rate AS rate, p_period AS period, p_burst AS burst, p_maxres AS maxres,
                  p_start AS start, p_cost AS cost, p_reserve AS reserve, p_now AS now) i
     CROSS JOIN LATERAL ({{EVAL}}) e;
@@ -136,6 +136,7 @@ DECLARE
     v_allowed bool[];
     v_write bool[];
     v_present bool[];
+    v_exists bool[];
     v_next drip.blocks[];
     v_row drip.blocks;
     v_all bool := true;
@@ -189,8 +190,12 @@ BEGIN
             v_write[i] := allowed AND p_op <> 1 AND (p_op = 0 OR s.present);
             n_tokens := 0; n_ts := 0;
         ELSIF v_class[i] = 0 THEN
-            SELECT b.tokens, b.ts INTO r FROM drip.buckets b WHERE b.key = p_keys[i] FOR UPDATE;
-            present := FOUND;
+            -- A row holding a sliding window's counts (migration 6) is no
+            -- state for a bucket (as eval.sql reads it): the bucket starts
+            -- fresh, and its write replaces the row (v_exists).
+            SELECT b.tokens, b.ts, b.counts INTO r FROM drip.buckets b WHERE b.key = p_keys[i] FOR UPDATE;
+            v_exists[i] := FOUND;
+            present := FOUND AND r.counts IS NULL;
             IF present THEN
                 tokens := r.tokens; ts := r.ts;
             END IF;
@@ -282,8 +287,8 @@ BEGIN
         IF k.c = 1 THEN
             PERFORM drip.ensure(drip.lease_write(p_op, p_keys[j], p_leases[j], p_periods[j], now, v_present[j]));
         ELSIF k.c = 0 THEN
-            IF v_present[j] THEN
-                UPDATE drip.buckets b SET tokens = v_row.tokens, ts = v_row.ts, expires = v_row.expires
+            IF v_exists[j] THEN
+                UPDATE drip.buckets b SET tokens = v_row.tokens, ts = v_row.ts, expires = v_row.expires, counts = NULL
                 WHERE b.key = p_keys[j];
             ELSE
                 INSERT INTO drip.buckets (key, tokens, ts, expires)
