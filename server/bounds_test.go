@@ -287,3 +287,64 @@ func TestGatewaySteadyDownloadNotCut(t *testing.T) {
 	t.Logf("%d MiB read in bursts of 1 MiB with pauses of %s took %.1fs (ReadTimeout %s), not cut",
 		size>>20, readTimeout/10, time.Since(start).Seconds(), readTimeout)
 }
+
+// TestSlowHeadersDoNotShutOthersOut: a client that fills Config.MaxConnections
+// with connections sending half a request line and headers (slow loris),
+// or nothing at all, does not keep another client out: the new
+// connection closes the oldest of them and its request is answered. A
+// connection serving a request (TestConnectionsCapped's stalled bodies)
+// is never closed for it.
+func TestSlowHeadersDoNotShutOthersOut(t *testing.T) {
+	const (
+		maxConns = 16
+		generous = 30 * time.Second
+	)
+	srv := start(t, Config{MaxConnections: maxConns, ReadTimeout: time.Minute, AdminListen: "off"}, memstore.New())
+	lst := srv.cappedListener(t, "api")
+	var loris []net.Conn
+	for i := range maxConns {
+		c, err := net.Dial("tcp", srv.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if i%2 == 0 {
+			fmt.Fprintf(c, "POST /v1/take HTTP/1.1\r\nHost: drip\r\n")
+		}
+		loris = append(loris, c)
+	}
+	deadline := time.Now().Add(generous)
+	for lst.Open() < maxConns {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open, want the cap %d", lst.Open(), maxConns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	c, err := net.Dial("tcp", srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(generous))
+	body := `{"key": "k", "limit": {"rate": 5}}`
+	fmt.Fprintf(c, "POST /v1/take HTTP/1.1\r\nHost: drip\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a request at the cap, the cap held by connections sending no request: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, want 200", resp.StatusCode)
+	}
+	// The oldest waiting connection made room for it.
+	loris[0].SetReadDeadline(time.Now().Add(generous))
+	if _, err := loris[0].Read(make([]byte, 1)); err == nil {
+		t.Error("the oldest connection sending no request is still open")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Errorf("the oldest connection sending no request is still open after %s", generous)
+	}
+	if p := lst.Peak(); p > maxConns {
+		t.Errorf("%d connections open at once, cap %d", p, maxConns)
+	}
+}

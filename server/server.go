@@ -184,16 +184,27 @@ func (s *Server) addHTTP(name, addr string, h http.Handler, whole bool) {
 	} else {
 		hs.Handler = writeStallCut(stallCut(h, s.cfg.ReadTimeout), s.cfg.ReadTimeout)
 	}
-	hs.Handler = s.closing(hs.Handler)
+	hs.Handler = busy(s.closing(hs.Handler))
+	hs.ConnContext = conncap.WithConn
 	l := &listener{name: name, addr: addr, shutdown: hs.Shutdown}
 	l.serve = func(ln net.Listener) error {
-		c := conncap.New(ln, s.cfg.MaxConnections)
+		c := conncap.New(ln, s.cfg.MaxConnections).Evict()
 		s.mu.Lock()
 		l.capped = c
 		s.mu.Unlock()
 		return hs.Serve(c)
 	}
 	s.listeners = append(s.listeners, l)
+}
+
+// busy marks a connection as serving a request while h runs, so that at
+// Config.MaxConnections a new connection closes one that sends nothing or
+// idles rather than being closed itself (conncap.Listener.Evict).
+func busy(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer conncap.Busy(r.Context())()
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Listen binds every listener. Addresses with port 0 get a free port:
