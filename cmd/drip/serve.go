@@ -210,7 +210,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if a := s.AdminAddr(); a != nil {
 		admin := "off (no --admin-token)"
 		if c.AdminToken != "" {
-			admin = "on"
+			admin = "on /v1/admin/"
 		}
 		fmt.Fprintf(stdout, "drip serve: metrics on http://%s/metrics, health on /healthz and /readyz, admin API %s\n", a, admin)
 	}
