@@ -289,29 +289,38 @@ func TestGatewaySteadyDownloadNotCut(t *testing.T) {
 }
 
 // TestSlowHeadersDoNotShutOthersOut: a client that fills Config.MaxConnections
-// with connections sending half a request line and headers (slow loris),
-// or nothing at all, does not keep another client out: the new
-// connection closes the oldest of them and its request is answered. A
-// connection serving a request (TestConnectionsCapped's stalled bodies)
-// is never closed for it.
+// with connections sending nothing, half their headers (slow loris), or
+// the first bytes of a body, does not keep another client out of the
+// decision API: the new connection closes the oldest of them and its
+// request is answered.
 func TestSlowHeadersDoNotShutOthersOut(t *testing.T) {
+	for name, sent := range map[string]string{
+		"nothing":          "",
+		"half headers":     "POST /v1/take HTTP/1.1\r\nHost: drip\r\n",
+		"a trickling body": "POST /v1/take HTTP/1.1\r\nHost: drip\r\nContent-Length: 1000\r\n\r\n{\"key\": ",
+	} {
+		t.Run(name, func(t *testing.T) { slowConnsAtCap(t, sent) })
+	}
+}
+
+func slowConnsAtCap(t *testing.T, sent string) {
 	const (
 		maxConns = 16
 		generous = 30 * time.Second
 	)
 	srv := start(t, Config{MaxConnections: maxConns, ReadTimeout: time.Minute, AdminListen: "off"}, memstore.New())
 	lst := srv.cappedListener(t, "api")
-	var loris []net.Conn
-	for i := range maxConns {
+	var slow []net.Conn
+	for range maxConns {
 		c, err := net.Dial("tcp", srv.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		if i%2 == 0 {
-			fmt.Fprintf(c, "POST /v1/take HTTP/1.1\r\nHost: drip\r\n")
+		if _, err := io.WriteString(c, sent); err != nil {
+			t.Fatal(err)
 		}
-		loris = append(loris, c)
+		slow = append(slow, c)
 	}
 	deadline := time.Now().Add(generous)
 	for lst.Open() < maxConns {
@@ -320,6 +329,7 @@ func TestSlowHeadersDoNotShutOthersOut(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	time.Sleep(50 * time.Millisecond) // their handlers started, when they will
 
 	c, err := net.Dial("tcp", srv.Addr().String())
 	if err != nil {
@@ -331,18 +341,18 @@ func TestSlowHeadersDoNotShutOthersOut(t *testing.T) {
 	fmt.Fprintf(c, "POST /v1/take HTTP/1.1\r\nHost: drip\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
-		t.Fatalf("a request at the cap, the cap held by connections sending no request: %v", err)
+		t.Fatalf("a request at the cap, the cap held by slow connections: %v", err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, want 200", resp.StatusCode)
 	}
-	// The oldest waiting connection made room for it.
-	loris[0].SetReadDeadline(time.Now().Add(generous))
-	if _, err := loris[0].Read(make([]byte, 1)); err == nil {
-		t.Error("the oldest connection sending no request is still open")
+	// The oldest slow connection made room for it.
+	slow[0].SetReadDeadline(time.Now().Add(generous))
+	if _, err := slow[0].Read(make([]byte, 1)); err == nil {
+		t.Error("the oldest slow connection got an answer, want it closed")
 	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		t.Errorf("the oldest connection sending no request is still open after %s", generous)
+		t.Errorf("the oldest slow connection is still open after %s", generous)
 	}
 	if p := lst.Peak(); p > maxConns {
 		t.Errorf("%d connections open at once, cap %d", p, maxConns)
