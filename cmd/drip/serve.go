@@ -192,6 +192,9 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}()
 
 	storeName := redact.URL(c.Store) // never print a password
+	if *leasedOn {
+		storeName += ", every limit leased"
+	}
 	rules := c.Rules
 	switch {
 	case c.XDS != nil:
