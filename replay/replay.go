@@ -9,8 +9,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -107,7 +110,7 @@ func Decode(b []byte, f Format) (Raw, error) {
 		if err == io.EOF {
 			return Raw{}, inputf("bad JSON: empty %s", f.Unit)
 		}
-		return Raw{}, inputf("bad JSON: %w", err)
+		return Raw{}, decodeProblem(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return Raw{}, inputf("bad JSON: more than one value %s", f.Where)
@@ -182,6 +185,39 @@ func (r *Raw) CheckMulti(f Format, opErr error) error {
 		return inputf("%d requests: a multi-take has at most %d", len(r.Requests), MaxRequests)
 	}
 	return nil
+}
+
+// decodeProblem says what decoding a request found wrong in the words of
+// the JSON the client sent: a limit that is not valid is not bad JSON,
+// and a value of the wrong type is named by its field, not by drip's Go
+// types (encoding/json's "cannot unmarshal number 1e9 into Go struct
+// field limitJSON.max_in_flight of type int").
+func decodeProblem(err error) error {
+	if errors.Is(err, drip.ErrInvalidLimit) {
+		return inputf("%w", err)
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		if i := strings.LastIndexByte(field, '.'); i >= 0 {
+			field = field[i+1:]
+		}
+		want := ""
+		switch te.Type.Kind() {
+		case reflect.Int, reflect.Int64, reflect.Int32, reflect.Uint, reflect.Uint64, reflect.Uint32:
+			want = "a whole number in digits (1000, not 1e3 or 1.5)"
+		case reflect.Float64, reflect.Float32:
+			want = "a number"
+		case reflect.String:
+			want = "a string"
+		case reflect.Bool:
+			want = "true or false"
+		}
+		if field != "" && want != "" {
+			return inputf("bad JSON: %q must be %s, not %s", field, want, te.Value)
+		}
+	}
+	return inputf("bad JSON: %w", err)
 }
 
 func inputf(format string, args ...any) error {

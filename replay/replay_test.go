@@ -174,3 +174,23 @@ func TestDecodeDeepNesting(t *testing.T) {
 		t.Errorf("%s: %v", ok, err)
 	}
 }
+
+// TestDecodeSaysWhatIsWrong: a limit that is not valid is reported as
+// such, not as bad JSON, and a value of the wrong type is named by its
+// field in the JSON, never by drip's Go types.
+func TestDecodeSaysWhatIsWrong(t *testing.T) {
+	for _, c := range []struct{ line, want string }{
+		{`{"key": "k", "limit": {"rate": 1, "period": "0s"}}`, "invalid limit: period must be > 0"},
+		{`{"key": "k", "limit": {"algorithm": "concurrency", "max_in_flight": 1e3}}`, `bad JSON: "max_in_flight" must be a whole number in digits (1000, not 1e3 or 1.5), not number 1e3`},
+		{`{"key": "k", "limit": {"rate": 1}, "cost": "1"}`, `bad JSON: "cost" must be a number, not string`},
+		{`{"key": 1, "limit": {"rate": 1}}`, `bad JSON: "key" must be a string, not number`},
+	} {
+		_, err := replay.Decode([]byte(c.line), replay.BodyFormat)
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%s: err = %v, want %q", c.line, err, c.want)
+		}
+		if !store.IsInput(err) {
+			t.Errorf("%s: %v is not an input error", c.line, err)
+		}
+	}
+}

@@ -287,3 +287,74 @@ func TestGatewaySteadyDownloadNotCut(t *testing.T) {
 	t.Logf("%d MiB read in bursts of 1 MiB with pauses of %s took %.1fs (ReadTimeout %s), not cut",
 		size>>20, readTimeout/10, time.Since(start).Seconds(), readTimeout)
 }
+
+// TestSlowHeadersDoNotShutOthersOut: a client that fills Config.MaxConnections
+// with connections sending nothing, half their headers (slow loris), or
+// the first bytes of a body, does not keep another client out of the
+// decision API: the new connection closes the oldest of them and its
+// request is answered.
+func TestSlowHeadersDoNotShutOthersOut(t *testing.T) {
+	for name, sent := range map[string]string{
+		"nothing":          "",
+		"half headers":     "POST /v1/take HTTP/1.1\r\nHost: drip\r\n",
+		"a trickling body": "POST /v1/take HTTP/1.1\r\nHost: drip\r\nContent-Length: 1000\r\n\r\n{\"key\": ",
+	} {
+		t.Run(name, func(t *testing.T) { slowConnsAtCap(t, sent) })
+	}
+}
+
+func slowConnsAtCap(t *testing.T, sent string) {
+	const (
+		maxConns = 16
+		generous = 30 * time.Second
+	)
+	srv := start(t, Config{MaxConnections: maxConns, ReadTimeout: time.Minute, AdminListen: "off"}, memstore.New())
+	lst := srv.cappedListener(t, "api")
+	var slow []net.Conn
+	for range maxConns {
+		c, err := net.Dial("tcp", srv.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, sent); err != nil {
+			t.Fatal(err)
+		}
+		slow = append(slow, c)
+	}
+	deadline := time.Now().Add(generous)
+	for lst.Open() < maxConns {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open, want the cap %d", lst.Open(), maxConns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // their handlers started, when they will
+
+	c, err := net.Dial("tcp", srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(generous))
+	body := `{"key": "k", "limit": {"rate": 5}}`
+	fmt.Fprintf(c, "POST /v1/take HTTP/1.1\r\nHost: drip\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a request at the cap, the cap held by slow connections: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, want 200", resp.StatusCode)
+	}
+	// The oldest slow connection made room for it.
+	slow[0].SetReadDeadline(time.Now().Add(generous))
+	if _, err := slow[0].Read(make([]byte, 1)); err == nil {
+		t.Error("the oldest slow connection got an answer, want it closed")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Errorf("the oldest slow connection is still open after %s", generous)
+	}
+	if p := lst.Peak(); p > maxConns {
+		t.Errorf("%d connections open at once, cap %d", p, maxConns)
+	}
+}

@@ -88,9 +88,12 @@ type Config struct {
 	ReadTimeout time.Duration
 	// MaxConnections bounds the connections each HTTP listener (the
 	// decision API or gateway, and the admin listener) holds open at once
-	// (default DefaultMaxConnections, 1024): one accepted beyond it is
-	// closed at once, so that a client opening many connections cannot
-	// make the server hold unbounded memory. GRPCLimits bound GRPCListen.
+	// (default DefaultMaxConnections, 1024), so that a client opening many
+	// connections cannot make the server hold unbounded memory. One
+	// accepted beyond it closes the oldest connection not serving a
+	// request (sending its headers, or idle), else it is closed at once:
+	// connections that send nothing cannot shut other clients out.
+	// GRPCLimits bound GRPCListen.
 	MaxConnections int
 
 	// StoreTimeout is the deadline of each store call, in every front door

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -184,16 +185,62 @@ func (s *Server) addHTTP(name, addr string, h http.Handler, whole bool) {
 	} else {
 		hs.Handler = writeStallCut(stallCut(h, s.cfg.ReadTimeout), s.cfg.ReadTimeout)
 	}
-	hs.Handler = s.closing(hs.Handler)
+	hs.Handler = busy(s.closing(hs.Handler), whole)
+	hs.ConnContext = conncap.WithConn
 	l := &listener{name: name, addr: addr, shutdown: hs.Shutdown}
 	l.serve = func(ln net.Listener) error {
-		c := conncap.New(ln, s.cfg.MaxConnections)
+		c := conncap.New(ln, s.cfg.MaxConnections).Evict()
 		s.mu.Lock()
 		l.capped = c
 		s.mu.Unlock()
 		return hs.Serve(c)
 	}
 	s.listeners = append(s.listeners, l)
+}
+
+// busy marks a connection as serving a request while h runs, so that at
+// Config.MaxConnections a new connection closes one that sends nothing or
+// idles rather than being closed itself (conncap.Listener.Evict). With
+// whole (bodies of at most a few hundred KiB, read at once), a request
+// counts as served only once its body has arrived: else connections
+// trickling their bodies would shut other clients out until ReadTimeout.
+func busy(h http.Handler, whole bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !whole || r.Body == nil || r.Body == http.NoBody {
+			defer conncap.Busy(r.Context())()
+			h.ServeHTTP(w, r)
+			return
+		}
+		b := &arrived{ReadCloser: r.Body, ctx: r.Context()}
+		defer b.done()
+		// A copy: net/http reads its own request's Body after the handler
+		// to tell whether the connection can be reused.
+		r = r.WithContext(r.Context())
+		r.Body = b
+		h.ServeHTTP(w, r)
+	})
+}
+
+// arrived marks its request's connection busy once the body has been
+// read to its end.
+type arrived struct {
+	io.ReadCloser
+	ctx    context.Context
+	unbusy func()
+}
+
+func (b *arrived) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && b.unbusy == nil {
+		b.unbusy = conncap.Busy(b.ctx)
+	}
+	return n, err
+}
+
+func (b *arrived) done() {
+	if b.unbusy != nil {
+		b.unbusy()
+	}
 }
 
 // Listen binds every listener. Addresses with port 0 get a free port:

@@ -192,6 +192,9 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}()
 
 	storeName := redact.URL(c.Store) // never print a password
+	if *leasedOn {
+		storeName += ", every limit leased"
+	}
 	rules := c.Rules
 	switch {
 	case c.XDS != nil:
@@ -210,7 +213,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if a := s.AdminAddr(); a != nil {
 		admin := "off (no --admin-token)"
 		if c.AdminToken != "" {
-			admin = "on"
+			admin = "on /v1/admin/"
 		}
 		fmt.Fprintf(stdout, "drip serve: metrics on http://%s/metrics, health on /healthz and /readyz, admin API %s\n", a, admin)
 	}

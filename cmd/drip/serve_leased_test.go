@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/driplimit/drip/internal/testserver"
 )
@@ -121,4 +123,34 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestServeLeasedSaysSo: drip serve's first line says when --leased
+// leases every limit, so that instances meant to share a store can be
+// told apart at a glance when one was started without it.
+func TestServeLeasedSaysSo(t *testing.T) {
+	for _, leasedFlag := range []bool{false, true} {
+		args := []string{"serve", "--drain=0", "--listen", "127.0.0.1:0", "--admin-listen", "off"}
+		if leasedFlag {
+			args = append(args, "--leased")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var out, errs lockedBuffer
+		code := make(chan int, 1)
+		go func() { code <- run(ctx, args, strings.NewReader(""), &out, &errs) }()
+		deadline := time.Now().Add(time.Minute) // generous: how fast is not tested
+		for !strings.Contains(out.String(), "decision API on") {
+			if time.Now().After(deadline) {
+				cancel()
+				t.Fatalf("%v: no banner; stderr %s", args, errs.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-code
+		line, _, _ := strings.Cut(out.String(), "\n")
+		if got := strings.Contains(line, "every limit leased"); got != leasedFlag {
+			t.Errorf("--leased %v: the banner %q says every limit leased: %v", leasedFlag, line, got)
+		}
+	}
 }
