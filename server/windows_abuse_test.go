@@ -37,7 +37,7 @@ func TestWindowInputs(t *testing.T) {
 		{`{"algorithm": "sliding_window", "rate": 5, "period": "1m", "slots": 0}`, "slots must be from 1 to 1000"},
 		{`{"algorithm": "sliding_window", "rate": 5, "period": "1m", "slots": -1}`, "slots must be from 1 to 1000"},
 		{`{"algorithm": "sliding_window", "rate": 5, "period": "1m", "slots": 1001}`, "slots must be from 1 to 1000"},
-		{`{"algorithm": "sliding_window", "rate": 5, "period": "1m", "slots": 99999999999999999999}`, "cannot unmarshal number"},
+		{`{"algorithm": "sliding_window", "rate": 5, "period": "1m", "slots": 99999999999999999999}`, "must be a whole number"},
 		{`{"algorithm": "token_bucket", "rate": 5, "period": "1m", "slots": 10}`, "slots applies to sliding_window only"},
 		{`{"algorithm": "sliding_window", "rate": 5, "period": "1ns", "slots": 1000}`, "at least a microsecond long"},
 	} {
