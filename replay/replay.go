@@ -100,6 +100,15 @@ func Decode(b []byte, f Format) (Raw, error) {
 	if err := strictjson.Check(b, "values"); err != nil {
 		return Raw{}, inputf("bad JSON: %w", err)
 	}
+	if r, ok := decodeFast(b); ok {
+		return r, nil
+	}
+	return decodeJSON(b, f)
+}
+
+// decodeJSON is Decode after the strict check, with encoding/json: any
+// request, and every error.
+func decodeJSON(b []byte, f Format) (Raw, error) {
 	var j lineJSON
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
