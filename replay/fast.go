@@ -24,13 +24,16 @@ func decodeFast(b []byte) (r Raw, ok bool) {
 			return Raw{}, false
 		}
 		var bit uint8
-		switch name {
+		var v []byte
+		switch string(name) {
 		case "key":
 			bit = 1
-			r.Key, ok = p.str()
+			v, ok = p.str()
+			r.Key = string(v)
 		case "lease":
 			bit = 2
-			r.Lease, ok = p.str()
+			v, ok = p.str()
+			r.Lease = string(v)
 		case "reserve":
 			bit = 4
 			r.Reserve, ok = p.boolean()
@@ -92,22 +95,23 @@ func (p *fastParser) byte(c byte) bool {
 	return false
 }
 
-// str reads a string with no escape and no control character.
-func (p *fastParser) str() (string, bool) {
+// str reads a string with no escape and no control character: its bytes,
+// in p.b.
+func (p *fastParser) str() ([]byte, bool) {
 	if !p.byte('"') {
-		return "", false
+		return nil, false
 	}
 	for j := p.i; j < len(p.b); j++ {
 		switch c := p.b[j]; {
 		case c == '"':
-			s := string(p.b[p.i:j])
+			s := p.b[p.i:j]
 			p.i = j + 1
 			return s, true
 		case c == '\\' || c < 0x20:
-			return "", false
+			return nil, false
 		}
 	}
-	return "", false
+	return nil, false
 }
 
 func (p *fastParser) boolean() (bool, bool) {
@@ -187,7 +191,7 @@ func (p *fastParser) limit() (drip.Limit, bool) {
 			return l, false
 		}
 		var bit uint8
-		switch name {
+		switch string(name) {
 		case "rate":
 			bit = 1
 			l.Rate, ok = p.number()

@@ -162,3 +162,25 @@ func randomBody(rng *rand.Rand) string {
 	rng.Shuffle(len(fs), func(i, j int) { fs[i], fs[j] = fs[j], fs[i] })
 	return "{" + strings.Join(fs, ",") + "}" + []string{"", " ", "\n", " x", "{}"}[rng.IntN(5)]
 }
+
+// BenchmarkDecode: the decision API's common body through Decode (its
+// fast path) and through the full path (encoding/json, the limit's own
+// decoder), in one run:
+//
+//	go test -run '^$' -bench Decode -benchmem ./replay/
+func BenchmarkDecode(b *testing.B) {
+	body := []byte(`{"key": "user:12345", "limit": {"rate": 1000000, "burst": 1000000}}`)
+	for _, c := range []struct {
+		name   string
+		decode func([]byte, Format) (Raw, error)
+	}{{"fast", Decode}, {"full", fullDecode}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.decode(body, BodyFormat); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
