@@ -184,3 +184,28 @@ func BenchmarkDecode(b *testing.B) {
 		})
 	}
 }
+
+// TestDecodeKeepsNothing: what Decode returns holds no part of its input,
+// on the fast path and the full one, so that the decision API may read
+// the next body into the same buffer.
+func TestDecodeKeepsNothing(t *testing.T) {
+	for _, body := range []string{
+		`{"key": "user:1", "lease": "l", "limit": {"rate": 10, "burst": 20}}`,
+		`{"key": "us\u0065r:1", "limit": {"rate": 10, "period": "1s", "time_zone": "UTC"}}`,
+		`{"rule": "free", "values": {"header:x-api-key": "k-123"}, "lease": "l"}`,
+		`{"requests": [{"rule": "free", "values": ["a"]}, {"key": "k", "limit": {"rate": 1}}]}`,
+	} {
+		b := []byte(body)
+		got, err := Decode(b, BodyFormat)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		for i := range b {
+			b[i] = 'x'
+		}
+		want, _ := Decode([]byte(body), BodyFormat)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: after the input was overwritten, %+v; want %+v", body, got, want)
+		}
+	}
+}
