@@ -99,10 +99,20 @@ var (
 // and so is what encoding/json alone would let pass (see strict): invalid
 // UTF-8, a lone surrogate escape, a field given twice, a field name in
 // another case (strictjson). Every error it returns is a *store.InputError.
+// What it returns holds no part of b.
 func Decode(b []byte, f Format) (Raw, error) {
 	if err := strictjson.Check(b, "values"); err != nil {
 		return Raw{}, inputf("bad JSON: %w", err)
 	}
+	if r, ok := decodeFast(b); ok {
+		return r, nil
+	}
+	return decodeJSON(b, f)
+}
+
+// decodeJSON is Decode after the strict check, with encoding/json: any
+// request, and every error.
+func decodeJSON(b []byte, f Format) (Raw, error) {
 	var j lineJSON
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()

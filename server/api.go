@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
@@ -77,7 +78,9 @@ func inputf(format string, args ...any) error {
 // protocol's one parser, strictly: unknown fields and trailing data are
 // errors.
 func decode(w http.ResponseWriter, r *http.Request) (replay.Raw, error) {
-	b, err := readBody(w, r, maxBody)
+	bp := bodyBufs.Get().(*[]byte)
+	defer bodyBufs.Put(bp)
+	b, err := readBody(w, r, maxBody, *bp)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -88,8 +91,15 @@ func decode(w http.ResponseWriter, r *http.Request) (replay.Raw, error) {
 		}
 		return replay.Raw{}, inputf("reading body: %v", err)
 	}
+	// The request read keeps nothing of b (its strings are copies), so
+	// the buffer goes back to the pool when decode returns.
 	return replay.Decode(b, replay.BodyFormat)
 }
+
+// bodyBufs holds the buffers decode reads bodies of up to 1 KiB into,
+// the size of nearly every decision API request; a larger body gets a
+// buffer of its own, which is not kept.
+var bodyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")

@@ -10,8 +10,9 @@ import (
 // body to, it allocates once, exactly that much, and refuses a length
 // over max before reading a byte; io.ReadAll would grow its buffer by
 // doubling, to up to twice the body. A chunked body, whose length is not
-// known, is read with io.ReadAll, still bounded by max.
-func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
+// known, is read with io.ReadAll, still bounded by max. A body that fits
+// in buf's capacity is read into buf.
+func readBody(w http.ResponseWriter, r *http.Request, max int64, buf []byte) ([]byte, error) {
 	body := http.MaxBytesReader(w, r.Body, max)
 	if r.ContentLength < 0 {
 		return io.ReadAll(body)
@@ -20,7 +21,11 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error)
 		body.Close() // the connection is not reused: the body is left unread
 		return nil, &http.MaxBytesError{Limit: max}
 	}
-	b := make([]byte, r.ContentLength)
+	b := buf[:0]
+	if int64(cap(buf)) < r.ContentLength {
+		b = make([]byte, r.ContentLength)
+	}
+	b = b[:r.ContentLength]
 	if _, err := io.ReadFull(body, b); err != nil {
 		return nil, err
 	}

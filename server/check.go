@@ -12,7 +12,11 @@ import (
 // would (the same errors, with the index of the request when there are
 // of a multi-take), so that it counts as no decision.
 func check(op bucket.Op, rs []drip.Request, multi bool) error {
-	items := make([]bucket.Prepared, len(rs))
+	var one [1]bucket.Prepared // the single request's, without an allocation
+	items := one[:]
+	if len(rs) != 1 {
+		items = make([]bucket.Prepared, len(rs))
+	}
 	for i, r := range rs {
 		err := store.CheckKey(r.Key)
 		var p bucket.Params

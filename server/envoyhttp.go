@@ -63,7 +63,7 @@ func (s *Server) envoyJSON() http.Handler {
 }
 
 func envoyJSON(svc *envoy.Service, w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(w, r, maxJSONRequest)
+	body, err := readBody(w, r, maxJSONRequest, nil)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {

@@ -208,7 +208,7 @@ func (s *Server) putOverride(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	body, err := readBody(w, r, maxOverrideBody)
+	body, err := readBody(w, r, maxOverrideBody, nil)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			writeError(w, errorf(http.StatusRequestEntityTooLarge, "body over %d bytes", maxOverrideBody))

@@ -112,7 +112,7 @@ func (s *scanner) object(isFree bool, depth int) error {
 		s.i++
 		return nil
 	}
-	var few [8]string
+	var few [8][]byte
 	names := few[:0]
 	var seen map[string]bool
 	for {
@@ -125,14 +125,14 @@ func (s *scanner) object(isFree bool, depth int) error {
 		}
 		dup := false
 		if seen != nil {
-			dup = seen[name]
+			dup = seen[string(name)]
 		} else {
 			for _, n := range names {
-				dup = dup || n == name
+				dup = dup || string(n) == string(name)
 			}
 		}
 		if dup {
-			return errors.New("field " + quote(name) + " given twice")
+			return errors.New("field " + quote(string(name)) + " given twice")
 		}
 		if seen == nil && len(names) < len(few) {
 			names = append(names, name)
@@ -140,13 +140,13 @@ func (s *scanner) object(isFree bool, depth int) error {
 			if seen == nil {
 				seen = make(map[string]bool, 2*len(few))
 				for _, n := range names {
-					seen[n] = true
+					seen[string(n)] = true
 				}
 			}
-			seen[name] = true
+			seen[string(name)] = true
 		}
 		if !isFree && !plainName(name) {
-			return errors.New("unknown field " + quote(name) + " (field names are in lower case)")
+			return errors.New("unknown field " + quote(string(name)) + " (field names are in lower case)")
 		}
 		s.space()
 		if s.next() != ':' {
@@ -154,7 +154,7 @@ func (s *scanner) object(isFree bool, depth int) error {
 		}
 		s.i++
 		s.space()
-		if err := s.value(!isFree && s.free != "" && name == s.free, depth+1); err != nil {
+		if err := s.value(!isFree && s.free != "" && string(name) == s.free, depth+1); err != nil {
 			return err
 		}
 		s.space()
@@ -172,37 +172,38 @@ func (s *scanner) object(isFree bool, depth int) error {
 }
 
 // str scans a string at the scan (its opening quote); as a name it
-// returns its text, and a name with an escape is not for the fast check.
-func (s *scanner) str(name bool) (string, error) {
+// returns its bytes (in s.b), and a name with an escape is not for the
+// fast check.
+func (s *scanner) str(name bool) ([]byte, error) {
 	start := s.i + 1
 	for s.i = start; s.i < len(s.b); s.i++ {
 		switch c := s.b[s.i]; {
 		case c == '"':
 			s.i++
 			if name {
-				return string(s.b[start : s.i-1]), nil
+				return s.b[start : s.i-1], nil
 			}
-			return "", nil
+			return nil, nil
 		case c < 0x20:
-			return "", errUnsure
+			return nil, errUnsure
 		case c == '\\':
 			if name || s.i+1 >= len(s.b) {
-				return "", errUnsure
+				return nil, errUnsure
 			}
 			s.i++
 			switch s.b[s.i] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 			case 'u':
 				if _, ok := hex4(s.b, s.i+1); !ok {
-					return "", errUnsure
+					return nil, errUnsure
 				}
 				s.i += 4
 			default:
-				return "", errUnsure
+				return nil, errUnsure
 			}
 		}
 	}
-	return "", errUnsure
+	return nil, errUnsure
 }
 
 func (s *scanner) literal(lit string) error {

@@ -105,7 +105,6 @@ func walk(dec *json.Decoder, free string, isFree bool, depth int) error {
 // that is not the first half of a pair directly followed by its second
 // half. Backslashes occur only inside strings, each escaping the next byte.
 func checkEscapes(b []byte) error {
-	bad := errors.New(`a \u escape is not a character (a lone surrogate)`)
 	for i := 0; i < len(b); i++ {
 		if b[i] != '\\' {
 			continue
@@ -121,19 +120,21 @@ func checkEscapes(b []byte) error {
 		i += 4
 		switch {
 		case r >= 0xDC00 && r <= 0xDFFF:
-			return bad
+			return errLoneSurrogate
 		case r >= 0xD800 && r <= 0xDBFF:
 			if i+2 >= len(b) || b[i+1] != '\\' || b[i+2] != 'u' {
-				return bad
+				return errLoneSurrogate
 			}
 			if r2, ok := hex4(b, i+3); !ok || r2 < 0xDC00 || r2 > 0xDFFF {
-				return bad
+				return errLoneSurrogate
 			}
 			i += 6
 		}
 	}
 	return nil
 }
+
+var errLoneSurrogate = errors.New(`a \u escape is not a character (a lone surrogate)`)
 
 // hex4 reads four hex digits at b[i:].
 func hex4(b []byte, i int) (rune, bool) {
@@ -158,14 +159,14 @@ func hex4(b []byte, i int) (rune, bool) {
 
 // plainName reports whether name is spelled as drip's field names are:
 // lower case ASCII letters, digits and underscores.
-func plainName(name string) bool {
+func plainName[T string | []byte](name T) bool {
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
 			return false
 		}
 	}
-	return name != ""
+	return len(name) > 0
 }
 
 func quote(s string) string {
