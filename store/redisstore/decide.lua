@@ -369,39 +369,43 @@ local function writeFast(key, l, nows, nown, nt, s, n, dl, srvms)
   end
 end
 
+-- fastRead is a take's bucket in the common case: missing (a fresh
+-- bucket at now) or stored in binary, with plain numbers, refilled to now
+-- by refilledFast. It returns nil when the case is not that one; else the
+-- tokens, s and n at now, the stored TTL deadline (nil: none), the flags
+-- (4: found, else 0) and the stored tokens, s and n for the reply.
+local function fastRead(v, l, nows, nown)
+  if v == false then -- no key
+    return l.burst, nows, nown, nil, 0, 0, 0, 0
+  end
+  if type(v) ~= 'string' or #v ~= 33 or byte(v, 1) ~= 0 then return nil end
+  local tok, s, n, dl = unpack('<xdddd', v)
+  if not (tok < HALF and tok > -HALF) then return nil end
+  local otok, os, on = tok, s, n
+  local t2, s2, n2 = refilledFast(l, nows, nown, tok, s, n)
+  if t2 then
+    tok, s, n = t2, s2, n2
+  elseif nows > s or (nows == s and nown > n) then
+    return nil
+  elseif tok > l.burst then
+    tok = l.burst
+  end
+  return tok, s, n, dl, 4, otok, os, on
+end
+
 -- takeFast decides and writes a take in the common case: a continuous
 -- refill whose numbers are plain doubles (l.fast, a plain cost), a bucket
--- missing or stored in binary, and no reservation needed. It returns nil
--- when the case is not that one, and decide and write do the work.
+-- missing or stored in binary (fastRead), and no reservation needed. It
+-- returns nil when the case is not that one, and decide and write do the
+-- work.
 local function takeFast(key, v, l, nows, nown, srvms)
-  local tok, s, n, dl, flags
-  if v == false then -- no key
-    tok, s, n, flags = l.burst, nows, nown, 0
-  elseif type(v) == 'string' and #v == 33 and byte(v, 1) == 0 then
-    tok, s, n, dl = unpack('<xdddd', v)
-    if not (tok < HALF and tok > -HALF) then return nil end
-    flags = 4
-  else
-    return nil
-  end
-  local otok, os, on = 0, 0, 0
-  if flags == 4 then
-    otok, os, on = tok, s, n
-    local t2, s2, n2 = refilledFast(l, nows, nown, tok, s, n)
-    if t2 then
-      tok, s, n = t2, s2, n2
-    elseif nows > s or (nows == s and nown > n) then
-      return nil
-    elseif tok > l.burst then
-      tok = l.burst
-    end
-  end
-  local cost = l.cost
-  if tok < cost then
+  local tok, s, n, dl, flags, otok, os, on = fastRead(v, l, nows, nown)
+  if not tok then return nil end
+  if tok < l.cost then
     if l.reserve then return nil end
     return flags, otok, os, on
   end
-  writeFast(key, l, nows, nown, tok - cost, s, n, dl, srvms)
+  writeFast(key, l, nows, nown, tok - l.cost, s, n, dl, srvms)
   return flags + 3, otok, os, on
 end
 
@@ -427,26 +431,8 @@ local function takeAllFast(KEYS, limits, reqs, srvs, srvn, srvus, srvms, recs)
     local l = limits[sh]
     if not l.fastTake or (op ~= TAKE and op ~= TAKE + 4) or (rdl > 0 and rdl <= srvus) then return nil end
     if op == TAKE then nows, nown = srvs, srvn end
-    local v = rpcall('GET', KEYS[i])
-    local tok, s, n, dl, flags
-    local otok, os, on = 0, 0, 0
-    if v == false then -- no key
-      tok, s, n, flags = l.burst, nows, nown, 0
-    elseif type(v) == 'string' and #v == 33 and byte(v, 1) == 0 then
-      tok, s, n, dl = unpack('<xdddd', v)
-      if not (tok < HALF and tok > -HALF) then return nil end
-      flags, otok, os, on = 4, tok, s, n
-      local t2, s2, n2 = refilledFast(l, nows, nown, tok, s, n)
-      if t2 then
-        tok, s, n = t2, s2, n2
-      elseif nows > s or (nows == s and nown > n) then
-        return nil
-      elseif tok > l.burst then
-        tok = l.burst
-      end
-    else
-      return nil
-    end
+    local tok, s, n, dl, flags, otok, os, on = fastRead(rpcall('GET', KEYS[i]), l, nows, nown)
+    if not tok then return nil end
     if tok >= l.cost then
       flags = flags + 1
     elseif l.reserve then
