@@ -91,6 +91,9 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	for i := range out.Applied {
 		a := &out.Applied[i]
 		e.obs.Decision(a.Rule.Name, a.Rule.Mode, a.Event)
+		if e.keys != nil {
+			e.keys.Key(a.Rule.Name, a.Rule.Mode, a.Event, &a.Item)
+		}
 	}
 	out.pick(r, rs.Set.RetryJitter)
 	e.endDecide(sp, out)

@@ -84,6 +84,7 @@ type Engine struct {
 	store    store.Store
 	log      *slog.Logger
 	obs      Observer
+	keys     KeyObserver // WithKeys; nil: none
 	timeout  time.Duration
 	now      func() time.Time // nil: the store's clock
 	brk      *breaker
@@ -131,6 +132,9 @@ func (e *Engine) BreakerState() string { return e.brk.State() }
 
 // Observer returns the engine's observer.
 func (e *Engine) Observer() Observer { return e.obs }
+
+// Keys returns the engine's key observer (WithKeys), or nil.
+func (e *Engine) Keys() KeyObserver { return e.keys }
 
 // defaultBreaker is the breaker of store calls made without rules.
 var defaultBreaker = rules.DefaultBreaker

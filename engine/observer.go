@@ -64,6 +64,18 @@ type TokenObserver interface {
 	Tokens(rule string, event Event, tokens float64)
 }
 
+// KeyObserver is told the bucket key behind each event of Observer.Decision
+// that a request's rule (or Envoy limit) met, with its Item: the key, the
+// limit, and the bucket's Decision when Decided. It sees keys, which an
+// Observer never does, so that a program can tell who is limited without
+// a key ever becoming a metric label. Like Observer's, its method runs on
+// the request path: it must be fast, allocate nothing and keep nothing
+// the Item points to (the key string may be kept; it is never changed).
+// Set it with WithKeys.
+type KeyObserver interface {
+	Key(rule string, mode rules.Mode, event Event, it *Item)
+}
+
 // NopObserver does nothing; embed it to implement part of Observer.
 type NopObserver struct{}
 

@@ -18,6 +18,11 @@ func WithLogger(log *slog.Logger) Option { return func(e *Engine) { e.log = log 
 // breaker.
 func WithObserver(o Observer) Option { return func(e *Engine) { e.obs = o } }
 
+// WithKeys sets the observer of the keys behind each decision (nil:
+// none). Front doors that report decisions themselves (Envoy's service,
+// the decision API) tell it too, through Engine.Keys.
+func WithKeys(k KeyObserver) Option { return func(e *Engine) { e.keys = k } }
+
 // WithTimeout sets the deadline of each store call (default
 // DefaultTimeout). A rules file's store_timeout takes precedence.
 func WithTimeout(d time.Duration) Option { return func(e *Engine) { e.timeout = d } }
