@@ -314,6 +314,10 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 	}
 }
 
+// ReasonOf is the reason of a denial by a bucket of limit l
+// (ReasonTokenBucket, ReasonFixedWindow, ...).
+func ReasonOf(l drip.Limit) string { return reasonOf(l) }
+
 func reasonOf(l drip.Limit) string {
 	switch l.Algorithm {
 	case drip.FixedWindow:

@@ -13,7 +13,7 @@ import (
 
 // One rule: its name, keys, match and limit.
 
-var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased"}
+var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased", "log_key"}
 
 func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	r := Rule{Mode: Enforce, OnError: s.OnError, LocalShare: s.LocalShare}
@@ -97,6 +97,11 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	}
 	if v, fp, ok := f.get("count_status"); ok {
 		r.CountStatus = c.countStatus(fp, v)
+	}
+	if v, fp, ok := f.get("log_key"); ok {
+		if k, ok := c.enum(fp, v, LogKeyHash, LogKeyRedact, LogKeyPlain); ok {
+			r.LogKey = k
+		}
 	}
 	c.settleRule(p, &r)
 	if c.jwtUser == "" && r.usesJWT() {

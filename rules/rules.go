@@ -219,9 +219,20 @@ type Rule struct {
 	// is only checked (peeked at the cost), and the cost is taken after
 	// the response when its status matches.
 	CountStatus StatusSet
+	// LogKey is how the log of denials shows the rule's keys (log_key):
+	// LogKeyHash ("" too: a short hash of the key), LogKeyRedact (not at
+	// all) or LogKeyPlain (as it is).
+	LogKey string
 	// Index is the rule's position in the file.
 	Index int
 }
+
+// The values of a rule's log_key.
+const (
+	LogKeyHash   = "hash"
+	LogKeyRedact = "redact"
+	LogKeyPlain  = "plain"
+)
 
 // Rule returns the rule called name.
 func (s *Set) Rule(name string) (*Rule, bool) {

@@ -30,6 +30,8 @@ import (
 //   GET  /v1/admin/rules   the rules in force
 //   PUT, DELETE /v1/admin/overrides/{rule}[/{value}], GET /v1/admin/overrides
 //                          per-tenant limits (overrides.go)
+//   GET  /v1/admin/top     who is being limited (who.go)
+//   POST /v1/admin/tenant  a tenant's whole picture (tenant.go)
 // The /v1/admin/ endpoints answer 401 without "Authorization: Bearer
 // <token>", and 404 when the server has no admin token.
 
@@ -54,6 +56,8 @@ func (s *Server) adminHandler() http.Handler {
 		mux.Handle("DELETE "+p, s.auth(http.HandlerFunc(s.deleteOverride)))
 	}
 	mux.Handle("GET /v1/admin/overrides", s.auth(http.HandlerFunc(s.listOverrides)))
+	mux.Handle("GET /v1/admin/top", s.auth(http.HandlerFunc(s.adminTop)))        // who.go
+	mux.Handle("POST /v1/admin/tenant", s.auth(http.HandlerFunc(s.adminTenant))) // tenant.go
 	mux.Handle("/v1/admin/", s.auth(http.NotFoundHandler()))
 	return mux
 }

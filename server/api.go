@@ -190,8 +190,8 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		}
 		m, err := s.eng.Apply(ctx, op, rs)
 		if err != nil || op == bucket.Take {
-			for _, n := range names {
-				s.count(n, m.Allowed, err)
+			for i, n := range names {
+				s.count(n, rs[i], m, i, err)
 			}
 		}
 		if err != nil {
@@ -221,7 +221,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 	}
 	m, err := s.eng.Apply(ctx, op, []drip.Request{r})
 	if op == bucket.Take {
-		s.count(name, m.Allowed, err)
+		s.count(name, r, m, 0, err)
 	}
 	if err != nil {
 		return nil, err
@@ -284,18 +284,26 @@ func acquiredMulti(m drip.Multi, rs []drip.Request) any {
 }
 
 // count reports a take's decision (or failure) on rule to the observer,
-// in the engine's vocabulary. Bad input is no decision.
-func (s *Server) count(rule string, allowed bool, err error) {
+// in the engine's vocabulary, and its key (request r, the i-th of m) to
+// the key observer. Bad input is no decision.
+func (s *Server) count(rule string, r drip.Request, m drip.Multi, i int, err error) {
 	ev := engine.Denied
 	switch {
 	case err != nil && store.IsInput(err):
 		return
 	case err != nil:
 		ev = engine.Failed
-	case allowed:
+	case m.Allowed:
 		ev = engine.Allowed
 	}
 	s.eng.Observer().Decision(rule, rules.Enforce, ev)
+	if k := s.eng.Keys(); k != nil {
+		it := &engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost}
+		if err == nil && i < len(m.Decisions) {
+			it.Decision, it.Decided = m.Decisions[i], true
+		}
+		k.Key(rule, rules.Enforce, ev, it)
+	}
 }
 
 // request turns one item into a drip.Request and the rule label of its

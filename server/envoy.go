@@ -41,7 +41,7 @@ func (s *Server) envoyService() *envoy.Service {
 		// On the server's engine; its decisions count as rule
 		// "envoy:<limit name or config path>".
 		s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithEngine(s.eng),
-			envoy.WithObserver(s.metrics.obs.Prefixed(envoyPrefix)))
+			envoy.WithObserver(s.metrics.obs.Prefixed(envoyPrefix)), envoy.WithKeys(s.who.Prefixed(envoyPrefix)))
 	}
 	return s.rls
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/driplimit/drip/server/envoy"
 	"github.com/driplimit/drip/server/envoy/xds"
 	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/topkeys"
 )
 
 // timeZero asks a store for a decision on its own clock.
@@ -48,8 +49,9 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *metrics
-	store   store.Store    // instrumented
-	eng     *engine.Engine // every front door's: one deadline, one breaker, one observer
+	store   store.Store      // instrumented
+	eng     *engine.Engine   // every front door's: one deadline, one breaker, one observer
+	who     *topkeys.Tracker // who is being limited (who.go)
 
 	rs  *ruleState
 	lim *httplimit.Limiter // the rules on HTTP requests: the gateway's middleware, forward auth
@@ -116,9 +118,11 @@ func New(cfg Config, st store.Store) (*Server, error) {
 		}
 	}
 	s.store = s.metrics.observe(st)
+	s.who = s.newTracker()
+	s.metrics.reg.MustRegister(whoCollector{s.who})
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
 		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(frontdoor.Local),
-		engine.WithTracerProvider(cfg.TracerProvider))
+		engine.WithTracerProvider(cfg.TracerProvider), engine.WithKeys(s.who))
 	s.ost = st.Caps().Overrides
 	rs, err := s.loadRules()
 	if err != nil {
@@ -325,6 +329,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watch(bg) })
+	wg.Go(func() { s.who.Run(bg) })
 	if s.ost != nil {
 		s.followOverrides(bg, &wg)
 	}

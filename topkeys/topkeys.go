@@ -15,8 +15,9 @@
 // and of five minutes, kept in rings, and a window is the merge of what
 // covers it, on read.
 //
-// A Tracker never reads the clock on the decision path: Tick ends the
-// current interval (Run calls it every Interval).
+// A Tracker never reads the clock on the decision path (but for a
+// denial, with a denial log): Tick ends the current interval (Run calls
+// it every Interval).
 package topkeys
 
 import (
@@ -66,14 +67,14 @@ type Tracker struct {
 	// Dropped counts decisions not followed because MaxRules rules were.
 	Dropped atomic.Int64
 
-	log *denials // denials.go; nil: no denial log
+	log *DenialLog // denials.go; nil: no denial log
 }
 
 // Option configures a Tracker.
 type Option func(*Tracker)
 
 // WithClock sets the clock that dates intervals (default time.Now). The
-// decision path never reads it.
+// decision path reads it only on a denial, for the denial log.
 func WithClock(now func() time.Time) Option { return func(t *Tracker) { t.now = now } }
 
 // New returns a Tracker.
@@ -93,6 +94,8 @@ var _ engine.KeyObserver = (*Tracker)(nil)
 type ruleStats struct {
 	name   string
 	shadow atomic.Bool // the rule's mode, as last seen
+	log    logState    // denials.go
+	gone   atomic.Bool // forgotten: a Prefixed view must look again
 	cur    atomic.Pointer[slot]
 
 	mu      sync.Mutex // the rings
@@ -165,6 +168,16 @@ func (t *Tracker) stats(rule string) *ruleStats {
 // and a denial when event is one; with the bucket's decision, how near
 // the key is to its limit.
 func (t *Tracker) Key(rule string, mode rules.Mode, event engine.Event, it *engine.Item) {
+	r := t.stats(rule)
+	if r == nil {
+		t.Dropped.Add(1)
+		return
+	}
+	t.count(r, mode, event, it)
+}
+
+// count counts a decision on r.
+func (t *Tracker) count(r *ruleStats, mode rules.Mode, event engine.Event, it *engine.Item) {
 	denied := false
 	switch event {
 	case engine.Denied, engine.LocalDenied:
@@ -172,11 +185,6 @@ func (t *Tracker) Key(rule string, mode rules.Mode, event engine.Event, it *engi
 	case engine.Allowed, engine.NotTaken, engine.LocalAllowed, engine.ErrorAllowed, engine.ErrorDenied:
 	default:
 		return // no request decided on the key (a refund, an unlimited limit, a failure)
-	}
-	r := t.stats(rule)
-	if r == nil {
-		t.Dropped.Add(1)
-		return
 	}
 	if sh := mode == rules.Shadow; r.shadow.Load() != sh {
 		r.shadow.Store(sh)
@@ -197,7 +205,7 @@ func (t *Tracker) Key(rule string, mode rules.Mode, event engine.Event, it *engi
 	}
 	sh.mu.Unlock()
 	if denied && t.log != nil {
-		t.log.denied(r, mode, it)
+		t.log.denied(t.now().UnixNano(), r, mode, it)
 	}
 }
 
@@ -238,6 +246,7 @@ func (t *Tracker) Tick() {
 		m[k] = v
 	}
 	for _, name := range idle {
+		old[name].gone.Store(true)
 		delete(m, name)
 	}
 	t.rules.Store(&m)

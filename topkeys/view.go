@@ -63,6 +63,10 @@ type Window struct {
 	// decision (or since it was last forgotten), for rates.
 	TotalRequests uint64 `json:"total_requests"`
 	TotalDenials  uint64 `json:"total_denials"`
+	// Logged and Unlogged are the lines of the denial log (WithDenialLog)
+	// written for the rule and the denials left out, in all.
+	Logged   int64 `json:"denials_logged"`
+	Unlogged int64 `json:"denials_unlogged"`
 }
 
 // Windows returns the view of every rule over window (Minute,
@@ -128,6 +132,7 @@ func (r *ruleStats) view(window string, n int, now time.Time) Window {
 	w.TopRequests, w.RequestsBound = counts(req, n), req.bound
 	w.TopDenied, w.DenialsBound = counts(den, n), den.bound
 	w.Near = r.near(n)
+	w.Logged, w.Unlogged = r.log.logged.Load(), r.log.unlogged.Load()
 	w.TotalRequests, w.TotalDenials = r.retired[0], r.retired[1]
 	for _, s := range r.fine {
 		q, d := s.totals()

@@ -64,9 +64,10 @@ const (
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	eng *engine.Engine
-	obs engine.Observer // of decisions
-	cfg atomic.Pointer[Config]
+	eng  *engine.Engine
+	obs  engine.Observer    // of decisions
+	keys engine.KeyObserver // of their keys; nil: none
+	cfg  atomic.Pointer[Config]
 }
 
 // Option configures a Service.
@@ -75,6 +76,7 @@ type Option func(*options)
 type options struct {
 	eng  *engine.Engine
 	obs  engine.Observer
+	keys engine.KeyObserver
 	opts []engine.Option
 }
 
@@ -108,6 +110,13 @@ func WithObserver(obs engine.Observer) Option {
 	return func(o *options) { o.obs = obs; o.opts = append(o.opts, engine.WithObserver(obs)) }
 }
 
+// WithKeys sets the observer of the keys behind the service's decisions
+// (by default the engine's, engine.WithKeys): it hears Key with what
+// WithObserver's Decision hears, and the descriptor's bucket.
+func WithKeys(k engine.KeyObserver) Option {
+	return func(o *options) { o.keys = k; o.opts = append(o.opts, engine.WithKeys(k)) }
+}
+
 // WithEngine makes the service decide with e, sharing its store, breaker
 // and deadline with other front doors; the other options are then e's,
 // except that WithObserver still sets the observer of the service's
@@ -127,7 +136,10 @@ func NewService(store store.Store, cfg *Config, opts ...Option) *Service {
 	if o.obs == nil {
 		o.obs = o.eng.Observer()
 	}
-	s := &Service{eng: o.eng, obs: o.obs}
+	if o.keys == nil {
+		o.keys = o.eng.Keys()
+	}
+	s := &Service{eng: o.eng, obs: o.obs, keys: o.keys}
 	s.Swap(cfg)
 	return s
 }
@@ -326,6 +338,9 @@ func (s *Service) observe(items []item, err error) {
 			mode = rules.Shadow
 		}
 		obs.Decision(it.limit.Label(), mode, out)
+		if s.keys != nil {
+			s.keys.Key(it.limit.Label(), mode, out, &it.step)
+		}
 		if to, ok := obs.(engine.TokenObserver); ok && it.kind == charge && it.step.Decided {
 			// The tokens of the descriptor's bucket (for descriptors
 			// that share one, each is told the bucket's charge).

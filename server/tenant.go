@@ -1,0 +1,218 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/override"
+	"github.com/driplimit/drip/rules"
+)
+
+// A tenant's whole picture on the admin listener:
+//   POST /v1/admin/tenant  {"ip": "203.0.113.7", "headers": {"x-api-key": "k1"},
+//                           "claims": {"plan": "pro"}, "query": {...}, "cookies": {...},
+//                           "path": "/api/x", "method": "GET"}
+// Every rule in force, in file order: whether a request carrying these
+// values falls under it (and why not), its bucket key, the limit in force
+// (the key's override, else limit_from_claims, else the rule's), the
+// override of the key and whether it is stale, and the bucket now: a
+// peek at cost 0, which takes nothing (a concurrency rule's: the slots
+// held). Claims are taken as given: the operator names them, no token is
+// verified. The IP is read as the peer's address (trusted proxies do not
+// apply: there is no hop to skip).
+
+// maxTenantBody bounds the body; maxTenantValues the entries of each of
+// its maps.
+const (
+	maxTenantBody   = 16 << 10
+	maxTenantValues = 64
+)
+
+// tenantAsk is what a request would carry.
+type tenantAsk struct {
+	IP      string            `json:"ip"`
+	Headers map[string]string `json:"headers"`
+	Claims  map[string]string `json:"claims"`
+	Query   map[string]string `json:"query"`
+	Cookies map[string]string `json:"cookies"`
+	Path    string            `json:"path"`
+	Method  string            `json:"method"`
+
+	set     *rules.Set
+	headers map[string]string // by canonical name
+}
+
+// Value reads the values as a front door reads a request's.
+func (a *tenantAsk) Value(src rules.Source) (string, bool) {
+	var v string
+	var ok bool
+	switch src.Kind {
+	case rules.KindIP:
+		ip, err := netip.ParseAddr(a.IP)
+		if err != nil {
+			return "", false
+		}
+		return frontdoor.KeyIP(ip.Unmap(), a.set.IPv6Prefix), true
+	case rules.KindHeader:
+		v, ok = a.headers[src.Name]
+	case rules.KindJWT:
+		v, ok = a.Claims[src.Name]
+	case rules.KindQuery:
+		v, ok = a.Query[src.Name]
+	case rules.KindCookie:
+		v, ok = a.Cookies[src.Name]
+	case rules.KindPath:
+		p, err := a.set.CleanPath(a.Path)
+		return p, err == nil && a.Path != ""
+	case rules.KindMethod:
+		return rules.CleanMethod(a.Method), a.Method != ""
+	case rules.KindGlobal:
+		return "", true
+	}
+	return v, ok
+}
+
+func (a *tenantAsk) Identity(key string) string { return "key:" + key }
+
+// tenantRule is one rule of the picture.
+type tenantRule struct {
+	Rule    string `json:"rule"`
+	Group   string `json:"group,omitempty"`
+	Mode    string `json:"mode"`
+	Applies bool   `json:"applies"`
+	// Why a rule does not apply.
+	Why   string      `json:"why,omitempty"`
+	Key   string      `json:"key,omitempty"`
+	Limit *drip.Limit `json:"limit,omitempty"`
+	// LimitFrom says whose limit is in force: "override",
+	// "limit_from_claims" or "rule".
+	LimitFrom string `json:"limit_from,omitempty"`
+	// Override is the key's override, if it has one; Stale says why it
+	// does not apply.
+	Override *override.Entry `json:"override,omitempty"`
+	Stale    string          `json:"stale,omitempty"`
+	// Decision is the bucket now (a peek at cost 0); InFlight, for a
+	// concurrency rule, the slots held.
+	Decision *drip.Decision `json:"decision,omitempty"`
+	InFlight *int64         `json:"in_flight,omitempty"`
+}
+
+func (s *Server) adminTenant(w http.ResponseWriter, r *http.Request) {
+	var a tenantAsk
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxTenantBody))
+	if err != nil {
+		writeError(w, inputf("the body is over %d bytes", maxTenantBody))
+		return
+	}
+	if !utf8.Valid(b) {
+		writeError(w, inputf("the body is not valid UTF-8"))
+		return
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		writeError(w, inputf("bad JSON: %v", err))
+		return
+	}
+	for _, m := range []map[string]string{a.Headers, a.Claims, a.Query, a.Cookies} {
+		if len(m) > maxTenantValues {
+			writeError(w, inputf("at most %d headers, claims, query parameters or cookies each", maxTenantValues))
+			return
+		}
+	}
+	a.set = s.rules()
+	a.headers = make(map[string]string, len(a.Headers))
+	for k, v := range a.Headers {
+		a.headers[textproto.CanonicalMIMEHeaderKey(k)] = v
+	}
+	out, err := s.tenant(r.Context(), &a)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"rules": out})
+}
+
+// tenant is the picture of a request carrying a's values: the rules
+// matched as engine.Decide matches them, their buckets peeked in one
+// store call.
+func (s *Server) tenant(ctx context.Context, a *tenantAsk) ([]tenantRule, error) {
+	set := a.set
+	ovr := s.eng.Overrides()
+	out := make([]tenantRule, len(set.Rules))
+	var reqs []drip.Request
+	var at []int
+	var groups []string
+	for i := range set.Rules {
+		ru := &set.Rules[i]
+		t := tenantRule{Rule: ru.Name, Group: ru.Group, Mode: string(ru.Mode)}
+		vals, ok := ru.Values(a.Value)
+		switch {
+		case ru.Group != "" && slices.Contains(groups, ru.Group):
+			t.Why = "an earlier rule of group " + ru.Group + " applies"
+		case !ru.Matches(a.Value):
+			t.Why = "its match does not hold"
+		case !ok:
+			t.Why = "a limit key has no value: " + sourceList(ru.KeySources())
+		default:
+			if ru.Group != "" {
+				groups = append(groups, ru.Group)
+			}
+			t.Applies, t.Key = true, ru.Key(vals)
+			l, own := s.eng.LimitOf(ru, t.Key, a.Value)
+			t.LimitFrom = "rule"
+			if e, ok := ovr.Entry(t.Key); ok {
+				t.Override = &e
+				t.Stale = engine.Stale(ru, e.Limit)
+			}
+			switch {
+			case own && t.Override != nil && t.Stale == "":
+				t.LimitFrom = "override"
+			case own:
+				t.LimitFrom = "limit_from_claims"
+			}
+			t.Limit = &l
+			reqs = append(reqs, drip.Request{Key: t.Key, Limit: l, Cost: 0})
+			at = append(at, i)
+		}
+		out[i] = t
+	}
+	if len(reqs) == 0 {
+		return out, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
+	defer cancel()
+	m, err := s.eng.Apply(ctx, bucket.Peek, reqs)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range at {
+		d := m.Decisions[j]
+		out[i].Decision = &d
+		if reqs[j].Limit.Algorithm == drip.Concurrency {
+			held := int64(reqs[j].Limit.MaxInFlight) - d.Remaining
+			out[i].InFlight = &held
+		}
+	}
+	return out, nil
+}
+
+func sourceList(srcs []rules.Source) string {
+	names := make([]string, len(srcs))
+	for i, s := range srcs {
+		names[i] = s.String()
+	}
+	return strings.Join(names, ", ")
+}

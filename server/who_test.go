@@ -1,0 +1,90 @@
+package server
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/topkeys"
+)
+
+// TestAdminTop: the admin API lists who the decision API denied and
+// who is nearest the limit, behind the token; denials are logged with
+// the key hashed, and the lines and the denials left out are counted.
+func TestAdminTop(t *testing.T) {
+	var logs testserver.LockedBuffer
+	srv := start(t, Config{Rules: rulesFile(t, "", 3, "api"), WatchEvery: -1, AdminToken: adminToken,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, memstore.New())
+	take := func(v string) {
+		if code, out := post(t, srv.base+"/v1/take", `{"rule": "api", "values": [`+jsonString(v)+`]}`); code != 200 && code != 429 {
+			t.Fatalf("take: %d %s", code, out)
+		}
+	}
+	for range 5 {
+		take("a")
+	}
+	take("b")
+
+	if code, _ := call(t, "GET", srv.admin+"/v1/admin/top", ""); code != http.StatusUnauthorized {
+		t.Errorf("without the token: %d, want 401", code)
+	}
+	for _, q := range []string{"window=2m", "n=0", "n=1000", "n=x"} {
+		if code, out := admin(t, "GET", srv.admin+"/v1/admin/top?"+q, ""); code != http.StatusBadRequest {
+			t.Errorf("%s: %d %s, want 400", q, code, out)
+		}
+	}
+	code, out := admin(t, "GET", srv.admin+"/v1/admin/top?window=1m&n=5", "")
+	if code != 200 {
+		t.Fatalf("top: %d %s", code, out)
+	}
+	var got top
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Rules) != 1 {
+		t.Fatalf("rules %+v", got.Rules)
+	}
+	w := got.Rules[0]
+	want := topkeys.Window{Rule: "api", Window: "1m", Requests: 6, Denials: 2,
+		TopRequests:   []topkeys.Count{{Key: "api|a", Count: 5}, {Key: "api|b", Count: 1}},
+		TopDenied:     []topkeys.Count{{Key: "api|a", Count: 2}},
+		Near:          []topkeys.Near{{Key: "api|a", Tokens: 0, Limit: 3, Left: 0}},
+		TotalRequests: 6, TotalDenials: 2}
+	w.Seconds, w.Logged, w.Unlogged = 0, 0, 0
+	if len(w.Near) == 1 && w.Near[0].Tokens < 0.01 { // it refilled a little since
+		w.Near[0].Tokens, w.Near[0].Left = 0, 0
+	}
+	g, _ := json.Marshal(w)
+	x, _ := json.Marshal(want)
+	if string(g) != string(x) {
+		t.Errorf("top\n%s\nwant\n%s", g, x)
+	}
+
+	// One or two lines (a second may pass between the denials on a
+	// loaded machine), with the key hashed; every denial counted.
+	if n := strings.Count(logs.String(), `"msg":"drip: denied"`); n < 1 || n > 2 {
+		t.Errorf("%d denial lines:\n%s", n, logs.String())
+	}
+	if strings.Contains(logs.String(), "api|a") || !strings.Contains(logs.String(), topkeys.KeyHash("api|a")) {
+		t.Errorf("the denial log does not show the key hashed:\n%s", logs.String())
+	}
+	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
+	var sum int
+	for _, name := range []string{"drip_denial_log_lines_total", "drip_denial_log_unlogged_total"} {
+		m := regexp.MustCompile(name + `\{rule="api"\} (\d+)`).FindStringSubmatch(metrics)
+		if m == nil {
+			t.Fatalf("no %s in\n%s", name, metrics)
+		}
+		n, _ := strconv.Atoi(m[1])
+		sum += n
+	}
+	if sum != 2 {
+		t.Errorf("the denial log counted %d denials, want 2", sum)
+	}
+}
