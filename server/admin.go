@@ -32,6 +32,7 @@ import (
 //                          per-tenant limits (overrides.go)
 //   GET  /v1/admin/top     who is being limited (who.go)
 //   POST /v1/admin/tenant  a tenant's whole picture (tenant.go)
+//   GET  /ui/              the admin page (ui.go): its files need no token, its data does
 // The /v1/admin/ endpoints answer 401 without "Authorization: Bearer
 // <token>", and 404 when the server has no admin token.
 
@@ -58,6 +59,7 @@ func (s *Server) adminHandler() http.Handler {
 	mux.Handle("GET /v1/admin/overrides", s.auth(http.HandlerFunc(s.listOverrides)))
 	mux.Handle("GET /v1/admin/top", s.auth(http.HandlerFunc(s.adminTop)))        // who.go
 	mux.Handle("POST /v1/admin/tenant", s.auth(http.HandlerFunc(s.adminTenant))) // tenant.go
+	mux.Handle("GET /ui/", s.uiHandler())                                        // ui.go
 	mux.Handle("/v1/admin/", s.auth(http.NotFoundHandler()))
 	return mux
 }

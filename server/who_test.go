@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"regexp"
@@ -86,5 +87,32 @@ func TestAdminTop(t *testing.T) {
 	}
 	if sum != 2 {
 		t.Errorf("the denial log counted %d denials, want 2", sum)
+	}
+}
+
+// TestUI: the admin page's files are served with a policy that lets the
+// browser load nothing from elsewhere, and name nothing from elsewhere;
+// without an admin token there is no page.
+func TestUI(t *testing.T) {
+	srv := start(t, Config{Rules: rulesFile(t, "", 3, "api"), WatchEvery: -1, AdminToken: adminToken}, memstore.New())
+	for _, f := range []string{"", "app.js", "style.css"} {
+		r, err := http.Get(srv.admin + "/ui/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if r.StatusCode != 200 || r.Header.Get("Content-Security-Policy") != uiPolicy {
+			t.Errorf("/ui/%s: %d, policy %q", f, r.StatusCode, r.Header.Get("Content-Security-Policy"))
+		}
+		// The one outside name: SVG's namespace, which loads nothing.
+		body := strings.ReplaceAll(string(b), "'http://www.w3.org/2000/svg'", "")
+		if strings.Contains(body, "http://") || strings.Contains(body, "https://") || strings.Contains(body, "//cdn") {
+			t.Errorf("/ui/%s names something outside the page", f)
+		}
+	}
+	off := start(t, Config{Rules: rulesFile(t, "", 3, "api"), WatchEvery: -1}, memstore.New())
+	if code, _ := call(t, "GET", off.admin+"/ui/", ""); code != http.StatusNotFound {
+		t.Errorf("without an admin token: %d, want 404", code)
 	}
 }

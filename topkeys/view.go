@@ -161,7 +161,7 @@ func (r *ruleStats) near(n int) []Near {
 		key string
 	}
 	seen := map[k]bool{}
-	var out []Near
+	out := []Near{}
 	for i := range fineSlots { // newest first
 		s := r.fine[(r.pos-i+fineSlots)%fineSlots]
 		for j := range s.shards {
