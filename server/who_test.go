@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -114,5 +115,31 @@ func TestUI(t *testing.T) {
 	off := start(t, Config{Rules: rulesFile(t, "", 3, "api"), WatchEvery: -1}, memstore.New())
 	if code, _ := call(t, "GET", off.admin+"/ui/", ""); code != http.StatusNotFound {
 		t.Errorf("without an admin token: %d, want 404", code)
+	}
+}
+
+// TestAdminTopEnvoy: Envoy's limits are followed as envoy:<label>.
+func TestAdminTopEnvoy(t *testing.T) {
+	dir := t.TempDir()
+	envoyFile(t, filepath.Join(dir, "edge.yaml"), 2)
+	srv := start(t, Config{Rules: dir, WatchEvery: -1, AdminToken: adminToken}, memstore.New())
+	for range 3 {
+		post(t, srv.admin+"/json", edgeRequest)
+	}
+	code, out := admin(t, "GET", srv.admin+"/v1/admin/top", "")
+	if code != 200 {
+		t.Fatalf("top: %d %s", code, out)
+	}
+	var got top
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Rules) != 1 {
+		t.Fatalf("rules %+v", got.Rules)
+	}
+	w := got.Rules[0]
+	if w.Rule != "envoy:edge.remote_address" || w.Requests != 3 || w.Denials != 1 ||
+		len(w.TopDenied) != 1 || !strings.Contains(w.TopDenied[0].Key, "192.0.2.1") || w.TopDenied[0].Count != 1 {
+		t.Errorf("top %+v", w)
 	}
 }
