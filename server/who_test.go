@@ -41,18 +41,7 @@ func TestAdminTop(t *testing.T) {
 			t.Errorf("%s: %d %s, want 400", q, code, out)
 		}
 	}
-	code, out := admin(t, "GET", srv.admin+"/v1/admin/top?window=1m&n=5", "")
-	if code != 200 {
-		t.Fatalf("top: %d %s", code, out)
-	}
-	var got top
-	if err := json.Unmarshal([]byte(out), &got); err != nil {
-		t.Fatal(err)
-	}
-	if len(got.Rules) != 1 {
-		t.Fatalf("rules %+v", got.Rules)
-	}
-	w := got.Rules[0]
+	w := oneRule(t, srv, "window=1m&n=5")
 	want := topkeys.Window{Rule: "api", Window: "1m", Requests: 6, Denials: 2,
 		TopRequests:   []topkeys.Count{{Key: "api|a", Count: 5}, {Key: "api|b", Count: 1}},
 		TopDenied:     []topkeys.Count{{Key: "api|a", Count: 2}},
@@ -126,7 +115,18 @@ func TestAdminTopEnvoy(t *testing.T) {
 	for range 3 {
 		post(t, srv.admin+"/json", edgeRequest)
 	}
-	code, out := admin(t, "GET", srv.admin+"/v1/admin/top", "")
+	w := oneRule(t, srv, "")
+	if w.Rule != "envoy:edge.remote_address" || w.Requests != 3 || w.Denials != 1 ||
+		len(w.TopDenied) != 1 || !strings.Contains(w.TopDenied[0].Key, "192.0.2.1") || w.TopDenied[0].Count != 1 {
+		t.Errorf("top %+v", w)
+	}
+}
+
+// oneRule asks srv's admin API for the top keys (query: its query
+// string) and returns the one rule's view it must hold.
+func oneRule(t *testing.T, srv *running, query string) topkeys.Window {
+	t.Helper()
+	code, out := admin(t, "GET", srv.admin+"/v1/admin/top?"+query, "")
 	if code != 200 {
 		t.Fatalf("top: %d %s", code, out)
 	}
@@ -137,9 +137,5 @@ func TestAdminTopEnvoy(t *testing.T) {
 	if len(got.Rules) != 1 {
 		t.Fatalf("rules %+v", got.Rules)
 	}
-	w := got.Rules[0]
-	if w.Rule != "envoy:edge.remote_address" || w.Requests != 3 || w.Denials != 1 ||
-		len(w.TopDenied) != 1 || !strings.Contains(w.TopDenied[0].Key, "192.0.2.1") || w.TopDenied[0].Count != 1 {
-		t.Errorf("top %+v", w)
-	}
+	return got.Rules[0]
 }
