@@ -80,9 +80,12 @@ func keep(key string) (string, bool) {
 }
 
 // nearest is one shard's keys with the least left relative to their
-// limit (the latest decision of each), at most nearPerShard.
+// limit (the latest decision of each), at most nearPerShard. An interval
+// starts with the entries of the one before (carry), so that a key's
+// latest decision, near or not, is always the one that counts.
 type nearest struct {
 	n    int
+	at   [nearPerShard]int64 // the interval of the entry's decision
 	hash [nearPerShard]uint64
 	key  [nearPerShard][]byte
 	cut  [nearPerShard]bool
@@ -91,8 +94,8 @@ type nearest struct {
 	lim  [nearPerShard]float64
 }
 
-// note records that key (h) has tokens left of limit.
-func (n *nearest) note(h uint64, key string, tokens, limit float64) {
+// note records that key (h) has tokens left of limit, in interval at.
+func (n *nearest) note(at int64, h uint64, key string, tokens, limit float64) {
 	left := tokens / limit
 	kept, cut := keep(key)
 	i := -1
@@ -123,7 +126,22 @@ func (n *nearest) note(h uint64, key string, tokens, limit float64) {
 		}
 		n.key[i] = append(n.key[i][:0], kept...)
 	}
-	n.left[i], n.tok[i], n.lim[i] = left, tokens, limit
+	n.left[i], n.tok[i], n.lim[i], n.at[i] = left, tokens, limit, at
+}
+
+// carry starts n with the entries of from (the interval before) noted
+// since interval since.
+func (n *nearest) carry(from *nearest, since int64) {
+	n.n = 0
+	for j := range from.n {
+		if from.at[j] < since {
+			continue
+		}
+		i := n.n
+		n.n++
+		n.at[i], n.hash[i], n.cut[i], n.left[i], n.tok[i], n.lim[i] = from.at[j], from.hash[j], from.cut[j], from.left[j], from.tok[j], from.lim[j]
+		n.key[i] = append(n.key[i][:0], from.key[j]...)
+	}
 }
 
 // drop forgets key (h), if listed.
@@ -134,7 +152,7 @@ func (n *nearest) drop(h uint64, key string) {
 				continue
 			}
 			last := n.n - 1
-			n.hash[j], n.cut[j], n.left[j], n.tok[j], n.lim[j] = n.hash[last], n.cut[last], n.left[last], n.tok[last], n.lim[last]
+			n.at[j], n.hash[j], n.cut[j], n.left[j], n.tok[j], n.lim[j] = n.at[last], n.hash[last], n.cut[last], n.left[last], n.tok[last], n.lim[last]
 			n.key[j], n.key[last] = n.key[last], n.key[j]
 			n.n--
 			return

@@ -118,6 +118,7 @@ type pair struct{ req, den *sum }
 // slot is one interval's counters.
 type slot struct {
 	start  time.Time
+	tick   int64 // the interval's number, from the rule's first
 	shards [shards]shard
 }
 
@@ -190,7 +191,8 @@ func (t *Tracker) count(r *ruleStats, mode rules.Mode, event engine.Event, it *e
 		r.shadow.Store(sh)
 	}
 	h := maphash.String(t.seed, it.Key)
-	sh := &r.cur.Load().shards[h%shards]
+	sl := r.cur.Load()
+	sh := &sl.shards[h%shards]
 	sh.mu.Lock()
 	sh.req.add(h, it.Key)
 	if denied {
@@ -198,7 +200,7 @@ func (t *Tracker) count(r *ruleStats, mode rules.Mode, event engine.Event, it *e
 	}
 	if it.Decided && it.Decision.Burst > 0 {
 		if it.Decision.Tokens < it.Decision.Burst*NearLeft {
-			sh.near.note(h, it.Key, it.Decision.Tokens, it.Decision.Burst)
+			sh.near.note(sl.tick, h, it.Key, it.Decision.Tokens, it.Decision.Burst)
 		} else if sh.near.n > 0 {
 			sh.near.drop(h, it.Key) // no longer near
 		}
@@ -263,7 +265,13 @@ func (r *ruleStats) tick(now time.Time) bool {
 	req, den := next.clear()
 	r.retired[0] += req
 	r.retired[1] += den
-	next.start = now
+	next.start, next.tick = now, closed.tick+1
+	for i := range next.shards { // the keys near their limit in the last minute go on
+		from, to := &closed.shards[i], &next.shards[i]
+		from.mu.Lock()
+		to.near.carry(&from.near, next.tick-fineSlots+1)
+		from.mu.Unlock()
+	}
 	r.cur.Store(next)
 
 	p := closed.pair()

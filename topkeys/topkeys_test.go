@@ -221,3 +221,35 @@ func TestForgets(t *testing.T) {
 		t.Errorf("%d rules followed, %d decisions dropped; want %d, 5", len(w), tr.Dropped.Load(), MaxRules)
 	}
 }
+
+// TestNearLatest: a key is listed near its limit at its latest decision
+// of the last minute, across intervals: once it has refilled it is not
+// listed, and a minute after its last decision it is gone.
+func TestNearLatest(t *testing.T) {
+	tr, c := newTracker()
+	decide(tr, "r", "a", engine.Denied, 0, 10)
+	decide(tr, "r", "b", engine.Allowed, 1, 10)
+	tick(tr, c)
+	decide(tr, "r", "a", engine.Allowed, 9, 10) // a refilled
+	near := func() string {
+		v, _ := tr.Rule("r", Minute, 10)
+		var got []string
+		for _, n := range v.Near {
+			got = append(got, fmt.Sprintf("%s:%v", n.Key, n.Tokens))
+		}
+		return fmt.Sprint(got)
+	}
+	if got := near(); got != "[b:1]" {
+		t.Errorf("after a refilled: %s, want [b:1]", got)
+	}
+	for range 4 {
+		tick(tr, c)
+	}
+	if got := near(); got != "[b:1]" {
+		t.Errorf("in the fifth interval after b's decision: %s, want [b:1]", got)
+	}
+	tick(tr, c) // b's interval leaves the minute (Minute: the current interval and the five before)
+	if got := near(); got != "[]" {
+		t.Errorf("in the sixth interval after b's decision: %s, want []", got)
+	}
+}

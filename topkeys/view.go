@@ -153,31 +153,15 @@ func counts(s *sum, n int) []Count {
 	return out
 }
 
-// near merges the fine slots' keys nearest their limit, the newest
-// decision of each key winning. r.mu is held.
+// near lists the keys nearest their limit: the current interval's, which
+// carries those of the minute before it at their latest decision.
 func (r *ruleStats) near(n int) []Near {
-	type k struct {
-		h   uint64
-		key string
-	}
-	seen := map[k]bool{}
 	out := []Near{}
-	for i := range fineSlots { // newest first
-		s := r.fine[(r.pos-i+fineSlots)%fineSlots]
-		for j := range s.shards {
-			sh := &s.shards[j]
-			sh.mu.Lock()
-			for x := range sh.near.n {
-				key := k{sh.near.hash[x], string(sh.near.key[x])}
-				if seen[key] {
-					continue
-				}
-				seen[key] = true
-				out = append(out, Near{Key: key.key, Cut: sh.near.cut[x], Tokens: sh.near.tok[x], Limit: sh.near.lim[x], Left: sh.near.left[x]})
-			}
-			sh.mu.Unlock()
+	r.fine[r.pos].each(func(sh *shard) {
+		for x := range sh.near.n {
+			out = append(out, Near{Key: string(sh.near.key[x]), Cut: sh.near.cut[x], Tokens: sh.near.tok[x], Limit: sh.near.lim[x], Left: sh.near.left[x]})
 		}
-	}
+	})
 	slices.SortStableFunc(out, func(a, b Near) int {
 		if c := cmp.Compare(a.Left, b.Left); c != 0 {
 			return c
