@@ -219,8 +219,11 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}
 	if a := s.GRPCAddr(); a != nil {
 		how := ""
-		if c.GRPCTLS != nil {
-			how = " over TLS"
+		switch {
+		case c.ClientCertsRequired():
+			how = " over TLS, client certificates required (mutual TLS; no other listener decides)"
+		case c.GRPCTLS != nil:
+			how = " over TLS, no client certificate asked for"
 		}
 		fmt.Fprintf(stdout, "drip serve: Envoy rate limit service (envoy.service.ratelimit.v3, gRPC) on %s%s\n", a, how)
 	}
