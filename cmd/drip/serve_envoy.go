@@ -417,9 +417,12 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 	}
 	hosts := strings.Split(raw, ",")
 	typ := strings.ToLower(e.getenv("REDIS_TYPE"))
-	for _, h := range hosts {
-		if _, _, err := net.SplitHostPort(h); err != nil && typ != "sentinel" {
-			return fmt.Errorf("REDIS_URL: %q is not host:port", h)
+	for i, h := range hosts {
+		if typ == "sentinel" && i == 0 {
+			continue // the master's name
+		}
+		if err := hostPort("REDIS_URL", i, len(hosts), h); err != nil {
+			return err
 		}
 	}
 	var u *url.URL
@@ -438,13 +441,8 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 		// envoyproxy/ratelimit's form: the master's name, then the
 		// Sentinels.
 		master, rest, ok := strings.Cut(raw, ",")
-		if !ok || master == "" {
+		if !ok || master == "" || strings.ContainsAny(master, ":@/") {
 			return errors.New("REDIS_URL: for REDIS_TYPE=sentinel, the master's name then the Sentinels: name,host:port[,host:port...]")
-		}
-		for _, h := range strings.Split(rest, ",") {
-			if _, _, err := net.SplitHostPort(h); err != nil {
-				return fmt.Errorf("REDIS_URL: Sentinel %q is not host:port", h)
-			}
 		}
 		u = &url.URL{Scheme: scheme + "+sentinel", User: user, Host: rest, Path: "/" + master}
 	default:
@@ -462,6 +460,29 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 		st.batching = &b
 	}
 	return e.err()
+}
+
+// hostPort checks entry i of n of variable name, which must be
+// host:port. Its error never quotes the entry: a URL there (a Redis
+// add-on's REDIS_URL) may hold a password.
+func hostPort(name string, i, n int, entry string) error {
+	what := "it"
+	if n > 1 {
+		what = fmt.Sprintf("entry %d of %d", i+1, n)
+	}
+	switch host, port, err := net.SplitHostPort(entry); {
+	case strings.Contains(entry, "://"):
+		return fmt.Errorf("%s: %s is a URL, not host:port: drip reads %s as envoyproxy/ratelimit does; give the password in REDIS_AUTH, or the whole URL in --store (DRIP_STORE) instead", name, what, name)
+	case strings.Contains(entry, "@"):
+		return fmt.Errorf("%s: %s holds credentials (user:password@), not host:port: give the password in REDIS_AUTH", name, what)
+	case err != nil || host == "" || strings.Contains(host, "/"):
+		return fmt.Errorf("%s: %s is not host:port", name, what)
+	default:
+		if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+			return fmt.Errorf("%s: %s: the port is not a number from 1 to 65535", name, what)
+		}
+	}
+	return nil
 }
 
 // envoyReader reads typed variables, keeping the first error.
@@ -539,10 +560,12 @@ func (e *envoyReader) pairs(name string) map[string]string {
 		return nil
 	}
 	m := map[string]string{}
-	for _, p := range strings.Split(v, ",") {
+	entries := strings.Split(v, ",")
+	for n, p := range entries {
 		i := strings.IndexAny(p, ":=")
 		if i <= 0 {
-			e.fail("%s: %q is not key:value", name, p)
+			// Not quoted: a header's value may be a credential.
+			e.fail("%s: entry %d of %d is not key:value", name, n+1, len(entries))
 			return nil
 		}
 		m[strings.TrimSpace(p[:i])] = strings.TrimSpace(p[i+1:])
