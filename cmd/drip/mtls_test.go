@@ -59,7 +59,6 @@ func TestNoDecisionBesideMutualTLS(t *testing.T) {
 			for k, v := range map[string]string{
 				"RUNTIME_ROOT":            root,
 				"RUNTIME_SUBDIRECTORY":    "ratelimit",
-				"REDIS_SOCKET_TYPE":       "tcp",
 				"GRPC_SERVER_USE_TLS":     "true",
 				"GRPC_SERVER_TLS_CERT":    srvCert,
 				"GRPC_SERVER_TLS_KEY":     srvKey,

@@ -78,7 +78,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 		return set
 	}
-	env, err := envoyEnv(&c, os.Getenv, given, asRatelimit) // envoyproxy/ratelimit's variables (serve_envoy.go)
+	env, err := envoyEnv(&c, os.Environ(), given, asRatelimit) // envoyproxy/ratelimit's variables (serve_envoy.go)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 2

@@ -42,11 +42,17 @@ type envoySettings struct {
 	storeFrom string // the variables the store URL came from, for errors
 }
 
-// envoyEnv applies envoyproxy/ratelimit's environment variables, read
-// through getenv, to c; asRatelimit says drip was called as ratelimit
-// (argsOf).
-func envoyEnv(c *server.Config, getenv func(string) string, given explicit, asRatelimit bool) (*envoySettings, error) {
+// envoyEnv applies envoyproxy/ratelimit's environment variables, from
+// environ (os.Environ's form, KEY=value; the last of a key wins), to c;
+// asRatelimit says drip was called as ratelimit (argsOf).
+func envoyEnv(c *server.Config, environ []string, given explicit, asRatelimit bool) (*envoySettings, error) {
 	st := &envoySettings{}
+	vars := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	getenv := func(k string) string { return vars[k] }
 	// Names that other programs and platforms set too (a Redis add-on's
 	// REDIS_URL, a shared LOG_LEVEL) are read only in a deployment that
 	// says it is made for envoyproxy/ratelimit; elsewhere the log says
@@ -68,6 +74,15 @@ func envoyEnv(c *server.Config, getenv func(string) string, given explicit, asRa
 				st.notes = append(st.notes, fmt.Sprintf("%s is set, but no variable says this is a deployment made for envoyproxy/ratelimit (CONFIG_TYPE, RUNTIME_ROOT, REDIS_SOCKET_TYPE, GRPC_PORT, ...): not read, as other programs set it too (docs/envoy.md)", v))
 			}
 		}
+	}
+	// A misspelt variable would start drip without the setting it was
+	// meant to make (GRPC_CLIENT_TLS_CA_CERT: TLS without client
+	// certificates): refused.
+	if err := unknownVariables(vars, deployment); err != nil {
+		return nil, err
+	}
+	if deployment {
+		st.notes = append(st.notes, inertNotes(vars)...)
 	}
 	e := &envoyReader{getenv: getenv}
 	opts, err := envoy.OptionsFromEnv(getenv)
@@ -374,6 +389,9 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 		return errors.New("REDIS_PERSECOND=true: drip keeps every limit in one store (token buckets need no second Redis for per-second limits); unset it, and size REDIS_URL's server for all")
 	}
 	if raw == "" {
+		if t := e.getenv("REDIS_SOCKET_TYPE"); t != "" && !given("store") {
+			return fmt.Errorf("REDIS_SOCKET_TYPE=%s says the store is Redis, but REDIS_URL is not set: drip would keep its buckets in memory, each replica its own (N replicas would grant N times each limit); set REDIS_URL=host:port, or name the store with --store (DRIP_STORE)", t)
+		}
 		for _, v := range []string{"REDIS_TYPE", "REDIS_AUTH", "REDIS_TLS", "REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT"} {
 			if e.getenv(v) != "" {
 				return fmt.Errorf("%s is set without REDIS_URL", v)

@@ -28,7 +28,7 @@ func TestEnvoyEnv(t *testing.T) {
 	t.Setenv("SHADOW_MODE", "false")
 	t.Setenv("RUNTIME_IGNOREDOTFILES", "true")
 	var c server.Config
-	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil {
+	if _, err := envoyEnv(&c, os.Environ(), none, false); err != nil {
 		t.Fatal(err)
 	}
 	if c.Rules != "/data/ratelimit/config" || c.Envoy != (envoy.Options{MergeDomains: true, IgnoreDotfiles: true}) {
@@ -38,32 +38,32 @@ func TestEnvoyEnv(t *testing.T) {
 		t.Fatalf("gRPC listener %q without GRPC_HOST or GRPC_PORT", c.GRPCListen)
 	}
 	c = server.Config{Rules: "mine.yaml"}
-	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "rules" }, false); err != nil || c.Rules != "mine.yaml" {
+	if _, err := envoyEnv(&c, os.Environ(), func(f string) bool { return f == "rules" }, false); err != nil || c.Rules != "mine.yaml" {
 		t.Fatalf("%q %v", c.Rules, err)
 	}
 	t.Setenv("GRPC_PORT", "9081")
 	c = server.Config{}
-	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil || c.GRPCListen != "0.0.0.0:9081" {
+	if _, err := envoyEnv(&c, os.Environ(), none, false); err != nil || c.GRPCListen != "0.0.0.0:9081" {
 		t.Fatalf("GRPC_PORT=9081: %q %v", c.GRPCListen, err)
 	}
 	c = server.Config{GRPCListen: "127.0.0.1:7000"} // --grpc-listen wins
-	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "grpc-listen" }, false); err != nil || c.GRPCListen != "127.0.0.1:7000" {
+	if _, err := envoyEnv(&c, os.Environ(), func(f string) bool { return f == "grpc-listen" }, false); err != nil || c.GRPCListen != "127.0.0.1:7000" {
 		t.Fatalf("--grpc-listen: %q %v", c.GRPCListen, err)
 	}
 	t.Setenv("GRPC_HOST", "::1")
 	t.Setenv("GRPC_PORT", "")
 	c = server.Config{}
-	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil || c.GRPCListen != "[::1]:8081" {
+	if _, err := envoyEnv(&c, os.Environ(), none, false); err != nil || c.GRPCListen != "[::1]:8081" {
 		t.Fatalf("GRPC_HOST=::1: %q %v", c.GRPCListen, err)
 	}
 	t.Setenv("GRPC_PORT", "http")
-	if _, err := envoyEnv(&server.Config{}, os.Getenv, none, false); err == nil {
+	if _, err := envoyEnv(&server.Config{}, os.Environ(), none, false); err == nil {
 		t.Fatal("GRPC_PORT=http accepted")
 	}
 	t.Setenv("GRPC_PORT", "")
 	t.Setenv("GRPC_HOST", "")
 	t.Setenv("SHADOW_MODE", "sometimes")
-	if _, err := envoyEnv(&c, os.Getenv, none, false); err == nil {
+	if _, err := envoyEnv(&c, os.Environ(), none, false); err == nil {
 		t.Fatal("SHADOW_MODE=sometimes accepted")
 	}
 }
@@ -253,6 +253,35 @@ func TestRatelimitEnv(t *testing.T) {
 				}
 				return ""
 			}},
+		// Misspelt names: refused, naming the nearest known one.
+		{name: "client CA, misspelt", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_CLIENT_TLS_CA_CERT": "/ca.pem"},
+			err: "GRPC_CLIENT_TLS_CA_CERT is set, but neither envoyproxy/ratelimit nor drip has such a variable: did you mean GRPC_CLIENT_TLS_CACERT?"},
+		{name: "client CA, misspelt, in a deployment", env: env{"CONFIG_TYPE": "FILE", "GRPC_CLIENT_TLS_CA_CERT": "/ca.pem"}, ratelimit: true,
+			err: "did you mean GRPC_CLIENT_TLS_CACERT?"},
+		{name: "SAN, misspelt", env: env{"GRPC_CLIENT_TLS_SANS": "envoy"}, err: "GRPC_CLIENT_TLS_SANS is set, but neither envoyproxy/ratelimit nor drip has such a variable: did you mean GRPC_CLIENT_TLS_SAN?"},
+		{name: "REDIS_URL, misspelt", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URI": "r:6379"}, err: "REDIS_URI is set, but neither envoyproxy/ratelimit nor drip has such a variable: did you mean REDIS_URL?"},
+		{name: "xDS, misspelt", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_TLS_CA_CERT": "/ca.pem"}, err: "did you mean CONFIG_GRPC_XDS_SERVER_TLS_CACERT?"},
+		{name: "memcache, misspelt", env: env{"RUNTIME_ROOT": "/data", "MEMCACHE_HOSTPORT": "m:11211"}, err: "did you mean MEMCACHE_HOST_PORT?"},
+		{name: "runtime, misspelt", env: env{"RUNTIME_IGNORE_DOTFILES": "true"}, err: "did you mean RUNTIME_IGNOREDOTFILES?"},
+		{name: "REDIS_SOCKET_TYPE without REDIS_URL", env: env{"REDIS_SOCKET_TYPE": "tcp"}, err: "REDIS_SOCKET_TYPE=tcp says the store is Redis, but REDIS_URL is not set"},
+		{name: "REDIS_SOCKET_TYPE and --store", env: env{"REDIS_SOCKET_TYPE": "tcp"}, given: "store",
+			check: func(c *server.Config, s *envoySettings) string { return "" }},
+		// Others' names beside them: accepted.
+		{name: "others' names", env: env{"CONFIG_TYPE": "FILE", "GRPC_GO_LOG_SEVERITY_LEVEL": "info", "GRPC_XDS_BOOTSTRAP": "/b.json",
+			"REDIS_SERVICE_HOST": "10.0.0.1", "REDIS_SERVICE_PORT": "6379", "REDIS_PORT": "tcp://10.0.0.1:6379", "REDIS_PORT_6379_TCP_ADDR": "10.0.0.1",
+			"MEMCACHE_PORT": "udp://10.0.0.2:11211"},
+			check: func(c *server.Config, s *envoySettings) string { return "" }},
+		{name: "a platform's REDIS_TLS_URL", env: env{"REDIS_URL": "redis://h:6379", "REDIS_TLS_URL": "rediss://h:6380"},
+			check: func(c *server.Config, s *envoySettings) string { return "" }},
+		{name: "a REDIS_PORT that is not a Service's", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_PORT": "6380"}, err: "REDIS_PORT is set"},
+		// Inert names: accepted, noted in the log.
+		{name: "inert", env: env{"CONFIG_TYPE": "FILE", "STATSD_HOST": "statsd", "MEMCACHE_HOST_PORT": "m:11211", "TRACING_SERVICE_NAME": "rl"},
+			check: func(c *server.Config, s *envoySettings) string {
+				if len(s.notes) != 3 || !strings.Contains(strings.Join(s.notes, "\n"), "MEMCACHE_HOST_PORT tunes envoyproxy/ratelimit's memcache backend") {
+					return fmt.Sprintf("notes %q", s.notes)
+				}
+				return ""
+			}},
 		{name: "headers", env: env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-Left"},
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.Envoy.Headers != (envoy.Headers{Mode: envoy.HeadersEnvoy, Remaining: "X-Left"}) {
@@ -263,7 +292,7 @@ func TestRatelimitEnv(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := server.Config{Listen: tc.listen}
-			st, err := envoyEnv(&c, func(k string) string { return tc.env[k] }, func(f string) bool { return f == tc.given }, tc.ratelimit)
+			st, err := envoyEnv(&c, environOf(tc.env), func(f string) bool { return f == tc.given }, tc.ratelimit)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one naming %s", err, tc.err)
@@ -302,14 +331,14 @@ func TestRatelimitEnvDocumented(t *testing.T) {
 	}
 	re := regexp.MustCompile(`"([A-Z][A-Z0-9_]{2,})"`)
 	n := 0
-	for _, f := range []string{"serve_envoy.go", "../../server/envoy/options.go"} {
+	for _, f := range []string{"serve_envoy.go", "envoy_names.go", "../../server/envoy/options.go"} {
 		src, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 			name := m[1]
-			if strings.HasPrefix(name, "DRIP_") || name == "FILE" || name == "GRPC_XDS_SOTW" {
+			if strings.HasPrefix(name, "DRIP_") || strings.HasSuffix(name, "_") || name == "FILE" || name == "GRPC_XDS_SOTW" {
 				continue
 			}
 			n++
@@ -354,7 +383,7 @@ func TestGRPCServerTLS(t *testing.T) {
 	e := map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert, "GRPC_SERVER_TLS_KEY": srvKey,
 		"GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"}
 	var c server.Config
-	if _, err := envoyEnv(&c, func(k string) string { return e[k] }, none, false); err != nil {
+	if _, err := envoyEnv(&c, environOf(e), none, false); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", c.GRPCTLS)
@@ -425,4 +454,13 @@ func TestKeyPairRotates(t *testing.T) {
 	if got, _ := k.get(); string(got.Certificate[0]) == string(first.Certificate[0]) {
 		t.Fatal("the new certificate is not served")
 	}
+}
+
+// environOf is env in os.Environ's form.
+func environOf(env map[string]string) []string {
+	var kv []string
+	for k, v := range env {
+		kv = append(kv, k+"="+v)
+	}
+	return kv
 }
