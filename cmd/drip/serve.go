@@ -91,6 +91,10 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	for _, n := range env.notes {
 		c.Logger.Info("drip serve: envoyproxy/ratelimit setting accepted: " + n)
 	}
+	if len(env.tls.names) > 0 { // TLS files watched: their reloads are logged and counted
+		env.tls.log = c.Logger
+		c.Collectors = append(c.Collectors, env.tls.count)
+	}
 	tp, err := startTracing(ctx, os.Getenv, c.Logger) // tracing.go
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)

@@ -8,11 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/driplimit/drip/server"
@@ -39,7 +37,8 @@ type envoySettings struct {
 	level     slog.Level
 	json      bool
 	notes     []string
-	storeFrom string // the variables the store URL came from, for errors
+	storeFrom string      // the variables the store URL came from, for errors
+	tls       *tlsReloads // the TLS files watched: give it the logger, count its reloads
 }
 
 // envoyEnv applies envoyproxy/ratelimit's environment variables, from
@@ -84,7 +83,8 @@ func envoyEnv(c *server.Config, environ []string, given explicit, asRatelimit bo
 	if deployment {
 		st.notes = append(st.notes, inertNotes(vars)...)
 	}
-	e := &envoyReader{getenv: getenv}
+	e := &envoyReader{getenv: getenv, tls: newTLSReloads()}
+	st.tls = e.tls
 	opts, err := envoy.OptionsFromEnv(getenv)
 	if err != nil {
 		return nil, err
@@ -301,7 +301,7 @@ func xdsConfig(e *envoyReader) (*xds.Config, error) {
 		return nil, errors.New("CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY: give both or neither")
 	}
 	if cert != "" {
-		kp, err := newKeyPair(cert, key)
+		kp, err := keyPair(e.tls, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert, key)
 		if err != nil {
 			return nil, fmt.Errorf("CONFIG_GRPC_XDS_CLIENT_TLS_CERT: %w", err)
 		}
@@ -330,7 +330,7 @@ func grpcServerTLS(e *envoyReader) (*tls.Config, error) {
 	if cert == "" || key == "" {
 		return nil, errors.New("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
 	}
-	kp, err := newKeyPair(cert, key)
+	kp, err := keyPair(e.tls, "GRPC_SERVER_TLS_CERT", cert, key)
 	if err != nil {
 		return nil, fmt.Errorf("GRPC_SERVER_TLS_CERT: %w", err)
 	}
@@ -339,7 +339,10 @@ func grpcServerTLS(e *envoyReader) (*tls.Config, error) {
 	if ca != "" && eg != "" && ca != eg {
 		return nil, fmt.Errorf("GRPC_CLIENT_TLS_CACERT=%q and GRPC_SERVER_TLS_CA_CERT=%q name two client CAs: give one", ca, eg)
 	}
-	ca = or(ca, eg)
+	caVar := "GRPC_CLIENT_TLS_CACERT"
+	if ca == "" && eg != "" {
+		ca, caVar = eg, "GRPC_SERVER_TLS_CA_CERT"
+	}
 	san := e.getenv("GRPC_CLIENT_TLS_SAN")
 	if ca == "" {
 		if san != "" {
@@ -347,10 +350,11 @@ func grpcServerTLS(e *envoyReader) (*tls.Config, error) {
 		}
 		return cfg, nil
 	}
-	pool, err := certPool(ca)
+	cas, err := caPool(e.tls, caVar, ca)
 	if err != nil {
-		return nil, fmt.Errorf("GRPC_CLIENT_TLS_CACERT: %w", err)
+		return nil, fmt.Errorf("%s: %w", caVar, err)
 	}
+	pool, _ := cas.get()
 	cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	if san != "" {
 		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
@@ -359,6 +363,18 @@ func grpcServerTLS(e *envoyReader) (*tls.Config, error) {
 			}
 			return fmt.Errorf("client certificate without the name %q (GRPC_CLIENT_TLS_SAN)", san)
 		}
+	}
+	// The CA file is read again when it changes, as the certificate is:
+	// each handshake gets cfg with the CAs in force.
+	base := cfg.Clone()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		pool, err := cas.get()
+		if err != nil {
+			return nil, err
+		}
+		c := base.Clone()
+		c.ClientCAs = pool
+		return c, nil
 	}
 	return cfg, nil
 }
@@ -507,6 +523,7 @@ func hostPort(name string, i, n int, entry string) error {
 type envoyReader struct {
 	getenv func(string) string
 	first  error
+	tls    *tlsReloads // the TLS files it watches
 }
 
 func (e *envoyReader) fail(format string, args ...any) {
@@ -596,74 +613,4 @@ func or(v, def string) string {
 		return def
 	}
 	return v
-}
-
-func certPool(file string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s: no PEM certificate", file)
-	}
-	return pool, nil
-}
-
-// keyPair is a certificate and key read from files, read again when
-// either file changes (a Kubernetes Secret rotated under a running pod),
-// checked at most once a second.
-type keyPair struct {
-	cert, key string
-	now       func() time.Time // time.Now; tests set it
-	mu        sync.Mutex
-	kp        *tls.Certificate
-	sig       string
-	checked   time.Time
-}
-
-func newKeyPair(cert, key string) (*keyPair, error) {
-	k := &keyPair{cert: cert, key: key, now: time.Now}
-	if _, err := k.get(); err != nil {
-		return nil, err
-	}
-	return k, nil
-}
-
-func (k *keyPair) get() (*tls.Certificate, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	now := k.now()
-	if d := now.Sub(k.checked); k.kp != nil && d >= 0 && d < time.Second {
-		return k.kp, nil
-	}
-	k.checked = now
-	sig, err := fileSig(k.cert, k.key)
-	if err != nil && k.kp != nil {
-		return k.kp, nil // keep the pair in force through a swap
-	}
-	if k.kp != nil && sig == k.sig {
-		return k.kp, nil
-	}
-	kp, err := tls.LoadX509KeyPair(k.cert, k.key)
-	if err != nil {
-		if k.kp != nil {
-			return k.kp, nil
-		}
-		return nil, err
-	}
-	k.kp, k.sig = &kp, sig
-	return k.kp, nil
-}
-
-func fileSig(names ...string) (string, error) {
-	var b strings.Builder
-	for _, n := range names {
-		fi, err := os.Stat(n)
-		if err != nil {
-			return "", err
-		}
-		fmt.Fprintf(&b, "%d/%d;", fi.Size(), fi.ModTime().UnixNano())
-	}
-	return b.String(), nil
 }

@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/server/envoy/xds"
@@ -386,34 +390,13 @@ func TestGRPCServerTLS(t *testing.T) {
 	if _, err := envoyEnv(&c, environOf(e), none, false); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", c.GRPCTLS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn.(*tls.Conn).Handshake()
-			conn.Write([]byte("x"))
-			conn.Close()
-		}
-	}()
+	addr := tlsVerdicts(t, c.GRPCTLS)
 	pool, err := certPool(ca.CAFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dial := func(certs ...tls.Certificate) error {
-		conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "envoy-ratelimit", Certificates: certs})
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the server's verdict comes with the first read
-		return err
+		return tlsVerdict(addr, &tls.Config{RootCAs: pool, ServerName: "envoy-ratelimit", Certificates: certs})
 	}
 	pair := func(c, k string) tls.Certificate {
 		kp, err := tls.LoadX509KeyPair(c, k)
@@ -439,12 +422,13 @@ func TestKeyPairRotates(t *testing.T) {
 	ca := testserver.NewCA(t, "rotate")
 	dir := ca.Dir(t)
 	certFile, keyFile := ca.Issue(t, dir, "envoy-ratelimit")
-	k, err := newKeyPair(certFile, keyFile)
+	r := newTLSReloads()
+	k, err := keyPair(r, "GRPC_SERVER_TLS_CERT", certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	at := time.Now().Add(time.Hour) // past the first read's second
-	k.now = func() time.Time { return at }
+	r.now = func() time.Time { return at }
 	first, _ := k.get()
 	ca.Issue(t, dir, "envoy-ratelimit") // the same files, a new certificate
 	if got, _ := k.get(); string(got.Certificate[0]) != string(first.Certificate[0]) {
@@ -456,6 +440,99 @@ func TestKeyPairRotates(t *testing.T) {
 	}
 }
 
+// TestTLSFilesRotate runs the gRPC listener's TLS, as GRPC_* make it, on
+// real files rotated under it, with the reload clock injected: the client
+// CA file is read again like the certificate (a client of the new CA is
+// taken, one of the old refused, from the next check on), and a change
+// that does not load keeps what is in force, logged and counted once.
+func TestTLSFilesRotate(t *testing.T) {
+	oldCA, newCA := testserver.NewCA(t, "old"), testserver.NewCA(t, "new")
+	srvCert, srvKey := oldCA.Issue(t, oldCA.Dir(t), "envoy-ratelimit")
+	envoyOld, keyOld := oldCA.Issue(t, oldCA.Dir(t), "envoy")
+	envoyNew, keyNew := newCA.Issue(t, newCA.Dir(t), "envoy")
+	caFile := filepath.Join(t.TempDir(), "ca.crt") // the Secret's ca.crt
+	copyFile := func(from, to string) {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(oldCA.CAFile, caFile)
+	var c server.Config
+	st, err := envoyEnv(&c, environOf(map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert,
+		"GRPC_SERVER_TLS_KEY": srvKey, "GRPC_SERVER_TLS_CA_CERT": caFile}), none, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	st.tls.log = slog.New(slog.NewTextHandler(&logs, nil))
+	at := time.Now().Add(time.Hour)
+	st.tls.now = func() time.Time { return at }
+	if !slices.Equal(st.tls.names, []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_CA_CERT"}) {
+		t.Fatalf("watched: %q", st.tls.names)
+	}
+
+	addr := tlsVerdicts(t, c.GRPCTLS)
+	roots := x509.NewCertPool()
+	for _, f := range []string{oldCA.CAFile, newCA.CAFile} { // the server's certificate stays the old CA's
+		b, _ := os.ReadFile(f)
+		roots.AppendCertsFromPEM(b)
+	}
+	dial := func(cert, key string) error {
+		kp, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tlsVerdict(addr, &tls.Config{RootCAs: roots, ServerName: "envoy-ratelimit", Certificates: []tls.Certificate{kp}})
+	}
+	count := func(files, result string) float64 {
+		var m dto.Metric
+		if err := st.tls.count.WithLabelValues(files, result).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+
+	if err := dial(envoyOld, keyOld); err != nil {
+		t.Fatalf("the old CA's client: %v", err)
+	}
+	copyFile(newCA.CAFile, caFile) // rotated
+	if err := dial(envoyOld, keyOld); err != nil {
+		t.Fatalf("within the second, the old CA's client: %v", err)
+	}
+	at = at.Add(time.Second)
+	if err := dial(envoyNew, keyNew); err != nil {
+		t.Fatalf("the new CA's client, after the rotation: %v", err)
+	}
+	if err := dial(envoyOld, keyOld); err == nil {
+		t.Fatal("the old CA's client is still taken after the rotation")
+	}
+	if count("GRPC_SERVER_TLS_CA_CERT", "ok") != 1 {
+		t.Fatalf("CA reloads ok: %v, want 1", count("GRPC_SERVER_TLS_CA_CERT", "ok"))
+	}
+
+	// A CA file and a certificate that do not load: kept, counted once each.
+	os.WriteFile(caFile, []byte("not a certificate"), 0o600)
+	os.WriteFile(srvCert, []byte("-----BEGIN CERTIFICATE-----\ntruncated"), 0o600)
+	for range 3 {
+		at = at.Add(time.Second)
+		if err := dial(envoyNew, keyNew); err != nil {
+			t.Fatalf("after a bad rotation: %v (the files in force must be kept)", err)
+		}
+	}
+	for _, f := range []string{"GRPC_SERVER_TLS_CA_CERT", "GRPC_SERVER_TLS_CERT"} {
+		if n := count(f, "error"); n != 1 {
+			t.Errorf("%s reload errors: %v, want 1 (once per change)", f, n)
+		}
+		if !strings.Contains(logs.String(), "level=WARN msg=\"drip serve: TLS files changed but do not load; the ones in force are kept\" variable="+f) {
+			t.Errorf("no warning about %s in the log:\n%s", f, logs.String())
+		}
+	}
+}
+
 // environOf is env in os.Environ's form.
 func environOf(env map[string]string) []string {
 	var kv []string
@@ -463,4 +540,37 @@ func environOf(env map[string]string) []string {
 		kv = append(kv, k+"="+v)
 	}
 	return kv
+}
+
+// tlsVerdicts listens on a loopback port with cfg until the test ends,
+// and sends each client one byte once its handshake is done.
+func tlsVerdicts(t *testing.T, cfg *tls.Config) string {
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.(*tls.Conn).Handshake()
+			conn.Write([]byte("x"))
+			conn.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// tlsVerdict connects to addr with cfg: nil when the server took it.
+func tlsVerdict(addr string, cfg *tls.Config) error {
+	conn, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the server's verdict comes with the first read
+	return err
 }
