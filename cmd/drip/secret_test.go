@@ -38,6 +38,7 @@ func TestNoSecretInStartupErrors(t *testing.T) {
 		{name: "postgres unknown drip parameter", args: []string{"--store", "postgres://u:" + pw + "@127.0.0.1:1/db?drip_bach=1"}, where: "drip_bach"},
 		{name: "unknown scheme", args: []string{"--store", "memcache://u:" + pw + "@h:11211"}, where: "unknown store"},
 		{name: "key=value string", args: []string{"--store", "host=h user=u password='" + pw + " x' dbname=d"}, where: "unknown store"},
+		{name: "gateway upstream", args: []string{"--listen", "127.0.0.1:0", "--upstream", "ftp://u:" + pw + "@app:21"}, where: "upstream"},
 		{name: "a token parameter", args: []string{"--store", "redis://127.0.0.1:1?client_secret=" + pw}, where: "redis"},
 
 		// envoyproxy/ratelimit's variables: REDIS_URL and REDIS_AUTH
