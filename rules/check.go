@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/nearest"
 	"github.com/driplimit/drip/internal/seconds"
 )
 
@@ -193,37 +194,9 @@ func (c *checker) enum(path string, v any, allowed ...string) (string, bool) {
 
 // suggest returns the name in known closest to k, if it is close.
 func suggest(k string, known []string) string {
-	best, bestD := "", 3
-	for _, s := range known {
-		if d := editDistance(strings.ToLower(k), s); d < bestD || (d == bestD && s < best) {
-			best, bestD = s, d
-		}
-	}
-	if bestD > 2 {
+	best, d := nearest.Name(k, known)
+	if d < 0 || d > 2 {
 		return ""
 	}
 	return best
-}
-
-func editDistance(a, b string) int {
-	if len(a) > 64 || len(b) > 64 {
-		return 99
-	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }

@@ -20,7 +20,8 @@ import (
 //   GET  /readyz           200 if the store answers a peek within the store deadline, else 503;
 //                          503 while the server drains (drain.go) (no token)
 //   GET  /healthcheck      envoyproxy/ratelimit's health check: 200 "OK" when /readyz is 200, else 500 (no token)
-//   POST /json             envoyproxy/ratelimit's JSON form of ShouldRateLimit (no token; envoyhttp.go)
+//   POST /json             envoyproxy/ratelimit's JSON form of ShouldRateLimit (no token; envoyhttp.go);
+//                          404 when the gRPC listener requires client certificates
 //   GET  /v1/admin/bucket?rule=NAME&value=V[&value=V2...]
 //   GET  /v1/admin/bucket?rule=NAME&key=KEY
 //                          inspect a bucket: a peek of cost 0, which changes nothing;
@@ -47,7 +48,15 @@ func (s *Server) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", s.ready)
 	mux.HandleFunc("GET /healthcheck", s.healthcheck)
-	mux.Handle("POST /json", s.envoyJSON())
+	if s.cfg.ClientCertsRequired() {
+		// This listener asks for no certificate: deciding here would
+		// let any client spend the limits that mutual TLS guards.
+		mux.HandleFunc("POST /json", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusNotFound, map[string]string{"error": "POST /json is not served here: the gRPC listener requires client certificates (mutual TLS), and decisions are made there only"})
+		})
+	} else {
+		mux.Handle("POST /json", s.envoyJSON())
+	}
 	mux.Handle("GET /v1/admin/bucket", s.auth(http.HandlerFunc(s.inspect)))
 	mux.Handle("POST /v1/admin/reset", s.auth(http.HandlerFunc(s.adminReset)))
 	mux.Handle("POST /v1/admin/reload", s.auth(http.HandlerFunc(s.adminReload)))

@@ -59,7 +59,10 @@ type Config struct {
 	GRPCLimits envoy.Limits
 	// GRPCTLS, when set, serves GRPCListen over TLS (mutual TLS when it
 	// asks for client certificates): envoyproxy/ratelimit's
-	// GRPC_SERVER_USE_TLS and its files.
+	// GRPC_SERVER_USE_TLS and its files. When it requires client
+	// certificates, no other listener decides: New refuses a decision
+	// API or gateway (Listen must be "off"), and the admin listener does
+	// not serve POST /json (ClientCertsRequired).
 	GRPCTLS *tls.Config
 	// XDS, when set, takes the Envoy configuration from an xDS server
 	// instead of files (CONFIG_TYPE=GRPC_XDS_SOTW; Rules must then be
@@ -143,6 +146,21 @@ const (
 	DefaultDrain           = 5 * time.Second
 	DefaultMaxConnections  = 1024
 )
+
+// ClientCertsRequired says whether GRPCListen requires a certificate of
+// every client (mutual TLS). Then decisions are made there only: a
+// plaintext listener beside it would decide for any client that reaches
+// it, certificate or not, against the same limits.
+func (c Config) ClientCertsRequired() bool {
+	if c.GRPCListen == "" || c.GRPCTLS == nil {
+		return false
+	}
+	switch c.GRPCTLS.ClientAuth {
+	case tls.RequireAnyClientCert, tls.RequireAndVerifyClientCert:
+		return true
+	}
+	return false
+}
 
 func (c Config) withDefaults() Config {
 	if c.Listen == "" {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/internal/redact"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -17,7 +18,7 @@ import (
 func (s *Server) gateway() (http.Handler, error) {
 	u, err := url.Parse(s.cfg.Upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("upstream %q: want an http:// or https:// URL", s.cfg.Upstream)
+		return nil, fmt.Errorf("upstream %q: want an http:// or https:// URL", redact.URL(s.cfg.Upstream))
 	}
 	tr := &http.Transport{
 		Proxy: nil, // the upstream is reached directly, whatever HTTP_PROXY says

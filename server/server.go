@@ -111,6 +111,13 @@ func New(cfg Config, st store.Store) (*Server, error) {
 	if err := cfg.checkXDS(); err != nil { // xds.go
 		return nil, err
 	}
+	if cfg.ClientCertsRequired() && cfg.Listen != "off" {
+		what := "decision API"
+		if cfg.Upstream != "" {
+			what = "gateway"
+		}
+		return nil, fmt.Errorf("the %s on %s (--listen) would decide for any client in plaintext, beside a gRPC listener that requires client certificates: turn it off (--listen off), or run it in a drip serve of its own", what, cfg.Listen)
+	}
 	s := &Server{cfg: cfg, log: cfg.Logger, metrics: newMetrics(), endDrain: make(chan struct{})}
 	for _, c := range cfg.Collectors {
 		if err := s.metrics.reg.Register(c); err != nil {

@@ -31,7 +31,7 @@ func TestRatelimitRedis(t *testing.T) {
 			// A wrong password is refused: the password is sent.
 			e := env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": r.Addr, "REDIS_AUTH": "rl:wrong"}
 			var c server.Config
-			if _, err := envoyEnv(&c, func(k string) string { return e[k] }, none, false); err != nil {
+			if _, err := envoyEnv(&c, environOf(e), none, false); err != nil {
 				t.Fatal(err)
 			}
 			if _, closeStore, err := openStore(context.Background(), c.Store); err == nil {
@@ -69,7 +69,7 @@ func TestRatelimitRedis(t *testing.T) {
 			e["REDIS_SOCKET_TYPE"] = "tcp"
 			e["REDIS_PIPELINE_WINDOW"] = "100us"
 			var c server.Config
-			st, err := envoyEnv(&c, func(k string) string { return e[k] }, none, false)
+			st, err := envoyEnv(&c, environOf(e), none, false)
 			if err != nil {
 				t.Fatal(err)
 			}

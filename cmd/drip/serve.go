@@ -78,7 +78,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 		return set
 	}
-	env, err := envoyEnv(&c, os.Getenv, given, asRatelimit) // envoyproxy/ratelimit's variables (serve_envoy.go)
+	env, err := envoyEnv(&c, os.Environ(), given, asRatelimit) // envoyproxy/ratelimit's variables (serve_envoy.go)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 2
@@ -90,6 +90,10 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}
 	for _, n := range env.notes {
 		c.Logger.Info("drip serve: envoyproxy/ratelimit setting accepted: " + n)
+	}
+	if len(env.tls.names) > 0 { // TLS files watched: their reloads are logged and counted
+		env.tls.log = c.Logger
+		c.Collectors = append(c.Collectors, env.tls.count)
 	}
 	tp, err := startTracing(ctx, os.Getenv, c.Logger) // tracing.go
 	if err != nil {
@@ -219,8 +223,11 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}
 	if a := s.GRPCAddr(); a != nil {
 		how := ""
-		if c.GRPCTLS != nil {
-			how = " over TLS"
+		switch {
+		case c.ClientCertsRequired():
+			how = " over TLS, client certificates required (mutual TLS; no other listener decides)"
+		case c.GRPCTLS != nil:
+			how = " over TLS, no client certificate asked for"
 		}
 		fmt.Fprintf(stdout, "drip serve: Envoy rate limit service (envoy.service.ratelimit.v3, gRPC) on %s%s\n", a, how)
 	}

@@ -8,11 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/driplimit/drip/server"
@@ -39,14 +37,21 @@ type envoySettings struct {
 	level     slog.Level
 	json      bool
 	notes     []string
-	storeFrom string // the variables the store URL came from, for errors
+	storeFrom string      // the variables the store URL came from, for errors
+	tls       *tlsReloads // the TLS files watched: give it the logger, count its reloads
 }
 
-// envoyEnv applies envoyproxy/ratelimit's environment variables, read
-// through getenv, to c; asRatelimit says drip was called as ratelimit
-// (argsOf).
-func envoyEnv(c *server.Config, getenv func(string) string, given explicit, asRatelimit bool) (*envoySettings, error) {
+// envoyEnv applies envoyproxy/ratelimit's environment variables, from
+// environ (os.Environ's form, KEY=value; the last of a key wins), to c;
+// asRatelimit says drip was called as ratelimit (argsOf).
+func envoyEnv(c *server.Config, environ []string, given explicit, asRatelimit bool) (*envoySettings, error) {
 	st := &envoySettings{}
+	vars := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	getenv := func(k string) string { return vars[k] }
 	// Names that other programs and platforms set too (a Redis add-on's
 	// REDIS_URL, a shared LOG_LEVEL) are read only in a deployment that
 	// says it is made for envoyproxy/ratelimit; elsewhere the log says
@@ -69,7 +74,17 @@ func envoyEnv(c *server.Config, getenv func(string) string, given explicit, asRa
 			}
 		}
 	}
-	e := &envoyReader{getenv: getenv}
+	// A misspelt variable would start drip without the setting it was
+	// meant to make (GRPC_CLIENT_TLS_CA_CERT: TLS without client
+	// certificates): refused.
+	if err := unknownVariables(vars, deployment); err != nil {
+		return nil, err
+	}
+	if deployment {
+		st.notes = append(st.notes, inertNotes(vars)...)
+	}
+	e := &envoyReader{getenv: getenv, tls: newTLSReloads()}
+	st.tls = e.tls
 	opts, err := envoy.OptionsFromEnv(getenv)
 	if err != nil {
 		return nil, err
@@ -286,7 +301,7 @@ func xdsConfig(e *envoyReader) (*xds.Config, error) {
 		return nil, errors.New("CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY: give both or neither")
 	}
 	if cert != "" {
-		kp, err := newKeyPair(cert, key)
+		kp, err := keyPair(e.tls, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert, key)
 		if err != nil {
 			return nil, fmt.Errorf("CONFIG_GRPC_XDS_CLIENT_TLS_CERT: %w", err)
 		}
@@ -315,7 +330,7 @@ func grpcServerTLS(e *envoyReader) (*tls.Config, error) {
 	if cert == "" || key == "" {
 		return nil, errors.New("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
 	}
-	kp, err := newKeyPair(cert, key)
+	kp, err := keyPair(e.tls, "GRPC_SERVER_TLS_CERT", cert, key)
 	if err != nil {
 		return nil, fmt.Errorf("GRPC_SERVER_TLS_CERT: %w", err)
 	}
@@ -324,7 +339,10 @@ func grpcServerTLS(e *envoyReader) (*tls.Config, error) {
 	if ca != "" && eg != "" && ca != eg {
 		return nil, fmt.Errorf("GRPC_CLIENT_TLS_CACERT=%q and GRPC_SERVER_TLS_CA_CERT=%q name two client CAs: give one", ca, eg)
 	}
-	ca = or(ca, eg)
+	caVar := "GRPC_CLIENT_TLS_CACERT"
+	if ca == "" && eg != "" {
+		ca, caVar = eg, "GRPC_SERVER_TLS_CA_CERT"
+	}
 	san := e.getenv("GRPC_CLIENT_TLS_SAN")
 	if ca == "" {
 		if san != "" {
@@ -332,10 +350,11 @@ func grpcServerTLS(e *envoyReader) (*tls.Config, error) {
 		}
 		return cfg, nil
 	}
-	pool, err := certPool(ca)
+	cas, err := caPool(e.tls, caVar, ca)
 	if err != nil {
-		return nil, fmt.Errorf("GRPC_CLIENT_TLS_CACERT: %w", err)
+		return nil, fmt.Errorf("%s: %w", caVar, err)
 	}
+	pool, _ := cas.get()
 	cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	if san != "" {
 		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
@@ -344,6 +363,18 @@ func grpcServerTLS(e *envoyReader) (*tls.Config, error) {
 			}
 			return fmt.Errorf("client certificate without the name %q (GRPC_CLIENT_TLS_SAN)", san)
 		}
+	}
+	// The CA file is read again when it changes, as the certificate is:
+	// each handshake gets cfg with the CAs in force.
+	base := cfg.Clone()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		pool, err := cas.get()
+		if err != nil {
+			return nil, err
+		}
+		c := base.Clone()
+		c.ClientCAs = pool
+		return c, nil
 	}
 	return cfg, nil
 }
@@ -374,6 +405,9 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 		return errors.New("REDIS_PERSECOND=true: drip keeps every limit in one store (token buckets need no second Redis for per-second limits); unset it, and size REDIS_URL's server for all")
 	}
 	if raw == "" {
+		if t := e.getenv("REDIS_SOCKET_TYPE"); t != "" && !given("store") {
+			return fmt.Errorf("REDIS_SOCKET_TYPE=%s says the store is Redis, but REDIS_URL is not set: drip would keep its buckets in memory, each replica its own (N replicas would grant N times each limit); set REDIS_URL=host:port, or name the store with --store (DRIP_STORE)", t)
+		}
 		for _, v := range []string{"REDIS_TYPE", "REDIS_AUTH", "REDIS_TLS", "REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_PIPELINE_WINDOW", "REDIS_PIPELINE_LIMIT"} {
 			if e.getenv(v) != "" {
 				return fmt.Errorf("%s is set without REDIS_URL", v)
@@ -417,9 +451,12 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 	}
 	hosts := strings.Split(raw, ",")
 	typ := strings.ToLower(e.getenv("REDIS_TYPE"))
-	for _, h := range hosts {
-		if _, _, err := net.SplitHostPort(h); err != nil && typ != "sentinel" {
-			return fmt.Errorf("REDIS_URL: %q is not host:port", h)
+	for i, h := range hosts {
+		if typ == "sentinel" && i == 0 {
+			continue // the master's name
+		}
+		if err := hostPort("REDIS_URL", i, len(hosts), h); err != nil {
+			return err
 		}
 	}
 	var u *url.URL
@@ -438,13 +475,8 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 		// envoyproxy/ratelimit's form: the master's name, then the
 		// Sentinels.
 		master, rest, ok := strings.Cut(raw, ",")
-		if !ok || master == "" {
+		if !ok || master == "" || strings.ContainsAny(master, ":@/") {
 			return errors.New("REDIS_URL: for REDIS_TYPE=sentinel, the master's name then the Sentinels: name,host:port[,host:port...]")
-		}
-		for _, h := range strings.Split(rest, ",") {
-			if _, _, err := net.SplitHostPort(h); err != nil {
-				return fmt.Errorf("REDIS_URL: Sentinel %q is not host:port", h)
-			}
 		}
 		u = &url.URL{Scheme: scheme + "+sentinel", User: user, Host: rest, Path: "/" + master}
 	default:
@@ -464,10 +496,34 @@ func redisEnv(e *envoyReader, c *server.Config, st *envoySettings, given explici
 	return e.err()
 }
 
+// hostPort checks entry i of n of variable name, which must be
+// host:port. Its error never quotes the entry: a URL there (a Redis
+// add-on's REDIS_URL) may hold a password.
+func hostPort(name string, i, n int, entry string) error {
+	what := "it"
+	if n > 1 {
+		what = fmt.Sprintf("entry %d of %d", i+1, n)
+	}
+	switch host, port, err := net.SplitHostPort(entry); {
+	case strings.Contains(entry, "://"):
+		return fmt.Errorf("%s: %s is a URL, not host:port: drip reads %s as envoyproxy/ratelimit does; give the password in REDIS_AUTH, or the whole URL in --store (DRIP_STORE) instead", name, what, name)
+	case strings.Contains(entry, "@"):
+		return fmt.Errorf("%s: %s holds credentials (user:password@), not host:port: give the password in REDIS_AUTH", name, what)
+	case err != nil || host == "" || strings.Contains(host, "/"):
+		return fmt.Errorf("%s: %s is not host:port", name, what)
+	default:
+		if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+			return fmt.Errorf("%s: %s: the port is not a number from 1 to 65535", name, what)
+		}
+	}
+	return nil
+}
+
 // envoyReader reads typed variables, keeping the first error.
 type envoyReader struct {
 	getenv func(string) string
 	first  error
+	tls    *tlsReloads // the TLS files it watches
 }
 
 func (e *envoyReader) fail(format string, args ...any) {
@@ -539,10 +595,12 @@ func (e *envoyReader) pairs(name string) map[string]string {
 		return nil
 	}
 	m := map[string]string{}
-	for _, p := range strings.Split(v, ",") {
+	entries := strings.Split(v, ",")
+	for n, p := range entries {
 		i := strings.IndexAny(p, ":=")
 		if i <= 0 {
-			e.fail("%s: %q is not key:value", name, p)
+			// Not quoted: a header's value may be a credential.
+			e.fail("%s: entry %d of %d is not key:value", name, n+1, len(entries))
 			return nil
 		}
 		m[strings.TrimSpace(p[:i])] = strings.TrimSpace(p[i+1:])
@@ -555,74 +613,4 @@ func or(v, def string) string {
 		return def
 	}
 	return v
-}
-
-func certPool(file string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s: no PEM certificate", file)
-	}
-	return pool, nil
-}
-
-// keyPair is a certificate and key read from files, read again when
-// either file changes (a Kubernetes Secret rotated under a running pod),
-// checked at most once a second.
-type keyPair struct {
-	cert, key string
-	now       func() time.Time // time.Now; tests set it
-	mu        sync.Mutex
-	kp        *tls.Certificate
-	sig       string
-	checked   time.Time
-}
-
-func newKeyPair(cert, key string) (*keyPair, error) {
-	k := &keyPair{cert: cert, key: key, now: time.Now}
-	if _, err := k.get(); err != nil {
-		return nil, err
-	}
-	return k, nil
-}
-
-func (k *keyPair) get() (*tls.Certificate, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	now := k.now()
-	if d := now.Sub(k.checked); k.kp != nil && d >= 0 && d < time.Second {
-		return k.kp, nil
-	}
-	k.checked = now
-	sig, err := fileSig(k.cert, k.key)
-	if err != nil && k.kp != nil {
-		return k.kp, nil // keep the pair in force through a swap
-	}
-	if k.kp != nil && sig == k.sig {
-		return k.kp, nil
-	}
-	kp, err := tls.LoadX509KeyPair(k.cert, k.key)
-	if err != nil {
-		if k.kp != nil {
-			return k.kp, nil
-		}
-		return nil, err
-	}
-	k.kp, k.sig = &kp, sig
-	return k.kp, nil
-}
-
-func fileSig(names ...string) (string, error) {
-	var b strings.Builder
-	for _, n := range names {
-		fi, err := os.Stat(n)
-		if err != nil {
-			return "", err
-		}
-		fmt.Fprintf(&b, "%d/%d;", fi.Size(), fi.ModTime().UnixNano())
-	}
-	return b.String(), nil
 }

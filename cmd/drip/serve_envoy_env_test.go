@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/server/envoy/xds"
@@ -28,7 +32,7 @@ func TestEnvoyEnv(t *testing.T) {
 	t.Setenv("SHADOW_MODE", "false")
 	t.Setenv("RUNTIME_IGNOREDOTFILES", "true")
 	var c server.Config
-	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil {
+	if _, err := envoyEnv(&c, os.Environ(), none, false); err != nil {
 		t.Fatal(err)
 	}
 	if c.Rules != "/data/ratelimit/config" || c.Envoy != (envoy.Options{MergeDomains: true, IgnoreDotfiles: true}) {
@@ -38,32 +42,32 @@ func TestEnvoyEnv(t *testing.T) {
 		t.Fatalf("gRPC listener %q without GRPC_HOST or GRPC_PORT", c.GRPCListen)
 	}
 	c = server.Config{Rules: "mine.yaml"}
-	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "rules" }, false); err != nil || c.Rules != "mine.yaml" {
+	if _, err := envoyEnv(&c, os.Environ(), func(f string) bool { return f == "rules" }, false); err != nil || c.Rules != "mine.yaml" {
 		t.Fatalf("%q %v", c.Rules, err)
 	}
 	t.Setenv("GRPC_PORT", "9081")
 	c = server.Config{}
-	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil || c.GRPCListen != "0.0.0.0:9081" {
+	if _, err := envoyEnv(&c, os.Environ(), none, false); err != nil || c.GRPCListen != "0.0.0.0:9081" {
 		t.Fatalf("GRPC_PORT=9081: %q %v", c.GRPCListen, err)
 	}
 	c = server.Config{GRPCListen: "127.0.0.1:7000"} // --grpc-listen wins
-	if _, err := envoyEnv(&c, os.Getenv, func(f string) bool { return f == "grpc-listen" }, false); err != nil || c.GRPCListen != "127.0.0.1:7000" {
+	if _, err := envoyEnv(&c, os.Environ(), func(f string) bool { return f == "grpc-listen" }, false); err != nil || c.GRPCListen != "127.0.0.1:7000" {
 		t.Fatalf("--grpc-listen: %q %v", c.GRPCListen, err)
 	}
 	t.Setenv("GRPC_HOST", "::1")
 	t.Setenv("GRPC_PORT", "")
 	c = server.Config{}
-	if _, err := envoyEnv(&c, os.Getenv, none, false); err != nil || c.GRPCListen != "[::1]:8081" {
+	if _, err := envoyEnv(&c, os.Environ(), none, false); err != nil || c.GRPCListen != "[::1]:8081" {
 		t.Fatalf("GRPC_HOST=::1: %q %v", c.GRPCListen, err)
 	}
 	t.Setenv("GRPC_PORT", "http")
-	if _, err := envoyEnv(&server.Config{}, os.Getenv, none, false); err == nil {
+	if _, err := envoyEnv(&server.Config{}, os.Environ(), none, false); err == nil {
 		t.Fatal("GRPC_PORT=http accepted")
 	}
 	t.Setenv("GRPC_PORT", "")
 	t.Setenv("GRPC_HOST", "")
 	t.Setenv("SHADOW_MODE", "sometimes")
-	if _, err := envoyEnv(&c, os.Getenv, none, false); err == nil {
+	if _, err := envoyEnv(&c, os.Environ(), none, false); err == nil {
 		t.Fatal("SHADOW_MODE=sometimes accepted")
 	}
 }
@@ -253,6 +257,35 @@ func TestRatelimitEnv(t *testing.T) {
 				}
 				return ""
 			}},
+		// Misspelt names: refused, naming the nearest known one.
+		{name: "client CA, misspelt", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_CLIENT_TLS_CA_CERT": "/ca.pem"},
+			err: "GRPC_CLIENT_TLS_CA_CERT is set, but neither envoyproxy/ratelimit nor drip has such a variable: did you mean GRPC_CLIENT_TLS_CACERT?"},
+		{name: "client CA, misspelt, in a deployment", env: env{"CONFIG_TYPE": "FILE", "GRPC_CLIENT_TLS_CA_CERT": "/ca.pem"}, ratelimit: true,
+			err: "did you mean GRPC_CLIENT_TLS_CACERT?"},
+		{name: "SAN, misspelt", env: env{"GRPC_CLIENT_TLS_SANS": "envoy"}, err: "GRPC_CLIENT_TLS_SANS is set, but neither envoyproxy/ratelimit nor drip has such a variable: did you mean GRPC_CLIENT_TLS_SAN?"},
+		{name: "REDIS_URL, misspelt", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URI": "r:6379"}, err: "REDIS_URI is set, but neither envoyproxy/ratelimit nor drip has such a variable: did you mean REDIS_URL?"},
+		{name: "xDS, misspelt", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_TLS_CA_CERT": "/ca.pem"}, err: "did you mean CONFIG_GRPC_XDS_SERVER_TLS_CACERT?"},
+		{name: "memcache, misspelt", env: env{"RUNTIME_ROOT": "/data", "MEMCACHE_HOSTPORT": "m:11211"}, err: "did you mean MEMCACHE_HOST_PORT?"},
+		{name: "runtime, misspelt", env: env{"RUNTIME_IGNORE_DOTFILES": "true"}, err: "did you mean RUNTIME_IGNOREDOTFILES?"},
+		{name: "REDIS_SOCKET_TYPE without REDIS_URL", env: env{"REDIS_SOCKET_TYPE": "tcp"}, err: "REDIS_SOCKET_TYPE=tcp says the store is Redis, but REDIS_URL is not set"},
+		{name: "REDIS_SOCKET_TYPE and --store", env: env{"REDIS_SOCKET_TYPE": "tcp"}, given: "store",
+			check: func(c *server.Config, s *envoySettings) string { return "" }},
+		// Others' names beside them: accepted.
+		{name: "others' names", env: env{"CONFIG_TYPE": "FILE", "GRPC_GO_LOG_SEVERITY_LEVEL": "info", "GRPC_XDS_BOOTSTRAP": "/b.json",
+			"REDIS_SERVICE_HOST": "10.0.0.1", "REDIS_SERVICE_PORT": "6379", "REDIS_PORT": "tcp://10.0.0.1:6379", "REDIS_PORT_6379_TCP_ADDR": "10.0.0.1",
+			"MEMCACHE_PORT": "udp://10.0.0.2:11211"},
+			check: func(c *server.Config, s *envoySettings) string { return "" }},
+		{name: "a platform's REDIS_TLS_URL", env: env{"REDIS_URL": "redis://h:6379", "REDIS_TLS_URL": "rediss://h:6380"},
+			check: func(c *server.Config, s *envoySettings) string { return "" }},
+		{name: "a REDIS_PORT that is not a Service's", env: env{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6379", "REDIS_PORT": "6380"}, err: "REDIS_PORT is set"},
+		// Inert names: accepted, noted in the log.
+		{name: "inert", env: env{"CONFIG_TYPE": "FILE", "STATSD_HOST": "statsd", "MEMCACHE_HOST_PORT": "m:11211", "TRACING_SERVICE_NAME": "rl"},
+			check: func(c *server.Config, s *envoySettings) string {
+				if len(s.notes) != 3 || !strings.Contains(strings.Join(s.notes, "\n"), "MEMCACHE_HOST_PORT tunes envoyproxy/ratelimit's memcache backend") {
+					return fmt.Sprintf("notes %q", s.notes)
+				}
+				return ""
+			}},
 		{name: "headers", env: env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-Left"},
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.Envoy.Headers != (envoy.Headers{Mode: envoy.HeadersEnvoy, Remaining: "X-Left"}) {
@@ -263,7 +296,7 @@ func TestRatelimitEnv(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := server.Config{Listen: tc.listen}
-			st, err := envoyEnv(&c, func(k string) string { return tc.env[k] }, func(f string) bool { return f == tc.given }, tc.ratelimit)
+			st, err := envoyEnv(&c, environOf(tc.env), func(f string) bool { return f == tc.given }, tc.ratelimit)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("error %v, want one naming %s", err, tc.err)
@@ -302,14 +335,14 @@ func TestRatelimitEnvDocumented(t *testing.T) {
 	}
 	re := regexp.MustCompile(`"([A-Z][A-Z0-9_]{2,})"`)
 	n := 0
-	for _, f := range []string{"serve_envoy.go", "../../server/envoy/options.go"} {
+	for _, f := range []string{"serve_envoy.go", "envoy_names.go", "../../server/envoy/options.go"} {
 		src, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 			name := m[1]
-			if strings.HasPrefix(name, "DRIP_") || name == "FILE" || name == "GRPC_XDS_SOTW" {
+			if strings.HasPrefix(name, "DRIP_") || strings.HasSuffix(name, "_") || name == "FILE" || name == "GRPC_XDS_SOTW" {
 				continue
 			}
 			n++
@@ -354,37 +387,16 @@ func TestGRPCServerTLS(t *testing.T) {
 	e := map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert, "GRPC_SERVER_TLS_KEY": srvKey,
 		"GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"}
 	var c server.Config
-	if _, err := envoyEnv(&c, func(k string) string { return e[k] }, none, false); err != nil {
+	if _, err := envoyEnv(&c, environOf(e), none, false); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", c.GRPCTLS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn.(*tls.Conn).Handshake()
-			conn.Write([]byte("x"))
-			conn.Close()
-		}
-	}()
+	addr := tlsVerdicts(t, c.GRPCTLS)
 	pool, err := certPool(ca.CAFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dial := func(certs ...tls.Certificate) error {
-		conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "envoy-ratelimit", Certificates: certs})
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the server's verdict comes with the first read
-		return err
+		return tlsVerdict(addr, &tls.Config{RootCAs: pool, ServerName: "envoy-ratelimit", Certificates: certs})
 	}
 	pair := func(c, k string) tls.Certificate {
 		kp, err := tls.LoadX509KeyPair(c, k)
@@ -410,12 +422,13 @@ func TestKeyPairRotates(t *testing.T) {
 	ca := testserver.NewCA(t, "rotate")
 	dir := ca.Dir(t)
 	certFile, keyFile := ca.Issue(t, dir, "envoy-ratelimit")
-	k, err := newKeyPair(certFile, keyFile)
+	r := newTLSReloads()
+	k, err := keyPair(r, "GRPC_SERVER_TLS_CERT", certFile, keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	at := time.Now().Add(time.Hour) // past the first read's second
-	k.now = func() time.Time { return at }
+	r.now = func() time.Time { return at }
 	first, _ := k.get()
 	ca.Issue(t, dir, "envoy-ratelimit") // the same files, a new certificate
 	if got, _ := k.get(); string(got.Certificate[0]) != string(first.Certificate[0]) {
@@ -425,4 +438,139 @@ func TestKeyPairRotates(t *testing.T) {
 	if got, _ := k.get(); string(got.Certificate[0]) == string(first.Certificate[0]) {
 		t.Fatal("the new certificate is not served")
 	}
+}
+
+// TestTLSFilesRotate runs the gRPC listener's TLS, as GRPC_* make it, on
+// real files rotated under it, with the reload clock injected: the client
+// CA file is read again like the certificate (a client of the new CA is
+// taken, one of the old refused, from the next check on), and a change
+// that does not load keeps what is in force, logged and counted once.
+func TestTLSFilesRotate(t *testing.T) {
+	oldCA, newCA := testserver.NewCA(t, "old"), testserver.NewCA(t, "new")
+	srvCert, srvKey := oldCA.Issue(t, oldCA.Dir(t), "envoy-ratelimit")
+	envoyOld, keyOld := oldCA.Issue(t, oldCA.Dir(t), "envoy")
+	envoyNew, keyNew := newCA.Issue(t, newCA.Dir(t), "envoy")
+	caFile := filepath.Join(t.TempDir(), "ca.crt") // the Secret's ca.crt
+	copyFile := func(from, to string) {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(oldCA.CAFile, caFile)
+	var c server.Config
+	st, err := envoyEnv(&c, environOf(map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert,
+		"GRPC_SERVER_TLS_KEY": srvKey, "GRPC_SERVER_TLS_CA_CERT": caFile}), none, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	st.tls.log = slog.New(slog.NewTextHandler(&logs, nil))
+	at := time.Now().Add(time.Hour)
+	st.tls.now = func() time.Time { return at }
+	if !slices.Equal(st.tls.names, []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_CA_CERT"}) {
+		t.Fatalf("watched: %q", st.tls.names)
+	}
+
+	addr := tlsVerdicts(t, c.GRPCTLS)
+	roots := x509.NewCertPool()
+	for _, f := range []string{oldCA.CAFile, newCA.CAFile} { // the server's certificate stays the old CA's
+		b, _ := os.ReadFile(f)
+		roots.AppendCertsFromPEM(b)
+	}
+	dial := func(cert, key string) error {
+		kp, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tlsVerdict(addr, &tls.Config{RootCAs: roots, ServerName: "envoy-ratelimit", Certificates: []tls.Certificate{kp}})
+	}
+	count := func(files, result string) float64 {
+		var m dto.Metric
+		if err := st.tls.count.WithLabelValues(files, result).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+
+	if err := dial(envoyOld, keyOld); err != nil {
+		t.Fatalf("the old CA's client: %v", err)
+	}
+	copyFile(newCA.CAFile, caFile) // rotated
+	if err := dial(envoyOld, keyOld); err != nil {
+		t.Fatalf("within the second, the old CA's client: %v", err)
+	}
+	at = at.Add(time.Second)
+	if err := dial(envoyNew, keyNew); err != nil {
+		t.Fatalf("the new CA's client, after the rotation: %v", err)
+	}
+	if err := dial(envoyOld, keyOld); err == nil {
+		t.Fatal("the old CA's client is still taken after the rotation")
+	}
+	if count("GRPC_SERVER_TLS_CA_CERT", "ok") != 1 {
+		t.Fatalf("CA reloads ok: %v, want 1", count("GRPC_SERVER_TLS_CA_CERT", "ok"))
+	}
+
+	// A CA file and a certificate that do not load: kept, counted once each.
+	os.WriteFile(caFile, []byte("not a certificate"), 0o600)
+	os.WriteFile(srvCert, []byte("-----BEGIN CERTIFICATE-----\ntruncated"), 0o600)
+	for range 3 {
+		at = at.Add(time.Second)
+		if err := dial(envoyNew, keyNew); err != nil {
+			t.Fatalf("after a bad rotation: %v (the files in force must be kept)", err)
+		}
+	}
+	for _, f := range []string{"GRPC_SERVER_TLS_CA_CERT", "GRPC_SERVER_TLS_CERT"} {
+		if n := count(f, "error"); n != 1 {
+			t.Errorf("%s reload errors: %v, want 1 (once per change)", f, n)
+		}
+		if !strings.Contains(logs.String(), "level=WARN msg=\"drip serve: TLS files changed but do not load; the ones in force are kept\" variable="+f) {
+			t.Errorf("no warning about %s in the log:\n%s", f, logs.String())
+		}
+	}
+}
+
+// environOf is env in os.Environ's form.
+func environOf(env map[string]string) []string {
+	var kv []string
+	for k, v := range env {
+		kv = append(kv, k+"="+v)
+	}
+	return kv
+}
+
+// tlsVerdicts listens on a loopback port with cfg until the test ends,
+// and sends each client one byte once its handshake is done.
+func tlsVerdicts(t *testing.T, cfg *tls.Config) string {
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.(*tls.Conn).Handshake()
+			conn.Write([]byte("x"))
+			conn.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// tlsVerdict connects to addr with cfg: nil when the server took it.
+func tlsVerdict(addr string, cfg *tls.Config) error {
+	conn, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the server's verdict comes with the first read
+	return err
 }

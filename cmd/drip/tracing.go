@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/driplimit/drip/internal/redact"
 )
 
 // Protocols of the OTLP exporter (OTEL_EXPORTER_OTLP_PROTOCOL).
@@ -88,7 +90,7 @@ func startTracing(ctx context.Context, getenv func(string) string, log *slog.Log
 		exp, err = otlptracehttp.New(ctx)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("OTLP trace exporter: %w", err)
+		return nil, fmt.Errorf("OTLP trace exporter: %w", redact.Error(err)) // the endpoint's URL may hold a password
 	}
 	info, _ := debug.ReadBuildInfo()
 	res, err := resource.New(ctx,
@@ -99,7 +101,7 @@ func startTracing(ctx context.Context, getenv func(string) string, log *slog.Log
 		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("drip serve: tracing", "err", err)
+		log.Warn("drip serve: tracing", "err", redact.Error(err))
 	}))
 	// The sampler comes from OTEL_TRACES_SAMPLER and _ARG (the SDK reads
 	// them; by default it follows the caller's sampled flag and samples

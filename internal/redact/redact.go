@@ -12,9 +12,22 @@ import (
 // Mask replaces a hidden secret.
 const Mask = "xxxxx"
 
-// secretParams are query parameters (and connection-string keys) that
-// carry a secret; compared case-insensitively.
-var secretParams = map[string]bool{"password": true, "sslpassword": true, "pass": true, "pwd": true, "secret": true, "token": true}
+// secretParam says whether a query parameter (or connection-string key)
+// carries a secret: auth, or a name ending in password, passwd, pass,
+// pwd, secret or token (sslpassword, sentinel_password, client_secret,
+// access_token ...), compared case-insensitively.
+func secretParam(k string) bool {
+	k = strings.ToLower(k)
+	if k == "auth" {
+		return true
+	}
+	for _, s := range []string{"password", "passwd", "pass", "pwd", "secret", "token"} {
+		if strings.HasSuffix(k, s) {
+			return true
+		}
+	}
+	return false
+}
 
 // URL returns raw with the password of its userinfo and the values of its
 // password-like query parameters replaced by Mask. Anything that does not
@@ -31,7 +44,7 @@ func URL(raw string) string {
 		q := u.Query()
 		changed := false
 		for k := range q {
-			if secretParams[strings.ToLower(k)] {
+			if secretParam(k) {
 				q[k] = []string{Mask}
 				changed = true
 			}
@@ -46,10 +59,13 @@ func URL(raw string) string {
 }
 
 var (
-	// scheme://user:password@ anywhere in a text.
-	userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@"'` + "`" + `]*):[^\s@/"'` + "`" + `]*@`)
-	// password=... in a query string or a key=value connection string.
-	param = regexp.MustCompile(`(?i)\b(password|sslpassword|pass|pwd|secret|token)=[^&\s"'` + "`" + `]*`)
+	// scheme://user:password@ anywhere in a text; the password runs to
+	// the last @ before a space or quote, so that one holding @ or / is
+	// hidden whole.
+	userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@"'` + "`" + `]*):[^\s"'` + "`" + `]*@`)
+	// password=... in a query string or a key=value connection string,
+	// its value quoted or not (secretParam's names).
+	param = regexp.MustCompile(`(?i)\b(auth|[a-z0-9_]*(?:password|passwd|pass|pwd|secret|token))=('[^']*'?|"[^"]*"?|[^&\s"'` + "`" + `]*)`)
 )
 
 // Text returns s with every URL password and password-like parameter in it

@@ -19,6 +19,11 @@ func TestURL(t *testing.T) {
 		{"redis://user@localhost:6379", "redis://user@localhost:6379"},
 		{"postgres://u:s3cret@db/app?%zz", "postgres://u:xxxxx@db/app?%zz"}, // does not parse: Text
 		{"host=db user=u password=s3cret dbname=app", "host=db user=u password=xxxxx dbname=app"},
+		{"host=db password='s3cret and more' dbname=app", "host=db password=xxxxx dbname=app"},
+		{"redis://:p@s3cret@h:6379", "redis://:xxxxx@h:6379"},
+		{"redis://:s3cr/et@h:6379", "redis://:xxxxx@h:6379"}, // does not parse: Text
+		{"redis+sentinel://u:s3cret@s1:26379,s2:26379/mymaster", "redis+sentinel://u:xxxxx@s1:26379,s2:26379/mymaster"},
+		{"redis://h:6379?sentinel_password=s3cret&client_secret=s3cret&access_token=s3cret&auth=s3cret", "redis://h:6379?access_token=xxxxx&auth=xxxxx&client_secret=xxxxx&sentinel_password=xxxxx"},
 	} {
 		got := URL(c.in)
 		if got != c.want {

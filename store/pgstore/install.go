@@ -5,7 +5,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/driplimit/drip/internal/nearest"
 	"github.com/driplimit/drip/internal/redact"
 )
 
@@ -198,6 +201,39 @@ func checkVersion(ctx context.Context, db DB) error {
 	return nil
 }
 
+// dripParams are drip's own URL parameters (Open).
+var dripParams = []string{"drip_install", "drip_unlogged", "drip_sweep", "drip_batch", "drip_batch_max", "drip_batch_conns"}
+
+// pgxParams are the URL parameters pgx reads itself (pgconn's, pgx's and
+// pgxpool's); it sends every other to the server as a setting
+// (application_name, search_path, statement_timeout ...).
+var pgxParams = []string{
+	"host", "port", "database", "dbname", "user", "password", "passfile", "connect_timeout",
+	"sslmode", "sslkey", "sslcert", "sslcertmode", "sslrootcert", "sslnegotiation", "sslpassword", "sslsni",
+	"krbspn", "krbsrvname", "target_session_attrs", "service", "servicefile",
+	"min_protocol_version", "max_protocol_version", "channel_binding", "require_auth",
+	"statement_cache_capacity", "description_cache_capacity", "default_query_exec_mode",
+	"pool_max_conns", "pool_min_conns", "pool_min_idle_conns", "pool_max_conn_lifetime",
+	"pool_max_conn_idle_time", "pool_health_check_period", "pool_max_conn_lifetime_jitter", "pool_ping_timeout",
+}
+
+// misspeltParam refuses a parameter that is not pgx's but one or two
+// letters from one of them (sslmdoe, sslrootcrt): pgx would send it to
+// the server as a setting, and the connection would go without the one
+// meant (sslmode=verify-full, a CA). Other parameters are the server's
+// settings, and the server judges them.
+func misspeltParam(q url.Values) error {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if len(k) < 4 || slices.Contains(pgxParams, k) {
+			continue
+		}
+		if near, d := nearest.Name(k, pgxParams); d <= 2 {
+			return fmt.Errorf("pgstore: unknown URL parameter %q: did you mean %s? (a parameter pgx does not know goes to the server as a setting)", k, near)
+		}
+	}
+	return nil
+}
+
 // NewPool connects a pgx pool to rawURL (pgx's parameters only), for
 // Install. Its default query mode is FallbackQueryMode unless the URL
 // names one (default_query_exec_mode), so that statements run on it work
@@ -230,7 +266,10 @@ func NewPool(ctx context.Context, rawURL string) (*pgxpool.Pool, error) {
 //	drip_batch_max=128      largest batch (1: batching off)
 //	drip_batch_conns=2      batches in flight at once
 //
-// Options given in opts apply after the URL's.
+// Another drip_ parameter, or one a letter or two from pgx's own
+// (sslmdoe=), is an error that names the nearest known one; pgx sends
+// the rest to the server as settings. Options given in opts apply after
+// the URL's.
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -272,11 +311,15 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Store, error) {
 			batch = true
 			batching.InFlight, perr = strconv.Atoi(v)
 		default:
-			perr = errors.New("unknown parameter")
+			near, _ := nearest.Name(k, dripParams)
+			perr = fmt.Errorf("unknown parameter (the nearest of drip's is %s)", near)
 		}
 		if perr != nil {
 			return nil, fmt.Errorf("pgstore: URL parameter %s=%q: %v", k, v, perr)
 		}
+	}
+	if err := misspeltParam(q); err != nil {
+		return nil, err
 	}
 	if install {
 		urlOpts = append(urlOpts, WithInstall(inst))

@@ -411,6 +411,19 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := pgstore.Open(ctx, withParams(u.String(), "drip_bogus=1")); err == nil || !strings.Contains(err.Error(), "drip_bogus") {
 		t.Fatalf("unknown drip_ parameter: %v", err)
 	}
+	// Misspelt parameters: refused before connecting, naming the
+	// nearest known one; a server setting goes through to the server.
+	for _, c := range []struct{ params, name, near string }{
+		{"drip_bach=1ms", "drip_bach", "drip_batch"},
+		{"sslmdoe=verify-full", `"sslmdoe"`, "sslmode"},
+		{"sslrootcrt=/ca.pem", `"sslrootcrt"`, "sslrootcert"},
+		{"pool_max_con=4", `"pool_max_con"`, "pool_max_conns"},
+	} {
+		_, err := pgstore.Open(ctx, withParams(u.String(), c.params))
+		if err == nil || !strings.Contains(err.Error(), c.name) || !strings.Contains(err.Error(), c.near) {
+			t.Errorf("%s: %v, want an error naming %s and %s", c.params, err, c.name, c.near)
+		}
+	}
 	st, err := pgstore.Open(ctx, withParams(u.String(), "drip_install=true&drip_sweep=0&drip_batch=off"))
 	if err != nil {
 		t.Fatal(err)

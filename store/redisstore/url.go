@@ -5,12 +5,16 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/driplimit/drip/internal/nearest"
 )
 
 // SentinelRefresh is how often a store opened on Sentinel asks the
@@ -38,7 +42,9 @@ const SentinelRefresh = 5 * time.Second
 //	                        (default: the host of each address)
 //
 // In the Sentinel forms, user and password are the master's and replicas';
-// the Sentinels are reached without them.
+// the Sentinels are reached without them. Any other parameter is an
+// error that names the nearest known one: ignored, a misspelt
+// tls_ca_file would trust the system's CAs instead.
 func ParseURL(raw string) (rueidis.ClientOption, error) {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
@@ -61,6 +67,9 @@ func ParseURL(raw string) (rueidis.ClientOption, error) {
 		return rueidis.ClientOption{}, fmt.Errorf("redisstore: bad URL: %w", withoutURL(err))
 	}
 	q := u.Query()
+	if err := checkParams(q); err != nil {
+		return rueidis.ClientOption{}, err
+	}
 	tlsParams := map[string]string{}
 	for _, k := range []string{"tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name"} {
 		if q.Has(k) {
@@ -96,6 +105,31 @@ func ParseURL(raw string) (rueidis.ClientOption, error) {
 		}
 	}
 	return o, nil
+}
+
+// knownParams are the URL parameters ParseURL takes: rueidis's and
+// drip's TLS ones.
+var knownParams = []string{
+	"addr", "db", "dial_timeout", "write_timeout", "skip_verify", "protocol", "client_cache", "max_retries",
+	"client_name", "master_set", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name",
+}
+
+// checkParams refuses a parameter ParseURL does not take, naming the
+// nearest it does: ignored, a misspelt tls_ca_file would trust the
+// system's CAs, a prefix= would leave keys under drip:.
+func checkParams(q url.Values) error {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if slices.Contains(knownParams, k) {
+			continue
+		}
+		near, _ := nearest.Name(k, knownParams)
+		hint := ""
+		if strings.Contains(strings.ToLower(k), "prefix") {
+			hint = "; keys go under the prefix drip: (WithPrefix in Go): keep deployments apart with a database of their own (/db)"
+		}
+		return fmt.Errorf("redisstore: unknown URL parameter %q (the nearest known is %s)%s", k, near, hint)
+	}
+	return nil
 }
 
 // sentinelToRueidis rewrites the authority and path of a redis+sentinel

@@ -63,3 +63,29 @@ func TestParseURLSentinel(t *testing.T) {
 		t.Errorf("error %v: want one without the password", err)
 	}
 }
+
+// TestParseURLUnknownParameter: a parameter ParseURL does not take is
+// refused, naming it and the nearest it takes, in every form of URL;
+// ignored, it would start the store weaker than asked (keys under drip:
+// for prefix=, the system's CAs for a misspelt tls_ca_file).
+func TestParseURLUnknownParameter(t *testing.T) {
+	for _, c := range []struct{ url, name, near string }{
+		{"redis://:pw@h:6379?prefix=atk1:", `"prefix"`, "addr"},
+		{"rediss://h:6380?tls_ca_flie=/ca.pem", `"tls_ca_flie"`, "tls_ca_file"},
+		{"redis://h:7000?addr=h2:7001&adr=h3:7002", `"adr"`, "addr"},
+		{"redis+sentinel://s1:26379,s2:26379/mymaster?dial_timout=1s", `"dial_timout"`, "dial_timeout"},
+		{"rediss+sentinel://s1:26379/mymaster?tls_servername=r", `"tls_servername"`, "tls_server_name"},
+		{"redis://h:6379?password=pw", `"password"`, ""},
+	} {
+		_, err := redisstore.ParseURL(c.url)
+		if err == nil || !strings.Contains(err.Error(), "unknown URL parameter "+c.name) || !strings.Contains(err.Error(), "nearest known is "+c.near) {
+			t.Errorf("%s: %v", c.url, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "pw") {
+			t.Errorf("%s: the error shows the password: %v", c.url, err)
+		}
+	}
+	if _, err := redisstore.ParseURL("redis://h:6379?prefix=x"); err == nil || !strings.Contains(err.Error(), "keys go under the prefix drip:") {
+		t.Errorf("prefix: %v", err)
+	}
+}
