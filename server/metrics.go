@@ -34,6 +34,19 @@ type metrics struct {
 	rulesOK      prometheus.Gauge
 	rulesLoaded  prometheus.Gauge
 	reloadTime   prometheus.Gauge
+
+	// inForce are the names decisions are counted under (rules, and
+	// Envoy limits with envoyPrefix), each with its mode, as the last
+	// load set them; gone are those it took out of force. expect keeps
+	// them, under the server's rules lock.
+	inForce map[series]bool
+	gone    []series
+}
+
+// series is a name decisions are counted under, in one mode.
+type series struct {
+	name string
+	mode rules.Mode
 }
 
 func newMetrics() *metrics {
@@ -80,10 +93,20 @@ func newMetrics() *metrics {
 }
 
 // expect creates at zero the decision series of set's rules and env's
-// limits, so that increase() sees their first decisions.
+// limits, so that increase() sees their first decisions, and deletes the
+// series of the rules and limits no longer in force, so that /metrics and
+// memory follow the configuration in force whatever came before. Names
+// that left are forgotten again at the next load: a decision under way
+// during this one may count once more under its old name.
 func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
+	limits := env.Limits()
+	now := make(map[series]bool, len(set.Rules)+len(limits))
+	names := make(map[string]bool, len(now))
 	m.obs.Expect(set.Rules...)
-	for _, l := range env.Limits() {
+	for _, r := range set.Rules {
+		now[series{r.Name, r.Mode}], names[r.Name] = true, true
+	}
+	for _, l := range limits {
 		mode := rules.Enforce
 		if l.Shadow {
 			mode = rules.Shadow
@@ -92,8 +115,26 @@ func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
 		if l.Unlimited {
 			events = []engine.Event{engine.Unlimited}
 		}
-		m.obs.ExpectEvents(envoyPrefix+l.Label(), mode, events...)
+		name := envoyPrefix + l.Label()
+		m.obs.ExpectEvents(name, mode, events...)
+		now[series{name, mode}], names[name] = true, true
 	}
+	var gone []series
+	for k := range m.inForce {
+		if !now[k] {
+			gone = append(gone, k)
+		}
+	}
+	for _, k := range append(m.gone, gone...) {
+		switch {
+		case now[k]: // back in force
+		case names[k.name]: // in force under another mode
+			m.obs.ForgetMode(k.name, k.mode)
+		default:
+			m.obs.Forget(k.name)
+		}
+	}
+	m.inForce, m.gone = now, gone
 }
 
 // storeOps are the values of the store series' op label.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,51 @@ func TestXDSForceStart(t *testing.T) {
 	}
 	if code, _ := call(t, "POST", r.admin+"/json", body); code != 429 {
 		t.Fatalf("/json after the NACK: %d, want 429 (the old snapshot)", code)
+	}
+}
+
+// TestXDSSeriesFollowSnapshots: the per-limit series on /metrics are
+// those of the snapshot in force, whatever came before: two large
+// snapshots of different routes, then a small one, leave the small
+// one's series and no other.
+func TestXDSSeriesFollowSnapshots(t *testing.T) {
+	srv := xdstest.Start(t, nil)
+	r := start(t, Config{XDSForceStart: true, XDS: &xds.Config{Server: srv.Addr, NodeID: "n", Backoff: xds.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}}}, memstore.New())
+	envoySeries := func() int {
+		n := 0
+		for k := range decisionSeries(scrape(t, r.admin)) {
+			if strings.Contains(k, "rule=envoy:") {
+				n++
+			}
+		}
+		return n
+	}
+	const big = 3000
+	for i, prefix := range []string{"a", "b"} {
+		v := strconv.Itoa(i + 1)
+		srv.Push(t, "n", v, routes("big", prefix, big))
+		srv.WaitAck(t, v)
+		// One decision, so that a counted series is among those to go.
+		if code, out := call(t, "POST", r.admin+"/json", `{"domain": "big", "descriptors": [{"entries": [{"key": "route", "value": "`+prefix+`7"}]}]}`); code != 200 {
+			t.Fatalf("/json: %d %s", code, out)
+		}
+		if n := envoySeries(); n != 5*big {
+			t.Fatalf("snapshot %s: %d Envoy series, want %d", v, n, 5*big)
+		}
+	}
+	srv.Push(t, "n", "3", routes("small", "c", 1))
+	srv.WaitAck(t, "3")
+	got := decisionSeries(scrape(t, r.admin))
+	n := 0
+	for k := range got {
+		if strings.Contains(k, "rule=envoy:") {
+			n++
+			if !strings.Contains(k, "rule=envoy:small.route_c0}") {
+				t.Errorf("after the small snapshot: %s", k)
+			}
+		}
+	}
+	if n != 5 {
+		t.Fatalf("after the small snapshot: %d Envoy series, want 5 (allowed, denied, not_taken, refunded, error)", n)
 	}
 }

@@ -1,11 +1,11 @@
 package xds
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/driplimit/drip/server/envoy"
 )
@@ -19,6 +19,11 @@ const MaxDepth = 32
 // the same errors. A unit the resource leaves unset (UNKNOWN) on a limit
 // that is not unlimited is written as "unknown", which the parser
 // refuses.
+//
+// The files are JSON (which is YAML), one field a line: encoding/json
+// writes in time proportional to the resource, where the YAML encoder
+// keeps every event of a document until its end (a snapshot of 170,000
+// descriptors took seconds and hundreds of megabytes to write).
 func Files(cfgs []*rlconfv3.RateLimitConfig) ([]envoy.File, error) {
 	files := make([]envoy.File, 0, len(cfgs))
 	for i, c := range cfgs {
@@ -26,7 +31,7 @@ func Files(cfgs []*rlconfv3.RateLimitConfig) ([]envoy.File, error) {
 		if err != nil {
 			return nil, fmt.Errorf("resources[%d] (%q): %w", i, c.GetName(), err)
 		}
-		data, err := yaml.Marshal(yamlConfig{Domain: c.GetDomain(), Descriptors: descs})
+		data, err := json.MarshalIndent(fileConfig{Domain: c.GetDomain(), Descriptors: descs}, "", " ")
 		if err != nil {
 			return nil, fmt.Errorf("resources[%d] (%q): %w", i, c.GetName(), err)
 		}
@@ -35,56 +40,56 @@ func Files(cfgs []*rlconfv3.RateLimitConfig) ([]envoy.File, error) {
 	return files, nil
 }
 
-type yamlConfig struct {
-	Domain      string           `yaml:"domain"`
-	Descriptors []yamlDescriptor `yaml:"descriptors,omitempty"`
+type fileConfig struct {
+	Domain      string           `json:"domain"`
+	Descriptors []fileDescriptor `json:"descriptors,omitempty"`
 }
 
-type yamlDescriptor struct {
-	Key            string           `yaml:"key"`
-	Value          string           `yaml:"value,omitempty"`
-	RateLimit      *yamlRateLimit   `yaml:"rate_limit,omitempty"`
-	Descriptors    []yamlDescriptor `yaml:"descriptors,omitempty"`
-	ShadowMode     bool             `yaml:"shadow_mode,omitempty"`
-	DetailedMetric bool             `yaml:"detailed_metric,omitempty"`
+type fileDescriptor struct {
+	Key            string           `json:"key"`
+	Value          string           `json:"value,omitempty"`
+	RateLimit      *fileRateLimit   `json:"rate_limit,omitempty"`
+	Descriptors    []fileDescriptor `json:"descriptors,omitempty"`
+	ShadowMode     bool             `json:"shadow_mode,omitempty"`
+	DetailedMetric bool             `json:"detailed_metric,omitempty"`
 }
 
-type yamlRateLimit struct {
-	Unit            string        `yaml:"unit,omitempty"`
-	RequestsPerUnit *uint32       `yaml:"requests_per_unit,omitempty"`
-	Unlimited       bool          `yaml:"unlimited,omitempty"`
-	Name            string        `yaml:"name,omitempty"`
-	Replaces        []yamlReplace `yaml:"replaces,omitempty"`
+type fileRateLimit struct {
+	Unit            string        `json:"unit,omitempty"`
+	RequestsPerUnit *uint32       `json:"requests_per_unit,omitempty"`
+	Unlimited       bool          `json:"unlimited,omitempty"`
+	Name            string        `json:"name,omitempty"`
+	Replaces        []fileReplace `json:"replaces,omitempty"`
 }
 
-type yamlReplace struct {
-	Name string `yaml:"name"`
+type fileReplace struct {
+	Name string `json:"name"`
 }
 
-func descriptors(ds []*rlconfv3.RateLimitDescriptor, depth int) ([]yamlDescriptor, error) {
+func descriptors(ds []*rlconfv3.RateLimitDescriptor, depth int) ([]fileDescriptor, error) {
 	if len(ds) == 0 {
 		return nil, nil
 	}
 	if depth > MaxDepth {
 		return nil, fmt.Errorf("descriptors nest deeper than %d levels", MaxDepth)
 	}
-	out := make([]yamlDescriptor, len(ds))
+	out := make([]fileDescriptor, len(ds))
 	for i, d := range ds {
 		sub, err := descriptors(d.GetDescriptors(), depth+1)
 		if err != nil {
 			return nil, err
 		}
-		out[i] = yamlDescriptor{Key: d.GetKey(), Value: d.GetValue(), Descriptors: sub,
+		out[i] = fileDescriptor{Key: d.GetKey(), Value: d.GetValue(), Descriptors: sub,
 			ShadowMode: d.GetShadowMode(), DetailedMetric: d.GetDetailedMetric()}
 		if p := d.GetRateLimit(); p != nil {
-			rl := &yamlRateLimit{Unlimited: p.GetUnlimited(), Name: p.GetName()}
+			rl := &fileRateLimit{Unlimited: p.GetUnlimited(), Name: p.GetName()}
 			if !p.GetUnlimited() {
 				rl.Unit = strings.ToLower(p.GetUnit().String())
 				n := p.GetRequestsPerUnit()
 				rl.RequestsPerUnit = &n
 			}
 			for _, r := range p.GetReplaces() {
-				rl.Replaces = append(rl.Replaces, yamlReplace{Name: r.GetName()})
+				rl.Replaces = append(rl.Replaces, fileReplace{Name: r.GetName()})
 			}
 			out[i].RateLimit = rl
 		}
