@@ -33,6 +33,7 @@ type metrics struct {
 	reloads      *prometheus.CounterVec // result
 	rulesOK      prometheus.Gauge
 	rulesLoaded  prometheus.Gauge
+	envoyLimits  prometheus.Gauge
 	reloadTime   prometheus.Gauge
 
 	// inForce are the names decisions are counted under (rules, and
@@ -41,6 +42,8 @@ type metrics struct {
 	// them, under the server's rules lock.
 	inForce map[series]bool
 	gone    []series
+	// envoyN is the number of Envoy limits in force.
+	envoyN int
 }
 
 // series is a name decisions are counted under, in one mode.
@@ -74,6 +77,10 @@ func newMetrics() *metrics {
 			Name: "drip_rules_loaded",
 			Help: "Number of rules in force.",
 		}),
+		envoyLimits: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "drip_envoy_limits_loaded",
+			Help: "Number of Envoy rate limits in force (files or the xDS server's last snapshot); 0: every ShouldRateLimit call is OK.",
+		}),
 		reloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "drip_rules_last_reload_timestamp_seconds",
 			Help: "When the rules in force were loaded (Unix time).",
@@ -87,7 +94,7 @@ func newMetrics() *metrics {
 		m.reloads.WithLabelValues(result)
 	}
 	m.reg.MustRegister(m.obs, m.storeSeconds, m.storeErrors,
-		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime,
+		m.reloads, m.rulesOK, m.rulesLoaded, m.envoyLimits, m.reloadTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -135,6 +142,8 @@ func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
 		}
 	}
 	m.inForce, m.gone = now, gone
+	m.envoyN = len(limits)
+	m.envoyLimits.Set(float64(m.envoyN))
 }
 
 // storeOps are the values of the store series' op label.
