@@ -138,7 +138,7 @@ func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
 		case names[k.name]: // in force under another mode
 			m.obs.ForgetMode(k.name, k.mode)
 		default:
-			m.obs.Forget(k.name)
+			m.obs.Forget(k.name, k.mode)
 		}
 	}
 	m.inForce, m.gone = now, gone

@@ -202,14 +202,14 @@ var events = []engine.Event{engine.Allowed, engine.Denied, engine.NotTaken,
 // settleEvents are the outcomes of drip_settled_tokens_total.
 var settleEvents = []engine.Event{engine.Charged, engine.Refunded, engine.Forgiven}
 
-// Forget deletes every series of rule, in every mode: call it for each
-// rule (or Envoy limit) a reload took out of force, so that the series
-// of rules that come and go do not pile up. Each call costs a few dozen
-// map deletions, whatever the number of series.
-func (o *Observer) Forget(rule string) {
-	for _, m := range []rules.Mode{rules.Enforce, rules.Shadow} {
-		o.ForgetMode(rule, m)
-	}
+// Forget deletes the series of rule in mode (its decisions, its shadow
+// denials in shadow mode) and those of rule in any mode (its local
+// fallback's decisions, its settled tokens): call it for each rule (or
+// Envoy limit) a reload took out of force, with the mode it had, so
+// that the series of rules that come and go do not pile up. Each call
+// costs a few dozen map deletions, whatever the number of series.
+func (o *Observer) Forget(rule string, mode rules.Mode) {
+	o.ForgetMode(rule, mode)
 	o.fallback.DeleteLabelValues(rule)
 	for _, e := range settleEvents {
 		o.settled.DeleteLabelValues(rule, string(e))

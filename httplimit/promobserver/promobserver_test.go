@@ -183,10 +183,10 @@ func TestExpect(t *testing.T) {
 	}
 }
 
-// TestForget: Forget deletes every series of a rule, counted or not
-// (decisions of each event and mode, shadow denials, local fallback,
-// settled tokens); ForgetMode the decisions of one mode; the series of
-// other rules stay as they were.
+// TestForget: Forget and ForgetMode of each mode delete every series of
+// a rule, counted or not (decisions of each event and mode, shadow
+// denials, local fallback, settled tokens); ForgetMode alone the
+// decisions of one mode; the series of other rules stay as they were.
 func TestForget(t *testing.T) {
 	obs := promobserver.New(promobserver.WithoutStore())
 	reg := prometheus.NewRegistry()
@@ -224,7 +224,8 @@ func TestForget(t *testing.T) {
 		obs.Tokens(rule, engine.Charged, 2)
 		obs.Tokens(rule, engine.Forgiven, 1)
 	}
-	obs.Forget("gone")
+	obs.Forget("gone", rules.Enforce)
+	obs.ForgetMode("gone", rules.Shadow)
 	obs.ForgetMode("moved", rules.Shadow)
 	got := series()
 	for _, name := range []string{"drip_decisions_total", "drip_shadow_denials_total", "drip_local_fallback_decisions_total", "drip_settled_tokens_total"} {
