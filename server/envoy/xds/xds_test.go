@@ -263,7 +263,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(got.Limits(), same.Limits()) || len(got.Limits()) != 3 {
-		t.Fatalf("the resource reads as\n%s\nnot as\n%s", files[0].Data, want)
+		t.Fatalf("the resource reads as %+v, not as\n%s", got.Limits(), want)
 	}
 	deep := &rlconfv3.RateLimitDescriptor{Key: "k"}
 	for range xds.MaxDepth {
