@@ -521,3 +521,19 @@ func TestSharedWithMiddleware(t *testing.T) {
 		t.Errorf("gRPC after one HTTP request: %v %v", a.st, a.md)
 	}
 }
+
+// TestShadow: a shadow rule never denies a call, nor shows in its
+// metadata, however far over its limit the caller is.
+func TestShadow(t *testing.T) {
+	e := newEnv(t, nil, parse(t, `{"rules": [
+		{"name": "watch", "mode": "shadow", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rate": 1, "period": "1h"}}]}`))
+	for i := range 3 {
+		a := e.check(e.client, "x-api-key", "k")
+		if a.code() != codes.OK || len(a.md.Get("ratelimit")) > 0 {
+			t.Fatalf("call %d: %v %v", i+1, a.st, a.md)
+		}
+	}
+	if n := e.hits.Load(); n != 3 {
+		t.Errorf("%d calls reached the service, want 3", n)
+	}
+}

@@ -152,7 +152,7 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 		if !q.Has("value") {
 			vals = nil
 		}
-		req, err = s.ruleRequest(name, vals)
+		req, _, err = s.ruleRequest(name, vals)
 		if err != nil {
 			writeError(w, err)
 			return
@@ -181,7 +181,7 @@ func (s *Server) adminReset(w http.ResponseWriter, r *http.Request) {
 	it, key := b.ReqJSON, ""
 	switch rule := ruleOf(it); {
 	case rule != "" && it.Key == "":
-		req, err := s.ruleRequest(rule, it.Values)
+		req, _, err := s.ruleRequest(rule, it.Values)
 		if err != nil {
 			writeError(w, err)
 			return

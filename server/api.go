@@ -176,24 +176,19 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 			return nil, err
 		}
 		rs := make([]drip.Request, len(b.Requests))
-		names := make([]string, len(b.Requests))
+		ts := make([]target, len(b.Requests))
 		for i, it := range b.Requests {
-			r, name, err := s.request(it, opName)
+			r, t, err := s.request(it, opName)
 			if err != nil {
 				return nil, prefixed(fmt.Sprintf("requests[%d]: ", i), err)
 			}
-			rs[i], names[i] = r, name
+			rs[i], ts[i] = r, t
 		}
 		op := apiOp(opName)
 		if err := check(op, rs, true); err != nil {
 			return nil, err
 		}
-		m, err := s.eng.Apply(ctx, op, rs)
-		if err != nil || op == bucket.Take {
-			for i, n := range names {
-				s.count(n, rs[i], m, i, err)
-			}
-		}
+		m, err := s.apply(ctx, op, rs, ts, true)
 		if err != nil {
 			return nil, err
 		}
@@ -203,7 +198,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		return m, nil
 	}
 
-	r, name, err := s.request(b.ReqJSON, opName)
+	r, t, err := s.request(b.ReqJSON, opName)
 	if err != nil {
 		return nil, err
 	}
@@ -216,20 +211,103 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		return map[string]bool{"reset": true}, nil
 	}
 	op := apiOp(opName)
-	if err := check(op, []drip.Request{r}, false); err != nil {
+	rs := []drip.Request{r}
+	if err := check(op, rs, false); err != nil {
 		return nil, err
 	}
-	m, err := s.eng.Apply(ctx, op, []drip.Request{r})
-	if op == bucket.Take {
-		s.count(name, r, m, 0, err)
-	}
+	m, err := s.apply(ctx, op, rs, []target{t}, false)
 	if err != nil {
 		return nil, err
 	}
 	if opName == "acquire" {
-		return acquired{m.Decisions[0], leaseOf(m.Allowed, r)}, nil
+		return acquired{m.Decisions[0], leaseOf(m.Allowed, rs[0])}, nil
 	}
 	return m.Decisions[0], nil
+}
+
+// target is what a decision API request counts under: its rule's name
+// and mode, or "inline" in enforce mode for an inline limit.
+type target struct {
+	name string
+	mode rules.Mode
+}
+
+// inline is what requests with an inline limit count under.
+var inline = target{"inline", rules.Enforce}
+
+// apply decides checked requests through the engine and counts the
+// takes. The requests of shadow-mode rules never deny: a take or a peek
+// decides the others first, all or nothing, then the shadow ones, taken
+// when the others were allowed and else peeked, as the rules decide on
+// HTTP requests; their decisions say allowed, with their buckets' state,
+// and their metrics count them in shadow mode (a denial as a shadow
+// denial, a store failure as error_allowed). A shadow acquire that its
+// bucket refused holds no lease (rs[i].Lease is cleared). Takes are
+// counted, and so are the failures of a multi-take's other ops.
+func (s *Server) apply(ctx context.Context, op bucket.Op, rs []drip.Request, ts []target, multi bool) (drip.Multi, error) {
+	counted := func(err error) bool { return op == bucket.Take || (multi && err != nil) }
+	var enf, sh []int // indexes of rs
+	for i, t := range ts {
+		if t.mode == rules.Shadow && (op == bucket.Take || op == bucket.Peek) {
+			sh = append(sh, i)
+		} else {
+			enf = append(enf, i)
+		}
+	}
+	if len(sh) == 0 {
+		m, err := s.eng.Apply(ctx, op, rs)
+		if counted(err) {
+			for i, t := range ts {
+				s.count(t, rs[i], m, i, err)
+			}
+		}
+		return m, err
+	}
+	m := drip.Multi{Allowed: true, Decisions: make([]drip.Decision, len(rs))}
+	if len(enf) > 0 {
+		em, err := s.eng.Apply(ctx, op, pick(rs, enf))
+		if counted(err) {
+			for j, i := range enf {
+				s.count(ts[i], rs[i], em, j, err)
+			}
+		}
+		if err != nil {
+			return drip.Multi{}, err
+		}
+		m.Allowed, m.RetryAfter = em.Allowed, em.RetryAfter
+		for j, i := range enf {
+			m.Decisions[i] = em.Decisions[j]
+		}
+	}
+	shOp := op
+	if !m.Allowed {
+		shOp = bucket.Peek
+	}
+	sm, err := s.eng.Apply(ctx, shOp, pick(rs, sh))
+	for j, i := range sh {
+		var d drip.Decision
+		if err == nil {
+			d = sm.Decisions[j]
+		}
+		if op == bucket.Take {
+			s.countShadow(ts[i].name, d.Allowed, shOp == bucket.Take && sm.Allowed, err)
+		}
+		if err != nil || shOp != bucket.Take || !sm.Allowed {
+			rs[i].Lease = "" // nothing acquired
+		}
+		d.Allowed, d.RetryAfter = true, 0
+		m.Decisions[i] = d
+	}
+	return m, nil
+}
+
+// pick is the requests of rs at idx.
+func pick(rs []drip.Request, idx []int) []drip.Request {
+	out := make([]drip.Request, len(idx))
+	for j, i := range idx {
+		out[j] = rs[i]
+	}
+	return out
 }
 
 // apiOp is the store op of a decision API path: acquire is a take (of
@@ -283,10 +361,10 @@ func acquiredMulti(m drip.Multi, rs []drip.Request) any {
 	}{m.Allowed, m.RetryAfter.Seconds(), res}
 }
 
-// count reports a take's decision (or failure) on rule to the observer,
+// count reports a take's decision (or failure) on t to the observer,
 // in the engine's vocabulary, and its key (request r, the i-th of m) to
 // the key observer. Bad input is no decision.
-func (s *Server) count(rule string, r drip.Request, m drip.Multi, i int, err error) {
+func (s *Server) count(t target, r drip.Request, m drip.Multi, i int, err error) {
 	ev := engine.Denied
 	switch {
 	case err != nil && store.IsInput(err):
@@ -296,22 +374,34 @@ func (s *Server) count(rule string, r drip.Request, m drip.Multi, i int, err err
 	case m.Allowed:
 		ev = engine.Allowed
 	}
-	s.eng.Observer().Decision(rule, rules.Enforce, ev)
-	if k := s.eng.Keys(); k != nil {
-		it := &engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost}
-		if err == nil && i < len(m.Decisions) {
-			it.Decision, it.Decided = m.Decisions[i], true
-		}
-		k.Key(rule, rules.Enforce, ev, it)
-	}
+	s.eng.Observer().Decision(t.name, t.mode, ev)
 }
 
-// request turns one item into a drip.Request and the rule label of its
-// metrics ("inline" for an inline limit). For reset only the key matters.
-func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string, error) {
-	r, name, err := s.request1(it, opName)
+// countShadow reports a take of a shadow-mode rule: its bucket's own
+// answer (allowed), and whether it was taken (the other requests were
+// allowed, and so were the shadow ones together), as the engine counts
+// a shadow rule on HTTP requests.
+func (s *Server) countShadow(rule string, allowed, taken bool, err error) {
+	ev := engine.NotTaken
+	switch {
+	case err != nil && store.IsInput(err):
+		return
+	case err != nil:
+		ev = engine.ErrorAllowed
+	case !allowed:
+		ev = engine.Denied
+	case taken:
+		ev = engine.Allowed
+	}
+	s.eng.Observer().Decision(rule, rules.Shadow, ev)
+}
+
+// request turns one item into a drip.Request and what its metrics count
+// under. For reset only the key matters.
+func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, target, error) {
+	r, t, err := s.request1(it, opName)
 	if err != nil {
-		return r, name, err
+		return r, t, err
 	}
 	if opName == "release" && r.Limit.Algorithm != drip.Concurrency {
 		// A release gives back slots only: the tokens of the acquire's
@@ -320,26 +410,26 @@ func (s *Server) request(it replay.ReqJSON, opName string) (drip.Request, string
 		r.Cost = 0
 	}
 	if opName != "acquire" {
-		return r, name, nil
+		return r, t, nil
 	}
 	if it.Lease != "" {
-		return drip.Request{}, "", inputf("%v: /v1/acquire names its leases itself; give none", store.ErrInvalidLease)
+		return drip.Request{}, target{}, inputf("%v: /v1/acquire names its leases itself; give none", store.ErrInvalidLease)
 	}
 	if r.Limit.Algorithm == drip.Concurrency {
 		r.Lease = store.NewLeaseID()
 	}
-	return r, name, nil
+	return r, t, nil
 }
 
 // request1 is request without acquire's leases.
-func (s *Server) request1(it replay.ReqJSON, opName string) (drip.Request, string, error) {
+func (s *Server) request1(it replay.ReqJSON, opName string) (drip.Request, target, error) {
 	if rule := ruleOf(it); rule != "" {
 		if it.Key != "" || it.Limit != nil {
-			return drip.Request{}, "", inputf("a request by rule has values instead of key and limit")
+			return drip.Request{}, target{}, inputf("a request by rule has values instead of key and limit")
 		}
-		r, err := s.ruleRequest(rule, it.Values)
+		r, mode, err := s.ruleRequest(rule, it.Values)
 		if err != nil {
-			return drip.Request{}, "", err
+			return drip.Request{}, target{}, err
 		}
 		if it.Cost != nil {
 			r.Cost = *it.Cost
@@ -348,29 +438,29 @@ func (s *Server) request1(it replay.ReqJSON, opName string) (drip.Request, strin
 		if it.Reserve && r.Limit.MaxReserved == 0 {
 			// A reservation without a bound could lock a key out for
 			// ages: by rule, only the debt the rule allows.
-			return drip.Request{}, "", inputf("rule %q allows no reservations: its algorithm_config sets no max_reserved", rule)
+			return drip.Request{}, target{}, inputf("rule %q allows no reservations: its algorithm_config sets no max_reserved", rule)
 		}
 		r.Reserve = it.Reserve
-		return r, rule, nil
+		return r, target{rule, mode}, nil
 	}
 	if it.Values != nil {
-		return drip.Request{}, "", inputf("values need a rule")
+		return drip.Request{}, target{}, inputf("values need a rule")
 	}
 	if it.Key == "" {
-		return drip.Request{}, "", inputf("%v: give key and limit, or rule and values", store.ErrMissingKey)
+		return drip.Request{}, target{}, inputf("%v: give key and limit, or rule and values", store.ErrMissingKey)
 	}
 	if len(it.Key) > MaxInlineKeyLen {
-		return drip.Request{}, "", inputf("%v: key is %d bytes, at most %d", store.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
+		return drip.Request{}, target{}, inputf("%v: key is %d bytes, at most %d", store.ErrKeyTooLong, len(it.Key), MaxInlineKeyLen)
 	}
 	if opName == "reset" {
 		if it.Limit != nil || it.Cost != nil || it.Reserve || it.Lease != "" {
-			return drip.Request{}, "", inputf("a reset takes only key (or rule and values)")
+			return drip.Request{}, target{}, inputf("a reset takes only key (or rule and values)")
 		}
-		return drip.Request{Key: InlinePrefix + it.Key}, "inline", nil
+		return drip.Request{Key: InlinePrefix + it.Key}, inline, nil
 	}
 	r, err := it.ToRequest()
 	r.Key = InlinePrefix + r.Key
-	return r, "inline", err
+	return r, inline, err
 }
 
 // ruleOf is the rule an item names, or "".

@@ -33,7 +33,23 @@ type metrics struct {
 	reloads      *prometheus.CounterVec // result
 	rulesOK      prometheus.Gauge
 	rulesLoaded  prometheus.Gauge
+	envoyLimits  prometheus.Gauge
 	reloadTime   prometheus.Gauge
+
+	// inForce are the names decisions are counted under (rules, and
+	// Envoy limits with envoyPrefix), each with its mode, as the last
+	// load set them; gone are those it took out of force. expect keeps
+	// them, under the server's rules lock.
+	inForce map[series]bool
+	gone    []series
+	// envoyN is the number of Envoy limits in force.
+	envoyN int
+}
+
+// series is a name decisions are counted under, in one mode.
+type series struct {
+	name string
+	mode rules.Mode
 }
 
 func newMetrics() *metrics {
@@ -61,6 +77,10 @@ func newMetrics() *metrics {
 			Name: "drip_rules_loaded",
 			Help: "Number of rules in force.",
 		}),
+		envoyLimits: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "drip_envoy_limits_loaded",
+			Help: "Number of Envoy rate limits in force (files or the xDS server's last snapshot); 0: every ShouldRateLimit call is OK.",
+		}),
 		reloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "drip_rules_last_reload_timestamp_seconds",
 			Help: "When the rules in force were loaded (Unix time).",
@@ -74,16 +94,26 @@ func newMetrics() *metrics {
 		m.reloads.WithLabelValues(result)
 	}
 	m.reg.MustRegister(m.obs, m.storeSeconds, m.storeErrors,
-		m.reloads, m.rulesOK, m.rulesLoaded, m.reloadTime,
+		m.reloads, m.rulesOK, m.rulesLoaded, m.envoyLimits, m.reloadTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 // expect creates at zero the decision series of set's rules and env's
-// limits, so that increase() sees their first decisions.
+// limits, so that increase() sees their first decisions, and deletes the
+// series of the rules and limits no longer in force, so that /metrics and
+// memory follow the configuration in force whatever came before. Names
+// that left are forgotten again at the next load: a decision under way
+// during this one may count once more under its old name.
 func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
+	limits := env.Limits()
+	now := make(map[series]bool, len(set.Rules)+len(limits))
+	names := make(map[string]bool, len(now))
 	m.obs.Expect(set.Rules...)
-	for _, l := range env.Limits() {
+	for _, r := range set.Rules {
+		now[series{r.Name, r.Mode}], names[r.Name] = true, true
+	}
+	for _, l := range limits {
 		mode := rules.Enforce
 		if l.Shadow {
 			mode = rules.Shadow
@@ -92,8 +122,28 @@ func (m *metrics) expect(set *rules.Set, env *envoy.Config) {
 		if l.Unlimited {
 			events = []engine.Event{engine.Unlimited}
 		}
-		m.obs.ExpectEvents(envoyPrefix+l.Label(), mode, events...)
+		name := envoyPrefix + l.Label()
+		m.obs.ExpectEvents(name, mode, events...)
+		now[series{name, mode}], names[name] = true, true
 	}
+	var gone []series
+	for k := range m.inForce {
+		if !now[k] {
+			gone = append(gone, k)
+		}
+	}
+	for _, k := range append(m.gone, gone...) {
+		switch {
+		case now[k]: // back in force
+		case names[k.name]: // in force under another mode
+			m.obs.ForgetMode(k.name, k.mode)
+		default:
+			m.obs.Forget(k.name, k.mode)
+		}
+	}
+	m.inForce, m.gone = now, gone
+	m.envoyN = len(limits)
+	m.envoyLimits.Set(float64(m.envoyN))
 }
 
 // storeOps are the values of the store series' op label.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -46,15 +47,7 @@ func scrape(t *testing.T, admin string) map[string]float64 {
 // a reload adds the new rules' series. Envoy's limits count as rules.
 func TestMetricsAtZero(t *testing.T) {
 	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "edge.yaml"), `domain: edge
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: path
-    value: /login
-    shadow_mode: true
-    rate_limit: {name: login, unit: minute, requests_per_unit: 5}
-  - key: internal
+	writeFile(t, filepath.Join(dir, "edge.yaml"), edgeLimits+`  - key: internal
     rate_limit: {unlimited: true}
 `)
 	path := filepath.Join(dir, "rules.json")
@@ -104,5 +97,103 @@ descriptors:
 	check(got, append(added, "drip_local_fallback_decisions_total{rule=new}", "drip_rules_reloads_total{result=error}"))
 	if v := got["drip_rules_reloads_total{result=ok}"]; v != 1 {
 		t.Errorf("reloads ok: %v, want 1", v)
+	}
+}
+
+// decisionSeries are the per-rule series of a scrape: decisions, shadow
+// denials, local fallback decisions and settled tokens.
+func decisionSeries(got map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range got {
+		for _, name := range []string{"drip_decisions_total{", "drip_shadow_denials_total{", "drip_local_fallback_decisions_total{", "drip_settled_tokens_total{"} {
+			if strings.HasPrefix(k, name) {
+				out[k] = v
+			}
+		}
+	}
+	return out
+}
+
+// edgeLimits is an Envoy configuration of two limits, one in shadow mode.
+const edgeLimits = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /login
+    shadow_mode: true
+    rate_limit: {name: login, unit: minute, requests_per_unit: 5}
+`
+
+// TestMetricsFollowReloads: after a reload, the per-rule series are
+// those of the rules and Envoy limits in force, no more: the series of
+// a rule or limit taken out (counted or not), and those of a rule's old
+// mode, are gone; a rule that stays keeps its counts.
+func TestMetricsFollowReloads(t *testing.T) {
+	dir := t.TempDir()
+	edge := filepath.Join(dir, "edge.yaml")
+	writeFile(t, edge, edgeLimits)
+	path := filepath.Join(dir, "rules.json")
+	writeFile(t, path, `{"rules": [
+	  {"name": "api", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rps": 1}},
+	  {"name": "watch", "limit_keys": ["global"], "mode": "shadow", "algorithm_config": {"rps": 1}},
+	  {"name": "keep", "limit_keys": ["global"], "algorithm_config": {"rps": 1}},
+	  {"name": "gone", "limit_keys": ["global"], "on_error": "local", "algorithm_config": {"rps": 1}},
+	  {"name": "billed", "limit_keys": ["global"], "cost_from_response": "header:x-cost", "algorithm_config": {"rps": 1}}]}`)
+	srv := start(t, Config{Rules: dir, WatchEvery: -1, GRPCListen: "127.0.0.1:0"}, memstore.New())
+	for _, body := range []string{`{"rule": "gone", "values": []}`, `{"rule": "keep", "values": []}`} {
+		if code, out := post(t, srv.base+"/v1/take", body); code != 200 {
+			t.Fatalf("take %s: %d %s", body, code, out)
+		}
+	}
+	if code, out := call(t, "POST", srv.admin+"/json", `{"domain": "edge", "descriptors": [{"entries": [{"key": "remote_address", "value": "1.2.3.4"}]}]}`); code != 200 {
+		t.Fatalf("/json: %d %s", code, out)
+	}
+	before := decisionSeries(scrape(t, srv.admin))
+	for _, k := range []string{"drip_decisions_total{mode=enforce,outcome=allowed,rule=gone}", "drip_decisions_total{mode=enforce,outcome=allowed,rule=envoy:edge.remote_address}"} {
+		if before[k] != 1 {
+			t.Fatalf("%s: %v before the reload, want 1", k, before[k])
+		}
+	}
+
+	// api turns shadow, gone and billed go, and the Envoy domain edge gives way
+	// to core.
+	writeFile(t, path, `{"rules": [
+	  {"name": "api", "limit_keys": ["header:x-api-key"], "mode": "shadow", "algorithm_config": {"rps": 1}},
+	  {"name": "watch", "limit_keys": ["global"], "mode": "shadow", "algorithm_config": {"rps": 1}},
+	  {"name": "keep", "limit_keys": ["global"], "algorithm_config": {"rps": 1}}]}`)
+	if err := os.Remove(edge); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "core.yaml"), `domain: core
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 5}
+`)
+	if err := srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"drip_shadow_denials_total{rule=api}": 0, "drip_shadow_denials_total{rule=watch}": 0}
+	for _, o := range []string{"allowed", "denied", "not_taken", "error", "error_allowed"} {
+		want["drip_decisions_total{mode=shadow,outcome="+o+",rule=api}"] = 0
+		want["drip_decisions_total{mode=shadow,outcome="+o+",rule=watch}"] = 0
+	}
+	for _, o := range []string{"allowed", "denied", "not_taken", "error", "error_allowed"} {
+		want["drip_decisions_total{mode=enforce,outcome="+o+",rule=keep}"] = 0
+	}
+	want["drip_decisions_total{mode=enforce,outcome=allowed,rule=keep}"] = 1
+	for _, o := range []string{"allowed", "denied", "not_taken", "refunded", "error"} {
+		want["drip_decisions_total{mode=enforce,outcome="+o+",rule=envoy:core.k}"] = 0
+	}
+	got := decisionSeries(scrape(t, srv.admin))
+	for k, v := range got {
+		if w, ok := want[k]; !ok || v != w {
+			t.Errorf("after the reload: %s %v (expected %v, want %v)", k, v, ok, w)
+		}
+	}
+	for k := range want {
+		if _, ok := got[k]; !ok {
+			t.Errorf("after the reload: %s missing", k)
+		}
 	}
 }

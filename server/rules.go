@@ -108,18 +108,18 @@ func (s *Server) lastHash() [32]byte {
 // ruleRequest builds the request of rule name for key values given as a
 // JSON list (one per limit key but "global", in order) or object (limit
 // key to value). Its cost is the rule's fixed_cost, or default_cost when
-// the rule reads costs from requests.
-func (s *Server) ruleRequest(name string, values json.RawMessage) (drip.Request, error) {
+// the rule reads costs from requests. mode is the rule's.
+func (s *Server) ruleRequest(name string, values json.RawMessage) (_ drip.Request, mode rules.Mode, _ error) {
 	r, err := s.rule(name)
 	if err != nil {
-		return drip.Request{}, err
+		return drip.Request{}, "", err
 	}
 	key, err := ruleKey(r, values, s.rules())
 	if err != nil {
-		return drip.Request{}, err
+		return drip.Request{}, "", err
 	}
 	l, _ := s.eng.LimitOf(r, key, nil) // the key's override, if any
-	return drip.Request{Key: key, Limit: l, Cost: ruleCost(r)}, nil
+	return drip.Request{Key: key, Limit: l, Cost: ruleCost(r)}, r.Mode, nil
 }
 
 // ruleCost is the cost of a request by rule r that names none: its

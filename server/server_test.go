@@ -119,7 +119,7 @@ func startWith(t testing.TB, cfg Config, store store.Store, setup func(*Server))
 }
 
 // call sends a request and returns the status and the body.
-func call(t *testing.T, method, url, body string, hdr ...string) (int, string) {
+func call(t testing.TB, method, url, body string, hdr ...string) (int, string) {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {

@@ -77,7 +77,13 @@ func (s *Server) applyXDS(version string, files []envoy.File) error {
 	s.metrics.reloads.WithLabelValues("ok").Inc()
 	s.metrics.rulesOK.Set(1)
 	s.metrics.reloadTime.Set(float64(s.rs.loadedAt.UnixNano()) / 1e9)
-	s.log.Info("drip serve: Envoy configuration from the xDS server", "version", version, "domains", len(cfg.Domains()))
+	if n := s.metrics.envoyN; n == 0 {
+		// Applied, as envoyproxy/ratelimit applies it, but never
+		// silently: a control plane that lost its policies looks so.
+		s.log.Warn("drip serve: the xDS server's configuration holds no limits: every request is OK until a snapshot with limits applies (drip_envoy_limits_loaded 0)", "version", version, "resources", len(files))
+	} else {
+		s.log.Info("drip serve: Envoy configuration from the xDS server", "version", version, "domains", len(cfg.Domains()), "limits", n)
+	}
 	return nil
 }
 

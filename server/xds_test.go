@@ -4,12 +4,14 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
+	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/server/envoy/xds"
 	"github.com/driplimit/drip/server/envoy/xds/xdstest"
 	"github.com/driplimit/drip/store/memstore"
@@ -118,5 +120,94 @@ func TestXDSForceStart(t *testing.T) {
 	}
 	if code, _ := call(t, "POST", r.admin+"/json", body); code != 429 {
 		t.Fatalf("/json after the NACK: %d, want 429 (the old snapshot)", code)
+	}
+}
+
+// TestXDSSeriesFollowSnapshots: the per-limit series on /metrics are
+// those of the snapshot in force, whatever came before: two large
+// snapshots of different routes, then a small one, leave the small
+// one's series and no other.
+func TestXDSSeriesFollowSnapshots(t *testing.T) {
+	srv := xdstest.Start(t, nil)
+	r := start(t, Config{XDSForceStart: true, XDS: &xds.Config{Server: srv.Addr, NodeID: "n", Backoff: xds.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}}}, memstore.New())
+	envoySeries := func() int {
+		n := 0
+		for k := range decisionSeries(scrape(t, r.admin)) {
+			if strings.Contains(k, "rule=envoy:") {
+				n++
+			}
+		}
+		return n
+	}
+	const big = 3000
+	for i, prefix := range []string{"a", "b"} {
+		v := strconv.Itoa(i + 1)
+		srv.Push(t, "n", v, routes("big", prefix, big))
+		srv.WaitAck(t, v)
+		// One decision, so that a counted series is among those to go.
+		if code, out := call(t, "POST", r.admin+"/json", `{"domain": "big", "descriptors": [{"entries": [{"key": "route", "value": "`+prefix+`7"}]}]}`); code != 200 {
+			t.Fatalf("/json: %d %s", code, out)
+		}
+		if n := envoySeries(); n != 5*big {
+			t.Fatalf("snapshot %s: %d Envoy series, want %d", v, n, 5*big)
+		}
+	}
+	srv.Push(t, "n", "3", routes("small", "c", 1))
+	srv.WaitAck(t, "3")
+	got := decisionSeries(scrape(t, r.admin))
+	n := 0
+	for k := range got {
+		if strings.Contains(k, "rule=envoy:") {
+			n++
+			if !strings.Contains(k, "rule=envoy:small.route_c0}") {
+				t.Errorf("after the small snapshot: %s", k)
+			}
+		}
+	}
+	if n != 5 {
+		t.Fatalf("after the small snapshot: %d Envoy series, want 5 (allowed, denied, not_taken, refunded, error)", n)
+	}
+}
+
+// TestXDSEmptySnapshot: a snapshot without limits applies (every call is
+// then OK, as in envoyproxy/ratelimit), but not silently: a warning in
+// the log and drip_envoy_limits_loaded at 0.
+func TestXDSEmptySnapshot(t *testing.T) {
+	srv := xdstest.Start(t, nil)
+	log := &testserver.LockedBuffer{}
+	r := start(t, Config{XDSForceStart: true, Logger: slog.New(slog.NewTextHandler(log, nil)),
+		XDS: &xds.Config{Server: srv.Addr, NodeID: "n", Backoff: xds.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond}}}, memstore.New())
+	body := `{"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}`
+	srv.Push(t, "n", "1", xdstest.Config("c", "d", xdstest.Limit("k", "", 0, rlconfv3.RateLimitUnit_SECOND)))
+	srv.WaitAck(t, "1")
+	if code, _ := call(t, "POST", r.admin+"/json", body); code != 429 {
+		t.Fatalf("/json under a limit of 0: %d", code)
+	}
+	if v := scrape(t, r.admin)["drip_envoy_limits_loaded{}"]; v != 1 {
+		t.Fatalf("drip_envoy_limits_loaded %v, want 1", v)
+	}
+	if strings.Contains(log.String(), "level=WARN") {
+		t.Fatalf("a warning for a snapshot with limits:\n%s", log.String())
+	}
+	for _, v := range []string{"2", "3"} {
+		if v == "2" {
+			srv.Push(t, "n", v) // no resource
+		} else {
+			srv.Push(t, "n", v, xdstest.Config("c", "d")) // a domain without descriptors
+		}
+		srv.WaitAck(t, v)
+		if code, _ := call(t, "POST", r.admin+"/json", body); code != 200 {
+			t.Fatalf("/json under snapshot %s: %d", v, code)
+		}
+		if got := scrape(t, r.admin)["drip_envoy_limits_loaded{}"]; got != 0 {
+			t.Fatalf("snapshot %s: drip_envoy_limits_loaded %v, want 0", v, got)
+		}
+		var warned bool
+		for _, line := range strings.Split(log.String(), "\n") {
+			warned = warned || strings.Contains(line, "level=WARN") && strings.Contains(line, "no limits") && strings.Contains(line, "version="+v)
+		}
+		if !warned {
+			t.Fatalf("no warning of snapshot %s without limits:\n%s", v, log.String())
+		}
 	}
 }

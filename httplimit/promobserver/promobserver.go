@@ -25,7 +25,8 @@
 // A series is created by its first event, unless Expect created it
 // before: Prometheus then has no sample of it before the event, so
 // increase() and rate() miss that first event. Expect the rules in force
-// (New creates the breaker's and the store's series at once).
+// (New creates the breaker's and the store's series at once), and Forget
+// those a reload took out: a series stays until it is forgotten.
 package promobserver
 
 import (
@@ -166,7 +167,7 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 		}
 		if r.Settles() { // cost_from_response, count_status: Outcome.Settle's events
 			events = append(events, engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled)
-			for _, e := range []engine.Event{engine.Charged, engine.Refunded, engine.Forgiven} {
+			for _, e := range settleEvents {
 				o.settled.WithLabelValues(r.Name, string(e))
 			}
 		}
@@ -188,6 +189,41 @@ func (o *Observer) ExpectEvents(rule string, mode rules.Mode, events ...engine.E
 	}
 	if mode == rules.Shadow {
 		o.shadowDenials.WithLabelValues(rule)
+	}
+}
+
+// events are every engine.Event a decision series can carry: what Forget
+// deletes.
+var events = []engine.Event{engine.Allowed, engine.Denied, engine.NotTaken,
+	engine.ErrorAllowed, engine.ErrorDenied, engine.LocalAllowed, engine.LocalDenied,
+	engine.Failed, engine.Refunded, engine.Unlimited,
+	engine.Charged, engine.Forgiven, engine.Settled}
+
+// settleEvents are the outcomes of drip_settled_tokens_total.
+var settleEvents = []engine.Event{engine.Charged, engine.Refunded, engine.Forgiven}
+
+// Forget deletes the series of rule in mode (its decisions, its shadow
+// denials in shadow mode) and those of rule in any mode (its local
+// fallback's decisions, its settled tokens): call it for each rule (or
+// Envoy limit) a reload took out of force, with the mode it had, so
+// that the series of rules that come and go do not pile up. Each call
+// costs a few dozen map deletions, whatever the number of series.
+func (o *Observer) Forget(rule string, mode rules.Mode) {
+	o.ForgetMode(rule, mode)
+	o.fallback.DeleteLabelValues(rule)
+	for _, e := range settleEvents {
+		o.settled.DeleteLabelValues(rule, string(e))
+	}
+}
+
+// ForgetMode deletes the decisions of rule in mode (and its shadow
+// denials, for Shadow): for a rule that stays under another mode.
+func (o *Observer) ForgetMode(rule string, mode rules.Mode) {
+	for _, e := range events {
+		o.decisions.DeleteLabelValues(rule, string(mode), string(e))
+	}
+	if mode == rules.Shadow {
+		o.shadowDenials.DeleteLabelValues(rule)
 	}
 }
 

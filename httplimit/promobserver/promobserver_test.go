@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/httplimit/promobserver"
 	"github.com/driplimit/drip/rules"
@@ -179,5 +180,73 @@ func TestExpect(t *testing.T) {
 		if _, ok := want[k]; !ok {
 			t.Errorf("unexpected series %s", k)
 		}
+	}
+}
+
+// TestForget: Forget and ForgetMode of each mode delete every series of
+// a rule, counted or not (decisions of each event and mode, shadow
+// denials, local fallback, settled tokens); ForgetMode alone the
+// decisions of one mode; the series of other rules stay as they were.
+func TestForget(t *testing.T) {
+	obs := promobserver.New(promobserver.WithoutStore())
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(obs)
+	series := func() map[string]bool {
+		t.Helper()
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{} // name/rule, and name/rule/mode
+		for _, f := range fams {
+			for _, m := range f.GetMetric() {
+				var rule, mode string
+				for _, l := range m.GetLabel() {
+					switch l.GetName() {
+					case "rule":
+						rule = l.GetValue()
+					case "mode":
+						mode = "/" + l.GetValue()
+					}
+				}
+				out[f.GetName()+"/"+rule], out[f.GetName()+"/"+rule+mode] = true, true
+			}
+		}
+		return out
+	}
+	for _, rule := range []string{"gone", "kept", "moved"} {
+		obs.ExpectEvents(rule, rules.Shadow, engine.Allowed)
+		for _, mode := range []rules.Mode{rules.Enforce, rules.Shadow} {
+			for _, e := range []engine.Event{engine.Allowed, engine.Denied, engine.LocalDenied, engine.Unlimited, engine.Settled, engine.Charged} {
+				obs.Decision(rule, mode, e)
+			}
+		}
+		obs.Tokens(rule, engine.Charged, 2)
+		obs.Tokens(rule, engine.Forgiven, 1)
+	}
+	obs.Forget("gone", rules.Enforce)
+	obs.ForgetMode("gone", rules.Shadow)
+	obs.ForgetMode("moved", rules.Shadow)
+	got := series()
+	for _, name := range []string{"drip_decisions_total", "drip_shadow_denials_total", "drip_local_fallback_decisions_total", "drip_settled_tokens_total"} {
+		if got[name+"/gone"] {
+			t.Errorf("%s of the forgotten rule is there", name)
+		}
+		if !got[name+"/kept"] {
+			t.Errorf("%s of the kept rule is gone", name)
+		}
+	}
+	if got["drip_shadow_denials_total/moved"] {
+		t.Error("the shadow denials of a rule no longer in shadow mode are there")
+	}
+	for _, name := range []string{"drip_decisions_total", "drip_local_fallback_decisions_total", "drip_settled_tokens_total"} {
+		if !got[name+"/moved"] {
+			t.Errorf("%s of the rule that changed mode is gone", name)
+		}
+	}
+	// Of the rule that changed mode, only its enforce decisions stay.
+	if got["drip_decisions_total/moved/shadow"] || !got["drip_decisions_total/moved/enforce"] {
+		t.Errorf("the decisions of the rule that changed mode: shadow %v, enforce %v; want only enforce",
+			got["drip_decisions_total/moved/shadow"], got["drip_decisions_total/moved/enforce"])
 	}
 }

@@ -247,6 +247,11 @@ func IsConfig(data []byte) bool {
 type File struct {
 	Name string
 	Data []byte
+	// Doc, when set, is the file already decoded, as a YAML document
+	// node, and Data is not read: the xDS client builds its resources
+	// so, without writing them out and reading them back. Its nodes carry
+	// no line numbers, so problems name their path only.
+	Doc *yaml.Node
 }
 
 // Parse builds a Config from configuration files, one domain each, in
@@ -267,7 +272,7 @@ func ParseWith(opts Options, files ...File) (*Config, error) {
 	domainFile := map[string]string{}
 	for _, f := range files {
 		p := &parser{file: f.Name, shadow: opts.Shadow, algo: opts.Algorithm, leased: opts.Leased}
-		domain, descs := p.parse(f.Data)
+		domain, descs := p.parse(f)
 		if domain != "" {
 			root := c.domains[domain]
 			if other, dup := domainFile[domain]; dup && !opts.MergeDomains {

@@ -93,16 +93,19 @@ func (p *parser) boolean(n *yaml.Node, path string) bool {
 
 // parse decodes a file into its domain and descriptor list (nil when
 // there is none); a domain of "" is a file that cannot be loaded.
-func (p *parser) parse(data []byte) (string, *yaml.Node) {
-	var doc yaml.Node
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&doc); err != nil {
-		p.add("", "not valid YAML: %v", err)
-		return "", nil
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); err == nil {
-		p.add("", "holds more than one YAML document")
+func (p *parser) parse(file File) (string, *yaml.Node) {
+	doc := file.Doc
+	if doc == nil {
+		doc = new(yaml.Node)
+		dec := yaml.NewDecoder(bytes.NewReader(file.Data))
+		if err := dec.Decode(doc); err != nil {
+			p.add("", "not valid YAML: %v", err)
+			return "", nil
+		}
+		var extra yaml.Node
+		if err := dec.Decode(&extra); err == nil {
+			p.add("", "holds more than one YAML document")
+		}
 	}
 	if len(doc.Content) == 0 {
 		p.add("", "empty file")

@@ -106,6 +106,7 @@ type Client struct {
 	log   *slog.Logger
 	conn  *grpc.ClientConn
 	rnd   func() float64
+	after func(time.Duration) <-chan time.Time // time.After; tests set their own
 
 	mu      sync.Mutex
 	version string // of the snapshot in force; "" before the first
@@ -145,7 +146,7 @@ func New(cfg Config, apply Apply) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("xds: %w", err)
 	}
-	return &Client{cfg: cfg, apply: apply, log: cfg.Logger, conn: conn, rnd: rand.Float64, first: make(chan struct{})}, nil
+	return &Client{cfg: cfg, apply: apply, log: cfg.Logger, conn: conn, rnd: rand.Float64, after: time.After, first: make(chan struct{})}, nil
 }
 
 // Applied is closed once a first snapshot has been applied.
@@ -199,13 +200,26 @@ func (c *Client) stream(ctx context.Context) (got bool, err error) {
 	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: TypeURL, VersionInfo: c.Version()}); err != nil {
 		return false, err
 	}
+	resps, recvErr := c.receive(ctx, st)
 	nacked, nackErr := "", error(nil) // the version last refused on this stream, and why
+	repeats := 0                      // how many times since it came again
+	var held *discoveryv3.DiscoveryRequest
+	var due <-chan time.Time // when held is sent
 	for {
-		resp, err := st.Recv()
-		if err != nil {
+		var resp *discoveryv3.DiscoveryResponse
+		select {
+		case err := <-recvErr:
 			return got, err
+		case <-due:
+			if err := st.Send(held); err != nil {
+				return got, err
+			}
+			held, due = nil, nil
+			continue
+		case resp = <-resps:
 		}
 		got = true
+		held, due = nil, nil // a response answers the one before, held back or not
 		req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResponseNonce: resp.Nonce}
 		repeat := nackErr != nil && resp.VersionInfo == nacked
 		err = nackErr
@@ -220,24 +234,58 @@ func (c *Client) stream(ctx context.Context) (got bool, err error) {
 			// request names) would loop with the client, thousands of
 			// times a second; the second NACK of a version names that
 			// version, which such a server takes as the client's and
-			// waits for a new snapshot.
+			// waits for a new snapshot. A server that sends it again
+			// still gets each further NACK after a backoff (Backoff, from
+			// Initial to Max), and a new version at once.
 			req.VersionInfo = c.Version()
 			if repeat {
 				req.VersionInfo = resp.VersionInfo
+				repeats++
 			} else {
+				repeats = 0
 				c.log.Error("xds: configuration refused (NACK); the one in force stays", "version", resp.VersionInfo, "err", err.Error())
 			}
 			nacked, nackErr = resp.VersionInfo, err
 			req.ErrorDetail = &spb.Status{Code: int32(codes.InvalidArgument), Message: truncate(err.Error(), maxDetail)}
 		} else {
-			nacked, nackErr = "", nil
+			nacked, nackErr, repeats = "", nil, 0
 			c.log.Info("xds: configuration applied", "version", resp.VersionInfo, "resources", len(resp.Resources))
 			req.VersionInfo = resp.VersionInfo
+		}
+		if repeats >= 2 {
+			d := c.cfg.Backoff.wait(repeats-2, c.rnd)
+			if repeats == 2 {
+				c.log.Warn("xds: the server sends a refused configuration again after each NACK; answering it after a backoff", "version", resp.VersionInfo, "in", d.String())
+			}
+			held, due = req, c.after(d)
+			continue
 		}
 		if err := st.Send(req); err != nil {
 			return got, err
 		}
 	}
+}
+
+// receive reads the stream's responses into resps until it fails (the
+// error in recvErr) or ctx ends, so that the stream can wait to send a
+// NACK while it reads.
+func (c *Client) receive(ctx context.Context, st discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) (resps <-chan *discoveryv3.DiscoveryResponse, recvErr <-chan error) {
+	rc, ec := make(chan *discoveryv3.DiscoveryResponse), make(chan error, 1)
+	go func() {
+		for {
+			resp, err := st.Recv()
+			if err != nil {
+				ec <- err
+				return
+			}
+			select {
+			case rc <- resp:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return rc, ec
 }
 
 // take applies one response, and records its version if it applied.

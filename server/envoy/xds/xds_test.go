@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -250,11 +251,19 @@ descriptors:
                 - name: x
           shadow_mode: true
 `
-	if len(files) != 1 || files[0].Name != "xds:n" || string(files[0].Data) != want {
-		t.Fatalf("%+v\n%s", files, files[0].Data)
+	if len(files) != 1 || files[0].Name != "xds:n" {
+		t.Fatalf("%+v", files)
 	}
-	if _, err := envoy.Parse(files...); err != nil {
+	got, err := envoy.Parse(files...)
+	if err != nil {
 		t.Fatal(err)
+	}
+	same, err := envoy.Parse(envoy.File{Name: "xds:n", Data: []byte(want)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Limits(), same.Limits()) || len(got.Limits()) != 3 {
+		t.Fatalf("the resource reads as %+v, not as\n%s", got.Limits(), want)
 	}
 	deep := &rlconfv3.RateLimitDescriptor{Key: "k"}
 	for range xds.MaxDepth {
