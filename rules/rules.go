@@ -219,6 +219,15 @@ type Rule struct {
 	// is only checked (peeked at the cost), and the cost is taken after
 	// the response when its status matches.
 	CountStatus StatusSet
+	// MaxWait, when set (max_wait), is how long a request this rule would
+	// deny may wait for its turn instead: a rate rule's request holds a
+	// reservation (its place in line), a concurrency rule's waits for a
+	// slot. Zero: the rule answers at once.
+	MaxWait time.Duration
+	// MaxQueue is how many requests may wait under the rule at once in
+	// one instance (max_queue; DefaultMaxQueue with max_wait alone): a
+	// request beyond it is denied at once.
+	MaxQueue int
 	// Index is the rule's position in the file.
 	Index int
 }
