@@ -139,6 +139,14 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 	}
 }
 
+// TakeWaiting takes the items all or nothing, as Apply takes requests,
+// except that a take they deny may wait for its turn as Decide's rules
+// do (Item.Wait, Queue, MaxQueue): the decision API's take with "wait".
+// The items are enforced ones: no Shadow, Refund, Charge, Check or Quota.
+func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, err error) {
+	return e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
+}
+
 // reserve sets the items' reservations for a wait of left: a rate
 // limit's item that waits may run into the debt its limit refills within
 // left (debtWithin); 0 takes plainly.

@@ -188,7 +188,10 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		if err := check(op, rs, true); err != nil {
 			return nil, err
 		}
-		m, err := s.eng.Apply(ctx, op, rs)
+		if err := checkWait(b, opName); err != nil {
+			return nil, err
+		}
+		m, err := s.take(ctx, op, b.Wait, b.Requests, rs)
 		if err != nil || op == bucket.Take {
 			for _, n := range names {
 				s.count(n, m.Allowed, err)
@@ -219,7 +222,10 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 	if err := check(op, []drip.Request{r}, false); err != nil {
 		return nil, err
 	}
-	m, err := s.eng.Apply(ctx, op, []drip.Request{r})
+	if err := checkWait(b, opName); err != nil {
+		return nil, err
+	}
+	m, err := s.take(ctx, op, b.Wait, []replay.ReqJSON{b.ReqJSON}, []drip.Request{r})
 	if op == bucket.Take {
 		s.count(name, m.Allowed, err)
 	}
