@@ -224,8 +224,9 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // giveBack returns what a request that left its queue held: its
-// reservations (refunded) and the slots it acquired (released), in one
-// store call on a context of its own.
+// reservations (refunded; their rules then show the request denied) and
+// the slots it acquired (released), in one store call on a context of
+// its own.
 func (e *Engine) giveBack(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item) {
 	var reqs []drip.Request
 	for _, it := range items {
@@ -235,6 +236,8 @@ func (e *Engine) giveBack(ctx context.Context, timeout time.Duration, br rules.B
 		r := drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.Cost, Lease: it.Lease}
 		if it.Limit.Algorithm == drip.Concurrency {
 			r.Cost = 0
+		} else {
+			it.Decision.Allowed = false
 		}
 		reqs = append(reqs, r)
 		it.Changed = false

@@ -141,8 +141,8 @@ func TestQueueCancel(t *testing.T) {
 		left := make(chan time.Duration)
 		go func() { // due at 300 ms: the last the wait allows
 			out := e.Decide(gone, rs, values{})
-			if out.Allowed {
-				t.Error("the waiter that went away was allowed")
+			if out.Allowed || out.Applied[0].Event != engine.Denied || out.Reason != engine.ReasonTokenBucket {
+				t.Errorf("the waiter that went away: allowed %v, %s (%s); want denied by the token bucket", out.Allowed, out.Applied[0].Event, out.Reason)
 			}
 			left <- time.Since(start)
 		}()

@@ -167,6 +167,9 @@ func (s *Server) decideHandler(opName string) http.Handler {
 // decide performs one decision API body: takes, peeks and refunds through
 // the engine (its deadline, its breaker), a reset under the same deadline.
 func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, error) {
+	if err := checkWait(b, opName); err != nil {
+		return nil, err
+	}
 	if b.Requests != nil {
 		var opErr error
 		if opName != "take" && opName != "peek" && opName != "acquire" && opName != "release" {
@@ -186,9 +189,6 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		}
 		op := apiOp(opName)
 		if err := check(op, rs, true); err != nil {
-			return nil, err
-		}
-		if err := checkWait(b, opName); err != nil {
 			return nil, err
 		}
 		m, err := s.take(ctx, op, b.Wait, b.Requests, rs)
@@ -220,9 +220,6 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 	}
 	op := apiOp(opName)
 	if err := check(op, []drip.Request{r}, false); err != nil {
-		return nil, err
-	}
-	if err := checkWait(b, opName); err != nil {
 		return nil, err
 	}
 	m, err := s.take(ctx, op, b.Wait, []replay.ReqJSON{b.ReqJSON}, []drip.Request{r})

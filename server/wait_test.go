@@ -150,6 +150,7 @@ func TestAPIWait(t *testing.T) {
 	}
 	for _, c := range []struct{ path, body, want string }{
 		{"/v1/peek", `{"rule": "q", "values": {"header:x-api-key": "d"}, "wait": "1s"}`, "does not wait"},
+		{"/v1/reset", `{"rule": "q", "values": {"header:x-api-key": "d"}, "wait": "1s"}`, "does not wait"},
 		{"/v1/take", `{"key": "d", "limit": {"rate": 1, "period": "1s", "max_reserved": 5}, "reserve": true, "wait": "1s"}`, "do not go together"},
 		{"/v1/take", `{"rule": "q", "values": {"header:x-api-key": "d"}, "wait": "-1s"}`, "wait"},
 		{"/v1/take", `{"rule": "q", "values": {"header:x-api-key": "d"}, "wait": "soon"}`, "wait"},
