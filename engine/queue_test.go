@@ -163,21 +163,29 @@ func TestQueueCancel(t *testing.T) {
 	})
 }
 
+// holdSlot compiles a concurrency rule of one slot whose requests wait
+// up to maxWait, and takes its slot.
+func holdSlot(t *testing.T, e *engine.Engine, maxWait string) (*engine.Rules, *engine.Outcome) {
+	t.Helper()
+	set, err := rules.Parse([]byte(`{"rules": [{"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency",
+	  "max_wait": "`+maxWait+`", "algorithm_config": {"max_in_flight": 1}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := e.Compile(set)
+	a := e.Decide(t.Context(), rs, values{})
+	if !a.Allowed {
+		t.Fatalf("the first request: denied (%v)", a.Err)
+	}
+	return rs, a
+}
+
 // TestQueueInFlight: a request waiting for a concurrency rule's slot is
 // woken by a release in this engine, at once (not at its next ask).
 func TestQueueInFlight(t *testing.T) {
 	inBubble(t, func(t *testing.T, e *engine.Engine) {
-		set, err := rules.Parse([]byte(`{"rules": [{"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency",
-		  "max_wait": "1s", "algorithm_config": {"max_in_flight": 1}}]}`), "rules.json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		rs := e.Compile(set)
+		rs, a := holdSlot(t, e, "1s")
 		ctx := t.Context()
-		a := e.Decide(ctx, rs, values{})
-		if !a.Allowed {
-			t.Fatal("the first request was denied")
-		}
 		start := time.Now()
 		got := make(chan passed)
 		go func() {
@@ -211,9 +219,6 @@ func TestQueueInFlight(t *testing.T) {
 // 90 ms, which even a loaded machine does).
 func TestQueueStores(t *testing.T) {
 	for _, st := range teststores.Shared() {
-		if st.Name == "redis-cluster" {
-			continue // one key: as Redis
-		}
 		t.Run(st.Name, func(t *testing.T) {
 			now := time.Unix(1_800_000_000, 0)
 			e := engine.New(st.Open(t), engine.WithClock(func() time.Time { return now }),
@@ -247,6 +252,62 @@ func TestQueueStores(t *testing.T) {
 			want := []time.Duration{0, 0, ms, 2 * ms, 3 * ms, 4 * ms, 5 * ms}
 			if !slices.Equal(due, want) {
 				t.Errorf("the passed requests' reservations were due at %v, want %v", due, want)
+			}
+		})
+	}
+}
+
+// queueWatch is an observer that reports each request that joins a
+// queue.
+type queueWatch struct {
+	engine.NopObserver
+	joined chan string
+}
+
+func (q *queueWatch) Queued(rule string, delta int) {
+	if delta > 0 {
+		q.joined <- rule
+	}
+}
+
+func (q *queueWatch) Waited(string, time.Duration, bool) {}
+
+// TestQueueInFlightStores: on every store, a request that finds a
+// concurrency rule's one slot held waits, and gets the slot when it is
+// released; a third request meanwhile waits behind it.
+func TestQueueInFlightStores(t *testing.T) {
+	for _, st := range teststores.Shared() {
+		t.Run(st.Name, func(t *testing.T) {
+			obs := &queueWatch{joined: make(chan string, 2)}
+			e := engine.New(st.Open(t), engine.WithTimeout(teststores.Timeout), engine.WithObserver(obs),
+				engine.WithLogger(slog.New(slog.DiscardHandler)))
+			defer e.Close()
+			rs, a := holdSlot(t, e, "30s")
+			ctx := t.Context()
+			got := make(chan *engine.Outcome, 2)
+			for range 2 {
+				go func() { got <- e.Decide(ctx, rs, values{}) }()
+				<-obs.joined
+			}
+			if err := a.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			b := <-got
+			if !b.Allowed {
+				t.Fatalf("the first waiter after the release: denied (%v)", b.Err)
+			}
+			select {
+			case c := <-got:
+				t.Fatalf("the second waiter passed while the first held the slot: allowed %v", c.Allowed)
+			case <-time.After(3 * engine.PollInterval):
+			}
+			if err := b.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if c := <-got; !c.Allowed {
+				t.Errorf("the second waiter after the second release: denied (%v)", c.Err)
+			} else {
+				c.Release(ctx)
 			}
 		})
 	}
