@@ -175,3 +175,35 @@ func TestAPIMaxWait(t *testing.T) {
 		t.Errorf("a take asking 10 s of a server that allows 100 ms: %d %s, want denied", code, out)
 	}
 }
+
+// TestAPIAcquireWait: an acquire that asks to wait gets the slot when
+// another caller releases it through the API, with a lease of its own.
+func TestAPIAcquireWait(t *testing.T) {
+	srv := start(t, Config{WatchEvery: -1, MaxWait: 30 * time.Second, AdminToken: "T"}, memstore.New())
+	inline := `"key": "job", "limit": {"algorithm": "concurrency", "max_in_flight": 1, "lease_ttl": "10m"}`
+	var a struct {
+		Allowed bool   `json:"allowed"`
+		Lease   string `json:"lease"`
+	}
+	code, out := post(t, srv.base+"/v1/acquire", `{`+inline+`}`)
+	if err := json.Unmarshal([]byte(out), &a); code != 200 || err != nil || !a.Allowed {
+		t.Fatalf("first acquire: %d %s", code, out)
+	}
+	got := make(chan string, 1)
+	go func() {
+		_, out := post(t, srv.base+"/v1/acquire", `{`+inline+`, "wait": "30s"}`)
+		got <- out
+	}()
+	waitFor(t, "the second acquire waits", func() bool { return scrape(t, srv.admin)[`drip_queue_length{rule=inline}`] == 1 })
+	if code, out := post(t, srv.base+"/v1/release", `{`+inline+`, "lease": "`+a.Lease+`"}`); code != 200 {
+		t.Fatalf("release: %d %s", code, out)
+	}
+	out = <-got
+	var b struct {
+		Allowed bool   `json:"allowed"`
+		Lease   string `json:"lease"`
+	}
+	if err := json.Unmarshal([]byte(out), &b); err != nil || !b.Allowed || b.Lease == "" || b.Lease == a.Lease {
+		t.Errorf("the waiting acquire: %s, want allowed with a lease of its own", out)
+	}
+}
