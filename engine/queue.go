@@ -153,7 +153,9 @@ func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, 
 func reserve(items []*Item, left time.Duration) {
 	for _, it := range items {
 		it.debt = 0
-		if left > 0 && it.Wait > 0 && it.kind() == enforceItems && it.Limit.Algorithm != drip.Concurrency {
+		// A leased limit (drip serve --leased) is decided from blocks in
+		// this process, which hold no debt: it does not wait.
+		if left > 0 && it.Wait > 0 && it.kind() == enforceItems && it.Limit.Algorithm != drip.Concurrency && !it.Limit.Leased {
 			it.debt = debtWithin(it.fixed(), min(left, it.Wait))
 		}
 	}
