@@ -207,3 +207,19 @@ func TestAPIAcquireWait(t *testing.T) {
 		t.Errorf("the waiting acquire: %s, want allowed with a lease of its own", out)
 	}
 }
+
+// TestForwardAuthQueue: forward auth waits as the gateway does: of 5
+// asks at once on the rule of 2 a second, a bucket of 1 and max_wait
+// 1.2 s, 3 are answered 200 and 2 are answered 429.
+func TestForwardAuthQueue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, strings.Replace(queueRules, `{"rules"`, `{"trusted_proxies": ["127.0.0.1/32"], "rules"`, 1))
+	fa := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	got := statuses(5, func() int {
+		resp, _ := ask(t, fa.base, "", "GET", "/x", "X-Api-Key", "k")
+		return resp.StatusCode
+	})
+	if got[200] != 3 || got[429] != 2 {
+		t.Errorf("statuses %v, want 3 × 200 and 2 × 429", got)
+	}
+}
