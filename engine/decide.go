@@ -64,7 +64,8 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if rule.Group != "" {
 			groups = append(groups, rule.Group)
 		}
-		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, Check: len(rule.CountStatus) > 0}, plan: &rs.plans[i]}
+		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, Check: len(rule.CountStatus) > 0,
+			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue}, plan: &rs.plans[i]}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.plan = l, compile(rule.Name, l)
 		}
@@ -147,7 +148,7 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	// A cost above the burst can never be allowed: the request is denied
 	// without taking anything, and the buckets are peeked at (cost 0)
 	// for the headers.
-	allowed, err := e.takeItems(ctx, rs.timeout, rs.breaker, its, true)
+	allowed, err := e.takeWaiting(ctx, rs.timeout, rs.breaker, its, true) // queue.go
 	if over >= 0 {
 		out.deny(ReasonCostExceedsBurst)
 		for i := range enf {

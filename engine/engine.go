@@ -99,6 +99,8 @@ type Engine struct {
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
 	kind     attribute.KeyValue                // drip.store, on every span
 
+	queues queues // the requests waiting for their turn (queue.go)
+
 	localMu  sync.Mutex
 	newLocal func() store.Store // WithLocal; nil: on_error local allows
 	local    store.Store
@@ -154,6 +156,13 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	m, err := drip.Apply(ctx, g, op, e.at(), reqs...)
 	if err != nil && !g.asked {
 		e.refused(ctx, op, len(reqs), err)
+	}
+	if err == nil && op == bucket.Refund {
+		for _, r := range reqs {
+			if r.Lease != "" {
+				e.queues.released(r.Key) // a slot is free: the first waiting for it asks
+			}
+		}
 	}
 	return m, err
 }

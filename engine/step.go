@@ -55,6 +55,14 @@ type Item struct {
 	// Blocked items never allow (a limit of 0): they are over their
 	// limit without asking the store.
 	Blocked bool
+	// Wait is how long an enforced item whose limit denies the request
+	// may hold it in its queue instead (Engine.Decide: the rule's
+	// max_wait), in Queue (a rule's name, in metrics) of at most MaxQueue
+	// requests in this engine. Zero: it denies at once. DecideItems never
+	// waits.
+	Wait     time.Duration
+	Queue    string
+	MaxQueue int
 
 	// Decision is the bucket's decision, for a shared key of the costs
 	// added (Taken); meaningful when Decided.
@@ -81,8 +89,9 @@ type Item struct {
 	micro   int64   // Cost in fixed point, as the store takes it (takeCost)
 	costErr error   // what is wrong with Cost, if anything
 
-	ask float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
-	req int     // its store request
+	ask  float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
+	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
+	req  int     // its store request
 }
 
 // Never reports whether the item can never be allowed: its cost exceeds
@@ -266,7 +275,8 @@ func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rul
 	items, res := sc.items[:n], sc.res[:n]
 	for j := range reqs {
 		r := &reqs[j]
-		if err := store.PrepareCost(&items[j], op, r.it.Key, r.it.fixed(), r.c, r.err, false, r.it.Lease); err != nil {
+		reserve := op == bucket.Take && r.it.debt > 0
+		if err := store.PrepareCost(&items[j], op, r.it.Key, r.it.fixed(), r.c, r.err, reserve, r.it.Lease); err != nil {
 			if n > 1 {
 				err = fmt.Errorf("requests[%d]: %w", j, err)
 			}
@@ -274,6 +284,9 @@ func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rul
 			return err
 		}
 		items[j].Leased = r.it.Limit.Leased // as drip.Apply marks it: a leased limit's blocks
+		if reserve {
+			items[j].Params.MaxReserved = r.it.debt // a waiter's bound (queue.go)
+		}
 	}
 	if err := e.call(ctx, timeout, br, op, e.at(), items, res); err != nil {
 		return err
@@ -290,6 +303,9 @@ func (e *Engine) stepRequests(ctx context.Context, timeout time.Duration, br rul
 	rs := make([]drip.Request, len(sc.reqs))
 	for j, r := range sc.reqs {
 		rs[j] = drip.Request{Key: r.it.Key, Limit: r.it.Limit, Cost: r.cost, Lease: r.it.Lease}
+		if op == bucket.Take && r.it.debt > 0 { // a waiter's bound (queue.go)
+			rs[j].Reserve, rs[j].Limit.MaxReserved = true, float64(r.it.debt)/bucket.Micro
+		}
 	}
 	m, err := e.apply(ctx, timeout, br, op, rs)
 	if err != nil {

@@ -66,11 +66,15 @@ type Raw struct {
 	ReqJSON
 	// Requests is a multi-take's requests (nil for a single request).
 	Requests []ReqJSON
+	// Wait is how long a take may wait for its turn instead of being
+	// denied (the decision API's "wait"); 0: it answers at once.
+	Wait time.Duration
 }
 
 type lineJSON struct {
-	At json.RawMessage `json:"at"`
-	Op *string         `json:"op"`
+	At   json.RawMessage `json:"at"`
+	Op   *string         `json:"op"`
+	Wait json.RawMessage `json:"wait"`
 	ReqJSON
 	Requests []ReqJSON `json:"requests"`
 }
@@ -129,6 +133,17 @@ func decodeJSON(b []byte, f Format) (Raw, error) {
 		return Raw{}, err
 	}
 	r := Raw{Op: "take", ReqJSON: j.ReqJSON, Requests: j.Requests}
+	if len(j.Wait) > 0 {
+		var v any
+		if err := json.Unmarshal(j.Wait, &v); err != nil {
+			return Raw{}, inputf("wait: %w", err)
+		}
+		w, err := seconds.Parse(v)
+		if err != nil || w < 0 {
+			return Raw{}, inputf("wait: must be a duration (\"200ms\") or a number of seconds, at least 0")
+		}
+		r.Wait = w
+	}
 	if len(j.At) > 0 {
 		var v any
 		if err := json.Unmarshal(j.At, &v); err != nil {
@@ -169,6 +184,8 @@ func (f Format) allowed(j *lineJSON) error {
 		return unknown("at")
 	case !f.Timed && j.Op != nil:
 		return unknown("op")
+	case !f.Rules && j.Wait != nil:
+		return unknown("wait") // only the decision API waits
 	}
 	return nil
 }

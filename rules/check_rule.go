@@ -13,7 +13,7 @@ import (
 
 // One rule: its name, keys, match and limit.
 
-var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased", "log_key"}
+var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased", "max_wait", "max_queue", "log_key"}
 
 func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	r := Rule{Mode: Enforce, OnError: s.OnError, LocalShare: s.LocalShare}
@@ -104,6 +104,7 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 		}
 	}
 	c.settleRule(p, &r)
+	c.waitFields(f, &r) // wait.go
 	if c.jwtUser == "" && r.usesJWT() {
 		c.jwtUser = p
 	}

@@ -223,6 +223,15 @@ type Rule struct {
 	// LogKeyHash ("" too: a short hash of the key), LogKeyRedact (not at
 	// all) or LogKeyPlain (as it is).
 	LogKey string
+	// MaxWait, when set (max_wait), is how long a request this rule would
+	// deny may wait for its turn instead: a rate rule's request holds a
+	// reservation (its place in line), a concurrency rule's waits for a
+	// slot. Zero: the rule answers at once.
+	MaxWait time.Duration
+	// MaxQueue is how many requests may wait under the rule at once in
+	// one instance (max_queue; DefaultMaxQueue with max_wait alone): a
+	// request beyond it is denied at once.
+	MaxQueue int
 	// Index is the rule's position in the file.
 	Index int
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
@@ -167,6 +168,9 @@ func (s *Server) decideHandler(opName string) http.Handler {
 // decide performs one decision API body: takes, peeks and refunds through
 // the engine (its deadline, its breaker), a reset under the same deadline.
 func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, error) {
+	if err := checkWait(b, opName); err != nil {
+		return nil, err
+	}
 	if b.Requests != nil {
 		var opErr error
 		if opName != "take" && opName != "peek" && opName != "acquire" && opName != "release" {
@@ -188,7 +192,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		if err := check(op, rs, true); err != nil {
 			return nil, err
 		}
-		m, err := s.apply(ctx, op, rs, ts, true)
+		m, err := s.apply(ctx, op, b.Wait, b.Requests, rs, ts, true)
 		if err != nil {
 			return nil, err
 		}
@@ -215,7 +219,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 	if err := check(op, rs, false); err != nil {
 		return nil, err
 	}
-	m, err := s.apply(ctx, op, rs, []target{t}, false)
+	m, err := s.apply(ctx, op, b.Wait, []replay.ReqJSON{b.ReqJSON}, rs, []target{t}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -243,8 +247,10 @@ var inline = target{"inline", rules.Enforce}
 // and their metrics count them in shadow mode (a denial as a shadow
 // denial, a store failure as error_allowed). A shadow acquire that its
 // bucket refused holds no lease (rs[i].Lease is cleared). Takes are
-// counted, and so are the failures of a multi-take's other ops.
-func (s *Server) apply(ctx context.Context, op bucket.Op, rs []drip.Request, ts []target, multi bool) (drip.Multi, error) {
+// counted, and so are the failures of a multi-take's other ops. A take
+// that asks to wait (wait > 0) waits through s.take, the shadow requests
+// never.
+func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, its []replay.ReqJSON, rs []drip.Request, ts []target, multi bool) (drip.Multi, error) {
 	counted := func(err error) bool { return op == bucket.Take || (multi && err != nil) }
 	var enf, sh []int // indexes of rs
 	for i, t := range ts {
@@ -255,7 +261,7 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, rs []drip.Request, ts 
 		}
 	}
 	if len(sh) == 0 {
-		m, err := s.eng.Apply(ctx, op, rs)
+		m, err := s.take(ctx, op, wait, its, rs)
 		if counted(err) {
 			for i, t := range ts {
 				s.count(t, rs[i], m, i, err)
@@ -265,7 +271,7 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, rs []drip.Request, ts 
 	}
 	m := drip.Multi{Allowed: true, Decisions: make([]drip.Decision, len(rs))}
 	if len(enf) > 0 {
-		em, err := s.eng.Apply(ctx, op, pick(rs, enf))
+		em, err := s.take(ctx, op, wait, pick(its, enf), pick(rs, enf))
 		if counted(err) {
 			for j, i := range enf {
 				s.count(ts[i], rs[i], em, j, err)
@@ -301,9 +307,9 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, rs []drip.Request, ts 
 	return m, nil
 }
 
-// pick is the requests of rs at idx.
-func pick(rs []drip.Request, idx []int) []drip.Request {
-	out := make([]drip.Request, len(idx))
+// pick is the elements of rs at idx.
+func pick[T any](rs []T, idx []int) []T {
+	out := make([]T, len(idx))
 	for j, i := range idx {
 		out[j] = rs[i]
 	}

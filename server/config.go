@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/server/envoy"
 	"github.com/driplimit/drip/server/envoy/xds"
 )
@@ -102,6 +103,9 @@ type Config struct {
 	// StoreTimeout is the deadline of each store call, in every front door
 	// (default engine.DefaultTimeout, 1s): the longest a decision waits.
 	StoreTimeout time.Duration
+	// MaxWait bounds the decision API's "wait": how long a take may wait
+	// for its turn (default DefaultMaxWait, at most rules.MaxWait).
+	MaxWait time.Duration
 	// WatchEvery is how often the rules file is checked for changes
 	// (default 1s; negative disables polling; SIGHUP and the admin API
 	// still reload).
@@ -140,6 +144,7 @@ const (
 	DefaultListen          = "127.0.0.1:8080"
 	DefaultAdminListen     = "127.0.0.1:9090"
 	DefaultStoreTimeout    = engine.DefaultTimeout
+	DefaultMaxWait         = 10 * time.Second
 	DefaultReadTimeout     = 30 * time.Second
 	DefaultWatchEvery      = time.Second
 	DefaultShutdownTimeout = 10 * time.Second
@@ -178,6 +183,10 @@ func (c Config) withDefaults() Config {
 	if c.ReadTimeout <= 0 {
 		c.ReadTimeout = DefaultReadTimeout
 	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = DefaultMaxWait
+	}
+	c.MaxWait = min(c.MaxWait, rules.MaxWait)
 	if c.MaxConnections <= 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}

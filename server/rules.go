@@ -240,6 +240,10 @@ type ruleView struct {
 	Leased bool `json:"leased,omitempty"`
 	// Claims is the rule's limit_from_claims, if any.
 	Claims *rules.ClaimLimit `json:"limit_from_claims,omitempty"`
+	// MaxWait and MaxQueue are the rule's max_wait ("300ms") and
+	// max_queue, when it sets max_wait.
+	MaxWait  string `json:"max_wait,omitempty"`
+	MaxQueue int    `json:"max_queue,omitempty"`
 }
 
 func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
@@ -260,6 +264,9 @@ func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
 		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), Leased: ru.Limit.Leased, LimitKeys: []string{}, Claims: ru.Claims}
 		for _, k := range ru.LimitKeys {
 			v.LimitKeys = append(v.LimitKeys, k.String())
+		}
+		if ru.MaxWait > 0 {
+			v.MaxWait, v.MaxQueue = ru.MaxWait.String(), ru.MaxQueue
 		}
 		out.Rules = append(out.Rules, v)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/internal/redact"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/server"
 	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/redisstore"
@@ -39,6 +40,11 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 2
 	}
 	storeTimeout := fs.Duration("store-timeout", timeoutDefault, "deadline of each store call (env DRIP_STORE_TIMEOUT)")
+	maxWaitDefault, ok := envDuration("DRIP_MAX_WAIT", server.DefaultMaxWait, false, stderr)
+	if !ok {
+		return 2
+	}
+	maxWait := fs.Duration("max-wait", maxWaitDefault, "the longest a decision API take may wait for its turn (\"wait\"), at most 1m (env DRIP_MAX_WAIT)")
 	leasedOn := fs.Bool("leased", envOr("DRIP_LEASED", "") == "true", "leased tokens for every limit: decide all token buckets and fixed windows from blocks of their tokens taken from the store, never over the limit (docs/semantics.md, \"Leased tokens\"); without it only the rules and Envoy limits marked leased are; every instance sharing the store must set it alike (env DRIP_LEASED=true)")
 	drainDefault, ok := envDuration("DRIP_DRAIN", server.DefaultDrain, true, stderr)
 	if !ok {
@@ -47,6 +53,10 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	drain := fs.Duration("drain", drainDefault, "on SIGTERM or SIGINT, serve this long with every answer closing its connection and /readyz at 503, then shut down (a second signal ends it); 0: shut down at once (env DRIP_DRAIN)")
 	if code, done := parseFlags(fs, serveUsage, args, stdout, stderr); done {
 		return code
+	}
+	if *maxWait <= 0 || *maxWait > rules.MaxWait {
+		fmt.Fprintf(stderr, "drip serve: --max-wait %s is not from 1ns to %s\n", *maxWait, rules.MaxWait)
+		return 2
 	}
 	if *drain < 0 {
 		fmt.Fprintf(stderr, "drip serve: --drain %s is negative\n", *drain)
@@ -69,6 +79,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		c.AdminToken = tok
 	}
 	c.StoreTimeout = *storeTimeout
+	c.MaxWait = *maxWait
 	c.Drain = *drain
 	if c.Drain == 0 {
 		c.Drain = -1 // server.Config's "no drain"

@@ -49,6 +49,8 @@ type Observer struct {
 	storeSeconds  prometheus.Histogram
 	storeErrors   prometheus.Counter
 	circuit       *prometheus.GaugeVec
+	queued        *prometheus.GaugeVec
+	waits         *prometheus.HistogramVec
 	store         bool // the store series are collected
 }
 
@@ -62,6 +64,7 @@ func WithoutStore() Option { return func(o *Observer) { o.store = false } }
 
 var (
 	_ engine.TokenObserver = (*Observer)(nil)
+	_ engine.QueueObserver = (*Observer)(nil)
 	_ engine.TokenObserver = prefixed{}
 	_ prometheus.Collector = (*Observer)(nil)
 )
@@ -99,6 +102,15 @@ func New(opts ...Option) *Observer {
 			Name: "drip_store_circuit_state",
 			Help: "The state of the engine's circuit breaker in front of the store: 1 for the current state (closed, open, half_open), 0 for the others.",
 		}, []string{"state"}),
+		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "drip_queue_length",
+			Help: "Requests waiting for their turn under a rule (max_wait, the decision API's wait), by rule, in this instance.",
+		}, []string{"rule"}),
+		waits: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "drip_queue_wait_seconds",
+			Help:    "How long requests waited for their turn under a rule (max_wait, the decision API's wait), by rule and result: allowed (their turn came) or denied (the wait ran out, or the client left).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"rule", "result"}),
 	}
 	for _, f := range opts {
 		f(o)
@@ -123,9 +135,9 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 
 func (o *Observer) collectors() []prometheus.Collector {
 	if !o.store {
-		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.circuit}
+		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.circuit, o.queued, o.waits}
 	}
-	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.storeSeconds, o.storeErrors, o.circuit}
+	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.storeSeconds, o.storeErrors, o.circuit, o.queued, o.waits}
 }
 
 // Prefixed returns an observer of the same series that puts prefix before
@@ -172,6 +184,11 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 			}
 		}
 		o.ExpectEvents(r.Name, r.Mode, events...)
+		if r.MaxWait > 0 {
+			o.queued.WithLabelValues(r.Name)
+			o.waits.WithLabelValues(r.Name, "allowed")
+			o.waits.WithLabelValues(r.Name, "denied")
+		}
 	}
 }
 
@@ -214,6 +231,8 @@ func (o *Observer) Forget(rule string, mode rules.Mode) {
 	for _, e := range settleEvents {
 		o.settled.DeleteLabelValues(rule, string(e))
 	}
+	o.queued.DeleteLabelValues(rule)
+	o.waits.DeletePartialMatch(prometheus.Labels{"rule": rule})
 }
 
 // ForgetMode deletes the decisions of rule in mode (and its shadow
@@ -242,6 +261,18 @@ func (o *Observer) Decision(rule string, mode rules.Mode, outcome engine.Event) 
 // Tokens implements engine.TokenObserver.
 func (o *Observer) Tokens(rule string, outcome engine.Event, tokens float64) {
 	o.settled.WithLabelValues(rule, string(outcome)).Add(tokens)
+}
+
+// Queued implements engine.QueueObserver.
+func (o *Observer) Queued(rule string, delta int) { o.queued.WithLabelValues(rule).Add(float64(delta)) }
+
+// Waited implements engine.QueueObserver.
+func (o *Observer) Waited(rule string, d time.Duration, allowed bool) {
+	result := "denied"
+	if allowed {
+		result = "allowed"
+	}
+	o.waits.WithLabelValues(rule, result).Observe(d.Seconds())
 }
 
 // StoreError implements engine.Observer.

@@ -1,0 +1,314 @@
+package engine_test
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+// queueRules is one global token bucket of 10 a second, burst 2, whose
+// requests may wait up to 300 ms in a queue of at most maxQueue.
+func queueRules(t *testing.T, e *engine.Engine, extra string) *engine.Rules {
+	t.Helper()
+	set, err := rules.Parse([]byte(`{"rules": [{"name": "q", "limit_keys": ["global"], "max_wait": "300ms"`+extra+`,
+	  "algorithm_config": {"rps": 10, "burst": 2}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Compile(set)
+}
+
+// passed is the result of one request: whether it passed, and when its
+// Decide returned, after the start.
+type passed struct {
+	allowed bool
+	at      time.Duration
+}
+
+// decideAll decides n requests at once and returns their results, in
+// the order they returned.
+func decideAll(ctx context.Context, e *engine.Engine, rs *engine.Rules, n int) []passed {
+	start := time.Now()
+	var mu sync.Mutex
+	var res []passed
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			out := e.Decide(ctx, rs, values{})
+			mu.Lock()
+			res = append(res, passed{out.Allowed, time.Since(start)})
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return res
+}
+
+// inBubble runs f in a synctest bubble, with an engine on a memory
+// store: its waits are virtual.
+func inBubble(t *testing.T, f func(t *testing.T, e *engine.Engine)) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		e := engine.New(ms, engine.WithLogger(slog.New(slog.DiscardHandler)))
+		defer e.Close()
+		f(t, e)
+	})
+}
+
+// TestQueueRate: of 10 requests at once on a bucket of 2 refilling 10 a
+// second, with max_wait 300 ms, the 2 the bucket holds pass at once, the
+// 3 it refills within 300 ms pass as each token comes (100, 200 and 300
+// ms: first in, first out), and the other 5 are denied at once; none
+// passes beyond the limit.
+func TestQueueRate(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		res := decideAll(t.Context(), e, queueRules(t, e, ""), 10)
+		var got []time.Duration
+		denied := 0
+		for _, r := range res {
+			if r.allowed {
+				got = append(got, r.at)
+			} else if denied++; r.at != 0 {
+				t.Errorf("a denial came after %v, want at once", r.at)
+			}
+		}
+		slices.Sort(got)
+		want := []time.Duration{0, 0, 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond}
+		if !slices.Equal(got, want) || denied != 5 {
+			t.Errorf("passed at %v and %d denied, want passed at %v and 5 denied", got, denied, want)
+		}
+	})
+}
+
+// TestQueueBound: with max_queue 2, two requests wait and the rest are
+// denied at once.
+func TestQueueBound(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		res := decideAll(t.Context(), e, queueRules(t, e, `, "max_queue": 2`), 10)
+		var got []time.Duration
+		for _, r := range res {
+			if r.allowed {
+				got = append(got, r.at)
+			} else if r.at != 0 {
+				t.Errorf("a denial came after %v, want at once", r.at)
+			}
+		}
+		slices.Sort(got)
+		want := []time.Duration{0, 0, 100 * time.Millisecond, 200 * time.Millisecond}
+		if !slices.Equal(got, want) {
+			t.Errorf("passed at %v, want %v", got, want)
+		}
+	})
+}
+
+// TestQueueCancel: a waiter whose client goes away leaves at once and
+// its reservation comes back: a request that would have found the queue's
+// debt full (the limit's 300 ms of refill all reserved) takes it and
+// passes within its max_wait.
+func TestQueueCancel(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs := queueRules(t, e, "")
+		ctx := t.Context()
+		for range 2 {
+			if out := e.Decide(ctx, rs, values{}); !out.Allowed {
+				t.Fatal("the burst denied")
+			}
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range 2 { // due at 100 and 200 ms
+			wg.Go(func() {
+				if out := e.Decide(ctx, rs, values{}); !out.Allowed {
+					t.Error("a waiter was denied")
+				}
+			})
+		}
+		synctest.Wait()
+		gone, cancel := context.WithCancel(ctx)
+		left := make(chan time.Duration)
+		go func() { // due at 300 ms: the last the wait allows
+			out := e.Decide(gone, rs, values{})
+			if out.Allowed || out.Applied[0].Event != engine.Denied || out.Reason != engine.ReasonTokenBucket {
+				t.Errorf("the waiter that went away: allowed %v, %s (%s); want denied by the token bucket", out.Allowed, out.Applied[0].Event, out.Reason)
+			}
+			left <- time.Since(start)
+		}()
+		synctest.Wait()
+		if out := e.Decide(ctx, rs, values{}); out.Allowed {
+			t.Fatal("a fourth waiter was allowed: the debt bound did not hold")
+		}
+		time.Sleep(50 * time.Millisecond)
+		cancel()
+		if at := <-left; at != 50*time.Millisecond {
+			t.Errorf("the waiter that went away left after %v, want 50ms (at once)", at)
+		}
+		out := e.Decide(ctx, rs, values{})
+		if !out.Allowed || time.Since(start) != 300*time.Millisecond {
+			t.Errorf("the next request after the reservation came back: allowed %v after %v, want allowed at 300ms", out.Allowed, time.Since(start))
+		}
+		wg.Wait()
+	})
+}
+
+// holdSlot compiles a concurrency rule of one slot whose requests wait
+// up to maxWait, and takes its slot.
+func holdSlot(t *testing.T, e *engine.Engine, maxWait string) (*engine.Rules, *engine.Outcome) {
+	t.Helper()
+	set, err := rules.Parse([]byte(`{"rules": [{"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency",
+	  "max_wait": "`+maxWait+`", "algorithm_config": {"max_in_flight": 1}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := e.Compile(set)
+	a := e.Decide(t.Context(), rs, values{})
+	if !a.Allowed {
+		t.Fatalf("the first request: denied (%v)", a.Err)
+	}
+	return rs, a
+}
+
+// TestQueueInFlight: a request waiting for a concurrency rule's slot is
+// woken by a release in this engine, at once (not at its next ask).
+func TestQueueInFlight(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs, a := holdSlot(t, e, "1s")
+		ctx := t.Context()
+		start := time.Now()
+		got := make(chan passed)
+		go func() {
+			out := e.Decide(ctx, rs, values{})
+			got <- passed{out.Allowed, time.Since(start)}
+			out.Release(ctx)
+		}()
+		time.Sleep(130 * time.Millisecond) // past one ask (PollInterval), short of the next
+		if err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-got; !r.allowed || r.at != 130*time.Millisecond {
+			t.Errorf("the waiter: allowed %v after %v, want allowed at 130ms (the release)", r.allowed, r.at)
+		}
+		// A slot that stays held: the waiter is denied when its wait ends.
+		b := e.Decide(ctx, rs, values{})
+		start = time.Now()
+		if out := e.Decide(ctx, rs, values{}); out.Allowed || out.Reason != engine.ReasonConcurrency || time.Since(start) != time.Second {
+			t.Errorf("a waiter for a slot held throughout: allowed %v (%s) after %v, want denied after 1s", out.Allowed, out.Reason, time.Since(start))
+		}
+		b.Release(ctx)
+	})
+}
+
+// TestQueueStores: on every store, of 20 requests at once on a bucket of
+// 2 refilling 10 a second, whose requests may wait 590 ms, exactly the 2
+// the bucket holds and the 5 it refills within 500 ms pass, their
+// reservations due 100 ms apart; the rest are denied. The engine's clock
+// stands still, so the store refills nothing meanwhile (the wait is
+// measured on the real clock: the last reservation must be asked within
+// 90 ms, which even a loaded machine does).
+func TestQueueStores(t *testing.T) {
+	for _, st := range teststores.Shared() {
+		t.Run(st.Name, func(t *testing.T) {
+			now := time.Unix(1_800_000_000, 0)
+			e := engine.New(st.Open(t), engine.WithClock(func() time.Time { return now }),
+				engine.WithTimeout(teststores.Timeout), engine.WithLogger(slog.New(slog.DiscardHandler)))
+			defer e.Close()
+			set, err := rules.Parse([]byte(`{"rules": [{"name": "q", "limit_keys": ["global"], "max_wait": "590ms", "max_queue": 100,
+			  "algorithm_config": {"rps": 10, "burst": 2}}]}`), "rules.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs := e.Compile(set)
+			var mu sync.Mutex
+			var due []time.Duration
+			var wg sync.WaitGroup
+			for range 20 {
+				wg.Go(func() {
+					out := e.Decide(t.Context(), rs, values{})
+					if out.Err != nil {
+						t.Error(out.Err)
+					}
+					if out.Allowed {
+						mu.Lock()
+						due = append(due, out.Applied[0].Decision.RetryAfter)
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			slices.Sort(due)
+			ms := 100 * time.Millisecond
+			want := []time.Duration{0, 0, ms, 2 * ms, 3 * ms, 4 * ms, 5 * ms}
+			if !slices.Equal(due, want) {
+				t.Errorf("the passed requests' reservations were due at %v, want %v", due, want)
+			}
+		})
+	}
+}
+
+// queueWatch is an observer that reports each request that joins a
+// queue.
+type queueWatch struct {
+	engine.NopObserver
+	joined chan string
+}
+
+func (q *queueWatch) Queued(rule string, delta int) {
+	if delta > 0 {
+		q.joined <- rule
+	}
+}
+
+func (q *queueWatch) Waited(string, time.Duration, bool) {}
+
+// TestQueueInFlightStores: on every store, a request that finds a
+// concurrency rule's one slot held waits, and gets the slot when it is
+// released; a third request meanwhile waits behind it.
+func TestQueueInFlightStores(t *testing.T) {
+	for _, st := range teststores.Shared() {
+		t.Run(st.Name, func(t *testing.T) {
+			obs := &queueWatch{joined: make(chan string, 2)}
+			e := engine.New(st.Open(t), engine.WithTimeout(teststores.Timeout), engine.WithObserver(obs),
+				engine.WithLogger(slog.New(slog.DiscardHandler)))
+			defer e.Close()
+			rs, a := holdSlot(t, e, "30s")
+			ctx := t.Context()
+			got := make(chan *engine.Outcome, 2)
+			for range 2 {
+				go func() { got <- e.Decide(ctx, rs, values{}) }()
+				<-obs.joined
+			}
+			if err := a.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			b := <-got
+			if !b.Allowed {
+				t.Fatalf("the first waiter after the release: denied (%v)", b.Err)
+			}
+			select {
+			case c := <-got:
+				t.Fatalf("the second waiter passed while the first held the slot: allowed %v", c.Allowed)
+			case <-time.After(3 * engine.PollInterval):
+			}
+			if err := b.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if c := <-got; !c.Allowed {
+				t.Errorf("the second waiter after the second release: denied (%v)", c.Err)
+			} else {
+				c.Release(ctx)
+			}
+		})
+	}
+}

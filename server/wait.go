@@ -1,0 +1,67 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/replay"
+	"github.com/driplimit/drip/rules"
+)
+
+// checkWait refuses a "wait" where nothing waits: on an endpoint other
+// than /v1/take and /v1/acquire, and beside "reserve" (a reservation
+// already says when its work may run).
+func checkWait(b replay.Raw, opName string) error {
+	if b.Wait == 0 {
+		return nil
+	}
+	if opName != "take" && opName != "acquire" {
+		return inputf("/v1/%s does not wait: only /v1/take and /v1/acquire take \"wait\"", opName)
+	}
+	for _, it := range append([]replay.ReqJSON{b.ReqJSON}, b.Requests...) {
+		if it.Reserve {
+			return inputf("\"wait\" and \"reserve\" do not go together: a reservation says when its work may run (retry_after)")
+		}
+	}
+	return nil
+}
+
+// take decides the API's requests rs (of the items its): through the
+// engine's Apply, or, for a take whose body asks to wait, through the
+// engine's one wait (engine.TakeWaiting), each request in its rule's
+// queue ("inline" for an inline limit) for at most wait, the server's
+// MaxWait and the rule's max_wait.
+func (s *Server) take(ctx context.Context, op bucket.Op, wait time.Duration, its []replay.ReqJSON, rs []drip.Request) (drip.Multi, error) {
+	if wait <= 0 || op != bucket.Take {
+		return s.eng.Apply(ctx, op, rs)
+	}
+	items := make([]*engine.Item, len(rs))
+	set := s.rules()
+	for i, r := range rs {
+		it := &engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost, Lease: r.Lease,
+			Wait: min(wait, s.cfg.MaxWait), Queue: "inline", MaxQueue: rules.DefaultMaxQueue}
+		if rule, ok := set.Rule(ruleOf(its[i])); ok {
+			it.Queue = rule.Name
+			if rule.MaxWait > 0 {
+				it.Wait, it.MaxQueue = min(it.Wait, rule.MaxWait), rule.MaxQueue
+			}
+		}
+		items[i] = it
+	}
+	allowed, err := s.eng.TakeWaiting(ctx, items)
+	if err != nil {
+		return drip.Multi{}, err
+	}
+	m := drip.Multi{Allowed: allowed, Decisions: make([]drip.Decision, len(items))}
+	for i, it := range items {
+		d := it.Decision
+		m.Decisions[i] = d
+		if allowed || !d.Allowed {
+			m.RetryAfter = max(m.RetryAfter, d.RetryAfter)
+		}
+	}
+	return m, nil
+}
