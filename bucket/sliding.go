@@ -6,8 +6,9 @@ import "time"
 // micro-tokens taken in any rolling window of Window nanoseconds. It is
 // exact in the direction that matters, within bounded memory:
 //
-// Time is cut into slots of Slot = ceil(Window/Slots) nanoseconds on the
-// epoch grid, and a key keeps one count per slot for the last Slots+1
+// Time is cut into slots of Slot = ceil(Window/Slots) nanoseconds on a
+// grid Start nanoseconds past the epoch's (0 for every limit of package
+// drip; drip replay moves it, see SlidingParams.Start), and a key keeps one count per slot for the last Slots+1
 // slots. A take is allowed when the counts of those slots, added to its
 // cost, stay within Limit. Any interval of Window nanoseconds lies within
 // Slots+1 consecutive slots, and the last take allowed in it counted all of
@@ -24,8 +25,9 @@ import "time"
 
 // Sliding is the kind of a sliding window limit: Burst (and Rate, so
 // that a divided limit stays whole) is the limit in micro-tokens, Period
-// the window in nanoseconds, Parts the slots the window is cut into.
-// MaxReserved and Start are unused. Its state is a SlidingState.
+// the window in nanoseconds, Parts the slots the window is cut into, Start
+// the offset of the slot grid from the epoch's (taken modulo the slot).
+// MaxReserved is unused. Its state is a SlidingState.
 const Sliding Kind = 4
 
 // DefaultSlots is how many slots a sliding window has unless its limit
@@ -34,7 +36,11 @@ const DefaultSlots = 10
 
 // Sliding is the SlidingParams of a limit of Kind Sliding.
 func (p Params) Sliding() SlidingParams {
-	return SlidingParams{Limit: p.Burst, Window: p.Period, Slots: int(p.Parts)}
+	sp := SlidingParams{Limit: p.Burst, Window: p.Period, Slots: int(p.Parts)}
+	if p.Start != 0 && sp.Slots > 0 {
+		sp.Start = floorMod(p.Start, sp.Slot())
+	}
+	return sp
 }
 
 // SlidingParams is a sliding window limit in fixed point.
@@ -42,6 +48,12 @@ type SlidingParams struct {
 	Limit  int64 // micro-tokens in any rolling window
 	Window int64 // nanoseconds
 	Slots  int   // counts kept: Slots+1; 1 to MaxSlots
+	// Start is the offset of the slot grid from the epoch's, from 0 to
+	// Slot-1: slot j holds the instants from j*Slot+Start (included) to
+	// (j+1)*Slot+Start. drip.Limit leaves it 0; drip replay sets it so
+	// that a trace's slots are counted from its own time 0, whenever it
+	// runs.
+	Start int64
 }
 
 // MaxSlots bounds the counts a key keeps.
@@ -78,7 +90,7 @@ func (p SlidingParams) shift(s SlidingState, found bool, j int64) SlidingState {
 // no information (every count has left the window), so that a store may
 // drop it: stores set their TTLs from it.
 func (p SlidingParams) SlidingExpiresAt(s SlidingState) int64 {
-	return (s.Last + int64(p.Slots) + 1) * p.Slot()
+	return (s.Last+int64(p.Slots)+1)*p.Slot() + p.Start
 }
 
 // EvalSliding decides op (take, peek or refund) of cost micro-tokens at
@@ -89,7 +101,7 @@ func (p SlidingParams) SlidingExpiresAt(s SlidingState) int64 {
 // as it does a cost above a bucket's burst; reservations do not apply.
 func EvalSliding(op Op, s SlidingState, found bool, p SlidingParams, cost, now int64) (Result, SlidingState, bool) {
 	slot := p.Slot()
-	j := floorDiv(now, slot)
+	j := floorDiv(now-p.Start, slot)
 	s = p.shift(s, found, j)
 	var used int64
 	for _, c := range s.Counts {
@@ -113,7 +125,7 @@ func EvalSliding(op Op, s SlidingState, found bool, p SlidingParams, cost, now i
 			for i, c := range s.Counts {
 				need -= c
 				if need <= 0 {
-					retry = (s.Last+int64(i)+1)*slot - now
+					retry = (s.Last+int64(i)+1)*slot + p.Start - now
 					break
 				}
 			}
@@ -134,7 +146,7 @@ func (p SlidingParams) result(allowed bool, s SlidingState, used int64, retry ti
 	var reset int64
 	for i := len(s.Counts) - 1; i >= 0; i-- {
 		if s.Counts[i] > 0 {
-			reset = (s.Last+int64(i)+1)*p.Slot() - now
+			reset = (s.Last+int64(i)+1)*p.Slot() + p.Start - now
 			break
 		}
 	}

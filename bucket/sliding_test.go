@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -157,6 +158,49 @@ func TestSlidingDenialsReachBackOneSlot(t *testing.T) {
 			}
 			if n+cost <= p.Limit {
 				t.Fatalf("a take of %d at %d denied with %d taken in the last window and slot (%+v)", cost, now, n, p)
+			}
+		}
+	}
+}
+
+// TestSlidingStart holds a grid moved by Start to the grid of the epoch
+// moved by as much: the same steps, each at its time plus d, decided with
+// Start d (modulo the slot), give the same results and states as at their
+// own times with Start 0 (the slot numbers moved by the whole slots in
+// d), for slots that divide d and slots that do not.
+func TestSlidingStart(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, ps := range []Params{
+		{Kind: Sliding, Burst: 5 * Micro, Rate: 5 * Micro, Period: int64(time.Second), Parts: 7},
+		{Kind: Sliding, Burst: 3 * Micro, Rate: 3 * Micro, Period: int64(10 * time.Second), Parts: 4},
+		{Kind: Sliding, Burst: 2 * Micro, Rate: 2 * Micro, Period: int64(700 * time.Millisecond), Parts: 1},
+	} {
+		for _, d := range []int64{1, int64(time.Second), 1_764_370_800_123_456_789} {
+			moved := ps
+			moved.Start = d
+			p0, pd := ps.Sliding(), moved.Sliding()
+			k := d / p0.Slot() // whole slots between the grids
+			if pd.Start < 0 || pd.Start >= pd.Slot() {
+				t.Fatalf("Start %d of slot %d: %d, want it modulo the slot", d, pd.Slot(), pd.Start)
+			}
+			var s0, sd SlidingState
+			found := false
+			now := int64(0)
+			for i := range 300 {
+				now += rng.Int64N(int64(400 * time.Millisecond))
+				op := []Op{Take, Take, Peek, Refund}[rng.IntN(4)]
+				cost := rng.Int64N(3) * Micro
+				r0, n0, w0 := EvalSliding(op, s0, found, p0, cost, now)
+				rd, nd, wd := EvalSliding(op, sd, found, pd, cost, now+d)
+				if r0 != rd || w0 != wd || n0.Last+k != nd.Last || !slices.Equal(n0.Counts, nd.Counts) {
+					t.Fatalf("%+v moved by %d, step %d (%v of %d at %d): %+v %+v, want %+v %+v", ps, d, i, op, cost, now, rd, nd, r0, n0)
+				}
+				if e0, ed := p0.SlidingExpiresAt(n0), pd.SlidingExpiresAt(nd); ed != e0+d {
+					t.Fatalf("%+v moved by %d: expires at %d, want %d", ps, d, ed, e0+d)
+				}
+				if w0 {
+					s0, sd, found = n0, nd, true
+				}
 			}
 		}
 	}

@@ -65,6 +65,7 @@ func Run(t *testing.T, newStore NewStore, opts ...Option) {
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
 	t.Run("Windows", func(t *testing.T) { RunWindows(t, newStore, 4, 600) })
 	t.Run("Calendar", func(t *testing.T) { RunCalendar(t, newStore, 4, 600) })
+	t.Run("ReplayWindows", func(t *testing.T) { RunReplayWindows(t, newStore, 2, 300) })
 }
 
 // prefix returns a fresh key prefix.

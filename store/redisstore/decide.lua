@@ -659,7 +659,9 @@ end
 -- Sliding windows (kind 4): the key is a string of decimals, "last c1 ...
 -- cn": the newest slot written and a count per slot for the last n =
 -- slots+1 slots (bucket.SlidingState). The shape carries the slot's
--- length in nanoseconds as its rate and the number of slots as its start.
+-- length in nanoseconds as its rate, the number of slots as its start and
+-- the offset of the slot grid from the epoch's (0 to slot-1) as its
+-- max_reserved.
 -- Counts are plain doubles (drip.Limit holds a sliding window to 1e9
 -- tokens, 1e15 micro-tokens) and the slot index too (a slot is at least a
 -- microsecond). The script decides as bucket.EvalSliding does and replies
@@ -673,7 +675,7 @@ local SLIDE = 4
 local function decideSliding(v, l, op, nows, nown)
   if type(v) == 'table' and v.err then return 8, '', nil end
   local n = l.slots + 1
-  local j = divmod(add(mul(nows, NS), nown), l.slot)
+  local j = divmod(sub(add(mul(nows, NS), nown), l.maxr), l.slot)
   local flags, before, last, counts = 0, '', nil, {}
   if v then
     flags, before = 4, v

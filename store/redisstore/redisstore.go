@@ -381,9 +381,11 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 		}
 		sh := shape{p.Params, p.Cost, p.Reserve}
 		if p.Params.Kind == bucket.Sliding {
-			// The script reads a sliding window's slot as its rate and its
-			// slots as its start (see decide.lua).
-			sh.p.Rate, sh.p.Start = p.Params.Sliding().Slot(), p.Params.Parts
+			// The script reads a sliding window's slot as its rate, its
+			// slots as its start and its grid's offset as its
+			// max_reserved (see decide.lua).
+			sp := p.Params.Sliding()
+			sh.p.Rate, sh.p.Start, sh.p.MaxReserved = sp.Slot(), p.Params.Parts, sp.Start
 		}
 		if last < 0 || shapes[last] != sh {
 			last = slices.Index(shapes, sh)
