@@ -308,20 +308,21 @@ func Op(name string) (bucket.Op, bool) {
 // treats live ones. The answers do not depend on it (see Do).
 func Epoch() time.Time { return time.Now().Truncate(time.Second) }
 
-// Origin is the instant a trace's time 0 stands for in its answers: the
+// origin is the instant a trace's time 0 stands for in its answers: the
 // Unix epoch, as in drip simulate. Every grid (a fixed window's, a
 // sliding window's slots) and every calendar window (days, weeks and
 // months in their time zone) is placed as if the trace began there.
-var Origin = time.Unix(0, 0)
+var origin = time.Unix(0, 0)
 
 // Do performs one line on store at epoch + l.At, with keys prefixed by
 // prefix, and returns the JSON output value. The output does not depend on
-// the prefix or the epoch: the line is decided at Origin + l.At, with a
-// fixed window's grid derived from the unprefixed key, and the store is
-// handed the same decision moved to epoch + l.At (see moved).
+// the prefix or the epoch: the line is decided at the Unix epoch plus
+// l.At (as drip simulate decides it), with a fixed window's grid derived
+// from the unprefixed key, and the store is handed the same decision
+// moved to epoch + l.At (see moved).
 func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l Line) (any, error) {
-	at := Origin.Add(l.At)
-	st = moved{Store: st, by: epoch.Sub(Origin)}
+	at := origin.Add(l.At)
+	st = moved{Store: st, by: epoch.Sub(origin)}
 	// Place a fixed window's grid by the unprefixed key, then put the key
 	// under the prefix, which counts toward store.MaxKeyLen.
 	fix := func(r drip.Request) drip.Request {
