@@ -1,6 +1,9 @@
 package bucket
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // This file is the math of a sliding window limit: at most Limit
 // micro-tokens taken in any rolling window of Window nanoseconds. It is
@@ -78,7 +81,20 @@ func (p SlidingParams) shift(s SlidingState, found bool, j int64) SlidingState {
 // no information (every count has left the window), so that a store may
 // drop it: stores set their TTLs from it.
 func (p SlidingParams) SlidingExpiresAt(s SlidingState) int64 {
-	return (s.Last + int64(p.Slots) + 1) * p.Slot()
+	return p.boundary(s.Last + int64(p.Slots) + 1)
+}
+
+// boundary is the instant slot k begins, saturating at MaxInt64: with
+// slots of months or years, a slot may begin after the last instant of
+// int64 nanoseconds (in 2262), and its waits then end at that instant,
+// as a bucket's do (Params.reach). No slot a decision names begins
+// before MinInt64: k is past the slot of some int64 instant.
+func (p SlidingParams) boundary(k int64) int64 {
+	slot := p.Slot()
+	if k > math.MaxInt64/slot {
+		return math.MaxInt64
+	}
+	return k * slot
 }
 
 // EvalSliding decides op (take, peek or refund) of cost micro-tokens at
@@ -113,7 +129,7 @@ func EvalSliding(op Op, s SlidingState, found bool, p SlidingParams, cost, now i
 			for i, c := range s.Counts {
 				need -= c
 				if need <= 0 {
-					retry = (s.Last+int64(i)+1)*slot - now
+					retry = int64(untilAt(p.boundary(s.Last+int64(i)+1), now))
 					break
 				}
 			}
@@ -134,7 +150,7 @@ func (p SlidingParams) result(allowed bool, s SlidingState, used int64, retry ti
 	var reset int64
 	for i := len(s.Counts) - 1; i >= 0; i-- {
 		if s.Counts[i] > 0 {
-			reset = (s.Last+int64(i)+1)*p.Slot() - now
+			reset = int64(untilAt(p.boundary(s.Last+int64(i)+1), now))
 			break
 		}
 	}

@@ -1,6 +1,8 @@
 package bucket
 
 import (
+	"math"
+	"math/big"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -158,6 +160,44 @@ func TestSlidingDenialsReachBackOneSlot(t *testing.T) {
 			if n+cost <= p.Limit {
 				t.Fatalf("a take of %d at %d denied with %d taken in the last window and slot (%+v)", cost, now, n, p)
 			}
+		}
+	}
+}
+
+// Slots of months or years: a slot may begin after the last instant of
+// int64 nanoseconds (in 2262). Waits then end at that instant, as a
+// bucket's do, and are never negative; the state expires there too.
+func TestSlidingLongSlots(t *testing.T) {
+	const last = math.MaxInt64
+	now := int64(1_795_907_804_066_170_719) // 2026-11-28
+	for _, p := range []SlidingParams{
+		{Limit: 5 * Micro, Window: int64(8760 * time.Hour), Slots: 1},
+		{Limit: 5 * Micro, Window: int64(2_000_000 * time.Hour), Slots: 1},
+		{Limit: 5 * Micro, Window: int64(2_562_047 * time.Hour), Slots: 10},
+		{Limit: 5 * Micro, Window: last, Slots: 1},
+		{Limit: 5 * Micro, Window: last, Slots: MaxSlots},
+	} {
+		var s SlidingState
+		found := false
+		for range 5 {
+			r, next, write := EvalSliding(Take, s, found, p, Micro, now)
+			if !r.Allowed || !write {
+				t.Fatalf("%+v: a take within the limit denied: %+v", p, r)
+			}
+			s, found = next, true
+		}
+		r, _, _ := EvalSliding(Take, s, found, p, Micro, now)
+		// The newest count leaves when slot Last+Slots+1 begins.
+		end := new(big.Int).Mul(big.NewInt(s.Last+int64(p.Slots)+1), big.NewInt(p.Slot()))
+		want := int64(last) - now
+		if end.IsInt64() {
+			want = end.Int64() - now
+		}
+		if r.Allowed || r.RetryAfter != time.Duration(want) || r.ResetAfter != time.Duration(want) {
+			t.Errorf("%+v: over the limit: %+v, want denied with both waits %v", p, r, time.Duration(want))
+		}
+		if got := p.SlidingExpiresAt(s); got != now+want {
+			t.Errorf("%+v: expires at %d, want %d", p, got, now+want)
 		}
 	}
 }

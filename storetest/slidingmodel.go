@@ -40,7 +40,7 @@ func (l *slidingLog) used(j, slots int64) int64 {
 
 func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, write bool) ModelDecision {
 	limit, slots := p.Params.Burst, p.Params.Parts
-	slot := (p.Params.Period + slots - 1) / slots
+	slot := (p.Params.Period-1)/slots + 1 // ceil, without overflow
 	now := at.UnixNano()
 	l := m.logs[p.Key]
 	if l == nil {
@@ -73,7 +73,7 @@ func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, writ
 	case used+p.Cost > limit:
 		for t := j + 1; ; t++ {
 			if l.used(t, slots)+p.Cost <= limit {
-				d.RetryNs = new(big.Rat).SetInt64(t*slot - now)
+				d.RetryNs = slotFrom(t, slot, now)
 				break
 			}
 		}
@@ -88,7 +88,7 @@ func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, writ
 	d.ResetNs = new(big.Rat)
 	for i := len(entries) - 1; i >= 0; i-- {
 		if e := entries[i]; e.cost > 0 && e.slot >= j-slots {
-			d.ResetNs.SetInt64((e.slot+slots+1)*slot - now)
+			d.ResetNs = slotFrom(e.slot+slots+1, slot, now)
 			break
 		}
 	}
@@ -103,4 +103,11 @@ func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, writ
 		m.logs[p.Key] = &slidingLog{entries: kept, last: j, wrote: true}
 	}
 	return d
+}
+
+// slotFrom is how long after now slot k begins, exactly: with slots of
+// years, k*slot may lie past the last instant of int64 nanoseconds.
+func slotFrom(k, slot, now int64) *big.Rat {
+	b := new(big.Int).Mul(big.NewInt(k), big.NewInt(slot))
+	return new(big.Rat).SetInt(b.Sub(b, big.NewInt(now)))
 }

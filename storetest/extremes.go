@@ -1,0 +1,128 @@
+package storetest
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/replay"
+)
+
+// maxPeriod is the longest period a limit takes: the largest
+// time.Duration, about 292 years.
+const maxPeriod = time.Duration(math.MaxInt64)
+
+// extremeLimits are limits of every kind at the longest periods drip
+// takes, whose waits end past the last instant of int64 nanoseconds (in
+// 2262), and whose slots are past 2^53 nanoseconds (where a double stops
+// counting them exactly).
+func extremeLimits() []drip.Limit {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		panic(err)
+	}
+	return []drip.Limit{
+		{Algorithm: drip.SlidingWindow, Rate: 5, Period: 8760 * time.Hour, Slots: 1},
+		{Algorithm: drip.SlidingWindow, Rate: 5, Period: 2000000 * time.Hour, Slots: 1},
+		{Algorithm: drip.SlidingWindow, Rate: 5, Period: 2562047 * time.Hour},
+		{Algorithm: drip.SlidingWindow, Rate: 3, Period: maxPeriod, Slots: 1000},
+		{Algorithm: drip.SlidingWindow, Rate: 3, Period: maxPeriod, Slots: 1},
+		{Algorithm: drip.SlidingWindow, Rate: 2.5, Period: maxPeriod - 1, Slots: 7},
+		{Rate: 5, Period: maxPeriod},
+		{Rate: 1, Period: maxPeriod, Burst: 3},
+		{Rate: 5, Period: maxPeriod, Refill: drip.Interval},
+		{Rate: 2, Period: 2562047 * time.Hour, Burst: 4, Refill: drip.Interval, MaxReserved: 1e12},
+		{Algorithm: drip.FixedWindow, Rate: 5, Period: maxPeriod, Start: 1},
+		{Algorithm: drip.FixedWindow, Rate: 5, Period: maxPeriod, Start: maxPeriod - 1},
+		{Algorithm: drip.FixedWindow, Rate: 4, Period: 2000000 * time.Hour},
+		{Algorithm: drip.FixedWindow, Rate: 3, Calendar: "month", Location: berlin},
+		{Algorithm: drip.FixedWindow, Rate: 3, Calendar: "week"},
+		{Algorithm: drip.FixedWindow, Rate: 3, Calendar: "day", Location: berlin},
+	}
+}
+
+// extremeOrigins are the instants the extreme traces start from: now,
+// the epoch, 2^53 ns, before 1970, and near both ends of int64
+// nanoseconds.
+func extremeOrigins() []time.Time {
+	return []time.Time{base(), time.Unix(0, 0), time.Unix(0, 1<<53), time.Unix(0, -2_000_000_000_000_000_000),
+		time.Unix(0, math.MaxInt64-int64(2*time.Hour)), time.Unix(0, math.MinInt64+int64(2*time.Hour))}
+}
+
+// ExtremeLines is a trace on limit l from origin: the limit emptied,
+// a denial, a peek, a refund, then takes a slot, half a period and a
+// period later (as far as int64 nanoseconds reach), and with the clock
+// gone back an hour.
+func ExtremeLines(l drip.Limit, origin time.Time) []replay.Line {
+	// room is how far after origin a time may lie: up to the instant
+	// before the last of int64 nanoseconds, at which a wait that runs past
+	// it is reported to end.
+	room := maxPeriod
+	if o := origin.UnixNano(); o >= 0 {
+		room = time.Duration(math.MaxInt64 - 1 - o)
+	}
+	later := func(at, d time.Duration) time.Duration {
+		if d >= room-at {
+			return room
+		}
+		return at + d
+	}
+	one := drip.Request{Key: "x", Limit: l, Cost: 1}
+	all := drip.Request{Key: "x", Limit: l, Cost: l.Rate}
+	if l.Burst != 0 {
+		all.Cost = l.Burst
+	}
+	var lines []replay.Line
+	add := func(at time.Duration, op string, r drip.Request) {
+		lines = append(lines, replay.Line{At: at, Op: op, Request: r})
+	}
+	period := l.Period
+	if l.Calendar != "" {
+		period = 24 * time.Hour
+	}
+	add(0, "take", one)
+	add(0, "take", all) // denied: one is taken
+	add(1, "peek", one)
+	add(1, "refund", one)
+	add(2, "take", all)
+	add(2, "take", one) // denied
+	at := time.Duration(2)
+	for _, d := range []time.Duration{time.Millisecond, period / 1000, period / 2, time.Hour, period, period} {
+		at = later(at, d)
+		add(at, "take", one)
+		add(at, "peek", all)
+		if at >= 2*time.Hour {
+			add(at-time.Hour, "take", one) // the clock went back
+		}
+		lines = append(lines, replay.Line{At: at, Op: "take", Requests: []drip.Request{
+			one, {Key: "y", Limit: drip.PerSecond(1), Cost: 1}}})
+	}
+	return lines
+}
+
+// RunExtremes holds a store to the exact model on limits of every kind
+// at the longest periods, from instants near both ends of int64
+// nanoseconds: the same answers as every other store, with waits that
+// end past the last instant reported as ending at it (docs/semantics.md).
+// Kinds the store does not hold (Caps) are left out.
+func RunExtremes(t *testing.T, newStore NewStore) {
+	st := newStore(t)
+	caps := st.Caps()
+	for i, l := range extremeLimits() {
+		if (l.Algorithm == drip.SlidingWindow && !caps.Sliding) || (l.Calendar != "" && !caps.Calendar) {
+			continue
+		}
+		for _, o := range extremeOrigins() {
+			if l.Algorithm == drip.FixedWindow && l.Calendar == "" && l.Start == 0 && o.UnixNano() < -9e18 {
+				// Its grid, placed by the key's hash, may have begun
+				// before the first instant of int64 nanoseconds.
+				continue
+			}
+			t.Run(fmt.Sprintf("limit%d/%d", i, o.UnixNano()), func(t *testing.T) {
+				compareFrom(t, st, o, ExtremeLines(l, o))
+			})
+		}
+	}
+}
