@@ -7,8 +7,9 @@
 // against bucket.EvalLeases), multi-takes applied one request at a time
 // through store.Separately (RunSeparately), the capabilities and that
 // every wrapper forwards them (RunCaps), the overrides side
-// (RunOverrides), and every kind of limit at the longest periods from
-// both ends of int64 nanoseconds (RunExtremes).
+// (RunOverrides), and every kind of limit at the longest periods up to
+// the end of int64 nanoseconds (RunExtremes; RunExtremesPast, apart from
+// Run, from before 1970).
 //
 // A store's tests call Run:
 //
