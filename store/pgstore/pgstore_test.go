@@ -45,13 +45,15 @@ func TestConformanceBatching(t *testing.T) {
 func TestExtremesPast(t *testing.T) {
 	t.Parallel()
 	pg := testserver.StartPostgres(t)
-	for _, params := range []string{"", "&drip_batch=off"} {
-		st, err := pgstore.Open(context.Background(), pg.URL()+"&drip_install=true&drip_sweep=0"+params)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		storetest.RunExtremesPast(t, func(t *testing.T) store.Store { return st })
+	for _, mode := range []struct{ name, params string }{{"batching", ""}, {"statement", "&drip_batch=off"}} {
+		t.Run(mode.name, func(t *testing.T) {
+			st, err := pgstore.Open(context.Background(), pg.URL()+"&drip_install=true&drip_sweep=0"+mode.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			storetest.RunExtremesPast(t, func(t *testing.T) store.Store { return st })
+		})
 	}
 }
 
