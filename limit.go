@@ -434,6 +434,12 @@ func (l Limit) paramsAt(key string, t time.Time) (bucket.Params, error) {
 		}
 		u, _ := calendar.ParseUnit(l.Calendar) // valid
 		start, end := calendar.Period{Unit: u, Loc: l.Location}.Window(t)
+		if first := time.Unix(0, math.MinInt64); start.Before(first) {
+			// The window began before the first instant of int64
+			// nanoseconds (in 1677): it is counted from that instant, and
+			// still ends where it ends.
+			start = first
+		}
 		p.Kind = bucket.Calendar
 		p.Start = start.UnixNano()
 		p.Period = end.Sub(start).Nanoseconds()

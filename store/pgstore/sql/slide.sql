@@ -14,8 +14,8 @@
 -- The same integers as bucket/sliding.go, in stages as eval.sql's:
 -- g the slot's length (ceil(window/slots)), the number of counts n and
 -- whether the stored state is one (found: a row with n counts); t the
--- current slot (floor((now-maxres)/slot)), never before the stored one (a clock
--- that went back moves nothing); s the counts shifted to it (those of
+-- current slot (floor((now-maxres)/slot)), never before the stored one (a
+-- clock that went back moves nothing); s the counts shifted to it (those of
 -- slots before t.j - slots dropped); u their sum; o the decision: a take or
 -- peek adds its cost to the newest slot if the sum stays within the limit,
 -- a refund gives back from the newest slot first, never below zero. Go
@@ -28,7 +28,10 @@ FROM
         coalesce(i.present, false) AND coalesce(cardinality(i.counts) = i.start + 1, false) AS found
  OFFSET 0) g
 CROSS JOIN LATERAL (SELECT CASE WHEN g.found AND f.j < i.ts THEN i.ts ELSE f.j END AS j
-    FROM (SELECT (i.now - i.maxres) / g.slot - ((i.now - i.maxres) % g.slot < 0)::int AS j) f
+    -- floor((now - maxres) / slot), in numeric: in int8, now - maxres
+    -- overflows before 1970 for a grid moved by most of a long slot
+    FROM (SELECT (div(d.x, g.slot) - (mod(d.x, g.slot) < 0)::int)::bigint AS j
+          FROM (SELECT i.now::numeric - i.maxres AS x) d) f
     OFFSET 0) t
 CROSS JOIN LATERAL (SELECT ARRAY(
         SELECT CASE WHEN g.found AND t.j - i.ts <= g.n - k THEN i.counts[k + (t.j - i.ts)::int] ELSE 0 END
