@@ -1,6 +1,7 @@
-// Package drip is a rate limiter for Go: token buckets and fixed windows
-// kept in fixed point, and limits on how many requests are in flight at
-// once, with state in memory (store/memstore), PostgreSQL (store/pgstore)
+// Package drip is a rate limiter for Go: token buckets, fixed windows
+// (on a grid, or on the calendar) and sliding windows kept in fixed
+// point, and limits on how many requests are in flight at once, with
+// state in memory (store/memstore), PostgreSQL (store/pgstore)
 // or Redis (store/redisstore), and the same answer from each to the
 // millionth of a token.
 //
@@ -18,6 +19,18 @@
 // PerSecond, PerMinute, PerHour and Per(n, period) make token buckets of n
 // tokens per period (Per is not x/time/rate's Every, which takes the
 // interval between two events); Window makes one a fixed window.
+//
+// Windows: Sliding makes a limit a sliding window, at most n tokens in
+// any rolling period, counted in slots (WithSlots), never more:
+//
+//	search := drip.New(store, drip.PerMinute(100).Sliding())
+//
+// PerDayIn, PerWeekIn and PerMonthIn make calendar windows: n tokens per
+// day, ISO week or month in a time zone, each window full again at local
+// midnight, daylight saving time included:
+//
+//	berlin, _ := time.LoadLocation("Europe/Berlin")
+//	budget := drip.New(store, drip.PerMonthIn(10000, berlin))
 //
 // Requests in flight: a concurrency limit, InFlight(n, ttl), bounds how
 // many requests run at once rather than how many start per period. Acquire

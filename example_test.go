@@ -2,6 +2,7 @@ package drip_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -77,4 +78,97 @@ func ExampleLimiter_Acquire() {
 	// Output:
 	// true false
 	// true
+}
+
+// A sliding window: never more than 3 in any rolling minute. Its slots
+// are 6 seconds long (a minute in 10), and a take stays counted until
+// its slot has left the window: 66 seconds here, the price of counting
+// by slot (docs/semantics.md).
+func ExampleLimit_Sliding() {
+	store := memstore.New()
+	defer store.Close()
+	at := time.Unix(1_800_000_000, 0) // on a slot boundary
+	limiter := drip.New(store, drip.PerMinute(3).Sliding(), drip.WithClock(func() time.Time { return at }))
+
+	d, _ := limiter.TakeN(context.Background(), "user:42", 3)
+	fmt.Println(d.Allowed, d.Remaining)
+	d, _ = limiter.Take(context.Background(), "user:42")
+	fmt.Println(d.Allowed, d.RetryAfter)
+	at = at.Add(d.RetryAfter)
+	d, _ = limiter.Take(context.Background(), "user:42")
+	fmt.Println(d.Allowed)
+	// Output:
+	// true 0
+	// false 1m6s
+	// true
+}
+
+// A calendar month in Berlin: the budget comes back on the 1st at local
+// midnight, whatever the month's length.
+func ExamplePerMonthIn() {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		panic(err)
+	}
+	store := memstore.New()
+	defer store.Close()
+	at := time.Date(2026, time.January, 31, 23, 30, 0, 0, berlin)
+	limiter := drip.New(store, drip.PerMonthIn(1000, berlin), drip.WithClock(func() time.Time { return at }))
+
+	d, _ := limiter.TakeN(context.Background(), "tenant:acme", 1000)
+	fmt.Println(d.Allowed, d.Remaining)
+	d, _ = limiter.Take(context.Background(), "tenant:acme")
+	fmt.Println(d.Allowed, d.RetryAfter)
+	// Output:
+	// true 0
+	// false 30m0s
+}
+
+// Allow is the yes or no of a take, for a hot path that needs no details.
+func ExampleLimiter_Allow() {
+	store := memstore.New()
+	defer store.Close()
+	at := time.Unix(1_800_000_000, 0)
+	limiter := drip.New(store, drip.PerSecond(2), drip.WithClock(func() time.Time { return at }))
+
+	fmt.Println(limiter.Allow("user:42"), limiter.Allow("user:42"), limiter.Allow("user:42"))
+	// Output: true true false
+}
+
+// Reserve takes now for work that runs later: past the bucket, into debt
+// up to MaxReserved, with RetryAfter saying when the work may start.
+func ExampleLimiter_Reserve() {
+	store := memstore.New()
+	defer store.Close()
+	at := time.Unix(1_800_000_000, 0)
+	exports := drip.New(store, drip.PerMinute(10).WithMaxReserved(50), drip.WithClock(func() time.Time { return at }))
+
+	d, _ := exports.Reserve(context.Background(), "tenant:acme", 30) // 10 in the bucket, 20 of debt
+	fmt.Println(d.Allowed, d.Tokens, d.RetryAfter)
+	d, _ = exports.Reserve(context.Background(), "tenant:acme", 40) // 60 of debt: over the bound
+	fmt.Println(d.Allowed)
+	// Output:
+	// true -20 2m0s
+	// false
+}
+
+// Wait reserves and sleeps until the tokens are due; when the context's
+// deadline comes first, it gives them back at once and says so.
+func ExampleLimiter_Wait() {
+	store := memstore.New()
+	defer store.Close()
+	at := time.Unix(1_800_000_000, 0)
+	limiter := drip.New(store, drip.PerHour(1), drip.WithClock(func() time.Time { return at }))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	fmt.Println(limiter.Wait(ctx, "user:42")) // the token is there
+	err := limiter.Wait(ctx, "user:42")       // the next one is an hour away
+	fmt.Println(errors.Is(err, context.DeadlineExceeded), errors.Is(err, drip.ErrWouldExceedDeadline))
+	d, _ := limiter.Peek(ctx, "user:42")
+	fmt.Println(d.Tokens) // nothing taken by the wait that gave up
+	// Output:
+	// <nil>
+	// true true
+	// 0
 }

@@ -171,6 +171,32 @@ func (l Limit) WithLeased(on bool) Limit { l.Leased = on; return l }
 // Window returns l as a fixed window limit.
 func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
 
+// Sliding returns l as a sliding window: at most Rate tokens in any
+// rolling window of Period, in Slots slots (10 unless WithSlots), so
+// PerMinute(100).Sliding() never lets 101 through in any minute. Its
+// burst is its rate (a Burst other than Rate is invalid).
+func (l Limit) Sliding() Limit { l.Algorithm = SlidingWindow; return l }
+
+// WithSlots returns l, a sliding window, cut into n slots (1 to 1000).
+func (l Limit) WithSlots(n int) Limit { l.Slots = n; return l }
+
+// PerDayIn returns a fixed window of n tokens per calendar day in loc
+// (nil: UTC): each day's window starts full at local midnight, whether
+// the day is 23, 24 or 25 hours long.
+func PerDayIn(n float64, loc *time.Location) Limit { return perCalendar(n, "day", loc) }
+
+// PerWeekIn returns a fixed window of n tokens per ISO week in loc (nil:
+// UTC), from Monday at local midnight.
+func PerWeekIn(n float64, loc *time.Location) Limit { return perCalendar(n, "week", loc) }
+
+// PerMonthIn returns a fixed window of n tokens per calendar month in loc
+// (nil: UTC), from the 1st at local midnight, whatever the month's length.
+func PerMonthIn(n float64, loc *time.Location) Limit { return perCalendar(n, "month", loc) }
+
+func perCalendar(n float64, unit string, loc *time.Location) Limit {
+	return Limit{Algorithm: FixedWindow, Rate: n, Calendar: unit, Location: loc}
+}
+
 // Errors returned for bad input, the two a caller most often tests for:
 // a limit that is not valid, and a cost no wait can allow. They are
 // wrapped with details; test with errors.Is. Every bad input is a
@@ -408,6 +434,12 @@ func (l Limit) paramsAt(key string, t time.Time) (bucket.Params, error) {
 		}
 		u, _ := calendar.ParseUnit(l.Calendar) // valid
 		start, end := calendar.Period{Unit: u, Loc: l.Location}.Window(t)
+		if first := time.Unix(0, math.MinInt64); start.Before(first) {
+			// The window began before the first instant of int64
+			// nanoseconds (in 1677): it is counted from that instant, and
+			// still ends where it ends.
+			start = first
+		}
 		p.Kind = bucket.Calendar
 		p.Start = start.UnixNano()
 		p.Period = end.Sub(start).Nanoseconds()

@@ -201,3 +201,34 @@ func write(t *testing.T, path string, data []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestLibraryShowsCalls: docs/library.md shows each of the Limiter's
+// calls a user starts from in a Go block (which TestReadmeSnippets
+// compiles), not only in its prose: a call named and never shown is a
+// call a reader must guess at.
+func TestLibraryShowsCalls(t *testing.T) {
+	data, err := os.ReadFile("docs/library.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	called := map[string]bool{}
+	for _, s := range goBlocks("docs/library.md", data) {
+		f, err := parser.ParseFile(token.NewFileSet(), "", s.code, parser.SkipObjectResolution)
+		if err != nil {
+			continue // TestReadmeSnippets reports it
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if c, ok := n.(*ast.CallExpr); ok {
+				if sel, ok := c.Fun.(*ast.SelectorExpr); ok {
+					called[sel.Sel.Name] = true
+				}
+			}
+			return true
+		})
+	}
+	for _, name := range []string{"Take", "Allow", "Reserve", "Wait", "TakeMulti", "Acquire", "Release"} {
+		if !called[name] {
+			t.Errorf("docs/library.md has no Go block that calls %s", name)
+		}
+	}
+}

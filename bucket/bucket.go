@@ -130,7 +130,13 @@ type Prepared struct {
 func (p Params) Fresh(now int64) State {
 	ts := now
 	if p.Kind == Window || p.Kind == Calendar {
-		ts = now - floorMod(now-p.Start, p.Period)
+		// now - ((now - Start) mod Period), without computing now - Start,
+		// which overflows for a period of centuries before 1970.
+		m := floorMod(now, p.Period) - floorMod(p.Start, p.Period)
+		if m < 0 {
+			m += p.Period
+		}
+		ts = now - m
 	}
 	return State{Tokens: p.Burst, TS: ts}
 }

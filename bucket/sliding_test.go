@@ -1,7 +1,10 @@
 package bucket
 
 import (
+	"math"
+	"math/big"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -157,6 +160,110 @@ func TestSlidingDenialsReachBackOneSlot(t *testing.T) {
 			}
 			if n+cost <= p.Limit {
 				t.Fatalf("a take of %d at %d denied with %d taken in the last window and slot (%+v)", cost, now, n, p)
+			}
+		}
+	}
+}
+
+// TestSlidingStart holds a grid moved by Start to the grid of the epoch
+// moved by as much: the same steps, each at its time plus d, decided with
+// Start d (modulo the slot), give the same results and states as at their
+// own times with Start 0 (the slot numbers moved by the whole slots in
+// d), for slots that divide d and slots that do not.
+func TestSlidingStart(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, ps := range []Params{
+		{Kind: Sliding, Burst: 5 * Micro, Rate: 5 * Micro, Period: int64(time.Second), Parts: 7},
+		{Kind: Sliding, Burst: 3 * Micro, Rate: 3 * Micro, Period: int64(10 * time.Second), Parts: 4},
+		{Kind: Sliding, Burst: 2 * Micro, Rate: 2 * Micro, Period: int64(700 * time.Millisecond), Parts: 1},
+	} {
+		for _, d := range []int64{1, int64(time.Second), 1_764_370_800_123_456_789} {
+			moved := ps
+			moved.Start = d
+			p0, pd := ps.Sliding(), moved.Sliding()
+			k := d / p0.Slot() // whole slots between the grids
+			if pd.Start < 0 || pd.Start >= pd.Slot() {
+				t.Fatalf("Start %d of slot %d: %d, want it modulo the slot", d, pd.Slot(), pd.Start)
+			}
+			var s0, sd SlidingState
+			found := false
+			now := int64(0)
+			for i := range 300 {
+				now += rng.Int64N(int64(400 * time.Millisecond))
+				op := []Op{Take, Take, Peek, Refund}[rng.IntN(4)]
+				cost := rng.Int64N(3) * Micro
+				r0, n0, w0 := EvalSliding(op, s0, found, p0, cost, now)
+				rd, nd, wd := EvalSliding(op, sd, found, pd, cost, now+d)
+				if r0 != rd || w0 != wd || n0.Last+k != nd.Last || !slices.Equal(n0.Counts, nd.Counts) {
+					t.Fatalf("%+v moved by %d, step %d (%v of %d at %d): %+v %+v, want %+v %+v", ps, d, i, op, cost, now, rd, nd, r0, n0)
+				}
+				if e0, ed := p0.SlidingExpiresAt(n0), pd.SlidingExpiresAt(nd); ed != e0+d {
+					t.Fatalf("%+v moved by %d: expires at %d, want %d", ps, d, ed, e0+d)
+				}
+				if w0 {
+					s0, sd, found = n0, nd, true
+				}
+			}
+		}
+	}
+}
+
+// Slots of months or years: a slot may begin after the last instant of
+// int64 nanoseconds (in 2262). Waits then end at that instant, as a
+// bucket's do, and are never negative; the state expires there too. The
+// same holds on a grid moved by Start (as drip replay moves it) and at
+// both ends of int64 time, where now-Start and k*Slot alone lie outside
+// int64 though the instants asked for do not.
+func TestSlidingLongSlots(t *testing.T) {
+	const last = math.MaxInt64
+	for _, p := range []SlidingParams{
+		{Limit: 5 * Micro, Window: int64(8760 * time.Hour), Slots: 1},
+		{Limit: 5 * Micro, Window: int64(2_000_000 * time.Hour), Slots: 1},
+		{Limit: 5 * Micro, Window: int64(2_562_047 * time.Hour), Slots: 10},
+		{Limit: 5 * Micro, Window: last, Slots: 1},
+		{Limit: 5 * Micro, Window: last, Slots: MaxSlots},
+		{Limit: 5 * Micro, Window: int64(time.Second), Slots: 7},
+	} {
+		for _, start := range []int64{0, 1, p.Slot() / 2, p.Slot() - 1} {
+			for _, now := range []int64{
+				1_795_907_804_066_170_719, // 2026-11-28
+				math.MinInt64, math.MinInt64 + 1, -1 << 62, 0, last - 1,
+			} {
+				p.Start = start
+				s := SlidingState{}
+				found := false
+				for range 5 {
+					r, next, write := EvalSliding(Take, s, found, p, Micro, now)
+					if !r.Allowed || !write {
+						t.Fatalf("%+v at %d: a take within the limit denied: %+v", p, now, r)
+					}
+					s, found = next, true
+				}
+				r, _, _ := EvalSliding(Take, s, found, p, Micro, now)
+				// now lies in slot j = floor((now-Start)/Slot), and the
+				// newest count leaves when slot j+Slots+1 begins.
+				slot := big.NewInt(p.Slot())
+				j := new(big.Int).Sub(big.NewInt(now), big.NewInt(start))
+				j.Div(j.Sub(j, new(big.Int).Mod(j, slot)), slot)
+				if !j.IsInt64() || s.Last != j.Int64() {
+					t.Fatalf("%+v at %d: slot %d, want %v", p, now, s.Last, j)
+				}
+				end := new(big.Int).Add(j, big.NewInt(int64(p.Slots)+1))
+				end.Add(end.Mul(end, slot), big.NewInt(start))
+				if end.Cmp(big.NewInt(last)) > 0 {
+					end.SetInt64(last)
+				}
+				wait := new(big.Int).Sub(end, big.NewInt(now))
+				want := time.Duration(last)
+				if wait.IsInt64() {
+					want = time.Duration(wait.Int64())
+				}
+				if r.Allowed || r.RetryAfter != want || r.ResetAfter != want {
+					t.Errorf("%+v at %d: over the limit: %+v, want denied with both waits %v", p, now, r, want)
+				}
+				if got := p.SlidingExpiresAt(s); got != end.Int64() {
+					t.Errorf("%+v at %d: expires at %d, want %v", p, now, got, end)
+				}
 			}
 		}
 	}

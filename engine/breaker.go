@@ -24,11 +24,14 @@ const BreakerWindow = time.Second
 //
 //   - failures: within a window (BreakerWindow), at least Failures calls
 //     failed and they were at least FailureRatio of the calls that ended.
-//     A failure is an error the store sent or a connection that failed
-//     (refused, reset, a server error), or a call that missed its deadline
-//     while the store answered nothing else; a call that missed its
-//     deadline while the store was answering other calls is a slow call,
-//     counted as a call but not as a failure;
+//     A failure is a connection that failed (refused, reset), an error
+//     that says the server cannot serve (shutting down, out of memory, a
+//     replica), or a call that missed its deadline while the store
+//     answered nothing else; a call that missed its deadline while the
+//     store was answering other calls is a slow call, and an error the
+//     store answered about the call's own items (store.AnsweredError: a
+//     script or statement that failed on their values) is the store
+//     working: both are counted as calls but not as failures;
 //   - a stall: Stall has passed since a call was sent and the store has
 //     answered nothing at all in that time, while that call or (if its
 //     caller gave up) others still wait (engine.apply's stall timer calls

@@ -39,3 +39,24 @@ func FuzzParseCost(f *testing.F) {
 		}
 	})
 }
+
+// TestParseUsage: a reported usage reads as a cost does, except that one
+// above the largest amount saturates at it instead of counting as absent:
+// a larger report never charges less.
+func TestParseUsage(t *testing.T) {
+	good := map[string]float64{
+		"5": 5, "0": 0, "2.5": 2.5, " 7\t": 7, "1000000000000": 1e12,
+		"1000000000001": 1e12, "99999999999999999999": 1e12, "9223372036854775807": 1e12,
+		strings.Repeat("9", 400): 1e12, "0." + strings.Repeat("0", 400) + "1": 0,
+	}
+	for s, want := range good {
+		if got, ok := ParseUsage(s); !ok || got != want {
+			t.Errorf("ParseUsage(%q) = %v, %v, want %v", s, got, ok, want)
+		}
+	}
+	for _, s := range []string{"", "abc", "-3", "+3", "NaN", "Inf", "1e13", ".5", "5.", "1.2.3", "5 5"} {
+		if got, ok := ParseUsage(s); ok {
+			t.Errorf("ParseUsage(%q) = %v, accepted", s, got)
+		}
+	}
+}

@@ -146,7 +146,9 @@ var defaultBreaker = rules.DefaultBreaker
 // the shorter one of ctx), and reports its latency and any failure to the
 // observer. A call the breaker skips fails with ErrBreakerOpen. Input
 // errors (store.IsInput) are the caller's, not the store's: they neither
-// count against the breaker nor reach the observer.
+// count against the breaker nor reach the observer. An error the store
+// answered about the call's items (store.IsAnswered) reaches the
+// observer, and counts for the breaker as a call the store answered.
 func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
 }
@@ -252,6 +254,19 @@ func (e *Engine) call(ctx context.Context, timeout time.Duration, br rules.Break
 	}
 	if store.IsInput(err) {
 		e.brk.abandon(tk)
+		return err
+	}
+	if store.IsAnswered(err) {
+		// The store answered, with an error about this call's items: it
+		// is up, and the error is this call's alone. Counted as a call
+		// that reached the store, never as a failure, so that no request
+		// shape can open the breaker for every key.
+		if w != nil {
+			e.answered.Store(time.Now().UnixNano())
+		}
+		e.breakerChanged(e.brk.success(e.clock(), tk))
+		e.obs.StoreError(err)
+		e.logError("store call refused", err)
 		return err
 	}
 	late := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)

@@ -90,7 +90,7 @@ func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
 // the difference is taken, with a reservation (the work is done, so the
 // bucket may go into debt, at most DebtBound: what would pass it is
 // Forgiven), or given back (Refunded). A response that reports no cost
-// (or one that is not a cost, ParseCost) leaves the estimate; a request
+// (or one that is not a cost, ParseUsage) leaves the estimate; a request
 // that errored (Status 0) took nothing: its estimate is refunded.
 //
 // A count_status rule was only checked before the request: its cost is
@@ -124,7 +124,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 			delta = -a.Cost
 		case resp.Value != nil:
 			if s, ok := resp.Value(*a.Rule.CostFrom); ok {
-				if c, ok := ParseCost(s); ok {
+				if c, ok := ParseUsage(s); ok {
 					delta = c - a.Cost
 				}
 			}

@@ -487,12 +487,13 @@ func TestCostFromResponseFixedWindow(t *testing.T) {
 
 // TestCostFromResponseHostile: what a response reports and what a
 // request estimates are read as costs only when they are plain decimal
-// numbers from 0 to 1e12: a sign, an exponent, hex, NaN, digits past the
-// bound or 32 characters leave the estimate (or, for the estimate, the
-// rule's default cost); an estimate above the burst is refused and takes
-// nothing; of several values of the header, the first counts; a report of
-// the largest cost charges at most to the debt bound. Each step starts
-// on a full bucket.
+// numbers: a sign, an exponent, hex or NaN leave the estimate (or, for
+// the estimate, the rule's default cost), and so do, for the estimate,
+// digits past 1e12 or 32 characters; a report above 1e12 counts as 1e12
+// (a larger report never charges less), however long; an estimate above
+// the burst is refused and takes nothing; of several values of the
+// header, the first counts; a report of the largest cost charges at most
+// to the debt bound. Each step starts on a full bucket.
 func TestCostFromResponseHostile(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for _, u := range r.URL.Query()["usage"] {
@@ -514,9 +515,8 @@ func TestCostFromResponseHostile(t *testing.T) {
 		{[]string{"0x10"}, "", "tokens/settled", 100},
 		{[]string{"1e3"}, "", "tokens/settled", 100},
 		{[]string{"1_0"}, "", "tokens/settled", 100},
-		{[]string{"1000000000000.5"}, "", "tokens/settled", 100},
-		{[]string{"99999999999999999999999"}, "", "tokens/settled", 100},
-		{[]string{strings.Repeat("0", 40) + "5"}, "", "tokens/settled", 100},
+		// 5, however long:
+		{[]string{strings.Repeat("0", 40) + "5"}, "", "tokens/refunded", 5},
 		{[]string{"5", "900"}, "", "tokens/refunded", 5},  // the first
 		{[]string{"x", "900"}, "", "tokens/settled", 100}, // the first is not a cost
 		{[]string{"20"}, "1e12", "tokens/refunded", 20},   // the estimate: default_cost
@@ -560,6 +560,18 @@ func TestCostFromResponseHostile(t *testing.T) {
 	}
 	if got := e.tokens(t, "tokens", "h"); got < -1000 || got > -999.999 {
 		t.Errorf("after a report of 1e12: %v tokens, want -1000", got)
+	}
+	// Reports above it charge as much: they used to count as absent,
+	// and the estimate stood.
+	for _, u := range []string{"1000000000000.5", "99999999999999999999999", "9223372036854775807", strings.Repeat("9", 40)} {
+		e.clock.Add(2 * time.Hour) // full again, from -1000
+		e.get(t, "/?usage="+u, "X-Tenant: h")
+		if ev := e.obs.next(t); ev != "tokens/forgiven" {
+			t.Errorf("a report of %s: %s, want forgiven", u, ev)
+		}
+		if got := e.tokens(t, "tokens", "h"); got < -1000 || got > -999.999 {
+			t.Errorf("after a report of %s: %v tokens, want -1000", u, got)
+		}
 	}
 }
 

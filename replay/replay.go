@@ -318,37 +318,38 @@ func Op(name string) (bucket.Op, bool) {
 	return bucket.Take, true
 }
 
-// Epoch returns the instant virtual time 0 maps to for a run starting now:
-// the current time, truncated to the second. Virtual times then lie near
-// real time, so that a shared store's expiry (Redis TTLs, Postgres'
-// expiry of idle rows) treats replayed buckets as it treats live ones.
+// Epoch returns the instant a run starting now hands the store as
+// virtual time 0: the current time, truncated to the second. The store's
+// times then lie near real time, so that a shared store's expiry (Redis
+// TTLs, Postgres' expiry of idle rows) treats replayed buckets as it
+// treats live ones. The answers do not depend on it (see Do).
 func Epoch() time.Time { return time.Now().Truncate(time.Second) }
+
+// origin is the instant a trace's time 0 stands for in its answers: the
+// Unix epoch, as in drip simulate. Every grid (a fixed window's, a
+// sliding window's slots) and every calendar window (days, weeks and
+// months in their time zone) is placed as if the trace began there.
+var origin = time.Unix(0, 0)
 
 // Do performs one line on store at epoch + l.At, with keys prefixed by
 // prefix, and returns the JSON output value. The output does not depend on
-// the prefix or the epoch: a fixed window's grid is derived from the
-// unprefixed key and counted from the epoch, as if the trace began at the
-// Unix epoch.
+// the prefix or the epoch: the line is decided at the Unix epoch plus
+// l.At (as drip simulate decides it), with a fixed window's grid derived
+// from the unprefixed key, and the store is handed the same decision
+// moved to epoch + l.At (see moved).
 func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l Line) (any, error) {
-	at := epoch.Add(l.At)
-	// Count a fixed window's grid from the epoch, as if the trace began
-	// at the Unix epoch, from the unprefixed key; then put the key under
-	// the prefix, which counts toward store.MaxKeyLen.
+	at := origin.Add(l.At)
+	st = moved{Store: st, by: epoch.Sub(origin)}
+	// Place a fixed window's grid by the unprefixed key, then put the key
+	// under the prefix, which counts toward store.MaxKeyLen.
 	fix := func(r drip.Request) drip.Request {
-		if r.Limit.Algorithm == drip.FixedWindow {
+		if r.Limit.Algorithm == drip.FixedWindow && r.Limit.Start == 0 && r.Limit.Calendar == "" {
 			p := r.Limit.Period
 			if p == 0 {
 				p = time.Second
 			}
-			if r.Limit.Start == 0 {
-				if r.Limit.Start = store.WindowStart(r.Key, p); r.Limit.Start == 0 {
-					r.Limit.Start = p
-				}
-			}
-			shift := time.Duration(epoch.UnixNano() % int64(p))
-			r.Limit.Start = (r.Limit.Start+shift)%p + p // never 0: 0 means "derive"
-			if r.Limit.Start > p {
-				r.Limit.Start -= p
+			if r.Limit.Start = store.WindowStart(r.Key, p); r.Limit.Start == 0 {
+				r.Limit.Start = p // 0 means "derive"; p is the epoch's grid
 			}
 		}
 		if r.Key != "" {
@@ -380,6 +381,52 @@ func Do(ctx context.Context, st store.Store, epoch time.Time, prefix string, l L
 		return drip.Decision{}, err
 	}
 	return m.Decisions[0], nil
+}
+
+// moved is a store whose clock is by ahead of its caller's: it decides
+// each call at at+by, with every grid and calendar window moved by as
+// much, so that its answers are those of the store at at. A token bucket
+// and a concurrency limit count from their own first request and need no
+// moving; a fixed window's grid offset and a sliding window's are moved
+// modulo the window and the slot, a calendar window's start (an instant)
+// by by.
+type moved struct {
+	store.Store
+	by time.Duration
+}
+
+func (m moved) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	own := make([]bucket.Prepared, len(items))
+	copy(own, items)
+	by := int64(m.by)
+	for i := range own {
+		p := &own[i].Params
+		switch p.Kind {
+		case bucket.Window:
+			p.Start = addMod(p.Start, by, p.Period)
+		case bucket.Sliding:
+			p.Start = addMod(p.Start, by, p.Sliding().Slot())
+		case bucket.Calendar:
+			p.Start += by
+		}
+	}
+	return m.Store.Apply(ctx, op, at.Add(m.by), own, results)
+}
+
+// addMod is (a + b) modulo m, from 0 to m-1, for m > 0, without
+// overflowing.
+func addMod(a, b, m int64) int64 {
+	a, b = a%m, b%m
+	if a < 0 {
+		a += m
+	}
+	if b < 0 {
+		b += m
+	}
+	if a >= m-b {
+		return a - (m - b)
+	}
+	return a + b
 }
 
 // Run reads lines from r and writes one output line per input line to w.

@@ -194,3 +194,41 @@ func TestDecodeSaysWhatIsWrong(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputIgnoresEpoch runs one trace with the store's time 0 at
+// several wall times: the output is the same, and is the trace's as if it
+// began at the Unix epoch. A sliding window's slot of 1s/7 (142,857,143
+// ns) divides no whole second, and a calendar day depends on the time of
+// day, so both used to follow the wall clock.
+func TestOutputIgnoresEpoch(t *testing.T) {
+	in := strings.Join([]string{
+		`{"at":0,"key":"s","limit":{"algorithm":"sliding_window","rate":2,"period":"1s","slots":7}}`,
+		`{"at":0,"key":"s","limit":{"algorithm":"sliding_window","rate":2,"period":"1s","slots":7}}`,
+		`{"at":0.1,"key":"s","limit":{"algorithm":"sliding_window","rate":2,"period":"1s","slots":7}}`,
+		`{"at":0,"key":"c","limit":{"algorithm":"fixed_window","rate":10,"period":"day","time_zone":"Europe/Berlin"}}`,
+		`{"at":0.5,"key":"w","limit":{"algorithm":"fixed_window","rate":1,"period":"0.7s","start":"0.7s"}}`,
+	}, "\n")
+	// Worked by hand: slot 0 holds the two takes until slot 8 begins, at
+	// 8 x 142,857,143 ns; Berlin's first day of 1970 ends at 23:00 UTC
+	// (UTC+1); the 0.7 s window on the epoch's grid that holds 0.5 s ends
+	// at 0.7 s.
+	want := strings.Join([]string{
+		`{"allowed":true,"tokens":1,"remaining":1,"limit":2,"retry_after":0,"reset_after":1.142857144}`,
+		`{"allowed":true,"tokens":0,"remaining":0,"limit":2,"retry_after":0,"reset_after":1.142857144}`,
+		`{"allowed":false,"tokens":0,"remaining":0,"limit":2,"retry_after":1.042857144,"reset_after":1.042857144}`,
+		`{"allowed":true,"tokens":9,"remaining":9,"limit":10,"retry_after":0,"reset_after":82800}`,
+		`{"allowed":true,"tokens":0,"remaining":0,"limit":1,"retry_after":0,"reset_after":0.2}`,
+	}, "\n") + "\n"
+	wall := time.Date(2026, 11, 28, 23, 40, 0, 0, time.UTC)
+	for _, epoch := range []time.Time{wall, wall.Add(time.Second), wall.Add(3 * time.Second), wall.Add(13*time.Hour + 7*time.Second), wall.Add(123456789)} {
+		s := memstore.New()
+		var out bytes.Buffer
+		if err := replay.RunAt(context.Background(), s, epoch, "p:", strings.NewReader(in), &out); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if out.String() != want {
+			t.Errorf("time 0 at %v:\n%s\nwant\n%s", epoch, out.String(), want)
+		}
+	}
+}

@@ -118,6 +118,12 @@ func writeError(w http.ResponseWriter, err error) {
 		status = he.status
 	case store.IsInput(err):
 		status = http.StatusBadRequest
+	case store.IsAnswered(err):
+		// The store answered, refusing this request's values: a fault
+		// of drip or the store, this request's alone. Asking again
+		// gets the same answer, so no Retry-After.
+		status = http.StatusInternalServerError
+		err = fmt.Errorf("store refused the request: %w", err)
 	default:
 		// The store failed, was too slow, or the breaker skipped it:
 		// the breaker probes it again within its cool-down.

@@ -26,7 +26,7 @@ func (s *Server) checkHeld(set *rules.Set, env *envoy.Config) error {
 		case r.Limit.Calendar != "" && !c.Calendar:
 			return fmt.Errorf("rule %q: this store does not hold calendar windows", r.Name)
 		case r.Limit.Leased && !c.Blocks:
-			return fmt.Errorf("rule %q: leased: this store does not hold blocks of leased tokens (the memory and Redis stores do)", r.Name)
+			return fmt.Errorf("rule %q: leased: this store does not hold blocks of leased tokens (the memory, Redis and PostgreSQL stores do)", r.Name)
 		}
 	}
 	return checkEnvoyHeld(env, c)
@@ -40,7 +40,7 @@ func checkEnvoyHeld(env *envoy.Config, c store.Caps) error {
 	}
 	for _, l := range env.Limits() {
 		if l.Limit.Leased {
-			return fmt.Errorf("envoy limit %q: leased: this store does not hold blocks of leased tokens (the memory and Redis stores do)", l.Label())
+			return fmt.Errorf("envoy limit %q: leased: this store does not hold blocks of leased tokens (the memory, Redis and PostgreSQL stores do)", l.Label())
 		}
 	}
 	return nil

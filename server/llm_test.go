@@ -31,6 +31,21 @@ func (f frozen) Apply(ctx context.Context, op bucket.Op, _ time.Time, items []bu
 	return f.Store.Apply(ctx, op, f.at, items, results)
 }
 
+// frozenGateway starts drip serve's gateway to upstream with the rules
+// file on a memory store frozen at one instant, and returns the rules as
+// loaded, the store and the server.
+func frozenGateway(t *testing.T, file, upstream string) (*rules.Set, frozen, *running) {
+	t.Helper()
+	set, err := rules.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := memstore.New()
+	t.Cleanup(func() { ms.Close() })
+	st := frozen{ms, time.Now()}
+	return set, st, start(t, Config{Rules: file, Upstream: upstream, WatchEvery: -1}, st)
+}
+
 // TestLLMExample runs examples/llm: drip serve's gateway with its rules in
 // front of the test upstream, which streams server-sent events and reports
 // its usage in a trailer. Each request takes its estimate before it is
@@ -41,15 +56,7 @@ func (f frozen) Apply(ctx context.Context, op bucket.Op, _ time.Time, items []bu
 func TestLLMExample(t *testing.T) {
 	up := httptest.NewServer(llm.Handler())
 	t.Cleanup(up.Close)
-	const file = "../examples/llm/rules.yaml"
-	set, err := rules.Load(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := memstore.New()
-	t.Cleanup(func() { ms.Close() })
-	st := frozen{ms, time.Now()}
-	srv := start(t, Config{Rules: file, Upstream: up.URL, WatchEvery: -1}, st)
+	set, st, srv := frozenGateway(t, "../examples/llm/rules.yaml", up.URL)
 
 	tokens := func(tenant string) (minute, day float64) {
 		t.Helper()

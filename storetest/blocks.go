@@ -110,7 +110,7 @@ func CompareBlocks(t *testing.T, st store.Store, seed uint64, n int) {
 		if o.op == bucket.Refund || (o.op == bucket.Take && want.Allowed) {
 			m.Apply(o.op, it, at, true, &got, Tolerance)
 		}
-		if msg := compare(got, want, params); msg != "" {
+		if msg := compare(got, want, params, at); msg != "" {
 			t.Fatalf("step %d (%v key %d cost %v block %q ttl %v at %v): %s", i, o.op, o.key, o.cost, o.id, o.ttl, o.at, msg)
 		}
 	}

@@ -128,7 +128,7 @@ func checkWithModel(t *testing.T, name string, in, golden []string) {
 			all := true
 			for j, w := range ms.want {
 				all = all && w.Allowed
-				if msg := compare(ms.follow[j], w, ms.params[j]); msg != "" {
+				if msg := compare(ms.follow[j], w, ms.params[j], epoch.Add(l.At)); msg != "" {
 					t.Errorf("%s\n decision %d: %s", where, j, msg)
 				}
 			}

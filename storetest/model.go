@@ -22,6 +22,10 @@ type Model struct {
 	counts    map[string]calendarCount
 	calendars map[string]drip.Limit
 	blocks    map[string][]mblock // live blocks of leased tokens (model_blocks.go)
+	// grid is the offset of every sliding window's slot grid from the
+	// epoch's (bucket.Params.Start), as the store it is compared with
+	// moves it (gridMoved); 0 unless a runner sets it.
+	grid int64
 }
 
 type modelBucket struct {
@@ -260,6 +264,9 @@ func (m *Model) Prepare(op bucket.Op, r drip.Request) (bucket.Prepared, error) {
 		m.calendars[r.Key] = r.Limit
 	} else {
 		delete(m.calendars, r.Key)
+	}
+	if p.Kind == bucket.Sliding {
+		p.Start = m.grid
 	}
 	micro := int64(math.Round(r.Cost * bucket.Micro))
 	l := modelLimit(p)

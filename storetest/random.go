@@ -117,10 +117,20 @@ var Tolerance = big.NewRat(1, 100000)
 // on any disagreement beyond Tolerance.
 func CompareWithModel(t *testing.T, st store.Store, lines []replay.Line) {
 	t.Helper()
+	compareFrom(t, st, base(), 0, lines)
+}
+
+// compareFrom is CompareWithModel with the lines' times counted from b,
+// and every sliding window's slot grid moved by grid from the epoch's, on
+// the store (gridMoved) and in the model alike.
+func compareFrom(t *testing.T, st store.Store, b time.Time, grid int64, lines []replay.Line) {
+	t.Helper()
 	c := ctx(t)
 	p := prefix()
-	b := base()
 	m := NewModel()
+	if grid != 0 {
+		st, m.grid = gridMoved{st, grid}, grid
+	}
 	for i, l := range lines {
 		at := b.Add(l.At)
 		where := fmt.Sprintf("line %d (%s at %v)", i, l.Op, l.At)
@@ -205,7 +215,7 @@ func (m *Model) step(op bucket.Op, rs []drip.Request, multi bool, at time.Time, 
 		}
 	}
 	for j := range ps {
-		if msg := compare(got[j], want[j], ps[j].Params); msg != "" {
+		if msg := compare(got[j], want[j], ps[j].Params, at); msg != "" {
 			return fmt.Sprintf("request %d (%s cost %v reserve %v, limit %v): %s", j, rs[j].Key, rs[j].Cost, rs[j].Reserve, rs[j].Limit, msg)
 		}
 	}
@@ -221,16 +231,16 @@ func allAllowed(ds []drip.Decision) bool {
 	return true
 }
 
-func compare(got drip.Decision, want ModelDecision, p bucket.Params) string {
+// compare checks a store's decision at at against the exact one.
+func compare(got drip.Decision, want ModelDecision, p bucket.Params, at time.Time) string {
 	tol, _ := Tolerance.Float64()
 	wt, _ := want.Tokens.Float64()
 	// How long tol tokens take to refill, plus a microsecond of slack.
-	ttol := time.Duration(tol*float64(p.Period)/(float64(p.Rate)/bucket.Micro)) + time.Microsecond
+	ttol := time.Duration(min(tol*float64(p.Period)/(float64(p.Rate)/bucket.Micro), 1<<62)) + time.Microsecond
 	if p.Kind != bucket.Continuous {
 		ttol = time.Microsecond
 	}
-	retry, _ := want.RetryNs.Float64()
-	reset, _ := want.ResetNs.Float64()
+	retry, reset := Reported(at, want.RetryNs), Reported(at, want.ResetNs)
 	switch {
 	case got.Allowed != want.Allowed:
 		return fmt.Sprintf("allowed %v, exact model says %v (got %+v, exact tokens %v)", got.Allowed, want.Allowed, got, wt)
@@ -240,12 +250,35 @@ func compare(got drip.Decision, want ModelDecision, p bucket.Params) string {
 		return fmt.Sprintf("remaining %v for tokens %v", got.Remaining, got.Tokens)
 	case got.Burst != float64(p.Burst)/bucket.Micro:
 		return fmt.Sprintf("limit %v, want %v", got.Burst, float64(p.Burst)/bucket.Micro)
-	case absDur(got.RetryAfter-time.Duration(math.Round(retry))) > ttol:
-		return fmt.Sprintf("retry_after %v, exact %v", got.RetryAfter, time.Duration(retry))
-	case absDur(got.ResetAfter-time.Duration(math.Round(reset))) > ttol:
-		return fmt.Sprintf("reset_after %v, exact %v", got.ResetAfter, time.Duration(reset))
+	case absDur(got.RetryAfter-retry) > ttol:
+		return fmt.Sprintf("retry_after %v, exact %v", got.RetryAfter, retry)
+	case absDur(got.ResetAfter-reset) > ttol:
+		return fmt.Sprintf("reset_after %v, exact %v", got.ResetAfter, reset)
 	}
 	return ""
+}
+
+// Reported is how a store reports an exact wait of ns nanoseconds from
+// at (docs/semantics.md): rounded to the nanosecond, ending no later
+// than the last instant of int64 nanoseconds (in 2262), and no longer
+// than the largest time.Duration.
+func Reported(at time.Time, ns *big.Rat) time.Duration {
+	now := big.NewInt(at.UnixNano())
+	end := new(big.Int).Add(now, roundRat(ns))
+	if last := big.NewInt(math.MaxInt64); end.Cmp(last) > 0 {
+		end = last
+	}
+	d := end.Sub(end, now)
+	if !d.IsInt64() {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(max(0, d.Int64()))
+}
+
+// roundRat is r rounded to the nearest integer (halves away from zero,
+// as math.Round), for r >= 0.
+func roundRat(r *big.Rat) *big.Int {
+	return floorRat(new(big.Rat).Add(r, big.NewRat(1, 2)))
 }
 
 func absDur(d time.Duration) time.Duration {

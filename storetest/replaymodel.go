@@ -60,6 +60,32 @@ func RunReplayRandom(t *testing.T, newStore NewStore, seeds, n int) {
 	}
 }
 
+// RunReplayWindows runs random traces of sliding and calendar windows
+// through the replay protocol on the store, when it holds them, and
+// checks every output line against the exact Model at the Unix epoch:
+// replay places their slots and calendar windows as if the trace began
+// there, whenever it runs (base is the next whole hour, which a slot of
+// 3s/7 does not divide).
+func RunReplayWindows(t *testing.T, newStore NewStore, seeds, n int) {
+	caps := newStore(t).Caps()
+	for seed := range seeds {
+		if caps.Sliding {
+			t.Run(fmt.Sprint("sliding", seed), func(t *testing.T) {
+				CompareReplayWithModel(t, newStore(t), RandomWindowLines(uint64(2000+seed), n))
+			})
+		}
+		if caps.Calendar {
+			t.Run(fmt.Sprint("calendar", seed), func(t *testing.T) {
+				lines := RandomCalendarLines(uint64(2000+seed), n, time.Unix(0, 0))
+				for i := range lines {
+					lines[i].At = lines[i].At.Truncate(ms) // as encodeLine writes it
+				}
+				CompareReplayWithModel(t, newStore(t), lines)
+			})
+		}
+	}
+}
+
 // CompareReplayWithModel replays lines on the store and fails on any
 // output line the exact Model disagrees with. Replay's output does not
 // depend on its epoch or key prefix (it is as if the trace began at the

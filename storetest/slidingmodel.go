@@ -9,9 +9,11 @@ import (
 
 // The model of a sliding window (docs/semantics.md), written from the
 // definition rather than from bucket.EvalSliding: a key keeps a log of
-// every take it allowed, each entry the slot it was counted in. A decision
-// at now counts in slot j = max(floor(now/slot), the newest slot written)
-// (a clock that went back decides as in the newest slot); the window of a
+// every take it allowed, each entry the slot it was counted in. Slot k
+// begins at k*slot + start, start the grid's offset (Params.Start modulo
+// the slot, 0 but on a moved grid). A decision at now counts in slot
+// j = max(floor((now-start)/slot), the newest slot written) (a clock that
+// went back decides as in the newest slot); the window of a
 // decision is the slots j-Slots to j, and what it counts is the entries in
 // them. A take or peek is allowed when that count plus its cost is within
 // the limit; a denial's retry is the first later slot boundary at which
@@ -40,16 +42,17 @@ func (l *slidingLog) used(j, slots int64) int64 {
 
 func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, write bool) ModelDecision {
 	limit, slots := p.Params.Burst, p.Params.Parts
-	slot := (p.Params.Period + slots - 1) / slots
+	slot := (p.Params.Period-1)/slots + 1 // ceil, without overflow
 	now := at.UnixNano()
 	l := m.logs[p.Key]
 	if l == nil {
 		l = &slidingLog{}
 	}
-	j := now / slot
-	if now < 0 && now%slot != 0 {
-		j--
-	}
+	// In big integers: now-start may lie outside int64.
+	start := new(big.Int).Mod(big.NewInt(p.Params.Start), big.NewInt(slot))
+	jb := new(big.Int).Sub(big.NewInt(now), start)
+	jb.Div(jb, big.NewInt(slot)) // Euclidean: floor, for slot > 0
+	j := jb.Int64()
 	if l.wrote && l.last > j {
 		j = l.last
 	}
@@ -73,7 +76,7 @@ func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, writ
 	case used+p.Cost > limit:
 		for t := j + 1; ; t++ {
 			if l.used(t, slots)+p.Cost <= limit {
-				d.RetryNs = new(big.Rat).SetInt64(t*slot - now)
+				d.RetryNs = slotFrom(t, slot, start, now)
 				break
 			}
 		}
@@ -88,7 +91,7 @@ func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, writ
 	d.ResetNs = new(big.Rat)
 	for i := len(entries) - 1; i >= 0; i-- {
 		if e := entries[i]; e.cost > 0 && e.slot >= j-slots {
-			d.ResetNs.SetInt64((e.slot+slots+1)*slot - now)
+			d.ResetNs = slotFrom(e.slot+slots+1, slot, start, now)
 			break
 		}
 	}
@@ -103,4 +106,13 @@ func (m *Model) applySliding(op bucket.Op, p bucket.Prepared, at time.Time, writ
 		m.logs[p.Key] = &slidingLog{entries: kept, last: j, wrote: true}
 	}
 	return d
+}
+
+// slotFrom is how long after now slot k begins (at k*slot + start),
+// exactly: with slots of years, it may lie past the last instant of int64
+// nanoseconds.
+func slotFrom(k, slot int64, start *big.Int, now int64) *big.Rat {
+	b := new(big.Int).Mul(big.NewInt(k), big.NewInt(slot))
+	b.Add(b, start)
+	return new(big.Rat).SetInt(b.Sub(b, big.NewInt(now)))
 }

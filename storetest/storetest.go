@@ -6,8 +6,10 @@
 // all or nothing beside buckets, 64 concurrent callers, random steps
 // against bucket.EvalLeases), multi-takes applied one request at a time
 // through store.Separately (RunSeparately), the capabilities and that
-// every wrapper forwards them (RunCaps), and the overrides side
-// (RunOverrides).
+// every wrapper forwards them (RunCaps), the overrides side
+// (RunOverrides), and every kind of limit at the longest periods up to
+// the end of int64 nanoseconds (RunExtremes; RunExtremesPast, apart from
+// Run, from before 1970).
 //
 // A store's tests call Run:
 //
@@ -65,6 +67,8 @@ func Run(t *testing.T, newStore NewStore, opts ...Option) {
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
 	t.Run("Windows", func(t *testing.T) { RunWindows(t, newStore, 4, 600) })
 	t.Run("Calendar", func(t *testing.T) { RunCalendar(t, newStore, 4, 600) })
+	t.Run("ReplayWindows", func(t *testing.T) { RunReplayWindows(t, newStore, 2, 300) })
+	t.Run("Extremes", func(t *testing.T) { RunExtremes(t, newStore) })
 }
 
 // prefix returns a fresh key prefix.

@@ -487,3 +487,36 @@ func anchors(md string) []string {
 	}
 	return out
 }
+
+// TestDocPaths holds the repository paths that README.md,
+// CONTRIBUTING.md, ARCHITECTURE.md, BENCHMARKS.md and docs/*.md name in
+// code spans (`store/redisstore/decide.lua`) to files that exist: a
+// figure or a design explained by a file that is gone explains nothing.
+// A path counts when it begins with a top-level directory of the
+// repository; CHANGELOG.md may name what was removed.
+func TestDocPaths(t *testing.T) {
+	span := regexp.MustCompile("`([A-Za-z0-9_./-]+/[A-Za-z0-9_.-]+\\.[a-z]+)`")
+	var n int
+	for _, f := range append([]string{"ARCHITECTURE.md", "BENCHMARKS.md"}, docFiles(t)...) {
+		data, err := os.ReadFile(filepath.Join("../..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range span.FindAllStringSubmatch(string(data), -1) {
+			top, _, _ := strings.Cut(m[1], "/")
+			if top == "" || top == "." || top == ".." {
+				continue
+			}
+			if st, err := os.Stat(filepath.Join("../..", top)); err != nil || !st.IsDir() {
+				continue
+			}
+			n++
+			if _, err := os.Stat(filepath.Join("../..", m[1])); err != nil {
+				t.Errorf("%s names %s, which does not exist", f, m[1])
+			}
+		}
+	}
+	if n < 20 {
+		t.Errorf("found %d repository paths in the documents, which name more", n)
+	}
+}

@@ -24,13 +24,7 @@ func TestServeLeased(t *testing.T) {
 		args func(t *testing.T) []string
 	}{
 		{"memory", func(*testing.T) []string { return nil }},
-		{"postgres", func(t *testing.T) []string {
-			u := testserver.SharedPostgres(t).URL()
-			if strings.Contains(u, "?") {
-				return []string{"--store", u + "&drip_install=true"}
-			}
-			return []string{"--store", u + "?drip_install=true"}
-		}},
+		{"postgres", postgresStoreArgs},
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			args := append([]string{"--leased", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, st.args(t)...)
@@ -59,12 +53,22 @@ func TestServeLeased(t *testing.T) {
 	}
 }
 
-// TestServeLeasedRule: without --leased, drip serve on Redis leases the
-// rules marked "leased": true and only them: the plain rule grants
-// exactly its burst and takes no block, the leased one never more than
-// its burst, and /metrics counts the leased rule's blocks under its name
-// (takes come 16 at once, so that the leased rule's demand calls for
-// blocks however slow the machine).
+// postgresStoreArgs is --store for the shared PostgreSQL server, with
+// drip's schema installed.
+func postgresStoreArgs(t *testing.T) []string {
+	u := testserver.SharedPostgres(t).URL()
+	if strings.Contains(u, "?") {
+		return []string{"--store", u + "&drip_install=true"}
+	}
+	return []string{"--store", u + "?drip_install=true"}
+}
+
+// TestServeLeasedRule: without --leased, drip serve on Redis and on
+// PostgreSQL leases the rules marked "leased": true and only them: the
+// plain rule grants exactly its burst and takes no block, the leased one
+// never more than its burst, and /metrics counts the leased rule's blocks
+// under its name (takes come 16 at once, so that the leased rule's demand
+// calls for blocks however slow the machine).
 func TestServeLeasedRule(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "rules.json")
 	if err := os.WriteFile(file, []byte(`{"rules": [
@@ -74,7 +78,17 @@ func TestServeLeasedRule(t *testing.T) {
 		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 100}}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	api, admin, _ := serveInProcess(t, "--store", testserver.SharedRedisURL(t), "--rules", file, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	for name, store := range map[string]func(*testing.T) []string{
+		"redis":    func(t *testing.T) []string { return []string{"--store", testserver.SharedRedisURL(t)} },
+		"postgres": postgresStoreArgs,
+	} {
+		t.Run(name, func(t *testing.T) { serveLeasedRule(t, append(store(t), "--rules", file)) })
+	}
+}
+
+// serveLeasedRule is TestServeLeasedRule on the store args give.
+func serveLeasedRule(t *testing.T, args []string) {
+	api, admin, _ := serveInProcess(t, append(args, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")...)
 	tenant := testserver.Prefix() + "t"
 	granted := map[string]int{}
 	for _, rule := range []string{"hot", "cold"} {

@@ -86,7 +86,8 @@ RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY for the config directory when
 --grpc-listen is not given. DRIP_ENVOY_ALGORITHM=fixed_window counts its
 limits in envoyproxy/ratelimit's windows instead of refilling them
 continuously; DRIP_ENVOY_LEASED=true leases every limit without its own
-"leased" (decided from blocks of its tokens, memory and Redis stores).
+"leased" (decided from blocks of its tokens: memory, Redis and PostgreSQL
+stores hold them).
 docs/envoy.md has the details. The rest of
 envoyproxy/ratelimit's environment (CONFIG_TYPE=GRPC_XDS_SOTW and the xDS
 client, REDIS_*, GRPC_SERVER_USE_TLS, HOST and PORT, LOG_*, ...) is read

@@ -30,7 +30,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"help"}, []string{"usage: drip <command>"}},
 		{[]string{"help", "serve"}, []string{"usage: drip serve", "-store-timeout"}},
 		{[]string{"serve", "--help"}, []string{"usage: drip serve", "Examples:", "drip serve --rules examples/rules.json", "flags:", "-listen", "DRIP_LISTEN", "-admin-token"}},
-		{[]string{"serve", "-h"}, []string{"usage: drip serve", "QUOTA_MODE", "RESPONSE_DYNAMIC_METADATA", "LIMIT_RESPONSE_HEADERS_ENABLED", "LIMIT_RESET_HEADER", "GRPC_PORT"}},
+		{[]string{"serve", "-h"}, []string{"usage: drip serve", "QUOTA_MODE", "RESPONSE_DYNAMIC_METADATA", "LIMIT_RESPONSE_HEADERS_ENABLED", "LIMIT_RESET_HEADER", "GRPC_PORT", "memory, Redis and PostgreSQL\nstores hold them"}},
 		{[]string{"replay", "-h"}, []string{"usage: drip replay", "Examples:", "flags:", "-store", "-prefix"}},
 		{[]string{"simulate", "-h"}, []string{"usage: drip simulate", "Examples:", "flags:", "-rate", "-svg"}},
 		{[]string{"check", "-h"}, []string{"usage: drip check PATH...", "envoyproxy/ratelimit", "directory", "MERGE_DOMAIN_CONFIG", "Examples:"}},

@@ -25,6 +25,16 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestExtremesPast holds the memory store, without a sweeper, to the
+// exact model from before 1970 (storetest.RunExtremesPast).
+func TestExtremesPast(t *testing.T) {
+	storetest.RunExtremesPast(t, func(t *testing.T) store.Store {
+		s := memstore.New(memstore.WithSweep(0))
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
 // TestBoundedMemory sends many more distinct keys than the bound allows,
 // as an attacker would: the store stays within its bound, and a bucket
 // that is far from full survives the flood, which evicts the buckets

@@ -12,6 +12,7 @@ import (
 
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/batch"
+	"github.com/driplimit/drip/store"
 )
 
 // Batching says how concurrent single-key decisions (Apply) are coalesced
@@ -89,6 +90,16 @@ func (s *Store) runCalls(ctx context.Context, calls []*batch.Call[request, resul
 		return
 	}
 	res, err := s.runBatch(ctx, calls)
+	if store.IsAnswered(err) {
+		// The statement failed on some request's values (a data
+		// exception) and rolled back whole: each request is decided
+		// alone, in order, so that the others of the batch are decided
+		// and only that one fails.
+		for _, c := range calls {
+			c.Res, c.Err = s.applyOne(ctx, c.Req.op, c.Req.p, c.Req.at, c.SendBy)
+		}
+		return
+	}
 	for i, c := range calls {
 		if err == nil {
 			c.Res, c.Err = res[i], res[i].err()

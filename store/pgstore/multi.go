@@ -109,7 +109,7 @@ func (a *arrays) add(op bucket.Op, key []byte, p bucket.Prepared, at *int64) {
 	a.rates = append(a.rates, p.Params.Rate)
 	a.periods = append(a.periods, p.Params.Period)
 	a.bursts = append(a.bursts, p.Params.Burst)
-	a.maxres = append(a.maxres, p.Params.MaxReserved)
+	a.maxres = append(a.maxres, maxres(p.Params))
 	a.starts = append(a.starts, start(p.Params))
 	a.costs = append(a.costs, p.Cost)
 	a.reserves = append(a.reserves, p.Reserve)
@@ -119,10 +119,20 @@ func (a *arrays) add(op bucket.Op, key []byte, p bucket.Prepared, at *int64) {
 }
 
 // start is what the statements take as a limit's start: for a sliding
-// window, which has none, its number of slots (slide.sql).
+// window, its number of slots (slide.sql).
 func start(p bucket.Params) int64 {
 	if p.Kind == bucket.Sliding {
 		return p.Parts
 	}
 	return p.Start
+}
+
+// maxres is what the statements take as a limit's max_reserved: for a
+// sliding window, which reserves nothing, the offset of its slot grid
+// from the epoch's (slide.sql).
+func maxres(p bucket.Params) int64 {
+	if p.Kind == bucket.Sliding {
+		return p.Sliding().Start
+	}
+	return p.MaxReserved
 }

@@ -407,7 +407,7 @@ func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, a
 		sql = takeSlidingSQL
 	}
 	args := []any{storeKey(p.Key), int(op), int(p.Params.Kind), p.Params.Rate, p.Params.Period,
-		p.Params.Burst, p.Params.MaxReserved, start(p.Params), p.Cost, p.Reserve, at}
+		p.Params.Burst, maxres(p.Params), start(p.Params), p.Cost, p.Reserve, at}
 	if op == bucket.Peek {
 		sql = peekSQL // writes nothing: no deadline
 		if sliding {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
@@ -35,6 +36,25 @@ func TestConformanceBatching(t *testing.T) {
 	t.Parallel()
 	st := newStore(t, pgstore.WithBatching(pgstore.Batching{MaxBatch: 64, InFlight: 4}))
 	storetest.Run(t, func(t *testing.T) store.Store { return st })
+}
+
+// TestExtremesPast holds the store to the exact model from before 1970
+// (storetest.RunExtremesPast), batched and not, on a server of its own:
+// the shared one's sweepers (TestPgBouncerConformance's) would delete
+// the states, which expired long ago by the server's clock.
+func TestExtremesPast(t *testing.T) {
+	t.Parallel()
+	pg := testserver.StartPostgres(t)
+	for _, mode := range []struct{ name, params string }{{"batching", ""}, {"statement", "&drip_batch=off"}} {
+		t.Run(mode.name, func(t *testing.T) {
+			st, err := pgstore.Open(context.Background(), pg.URL()+"&drip_install=true&drip_sweep=0"+mode.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			storetest.RunExtremesPast(t, func(t *testing.T) store.Store { return st })
+		})
+	}
 }
 
 // TestSameAsMemstore runs random traces on the memory store and on

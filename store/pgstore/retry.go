@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/driplimit/drip/internal/spans"
+	"github.com/driplimit/drip/store"
 )
 
 // retryable reports whether err is a serialization failure or a deadlock:
@@ -22,13 +24,30 @@ func retryable(err error) bool {
 	return false
 }
 
+// answered reports a statement the server refused for the values it
+// computed on: a data exception (SQLSTATE class 22: a value out of
+// range, a division by zero) or an integrity constraint violation (class
+// 23). Other errors (a connection, the server shutting down, a missing
+// schema, a serialization failure retried to the end) say the store
+// cannot serve.
+func answered(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23"))
+}
+
 // retry runs f until it succeeds, fails with an error that is not
 // retryable, or has been tried cfg.attempts times.
 func (s *Store) retry(ctx context.Context, f func() error) (err error) {
 	defer func() {
-		// A failed connection or server: the next answer may come from
-		// another server (a failover), whose clock is learned afresh.
-		if err != nil && !errors.Is(err, errRace) {
+		switch {
+		case answered(err):
+			// The server ran the statement and refused it, for the
+			// values of this call's items: it is up.
+			err = &store.AnsweredError{Err: err}
+		case err != nil && !errors.Is(err, errRace):
+			// A failed connection or server: the next answer may come
+			// from another server (a failover), whose clock is learned
+			// afresh.
 			s.clock.ForgetOn(err)
 		}
 	}()

@@ -140,6 +140,21 @@ func isRedisError(err error) bool {
 	return ok
 }
 
+// scriptFailed reports an error of the decision code itself, answered
+// by the server: a Lua error ("user_function:12: attempt to ...", or
+// "user_script:" when run as a script; "ERR Error running script" before
+// Redis 7). An error a command inside the code met (OOM, READONLY after
+// a failover, LOADING, BUSY) carries its own code first: it says the
+// server cannot serve, and is not one.
+func scriptFailed(err error) bool {
+	if !isRedisError(err) {
+		return false
+	}
+	m := strings.TrimPrefix(err.Error(), "ERR ")
+	return strings.HasPrefix(m, "user_function:") || strings.HasPrefix(m, "user_script:") ||
+		strings.HasPrefix(m, "Error running script")
+}
+
 // noFunctions reports a server that has no functions (FCALL or FUNCTION
 // unknown), or will not let this client use them (an ACL refusing the
 // command; not one refusing a key, which is the caller's error).

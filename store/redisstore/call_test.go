@@ -230,3 +230,37 @@ func TestFunctionsRefused(t *testing.T) {
 		t.Fatal("no script ran")
 	}
 }
+
+// TestScriptFailed tells the errors of a script itself (about the call's
+// values: the store is up) from the errors a command inside a script
+// met, which say the server cannot serve, on a real server.
+func TestScriptFailed(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t))
+	c := s.Client()
+	ctx := context.Background()
+	hash := "sf:" + randomTag()
+	if err := c.Do(ctx, c.B().Hset().Key(hash).FieldValue().FieldValue("f", "v").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		script string
+		want   bool
+	}{
+		{"return 1 + {}", true},                        // a Lua error, as decide.lua's was on a long slot
+		{"return error('drip: not an integer')", true}, // the code's own
+		{"return redis.call('INCR', KEYS[1])", false},  // WRONGTYPE from a command
+		{"return redis.error_reply('READONLY You can\\'t write against a read only replica.')", false},
+		{"return redis.error_reply('OOM command not allowed when used memory > maxmemory.')", false},
+	} {
+		err := c.Do(ctx, c.B().Eval().Script(tc.script).Numkeys(1).Key(hash).Build()).Error()
+		if err == nil {
+			t.Fatalf("%s: no error", tc.script)
+		}
+		if got := redisstore.ScriptFailed(err); got != tc.want {
+			t.Errorf("%s: %v: scriptFailed = %v, want %v", tc.script, err, got, tc.want)
+		}
+	}
+	if redisstore.ScriptFailed(context.DeadlineExceeded) {
+		t.Error("a deadline is a failed script")
+	}
+}

@@ -659,12 +659,17 @@ end
 -- Sliding windows (kind 4): the key is a string of decimals, "last c1 ...
 -- cn": the newest slot written and a count per slot for the last n =
 -- slots+1 slots (bucket.SlidingState). The shape carries the slot's
--- length in nanoseconds as its rate and the number of slots as its start.
+-- length in nanoseconds as its rate, the number of slots as its start and
+-- the offset of the slot grid from the epoch's (0 to slot-1) as its
+-- max_reserved.
 -- Counts are plain doubles (drip.Limit holds a sliding window to 1e9
 -- tokens, 1e15 micro-tokens) and the slot index too (a slot is at least a
--- microsecond). The script decides as bucket.EvalSliding does and replies
--- with the state before, as a string after the records (flag 128), from
--- which the Go side recomputes the decision and checks the script's.
+-- microsecond); the slot's length and the grid's offset are integers of
+-- bigint.lua, tables when past 2^53 ns (about 104 days), and so is now
+-- less the offset. The script decides as bucket.EvalSliding does and
+-- replies with the state before, as a string after the records (flag
+-- 128), from which the Go side recomputes the decision and checks the
+-- script's.
 local SLIDE = 4
 
 -- decideSliding decides op on the state v (GET's answer) at now. It
@@ -673,7 +678,7 @@ local SLIDE = 4
 local function decideSliding(v, l, op, nows, nown)
   if type(v) == 'table' and v.err then return 8, '', nil end
   local n = l.slots + 1
-  local j = divmod(add(mul(nows, NS), nown), l.slot)
+  local j = divmod(sub(add(mul(nows, NS), nown), l.maxr), l.slot)
   local flags, before, last, counts = 0, '', nil, {}
   if v then
     flags, before = 4, v
@@ -709,11 +714,12 @@ local function decideSliding(v, l, op, nows, nown)
 end
 
 -- writeSliding stores the state st, for as long as its newest count is
--- counted (an estimate in doubles, plus a minute).
+-- counted (an estimate in doubles, plus a minute). A slot may be longer
+-- than 2^53 ns (a table): its estimate is a double all the same.
 local function writeSliding(key, l, st)
   local parts = {format('%.0f', st[1])}
   for i = 1, #st[2] do parts[i + 1] = format('%.0f', st[2][i]) end
-  local ms = (l.slots + 2) * l.slot / 1e6
+  local ms = (l.slots + 2) * todouble(l.slot) / 1e6
   ms = ms - ms % 1 + 60001
   rcall('SET', key, concat(parts, ' '), 'PX', format('%.0f', ms))
 end

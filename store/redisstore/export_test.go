@@ -7,3 +7,6 @@ func Running(s *Store) int {
 	}
 	return s.batch.Running()
 }
+
+// ScriptFailed is scriptFailed, for the tests of what it tells apart.
+var ScriptFailed = scriptFailed

@@ -94,6 +94,10 @@ var ErrCrossSlot = fmt.Errorf("redisstore: keys of a multi-take must share a has
 // decided as usual, and a multi-take writes nothing.
 var ErrWrongType = errors.New("redisstore: the key holds a value of another type (WRONGTYPE); is another program writing under drip's prefix?")
 
+// wrongType is ErrWrongType as the store returns it: an error the server
+// answered about one request, which says nothing about its health.
+var wrongType error = &store.AnsweredError{Err: ErrWrongType}
+
 // DefaultPrefix is put before every key unless WithPrefix says otherwise.
 const DefaultPrefix = "drip:"
 
@@ -249,7 +253,7 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 	var blocks [][]bucket.Block
 	for i := range ps {
 		if rep.reqs[i].badType {
-			return ErrWrongType // and the script wrote nothing
+			return wrongType // and the script wrote nothing
 		}
 		r := &rep.reqs[i]
 		buckets, found = append(buckets, r.before), append(found, r.found)
@@ -381,9 +385,11 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 		}
 		sh := shape{p.Params, p.Cost, p.Reserve}
 		if p.Params.Kind == bucket.Sliding {
-			// The script reads a sliding window's slot as its rate and its
-			// slots as its start (see decide.lua).
-			sh.p.Rate, sh.p.Start = p.Params.Sliding().Slot(), p.Params.Parts
+			// The script reads a sliding window's slot as its rate, its
+			// slots as its start and its grid's offset as its
+			// max_reserved (see decide.lua).
+			sp := p.Params.Sliding()
+			sh.p.Rate, sh.p.Start, sh.p.MaxReserved = sp.Slot(), p.Params.Parts, sp.Start
 		}
 		if last < 0 || shapes[last] != sh {
 			last = slices.Index(shapes, sh)
@@ -428,6 +434,11 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 	}
 	msgs, err := s.exec(ctx, keys, args)
 	if err != nil {
+		if scriptFailed(err) {
+			// The server ran the call and answered its error: it is up,
+			// and the error is about this call's items.
+			return reply{}, &store.AnsweredError{Err: fmt.Errorf("redisstore: %s: %w", mode, err)}
+		}
 		// A failed connection or server: the next answer may come from
 		// another server (a failover), whose clock is learned afresh.
 		s.clock.ForgetOn(err)

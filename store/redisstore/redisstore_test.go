@@ -57,6 +57,22 @@ func TestConformanceCluster(t *testing.T) {
 	})
 }
 
+// TestExtremesPast holds Redis and Redis Cluster to the exact model from
+// before 1970 (storetest.RunExtremesPast): every key lives at least a
+// minute past its expiry, longer than the test.
+func TestExtremesPast(t *testing.T) {
+	t.Run("redis", func(t *testing.T) {
+		s := open(t, testserver.SharedRedisURL(t))
+		storetest.RunExtremesPast(t, func(t *testing.T) store.Store { return s })
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := open(t, testserver.SharedRedisClusterURL(t)).Client()
+		storetest.RunExtremesPast(t, func(t *testing.T) store.Store {
+			return redisstore.New(c, redisstore.WithPrefix("drip:{"+randomTag()+"}:"))
+		})
+	})
+}
+
 func TestClusterCrossSlot(t *testing.T) {
 	url := testserver.SharedRedisClusterURL(t)
 	s := open(t, url)

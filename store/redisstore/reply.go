@@ -11,6 +11,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 )
 
 // reply is a script's reply: the server's time and, per
@@ -203,11 +204,11 @@ func (rep *reply) check(i int, allowed, write bool) error {
 		return errLate
 	}
 	if r.badType {
-		return ErrWrongType
+		return wrongType
 	}
 	if r.allowed != allowed || r.written != write {
-		return fmt.Errorf("redisstore: script and bucket.Eval disagree (a bug): script allowed=%v written=%v, Eval allowed=%v write=%v",
-			r.allowed, r.written, allowed, write)
+		return &store.AnsweredError{Err: fmt.Errorf("redisstore: script and bucket.Eval disagree (a bug): script allowed=%v written=%v, Eval allowed=%v write=%v",
+			r.allowed, r.written, allowed, write)}
 	}
 	return nil
 }

@@ -32,7 +32,9 @@ CROSS JOIN LATERAL (SELECT CASE WHEN NOT c.present
              THEN i.burst ELSE i.tokens END AS t0,
         CASE WHEN NOT (NOT c.present
               OR coalesce(c.now >= drip.expires_at(i.kind, i.rate, i.period, i.burst, i.tokens, i.ts), true)) THEN i.ts
-             WHEN i.kind IN (2, 5) THEN c.now - ((c.now - i.start) % i.period + i.period) % i.period
+             -- now - ((now - start) mod period), in numeric: in int8, now - start
+             -- overflows for a period of centuries (bucket.Params.Fresh)
+             WHEN i.kind IN (2, 5) THEN c.now - mod(mod(c.now::numeric - i.start, i.period) + i.period, i.period)::bigint
              ELSE c.now END AS s0
  OFFSET 0) b
 -- Params.Refilled

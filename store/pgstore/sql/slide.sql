@@ -2,7 +2,9 @@
 -- carrying a sliding window (kind 4) run for it in place of eval.sql (see
 -- sliding.sql). Over the same row i as eval.sql, where for a sliding
 -- window burst is the limit (micro-tokens), period the window (ns), start
--- the number of slots, and ts and counts the stored state (migration 6).
+-- the number of slots, maxres the offset of the slot grid from the
+-- epoch's (0 to slot-1, SlidingParams.Start), and ts and counts the stored
+-- state (migration 6).
 -- It yields eval.sql's columns: allowed, write, n_tokens (what may still
 -- be taken after the decision: the limit less the counts), n_ts (the
 -- newest slot's index), expires (SlidingParams.SlidingExpiresAt) and
@@ -12,21 +14,24 @@
 -- The same integers as bucket/sliding.go, in stages as eval.sql's:
 -- g the slot's length (ceil(window/slots)), the number of counts n and
 -- whether the stored state is one (found: a row with n counts); t the
--- current slot (floor(now/slot)), never before the stored one (a clock
--- that went back moves nothing); s the counts shifted to it (those of
+-- current slot (floor((now-maxres)/slot)), never before the stored one (a
+-- clock that went back moves nothing); s the counts shifted to it (those of
 -- slots before t.j - slots dropped); u their sum; o the decision: a take or
 -- peek adds its cost to the newest slot if the sum stays within the limit,
 -- a refund gives back from the newest slot first, never below zero. Go
 -- recomputes the decision with bucket.EvalSliding from the state before
 -- (the statements return it) and checks this one against it.
 SELECT o.allowed, o.write, i.burst - o.used AS n_tokens, t.j AS n_ts,
-       least((t.j + g.n)::numeric * g.slot, 9223372036854775807)::bigint AS expires, o.n_counts
+       least((t.j + g.n)::numeric * g.slot + i.maxres, 9223372036854775807)::bigint AS expires, o.n_counts
 FROM
 (SELECT i.period / i.start + (i.period % i.start <> 0)::int AS slot, i.start + 1 AS n,
         coalesce(i.present, false) AND coalesce(cardinality(i.counts) = i.start + 1, false) AS found
  OFFSET 0) g
 CROSS JOIN LATERAL (SELECT CASE WHEN g.found AND f.j < i.ts THEN i.ts ELSE f.j END AS j
-    FROM (SELECT i.now / g.slot - (i.now % g.slot < 0)::int AS j) f
+    -- floor((now - maxres) / slot), in numeric: in int8, now - maxres
+    -- overflows before 1970 for a grid moved by most of a long slot
+    FROM (SELECT (div(d.x, g.slot) - (mod(d.x, g.slot) < 0)::int)::bigint AS j
+          FROM (SELECT i.now::numeric - i.maxres AS x) d) f
     OFFSET 0) t
 CROSS JOIN LATERAL (SELECT ARRAY(
         SELECT CASE WHEN g.found AND t.j - i.ts <= g.n - k THEN i.counts[k + (t.j - i.ts)::int] ELSE 0 END
