@@ -113,7 +113,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if env.batching != nil { // REDIS_PIPELINE_WINDOW, REDIS_PIPELINE_LIMIT
 		redisOpts = append(redisOpts, redisstore.WithBatching(*env.batching))
 	}
-	store, closeStore, err := openStore(ctx, c.Store, redisOpts...)
+	store, closeStore, err := openServeStore(ctx, c.Store, c.Logger, redisOpts...) // connect.go: a store down is no reason not to start
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 1
