@@ -324,7 +324,8 @@ func TestGatewayClients(t *testing.T) {
 // decide locally is ready (a shadow rule that would deny changes no
 // answer); one with an enforced rule that denies is not, nor is the
 // decision API (503 without its store) or Envoy's rate limit service
-// (UNAVAILABLE); each 503 names why.
+// (UNAVAILABLE); each 503 names why. envoyproxy/ratelimit's
+// /healthcheck answers alike.
 func TestReadyWithoutStore(t *testing.T) {
 	up := newUpstream(t)
 	rule := func(name, onError, mode string) string {
@@ -352,6 +353,10 @@ func TestReadyWithoutStore(t *testing.T) {
 			if tc.reason == "" && (code != 200 || !strings.Contains(body, `"store":"unreachable"`)) ||
 				tc.reason != "" && (code != 503 || !strings.Contains(body, tc.reason)) {
 				t.Fatalf("/readyz: %d %s, want the reason %q (none: ready)", code, body, tc.reason)
+			}
+			// envoyproxy/ratelimit's /healthcheck follows /readyz.
+			if hc, body := call(t, "GET", srv.admin+"/healthcheck", ""); (hc == 200) != (code == 200) {
+				t.Fatalf("/healthcheck: %d %s, /readyz %d", hc, body, code)
 			}
 		})
 	}
