@@ -31,6 +31,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	tokenFile := fs.String("admin-token-file", envOr("DRIP_ADMIN_TOKEN_FILE", ""), "file holding the admin API's bearer token, kept out of ps (env DRIP_ADMIN_TOKEN_FILE)")
 	fs.StringVar(&c.Rules, "rules", envOr("DRIP_RULES", ""), "rules file, JSON or YAML, or envoyproxy/ratelimit config files (a file or a directory) (default: the built-in rules) (env DRIP_RULES)")
 	fs.StringVar(&c.Store, "store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://..., rediss://..., redis+sentinel://... (env DRIP_STORE)")
+	storeFile := fs.String("store-file", envOr("DRIP_STORE_FILE", ""), "file holding the store URL, which may hold a password, kept out of ps and the environment (a mounted Secret, say); not with --store (env DRIP_STORE_FILE)")
 	fs.StringVar(&c.Upstream, "upstream", envOr("DRIP_UPSTREAM", ""), "upstream URL: serve as a gateway that applies the rules to every request (env DRIP_UPSTREAM)")
 	fs.StringVar(&c.GRPCListen, "grpc-listen", envOr("DRIP_GRPC_LISTEN", ""), "address of Envoy's rate limit gRPC service (env DRIP_GRPC_LISTEN; else envoyproxy/ratelimit's GRPC_HOST and GRPC_PORT when either is set)")
 	fs.BoolVar(&c.GRPCReflection, "grpc-reflection", envOr("DRIP_GRPC_REFLECTION", "") == "true", "serve gRPC server reflection on --grpc-listen (env DRIP_GRPC_REFLECTION=true)")
@@ -78,6 +79,20 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 		return set
 	}
+	if *storeFile != "" {
+		if given("store") {
+			fmt.Fprintln(stderr, "drip serve: --store and --store-file (or their DRIP_ variables) both set: give one")
+			return 2
+		}
+		u, err := readToken(*storeFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "drip serve: --store-file:", err)
+			return 2
+		}
+		c.Store = u
+	}
+	givenStore := given
+	given = func(name string) bool { return givenStore(name) || name == "store" && *storeFile != "" }
 	env, err := envoyEnv(&c, os.Getenv, given, asRatelimit) // envoyproxy/ratelimit's variables (serve_envoy.go)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
@@ -257,9 +272,10 @@ func envDuration(name string, def time.Duration, zeroOK bool, stderr io.Writer) 
 	return d, true
 }
 
-// readToken reads a token file: its content less surrounding white space
-// (a trailing newline, say); an empty file or one over 4 KiB is an error.
-// The error never quotes the content.
+// readToken reads a file holding a secret (a token, a store URL): its
+// content less surrounding white space (a trailing newline, say); an
+// empty file or one over 4 KiB is an error. The error never quotes the
+// content.
 func readToken(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -271,7 +287,7 @@ func readToken(path string) (string, error) {
 		return "", err
 	}
 	if len(b) > 4<<10 {
-		return "", fmt.Errorf("%s: over 4 KiB, not a token", path)
+		return "", fmt.Errorf("%s: over 4 KiB", path)
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" {
