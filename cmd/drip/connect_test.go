@@ -7,10 +7,17 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/driplimit/drip/internal/testserver"
 	"github.com/driplimit/drip/store/pgstore"
@@ -321,5 +328,68 @@ func TestServeStoreDownNoSecret(t *testing.T) {
 	<-done
 	if logs := out.String() + errs.String(); strings.Count(logs, "does not answer") < 2 || strings.Contains(logs, "s3cret") {
 		t.Fatalf("want the start and an attempt in the background logged, without the password:\n%s", logs)
+	}
+}
+
+var healthRe = regexp.MustCompile(`/healthcheck on http://(\S+) \(PORT\)`)
+
+// TestRatelimitStoreDown: the Envoy drop-in, configured by
+// envoyproxy/ratelimit's variables, starts while its Redis does not
+// answer (before: exit 1, so a rollout during a Redis incident
+// crash-looped). Its calls fail with UNAVAILABLE (Envoy applies its
+// failure_mode_deny) and its /healthcheck is 500 meanwhile; once Redis
+// answers, calls are decided there and /healthcheck is 200.
+func TestRatelimitStoreDown(t *testing.T) {
+	if err := testserver.RedisMissing(); err != nil {
+		testserver.Missing(t, "redis: %v", err)
+	}
+	port := testserver.FreePort(t, 0)
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "ratelimit", "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "ratelimit", "config", "gw.yaml"), []byte(gatewayFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "127.0.0.1:" + strconv.Itoa(port),
+		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_WATCH_ROOT": "false",
+		"CONFIG_TYPE": "FILE", "USE_STATSD": "false", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "HOST": "127.0.0.1", "PORT": "0",
+		"DRIP_ADMIN_LISTEN": "127.0.0.1:0",
+	} {
+		t.Setenv(k, v)
+	}
+	out := startServe(t)
+	health := healthRe.FindStringSubmatch(out)
+	if health == nil {
+		t.Fatalf("no /healthcheck address in %s", out)
+	}
+	conn, err := grpc.NewClient(grpcAnyRe.FindStringSubmatch(out)[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	req := gwRequest(map[string]string{"path": "/a"}) // limited: 3 an hour
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := c.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unavailable {
+		t.Fatalf("ShouldRateLimit while Redis does not answer: %v, want UNAVAILABLE", err)
+	}
+	if code, body := httpGet(t, "http://"+health[1]+"/healthcheck"); code != 500 {
+		t.Fatalf("/healthcheck while Redis does not answer: %d %s", code, body)
+	}
+
+	srv, err := testserver.LaunchRedis(t.TempDir(), port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	waitFor(t, "decisions in Redis", func() bool {
+		resp, err := c.ShouldRateLimit(ctx, req)
+		return err == nil && resp.OverallCode != rlsv3.RateLimitResponse_UNKNOWN && dbsize(t, srv) > 0
+	})
+	if code, body := httpGet(t, "http://"+health[1]+"/healthcheck"); code != 200 {
+		t.Fatalf("/healthcheck once Redis answers: %d %s", code, body)
 	}
 }
