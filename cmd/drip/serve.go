@@ -57,17 +57,9 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fmt.Fprintf(stderr, "drip serve: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if *tokenFile != "" {
-		if c.AdminToken != "" {
-			fmt.Fprintln(stderr, "drip serve: --admin-token and --admin-token-file (or their DRIP_ variables) both set: give one")
-			return 2
-		}
-		tok, err := readToken(*tokenFile)
-		if err != nil {
-			fmt.Fprintln(stderr, "drip serve: --admin-token-file:", err)
-			return 2
-		}
-		c.AdminToken = tok
+	if err := fromFile(&c.AdminToken, *tokenFile, c.AdminToken != "", "admin-token"); err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 2
 	}
 	c.StoreTimeout = *storeTimeout
 	c.Drain = *drain
@@ -79,17 +71,9 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 		return set
 	}
-	if *storeFile != "" {
-		if given("store") {
-			fmt.Fprintln(stderr, "drip serve: --store and --store-file (or their DRIP_ variables) both set: give one")
-			return 2
-		}
-		u, err := readToken(*storeFile)
-		if err != nil {
-			fmt.Fprintln(stderr, "drip serve: --store-file:", err)
-			return 2
-		}
-		c.Store = u
+	if err := fromFile(&c.Store, *storeFile, given("store"), "store"); err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 2
 	}
 	givenStore := given
 	given = func(name string) bool { return givenStore(name) || name == "store" && *storeFile != "" }
@@ -270,6 +254,24 @@ func envDuration(name string, def time.Duration, zeroOK bool, stderr io.Writer) 
 		return 0, false
 	}
 	return d, true
+}
+
+// fromFile sets *dst to the secret in file (readToken) when file is
+// not "", refusing a value set beside it: flag names the value's flag,
+// whose file is --flag-file.
+func fromFile(dst *string, file string, set bool, flag string) error {
+	if file == "" {
+		return nil
+	}
+	if set {
+		return fmt.Errorf("--%s and --%s-file (or their DRIP_ variables) both set: give one", flag, flag)
+	}
+	v, err := readToken(file)
+	if err != nil {
+		return fmt.Errorf("--%s-file: %w", flag, err)
+	}
+	*dst = v
+	return nil
 }
 
 // readToken reads a file holding a secret (a token, a store URL): its
