@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -12,13 +13,16 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/redact"
+	"github.com/driplimit/drip/rules"
 )
 
 // The admin listener:
 //   GET  /metrics          Prometheus metrics (no token)
 //   GET  /healthz          200 while the process serves (no token)
-//   GET  /readyz           200 if the store answers a peek within the store deadline, else 503;
-//                          503 while the server drains (drain.go) (no token)
+//   GET  /readyz           200 if the store answers a peek within the store deadline, or if
+//                          it does not but every request served can still be decided
+//                          without it (storeless), else 503; 503 while the server drains
+//                          (drain.go) (no token)
 //   GET  /healthcheck      envoyproxy/ratelimit's health check: 200 "OK" when /readyz is 200, else 500 (no token)
 //   POST /json             envoyproxy/ratelimit's JSON form of ShouldRateLimit (no token; envoyhttp.go);
 //                          404 when the gRPC listener requires client certificates
@@ -111,10 +115,38 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.pingStore(r); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unreachable", "error": redact.Text(err.Error())})
+		msg := redact.Text(err.Error())
+		if why := s.needsStore(); why != "" {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unreachable", "error": msg, "reason": why})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready", "store": "unreachable", "error": msg,
+			"deciding": "by each rule's on_error (allow or local) until the store answers"})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// needsStore says why the server cannot serve without its store, or ""
+// when it can: readiness follows what the instance can still decide.
+// Without the store, the decision API and Envoy's rate limit service
+// answer errors (503, UNAVAILABLE: their callers choose how to fail),
+// and so does a rule that fails closed (on_error deny); enforced rules
+// that fail open (allow) or decide locally (local) still serve, and
+// shadow rules never change an answer.
+func (s *Server) needsStore() string {
+	switch {
+	case s.cfg.GRPCListen != "" || s.cfg.XDS != nil:
+		return "Envoy's rate limit service answers UNAVAILABLE without its store"
+	case s.cfg.Listen != "off" && s.cfg.Upstream == "":
+		return "the decision API answers 503 without its store"
+	}
+	for _, ru := range s.rules().Rules {
+		if ru.Mode == rules.Enforce && ru.OnError == rules.Deny {
+			return "rule " + strconv.Quote(ru.Name) + " fails closed without its store (on_error: deny)"
+		}
+	}
+	return ""
 }
 
 // inspection is the admin API's view of one bucket.

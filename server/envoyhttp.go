@@ -36,7 +36,7 @@ func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "no configuration loaded yet\n")
 		return
 	}
-	if err := s.pingStore(r); err != nil {
+	if err := s.pingStore(r); err != nil && s.needsStore() != "" { // as /readyz (admin.go)
 		w.WriteHeader(http.StatusInternalServerError)
 		io.WriteString(w, "store unreachable\n")
 		return

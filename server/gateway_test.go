@@ -160,7 +160,9 @@ func TestGatewayUpstreamDown(t *testing.T) {
 	}
 }
 
-// TestGatewayStoreDown: each on_error policy with a store that is down.
+// TestGatewayStoreDown: each on_error policy with a store that is down;
+// the gateway stays ready where its policy still decides (allow, local),
+// not where it fails closed (deny).
 func TestGatewayStoreDown(t *testing.T) {
 	for _, tc := range []struct {
 		policy string
@@ -196,8 +198,9 @@ func TestGatewayStoreDown(t *testing.T) {
 					t.Errorf("metrics lack %q:\n%s", want, grep(metrics, "drip_"))
 				}
 			}
-			if code, _ := call(t, "GET", srv.admin+"/readyz", ""); code != 503 {
-				t.Errorf("/readyz with the store down: %d", code)
+			want := map[string]int{"allow": 200, "deny": 503, "local": 200}[tc.policy]
+			if code, body := call(t, "GET", srv.admin+"/readyz", ""); code != want || !strings.Contains(body, "unreachable") {
+				t.Errorf("/readyz with the store down and on_error %s: %d %s, want %d", tc.policy, code, body, want)
 			}
 		})
 	}
@@ -313,5 +316,48 @@ func TestGatewayClients(t *testing.T) {
 	}
 	if len(distinct) < 4 {
 		t.Fatalf("8 clients got only %d distinct Retry-After values: %v", len(distinct), retry)
+	}
+}
+
+// TestReadyWithoutStore: with the store down, /readyz answers what the
+// instance can still decide: a gateway whose enforced rules allow or
+// decide locally is ready (a shadow rule that would deny changes no
+// answer); one with an enforced rule that denies is not, nor is the
+// decision API (503 without its store) or Envoy's rate limit service
+// (UNAVAILABLE); each 503 names why. envoyproxy/ratelimit's
+// /healthcheck answers alike.
+func TestReadyWithoutStore(t *testing.T) {
+	up := newUpstream(t)
+	rule := func(name, onError, mode string) string {
+		return `{"name": "` + name + `", "on_error": "` + onError + `", "mode": "` + mode + `", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rps": 1}}`
+	}
+	for _, tc := range []struct {
+		name   string
+		rules  []string
+		cfg    Config
+		reason string // "": ready
+	}{
+		{"local and allow", []string{rule("a", "local", "enforce"), rule("b", "allow", "enforce")}, Config{Upstream: up.URL}, ""},
+		{"shadow deny", []string{rule("a", "local", "enforce"), rule("s", "deny", "shadow")}, Config{Upstream: up.URL}, ""},
+		{"enforced deny", []string{rule("a", "local", "enforce"), rule("d", "deny", "enforce")}, Config{Upstream: up.URL}, `rule \"d\" fails closed`},
+		{"decision API", []string{rule("a", "local", "enforce")}, Config{}, "the decision API answers 503"},
+		{"Envoy", []string{rule("a", "local", "enforce")}, Config{Upstream: up.URL, GRPCListen: "127.0.0.1:0"}, "Envoy's rate limit service"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "rules.json")
+			writeFile(t, path, `{"rules": [`+strings.Join(tc.rules, ", ")+`]}`)
+			cfg := tc.cfg
+			cfg.Rules, cfg.WatchEvery = path, -1
+			srv := start(t, cfg, failing{})
+			code, body := call(t, "GET", srv.admin+"/readyz", "")
+			if tc.reason == "" && (code != 200 || !strings.Contains(body, `"store":"unreachable"`)) ||
+				tc.reason != "" && (code != 503 || !strings.Contains(body, tc.reason)) {
+				t.Fatalf("/readyz: %d %s, want the reason %q (none: ready)", code, body, tc.reason)
+			}
+			// envoyproxy/ratelimit's /healthcheck follows /readyz.
+			if hc, body := call(t, "GET", srv.admin+"/healthcheck", ""); (hc == 200) != (code == 200) {
+				t.Fatalf("/healthcheck: %d %s, /readyz %d", hc, body, code)
+			}
+		})
 	}
 }

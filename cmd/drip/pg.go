@@ -28,6 +28,7 @@ func openPostgres(ctx context.Context, url string) (store.Store, func(), error) 
 func runPG(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("pg install")
 	url := fs.String("url", envOr("DRIP_STORE", ""), "PostgreSQL URL, postgres://... or postgresql://... (env DRIP_STORE)")
+	urlFile := fs.String("url-file", envOr("DRIP_STORE_FILE", ""), "file holding the PostgreSQL URL, which may hold a password (a mounted Secret, say); not with --url (env DRIP_STORE_FILE)")
 	unlogged := fs.Bool("unlogged", false, "make the bucket table UNLOGGED: faster, emptied by a crash (up to one extra burst per key)")
 	logged := fs.Bool("logged", false, "make an UNLOGGED bucket table logged again")
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
@@ -47,6 +48,16 @@ func runPG(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Wr
 	fail := func(code int, format string, a ...any) int {
 		fmt.Fprintf(stderr, "drip pg install: "+format+"\n", a...)
 		return code
+	}
+	if *urlFile != "" {
+		if *url != "" {
+			return fail(2, "--url and --url-file (or DRIP_STORE and DRIP_STORE_FILE) both set: give one")
+		}
+		u, err := readToken(*urlFile)
+		if err != nil {
+			return fail(2, "--url-file: %v", err)
+		}
+		*url = u
 	}
 	switch {
 	case fs.NArg() > 0:

@@ -32,6 +32,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	tokenFile := fs.String("admin-token-file", envOr("DRIP_ADMIN_TOKEN_FILE", ""), "file holding the admin API's bearer token, kept out of ps (env DRIP_ADMIN_TOKEN_FILE)")
 	fs.StringVar(&c.Rules, "rules", envOr("DRIP_RULES", ""), "rules file, JSON or YAML, or envoyproxy/ratelimit config files (a file or a directory) (default: the built-in rules) (env DRIP_RULES)")
 	fs.StringVar(&c.Store, "store", envOr("DRIP_STORE", "memory"), "store: memory, postgres://..., redis://..., rediss://..., redis+sentinel://... (env DRIP_STORE)")
+	storeFile := fs.String("store-file", envOr("DRIP_STORE_FILE", ""), "file holding the store URL, which may hold a password, kept out of ps and the environment (a mounted Secret, say); not with --store (env DRIP_STORE_FILE)")
 	fs.StringVar(&c.Upstream, "upstream", envOr("DRIP_UPSTREAM", ""), "upstream URL: serve as a gateway that applies the rules to every request (env DRIP_UPSTREAM)")
 	fs.StringVar(&c.GRPCListen, "grpc-listen", envOr("DRIP_GRPC_LISTEN", ""), "address of Envoy's rate limit gRPC service (env DRIP_GRPC_LISTEN; else envoyproxy/ratelimit's GRPC_HOST and GRPC_PORT when either is set)")
 	fs.BoolVar(&c.GRPCReflection, "grpc-reflection", envOr("DRIP_GRPC_REFLECTION", "") == "true", "serve gRPC server reflection on --grpc-listen (env DRIP_GRPC_REFLECTION=true)")
@@ -66,17 +67,9 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fmt.Fprintf(stderr, "drip serve: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if *tokenFile != "" {
-		if c.AdminToken != "" {
-			fmt.Fprintln(stderr, "drip serve: --admin-token and --admin-token-file (or their DRIP_ variables) both set: give one")
-			return 2
-		}
-		tok, err := readToken(*tokenFile)
-		if err != nil {
-			fmt.Fprintln(stderr, "drip serve: --admin-token-file:", err)
-			return 2
-		}
-		c.AdminToken = tok
+	if err := fromFile(&c.AdminToken, *tokenFile, c.AdminToken != "", "admin-token"); err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 2
 	}
 	c.StoreTimeout = *storeTimeout
 	c.MaxWait = *maxWait
@@ -89,6 +82,12 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 		return set
 	}
+	if err := fromFile(&c.Store, *storeFile, given("store"), "store"); err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 2
+	}
+	givenStore := given
+	given = func(name string) bool { return givenStore(name) || name == "store" && *storeFile != "" }
 	env, err := envoyEnv(&c, os.Environ(), given, asRatelimit) // envoyproxy/ratelimit's variables (serve_envoy.go)
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
@@ -128,7 +127,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if env.batching != nil { // REDIS_PIPELINE_WINDOW, REDIS_PIPELINE_LIMIT
 		redisOpts = append(redisOpts, redisstore.WithBatching(*env.batching))
 	}
-	store, closeStore, err := openStore(ctx, c.Store, redisOpts...)
+	store, closeStore, err := openServeStore(ctx, c.Store, c.Logger, redisOpts...) // connect.go: a store down is no reason not to start
 	if err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 1
@@ -275,9 +274,28 @@ func envDuration(name string, def time.Duration, zeroOK bool, stderr io.Writer) 
 	return d, true
 }
 
-// readToken reads a token file: its content less surrounding white space
-// (a trailing newline, say); an empty file or one over 4 KiB is an error.
-// The error never quotes the content.
+// fromFile sets *dst to the secret in file (readToken) when file is
+// not "", refusing a value set beside it: flag names the value's flag,
+// whose file is --flag-file.
+func fromFile(dst *string, file string, set bool, flag string) error {
+	if file == "" {
+		return nil
+	}
+	if set {
+		return fmt.Errorf("--%s and --%s-file (or their DRIP_ variables) both set: give one", flag, flag)
+	}
+	v, err := readToken(file)
+	if err != nil {
+		return fmt.Errorf("--%s-file: %w", flag, err)
+	}
+	*dst = v
+	return nil
+}
+
+// readToken reads a file holding a secret (a token, a store URL): its
+// content less surrounding white space (a trailing newline, say); an
+// empty file or one over 4 KiB is an error. The error never quotes the
+// content.
 func readToken(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -289,7 +307,7 @@ func readToken(path string) (string, error) {
 		return "", err
 	}
 	if len(b) > 4<<10 {
-		return "", fmt.Errorf("%s: over 4 KiB, not a token", path)
+		return "", fmt.Errorf("%s: over 4 KiB", path)
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" {

@@ -109,6 +109,22 @@ func (r *Redis) signal(sig syscall.Signal) {
 	r.cmd = nil
 }
 
+// Pause stops the process where it is (SIGSTOP): connections are still
+// accepted by the kernel, but nothing answers until Resume.
+func (r *Redis) Pause() error { return r.send(syscall.SIGSTOP) }
+
+// Resume continues a paused process (SIGCONT).
+func (r *Redis) Resume() error { return r.send(syscall.SIGCONT) }
+
+func (r *Redis) send(sig syscall.Signal) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return errors.New("testserver: redis not running")
+	}
+	return r.cmd.Process.Signal(sig)
+}
+
 // Running reports whether the process is up.
 func (r *Redis) Running() bool {
 	r.mu.Lock()

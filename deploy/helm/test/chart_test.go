@@ -27,6 +27,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -39,10 +40,6 @@ var (
 	examplesDir = filepath.Join("..", "examples")
 	repoRoot    = filepath.Join("..", "..", "..")
 )
-
-// kubeVersion is the Kubernetes version helm renders for: helm built from
-// its module (not its release binaries) assumes an old one by default.
-const kubeVersion = "1.34.0"
 
 // The namespace the chart is rendered into.
 const namespace = "drip"
@@ -96,7 +93,7 @@ func helm(t *testing.T, args ...string) ([]byte, error) {
 func decoder() runtime.Decoder {
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, batchv1.AddToScheme, monitoringv1.AddToScheme,
+		corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, batchv1.AddToScheme, monitoringv1.AddToScheme, networkingv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			panic(err)
@@ -191,10 +188,13 @@ type rendered struct {
 	pdbs       []*policyv1.PodDisruptionBudget
 	monitors   []*monitoringv1.ServiceMonitor
 	jobs       []*batchv1.Job
+	policies   []*networkingv1.NetworkPolicy
 }
 
 // render lints the chart with values (a file, or "" for the defaults) and
-// renders it, decoding every object strictly.
+// renders it, decoding every object strictly. Neither is given
+// --kube-version: helm built from its module assumes an old Kubernetes,
+// and the chart renders for it too.
 func render(t *testing.T, values string, set ...string) *rendered {
 	t.Helper()
 	var args []string
@@ -204,10 +204,10 @@ func render(t *testing.T, values string, set ...string) *rendered {
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}
-	if _, err := helm(t, append([]string{"lint", "--strict", "--kube-version", kubeVersion, chartDir}, args...)...); err != nil {
+	if _, err := helm(t, append([]string{"lint", "--strict", chartDir}, args...)...); err != nil {
 		t.Fatal(err)
 	}
-	out, err := helm(t, append([]string{"template", "drip", chartDir, "--namespace", namespace, "--kube-version", kubeVersion}, args...)...)
+	out, err := helm(t, append([]string{"template", "drip", chartDir, "--namespace", namespace}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,6 +233,8 @@ func render(t *testing.T, values string, set ...string) *rendered {
 			r.monitors = append(r.monitors, o)
 		case *batchv1.Job:
 			r.jobs = append(r.jobs, o)
+		case *networkingv1.NetworkPolicy:
+			r.policies = append(r.policies, o)
 		default:
 			// A Secret above all: the chart never holds the store URL.
 			t.Errorf("%s: the chart renders a %T, which its tests do not know", values, o)
@@ -316,6 +318,16 @@ func TestChart(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			r := render(t, values)
 			checkRendered(t, r, expose, uid[1], dashboard)
+			if values == "" {
+				// Production defaults: a NetworkPolicy, and Envoy's
+				// listener and Service only when asked for.
+				if len(r.policies) != 1 {
+					t.Errorf("defaults: %d NetworkPolicies, want one", len(r.policies))
+				}
+				if _, ok := portNamed(r.container(t), "grpc"); ok || flags(t, r.container(t).Args)["grpc-listen"] != "" {
+					t.Errorf("defaults: Envoy's gRPC listener is on: want it only with grpc.enabled")
+				}
+			}
 		})
 	}
 }
@@ -409,19 +421,30 @@ func checkRendered(t *testing.T, r *rendered, expose []string, uid string, dashb
 		t.Errorf("resources %+v: want cpu and memory requests and a memory limit", c.Resources)
 	}
 
-	// The store: a URL only ever from a Secret.
-	checkEnv := func(what string, env []corev1.EnvVar) {
+	// The store: a URL only ever from a Secret, drip's own as a file
+	// (envoyproxy/ratelimit's REDIS_URL and REDIS_AUTH, as Envoy Gateway
+	// sets them, from a Secret's key).
+	checkEnv := func(what string, env []corev1.EnvVar, mounts []corev1.VolumeMount, volumes []corev1.Volume) {
 		for _, e := range env {
 			switch {
 			case e.Name == "DRIP_STORE" && e.Value == "memory":
-			case e.Name == "DRIP_STORE" || e.Name == "REDIS_URL" || e.Name == "REDIS_AUTH" || strings.Contains(e.Value, "://"):
+			case e.Name == "DRIP_STORE_FILE":
+				if !secretFile(e.Value, mounts, volumes) {
+					t.Errorf("%s: DRIP_STORE_FILE=%s is not in a mounted Secret", what, e.Value)
+				}
+			case e.Name == "DRIP_STORE" || strings.Contains(e.Value, "://"):
+				t.Errorf("%s: %s=%q: the store URL must come from a Secret mounted as a file (DRIP_STORE_FILE)", what, e.Name, e.Value)
+			case e.Name == "REDIS_URL" || e.Name == "REDIS_AUTH":
 				if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
 					t.Errorf("%s: %s=%q: a store URL or password must come from a Secret", what, e.Name, e.Value)
 				}
 			}
 		}
 	}
-	checkEnv("the drip container", c.Env)
+	checkEnv("the drip container", c.Env, c.VolumeMounts, pod.Spec.Volumes)
+	if st := r.storeType(t); st != "memory" && st != "env" && !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "DRIP_STORE_FILE" }) {
+		t.Errorf("store %s: no DRIP_STORE_FILE", st)
+	}
 
 	// The rules: a ConfigMap mounted whole (a subPath never updates) where --rules reads.
 	volumes := map[string]corev1.Volume{}
@@ -500,6 +523,32 @@ func checkRendered(t *testing.T, r *rendered, expose []string, uid string, dashb
 		}
 	}
 
+	// The NetworkPolicy: the pods' ingress, each port from its peers; the
+	// admin port (/metrics, /json, the admin API) never from anyone.
+	for _, np := range r.policies {
+		if !subset(np.Spec.PodSelector.MatchLabels, podLabels) || !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) {
+			t.Errorf("NetworkPolicy %s selects %v for %v: want the pods, ingress only", np.Name, np.Spec.PodSelector.MatchLabels, np.Spec.PolicyTypes)
+		}
+		open := map[string]bool{}
+		for _, rule := range np.Spec.Ingress {
+			for _, p := range rule.Ports {
+				name := p.Port.String()
+				if ports[name] == 0 {
+					t.Errorf("NetworkPolicy %s: port %s is not a named container port", np.Name, name)
+				}
+				open[name] = true
+				if name == "admin" && len(rule.From) == 0 {
+					t.Errorf("NetworkPolicy %s: the admin port is open to anyone", np.Name)
+				}
+			}
+		}
+		for name := range ports {
+			if !open[name] {
+				t.Errorf("NetworkPolicy %s: port %s admits no one", np.Name, name)
+			}
+		}
+	}
+
 	// The dashboard: deploy/grafana/drip.json, byte for byte, for the sidecar.
 	if cm, ok := r.configMaps["drip-dashboard"]; ok {
 		if cm.Labels["grafana_dashboard"] == "" {
@@ -517,9 +566,9 @@ func checkRendered(t *testing.T, r *rendered, expose []string, uid string, dashb
 			t.Fatalf("Job %s: want /drip pg install, got %+v", j.Name, spec.Containers)
 		}
 		jc := spec.Containers[0]
-		checkEnv("Job "+j.Name, jc.Env)
-		if !slices.ContainsFunc(jc.Env, func(e corev1.EnvVar) bool { return e.Name == "DRIP_STORE" && e.ValueFrom != nil }) {
-			t.Errorf("Job %s: no DRIP_STORE from the Secret", j.Name)
+		checkEnv("Job "+j.Name, jc.Env, jc.VolumeMounts, spec.Volumes)
+		if !slices.ContainsFunc(jc.Env, func(e corev1.EnvVar) bool { return e.Name == "DRIP_STORE_FILE" }) {
+			t.Errorf("Job %s: no DRIP_STORE_FILE from the Secret", j.Name)
 		}
 		if !strings.Contains(j.Annotations["helm.sh/hook"], "pre-upgrade") || spec.RestartPolicy != corev1.RestartPolicyNever {
 			t.Errorf("Job %s: want a pre-install, pre-upgrade hook that does not restart in place", j.Name)
@@ -530,6 +579,44 @@ func checkRendered(t *testing.T, r *rendered, expose []string, uid string, dashb
 			t.Errorf("drip %s: %s", strings.Join(jc.Args, " "), out)
 		}
 	}
+}
+
+// secretFile reports whether path is a file of a Secret volume mounted
+// among mounts.
+func secretFile(path string, mounts []corev1.VolumeMount, volumes []corev1.Volume) bool {
+	for _, m := range mounts {
+		dir, name := filepath.Split(path)
+		if filepath.Clean(dir) != m.MountPath {
+			continue
+		}
+		for _, v := range volumes {
+			if v.Name == m.Name && v.Secret != nil {
+				return slices.ContainsFunc(v.Secret.Items, func(it corev1.KeyToPath) bool { return it.Path == name })
+			}
+		}
+	}
+	return false
+}
+
+// storeType is the store.type the chart was rendered with.
+func (r *rendered) storeType(t *testing.T) string {
+	t.Helper()
+	values := map[string]any{}
+	if r.values != "" {
+		b, err := os.ReadFile(r.values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(b, &values); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, ok := values["store"].(map[string]any); ok {
+		if typ, ok := st["type"].(string); ok {
+			return typ
+		}
+	}
+	return "memory" // the chart's default
 }
 
 // mountedConfigMap is the rendered ConfigMap the container mounts at path.
@@ -567,8 +654,9 @@ func TestChartRefuses(t *testing.T) {
 		{[]string{"replicaCount=2", "store.type=redis", "store.existingSecret=s", "podDisruptionBudget.maxUnavailable=2"}, "a drain could take every replica"},
 		{[]string{"probes.liveness.path=/"}, "probes.liveness.path"},
 		{[]string{"extraArgs[0]=-store=redis://x"}, "extraArgs"},
+		{[]string{"networkPolicy.adminFrom[0].podSelectr.app=x"}, "networkPolicy.adminFrom"},
 	} {
-		args := []string{"template", "drip", chartDir, "--kube-version", kubeVersion}
+		args := []string{"template", "drip", chartDir}
 		for _, s := range c.set {
 			args = append(args, "--set", s)
 		}

@@ -28,7 +28,8 @@ import (
 // and the upstream to a stand-in. The probes must answer 200, a decision
 // or a request through the gateway must pass, and SIGTERM must turn the
 // readiness probe to 503 and stop drip cleanly within the grace period.
-// The Redis values run against a real redis-server.
+// The Redis values run against a real redis-server, and against none:
+// the Redis example's pods start and are ready while Redis is down.
 func TestDeploymentRuns(t *testing.T) {
 	// Each waits most of its time on drip's drain: run them together.
 	t.Run("defaults", func(t *testing.T) {
@@ -42,6 +43,20 @@ func TestDeploymentRuns(t *testing.T) {
 	t.Run("redis.yaml", func(t *testing.T) {
 		t.Parallel()
 		addr := startRedis(t)
+		runDeployment(t, render(t, filepath.Join(examplesDir, "redis.yaml")), map[string]string{
+			"drip-store/url": "redis://" + addr,
+		})
+	})
+	t.Run("redis.yaml, Redis down", func(t *testing.T) {
+		// A store incident during a rollout: the pods start, decide
+		// locally (the example's on_error: local) and are ready.
+		t.Parallel()
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close() // nothing listens there
 		runDeployment(t, render(t, filepath.Join(examplesDir, "redis.yaml")), map[string]string{
 			"drip-store/url": "redis://" + addr,
 		})

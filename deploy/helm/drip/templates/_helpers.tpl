@@ -40,6 +40,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when the store's URL comes from a Secret (mounted as a file), else empty. */}}
+{{- define "drip.storeSecret" -}}
+{{- if and (has .Values.store.type (list "redis" "sentinel" "postgres")) .Values.store.existingSecret -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* Values the schema cannot check: fail with a message that says why. */}}
 {{- define "drip.validate" -}}
 {{- if and (eq .Values.store.type "memory") (gt (int .Values.replicaCount) 1) -}}
