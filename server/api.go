@@ -387,6 +387,13 @@ func (s *Server) count(t target, r drip.Request, m drip.Multi, i int, err error)
 		ev = engine.Allowed
 	}
 	s.eng.Observer().Decision(t.name, t.mode, ev)
+	if k := s.eng.Keys(); k != nil {
+		it := &engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost}
+		if err == nil && i < len(m.Decisions) {
+			it.Decision, it.Decided = m.Decisions[i], true
+		}
+		k.Key(t.name, t.mode, ev, it)
+	}
 }
 
 // countShadow reports a take of a shadow-mode rule: its bucket's own
