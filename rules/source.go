@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -23,6 +24,10 @@ const (
 	KindCookie Kind = "cookie" // cookie:<name>, a cookie's value
 	KindGlobal Kind = "global" // global, one bucket for every request
 	KindFixed  Kind = "fixed"  // fixed, a cost_source only: the rule's fixed_cost
+	// KindBound is a cost_source only: the most a model server's call
+	// can cost, read from its JSON body as the API in Name ("openai" or
+	// "anthropic") says (its prompt's size, its output maximum).
+	KindBound Kind = "bound"
 	// KindFunc is a value a program computes (a key or a cost function,
 	// FuncRule); it is never written in a rules file.
 	KindFunc Kind = "func"
@@ -31,14 +36,25 @@ const (
 // Source names one value of a request, as written in a rules file:
 // "header:x-api-key", "jwt:plan", "path". Name is the part after the
 // colon; for headers it is in canonical form (X-Api-Key).
+//
+// Hashed (a limit key written "hash:header:x-api-key") keys the bucket by
+// the value's keyed hash (HMAC-SHA-256 under the file's key_secret_env),
+// never the value itself: an API key used as a limit key is then never
+// stored, logged or shown in clear.
 type Source struct {
-	Kind Kind
-	Name string
+	Kind   Kind
+	Name   string
+	Hashed bool
 }
 
 // String returns the source as written in a rules file (headers in lower
 // case).
 func (s Source) String() string {
+	if s.Hashed {
+		t := s
+		t.Hashed = false
+		return "hash:" + t.String()
+	}
 	switch s.Kind {
 	case KindIP:
 		return "ip:address"
@@ -46,6 +62,8 @@ func (s Source) String() string {
 		return string(s.Kind)
 	case KindHeader:
 		return "header:" + strings.ToLower(s.Name)
+	case KindBound:
+		return s.Name
 	}
 	return string(s.Kind) + ":" + s.Name
 }
@@ -248,7 +266,18 @@ func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool
 		if !ok || v == "" {
 			return nil, false
 		}
+		if s.Hashed {
+			v = r.hash(v)
+		}
 		values = append(values, v)
 	}
 	return values, true
+}
+
+// hash is a hashed limit key's value: "~" and the first 128 bits of its
+// HMAC-SHA-256 under the file's key secret, in hex.
+func (r *Rule) hash(v string) string {
+	m := hmac.New(sha256.New, r.keySecret)
+	m.Write([]byte(v))
+	return "~" + hex.EncodeToString(m.Sum(nil)[:16])
 }

@@ -3,18 +3,22 @@ package server
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	llm "github.com/driplimit/drip/examples/llm/upstream"
+	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
@@ -31,154 +35,267 @@ func (f frozen) Apply(ctx context.Context, op bucket.Op, _ time.Time, items []bu
 	return f.Store.Apply(ctx, op, f.at, items, results)
 }
 
-// TestLLMExample runs examples/llm: drip serve's gateway with its rules in
-// front of the test upstream, which streams server-sent events and reports
-// its usage in a trailer. Each request takes its estimate before it is
-// forwarded and is settled at the end of its stream, on both of the
-// tenant's buckets; a client that goes away mid-stream leaves its
-// estimate; an upstream that cannot be reached takes nothing; a tenant
-// over its minute is refused before reaching the upstream.
-func TestLLMExample(t *testing.T) {
-	up := httptest.NewServer(llm.Handler())
-	t.Cleanup(up.Close)
-	const file = "../examples/llm/rules.yaml"
+const llmSecret = "a secret of at least thirty-two bytes, for hashed keys"
+
+// llmEnv is drip serve with examples/llm/rules.yaml in front of the
+// stand-in upstream, on one store at a frozen instant.
+type llmEnv struct {
+	set  *rules.Set
+	st   store.Store
+	srv  *running
+	up   *llm.Server
+	upTS *httptest.Server
+}
+
+func newLLMEnv(t *testing.T, st store.Store, file string) *llmEnv {
+	t.Setenv("DRIP_KEY_SECRET", llmSecret)
+	up := llm.New()
+	upTS := httptest.NewServer(up)
+	t.Cleanup(upTS.Close)
 	set, err := rules.Load(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := memstore.New()
-	t.Cleanup(func() { ms.Close() })
-	st := frozen{ms, time.Now()}
-	srv := start(t, Config{Rules: file, Upstream: up.URL, WatchEvery: -1}, st)
+	st = frozen{st, time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)}
+	srv := start(t, Config{Rules: file, Upstream: upTS.URL, WatchEvery: -1}, st)
+	return &llmEnv{set, st, srv, up, upTS}
+}
 
-	tokens := func(tenant string) (minute, day float64) {
-		t.Helper()
-		var got []float64
-		for _, name := range []string{"tokens-minute", "tokens-day"} {
-			r, _ := set.Rule(name)
-			m, err := drip.Apply(context.Background(), st, bucket.Peek, time.Time{}, drip.Request{Key: r.Key([]string{tenant}), Limit: r.Limit})
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, m.Decisions[0].Tokens)
-		}
-		return got[0], got[1]
+// left is what rule's bucket of the API key holds.
+func (e *llmEnv) left(t *testing.T, rule, apiKey string) float64 {
+	t.Helper()
+	r, ok := e.set.Rule(rule)
+	if !ok {
+		t.Fatalf("no rule %s", rule)
 	}
-	// settled waits until the metrics count n settlements of event on
-	// the minute rule (the settlement follows the response's end).
-	settled := func(event string, n float64) {
-		t.Helper()
-		key := `drip_decisions_total{mode=enforce,outcome=` + event + `,rule=tokens-minute}`
-		for deadline := time.Now().Add(30 * time.Second); scrape(t, srv.admin)[key] < n; {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never reached %v", key, n)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+	vals, _ := r.Values(func(rules.Source) (string, bool) { return apiKey, true })
+	if strings.Contains(r.Key(vals), apiKey) {
+		t.Fatalf("the bucket key %q holds the API key", r.Key(vals))
 	}
-	chat := func(ctx context.Context, tenant string, headers ...string) *http.Response {
-		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, "POST", srv.base+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
-		req.Header.Set("X-Tenant", tenant)
-		for i := 0; i+1 < len(headers); i += 2 {
-			req.Header.Set(headers[i], headers[i+1])
-		}
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
+	m, err := drip.Apply(context.Background(), e.st, bucket.Peek, time.Time{}, drip.Request{Key: r.Key(vals), Limit: r.Limit})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return m.Decisions[0].Tokens
+}
 
-	// A whole stream: 1,000 estimated, 10 + 20 used: 970 back.
-	res := chat(context.Background(), "acme")
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != 200 || !strings.Contains(string(body), `"total_tokens":30`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
-		t.Fatalf("%d %q", res.StatusCode, body)
-	}
-	if res.Trailer.Get(llm.Trailer) != "30" {
-		t.Errorf("trailer %v", res.Trailer)
-	}
-	settled("refunded", 1)
-	if m, d := tokens("acme"); m != 100000-30 || d != 2000000-30 {
-		t.Errorf("after one stream of 30 tokens: %v and %v left", m, d)
-	}
-
-	// More than estimated: 500 estimated, 95,000 used: charged.
-	res = chat(context.Background(), "acme", "X-Estimated-Tokens", "500", "X-Test-Completion-Tokens", "94990")
-	io.Copy(io.Discard, res.Body)
-	res.Body.Close()
-	settled("charged", 1)
-	if m, d := tokens("acme"); m != 100000-30-95000 || d != 2000000-30-95000 {
-		t.Errorf("after 95,000 more: %v and %v left", m, d)
-	}
-	// 4,970 left this minute: an estimate of 5,000 is refused before the
-	// upstream sees it; 4,000 goes through.
-	res = chat(context.Background(), "acme", "X-Estimated-Tokens", "5000")
-	res.Body.Close()
-	if res.StatusCode != 429 || res.Header.Get("Retry-After") == "" {
-		t.Errorf("over the minute: %d", res.StatusCode)
-	}
-
-	// A client that goes away mid-stream: the gateway cancels the
-	// upstream request, whose trailer never comes; the estimate stands.
-	ctx, cancel := context.WithCancel(context.Background())
-	res = chat(ctx, "beta", "X-Estimated-Tokens", "700", "X-Test-Completion-Tokens", "100000")
-	if line, err := bufio.NewReader(res.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
-		t.Fatalf("%q %v", line, err)
-	}
-	cancel()
-	res.Body.Close()
-	settled("settled", 1)
-	if m, d := tokens("beta"); m != 100000-700 || d != 2000000-700 {
-		t.Errorf("client gone: %v and %v left, want the estimate of 700 taken", m, d)
-	}
-
-	// An upstream that cannot be reached: 502, and nothing taken.
-	up.Close()
-	res = chat(context.Background(), "gamma")
-	res.Body.Close()
-	if res.StatusCode != 502 {
-		t.Fatalf("upstream down: %d", res.StatusCode)
-	}
-	settled("refunded", 2)
-	if m, d := tokens("gamma"); m != 100000 || d != 2000000 {
-		t.Errorf("upstream down: %v and %v left, want nothing taken", m, d)
-	}
-	// The tokens each settlement moved: 970 and 1,000 refunded, 94,500
-	// charged, none forgiven.
-	got := scrape(t, srv.admin)
-	for outcome, want := range map[string]float64{"refunded": 1970, "charged": 94500, "forgiven": 0} {
-		for _, rule := range []string{"tokens-minute", "tokens-day"} {
-			if k := "drip_settled_tokens_total{outcome=" + outcome + ",rule=" + rule + "}"; got[k] != want {
-				t.Errorf("%s: %v, want %v", k, got[k], want)
-			}
+// waitEvent waits until the metrics count n events of rule.
+func (e *llmEnv) waitEvent(t *testing.T, rule, event string, n float64) {
+	t.Helper()
+	key := `drip_decisions_total{mode=enforce,outcome=` + event + `,rule=` + rule + `}`
+	for deadline := time.Now().Add(30 * time.Second); scrape(t, e.srv.admin)[key] < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never reached %v", key, n)
 		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
-// TestForwardAuthSettles: forward auth hears nothing after the request, as
-// docs/api.md says: a cost_from_response rule keeps its estimate, and a
-// count_status rule is only checked (its bucket stays full).
-func TestForwardAuthSettles(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "rules.json")
-	writeFile(t, path, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [
-	  {"name": "tokens", "limit_keys": ["header:x-tenant"], "cost_from_response": "header:x-usage",
-	   "algorithm_config": {"rate": 1000, "period": "1h", "cost_source": "header:x-estimate", "default_cost": 100}},
-	  {"name": "logins", "limit_keys": ["header:x-user"], "count_status": [401],
-	   "algorithm_config": {"rate": 2, "period": "1h"}}]}`)
-	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
-	for i := range 3 {
-		resp, _ := ask(t, srv.base, "", "GET", "/v1/chat", "X-Tenant", "a", "X-Estimate", "300")
-		if want := strconv.Itoa(1000 - 300*(i+1)); resp.StatusCode != 200 || resp.Header.Get("RateLimit-Remaining") != want {
-			t.Fatalf("ask %d: %d, %q left, want %s", i, resp.StatusCode, resp.Header.Get("RateLimit-Remaining"), want)
+// call posts body to path with the API key (as OpenAI's bearer token or
+// Anthropic's x-api-key, by path) and headers.
+func (e *llmEnv) call(t *testing.T, ctx context.Context, path, apiKey, body string, headers ...string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.srv.base+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if path == "/v1/messages" {
+		req.Header.Set("X-Api-Key", apiKey)
+	} else {
+		req.Header.Set("Authorization", apiKey)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestLLMExample runs examples/llm on memory, PostgreSQL and Redis: drip
+// serve's gateway with its rules in front of the stand-in upstream, which
+// reports usage only in its bodies, as OpenAI and Anthropic do. A strict
+// day takes the call's bound (its body's bytes plus max_tokens) and keeps
+// what the usage says; a stream that did not ask for its usage is made
+// to; a client gone mid-stream keeps its bound (unreported); an upstream
+// error costs min_cost; a call with no max_tokens is refused, taking
+// nothing.
+func TestLLMExample(t *testing.T) {
+	for _, name := range []string{"memory", "postgres", "redis"} {
+		t.Run(name, func(t *testing.T) {
+			e := newLLMEnv(t, teststores.Open(t, name), "../examples/llm/rules.yaml")
+			const key = "Bearer sk-test-a"
+			const day = 200000.0
+
+			// Not streamed: the usage in the body, 10 + 20.
+			body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`
+			res := e.call(t, context.Background(), "/v1/chat/completions", key, body)
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != 200 || !strings.Contains(string(b), `"total_tokens":30`) {
+				t.Fatalf("%d %s", res.StatusCode, b)
+			}
+			e.waitEvent(t, "openai-day", "refunded", 1)
+			if got := e.left(t, "openai-day", key); got != day-30 {
+				t.Errorf("after a call of 30 tokens: %v left", got)
+			}
+
+			// Streamed without stream_options: drip asks for the usage.
+			body = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":50}`
+			res = e.call(t, context.Background(), "/v1/chat/completions", key, body, "X-Test-Completion-Tokens", "7")
+			b, _ = io.ReadAll(res.Body)
+			res.Body.Close()
+			if !strings.Contains(string(b), `"usage":{"completion_tokens":7`) || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+				t.Fatalf("%s", b)
+			}
+			e.waitEvent(t, "openai-day", "refunded", 2)
+			if got := e.left(t, "openai-day", key); got != day-30-17 {
+				t.Errorf("after 17 more: %v left", got)
+			}
+
+			// Anthropic, streamed: input + output tokens.
+			body = `{"model":"c","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`
+			res = e.call(t, context.Background(), "/v1/messages", "sk-ant-a", body, "X-Test-Prompt-Tokens", "12", "X-Test-Completion-Tokens", "5")
+			b, _ = io.ReadAll(res.Body)
+			res.Body.Close()
+			if !strings.Contains(string(b), "event: message_delta") {
+				t.Fatalf("%s", b)
+			}
+			e.waitEvent(t, "anthropic-day", "refunded", 1)
+			if got := e.left(t, "anthropic-day", "sk-ant-a"); got != day-17 {
+				t.Errorf("anthropic, after 17: %v left", got)
+			}
+
+			// A client gone mid-stream: its bound stands, reported as such.
+			body = `{"model":"m","stream":true,"messages":[],"max_tokens":1000}`
+			ctx, cancel := context.WithCancel(context.Background())
+			res = e.call(t, ctx, "/v1/chat/completions", "Bearer sk-test-b", body, "X-Test-Completion-Tokens", "100000")
+			if line, err := bufio.NewReader(res.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+				t.Fatalf("%q %v", line, err)
+			}
+			cancel()
+			res.Body.Close()
+			e.waitEvent(t, "openai-day", "unreported", 1)
+			if got := e.left(t, "openai-day", "Bearer sk-test-b"); got != day-float64(len(body)+1000) {
+				t.Errorf("client gone: %v left, want the bound %d taken", got, len(body)+1000)
+			}
+
+			// An upstream error: min_cost.
+			res = e.call(t, context.Background(), "/v1/chat/completions", "Bearer sk-test-c", `{"max_tokens":10}`, "X-Test-Fail", "500")
+			res.Body.Close()
+			if res.StatusCode != 500 {
+				t.Fatalf("upstream error: %d", res.StatusCode)
+			}
+			e.waitEvent(t, "openai-day", "refunded", 3)
+			if got := e.left(t, "openai-day", "Bearer sk-test-c"); got != day-10 {
+				t.Errorf("upstream error: %v left, want min_cost taken", got)
+			}
+
+			// No max_tokens under a strict budget: refused, nothing taken.
+			res = e.call(t, context.Background(), "/v1/chat/completions", "Bearer sk-test-d", `{"messages":[]}`)
+			b, _ = io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != 400 || !strings.Contains(string(b), "unbounded_request") {
+				t.Errorf("unbounded: %d %s", res.StatusCode, b)
+			}
+			if got := e.left(t, "requests-minute", "Bearer sk-test-d"); got != 60 {
+				t.Errorf("unbounded: the request rule has %v left", got)
+			}
+		})
+	}
+}
+
+// TestLLMStrictNeverExceeded: 64 clients stream at once against a strict
+// budget of 20,000 tokens a day on one API key, with random aborts,
+// upstream errors (at once and mid-stream), and bodies whose max_tokens
+// is repeated or larger than what they say elsewhere. Every token the
+// upstream spent (inputs and every token generated, reported or not) is
+// within the budget; the soft minute beside it stays within its debt
+// bound.
+func TestLLMStrictNeverExceeded(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file, `key_secret_env: DRIP_KEY_SECRET
+rules:
+  - name: day
+    limit_keys: ["hash:header:authorization"]
+    budget: strict
+    cost_from_response: openai
+    algorithm: fixed_window
+    algorithm_config: {rate: 20000, period: day, time_zone: Europe/Paris, cost_source: openai, min_cost: 5}
+  - name: minute
+    limit_keys: ["hash:header:authorization"]
+    cost_from_response: openai
+    algorithm: token_bucket
+    algorithm_config: {rate: 15000, period: 1m, cost_source: header:x-estimate, default_cost: 50, min_cost: 5}
+`)
+	e := newLLMEnv(t, memstore.New(), file)
+	const key = "Bearer sk-many"
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	status := map[int]int{}
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			for range 8 {
+				maxTok := 1 + rng.IntN(400)
+				body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTok, strings.Repeat("x", rng.IntN(200)))
+				if rng.IntN(4) == 0 { // says a small max_tokens, then a larger one
+					body = fmt.Sprintf(`{"max_tokens":1,"stream":true,"max_tokens":%d}`, maxTok)
+				}
+				hs := []string{"X-Test-Completion-Tokens", strconv.Itoa(rng.IntN(600)), "X-Estimate", "0",
+					"X-Test-Prompt-Tokens", strconv.Itoa(rng.IntN(len(body)))}
+				switch rng.IntN(6) {
+				case 0:
+					hs = append(hs, "X-Test-Fail", "500")
+				case 1:
+					hs = append(hs, "X-Test-Cut", strconv.Itoa(rng.IntN(50)))
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				res := e.call(t, ctx, "/v1/chat/completions", key, body, hs...)
+				if rng.IntN(5) == 0 { // a client gone mid-stream
+					br := bufio.NewReader(res.Body)
+					br.ReadString('\n')
+					cancel()
+				} else {
+					io.Copy(io.Discard, res.Body)
+				}
+				res.Body.Close()
+				cancel()
+				mu.Lock()
+				status[res.StatusCode]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	// Every settlement has run once the day's bucket is as the metrics
+	// say: wait for the count of settlements to reach the 200s.
+	allowed := scrape(t, e.srv.admin)[`drip_decisions_total{mode=enforce,outcome=allowed,rule=day}`]
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		m := scrape(t, e.srv.admin)
+		n := 0.0
+		for _, ev := range []string{"charged", "refunded", "forgiven", "settled", "unreported"} {
+			n += m[`drip_decisions_total{mode=enforce,outcome=`+ev+`,rule=day}`]
+		}
+		if n >= allowed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v of %v settled", n, allowed)
 		}
 	}
-	for i := range 5 {
-		resp, _ := ask(t, srv.base, "", "POST", "/login", "X-User", "u")
-		if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Remaining") != "1" {
-			t.Fatalf("login ask %d: %d, remaining %q: a check takes nothing", i, resp.StatusCode, resp.Header.Get("RateLimit-Remaining"))
-		}
+	spent := e.up.Spent()
+	left := e.left(t, "day", key)
+	t.Logf("statuses %v; the upstream spent %d tokens; %v left of the day", status, spent, left)
+	if spent > 20000 || left < 0 {
+		t.Errorf("the strict day was exceeded: the upstream spent %d tokens of 20,000 (%v left)", spent, left)
+	}
+	if status[429] == 0 || status[200] == 0 {
+		t.Errorf("statuses %v: the budget was never reached", status)
+	}
+	if m := e.left(t, "minute", key); m < -15000 {
+		t.Errorf("the soft minute is %v: past its debt bound of one burst", m)
 	}
 }

@@ -71,7 +71,7 @@ func New(opts ...Option) *Observer {
 		store: true,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions by rule, its mode (enforce, shadow: its denials let the request through) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited; after a response (cost_from_response, count_status): charged, forgiven, settled (nothing to change).",
+			Help: "Decisions by rule, its mode (enforce, shadow: its denials let the request through) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited; after a response (cost_from_response, count_status): charged, forgiven, settled (nothing to change), unreported (the response said nothing of its cost: the estimate stands).",
 		}, []string{"rule", "mode", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
@@ -165,7 +165,7 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 			events = append(events, engine.LocalAllowed, engine.LocalDenied)
 		}
 		if r.Settles() { // cost_from_response, count_status: Outcome.Settle's events
-			events = append(events, engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled)
+			events = append(events, engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled, engine.Unreported)
 			for _, e := range []engine.Event{engine.Charged, engine.Refunded, engine.Forgiven} {
 				o.settled.WithLabelValues(r.Name, string(e))
 			}
