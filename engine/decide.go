@@ -75,6 +75,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 				why = b.Unbounded(rule)
 			}
 			out = Refuse(ReasonUnbounded, "rule \""+rule.Name+"\" is a strict budget and this request cannot be bounded: "+why)
+			out.Top = &Applied{Rule: rule} // the rule that refused it, not decided
 			e.endDecide(sp, out)
 			return out
 		}

@@ -73,7 +73,7 @@ func (w *settleWriter) response() engine.Response {
 	}
 	return engine.Response{Status: w.status, Value: func(src rules.ResponseSource) (string, bool) {
 		if src.API != "" {
-			n, ok := w.scan.Usage().Tokens(llm.API(src.API))
+			n, ok := w.scan.Tokens(llm.API(src.API))
 			return strconv.FormatInt(n, 10), ok
 		}
 		if !src.Trailer {

@@ -169,7 +169,7 @@ func TestLLMExample(t *testing.T) {
 			// A client gone mid-stream: its bound stands, reported as such.
 			body = `{"model":"m","stream":true,"messages":[],"max_tokens":1000}`
 			ctx, cancel := context.WithCancel(context.Background())
-			res = e.call(t, ctx, "/v1/chat/completions", "Bearer sk-test-b", body, "X-Test-Completion-Tokens", "100000")
+			res = e.call(t, ctx, "/v1/chat/completions", "Bearer sk-test-b", body, "X-Test-Hold", "1")
 			if line, err := bufio.NewReader(res.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
 				t.Fatalf("%q %v", line, err)
 			}
@@ -297,5 +297,71 @@ rules:
 	}
 	if m := e.left(t, "minute", key); m < -15000 {
 		t.Errorf("the soft minute is %v: past its debt bound of one burst", m)
+	}
+}
+
+// TestLLMAnswersAsTheAPIs: behind rules that read OpenAI's or
+// Anthropic's API, answers carry that API's rate limit headers beside
+// the RateLimit ones, and a denial is that API's error body: a 429 that
+// can pass later with Retry-After and Retry-After-Ms, one that never can
+// with x-should-retry: false, a call a strict budget cannot bound a 400.
+func TestLLMAnswersAsTheAPIs(t *testing.T) {
+	e := newLLMEnv(t, memstore.New(), "../examples/llm/rules.yaml")
+	read := func(res *http.Response) string {
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return string(b)
+	}
+	// Allowed: the headers of each API.
+	res := e.call(t, context.Background(), "/v1/chat/completions", "Bearer sk-h", `{"max_tokens":5}`)
+	read(res)
+	h := res.Header
+	if h.Get("X-Ratelimit-Limit-Requests") != "60" || h.Get("X-Ratelimit-Remaining-Requests") != "59" ||
+		h.Get("X-Ratelimit-Limit-Tokens") != "20000" || h.Get("RateLimit-Policy") == "" {
+		t.Errorf("openai headers: %v", h)
+	}
+	for _, k := range []string{"X-Ratelimit-Reset-Requests", "X-Ratelimit-Reset-Tokens"} {
+		if _, err := time.ParseDuration(h.Get(k)); err != nil {
+			t.Errorf("%s: %q", k, h.Get(k))
+		}
+	}
+	res = e.call(t, context.Background(), "/v1/messages", "sk-ant-h", `{"max_tokens":5}`)
+	read(res)
+	h = res.Header
+	if h.Get("Anthropic-Ratelimit-Requests-Limit") != "60" || h.Get("Anthropic-Ratelimit-Tokens-Remaining") == "" || h.Get("X-Ratelimit-Limit-Requests") != "" {
+		t.Errorf("anthropic headers: %v", h)
+	}
+	if _, err := time.Parse(time.RFC3339, h.Get("Anthropic-Ratelimit-Tokens-Reset")); err != nil {
+		t.Errorf("anthropic reset: %v", err)
+	}
+
+	// Over the burst: can never pass.
+	res = e.call(t, context.Background(), "/v1/chat/completions", "Bearer sk-h", `{"max_tokens":300000}`)
+	body := read(res)
+	if res.StatusCode != 429 || res.Header.Get("X-Should-Retry") != "false" ||
+		!strings.Contains(body, `"code":"rate_limit_exceeded"`) || !strings.Contains(body, `"type":"tokens"`) || !strings.HasPrefix(body, `{"error":{`) {
+		t.Errorf("over the burst: %d %v %s", res.StatusCode, res.Header, body)
+	}
+	// A minute used up by a stream that holds its bound: 429, retry later.
+	ctx, cancel := context.WithCancel(context.Background())
+	res = e.call(t, ctx, "/v1/messages", "sk-ant-h", `{"max_tokens":19900,"stream":true}`, "X-Test-Hold", "1")
+	if line, err := bufio.NewReader(res.Body).ReadString('\n'); res.StatusCode != 200 || err != nil {
+		t.Fatalf("the stream: %d %q %v", res.StatusCode, line, err)
+	}
+	cancel()
+	res.Body.Close()
+	e.waitEvent(t, "anthropic-minute", "unreported", 1)
+	res = e.call(t, context.Background(), "/v1/messages", "sk-ant-h", `{"max_tokens":500}`)
+	body = read(res)
+	ra, _ := strconv.Atoi(res.Header.Get("Retry-After"))
+	if res.StatusCode != 429 || ra < 1 || res.Header.Get("Retry-After-Ms") != strconv.Itoa(ra*1000) ||
+		res.Header.Get("X-Should-Retry") != "" || !strings.HasPrefix(body, `{"type":"error","error":{"type":"rate_limit_error","message":`) {
+		t.Errorf("anthropic 429: %d %v %s", res.StatusCode, res.Header, body)
+	}
+	// Unbounded under a strict budget.
+	res = e.call(t, context.Background(), "/v1/messages", "sk-ant-h", `{"messages":[]}`)
+	body = read(res)
+	if res.StatusCode != 400 || !strings.Contains(body, `"type":"invalid_request_error"`) || !strings.Contains(body, "sets no max_tokens") {
+		t.Errorf("anthropic unbounded: %d %s", res.StatusCode, body)
 	}
 }

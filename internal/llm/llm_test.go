@@ -78,7 +78,7 @@ func TestScannerReadsUsage(t *testing.T) {
 				if s.Usage() != c.want {
 					t.Fatalf("seed %d: %+v, want %+v", seed, s.Usage(), c.want)
 				}
-				if n, ok := s.Usage().Tokens(c.api); !ok || n != c.tokens {
+				if n, ok := s.Tokens(c.api); !ok || n != c.tokens {
 					t.Fatalf("tokens %d %v, want %d", n, ok, c.tokens)
 				}
 			}
@@ -97,9 +97,16 @@ func TestScannerReportsNothing(t *testing.T) {
 	} {
 		s := NewScanner(c.ctype, c.encoding)
 		s.Write([]byte(c.body))
-		if _, ok := s.Usage().Tokens(OpenAI); ok {
+		if _, ok := s.Tokens(OpenAI); ok {
 			t.Errorf("%s: reported %+v", c.name, s.Usage())
 		}
+	}
+	// An Anthropic stream cut after message_start has not reported its
+	// output: its usage is not known.
+	s := NewScanner("text/event-stream", "")
+	s.Write([]byte(anthropicSSE[:strings.Index(anthropicSSE, "event: message_delta")]))
+	if n, ok := s.Tokens(Anthropic); ok || s.Usage().Input != 25 {
+		t.Errorf("cut after message_start: %d %v (%+v)", n, ok, s.Usage())
 	}
 }
 
@@ -118,7 +125,7 @@ func TestScannerBounded(t *testing.T) {
 		t.Errorf("%v allocations a chunk", allocs)
 	}
 	s.Write([]byte(chatSSE))
-	if n, _ := s.Usage().Tokens(OpenAI); n != 11 {
+	if n, _ := s.Tokens(OpenAI); n != 11 {
 		t.Errorf("after 1000 chunks: %d tokens", n)
 	}
 }

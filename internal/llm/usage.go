@@ -114,6 +114,7 @@ const (
 type Scanner struct {
 	framing uint8
 	usage   Usage
+	final   bool // a count was read where the whole call's usage is
 	tok     tokenizer
 
 	// Server-sent events: the field name of the line being read.
@@ -163,6 +164,19 @@ func (s *Scanner) Usage() Usage {
 		return None
 	}
 	return s.usage
+}
+
+// Tokens is the call's tokens as api counts them (Usage.Tokens), ok
+// false until the body reported its whole usage: a top-level "usage"
+// (a JSON body, OpenAI's last chunk, Anthropic's message_delta) or the
+// Responses API's "response". Anthropic's message_start reports the
+// input and a placeholder of the output: a stream cut after it has not
+// reported its usage.
+func (s *Scanner) Tokens(api API) (int64, bool) {
+	if s == nil || !s.final {
+		return 0, false
+	}
+	return s.usage.Tokens(api)
 }
 
 // Write reads p, a part of the body; it never fails.
@@ -293,6 +307,7 @@ func (s *Scanner) scalar(t *tokenizer, kind uint8, v []byte, cut bool) {
 	}
 	if n, ok := count(kind, v, cut); ok {
 		*f = n
+		s.final = s.final || !is(t.key(0), "message")
 	}
 }
 

@@ -16,7 +16,9 @@
 //   - X-Test-Fail: a status (500, 529, ...) it answers at once, with the
 //     API's error body;
 //   - X-Test-Cut: after that many tokens of a stream it drops the
-//     connection, reporting no usage (a server that fails mid-stream).
+//     connection, reporting no usage (a server that fails mid-stream);
+//   - X-Test-Hold: after that many tokens of a stream it waits for the
+//     client to go away (a client that aborts mid-stream, for sure).
 //
 // It stops early, reporting what it generated so far, when the client
 // goes away.
@@ -67,8 +69,8 @@ type call struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 
-	prompt, completion, cut int
-	fail                    int
+	prompt, completion, cut, hold int
+	fail                          int
 }
 
 func read(w http.ResponseWriter, r *http.Request, errorBody func(status int, typ, msg string) []byte) (*call, bool) {
@@ -80,6 +82,7 @@ func read(w http.ResponseWriter, r *http.Request, errorBody func(status int, typ
 	c.prompt = number(r.Header.Get("X-Test-Prompt-Tokens"), 10)
 	c.completion = number(r.Header.Get("X-Test-Completion-Tokens"), 20)
 	c.cut = number(r.Header.Get("X-Test-Cut"), -1)
+	c.hold = number(r.Header.Get("X-Test-Hold"), -1)
 	for _, m := range []*int{c.MaxTokens, c.MaxCompletion} {
 		if m != nil && *m >= 0 {
 			c.completion = min(c.completion, *m)
@@ -237,6 +240,9 @@ func (s *stream) tokens(c *call, name string, ev func() []byte) int {
 	for ; n < c.completion; n++ {
 		if n == c.cut {
 			panic(http.ErrAbortHandler)
+		}
+		if n == c.hold {
+			<-s.r.Context().Done()
 		}
 		if s.r.Context().Err() != nil {
 			break
