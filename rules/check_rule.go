@@ -149,15 +149,19 @@ func (c *checker) limitKeys(p string, v any) []Source {
 			c.add(ip, "%v", err)
 			continue
 		}
+		if src.Kind == KindAPIKey && !hashed {
+			c.add(ip, "an API key is never kept in clear: write hash:api_key")
+			continue
+		}
 		if hashed {
 			switch src.Kind {
-			case KindHeader, KindQuery, KindCookie, KindJWT:
+			case KindHeader, KindQuery, KindCookie, KindJWT, KindAPIKey:
 				src.Hashed = true
 				if c.keyUser == "" {
 					c.keyUser = ip
 				}
 			default:
-				c.add(ip, "%q: only a header:, query:, cookie: or jwt: value is hashed", s)
+				c.add(ip, "%q: only api_key or a header:, query:, cookie: or jwt: value is hashed", s)
 				continue
 			}
 		}
@@ -187,6 +191,10 @@ func (c *checker) match(p string, v any, s *Set) []Condition {
 		}
 		if src.Kind == KindGlobal {
 			c.add(mp, "global cannot be matched: it has no value")
+			continue
+		}
+		if src.Kind == KindAPIKey {
+			c.add(mp, "api_key cannot be matched: it is never compared in clear")
 			continue
 		}
 		if other, dup := seen[src]; dup {

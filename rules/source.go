@@ -23,7 +23,11 @@ const (
 	KindMethod Kind = "method" // method, the HTTP method
 	KindCookie Kind = "cookie" // cookie:<name>, a cookie's value
 	KindGlobal Kind = "global" // global, one bucket for every request
-	KindFixed  Kind = "fixed"  // fixed, a cost_source only: the rule's fixed_cost
+	// KindAPIKey is api_key, the API key a client of a model server's
+	// API sends: the token of "Authorization: Bearer", else the
+	// x-api-key header. A limit key only, and only hashed (hash:api_key).
+	KindAPIKey Kind = "api_key"
+	KindFixed  Kind = "fixed" // fixed, a cost_source only: the rule's fixed_cost
 	// KindBound is a cost_source only: the most a model server's call
 	// can cost, read from its JSON body as the API in Name ("openai" or
 	// "anthropic") says (its prompt's size, its output maximum).
@@ -58,7 +62,7 @@ func (s Source) String() string {
 	switch s.Kind {
 	case KindIP:
 		return "ip:address"
-	case KindPath, KindMethod, KindGlobal, KindFixed, KindFunc:
+	case KindPath, KindMethod, KindGlobal, KindFixed, KindFunc, KindAPIKey:
 		return string(s.Kind)
 	case KindHeader:
 		return "header:" + strings.ToLower(s.Name)
@@ -75,7 +79,7 @@ func ParseSource(s string) (Source, error) {
 	kind, name, colon := strings.Cut(s, ":")
 	bad := fmt.Errorf("%q is not a key source (%s)", s, sourceList)
 	switch Kind(kind) {
-	case KindPath, KindMethod, KindGlobal:
+	case KindPath, KindMethod, KindGlobal, KindAPIKey:
 		if colon {
 			return Source{}, bad
 		}

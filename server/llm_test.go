@@ -91,16 +91,20 @@ func (e *llmEnv) waitEvent(t *testing.T, rule, event string, n float64) {
 	}
 }
 
-// call posts body to path with the API key (as OpenAI's bearer token or
-// Anthropic's x-api-key, by path) and headers.
+// call posts body to path with the API key (a bearer token for OpenAI's
+// path, x-api-key for Anthropic's; as is when it says "Bearer ") and
+// headers.
 func (e *llmEnv) call(t *testing.T, ctx context.Context, path, apiKey, body string, headers ...string) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(ctx, "POST", e.srv.base+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	if path == "/v1/messages" {
-		req.Header.Set("X-Api-Key", apiKey)
-	} else {
+	switch {
+	case strings.HasPrefix(apiKey, "Bearer "):
 		req.Header.Set("Authorization", apiKey)
+	case path == "/v1/messages":
+		req.Header.Set("X-Api-Key", apiKey)
+	default:
+		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
@@ -124,7 +128,7 @@ func TestLLMExample(t *testing.T) {
 	for _, name := range []string{"memory", "postgres", "redis"} {
 		t.Run(name, func(t *testing.T) {
 			e := newLLMEnv(t, teststores.Open(t, name), "../examples/llm/rules.yaml")
-			const key = "Bearer sk-test-a"
+			const key = "sk-test-a"
 			const day = 200000.0
 
 			// Not streamed: the usage in the body, 10 + 20.
@@ -169,36 +173,36 @@ func TestLLMExample(t *testing.T) {
 			// A client gone mid-stream: its bound stands, reported as such.
 			body = `{"model":"m","stream":true,"messages":[],"max_tokens":1000}`
 			ctx, cancel := context.WithCancel(context.Background())
-			res = e.call(t, ctx, "/v1/chat/completions", "Bearer sk-test-b", body, "X-Test-Hold", "1")
+			res = e.call(t, ctx, "/v1/chat/completions", "sk-test-b", body, "X-Test-Hold", "1")
 			if line, err := bufio.NewReader(res.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
 				t.Fatalf("%q %v", line, err)
 			}
 			cancel()
 			res.Body.Close()
 			e.waitEvent(t, "openai-day", "unreported", 1)
-			if got := e.left(t, "openai-day", "Bearer sk-test-b"); got != day-float64(len(body)+1000) {
+			if got := e.left(t, "openai-day", "sk-test-b"); got != day-float64(len(body)+1000) {
 				t.Errorf("client gone: %v left, want the bound %d taken", got, len(body)+1000)
 			}
 
 			// An upstream error: min_cost.
-			res = e.call(t, context.Background(), "/v1/chat/completions", "Bearer sk-test-c", `{"max_tokens":10}`, "X-Test-Fail", "500")
+			res = e.call(t, context.Background(), "/v1/chat/completions", "sk-test-c", `{"max_tokens":10}`, "X-Test-Fail", "500")
 			res.Body.Close()
 			if res.StatusCode != 500 {
 				t.Fatalf("upstream error: %d", res.StatusCode)
 			}
 			e.waitEvent(t, "openai-day", "refunded", 3)
-			if got := e.left(t, "openai-day", "Bearer sk-test-c"); got != day-10 {
+			if got := e.left(t, "openai-day", "sk-test-c"); got != day-10 {
 				t.Errorf("upstream error: %v left, want min_cost taken", got)
 			}
 
 			// No max_tokens under a strict budget: refused, nothing taken.
-			res = e.call(t, context.Background(), "/v1/chat/completions", "Bearer sk-test-d", `{"messages":[]}`)
+			res = e.call(t, context.Background(), "/v1/chat/completions", "sk-test-d", `{"messages":[]}`)
 			b, _ = io.ReadAll(res.Body)
 			res.Body.Close()
 			if res.StatusCode != 400 || !strings.Contains(string(b), "unbounded_request") {
 				t.Errorf("unbounded: %d %s", res.StatusCode, b)
 			}
-			if got := e.left(t, "requests-minute", "Bearer sk-test-d"); got != 60 {
+			if got := e.left(t, "requests-minute", "sk-test-d"); got != 60 {
 				t.Errorf("unbounded: the request rule has %v left", got)
 			}
 		})
@@ -313,7 +317,7 @@ func TestLLMAnswersAsTheAPIs(t *testing.T) {
 		return string(b)
 	}
 	// Allowed: the headers of each API.
-	res := e.call(t, context.Background(), "/v1/chat/completions", "Bearer sk-h", `{"max_tokens":5}`)
+	res := e.call(t, context.Background(), "/v1/chat/completions", "sk-h", `{"max_tokens":5}`)
 	read(res)
 	h := res.Header
 	if h.Get("X-Ratelimit-Limit-Requests") != "60" || h.Get("X-Ratelimit-Remaining-Requests") != "59" ||
@@ -336,7 +340,7 @@ func TestLLMAnswersAsTheAPIs(t *testing.T) {
 	}
 
 	// Over the burst: can never pass.
-	res = e.call(t, context.Background(), "/v1/chat/completions", "Bearer sk-h", `{"max_tokens":300000}`)
+	res = e.call(t, context.Background(), "/v1/chat/completions", "sk-h", `{"max_tokens":300000}`)
 	body := read(res)
 	if res.StatusCode != 429 || res.Header.Get("X-Should-Retry") != "false" ||
 		!strings.Contains(body, `"code":"rate_limit_exceeded"`) || !strings.Contains(body, `"type":"tokens"`) || !strings.HasPrefix(body, `{"error":{`) {
