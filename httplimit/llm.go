@@ -66,16 +66,24 @@ func llmRequest(r *http.Request, api llm.API) llm.Request {
 
 // bound is the value of a cost_source of kind rules.KindBound.
 func (v *reqValues) bound(src rules.Source) (string, bool) {
-	req := llmRequest(v.r, llm.API(src.Name))
-	if !req.Bounded {
+	n, why := v.part(src)
+	if why != "" {
 		return "", false
 	}
-	return strconv.FormatInt(req.Bound, 10), true
+	return strconv.FormatInt(n, 10), true
+}
+
+// part is the bound src names (an API and a part of its tokens), or why
+// the request has none.
+func (v *reqValues) part(src rules.Source) (int64, string) {
+	api, part, _ := llm.ParseName(src.Name)
+	return llmRequest(v.r, api).Part(part)
 }
 
 // Unbounded says why r has no bound under rule (engine.Bounder).
 func (v *reqValues) Unbounded(rule *rules.Rule) string {
-	return llmRequest(v.r, llm.API(rule.CostSource.Name)).Why
+	_, why := v.part(rule.CostSource)
+	return why
 }
 
 // askUsage makes an OpenAI streaming call ask for its usage
@@ -87,8 +95,10 @@ func askUsage(r *http.Request, out *engine.Outcome) {
 	}
 	openai := false
 	for i := range out.Applied {
-		if cf := out.Applied[i].Rule.CostFrom; cf != nil && cf.API == string(llm.OpenAI) {
-			openai = true
+		if cf := out.Applied[i].Rule.CostFrom; cf != nil {
+			if api, _, _ := llm.ParseName(cf.API); api == llm.OpenAI {
+				openai = true
+			}
 		}
 	}
 	if !openai {

@@ -73,7 +73,8 @@ func (w *settleWriter) response() engine.Response {
 	}
 	return engine.Response{Status: w.status, Value: func(src rules.ResponseSource) (string, bool) {
 		if src.API != "" {
-			n, ok := w.scan.Tokens(llm.API(src.API))
+			api, part, _ := llm.ParseName(src.API)
+			n, ok := w.scan.Tokens(api, part)
 			return strconv.FormatInt(n, 10), ok
 		}
 		if !src.Trailer {

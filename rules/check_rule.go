@@ -143,12 +143,12 @@ func (c *checker) limitKeys(p string, v any) []Source {
 		if !ok {
 			continue
 		}
-		inner, hashed := strings.CutPrefix(s, "hash:")
-		src, err := ParseSource(inner)
+		src, err := parseKeySource(s)
 		if err != nil {
 			c.add(ip, "%v", err)
 			continue
 		}
+		hashed := src.Hashed
 		if src.Kind == KindAPIKey && !hashed {
 			c.add(ip, "an API key is never kept in clear: write hash:api_key")
 			continue
@@ -156,7 +156,6 @@ func (c *checker) limitKeys(p string, v any) []Source {
 		if hashed {
 			switch src.Kind {
 			case KindHeader, KindQuery, KindCookie, KindJWT, KindAPIKey:
-				src.Hashed = true
 				if c.keyUser == "" {
 					c.keyUser = ip
 				}
@@ -392,12 +391,12 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 			src, err := ParseSource(s)
 			switch {
 			case s == "fixed":
-			case s == "openai" || s == "anthropic":
+			case isLLMName(s):
 				r.CostSource = Source{Kind: KindBound, Name: s}
 			case err == nil && (src.Kind == KindHeader || src.Kind == KindQuery):
 				r.CostSource = src
 			default:
-				c.add(fp, "must be \"fixed\", \"header:<name>\", \"query:<name>\", \"openai\" or \"anthropic\", not %q", s)
+				c.add(fp, "must be \"fixed\", \"header:<name>\", \"query:<name>\", \"openai\" or \"anthropic\" (with :input or :output for a part), not %q", s)
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/llm"
 )
 
 // Rules that know the response: cost_from_response (the cost is settled
@@ -43,7 +44,7 @@ func (s ResponseSource) String() string {
 
 // ParseResponseSource reads a cost_from_response value.
 func ParseResponseSource(s string) (ResponseSource, bool) {
-	if s == "openai" || s == "anthropic" {
+	if _, _, ok := llm.ParseName(s); ok {
 		return ResponseSource{API: s}, true
 	}
 	kind, name, ok := strings.Cut(s, ":")
@@ -82,7 +83,7 @@ func (c *checker) costFromResponse(p string, v any) *ResponseSource {
 	}
 	src, ok := ParseResponseSource(s)
 	if !ok {
-		c.add(p, "%q is not a response source (header:<name>, trailer:<name>, openai or anthropic)", s)
+		c.add(p, "%q is not a response source (header:<name>, trailer:<name>, openai or anthropic, with :input or :output for a part)", s)
 		return nil
 	}
 	return &src
@@ -131,7 +132,7 @@ func (c *checker) settleRule(p string, r *Rule) {
 		api := r.CostSource.Name
 		switch {
 		case r.CostSource.Kind != KindBound:
-			c.add(p+".budget", "a strict budget takes the most a call can cost: set algorithm_config.cost_source to openai or anthropic")
+			c.add(p+".budget", "a strict budget takes the most a call can cost: set algorithm_config.cost_source to openai or anthropic (or a part of one, openai:output)")
 		case r.CostFrom == nil || r.CostFrom.API != api:
 			c.add(p+".budget", "a strict budget refunds what the response reports: set cost_from_response to %s", api)
 		}

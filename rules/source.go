@@ -8,6 +8,7 @@ import (
 	"net/textproto"
 	"strings"
 
+	"github.com/driplimit/drip/internal/llm"
 	"github.com/driplimit/drip/store"
 )
 
@@ -192,12 +193,18 @@ func (r *Rule) KeySources() []Source {
 // KeyFrom builds the rule's bucket key from values named by source, as
 // written in a rules file ({"header:x-api-key": "k1"}); header names are
 // case-insensitive. Every limit key needs a non-empty value.
+//
+// A hashed limit key ("hash:api_key") takes the value in clear and keys
+// by its hash, as requests are keyed.
 func (r *Rule) KeyFrom(values map[string]string) (string, error) {
 	byName := make(map[Source]string, len(values))
 	for k, v := range values {
-		s, err := ParseSource(k)
+		s, err := parseKeySource(k)
 		if err != nil {
 			return "", err
+		}
+		if s.Hashed {
+			v = r.HashValue(v)
 		}
 		byName[s] = v
 	}
@@ -271,17 +278,35 @@ func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool
 			return nil, false
 		}
 		if s.Hashed {
-			v = r.hash(v)
+			v = r.HashValue(v)
 		}
 		values = append(values, v)
 	}
 	return values, true
 }
 
-// hash is a hashed limit key's value: "~" and the first 128 bits of its
-// HMAC-SHA-256 under the file's key secret, in hex.
-func (r *Rule) hash(v string) string {
+// parseKeySource reads a limit key as written in a rules file: a source,
+// or "hash:" and a source.
+func parseKeySource(s string) (Source, error) {
+	inner, hashed := strings.CutPrefix(s, "hash:")
+	src, err := ParseSource(inner)
+	src.Hashed = hashed && err == nil
+	return src, err
+}
+
+// HashValue is the value a hashed limit key keys by, for the value v in
+// clear: "~" and the first 128 bits of its HMAC-SHA-256 under the file's
+// key secret, in hex. Values of a hashed limit key given by hand (the
+// decision and admin APIs) are keyed by it, as requests' are.
+func (r *Rule) HashValue(v string) string {
 	m := hmac.New(sha256.New, r.keySecret)
 	m.Write([]byte(v))
 	return "~" + hex.EncodeToString(m.Sum(nil)[:16])
+}
+
+// isLLMName reports whether s names a model server's API, or a part of
+// its tokens ("openai", "anthropic:output").
+func isLLMName(s string) bool {
+	_, _, ok := llm.ParseName(s)
+	return ok
 }

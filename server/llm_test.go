@@ -369,3 +369,87 @@ func TestLLMAnswersAsTheAPIs(t *testing.T) {
 		t.Errorf("anthropic unbounded: %d %s", res.StatusCode, body)
 	}
 }
+
+// TestLLMInputAndOutputApart: an input and an output budget on the same
+// calls, each counting its part: the output's strict budget takes
+// max_tokens times n before the call and keeps what the usage reports;
+// the input's takes the body's bytes; a call with no max_tokens is
+// refused by the output budget alone.
+func TestLLMInputAndOutputApart(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file, `key_secret_env: DRIP_KEY_SECRET
+rules:
+  - name: input
+    limit_keys: ["hash:api_key"]
+    cost_from_response: openai:input
+    algorithm_config: {rate: 1000, period: 1h, cost_source: openai:input}
+  - name: output
+    limit_keys: ["hash:api_key"]
+    budget: strict
+    cost_from_response: openai:output
+    algorithm: fixed_window
+    algorithm_config: {rate: 500, period: day, cost_source: openai:output}
+`)
+	e := newLLMEnv(t, memstore.New(), file)
+	res := e.call(t, context.Background(), "/v1/chat/completions", "sk-io", `{"max_tokens":100,"n":2}`, "X-Test-Prompt-Tokens", "7")
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("%d", res.StatusCode)
+	}
+	e.waitEvent(t, "output", "refunded", 1)
+	e.waitEvent(t, "input", "refunded", 1)
+	if in, out := e.left(t, "input", "sk-io"), e.left(t, "output", "sk-io"); in != 1000-7 || out != 500-20 {
+		t.Errorf("input %v, output %v left; want 993 and 480", in, out)
+	}
+	// 480 output tokens left: 300 * 2 choices cannot be reserved.
+	res = e.call(t, context.Background(), "/v1/chat/completions", "sk-io", `{"max_tokens":300,"n":2}`)
+	res.Body.Close()
+	if res.StatusCode != 429 {
+		t.Errorf("600 output tokens with 480 left: %d", res.StatusCode)
+	}
+	res = e.call(t, context.Background(), "/v1/chat/completions", "sk-io", `{"messages":[]}`)
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 400 || !strings.Contains(string(b), `\"output\" is a strict budget`) {
+		t.Errorf("no max_tokens: %d %s", res.StatusCode, b)
+	}
+}
+
+// TestLLMHashedKeyByRule: the decision API, asked by rule with the API
+// key in clear, takes from the bucket a request with that key uses,
+// keyed by its hash.
+func TestLLMHashedKeyByRule(t *testing.T) {
+	t.Setenv("DRIP_KEY_SECRET", llmSecret)
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file, `key_secret_env: DRIP_KEY_SECRET
+rules:
+  - name: requests
+    limit_keys: ["hash:api_key"]
+    algorithm_config: {rate: 10, period: 24h}
+`)
+	set, err := rules.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := memstore.New()
+	t.Cleanup(func() { st.Close() })
+	srv := start(t, Config{Rules: file, WatchEvery: -1}, st)
+	for range 3 {
+		if code, body := call(t, "POST", srv.base+"/v1/take", `{"rule": "requests", "values": ["sk-by-hand"]}`); code != 200 {
+			t.Fatalf("%d %s", code, body)
+		}
+	}
+	if code, body := call(t, "POST", srv.base+"/v1/take", `{"rule": "requests", "values": {"hash:api_key": "sk-by-hand"}}`); code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	r, _ := set.Rule("requests")
+	vals, _ := r.Values(func(rules.Source) (string, bool) { return "sk-by-hand", true })
+	m, err := drip.Apply(context.Background(), st, bucket.Peek, time.Time{}, drip.Request{Key: r.Key(vals), Limit: r.Limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Decisions[0].Tokens; got > 6.01 || got < 6 { // 0.01: 86 s of refill
+		t.Errorf("the hashed key's bucket holds %v after 4 takes by hand, want 6", got)
+	}
+}

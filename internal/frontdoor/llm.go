@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/driplimit/drip/engine"
@@ -34,13 +35,15 @@ func API(out *engine.Outcome) string {
 }
 
 func ruleAPI(r *rules.Rule) string {
+	name := ""
 	switch {
 	case r.CostFrom != nil && r.CostFrom.API != "":
-		return r.CostFrom.API
+		name = r.CostFrom.API
 	case r.CostSource.Kind == rules.KindBound:
-		return r.CostSource.Name
+		name = r.CostSource.Name
 	}
-	return ""
+	api, _, _ := strings.Cut(name, ":") // openai:input is OpenAI's
+	return api
 }
 
 // WriteAPIHeaders sets the rate limit headers of out's API (API), of

@@ -78,7 +78,7 @@ func TestScannerReadsUsage(t *testing.T) {
 				if s.Usage() != c.want {
 					t.Fatalf("seed %d: %+v, want %+v", seed, s.Usage(), c.want)
 				}
-				if n, ok := s.Tokens(c.api); !ok || n != c.tokens {
+				if n, ok := s.Tokens(c.api, Total); !ok || n != c.tokens {
 					t.Fatalf("tokens %d %v, want %d", n, ok, c.tokens)
 				}
 			}
@@ -97,7 +97,7 @@ func TestScannerReportsNothing(t *testing.T) {
 	} {
 		s := NewScanner(c.ctype, c.encoding)
 		s.Write([]byte(c.body))
-		if _, ok := s.Tokens(OpenAI); ok {
+		if _, ok := s.Tokens(OpenAI, Total); ok {
 			t.Errorf("%s: reported %+v", c.name, s.Usage())
 		}
 	}
@@ -105,7 +105,7 @@ func TestScannerReportsNothing(t *testing.T) {
 	// output: its usage is not known.
 	s := NewScanner("text/event-stream", "")
 	s.Write([]byte(anthropicSSE[:strings.Index(anthropicSSE, "event: message_delta")]))
-	if n, ok := s.Tokens(Anthropic); ok || s.Usage().Input != 25 {
+	if n, ok := s.Tokens(Anthropic, Total); ok || s.Usage().Input != 25 {
 		t.Errorf("cut after message_start: %d %v (%+v)", n, ok, s.Usage())
 	}
 }
@@ -125,7 +125,7 @@ func TestScannerBounded(t *testing.T) {
 		t.Errorf("%v allocations a chunk", allocs)
 	}
 	s.Write([]byte(chatSSE))
-	if n, _ := s.Tokens(OpenAI); n != 11 {
+	if n, _ := s.Tokens(OpenAI, Total); n != 11 {
 		t.Errorf("after 1000 chunks: %d tokens", n)
 	}
 }
@@ -206,5 +206,47 @@ func TestAskUsage(t *testing.T) {
 	}
 	if r := ReadRequest(OpenAI, "/v1/chat/completions", []byte(`{"stream":true,"stream_options":null,"max_tokens":1}`)); !r.StreamOptions {
 		t.Errorf("a null stream_options: %+v", r)
+	}
+}
+
+// TestParts: input and output counted apart, from the usage and from
+// the request; a part's bound stands without the other's.
+func TestParts(t *testing.T) {
+	u := Usage{25, 15, -1, -1, -1, 100, 50}
+	for _, c := range []struct {
+		api  API
+		part Part
+		want int64
+	}{{Anthropic, Input, 175}, {Anthropic, Output, 15}, {Anthropic, Total, 190}, {OpenAI, Input, 25}, {OpenAI, Output, 15}} {
+		if n, ok := u.Part(c.api, c.part); !ok || n != c.want {
+			t.Errorf("%s %q: %d %v, want %d", c.api, c.part, n, ok, c.want)
+		}
+	}
+	body := `{"messages":[],"max_tokens":10,"n":3}`
+	r := ReadRequest(OpenAI, "/v1/chat/completions", []byte(body))
+	if n, why := r.Part(Input); n != int64(len(body)) || why != "" {
+		t.Errorf("input: %d %q", n, why)
+	}
+	if n, why := r.Part(Output); n != 30 || why != "" {
+		t.Errorf("output: %d %q", n, why)
+	}
+	r = ReadRequest(OpenAI, "/v1/chat/completions", []byte(`{"messages":[]}`))
+	if n, why := r.Part(Input); n != 15 || why != "" {
+		t.Errorf("input without a maximum: %d %q", n, why)
+	}
+	if n, why := r.Part(Output); n != -1 || why == "" {
+		t.Errorf("output without a maximum: %d %q", n, why)
+	}
+	r = ReadRequest(OpenAI, "/v1/responses", []byte(`{"max_output_tokens":7,"previous_response_id":"r"}`))
+	if n, why := r.Part(Output); n != 7 || why != "" {
+		t.Errorf("output of a stored conversation: %d %q", n, why)
+	}
+	if n, why := r.Part(Input); n != -1 || why == "" {
+		t.Errorf("input of a stored conversation: %d %q", n, why)
+	}
+	for in, ok := range map[string]bool{"openai": true, "anthropic:input": true, "openai:output": true, "openai:": false, "openai:total": false, "gemini": false, "": false} {
+		if _, _, got := ParseName(in); got != ok {
+			t.Errorf("ParseName(%q): %v", in, got)
+		}
 	}
 }

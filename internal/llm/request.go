@@ -15,6 +15,11 @@ type Request struct {
 	Bounded bool
 	// Why says why the call has no bound, when it has none.
 	Why string
+	// Input and Output are the bounds of each part (Bound is their sum):
+	// the body's length, and its output maximum times its choices; -1
+	// when the part has none (InputWhy, OutputWhy say why).
+	Input, Output       int64
+	InputWhy, OutputWhy string
 	// Stream: the body asks for a stream ("stream": true).
 	Stream bool
 	// StreamOptions: the body has a top-level "stream_options".
@@ -33,7 +38,7 @@ type Request struct {
 func ReadRequest(api API, path string, body []byte) Request {
 	r := Request{}
 	var out, choices int64 = -1, 1
-	why := ""
+	why, stored := "", "" // why the output, the input has no bound
 	var t tokenizer
 	t.scalar = func(t *tokenizer, kind uint8, v []byte, cut bool) {
 		if t.depth != 1 {
@@ -62,7 +67,7 @@ func ReadRequest(api API, path string, body []byte) Request {
 			r.StreamOptions = true
 		case api == OpenAI && (is(k, "previous_response_id") || is(k, "conversation")):
 			if kind != kLiteral || string(v) != "null" {
-				why = "it builds on input the server keeps (" + string(k) + ")"
+				stored = "it builds on input the server keeps (" + string(k) + ")"
 			}
 		}
 	}
@@ -75,31 +80,61 @@ func ReadRequest(api API, path string, body []byte) Request {
 		case is(k, "stream_options"):
 			r.StreamOptions = true
 		case api == OpenAI && is(k, "conversation"):
-			why = "it builds on input the server keeps (conversation)"
+			stored = "it builds on input the server keeps (conversation)"
 		case is(k, "max_tokens") || (api == OpenAI && (is(k, "max_completion_tokens") || is(k, "max_output_tokens") || is(k, "n") || is(k, "best_of"))):
 			why = "its " + string(k) + " is not a number"
 		}
 	}
 	t.write(body)
 	t.end()
+	r.Input, r.Output = int64(len(body)), mulSat(max(out, 0), choices)
 	switch {
 	case t.state != sDone || firstByte(body) != '{':
-		r.Why = "its body is not a JSON object"
+		r.InputWhy = "its body is not a JSON object"
+		r.OutputWhy = r.InputWhy
+	case stored != "":
+		r.InputWhy = stored
+	}
+	switch {
+	case r.OutputWhy != "":
 	case why != "":
-		r.Why = why
+		r.OutputWhy = why
 	case out < 0 && !(api == OpenAI && strings.HasSuffix(path, "/embeddings")):
 		if api == Anthropic {
-			r.Why = "it sets no max_tokens"
+			r.OutputWhy = "it sets no max_tokens"
 		} else {
-			r.Why = "it sets no max_completion_tokens, max_tokens or max_output_tokens"
-		}
-	default:
-		r.Bound, r.Bounded = int64(len(body)), true
-		if out > 0 {
-			r.Bound = min(r.Bound+mulSat(out, choices), MaxCount)
+			r.OutputWhy = "it sets no max_completion_tokens, max_tokens or max_output_tokens"
 		}
 	}
+	if r.InputWhy != "" {
+		r.Input = -1
+	}
+	if r.OutputWhy != "" {
+		r.Output = -1
+	}
+	switch {
+	case r.InputWhy != "":
+		r.Why = r.InputWhy
+	case r.OutputWhy != "":
+		r.Why = r.OutputWhy
+	default:
+		r.Bound, r.Bounded = min(r.Input+r.Output, MaxCount), true
+	}
 	return r
+}
+
+// Part is the bound of part, ok false with why when it has none.
+func (r Request) Part(part Part) (n int64, why string) {
+	switch part {
+	case Input:
+		return r.Input, r.InputWhy
+	case Output:
+		return r.Output, r.OutputWhy
+	}
+	if !r.Bounded {
+		return -1, r.Why
+	}
+	return r.Bound, ""
 }
 
 func mulSat(a, b int64) int64 {

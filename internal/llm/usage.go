@@ -19,13 +19,30 @@ const (
 	Anthropic API = "anthropic"
 )
 
-// ParseAPI reads an API's name.
-func ParseAPI(s string) (API, bool) {
-	switch API(s) {
+// Part is which of a call's tokens a rule counts.
+type Part string
+
+const (
+	Total  Part = ""       // every token (the input and the output)
+	Input  Part = "input"  // the input (prompt) tokens
+	Output Part = "output" // the generated tokens
+)
+
+// ParseName reads the name of a rule's usage or bound: an API ("openai",
+// "anthropic"), for every token, or an API and a part ("openai:input",
+// "anthropic:output").
+func ParseName(s string) (API, Part, bool) {
+	a, p, _ := strings.Cut(s, ":")
+	switch API(a) {
 	case OpenAI, Anthropic:
-		return API(s), true
+	default:
+		return "", "", false
 	}
-	return "", false
+	switch Part(p) {
+	case Total, Input, Output:
+		return API(a), Part(p), p != "" || !strings.Contains(s, ":")
+	}
+	return "", "", false
 }
 
 // Usage is what a response reported of its tokens; each field is -1
@@ -77,6 +94,22 @@ func (u Usage) Tokens(api API) (int64, bool) {
 		}
 	}
 	return n, ok
+}
+
+// Part is the call's tokens of part as api counts them: Tokens for
+// Total; the input tokens (for Anthropic, with those written to and read
+// from its cache); the output tokens.
+func (u Usage) Part(api API, part Part) (int64, bool) {
+	switch part {
+	case Input:
+		if api == Anthropic {
+			return Usage{Input: u.Input, CacheWrite: u.CacheWrite, CacheRead: u.CacheRead, Output: -1, Total: -1}.Tokens(api)
+		}
+		return u.Input, u.Input >= 0
+	case Output:
+		return u.Output, u.Output >= 0
+	}
+	return u.Tokens(api)
 }
 
 // String is the usage's fields as key=value pairs, those reported only.
@@ -172,11 +205,11 @@ func (s *Scanner) Usage() Usage {
 // Responses API's "response". Anthropic's message_start reports the
 // input and a placeholder of the output: a stream cut after it has not
 // reported its usage.
-func (s *Scanner) Tokens(api API) (int64, bool) {
+func (s *Scanner) Tokens(api API, part Part) (int64, bool) {
 	if s == nil || !s.final {
 		return 0, false
 	}
-	return s.usage.Tokens(api)
+	return s.usage.Part(api, part)
 }
 
 // Write reads p, a part of the body; it never fails.
