@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
+
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	llm "github.com/driplimit/drip/examples/llm/upstream"
@@ -451,5 +453,85 @@ rules:
 	}
 	if got := m.Decisions[0].Tokens; got > 6.01 || got < 6 { // 0.01: 86 s of refill
 		t.Errorf("the hashed key's bucket holds %v after 4 takes by hand, want 6", got)
+	}
+}
+
+// TestLLMNestedBudgets: an organisation's, a team's, an API key's and
+// an end user's strict budgets on each call, the user and team read from
+// the verified token that is the API key: a call one budget denies
+// spends nothing in any of them; another user of the team still passes.
+func TestLLMNestedBudgets(t *testing.T) {
+	t.Setenv("DRIP_JWT_SECRET", llmSecret)
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	budget := func(name, keys string, rate int) string {
+		return fmt.Sprintf(`  - name: %s
+    limit_keys: %s
+    budget: strict
+    cost_from_response: openai
+    algorithm: fixed_window
+    algorithm_config: {rate: %d, period: day, cost_source: openai}
+`, name, keys, rate)
+	}
+	writeFile(t, file, "key_secret_env: DRIP_KEY_SECRET\njwt: {hmac_secret_env: DRIP_JWT_SECRET}\nrules:\n"+
+		budget("org", `["jwt:org"]`, 10000)+budget("team", `["jwt:org", "jwt:team"]`, 5000)+
+		budget("key", `["hash:api_key"]`, 4000)+budget("user", `["jwt:org", "jwt:sub"]`, 300))
+	e := newLLMEnv(t, memstore.New(), file)
+	token := func(sub string) string {
+		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"org": "acme", "team": "ml", "sub": sub,
+			"exp": time.Now().Add(time.Hour).Unix()}).SignedString([]byte(llmSecret))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	alice, bob := token("alice"), token("bob")
+	post := func(key, body string) int {
+		res := e.call(t, context.Background(), "/v1/chat/completions", key, body)
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	left := func(who string) [4]float64 {
+		t.Helper()
+		var out [4]float64
+		for i, name := range []string{"org", "team", "key", "user"} {
+			r, _ := e.set.Rule(name)
+			vals, _ := r.Values(func(s rules.Source) (string, bool) {
+				switch s.Name {
+				case "org":
+					return "acme", true
+				case "team":
+					return "ml", true
+				case "sub":
+					return map[string]string{alice: "alice", bob: "bob"}[who], true
+				}
+				return who, true // api_key
+			})
+			m, err := drip.Apply(context.Background(), e.st, bucket.Peek, time.Time{}, drip.Request{Key: r.Key(vals), Limit: r.Limit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[i] = m.Decisions[0].Tokens
+		}
+		return out
+	}
+	if code := post(alice, `{"max_tokens":150}`); code != 200 {
+		t.Fatalf("alice: %d", code)
+	}
+	e.waitEvent(t, "user", "refunded", 1)
+	want := [4]float64{10000 - 30, 5000 - 30, 4000 - 30, 300 - 30}
+	if got := left(alice); got != want {
+		t.Fatalf("after 30 tokens: %v, want %v", got, want)
+	}
+	// Alice's 270 cannot hold a bound of 300 tokens: denied, and none of
+	// the four budgets moves.
+	if code := post(alice, `{"max_tokens":280}`); code != 429 {
+		t.Fatalf("alice over her budget: %d", code)
+	}
+	if got := left(alice); got != want {
+		t.Errorf("after a denied call: %v, want %v", got, want)
+	}
+	if code := post(bob, `{"max_tokens":280}`); code != 200 {
+		t.Errorf("bob: %d", code)
 	}
 }
