@@ -24,6 +24,10 @@ const (
 	// Settled: the response cost what was taken, or its status did not
 	// count: nothing changed.
 	Settled Event = "settled"
+	// Spent, to a TokenObserver only: what a cost_from_response rule's
+	// request cost in the end, as its bucket counts it (the estimate,
+	// less what was refunded, plus what was charged).
+	Spent Event = "spent"
 	// Unreported: the response said nothing of its cost (no usage in its
 	// body, no header or trailer: a stream cut short, a server that does
 	// not report it): the estimate taken stands.
@@ -153,6 +157,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 			case a.Rule.CostFrom.API != "" && resp.Status >= 400:
 				delta = a.Rule.MinCost - a.Cost
 			default:
+				e.spent(a, a.Cost) // before the event, which tests wait for
 				e.obs.Decision(a.Rule.Name, a.Rule.Mode, Unreported)
 				e.log.Info("drip: the response reported no cost; the estimate taken stands",
 					"rule", a.Rule.Name, "status", resp.Status, "cost_from_response", a.Rule.CostFrom.String(), "estimate", a.Cost)
@@ -174,6 +179,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 			refunds = append(refunds, drip.Request{Key: a.Key, Limit: a.Limit, Cost: -delta})
 			refunded = append(refunded, a)
 		default:
+			e.spent(a, a.Cost)
 			e.obs.Decision(a.Rule.Name, a.Rule.Mode, Settled)
 		}
 	}
@@ -183,10 +189,15 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 		if err == nil {
 			to, _ := e.obs.(TokenObserver)
 			for i, a := range refunded {
+				e.spent(a, a.Cost-refunds[i].Cost)
 				e.obs.Decision(a.Rule.Name, a.Rule.Mode, Refunded)
 				if to != nil && refunds[i].Cost > 0 {
 					to.Tokens(a.Rule.Name, Refunded, refunds[i].Cost)
 				}
+			}
+		} else {
+			for _, a := range refunded {
+				e.spent(a, a.Cost) // the estimate stands
 			}
 		}
 		errs = append(errs, err)
@@ -215,12 +226,27 @@ func reported(resp Response, src *rules.ResponseSource) (float64, bool) {
 func (out *Outcome) charge(ctx context.Context, reqs []drip.Request, asked []float64, as []*Applied) error {
 	_, charged, err := out.eng.chargeReqs(ctx, out.rs.timeout, out.rs.breaker, reqs)
 	if err != nil {
+		for _, a := range as {
+			out.eng.spent(a, a.Cost) // the estimate stands
+		}
 		return err
 	}
 	for i, a := range as {
+		out.eng.spent(a, a.Cost+charged[i])
 		out.eng.charged(a.Rule.Name, a.Rule.Mode, charged[i], asked[i])
 	}
 	return nil
+}
+
+// spent tells a TokenObserver what a cost_from_response rule's request
+// cost in the end (Spent).
+func (e *Engine) spent(a *Applied, tokens float64) {
+	if a.Rule.CostFrom == nil || tokens <= 0 {
+		return
+	}
+	if to, ok := e.obs.(TokenObserver); ok {
+		to.Tokens(a.Rule.Name, Spent, tokens)
+	}
 }
 
 // charged reports a charge of asked tokens of which charged were taken:

@@ -298,6 +298,10 @@ rules:
 	if spent > 20000 || left < 0 {
 		t.Errorf("the strict day was exceeded: the upstream spent %d tokens of 20,000 (%v left)", spent, left)
 	}
+	// The spend the metrics show is what the day's bucket counts.
+	if got := scrape(t, e.srv.admin)[`drip_spent_tokens_total{rule=day}`]; got != 20000-left {
+		t.Errorf("drip_spent_tokens_total of the day: %v, want %v", got, 20000-left)
+	}
 	if status[429] == 0 || status[200] == 0 {
 		t.Errorf("statuses %v: the budget was never reached", status)
 	}
