@@ -250,3 +250,30 @@ func TestParts(t *testing.T) {
 		}
 	}
 }
+
+// FuzzScanner: whatever the body, a scanner never panics, and reads the
+// same usage whether the body comes whole or in two pieces split
+// anywhere; ReadRequest never panics either.
+func FuzzScanner(f *testing.F) {
+	for _, b := range []string{chatJSON, chatSSE, responsesSSE, anthropicSSE, anthropicJSON, embeddingsJSON} {
+		f.Add([]byte(b), uint16(len(b)/2), true)
+		f.Add([]byte(b), uint16(len(b)/3), false)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, cut uint16, sse bool) {
+		ctype := "application/json"
+		if sse {
+			ctype = "text/event-stream"
+		}
+		whole := NewScanner(ctype, "")
+		whole.Write(body)
+		parts := NewScanner(ctype, "")
+		i := min(int(cut), len(body))
+		parts.Write(body[:i])
+		parts.Write(body[i:])
+		if whole.Usage() != parts.Usage() || whole.final != parts.final {
+			t.Fatalf("split at %d: %+v, whole %+v", i, parts.Usage(), whole.Usage())
+		}
+		ReadRequest(OpenAI, "/v1/chat/completions", body)
+		ReadRequest(Anthropic, "/v1/messages", body)
+	})
+}
