@@ -19,6 +19,7 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
@@ -217,6 +218,40 @@ func TestOpenAISDK(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOpenAIResponsesSDK: openai-go's Responses API through the
+// gateway, not streamed and streamed (the usage in response.completed).
+func TestOpenAIResponsesSDK(t *testing.T) {
+	g := start(t, memstore.New())
+	const key = "sk-responses-sdk"
+	c := openai.NewClient(option.WithBaseURL(g.base+"/v1/"), option.WithAPIKey(key), option.WithHTTPClient(g.client()))
+	ctx := context.Background()
+	params := responses.ResponseNewParams{Model: "m", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")},
+		MaxOutputTokens: openai.Int(50)}
+	res, err := c.Responses.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Usage.TotalTokens != 30 || res.OutputText() == "" {
+		t.Fatalf("%+v", res.Usage)
+	}
+	g.waitLeft(t, "openai-day", key, day-30)
+
+	stream := c.Responses.NewStreaming(ctx, params, option.WithHeader("X-Test-Completion-Tokens", "4"))
+	var total int64
+	for stream.Next() {
+		if ev := stream.Current(); ev.Type == "response.completed" {
+			total = ev.Response.Usage.TotalTokens
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if total != 14 {
+		t.Fatalf("streamed: %d tokens", total)
+	}
+	g.waitLeft(t, "openai-day", key, day-30-14)
 }
 
 // TestAnthropicSDK: anthropic-sdk-go through the gateway, not streamed

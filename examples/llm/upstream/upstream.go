@@ -46,6 +46,7 @@ func New() *Server {
 	s := &Server{mux: http.NewServeMux()}
 	s.mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	s.mux.HandleFunc("POST /v1/messages", s.messages)
+	s.mux.HandleFunc("POST /v1/responses", s.responses)
 	return s
 }
 
@@ -65,6 +66,7 @@ type call struct {
 	Stream        bool   `json:"stream"`
 	MaxTokens     *int   `json:"max_tokens"`
 	MaxCompletion *int   `json:"max_completion_tokens"`
+	MaxOutput     *int   `json:"max_output_tokens"`
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -83,7 +85,7 @@ func read(w http.ResponseWriter, r *http.Request, errorBody func(status int, typ
 	c.completion = number(r.Header.Get("X-Test-Completion-Tokens"), 20)
 	c.cut = number(r.Header.Get("X-Test-Cut"), -1)
 	c.hold = number(r.Header.Get("X-Test-Hold"), -1)
-	for _, m := range []*int{c.MaxTokens, c.MaxCompletion} {
+	for _, m := range []*int{c.MaxTokens, c.MaxCompletion, c.MaxOutput} {
 		if m != nil && *m >= 0 {
 			c.completion = min(c.completion, *m)
 		}
@@ -142,6 +144,51 @@ func (srv *Server) chat(w http.ResponseWriter, r *http.Request) {
 		s.event("", chunk([]any{}, openAIUsage(c.prompt, n)))
 	}
 	s.event("", []byte("[DONE]"))
+}
+
+// responses answers OpenAI's Responses API.
+func (srv *Server) responses(w http.ResponseWriter, r *http.Request) {
+	c, ok := read(w, r, openAIError)
+	if !ok {
+		return
+	}
+	srv.spent.Add(int64(c.prompt))
+	response := func(status string, n int, usage any) map[string]any {
+		output := []any{}
+		if status == "completed" {
+			output = []any{map[string]any{"type": "message", "id": "msg_standin", "status": "completed", "role": "assistant",
+				"content": []any{map[string]any{"type": "output_text", "text": strings.Repeat("tok ", n), "annotations": []any{}}}}}
+		}
+		return map[string]any{"id": "resp_standin", "object": "response", "created_at": time.Now().Unix(), "status": status,
+			"model": c.Model, "output": output, "usage": usage}
+	}
+	usage := func(n int) map[string]any {
+		return map[string]any{"input_tokens": c.prompt, "input_tokens_details": map[string]int{"cached_tokens": 0},
+			"output_tokens": n, "output_tokens_details": map[string]int{"reasoning_tokens": 0}, "total_tokens": c.prompt + n}
+	}
+	if !c.Stream {
+		srv.spent.Add(int64(c.completion))
+		writeJSON(w, 200, marshal(response("completed", c.completion, usage(c.completion))))
+		return
+	}
+	s := newStream(w, r, &srv.spent)
+	seq := 0
+	event := func(typ string, m map[string]any) {
+		m["type"], m["sequence_number"] = typ, seq
+		seq++
+		s.event(typ, marshal(m))
+	}
+	event("response.created", map[string]any{"response": response("in_progress", 0, nil)})
+	n := s.tokens(c, "response.output_text.delta", func() []byte {
+		m := map[string]any{"type": "response.output_text.delta", "item_id": "msg_standin", "output_index": 0,
+			"content_index": 0, "delta": "tok ", "sequence_number": seq}
+		seq++
+		return marshal(m)
+	})
+	if n < 0 {
+		return
+	}
+	event("response.completed", map[string]any{"response": response("completed", n, usage(n))})
 }
 
 func openAIUsage(prompt, completion int) map[string]any {
