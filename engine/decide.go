@@ -32,6 +32,10 @@ const (
 	ReasonConcurrency      = "concurrency_exceeded"
 	ReasonCostExceedsBurst = "cost_exceeds_burst"
 	ReasonStoreUnavailable = "store_unavailable"
+	// ReasonUnbounded: a strict budget's request does not say the most
+	// it can cost (a model server's call without an output maximum): it
+	// is refused, and nothing is taken.
+	ReasonUnbounded = "unbounded_request"
 )
 
 // Decide decides one request under rs: for each rule in file order whose
@@ -64,7 +68,18 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if rule.Group != "" {
 			groups = append(groups, rule.Group)
 		}
-		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: cost(r, rule), Limit: rule.Limit, Check: len(rule.CountStatus) > 0,
+		c, bounded := cost(r, rule)
+		if !bounded && rule.Budget == rules.Strict && rule.Mode != rules.Shadow {
+			why := "it does not say the most it can cost"
+			if b, ok := r.(Bounder); ok {
+				why = b.Unbounded(rule)
+			}
+			out = Refuse(ReasonUnbounded, "rule \""+rule.Name+"\" is a strict budget and this request cannot be bounded: "+why)
+			out.Top = &Applied{Rule: rule} // the rule that refused it, not decided
+			e.endDecide(sp, out)
+			return out
+		}
+		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit, Check: len(rule.CountStatus) > 0,
 			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue}, plan: &rs.plans[i]}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.plan = l, compile(rule.Name, l)
@@ -109,26 +124,39 @@ type Coster interface {
 	Cost(rule *rules.Rule) (cost float64, ok bool)
 }
 
-// cost is the request's cost under rule.
-func cost(r Values, rule *rules.Rule) float64 {
+// Bounder is Values that says why a request has no bound (a cost source
+// of kind rules.KindBound that it could not read), for the refusal of a
+// strict budget.
+type Bounder interface {
+	Unbounded(rule *rules.Rule) string
+}
+
+// cost is the request's cost under rule, at least its MinCost; read
+// false when its source had no cost to read and DefaultCost stood in.
+func cost(r Values, rule *rules.Rule) (c float64, read bool) {
+	c, read = rawCost(r, rule)
+	return max(c, rule.MinCost), read
+}
+
+func rawCost(r Values, rule *rules.Rule) (float64, bool) {
 	switch rule.CostSource.Kind {
 	case rules.KindFixed:
-		return rule.FixedCost
+		return rule.FixedCost, true
 	case rules.KindFunc:
 		if c, ok := r.(Coster); ok {
 			// NaN fails both comparisons.
 			if x, ok := c.Cost(rule); ok && x >= 0 && x <= maxCost {
-				return x
+				return x, true
 			}
 		}
-		return rule.DefaultCost
+		return rule.DefaultCost, false
 	}
 	if s, ok := r.Value(rule.CostSource); ok {
 		if c, ok := ParseCost(s); ok {
-			return c
+			return c, true
 		}
 	}
-	return rule.DefaultCost
+	return rule.DefaultCost, false
 }
 
 func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []Applied) {

@@ -21,9 +21,17 @@ const (
 	// Forgiven: a charge would have run the bucket's debt past its bound
 	// (max_reserved, else one burst): what passed it was not charged.
 	Forgiven Event = "forgiven"
-	// Settled: the response cost what was taken (or said nothing of its
-	// cost), or its status did not count: nothing changed.
+	// Settled: the response cost what was taken, or its status did not
+	// count: nothing changed.
 	Settled Event = "settled"
+	// Spent, to a TokenObserver only: what a cost_from_response rule's
+	// request cost in the end, as its bucket counts it (the estimate,
+	// less what was refunded, plus what was charged).
+	Spent Event = "spent"
+	// Unreported: the response said nothing of its cost (no usage in its
+	// body, no header or trailer: a stream cut short, a server that does
+	// not report it): the estimate taken stands.
+	Unreported Event = "unreported"
 )
 
 // Response is what a front door read of a request's response, for
@@ -57,6 +65,21 @@ func (out *Outcome) Settles() bool {
 
 func (a *Applied) settles() bool { return a.Rule.Settles() && a.Event == Allowed && !a.Local }
 
+// ReadsUsage reports whether a rule to settle reads the usage a model
+// server reports in the response's body (cost_from_response: openai or
+// anthropic): the door then reads the body as it goes by.
+func (out *Outcome) ReadsUsage() bool {
+	if !out.Settles() {
+		return false
+	}
+	for i := range out.Applied {
+		if a := &out.Applied[i]; a.settles() && a.Rule.CostFrom != nil && a.Rule.CostFrom.API != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // DebtBound is the most debt a settlement may run a bucket of limit l
 // into: its max_reserved when set, else one burst; 0 for a sliding or a
 // calendar window, which hold no debt (a charge there takes what the
@@ -89,9 +112,13 @@ func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
 // the request was served: when the response reports its actual cost,
 // the difference is taken, with a reservation (the work is done, so the
 // bucket may go into debt, at most DebtBound: what would pass it is
-// Forgiven), or given back (Refunded). A response that reports no cost
-// (or one that is not a cost, ParseUsage) leaves the estimate; a request
-// that errored (Status 0) took nothing: its estimate is refunded.
+// Forgiven), or given back (Refunded). The actual cost is never below
+// the rule's min_cost. A response that reports no cost (or one that is
+// not a cost, ParseUsage) leaves the estimate (Unreported), except an
+// answer with an error status (400 and up) from a rule that reads a
+// model server's usage, which generated nothing: it costs min_cost. A
+// request that errored (Status 0) took nothing: its estimate is
+// refunded.
 //
 // A count_status rule was only checked before the request: its cost is
 // taken now, as a charge, when Status is in its set.
@@ -122,21 +149,37 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 			}
 		case resp.Status == 0:
 			delta = -a.Cost
-		case resp.Value != nil:
-			if s, ok := resp.Value(*a.Rule.CostFrom); ok {
-				if c, ok := ParseUsage(s); ok {
-					delta = c - a.Cost
-				}
+		default:
+			c, ok := reported(resp, a.Rule.CostFrom)
+			switch {
+			case ok:
+				delta = max(c, a.Rule.MinCost) - a.Cost
+			case a.Rule.CostFrom.API != "" && resp.Status >= 400:
+				delta = a.Rule.MinCost - a.Cost
+			default:
+				e.spent(a, a.Cost) // before the event, which tests wait for
+				e.obs.Decision(a.Rule.Name, a.Rule.Mode, Unreported)
+				e.log.Info("drip: the response reported no cost; the estimate taken stands",
+					"rule", a.Rule.Name, "status", resp.Status, "cost_from_response", a.Rule.CostFrom.String(), "estimate", a.Cost)
+				continue
 			}
 		}
 		switch {
 		case delta > 0:
-			charges = append(charges, chargeReq(a.Key, a.Limit, delta))
+			req := chargeReq(a.Key, a.Limit, delta)
+			if a.Rule.Budget == rules.Strict {
+				// No debt: what the worst case taken did not cover
+				// is forgiven, so the limit is never exceeded.
+				req.Limit.MaxReserved, req.Reserve = 0, false
+				req.Cost = min(delta, Burst(a.Limit))
+			}
+			charges = append(charges, req)
 			charged, asked = append(charged, a), append(asked, delta)
 		case delta < 0:
 			refunds = append(refunds, drip.Request{Key: a.Key, Limit: a.Limit, Cost: -delta})
 			refunded = append(refunded, a)
 		default:
+			e.spent(a, a.Cost)
 			e.obs.Decision(a.Rule.Name, a.Rule.Mode, Settled)
 		}
 	}
@@ -146,10 +189,15 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 		if err == nil {
 			to, _ := e.obs.(TokenObserver)
 			for i, a := range refunded {
+				e.spent(a, a.Cost-refunds[i].Cost)
 				e.obs.Decision(a.Rule.Name, a.Rule.Mode, Refunded)
 				if to != nil && refunds[i].Cost > 0 {
 					to.Tokens(a.Rule.Name, Refunded, refunds[i].Cost)
 				}
+			}
+		} else {
+			for _, a := range refunded {
+				e.spent(a, a.Cost) // the estimate stands
 			}
 		}
 		errs = append(errs, err)
@@ -160,18 +208,45 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	return errors.Join(errs...)
 }
 
+// reported is the cost a response reports at src, if it does.
+func reported(resp Response, src *rules.ResponseSource) (float64, bool) {
+	if resp.Value == nil {
+		return 0, false
+	}
+	s, ok := resp.Value(*src)
+	if !ok {
+		return 0, false
+	}
+	return ParseUsage(s)
+}
+
 // charge takes reqs with a reservation (chargeReqs) and reports each
 // (asked: what each would have charged before the cap at the burst plus
 // the bound).
 func (out *Outcome) charge(ctx context.Context, reqs []drip.Request, asked []float64, as []*Applied) error {
 	_, charged, err := out.eng.chargeReqs(ctx, out.rs.timeout, out.rs.breaker, reqs)
 	if err != nil {
+		for _, a := range as {
+			out.eng.spent(a, a.Cost) // the estimate stands
+		}
 		return err
 	}
 	for i, a := range as {
+		out.eng.spent(a, a.Cost+charged[i])
 		out.eng.charged(a.Rule.Name, a.Rule.Mode, charged[i], asked[i])
 	}
 	return nil
+}
+
+// spent tells a TokenObserver what a cost_from_response rule's request
+// cost in the end (Spent).
+func (e *Engine) spent(a *Applied, tokens float64) {
+	if a.Rule.CostFrom == nil || tokens <= 0 {
+		return
+	}
+	if to, ok := e.obs.(TokenObserver); ok {
+		to.Tokens(a.Rule.Name, Spent, tokens)
+	}
 }
 
 // charged reports a charge of asked tokens of which charged were taken:

@@ -186,7 +186,7 @@ func (l *Limiter) Close() error { return l.fd.Engine().Close() }
 // the RateLimit headers.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		serve(w, r, next, l.decide(r.Context(), r))
+		serve(w, r, next, l.decide(r.Context(), r), l.fd)
 	})
 }
 
@@ -201,11 +201,23 @@ func (l *Limiter) Handler(next http.Handler) http.Handler {
 // run, and the panic goes on), or because the client went away and it
 // gave up. Release uses a context of its own, so a cancelled request
 // still releases.
-func serve(w http.ResponseWriter, r *http.Request, next http.Handler, out *engine.Outcome) {
+//
+// Where a rule reads a model server's API (openai, anthropic), the
+// answer also carries that API's rate limit headers, and a denial is
+// that API's error, which its SDKs read.
+func serve(w http.ResponseWriter, r *http.Request, next http.Handler, out *engine.Outcome, fd *frontdoor.Door) {
 	defer func() { _ = out.Release(r.Context()) }()
 	frontdoor.WriteHeaders(w.Header(), out)
+	api := fd != nil && fd.Snapshot().APIs && frontdoor.API(out) != ""
+	if api {
+		frontdoor.WriteAPIHeaders(w.Header(), out, fd.Now())
+	}
 	if !out.Allowed {
-		frontdoor.WriteError(w, out)
+		if api {
+			frontdoor.WriteAPIError(w, out)
+		} else {
+			frontdoor.WriteError(w, out)
+		}
 		return
 	}
 	if out.Settles() { // settle.go

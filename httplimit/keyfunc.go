@@ -104,7 +104,7 @@ func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
 			l.keyError(w, r, err)
 			return
 		}
-		serve(w, r, next, out)
+		serve(w, r, next, out, nil) // a key function reads no model server API
 	})
 }
 

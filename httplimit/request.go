@@ -39,6 +39,8 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 		return v.path, true
 	case rules.KindMethod:
 		return rules.CleanMethod(v.r.Method), true
+	case rules.KindBound:
+		return v.bound(src) // llm.go
 	case rules.KindCookie:
 		var vals []string
 		for _, c := range v.r.CookiesNamed(src.Name) {

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/llm"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -20,12 +22,20 @@ type settleWriter struct {
 	status  int
 	sent    http.Header // the headers when the status was written
 	errored bool
+	// usage: a rule reads the usage a model server reports in the body
+	// (cost_from_response: openai or anthropic); scan reads the body as
+	// it is written, never keeping it.
+	usage bool
+	scan  *llm.Scanner
 }
 
 func (w *settleWriter) WriteHeader(code int) {
 	if w.status == 0 && code >= 200 {
 		w.status = code
 		w.sent = w.ResponseWriter.Header().Clone()
+		if w.usage {
+			w.scan = llm.NewScanner(w.sent.Get("Content-Type"), w.sent.Get("Content-Encoding"))
+		}
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
@@ -34,7 +44,11 @@ func (w *settleWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	if w.scan != nil {
+		w.scan.Write(b[:n])
+	}
+	return n, err
 }
 
 // Flush, Hijack and Unwrap keep what the writer underneath can do: a
@@ -58,6 +72,11 @@ func (w *settleWriter) response() engine.Response {
 		return engine.Response{}
 	}
 	return engine.Response{Status: w.status, Value: func(src rules.ResponseSource) (string, bool) {
+		if src.API != "" {
+			api, part, _ := llm.ParseName(src.API)
+			n, ok := w.scan.Tokens(api, part)
+			return strconv.FormatInt(n, 10), ok
+		}
 		if !src.Trailer {
 			v := w.sent.Get(src.Name)
 			return v, v != ""
@@ -104,7 +123,16 @@ func Errored(w http.ResponseWriter) {
 // settles out's rules when it has ended, however it ended: returned, a
 // panic (the panic goes on), a client gone.
 func serveSettled(w http.ResponseWriter, r *http.Request, next http.Handler, out *engine.Outcome) {
-	sw := &settleWriter{ResponseWriter: w}
+	sw := &settleWriter{ResponseWriter: w, usage: out.ReadsUsage()}
+	if sw.usage {
+		askUsage(r, out) // llm.go
+	}
+	if sw.usage && r.Header.Get("Accept-Encoding") != "" {
+		// The usage is read in the body as it goes by: ask for it
+		// uncompressed.
+		r = r.Clone(r.Context())
+		r.Header.Del("Accept-Encoding")
+	}
 	defer func() {
 		p := recover()
 		switch {

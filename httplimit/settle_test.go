@@ -27,7 +27,7 @@ import (
 )
 
 // settleObserver hands over each settlement event (charged, refunded,
-// forgiven, settled) as "rule/event", so that a test waits for the
+// forgiven, settled, unreported) as "rule/event", so that a test waits for the
 // settlement that follows a response instead of sleeping.
 type settleObserver struct {
 	engine.NopObserver
@@ -53,7 +53,7 @@ func (o *settleObserver) moved(key string) float64 {
 
 func (o *settleObserver) Decision(rule string, _ rules.Mode, ev engine.Event) {
 	switch ev {
-	case engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled:
+	case engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled, engine.Unreported:
 		o.events <- rule + "/" + string(ev)
 	}
 }
@@ -159,8 +159,8 @@ func TestCostFromResponseHeader(t *testing.T) {
 		{"?usage=250", "", "tokens/charged", 750},          // took 100, then 150 more
 		{"?usage=20", "", "tokens/refunded", 730},          // took 100, 80 back
 		{"?usage=40", "40", "tokens/settled", 690},         // as estimated
-		{"", "50", "tokens/settled", 640},                  // no usage: the estimate stands
-		{"?usage=x", "10", "tokens/settled", 630},          // not a cost: the estimate stands
+		{"", "50", "tokens/unreported", 640},               // no usage: the estimate stands
+		{"?usage=x", "10", "tokens/unreported", 630},       // not a cost: the estimate stands
 		{"?fail=1", "300", "tokens/refunded", 630},         // errored: took nothing
 		{"?usage=0", "", "tokens/refunded", 630},           // a usage of 0 costs nothing
 		{"?usage=30&silent=1", "", "tokens/refunded", 600}, // no body: still served (200)
@@ -509,20 +509,20 @@ func TestCostFromResponseHostile(t *testing.T) {
 		event    string
 		delta    float64 // tokens taken in the end
 	}{
-		{[]string{"-500"}, "", "tokens/settled", 100},
-		{[]string{"NaN"}, "", "tokens/settled", 100},
-		{[]string{"Inf"}, "", "tokens/settled", 100},
-		{[]string{"0x10"}, "", "tokens/settled", 100},
-		{[]string{"1e3"}, "", "tokens/settled", 100},
-		{[]string{"1_0"}, "", "tokens/settled", 100},
+		{[]string{"-500"}, "", "tokens/unreported", 100},
+		{[]string{"NaN"}, "", "tokens/unreported", 100},
+		{[]string{"Inf"}, "", "tokens/unreported", 100},
+		{[]string{"0x10"}, "", "tokens/unreported", 100},
+		{[]string{"1e3"}, "", "tokens/unreported", 100},
+		{[]string{"1_0"}, "", "tokens/unreported", 100},
 		// 5, however long:
 		{[]string{strings.Repeat("0", 40) + "5"}, "", "tokens/refunded", 5},
-		{[]string{"5", "900"}, "", "tokens/refunded", 5},  // the first
-		{[]string{"x", "900"}, "", "tokens/settled", 100}, // the first is not a cost
-		{[]string{"20"}, "1e12", "tokens/refunded", 20},   // the estimate: default_cost
-		{[]string{"20"}, "-5", "tokens/refunded", 20},     // the estimate: default_cost
-		{[]string{"20"}, "NaN", "tokens/refunded", 20},    // the estimate: default_cost
-		{[]string{"20"}, "0", "tokens/charged", 20},       // an estimate of 0 is an estimate
+		{[]string{"5", "900"}, "", "tokens/refunded", 5},     // the first
+		{[]string{"x", "900"}, "", "tokens/unreported", 100}, // the first is not a cost
+		{[]string{"20"}, "1e12", "tokens/refunded", 20},      // the estimate: default_cost
+		{[]string{"20"}, "-5", "tokens/refunded", 20},        // the estimate: default_cost
+		{[]string{"20"}, "NaN", "tokens/refunded", 20},       // the estimate: default_cost
+		{[]string{"20"}, "0", "tokens/charged", 20},          // an estimate of 0 is an estimate
 		{[]string{"20"}, strings.Repeat("9", 33), "tokens/refunded", 20},
 	} {
 		e.clock.Add(time.Hour) // full again: 1000 an hour
@@ -684,5 +684,57 @@ func TestSettleWindows(t *testing.T) {
 	e.clock.Set(time.Date(2026, 3, 29, 0, 0, 1, 0, berlin))
 	if code, _ := e.get(t, "/", "X-User: u", "X-Password: right"); code != 200 {
 		t.Errorf("the next day: %d, want 200", code)
+	}
+}
+
+// TestMinCostFloorsAnAbort: a client that says its call costs nothing
+// (an estimate of 0) and goes away before the response reports its
+// cost pays the rule's min_cost, every time; a response that reports
+// less than min_cost costs min_cost too.
+func TestMinCostFloorsAnAbort(t *testing.T) {
+	started := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u := r.URL.Query().Get("usage"); u != "" {
+			w.Header().Set("Trailer", "X-Usage")
+			defer w.Header().Set("X-Usage", u)
+		}
+		w.WriteHeader(200)
+		http.NewResponseController(w).Flush()
+		if r.URL.Query().Get("usage") != "" {
+			return
+		}
+		started <- struct{}{}
+		<-r.Context().Done() // until the client goes away
+	})
+	e := newSettleEnv(t, nil, `{"rules": [
+	{"name": "tokens", "limit_keys": ["header:x-tenant"], "cost_from_response": "trailer:x-usage",
+	 "algorithm_config": {"rate": 1000, "period": "1h", "cost_source": "header:x-estimate", "default_cost": 100, "min_cost": 40}}]}`, h)
+	for i := range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "GET", e.srv.URL+"/", nil)
+		req.Header.Set("X-Tenant", "a")
+		req.Header.Set("X-Estimate", "0")
+		res, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-started
+		cancel()
+		res.Body.Close()
+		if ev := e.obs.next(t); ev != "tokens/unreported" {
+			t.Fatalf("abort %d: %s", i, ev)
+		}
+		if got, want := e.tokens(t, "tokens", "a"), 1000-40*float64(i+1); got != want {
+			t.Fatalf("after abort %d: %v tokens, want %v", i, got, want)
+		}
+	}
+	if code, _ := e.get(t, "/?usage=3", "X-Tenant: b", "X-Estimate: 0"); code != 200 {
+		t.Fatal(code)
+	}
+	if ev := e.obs.next(t); ev != "tokens/settled" {
+		t.Fatalf("a usage of 3: %s", ev)
+	}
+	if got := e.tokens(t, "tokens", "b"); got != 1000-40 {
+		t.Errorf("a usage of 3 under min_cost 40: %v tokens", got)
 	}
 }

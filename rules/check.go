@@ -19,6 +19,7 @@ type checker struct {
 	env      *Env // nil: name the jwt secret and key files, read none
 	problems []Problem
 	jwtUser  string // the first rule that reads jwt: claims
+	keyUser  string // the first limit key that is hashed
 }
 
 func (c *checker) add(path, format string, args ...any) {

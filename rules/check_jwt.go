@@ -97,17 +97,26 @@ func (c *checker) jwt(p string, v any) *JWT {
 // secret reads the HMAC secret of j from environment variable name, when
 // the checker has an environment.
 func (c *checker) secret(fp, name string, j *JWT) {
+	j.HMACSecret = c.readSecret(fp, name, "HMAC needs", " (RFC 7518 section 3.2)")
+}
+
+// readSecret reads a secret of at least minHMACSecret bytes from
+// environment variable name, when the checker has an environment (nil
+// otherwise, and when it is missing or short: a problem at fp, whose
+// message says who needs it).
+func (c *checker) readSecret(fp, name, needs, why string) []byte {
 	if c.env == nil {
-		return
+		return nil
 	}
 	switch sec := c.env.Getenv(name); {
 	case sec == "":
 		c.add(fp, "environment variable %s is not set or empty", name)
 	case len(sec) < minHMACSecret:
-		c.add(fp, "the secret in %s has %d bytes; HMAC needs at least %d (RFC 7518 section 3.2)", name, len(sec), minHMACSecret)
+		c.add(fp, "the secret in %s has %d bytes; %s at least %d%s", name, len(sec), needs, minHMACSecret, why)
 	default:
-		j.HMACSecret = []byte(sec)
+		return []byte(sec)
 	}
+	return nil
 }
 
 // minHMACSecret is the shortest HMAC secret accepted: a key as long as

@@ -13,7 +13,7 @@ import (
 
 // One rule: its name, keys, match and limit.
 
-var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased", "max_wait", "max_queue", "log_key"}
+var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased", "max_wait", "max_queue", "log_key", "budget"}
 
 func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	r := Rule{Mode: Enforce, OnError: s.OnError, LocalShare: s.LocalShare}
@@ -103,6 +103,11 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 			r.LogKey = k
 		}
 	}
+	if v, fp, ok := f.get("budget"); ok {
+		if b, ok := c.enum(fp, v, "soft", "strict"); ok {
+			r.Budget = Budget(b)
+		}
+	}
 	c.settleRule(p, &r)
 	c.waitFields(f, &r) // wait.go
 	if c.jwtUser == "" && r.usesJWT() {
@@ -144,10 +149,26 @@ func (c *checker) limitKeys(p string, v any) []Source {
 		if !ok {
 			continue
 		}
-		src, err := ParseSource(s)
+		src, err := parseKeySource(s)
 		if err != nil {
 			c.add(ip, "%v", err)
 			continue
+		}
+		hashed := src.Hashed
+		if src.Kind == KindAPIKey && !hashed {
+			c.add(ip, "an API key is never kept in clear: write hash:api_key")
+			continue
+		}
+		if hashed {
+			switch src.Kind {
+			case KindHeader, KindQuery, KindCookie, KindJWT, KindAPIKey:
+				if c.keyUser == "" {
+					c.keyUser = ip
+				}
+			default:
+				c.add(ip, "%q: only api_key or a header:, query:, cookie: or jwt: value is hashed", s)
+				continue
+			}
 		}
 		if j, dup := seen[src]; dup {
 			c.add(ip, "%q repeats %s[%d]", s, p, j)
@@ -175,6 +196,10 @@ func (c *checker) match(p string, v any, s *Set) []Condition {
 		}
 		if src.Kind == KindGlobal {
 			c.add(mp, "global cannot be matched: it has no value")
+			continue
+		}
+		if src.Kind == KindAPIKey {
+			c.add(mp, "api_key cannot be matched: it is never compared in clear")
 			continue
 		}
 		if other, dup := seen[src]; dup {
@@ -264,7 +289,7 @@ func (c *checker) location(path, name string) *time.Location {
 // (drip.Limit.Validate holds limits to it too).
 const maxSlots = 1000
 
-var configFields = []string{"tokens_per_second", "rps", "rate", "period", "time_zone", "burst", "refill", "start", "max_reserved", "slots", "cost_source", "fixed_cost", "default_cost"}
+var configFields = []string{"tokens_per_second", "rps", "rate", "period", "time_zone", "burst", "refill", "start", "max_reserved", "slots", "cost_source", "fixed_cost", "default_cost", "min_cost"}
 
 func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule) {
 	f, ok := c.object(p, v)
@@ -372,10 +397,12 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 			src, err := ParseSource(s)
 			switch {
 			case s == "fixed":
+			case isLLMName(s):
+				r.CostSource = Source{Kind: KindBound, Name: s}
 			case err == nil && (src.Kind == KindHeader || src.Kind == KindQuery):
 				r.CostSource = src
 			default:
-				c.add(fp, "must be \"fixed\", \"header:<name>\" or \"query:<name>\", not %q", s)
+				c.add(fp, "must be \"fixed\", \"header:<name>\", \"query:<name>\", \"openai\" or \"anthropic\" (with :input or :output for a part), not %q", s)
 			}
 		}
 	}
@@ -399,7 +426,10 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 	}
 	fixed := r.CostSource.Kind == KindFixed
 	r.FixedCost = costAt("fixed_cost", fixed, "applies to cost_source \"fixed\" only")
-	r.DefaultCost = costAt("default_cost", !fixed, "applies to a header: or query: cost_source only")
+	r.DefaultCost = costAt("default_cost", !fixed, "applies to a header:, query:, openai or anthropic cost_source only")
+	if f.has("min_cost") {
+		r.MinCost = costAt("min_cost", true, "")
+	}
 	if fixed && !f.has("fixed_cost") && burstOK && l.Burst < defaultCost {
 		c.add(p+".burst", "must be >= 1, the default fixed_cost (or set a smaller fixed_cost)")
 	}

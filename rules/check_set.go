@@ -6,7 +6,7 @@ import (
 
 // The top level of a rules file.
 
-var topFields = []string{"rules", "jwt", "trusted_proxies", "ipv6_prefix", "on_error", "local_share", "store_timeout", "circuit_breaker", "retry_after_jitter", "exact_paths"}
+var topFields = []string{"rules", "jwt", "trusted_proxies", "ipv6_prefix", "on_error", "local_share", "store_timeout", "circuit_breaker", "retry_after_jitter", "exact_paths", "key_secret_env"}
 
 func (c *checker) set(v any) *Set {
 	s := &Set{
@@ -77,6 +77,14 @@ func (c *checker) set(v any) *Set {
 				s.Rules = append(s.Rules, rule)
 			}
 		}
+	}
+	if v, p, ok := f.get("key_secret_env"); ok {
+		s.KeySecretEnv, s.KeySecret = c.keySecret(p, v)
+	} else if c.keyUser != "" {
+		c.add("key_secret_env", "required: %s hashes its value; name the environment variable that holds the secret (at least %d bytes)", c.keyUser, minHMACSecret)
+	}
+	for i := range s.Rules {
+		s.Rules[i].keySecret = s.KeySecret
 	}
 	f.done(topFields...)
 	if jwtVal != nil || jwtPath != "" {
@@ -149,4 +157,18 @@ func (c *checker) breaker(p string, v any, b *Breaker) {
 		}
 	}
 	f.done("failures", "failure_ratio", "stall", "cooldown")
+}
+
+// keySecret reads key_secret_env and, when the checker has an
+// environment, the secret in it.
+func (c *checker) keySecret(p string, v any) (string, []byte) {
+	name, ok := c.str(p, v)
+	if !ok {
+		return "", nil
+	}
+	if name == "" {
+		c.add(p, "must name an environment variable")
+		return "", nil
+	}
+	return name, c.readSecret(p, name, "hashed keys need", "")
 }

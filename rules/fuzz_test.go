@@ -108,7 +108,7 @@ func FuzzKey(f *testing.F) {
 	f.Add(`a\`, "|b", `a\|`, "b")
 	f.Add(strings.Repeat("x", 200), "", `\h`, "")
 	f.Fuzz(func(t *testing.T, a, b, c, d string) {
-		r := &Rule{Name: "r", LimitKeys: []Source{{KindHeader, "A"}, {KindGlobal, ""}, {KindQuery, "b"}}}
+		r := &Rule{Name: "r", LimitKeys: []Source{{Kind: KindHeader, Name: "A"}, {Kind: KindGlobal, Name: ""}, {Kind: KindQuery, Name: "b"}}}
 		k1, k2 := r.Key([]string{a, b}), r.Key([]string{c, d})
 		if (a == c && b == d) != (k1 == k2) {
 			t.Fatalf("Key(%q, %q) = %q, Key(%q, %q) = %q", a, b, k1, c, d, k2)

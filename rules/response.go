@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/internal/llm"
 )
 
 // Rules that know the response: cost_from_response (the cost is settled
@@ -18,13 +19,23 @@ import (
 // trailer, which a streamed response sends after its body, or gRPC
 // trailer metadata). Name is in canonical form (X-Usage-Tokens); gRPC
 // doors read it in lower case.
+//
+// API, when set ("openai" or "anthropic"), is the usage a model server
+// reports in its response's body, as that API sends it: a JSON body's
+// "usage", or in a stream of server-sent events the events that carry
+// it; the cost is the call's tokens (docs/llm.md says which). Trailer and
+// Name are then unset. Only HTTP doors read a body.
 type ResponseSource struct {
 	Trailer bool
 	Name    string
+	API     string
 }
 
 // String returns the source as written in a rules file.
 func (s ResponseSource) String() string {
+	if s.API != "" {
+		return s.API
+	}
 	if s.Trailer {
 		return "trailer:" + strings.ToLower(s.Name)
 	}
@@ -33,6 +44,9 @@ func (s ResponseSource) String() string {
 
 // ParseResponseSource reads a cost_from_response value.
 func ParseResponseSource(s string) (ResponseSource, bool) {
+	if _, _, ok := llm.ParseName(s); ok {
+		return ResponseSource{API: s}, true
+	}
 	kind, name, ok := strings.Cut(s, ":")
 	if !ok || !isToken(name) || (kind != "header" && kind != "trailer") {
 		return ResponseSource{}, false
@@ -69,7 +83,7 @@ func (c *checker) costFromResponse(p string, v any) *ResponseSource {
 	}
 	src, ok := ParseResponseSource(s)
 	if !ok {
-		c.add(p, "%q is not a response source (header:<name> or trailer:<name>)", s)
+		c.add(p, "%q is not a response source (header:<name>, trailer:<name>, openai or anthropic, with :input or :output for a part)", s)
 		return nil
 	}
 	return &src
@@ -114,6 +128,15 @@ func (c *checker) countStatus(p string, v any) StatusSet {
 // settleRule checks what a rule that settles after the response may not
 // combine with.
 func (c *checker) settleRule(p string, r *Rule) {
+	if r.Budget == Strict {
+		api := r.CostSource.Name
+		switch {
+		case r.CostSource.Kind != KindBound:
+			c.add(p+".budget", "a strict budget takes the most a call can cost: set algorithm_config.cost_source to openai or anthropic (or a part of one, openai:output)")
+		case r.CostFrom == nil || r.CostFrom.API != api:
+			c.add(p+".budget", "a strict budget refunds what the response reports: set cost_from_response to %s", api)
+		}
+	}
 	if !r.Settles() {
 		return
 	}

@@ -97,6 +97,11 @@ type Set struct {
 	ExactPaths bool
 	// File is the name the set was loaded from.
 	File string
+	// KeySecretEnv (key_secret_env) names the environment variable that
+	// holds the secret of hashed limit keys ("hash:header:x-api-key");
+	// KeySecret is that secret, read by the loader (Load, ParseEnv).
+	KeySecretEnv string
+	KeySecret    []byte
 
 	byName map[string]int
 }
@@ -198,6 +203,15 @@ type Rule struct {
 	CostSource Source
 	// FixedCost is the cost of every request when CostSource is fixed.
 	FixedCost float64
+	// MinCost (min_cost) is the least a request costs, whatever its cost
+	// source says and whatever its response reports: its estimate is
+	// never below it, nor its settled cost.
+	MinCost float64
+	// Budget is Soft (or empty, the default) or Strict (budget: strict): a strict
+	// rule takes the most its request can cost (a cost_source of
+	// KindBound), refuses a request with no such bound, and settles
+	// without debt (DebtBound 0).
+	Budget Budget
 	// DefaultCost is the cost when the header or query value is absent,
 	// not a number, negative or not finite.
 	DefaultCost float64
@@ -234,6 +248,8 @@ type Rule struct {
 	MaxQueue int
 	// Index is the rule's position in the file.
 	Index int
+
+	keySecret []byte // the file's KeySecret, for hashed limit keys
 }
 
 // The values of a rule's log_key.
@@ -241,6 +257,19 @@ const (
 	LogKeyHash   = "hash"
 	LogKeyRedact = "redact"
 	LogKeyPlain  = "plain"
+)
+
+// Budget is how a rule that settles on its response holds its limit.
+type Budget string
+
+const (
+	// Soft: the estimate is taken before the request, and the response's
+	// cost is settled into bounded debt.
+	Soft Budget = "soft"
+	// Strict: the worst case is taken before the request, and the
+	// response's cost is refunded down from it: the limit is never
+	// exceeded.
+	Strict Budget = "strict"
 )
 
 // Rule returns the rule called name.

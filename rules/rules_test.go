@@ -46,16 +46,16 @@ func TestTiersJSONAndYAMLAgree(t *testing.T) {
 		t.Errorf("jwt = %+v", j.JWT)
 	}
 	want := []Rule{
-		{Name: "enterprise", Group: "plan", LimitKeys: []Source{{KindHeader, "X-Api-Key"}},
-			Match: []Condition{{Source: Source{KindJWT, "plan"}, Values: []string{"enterprise"}}},
+		{Name: "enterprise", Group: "plan", LimitKeys: []Source{{Kind: KindHeader, Name: "X-Api-Key"}},
+			Match: []Condition{{Source: Source{Kind: KindJWT, Name: "plan"}, Values: []string{"enterprise"}}},
 			Mode:  Enforce, Limit: drip.Limit{Algorithm: drip.TokenBucket, Rate: 1000, Period: time.Second, Burst: 2000},
 			CostSource: Source{Kind: KindFixed}, FixedCost: 1, DefaultCost: 1, OnError: Allow, LocalShare: 0.5, Index: 0},
-		{Name: "free", Group: "plan", LimitKeys: []Source{{KindHeader, "X-Api-Key"}},
+		{Name: "free", Group: "plan", LimitKeys: []Source{{Kind: KindHeader, Name: "X-Api-Key"}},
 			Mode: Enforce, Limit: drip.Limit{Algorithm: drip.TokenBucket, Rate: 10, Period: time.Second, Burst: 20},
 			CostSource: Source{Kind: KindFixed}, FixedCost: 1, DefaultCost: 1, OnError: Allow, LocalShare: 0.5, Index: 1},
 		{Name: "per-ip", LimitKeys: []Source{{Kind: KindIP}}, Mode: Shadow,
 			Limit:      drip.Limit{Algorithm: drip.TokenBucket, Rate: 5, Period: time.Second, Burst: 10},
-			CostSource: Source{KindHeader, "X-Request-Weight"}, FixedCost: 1, DefaultCost: 1, OnError: Allow, LocalShare: 0.5, Index: 2},
+			CostSource: Source{Kind: KindHeader, Name: "X-Request-Weight"}, FixedCost: 1, DefaultCost: 1, OnError: Allow, LocalShare: 0.5, Index: 2},
 	}
 	if !reflect.DeepEqual(j.Rules, want) {
 		t.Errorf("rules:\n%+v\nwant\n%+v", j.Rules, want)
@@ -95,13 +95,13 @@ func TestEverything(t *testing.T) {
 	}
 	search, _ := s.Rule("search")
 	if search.OnError != Deny || search.Limit.Algorithm != drip.FixedWindow || search.Limit.Start != time.Minute ||
-		search.Limit.Rate != 600 || search.Limit.Period != time.Minute || search.CostSource != (Source{KindQuery, "pages"}) || search.DefaultCost != 2 {
+		search.Limit.Rate != 600 || search.Limit.Period != time.Minute || search.CostSource != (Source{Kind: KindQuery, Name: "pages"}) || search.DefaultCost != 2 {
 		t.Errorf("search %+v", search)
 	}
 	wantMatch := []Condition{
 		{Source: Source{Kind: KindPath}, Values: []string{"/search"}, Prefixes: []string{"/api/search/"}},
 		{Source: Source{Kind: KindMethod}, Values: []string{"GET"}},
-		{Source: Source{KindJWT, "admin"}, Values: []string{"false"}},
+		{Source: Source{Kind: KindJWT, Name: "admin"}, Values: []string{"false"}},
 	}
 	if !reflect.DeepEqual(search.Match, wantMatch) {
 		t.Errorf("match %+v", search.Match)
@@ -112,7 +112,7 @@ func TestEverything(t *testing.T) {
 	}
 	up, _ := s.Rule("uploads")
 	if up.OnError != Local || up.LocalShare != 1 || up.FixedCost != 0.5 || up.Limit.Refill != drip.Interval ||
-		!reflect.DeepEqual(up.LimitKeys, []Source{{KindCookie, "session"}, {KindHeader, "X-Tenant"}}) {
+		!reflect.DeepEqual(up.LimitKeys, []Source{{Kind: KindCookie, Name: "session"}, {Kind: KindHeader, Name: "X-Tenant"}}) {
 		t.Errorf("uploads %+v", up)
 	}
 	every, _ := s.Rule("everyone")
@@ -243,7 +243,7 @@ func TestMatchAndValues(t *testing.T) {
 			return v, ok
 		}
 	}
-	path, method, key := Source{Kind: KindPath}, Source{Kind: KindMethod}, Source{KindHeader, "X-Key"}
+	path, method, key := Source{Kind: KindPath}, Source{Kind: KindMethod}, Source{Kind: KindHeader, Name: "X-Key"}
 	for _, c := range []struct {
 		vals  map[Source]string
 		match bool

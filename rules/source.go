@@ -1,12 +1,14 @@
 package rules
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net/textproto"
 	"strings"
 
+	"github.com/driplimit/drip/internal/llm"
 	"github.com/driplimit/drip/store"
 )
 
@@ -22,7 +24,15 @@ const (
 	KindMethod Kind = "method" // method, the HTTP method
 	KindCookie Kind = "cookie" // cookie:<name>, a cookie's value
 	KindGlobal Kind = "global" // global, one bucket for every request
-	KindFixed  Kind = "fixed"  // fixed, a cost_source only: the rule's fixed_cost
+	// KindAPIKey is api_key, the API key a client of a model server's
+	// API sends: the token of "Authorization: Bearer", else the
+	// x-api-key header. A limit key only, and only hashed (hash:api_key).
+	KindAPIKey Kind = "api_key"
+	KindFixed  Kind = "fixed" // fixed, a cost_source only: the rule's fixed_cost
+	// KindBound is a cost_source only: the most a model server's call
+	// can cost, read from its JSON body as the API in Name ("openai" or
+	// "anthropic") says (its prompt's size, its output maximum).
+	KindBound Kind = "bound"
 	// KindFunc is a value a program computes (a key or a cost function,
 	// FuncRule); it is never written in a rules file.
 	KindFunc Kind = "func"
@@ -31,21 +41,34 @@ const (
 // Source names one value of a request, as written in a rules file:
 // "header:x-api-key", "jwt:plan", "path". Name is the part after the
 // colon; for headers it is in canonical form (X-Api-Key).
+//
+// Hashed (a limit key written "hash:header:x-api-key") keys the bucket by
+// the value's keyed hash (HMAC-SHA-256 under the file's key_secret_env),
+// never the value itself: an API key used as a limit key is then never
+// stored, logged or shown in clear.
 type Source struct {
-	Kind Kind
-	Name string
+	Kind   Kind
+	Name   string
+	Hashed bool
 }
 
 // String returns the source as written in a rules file (headers in lower
 // case).
 func (s Source) String() string {
+	if s.Hashed {
+		t := s
+		t.Hashed = false
+		return "hash:" + t.String()
+	}
 	switch s.Kind {
 	case KindIP:
 		return "ip:address"
-	case KindPath, KindMethod, KindGlobal, KindFixed, KindFunc:
+	case KindPath, KindMethod, KindGlobal, KindFixed, KindFunc, KindAPIKey:
 		return string(s.Kind)
 	case KindHeader:
 		return "header:" + strings.ToLower(s.Name)
+	case KindBound:
+		return s.Name
 	}
 	return string(s.Kind) + ":" + s.Name
 }
@@ -57,7 +80,7 @@ func ParseSource(s string) (Source, error) {
 	kind, name, colon := strings.Cut(s, ":")
 	bad := fmt.Errorf("%q is not a key source (%s)", s, sourceList)
 	switch Kind(kind) {
-	case KindPath, KindMethod, KindGlobal:
+	case KindPath, KindMethod, KindGlobal, KindAPIKey:
 		if colon {
 			return Source{}, bad
 		}
@@ -170,12 +193,18 @@ func (r *Rule) KeySources() []Source {
 // KeyFrom builds the rule's bucket key from values named by source, as
 // written in a rules file ({"header:x-api-key": "k1"}); header names are
 // case-insensitive. Every limit key needs a non-empty value.
+//
+// A hashed limit key ("hash:api_key") takes the value in clear and keys
+// by its hash, as requests are keyed.
 func (r *Rule) KeyFrom(values map[string]string) (string, error) {
 	byName := make(map[Source]string, len(values))
 	for k, v := range values {
-		s, err := ParseSource(k)
+		s, err := parseKeySource(k)
 		if err != nil {
 			return "", err
+		}
+		if s.Hashed {
+			v = r.HashValue(v)
 		}
 		byName[s] = v
 	}
@@ -248,7 +277,36 @@ func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool
 		if !ok || v == "" {
 			return nil, false
 		}
+		if s.Hashed {
+			v = r.HashValue(v)
+		}
 		values = append(values, v)
 	}
 	return values, true
+}
+
+// parseKeySource reads a limit key as written in a rules file: a source,
+// or "hash:" and a source.
+func parseKeySource(s string) (Source, error) {
+	inner, hashed := strings.CutPrefix(s, "hash:")
+	src, err := ParseSource(inner)
+	src.Hashed = hashed && err == nil
+	return src, err
+}
+
+// HashValue is the value a hashed limit key keys by, for the value v in
+// clear: "~" and the first 128 bits of its HMAC-SHA-256 under the file's
+// key secret, in hex. Values of a hashed limit key given by hand (the
+// decision and admin APIs) are keyed by it, as requests' are.
+func (r *Rule) HashValue(v string) string {
+	m := hmac.New(sha256.New, r.keySecret)
+	m.Write([]byte(v))
+	return "~" + hex.EncodeToString(m.Sum(nil)[:16])
+}
+
+// isLLMName reports whether s names a model server's API, or a part of
+// its tokens ("openai", "anthropic:output").
+func isLLMName(s string) bool {
+	_, _, ok := llm.ParseName(s)
+	return ok
 }

@@ -173,6 +173,9 @@ func ruleKey(r *rules.Rule, values json.RawMessage, set *rules.Set) (string, err
 		}
 		for i, src := range srcs {
 			list[i] = keyValue(src, list[i], set)
+			if src.Hashed {
+				list[i] = r.HashValue(list[i])
+			}
 		}
 		return r.Key(list), nil
 	case v[0] == '{':

@@ -14,6 +14,8 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store/memstore"
 )
 
 // TestUsageAboveLargestAmount: a response that reports more than the
@@ -87,4 +89,19 @@ func TestUsageAboveLargestAmount(t *testing.T) {
 			}
 		}
 	}
+}
+
+// frozenGateway starts drip serve's gateway to upstream with the rules
+// file on a memory store frozen at one instant, and returns the rules as
+// loaded, the store and the server.
+func frozenGateway(t *testing.T, file, upstream string) (*rules.Set, frozen, *running) {
+	t.Helper()
+	set, err := rules.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := memstore.New()
+	t.Cleanup(func() { ms.Close() })
+	st := frozen{ms, time.Now()}
+	return set, st, start(t, Config{Rules: file, Upstream: upstream, WatchEvery: -1}, st)
 }

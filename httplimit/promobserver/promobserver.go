@@ -18,6 +18,8 @@
 //	drip_settled_tokens_total{rule, outcome}    tokens moved after responses (cost_from_response,
 //	                                            count_status, Envoy's charges): outcome charged,
 //	                                            refunded, or forgiven (past the debt bound)
+//	drip_spent_tokens_total{rule}               what cost_from_response rules' requests cost in
+//	                                            the end: a token budget's spend
 //	drip_store_duration_seconds                 latency of the store calls made
 //	drip_store_errors_total                     store calls that failed or timed out
 //	drip_store_circuit_state{state}             1 for the breaker's state, 0 for the others
@@ -46,6 +48,7 @@ type Observer struct {
 	shadowDenials *prometheus.CounterVec
 	fallback      *prometheus.CounterVec
 	settled       *prometheus.CounterVec
+	spent         *prometheus.CounterVec
 	storeSeconds  prometheus.Histogram
 	storeErrors   prometheus.Counter
 	circuit       *prometheus.GaugeVec
@@ -75,7 +78,7 @@ func New(opts ...Option) *Observer {
 		store: true,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_decisions_total",
-			Help: "Decisions by rule, its mode (enforce, shadow: its denials let the request through) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited; after a response (cost_from_response, count_status): charged, forgiven, settled (nothing to change).",
+			Help: "Decisions by rule, its mode (enforce, shadow: its denials let the request through) and outcome: allowed, denied, not_taken, error_allowed, error_denied, local_allowed, local_denied, error (the store failed and the caller got an error), refunded, unlimited; after a response (cost_from_response, count_status): charged, forgiven, settled (nothing to change), unreported (the response said nothing of its cost: the estimate stands).",
 		}, []string{"rule", "mode", "outcome"}),
 		shadowDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shadow_denials_total",
@@ -89,6 +92,10 @@ func New(opts ...Option) *Observer {
 			Name: "drip_settled_tokens_total",
 			Help: "Tokens moved when responses ended (cost_from_response, count_status, Envoy's charges: drip_settle descriptors and settle limits), by rule and outcome: charged (into debt if need be), refunded, forgiven (past the debt bound, not charged).",
 		}, []string{"rule", "outcome"}),
+		spent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_spent_tokens_total",
+			Help: "What the requests of a cost_from_response rule cost in the end, as its bucket counts them (the estimate taken, less refunds, plus charges), by rule: a token budget's spend.",
+		}, []string{"rule"}),
 		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "drip_store_duration_seconds",
 			Help:    "Latency of the engine's store calls.",
@@ -135,9 +142,9 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 
 func (o *Observer) collectors() []prometheus.Collector {
 	if !o.store {
-		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.circuit, o.queued, o.waits}
+		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.circuit, o.queued, o.waits}
 	}
-	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.storeSeconds, o.storeErrors, o.circuit, o.queued, o.waits}
+	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.storeSeconds, o.storeErrors, o.circuit, o.queued, o.waits}
 }
 
 // Prefixed returns an observer of the same series that puts prefix before
@@ -178,9 +185,12 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 			events = append(events, engine.LocalAllowed, engine.LocalDenied)
 		}
 		if r.Settles() { // cost_from_response, count_status: Outcome.Settle's events
-			events = append(events, engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled)
+			events = append(events, engine.Charged, engine.Refunded, engine.Forgiven, engine.Settled, engine.Unreported)
 			for _, e := range settleEvents {
 				o.settled.WithLabelValues(r.Name, string(e))
+			}
+			if r.CostFrom != nil {
+				o.spent.WithLabelValues(r.Name)
 			}
 		}
 		o.ExpectEvents(r.Name, r.Mode, events...)
@@ -232,6 +242,7 @@ func (o *Observer) Forget(rule string, mode rules.Mode) {
 		o.settled.DeleteLabelValues(rule, string(e))
 	}
 	o.queued.DeleteLabelValues(rule)
+	o.spent.DeleteLabelValues(rule)
 	o.waits.DeletePartialMatch(prometheus.Labels{"rule": rule})
 }
 
@@ -260,6 +271,10 @@ func (o *Observer) Decision(rule string, mode rules.Mode, outcome engine.Event) 
 
 // Tokens implements engine.TokenObserver.
 func (o *Observer) Tokens(rule string, outcome engine.Event, tokens float64) {
+	if outcome == engine.Spent {
+		o.spent.WithLabelValues(rule).Add(tokens)
+		return
+	}
 	o.settled.WithLabelValues(rule, string(outcome)).Add(tokens)
 }
 

@@ -51,7 +51,19 @@ func New(store store.Store, name string, set *rules.Set, c Config) *Door {
 // Swap makes set the rules of every request from now on.
 func (l *Door) Swap(set *rules.Set) {
 	rs := l.eng.Compile(set)
-	l.snap.Store(&Snapshot{Rules: rs, ReadsPath: rs.Set.ReadsPath(), jwt: newVerifier(rs.Set.JWT, l.now)})
+	apis := false
+	for i := range rs.Set.Rules {
+		apis = apis || ruleAPI(&rs.Set.Rules[i]) != ""
+	}
+	l.snap.Store(&Snapshot{Rules: rs, ReadsPath: rs.Set.ReadsPath(), APIs: apis, jwt: newVerifier(rs.Set.JWT, l.now)})
+}
+
+// Now is the door's clock.
+func (l *Door) Now() time.Time {
+	if l.now == nil {
+		return time.Now()
+	}
+	return l.now()
 }
 
 // Snapshot returns the rules in force.
@@ -66,7 +78,10 @@ type Snapshot struct {
 	Rules *engine.Rules
 	// ReadsPath is the rules' ReadsPath: whether a request's path is read.
 	ReadsPath bool
-	jwt       *verifier
+	// APIs: a rule reads a model server's API (openai, anthropic): its
+	// answers carry that API's headers and errors (llm.go).
+	APIs bool
+	jwt  *verifier
 }
 
 // Option sets a Config: the options of every front door.

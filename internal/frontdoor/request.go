@@ -57,6 +57,25 @@ func (v *Values) Value(src rules.Source) (string, bool) {
 		return claimText(x)
 	case rules.KindGlobal:
 		return "", true
+	case rules.KindAPIKey:
+		return v.apiKey()
+	}
+	return "", false
+}
+
+// apiKey is the API key a client of OpenAI's or Anthropic's API sends:
+// the token of "Authorization: Bearer <key>" (the scheme in any case),
+// else the x-api-key header; a header sent twice is no key.
+func (v *Values) apiKey() (string, bool) {
+	if a := v.header("Authorization"); len(a) == 1 {
+		if scheme, tok, ok := strings.Cut(a[0], " "); ok && strings.EqualFold(scheme, "Bearer") {
+			if tok = strings.TrimSpace(tok); tok != "" {
+				return tok, true
+			}
+		}
+	}
+	if k := v.header("X-Api-Key"); len(k) == 1 && k[0] != "" {
+		return k[0], true
 	}
 	return "", false
 }

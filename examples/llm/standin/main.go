@@ -1,10 +1,7 @@
-// Command standin serves the example's stand-in upstream (package
-// upstream: streamed chat completions that report their tokens in the
-// X-Usage-Total-Tokens trailer), to try examples/llm/rules.yaml by hand:
-//
-//	go run ./examples/llm/standin --listen 127.0.0.1:8000
-//	go run ./cmd/drip serve --upstream http://127.0.0.1:8000 --rules examples/llm/rules.yaml
-//	curl -N localhost:8080/v1/chat/completions -H 'X-Tenant: acme' -H 'X-Test-Completion-Tokens: 5' -d '{}'
+// Command standin serves the example's stand-in model server (package
+// upstream: OpenAI's Chat Completions and Anthropic's Messages, streamed
+// or not, with their usage), to try examples/llm/rules.yaml by hand as
+// examples/llm/README.md shows.
 package main
 
 import (
@@ -20,6 +17,6 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8000", "address to serve on")
 	flag.Parse()
 	srv := &http.Server{Addr: *listen, Handler: upstream.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	log.Printf("stand-in upstream on http://%s/v1/chat/completions", *listen)
+	log.Printf("stand-in model server on http://%s (/v1/chat/completions, /v1/messages)", *listen)
 	log.Fatal(srv.ListenAndServe())
 }
