@@ -63,7 +63,8 @@ type Config struct {
 	// GRPC_SERVER_USE_TLS and its files. When it requires client
 	// certificates, no other listener decides: New refuses a decision
 	// API or gateway (Listen must be "off"), and the admin listener does
-	// not serve POST /json (ClientCertsRequired).
+	// not serve POST /json (ClientCertsRequired). Without GRPCListen it
+	// is refused: it would guard nothing.
 	GRPCTLS *tls.Config
 	// XDS, when set, takes the Envoy configuration from an xDS server
 	// instead of files (CONFIG_TYPE=GRPC_XDS_SOTW; Rules must then be

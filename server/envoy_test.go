@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -166,4 +167,16 @@ func TestEnvoyRulesPaths(t *testing.T) {
 		t.Fatalf("duplicate domain: %v", err)
 	}
 	os.Remove(filepath.Join(dir, "edge2.yaml"))
+}
+
+// TestGRPCTLSNeedsListener: TLS for a gRPC listener that is not there is
+// refused at New: it would guard nothing, while the admin listener's POST
+// /json decided for any client in plaintext (ClientCertsRequired is false
+// without a gRPC listener).
+func TestGRPCTLSNeedsListener(t *testing.T) {
+	mtls := &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert}
+	_, err := New(Config{Listen: "off", AdminListen: "127.0.0.1:0", GRPCTLS: mtls}, memstore.New())
+	if err == nil || !strings.Contains(err.Error(), "GRPCListen") {
+		t.Fatalf("New with GRPCTLS and no GRPCListen: %v, want a refusal naming GRPCListen", err)
+	}
 }

@@ -111,6 +111,12 @@ func New(cfg Config, st store.Store) (*Server, error) {
 	if err := cfg.checkXDS(); err != nil { // xds.go
 		return nil, err
 	}
+	if cfg.GRPCTLS != nil && cfg.GRPCListen == "" {
+		// TLS guarding no listener: no decision would need a
+		// certificate, and the admin listener's POST /json would decide
+		// in plaintext.
+		return nil, errors.New("GRPCTLS is set but GRPCListen is not: TLS for no gRPC listener guards nothing; give GRPCListen, or drop GRPCTLS")
+	}
 	if cfg.ClientCertsRequired() && cfg.Listen != "off" {
 		what := "decision API"
 		if cfg.Upstream != "" {

@@ -132,22 +132,64 @@ func TestNoDecisionBesideMutualTLS(t *testing.T) {
 // image's DRIP_LISTEN, say) beside a gRPC listener that requires client
 // certificates, naming --listen.
 func TestDecisionAPIBesideMutualTLS(t *testing.T) {
+	setMutualTLS(t, "GRPC_CLIENT_TLS_CACERT")
+	refusedAtStart(t, []string{"--listen", "127.0.0.1:0", "--admin-listen", "off", "--grpc-listen", "127.0.0.1:0"}, "--listen off", "client certificates")
+}
+
+// TestNoMutualTLSWithoutGRPCListener: GRPC_SERVER_USE_TLS and a client CA
+// with no gRPC listener to guard are refused at start, naming the
+// variables that open one. Before, drip serve (the image's entrypoint)
+// without GRPC_HOST, GRPC_PORT or CONFIG_TYPE, or ratelimit given an empty
+// --grpc-listen, started without gRPC and without a word about TLS, and
+// its admin listener's POST /json decided for any client in plaintext.
+func TestNoMutualTLSWithoutGRPCListener(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+	}{
+		{"drip serve without GRPC_HOST, GRPC_PORT or CONFIG_TYPE", nil, nil},
+		{"an empty --grpc-listen", map[string]string{"GRPC_PORT": "0"}, []string{"--grpc-listen="}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			setMutualTLS(t, "GRPC_SERVER_TLS_CA_CERT")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			refusedAtStart(t, append([]string{"--listen", "off", "--admin-listen", "127.0.0.1:0"}, tc.args...), "GRPC_SERVER_USE_TLS", "GRPC_PORT")
+		})
+	}
+}
+
+// setMutualTLS sets envoyproxy/ratelimit's variables for a gRPC listener
+// that requires client certificates of a throwaway CA, named by caVar.
+func setMutualTLS(t *testing.T, caVar string) {
 	ca := testserver.NewCA(t, "grpc")
 	srvCert, srvKey := ca.Issue(t, ca.Dir(t), "envoy-ratelimit", "127.0.0.1")
 	for k, v := range map[string]string{
-		"GRPC_SERVER_USE_TLS":    "true",
-		"GRPC_SERVER_TLS_CERT":   srvCert,
-		"GRPC_SERVER_TLS_KEY":    srvKey,
-		"GRPC_CLIENT_TLS_CACERT": ca.CAFile,
+		"GRPC_SERVER_USE_TLS":  "true",
+		"GRPC_SERVER_TLS_CERT": srvCert,
+		"GRPC_SERVER_TLS_KEY":  srvKey,
+		caVar:                  ca.CAFile,
 	} {
 		t.Setenv(k, v)
 	}
-	// Refused at start: were it served, the context's end stops it (0).
+}
+
+// refusedAtStart runs drip serve with args and wants it refused, its
+// error saying each of wants. Were it served instead, the context's end
+// would stop it (exit 0).
+func refusedAtStart(t *testing.T, args []string, wants ...string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var out, errs lockedBuffer
-	code := run(ctx, []string{"serve", "--drain=0", "--listen", "127.0.0.1:0", "--admin-listen", "off", "--grpc-listen", "127.0.0.1:0"}, strings.NewReader(""), &out, &errs)
-	if code == 0 || !strings.Contains(errs.String(), "--listen off") || !strings.Contains(errs.String(), "client certificates") {
-		t.Fatalf("exit %d: %s%s", code, out.String(), errs.String())
+	code := run(ctx, append([]string{"serve", "--drain=0"}, args...), strings.NewReader(""), &out, &errs)
+	ok := code != 0
+	for _, w := range wants {
+		ok = ok && strings.Contains(errs.String(), w)
+	}
+	if !ok {
+		t.Fatalf("exit %d, want a refusal saying %q: %s%s", code, wants, out.String(), errs.String())
 	}
 }

@@ -137,6 +137,11 @@ func envoyEnv(c *server.Config, environ []string, given explicit, asRatelimit bo
 	if c.GRPCTLS, err = grpcServerTLS(e); err != nil {
 		return nil, err
 	}
+	if c.GRPCTLS != nil && c.GRPCListen == "" {
+		// TLS that guards no listener: drip would start without gRPC,
+		// and the admin listener's POST /json would decide in plaintext.
+		return nil, errors.New("GRPC_SERVER_USE_TLS=true, but there is no gRPC listener for it to guard: drip serve opens Envoy's rate limit service where GRPC_HOST, GRPC_PORT or --grpc-listen (DRIP_GRPC_LISTEN) say, on 0.0.0.0:8081 with CONFIG_TYPE or run as ratelimit; set one, or unset the TLS variables")
+	}
 
 	// The listeners of HOST:PORT and DEBUG_HOST:DEBUG_PORT.
 	if ratelimitMode {

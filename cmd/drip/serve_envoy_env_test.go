@@ -158,14 +158,14 @@ func TestRatelimitEnv(t *testing.T) {
 		{name: "xds TLS file without TLS", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "/ca"}, err: "CONFIG_GRPC_XDS_SERVER_USE_TLS"},
 		{name: "xds random factor", env: env{"CONFIG_TYPE": "GRPC_XDS_SOTW", "XDS_CLIENT_BACKOFF_RANDOM_FACTOR": "2"}, err: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR"},
 		{name: "config type", env: env{"CONFIG_TYPE": "GRPC_XDS_DELTA"}, err: "CONFIG_TYPE"},
-		{name: "grpc mutual TLS", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"},
+		{name: "grpc mutual TLS", env: env{"GRPC_PORT": "8081", "GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"},
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.GRPCTLS == nil || c.GRPCTLS.ClientAuth != tls.RequireAndVerifyClientCert || c.GRPCTLS.VerifyConnection == nil {
 					return fmt.Sprintf("%+v", c.GRPCTLS)
 				}
 				return ""
 			}},
-		{name: "grpc TLS, Envoy Gateway's CA name", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_SERVER_TLS_CA_CERT": ca.CAFile},
+		{name: "grpc TLS, Envoy Gateway's CA name", env: env{"GRPC_PORT": "8081", "GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_SERVER_TLS_CA_CERT": ca.CAFile},
 			check: func(c *server.Config, _ *envoySettings) string {
 				if c.GRPCTLS == nil || c.GRPCTLS.ClientAuth != tls.RequireAndVerifyClientCert {
 					return fmt.Sprintf("%+v", c.GRPCTLS)
@@ -174,6 +174,8 @@ func TestRatelimitEnv(t *testing.T) {
 			}},
 		{name: "grpc TLS without a key", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert}, err: "GRPC_SERVER_TLS_KEY"},
 		{name: "grpc TLS file without TLS", env: env{"GRPC_SERVER_TLS_CERT": cert}, err: "GRPC_SERVER_USE_TLS"},
+		{name: "grpc TLS without a gRPC listener", env: env{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": cert, "GRPC_SERVER_TLS_KEY": key, "GRPC_SERVER_TLS_CA_CERT": ca.CAFile},
+			err: "no gRPC listener for it to guard"},
 		{name: "grpc uds", env: env{"GRPC_UDS": "/tmp/rl.sock"}, err: "GRPC_UDS"},
 		{name: "grpc connection age", env: env{"GRPC_MAX_CONNECTION_AGE": "1h", "GRPC_MAX_CONNECTION_AGE_GRACE": "30s"},
 			check: func(c *server.Config, _ *envoySettings) string {
@@ -384,7 +386,7 @@ func TestGRPCServerTLS(t *testing.T) {
 	srvCert, srvKey := ca.Issue(t, ca.Dir(t), "envoy-ratelimit")
 	envoyCert, envoyKey := ca.Issue(t, ca.Dir(t), "envoy")
 	otherCert, otherKey := ca.Issue(t, ca.Dir(t), "someone-else")
-	e := map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert, "GRPC_SERVER_TLS_KEY": srvKey,
+	e := map[string]string{"GRPC_PORT": "8081", "GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert, "GRPC_SERVER_TLS_KEY": srvKey,
 		"GRPC_CLIENT_TLS_CACERT": ca.CAFile, "GRPC_CLIENT_TLS_SAN": "envoy"}
 	var c server.Config
 	if _, err := envoyEnv(&c, environOf(e), none, false); err != nil {
@@ -462,7 +464,7 @@ func TestTLSFilesRotate(t *testing.T) {
 	}
 	copyFile(oldCA.CAFile, caFile)
 	var c server.Config
-	st, err := envoyEnv(&c, environOf(map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert,
+	st, err := envoyEnv(&c, environOf(map[string]string{"GRPC_PORT": "8081", "GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": srvCert,
 		"GRPC_SERVER_TLS_KEY": srvKey, "GRPC_SERVER_TLS_CA_CERT": caFile}), none, false)
 	if err != nil {
 		t.Fatal(err)
