@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -127,6 +128,9 @@ func storeDown(err error) bool {
 	}
 	if _, ok := errors.AsType[tls.RecordHeaderError](err); ok {
 		return false // TLS to a server that does not speak it
+	}
+	if _, ok := errors.AsType[*fs.PathError](err); ok {
+		return false // a file the URL names (tls_ca_file=...) that cannot be read
 	}
 	if _, ok := errors.AsType[*net.AddrError](err); ok {
 		return false // not an address (an unknown port, say)

@@ -20,20 +20,21 @@ func TestNoSecretInStartupErrors(t *testing.T) {
 		args  []string          // drip serve's arguments (besides the listeners)
 		env   map[string]string // run as ratelimit with this environment
 		where string            // a word the error must say, so that it is the one meant
+		down  bool              // a store that does not answer: drip starts without it, and says so
 	}{
 		// drip serve --store
-		{name: "redis unreachable", args: []string{"--store", "redis://:" + pw + "@127.0.0.1:1"}, where: "redis"},
+		{name: "redis unreachable", args: []string{"--store", "redis://:" + pw + "@127.0.0.1:1"}, where: "redis", down: true},
 		{name: "redis bad port", args: []string{"--store", "redis://:" + pw + "@h:port"}, where: "port"},
 		{name: "redis user and password", args: []string{"--store", "redis://default:" + pw + "@h:-1/0"}, where: "redis"},
 		{name: "redis password with @ and /", args: []string{"--store", "redis://:" + pw + "@x/y@h:port"}, where: "redis"},
-		{name: "rediss unreachable", args: []string{"--store", "rediss://default:" + pw + "@127.0.0.1:1?tls_server_name=r"}, where: "redis"},
+		{name: "rediss unreachable", args: []string{"--store", "rediss://default:" + pw + "@127.0.0.1:1?tls_server_name=r"}, where: "redis", down: true},
 		{name: "rediss bad CA", args: []string{"--store", "rediss://:" + pw + "@127.0.0.1:1?tls_ca_file=/nonexistent/ca.pem"}, where: "tls_ca_file"},
-		{name: "cluster", args: []string{"--store", "redis://:" + pw + "@127.0.0.1:1?addr=127.0.0.1:2&addr=127.0.0.1:3"}, where: "redis"},
-		{name: "cluster bad entry", args: []string{"--store", "redis://:" + pw + "@127.0.0.1:1?addr=%zz"}, where: "redis"},
-		{name: "sentinel", args: []string{"--store", "redis+sentinel://:" + pw + "@127.0.0.1:1,127.0.0.1:2/mymaster"}, where: "redis"},
+		{name: "cluster", args: []string{"--store", "redis://:" + pw + "@127.0.0.1:1?addr=127.0.0.1:2&addr=127.0.0.1:3"}, where: "redis", down: true},
+		{name: "cluster bad entry", args: []string{"--store", "redis://:" + pw + "@127.0.0.1:1?addr=%zz"}, where: "redis", down: true},
+		{name: "sentinel", args: []string{"--store", "redis+sentinel://:" + pw + "@127.0.0.1:1,127.0.0.1:2/mymaster"}, where: "redis", down: true},
 		{name: "sentinel empty entry", args: []string{"--store", "rediss+sentinel://u:" + pw + "@127.0.0.1:1,,/mymaster"}, where: "Sentinel"},
-		{name: "postgres unreachable", args: []string{"--store", "postgres://u:" + pw + "@127.0.0.1:1/db?connect_timeout=5"}, where: "pgstore"},
-		{name: "postgres password parameter", args: []string{"--store", "postgres://u@127.0.0.1:1/db?connect_timeout=5&password=" + pw}, where: "pgstore"},
+		{name: "postgres unreachable", args: []string{"--store", "postgres://u:" + pw + "@127.0.0.1:1/db?connect_timeout=5"}, where: "pgstore", down: true},
+		{name: "postgres password parameter", args: []string{"--store", "postgres://u@127.0.0.1:1/db?connect_timeout=5&password=" + pw}, where: "pgstore", down: true},
 		{name: "postgres bad URL", args: []string{"--store", "postgresql://u:" + pw + "@[::1/db"}, where: "pgstore"},
 		{name: "postgres unknown drip parameter", args: []string{"--store", "postgres://u:" + pw + "@127.0.0.1:1/db?drip_bach=1"}, where: "drip_bach"},
 		{name: "unknown scheme", args: []string{"--store", "memcache://u:" + pw + "@h:11211"}, where: "unknown store"},
@@ -47,7 +48,7 @@ func TestNoSecretInStartupErrors(t *testing.T) {
 		{name: "REDIS_URL cluster entry", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "cluster", "REDIS_URL": "n1:7000,redis://:" + pw + "@n2:7001"}, where: "REDIS_URL"},
 		{name: "REDIS_URL sentinel entry", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,:" + pw + "@s2"}, where: "REDIS_URL"},
 		{name: "REDIS_URL password only", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": ":" + pw + "@r:6379"}, where: "REDIS_URL"},
-		{name: "REDIS_AUTH, Redis unreachable", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "127.0.0.1:1", "REDIS_AUTH": "u:" + pw}, where: "redis"},
+		{name: "REDIS_AUTH, Redis unreachable", env: map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "127.0.0.1:1", "REDIS_AUTH": "u:" + pw}, where: "redis", down: true},
 		{name: "xDS headers", env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "Bearer " + pw}, where: "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,13 +63,25 @@ func TestNoSecretInStartupErrors(t *testing.T) {
 				t.Setenv("PORT", "0")
 				args = args[:len(args)-len(tc.args)]
 			}
-			// Refused at start: were it served, the context's end stops it (0).
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			// Refused at start: were it served, the context's end stops it
+			// (0). A store that does not answer is no refusal: drip
+			// starts without it (after the store deadline, 2 s), logs each
+			// attempt to connect, and is stopped once it has logged one.
+			wait := 30 * time.Second
+			if tc.down {
+				wait = 6 * time.Second
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
 			defer cancel()
 			var out, errs lockedBuffer
 			code := run(ctx, args, strings.NewReader(""), &out, &errs)
 			all := out.String() + errs.String()
-			if code == 0 {
+			switch {
+			case tc.down && code != 0:
+				t.Fatalf("exit %d with the store down, want it to start without its store:\n%s", code, all)
+			case tc.down && !strings.Contains(all, "does not answer"):
+				t.Fatalf("nothing says the store does not answer:\n%s", all)
+			case !tc.down && code == 0:
 				t.Fatalf("started:\n%s", all)
 			}
 			if strings.Contains(all, pw) || strings.Contains(all, pw[2:8]) {
