@@ -224,7 +224,7 @@ func (o *Observer) ExpectEvents(rule string, mode rules.Mode, events ...engine.E
 var events = []engine.Event{engine.Allowed, engine.Denied, engine.NotTaken,
 	engine.ErrorAllowed, engine.ErrorDenied, engine.LocalAllowed, engine.LocalDenied,
 	engine.Failed, engine.Refunded, engine.Unlimited,
-	engine.Charged, engine.Forgiven, engine.Settled}
+	engine.Charged, engine.Forgiven, engine.Settled, engine.Unreported}
 
 // settleEvents are the outcomes of drip_settled_tokens_total.
 var settleEvents = []engine.Event{engine.Charged, engine.Refunded, engine.Forgiven}
