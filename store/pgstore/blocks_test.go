@@ -70,10 +70,10 @@ func prepareLeased(t *testing.T, op bucket.Op, it leasedItem) bucket.Prepared {
 	return pr
 }
 
-// TestBlocksMixed: a call that holds a leased item is decided whole by
-// drip.block_apply, whatever else it holds (a plain bucket, a concurrency
-// limit), all or nothing; and a leased limit's state is apart from the
-// plain bucket of the same key.
+// TestBlocksMixed: a call that holds a block, or a key with blocks, is
+// decided whole by drip.block_apply, whatever else it holds (a plain
+// bucket, a concurrency limit), all or nothing; and a key's blocks cap
+// every request on it, marked leased or not (its one bucket).
 func TestBlocksMixed(t *testing.T) {
 	t.Parallel()
 	db := pool(t)
@@ -123,17 +123,18 @@ func TestBlocksMixed(t *testing.T) {
 			call("a block of 3 beside a take", bucket.Take, []bool{true, true}, []float64{1, 0}, blk, plain)
 			notLeased := l
 			notLeased.leased = false
-			call("the same key, not leased: its own bucket", bucket.Take, []bool{true}, []float64{4}, notLeased)
-			call("the block back with 2 unused, the slot released", bucket.Refund, []bool{true, true}, []float64{3, 1}, leasedItem{key: l.key, lim: leasedLim, cost: 2, block: "x"}, slot("a"))
-			call("the slot is free", bucket.Take, []bool{true, true}, []float64{2, 0}, l, slot("b"))
+			call("the same key, not marked leased: the same bucket, under the block's cap", bucket.Take, []bool{true}, []float64{0}, notLeased)
+			call("nor is it alone", bucket.Take, []bool{false}, []float64{0}, notLeased)
+			call("the block back with 2 unused, the slot released", bucket.Refund, []bool{true, true}, []float64{2, 1}, leasedItem{key: l.key, lim: leasedLim, cost: 2, block: "x"}, slot("a"))
+			call("the slot is free", bucket.Take, []bool{true, true}, []float64{1, 0}, l, slot("b"))
 			var rows int
-			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 1 {
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 1 {
 				t.Fatalf("%d rows of the leased key (%v), want 1", rows, err)
 			}
 			if err := st.Reset(ctx, l.key); err != nil {
 				t.Fatal(err)
 			}
-			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 0 {
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 0 {
 				t.Fatalf("after Reset: %d rows of the leased key (%v), want 0", rows, err)
 			}
 			call("reset: full again", bucket.Peek, []bool{true}, []float64{4}, l)
@@ -141,9 +142,9 @@ func TestBlocksMixed(t *testing.T) {
 	}
 }
 
-// TestSweepBlocks: the sweeper deletes the rows of leased limits whose
-// blocks all expired and whose bucket is full again, and keeps those with
-// a live block.
+// TestSweepBlocks: the sweeper deletes the rows of keys whose blocks all
+// expired and whose bucket is full again, and keeps those with a live
+// block.
 func TestSweepBlocks(t *testing.T) {
 	db := pool(t)
 	st := newStore(t)
@@ -161,7 +162,7 @@ func TestSweepBlocks(t *testing.T) {
 	count := func(key string) int {
 		t.Helper()
 		var n int
-		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(p+key)).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key = $1", pgstore.StoreKey(p+key)).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -222,7 +223,7 @@ func BenchmarkLeasedTake(b *testing.B) {
 }
 
 // TestBlocksLateTakesNothing: a block take whose statement gets its row
-// locks after its caller's deadline (drip.blocks locked by another
+// locks after its caller's deadline (drip.buckets locked by another
 // session, and a connection that cannot cancel the statement) fails with
 // an error that wraps context.DeadlineExceeded and writes nothing.
 func TestBlocksLateTakesNothing(t *testing.T) {
@@ -240,7 +241,7 @@ func TestBlocksLateTakesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE drip.blocks IN ACCESS EXCLUSIVE MODE"); err != nil {
+	if _, err := tx.Exec(ctx, "LOCK TABLE drip.buckets IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
 	c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
@@ -258,7 +259,7 @@ func TestBlocksLateTakesNothing(t *testing.T) {
 		t.Fatalf("a late block take: %v, want an error wrapping context.DeadlineExceeded", err)
 	}
 	var rows int
-	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(key)).Scan(&rows); err != nil || rows != 0 {
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key = $1", pgstore.StoreKey(key)).Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("%d rows of the key (%v), want none", rows, err)
 	}
 	peek := prepareLeased(t, bucket.Peek, leasedItem{key: key, lim: lim, leased: true})
