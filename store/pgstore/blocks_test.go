@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
@@ -307,5 +312,60 @@ func TestBlocksOverSlidingRow(t *testing.T) {
 	// had the window's two takes stayed).
 	if d := apply(bucket.Peek, window); d[0].Tokens != 2 {
 		t.Errorf("the window after the bucket replaced its row: a take would leave %v; want 2 (fresh)", d[0].Tokens)
+	}
+}
+
+// statements is a pool that counts the statements it runs that call
+// drip.block_apply.
+type statements struct {
+	*pgxpool.Pool
+	blockApply atomic.Int64
+}
+
+func (s *statements) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.HasPrefix(sql, "SELECT * FROM drip.block_apply(") {
+		s.blockApply.Add(1)
+	}
+	return s.Pool.Query(ctx, sql, args...)
+}
+
+// TestLeasedTakeIsPlain: a take marked leased but without a block (a
+// leased instance's take on a cold or exhausted key) is a plain take,
+// batched as any, on a key without blocks: no drip.block_apply of its
+// own. On a key whose row holds a block it goes to drip.block_apply,
+// and is held to the block's cap.
+func TestLeasedTakeIsPlain(t *testing.T) {
+	t.Parallel()
+	db := &statements{Pool: pool(t)}
+	st, err := pgstore.New(context.Background(), db, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	p := prefix()
+	at := time.Now().Truncate(time.Hour).Add(time.Hour)
+	lim := drip.PerSecond(1).WithBurst(10)
+	take := func(it leasedItem) drip.Decision {
+		t.Helper()
+		items := []bucket.Prepared{prepareLeased(t, bucket.Take, it)}
+		res := make([]bucket.Result, 1)
+		if err := st.Apply(ctx, bucket.Take, at, items, res); err != nil {
+			t.Fatal(err)
+		}
+		return drip.DecisionOf(res[0], items[0].Params.Burst)
+	}
+	for range 3 {
+		take(leasedItem{key: p + "k", lim: lim, cost: 1, leased: true})
+	}
+	if n := db.blockApply.Load(); n != 0 {
+		t.Fatalf("3 leased takes on a key without blocks ran drip.block_apply %d times, want 0", n)
+	}
+	take(leasedItem{key: p + "k", lim: lim, cost: 5, block: "b"})
+	if d := take(leasedItem{key: p + "k", lim: lim, cost: 3, leased: true}); d.Allowed || d.Tokens != 2 {
+		t.Errorf("a take of 3 with 2 left beside a block of 5: %+v; want denied, 2 tokens", d)
+	}
+	if n := db.blockApply.Load(); n != 2 {
+		t.Errorf("a block take and a take on the key with the block: drip.block_apply %d times, want 2", n)
 	}
 }
