@@ -162,6 +162,10 @@ type Store struct {
 	once   sync.Once
 
 	decisions, local, calls, fetched, returned, expired, lost, failures atomic.Int64
+
+	// rtt is the time a block take takes, an average over the recent
+	// ones (ns, on the instance's clock).
+	rtt atomic.Int64
 }
 
 var _ store.Store = (*Store)(nil)
@@ -783,15 +787,25 @@ func localResult(p *bucket.Params, tokens int64) bucket.Result {
 	return bucket.Result{Allowed: true, Tokens: tokens, ResetAfter: reset}
 }
 
+// span is how much of a key's demand a block holds: the horizon, or
+// three block takes' time when the store is slower than that. A block
+// fetched ahead when half used then comes before the current one runs
+// out. (Holding only a horizon's demand, a block would run out first on
+// a slow store, the callers would wait for the next, the demand they
+// show would fall and the next block be smaller still.)
+func (s *Store) span() time.Duration {
+	return max(s.horizon, 3*time.Duration(s.rtt.Load()))
+}
+
 // blockSize is the size of the next block of l for a take of cost: its
-// demand over the horizon, at most the share of the burst, and less when
+// demand over the span, at most the share of the burst, and less when
 // the bucket is nearly empty; 0 (no block: per-decision takes) when that
 // would hold less than two takes of cost. The caller holds l.mu.
 func (s *Store) blockSize(l *local, cost int64) int64 {
 	if l.starved {
 		return 0
 	}
-	want := int64(l.rate * s.horizon.Seconds())
+	want := int64(l.rate * s.span().Seconds())
 	size := min(want, int64(s.share*float64(l.p.Burst)))
 	if l.known && l.avail < 2*size {
 		size = max(0, l.avail/2)
@@ -834,7 +848,15 @@ func (s *Store) fetch(ctx context.Context, at time.Time, l *local, size int64, n
 	var rs [1]bucket.Result
 	s.calls.Add(1)
 	l.out.Add(size)
-	if err := s.st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, rs[:]); err != nil {
+	err = s.st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, rs[:])
+	if d := int64(s.now().Sub(now)); d >= 0 {
+		r := s.rtt.Load()
+		if r == 0 {
+			r = d // the first take
+		}
+		s.rtt.Store(r + (d-r)/4)
+	}
+	if err != nil {
 		// The take may have been applied: its block stays counted until
 		// it would end.
 		s.failures.Add(1)
