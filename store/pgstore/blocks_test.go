@@ -183,9 +183,10 @@ func TestSweepBlocks(t *testing.T) {
 	}
 }
 
-// BenchmarkLeasedTake: one caller's takes of one key, plain (take.sql) and
-// leased (drip.block_apply), beside 0 or 8 live blocks of the key: the
-// cost of a leased limit's take that goes to the store.
+// BenchmarkLeasedTake: one caller's takes of one key, plain and marked
+// leased (both take.sql: a key without blocks), and beside 8 live blocks
+// of the key (drip.block_apply): the cost of a leased limit's take that
+// goes to the store.
 func BenchmarkLeasedTake(b *testing.B) {
 	for _, c := range []struct {
 		name   string
