@@ -1,0 +1,126 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/big"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// moneyRules is a strict monthly budget of one currency unit (1,000,000
+// micro-units) a key, priced by a table of two models.
+const moneyRules = `key_secret_env: DRIP_KEY_SECRET
+prices:
+  gpt-4o: {input: 2.5, cached_input: 1.25, output: 10}
+  gpt-4o-mini: {input: 0.15, output: 0.6}
+rules:
+  - name: spend
+    limit_keys: ["hash:api_key"]
+    budget: strict
+    cost_from_response: openai:money
+    algorithm: fixed_window
+    algorithm_config: {rate: 1000000, period: month, time_zone: Europe/Berlin, cost_source: openai:money}
+`
+
+// TestLLMMoney: a money budget takes a call's worst case at the prices
+// of its model and keeps what its usage costs, cached input priced
+// apart, rounded up to the micro-unit; a model the table does not price
+// is refused (400) under a strict budget, and priced by the default row
+// when the table has one.
+func TestLLMMoney(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file, moneyRules)
+	e := newLLMEnv(t, memstore.New(), file)
+	post := func(model string, hs ...string) (int, string) {
+		t.Helper()
+		body := `{"model":"` + model + `","max_tokens":100,"messages":[{"role":"user","content":"hello there"}]}`
+		res := e.call(t, context.Background(), "/v1/chat/completions", "sk-money", body, hs...)
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return res.StatusCode, string(b)
+	}
+	// gpt-4o: 37 input tokens of which 20 cached, 13 output:
+	// 17 × 2.5 + 20 × 1.25 + 13 × 10 = 42.5 + 25 + 130 = 197.5, so 198.
+	if code, b := post("gpt-4o", "X-Test-Prompt-Tokens", "37", "X-Test-Cached-Tokens", "20", "X-Test-Completion-Tokens", "13"); code != 200 {
+		t.Fatalf("gpt-4o: %d %s", code, b)
+	}
+	e.waitEvent(t, "spend", "refunded", 1)
+	if got := e.left(t, "spend", "sk-money"); got != 1_000_000-198 {
+		t.Errorf("after gpt-4o: %v left, want 999802 (198 spent)", got)
+	}
+	// gpt-4o-mini, cached input at the input price: 50 × 0.15 + 7 × 0.6
+	// = 7.5 + 4.2 = 11.7, so 12.
+	if code, b := post("gpt-4o-mini", "X-Test-Prompt-Tokens", "50", "X-Test-Completion-Tokens", "7"); code != 200 {
+		t.Fatalf("gpt-4o-mini: %d %s", code, b)
+	}
+	e.waitEvent(t, "spend", "refunded", 2)
+	if got := e.left(t, "spend", "sk-money"); got != 1_000_000-198-12 {
+		t.Errorf("after gpt-4o-mini: %v left, want 999790 (210 spent)", got)
+	}
+	// A model with no price: refused, nothing taken.
+	code, b := post("gpt-5-turbo")
+	if code != 400 || !strings.Contains(b, `has no price`) || !strings.Contains(b, `gpt-5-turbo`) {
+		t.Errorf("unpriced model: %d %s", code, b)
+	}
+	if got := e.left(t, "spend", "sk-money"); got != 1_000_000-210 {
+		t.Errorf("after the unpriced model: %v left, want 999790", got)
+	}
+	// A call whose worst case is over the budget: 200,000 output tokens
+	// at 10 a million are 2,000,000 micro-units.
+	res := e.call(t, context.Background(), "/v1/chat/completions", "sk-money", `{"model":"gpt-4o","max_tokens":200000}`)
+	res.Body.Close()
+	if res.StatusCode != 429 || res.Header.Get("X-Should-Retry") != "false" {
+		t.Errorf("a worst case over the budget: %d, x-should-retry %q", res.StatusCode, res.Header.Get("X-Should-Retry"))
+	}
+
+	// With a default row, any other model is priced by it: 10 × 1 + 20 × 2.
+	file2 := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file2, strings.Replace(moneyRules, "prices:\n", "prices:\n  default: {input: 1, output: 2}\n", 1))
+	e = newLLMEnv(t, memstore.New(), file2)
+	if code, b := post("gpt-5-turbo"); code != 200 {
+		t.Fatalf("a default price: %d %s", code, b)
+	}
+	e.waitEvent(t, "spend", "refunded", 1)
+	if got := e.left(t, "spend", "sk-money"); got != 1_000_000-50 {
+		t.Errorf("a default price: %v left, want 999950", got)
+	}
+}
+
+// TestLLMMoneyStrictNeverExceeded: 64 concurrent streams on a strict
+// money budget of 20,000 micro-units, with aborts, cut streams, upstream
+// errors and clients that give max_tokens or the model twice: what the
+// upstream spent, at the table's prices, never exceeds the budget.
+func TestLLMMoneyStrictNeverExceeded(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file, strings.Replace(moneyRules, "rate: 1000000", "rate: 20000", 1))
+	e := newLLMEnv(t, memstore.New(), file)
+	status := e.storm(t, 11, "sk-many", func(rng *rand.Rand) string {
+		maxTok := 1 + rng.IntN(400)
+		switch rng.IntN(5) {
+		case 0: // says a small max_tokens, then a larger one
+			return fmt.Sprintf(`{"model":"gpt-4o","max_tokens":1,"stream":true,"max_tokens":%d}`, maxTok)
+		case 1: // names the cheap model, then the dear one (which the upstream reads)
+			return fmt.Sprintf(`{"model":"gpt-4o-mini","stream":true,"max_tokens":%d,"model":"gpt-4o"}`, maxTok)
+		}
+		return fmt.Sprintf(`{"model":"gpt-4o","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTok, strings.Repeat("x", rng.IntN(200)))
+	})
+	e.waitSettled(t, "spend")
+	// What the upstream spent, exactly: input at 2.5 and output at 10 a
+	// million tokens, in micro-units.
+	in, out := e.up.Input(), e.up.Spent()-e.up.Input()
+	spent := new(big.Rat).SetFrac64(in*2_500_000+out*10_000_000, 1_000_000)
+	left := e.left(t, "spend", "sk-many")
+	t.Logf("statuses %v; the upstream spent %d input and %d output tokens, %s micro-units; %v left", status, in, out, spent.FloatString(1), left)
+	if spent.Cmp(big.NewRat(20000, 1)) > 0 || left < 0 {
+		t.Errorf("the strict money budget was exceeded: the upstream spent %s micro-units of 20,000 (%v left)", spent.FloatString(1), left)
+	}
+	if status[429] == 0 || status[200] == 0 || status[400] == 0 {
+		t.Errorf("statuses %v: want calls allowed, denied and refused (a model named twice)", status)
+	}
+}
