@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/big"
@@ -122,5 +123,63 @@ func TestLLMMoneyStrictNeverExceeded(t *testing.T) {
 	}
 	if status[429] == 0 || status[200] == 0 || status[400] == 0 {
 		t.Errorf("statuses %v: want calls allowed, denied and refused (a model named twice)", status)
+	}
+}
+
+// TestAdminTenantSpend: one admin call answers what an API key has spent
+// this month and what is left, in micro-units and in the currency's
+// units, beside its token budget and its requests a minute: what the
+// gateway charged.
+func TestAdminTenantSpend(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file, moneyRules+`  - name: tokens-day
+    limit_keys: ["hash:api_key"]
+    cost_from_response: openai
+    algorithm: fixed_window
+    algorithm_config: {rate: 100000, period: day, cost_source: openai}
+  - name: rpm
+    limit_keys: ["hash:api_key"]
+    algorithm_config: {rate: 60, period: 1m}
+`)
+	e := newLLMEnv(t, memstore.New(), file)
+	for range 2 { // 198 micro-units and 50 tokens each
+		res := e.call(t, context.Background(), "/v1/chat/completions", "sk-money", `{"model":"gpt-4o","max_tokens":100}`,
+			"X-Test-Prompt-Tokens", "37", "X-Test-Cached-Tokens", "20", "X-Test-Completion-Tokens", "13")
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("%d", res.StatusCode)
+		}
+	}
+	e.waitEvent(t, "spend", "refunded", 2)
+	e.waitEvent(t, "tokens-day", "refunded", 2)
+	code, out := admin(t, "POST", e.srv.admin+"/v1/admin/tenant", `{"headers": {"authorization": "Bearer sk-money"}}`)
+	if code != 200 {
+		t.Fatalf("tenant: %d %s", code, out)
+	}
+	var got struct{ Rules []tenantRule }
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]tenantSpend{
+		"spend":      {Unit: "micro-units", Spent: 396, Left: 1_000_000 - 396, Of: 1_000_000, SpentUnits: "0.000396", LeftUnits: "0.999604"},
+		"tokens-day": {Unit: "tokens", Spent: 100, Left: 100_000 - 100, Of: 100_000},
+		"rpm":        {Unit: "requests", Spent: 2, Left: 58, Of: 60},
+	}
+	for _, r := range got.Rules {
+		w := want[r.Rule]
+		if !r.Applies || r.Spend == nil || *r.Spend != w {
+			t.Errorf("%s: %+v, spend %+v; want %+v", r.Rule, r, r.Spend, w)
+			continue
+		}
+		if left := e.left(t, r.Rule, "sk-money"); left != r.Spend.Left {
+			t.Errorf("%s: the picture says %v left, the bucket %v", r.Rule, r.Spend.Left, left)
+		}
+	}
+	if len(got.Rules) != 3 {
+		t.Errorf("%d rules: %s", len(got.Rules), out)
+	}
+	if strings.Contains(out, "sk-money") {
+		t.Errorf("the picture shows the API key: %s", out)
 	}
 }

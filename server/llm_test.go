@@ -59,7 +59,7 @@ func newLLMEnv(t *testing.T, st store.Store, file string) *llmEnv {
 		t.Fatal(err)
 	}
 	st = frozen{st, time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)}
-	srv := start(t, Config{Rules: file, Upstream: upTS.URL, WatchEvery: -1}, st)
+	srv := start(t, Config{Rules: file, Upstream: upTS.URL, WatchEvery: -1, AdminToken: adminToken}, st)
 	return &llmEnv{set, st, srv, up, upTS}
 }
 
