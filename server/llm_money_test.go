@@ -121,6 +121,15 @@ func TestLLMMoneyStrictNeverExceeded(t *testing.T) {
 	if spent.Cmp(big.NewRat(20000, 1)) > 0 || left < 0 {
 		t.Errorf("the strict money budget was exceeded: the upstream spent %s micro-units of 20,000 (%v left)", spent.FloatString(1), left)
 	}
+	// The spend the metrics show is what the budget counts, in
+	// micro-units, not tokens.
+	m := scrape(t, e.srv.admin)
+	if got, ok := m[`drip_spent_micro_units_total{rule=spend}`]; got != 20000-left || !ok {
+		t.Errorf("drip_spent_micro_units_total: %v (%v), want %v", got, ok, 20000-left)
+	}
+	if _, ok := m[`drip_spent_tokens_total{rule=spend}`]; ok {
+		t.Error("a money budget's spend counted as tokens")
+	}
 	if status[429] == 0 || status[200] == 0 || status[400] == 0 {
 		t.Errorf("statuses %v: want calls allowed, denied and refused (a model named twice)", status)
 	}
@@ -175,6 +184,9 @@ func TestAdminTenantSpend(t *testing.T) {
 		if left := e.left(t, r.Rule, "sk-money"); left != r.Spend.Left {
 			t.Errorf("%s: the picture says %v left, the bucket %v", r.Rule, r.Spend.Left, left)
 		}
+	}
+	if m := scrape(t, e.srv.admin); m[`drip_spent_micro_units_total{rule=spend}`] != 396 || m[`drip_spent_tokens_total{rule=tokens-day}`] != 100 {
+		t.Errorf("the metrics' spend: %v micro-units, %v tokens; want 396 and 100", m[`drip_spent_micro_units_total{rule=spend}`], m[`drip_spent_tokens_total{rule=tokens-day}`])
 	}
 	if len(got.Rules) != 3 {
 		t.Errorf("%d rules: %s", len(got.Rules), out)

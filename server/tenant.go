@@ -255,7 +255,9 @@ func sourceList(srcs []rules.Source) string {
 
 // spendOf is the spend of rule's bucket, d.
 func spendOf(ru *rules.Rule, d drip.Decision) *tenantSpend {
-	sp := &tenantSpend{Unit: "cost", Of: d.Burst, Left: d.Tokens, Spent: d.Burst - d.Tokens}
+	// To the millionth, the bucket's precision (no 0.45406499999999994).
+	micro := func(x float64) float64 { return math.Round(x*1e6) / 1e6 }
+	sp := &tenantSpend{Unit: "cost", Of: d.Burst, Left: micro(d.Tokens), Spent: micro(d.Burst - d.Tokens)}
 	name := ""
 	switch {
 	case ru.CostSource.Kind == rules.KindBound:
