@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -35,9 +37,15 @@ rules:
 // is refused (400) under a strict budget, and priced by the default row
 // when the table has one.
 func TestLLMMoney(t *testing.T) {
+	for _, name := range []string{"memory", "postgres", "redis"} {
+		t.Run(name, func(t *testing.T) { testLLMMoney(t, teststores.Open(t, name)) })
+	}
+}
+
+func testLLMMoney(t *testing.T, st store.Store) {
 	file := filepath.Join(t.TempDir(), "rules.yaml")
 	writeFile(t, file, moneyRules)
-	e := newLLMEnv(t, memstore.New(), file)
+	e := newLLMEnv(t, st, file)
 	post := func(model string, hs ...string) (int, string) {
 		t.Helper()
 		body := `{"model":"` + model + `","max_tokens":100,"messages":[{"role":"user","content":"hello there"}]}`
@@ -80,16 +88,42 @@ func TestLLMMoney(t *testing.T) {
 		t.Errorf("a worst case over the budget: %d, x-should-retry %q", res.StatusCode, res.Header.Get("X-Should-Retry"))
 	}
 
-	// With a default row, any other model is priced by it: 10 × 1 + 20 × 2.
-	file2 := filepath.Join(t.TempDir(), "rules.yaml")
-	writeFile(t, file2, strings.Replace(moneyRules, "prices:\n", "prices:\n  default: {input: 1, output: 2}\n", 1))
-	e = newLLMEnv(t, memstore.New(), file2)
-	if code, b := post("gpt-5-turbo"); code != 200 {
-		t.Fatalf("a default price: %d %s", code, b)
+}
+
+// TestLLMMoneyUnpriced: with a default row, a model the table does not
+// name is priced by it; under a soft budget without one, a call of such
+// a model takes its default_cost and keeps it, its usage unreported.
+func TestLLMMoneyUnpriced(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file, strings.Replace(moneyRules, "prices:\n", "prices:\n  default: {input: 1, output: 2}\n", 1))
+	e := newLLMEnv(t, memstore.New(), file)
+	body := `{"model":"gpt-5-turbo","max_tokens":100}`
+	call := func(e *llmEnv) int {
+		res := e.call(t, context.Background(), "/v1/chat/completions", "sk-money", body)
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		return res.StatusCode
+	}
+	// 10 input tokens at 1 a million, 20 output at 2: 50 micro-units.
+	if code := call(e); code != 200 {
+		t.Fatalf("a default price: %d", code)
 	}
 	e.waitEvent(t, "spend", "refunded", 1)
 	if got := e.left(t, "spend", "sk-money"); got != 1_000_000-50 {
 		t.Errorf("a default price: %v left, want 999950", got)
+	}
+
+	soft := strings.Replace(moneyRules, "    budget: strict\n", "", 1)
+	soft = strings.Replace(soft, "cost_source: openai:money}", "cost_source: openai:money, default_cost: 5000}", 1)
+	file = filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, file, soft)
+	e = newLLMEnv(t, memstore.New(), file)
+	if code := call(e); code != 200 {
+		t.Fatalf("soft, unpriced: %d", code)
+	}
+	e.waitEvent(t, "spend", "unreported", 1)
+	if got := e.left(t, "spend", "sk-money"); got != 1_000_000-5000 {
+		t.Errorf("soft, unpriced: %v left, want 995000 (its default_cost)", got)
 	}
 }
 
