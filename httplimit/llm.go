@@ -77,6 +77,9 @@ func (v *reqValues) bound(src rules.Source) (string, bool) {
 // the request has none.
 func (v *reqValues) part(src rules.Source) (int64, string) {
 	api, part, _ := llm.ParseName(src.Name)
+	if part == llm.Money {
+		return llmRequest(v.r, api).MoneyBound(src.Prices)
+	}
 	return llmRequest(v.r, api).Part(part)
 }
 
@@ -116,4 +119,18 @@ func askUsage(r *http.Request, out *engine.Outcome) {
 	rb.b, rb.Reader, rb.api = b, bytes.NewReader(b), ""
 	r.ContentLength = int64(len(b))
 	r.Header.Del("Content-Length")
+}
+
+// pricedRequest is r's body read as the API of the first rule of out
+// that prices its usage ("openai:money"), for its model; the zero
+// Request when none does.
+func pricedRequest(r *http.Request, out *engine.Outcome) llm.Request {
+	for i := range out.Applied {
+		if cf := out.Applied[i].Rule.CostFrom; cf != nil {
+			if api, part, _ := llm.ParseName(cf.API); part == llm.Money {
+				return llmRequest(r, api)
+			}
+		}
+	}
+	return llm.Request{}
 }

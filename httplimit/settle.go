@@ -27,6 +27,9 @@ type settleWriter struct {
 	// it is written, never keeping it.
 	usage bool
 	scan  *llm.Scanner
+	// req is the request's body as the API of a rule that prices its
+	// usage read it (its model), read before it is served.
+	req llm.Request
 }
 
 func (w *settleWriter) WriteHeader(code int) {
@@ -74,6 +77,10 @@ func (w *settleWriter) response() engine.Response {
 	return engine.Response{Status: w.status, Value: func(src rules.ResponseSource) (string, bool) {
 		if src.API != "" {
 			api, part, _ := llm.ParseName(src.API)
+			if part == llm.Money {
+				n, ok := w.scan.Money(api, w.req, src.Prices)
+				return strconv.FormatInt(n, 10), ok
+			}
 			n, ok := w.scan.Tokens(api, part)
 			return strconv.FormatInt(n, 10), ok
 		}
@@ -126,6 +133,7 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next http.Handler, out
 	sw := &settleWriter{ResponseWriter: w, usage: out.ReadsUsage()}
 	if sw.usage {
 		askUsage(r, out) // llm.go
+		sw.req = pricedRequest(r, out)
 	}
 	if sw.usage && r.Header.Get("Accept-Encoding") != "" {
 		// The usage is read in the body as it goes by: ask for it

@@ -402,7 +402,7 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 			case err == nil && (src.Kind == KindHeader || src.Kind == KindQuery):
 				r.CostSource = src
 			default:
-				c.add(fp, "must be \"fixed\", \"header:<name>\", \"query:<name>\", \"openai\" or \"anthropic\" (with :input or :output for a part), not %q", s)
+				c.add(fp, "must be \"fixed\", \"header:<name>\", \"query:<name>\", \"openai\" or \"anthropic\" (with :input or :output for a part or :money for its price), not %q", s)
 			}
 		}
 	}

@@ -6,7 +6,7 @@ import (
 
 // The top level of a rules file.
 
-var topFields = []string{"rules", "jwt", "trusted_proxies", "ipv6_prefix", "on_error", "local_share", "store_timeout", "circuit_breaker", "retry_after_jitter", "exact_paths", "key_secret_env"}
+var topFields = []string{"rules", "jwt", "trusted_proxies", "ipv6_prefix", "on_error", "local_share", "store_timeout", "circuit_breaker", "retry_after_jitter", "exact_paths", "key_secret_env", "prices"}
 
 func (c *checker) set(v any) *Set {
 	s := &Set{
@@ -86,6 +86,10 @@ func (c *checker) set(v any) *Set {
 	for i := range s.Rules {
 		s.Rules[i].keySecret = s.KeySecret
 	}
+	if v, p, ok := f.get("prices"); ok {
+		s.Prices = c.prices(p, v) // prices.go
+	}
+	c.priceRules(s)
 	f.done(topFields...)
 	if jwtVal != nil || jwtPath != "" {
 		s.JWT = c.jwt(jwtPath, jwtVal)

@@ -29,6 +29,9 @@ type ResponseSource struct {
 	Trailer bool
 	Name    string
 	API     string
+	// Prices is the file's price table, for a usage that is priced
+	// ("openai:money").
+	Prices *llm.Prices
 }
 
 // String returns the source as written in a rules file.
@@ -83,7 +86,7 @@ func (c *checker) costFromResponse(p string, v any) *ResponseSource {
 	}
 	src, ok := ParseResponseSource(s)
 	if !ok {
-		c.add(p, "%q is not a response source (header:<name>, trailer:<name>, openai or anthropic, with :input or :output for a part)", s)
+		c.add(p, "%q is not a response source (header:<name>, trailer:<name>, openai or anthropic, with :input or :output for a part or :money for its price)", s)
 		return nil
 	}
 	return &src

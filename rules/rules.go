@@ -13,6 +13,7 @@ import (
 	"crypto"
 	_ "embed"
 	"fmt"
+	"github.com/driplimit/drip/internal/llm"
 	"net/netip"
 	"os"
 	"strconv"
@@ -102,6 +103,9 @@ type Set struct {
 	// KeySecret is that secret, read by the loader (Load, ParseEnv).
 	KeySecretEnv string
 	KeySecret    []byte
+	// Prices (prices) is the file's price table, which the rules that
+	// count a call's price ("openai:money") read; nil when it has none.
+	Prices *llm.Prices
 
 	byName map[string]int
 }

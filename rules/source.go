@@ -50,6 +50,9 @@ type Source struct {
 	Kind   Kind
 	Name   string
 	Hashed bool
+	// Prices is the file's price table, for a bound that is a price
+	// ("openai:money").
+	Prices *llm.Prices
 }
 
 // String returns the source as written in a rules file (headers in lower

@@ -59,7 +59,7 @@ func newLLMEnv(t *testing.T, st store.Store, file string) *llmEnv {
 		t.Fatal(err)
 	}
 	st = frozen{st, time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)}
-	srv := start(t, Config{Rules: file, Upstream: upTS.URL, WatchEvery: -1}, st)
+	srv := start(t, Config{Rules: file, Upstream: upTS.URL, WatchEvery: -1, AdminToken: adminToken}, st)
 	return &llmEnv{set, st, srv, up, upTS}
 }
 
@@ -116,6 +116,79 @@ func (e *llmEnv) call(t *testing.T, ctx context.Context, path, apiKey, body stri
 		t.Fatal(err)
 	}
 	return res
+}
+
+// waitSettled waits until every call rule allowed has settled: its
+// bucket is then as the metrics say.
+func (e *llmEnv) waitSettled(t *testing.T, rule string) {
+	t.Helper()
+	allowed := scrape(t, e.srv.admin)[`drip_decisions_total{mode=enforce,outcome=allowed,rule=`+rule+`}`]
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		m := scrape(t, e.srv.admin)
+		n := 0.0
+		for _, ev := range []string{"charged", "refunded", "forgiven", "settled", "unreported"} {
+			n += m[`drip_decisions_total{mode=enforce,outcome=`+ev+`,rule=`+rule+`}`]
+		}
+		if n >= allowed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v of %v settled", n, allowed)
+		}
+	}
+}
+
+// storm runs 64 clients of 8 streamed calls each with the API key, the
+// bodies body makes, and the stand-in told to generate up to 600 tokens,
+// report at most the body's length of input, fail one call in six and
+// cut one stream in six; one client in five goes away mid-stream. It
+// returns the count of each status.
+func (e *llmEnv) storm(t *testing.T, seed uint64, apiKey string, body func(*rand.Rand) string, headers ...string) map[int]int {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	status := map[int]int{}
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), seed))
+			for range 8 {
+				b := body(rng)
+				hs := append([]string{"X-Test-Completion-Tokens", strconv.Itoa(rng.IntN(600)),
+					"X-Test-Prompt-Tokens", strconv.Itoa(rng.IntN(len(b)))}, headers...)
+				switch rng.IntN(6) {
+				case 0:
+					hs = append(hs, "X-Test-Fail", "500")
+				case 1:
+					hs = append(hs, "X-Test-Cut", strconv.Itoa(rng.IntN(50)))
+				}
+				code := e.stream(t, rng, apiKey, b, hs...)
+				mu.Lock()
+				status[code]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return status
+}
+
+// stream posts body to Chat Completions with the API key and headers,
+// and reads the answer whole, or one line of it (a client gone
+// mid-stream) one time in five; it returns the status.
+func (e *llmEnv) stream(t *testing.T, rng *rand.Rand, apiKey, body string, headers ...string) int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := e.call(t, ctx, "/v1/chat/completions", apiKey, body, headers...)
+	if rng.IntN(5) == 0 {
+		bufio.NewReader(res.Body).ReadString('\n')
+		cancel()
+	} else {
+		io.Copy(io.Discard, res.Body)
+	}
+	res.Body.Close()
+	return res.StatusCode
 }
 
 // TestLLMExample runs examples/llm on memory, PostgreSQL and Redis: drip
@@ -236,62 +309,14 @@ rules:
 `)
 	e := newLLMEnv(t, memstore.New(), file)
 	const key = "Bearer sk-many"
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	status := map[int]int{}
-	for i := range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(i), 7))
-			for range 8 {
-				maxTok := 1 + rng.IntN(400)
-				body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTok, strings.Repeat("x", rng.IntN(200)))
-				if rng.IntN(4) == 0 { // says a small max_tokens, then a larger one
-					body = fmt.Sprintf(`{"max_tokens":1,"stream":true,"max_tokens":%d}`, maxTok)
-				}
-				hs := []string{"X-Test-Completion-Tokens", strconv.Itoa(rng.IntN(600)), "X-Estimate", "0",
-					"X-Test-Prompt-Tokens", strconv.Itoa(rng.IntN(len(body)))}
-				switch rng.IntN(6) {
-				case 0:
-					hs = append(hs, "X-Test-Fail", "500")
-				case 1:
-					hs = append(hs, "X-Test-Cut", strconv.Itoa(rng.IntN(50)))
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				res := e.call(t, ctx, "/v1/chat/completions", key, body, hs...)
-				if rng.IntN(5) == 0 { // a client gone mid-stream
-					br := bufio.NewReader(res.Body)
-					br.ReadString('\n')
-					cancel()
-				} else {
-					io.Copy(io.Discard, res.Body)
-				}
-				res.Body.Close()
-				cancel()
-				mu.Lock()
-				status[res.StatusCode]++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	// Every settlement has run once the day's bucket is as the metrics
-	// say: wait for the count of settlements to reach the 200s.
-	allowed := scrape(t, e.srv.admin)[`drip_decisions_total{mode=enforce,outcome=allowed,rule=day}`]
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		m := scrape(t, e.srv.admin)
-		n := 0.0
-		for _, ev := range []string{"charged", "refunded", "forgiven", "settled", "unreported"} {
-			n += m[`drip_decisions_total{mode=enforce,outcome=`+ev+`,rule=day}`]
+	status := e.storm(t, 7, key, func(rng *rand.Rand) string {
+		maxTok := 1 + rng.IntN(400)
+		if rng.IntN(4) == 0 { // says a small max_tokens, then a larger one
+			return fmt.Sprintf(`{"max_tokens":1,"stream":true,"max_tokens":%d}`, maxTok)
 		}
-		if n >= allowed {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v of %v settled", n, allowed)
-		}
-	}
+		return fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"%s"}]}`, maxTok, strings.Repeat("x", rng.IntN(200)))
+	}, "X-Estimate", "0")
+	e.waitSettled(t, "day")
 	spent := e.up.Spent()
 	left := e.left(t, "day", key)
 	t.Logf("statuses %v; the upstream spent %d tokens; %v left of the day", status, spent, left)

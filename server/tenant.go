@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
+	"math/big"
 	"net/http"
 	"net/netip"
 	"net/textproto"
@@ -16,6 +18,7 @@ import (
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/llm"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
 )
@@ -29,7 +32,11 @@ import (
 // (the key's override, else limit_from_claims, else the rule's), the
 // override of the key and whether it is stale, and the bucket now: a
 // peek at cost 0, which takes nothing (a concurrency rule's: the slots
-// held). Claims are taken as given: the operator names them, no token is
+// held), with what it has spent and what is left (tenantSpend), in
+// micro-units and in the currency's units for a rule that counts a
+// call's price. An API key (api_key) is read from the headers given
+// ("authorization": "Bearer sk-...", or "x-api-key"), hashed as
+// requests' are. Claims are taken as given: the operator names them, no token is
 // verified. The IP is read as the peer's address (trusted proxies do not
 // apply: there is no hop to skip).
 
@@ -80,6 +87,12 @@ func (a *tenantAsk) Value(src rules.Source) (string, bool) {
 		return rules.CleanMethod(a.Method), a.Method != ""
 	case rules.KindGlobal:
 		return "", true
+	case rules.KindAPIKey:
+		h := make(map[string][]string, len(a.headers))
+		for k, v := range a.headers {
+			h[k] = []string{v}
+		}
+		return (&frontdoor.Values{Header: h}).Value(src)
 	}
 	return v, ok
 }
@@ -107,6 +120,27 @@ type tenantRule struct {
 	// concurrency rule, the slots held.
 	Decision *drip.Decision `json:"decision,omitempty"`
 	InFlight *int64         `json:"in_flight,omitempty"`
+	// Spend is what the bucket has spent and what is left, in the
+	// rule's unit (a concurrency rule has none).
+	Spend *tenantSpend `json:"spend,omitempty"`
+}
+
+// tenantSpend is a bucket's spend: Spent is its burst less what it
+// holds (in a fixed or calendar window, what the window's requests
+// took; in a token bucket, what it has yet to refill), Left what it
+// holds (below 0: a soft budget's debt), both in Unit: "micro-units" of
+// a currency for a rule that counts a call's price, "tokens" for one
+// that counts a model server's tokens, "requests" for a rule whose
+// every request costs one, else "cost". A money rule's are also in the
+// currency's units (SpentUnits, LeftUnits: decimals, exact). When the
+// window starts again is the decision's reset_after.
+type tenantSpend struct {
+	Unit       string  `json:"unit"`
+	Spent      float64 `json:"spent"`
+	Left       float64 `json:"left"`
+	Of         float64 `json:"of"`
+	SpentUnits string  `json:"spent_units,omitempty"`
+	LeftUnits  string  `json:"left_units,omitempty"`
 }
 
 func (s *Server) adminTenant(w http.ResponseWriter, r *http.Request) {
@@ -204,7 +238,9 @@ func (s *Server) tenant(ctx context.Context, a *tenantAsk) ([]tenantRule, error)
 		if reqs[j].Limit.Algorithm == drip.Concurrency {
 			held := int64(reqs[j].Limit.MaxInFlight) - d.Remaining
 			out[i].InFlight = &held
+			continue
 		}
+		out[i].Spend = spendOf(&set.Rules[i], d)
 	}
 	return out, nil
 }
@@ -215,4 +251,34 @@ func sourceList(srcs []rules.Source) string {
 		names[i] = s.String()
 	}
 	return strings.Join(names, ", ")
+}
+
+// spendOf is the spend of rule's bucket, d.
+func spendOf(ru *rules.Rule, d drip.Decision) *tenantSpend {
+	// To the millionth, the bucket's precision (no 0.45406499999999994).
+	micro := func(x float64) float64 { return math.Round(x*1e6) / 1e6 }
+	sp := &tenantSpend{Unit: "cost", Of: d.Burst, Left: micro(d.Tokens), Spent: micro(d.Burst - d.Tokens)}
+	name := ""
+	switch {
+	case ru.CostSource.Kind == rules.KindBound:
+		name = ru.CostSource.Name
+	case ru.CostFrom != nil && ru.CostFrom.API != "":
+		name = ru.CostFrom.API
+	}
+	switch _, part, ok := llm.ParseName(name); {
+	case ok && part == llm.Money:
+		sp.Unit = "micro-units"
+		sp.SpentUnits, sp.LeftUnits = units(sp.Spent), units(sp.Left)
+	case ok:
+		sp.Unit = "tokens"
+	case ru.CostSource.Kind == rules.KindFixed && ru.FixedCost == 1 && ru.CostFrom == nil:
+		sp.Unit = "requests"
+	}
+	return sp
+}
+
+// units is an amount of micro-units in the currency's units, exactly
+// (to the micro-unit: the bucket's own precision): 1234567 is "1.234567".
+func units(micro float64) string {
+	return new(big.Rat).SetFrac64(int64(math.Round(micro)), 1_000_000).FloatString(6)
 }

@@ -20,6 +20,8 @@
 //	                                            refunded, or forgiven (past the debt bound)
 //	drip_spent_tokens_total{rule}               what cost_from_response rules' requests cost in
 //	                                            the end: a token budget's spend
+//	drip_spent_micro_units_total{rule}          the same for a rule that counts a call's price
+//	                                            (openai:money): a money budget's spend
 //	drip_store_duration_seconds                 latency of the store calls made
 //	drip_store_errors_total                     store calls that failed or timed out
 //	drip_store_circuit_state{state}             1 for the breaker's state, 0 for the others
@@ -32,11 +34,13 @@
 package promobserver
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/llm"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -49,6 +53,8 @@ type Observer struct {
 	fallback      *prometheus.CounterVec
 	settled       *prometheus.CounterVec
 	spent         *prometheus.CounterVec
+	spentMoney    *prometheus.CounterVec
+	money         sync.Map // names of the rules whose spend is money
 	storeSeconds  prometheus.Histogram
 	storeErrors   prometheus.Counter
 	circuit       *prometheus.GaugeVec
@@ -96,6 +102,10 @@ func New(opts ...Option) *Observer {
 			Name: "drip_spent_tokens_total",
 			Help: "What the requests of a cost_from_response rule cost in the end, as its bucket counts them (the estimate taken, less refunds, plus charges), by rule: a token budget's spend.",
 		}, []string{"rule"}),
+		spentMoney: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_spent_micro_units_total",
+			Help: "What the requests of a rule that counts a call's price (cost_from_response: openai:money or anthropic:money) cost in the end, in micro-units of the price table's currency, by rule: a money budget's spend.",
+		}, []string{"rule"}),
 		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "drip_store_duration_seconds",
 			Help:    "Latency of the engine's store calls.",
@@ -142,9 +152,9 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 
 func (o *Observer) collectors() []prometheus.Collector {
 	if !o.store {
-		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.circuit, o.queued, o.waits}
+		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.spentMoney, o.circuit, o.queued, o.waits}
 	}
-	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.storeSeconds, o.storeErrors, o.circuit, o.queued, o.waits}
+	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.spentMoney, o.storeSeconds, o.storeErrors, o.circuit, o.queued, o.waits}
 }
 
 // Prefixed returns an observer of the same series that puts prefix before
@@ -189,7 +199,12 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 			for _, e := range settleEvents {
 				o.settled.WithLabelValues(r.Name, string(e))
 			}
-			if r.CostFrom != nil {
+			switch {
+			case r.CostFrom != nil && isMoney(r.CostFrom.API):
+				o.money.Store(r.Name, true)
+				o.spentMoney.WithLabelValues(r.Name)
+			case r.CostFrom != nil:
+				o.money.Delete(r.Name)
 				o.spent.WithLabelValues(r.Name)
 			}
 		}
@@ -243,6 +258,8 @@ func (o *Observer) Forget(rule string, mode rules.Mode) {
 	}
 	o.queued.DeleteLabelValues(rule)
 	o.spent.DeleteLabelValues(rule)
+	o.spentMoney.DeleteLabelValues(rule)
+	o.money.Delete(rule)
 	o.waits.DeletePartialMatch(prometheus.Labels{"rule": rule})
 }
 
@@ -272,6 +289,10 @@ func (o *Observer) Decision(rule string, mode rules.Mode, outcome engine.Event) 
 // Tokens implements engine.TokenObserver.
 func (o *Observer) Tokens(rule string, outcome engine.Event, tokens float64) {
 	if outcome == engine.Spent {
+		if _, ok := o.money.Load(rule); ok {
+			o.spentMoney.WithLabelValues(rule).Add(tokens)
+			return
+		}
 		o.spent.WithLabelValues(rule).Add(tokens)
 		return
 	}
@@ -305,4 +326,11 @@ func (o *Observer) BreakerState(state string) {
 		}
 		o.circuit.WithLabelValues(s).Set(v)
 	}
+}
+
+// isMoney reports whether a cost_from_response counts a call's price
+// ("openai:money").
+func isMoney(api string) bool {
+	_, part, ok := llm.ParseName(api)
+	return ok && part == llm.Money
 }

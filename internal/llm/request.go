@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 )
 
@@ -24,6 +25,11 @@ type Request struct {
 	Stream bool
 	// StreamOptions: the body has a top-level "stream_options".
 	StreamOptions bool
+	// Model is the body's top-level "model", when it names one; ModelWhy
+	// says why it does not (none, not a string, longer than MaxModel
+	// bytes or escaped, given twice with two names).
+	Model    string
+	ModelWhy string
 }
 
 // ReadRequest reads a request's JSON body under api, for the call at
@@ -38,7 +44,8 @@ type Request struct {
 func ReadRequest(api API, path string, body []byte) Request {
 	r := Request{}
 	var out, choices int64 = -1, 1
-	why, stored := "", "" // why the output, the input has no bound
+	why, stored := "", ""    // why the output, the input has no bound
+	model, seen := "", false // why the model is not read; a model was seen
 	var t tokenizer
 	t.scalar = func(t *tokenizer, kind uint8, v []byte, cut bool) {
 		if t.depth != 1 {
@@ -57,6 +64,16 @@ func ReadRequest(api API, path string, body []byte) Request {
 			}
 		}
 		switch {
+		case is(k, "model"):
+			switch m := string(v); {
+			case kind != kString || cut || bytes.IndexByte(v, '\\') >= 0:
+				model = "its model is not a name of at most " + strconv.Itoa(MaxModel) + " plain bytes"
+			case seen && m != r.Model:
+				model = "its model is given twice"
+			default:
+				r.Model = m
+			}
+			seen = true
 		case is(k, "stream"):
 			r.Stream = kind == kLiteral && string(v) == "true"
 		case is(k, "max_tokens") || (api == OpenAI && (is(k, "max_completion_tokens") || is(k, "max_output_tokens"))):
@@ -79,6 +96,8 @@ func ReadRequest(api API, path string, body []byte) Request {
 		switch k := t.key(0); {
 		case is(k, "stream_options"):
 			r.StreamOptions = true
+		case is(k, "model"):
+			model, seen = "its model is not a name", true
 		case api == OpenAI && is(k, "conversation"):
 			stored = "it builds on input the server keeps (conversation)"
 		case is(k, "max_tokens") || (api == OpenAI && (is(k, "max_completion_tokens") || is(k, "max_output_tokens") || is(k, "n") || is(k, "best_of"))):
@@ -87,6 +106,12 @@ func ReadRequest(api API, path string, body []byte) Request {
 	}
 	t.write(body)
 	t.end()
+	switch {
+	case model != "":
+		r.ModelWhy, r.Model = model, ""
+	case !seen:
+		r.ModelWhy = "it names no model"
+	}
 	r.Input, r.Output = int64(len(body)), mulSat(max(out, 0), choices)
 	switch {
 	case t.state != sDone || firstByte(body) != '{':
@@ -130,6 +155,8 @@ func (r Request) Part(part Part) (n int64, why string) {
 		return r.Input, r.InputWhy
 	case Output:
 		return r.Output, r.OutputWhy
+	case Money:
+		return -1, "its price needs a price table (MoneyBound)"
 	}
 	if !r.Bounded {
 		return -1, r.Why

@@ -18,7 +18,7 @@ package llm
 const (
 	maxDepth   = 6  // levels whose key is kept
 	maxKey     = 32 // bytes of a key kept
-	maxCapture = 40 // bytes of a scalar kept
+	maxCapture = 96 // bytes of a scalar kept (a model's name)
 )
 
 // Kinds of a scalar value.

@@ -30,7 +30,8 @@ const (
 
 // ParseName reads the name of a rule's usage or bound: an API ("openai",
 // "anthropic"), for every token, or an API and a part ("openai:input",
-// "anthropic:output").
+// "anthropic:output"), or its price ("openai:money", priced by a price
+// table: Request.MoneyBound, Usage.Money).
 func ParseName(s string) (API, Part, bool) {
 	a, p, _ := strings.Cut(s, ":")
 	switch API(a) {
@@ -39,7 +40,7 @@ func ParseName(s string) (API, Part, bool) {
 		return "", "", false
 	}
 	switch Part(p) {
-	case Total, Input, Output:
+	case Total, Input, Output, Money:
 		return API(a), Part(p), p != "" || !strings.Contains(s, ":")
 	}
 	return "", "", false
@@ -108,6 +109,8 @@ func (u Usage) Part(api API, part Part) (int64, bool) {
 		return u.Input, u.Input >= 0
 	case Output:
 		return u.Output, u.Output >= 0
+	case Money:
+		return 0, false // a price needs the price table (Money)
 	}
 	return u.Tokens(api)
 }

@@ -11,6 +11,8 @@
 // sets choose the rest:
 //
 //   - X-Test-Prompt-Tokens: the input tokens it reports (default 10);
+//   - X-Test-Cached-Tokens: how many of those it reports as read from
+//     its cache (OpenAI's cached_tokens; default 0);
 //   - X-Test-Completion-Tokens: the tokens it would generate without a
 //     maximum (default 20);
 //   - X-Test-Fail: a status (500, 529, ...) it answers at once, with the
@@ -39,6 +41,7 @@ import (
 type Server struct {
 	mux   *http.ServeMux
 	spent atomic.Int64
+	input atomic.Int64
 }
 
 // New returns a stand-in.
@@ -57,6 +60,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // could report them (a stream cut or abandoned).
 func (s *Server) Spent() int64 { return s.spent.Load() }
 
+// Input is the input tokens of every call it answered with 200 so far
+// (of Spent; the rest were generated).
+func (s *Server) Input() int64 { return s.input.Load() }
+
+// answered counts a call's input tokens.
+func (s *Server) answered(c *call) {
+	s.spent.Add(int64(c.prompt))
+	s.input.Add(int64(c.prompt))
+}
+
 // Handler answers both APIs (New, without the count).
 func Handler() http.Handler { return New() }
 
@@ -71,8 +84,8 @@ type call struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 
-	prompt, completion, cut, hold int
-	fail                          int
+	prompt, cached, completion, cut, hold int
+	fail                                  int
 }
 
 func read(w http.ResponseWriter, r *http.Request, errorBody func(status int, typ, msg string) []byte) (*call, bool) {
@@ -82,6 +95,7 @@ func read(w http.ResponseWriter, r *http.Request, errorBody func(status int, typ
 		return nil, false
 	}
 	c.prompt = number(r.Header.Get("X-Test-Prompt-Tokens"), 10)
+	c.cached = min(number(r.Header.Get("X-Test-Cached-Tokens"), 0), c.prompt)
 	c.completion = number(r.Header.Get("X-Test-Completion-Tokens"), 20)
 	c.cut = number(r.Header.Get("X-Test-Cut"), -1)
 	c.hold = number(r.Header.Get("X-Test-Hold"), -1)
@@ -103,7 +117,7 @@ func (srv *Server) chat(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	srv.spent.Add(int64(c.prompt))
+	srv.answered(c)
 	id, created := "chatcmpl-standin", time.Now().Unix()
 	finish := func(n int) string {
 		if n < c.completion || c.MaxTokens == nil && c.MaxCompletion == nil {
@@ -118,7 +132,7 @@ func (srv *Server) chat(w http.ResponseWriter, r *http.Request) {
 			"id": id, "object": "chat.completion", "created": created, "model": c.Model,
 			"choices": []any{map[string]any{"index": 0, "finish_reason": finish(n), "logprobs": nil,
 				"message": map[string]any{"role": "assistant", "content": strings.Repeat("tok ", n), "refusal": nil}}},
-			"usage": openAIUsage(c.prompt, n),
+			"usage": openAIUsage(c, n),
 		}))
 		return
 	}
@@ -141,7 +155,7 @@ func (srv *Server) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	s.event("", chunk(choice(map[string]any{}, finish(n)), nil))
 	if usage {
-		s.event("", chunk([]any{}, openAIUsage(c.prompt, n)))
+		s.event("", chunk([]any{}, openAIUsage(c, n)))
 	}
 	s.event("", []byte("[DONE]"))
 }
@@ -152,7 +166,7 @@ func (srv *Server) responses(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	srv.spent.Add(int64(c.prompt))
+	srv.answered(c)
 	response := func(status string, n int, usage any) map[string]any {
 		output := []any{}
 		if status == "completed" {
@@ -163,7 +177,7 @@ func (srv *Server) responses(w http.ResponseWriter, r *http.Request) {
 			"model": c.Model, "output": output, "usage": usage}
 	}
 	usage := func(n int) map[string]any {
-		return map[string]any{"input_tokens": c.prompt, "input_tokens_details": map[string]int{"cached_tokens": 0},
+		return map[string]any{"input_tokens": c.prompt, "input_tokens_details": map[string]int{"cached_tokens": c.cached},
 			"output_tokens": n, "output_tokens_details": map[string]int{"reasoning_tokens": 0}, "total_tokens": c.prompt + n}
 	}
 	if !c.Stream {
@@ -191,9 +205,9 @@ func (srv *Server) responses(w http.ResponseWriter, r *http.Request) {
 	event("response.completed", map[string]any{"response": response("completed", n, usage(n))})
 }
 
-func openAIUsage(prompt, completion int) map[string]any {
-	return map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-		"prompt_tokens_details":     map[string]int{"cached_tokens": 0},
+func openAIUsage(c *call, completion int) map[string]any {
+	return map[string]any{"prompt_tokens": c.prompt, "completion_tokens": completion, "total_tokens": c.prompt + completion,
+		"prompt_tokens_details":     map[string]int{"cached_tokens": c.cached},
 		"completion_tokens_details": map[string]int{"reasoning_tokens": 0}}
 }
 
@@ -211,7 +225,7 @@ func (srv *Server) messages(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 400, anthropicError(400, "invalid_request_error", "max_tokens: Field required"))
 		return
 	}
-	srv.spent.Add(int64(c.prompt))
+	srv.answered(c)
 	id := "msg_standin"
 	stop := func(n int) string {
 		if n < *c.MaxTokens {
