@@ -75,8 +75,19 @@ func benchClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConns: 512, MaxIdleConnsPerHost: 512, Proxy: nil}}
 }
 
-// do sends one request and drains the answer; it returns the latency.
+// do sends one request and drains the answer, which must be a 200; it
+// returns the latency.
 func do(b *testing.B, c *http.Client, req *http.Request, body []byte) time.Duration {
+	d, status, ans := send(b, c, req, body)
+	if status != 200 {
+		b.Fatalf("%s %s: %d %s", req.Method, req.URL, status, ans)
+	}
+	return d
+}
+
+// send sends one request (with body, unless nil) and reads the answer:
+// the latency, the status and the answer's body.
+func send(b *testing.B, c *http.Client, req *http.Request, body []byte) (time.Duration, int, []byte) {
 	if body != nil {
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.ContentLength = int64(len(body))
@@ -86,13 +97,13 @@ func do(b *testing.B, c *http.Client, req *http.Request, body []byte) time.Durat
 	if err != nil {
 		b.Fatal(err)
 	}
-	io.Copy(io.Discard, resp.Body)
+	ans, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	d := time.Since(start)
-	if resp.StatusCode != 200 {
-		b.Fatalf("%s %s: %d", req.Method, req.URL, resp.StatusCode)
+	if err != nil {
+		b.Fatalf("%s %s: %v", req.Method, req.URL, err)
 	}
-	return d
+	return d, resp.StatusCode, ans
 }
 
 // pct is the p-th percentile of sorted latencies, in microseconds.

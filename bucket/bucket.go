@@ -117,11 +117,10 @@ type Prepared struct {
 	// in nanoseconds. Empty for any other request.
 	Block    string
 	BlockTTL int64
-	// Leased reports that the item's limit is leased (package leased
-	// marks every item of such a limit it passes to its store), for a
-	// store that would keep the blocks of leased limits apart from other
-	// buckets. The stores that hold blocks (memory, Redis) decide every
-	// item under its key's blocks, whatever this says.
+	// Leased reports that the item's limit is marked leased
+	// (drip.Limit.Leased): package leased under its Marked option leases
+	// only such items. Every store that holds blocks decides every item
+	// under its key's blocks, whatever this says.
 	Leased bool
 }
 

@@ -15,6 +15,9 @@ import (
 // bucket.EvalBlocks): named scenarios, then random steps on a few keys
 // (plain takes, peeks and refunds, block takes and returns, time going
 // forward past expiries, now and then back) against the exact Model.
+// Every other plain request is marked Leased (bucket.Prepared.Leased),
+// the others not: a key's blocks cap both alike, whichever instance
+// sends them.
 func RunBlocks(t *testing.T, newStore NewStore) {
 	st := newStore(t)
 	if !st.Caps().Blocks {
@@ -95,7 +98,7 @@ func CompareBlocks(t *testing.T, st store.Store, seed uint64, n int) {
 		var it bucket.Prepared
 		if o.id == "" {
 			err = store.Prepare(&it, o.op, key, &params, o.cost, false, "")
-			it.Leased = true
+			it.Leased = i%2 == 0
 		} else {
 			it, err = store.PrepareBlock(o.op, key, params, int64(o.cost*bucket.Micro), o.id, o.ttl)
 		}
@@ -172,11 +175,11 @@ func blockScenarios(t *testing.T, st store.Store) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, s := range sc.steps {
+			for j, s := range sc.steps {
 				var it bucket.Prepared
 				if s.id == "" {
 					err = store.Prepare(&it, s.op, key, &params, s.cost, false, "")
-					it.Leased = true
+					it.Leased = j%2 == 0
 				} else {
 					it, err = store.PrepareBlock(s.op, key, params, int64(s.cost*bucket.Micro), s.id, s.ttl)
 				}

@@ -20,6 +20,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"hash/maphash"
 	"math"
 	"slices"
 	"strconv"
@@ -149,6 +150,8 @@ type Store struct {
 	obs     Observer
 	maxKeys int
 
+	heat   *[2 * heatSlots]heat // the demand of keys not yet hot
+	seed   maphash.Seed
 	prefix string         // this instance's block IDs begin with it
 	seq    atomic.Uint64  // and end with a number
 	keys   sync.Map       // key -> *local
@@ -159,6 +162,10 @@ type Store struct {
 	once   sync.Once
 
 	decisions, local, calls, fetched, returned, expired, lost, failures atomic.Int64
+
+	// rtt is the time a block take takes, an average over the recent
+	// ones (ns, on the instance's clock).
+	rtt atomic.Int64
 }
 
 var _ store.Store = (*Store)(nil)
@@ -175,6 +182,7 @@ func New(st store.Store, opts ...Option) (*Store, error) {
 	s := &Store{
 		st: st, share: DefaultShare, horizon: DefaultHorizon, ttl: DefaultTTL,
 		now: monotonic(), maxKeys: DefaultMaxKeys, obs: nopObserver{},
+		heat: new([2 * heatSlots]heat), seed: maphash.MakeSeed(),
 		prefix: base64.RawURLEncoding.EncodeToString(id[:]) + ".",
 		stop:   make(chan struct{}), done: make(chan struct{}),
 	}
@@ -288,16 +296,16 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 		now := s.clock(at)
 		s.calls.Add(1)
 		spans.Leased(ctx, "store")
-		if err := s.st.Apply(ctx, op, at, s.mark(items), results); err != nil {
+		if err := s.st.Apply(ctx, op, at, items, results); err != nil {
 			return err
 		}
 		// The items denied: their denials are repeated locally, as a
-		// take of one item's are.
+		// take of one item's are (for the keys that proved hot).
 		for i := range items {
 			if results[i].Allowed {
 				continue
 			}
-			if l := s.localOf(&items[i]); l != nil {
+			if l := s.held(&items[i]); l != nil {
 				l.mu.Lock()
 				l.denied, l.deniedCost, l.deniedAt = results[i], items[i].Cost, now
 				l.mu.Unlock()
@@ -310,7 +318,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 			s.decisions.Add(1)
 		}
 		s.calls.Add(1)
-		return s.st.Apply(ctx, op, at, s.mark(items), results)
+		return s.st.Apply(ctx, op, at, items, results)
 	}
 	s.decisions.Add(1)
 	return s.take(ctx, at, items[:1], results[:1])
@@ -335,11 +343,15 @@ func (s *Store) allLeased(items []bucket.Prepared) bool {
 func (s *Store) takeLocal(at time.Time, items []bucket.Prepared, results []bucket.Result) bool {
 	ls := make([]*local, len(items))
 	order := make([]int, len(items))
+	cold := false
 	for i := range items {
-		if ls[i] = s.localOf(&items[i]); ls[i] == nil {
-			return false
+		if ls[i] = s.hot(&items[i], at); ls[i] == nil {
+			cold = true // the others' demand counted still
 		}
 		order[i] = i
+	}
+	if cold {
+		return false
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].Key, items[b].Key) })
 	for _, i := range order {
@@ -349,7 +361,7 @@ func (s *Store) takeLocal(at time.Time, items []bucket.Prepared, results []bucke
 	all, denied := true, false
 	for i, l := range ls {
 		l.at = at
-		l.demand(now, items[i].Cost, s.horizon)
+		l.add(now, items[i].Cost, s.horizon)
 		all = all && l.covers(now, items[i].Cost)
 		if _, ok := s.deniedNow(l, now, items[i].Cost); ok {
 			denied = true
@@ -421,24 +433,68 @@ type due struct {
 	at time.Time
 }
 
-// mark returns items with those of leased limits marked Leased (a copy,
-// when any is).
-func (s *Store) mark(items []bucket.Prepared) []bucket.Prepared {
-	var own []bucket.Prepared
-	for i := range items {
-		it := &items[i]
-		if it.Leased || !s.chosen(it) {
-			continue
-		}
-		if own == nil {
-			own = slices.Clone(items)
-		}
-		own[i].Leased = true
+// A key proves hot before the instance keeps state for it: until then
+// its takes go to the store as they are, the plain path (batched as any
+// take), and cost here only a count of their demand. A key is hot once
+// its demand over the horizon reaches hotTakes takes of its cost (80 a
+// second at the default horizon): thinner demand would fill blocks of a
+// few takes, each a store call that saves little, and keep state for
+// every key of a workload spread over many. The demand of keys not yet
+// hot is counted in a fixed table of meters, two per key picked by a
+// hash of it (heatSlots in each of two rows; a key's demand is the
+// lesser of its two), so it costs the same whatever the number of keys;
+// keys that share a meter add up, so a cold key may look hotter than it
+// is (in both rows at once: rarely), never colder.
+const (
+	heatSlots = 1 << 12
+	hotTakes  = 8
+)
+
+// heat is one meter of the demand of keys not yet hot.
+type heat struct {
+	mu sync.Mutex
+	meter
+}
+
+// meter is a recent demand, in micro-tokens per second: an average that
+// forgets with a time constant of the horizon.
+type meter struct {
+	rate float64
+	last time.Time // the last decision
+}
+
+// hot returns the instance's state of it's key and limit, counting this
+// take's demand toward it while the key has not proved hot; nil while
+// it has not, or when the instance keeps MaxKeys keys already.
+func (s *Store) hot(it *bucket.Prepared, at time.Time) *local {
+	if l := s.held(it); l != nil {
+		return l
 	}
-	if own == nil {
-		return items
+	x := maphash.String(s.seed, it.Key)
+	now := s.clock(at)
+	least := math.Inf(1)
+	for row := range 2 {
+		h := &s.heat[row*heatSlots+int(x>>(32*row)%heatSlots)]
+		h.mu.Lock()
+		h.add(now, it.Cost, s.horizon)
+		least = min(least, h.rate)
+		h.mu.Unlock()
 	}
-	return own
+	if least*s.horizon.Seconds() < hotTakes*float64(max(it.Cost, 1)) {
+		return nil
+	}
+	return s.localOf(it)
+}
+
+// held is the instance's state of it's key, if it keeps one for its
+// limit.
+func (s *Store) held(it *bucket.Prepared) *local {
+	if v, ok := s.keys.Load(it.Key); ok {
+		if l := v.(*local); l.p == it.Params {
+			return l
+		}
+	}
+	return nil
 }
 
 // local is an instance's state of one key: its block, the next one
@@ -451,11 +507,8 @@ type local struct {
 	cur      block
 	next     block
 	fetching bool
-	// rate is the key's recent demand, micro-tokens per second: an
-	// average that forgets with a time constant of the horizon.
-	rate float64
-	last time.Time // the last decision
-	at   time.Time // the time the last decision was given (zero: the store's clock)
+	meter              // the key's recent demand
+	at       time.Time // the time the last decision was given (zero: the store's clock)
 	// avail is the bucket's tokens after the store's last answer, and
 	// starved whether a block take was denied since the last answer
 	// that showed room.
@@ -517,19 +570,20 @@ func (s *Store) localOf(it *bucket.Prepared) *local {
 	return l
 }
 
-// take decides the take of the one item. The item goes to the store
-// marked (a copy: a grant from a block allocates nothing).
+// take decides the take of the one item. A key that has not proved hot
+// (hot) goes to the store as it is, the plain path.
 func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	it, res := &items[0], &results[0]
-	l := s.localOf(it)
+	l := s.hot(it, at)
 	if l == nil {
 		s.calls.Add(1)
-		return s.st.Apply(ctx, bucket.Take, at, s.mark(items), results)
+		spans.Leased(ctx, "store")
+		return s.st.Apply(ctx, bucket.Take, at, items, results)
 	}
 	now := s.clock(at)
 	l.mu.Lock()
 	l.at = at
-	l.demand(now, it.Cost, s.horizon)
+	l.add(now, it.Cost, s.horizon)
 	if s.fromLocal(l, now, it.Cost, at, res) {
 		spans.Leased(ctx, "local")
 		return nil
@@ -615,7 +669,7 @@ func (s *Store) perDecision(ctx context.Context, at time.Time, l *local, now tim
 	it, res := &items[0], &results[0]
 	s.calls.Add(1)
 	spans.Leased(ctx, "store")
-	if err := s.st.Apply(ctx, bucket.Take, at, s.mark(items), results); err != nil {
+	if err := s.st.Apply(ctx, bucket.Take, at, items, results); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -662,27 +716,27 @@ func (s *Store) deniedNow(l *local, now time.Time, cost int64) (bucket.Result, b
 	return bucket.Result{}, false
 }
 
-// demand adds a decision of cost at now to l's recent demand. The caller
-// holds l.mu.
-func (l *local) demand(now time.Time, cost int64, horizon time.Duration) {
+// add adds a decision of cost at now to the demand m. The caller holds
+// the lock of m's owner.
+func (m *meter) add(now time.Time, cost int64, horizon time.Duration) {
 	// Decisions closer than a 64th of the horizon (a hot key's) decay
 	// the average by 1 - x, x = dt/tau, instead of exp(-x): no
 	// exponential under the key's lock, and never more than exp(-x) (the
 	// relative error is below x*x/2, 1.2e-4).
 	tau := horizon.Seconds()
-	if !l.last.IsZero() {
-		if dt := now.Sub(l.last); dt > 0 {
+	if !m.last.IsZero() {
+		if dt := now.Sub(m.last); dt > 0 {
 			x := dt.Seconds() / tau
 			if dt < horizon/64 {
-				l.rate *= 1 - x
+				m.rate *= 1 - x
 			} else {
-				l.rate *= math.Exp(-x)
+				m.rate *= math.Exp(-x)
 			}
 		}
 	}
-	l.rate += float64(cost) / tau
-	if now.After(l.last) {
-		l.last = now
+	m.rate += float64(cost) / tau
+	if now.After(m.last) {
+		m.last = now
 	}
 }
 
@@ -733,15 +787,25 @@ func localResult(p *bucket.Params, tokens int64) bucket.Result {
 	return bucket.Result{Allowed: true, Tokens: tokens, ResetAfter: reset}
 }
 
+// span is how much of a key's demand a block holds: the horizon, or
+// three block takes' time when the store is slower than that. A block
+// fetched ahead when half used then comes before the current one runs
+// out. (Holding only a horizon's demand, a block would run out first on
+// a slow store, the callers would wait for the next, the demand they
+// show would fall and the next block be smaller still.)
+func (s *Store) span() time.Duration {
+	return max(s.horizon, 3*time.Duration(s.rtt.Load()))
+}
+
 // blockSize is the size of the next block of l for a take of cost: its
-// demand over the horizon, at most the share of the burst, and less when
+// demand over the span, at most the share of the burst, and less when
 // the bucket is nearly empty; 0 (no block: per-decision takes) when that
 // would hold less than two takes of cost. The caller holds l.mu.
 func (s *Store) blockSize(l *local, cost int64) int64 {
 	if l.starved {
 		return 0
 	}
-	want := int64(l.rate * s.horizon.Seconds())
+	want := int64(l.rate * s.span().Seconds())
 	size := min(want, int64(s.share*float64(l.p.Burst)))
 	if l.known && l.avail < 2*size {
 		size = max(0, l.avail/2)
@@ -784,7 +848,15 @@ func (s *Store) fetch(ctx context.Context, at time.Time, l *local, size int64, n
 	var rs [1]bucket.Result
 	s.calls.Add(1)
 	l.out.Add(size)
-	if err := s.st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, rs[:]); err != nil {
+	err = s.st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, rs[:])
+	if d := int64(s.now().Sub(now)); d >= 0 {
+		r := s.rtt.Load()
+		if r == 0 {
+			r = d // the first take
+		}
+		s.rtt.Store(r + (d-r)/4)
+	}
+	if err != nil {
 		// The take may have been applied: its block stays counted until
 		// it would end.
 		s.failures.Add(1)

@@ -93,22 +93,20 @@ var sharedStores = []struct {
 }
 
 // TestMixedInstances shares one key between instances that lease it and
-// instances that take from the store per decision: 2 of each, on one
-// Redis server, a Redis Cluster and the memory store. A plain take obeys
-// the same cap as the blocks (they live in the bucket's own key), so the
+// instances that take from the store per decision: 2 of each, on every
+// shared store (PgBouncer: the hot key only). A plain take obeys the same
+// cap as the blocks (they live in the bucket's own key, or row), so the
 // exact bound holds over every grant, and a plain instance's denials are
 // early by no more than the tokens then out in the leased ones' blocks.
-// PostgreSQL keeps a leased limit's state apart (drip.blocks): there every
-// instance must lease the same limits, so it is not run here.
 func TestMixedInstances(t *testing.T) {
 	for _, sc := range sharedStores {
-		if sc.pg {
-			continue
-		}
 		t.Run(sc.name, func(t *testing.T) {
+			if sc.pg {
+				t.Parallel()
+			}
 			st := sc.open(t)
 			for _, w := range workloads {
-				if w.keys > 2 {
+				if w.keys > 2 || (sc.hotOnly && w.name != "hot key") {
 					continue
 				}
 				t.Run(w.name, func(t *testing.T) { runVirtual(t, st, w, time.Second, 2) })

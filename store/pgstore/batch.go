@@ -70,7 +70,7 @@ func newBatcher(s *Store) *batch.Batcher[request, result] {
 // (as in redisstore), so a renewal answered with an error may have lost
 // its lease.
 func undo(q request, r result) (request, bool) {
-	if q.op != bucket.Take || !r.allowed || r.late {
+	if q.op != bucket.Take || !r.allowed || r.late || r.blocked {
 		return request{}, false
 	}
 	q.op = bucket.Refund
@@ -133,7 +133,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 		sql = batchSlidingSQL
 	}
 	return s.query(ctx, calls, "batch", func(i *int64, r *result) []any {
-		return []any{i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &r.slide.Last, &r.slide.Counts}
+		return []any{i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &r.slide.Last, &r.slide.Counts, &r.blocked}
 	}, sql, a.ops, a.keys, a.kinds, a.rates, a.periods,
 		a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats, a.dls)
 }
@@ -272,10 +272,14 @@ func (s *Store) syncClock(ctx context.Context, d time.Time) error {
 	return nil
 }
 
-// err is the error of a result the server refused to apply (late).
+// err is the error of a result the server refused to apply (late), or
+// left to drip.block_apply (blocked).
 func (r result) err() error {
-	if r.late {
+	switch {
+	case r.late:
 		return errLate
+	case r.blocked:
+		return errBlocked
 	}
 	return nil
 }

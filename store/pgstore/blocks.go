@@ -2,7 +2,9 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
@@ -10,34 +12,52 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// Leased limits (bucket.Prepared.Leased, package leased) keep their state
-// apart from other buckets, as redisstore does under the key followed by
-// "#leased": a row in drip.blocks (migration 7) holds a key's bucket and
-// its live blocks of leased tokens. A call with a leased item is one
-// statement, drip.block_apply (sql/blocks.sql): it locks the call's rows
-// in one order, decides every item with the math of bucket.EvalMultiAll
-// in plpgsql (eval.sql for each bucket, bucket.EvalBlocks' rules around
-// it), and writes all or nothing. It returns the state it read, and the
-// Go side decides again from it with bucket.EvalMultiAll: the results
-// are Go's, and a disagreement on a verdict or on the state written is an
-// error (a bug), as for leases.
+// Blocks of leased tokens (package leased) live in their key's own row of
+// drip.buckets (migration 8: the columns ids, sizes and exps, NULL for a
+// key without blocks), as memstore and redisstore keep them beside the
+// bucket: every request on the key, from a leased instance or a plain
+// one, marked Leased or not, is held to their cap. A call with a block's
+// take or return, or one the plain statements found a key with blocks in
+// (errBlocked), is one statement, drip.block_apply (sql/blocks.sql): it
+// locks the call's rows in one order, decides every item with the math of
+// bucket.EvalMultiAll in plpgsql (eval.sql for each bucket,
+// bucket.EvalBlocks' rules around it), and writes all or nothing. It
+// returns the state it read, and the Go side decides again from it with
+// bucket.EvalMultiAll: the results are Go's, and a disagreement on a
+// verdict or on the state written is an error (a bug), as for leases. A
+// take marked Leased without a block is a plain take: batched, as any.
 
-// leasedItems reports whether a call is one of leased items.
-func leasedItems(items []bucket.Prepared) bool {
+// errBlocked is a plain statement's answer for a key whose row holds
+// blocks: nothing was decided or written, and the call goes to
+// drip.block_apply instead.
+var errBlocked = errors.New("pgstore: the key holds blocks of leased tokens")
+
+// blockItems reports whether a call holds a block's take or return.
+func blockItems(items []bucket.Prepared) bool {
 	for i := range items {
-		if items[i].Leased || items[i].Block != "" {
+		if items[i].Block != "" {
 			return true
 		}
 	}
 	return false
 }
 
-// applyBlocks decides a call with leased items with drip.block_apply.
+// applyBlocks decides a call with drip.block_apply, which holds no
+// sliding math: a call with a sliding window beside other items (a
+// window is never leased itself) is decided item by item, all or nothing
+// in the end, and a lone window read a row with blocks as no state.
 func (s *Store) applyBlocks(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if slices.ContainsFunc(items, func(it bucket.Prepared) bool { return it.Params.Kind == bucket.Sliding }) {
+		return store.Separately{Store: s, Always: true}.Apply(ctx, op, at, items, results)
+	}
+	return s.blockApply(ctx, op, at, items, results)
+}
+
+// blockApply decides a call with drip.block_apply.
+func (s *Store) blockApply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	a := newArrays(len(items))
 	blocks := make([]string, len(items))
 	ttls := make([]int64, len(items))
-	leased := make([]bool, len(items))
 	seen := make(map[string]bool, len(items))
 	for i, p := range items {
 		k := storeKey(p.Key)
@@ -47,7 +67,6 @@ func (s *Store) applyBlocks(ctx context.Context, op bucket.Op, at time.Time, ite
 		seen[string(k)] = true
 		a.add(op, k, p, nil)
 		blocks[i], ttls[i] = p.Block, p.BlockTTL
-		leased[i] = (p.Leased || p.Block != "") && p.Params.Kind != bucket.Concurrency
 	}
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 	if err := s.syncClock(ctx, dl); err != nil {
@@ -62,9 +81,9 @@ func (s *Store) applyBlocks(ctx context.Context, op bucket.Op, at time.Time, ite
 	allowed := make([]bool, len(items))
 	var now int64
 	err := s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, "SELECT * FROM drip.block_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+		rows, err := s.db.Query(ctx, "SELECT * FROM drip.block_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
 			int(op), a.keys, a.kinds, a.rates, a.periods, a.bursts, a.maxres, a.starts, a.costs, a.reserves,
-			a.leases, blocks, ttls, leased, nanos(at), s.deadline(dl))
+			a.leases, blocks, ttls, nanos(at), s.deadline(dl))
 		if err != nil {
 			return err
 		}
@@ -109,11 +128,6 @@ func (s *Store) applyBlocks(ctx context.Context, op bucket.Op, at time.Time, ite
 	})
 	if err != nil {
 		return err
-	}
-	for i := range items {
-		if !leased[i] && items[i].Params.Kind != bucket.Concurrency {
-			bs[i] = nil // a bucket of drip.buckets: no blocks
-		}
 	}
 	res, next, _, nextBlocks, write := bucket.EvalMultiAll(op, items, states, found, leases, nil, bs, now)
 	for i := range items {

@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
@@ -70,10 +75,10 @@ func prepareLeased(t *testing.T, op bucket.Op, it leasedItem) bucket.Prepared {
 	return pr
 }
 
-// TestBlocksMixed: a call that holds a leased item is decided whole by
-// drip.block_apply, whatever else it holds (a plain bucket, a concurrency
-// limit), all or nothing; and a leased limit's state is apart from the
-// plain bucket of the same key.
+// TestBlocksMixed: a call that holds a block, or a key with blocks, is
+// decided whole by drip.block_apply, whatever else it holds (a plain
+// bucket, a concurrency limit), all or nothing; and a key's blocks cap
+// every request on it, marked leased or not (its one bucket).
 func TestBlocksMixed(t *testing.T) {
 	t.Parallel()
 	db := pool(t)
@@ -123,17 +128,18 @@ func TestBlocksMixed(t *testing.T) {
 			call("a block of 3 beside a take", bucket.Take, []bool{true, true}, []float64{1, 0}, blk, plain)
 			notLeased := l
 			notLeased.leased = false
-			call("the same key, not leased: its own bucket", bucket.Take, []bool{true}, []float64{4}, notLeased)
-			call("the block back with 2 unused, the slot released", bucket.Refund, []bool{true, true}, []float64{3, 1}, leasedItem{key: l.key, lim: leasedLim, cost: 2, block: "x"}, slot("a"))
-			call("the slot is free", bucket.Take, []bool{true, true}, []float64{2, 0}, l, slot("b"))
+			call("the same key, not marked leased: the same bucket, under the block's cap", bucket.Take, []bool{true}, []float64{0}, notLeased)
+			call("nor is it alone", bucket.Take, []bool{false}, []float64{0}, notLeased)
+			call("the block back with 2 unused, the slot released", bucket.Refund, []bool{true, true}, []float64{2, 1}, leasedItem{key: l.key, lim: leasedLim, cost: 2, block: "x"}, slot("a"))
+			call("the slot is free", bucket.Take, []bool{true, true}, []float64{1, 0}, l, slot("b"))
 			var rows int
-			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 1 {
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 1 {
 				t.Fatalf("%d rows of the leased key (%v), want 1", rows, err)
 			}
 			if err := st.Reset(ctx, l.key); err != nil {
 				t.Fatal(err)
 			}
-			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 0 {
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key = $1", pgstore.StoreKey(l.key)).Scan(&rows); err != nil || rows != 0 {
 				t.Fatalf("after Reset: %d rows of the leased key (%v), want 0", rows, err)
 			}
 			call("reset: full again", bucket.Peek, []bool{true}, []float64{4}, l)
@@ -141,9 +147,9 @@ func TestBlocksMixed(t *testing.T) {
 	}
 }
 
-// TestSweepBlocks: the sweeper deletes the rows of leased limits whose
-// blocks all expired and whose bucket is full again, and keeps those with
-// a live block.
+// TestSweepBlocks: the sweeper deletes the rows of keys whose blocks all
+// expired and whose bucket is full again, and keeps those with a live
+// block.
 func TestSweepBlocks(t *testing.T) {
 	db := pool(t)
 	st := newStore(t)
@@ -161,7 +167,7 @@ func TestSweepBlocks(t *testing.T) {
 	count := func(key string) int {
 		t.Helper()
 		var n int
-		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(p+key)).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key = $1", pgstore.StoreKey(p+key)).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -177,9 +183,10 @@ func TestSweepBlocks(t *testing.T) {
 	}
 }
 
-// BenchmarkLeasedTake: one caller's takes of one key, plain (take.sql) and
-// leased (drip.block_apply), beside 0 or 8 live blocks of the key: the
-// cost of a leased limit's take that goes to the store.
+// BenchmarkLeasedTake: one caller's takes of one key, plain and marked
+// leased (both take.sql: a key without blocks), and beside 8 live blocks
+// of the key (drip.block_apply): the cost of a leased limit's take that
+// goes to the store.
 func BenchmarkLeasedTake(b *testing.B) {
 	for _, c := range []struct {
 		name   string
@@ -222,7 +229,7 @@ func BenchmarkLeasedTake(b *testing.B) {
 }
 
 // TestBlocksLateTakesNothing: a block take whose statement gets its row
-// locks after its caller's deadline (drip.blocks locked by another
+// locks after its caller's deadline (drip.buckets locked by another
 // session, and a connection that cannot cancel the statement) fails with
 // an error that wraps context.DeadlineExceeded and writes nothing.
 func TestBlocksLateTakesNothing(t *testing.T) {
@@ -240,7 +247,7 @@ func TestBlocksLateTakesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE drip.blocks IN ACCESS EXCLUSIVE MODE"); err != nil {
+	if _, err := tx.Exec(ctx, "LOCK TABLE drip.buckets IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
 	c, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
@@ -258,7 +265,7 @@ func TestBlocksLateTakesNothing(t *testing.T) {
 		t.Fatalf("a late block take: %v, want an error wrapping context.DeadlineExceeded", err)
 	}
 	var rows int
-	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.blocks WHERE key = $1", pgstore.StoreKey(key)).Scan(&rows); err != nil || rows != 0 {
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM drip.buckets WHERE key = $1", pgstore.StoreKey(key)).Scan(&rows); err != nil || rows != 0 {
 		t.Fatalf("%d rows of the key (%v), want none", rows, err)
 	}
 	peek := prepareLeased(t, bucket.Peek, leasedItem{key: key, lim: lim, leased: true})
@@ -306,5 +313,60 @@ func TestBlocksOverSlidingRow(t *testing.T) {
 	// had the window's two takes stayed).
 	if d := apply(bucket.Peek, window); d[0].Tokens != 2 {
 		t.Errorf("the window after the bucket replaced its row: a take would leave %v; want 2 (fresh)", d[0].Tokens)
+	}
+}
+
+// statements is a pool that counts the statements it runs that call
+// drip.block_apply.
+type statements struct {
+	*pgxpool.Pool
+	blockApply atomic.Int64
+}
+
+func (s *statements) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.HasPrefix(sql, "SELECT * FROM drip.block_apply(") {
+		s.blockApply.Add(1)
+	}
+	return s.Pool.Query(ctx, sql, args...)
+}
+
+// TestLeasedTakeIsPlain: a take marked leased but without a block (a
+// leased instance's take on a cold or exhausted key) is a plain take,
+// batched as any, on a key without blocks: no drip.block_apply of its
+// own. On a key whose row holds a block it goes to drip.block_apply,
+// and is held to the block's cap.
+func TestLeasedTakeIsPlain(t *testing.T) {
+	t.Parallel()
+	db := &statements{Pool: pool(t)}
+	st, err := pgstore.New(context.Background(), db, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	p := prefix()
+	at := time.Now().Truncate(time.Hour).Add(time.Hour)
+	lim := drip.PerSecond(1).WithBurst(10)
+	take := func(it leasedItem) drip.Decision {
+		t.Helper()
+		items := []bucket.Prepared{prepareLeased(t, bucket.Take, it)}
+		res := make([]bucket.Result, 1)
+		if err := st.Apply(ctx, bucket.Take, at, items, res); err != nil {
+			t.Fatal(err)
+		}
+		return drip.DecisionOf(res[0], items[0].Params.Burst)
+	}
+	for range 3 {
+		take(leasedItem{key: p + "k", lim: lim, cost: 1, leased: true})
+	}
+	if n := db.blockApply.Load(); n != 0 {
+		t.Fatalf("3 leased takes on a key without blocks ran drip.block_apply %d times, want 0", n)
+	}
+	take(leasedItem{key: p + "k", lim: lim, cost: 5, block: "b"})
+	if d := take(leasedItem{key: p + "k", lim: lim, cost: 3, leased: true}); d.Allowed || d.Tokens != 2 {
+		t.Errorf("a take of 3 with 2 left beside a block of 5: %+v; want denied, 2 tokens", d)
+	}
+	if n := db.blockApply.Load(); n != 2 {
+		t.Errorf("a block take and a take on the key with the block: drip.block_apply %d times, want 2", n)
 	}
 }

@@ -47,7 +47,7 @@ func withSliding(name string) string {
 
 // goColumns are the columns take.sql and peek.sql return to the Go store
 // only: the stored state before the decision (a sliding window's).
-const goColumns = ", coalesce(d.b_ts, 0), d.b_counts"
+const goColumns = ", coalesce(d.b_ts, 0), d.b_counts, d.blocked"
 
 var (
 	// takeSQL is take.sql with its caller's deadline ($12), for the Go
@@ -57,7 +57,7 @@ var (
 	takeSQL         = goTake.Replace(withEval("take.sql"))
 	takeSlidingSQL  = goTake.Replace(withSliding("take.sql"))
 	takeFuncSQL     = strings.NewReplacer("{{LATE}}", "false", "{{GO_COLUMNS}}", "").Replace(withEval("take.sql"))
-	goPeek          = strings.NewReplacer("{{GO_COLUMNS}}", ", coalesce(i.ts, 0), i.counts")
+	goPeek          = strings.NewReplacer("{{GO_COLUMNS}}", ", coalesce(i.ts, 0), i.counts, i.blocked")
 	peekSQL         = goPeek.Replace(withEval("peek.sql"))
 	peekSlidingSQL  = goPeek.Replace(withSliding("peek.sql"))
 	peekFuncSQL     = strings.ReplaceAll(withEval("peek.sql"), "{{GO_COLUMNS}}", "")
@@ -69,12 +69,11 @@ var (
 	batchDistinctSQL        = withEval("batch_distinct.sql")
 	batchDistinctSlidingSQL = withSliding("batch_distinct.sql")
 	sweepSQL                = mustSQL("sweep.sql")
-	resetSQL                = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea), k AS (DELETE FROM drip.blocks WHERE key = $1::bytea) SELECT drip.lease_drop($1::bytea)"
+	resetSQL                = "WITH b AS (DELETE FROM drip.buckets WHERE key = $1::bytea) SELECT drip.lease_drop($1::bytea)"
 	sweepLeasesSQL          = mustSQL("sweep_leases.sql")
-	sweepBlocksSQL          = mustSQL("sweep_blocks.sql")
 	blocksSQL               = withEval("blocks.sql")
 	migration               = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql"),
-		mustSQL("006_sliding.sql"), mustSQL("007_blocks.sql")}
+		mustSQL("006_sliding.sql"), mustSQL("007_blocks.sql"), mustSQL("008_blocks_in_buckets.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs
@@ -83,7 +82,7 @@ var SchemaVersion = len(migration)
 
 // InstallOptions tunes Install.
 type InstallOptions struct {
-	// Unlogged makes the bucket, lease and block tables UNLOGGED: faster (no
+	// Unlogged makes the bucket and lease tables UNLOGGED: faster (no
 	// WAL), but emptied by crash recovery, which can admit up to one extra
 	// burst per key (and free every in-flight slot) after a crash. Existing
 	// tables are converted (ALTER TABLE ... SET UNLOGGED rewrites them under
@@ -167,11 +166,11 @@ CREATE TABLE IF NOT EXISTS drip.schema_version (version int NOT NULL)`); err != 
 				return err
 			}
 			if o.Unlogged && persistence != "u" {
-				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED; ALTER TABLE drip.leases SET UNLOGGED; ALTER TABLE drip.lease_holders SET UNLOGGED; ALTER TABLE drip.blocks SET UNLOGGED")
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET UNLOGGED; ALTER TABLE drip.leases SET UNLOGGED; ALTER TABLE drip.lease_holders SET UNLOGGED")
 				return err
 			}
 			if o.Logged && persistence == "u" {
-				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED; ALTER TABLE drip.leases SET LOGGED; ALTER TABLE drip.lease_holders SET LOGGED; ALTER TABLE drip.blocks SET LOGGED")
+				_, err := tx.Exec(ctx, "ALTER TABLE drip.buckets SET LOGGED; ALTER TABLE drip.leases SET LOGGED; ALTER TABLE drip.lease_holders SET LOGGED")
 				return err
 			}
 		}

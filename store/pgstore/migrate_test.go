@@ -110,8 +110,8 @@ func TestMigrateLeasesToRows(t *testing.T) {
 }
 
 // TestMigrateBlocks: a schema at version 5 (before leased limits) migrated
-// by Install keeps its buckets as they were and holds leased limits in a
-// table of their own, unlogged when the install was.
+// by Install keeps its buckets as they were, holds a key's blocks in its
+// own row, and keeps the table unlogged when the install was.
 func TestMigrateBlocks(t *testing.T) {
 	for _, persistence := range []string{"", "UNLOGGED"} {
 		t.Run("persistence "+persistence, func(t *testing.T) {
@@ -128,11 +128,11 @@ func TestMigrateBlocks(t *testing.T) {
 			}
 			var v int
 			var rel string
-			if err := db.QueryRow(ctx, "SELECT (SELECT max(version) FROM drip.schema_version), (SELECT relpersistence::text FROM pg_class WHERE oid = 'drip.blocks'::regclass)").Scan(&v, &rel); err != nil {
+			if err := db.QueryRow(ctx, "SELECT (SELECT max(version) FROM drip.schema_version), (SELECT relpersistence::text FROM pg_class WHERE oid = 'drip.buckets'::regclass)").Scan(&v, &rel); err != nil {
 				t.Fatal(err)
 			}
 			if wantRel := map[string]string{"": "p", "UNLOGGED": "u"}[persistence]; v != pgstore.SchemaVersion || rel != wantRel {
-				t.Fatalf("version %d, drip.blocks persistence %q; want %d, %q", v, rel, pgstore.SchemaVersion, wantRel)
+				t.Fatalf("version %d, drip.buckets persistence %q; want %d, %q", v, rel, pgstore.SchemaVersion, wantRel)
 			}
 			st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
 			if err != nil {
@@ -153,10 +153,81 @@ func TestMigrateBlocks(t *testing.T) {
 				t.Fatal(err)
 			}
 			res := make([]bucket.Result, 1)
-			if err := st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, res); err != nil || !res[0].Allowed || res[0].Tokens != 7*bucket.Micro {
-				t.Fatalf("a block of 3 of the leased limit of k: %+v, %v; want 7 left (its own bucket)", res[0], err)
+			if err := st.Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, res); err != nil || !res[0].Allowed || res[0].Tokens != bucket.Micro {
+				t.Fatalf("a block of 3 of k: %+v, %v; want 1 left (the key's one bucket)", res[0], err)
 			}
 		})
+	}
+}
+
+// TestMigrateBlocksIntoBuckets: a schema at version 7 (a leased limit's
+// bucket and blocks in drip.blocks, apart from drip.buckets) migrated by
+// Install: each key has one bucket, its blocks in its row and capping
+// every request; a key that had both buckets keeps the lesser tokens at
+// the later time; a sliding window's row of a leased key is replaced.
+func TestMigrateBlocksIntoBuckets(t *testing.T) {
+	ctx := context.Background()
+	db := schemaAt(t, 7, "")
+	at := time.Unix(1_700_000_000, 0)
+	ns := func(d time.Duration) int64 { return at.Add(d).UnixNano() }
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		// a: leased only, 2 tokens and a block of 3 until +10s.
+		{"INSERT INTO drip.blocks VALUES ('a', 2000000, $1, '{b1}', '{3000000}', ARRAY[$2::bigint], $2)", []any{ns(0), ns(10 * time.Second)}},
+		// m: a plain bucket of 8 at 'at' and a leased one of 5 a second before.
+		{"INSERT INTO drip.buckets (key, tokens, ts, expires) VALUES ('m', 8000000, $1, $2)", []any{ns(0), ns(2 * time.Second)}},
+		{"INSERT INTO drip.blocks VALUES ('m', 5000000, $1, '{}', '{}', '{}', $2)", []any{ns(-time.Second), ns(4 * time.Second)}},
+		// s: a sliding window's row, and a leased bucket of 1.
+		{"INSERT INTO drip.buckets (key, tokens, ts, expires, counts) VALUES ('s', 0, 5, $1, '{1000000,1000000}')", []any{ns(time.Minute)}},
+		{"INSERT INTO drip.blocks VALUES ('s', 1000000, $1, '{}', '{}', '{}', $2)", []any{ns(0), ns(9 * time.Second)}},
+	} {
+		if _, err := db.Exec(ctx, q.sql, q.args...); err != nil {
+			t.Fatalf("%s: %v", q.sql, err)
+		}
+	}
+	if err := pgstore.Install(ctx, db, pgstore.InstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var gone bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass('drip.blocks') IS NULL").Scan(&gone); err != nil || !gone {
+		t.Fatalf("drip.blocks still there (%v)", err)
+	}
+	st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim := drip.PerSecond(1).WithBurst(10)
+	for _, c := range []struct {
+		what   string
+		op     bucket.Op
+		key    string
+		at     time.Duration
+		tokens float64
+	}{
+		{"a: its 2 tokens, 3 more a second later (a peek of 1 leaves 2)", bucket.Peek, "a", time.Second, 2},
+		{"a: refilled under the block's cap, 7, not 10", bucket.Peek, "a", 9 * time.Second, 6},
+		{"m: the lesser tokens at the later time", bucket.Peek, "m", 0, 4},
+		{"s: the leased bucket, not the window", bucket.Peek, "s", 0, 0},
+	} {
+		d, err := storetest.Apply(ctx, st, c.op, at.Add(c.at), drip.Request{Key: c.key, Limit: lim, Cost: 1})
+		if err != nil || d.Tokens != c.tokens {
+			t.Errorf("%s: %+v, %v; want %v tokens", c.what, d, err, c.tokens)
+		}
+	}
+	p, err := lim.Params("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	it, err := store.PrepareBlock(bucket.Refund, "a", p, 3*bucket.Micro, "b1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make([]bucket.Result, 1)
+	if err := st.Apply(ctx, bucket.Refund, at.Add(9*time.Second), []bucket.Prepared{it}, res); err != nil || res[0].Tokens != 10*bucket.Micro {
+		t.Fatalf("a: the block of 3 back unused at +9s: %+v, %v; want 10 tokens", res[0], err)
 	}
 }
 
@@ -184,8 +255,8 @@ func TestMigrateToSliding(t *testing.T) {
 		t.Fatal(err)
 	}
 	var v int
-	if err := db.QueryRow(ctx, "SELECT version FROM drip.schema_version").Scan(&v); err != nil || v != pgstore.SchemaVersion || v != 7 {
-		t.Fatalf("schema version %d (%v), want 7", v, err)
+	if err := db.QueryRow(ctx, "SELECT version FROM drip.schema_version").Scan(&v); err != nil || v != pgstore.SchemaVersion || v != 8 {
+		t.Fatalf("schema version %d (%v), want 8", v, err)
 	}
 	st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
 	if err != nil {

@@ -10,7 +10,8 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// applyMulti applies items with multi.sql: one statement, all or nothing.
+// applyMulti applies items with multi.sql: one statement, all or nothing
+// (errBlocked, having written nothing, when a key holds blocks).
 func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps []bucket.Prepared, ds []bucket.Result) error {
 	a := newArrays(len(ps))
 	seen := make(map[string]bool, len(ps))
@@ -40,16 +41,16 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 		for rows.Next() {
 			var r result
 			var ls bucket.LeaseSet
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &r.slide.Last, &r.slide.Counts); err != nil {
+			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &r.slide.Last, &r.slide.Counts, &r.blocked); err != nil {
 				rows.Close()
 				return err
 			}
 			if at.IsZero() && i == 0 {
 				s.clock.Observe(time.Now(), r.now) // now is the server's clock
 			}
-			if r.late {
+			if r.late || r.blocked {
 				rows.Close()
-				return errLate
+				return r.err()
 			}
 			if i < len(ds) {
 				r.leases = ls

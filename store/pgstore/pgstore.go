@@ -51,12 +51,15 @@
 // leases all expired are swept like buckets. The SQL functions
 // (drip.take, ...) do not cover concurrency limits nor sliding windows.
 //
-// Leased limits (package leased): a key's bucket and its live blocks of
-// leased tokens are a row of drip.blocks, apart from drip.buckets, and a
-// call with a leased item is one plpgsql function, drip.block_apply
-// (sql/blocks.sql, blocks.go): the call's rows locked in one order, every
-// item decided with bucket.EvalMultiAll's rules, all or nothing; the Go
-// side decides again from the state it read and checks the verdicts.
+// Leased tokens (package leased): a key's live blocks are in its own row
+// of drip.buckets, beside its bucket (NULL for none), so every request on
+// the key is held to their cap. The plain statements decide keys without
+// blocks and leave the others (errBlocked); a call with a block's take or
+// return, or on a key with blocks, is one plpgsql function,
+// drip.block_apply (sql/blocks.sql, blocks.go): the call's rows locked in
+// one order, every item decided with bucket.EvalMultiAll's rules, all or
+// nothing; the Go side decides again from the state it read and checks
+// the verdicts.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
@@ -111,7 +114,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -282,6 +284,9 @@ type result struct {
 	// slide is the key's stored state before the request as a sliding
 	// window's (Counts nil when the key has none: no row, or a bucket's).
 	slide bucket.SlidingState
+	// blocked: the key's row holds blocks of leased tokens, and the
+	// statement decided and wrote nothing (errBlocked).
+	blocked bool
 }
 
 // decide completes r, the statement's answer to op on p, with the Go
@@ -355,18 +360,16 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	if err := store.CheckKinds(items, store.Caps{Sliding: true, Calendar: true}); err != nil {
 		return err
 	}
-	if leasedItems(items) {
-		if len(items) > 1 && slices.ContainsFunc(items, func(it bucket.Prepared) bool { return it.Params.Kind == bucket.Sliding }) {
-			// A leased limit beside a sliding window (never leased
-			// itself): drip.block_apply holds no sliding math, so each
-			// item is decided on its own, all or nothing in the end.
-			return store.Separately{Store: s, Always: true}.Apply(ctx, op, at, items, results)
-		}
+	if blockItems(items) {
 		return s.applyBlocks(ctx, op, at, items, results)
 	}
 	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {
 		// Without batching, a concurrency item is a multi-take of one.
-		return s.applyMulti(ctx, op, at, items, results)
+		err := s.applyMulti(ctx, op, at, items, results)
+		if errors.Is(err, errBlocked) {
+			return s.applyBlocks(ctx, op, at, items, results)
+		}
+		return err
 	}
 	p := items[0]
 	var res result
@@ -379,6 +382,9 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	} else {
 		dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 		res, err = s.applyOne(ctx, op, p, nanos(at), dl)
+	}
+	if errors.Is(err, errBlocked) {
+		return s.applyBlocks(ctx, op, at, items, results)
 	}
 	if err != nil {
 		return err
@@ -432,7 +438,7 @@ func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, a
 			if op != bucket.Peek {
 				dest = append(dest, &res.late)
 			}
-			dest = append(dest, &res.slide.Last, &res.slide.Counts)
+			dest = append(dest, &res.slide.Last, &res.slide.Counts, &res.blocked)
 			if err := rows.Scan(dest...); err != nil {
 				rows.Close()
 				return err
@@ -452,6 +458,9 @@ func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, a
 		}
 		if res.late {
 			return errLate
+		}
+		if res.blocked {
+			return errBlocked
 		}
 		if !ok {
 			return errRace

@@ -10,6 +10,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -198,6 +199,63 @@ func TestSQLFunctions(t *testing.T) {
 	} {
 		if _, err := db.Exec(ctx, bad); err == nil || !strings.Contains(err.Error(), "drip:") {
 			t.Errorf("%s: want a drip error, got %v", bad, err)
+		}
+	}
+}
+
+// TestSQLFunctionsUnderBlocks: on a key whose row holds blocks of leased
+// tokens (a Go instance leases the key), drip.take, drip.peek and
+// drip.refund decide under the blocks' cap, as the memory store does.
+func TestSQLFunctionsUnderBlocks(t *testing.T) {
+	st := newStore(t)
+	db := pool(t)
+	ctx := context.Background()
+	mem := memstore.New(memstore.WithSweep(0))
+	defer mem.Close()
+	key := prefix() + "k"
+	l := drip.PerSecond(10).WithBurst(20)
+	p, err := l.Params(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near := func(a, b time.Duration) bool { return (a - b).Abs() <= time.Microsecond }
+	for i, s := range []struct {
+		block string // a block's take or return, through the Go stores; "": SQL
+		op    bucket.Op
+		cost  float64
+		at    time.Duration
+	}{
+		{"a", bucket.Take, 8, 0},
+		{"", bucket.Take, 12, 0},
+		{"", bucket.Take, 1, 0}, // denied: 8 are out
+		{"", bucket.Peek, 1, 1500 * time.Millisecond},
+		{"", bucket.Take, 13, 1500 * time.Millisecond}, // an early denial: 12, not 15
+		{"", bucket.Refund, 3, 1500 * time.Millisecond},
+		{"a", bucket.Refund, 5, 1600 * time.Millisecond},
+		{"", bucket.Take, 2, 1600 * time.Millisecond},
+	} {
+		at := t0.Add(s.at)
+		if s.block != "" {
+			it, err := store.PrepareBlock(s.op, key, p, int64(s.cost*bucket.Micro), s.block, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range []store.Store{st, mem} {
+				if err := x.Apply(ctx, s.op, at, []bucket.Prepared{it}, make([]bucket.Result, 1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			continue
+		}
+		fn := map[bucket.Op]string{bucket.Take: "take", bucket.Peek: "peek", bucket.Refund: "refund"}[s.op]
+		want, err := storetest.Apply(ctx, mem, s.op, at, drip.Request{Key: key, Limit: l, Cost: s.cost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := sqlCall(t, db, fn, key, l, s.cost, false, at)
+		if got.Allowed != want.Allowed || got.Tokens != want.Tokens || got.Remaining != want.Remaining ||
+			got.Burst != want.Burst || !near(got.RetryAfter, want.RetryAfter) || !near(got.ResetAfter, want.ResetAfter) {
+			t.Errorf("step %d %s cost %v:\nsql  %+v\ngo   %+v", i, fn, s.cost, got, want)
 		}
 	}
 }

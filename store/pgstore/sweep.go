@@ -32,9 +32,9 @@ func (s *Store) sweeper() {
 // server's clock) the sweeper deletes it, as memstore.SweepMargin.
 const SweepMargin = time.Minute
 
-// Sweep walks the whole table once, deleting the buckets (and the lease
-// rows of concurrency limits, and the rows of leased limits whose blocks
-// all expired) that expired
+// Sweep walks the whole table once, deleting the buckets (those with
+// blocks of leased tokens once every block expired, and the lease rows of
+// concurrency limits) that expired
 // SweepMargin ago by the server's clock, one page of rows per statement (see
 // WithSweepPage), never waiting on a row lock. It returns how many it
 // deleted. The store's sweeper calls it on a timer; it is exported for
@@ -60,18 +60,15 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 		}
 		after = last
 	}
-	// The lease rows of concurrency limits, then the rows of leased
-	// limits, a page at a time.
-	for _, sql := range []string{sweepLeasesSQL, sweepBlocksSQL} {
-		for {
-			var n int64
-			if err := s.db.QueryRow(ctx, sql, s.cfg.sweepPage, int64(SweepMargin)).Scan(&n); err != nil {
-				return total, err
-			}
-			total += n
-			if n < int64(s.cfg.sweepPage) {
-				break
-			}
+	// The lease rows of concurrency limits, a page at a time.
+	for {
+		var n int64
+		if err := s.db.QueryRow(ctx, sweepLeasesSQL, s.cfg.sweepPage, int64(SweepMargin)).Scan(&n); err != nil {
+			return total, err
+		}
+		total += n
+		if n < int64(s.cfg.sweepPage) {
+			break
 		}
 	}
 	return total, nil

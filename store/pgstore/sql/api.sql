@@ -26,13 +26,28 @@ DECLARE
     pr record;
     d record;
     now_ns bigint := (extract(epoch FROM at) * 1000000000)::bigint;
+    v_cap bigint;
 BEGIN
     IF op IS NULL OR op NOT IN (0, 1, 2) THEN
         RAISE EXCEPTION 'drip: invalid op: % is not take (0), peek (1) or refund (2)', op USING ERRCODE = 'invalid_parameter_value';
     END IF;
     pr := drip.prepare(key, rate, period, burst, cost, reserve, refill, algorithm, max_reserved, start);
     FOR attempt IN 1 .. 10 LOOP
-        IF op = 1 THEN
+        v_cap := pr.p_burst;
+        IF EXISTS (SELECT FROM drip.buckets b WHERE b.key = pr.k AND b.ids IS NOT NULL) THEN
+            -- The key holds blocks of leased tokens (a Go instance leases
+            -- it): decided under their cap, by drip.block_apply, as the Go
+            -- store decides it. (apply_one and peek_one answer such a key
+            -- with ok false, writing nothing.)
+            SELECT x.allowed, x.n_tokens, x.n_ts, x.now, NOT x.late AS ok,
+                   pr.p_burst - coalesce((SELECT sum(z.size) FROM unnest(x.sizes, x.exps) AS z(size, exp)
+                                          WHERE z.exp > x.now), 0) AS cap
+            INTO d
+            FROM drip.block_apply(op, ARRAY[pr.k], ARRAY[pr.kind], ARRAY[pr.p_rate], ARRAY[pr.p_period],
+                ARRAY[pr.p_burst], ARRAY[pr.p_maxres], ARRAY[pr.p_start], ARRAY[pr.p_cost],
+                ARRAY[coalesce(reserve, false)], ARRAY[''], ARRAY[''], ARRAY[0::bigint], now_ns, NULL) x;
+            v_cap := greatest(0, d.cap);
+        ELSIF op = 1 THEN
             SELECT * INTO d FROM drip.peek_one(pr.k, op, pr.kind, pr.p_rate, pr.p_period, pr.p_burst,
                 pr.p_maxres, pr.p_start, pr.p_cost, coalesce(reserve, false), now_ns);
         ELSE
@@ -55,7 +70,7 @@ BEGIN
                     CASE WHEN coalesce(reserve, false) AND pr.p_maxres >= 0 THEN pr.p_cost - pr.p_maxres ELSE pr.p_cost END,
                     d.now)::float8 / 1e9;
             END IF;
-            reset_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts, pr.p_burst, d.now)::float8 / 1e9;
+            reset_after := drip.until(pr.kind, pr.p_rate, pr.p_period, d.n_tokens, d.n_ts, v_cap, d.now)::float8 / 1e9;
             RETURN NEXT;
             RETURN;
         END IF;

@@ -16,6 +16,11 @@
 -- if it had never come) and answered with late set, and its caller, who
 -- gave up on it, gets an error.
 --
+-- A request on a key whose row holds blocks of leased tokens (migration
+-- 8; a sliding window's request excepted, which reads such a row as no
+-- state) is blocked: left out as a late one is, and answered with blocked
+-- set, for drip.block_apply to decide (see take.sql).
+--
 -- Locking as in multi.sql: existing buckets are locked in key order, so
 -- batches never deadlock; a bucket that appeared after the locking read
 -- makes drip.ensure raise 40001 and the batch is retried.
@@ -26,7 +31,7 @@ u AS MATERIALIZED (
         WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, dl, i)
 ),
 cur AS MATERIALIZED (
-    SELECT b.key, b.tokens, b.ts, b.expires, b.counts
+    SELECT b.key, b.tokens, b.ts, b.expires, b.counts, b.ids IS NOT NULL AS blocks
     FROM drip.buckets b
     WHERE b.key IN (SELECT key FROM u)
     ORDER BY b.key
@@ -42,6 +47,7 @@ r AS MATERIALIZED (
            row_number() OVER (PARTITION BY u.key ORDER BY u.i) AS seq
     FROM p, u
     WHERE NOT coalesce(p.clock >= u.dl, false)
+      AND NOT (u.kind <> 4 AND u.key IN (SELECT key FROM cur WHERE blocks))
 ),
 -- chain: one row per request, with the bucket after it (ex: a row exists;
 -- st, ss, sx, sc: its tokens, ts, expires, counts), whether any step
@@ -84,13 +90,15 @@ up AS (
     INSERT INTO drip.buckets AS b (key, tokens, ts, expires, counts)
     SELECT key, st, ss, sx, sc FROM w ORDER BY key
     ON CONFLICT (key) DO UPDATE
-    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts,
+        ids = NULL, sizes = NULL, exps = NULL
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT c.i, c.allowed, c.tokens, c.ts, c.now, false AS late, coalesce(c.bts, 0), c.bcounts
+SELECT c.i, c.allowed, c.tokens, c.ts, c.now, false AS late, coalesce(c.bts, 0), c.bcounts, false AS blocked
 FROM chain c
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
 UNION ALL
-SELECT u.i, false, 0, 0, p.clock, true, 0, NULL::bigint[] FROM p, u WHERE p.clock >= u.dl
+SELECT u.i, false, 0, 0, p.clock, coalesce(p.clock >= u.dl, false), 0, NULL::bigint[], NOT coalesce(p.clock >= u.dl, false)
+FROM p, u WHERE u.i NOT IN (SELECT i FROM r)
 ORDER BY 1

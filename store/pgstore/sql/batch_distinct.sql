@@ -8,7 +8,7 @@ WITH u AS MATERIALIZED (
         WITH ORDINALITY AS u(op, key, kind, rate, period, burst, maxres, start, cost, reserve, at, dl, i)
 ),
 cur AS MATERIALIZED (
-    SELECT b.key, b.tokens, b.ts, b.counts
+    SELECT b.key, b.tokens, b.ts, b.counts, b.ids IS NOT NULL AS blocks
     FROM drip.buckets b
     WHERE b.key IN (SELECT key FROM u)
     ORDER BY b.key
@@ -23,6 +23,7 @@ r AS MATERIALIZED (
     SELECT u.*, coalesce(u.at, p.clock) AS now
     FROM p, u
     WHERE NOT coalesce(p.clock >= u.dl, false)
+      AND NOT (u.kind <> 4 AND u.key IN (SELECT key FROM cur WHERE blocks))
 ),
 d AS MATERIALIZED (
     SELECT i.ord, i.key, i.now, i.ts AS b_ts, i.counts AS b_counts, e.*
@@ -38,13 +39,15 @@ up AS (
     INSERT INTO drip.buckets AS b (key, tokens, ts, expires, counts)
     SELECT key, n_tokens, n_ts, expires, n_counts FROM w ORDER BY key
     ON CONFLICT (key) DO UPDATE
-    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts,
+        ids = NULL, sizes = NULL, exps = NULL
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, d.now, false AS late, coalesce(d.b_ts, 0), d.b_counts
+SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, d.now, false AS late, coalesce(d.b_ts, 0), d.b_counts, false AS blocked
 FROM d
 WHERE drip.ensure((SELECT count(*) FROM up) = (SELECT count(*) FROM w))
 UNION ALL
-SELECT u.i, false, 0, 0, p.clock, true, 0, NULL::bigint[] FROM p, u WHERE p.clock >= u.dl
+SELECT u.i, false, 0, 0, p.clock, coalesce(p.clock >= u.dl, false), 0, NULL::bigint[], NOT coalesce(p.clock >= u.dl, false)
+FROM p, u WHERE u.i NOT IN (SELECT i FROM r)
 ORDER BY 1

@@ -3,11 +3,13 @@
 -- Installed (CREATE OR REPLACE) by every install, like functions.sql; the
 -- installer puts eval.sql in place of the EVAL marker.
 --
--- The state of a leased limit is its row in drip.blocks (migration 7): the
--- bucket and its live blocks, apart from drip.buckets. A call that holds
--- a leased item is decided here whole: its leased items under their keys'
--- blocks, its other items on their own state (drip.buckets, or the lease
--- rows of a concurrency limit, sql/leases.sql), all or nothing.
+-- A key's blocks live in its own row of drip.buckets (migration 8: ids,
+-- sizes, exps; NULL for none), beside its bucket, so every request on the
+-- key, leased or not, is held to their cap. A call that holds a block's
+-- take or return, or a request on a key whose row holds blocks (the plain
+-- statements leave those to it), is decided here whole: its buckets by
+-- bucket.EvalBlocks on their rows, its concurrency limits on their lease
+-- rows (sql/leases.sql), all or nothing.
 
 -- drip.eval_one is bucket.Eval on one bucket: eval.sql as a function of
 -- its inputs (see there for units and kinds). plpgsql, not SQL: a SQL
@@ -96,20 +98,20 @@ END $$;
 -- items, distinct keys) as bucket.EvalMultiAll does, all or nothing. One
 -- array per field, one element per item: keys (stored form), kinds, rates,
 -- periods, bursts, max reserved, starts, costs, reserves, lease IDs (a
--- concurrency limit's), block IDs and block TTLs (ns) of block takes and
--- returns, and whether the item is leased; p_at the time in ns (NULL: the
--- server's clock, read after the locks), p_dl the caller's deadline in the
--- server's clock (NULL: none).
+-- concurrency limit's), and block IDs and block TTLs (ns) of block takes
+-- and returns ('' and 0 for a plain request); p_at the time in ns (NULL:
+-- the server's clock, read after the locks), p_dl the caller's deadline
+-- in the server's clock (NULL: none). No item is a sliding window.
 --
 -- It locks the rows of the call's keys in one order, the same in every
--- statement (drip.buckets, then drip.leases, then drip.blocks, each in key
--- order, as multi.sql does for the first two), so statements never
--- deadlock each other, then reads each key's state, latest version, and
--- decides every item: a leased item (p_leased, or one with a block ID) by
--- bucket.EvalBlocks on its row in drip.blocks, a concurrency limit's (kind
--- 3) by bucket.Params.EvalLeases on its lease rows, any other by
--- bucket.Eval on its row in drip.buckets. Writes follow EvalMultiAll: a
--- peek writes nothing, a refund what it decided, a take everything only if
+-- statement (drip.buckets, then drip.leases, each in key order, as
+-- multi.sql does), so statements never deadlock each other, then reads
+-- each key's state, latest version, and decides every item: a
+-- concurrency limit's (kind 3) by bucket.Params.EvalLeases on its lease
+-- rows, any other by bucket.EvalBlocks on its row in drip.buckets (its
+-- bucket and blocks; a row holding a sliding window's counts is no
+-- state, and the write replaces it). Writes follow EvalMultiAll: a peek
+-- writes nothing, a refund what it decided, a take everything only if
 -- every item was allowed. A statement that got its locks after its
 -- deadline is late: it decides and writes nothing. A key whose row
 -- appeared after it was read (a concurrent first write) raises 40001
@@ -124,7 +126,7 @@ END $$;
 CREATE OR REPLACE FUNCTION drip.block_apply(p_op int, p_keys bytea[], p_kinds int[],
     p_rates bigint[], p_periods bigint[], p_bursts bigint[], p_maxres bigint[], p_starts bigint[],
     p_costs bigint[], p_reserves bool[], p_leases text[], p_blocks text[], p_ttls bigint[],
-    p_leased bool[], p_at bigint, p_dl bigint)
+    p_at bigint, p_dl bigint)
 RETURNS TABLE (ord int, allowed bool, present bool, tokens bigint, ts bigint, ids text[],
     sizes bigint[], exps bigint[], n_tokens bigint, n_ts bigint, n_blocks int,
     live bigint, held bool, earliest bigint, latest bigint, now bigint, late bool)
@@ -133,12 +135,11 @@ DECLARE
     n int := coalesce(cardinality(p_keys), 0);
     v_clock bigint;
     v_class int[];
-    v_allowed bool[];
     v_write bool[];
     v_present bool[];
     v_exists bool[];
-    v_next drip.blocks[];
-    v_row drip.blocks;
+    v_next drip.buckets[];
+    v_row drip.buckets;
     v_all bool := true;
     k record;
     r record;
@@ -150,17 +151,17 @@ DECLARE
     v_cap bigint;
     v_exp bigint;
 BEGIN
-    -- The class of each item: 0 a bucket, 1 a concurrency limit, 2 leased.
+    -- The class of each item: 0 a bucket (with its blocks), 1 a
+    -- concurrency limit.
     FOR i IN 1 .. n LOOP
-        v_class[i] := CASE WHEN p_kinds[i] = 3 THEN 1
-                           WHEN p_leased[i] OR p_blocks[i] <> '' THEN 2 ELSE 0 END;
+        v_class[i] := CASE WHEN p_kinds[i] = 3 THEN 1 ELSE 0 END;
     END LOOP;
     FOR k IN SELECT u.c, u.key FROM unnest(v_class, p_keys) AS u(c, key) ORDER BY u.c, u.key LOOP
-        CASE k.c
-        WHEN 0 THEN PERFORM FROM drip.buckets b WHERE b.key = k.key FOR UPDATE;
-        WHEN 1 THEN PERFORM FROM drip.leases l WHERE l.key = k.key FOR UPDATE;
-        ELSE PERFORM FROM drip.blocks b WHERE b.key = k.key FOR UPDATE;
-        END CASE;
+        IF k.c = 0 THEN
+            PERFORM FROM drip.buckets b WHERE b.key = k.key FOR UPDATE;
+        ELSE
+            PERFORM FROM drip.leases l WHERE l.key = k.key FOR UPDATE;
+        END IF;
     END LOOP;
     v_clock := drip.clock();
     now := coalesce(p_at, v_clock);
@@ -182,35 +183,24 @@ BEGIN
         present := false; tokens := 0; ts := 0; ids := '{}'; sizes := '{}'; exps := '{}';
         live := 0; held := false; earliest := 0; latest := 0;
         n_blocks := 0;
-        v_row := ROW(p_keys[i], 0, 0, '{}', '{}', '{}', 0)::drip.blocks;
+        v_row := NULL;
         IF v_class[i] = 1 THEN
             s := drip.lease_read(p_keys[i], p_leases[i], now);
             present := s.present; live := s.live; held := s.held; earliest := s.earliest; latest := s.latest;
             allowed := p_op = 2 OR s.held OR s.live < p_bursts[i] / 1000000;
             v_write[i] := allowed AND p_op <> 1 AND (p_op = 0 OR s.present);
             n_tokens := 0; n_ts := 0;
-        ELSIF v_class[i] = 0 THEN
+        ELSE
             -- A row holding a sliding window's counts (migration 6) is no
             -- state for a bucket (as eval.sql reads it): the bucket starts
             -- fresh, and its write replaces the row (v_exists).
-            SELECT b.tokens, b.ts, b.counts INTO r FROM drip.buckets b WHERE b.key = p_keys[i] FOR UPDATE;
+            SELECT b.tokens, b.ts, b.counts, b.ids, b.sizes, b.exps INTO r
+            FROM drip.buckets b WHERE b.key = p_keys[i] FOR UPDATE;
             v_exists[i] := FOUND;
             present := FOUND AND r.counts IS NULL;
             IF present THEN
                 tokens := r.tokens; ts := r.ts;
-            END IF;
-            e := drip.eval_one(p_op, present, tokens, ts, p_kinds[i], p_rates[i], p_periods[i], p_bursts[i],
-                               p_maxres[i], p_starts[i], p_costs[i], p_reserves[i], now);
-            allowed := e.allowed;
-            v_write[i] := e.write;
-            n_tokens := e.n_tokens; n_ts := e.n_ts;
-            v_row.tokens := e.n_tokens; v_row.ts := e.n_ts; v_row.expires := e.expires;
-        ELSE
-            SELECT b.tokens, b.ts, b.ids, b.sizes, b.exps INTO r
-            FROM drip.blocks b WHERE b.key = p_keys[i] FOR UPDATE;
-            present := FOUND;
-            IF present THEN
-                tokens := r.tokens; ts := r.ts; ids := r.ids; sizes := r.sizes; exps := r.exps;
+                ids := coalesce(r.ids, '{}'); sizes := coalesce(r.sizes, '{}'); exps := coalesce(r.exps, '{}');
             END IF;
             -- bucket.EvalBlocks
             a := drip.block_advance(p_kinds[i], p_rates[i], p_periods[i], p_bursts[i], p_maxres[i],
@@ -267,10 +257,9 @@ BEGIN
             END IF;
             n_tokens := e.n_tokens; n_ts := e.n_ts;
             v_row.tokens := e.n_tokens; v_row.ts := e.n_ts;
-            n_blocks := cardinality(v_row.ids);
+            n_blocks := coalesce(cardinality(v_row.ids), 0);
         END IF;
         v_next[i] := v_row;
-        v_allowed[i] := allowed;
         v_present[i] := present;
         v_all := v_all AND allowed;
         RETURN NEXT;
@@ -278,7 +267,8 @@ BEGIN
     IF p_op = 1 OR (p_op = 0 AND NOT v_all) THEN
         RETURN;
     END IF;
-    -- The writes, in the order of the locks.
+    -- The writes, in the order of the locks. A key left without blocks
+    -- has NULL ones, so the plain statements decide it again.
     FOR k IN SELECT u.c, u.i FROM unnest(v_class, p_keys) WITH ORDINALITY AS u(c, key, i)
              ORDER BY u.c, u.key LOOP
         j := k.i;
@@ -286,30 +276,22 @@ BEGIN
         v_row := v_next[j];
         IF k.c = 1 THEN
             PERFORM drip.ensure(drip.lease_write(p_op, p_keys[j], p_leases[j], p_periods[j], now, v_present[j]));
-        ELSIF k.c = 0 THEN
-            IF v_exists[j] THEN
-                UPDATE drip.buckets b SET tokens = v_row.tokens, ts = v_row.ts, expires = v_row.expires, counts = NULL
-                WHERE b.key = p_keys[j];
-            ELSE
-                INSERT INTO drip.buckets (key, tokens, ts, expires)
-                VALUES (p_keys[j], v_row.tokens, v_row.ts, v_row.expires)
-                ON CONFLICT (key) DO NOTHING;
-                PERFORM drip.ensure(FOUND);
-            END IF;
+            CONTINUE;
+        END IF;
+        v_exp := drip.block_expires(p_kinds[j], p_rates[j], p_periods[j], p_bursts[j],
+            v_row.tokens, v_row.ts, v_row.exps);
+        IF coalesce(cardinality(v_row.ids), 0) = 0 THEN
+            v_row.ids := NULL; v_row.sizes := NULL; v_row.exps := NULL;
+        END IF;
+        IF v_exists[j] THEN
+            UPDATE drip.buckets b SET tokens = v_row.tokens, ts = v_row.ts, expires = v_exp, counts = NULL,
+                ids = v_row.ids, sizes = v_row.sizes, exps = v_row.exps
+            WHERE b.key = p_keys[j];
         ELSE
-            v_exp := drip.block_expires(p_kinds[j], p_rates[j], p_periods[j], p_bursts[j],
-                v_row.tokens, v_row.ts, v_row.exps);
-            IF v_present[j] THEN
-                UPDATE drip.blocks b SET tokens = v_row.tokens, ts = v_row.ts, ids = v_row.ids,
-                    sizes = v_row.sizes, exps = v_row.exps, expires = v_exp
-                WHERE b.key = p_keys[j];
-            ELSE
-                INSERT INTO drip.blocks (key, tokens, ts, ids, sizes, exps, expires)
-                VALUES (p_keys[j], v_row.tokens, v_row.ts, v_row.ids, v_row.sizes,
-                        v_row.exps, v_exp)
-                ON CONFLICT (key) DO NOTHING;
-                PERFORM drip.ensure(FOUND);
-            END IF;
+            INSERT INTO drip.buckets (key, tokens, ts, expires, ids, sizes, exps)
+            VALUES (p_keys[j], v_row.tokens, v_row.ts, v_exp, v_row.ids, v_row.sizes, v_row.exps)
+            ON CONFLICT (key) DO NOTHING;
+            PERFORM drip.ensure(FOUND);
         END IF;
     END LOOP;
 END $$;

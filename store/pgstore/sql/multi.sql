@@ -23,14 +23,17 @@
 -- summarizes (live leases, whether the request's lease is among them, the
 -- earliest and latest expiry; sql/leases.sql): the verdict is
 -- bucket.Params.EvalLeases's, and the Go store checks it. All or nothing
--- holds across both kinds.
+-- holds across both kinds. A call with a request on a key whose row holds
+-- blocks of leased tokens (migration 8; a sliding window's excepted) is
+-- blocked: it writes nothing, answers blocked on every row, and goes to
+-- drip.block_apply (see take.sql).
 WITH r AS MATERIALIZED (
     SELECT * FROM unnest($2::bytea[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
                          $7::bigint[], $8::bigint[], $9::bigint[], $10::bool[], $13::text[])
         WITH ORDINALITY AS u(key, kind, rate, period, burst, maxres, start, cost, reserve, lease, i)
 ),
 cur AS MATERIALIZED (
-    SELECT b.key, b.tokens, b.ts, b.expires, b.counts
+    SELECT b.key, b.tokens, b.ts, b.expires, b.counts, b.ids IS NOT NULL AS blocks
     FROM drip.buckets b
     WHERE b.key IN (SELECT key FROM r WHERE kind <> 3)
     ORDER BY b.key
@@ -47,7 +50,8 @@ lcur AS MATERIALIZED (
 -- does: a statement that waited on a lock decides at the time it got it.
 p AS MATERIALIZED (
     SELECT $1::int AS op, coalesce($11::bigint, drip.clock()) AS now,
-           coalesce(drip.clock() >= $12::bigint, false) AS late
+           coalesce(drip.clock() >= $12::bigint, false) AS late,
+           EXISTS (SELECT FROM r JOIN cur c ON c.key = r.key WHERE c.blocks AND r.kind <> 4) AS blocked
     FROM (SELECT count(*) FROM cur) locked, (SELECT count(*) FROM lcur) llocked
 ),
 d AS MATERIALIZED (
@@ -74,7 +78,7 @@ ok AS MATERIALIZED (
 w AS MATERIALIZED (
     SELECT d.key, d.n_tokens, d.n_ts, d.expires, d.n_counts
     FROM d, p, ok
-    WHERE d.write AND NOT p.late AND (p.op <> 0 OR ok.everyone)
+    WHERE d.write AND NOT p.late AND NOT p.blocked AND (p.op <> 0 OR ok.everyone)
 ),
 -- The leases to write (drip.lease_write, bucket.Params.NextLeases): the
 -- expired ones dropped, then the request's lease acquired or renewed (a
@@ -85,18 +89,19 @@ w AS MATERIALIZED (
 lup AS MATERIALIZED (
     SELECT drip.lease_write(p.op, ld.key, ld.lease, ld.period, p.now, ld.present) AS ok
     FROM p, ok, ld
-    WHERE NOT p.late AND ((p.op = 2 AND ld.present) OR (p.op = 0 AND ok.everyone))
+    WHERE NOT p.late AND NOT p.blocked AND ((p.op = 2 AND ld.present) OR (p.op = 0 AND ok.everyone))
     ORDER BY ld.key
 ),
 up AS (
     INSERT INTO drip.buckets AS b (key, tokens, ts, expires, counts)
     SELECT key, n_tokens, n_ts, expires, n_counts FROM w ORDER BY key
     ON CONFLICT (key) DO UPDATE
-    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts,
+        ids = NULL, sizes = NULL, exps = NULL
     WHERE b.key IN (SELECT key FROM cur)
     RETURNING 1
 )
-SELECT x.allowed, x.n_tokens, x.n_ts, p.now, p.late, x.live, x.held, x.earliest, x.latest, x.b_ts, x.b_counts
+SELECT x.allowed, x.n_tokens, x.n_ts, p.now, p.late, x.live, x.held, x.earliest, x.latest, x.b_ts, x.b_counts, p.blocked
 FROM (SELECT d.ord, d.allowed, d.n_tokens, d.n_ts, 0::bigint AS live, false AS held, 0::bigint AS earliest, 0::bigint AS latest,
              coalesce(d.b_ts, 0) AS b_ts, d.b_counts FROM d
       UNION ALL

@@ -2,8 +2,10 @@
 -- (and locks) nothing. Parameters as in take.sql; the decision is
 -- eval.sql's with op 1 (peek). For the Go store, GO_COLUMNS are the
 -- stored state before (as in take.sql); for the SQL function, nothing.
-SELECT e.allowed, e.n_tokens, e.n_ts, i.now, true AS ok{{GO_COLUMNS}}
-FROM (SELECT 1 AS op, b.key IS NOT NULL AS present, b.tokens, b.ts, b.counts, $3::int AS kind,
+-- A key whose row holds blocks is blocked, as in take.sql: ok is false.
+SELECT e.allowed, e.n_tokens, e.n_ts, i.now, NOT i.blocked AS ok{{GO_COLUMNS}}
+FROM (SELECT 1 AS op, b.key IS NOT NULL AS present, b.tokens, b.ts, b.counts,
+             coalesce(b.ids IS NOT NULL AND $3::int <> 4, false) AS blocked, $3::int AS kind,
              $4::bigint AS rate, $5::bigint AS period, $6::bigint AS burst,
              $7::bigint AS maxres, $8::bigint AS start, $9::bigint AS cost,
              $10::bool AS reserve, coalesce($11::bigint, drip.clock()) AS now

@@ -23,25 +23,33 @@
 -- before the decision (b_ts, b_counts: a sliding window's, from which Go
 -- recomputes the decision with bucket.EvalSliding). (Deciding in the DO UPDATE's SET and WHERE instead would run the
 -- math three times: for the proposed fresh row, the WHERE and the SET.)
+-- A key whose row holds blocks of leased tokens (migration 8) is
+-- blocked: this statement decides and writes nothing, ok is false, and
+-- the request goes to drip.block_apply (sql/blocks.sql), which decides it
+-- under the blocks' cap (a sliding window reads such a row as no state,
+-- as it reads a bucket's). Every write leaves a row without blocks.
 WITH cur AS MATERIALIZED (
-    SELECT b.tokens, b.ts, b.counts FROM drip.buckets b WHERE b.key = $1::bytea FOR UPDATE OF b
+    SELECT b.tokens, b.ts, b.counts, b.ids IS NOT NULL AND $3::int <> 4 AS blocked
+    FROM drip.buckets b WHERE b.key = $1::bytea FOR UPDATE OF b
 ),
 d AS MATERIALIZED (
-    SELECT i.now, i.late, i.ts AS b_ts, i.counts AS b_counts, e.*
+    SELECT i.now, i.late, i.blocked, i.ts AS b_ts, i.counts AS b_counts, e.*
     FROM (SELECT $2::int AS op, c.tokens IS NOT NULL AS present, c.tokens, c.ts, c.counts, $3::int AS kind, $4::bigint AS rate,
                  $5::bigint AS period, $6::bigint AS burst, $7::bigint AS maxres, $8::bigint AS start, $9::bigint AS cost,
                  $10::bool AS reserve, coalesce($11::bigint, drip.clock()) AS now,
-                 {{LATE}} AS late
+                 {{LATE}} AS late, coalesce(c.blocked, false) AS blocked
           FROM (SELECT) one LEFT JOIN cur c ON true) i
     CROSS JOIN LATERAL ({{EVAL}}) e
 ),
 up AS (
     INSERT INTO drip.buckets AS b (key, tokens, ts, expires, counts)
-    SELECT $1::bytea, d.n_tokens, d.n_ts, d.expires, d.n_counts FROM d WHERE d.write AND NOT d.late
+    SELECT $1::bytea, d.n_tokens, d.n_ts, d.expires, d.n_counts FROM d WHERE d.write AND NOT d.late AND NOT d.blocked
     ON CONFLICT (key) DO UPDATE
-    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts
+    SET tokens = excluded.tokens, ts = excluded.ts, expires = excluded.expires, counts = excluded.counts,
+        ids = NULL, sizes = NULL, exps = NULL
     WHERE EXISTS (SELECT FROM cur)
     RETURNING 1
 )
-SELECT d.allowed, d.n_tokens, d.n_ts, d.now, (d.write AND NOT d.late) = EXISTS (SELECT FROM up) AS ok{{GO_COLUMNS}}
+SELECT d.allowed, d.n_tokens, d.n_ts, d.now,
+       NOT d.blocked AND (d.write AND NOT d.late) = EXISTS (SELECT FROM up) AS ok{{GO_COLUMNS}}
 FROM d

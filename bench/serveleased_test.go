@@ -1,0 +1,178 @@
+package bench
+
+// Leased tokens through drip serve: 4 servers in this process, each the
+// decision API over a store connection of its own (a pgstore or a
+// redisstore each, batching on, the default), wrapped by the leased
+// store as --leased wraps it ("leased") or not ("plain"); 48 clients over
+// kept-alive connections, spread over the 4, send POST /v1/take on one
+// hot key with an inline limit for servePhaseLeased each. The memory
+// store ("memory", one store under the 4 servers) is the ceiling: the
+// servers' own HTTP cost with a store that costs nothing.
+//
+//	cd bench && go test -run '^$' -bench 'ServeLeased' -benchtime 1x
+//
+// Workloads: a limit that grants every take (100 million a second,
+// burst 10 million), and one of 200 a second (burst 200), which the
+// clients exhaust at once: its bucket is empty nearly all the run.
+// Metrics: decisions/s, p50 and p99 of a request, the share granted,
+// the errors (503s: the store missed drip serve's 1 s deadline), and for
+// the leased runs the store calls per decision.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip/server"
+	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/store/leased"
+	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/pgstore"
+	"github.com/driplimit/drip/store/redisstore"
+)
+
+const servePhaseLeased = 3 * time.Second
+
+func BenchmarkServeLeased(b *testing.B) {
+	type backend struct {
+		name   string
+		open   func(b *testing.B) store.Store // one instance's store
+		shared bool                           // one store for the 4 instances
+	}
+	backends := []backend{
+		{"memory", func(b *testing.B) store.Store { return memstore.New() }, true},
+		{"redis", func(b *testing.B) store.Store {
+			rs, err := redisstore.Open(redisURL(b), redisstore.WithPrefix("bench:"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { rs.Close() })
+			return rs
+		}, false},
+		{"postgres", func(b *testing.B) store.Store {
+			url := pgURL(b)
+			if err := pgstore.Install(context.Background(), pgPool(b, url, 1, ""), pgstore.InstallOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			st, err := pgstore.Open(context.Background(), url, pgstore.WithSweep(0))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { st.Close() })
+			return st
+		}, false},
+	}
+	limits := []struct{ name, json string }{
+		{"unsaturated", `{"rate": 100000000, "burst": 10000000}`},
+		{"saturated 200/s", `{"rate": 200, "burst": 200}`},
+	}
+	for _, be := range backends {
+		for _, lim := range limits {
+			for _, mode := range []string{"plain", "leased"} {
+				if be.shared && mode == "leased" {
+					continue // the memory store is in the process already
+				}
+				b.Run(fmt.Sprintf("%s/%s/%s", be.name, lim.name, mode), func(b *testing.B) {
+					const instances, clients = 4, 48
+					var shared store.Store
+					var ls []*leased.Store
+					urls := make([]string, instances)
+					for i := range urls {
+						st := shared
+						if st == nil {
+							st = be.open(b)
+						}
+						if be.shared {
+							shared = st
+						}
+						if mode == "leased" {
+							l, err := leased.New(st)
+							if err != nil {
+								b.Fatal(err)
+							}
+							b.Cleanup(func() { l.Close() })
+							ls = append(ls, l)
+							st = l
+						}
+						urls[i] = startServe(b, server.Config{}, st) + "/v1/take"
+					}
+					body := fmt.Appendf(nil, `{"key": "hot:%d", "limit": %s}`, time.Now().UnixNano(), lim.json)
+					c := benchClient()
+					for range b.N {
+						run := serveLoad(b, c, urls, clients, body)
+						b.ReportMetric(run.perSec, "decisions/s")
+						b.ReportMetric(run.p50, "p50-µs")
+						b.ReportMetric(run.p99, "p99-µs")
+						b.ReportMetric(run.granted, "granted")
+						b.ReportMetric(run.errors, "errors")
+						if ls != nil {
+							var calls, decisions int64
+							for _, l := range ls {
+								st := l.Stats()
+								calls += st.StoreCalls
+								decisions += st.Decisions
+							}
+							b.ReportMetric(float64(calls)/float64(max(1, decisions)), "calls/decision")
+						}
+						b.ReportMetric(0, "ns/op")
+					}
+				})
+			}
+		}
+	}
+}
+
+// serveRun is a load's result: decisions (200s) a second, their p50 and
+// p99 in µs, the share granted, and the answers that were errors.
+type serveRun struct{ perSec, p50, p99, granted, errors float64 }
+
+// serveLoad sends body from clients goroutines, each to one of urls in
+// turn, for servePhaseLeased.
+func serveLoad(b *testing.B, c *http.Client, urls []string, clients int, body []byte) serveRun {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var granted, errors int
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(servePhaseLeased)
+	for g := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			own := make([]time.Duration, 0, 4096)
+			ok, failed := 0, 0
+			url := urls[g%len(urls)]
+			for time.Now().Before(deadline) {
+				req, _ := http.NewRequest("POST", url, nil)
+				d, status, ans := send(b, c, req, body)
+				switch {
+				case status != 200:
+					failed++ // the store missed its deadline: a 503
+					continue
+				case bytes.Contains(ans, []byte(`"allowed":true`)):
+					ok++
+				}
+				own = append(own, d)
+			}
+			mu.Lock()
+			lat = append(lat, own...)
+			granted += ok
+			errors += failed
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	return serveRun{
+		perSec:  float64(len(lat)) / time.Since(start).Seconds(),
+		p50:     pct(lat, 0.5),
+		p99:     pct(lat, 0.99),
+		granted: float64(granted) / float64(max(1, len(lat))),
+		errors:  float64(errors),
+	}
+}
