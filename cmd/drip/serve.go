@@ -46,7 +46,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return 2
 	}
 	maxWait := fs.Duration("max-wait", maxWaitDefault, "the longest a decision API take may wait for its turn (\"wait\"), at most 1m (env DRIP_MAX_WAIT)")
-	leasedOn := fs.Bool("leased", envOr("DRIP_LEASED", "") == "true", "leased tokens for every limit: decide all token buckets and fixed windows from blocks of their tokens taken from the store, never over the limit (docs/semantics.md, \"Leased tokens\"); without it only the rules and Envoy limits marked leased are; every instance sharing the store must set it alike (env DRIP_LEASED=true)")
+	leasedOn := fs.Bool("leased", envOr("DRIP_LEASED", "") == "true", "leased tokens for every limit: decide all token buckets and fixed windows from blocks of their tokens taken from the store, never over the limit (docs/semantics.md, \"Leased tokens\"); without it only the rules and Envoy limits marked leased are; on the memory store, in the process, nothing is leased (env DRIP_LEASED=true)")
 	drainDefault, ok := envDuration("DRIP_DRAIN", server.DefaultDrain, true, stderr)
 	if !ok {
 		return 2
@@ -134,13 +134,15 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}
 	defer closeStore()
 	var byRule *leasedRules
-	if caps := store.Caps(); *leasedOn || (caps.Blocks && !caps.InProcess) {
+	caps := store.Caps()
+	if !caps.InProcess && (*leasedOn || caps.Blocks) {
 		// Leased tokens: every token bucket and fixed window with
 		// --leased, else the limits marked leased (a rule's "leased":
 		// true, an Envoy rate_limit's leased: true), which a reload may
 		// add; every other call passes through. The memory store is in
-		// the process already: there, marked limits are decided as
-		// any other, exactly.
+		// the process already: there leasing saves no call and costs the
+		// blocks' bookkeeping on every take, so every limit is decided as
+		// without it, exactly, --leased or not (the banner says so).
 		byRule = newLeasedRules()
 		opts := []leased.Option{leased.WithObserver(byRule)}
 		if !*leasedOn {
@@ -206,7 +208,10 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	}()
 
 	storeName := redact.URL(c.Store) // never print a password
-	if *leasedOn {
+	switch {
+	case *leasedOn && caps.InProcess:
+		storeName += ", nothing leased: the store is in the process"
+	case *leasedOn:
 		storeName += ", every limit leased"
 	}
 	rules := c.Rules

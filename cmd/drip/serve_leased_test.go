@@ -17,14 +17,18 @@ import (
 // from blocks of the bucket's tokens, and a burst of 20 (refilling one a
 // day) grants exactly 20 of 60 takes: none over, and one instance alone
 // is never denied early (it gives its blocks back before it asks);
-// /metrics counts them. On the memory store and on PostgreSQL.
+// /metrics counts them. On PostgreSQL; on the memory store, which is in
+// the process, --leased leases nothing (leasing would save no store call
+// and cost the blocks' bookkeeping on every take): the takes are decided
+// as without it, exactly, and /metrics counts no leased decision.
 func TestServeLeased(t *testing.T) {
 	for _, st := range []struct {
-		name string
-		args func(t *testing.T) []string
+		name   string
+		args   func(t *testing.T) []string
+		leased bool
 	}{
-		{"memory", func(*testing.T) []string { return nil }},
-		{"postgres", postgresStoreArgs},
+		{"memory", func(*testing.T) []string { return nil }, false},
+		{"postgres", postgresStoreArgs, true},
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			args := append([]string{"--leased", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, st.args(t)...)
@@ -45,8 +49,8 @@ func TestServeLeased(t *testing.T) {
 			}
 			_, metrics := httpDo(t, "GET", "http://"+admin+"/metrics", "")
 			for _, want := range []string{"drip_leased_decisions_total 60", `drip_leased_blocks_total{event="fetched"}`, "drip_leased_tokens_held"} {
-				if !strings.Contains(metrics, want) {
-					t.Errorf("/metrics lacks %q", want)
+				if got := strings.Contains(metrics, want); got != st.leased {
+					t.Errorf("/metrics has %q: %v, want %v", want, got, st.leased)
 				}
 			}
 		})
@@ -141,30 +145,52 @@ func grepLines(s, sub string) string {
 
 // TestServeLeasedSaysSo: drip serve's first line says when --leased
 // leases every limit, so that instances meant to share a store can be
-// told apart at a glance when one was started without it.
+// told apart at a glance when one was started without it; on the memory
+// store, which is in the process, it says --leased leases nothing.
 func TestServeLeasedSaysSo(t *testing.T) {
-	for _, leasedFlag := range []bool{false, true} {
-		args := []string{"serve", "--drain=0", "--listen", "127.0.0.1:0", "--admin-listen", "off"}
-		if leasedFlag {
-			args = append(args, "--leased")
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var out, errs lockedBuffer
-		code := make(chan int, 1)
-		go func() { code <- run(ctx, args, strings.NewReader(""), &out, &errs) }()
-		deadline := time.Now().Add(time.Minute) // generous: how fast is not tested
-		for !strings.Contains(out.String(), "decision API on") {
-			if time.Now().After(deadline) {
-				cancel()
-				t.Fatalf("%v: no banner; stderr %s", args, errs.String())
+	for _, st := range []struct {
+		name string
+		args func(t *testing.T) []string
+		says string // with --leased
+	}{
+		{"memory", func(*testing.T) []string { return nil }, "nothing leased"},
+		{"postgres", postgresStoreArgs, "every limit leased"},
+	} {
+		for _, leasedFlag := range []bool{false, true} {
+			args := append([]string{"serve", "--drain=0", "--listen", "127.0.0.1:0", "--admin-listen", "off"}, st.args(t)...)
+			if leasedFlag {
+				args = append(args, "--leased")
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		cancel()
-		<-code
-		line, _, _ := strings.Cut(out.String(), "\n")
-		if got := strings.Contains(line, "every limit leased"); got != leasedFlag {
-			t.Errorf("--leased %v: the banner %q says every limit leased: %v", leasedFlag, line, got)
+			line := bannerOf(t, args)
+			for _, says := range []string{"every limit leased", "nothing leased"} {
+				want := leasedFlag && says == st.says
+				if got := strings.Contains(line, says); got != want {
+					t.Errorf("%s, --leased %v: the banner %q says %q: %v, want %v", st.name, leasedFlag, line, says, got, want)
+				}
+			}
 		}
 	}
+}
+
+// bannerOf runs drip with args until it prints its banner, and returns
+// the banner's first line.
+func bannerOf(t *testing.T, args []string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errs lockedBuffer
+	code := make(chan int, 1)
+	go func() { code <- run(ctx, args, strings.NewReader(""), &out, &errs) }()
+	deadline := time.Now().Add(time.Minute) // generous: how fast is not tested
+	for !strings.Contains(out.String(), "decision API on") {
+		if time.Now().After(deadline) {
+			cancel()
+			<-code
+			t.Fatalf("%v: no banner; stderr %s", args, errs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-code
+	line, _, _ := strings.Cut(out.String(), "\n")
+	return line
 }

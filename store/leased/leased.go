@@ -798,9 +798,15 @@ func (s *Store) span() time.Duration {
 }
 
 // blockSize is the size of the next block of l for a take of cost: its
-// demand over the span, at most the share of the burst, and less when
-// the bucket is nearly empty; 0 (no block: per-decision takes) when that
-// would hold less than two takes of cost. The caller holds l.mu.
+// demand over the span, at most the share of the burst; 0 (no block:
+// per-decision takes) when that would hold less than two takes of cost,
+// or when the store's last answer showed fewer tokens than two such
+// blocks. A key that saturated (its demand over the limit) thus takes
+// plain takes, which the store batches, until it has tokens again:
+// small blocks of what refilled between two answers would save few
+// calls, and while a key holds blocks a store decides each take of it,
+// every instance's, under their cap (PostgreSQL one at a time). The
+// caller holds l.mu.
 func (s *Store) blockSize(l *local, cost int64) int64 {
 	if l.starved {
 		return 0
@@ -808,7 +814,7 @@ func (s *Store) blockSize(l *local, cost int64) int64 {
 	want := int64(l.rate * s.span().Seconds())
 	size := min(want, int64(s.share*float64(l.p.Burst)))
 	if l.known && l.avail < 2*size {
-		size = max(0, l.avail/2)
+		return 0
 	}
 	size = size / bucket.Micro * bucket.Micro // whole tokens
 	if size < 2*max(cost, bucket.Micro) {
