@@ -74,7 +74,7 @@ var (
 	sweepBlocksSQL          = mustSQL("sweep_blocks.sql")
 	blocksSQL               = withEval("blocks.sql")
 	migration               = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql"),
-		mustSQL("006_sliding.sql"), mustSQL("007_blocks.sql")}
+		mustSQL("006_sliding.sql"), mustSQL("007_blocks.sql"), mustSQL("008_board.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs
