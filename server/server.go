@@ -52,6 +52,11 @@ type Server struct {
 	store   store.Store      // instrumented
 	eng     *engine.Engine   // every front door's: one deadline, one breaker, one observer
 	who     *topkeys.Tracker // who is being limited (who.go)
+	// The store's board, nil when it keeps none, where the instance puts
+	// its top keys' summaries under its name, for topTTL (who.go).
+	board    store.Board
+	instance string
+	topTTL   time.Duration
 
 	rs  *ruleState
 	lim *httplimit.Limiter // the rules on HTTP requests: the gateway's middleware, forward auth
@@ -132,6 +137,7 @@ func New(cfg Config, st store.Store) (*Server, error) {
 	}
 	s.store = s.metrics.observe(st)
 	s.who = s.newTracker()
+	s.board, s.instance, s.topTTL = st.Caps().Board, instanceName(), topTTL
 	s.metrics.reg.MustRegister(whoCollector{s.who})
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
 		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(frontdoor.Local),
@@ -342,7 +348,11 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.watch(bg) })
-	wg.Go(func() { s.who.Run(bg) })
+	if s.board != nil {
+		wg.Go(func() { s.who.Run(bg, s.putTop) }) // who.go
+	} else {
+		wg.Go(func() { s.who.Run(bg) })
+	}
 	if s.ost != nil {
 		s.followOverrides(bg, &wg)
 	}

@@ -10,8 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/teststores"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/topkeys"
 )
@@ -126,6 +128,106 @@ func TestAdminTopEnvoy(t *testing.T) {
 // string) and returns the one rule's view it must hold.
 func oneRule(t *testing.T, srv *running, query string) topkeys.Window {
 	t.Helper()
+	got := topView(t, srv, query)
+	if len(got.Rules) != 1 {
+		t.Fatalf("rules %+v", got.Rules)
+	}
+	return got.Rules[0]
+}
+
+// TestAdminTopFleet: two instances on one shared store each see their
+// own traffic alone (scope=instance) and, merged, the fleet's: each
+// key's count the sum of both within its stated error, with how many
+// instances and how stale; an instance stopped drops out of the view
+// once its summaries' ttl has passed.
+func TestAdminTopFleet(t *testing.T) {
+	for _, st := range teststores.Shared() {
+		t.Run(st.Name, func(t *testing.T) {
+			shared := st.Open(t)
+			cfg := Config{Rules: rulesFile(t, "", 3, "api"), WatchEvery: -1, AdminToken: adminToken}
+			short := func(s *Server) { s.topTTL = time.Second }
+			a, b := startWith(t, cfg, shared, short), startWith(t, cfg, shared, short)
+			take := func(srv *running, v string, n int) {
+				for range n {
+					if code, out := post(t, srv.base+"/v1/take", `{"rule": "api", "values": [`+jsonString(v)+`]}`); code != 200 && code != 429 {
+						t.Fatalf("take: %d %s", code, out)
+					}
+				}
+			}
+			take(a, "a", 5)
+			take(a, "b", 1)
+			take(b, "a", 3)
+			take(b, "c", 2)
+			view := func(srv *running, query string) top { return topView(t, srv, query) }
+			requests := func(v top) map[string]uint64 {
+				t.Helper()
+				m := map[string]uint64{}
+				if len(v.Rules) != 1 {
+					t.Fatalf("rules %+v", v.Rules)
+				}
+				for _, c := range v.Rules[0].TopRequests {
+					if c.Error != 0 { // three keys: no counter was taken over
+						t.Errorf("%s: error %d", c.Key, c.Error)
+					}
+					m[c.Key] = c.Count
+				}
+				return m
+			}
+			if code, _ := admin(t, "GET", a.admin+"/v1/admin/top?scope=all", ""); code != http.StatusBadRequest {
+				t.Errorf("scope=all: %d, want 400", code)
+			}
+			alone := view(b, "scope=instance")
+			if got := requests(alone); alone.Scope != "instance" || alone.Instances != 1 || len(got) != 2 || got["api|a"] != 3 || got["api|c"] != 2 {
+				t.Errorf("b alone: %+v", alone)
+			}
+			// Before b puts its summaries, a's fleet is a alone.
+			if v := view(a, ""); v.Scope != "fleet" || v.Instances != 1 || requests(v)["api|a"] != 5 {
+				t.Errorf("a's fleet before b put: %+v", v)
+			}
+			b.putTop(t.Context())
+			a.putTop(t.Context())
+			for _, srv := range []*running{a, b} {
+				v := view(srv, "n=10")
+				got := requests(v)
+				if v.Scope != "fleet" || v.Instances != 2 || v.StaleSeconds < 0 || v.StaleSeconds > 30 ||
+					len(got) != 3 || got["api|a"] != 8 || got["api|b"] != 1 || got["api|c"] != 2 ||
+					v.Rules[0].Requests != 11 {
+					t.Errorf("the fleet from %s: %+v", srv.instance, v)
+				}
+				// a's 5 takes of a bucket of 3, then b's 3: 2 + 3 denials.
+				if d := v.Rules[0].TopDenied; len(d) != 1 || d[0].Key != "api|a" || d[0].Count != 5 {
+					t.Errorf("the fleet's denials from %s: %+v", srv.instance, d)
+				}
+			}
+			if v := view(a, "rule=other"); len(v.Rules) != 0 {
+				t.Errorf("rule=other: %+v", v.Rules)
+			}
+			// b stops: its summaries drop out after their ttl (1 s here).
+			if err := b.stop(); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(time.Minute)
+			for {
+				v := view(a, "")
+				if v.Instances == 1 {
+					if got := requests(v); got["api|a"] != 5 || got["api|c"] != 0 {
+						t.Errorf("after b dropped out: %+v", got)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("b's summaries still merged a minute after b stopped: %+v", v)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// topView asks srv's admin API for the top keys (query: its query
+// string).
+func topView(t *testing.T, srv *running, query string) top {
+	t.Helper()
 	code, out := admin(t, "GET", srv.admin+"/v1/admin/top?"+query, "")
 	if code != 200 {
 		t.Fatalf("top: %d %s", code, out)
@@ -134,8 +236,5 @@ func oneRule(t *testing.T, srv *running, query string) topkeys.Window {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Rules) != 1 {
-		t.Fatalf("rules %+v", got.Rules)
-	}
-	return got.Rules[0]
+	return got
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
@@ -47,13 +48,43 @@ func (p Prefixed) Reset(ctx context.Context, key string) error {
 	return p.Store.Reset(ctx, p.Prefix+key)
 }
 
-// Caps are the store's, its overrides seen under the prefix.
+// Caps are the store's, its overrides and its board seen under the
+// prefix.
 func (p Prefixed) Caps() Caps {
 	c := p.Store.Caps()
 	if c.Overrides != nil {
 		c.Overrides = prefixedOverrides{c.Overrides, p.Prefix}
 	}
+	if c.Board != nil {
+		c.Board = prefixedBoard{c.Board, p.Prefix}
+	}
 	return c
+}
+
+// prefixedBoard keeps the blobs of instances named under a prefix: it
+// reads only those, without the prefix.
+type prefixedBoard struct {
+	in     Board
+	prefix string
+}
+
+func (p prefixedBoard) PutBoard(ctx context.Context, instance string, blob []byte, ttl time.Duration) error {
+	if instance == "" {
+		return fmt.Errorf("%w: no instance name", ErrInvalidOp)
+	}
+	return p.in.PutBoard(ctx, p.prefix+instance, blob, ttl)
+}
+
+func (p prefixedBoard) ReadBoard(ctx context.Context) ([]Notice, error) {
+	all, err := p.in.ReadBoard(ctx)
+	own := all[:0]
+	for _, n := range all {
+		if inst, ok := strings.CutPrefix(n.Instance, p.prefix); ok {
+			n.Instance = inst
+			own = append(own, n)
+		}
+	}
+	return own, err
 }
 
 // prefixedOverrides keeps the overrides of keys under a prefix, as

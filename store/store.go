@@ -92,6 +92,57 @@ type Caps struct {
 	// Overrides is the store's side that keeps per-tenant limits (package
 	// override), or nil when it keeps none.
 	Overrides Overrides
+	// Board is the store's notice board, where each instance sharing the
+	// store keeps one small blob for the others to read (the fleet's top
+	// keys, package topkeys), or nil when it keeps none.
+	Board Board
+}
+
+// Board keeps one blob per instance, shared by every instance that uses
+// the store, each dropped ttl after it was last put, so that an instance
+// that stops drops out.
+type Board interface {
+	// PutBoard sets instance's blob (at most MaxBoardBlob bytes; instance
+	// at most MaxBoardInstance) for ttl (at most MaxBoardTTL), failing
+	// with ErrBoardFull when instance has no blob and MaxBoardInstances
+	// instances have one already.
+	PutBoard(ctx context.Context, instance string, blob []byte, ttl time.Duration) error
+	// ReadBoard returns every instance's unexpired blob (at most
+	// MaxBoardInstances), with how long ago it was put by the store's
+	// clock.
+	ReadBoard(ctx context.Context) ([]Notice, error)
+}
+
+// Notice is one instance's blob on a Board.
+type Notice struct {
+	Instance string
+	Blob     []byte
+	Age      time.Duration
+}
+
+// Bounds of a Board.
+const (
+	MaxBoardBlob      = 1 << 20
+	MaxBoardInstance  = 128
+	MaxBoardInstances = 256
+	MaxBoardTTL       = time.Hour
+)
+
+// ErrBoardFull is the error of putting the blob of a new instance on a
+// Board that holds MaxBoardInstances already.
+var ErrBoardFull = errors.New("the board holds as many instances as it may")
+
+// CheckNotice checks the arguments of Board.PutBoard.
+func CheckNotice(instance string, blob []byte, ttl time.Duration) error {
+	switch {
+	case instance == "" || len(instance) > MaxBoardInstance:
+		return fmt.Errorf("%w: instance name of %d bytes (1 to %d)", ErrInvalidOp, len(instance), MaxBoardInstance)
+	case len(blob) > MaxBoardBlob:
+		return fmt.Errorf("%w: a board blob of %d bytes (at most %d)", ErrInvalidOp, len(blob), MaxBoardBlob)
+	case ttl < time.Millisecond || ttl > MaxBoardTTL:
+		return fmt.Errorf("%w: a board ttl of %v (1ms to %v)", ErrInvalidOp, ttl, MaxBoardTTL)
+	}
+	return nil
 }
 
 // Overrides keeps overrides (package override), by bucket key, as opaque

@@ -3,6 +3,8 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +27,7 @@ func RunCaps(t *testing.T, newStore NewStore) {
 		store.Separately{Store: store.Prefixed{Store: store.Sharded{Store: st, N: 2}, Prefix: "x:"}, Always: true},
 	} {
 		wc := w.Caps()
-		if wc.InProcess != c.InProcess || wc.SplitsKeys != c.SplitsKeys || wc.Leases != c.Leases || (wc.Overrides == nil) != (c.Overrides == nil) {
+		if wc.InProcess != c.InProcess || wc.SplitsKeys != c.SplitsKeys || wc.Leases != c.Leases || (wc.Overrides == nil) != (c.Overrides == nil) || (wc.Board == nil) != (c.Board == nil) {
 			t.Errorf("%T: caps %+v, want the store's %+v", w, wc, c)
 		}
 	}
@@ -211,4 +213,106 @@ func RunOverrides(t *testing.T, newStore NewStore, opts ...Option) {
 			t.Fatal("the watch did not end with its context")
 		}
 	}
+}
+
+// RunBoard holds the store's notice board (Caps.Board), seen through
+// store.Prefixed under a fresh prefix, to the store.Board contract: each
+// instance's latest blob is read back, with an age by the store's clock
+// that is not negative, and only the prefix's instances; a blob drops
+// out once its ttl has passed, the others staying; bad arguments are
+// refused; and on a store in process (where no other run shares the
+// board) a new instance beyond MaxBoardInstances is refused while one
+// already there may still put. A store that keeps no board has nothing
+// to check.
+func RunBoard(t *testing.T, newStore NewStore) {
+	whole := newStore(t)
+	if whole.Caps().Board == nil {
+		t.Log("the store keeps no board (Caps.Board is nil)")
+		return
+	}
+	b := store.Prefixed{Store: whole, Prefix: prefix()}.Caps().Board
+	c, cancel := context.WithTimeout(ctx(t), time.Minute)
+	defer cancel()
+	read := func() map[string]store.Notice {
+		t.Helper()
+		ns, err := b.ReadBoard(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]store.Notice{}
+		for _, n := range ns {
+			if n.Age < 0 {
+				t.Errorf("%s: age %v", n.Instance, n.Age)
+			}
+			m[n.Instance] = n
+		}
+		return m
+	}
+	if m := read(); len(m) != 0 {
+		t.Fatalf("a fresh prefix's board: %v", m)
+	}
+	put := func(inst, blob string, ttl time.Duration) {
+		t.Helper()
+		if err := b.PutBoard(c, inst, []byte(blob), ttl); err != nil {
+			t.Fatalf("put %s: %v", inst, err)
+		}
+	}
+	put("a", "first", time.Minute)
+	put("b", "\x00binary\xff", time.Minute)
+	put("a", "second", time.Minute)
+	put("short", "gone soon", 200*time.Millisecond)
+	if err := (store.Prefixed{Store: whole, Prefix: prefix()}).Caps().Board.PutBoard(c, "other", []byte("x"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	m := read()
+	if string(m["a"].Blob) != "second" || string(m["b"].Blob) != "\x00binary\xff" || m["other"].Instance != "" {
+		t.Fatalf("the board: %+v; want a's latest blob, b's, and no other prefix's", m)
+	}
+	for _, bad := range []struct {
+		inst string
+		blob []byte
+		ttl  time.Duration
+	}{
+		{"", nil, time.Minute},
+		{strings.Repeat("i", store.MaxBoardInstance+1), nil, time.Minute},
+		{"c", make([]byte, store.MaxBoardBlob+1), time.Minute},
+		{"c", nil, 0},
+		{"c", nil, store.MaxBoardTTL + time.Second},
+	} {
+		if err := b.PutBoard(c, bad.inst, bad.blob, bad.ttl); !errors.Is(err, store.ErrInvalidOp) {
+			t.Errorf("put %d-byte name, %d bytes, ttl %v: %v, want ErrInvalidOp", len(bad.inst), len(bad.blob), bad.ttl, err)
+		}
+	}
+	for {
+		m := read()
+		if _, ok := m["short"]; !ok {
+			if len(m) != 2 {
+				t.Fatalf("after short's ttl: %+v, want a and b still", m)
+			}
+			break
+		}
+		select {
+		case <-c.Done():
+			t.Fatal("a blob put for 200 ms still on the board after a minute")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if !whole.Caps().InProcess {
+		return
+	}
+	full := false
+	for i := range store.MaxBoardInstances + 1 {
+		err := b.PutBoard(c, fmt.Sprint("fill", i), nil, time.Minute)
+		if errors.Is(err, store.ErrBoardFull) {
+			full = true
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !full {
+		t.Fatalf("%d instances put, none refused", store.MaxBoardInstances+1)
+	}
+	put("a", "third", time.Minute)
 }

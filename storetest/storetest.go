@@ -63,6 +63,7 @@ func Run(t *testing.T, newStore NewStore, opts ...Option) {
 	t.Run("Separately", func(t *testing.T) { RunSeparately(t, newStore) })
 	t.Run("Caps", func(t *testing.T) { RunCaps(t, newStore) })
 	t.Run("Overrides", func(t *testing.T) { RunOverrides(t, newStore, opts...) })
+	t.Run("Board", func(t *testing.T) { RunBoard(t, newStore) })
 	t.Run("Random", func(t *testing.T) { RunRandom(t, newStore, 1, 600) })
 	t.Run("ReplayRandom", func(t *testing.T) { RunReplayRandom(t, newStore, 2, 400) })
 	t.Run("Windows", func(t *testing.T) { RunWindows(t, newStore, 4, 600) })

@@ -211,8 +211,9 @@ func (t *Tracker) count(r *ruleStats, mode rules.Mode, event engine.Event, it *e
 	}
 }
 
-// Run calls Tick every Interval until ctx ends.
-func (t *Tracker) Run(ctx context.Context) {
+// Run calls Tick every Interval until ctx ends, and after each Tick
+// each of after (drip serve puts its summaries on the store's board).
+func (t *Tracker) Run(ctx context.Context, after ...func(context.Context)) {
 	tk := time.NewTicker(Interval)
 	defer tk.Stop()
 	for {
@@ -221,6 +222,9 @@ func (t *Tracker) Run(ctx context.Context) {
 			return
 		case <-tk.C:
 			t.Tick()
+			for _, f := range after {
+				f(ctx)
+			}
 		}
 	}
 }

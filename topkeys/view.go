@@ -162,14 +162,19 @@ func (r *ruleStats) near(n int) []Near {
 			out = append(out, Near{Key: string(sh.near.key[x]), Cut: sh.near.cut[x], Tokens: sh.near.tok[x], Limit: sh.near.lim[x], Left: sh.near.left[x]})
 		}
 	})
+	sortNear(out)
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
+
+// sortNear sorts keys least left first.
+func sortNear(out []Near) {
 	slices.SortStableFunc(out, func(a, b Near) int {
 		if c := cmp.Compare(a.Left, b.Left); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Key, b.Key)
 	})
-	if len(out) > n {
-		out = out[:n]
-	}
-	return out
 }

@@ -301,7 +301,11 @@ func TestCapsOf(t *testing.T) {
 		if want.Overrides == nil {
 			t.Errorf("%T: the store keeps no overrides, the pending store says it does", st)
 		}
+		if want.Board == nil {
+			t.Errorf("%T: the store keeps no board, the pending store says it does", st)
+		}
 		got.Overrides, want.Overrides = nil, nil
+		got.Board, want.Board = nil, nil
 		got.SplitsKeys = want.SplitsKeys
 		if got != want {
 			t.Errorf("capsOf: %+v, the store's %+v", got, want)

@@ -78,11 +78,14 @@ async function signIn() {
   timer = setInterval(refresh, EVERY);
 }
 
-// refresh reads the top keys (and the totals the rates come from).
+// refresh reads the fleet's top keys, and this instance's totals, which
+// the rates come from (another instance's move only when it puts its
+// summaries, every 10 s: rates from them would jump).
 async function refresh() {
-  let top;
+  let top, fleet;
   try {
-    top = await api('GET', 'top?window=' + $('#window').value + '&n=10');
+    const q = 'top?window=' + $('#window').value + '&n=10';
+    [top, fleet] = await Promise.all([api('GET', q + '&scope=instance'), api('GET', q)]);
   } catch (e) {
     $('#status').textContent = e.message;
     return;
@@ -98,10 +101,13 @@ async function refresh() {
     }
     last[w.rule] = { t: now, req: w.total_requests, den: w.total_denials };
   }
-  $('#status').textContent = 'updated ' + new Date(now).toLocaleTimeString() + (top.dropped ? ', ' + top.dropped + ' decisions not followed' : '');
+  $('#status').textContent = 'updated ' + new Date(now).toLocaleTimeString() +
+    (fleet.scope === 'fleet' && fleet.instances > 1 ? ', top keys of ' + fleet.instances + ' instances, up to ' + Math.ceil(fleet.stale_seconds) + ' s old' : '') +
+    (fleet.fleet_error ? ', this instance alone (' + fleet.fleet_error + ')' : '') +
+    (top.dropped ? ', ' + top.dropped + ' decisions not followed' : '');
   drawRates(top.rules);
   drawChart();
-  drawTop(top.rules);
+  drawTop(fleet.rules);
 }
 
 function ruleLimit(name) {

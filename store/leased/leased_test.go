@@ -224,3 +224,18 @@ func checkDenials(t *testing.T, k int, es []event, p bucket.Params) int {
 	}
 	return early
 }
+
+// TestCapsForwarded: a leased store has its store's capabilities, its
+// overrides and its notice board the store's own.
+func TestCapsForwarded(t *testing.T) {
+	inner := memstore.New()
+	defer inner.Close()
+	s, err := leased.New(inner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if c, ic := s.Caps(), inner.Caps(); c.Board != ic.Board || c.Overrides != ic.Overrides || c.Blocks != ic.Blocks {
+		t.Errorf("caps %+v, want the store's %+v", c, ic)
+	}
+}

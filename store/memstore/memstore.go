@@ -69,6 +69,7 @@ type Store struct {
 	stopOnce   sync.Once
 	sweepEvery time.Duration
 	ov         overrides // override.go
+	board      board     // board.go
 }
 
 var (
@@ -243,7 +244,7 @@ func (s *Store) clock() int64 {
 // leases, sliding and calendar windows, blocks of leased tokens, and
 // keeps overrides (override.go).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{InProcess: true, Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s}
+	return store.Caps{InProcess: true, Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s, Board: s}
 }
 
 // Apply implements store.Store. One item is decided here, under its

@@ -65,19 +65,20 @@ type opened struct {
 var (
 	_ store.Store     = (*Store)(nil)
 	_ store.Overrides = (*Store)(nil)
+	_ store.Board     = (*Store)(nil)
 )
 
 // New returns a store whose calls fail with ErrNotConnected until open
 // succeeds, which it tries after a wait (the caller has just tried) and
 // again after each failure, waiting as b says, logging every failure to
 // log and the success. caps are the capabilities the store will have,
-// reported meanwhile and after, but for Overrides: the Store serves them
-// itself, and passes them on to the store once open (ErrUnsupported if
-// it keeps none).
+// reported meanwhile and after, but for Overrides and Board: the Store
+// serves them itself, and passes them on to the store once open
+// (ErrUnsupported if it keeps none).
 func New(caps store.Caps, open OpenFunc, b Backoff, log *slog.Logger) *Store {
 	ctx, end := context.WithCancel(context.Background())
 	s := &Store{caps: caps, ready: make(chan struct{}), end: end}
-	s.caps.Overrides = s
+	s.caps.Overrides, s.caps.Board = s, s
 	go s.connect(ctx, open, b, log)
 	return s
 }
@@ -239,4 +240,30 @@ func (s *Store) WatchOverrides(ctx context.Context, changed func()) error {
 		return err
 	}
 	return ov.WatchOverrides(ctx, changed)
+}
+
+// PutBoard implements store.Board: the store's, once open.
+func (s *Store) PutBoard(ctx context.Context, instance string, blob []byte, ttl time.Duration) error {
+	o := s.st.Load()
+	if o == nil {
+		return ErrNotConnected
+	}
+	b := o.st.Caps().Board
+	if b == nil {
+		return store.ErrUnsupported
+	}
+	return b.PutBoard(ctx, instance, blob, ttl)
+}
+
+// ReadBoard implements store.Board: the store's, once open.
+func (s *Store) ReadBoard(ctx context.Context) ([]store.Notice, error) {
+	o := s.st.Load()
+	if o == nil {
+		return nil, ErrNotConnected
+	}
+	b := o.st.Caps().Board
+	if b == nil {
+		return nil, store.ErrUnsupported
+	}
+	return b.ReadBoard(ctx)
 }

@@ -45,8 +45,11 @@ func TestPending(t *testing.T) {
 		if _, err := p.OverridesVersion(t.Context()); !errors.Is(err, pending.ErrNotConnected) {
 			t.Fatalf("overrides before the store opened: %v", err)
 		}
-		if c := p.Caps(); !c.Leases || !c.Sliding || c.Overrides != p {
+		if c := p.Caps(); !c.Leases || !c.Sliding || c.Overrides != p || c.Board != p {
 			t.Fatalf("caps: %+v", c)
+		}
+		if _, err := p.ReadBoard(t.Context()); !errors.Is(err, pending.ErrNotConnected) {
+			t.Fatalf("the board before the store opened: %v", err)
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()

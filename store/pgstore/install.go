@@ -73,7 +73,8 @@ var (
 	sweepLeasesSQL          = mustSQL("sweep_leases.sql")
 	blocksSQL               = withEval("blocks.sql")
 	migration               = []string{mustSQL("001_schema.sql"), mustSQL("002_leases.sql"), mustSQL("003_overrides.sql"), mustSQL("004_override_changes.sql"), mustSQL("005_lease_rows.sql"),
-		mustSQL("006_sliding.sql"), mustSQL("007_blocks.sql"), mustSQL("008_blocks_in_buckets.sql")}
+		mustSQL("006_sliding.sql"), mustSQL("007_blocks.sql"), mustSQL("008_blocks_in_buckets.sql"),
+		mustSQL("009_board.sql")}
 )
 
 // SchemaVersion is the version of the drip schema this package installs

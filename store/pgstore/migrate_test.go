@@ -255,8 +255,8 @@ func TestMigrateToSliding(t *testing.T) {
 		t.Fatal(err)
 	}
 	var v int
-	if err := db.QueryRow(ctx, "SELECT version FROM drip.schema_version").Scan(&v); err != nil || v != pgstore.SchemaVersion || v != 8 {
-		t.Fatalf("schema version %d (%v), want 8", v, err)
+	if err := db.QueryRow(ctx, "SELECT version FROM drip.schema_version").Scan(&v); err != nil || v != pgstore.SchemaVersion || v != 9 {
+		t.Fatalf("schema version %d (%v), want 9", v, err)
 	}
 	st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
 	if err != nil {
@@ -292,5 +292,50 @@ func TestMigrateToSliding(t *testing.T) {
 		if got := step(c.op, c.r); got != c.want {
 			t.Errorf("%s: %+v, want %+v", c.what, got, c.want)
 		}
+	}
+}
+
+// TestMigrateToBoard: a schema at version 7 (both persistences)
+// migrated by Install (the notice board, migration 9) keeps its buckets,
+// and its board takes and gives back an instance's blob; the board is
+// logged whatever the buckets' persistence.
+func TestMigrateToBoard(t *testing.T) {
+	for _, persistence := range []string{"", "UNLOGGED"} {
+		t.Run("persistence "+persistence, func(t *testing.T) {
+			ctx := context.Background()
+			db := schemaAt(t, 7, persistence)
+			at := time.Unix(1_700_000_000, 0)
+			if _, err := db.Exec(ctx, "INSERT INTO drip.buckets (key, tokens, ts, expires) VALUES ('k', 4000000, $1::bigint, $2::bigint)",
+				at.UnixNano(), at.Add(600*time.Millisecond).UnixNano()); err != nil {
+				t.Fatal(err)
+			}
+			if err := pgstore.Install(ctx, db, pgstore.InstallOptions{Unlogged: persistence != ""}); err != nil {
+				t.Fatal(err)
+			}
+			var v int
+			var rel string
+			if err := db.QueryRow(ctx, "SELECT (SELECT max(version) FROM drip.schema_version), (SELECT relpersistence::text FROM pg_class WHERE oid = 'drip.board'::regclass)").Scan(&v, &rel); err != nil {
+				t.Fatal(err)
+			}
+			if v != pgstore.SchemaVersion || v != 9 || rel != "p" {
+				t.Fatalf("version %d, drip.board persistence %q; want 9, \"p\"", v, rel)
+			}
+			st, err := pgstore.New(ctx, db, pgstore.WithSweep(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			d, err := storetest.Apply(ctx, st, bucket.Peek, at.Add(100*time.Millisecond), drip.Request{Key: "k", Limit: drip.PerSecond(10), Cost: 1})
+			if err != nil || d.Tokens != 4 {
+				t.Fatalf("the old bucket: %+v, %v; want 5 tokens less the peek's 1", d, err)
+			}
+			if err := st.PutBoard(ctx, "i1", []byte("summary"), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			ns, err := st.ReadBoard(ctx)
+			if err != nil || len(ns) != 1 || ns[0].Instance != "i1" || string(ns[0].Blob) != "summary" {
+				t.Fatalf("the board: %+v, %v", ns, err)
+			}
+		})
 	}
 }
