@@ -31,7 +31,11 @@ type readBody struct {
 }
 
 // bodyOf reads r's body for the rules, once: r.Body is replaced by one
-// that gives the handler the same bytes.
+// that gives the handler the same bytes. A body read whole is never read
+// again: net/http closes a request's body once its response begins, and a
+// read past the end then fails rather than ending (http.Transport, which
+// forwards the body to an upstream, reads once more past Content-Length,
+// and on that error drops the connection, the stream it answers with).
 func bodyOf(r *http.Request) *readBody {
 	if rb, ok := r.Body.(*readBody); ok {
 		return rb
@@ -43,7 +47,10 @@ func bodyOf(r *http.Request) *readBody {
 	}
 	b, err := io.ReadAll(io.LimitReader(r.Body, MaxLLMBody+1))
 	rb := &readBody{Closer: r.Body, b: b, whole: err == nil && len(b) <= MaxLLMBody}
-	rb.Reader = io.MultiReader(bytes.NewReader(b), r.Body)
+	rb.Reader = bytes.NewReader(b)
+	if !rb.whole {
+		rb.Reader = io.MultiReader(rb.Reader, r.Body)
+	}
 	r.Body = rb
 	return rb
 }

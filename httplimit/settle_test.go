@@ -738,3 +738,43 @@ func TestMinCostFloorsAnAbort(t *testing.T) {
 		t.Errorf("a usage of 3 under min_cost 40: %v tokens", got)
 	}
 }
+
+// TestLLMBodyReadAfterResponse: a handler that reads the body once more
+// after its response has begun, as http.Transport does when a gateway
+// forwards it (past Content-Length, to be sure nothing follows), sees the
+// body's end, not an error. The body read for a rule's bound is handed on
+// whole; net/http closes the request's own body once the response begins,
+// and the error a read of it then gets made the transport drop the
+// upstream connection, cutting a stream mid-way.
+func TestLLMBodyReadAfterResponse(t *testing.T) {
+	const body = `{"model":"m","max_tokens":10,"messages":[]}`
+	errs := make(chan error, 1)
+	e := newSettleEnv(t, nil, `{"rules": [
+	{"name": "day", "limit_keys": ["header:x-tenant"], "cost_from_response": "openai",
+	 "algorithm": "token_bucket",
+	 "algorithm_config": {"rate": 100000, "period": "1h", "cost_source": "openai"}}]}`,
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, err := io.ReadFull(r.Body, make([]byte, r.ContentLength))
+			if err == nil {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.WriteHeader(http.StatusOK)
+				_ = http.NewResponseController(w).Flush()
+				_, err = r.Body.Read(make([]byte, 1))
+			}
+			errs <- err
+		}))
+	req, _ := http.NewRequest("POST", e.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("X-Tenant", "a")
+	res, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	if err := <-errs; err != io.EOF {
+		t.Errorf("a read of the body after the response began: %v, want io.EOF", err)
+	}
+}

@@ -31,7 +31,11 @@ type stallBody struct {
 
 func (b *stallBody) Read(p []byte) (int, error) {
 	if b.done {
-		return b.ReadCloser.Read(p)
+		// Not the body again: net/http closes it once the response
+		// begins, and a read then fails rather than ending, which made
+		// http.Transport (it reads once past Content-Length) drop the
+		// upstream connection mid-answer.
+		return 0, io.EOF
 	}
 	if err := b.rc.SetReadDeadline(time.Now().Add(b.idle)); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return 0, err

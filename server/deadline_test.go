@@ -147,3 +147,34 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// TestStallBodyEndsAfterResponse: the gateway's body, read to its end
+// and read once more after the response has begun, ends (io.EOF) rather
+// than failing. http.Transport, forwarding it, reads once past
+// Content-Length, and on an error drops the upstream connection: a
+// streamed answer was cut when that read came after net/http had closed
+// the request's body, as it does once a response begins.
+func TestStallBodyEndsAfterResponse(t *testing.T) {
+	const body = `{"model":"m","max_tokens":10}`
+	errs := make(chan error, 1)
+	ts := httptest.NewServer(stallCut(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := io.ReadFull(r.Body, make([]byte, r.ContentLength))
+		if err == nil {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			_ = http.NewResponseController(w).Flush()
+			_, err = r.Body.Read(make([]byte, 1))
+		}
+		errs <- err
+	}), time.Minute))
+	defer ts.Close()
+	res, err := ts.Client().Post(ts.URL, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if err := <-errs; err != io.EOF {
+		t.Errorf("a read of the body after the response began: %v, want io.EOF", err)
+	}
+}
