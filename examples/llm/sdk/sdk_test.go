@@ -10,8 +10,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/user"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,6 +32,7 @@ import (
 	"github.com/driplimit/drip/server"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
+	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
@@ -116,12 +121,20 @@ func (g *gateway) waitLeft(t *testing.T, rule, apiKey string, want float64) {
 	t.Fatalf("%s: %v left, want %v", rule, got, want)
 }
 
-// stores are the stores the SDKs are driven on: memory, and a Redis
-// server the test starts.
+// stores are the stores the SDKs are driven on: memory, and a
+// PostgreSQL and a Redis server the test starts.
 func stores(t *testing.T) map[string]func(*testing.T) store.Store {
 	return map[string]func(*testing.T) store.Store{
 		"memory": func(t *testing.T) store.Store {
 			s := memstore.New()
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+		"postgres": func(t *testing.T) store.Store {
+			s, err := pgstore.Open(context.Background(), startPostgres(t)+"&drip_install=true")
+			if err != nil {
+				t.Fatal(err)
+			}
 			t.Cleanup(func() { s.Close() })
 			return s
 		},
@@ -165,6 +178,118 @@ func startRedis(t *testing.T) string {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("redis-server did not start: %v", err)
+		}
+	}
+}
+
+// missing skips the test, or fails it under CI=true.
+func missing(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("test dependency missing: " + what)
+	}
+	t.Skip("test dependency missing: " + what)
+}
+
+// pgBinDir finds initdb, postgres and pg_isready: on PATH, in PG_BINDIR, in
+// pg_config --bindir, or in Debian's /usr/lib/postgresql/<version>/bin.
+func pgBinDir() string {
+	dirs := []string{os.Getenv("PG_BINDIR")}
+	if bin, err := exec.LookPath("initdb"); err == nil {
+		dirs = append(dirs, filepath.Dir(bin))
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dirs = append(dirs, strings.TrimSpace(string(out)))
+	}
+	debian, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	for _, d := range append(dirs, debian...) {
+		_, e1 := os.Stat(filepath.Join(d, "initdb"))
+		_, e2 := os.Stat(filepath.Join(d, "postgres"))
+		_, e3 := os.Stat(filepath.Join(d, "pg_isready"))
+		if d != "" && e1 == nil && e2 == nil && e3 == nil {
+			return d
+		}
+	}
+	return ""
+}
+
+// startPostgres initializes and starts a throwaway PostgreSQL server
+// (fsync off, its Unix socket in its own directory) on a free loopback
+// port, stopped when the test ends, and returns its URL. PostgreSQL
+// refuses to run as root, so as root it runs as the postgres user.
+func startPostgres(t *testing.T) string {
+	bin := pgBinDir()
+	if bin == "" {
+		missing(t, "PostgreSQL's initdb and postgres (install postgresql or set PG_BINDIR)")
+	}
+	// Under os.TempDir, not t.TempDir (whose parents may be 0700): the
+	// postgres user must reach it.
+	dir, err := os.MkdirTemp("", "drip-sdk-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	attr := &syscall.SysProcAttr{}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			missing(t, "a postgres user to run PostgreSQL as (the test runs as root)")
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		attr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data := filepath.Join(dir, "data")
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
+	initdb.SysProcAttr = attr
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	var out strings.Builder
+	cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-p", port, "-c", "listen_addresses=127.0.0.1",
+		"-c", "unix_socket_directories="+dir, "-c", "fsync=off", "-c", "full_page_writes=off")
+	cmd.SysProcAttr, cmd.Stdout, cmd.Stderr = attr, &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGINT) // fast shutdown
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	url := "postgres://postgres@127.0.0.1:" + port + "/postgres?sslmode=disable"
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		select {
+		case <-exited:
+			t.Fatalf("postgres exited at start:\n%s", out.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := exec.CommandContext(ctx, filepath.Join(bin, "pg_isready"), "-q", "-h", "127.0.0.1", "-p", port, "-U", "postgres").Run()
+		cancel()
+		if err == nil {
+			return url
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("postgres did not start: %v", err)
 		}
 	}
 }
