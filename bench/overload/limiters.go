@@ -71,6 +71,14 @@ func dripStatic(n int) contender {
    "algorithm_config": {"max_in_flight": %d}}]}`, n))
 }
 
+// dripStaticWait is dripStatic whose requests may wait up to wait for
+// a slot, in a queue of the rule's default bound (100).
+func dripStaticWait(n int, wait time.Duration) contender {
+	return dripRules(fmt.Sprintf("drip in_flight %d, max_wait %v", n, wait), fmt.Sprintf(`{"rules": [
+  {"name": "upstream", "limit_keys": ["global"], "algorithm": "concurrency", "max_wait": %q,
+   "algorithm_config": {"max_in_flight": %d}}]}`, wait.String(), n))
+}
+
 // failsafeAdaptive is failsafe-go's adaptive limiter at its defaults,
 // through its own net/http handler.
 func failsafeAdaptive() contender {

@@ -55,42 +55,46 @@ func main() {
 	up := &upstream{base: cfg.base, collapse: cfg.collapse}
 	up.capacity.Store(int64(cfg.c))
 	calib := generate(up, 0.5*float64(cfg.c)/cfg.base.Seconds(), 2*time.Second, cfg.timeout, cfg.shares, func() {})
-	unloaded := summarize(calib, cfg, 2*time.Second, 0).p99
+	unloaded := summarize(calib, 2*time.Second, cfg.timeout).p99
+	slo := 2 * unloaded
 	fmt.Fprintf(os.Stderr, "unloaded p99 %v\n", unloaded)
 
-	fmt.Printf("C=%d base=%v duration=%v (C steps to %gxC at %v) timeout=%v shares=%s unloaded p99=%v\n\n",
+	fmt.Printf("C=%d base=%v duration=%v (C steps to %gxC at %v) timeout=%v shares=%s unloaded p99=%v: goodput counts the responses within 2x that\n\n",
 		cfg.c, cfg.base, cfg.duration, cfg.step, cfg.duration/2, cfg.timeout, *shares, unloaded.Round(time.Millisecond))
-	fmt.Println("| load | limiter | goodput/s | vs best static | p50 | p99 | critical served | critical worst 0.5 s | failed | settle | adapt | goals missed |")
-	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+	fmt.Printf("load average at the start: %s\n\n", loadavg())
+	defer func() { fmt.Printf("\nload average at the end: %s\n", loadavg()) }()
+	fmt.Println("| load | limiter | goodput/s | vs best static | served/s | p50 | p99 | critical served | critical worst 0.5 s | failed | settle | adapt | goals missed |")
+	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, l := range floats(*loads) {
 		rate := l * float64(cfg.c) / cfg.base.Seconds()
 		var best result
 		bestN := 0
 		for _, m := range floats(*statics) {
 			n := max(1, int(math.Round(m*float64(cfg.c))))
-			r := run(static(n), rate, cfg, unloaded)
+			r := run(static(n), rate, cfg, slo)
 			if bestN == 0 || r.goodput > best.goodput {
 				best, bestN = r, n
 			}
 		}
 		rows := []result{best}
-		for _, c := range contenders(bestN) {
+		for _, c := range contenders(bestN, cfg.base) {
 			if filter.MatchString(c.name) {
-				rows = append(rows, run(c, rate, cfg, unloaded))
+				rows = append(rows, run(c, rate, cfg, slo))
 			}
 		}
 		rows[0].name = fmt.Sprintf("best static (%d)", bestN)
 		for _, r := range rows {
-			fmt.Println(r.row(l, best.goodput, unloaded))
+			fmt.Println(r.row(l, best.goodput, slo))
 		}
 	}
 }
 
 // contenders are the limiters measured beside the best static limit.
-func contenders(bestN int) []contender {
+func contenders(bestN int, base time.Duration) []contender {
 	return []contender{
 		none(),
 		dripStatic(bestN),
+		dripStaticWait(bestN, base),
 		failsafeAdaptive(),
 		failsafePriority(),
 		goZero(true),
@@ -100,7 +104,7 @@ func contenders(bestN int) []contender {
 	}
 }
 
-func run(c contender, rate float64, cfg config, unloaded time.Duration) result {
+func run(c contender, rate float64, cfg config, slo time.Duration) result {
 	up := &upstream{base: cfg.base, collapse: cfg.collapse}
 	up.capacity.Store(int64(cfg.c))
 	h, stop := c.build(up)
@@ -109,7 +113,7 @@ func run(c contender, rate float64, cfg config, unloaded time.Duration) result {
 	outs := generate(h, rate, cfg.duration, cfg.timeout, cfg.shares, func() {
 		up.capacity.Store(max(1, int64(math.Round(cfg.step*float64(cfg.c)))))
 	})
-	r := summarize(outs, cfg, cfg.duration, unloaded)
+	r := summarize(outs, cfg.duration, slo)
 	r.name = c.name
 	fmt.Fprintf(os.Stderr, "goodput %.0f/s p99 %v critical %.1f%%\n", r.goodput, r.p99.Round(time.Millisecond), 100*r.critical)
 	return r
@@ -117,7 +121,8 @@ func run(c contender, rate float64, cfg config, unloaded time.Duration) result {
 
 type result struct {
 	name          string
-	goodput       float64
+	goodput       float64 // served within the SLO, a second
+	served        float64 // served within the deadline, a second
 	p50, p99      time.Duration
 	critical      float64 // share of critical requests served
 	criticalWorst float64 // the least of it in a 0.5 s window
@@ -130,11 +135,11 @@ type result struct {
 // summarize reads a run's outcomes. A request is served when the
 // upstream answered 200 within the deadline; it failed when the
 // upstream answered 500 or the deadline passed; the rest were rejected
-// by the limiter. In 100 ms windows of arrivals, one is bad when the
-// p99 of what it served exceeds 2x unloaded or more than 1% failed:
-// settle is the end of the last bad window of the first half, adapt
-// that of the second, from the step.
-func summarize(outs []outcome, cfg config, d, unloaded time.Duration) result {
+// by the limiter. Goodput counts the requests served within slo. In
+// 100 ms windows of arrivals, one is bad when the p99 of what it served
+// exceeds slo or more than 1% failed: settle is the end of the last bad
+// window of the first half, adapt that of the second, from the step.
+func summarize(outs []outcome, d, slo time.Duration) result {
 	var r result
 	var lat []time.Duration
 	var crit, critOK, failed int
@@ -165,7 +170,14 @@ func summarize(outs []outcome, cfg config, d, unloaded time.Duration) result {
 			binFail[b]++
 		}
 	}
-	r.goodput = float64(len(lat)) / d.Seconds()
+	good := 0
+	for _, l := range lat {
+		if l <= slo {
+			good++
+		}
+	}
+	r.goodput = float64(good) / d.Seconds()
+	r.served = float64(len(lat)) / d.Seconds()
 	r.p50, r.p99 = quantile(lat, 0.5), quantile(lat, 0.99)
 	r.critical = ratio(critOK, crit)
 	r.failed = ratio(failed, len(outs))
@@ -179,7 +191,7 @@ func summarize(outs []outcome, cfg config, d, unloaded time.Duration) result {
 	last := int(d / bin) // bins from here on are partial
 	r.settled, r.adapted = true, true
 	for b := range last {
-		bad := binN[b] > 0 && (quantile(binLat[b], 0.99) > 2*unloaded || float64(binFail[b]) > 0.01*float64(binN[b]))
+		bad := binN[b] > 0 && (quantile(binLat[b], 0.99) > slo || float64(binFail[b]) > 0.01*float64(binN[b]))
 		if !bad {
 			continue
 		}
@@ -195,7 +207,7 @@ func summarize(outs []outcome, cfg config, d, unloaded time.Duration) result {
 	return r
 }
 
-func (r result) row(load, best float64, unloaded time.Duration) string {
+func (r result) row(load, best float64, slo time.Duration) string {
 	var missed []string
 	if r.goodput < 0.9*best {
 		missed = append(missed, "goodput")
@@ -203,14 +215,14 @@ func (r result) row(load, best float64, unloaded time.Duration) string {
 	if load >= 10 && r.critical < 0.99 {
 		missed = append(missed, "critical")
 	}
-	if r.p99 > 2*unloaded {
+	if r.p99 > slo {
 		missed = append(missed, "p99")
 	}
 	if !r.adapted {
 		missed = append(missed, "adapt")
 	}
-	return fmt.Sprintf("| %gx | %s | %.0f | %.0f%% | %v | %v | %.1f%% | %.1f%% | %.1f%% | %s | %s | %s |",
-		load, r.name, r.goodput, 100*ratio2(r.goodput, best), ms(r.p50), ms(r.p99),
+	return fmt.Sprintf("| %gx | %s | %.0f | %.0f%% | %.0f | %v | %v | %.1f%% | %.1f%% | %.1f%% | %s | %s | %s |",
+		load, r.name, r.goodput, 100*ratio2(r.goodput, best), r.served, ms(r.p50), ms(r.p99),
 		100*r.critical, 100*r.criticalWorst, 100*r.failed, span(r.settle, r.settled), span(r.adapt, r.adapted),
 		strings.Join(missed, ", "))
 }
@@ -257,4 +269,18 @@ func floats(s string) []float64 {
 		out = append(out, v)
 	}
 	return out
+}
+
+// loadavg is the machine's load average (1, 5 and 15 minutes), as
+// /proc/loadavg says; "unknown" elsewhere.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
