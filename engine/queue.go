@@ -35,13 +35,13 @@ type QueueObserver interface {
 type queues struct {
 	mu      sync.Mutex
 	n       map[string]int
-	waiting map[*waiter]struct{}
-	slots   map[string][]*waiter
+	waiting map[*inLine]struct{}
+	slots   map[string][]*inLine
 }
 
-// waiter is one request in the queues: when it joined, when its wait
+// inLine is one request in the queues: when it joined, when its wait
 // ends, and, once it waits for a concurrency slot, its wakeup.
-type waiter struct {
+type inLine struct {
 	since, deadline time.Time
 	ch              chan struct{} // nil: it waits for no slot (yet)
 }
@@ -54,7 +54,7 @@ type waiter struct {
 // serve every request near the end of its wait, when its client may
 // have given up; last in first out serves most at once and lets the
 // oldest run out their waits (answered as without a wait).
-func next(line []*waiter, now time.Time) *waiter {
+func next(line []*inLine, now time.Time) *inLine {
 	first := line[0]
 	if now.Sub(first.since) > first.deadline.Sub(first.since)/2 {
 		return line[len(line)-1]
@@ -115,7 +115,7 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 			return allowed, err
 		}
 	}
-	w := &waiter{since: start, deadline: deadline}
+	w := &inLine{since: start, deadline: deadline}
 	if !e.queues.join(items, w) {
 		if behind { // the bucket's decision, for the answer
 			return e.takeItems(ctx, timeout, br, items, peekZero)
@@ -313,12 +313,12 @@ func (e *Engine) WaitsUntil() time.Time {
 // join counts the request w in the queue of each of its items that
 // waits, unless one of those is full (Item.MaxQueue): then it counts
 // nothing and reports false.
-func (q *queues) join(items []*Item, w *waiter) bool {
+func (q *queues) join(items []*Item, w *inLine) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.n == nil {
 		q.n = make(map[string]int)
-		q.waiting = make(map[*waiter]struct{})
+		q.waiting = make(map[*inLine]struct{})
 	}
 	for _, it := range items {
 		if it.Wait > 0 && q.n[it.Queue] >= max(it.MaxQueue, 1) {
@@ -361,7 +361,7 @@ func slotKey(items []*Item) (string, bool) {
 
 // line puts the request w at the end of the line for its slot, if it
 // waits for one and is not in line yet.
-func (q *queues) line(items []*Item, w *waiter) {
+func (q *queues) line(items []*Item, w *inLine) {
 	key, ok := slotKey(items)
 	if !ok || w.ch != nil {
 		return
@@ -370,14 +370,14 @@ func (q *queues) line(items []*Item, w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.slots == nil {
-		q.slots = make(map[string][]*waiter)
+		q.slots = make(map[string][]*inLine)
 	}
 	q.slots[key] = append(q.slots[key], w)
 }
 
 // await waits for the request's turn to ask again: a wakeup, or, for the
 // next in line, PollInterval; at most left, and until ctx ends.
-func (q *queues) await(ctx context.Context, w *waiter, items []*Item, left time.Duration) {
+func (q *queues) await(ctx context.Context, w *inLine, items []*Item, left time.Duration) {
 	if left <= 0 {
 		return
 	}
@@ -402,7 +402,7 @@ func (q *queues) await(ctx context.Context, w *waiter, items []*Item, left time.
 
 // leave takes the request w out of its queues; when it was the next in
 // line for its slot, it wakes the one next now.
-func (q *queues) leave(items []*Item, w *waiter) {
+func (q *queues) leave(items []*Item, w *inLine) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range items {
