@@ -21,10 +21,12 @@ import (
 )
 
 // A contender wraps the upstream in one limiter, built fresh for each
-// run; stop ends what it started.
+// run; stop ends what it started. A contender this build cannot run
+// (a kind of rule it does not know) has a missing reason instead.
 type contender struct {
-	name  string
-	build func(next http.Handler) (h http.Handler, stop func())
+	name    string
+	build   func(next http.Handler) (h http.Handler, stop func())
+	missing error
 }
 
 func nothing() {}
@@ -32,7 +34,7 @@ func nothing() {}
 // static is a plain semaphore of n slots that rejects when full: the
 // limit a person would write down, for the best n in hindsight.
 func static(n int) contender {
-	return contender{fmt.Sprintf("static %d", n), func(next http.Handler) (http.Handler, func()) {
+	return contender{name: fmt.Sprintf("static %d", n), build: func(next http.Handler) (http.Handler, func()) {
 		sem := make(chan struct{}, n)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			select {
@@ -47,16 +49,16 @@ func static(n int) contender {
 }
 
 func none() contender {
-	return contender{"no limiter", func(next http.Handler) (http.Handler, func()) { return next, nothing }}
+	return contender{name: "no limiter", build: func(next http.Handler) (http.Handler, func()) { return next, nothing }}
 }
 
 // dripRules is drip's middleware from a rules file.
 func dripRules(name, src string) contender {
-	return contender{name, func(next http.Handler) (http.Handler, func()) {
-		set, err := rules.Parse([]byte(src), name+".json")
-		if err != nil {
-			panic(fmt.Sprintf("%s: %v", name, err))
-		}
+	set, err := rules.Parse([]byte(src), name+".json")
+	if err != nil {
+		return contender{name: name, missing: err}
+	}
+	return contender{name: name, build: func(next http.Handler) (http.Handler, func()) {
 		store := memstore.New()
 		lim := httplimit.New(store, set)
 		return lim.Handler(next), func() { lim.Close(); store.Close() }
@@ -79,10 +81,24 @@ func dripStaticWait(n int, wait time.Duration) contender {
    "algorithm_config": {"max_in_flight": %d}}]}`, wait.String(), n))
 }
 
+// dripAdaptive is drip's adaptive rule at its defaults, each request's
+// class read from its X-Priority header (a share of the learned limit
+// kept for critical requests, the default 10%); wait > 0 lets requests
+// wait that long for a slot, in its queue ordered by class.
+func dripAdaptive(wait time.Duration) contender {
+	name, extra := "drip adaptive", ""
+	if wait > 0 {
+		name, extra = fmt.Sprintf("drip adaptive, max_wait %v", wait), fmt.Sprintf(`, "max_wait": %q`, wait.String())
+	}
+	return dripRules(name, `{"rules": [
+  {"name": "upstream", "limit_keys": ["global"], "algorithm": "adaptive",
+   "priority_from": "header:x-priority"`+extra+`}]}`)
+}
+
 // failsafeAdaptive is failsafe-go's adaptive limiter at its defaults,
 // through its own net/http handler.
 func failsafeAdaptive() contender {
-	return contender{"failsafe-go adaptive", func(next http.Handler) (http.Handler, func()) {
+	return contender{name: "failsafe-go adaptive", build: func(next http.Handler) (http.Handler, func()) {
 		lim := adaptivelimiter.NewWithDefaults[*http.Response]()
 		return failsafehttp.NewHandler(next, lim), nothing
 	}}
@@ -97,7 +113,7 @@ func failsafePriority() contender {
 		"critical": priority.VeryHigh, "default": priority.Medium,
 		"sheddable": priority.Low, "batch": priority.VeryLow,
 	}
-	return contender{"failsafe-go priority", func(next http.Handler) (http.Handler, func()) {
+	return contender{name: "failsafe-go priority", build: func(next http.Handler) (http.Handler, func()) {
 		p := adaptivelimiter.NewPrioritizer()
 		stop := p.ScheduleCalibrations(context.Background(), time.Second)
 		lim := adaptivelimiter.NewBuilder[*http.Response]().BuildPrioritized(p)
@@ -120,11 +136,12 @@ func failsafePriority() contender {
 // upstream whose load is not this process's CPU.
 func goZero(gated bool) contender {
 	logx.Disable()
+	logx.DisableStat()
 	name, plainT, prioT := "go-zero shedder", int64(900), int64((900+1000)/2)
 	if !gated {
 		name, plainT, prioT = "go-zero shedder, no CPU gate", 0, 0
 	}
-	return contender{name, func(next http.Handler) (http.Handler, func()) {
+	return contender{name: name, build: func(next http.Handler) (http.Handler, func()) {
 		plain := load.NewAdaptiveShedder(load.WithCpuThreshold(plainT))
 		prio := load.NewAdaptiveShedder(load.WithCpuThreshold(prioT))
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -156,7 +173,7 @@ func kratosBBR(gated bool) contender {
 	if !gated {
 		name, opts = "kratos BBR, no CPU gate", []bbr.Option{bbr.WithCPUThreshold(0)}
 	}
-	return contender{name, func(next http.Handler) (http.Handler, func()) {
+	return contender{name: name, build: func(next http.Handler) (http.Handler, func()) {
 		lim := bbr.NewLimiter(opts...)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			done, err := lim.Allow()

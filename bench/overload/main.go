@@ -78,7 +78,11 @@ func main() {
 		}
 		rows := []result{best}
 		for _, c := range contenders(bestN, cfg.base) {
-			if filter.MatchString(c.name) {
+			switch {
+			case !filter.MatchString(c.name):
+			case c.missing != nil:
+				fmt.Fprintf(os.Stderr, "%s: not in this build: %v\n", c.name, c.missing)
+			default:
 				rows = append(rows, run(c, rate, cfg, slo))
 			}
 		}
@@ -95,6 +99,8 @@ func contenders(bestN int, base time.Duration) []contender {
 		none(),
 		dripStatic(bestN),
 		dripStaticWait(bestN, base),
+		dripAdaptive(0),
+		dripAdaptive(base),
 		failsafeAdaptive(),
 		failsafePriority(),
 		goZero(true),
