@@ -279,9 +279,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		q := (it.limit.Quota || cfg.opts.Quota) && it.kind != refund && it.kind != charge
 		it.quota = q && !it.limit.Shadow
-		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Params: &it.limit.params, Cost: it.cost,
-			Shadow: it.limit.Shadow && it.kind != charge, Refund: it.kind == refund, Charge: it.kind == charge,
-			Quota: q, Blocked: it.kind == blocked}
+		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Params: &it.limit.params, Cost: it.cost, Mode: mode(it.kind, it.limit.Shadow, q)}
 		steps = append(steps, &it.step)
 	}
 	allowed, err := s.eng.DecideItems(ctx, steps)
@@ -291,6 +289,26 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	s.observe(items, nil)
 	return respond(req, items, allowed, &cfg.opts), nil
+}
+
+// mode is the engine's mode of a descriptor of kind k (blocked, enforce,
+// shadow, refund or charge; a blocked descriptor's limit is the zero
+// Limit, which allows nothing), of a limit in shadow mode or not, in quota
+// mode or not.
+func mode(k kind, shadowed, quota bool) engine.ItemMode {
+	switch {
+	case k == refund:
+		return engine.Refund
+	case k == charge:
+		return engine.Charge
+	case shadowed && quota:
+		return engine.ShadowQuota
+	case shadowed:
+		return engine.Shadow
+	case quota:
+		return engine.EnforceQuota
+	}
+	return engine.Enforce
 }
 
 // storeError is the gRPC error of a call whose store failed.
