@@ -10,27 +10,84 @@ import (
 )
 
 // DecideItems decides a request whose limits a front door matched itself
-// (Envoy's descriptors, in Items), each by its Mode: the Refund items
-// first, so that a failing store fails the request before anything is
-// taken; then the Charge items (work done: into bounded debt, never
-// denying); then the Check items, peeked at their cost (one over its
-// limit denies the request); then the Enforce and EnforceQuota items, all
-// or nothing in one store call, with EnforceQuota items over their limit
-// left out and the call asked again without them; then the Shadow and
-// ShadowQuota items, taken when the request is allowed and else peeked,
-// whose failure (Failed) changes no answer. An item that can never be
-// allowed (its Limit is the zero Limit, which allows nothing, or Never)
-// is over its limit without asking the store; when the request is denied
-// anyway the enforced items are only peeked, so that their buckets can be
-// told of. allowed reports the request's answer; err is the store's
-// failure of a refund or of the take (then nothing more was asked).
+// (Envoy's descriptors): one Applied each, made from NewApplied, with the
+// request's Key, Cost and Mode. Each item is decided by its Mode: the
+// Refund items first, so that a failing store fails the request before
+// anything is taken; then the Charge items (work done: into bounded
+// debt, never denying); then the Check items, peeked at their cost (one
+// over its limit denies the request); then the Enforce and EnforceQuota
+// items, all or nothing in one store call, with EnforceQuota items over
+// their limit left out and the call asked again without them; then the
+// Shadow and ShadowQuota items, taken when the request is allowed and
+// else peeked, whose failure (Failed) changes no answer. An item that can
+// never be allowed (its Limit is the zero Limit, which allows nothing, or
+// Never) is over its limit without asking the store; when the request is
+// denied anyway the enforced items are only peeked, so that their buckets
+// can be told of.
+//
+// The outcome's Applied are as, decided in place, each with its Event
+// (Failed for all when the store failed a refund, a charge or the take:
+// then nothing more was asked, and Err says why).
 //
 // It is the orchestration of Decide too, for the rules that apply to a
 // request (decide.go), so every front door decides alike.
-func (e *Engine) DecideItems(ctx context.Context, items []*Item) (allowed bool, err error) {
-	for _, it := range items {
-		it.blocked = it.Limit == drip.Limit{}
+func (e *Engine) DecideItems(ctx context.Context, as []Applied) *Outcome {
+	out := &Outcome{eng: e, Applied: as}
+	items := make([]*Item, len(as))
+	for i := range as {
+		a := &as[i]
+		a.blocked = a.Limit == drip.Limit{}
+		if a.Params == nil && a.plan != nil {
+			a.Params = &a.plan.params
+		}
+		items[i] = &a.Item
 	}
+	allowed, err := e.decideItems(ctx, items)
+	if err != nil {
+		out.Err = err
+		for i := range as {
+			as[i].Event = Failed
+		}
+		return out
+	}
+	out.Allowed = allowed
+	for i := range as {
+		as[i].Event = as[i].itemEvent()
+	}
+	return out
+}
+
+// NewApplied is rule applied to the requests of a front door that
+// matches limits itself (Envoy's descriptors), its limit compiled once:
+// the door makes one when it loads the limit, and a copy for each request
+// of DecideItems, with the request's Key, Cost and Mode.
+func NewApplied(rule *rules.Rule) Applied {
+	return Applied{Rule: rule, Item: Item{Limit: rule.Limit}, plan: compile(rule.Name, rule.Limit)}
+}
+
+// itemEvent is what became of an item of DecideItems that the store
+// decided.
+func (a *Applied) itemEvent() Event {
+	switch {
+	case a.Failed:
+		return Failed
+	case a.Mode == Charge && !a.Decided: // nothing to charge
+		return Settled
+	case a.blocked || !a.Decided || (!a.Decision.Allowed && a.Mode != Charge):
+		return Denied
+	case a.Mode == Refund:
+		return Refunded
+	case a.Mode == Charge && a.Forgiven:
+		return Forgiven
+	case a.Mode == Charge:
+		return Charged
+	case !a.Changed:
+		return NotTaken
+	}
+	return Allowed
+}
+
+func (e *Engine) decideItems(ctx context.Context, items []*Item) (allowed bool, err error) {
 	if err := e.runItems(ctx, e.timeout, defaultBreaker, items, refundItems, false, false); err != nil {
 		return false, err
 	}
