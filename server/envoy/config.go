@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/driplimit/drip"
-		"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
@@ -92,9 +92,9 @@ type Limit struct {
 	// Unlimited or RequestsPerUnit is 0.
 	Limit drip.Limit
 
-	qname  string        // the quoted name of RateLimit headers
-	policy string        // the RateLimit-Policy item
-	quota  int64         // q and RateLimit-Limit (engine.Quota)
+	qname  string // the quoted name of RateLimit headers
+	policy string // the RateLimit-Policy item
+	quota  int64  // q and RateLimit-Limit (engine.Quota)
 	// applied is the limit as the engine applies it (its rule: the
 	// label, the mode; its limit compiled), copied for each request.
 	applied engine.Applied
