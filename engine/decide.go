@@ -22,6 +22,11 @@ type Values interface {
 	// "sub:" and a verified subject, else "ip:" and the client address,
 	// else "key:" and the key).
 	Identity(key string) string
+	// Cost is the request's own cost under a rule whose cost_source is a
+	// program's function (rules.KindFunc, rules.FuncRule). ok false, or
+	// a cost that is negative, not finite or above 1e12, costs the rule's
+	// DefaultCost. Values without such rules return 0, false.
+	Cost(rule *rules.Rule) (cost float64, ok bool)
 }
 
 // Reasons of a denial, in the problem details.
@@ -119,14 +124,6 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	return out
 }
 
-// Coster is Values that also computes its own costs: those of the rules
-// whose cost_source is of kind rules.KindFunc (a program's cost function,
-// rules.FuncRule). ok false, or a cost that is negative, not finite or
-// above 1e12, costs the rule's DefaultCost, as an unreadable header does.
-type Coster interface {
-	Cost(rule *rules.Rule) (cost float64, ok bool)
-}
-
 // Bounder is Values that says why a request has no bound (a cost source
 // of kind rules.KindBound that it could not read), for the refusal of a
 // strict budget.
@@ -146,11 +143,9 @@ func rawCost(r Values, rule *rules.Rule) (float64, bool) {
 	case rules.KindFixed:
 		return rule.FixedCost, true
 	case rules.KindFunc:
-		if c, ok := r.(Coster); ok {
-			// NaN fails both comparisons.
-			if x, ok := c.Cost(rule); ok && x >= 0 && x <= maxCost {
-				return x, true
-			}
+		// NaN fails both comparisons.
+		if x, ok := r.Cost(rule); ok && x >= 0 && x <= maxCost {
+			return x, true
 		}
 		return rule.DefaultCost, false
 	}

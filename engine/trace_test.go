@@ -294,16 +294,24 @@ func TestTraceOff(t *testing.T) {
 	}
 }
 
-func TestStoreKind(t *testing.T) {
+// The drip.store attribute names the store's kind (Caps.Name) through
+// every wrapper: Prefixed and Sharded too, which once read "store".
+func TestStoreName(t *testing.T) {
 	ms := memstore.New()
 	defer ms.Close()
-	for _, s := range []store.Store{ms, store.Separately{Store: ms}, wrapped{ms}, &store.Separately{Store: wrapped{ms}}} {
-		if k := engine.StoreKind(s); k != "memstore" {
-			t.Errorf("StoreKind(%T) = %q, want memstore", s, k)
+	for _, s := range []store.Store{ms, store.Separately{Store: ms}, wrapped{ms},
+		store.Prefixed{Store: ms, Prefix: "p:"}, store.Sharded{Store: ms, N: 2}} {
+		tp, rec := recorder(t)
+		e := engine.New(s, engine.WithTracerProvider(tp))
+		if _, err := e.Apply(context.Background(), bucket.Take, []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if k := engine.StoreKind(down{}); k != "engine_test" {
-		t.Errorf("StoreKind(down{}) = %q", k)
+		e.Close()
+		for _, sp := range rec.Ended() {
+			if k := attrs(sp)["drip.store"].AsString(); k != "memstore" {
+				t.Errorf("%T: %s span's drip.store %q, want memstore", s, sp.Name(), k)
+			}
+		}
 	}
 }
 
@@ -316,5 +324,3 @@ func (w wrapped) Caps() store.Caps {
 	c.InProcess = false
 	return c
 }
-
-func (w wrapped) Unwrap() store.Store { return w.Store }

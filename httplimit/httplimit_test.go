@@ -56,7 +56,8 @@ func (o *observer) StoreLatency(time.Duration) {
 	o.calls++
 	o.mu.Unlock()
 }
-func (o *observer) BreakerState(s string) { o.mu.Lock(); o.states = append(o.states, s); o.mu.Unlock() }
+func (o *observer) BreakerState(s string)                { o.mu.Lock(); o.states = append(o.states, s); o.mu.Unlock() }
+func (o *observer) Tokens(string, engine.Event, float64) {}
 
 func (o *observer) count(key string) int {
 	o.mu.Lock()

@@ -171,7 +171,7 @@ func (v *keyValues) Value(src rules.Source) (string, bool) {
 	return "", false
 }
 
-// Cost is the cost function's (engine.Coster).
+// Cost is the cost function's (engine.Values).
 func (v *keyValues) Cost(*rules.Rule) (float64, bool) {
 	if v.cost == nil {
 		return 0, false

@@ -99,6 +99,9 @@ func (a *tenantAsk) Value(src rules.Source) (string, bool) {
 
 func (a *tenantAsk) Identity(key string) string { return "key:" + key }
 
+// Cost is 0, false: no rule here costs by a program's function.
+func (a *tenantAsk) Cost(*rules.Rule) (float64, bool) { return 0, false }
+
 // tenantRule is one rule of the picture.
 type tenantRule struct {
 	Rule    string `json:"rule"`

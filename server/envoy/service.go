@@ -358,15 +358,15 @@ func (s *Service) observe(items []item) {
 			}
 			s.keys.Key(it.limit.Label(), mode, out, k)
 		}
-		if to, ok := obs.(engine.TokenObserver); ok && it.kind == charge && it.step.Decided {
+		if it.kind == charge && it.step.Decided {
 			// The tokens of the descriptor's bucket (for descriptors
 			// that share one, each is told the bucket's charge).
 			charged := min(it.step.Taken, it.cost)
 			if charged > 0 {
-				to.Tokens(it.limit.Label(), engine.Charged, charged)
+				obs.Tokens(it.limit.Label(), engine.Charged, charged)
 			}
 			if charged < it.cost {
-				to.Tokens(it.limit.Label(), engine.Forgiven, it.cost-charged)
+				obs.Tokens(it.limit.Label(), engine.Forgiven, it.cost-charged)
 			}
 		}
 	}

@@ -544,9 +544,10 @@ type observerFunc func(limit string, shadow bool, outcome string)
 func (f observerFunc) Decision(limit string, mode rules.Mode, event engine.Event) {
 	f(limit, mode == rules.Shadow, string(event))
 }
-func (observerFunc) StoreError(error)           {}
-func (observerFunc) StoreLatency(time.Duration) {}
-func (observerFunc) BreakerState(string)        {}
+func (observerFunc) StoreError(error)                     {}
+func (observerFunc) StoreLatency(time.Duration)           {}
+func (observerFunc) BreakerState(string)                  {}
+func (observerFunc) Tokens(string, engine.Event, float64) {}
 
 func TestObserver(t *testing.T) {
 	var mu sync.Mutex

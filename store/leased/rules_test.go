@@ -58,6 +58,9 @@ func (r request) Value(src rules.Source) (string, bool) {
 }
 func (r request) Identity(key string) string { return "key:" + key }
 
+// Cost is 0, false: no rule here costs by a program's function.
+func (r request) Cost(*rules.Rule) (float64, bool) { return 0, false }
+
 // TestRulesMarkWhatIsLeased: a rules file with a leased rule and a plain
 // one, decided by the engine on a wrapper that leases the marked limits
 // only (leased.Marked), on memory and on one Redis server, in virtual
