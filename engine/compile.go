@@ -23,13 +23,13 @@ type Rules struct {
 type plan struct {
 	params bucket.Params // the limit in drip's fixed point (Limit.Params); zero when the limit allows nothing
 	policy string        // its RateLimit-Policy item: `"name";q=20;w=2`
-	quota  int64         // q, RateLimit-Limit (Quota)
+	quota  int64         // q, RateLimit-Limit (quotaOf)
 }
 
 // compile is the plan of limit l of a rule called name.
 func compile(name string, l drip.Limit) *plan {
 	p, _ := l.Params("") // a rule's limit is valid; its burst does not depend on a key
-	return &plan{params: p, policy: PolicyItem(name, l), quota: Quota(l)}
+	return &plan{params: p, policy: policyItem(name, l), quota: quotaOf(l)}
 }
 
 // Compile prepares set (nil: rules.Default()) for Decide.

@@ -211,7 +211,7 @@ func stepItems(as []Applied, shadow bool) []*Item {
 
 // settle records a multi-take's decisions (decision(i) of enf[i]) in enf
 // and out. A rule its own bucket allowed but that was not taken (another
-// denied) shows its bucket as it is, before the take (BeforeTake).
+// denied) shows its bucket as it is, before the take (beforeTake).
 func settle(out *Outcome, enf []Applied, taken, local bool, decision func(i int) drip.Decision) {
 	allowed, denied := Allowed, Denied
 	if local {
@@ -228,7 +228,7 @@ func settle(out *Outcome, enf []Applied, taken, local bool, decision func(i int)
 			a.held = a.Lease != ""
 		default:
 			a.Event = NotTaken
-			a.Decision = BeforeTake(a.Decision, a.Limit, a.Key, a.Cost)
+			a.Decision = beforeTake(a.Decision, a.Limit, a.Key, a.Cost)
 		}
 	}
 	if !taken {
@@ -397,7 +397,7 @@ func share(l drip.Limit, f float64) drip.Limit {
 	return l
 }
 
-// BeforeTake turns the decision of a take that its own bucket allowed but
+// beforeTake turns the decision of a take that its own bucket allowed but
 // that was not applied (another request of the multi-take was denied)
 // into the bucket as it is: a multi-take reports the tokens each request
 // would have left, but headers and statuses must show what is left. It
@@ -405,7 +405,7 @@ func share(l drip.Limit, f float64) drip.Limit {
 // to the micro-tokens, and the time to fill is shortened by the time those
 // micro-tokens take to refill (whole periods on a grid), as drip's math
 // computes both.
-func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.Decision {
+func beforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.Decision {
 	if l.Algorithm == drip.Concurrency {
 		// The slot the take would have held is free; the leases held and
 		// so when they expire are as they were.

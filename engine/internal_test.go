@@ -234,19 +234,19 @@ func TestBeforeTake(t *testing.T) {
 	// Continuous, 10/s burst 20: 5 left after taking 2 means 7 before,
 	// full in 1.3 s rather than 1.5 s.
 	d := drip.Decision{Allowed: true, Tokens: 5, Remaining: 5, Burst: 20, ResetAfter: 1500 * time.Millisecond}
-	got := BeforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 2)
+	got := beforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 2)
 	if got.Tokens != 7 || got.Remaining != 7 || got.ResetAfter != 1300*time.Millisecond {
 		t.Errorf("continuous: %+v", got)
 	}
 	// Interval, 5 per 10 s burst 20: 9 left after taking 2 (11 before);
 	// full after 3 periods from 9, 2 from 11.
-	got = BeforeTake(drip.Decision{Allowed: true, Tokens: 9, Remaining: 9, ResetAfter: 27 * time.Second},
+	got = beforeTake(drip.Decision{Allowed: true, Tokens: 9, Remaining: 9, ResetAfter: 27 * time.Second},
 		drip.Per(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval), "k", 2)
 	if got.Tokens != 11 || got.Remaining != 11 || got.ResetAfter != 17*time.Second {
 		t.Errorf("interval: %+v", got)
 	}
 	// Cost 0 changes nothing.
-	if got := BeforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 0); got != d {
+	if got := beforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 0); got != d {
 		t.Errorf("cost 0: %+v", got)
 	}
 }
@@ -281,9 +281,9 @@ func TestFillSeconds(t *testing.T) {
 		{"slots", drip.InFlight(3, 30*time.Second), `"slots";q=3;qu="concurrent-requests"`},
 		{"shut", drip.Limit{}, `"shut";q=0`},
 	} {
-		got := PolicyItem(c.name, c.l)
+		got := policyItem(c.name, c.l)
 		if got != c.want {
-			t.Errorf("PolicyItem(%q, %v) = %s, want %s", c.name, c.l, got, c.want)
+			t.Errorf("policyItem(%q, %v) = %s, want %s", c.name, c.l, got, c.want)
 		}
 		if err := sfv.CheckHeaders(func(h string) string {
 			if h == "RateLimit-Policy" {

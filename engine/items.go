@@ -32,11 +32,11 @@ import (
 // It is the orchestration of Decide too, for the rules that apply to a
 // request (decide.go), so every front door decides alike.
 func (e *Engine) DecideItems(ctx context.Context, as []Applied) *Outcome {
-	out := &Outcome{eng: e, Applied: as}
+	out := &Outcome{eng: e, Applied: as, items: true}
 	items := make([]*Item, len(as))
 	for i := range as {
 		a := &as[i]
-		a.blocked = a.Limit == drip.Limit{}
+		a.blocked, a.item = a.Limit == drip.Limit{}, true
 		if a.Params == nil && a.plan != nil {
 			a.Params = &a.plan.params
 		}
@@ -54,6 +54,7 @@ func (e *Engine) DecideItems(ctx context.Context, as []Applied) *Outcome {
 	for i := range as {
 		as[i].Event = as[i].itemEvent()
 	}
+	out.pickItems()
 	return out
 }
 
@@ -277,7 +278,7 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 }
 
 // chargeItems takes the Charge items with a reservation, each at most
-// the burst plus its debt bound (DebtBound), in one store call (and one
+// the burst plus its debt bound (debtBound), in one store call (and one
 // more for those the bound refused: chargeReqs); items of one key add up.
 func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 	var reqs []drip.Request

@@ -80,11 +80,11 @@ func (out *Outcome) ReadsUsage() bool {
 	return false
 }
 
-// DebtBound is the most debt a settlement may run a bucket of limit l
+// debtBound is the most debt a settlement may run a bucket of limit l
 // into: its max_reserved when set, else one burst; 0 for a sliding or a
 // calendar window, which hold no debt (a charge there takes what the
 // window has left, and the rest is forgiven).
-func DebtBound(l drip.Limit) float64 {
+func debtBound(l drip.Limit) float64 {
 	switch {
 	case l.Algorithm == drip.SlidingWindow || l.Calendar != "":
 		return 0
@@ -95,10 +95,10 @@ func DebtBound(l drip.Limit) float64 {
 }
 
 // chargeReq is the request that charges cost of work done to key's bucket
-// of limit l: with a reservation, into debt at most DebtBound (cost cut to
+// of limit l: with a reservation, into debt at most debtBound (cost cut to
 // the burst plus the bound); a limit without debt is taken plainly.
 func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
-	l.MaxReserved = DebtBound(l)
+	l.MaxReserved = debtBound(l)
 	return drip.Request{Key: key, Limit: l, Cost: min(cost, Burst(l)+l.MaxReserved), Reserve: l.MaxReserved > 0}
 }
 
@@ -111,7 +111,7 @@ func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
 // A cost_from_response rule took its estimate (the rule's cost) before
 // the request was served: when the response reports its actual cost,
 // the difference is taken, with a reservation (the work is done, so the
-// bucket may go into debt, at most DebtBound: what would pass it is
+// bucket may go into debt, at most debtBound: what would pass it is
 // Forgiven), or given back (Refunded). The actual cost is never below
 // the rule's min_cost. A response that reports no cost (or one that is
 // not a cost, ParseUsage) leaves the estimate (Unreported), except an

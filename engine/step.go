@@ -90,7 +90,7 @@ const (
 	// anything is taken.
 	Refund
 	// Charge items are work already done (Envoy's apply_on_stream_done
-	// call): taken with a reservation, into debt at most DebtBound of
+	// call): taken with a reservation, into debt at most debtBound of
 	// their limit (what would pass it is Forgiven), after the refunds and
 	// before anything is decided; they never deny the request.
 	Charge

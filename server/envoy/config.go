@@ -16,7 +16,6 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -92,9 +91,6 @@ type Limit struct {
 	// Unlimited or RequestsPerUnit is 0.
 	Limit drip.Limit
 
-	qname  string // the quoted name of RateLimit headers
-	policy string // the RateLimit-Policy item
-	quota  int64  // q and RateLimit-Limit (engine.Quota)
 	// applied is the limit as the engine applies it (its rule: the
 	// label, the mode; its limit compiled), copied for each request.
 	applied engine.Applied
@@ -126,14 +122,8 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm, leased bool) error {
 	if l.Unlimited {
 		return nil
 	}
-	name := l.Name
-	if name == "" {
-		name = l.Path
-	}
-	l.qname = sfv.String(name)
 	if l.RequestsPerUnit == 0 {
-		l.policy = engine.PolicyItem(name, l.Limit) // a quota of 0, no window
-		l.prepare()
+		l.prepare() // the zero Limit: a quota of 0, no window
 		return nil
 	}
 	d, ok := units[l.Unit]
@@ -149,8 +139,6 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm, leased bool) error {
 	if err := l.Limit.Validate(); err != nil {
 		return err
 	}
-	l.policy = engine.PolicyItem(name, l.Limit)
-	l.quota = engine.Quota(l.Limit)
 	l.prepare()
 	return nil
 }

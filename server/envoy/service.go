@@ -173,8 +173,8 @@ const (
 // SettleKey marks a descriptor that charges work already done: a
 // descriptor whose last entry has this key (any value) is matched without
 // that entry, so it meets the same limit and bucket as the descriptor
-// without it, and its hits are charged, into debt at most the limit's
-// engine.DebtBound (what would pass it is forgiven), never denied. It is
+// without it, and its hits are charged, into debt at most one burst
+// (what would pass it is forgiven), never denied. It is
 // for Envoy's apply_on_stream_done rate limits, whose call comes when the
 // response has ended, with the actual cost as hits_addend; add the entry
 // with a generic_key action (descriptor_key: drip_settle). Envoy's request
@@ -296,7 +296,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if out.Err != nil {
 		return nil, storeError(out.Err)
 	}
-	return respond(req, items, out.Allowed, &cfg.opts), nil
+	return respond(req, items, out, &cfg.opts), nil
 }
 
 // mode is the engine's mode of a descriptor of kind k (blocked, enforce,
