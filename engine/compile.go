@@ -5,6 +5,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -24,12 +25,13 @@ type plan struct {
 	params bucket.Params // the limit in drip's fixed point (Limit.Params); zero when the limit allows nothing
 	policy string        // its RateLimit-Policy item: `"name";q=20;w=2`
 	quota  int64         // q, RateLimit-Limit (quotaOf)
+	name   string        // the rule's name as a structured-field string (sfv.String), in RateLimit
 }
 
 // compile is the plan of limit l of a rule called name.
 func compile(name string, l drip.Limit) *plan {
 	p, _ := l.Params("") // a rule's limit is valid; its burst does not depend on a key
-	return &plan{params: p, policy: policyItem(name, l), quota: quotaOf(l)}
+	return &plan{params: p, policy: policyItem(name, l), quota: quotaOf(l), name: sfv.String(name)}
 }
 
 // Compile prepares set (nil: rules.Default()) for Decide.

@@ -6,7 +6,6 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/internal/seconds"
-	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
 )
 
@@ -125,7 +124,7 @@ func (out *Outcome) itemFields() Fields {
 		return Fields{}
 	}
 	fieldOf := func(a *Applied) field {
-		f := field{policy: a.plan.policy, name: sfv.String(a.Rule.Name)}
+		f := field{policy: a.plan.policy, name: a.plan.name}
 		switch {
 		case a.blocked:
 			f.noT = true

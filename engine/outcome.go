@@ -263,7 +263,7 @@ func Amount(x float64) string { return sfv.Number(x) }
 // no window: its item has no t, unless it denied (then t is the
 // Retry-After value, as for every rule that denied).
 func (out *Outcome) ruleField(a *Applied) field {
-	f := field{policy: a.plan.policy, name: sfv.String(a.Rule.Name), remaining: a.Decision.Remaining}
+	f := field{policy: a.plan.policy, name: a.plan.name, remaining: a.Decision.Remaining}
 	switch {
 	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
 		f.t = out.RetryAfter

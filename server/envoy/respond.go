@@ -79,6 +79,9 @@ func respond(req *rlsv3.RateLimitRequest, items []item, out *engine.Outcome, opt
 	case HeadersNone:
 	default:
 		for name, v := range out.Fields().All() {
+			if resp.ResponseHeadersToAdd == nil {
+				resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, 0, 6)
+			}
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: name, Value: v})
 		}
 	}
