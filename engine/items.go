@@ -222,7 +222,7 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 			continue
 		}
 		it.Decision, it.Decided, it.Changed, it.Forgiven, it.Taken = drip.Decision{}, false, false, false, 0
-		if it.Limit.Algorithm == drip.Concurrency || it.Cost <= 0 {
+		if it.plan().algo.slots || it.Cost <= 0 {
 			continue // a slot is held, not charged; nothing to charge
 		}
 		it.req = -1

@@ -86,8 +86,7 @@ type Applied struct {
 	// Reason is why the rule denied, if it did.
 	Reason string
 
-	plan *plan // its limit compiled: the rule's (Rules), or an override's
-	held bool  // the lease was acquired: Release gives it back
+	held bool // the lease was acquired: Release gives it back
 }
 
 // Held reports whether the rule holds a lease of its concurrency limit
@@ -157,8 +156,8 @@ func Tighter(a, b drip.Decision, denied bool) bool {
 // another with as few left, the other, whose reset is a wait to tell of
 // (a slot comes back when a request ends).
 func (a *Applied) tighter(b *Applied) bool {
-	if a.Decision.Remaining == b.Decision.Remaining && (a.Limit.Algorithm == drip.Concurrency) != (b.Limit.Algorithm == drip.Concurrency) {
-		return a.Limit.Algorithm != drip.Concurrency
+	if as, bs := a.plan().algo.slots, b.plan().algo.slots; a.Decision.Remaining == b.Decision.Remaining && as != bs {
+		return !as
 	}
 	return Tighter(a.Decision, b.Decision, false)
 }
@@ -206,27 +205,19 @@ func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 // no window (its slots are held, not spent over a period); for others w,
 // the seconds to fill from empty, when it has one (a limit that never
 // allows, such as Envoy's requests_per_unit 0, has none).
-func PolicyItem(name string, l drip.Limit) string {
-	s := sfv.String(name) + ";q=" + strconv.FormatInt(Quota(l), 10)
-	if l.Algorithm == drip.Concurrency {
+func PolicyItem(name string, l drip.Limit) string { return PlanOf(name, l).policy }
+
+// policyItem is PolicyItem of plan p. Its w is p's fill time: exact in
+// fixed point (20 at 10/s is 2s), saturating at the largest Duration.
+func policyItem(name string, p *Plan) string {
+	s := sfv.String(name) + ";q=" + strconv.FormatInt(p.quota, 10)
+	if p.algo.slots {
 		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
 	}
-	if w := seconds.Ceil(fillTime(l)); w > 0 {
+	if w := seconds.Ceil(p.fill); w > 0 {
 		s += ";w=" + strconv.FormatInt(w, 10)
 	}
 	return s
-}
-
-// fillTime is how long an empty bucket of l takes to fill: burst/rate
-// periods for a continuous refill, whole periods for interval refill and
-// fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
-// 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-func fillTime(l drip.Limit) time.Duration {
-	p, err := l.Params("")
-	if err != nil {
-		return 0
-	}
-	return p.Until(bucket.State{}, p.Burst, 0)
 }
 
 // Quota is the quota the RateLimit headers advertise for l ("q" and
@@ -246,7 +237,7 @@ const ConcurrencyRetryAfter = time.Second
 // wait is how long a rule that denied stands for in Retry-After: its
 // decision's wait, at most ConcurrencyRetryAfter for a concurrency limit.
 func (a *Applied) wait() time.Duration {
-	if a.Limit.Algorithm == drip.Concurrency {
+	if a.plan().algo.slots {
 		return min(a.Decision.RetryAfter, ConcurrencyRetryAfter)
 	}
 	return a.Decision.RetryAfter
@@ -261,11 +252,11 @@ func Amount(x float64) string { return sfv.Number(x) }
 // window: its item has no t, unless it denied (then t is the Retry-After
 // value, as for every rule that denied).
 func (out *Outcome) field(a *Applied) Field {
-	f := Field{Policy: a.plan.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining}
+	f := Field{Policy: a.plan().policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining}
 	switch {
 	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
 		f.T = out.RetryAfter
-	case a.Limit.Algorithm == drip.Concurrency:
+	case a.plan().algo.slots:
 		f.NoT = true
 	default:
 		f.T = seconds.Ceil(a.Decision.ResetAfter)
@@ -401,5 +392,5 @@ func (out *Outcome) Fields() Fields {
 		}
 		fs = append(fs, f)
 	}
-	return MakeFields(fs, top, out.Top.plan.quota, out.RetryAfter)
+	return MakeFields(fs, top, out.Top.plan().quota, out.RetryAfter)
 }

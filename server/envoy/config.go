@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/sfv"
 )
@@ -95,7 +94,7 @@ type Limit struct {
 	qname  string        // the quoted name of RateLimit headers
 	policy string        // the RateLimit-Policy item
 	quota  int64         // q and RateLimit-Limit (engine.Quota)
-	params bucket.Params // Limit in drip's fixed point, compiled at load
+	plan   *engine.Plan // Limit compiled at load
 	// globalShadow: in shadow mode by SHADOW_MODE only. Its status says
 	// OVER_LIMIT when it is over (the request is still allowed), as
 	// envoyproxy/ratelimit's does; a limit's own shadow_mode says OK.
@@ -146,9 +145,8 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm, leased bool) error {
 	if err := l.Limit.Validate(); err != nil {
 		return err
 	}
-	l.policy = engine.PolicyItem(name, l.Limit)
-	l.quota = engine.Quota(l.Limit)
-	l.params, _ = l.Limit.Params("") // valid, and its burst does not depend on a key
+	l.plan = engine.PlanOf(name, l.Limit)
+	l.policy, l.quota = l.plan.Policy(), l.plan.Quota()
 	return nil
 }
 

@@ -279,7 +279,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		q := (it.limit.Quota || cfg.opts.Quota) && it.kind != refund && it.kind != charge
 		it.quota = q && !it.limit.Shadow
-		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Params: &it.limit.params, Cost: it.cost,
+		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Plan: it.limit.plan, Cost: it.cost,
 			Shadow: it.limit.Shadow && it.kind != charge, Refund: it.kind == refund, Charge: it.kind == charge,
 			Quota: q, Blocked: it.kind == blocked}
 		steps = append(steps, &it.step)
