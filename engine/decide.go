@@ -84,8 +84,11 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			e.endDecide(sp, out)
 			return out
 		}
-		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit, Check: len(rule.CountStatus) > 0,
+		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
 			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
+		if len(rule.CountStatus) > 0 {
+			a.Mode = Check
+		}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.Plan = l, PlanOf(rule.Name, l)
 		}
@@ -191,12 +194,15 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 }
 
 // stepItems are the items of the rules as, for DecideItems' steps
-// (shadow: as Shadow items), with their compiled params.
+// (shadow: as Shadow items, but for Check ones), with their compiled
+// params.
 func stepItems(as []Applied, shadow bool) []*Item {
 	its := make([]*Item, len(as))
 	for i := range as {
 		a := &as[i]
-		a.Shadow = shadow
+		if shadow && a.Mode != Check {
+			a.Mode = Shadow
+		}
 		its[i] = &a.Item
 	}
 	return its

@@ -146,8 +146,7 @@ func TestPlanErrors(t *testing.T) {
 		{"a lease on a bucket", Item{Key: "a", Limit: l, Plan: PlanOf("", l), Cost: 1, Lease: "x"}, store.ErrInvalidLease},
 		{"a take of a slot without a lease", Item{Key: "a", Limit: slots, Plan: PlanOf("", slots), Cost: 1}, store.ErrInvalidLease},
 	} {
-		it := c.item
-		_, err := e.DecideItems(context.Background(), []*Item{&it})
+		err := e.DecideItems(context.Background(), []Applied{{Item: c.item}}).Err
 		r := c.item
 		_, want := drip.Apply(context.Background(), ms, bucket.Take, time.Time{}, drip.Request{Key: r.Key, Limit: r.Limit, Cost: r.Cost, Lease: r.Lease})
 		if !errors.Is(err, c.want) || !errors.Is(want, c.want) || err.Error() != want.Error() {

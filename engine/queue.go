@@ -47,7 +47,7 @@ func waitOf(items []*Item) time.Duration {
 		if it.kind() != enforceItems && it.kind() != blockedItems {
 			continue
 		}
-		if it.Quota || it.kind() == blockedItems || it.Never() {
+		if it.quota() || it.kind() == blockedItems || it.Never() {
 			return 0
 		}
 		if it.Wait > 0 && (w == 0 || it.Wait < w) {
@@ -142,7 +142,7 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 // TakeWaiting takes the items all or nothing, as Apply takes requests,
 // except that a take they deny may wait for its turn as Decide's rules
 // do (Item.Wait, Queue, MaxQueue): the decision API's take with "wait".
-// The items are enforced ones: no Shadow, Refund, Charge, Check or Quota.
+// The items are Enforce ones.
 func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, err error) {
 	return e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
 }

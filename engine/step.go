@@ -14,12 +14,12 @@ import (
 )
 
 // Item is one limit of a request: a bucket key, its limit, the request's
-// cost, and how it takes part (Shadow, Refund, Charge, Check, Quota, Blocked); the
-// decision fills in the rest. Each rule Decide applies is one (Applied);
-// a front door that matches limits itself (Envoy's descriptors) hands
-// its own to DecideItems. Items that share a key are one bucket: their
-// costs add up. An Item serves one decision: make a new one for the next
-// (its verdicts, Never's, are made once).
+// cost, and how it takes part (Mode); the decision fills in its Verdict.
+// Each rule Decide applies is one (Applied); a front door that matches
+// limits itself (Envoy's descriptors) hands its own to DecideItems. Items
+// that share a key are one bucket: their costs add up. An Item serves one
+// decision: make a new one for the next (its verdicts, Never's, are made
+// once).
 type Item struct {
 	Key   string
 	Limit drip.Limit
@@ -28,33 +28,9 @@ type Item struct {
 	// take), releases (a refund) or asks about (a peek). Items on a
 	// concurrency limit never share a key.
 	Lease string
-
-	// Shadow items are decided after the enforced ones and never deny:
-	// taken when the request is allowed, else peeked.
-	Shadow bool
-	// Refund items are given back (Envoy's is_negative_hits), before
-	// anything is taken.
-	Refund bool
-	// Quota items (Envoy's quota mode) do not deny the request on their
-	// own: one over its limit leaves the take (Out), and the request is
-	// allowed when one of them (or a Shadow one) is within its limit.
-	Quota bool
-	// Charge items are work already done (Envoy's apply_on_stream_done
-	// call): taken with a reservation, into debt at most DebtBound of
-	// their limit (what would pass it is Forgiven), after the refunds and
-	// before anything is decided; they never deny the request.
-	Charge bool
-	// Forgiven reports a Charge item charged less than its cost (or
-	// nothing): its bucket's debt would have passed the bound.
-	Forgiven bool
-	// Check items are only peeked at their cost, before the take: one
-	// over its limit denies the request, and they take nothing (a
-	// count_status rule: its cost is taken after the response, when its
-	// status matches, Outcome.Settle).
-	Check bool
-	// Blocked items never allow (a limit of 0): they are over their
-	// limit without asking the store.
-	Blocked bool
+	// Mode is how the item takes part in the decision (Enforce: taken
+	// all or nothing with the others).
+	Mode ItemMode
 	// Wait is how long an enforced item whose limit denies the request
 	// may hold it in its queue instead (Engine.Decide: the rule's
 	// max_wait), in Queue (a rule's name, in metrics) of at most MaxQueue
@@ -64,6 +40,63 @@ type Item struct {
 	Queue    string
 	MaxQueue int
 
+	// Plan is Limit compiled (PlanOf): a rule's, or a door's, compiled
+	// once when it loaded the limit. Nil: compiled from Limit when needed.
+	Plan *Plan
+
+	// Verdict is what the decision made of the item.
+	Verdict
+
+	never   verdict // Never, once made (costOf)
+	micro   int64   // Cost in fixed point, as the store takes it (takeCost)
+	costErr error   // what is wrong with Cost, if anything
+	// blocked: an item of DecideItems whose Limit is the zero Limit,
+	// which allows nothing (Envoy's requests_per_unit 0): over its limit
+	// without asking the store.
+	blocked bool
+
+	ask  float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
+	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
+	req  int     // its store request
+}
+
+// ItemMode is how an item takes part in a decision: one step of
+// DecideItems each, and whether an enforced or shadow item is in quota
+// mode (Envoy's quota_mode).
+type ItemMode uint8
+
+const (
+	// Enforce items are taken all or nothing; one over its limit denies
+	// the request.
+	Enforce ItemMode = iota
+	// EnforceQuota items are enforced in quota mode: one over its limit
+	// does not deny the request on its own, but leaves the take (Out);
+	// the request is allowed when one of them (or a ShadowQuota one) is
+	// within its limit.
+	EnforceQuota
+	// Shadow items are decided after the enforced ones and never deny:
+	// taken when the request is allowed, else peeked.
+	Shadow
+	// ShadowQuota items are Shadow items in quota mode: never over, they
+	// let the request pass its quota.
+	ShadowQuota
+	// Check items are only peeked at their cost, before the take: one
+	// over its limit denies the request, and they take nothing (a
+	// count_status rule: its cost is taken after the response, when its
+	// status matches, Outcome.Settle).
+	Check
+	// Refund items are given back (Envoy's is_negative_hits), before
+	// anything is taken.
+	Refund
+	// Charge items are work already done (Envoy's apply_on_stream_done
+	// call): taken with a reservation, into debt at most DebtBound of
+	// their limit (what would pass it is Forgiven), after the refunds and
+	// before anything is decided; they never deny the request.
+	Charge
+)
+
+// Verdict is what a decision made of an item.
+type Verdict struct {
 	// Decision is the bucket's decision, for a shared key of the costs
 	// added (Taken); meaningful when Decided.
 	Decision drip.Decision
@@ -74,23 +107,14 @@ type Item struct {
 	// Taken is the cost the bucket was asked for: its items' costs added,
 	// at most its burst; for Charge items, what the bucket was charged.
 	Taken float64
-	// Out reports a Quota item found over its limit and left out of the
-	// take: it took nothing, and Decision is its last.
+	// Out reports an EnforceQuota item found over its limit and left out
+	// of the take: it took nothing, and Decision is its last.
 	Out bool
 	// Failed reports a Shadow item whose store call failed.
 	Failed bool
-
-	// Plan is Limit compiled (PlanOf): a rule's, or a door's, compiled
-	// once when it loaded the limit. Nil: compiled from Limit when needed.
-	Plan *Plan
-
-	never   verdict // Never, once made (costOf)
-	micro   int64   // Cost in fixed point, as the store takes it (takeCost)
-	costErr error   // what is wrong with Cost, if anything
-
-	ask  float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
-	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
-	req  int     // its store request
+	// Forgiven reports a Charge item charged less than its cost (or
+	// nothing): its bucket's debt would have passed the bound.
+	Forgiven bool
 }
 
 // Never reports whether the item can never be allowed: its cost exceeds

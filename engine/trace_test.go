@@ -249,7 +249,9 @@ func TestTraceApply(t *testing.T) {
 	if _, err := e.Apply(ctx, bucket.Take, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}); !store.IsInput(err) {
 		t.Fatalf("negative cost: %v", err)
 	}
-	if _, err := e.DecideItems(ctx, []*engine.Item{{Key: "a", Limit: drip.PerSecond(1), Cost: 1, Refund: true}}); err != nil {
+	a := engine.NewApplied(&rules.Rule{Name: "a", Limit: drip.PerSecond(1)})
+	a.Key, a.Cost, a.Mode = "a", 1, engine.Refund
+	if err := e.DecideItems(ctx, []engine.Applied{a}).Err; err != nil {
 		t.Fatal(err)
 	}
 	spans := rec.Ended()

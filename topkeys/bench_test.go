@@ -84,7 +84,7 @@ func BenchmarkKey(b *testing.B) {
 	}
 	buf := []byte("per-key|client-")
 	prefix := len(buf)
-	it := &engine.Item{Decided: true}
+	it := &engine.Item{Verdict: engine.Verdict{Decided: true}}
 	it.Decision.Burst, it.Decision.Tokens = 10, 5
 	build := func(n uint64) {
 		buf = strconv.AppendUint(buf[:prefix], n, 10)
