@@ -22,11 +22,10 @@ import (
 type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
-	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonConcurrency or ReasonCostExceedsBurst (over a limit: HTTP
-	// doors answer 429), ReasonStoreUnavailable (the store failed and
-	// on_error is deny: 503), or a refusal's own (Refuse), such as
-	// httplimit's ambiguous_path.
+	// Reason is why the request was denied. Over a limit (HTTP 429): the
+	// algorithm's reason (ReasonOf), or ReasonCostExceedsBurst.
+	// ReasonStoreUnavailable: the store failed and on_error is deny (503).
+	// A refusal has its own (Refuse), such as httplimit's ambiguous_path.
 	Reason string
 	// Refused reports a front door's refusal (Refuse): the request could
 	// not be read as the rules need, and no rule was decided. Detail then
