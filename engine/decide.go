@@ -85,14 +85,14 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			return out
 		}
 		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
-			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue}, plan: &rs.plans[i]}
+			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
 		if len(rule.CountStatus) > 0 {
 			a.Mode = Check
 		}
 		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
-			a.Limit, a.plan = l, compile(rule.Name, l)
+			a.Limit, a.Plan = l, PlanOf(rule.Name, l)
 		}
-		if a.Limit.Algorithm == drip.Concurrency {
+		if a.Plan.algo.slots {
 			a.Lease = store.NewLeaseID()
 		}
 		all = append(all, a)
@@ -203,7 +203,6 @@ func stepItems(as []Applied, shadow bool) []*Item {
 		if shadow && a.Mode != Check {
 			a.Mode = Shadow
 		}
-		a.Params = &a.plan.params
 		its[i] = &a.Item
 	}
 	return its
@@ -222,7 +221,7 @@ func settle(out *Outcome, enf []Applied, taken, local bool, decision func(i int)
 		a.Decision, a.Decided, a.Local = decision(i), true, local
 		switch {
 		case !a.Decision.Allowed:
-			a.Event, a.Reason = denied, reasonOf(a.Limit)
+			a.Event, a.Reason = denied, a.plan().algo.reason
 		case taken:
 			a.Event = allowed
 			a.held = a.Lease != ""
@@ -267,9 +266,8 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	lreqs := make([]drip.Request, len(idx))
 	for j, i := range idx {
 		a := enf[i]
-		a.Limit = share(a.Limit, a.Rule.LocalShare)
-		a.plan = compile(a.Rule.Name, a.Limit)
-		a.Params, a.never = &a.plan.params, unknown // a new limit: its own verdict
+		a.Limit, a.Plan = a.plan().localOf(a.Rule.Name, a.Limit, a.Rule.LocalShare)
+		a.never = unknown // a new limit: its own verdict
 		loc[j] = a
 		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}
@@ -335,7 +333,7 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 		case it.Failed:
 			a.Event = ErrorAllowed
 		case !it.Decision.Allowed:
-			a.Event, a.Reason = Denied, reasonOf(a.Limit)
+			a.Event, a.Reason = Denied, a.plan().algo.reason
 		case out.Allowed && !it.Changed:
 			a.Event = NotTaken
 		default:
@@ -347,26 +345,14 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 
 // ReasonOf is the reason of a denial by a bucket of limit l
 // (ReasonTokenBucket, ReasonFixedWindow, ...).
-func ReasonOf(l drip.Limit) string { return reasonOf(l) }
-
-func reasonOf(l drip.Limit) string {
-	switch l.Algorithm {
-	case drip.FixedWindow:
-		return ReasonFixedWindow
-	case drip.SlidingWindow:
-		return ReasonSlidingWindow
-	case drip.Concurrency:
-		return ReasonConcurrency
-	}
-	return ReasonTokenBucket
-}
+func ReasonOf(l drip.Limit) string { return algoOf(&l).reason }
 
 // Burst is l's burst, as drip's fixed point holds it (Limit.Params: its
 // rate when it has none); for a concurrency limit, its slots
 // (max_in_flight); 0 for a limit that allows nothing (Envoy's
 // requests_per_unit 0).
 func Burst(l drip.Limit) float64 {
-	if l.Algorithm == drip.Concurrency {
+	if algoOf(&l).slots {
 		return float64(l.MaxInFlight)
 	}
 	p, err := l.Params("")
@@ -379,19 +365,19 @@ func Burst(l drip.Limit) float64 {
 // share is the local fallback's limit: share of the rate and the burst,
 // with a burst of at least one token (or the whole burst, if smaller) so
 // that a small bucket's fallback still admits requests of cost 1.
-func share(l drip.Limit, f float64) drip.Limit {
+func share(l drip.Limit, p *Plan, f float64) drip.Limit {
 	if f <= 0 || f > 1 {
 		f = rules.DefaultLocalShare
 	}
-	if l.Algorithm == drip.Concurrency {
+	if p.algo.slots {
 		// At least one slot, so that the fallback admits requests.
 		l.MaxInFlight = max(1, int(float64(l.MaxInFlight)*f))
 		return l
 	}
-	b := Burst(l)
+	b := p.burst
 	l.Burst = max(b*f, min(b, 1))
 	l.Rate *= f
-	if l.Algorithm == drip.SlidingWindow || l.Calendar != "" {
+	if p.algo.counted {
 		l.Rate, l.Burst = l.Burst, 0 // the limit is the rate: its burst follows
 	}
 	return l
@@ -406,7 +392,7 @@ func share(l drip.Limit, f float64) drip.Limit {
 // micro-tokens take to refill (whole periods on a grid), as drip's math
 // computes both.
 func beforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.Decision {
-	if l.Algorithm == drip.Concurrency {
+	if algoOf(&l).slots {
 		// The slot the take would have held is free; the leases held and
 		// so when they expire are as they were.
 		d.Tokens++

@@ -263,8 +263,8 @@ func TestFillSeconds(t *testing.T) {
 		{drip.Per(3, 10*time.Second).Window(), 10},
 		{drip.PerSecond(0.1).WithBurst(1), 10},
 	} {
-		if got := seconds.Ceil(fillTime(c.l)); got != c.want {
-			t.Errorf("seconds.Ceil(fillTime(%v)) = %d, want %d", c.l, got, c.want)
+		if got := seconds.Ceil(PlanOf("", c.l).fill); got != c.want {
+			t.Errorf("seconds.Ceil(PlanOf(%v).fill) = %d, want %d", c.l, got, c.want)
 		}
 	}
 	// q is a whole number, the burst rounded down (never more than the
@@ -281,7 +281,7 @@ func TestFillSeconds(t *testing.T) {
 		{"slots", drip.InFlight(3, 30*time.Second), `"slots";q=3;qu="concurrent-requests"`},
 		{"shut", drip.Limit{}, `"shut";q=0`},
 	} {
-		got := policyItem(c.name, c.l)
+		got := PlanOf(c.name, c.l).policy
 		if got != c.want {
 			t.Errorf("policyItem(%q, %v) = %s, want %s", c.name, c.l, got, c.want)
 		}
@@ -369,7 +369,7 @@ func TestShareWindows(t *testing.T) {
 		{Algorithm: drip.SlidingWindow, Rate: 1, Period: time.Minute, Burst: 1},
 		{Algorithm: drip.FixedWindow, Rate: 1, Calendar: "day"},
 	} {
-		s := share(l, 0.5)
+		s := share(l, PlanOf("", l), 0.5)
 		if err := s.Validate(); err != nil || s.Rate != max(l.Rate/2, 1) {
 			t.Errorf("share(%v) = %v (%v), want a valid window of rate %v", l, s, err, max(l.Rate/2, 1))
 		}

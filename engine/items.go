@@ -37,9 +37,6 @@ func (e *Engine) DecideItems(ctx context.Context, as []Applied) *Outcome {
 	for i := range as {
 		a := &as[i]
 		a.blocked, a.item = a.Limit == drip.Limit{}, true
-		if a.Params == nil && a.plan != nil {
-			a.Params = &a.plan.params
-		}
 		items[i] = &a.Item
 	}
 	allowed, err := e.decideItems(ctx, items)
@@ -63,7 +60,7 @@ func (e *Engine) DecideItems(ctx context.Context, as []Applied) *Outcome {
 // the door makes one when it loads the limit, and a copy for each request
 // of DecideItems, with the request's Key, Cost and Mode.
 func NewApplied(rule *rules.Rule) Applied {
-	return Applied{Rule: rule, Item: Item{Limit: rule.Limit}, plan: compile(rule.Name, rule.Limit)}
+	return Applied{Rule: rule, Item: Item{Limit: rule.Limit, Plan: PlanOf(rule.Name, rule.Limit)}}
 }
 
 // itemEvent is what became of an item of DecideItems that the store
@@ -288,7 +285,7 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 			continue
 		}
 		it.Decision, it.Decided, it.Changed, it.Forgiven, it.Taken = drip.Decision{}, false, false, false, 0
-		if it.Limit.Algorithm == drip.Concurrency || it.Cost <= 0 {
+		if it.plan().algo.slots || it.Cost <= 0 {
 			continue // a slot is held, not charged; nothing to charge
 		}
 		it.req = -1

@@ -124,7 +124,7 @@ func (out *Outcome) itemFields() Fields {
 		return Fields{}
 	}
 	fieldOf := func(a *Applied) field {
-		f := field{policy: a.plan.policy, name: a.plan.name}
+		f := field{policy: a.plan().policy, name: a.plan().name}
 		switch {
 		case a.blocked:
 			f.noT = true
@@ -142,7 +142,7 @@ func (out *Outcome) itemFields() Fields {
 			fs = append(fs, fieldOf(a))
 		}
 	}
-	return makeFields(fs, fieldOf(out.Top), out.Top.plan.quota, out.RetryAfter)
+	return makeFields(fs, fieldOf(out.Top), out.Top.plan().quota, out.RetryAfter)
 }
 
 // remaining is the whole tokens left in an item's bucket, as the request

@@ -22,11 +22,10 @@ import (
 type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
-	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonConcurrency or ReasonCostExceedsBurst (over a limit: HTTP
-	// doors answer 429), ReasonStoreUnavailable (the store failed and
-	// on_error is deny: 503), or a refusal's own (Refuse), such as
-	// httplimit's ambiguous_path.
+	// Reason is why the request was denied. Over a limit (HTTP 429): the
+	// algorithm's reason (ReasonOf), or ReasonCostExceedsBurst.
+	// ReasonStoreUnavailable: the store failed and on_error is deny (503).
+	// A refusal has its own (Refuse), such as httplimit's ambiguous_path.
 	Reason string
 	// Refused reports a front door's refusal (Refuse): the request could
 	// not be read as the rules need, and no rule was decided. Detail then
@@ -87,9 +86,8 @@ type Applied struct {
 	// Reason is why the rule denied, if it did.
 	Reason string
 
-	plan *plan // its limit compiled: the rule's (Rules), or an override's
-	held bool  // the lease was acquired: Release gives it back
-	item bool  // an item of DecideItems (Current)
+	held bool // the lease was acquired: Release gives it back
+	item bool // an item of DecideItems (Current)
 }
 
 // Held reports whether the rule holds a lease of its concurrency limit
@@ -159,8 +157,8 @@ func tighter(a, b drip.Decision, denied bool) bool {
 // another with as few left, the other, whose reset is a wait to tell of
 // (a slot comes back when a request ends).
 func (a *Applied) tighterThan(b *Applied) bool {
-	if a.Decision.Remaining == b.Decision.Remaining && (a.Limit.Algorithm == drip.Concurrency) != (b.Limit.Algorithm == drip.Concurrency) {
-		return a.Limit.Algorithm != drip.Concurrency
+	if as, bs := a.plan().algo.slots, b.plan().algo.slots; a.Decision.Remaining == b.Decision.Remaining && as != bs {
+		return !as
 	}
 	return tighter(a.Decision, b.Decision, false)
 }
@@ -208,27 +206,17 @@ func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 // no window (its slots are held, not spent over a period); for others w,
 // the seconds to fill from empty, when it has one (a limit that never
 // allows, such as Envoy's requests_per_unit 0, has none).
-func policyItem(name string, l drip.Limit) string {
-	s := sfv.String(name) + ";q=" + strconv.FormatInt(quotaOf(l), 10)
-	if l.Algorithm == drip.Concurrency {
+// policyItem is the RateLimit-Policy item of plan p. Its w is p's fill time: exact in
+// fixed point (20 at 10/s is 2s), saturating at the largest Duration.
+func policyItem(name string, p *Plan) string {
+	s := sfv.String(name) + ";q=" + strconv.FormatInt(p.quota, 10)
+	if p.algo.slots {
 		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
 	}
-	if w := seconds.Ceil(fillTime(l)); w > 0 {
+	if w := seconds.Ceil(p.fill); w > 0 {
 		s += ";w=" + strconv.FormatInt(w, 10)
 	}
 	return s
-}
-
-// fillTime is how long an empty bucket of l takes to fill: burst/rate
-// periods for a continuous refill, whole periods for interval refill and
-// fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
-// 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-func fillTime(l drip.Limit) time.Duration {
-	p, err := l.Params("")
-	if err != nil {
-		return 0
-	}
-	return p.Until(bucket.State{}, p.Burst, 0)
 }
 
 // quotaOf is the quota the RateLimit headers advertise for l ("q" and
@@ -248,7 +236,7 @@ const ConcurrencyRetryAfter = time.Second
 // wait is how long a rule that denied stands for in Retry-After: its
 // decision's wait, at most ConcurrencyRetryAfter for a concurrency limit.
 func (a *Applied) wait() time.Duration {
-	if a.Limit.Algorithm == drip.Concurrency {
+	if a.plan().algo.slots {
 		return min(a.Decision.RetryAfter, ConcurrencyRetryAfter)
 	}
 	return a.Decision.RetryAfter
@@ -263,11 +251,11 @@ func Amount(x float64) string { return sfv.Number(x) }
 // no window: its item has no t, unless it denied (then t is the
 // Retry-After value, as for every rule that denied).
 func (out *Outcome) ruleField(a *Applied) field {
-	f := field{policy: a.plan.policy, name: a.plan.name, remaining: a.Decision.Remaining}
+	f := field{policy: a.plan().policy, name: a.plan().name, remaining: a.Decision.Remaining}
 	switch {
 	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
 		f.t = out.RetryAfter
-	case a.Limit.Algorithm == drip.Concurrency:
+	case a.plan().algo.slots:
 		f.noT = true
 	default:
 		f.t = seconds.Ceil(a.Decision.ResetAfter)
@@ -402,5 +390,5 @@ func (out *Outcome) Fields() Fields {
 		}
 		fs = append(fs, f)
 	}
-	return makeFields(fs, top, out.Top.plan.quota, out.RetryAfter)
+	return makeFields(fs, top, out.Top.plan().quota, out.RetryAfter)
 }

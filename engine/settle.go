@@ -86,7 +86,7 @@ func (out *Outcome) ReadsUsage() bool {
 // window has left, and the rest is forgiven).
 func debtBound(l drip.Limit) float64 {
 	switch {
-	case l.Algorithm == drip.SlidingWindow || l.Calendar != "":
+	case algoOf(&l).counted:
 		return 0
 	case l.MaxReserved > 0:
 		return l.MaxReserved

@@ -40,10 +40,9 @@ type Item struct {
 	Queue    string
 	MaxQueue int
 
-	// Params is Limit in drip's fixed point (drip.Limit.Params, for any
-	// key: its burst decides Never), compiled once when the front door
-	// loaded the limit; nil, it is computed from Limit when needed.
-	Params *bucket.Params
+	// Plan is Limit compiled (PlanOf): a rule's, or a door's, compiled
+	// once when it loaded the limit. Nil: compiled from Limit when needed.
+	Plan *Plan
 
 	// Verdict is what the decision made of the item.
 	Verdict
@@ -132,7 +131,7 @@ func (it *Item) Never() bool {
 // costOf is the item's cost as its store takes it (takeCost), made once.
 func (it *Item) costOf() (int64, error) {
 	if it.never == unknown {
-		c, over, err := takeCost(it.Limit, it.fixed(), it.Cost)
+		c, over, err := takeCost(&it.Limit, it.plan(), it.Cost)
 		it.micro, it.costErr, it.never = c, err, verdictOf(over)
 	}
 	return it.micro, it.costErr
@@ -154,16 +153,17 @@ func verdictOf(b bool) verdict {
 	return no
 }
 
-// fixed is the item's limit in drip's fixed point: Params, else computed
-// now. A limit that allows nothing (Envoy's requests_per_unit 0, a
-// Blocked item) has a burst of 0.
-func (it *Item) fixed() *bucket.Params {
-	if it.Params == nil {
-		p, _ := it.Limit.Params("")
-		it.Params = &p
+// plan is the item's Plan, compiled now if the door handed none.
+func (it *Item) plan() *Plan {
+	if it.Plan == nil {
+		it.Plan = PlanOf("", it.Limit)
 	}
-	return it.Params
+	return it.Plan
 }
+
+// fixed is the item's limit in drip's fixed point. A limit that allows
+// nothing (Envoy's requests_per_unit 0, a Blocked item) has a burst of 0.
+func (it *Item) fixed() *bucket.Params { return &it.plan().params }
 
 // takeCost is the store's cost of a take of cost under l (p in fixed
 // point, store.Cost), and whether it can never be allowed: it exceeds the
@@ -172,8 +172,9 @@ func (it *Item) fixed() *bucket.Params {
 // when cost is above its slots (the take then holds one slot, as every
 // take of a lease does). err is any other problem of the cost
 // (store.Cost's: not a finite number from 0 to 1e12).
-func takeCost(l drip.Limit, p *bucket.Params, cost float64) (c int64, over bool, err error) {
-	if l.Algorithm == drip.Concurrency {
+func takeCost(l *drip.Limit, pl *Plan, cost float64) (c int64, over bool, err error) {
+	p := &pl.params
+	if pl.algo.slots {
 		if cost > float64(l.MaxInFlight) {
 			return bucket.Micro, true, nil
 		}
@@ -187,13 +188,6 @@ func takeCost(l drip.Limit, p *bucket.Params, cost float64) (c int64, over bool,
 	return c, false, err
 }
 
-// perKey reports whether params p of limit l hold for one key at one
-// time only (Limit.Params): a fixed window placed by its key's hash, a
-// calendar window. Those are resolved at each decision (drip.Apply).
-func perKey(l *drip.Limit, p *bucket.Params) bool {
-	return p.Kind == bucket.Calendar || (p.Kind == bucket.Window && l.Start == 0)
-}
-
 // step makes one all-or-nothing store call for items, through the breaker
 // and under the deadline (call): a take, a peek or a refund of each
 // item's ask. Items of one key are one bucket: their asks add up. A take
@@ -201,10 +195,10 @@ func perKey(l *drip.Limit, p *bucket.Params) bool {
 // whole step is then a peek, at the burst, and that bucket denies (a
 // refund past the burst just fills the bucket).
 //
-// The store executes the items' compiled params (Item.Params), with the
+// The store executes the items' compiled params (Item.Plan), with the
 // cost in fixed point; what depends on the request (the key, the cost,
 // the lease) is checked here, once. Limits whose params depend on the
-// key or the time (perKey) go through drip.Apply, which resolves them.
+// key or the time (Plan.perKey) go through drip.Apply, which resolves them.
 func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, items []*Item) error {
 	if len(items) == 0 {
 		return nil
@@ -247,13 +241,14 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 	direct := true
 	for j := range reqs {
 		r := &reqs[j]
-		p := r.it.fixed()
+		pl := r.it.plan()
+		p := &pl.params
 		switch {
 		case r.cost == r.it.Cost: // the common case: one item a key, at its cost
 			r.c, r.err = r.it.costOf()
 			r.over = r.it.Never()
 		default:
-			r.c, r.over, r.err = takeCost(r.it.Limit, p, r.cost)
+			r.c, r.over, r.err = takeCost(&r.it.Limit, pl, r.cost)
 		}
 		if r.over { // takeCost's cost: the burst
 			r.cost = float64(p.Burst) / bucket.Micro
@@ -261,7 +256,7 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 				op = bucket.Peek
 			}
 		}
-		direct = direct && !perKey(&r.it.Limit, p)
+		direct = direct && !pl.perKey
 	}
 	var err error
 	if direct {
@@ -307,7 +302,7 @@ func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rul
 			e.refused(ctx, op, n, err)
 			return err
 		}
-		items[j].Leased = r.it.Limit.Leased // as drip.Apply marks it: a leased limit's blocks
+		items[j].Leased = r.it.plan().leased // as drip.Apply marks it: a leased limit's blocks
 		if reserve {
 			items[j].Params.MaxReserved = r.it.debt // a waiter's bound (queue.go)
 		}
