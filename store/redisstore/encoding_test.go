@@ -126,3 +126,42 @@ func TestEncoding(t *testing.T) {
 		t.Fatalf("stored %q, want %q and a deadline", v, want)
 	}
 }
+
+// TestEncodingBlocksUpgrade reads a bucket with a live block of leased
+// tokens in the binary form of earlier versions (the bucket, a newline,
+// "id size s n"): a plain take obeys the block's cap, and the key is
+// rewritten compact with the block after it.
+func TestEncodingBlocksUpgrade(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t))
+	c := s.Client()
+	ctx := context.Background()
+	at := time.Unix(1_700_000_000, 250)
+	key := "enc:" + randomTag()
+	legacy := make([]byte, 33)
+	for i, f := range []float64{10e6, 1_700_000_000, 250, 0} {
+		binary.LittleEndian.PutUint64(legacy[1+8*i:], math.Float64bits(f))
+	}
+	// A block of 6 tokens live for an hour: 4 of the 10 are left to
+	// plain takes.
+	v := string(legacy) + "\nb1 6000000 1700003600 250"
+	if err := c.Do(ctx, c.B().Set().Key("drip:"+key).Value(v).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 5}); err != nil || d.Allowed {
+		t.Fatalf("take of 5 beside a block of 6 of 10: %+v, %v; want denied", d, err)
+	}
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 3}); err != nil || !d.Allowed {
+		t.Fatalf("take of 3 beside a block of 6 of 10: %+v, %v; want allowed", d, err)
+	}
+	got, err := c.Do(ctx, c.B().Get().Key("drip:"+key).Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) < 21 || got[0] != 1 || got[20:] != "\nb1 6000000 1700003600 250" {
+		t.Fatalf("rewritten as %q, want the compact form and the block", got)
+	}
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 2}); err != nil || d.Allowed {
+		t.Fatalf("take of 2 after 3 of 4: %+v, %v; want denied", d, err)
+	}
+}
