@@ -57,9 +57,10 @@ const ReasonShed = "priority_shed"
 // overflow bucket.
 const MaxAdaptiveKeys = 10000
 
-// AdaptiveObserver is an Observer that is also told of the requests a
-// prioritized rule shed (Shed: rule, the request's class). Observers
-// that do not implement it see the decisions only.
+// AdaptiveObserver is an Observer that is also told of the requests an
+// adaptive rule or a rule with priorities shed (Shed: rule, the
+// request's class). Observers that do not implement it see the
+// decisions only.
 type AdaptiveObserver interface {
 	Observer
 	Shed(rule string, class int)
@@ -208,13 +209,14 @@ func (a *adaptive) capacity() int {
 
 // room is the most requests in flight that a request of share s of the
 // capacity may join: all of the capacity for share 1 (critical, or a
-// rule without priorities), else its share rounded down.
+// rule without priorities), else the capacity less the slots kept for
+// higher classes, rounded down (a small capacity keeps none).
 func (a *adaptive) room(share float64) int {
 	c := a.capacity()
 	if share >= 1 {
 		return c
 	}
-	return int(float64(c) * share)
+	return c - int(float64(c)*(1-share)+1e-9)
 }
 
 // acquire takes a slot for a request of class (share of the capacity),
@@ -527,9 +529,9 @@ func (e *Engine) shedBy(out *Outcome, a *Applied, reason string) {
 	out.deny("")
 	if reason == ReasonShed || a.shed || a.Rule.Prioritized() {
 		out.Shed = rules.PriorityName(a.class)
-		if ao, ok := e.obs.(AdaptiveObserver); ok {
-			ao.Shed(a.Rule.Name, a.class)
-		}
+	}
+	if ao, ok := e.obs.(AdaptiveObserver); ok {
+		ao.Shed(a.Rule.Name, a.class)
 	}
 }
 
