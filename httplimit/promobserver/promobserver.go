@@ -121,11 +121,11 @@ type Option func(*Observer)
 func WithoutStore() Option { return func(o *Observer) { o.store = false } }
 
 var (
-	_ engine.TokenObserver = (*Observer)(nil)
-	_ engine.QueueObserver = (*Observer)(nil)
+	_ engine.TokenObserver    = (*Observer)(nil)
+	_ engine.QueueObserver    = (*Observer)(nil)
 	_ engine.AdaptiveObserver = (*Observer)(nil)
-	_ engine.TokenObserver = prefixed{}
-	_ prometheus.Collector = (*Observer)(nil)
+	_ engine.TokenObserver    = prefixed{}
+	_ prometheus.Collector    = (*Observer)(nil)
 )
 
 // New returns an Observer with its series at zero and the breaker closed.
