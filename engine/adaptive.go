@@ -571,3 +571,17 @@ func (e *Engine) enforceAdaptive(ctx context.Context, rs *Rules, out *Outcome, e
 		unadmit(ad)
 	}
 }
+
+// nameClass names the request's class in the outcome of a denial by a
+// rule with priorities at its limit (not shed for its class, which
+// shedBy named): the answer says which class was denied either way.
+func (e *Engine) nameClass(out *Outcome) {
+	a := out.Top
+	if out.Allowed || out.Shed != "" || a == nil || !a.Rule.Prioritized() || a.Reason == "" || a.Reason == ReasonStoreUnavailable {
+		return
+	}
+	out.Shed = rules.PriorityName(a.class)
+	if ao, ok := e.obs.(AdaptiveObserver); ok {
+		ao.Shed(a.Rule.Name, a.class)
+	}
+}

@@ -95,7 +95,7 @@ func simulate(ctx context.Context, e *engine.Engine, rs *engine.Rules, u *simUps
 	}()
 	for i := range n {
 		v := clients(i)
-		class, _ := rules.ParsePriority(v["header:X-Priority"])
+		class, _ := rules.ParsePriority(v["header:x-priority"])
 		go func() {
 			for ctx.Err() == nil {
 				out := e.Decide(ctx, rs, v)
@@ -223,4 +223,52 @@ func TestAdaptiveRecovers(t *testing.T) {
 			t.Errorf("3 s after the upstream recovered: mean limit %.1f, want near %.1f (%v)", m, before, after)
 		}
 	})
+}
+
+// TestPriorityShedsLowestFirst: a token bucket and a concurrency rule
+// with a reserve of 20%: batch requests may use 60% of the capacity,
+// default ones 80%, critical ones all of it; a request shed for its
+// class takes nothing and names its class; the limit is never exceeded.
+func TestPriorityShedsLowestFirst(t *testing.T) {
+	for _, tc := range []struct{ name, rule, reason string }{
+		{"token bucket", `"algorithm_config": {"rate": 1, "period": "1h", "burst": 10}`, engine.ReasonTokenBucket},
+		{"concurrency", `"algorithm": "concurrency", "algorithm_config": {"max_in_flight": 10, "lease_ttl": "1h"}`, engine.ReasonConcurrency},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, rs := adaptiveEngine(t, `{"rules": [{"name": "r", "limit_keys": ["global"], "priority_from": "header:x-priority", "reserve": "20%", `+tc.rule+`}]}`)
+			ctx := context.Background()
+			take := func(class string) *engine.Outcome {
+				return e.Decide(ctx, rs, values{"header:x-priority": class})
+			}
+			allowed := 0
+			for _, step := range []struct {
+				class string
+				n     int // allowed before it is shed
+			}{{"batch", 6}, {"sheddable", 1}, {"default", 1}, {"critical", 2}} {
+				for i := range step.n {
+					if out := take(step.class); !out.Allowed {
+						t.Fatalf("%s request %d: denied (%s)", step.class, i+1, out.Reason)
+					}
+					allowed++
+				}
+				out := take(step.class)
+				if out.Allowed {
+					t.Fatalf("%s past its share: allowed", step.class)
+				}
+				want := engine.ReasonShed
+				if step.class == "critical" {
+					want = tc.reason // the limit itself
+				}
+				if out.Reason != want || out.Shed != step.class {
+					t.Fatalf("%s past its share: %s, class %q; want %s, %q", step.class, out.Reason, out.Shed, want, step.class)
+				}
+				if left := out.Applied[0].Decision.Remaining; left != int64(10-allowed) {
+					t.Fatalf("%s shed: %d left, want %d (a shed request takes nothing)", step.class, left, 10-allowed)
+				}
+			}
+			if allowed != 10 {
+				t.Fatalf("%d allowed, want the limit, 10", allowed)
+			}
+		})
+	}
 }

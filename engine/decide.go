@@ -119,6 +119,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		}
 	}
 	out.pick(r, rs.Set.RetryJitter)
+	e.nameClass(out) // adaptive.go
 	e.endDecide(sp, out)
 	return out
 }
