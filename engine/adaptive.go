@@ -83,7 +83,7 @@ type AdaptiveState struct {
 
 // adaptives are an engine's learned limits, by bucket key.
 type adaptives struct {
-	mu sync.Mutex
+	mu sync.RWMutex
 	m  map[string]*adaptive
 }
 
@@ -122,10 +122,16 @@ type waiter struct {
 // adaptiveOf is the bucket of an adaptive rule's key, made on first use.
 func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
 	as := &e.adapt
+	as.mu.RLock()
+	a, ok := as.m[key]
+	as.mu.RUnlock()
+	if ok && a.rule == rule.Name {
+		a.reconfigure(rule.Adaptive)
+		return a
+	}
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	if a, ok := as.m[key]; ok && a.rule == rule.Name {
-		a.reconfigure(rule.Adaptive)
 		return a
 	}
 	if as.m == nil {
@@ -137,7 +143,7 @@ func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
 			return a
 		}
 	}
-	a := &adaptive{rule: rule.Name, cfg: rule.Adaptive, limit: float64(rule.Adaptive.InitialLimit)}
+	a = &adaptive{rule: rule.Name, cfg: rule.Adaptive, limit: float64(rule.Adaptive.InitialLimit)}
 	as.m[key] = a
 	return a
 }
@@ -432,13 +438,16 @@ func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
 	for i, a := range ad {
 		b := e.adaptiveOf(a.Rule, a.Key)
 		at, ok, shed := b.acquire(ctx, e.clock, a.class, a.Rule.Share(a.class), a.Wait, a.MaxQueue)
-		a.Decided, a.Decision = true, b.decision(ok)
-		a.plan = b.policy()
+		a.Decided = true
+		a.Decision, a.plan = b.state(ok)
 		if !ok {
 			for _, x := range ad[:i] {
 				x.slot.release(x.since, x.since, false, false)
 				x.slot, x.Event = nil, NotTaken
 				x.Decision.Remaining++
+			}
+			for _, x := range ad[i+1:] {
+				x.Event = NotTaken // not asked
 			}
 			a.Event, a.Reason, a.shed = Denied, ReasonOverloaded, shed
 			return a
@@ -459,9 +468,10 @@ func unadmit(ad []*Applied) {
 	}
 }
 
-// decision is the bucket's state for the headers: its capacity now and
-// the free slots after the request (allowed or not).
-func (a *adaptive) decision(allowed bool) drip.Decision {
+// state is the bucket as the headers tell of it: its capacity now and
+// the free slots after the request (allowed or not), and the
+// RateLimit-Policy of that capacity (made again only when it changes).
+func (a *adaptive) state(allowed bool) (drip.Decision, *plan) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c := a.capacity()
@@ -470,19 +480,10 @@ func (a *adaptive) decision(allowed bool) drip.Decision {
 	if !allowed {
 		d.RetryAfter = ConcurrencyRetryAfter
 	}
-	return d
-}
-
-// policy is the RateLimit-Policy of the bucket's capacity now, made
-// again only when it changes.
-func (a *adaptive) policy() *plan {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	c := a.capacity()
 	if a.plan == nil || a.planCap != c {
 		a.plan, a.planCap = compile(a.rule, drip.Limit{Algorithm: drip.Concurrency, MaxInFlight: c}), c
 	}
-	return a.plan
+	return d, a.plan
 }
 
 // releaseSlot gives back an adaptive rule's slot when the request ends,
