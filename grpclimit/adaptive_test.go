@@ -63,4 +63,3 @@ func TestAdaptive(t *testing.T) {
 		}
 	})
 }
-
