@@ -70,6 +70,9 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 			}
 		}
 	}
+	if adaptive && r.Mode == Shadow {
+		c.add(p+".mode", "an adaptive rule is enforced (its limit learns from the requests it lets through)")
+	}
 	if adaptive && ownOnError {
 		c.add(fp, "does not apply to an adaptive rule (its limit is learned and held in each instance: no store to fail)")
 	}
