@@ -136,7 +136,7 @@ func mean(xs []float64) float64 {
 }
 
 // TestAdaptiveConverges: an upstream of capacity 50 whose latency grows
-// past it, offered five times that: the learned limit settles near 50
+// past it, offered twice that: the learned limit settles near 50
 // (not the 1000 it may reach), and tracks a step of the capacity to 25
 // and back to 50 within seconds, with no tuning.
 func TestAdaptiveConverges(t *testing.T) {
@@ -144,12 +144,12 @@ func TestAdaptiveConverges(t *testing.T) {
 		e, rs := adaptiveEngine(t, adaptiveSet)
 		u := &simUpstream{c: 50, base: 20 * time.Millisecond}
 		ctx, cancel := context.WithCancel(context.Background())
-		s := simulate(ctx, e, rs, u, func(int) values { return values{} }, 150)
-		time.Sleep(15 * time.Second)
+		s := simulate(ctx, e, rs, u, func(int) values { return values{} }, 100)
+		time.Sleep(10 * time.Second)
 		u.set(func(u *simUpstream) { u.c = 25 })
-		time.Sleep(15 * time.Second)
+		time.Sleep(10 * time.Second)
 		u.set(func(u *simUpstream) { u.c = 50 })
-		time.Sleep(15 * time.Second)
+		time.Sleep(10 * time.Second)
 		cancel()
 		time.Sleep(time.Second)
 		for _, p := range []struct {
@@ -157,9 +157,9 @@ func TestAdaptiveConverges(t *testing.T) {
 			from, to time.Duration
 			lo, hi   float64
 		}{
-			{"capacity 50", 5 * time.Second, 15 * time.Second, 40, 80},
-			{"capacity 25, after 3 s", 18 * time.Second, 30 * time.Second, 20, 40},
-			{"capacity 50 again, after 3 s", 33 * time.Second, 45 * time.Second, 40, 80},
+			{"capacity 50", 4 * time.Second, 10 * time.Second, 40, 80},
+			{"capacity 25, after 3 s", 13 * time.Second, 20 * time.Second, 20, 40},
+			{"capacity 50 again, after 3 s", 23 * time.Second, 30 * time.Second, 40, 80},
 		} {
 			ls := s.limitsFrom(p.from, p.to)
 			m := mean(ls)
@@ -172,7 +172,7 @@ func TestAdaptiveConverges(t *testing.T) {
 }
 
 // TestAdaptiveSteady: a healthy upstream (latency 20 ms ± 30%, far
-// from its capacity) under a steady load for five minutes: after the
+// from its capacity) under a steady load for two minutes: after the
 // first seconds no request is denied and the limit never falls below
 // what the load holds in flight (it never sheds to re-measure).
 func TestAdaptiveSteady(t *testing.T) {
@@ -180,18 +180,18 @@ func TestAdaptiveSteady(t *testing.T) {
 		e, rs := adaptiveEngine(t, adaptiveSet)
 		u := &simUpstream{c: 10000, base: 20 * time.Millisecond, jitter: 0.3, rng: rand.New(rand.NewPCG(1, 2))}
 		ctx, cancel := context.WithCancel(context.Background())
-		s := simulate(ctx, e, rs, u, func(int) values { return values{} }, 20)
+		s := simulate(ctx, e, rs, u, func(int) values { return values{} }, 10)
 		time.Sleep(5 * time.Second)
 		denied := s.denied[rules.PriorityDefault].Load()
-		time.Sleep(5 * time.Minute)
+		time.Sleep(2 * time.Minute)
 		cancel()
 		time.Sleep(time.Second)
 		if d := s.denied[rules.PriorityDefault].Load() - denied; d != 0 {
 			t.Errorf("%d requests denied on a healthy upstream after warming up (%d served)", d, s.served[rules.PriorityDefault].Load())
 		}
-		for i, l := range s.limitsFrom(5*time.Second, 305*time.Second) {
-			if l < 20 {
-				t.Fatalf("at %v the limit fell to %.1f, below the 20 requests in flight", 5*time.Second+time.Duration(i)*100*time.Millisecond, l)
+		for i, l := range s.limitsFrom(5*time.Second, 125*time.Second) {
+			if l < 10 {
+				t.Fatalf("at %v the limit fell to %.1f, below the 10 requests in flight", 5*time.Second+time.Duration(i)*100*time.Millisecond, l)
 			}
 		}
 	})
@@ -205,7 +205,7 @@ func TestAdaptiveRecovers(t *testing.T) {
 		e, rs := adaptiveEngine(t, adaptiveSet)
 		u := &simUpstream{c: 50, base: 20 * time.Millisecond}
 		ctx, cancel := context.WithCancel(context.Background())
-		s := simulate(ctx, e, rs, u, func(int) values { return values{} }, 150)
+		s := simulate(ctx, e, rs, u, func(int) values { return values{} }, 100)
 		time.Sleep(10 * time.Second)
 		u.set(func(u *simUpstream) { u.failing = true })
 		time.Sleep(5 * time.Second)
