@@ -97,7 +97,7 @@ type adaptive struct {
 	limit    float64 // learned
 	inflight int
 	waiters  []*waiter // by class, then arrival (a higher class never has a smaller share)
-	plan     *plan     // the RateLimit-Policy of the current cap
+	plan     *Plan     // the RateLimit-Policy of the current cap
 	planCap  int
 
 	// the window
@@ -439,7 +439,7 @@ func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
 		b := e.adaptiveOf(a.Rule, a.Key)
 		at, ok, shed := b.acquire(ctx, e.clock, a.class, a.Rule.Share(a.class), a.Wait, a.MaxQueue)
 		a.Decided = true
-		a.Decision, a.plan = b.state(ok)
+		a.Decision, a.Plan = b.state(ok)
 		if !ok {
 			for _, x := range ad[:i] {
 				x.slot.release(x.since, x.since, false, false)
@@ -471,7 +471,7 @@ func unadmit(ad []*Applied) {
 // state is the bucket as the headers tell of it: its capacity now and
 // the free slots after the request (allowed or not), and the
 // RateLimit-Policy of that capacity (made again only when it changes).
-func (a *adaptive) state(allowed bool) (drip.Decision, *plan) {
+func (a *adaptive) state(allowed bool) (drip.Decision, *Plan) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c := a.capacity()
@@ -481,7 +481,7 @@ func (a *adaptive) state(allowed bool) (drip.Decision, *plan) {
 		d.RetryAfter = ConcurrencyRetryAfter
 	}
 	if a.plan == nil || a.planCap != c {
-		a.plan, a.planCap = compile(a.rule, drip.Limit{Algorithm: drip.Concurrency, MaxInFlight: c}), c
+		a.plan, a.planCap = PlanOf(a.rule, drip.Limit{Algorithm: drip.Concurrency, MaxInFlight: c}), c
 	}
 	return d, a.plan
 }
@@ -520,6 +520,10 @@ func shedPriority(enf []Applied) *Applied {
 	}
 	return nil
 }
+
+// blockedItem stands for an adaptive rule that denied the request among
+// the items of the store's step: the others are then peeked.
+var blockedItem = Item{blocked: true, Plan: PlanOf("", drip.Limit{})}
 
 // shedBy records that rule a denied the request (for reason) and, when
 // its class is what kept it out, that it was shed.
