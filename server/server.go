@@ -142,6 +142,7 @@ func New(cfg Config, st store.Store) (*Server, error) {
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
 		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(local.New),
 		engine.WithTracerProvider(cfg.TracerProvider), engine.WithKeys(s.who))
+	s.metrics.obs.WatchAdaptive(s.eng.Adaptive) // the adaptive rules' learned limits, at each scrape
 	s.ost = st.Caps().Overrides
 	rs, err := s.loadRules()
 	if err != nil {
