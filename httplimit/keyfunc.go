@@ -7,7 +7,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/frontdoor"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 )

@@ -17,7 +17,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/frontdoor"
 	"github.com/driplimit/drip/internal/llm"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"

@@ -43,7 +43,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/local"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 )
@@ -131,7 +131,7 @@ func NewService(store store.Store, cfg *Config, opts ...Option) *Service {
 		f(&o)
 	}
 	if o.eng == nil {
-		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit"), engine.WithLocal(frontdoor.Local)}, o.opts...)...)
+		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit"), engine.WithLocal(local.New)}, o.opts...)...)
 	}
 	if o.obs == nil {
 		o.obs = o.eng.Observer()

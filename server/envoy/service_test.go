@@ -25,9 +25,9 @@ import (
 
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/testclock"
-	"github.com/driplimit/drip/internal/testserver"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/testclock"
+	"github.com/driplimit/drip/internal/testkit/testserver"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
