@@ -25,31 +25,38 @@ import (
 // denied anyway the enforced items are only peeked, so that their buckets
 // can be told of.
 //
-// The outcome's Applied are as, decided in place, each with its Event
+// The outcome's Applied are copies of as, decided, each with its Event
 // (Failed for all when the store failed a refund, a charge or the take:
 // then nothing more was asked, and Err says why).
 //
 // It is the orchestration of Decide too, for the rules that apply to a
 // request (decide.go), so every front door decides alike.
 func (e *Engine) DecideItems(ctx context.Context, as []Applied) *Outcome {
-	out := &Outcome{eng: e, Applied: as, items: true}
-	items := make([]*Item, len(as))
-	for i := range as {
-		a := &as[i]
+	out := &Outcome{eng: e, items: true}
+	if len(as) <= len(out.first) {
+		out.Applied = out.first[:len(as)]
+	} else {
+		out.Applied = make([]Applied, len(as))
+	}
+	copy(out.Applied, as)
+	var buf [8]*Item // on the stack for a few items
+	items := buf[:0]
+	for i := range out.Applied {
+		a := &out.Applied[i]
 		a.blocked, a.item = a.Limit == drip.Limit{}, true
-		items[i] = &a.Item
+		items = append(items, &a.Item)
 	}
 	allowed, err := e.decideItems(ctx, items)
 	if err != nil {
 		out.Err = err
-		for i := range as {
-			as[i].Event = Failed
+		for i := range out.Applied {
+			out.Applied[i].Event = Failed
 		}
 		return out
 	}
 	out.Allowed = allowed
-	for i := range as {
-		as[i].Event = as[i].itemEvent()
+	for i := range out.Applied {
+		out.Applied[i].Event = out.Applied[i].itemEvent()
 	}
 	out.pickItems()
 	return out

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"iter"
-	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -270,13 +269,6 @@ func policyItem(name string, p *Plan) string {
 	}
 	return s
 }
-
-// quotaOf is the quota the RateLimit headers advertise for l ("q" and
-// RateLimit-Limit), which the ratelimit-headers draft wants a whole
-// number: its burst (Burst) rounded down. Rounding down never promises
-// more than the limit holds: a burst of 2.5 admits two requests of cost 1,
-// not three.
-func quotaOf(l drip.Limit) int64 { return int64(math.Floor(Burst(l))) }
 
 // ConcurrencyRetryAfter is the wait a denial by a concurrency limit
 // stands for in Retry-After (before its jitter): a slot frees when any

@@ -272,7 +272,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// then the enforced ones all or nothing (quota mode, limits of 0 and
 	// costs above the burst as the engine's Item says), then the shadow
 	// ones.
-	as := make([]engine.Applied, 0, len(items))
+	var buf [4]engine.Applied // the engine copies them: on the stack for a few
+	as := buf[:0]
 	for i := range items {
 		it := &items[i]
 		if it.kind < blocked {
