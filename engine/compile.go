@@ -60,6 +60,8 @@ func PlanOf(name string, l drip.Limit) *Plan {
 	case err == nil:
 		pl.burst = float64(p.Burst) / bucket.Micro
 	}
+	// The headers' quota is a whole number: the burst rounded down, which
+	// never promises more than the limit holds.
 	pl.quota = int64(math.Floor(pl.burst))
 	if err == nil && !pl.algo.slots { // slots have no window
 		pl.fill = p.Until(bucket.State{}, p.Burst, 0)
