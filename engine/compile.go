@@ -27,7 +27,7 @@ type Rules struct {
 type Plan struct {
 	params bucket.Params // the limit in fixed point; zero when it allows nothing
 	policy string        // its RateLimit-Policy item: `"name";q=20;w=2`
-	quota  int64         // q, RateLimit-Limit (quotaOf)
+	quota  int64         // q, RateLimit-Limit: the burst rounded down, which never promises more than the limit holds
 	name   string        // the rule's name as a structured-field string (sfv.String), in RateLimit
 	burst  float64       // Burst
 	fill   time.Duration // how long it takes to fill from empty (w)

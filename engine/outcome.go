@@ -252,13 +252,12 @@ func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 	}
 }
 
-// policyItem is the RateLimit-Policy item of a limit called name: q is
-// its quota (quotaOf); for a concurrency limit, qu="concurrent-requests" and
-// no window (its slots are held, not spent over a period); for others w,
-// the seconds to fill from empty, when it has one (a limit that never
-// allows, such as Envoy's requests_per_unit 0, has none).
-// policyItem is the RateLimit-Policy item of plan p. Its w is p's fill time: exact in
-// fixed point (20 at 10/s is 2s), saturating at the largest Duration.
+// policyItem is the RateLimit-Policy item of plan p of a limit called
+// name: q is its quota; for a concurrency limit, qu="concurrent-requests"
+// and no window (its slots are held, not spent over a period); for
+// others w, the seconds to fill from empty (exact in fixed point: 20 at
+// 10/s is 2s), when it has one (a limit that never allows, such as
+// Envoy's requests_per_unit 0, has none).
 func policyItem(name string, p *Plan) string {
 	s := sfv.String(name) + ";q=" + strconv.FormatInt(p.quota, 10)
 	if p.algo.slots {
@@ -379,7 +378,7 @@ func (f Fields) All() iter.Seq2[string, string] {
 }
 
 // makeFields builds the header values of the decided limits fs, of which
-// top (with quota, quotaOf its limit) is the one the single-value headers
+// top (with quota, its plan's) is the one the single-value headers
 // describe.
 func makeFields(fs []field, top field, quota int64, retryAfter int64) Fields {
 	var policy, rl strings.Builder
