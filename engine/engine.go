@@ -99,6 +99,9 @@ type Engine struct {
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
 	kind     attribute.KeyValue                // drip.store, on every span
 
+	denials   store.DenialsOptions // WithDenials (denials.go)
+	noDenials bool                 // WithoutDenials
+
 	queues queues // the requests waiting for their turn (queue.go)
 
 	localMu  sync.Mutex
@@ -119,7 +122,11 @@ func New(st store.Store, opts ...Option) *Engine {
 	// step (Redis Cluster across hash slots), every multi-key call is
 	// applied one key at a time instead; with WithSeparateTakes, without
 	// asking the store first.
-	e.store = store.Separately{Store: st, Always: e.separate}
+	if d, ok := st.(*store.Denials); ok {
+		e.store = store.Separately{Store: d, Always: e.separate}
+	} else {
+		e.store = e.withDenials(store.Separately{Store: st, Always: e.separate})
+	}
 	if e.timeout <= 0 {
 		e.timeout = DefaultTimeout
 	}
