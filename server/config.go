@@ -111,6 +111,10 @@ type Config struct {
 	// (store.Denials; docs/semantics.md, "Local denials"). drip serve's
 	// LOCAL_CACHE_SIZE_IN_BYTES sets it.
 	DenialBytes int64
+	// DenialStale is how long after the store's answer a proof of denial
+	// is trusted at most (0: store.DefaultDenialStale): how late a refund
+	// or a reset made on another instance may be seen.
+	DenialStale time.Duration
 	// MaxWait bounds the decision API's "wait": how long a take may wait
 	// for its turn (default DefaultMaxWait, at most rules.MaxWait).
 	MaxWait time.Duration

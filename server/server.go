@@ -139,7 +139,7 @@ func New(cfg Config, st store.Store) (*Server, error) {
 	if cfg.DenialBytes >= 0 && !st.Caps().InProcess {
 		// One set of proofs for every front door, and the admin API's
 		// resets clear theirs.
-		d := store.NewDenials(s.store, store.DenialsOptions{Bytes: cfg.DenialBytes})
+		d := store.NewDenials(s.store, store.DenialsOptions{Bytes: cfg.DenialBytes, Stale: cfg.DenialStale})
 		s.metrics.denials(d)
 		s.store = d
 	}
