@@ -14,7 +14,10 @@ package bench
 // of them denied. Each service runs envoyRoundCount phases of
 // envoyPhase, in turn (the order alternating); reported per service: the
 // median calls/s and CPU per call (this process, client and services,
-// plus redis-server's, from /proc and INFO cpu).
+// plus redis-server's, from /proc and INFO cpu), and the Redis commands
+// per call. DRIP_ENVOY_ALGORITHM=fixed_window counts in fixed windows,
+// as envoyproxy/ratelimit does; DRIP_BENCH_METRICS=1 logs each drip
+// serve's local denials and store calls at the end.
 
 import (
 	"context"
@@ -23,9 +26,11 @@ import (
 	"log/slog"
 	"math/rand"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,7 +78,7 @@ func startEnvoyOver(b *testing.B, st store.Store, denialBytes int64) rlsv3.RateL
 		b.Fatal(err)
 	}
 	s, err := server.New(server.Config{
-		Listen: "127.0.0.1:0", AdminListen: "off", GRPCListen: "127.0.0.1:0",
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", GRPCListen: "127.0.0.1:0",
 		Rules: rules, WatchEvery: -1, StoreTimeout: envoyDeadline, DenialBytes: denialBytes,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, st)
@@ -90,7 +95,23 @@ func startEnvoyOver(b *testing.B, st store.Store, denialBytes int64) rlsv3.RateL
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { conn.Close(); cancel(); <-done })
+	b.Cleanup(func() {
+		if os.Getenv("DRIP_BENCH_METRICS") != "" {
+			resp, err := http.Get("http://" + s.AdminAddr().String() + "/metrics")
+			if err == nil {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				for _, l := range strings.Split(string(body), "\n") {
+					if strings.HasPrefix(l, "drip_local_denials_total") || strings.HasPrefix(l, "drip_store_duration_seconds_count") || strings.HasPrefix(l, "drip_decisions_total") {
+						b.Log(l)
+					}
+				}
+			}
+		}
+		conn.Close()
+		cancel()
+		<-done
+	})
 	return rlsv3.NewRateLimitServiceClient(conn)
 }
 
@@ -134,13 +155,13 @@ func startEnvoyOverPeer(b *testing.B, url string, cacheBytes int) rlsv3.RateLimi
 // overPhase runs the hot key's calls on client for envoyPhase and
 // returns calls/s, the CPU per call of this process and redis-server's
 // (µs), and the share of calls denied.
-func overPhase(b *testing.B, url string, client rlsv3.RateLimitServiceClient) (perSec, cpu, rcpu, denied float64) {
+func overPhase(b *testing.B, url string, client rlsv3.RateLimitServiceClient) (perSec, cpu, rcpu, denied, commands float64) {
 	req := &rlsv3.RateLimitRequest{Domain: "over", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}}}}}
 	var n, over atomic.Int64
 	var failed atomic.Pointer[error]
 	var wg sync.WaitGroup
-	r0, c0 := redisCPU(b, url), processCPU()
+	r0, c0, k0 := redisCPU(b, url), processCPU(), redisCommands(b, url)
 	start := time.Now()
 	deadline := start.Add(envoyPhase)
 	for range envoyPeerStreams {
@@ -163,11 +184,32 @@ func overPhase(b *testing.B, url string, client rlsv3.RateLimitServiceClient) (p
 	wg.Wait()
 	elapsed := time.Since(start)
 	used, rused := processCPU()-c0, redisCPU(b, url)-r0
+	commands = float64(redisCommands(b, url)-k0) / float64(n.Load())
 	if err := failed.Load(); err != nil {
 		b.Fatal(*err)
 	}
 	calls := float64(n.Load())
-	return calls / elapsed.Seconds(), used.Seconds() * 1e6 / calls, rused * 1e6 / calls, float64(over.Load()) / calls
+	return calls / elapsed.Seconds(), used.Seconds() * 1e6 / calls, rused * 1e6 / calls, float64(over.Load()) / calls, commands
+}
+
+// redisCommands is how many commands the server has run (INFO stats).
+func redisCommands(b *testing.B, url string) int64 {
+	b.Helper()
+	info, err := redisGoClient(b, url, 1).Info(context.Background(), "stats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, _ := strings.Cut(strings.TrimSpace(line), ":"); k == "total_commands_processed" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	b.Fatal("INFO stats: no total_commands_processed")
+	return 0
 }
 
 func BenchmarkEnvoyOverLimit(b *testing.B) {
@@ -211,8 +253,8 @@ func BenchmarkEnvoyOverLimit(b *testing.B) {
 				if r%2 == 1 {
 					i = len(services) - 1 - k
 				}
-				perSec, cpu, rcpu, denied := overPhase(b, url, services[i].client)
-				b.Logf("round %d %s: %.0f calls/s, cpu %.1f + redis %.1f µs/call, %.4f denied", r, services[i].name, perSec, cpu, rcpu, denied)
+				perSec, cpu, rcpu, denied, commands := overPhase(b, url, services[i].client)
+				b.Logf("round %d %s: %.0f calls/s, cpu %.1f + redis %.1f µs/call, %.4f denied, %.4f Redis commands/call", r, services[i].name, perSec, cpu, rcpu, denied, commands)
 				out[i].perSec = append(out[i].perSec, perSec)
 				out[i].cpu = append(out[i].cpu, cpu+rcpu)
 				out[i].denied = append(out[i].denied, denied)

@@ -26,5 +26,6 @@ func (e *Engine) withDenials(st store.Store) store.Store {
 	if e.noDenials || e.inproc {
 		return st
 	}
-	return store.NewDenials(st, e.denials)
+	e.deny = store.NewDenials(st, e.denials)
+	return e.deny
 }

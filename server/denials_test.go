@@ -2,11 +2,13 @@ package server
 
 import (
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/driplimit/drip/internal/teststores"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 )
 
 // TestLocalDenials: on Redis, the decision API denies a key over its
@@ -48,5 +50,26 @@ func TestLocalDenials(t *testing.T) {
 	}
 	if out := metrics(); !strings.Contains(out, `drip_store_duration_seconds_count{op="take"} 5`) {
 		t.Errorf("the take after the reset did not reach the store:\n%s", grep(out, "drip_store"))
+	}
+}
+
+// TestLocalDenialsEnvoy: Envoy's rate limit service on Redis denies an
+// address over its limit from the store's last answer.
+func TestLocalDenialsEnvoy(t *testing.T) {
+	dir := t.TempDir()
+	envoyFile(t, filepath.Join(dir, "edge.yaml"), 2)
+	srv := start(t, Config{Rules: dir, GRPCListen: "127.0.0.1:0", WatchEvery: -1, DenialStale: time.Hour}, teststores.Open(t, "redis"))
+	c, _ := grpcClient(t, srv.Server)
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK,
+		rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := shouldRateLimit(t, c, "10.0.0.1").OverallCode; got != want {
+			t.Fatalf("call %d: %v, want %v", i, got, want)
+		}
+	}
+	_, out := call(t, "GET", srv.admin+"/metrics", "")
+	for _, want := range []string{`drip_store_duration_seconds_count{op="take"} 3`, "drip_local_denials_total 2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, grep(out, "drip_"))
+		}
 	}
 }

@@ -26,6 +26,10 @@ import (
 // the key's proof at once; those made elsewhere (another instance) are
 // seen at the next store answer, which comes at most Stale after the
 // answer that proved the denial: a proof is trusted for at most Stale.
+// From three quarters of Stale on, one call of the key goes to the store
+// (while the others are still denied), and its answer renews the proof;
+// once a proof has ended or grown stale, one call goes and the others
+// wait for its answer, which may prove them denied again.
 //
 // A call of several items is denied from the proofs when one item's
 // proof holds and every other item has an answer of the store from
@@ -83,9 +87,15 @@ type denial struct {
 	t0      int64 // when the call was sent
 	until   int64
 	stop    int64 // trusted before it
-	ts      int64 // the bucket's TS as of t0, reconstructed (tsOK)
-	tsOK    bool
-	res     bucket.Result
+	renew   int64 // from it, one call asks the store again (renewing), the others are denied on
+	// flight is the one call of the key sent to the store to renew the
+	// proof, or once it ended or grew stale: closed when its answer is
+	// kept. The calls meanwhile are denied while the proof holds, else
+	// wait for it (nil: none sent).
+	flight chan struct{}
+	ts     int64 // the bucket's TS as of t0, reconstructed (tsOK)
+	tsOK   bool
+	res    bucket.Result
 }
 
 // DenialsOptions configure NewDenials; the zero value is the defaults.
@@ -162,6 +172,45 @@ func (d *Denials) forget(key string) {
 	s.mu.Unlock()
 }
 
+// flight is, for a take of one item whose key's proof is due for
+// renewal, has ended or grew stale, the channel this call closes once
+// the store answered it (lead: the first such call), or the one to wait
+// on before deciding again (wait: the calls while the first is out and
+// the proof does not hold). On a hot key over its limit the callers then
+// do not all ask the store: its answer proves the next denial, or lets
+// them ask.
+func (d *Denials) flight(t int64, byAt bool, items []bucket.Prepared) (lead, wait chan struct{}) {
+	if len(items) != 1 || !provable(&items[0]) {
+		return nil, nil
+	}
+	it := &items[0]
+	s := d.shard(it.Key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.m[it.Key]
+	if !ok || e.until == 0 || e.byAt != byAt || e.cost != it.Cost || e.reserve != it.Reserve || e.p != it.Params || t < e.t0 || t < e.renew {
+		return nil, nil
+	}
+	if e.flight != nil {
+		return nil, e.flight
+	}
+	e.flight = make(chan struct{})
+	s.m[it.Key] = e
+	return e.flight, nil
+}
+
+// landed closes ch, the flight of key's call that came back.
+func (d *Denials) landed(key string, ch chan struct{}) {
+	s := d.shard(key)
+	s.mu.Lock()
+	if e, ok := s.m[key]; ok && e.flight == ch {
+		e.flight = nil
+		s.m[key] = e
+	}
+	s.mu.Unlock()
+	close(ch)
+}
+
 // instant is the time of a call in the proofs' timeline: at when the
 // caller gives it, else this process's clock.
 func (d *Denials) instant(at time.Time) (int64, bool) {
@@ -169,6 +218,14 @@ func (d *Denials) instant(at time.Time) (int64, bool) {
 		return at.UnixNano(), true
 	}
 	return int64(d.now().Sub(d.base)), false
+}
+
+// nextDenied reports whether the allowed take it, answered r, proves
+// the next take of its cost denied for a while: a continuous refill's
+// bucket left short of it (the refill of a grid or a window comes whole
+// at its instant, which the answer of a grant does not tell).
+func nextDenied(it *bucket.Prepared, r bucket.Result) bool {
+	return it.Params.Kind == bucket.Continuous && !it.Reserve && r.Tokens >= 0 && r.Tokens+1 < it.Cost
 }
 
 // provable reports whether an item's denial can be proven: a token
@@ -195,6 +252,22 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 		d.denied.Add(1)
 		return nil
 	}
+	lead, wait := d.flight(t, byAt, items)
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		t, byAt = d.instant(at)
+		if d.local(t, byAt, items, results) {
+			d.denied.Add(1)
+			return nil
+		}
+	}
+	if lead != nil {
+		defer d.landed(items[0].Key, lead)
+	}
 	var buf [4]uint64
 	gens := buf[:0]
 	for i := range items {
@@ -206,8 +279,26 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 	if err := d.st.Apply(ctx, op, at, items, results); err != nil {
 		return err
 	}
-	d.learn(t, byAt, gens, items, results)
+	d.learn(op, t, byAt, gens, items, results)
 	return nil
+}
+
+// Answer answers a take or a peek of items at at from the proofs when
+// they prove it denied, writing results, and reports whether it did: a
+// caller that wraps its store calls in deadlines and timers asks first,
+// without them, and calls Apply when it did not. (When a proof is due
+// for renewal, Answer leaves the call to Apply, which sends one call
+// of the key to the store and denies the others.)
+func (d *Denials) Answer(op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) bool {
+	if op != bucket.Take && op != bucket.Peek {
+		return false
+	}
+	t, byAt := d.instant(at)
+	if !d.local(t, byAt, items, results) {
+		return false
+	}
+	d.denied.Add(1)
+	return true
 }
 
 // local answers the call from the proofs, when they prove it denied.
@@ -220,10 +311,11 @@ func (d *Denials) local(t int64, byAt bool, items []bucket.Prepared, results []b
 		s := d.shard(it.Key)
 		s.mu.Lock()
 		e, ok := s.m[it.Key]
-		s.mu.Unlock()
-		if !ok || !e.proves(it, t, byAt) {
+		if !ok || !e.proves(it, t, byAt) || e.renewing(t) {
+			s.mu.Unlock()
 			return false
 		}
+		s.mu.Unlock()
 		results[0] = e.at(t)
 		return true
 	}
@@ -236,10 +328,11 @@ func (d *Denials) local(t int64, byAt bool, items []bucket.Prepared, results []b
 		s := d.shard(it.Key)
 		s.mu.Lock()
 		e, ok := s.m[it.Key]
-		s.mu.Unlock()
-		if !ok || !e.same(it, t, byAt) {
+		if !ok || !e.same(it, t, byAt) || e.until > 0 && t < e.until && e.renewing(t) {
+			s.mu.Unlock()
 			return false
 		}
+		s.mu.Unlock()
 		if e.until > 0 {
 			if t >= e.until {
 				return false // it may pass now: only the store knows
@@ -249,6 +342,15 @@ func (d *Denials) local(t int64, byAt bool, items []bucket.Prepared, results []b
 		results[i] = e.at(t)
 	}
 	return proven
+}
+
+// renewing reports whether the call at t is to ask the store again for
+// the proof e, which is near the end of the time it is trusted and has
+// no call out (Apply then sends it, a flight): the other calls meanwhile
+// are denied on, so that a hot key's callers do not all ask the store at
+// once when its proof grows stale.
+func (e *denial) renewing(t int64) bool {
+	return t >= e.renew && e.flight == nil
 }
 
 // same reports whether e is an answer for it, current at t.
@@ -283,14 +385,15 @@ func (e *denial) at(t int64) bucket.Result {
 // clears its key's proof. gens are the items' shards' generations when
 // the call was sent: a refund or a reset since then leaves the answer
 // unkept.
-func (d *Denials) learn(t int64, byAt bool, gens []uint64, items []bucket.Prepared, results []bucket.Result) {
+func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items []bucket.Prepared, results []bucket.Result) {
 	denied := false
 	for i := range results {
 		denied = denied || !results[i].Allowed
 	}
 	for i := range items {
 		it, r := &items[i], results[i]
-		keep := denied && provable(it) && (!r.Allowed || len(items) > 1)
+		next := len(items) == 1 && op == bucket.Take && r.Allowed && nextDenied(it, r)
+		keep := provable(it) && (denied && (!r.Allowed || len(items) > 1) || next)
 		s := d.shard(it.Key)
 		s.mu.Lock()
 		if s.gen != gens[i] {
@@ -298,6 +401,12 @@ func (d *Denials) learn(t int64, byAt bool, gens []uint64, items []bucket.Prepar
 			continue
 		}
 		old, had := s.m[it.Key]
+		if had && old.t0 > t && old.byAt == byAt {
+			// A later call's answer is kept already (an allowed one
+			// sent before the denial it proved says nothing of it).
+			s.mu.Unlock()
+			continue
+		}
 		if !keep {
 			if had {
 				delete(s.m, it.Key)
@@ -306,13 +415,29 @@ func (d *Denials) learn(t int64, byAt bool, gens []uint64, items []bucket.Prepar
 			s.mu.Unlock()
 			continue
 		}
-		if had && old.t0 > t && old.byAt == byAt {
-			s.mu.Unlock() // a later answer is kept already
-			continue
-		}
-		e := denial{p: it.Params, cost: it.Cost, reserve: it.Reserve, byAt: byAt, t0: t, stop: addSat(t, d.stale), res: r}
-		if !r.Allowed {
+		e := denial{p: it.Params, cost: it.Cost, reserve: it.Reserve, byAt: byAt, t0: t, stop: addSat(t, d.stale), renew: addSat(t, d.stale-d.stale/4), res: r}
+		if next {
+			// The take left the bucket short of another: a take of the
+			// same cost cannot pass before the refill brings the
+			// missing micro-tokens, less the one the store's remainder
+			// may hold already (its TS is less than a micro-token's
+			// worth of time before its clock, which is after t).
+			need := it.Cost
+			dd := it.Params.Until(bucket.State{Tokens: r.Tokens + 1}, need, 0)
+			e.res = bucket.Result{Tokens: r.Tokens, ResetAfter: r.ResetAfter}
+			e.until = addSat(t, int64(dd))
+			e.ts, e.tsOK = t, true
+			if dd <= 0 || dd >= math.MaxInt64/4 {
+				e.until, e.stop = 0, t
+			}
+		} else if !r.Allowed {
 			e.until = addSat(t, int64(r.RetryAfter))
+			if it.Params.Kind == bucket.Continuous {
+				// The answer's wait lands on the nanosecond after the
+				// instant the refill reaches the need, or on it: the
+				// nanosecond before is proven.
+				e.until--
+			}
 			if e.until <= t {
 				e.until = 0
 				e.stop = t // proves nothing

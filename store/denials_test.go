@@ -28,7 +28,8 @@ func (c *counted) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 // answers through store.Denials are the store's own, byte for byte, for
 // every kind of limit, and some of them were local denials. Within what
 // docs/semantics.md states of a local denial: for a continuous refill,
-// the waits within a nanosecond and the tokens within a micro-token (the
+// the waits within a micro-token's refill time (retry_after never
+// later than the store's) and the tokens within a micro-token (the
 // remainder of the refill the store keeps, which its answer does not
 // carry); for a sliding window, the tokens as of the store's answer,
 // never more than it would say.
@@ -67,7 +68,7 @@ func TestDenialsAgree(t *testing.T) {
 				if err := d.Apply(ctx, op, at, []bucket.Prepared{it}, got); err != nil {
 					t.Fatal(err)
 				}
-				if !agree(p.Kind, got[0], want[0]) {
+				if !agree(p, got[0], want[0]) {
 					t.Fatalf("step %d, %v %+v at %v: %+v, the store's %+v", i, op, it, at, got[0], want[0])
 				}
 			}
@@ -78,28 +79,30 @@ func TestDenialsAgree(t *testing.T) {
 	}
 }
 
-func agree(k bucket.Kind, got, want bucket.Result) bool {
+func agree(p bucket.Params, got, want bucket.Result) bool {
 	near := func(a, b int64, d int64) bool { return a-b <= d && b-a <= d }
-	switch k {
+	switch p.Kind {
 	case bucket.Continuous:
+		// A micro-token's refill time, rounded up.
+		d := 2 * (p.Period/p.Rate + 1)
 		return got.Allowed == want.Allowed && near(got.Tokens, want.Tokens, 1) &&
-			near(int64(got.RetryAfter), int64(want.RetryAfter), 1) && near(int64(got.ResetAfter), int64(want.ResetAfter), 1)
+			got.RetryAfter <= want.RetryAfter && near(int64(got.RetryAfter), int64(want.RetryAfter), d) && near(int64(got.ResetAfter), int64(want.ResetAfter), d)
 	case bucket.Sliding:
 		return got.Allowed == want.Allowed && got.Tokens <= want.Tokens && got.RetryAfter == want.RetryAfter && got.ResetAfter == want.ResetAfter
 	}
 	return got == want
 }
 
-// TestDenialsSaturated: a key over its limit is denied with no store
-// call until the instant its denial proved, and asked again at it; a
-// refund or a reset through the wrapper clears the proof.
+// TestDenialsSaturated: a key over its limit (a fixed window) is denied
+// with no store call until the instant its denial proved, and asked
+// again at it; a refund or a reset through the wrapper clears the proof.
 func TestDenialsSaturated(t *testing.T) {
 	ms := memstore.New(memstore.WithSweep(0))
 	defer ms.Close()
 	c := &counted{Store: ms}
 	d := store.NewDenials(c, store.DenialsOptions{Stale: time.Hour})
 	ctx := context.Background()
-	p := bucket.Params{Kind: bucket.Continuous, Rate: bucket.Micro, Period: int64(time.Second), Burst: bucket.Micro}
+	p := bucket.Params{Kind: bucket.Window, Rate: bucket.Micro, Period: int64(time.Second), Burst: bucket.Micro}
 	it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
 	res := make([]bucket.Result, 1)
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -172,5 +175,98 @@ func TestDenialsBounded(t *testing.T) {
 	it := []bucket.Prepared{{Key: fmt.Sprintf("client-%08d", 99_999), Params: p, Cost: bucket.Micro}}
 	if err := d.Apply(ctx, bucket.Take, at, it, res); err != nil || res[0].Allowed || d.Denied() != before+1 {
 		t.Errorf("the latest key: %+v %v, local denials %d -> %d", res[0], err, before, d.Denied())
+	}
+}
+
+// TestDenialsRenew: a proof is trusted for Stale at most; from three
+// quarters of it one call asks the store again, and its answer renews
+// the proof.
+func TestDenialsRenew(t *testing.T) {
+	ms := memstore.New(memstore.WithSweep(0))
+	defer ms.Close()
+	c := &counted{Store: ms}
+	d := store.NewDenials(c, store.DenialsOptions{Stale: 100 * time.Millisecond})
+	ctx := context.Background()
+	p := bucket.Params{Kind: bucket.Window, Rate: bucket.Micro, Period: int64(time.Hour), Burst: bucket.Micro}
+	it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
+	res := make([]bucket.Result, 1)
+	t0 := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	calls := func(at time.Duration) int {
+		t.Helper()
+		if err := d.Apply(ctx, bucket.Take, t0.Add(at), it, res); err != nil {
+			t.Fatal(err)
+		}
+		return c.calls
+	}
+	calls(0)
+	for _, step := range []struct {
+		at    time.Duration
+		calls int
+	}{{0, 2}, {74 * time.Millisecond, 2}, {75 * time.Millisecond, 3}, {76 * time.Millisecond, 3}, {149 * time.Millisecond, 3}, {150 * time.Millisecond, 4}} {
+		if n := calls(step.at); n != step.calls || res[0].Allowed {
+			t.Fatalf("at %v: %+v after %d store calls, want %d", step.at, res[0], n, step.calls)
+		}
+	}
+}
+
+// TestDenialsAfterGrant: a grant that leaves a continuous bucket short of
+// another take proves the next take denied until the refill could bring
+// it, without a store call, and never past the instant the store would
+// allow it.
+func TestDenialsAfterGrant(t *testing.T) {
+	ms := memstore.New(memstore.WithSweep(0))
+	defer ms.Close()
+	c := &counted{Store: ms}
+	d := store.NewDenials(c, store.DenialsOptions{Stale: time.Hour})
+	ctx := context.Background()
+	p := bucket.Params{Kind: bucket.Continuous, Rate: 10 * bucket.Micro, Period: int64(time.Second), Burst: 2 * bucket.Micro}
+	it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
+	res := make([]bucket.Result, 1)
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	take := func(at time.Time) bucket.Result {
+		t.Helper()
+		if err := d.Apply(ctx, bucket.Take, at, it, res); err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	take(at)
+	take(at) // the bucket is empty: the next token in 100 ms
+	if r := take(at.Add(50 * time.Millisecond)); r.Allowed || c.calls != 2 || r.RetryAfter > 50*time.Millisecond {
+		t.Fatalf("%+v after %d calls", r, c.calls)
+	}
+	if r := take(at.Add(100 * time.Millisecond)); !r.Allowed || c.calls != 3 {
+		t.Fatalf("at the refill: %+v after %d calls", r, c.calls)
+	}
+}
+
+// TestDenialsAnswerRenews: a caller that asks Answer before Apply (the
+// engine) still renews a proof through Apply.
+func TestDenialsAnswerRenews(t *testing.T) {
+	ms := memstore.New(memstore.WithSweep(0))
+	defer ms.Close()
+	c := &counted{Store: ms}
+	d := store.NewDenials(c, store.DenialsOptions{Stale: 100 * time.Millisecond})
+	ctx := context.Background()
+	p := bucket.Params{Kind: bucket.Window, Rate: bucket.Micro, Period: int64(time.Hour), Burst: bucket.Micro}
+	it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
+	res := make([]bucket.Result, 1)
+	t0 := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	decide := func(at time.Duration) {
+		t.Helper()
+		if d.Answer(bucket.Take, t0.Add(at), it, res) {
+			return
+		}
+		if err := d.Apply(ctx, bucket.Take, t0.Add(at), it, res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decide(0)
+	decide(0)
+	for _, at := range []time.Duration{80, 90, 160, 170, 240} {
+		decide(at * time.Millisecond)
+	}
+	if c.calls != 5 || res[0].Allowed {
+		t.Errorf("%d store calls (%+v), want 5: two, and a renewal at 80, 160 and 240 ms", c.calls, res[0])
 	}
 }
