@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 )
 
