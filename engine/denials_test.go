@@ -114,7 +114,9 @@ func TestLocalDenials(t *testing.T) {
 				}
 				calls := c.calls.Load()
 				until := now.Add(m.RetryAfter)
-				for _, step := range []time.Duration{0, m.RetryAfter / 3, m.RetryAfter - 1} {
+				// (A continuous refill's proof stops a nanosecond short of
+				// the answer's instant: semantics.md, "Local denials".)
+				for _, step := range []time.Duration{0, m.RetryAfter / 3, m.RetryAfter - 2} {
 					now = until.Add(step - m.RetryAfter)
 					if d := take(hot); d.Allowed || d.RetryAfter != until.Sub(now) {
 						t.Fatalf("%v before the proven instant: %+v", until.Sub(now), d)
@@ -123,10 +125,9 @@ func TestLocalDenials(t *testing.T) {
 				if n := c.calls.Load(); n != calls {
 					t.Fatalf("%d store calls before the proven instant", n-calls)
 				}
-				// At the proven instant the store is asked: it allows, or
-				// (a proof from a grant, which leaves out the remainder of
-				// the refill the store keeps) denies for at most a
-				// micro-token's refill time, 1 µs here.
+				// At the answer's instant the store is asked: it allows (or
+				// denies for at most a micro-token's refill time, 1 µs
+				// here, should its clock's grain fall so).
 				now = until
 				d := take(hot)
 				if c.calls.Load() == calls {

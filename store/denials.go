@@ -87,6 +87,7 @@ type denial struct {
 	t0      int64 // when the call was sent
 	until   int64
 	stop    int64 // trusted before it
+	retryAt int64 // the instant the store's answer said a take may pass (until, or a nanosecond after)
 	renew   int64 // from it, one call asks the store again (renewing), the others are denied on
 	// flight is the one call of the key sent to the store to renew the
 	// proof, or once it ended or grew stale: closed when its answer is
@@ -218,14 +219,6 @@ func (d *Denials) instant(at time.Time) (int64, bool) {
 		return at.UnixNano(), true
 	}
 	return int64(d.now().Sub(d.base)), false
-}
-
-// nextDenied reports whether the allowed take it, answered r, proves
-// the next take of its cost denied for a while: a continuous refill's
-// bucket left short of it (the refill of a grid or a window comes whole
-// at its instant, which the answer of a grant does not tell).
-func nextDenied(it *bucket.Prepared, r bucket.Result) bool {
-	return it.Params.Kind == bucket.Continuous && !it.Reserve && r.Tokens >= 0 && r.Tokens+1 < it.Cost
 }
 
 // provable reports whether an item's denial can be proven: a token
@@ -371,7 +364,7 @@ func (e *denial) at(t int64) bucket.Result {
 	r := e.res
 	el := time.Duration(t - e.t0)
 	if e.until > 0 {
-		r.RetryAfter = time.Duration(e.until - t)
+		r.RetryAfter = time.Duration(e.retryAt - t)
 	}
 	r.ResetAfter = max(0, r.ResetAfter-el)
 	if e.tsOK {
@@ -392,8 +385,7 @@ func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items [
 	}
 	for i := range items {
 		it, r := &items[i], results[i]
-		next := len(items) == 1 && op == bucket.Take && r.Allowed && nextDenied(it, r)
-		keep := provable(it) && (denied && (!r.Allowed || len(items) > 1) || next)
+		keep := provable(it) && denied && (!r.Allowed || len(items) > 1)
 		s := d.shard(it.Key)
 		s.mu.Lock()
 		if s.gen != gens[i] {
@@ -416,22 +408,9 @@ func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items [
 			continue
 		}
 		e := denial{p: it.Params, cost: it.Cost, reserve: it.Reserve, byAt: byAt, t0: t, stop: addSat(t, d.stale), renew: addSat(t, d.stale-d.stale/4), res: r}
-		if next {
-			// The take left the bucket short of another: a take of the
-			// same cost cannot pass before the refill brings the
-			// missing micro-tokens, less the one the store's remainder
-			// may hold already (its TS is less than a micro-token's
-			// worth of time before its clock, which is after t).
-			need := it.Cost
-			dd := it.Params.Until(bucket.State{Tokens: r.Tokens + 1}, need, 0)
-			e.res = bucket.Result{Tokens: r.Tokens, ResetAfter: r.ResetAfter}
-			e.until = addSat(t, int64(dd))
-			e.ts, e.tsOK = t, true
-			if dd <= 0 || dd >= math.MaxInt64/4 {
-				e.until, e.stop = 0, t
-			}
-		} else if !r.Allowed {
+		if !r.Allowed {
 			e.until = addSat(t, int64(r.RetryAfter))
+			e.retryAt = e.until
 			if it.Params.Kind == bucket.Continuous {
 				// The answer's wait lands on the nanosecond after the
 				// instant the refill reaches the need, or on it: the
