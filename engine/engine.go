@@ -101,7 +101,8 @@ type Engine struct {
 	noDenials bool                 // WithoutDenials
 	deny      *store.Denials       // the store's local denials, asked before any deadline is set; nil: none
 
-	queues queues // the requests waiting for their turn (queue.go)
+	queues queues    // the requests waiting for their turn (queue.go)
+	adapt  adaptives // the adaptive rules' learned limits (adaptive.go)
 
 	localMu  sync.Mutex
 	newLocal func() store.Store // WithLocal; nil: on_error local allows
