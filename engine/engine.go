@@ -97,6 +97,10 @@ type Engine struct {
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
 	kind     attribute.KeyValue                // drip.store, on every span
 
+	denials   store.DenialsOptions // WithDenials (denials.go)
+	noDenials bool                 // WithoutDenials
+	deny      *store.Denials       // the store's local denials, asked before any deadline is set; nil: none
+
 	queues queues    // the requests waiting for their turn (queue.go)
 	adapt  adaptives // the adaptive rules' learned limits (adaptive.go)
 
@@ -118,7 +122,11 @@ func New(st store.Store, opts ...Option) *Engine {
 	// step (Redis Cluster across hash slots), every multi-key call is
 	// applied one key at a time instead; with WithSeparateTakes, without
 	// asking the store first.
-	e.store = store.Separately{Store: st, Always: e.separate}
+	if d, ok := st.(*store.Denials); ok {
+		e.store, e.deny = store.Separately{Store: d, Always: e.separate}, d
+	} else {
+		e.store = e.withDenials(store.Separately{Store: st, Always: e.separate})
+	}
 	if e.timeout <= 0 {
 		e.timeout = DefaultTimeout
 	}
@@ -192,6 +200,12 @@ func (g *guarded) Caps() store.Caps { return g.e.store.Caps() }
 // any failure to the observer and the tracer: the one road of the
 // engine's store calls.
 func (e *Engine) call(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, at time.Time, items []bucket.Prepared, res []bucket.Result) (err error) {
+	if e.deny != nil && e.deny.Answer(op, at, items, res) {
+		// Proven denied by the store's last answer: no store call, so
+		// neither the breaker, a deadline nor a store span has a part in
+		// it.
+		return nil
+	}
 	if e.tracer != nil { // trace.go
 		var sp trace.Span
 		ctx, sp = e.startStore(ctx, op, len(items))

@@ -104,6 +104,17 @@ type Config struct {
 	// StoreTimeout is the deadline of each store call, in every front door
 	// (default engine.DefaultTimeout, 1s): the longest a decision waits.
 	StoreTimeout time.Duration
+	// DenialBytes bounds the proofs of denial the server keeps (0:
+	// store.DefaultDenialBytes; negative: none). On a store that does not
+	// decide in process, a decision the store's last answer proved denied
+	// is denied without a store call, in every front door
+	// (store.Denials; docs/semantics.md, "Local denials"). drip serve's
+	// LOCAL_CACHE_SIZE_IN_BYTES sets it.
+	DenialBytes int64
+	// DenialStale is how long after the store's answer a proof of denial
+	// is trusted at most (0: store.DefaultDenialStale): how late a refund
+	// or a reset made on another instance may be seen.
+	DenialStale time.Duration
 	// MaxWait bounds the decision API's "wait": how long a take may wait
 	// for its turn (default DefaultMaxWait, at most rules.MaxWait).
 	MaxWait time.Duration

@@ -207,3 +207,18 @@ func (o *observed) Reset(ctx context.Context, key string) error {
 	}
 	return err
 }
+
+// denials registers the counters of d's local denials: one series each,
+// whatever the keys.
+func (m *metrics) denials(d *store.Denials) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "drip_local_denials_total",
+			Help: "Decisions denied without a store call, because the store's last answer for their key proved them denied.",
+		}, func() float64 { return float64(d.Denied()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "drip_local_denial_bytes",
+			Help: "Bytes the proofs of local denials are counted for (bounded by LOCAL_CACHE_SIZE_IN_BYTES, or the default).",
+		}, func() float64 { return float64(d.Bytes()) }),
+	)
+}

@@ -136,6 +136,13 @@ func New(cfg Config, st store.Store) (*Server, error) {
 		}
 	}
 	s.store = s.metrics.observe(st)
+	if cfg.DenialBytes >= 0 && !st.Caps().InProcess {
+		// One set of proofs for every front door, and the admin API's
+		// resets clear theirs.
+		d := store.NewDenials(s.store, store.DenialsOptions{Bytes: cfg.DenialBytes, Stale: cfg.DenialStale})
+		s.metrics.denials(d)
+		s.store = d
+	}
 	s.who = s.newTracker()
 	s.board, s.instance, s.topTTL = st.Caps().Board, instanceName(), topTTL
 	s.metrics.reg.MustRegister(whoCollector{s.who})

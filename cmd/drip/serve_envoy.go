@@ -204,11 +204,19 @@ func envoyEnv(c *server.Config, environ []string, given explicit, asRatelimit bo
 		return nil, err
 	}
 
+	// The local cache of keys over their limit: drip's proofs of denial
+	// (store.Denials), exact, so on by default; 0 turns them off, as it
+	// turns off envoyproxy/ratelimit's cache.
+	if getenv("LOCAL_CACHE_SIZE_IN_BYTES") != "" {
+		if n := e.int("LOCAL_CACHE_SIZE_IN_BYTES"); n == 0 {
+			c.DenialBytes = -1
+		} else {
+			c.DenialBytes = int64(n)
+		}
+	}
+
 	// Settings of envoyproxy/ratelimit's own cache that drip has no use
 	// for: checked, then noted in the log.
-	if n := e.int("LOCAL_CACHE_SIZE_IN_BYTES"); n > 0 {
-		st.notes = append(st.notes, "LOCAL_CACHE_SIZE_IN_BYTES: drip keeps no local cache of keys over their limit (a denied request writes nothing, and the store answers it in the same one call); no effect")
-	}
 	if v := getenv("NEAR_LIMIT_RATIO"); v != "" {
 		if r, err := strconv.ParseFloat(v, 64); err != nil || r <= 0 || r > 1 {
 			e.fail("NEAR_LIMIT_RATIO=%q: want a number above 0, at most 1", v)

@@ -242,10 +242,31 @@ func TestRatelimitEnv(t *testing.T) {
 			}},
 		{name: "log level", env: env{"USE_STATSD": "false", "LOG_LEVEL": "loud"}, err: "LOG_LEVEL"},
 		{name: "log format", env: env{"USE_STATSD": "false", "LOG_FORMAT": "xml"}, err: "LOG_FORMAT"},
-		{name: "no effect", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "NEAR_LIMIT_RATIO": "0.9", "EXPIRATION_JITTER_MAX_SECONDS": "300"},
+		{name: "no effect", env: env{"NEAR_LIMIT_RATIO": "0.9", "EXPIRATION_JITTER_MAX_SECONDS": "300"},
 			check: func(_ *server.Config, s *envoySettings) string {
-				if len(s.notes) != 3 {
+				if len(s.notes) != 2 {
 					return fmt.Sprintf("%q", s.notes)
+				}
+				return ""
+			}},
+		{name: "local cache", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "1048576"},
+			check: func(c *server.Config, s *envoySettings) string {
+				if c.DenialBytes != 1048576 || len(s.notes) != 0 {
+					return fmt.Sprintf("bytes %d, notes %q", c.DenialBytes, s.notes)
+				}
+				return ""
+			}},
+		{name: "local cache off", env: env{"LOCAL_CACHE_SIZE_IN_BYTES": "0"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.DenialBytes >= 0 {
+					return fmt.Sprintf("bytes %d: on", c.DenialBytes)
+				}
+				return ""
+			}},
+		{name: "local cache by default", env: env{"USE_STATSD": "false"},
+			check: func(c *server.Config, _ *envoySettings) string {
+				if c.DenialBytes != 0 {
+					return fmt.Sprintf("bytes %d, want 0 (the default, on)", c.DenialBytes)
 				}
 				return ""
 			}},

@@ -304,6 +304,9 @@ func (s *Store) passes(items []bucket.Prepared) bool {
 // that are not leased go to the store as they are, and so does every call
 // over an in-process store (without LeaseInProcess).
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if op == bucket.Refund && !s.through {
+		s.refunded(items)
+	}
 	if s.through || s.passes(items) {
 		return s.st.Apply(ctx, op, at, items, results)
 	}
@@ -505,6 +508,19 @@ func (s *Store) hot(it *bucket.Prepared, at time.Time) *local {
 		return nil
 	}
 	return s.localOf(it)
+}
+
+// refunded forgets the store's last denials of the items' keys: a
+// refund gives tokens back, so they no longer prove a take denied.
+func (s *Store) refunded(items []bucket.Prepared) {
+	for i := range items {
+		if v, ok := s.keys.Load(items[i].Key); ok {
+			l := v.(*local)
+			l.mu.Lock()
+			l.deniedCost = 0
+			l.mu.Unlock()
+		}
+	}
 }
 
 // held is the instance's state of it's key, if it keeps one for its
