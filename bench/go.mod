@@ -5,6 +5,7 @@ go 1.26.0
 replace github.com/driplimit/drip => ../
 
 require (
+	github.com/coocood/freecache v1.2.4
 	github.com/driplimit/drip v0.0.0-00010101000000-000000000000
 	github.com/envoyproxy/ratelimit v1.4.1-0.20260122083618-3fb702589d36
 	github.com/lyft/gostats v0.4.14
@@ -16,7 +17,6 @@ require (
 
 require (
 	cel.dev/expr v0.25.3 // indirect
-	github.com/coocood/freecache v1.2.4 // indirect
 	github.com/envoyproxy/go-control-plane v0.14.0 // indirect
 	github.com/envoyproxy/go-control-plane/ratelimit v0.1.1-0.20250812085011-4cf7e8485428 // indirect
 	github.com/fsnotify/fsnotify v1.7.0 // indirect
