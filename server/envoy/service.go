@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -203,7 +204,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		return nil, err
 	}
 	cfg := s.cfg.Load()
-	items := make([]item, len(req.Descriptors))
+	sc := scratchPool.Get().(*scratch)
+	defer sc.put()
+	items := sc.take(len(req.Descriptors))
 	replacing := map[string]bool{}
 	for i, d := range req.Descriptors {
 		it := &items[i]
@@ -271,7 +274,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// then the enforced ones all or nothing (quota mode, limits of 0 and
 	// costs above the burst as the engine's Item says), then the shadow
 	// ones.
-	steps := make([]*engine.Item, 0, len(items))
+	steps := sc.steps[:0]
 	for i := range items {
 		it := &items[i]
 		if it.kind < blocked {
@@ -284,6 +287,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			Quota: q, Blocked: it.kind == blocked}
 		steps = append(steps, &it.step)
 	}
+	sc.steps = steps
 	allowed, err := s.eng.DecideItems(ctx, steps)
 	if err != nil {
 		s.observe(items, err)
@@ -291,6 +295,36 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	s.observe(items, nil)
 	return respond(req, items, allowed, &cfg.opts), nil
+}
+
+// scratch is a call's items and steps, kept between calls: what a call
+// returns (its response, its error) holds nothing of them, nor does what
+// it tells the observers (engine.KeyObserver keeps nothing of an Item).
+type scratch struct {
+	items []item
+	steps []*engine.Item
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// take returns n zero items.
+func (sc *scratch) take(n int) []item {
+	if cap(sc.items) < n {
+		sc.items = make([]item, n)
+	}
+	sc.items = sc.items[:n]
+	return sc.items
+}
+
+// put clears what the call left and keeps sc for the next one, unless it
+// grew beyond a common call's size.
+func (sc *scratch) put() {
+	if cap(sc.items) > 8 || cap(sc.steps) > 8 {
+		return
+	}
+	clear(sc.items)
+	clear(sc.steps)
+	scratchPool.Put(sc)
 }
 
 // storeError is the gRPC error of a call whose store failed.
