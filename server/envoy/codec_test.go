@@ -144,3 +144,42 @@ func TestCodecWritesAsProto(t *testing.T) {
 		t.Fatal(data, err)
 	}
 }
+
+// BenchmarkCodec reads a request of two descriptors and writes its
+// answer, with the codec and with gRPC's proto codec:
+//
+//	go test -run '^$' -bench Codec -benchmem ./server/envoy/
+func BenchmarkCodec(b *testing.B) {
+	ip := &ratelimitv3.RateLimitDescriptor_Entry{Key: "remote_address", Value: "10.1.2.3"}
+	req, _ := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{ip}},
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{ip, {Key: "path", Value: "/api/orders"}}},
+	}})
+	st := func() *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: 999999,
+			DurationUntilReset: durationpb.New(1000), CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 1000000, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND}}
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st(), st()},
+		ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "RateLimit-Policy", Value: `"default";q=1000000;w=1`}, {Key: "RateLimit", Value: `"default";r=999999;t=1`}}}
+	for _, c := range []encoding.CodecV2{newCodec(), encoding.GetCodecV2("proto")} {
+		name := "drip"
+		if _, ok := c.(codec); !ok {
+			name = "proto"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			data := mem.BufferSlice{mem.SliceBuffer(req)}
+			for b.Loop() {
+				var r rlsv3.RateLimitRequest
+				if err := c.Unmarshal(data, &r); err != nil {
+					b.Fatal(err)
+				}
+				out, err := c.Marshal(resp)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out.Free()
+			}
+		})
+	}
+}
