@@ -5,7 +5,7 @@ serve:
 	go run ./cmd/drip serve
 
 # All tests, with the race detector. Integration tests start their own
-# PostgreSQL and Redis servers (see internal/testserver).
+# PostgreSQL and Redis servers (see internal/testkit/testserver).
 #
 # go vet type-checks with the build flags of the static binary (STATIC_ENV,
 # STATIC_FLAGS: drip has no cgo code and no build tags, so it checks the

@@ -12,9 +12,9 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// Algorithm names the kind of a limit: a bucket and how it refills
-// (TokenBucket, FixedWindow), or a bound on requests in flight
-// (Concurrency).
+// Algorithm names the kind of a limit. TokenBucket and FixedWindow
+// refill a bucket. SlidingWindow counts within a rolling window.
+// Concurrency bounds the requests in flight.
 type Algorithm string
 
 const (
@@ -56,16 +56,15 @@ const (
 // headroom in an int64.
 const maxAmount = store.MaxAmount
 
-// Limit describes one rate limit: a token bucket, a fixed window or a
-// concurrency limit. The zero value is not usable: a token bucket or a
-// fixed window needs a Rate (PerSecond, Per), a concurrency limit a
-// MaxInFlight (InFlight). A Limit is a small value type; it is safe to
-// copy and compare.
+// Limit describes one rate limit: a token bucket, a fixed window, a
+// sliding window or a concurrency limit. The zero value is not usable.
+// Rate limits need a Rate (PerSecond, Per); a concurrency limit needs a
+// MaxInFlight (InFlight). A Limit is a small value: copy and compare it.
 type Limit struct {
-	// Algorithm is TokenBucket (the zero value), FixedWindow or
-	// Concurrency. Rate, Period, Burst, Refill, Start and MaxReserved
-	// describe the first two; MaxInFlight and LeaseTTL describe
-	// Concurrency, which must leave the others zero (Validate says so).
+	// Algorithm is TokenBucket (the zero value), FixedWindow,
+	// SlidingWindow or Concurrency. Rate and Period describe the rate
+	// limits. MaxInFlight and LeaseTTL describe Concurrency alone.
+	// Validate says which other fields each one takes.
 	Algorithm Algorithm
 	// Rate is how many tokens are added per Period. Must be > 0 for a
 	// token bucket or a fixed window, and zero for a concurrency limit;

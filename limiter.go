@@ -51,7 +51,7 @@ func New(st store.Store, limit Limit, opts ...Option) *Limiter {
 	}
 	// Admit decides token buckets and fixed windows only: a sliding
 	// window's and a concurrency limit's state is not a bucket.
-	if a, ok := st.(store.Admitter); ok && !l.keyed && (p.Kind == bucket.Continuous || p.Kind == bucket.Interval || p.Kind == bucket.Window) {
+	if a := st.Caps().Admit; a != nil && !l.keyed && (p.Kind == bucket.Continuous || p.Kind == bucket.Interval || p.Kind == bucket.Window) {
 		if c, err := store.Cost(bucket.Take, 1, false, p); err == nil {
 			l.admit, l.cost = a, c
 		}
@@ -62,7 +62,7 @@ func New(st store.Store, limit Limit, opts ...Option) *Limiter {
 // Allow takes one token from key's bucket and reports whether it was
 // allowed: Take's decision, for callers that need no more than a yes or
 // no. Bad input or a failing store is false (Take reports why). On the
-// memory store it builds no Decision (store.Admitter), so it is the
+// memory store it builds no Decision (store.Caps.Admit), so it is the
 // fastest way to ask.
 func (l *Limiter) Allow(key string) bool {
 	if l.admit != nil && key != "" && len(key) <= store.MaxKeyLen {
@@ -119,7 +119,7 @@ func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost floa
 				return Decision{}, err
 			}
 		}
-		return DecisionOf(l.admit.Decide(op, key, p, c, reserve, at), p.Burst), nil
+		return DecisionOf(l.admit.ApplyOne(op, key, p, c, reserve, at), p.Burst), nil
 	}
 	c := calls.Get().(*call)
 	it := &c.items[0]

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 )
 
 // instruction is one line of a Dockerfile, continuation lines joined.

@@ -22,6 +22,11 @@ type Values interface {
 	// "sub:" and a verified subject, else "ip:" and the client address,
 	// else "key:" and the key).
 	Identity(key string) string
+	// Cost is the request's own cost under a rule whose cost_source is a
+	// program's function (rules.KindFunc, rules.FuncRule). ok false, or
+	// a cost that is negative, not finite or above 1e12, costs the rule's
+	// DefaultCost. Values without such rules return 0, false.
+	Cost(rule *rules.Rule) (cost float64, ok bool)
 }
 
 // Reasons of a denial, in the problem details.
@@ -79,12 +84,15 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			e.endDecide(sp, out)
 			return out
 		}
-		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit, Check: len(rule.CountStatus) > 0,
-			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue}, plan: &rs.plans[i]}
-		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
-			a.Limit, a.plan = l, compile(rule.Name, l)
+		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
+			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
+		if len(rule.CountStatus) > 0 {
+			a.Mode = Check
 		}
-		if a.Limit.Algorithm == drip.Concurrency {
+		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
+			a.Limit, a.Plan = l, PlanOf(rule.Name, l)
+		}
+		if a.Plan.algo.slots {
 			a.Lease = store.NewLeaseID()
 		}
 		all = append(all, a)
@@ -116,14 +124,6 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	return out
 }
 
-// Coster is Values that also computes its own costs: those of the rules
-// whose cost_source is of kind rules.KindFunc (a program's cost function,
-// rules.FuncRule). ok false, or a cost that is negative, not finite or
-// above 1e12, costs the rule's DefaultCost, as an unreadable header does.
-type Coster interface {
-	Cost(rule *rules.Rule) (cost float64, ok bool)
-}
-
 // Bounder is Values that says why a request has no bound (a cost source
 // of kind rules.KindBound that it could not read), for the refusal of a
 // strict budget.
@@ -143,11 +143,9 @@ func rawCost(r Values, rule *rules.Rule) (float64, bool) {
 	case rules.KindFixed:
 		return rule.FixedCost, true
 	case rules.KindFunc:
-		if c, ok := r.(Coster); ok {
-			// NaN fails both comparisons.
-			if x, ok := c.Cost(rule); ok && x >= 0 && x <= maxCost {
-				return x, true
-			}
+		// NaN fails both comparisons.
+		if x, ok := r.Cost(rule); ok && x >= 0 && x <= maxCost {
+			return x, true
 		}
 		return rule.DefaultCost, false
 	}
@@ -196,12 +194,15 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 }
 
 // stepItems are the items of the rules as, for DecideItems' steps
-// (shadow: as Shadow items), with their compiled params.
+// (shadow: as Shadow items, but for Check ones), with their compiled
+// params.
 func stepItems(as []Applied, shadow bool) []*Item {
 	its := make([]*Item, len(as))
 	for i := range as {
 		a := &as[i]
-		a.Shadow, a.Params = shadow, &a.plan.params
+		if shadow && a.Mode != Check {
+			a.Mode = Shadow
+		}
 		its[i] = &a.Item
 	}
 	return its
@@ -209,7 +210,7 @@ func stepItems(as []Applied, shadow bool) []*Item {
 
 // settle records a multi-take's decisions (decision(i) of enf[i]) in enf
 // and out. A rule its own bucket allowed but that was not taken (another
-// denied) shows its bucket as it is, before the take (BeforeTake).
+// denied) shows its bucket as it is, before the take (beforeTake).
 func settle(out *Outcome, enf []Applied, taken, local bool, decision func(i int) drip.Decision) {
 	allowed, denied := Allowed, Denied
 	if local {
@@ -220,13 +221,13 @@ func settle(out *Outcome, enf []Applied, taken, local bool, decision func(i int)
 		a.Decision, a.Decided, a.Local = decision(i), true, local
 		switch {
 		case !a.Decision.Allowed:
-			a.Event, a.Reason = denied, reasonOf(a.Limit)
+			a.Event, a.Reason = denied, a.plan().algo.reason
 		case taken:
 			a.Event = allowed
 			a.held = a.Lease != ""
 		default:
 			a.Event = NotTaken
-			a.Decision = BeforeTake(a.Decision, a.Limit, a.Key, a.Cost)
+			a.Decision = beforeTake(a.Decision, a.Limit, a.Key, a.Cost)
 		}
 	}
 	if !taken {
@@ -265,9 +266,8 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	lreqs := make([]drip.Request, len(idx))
 	for j, i := range idx {
 		a := enf[i]
-		a.Limit = share(a.Limit, a.Rule.LocalShare)
-		a.plan = compile(a.Rule.Name, a.Limit)
-		a.Params, a.never = &a.plan.params, unknown // a new limit: its own verdict
+		a.Limit, a.Plan = a.plan().localOf(a.Rule.Name, a.Limit, a.Rule.LocalShare)
+		a.never = unknown // a new limit: its own verdict
 		loc[j] = a
 		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
 	}
@@ -333,7 +333,7 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 		case it.Failed:
 			a.Event = ErrorAllowed
 		case !it.Decision.Allowed:
-			a.Event, a.Reason = Denied, reasonOf(a.Limit)
+			a.Event, a.Reason = Denied, a.plan().algo.reason
 		case out.Allowed && !it.Changed:
 			a.Event = NotTaken
 		default:
@@ -345,26 +345,14 @@ func (e *Engine) shadow(ctx context.Context, rs *Rules, out *Outcome, sh []Appli
 
 // ReasonOf is the reason of a denial by a bucket of limit l
 // (ReasonTokenBucket, ReasonFixedWindow, ...).
-func ReasonOf(l drip.Limit) string { return reasonOf(l) }
-
-func reasonOf(l drip.Limit) string {
-	switch l.Algorithm {
-	case drip.FixedWindow:
-		return ReasonFixedWindow
-	case drip.SlidingWindow:
-		return ReasonSlidingWindow
-	case drip.Concurrency:
-		return ReasonConcurrency
-	}
-	return ReasonTokenBucket
-}
+func ReasonOf(l drip.Limit) string { return algoOf(&l).reason }
 
 // Burst is l's burst, as drip's fixed point holds it (Limit.Params: its
 // rate when it has none); for a concurrency limit, its slots
 // (max_in_flight); 0 for a limit that allows nothing (Envoy's
 // requests_per_unit 0).
 func Burst(l drip.Limit) float64 {
-	if l.Algorithm == drip.Concurrency {
+	if algoOf(&l).slots {
 		return float64(l.MaxInFlight)
 	}
 	p, err := l.Params("")
@@ -377,25 +365,25 @@ func Burst(l drip.Limit) float64 {
 // share is the local fallback's limit: share of the rate and the burst,
 // with a burst of at least one token (or the whole burst, if smaller) so
 // that a small bucket's fallback still admits requests of cost 1.
-func share(l drip.Limit, f float64) drip.Limit {
+func share(l drip.Limit, p *Plan, f float64) drip.Limit {
 	if f <= 0 || f > 1 {
 		f = rules.DefaultLocalShare
 	}
-	if l.Algorithm == drip.Concurrency {
+	if p.algo.slots {
 		// At least one slot, so that the fallback admits requests.
 		l.MaxInFlight = max(1, int(float64(l.MaxInFlight)*f))
 		return l
 	}
-	b := Burst(l)
+	b := p.burst
 	l.Burst = max(b*f, min(b, 1))
 	l.Rate *= f
-	if l.Algorithm == drip.SlidingWindow || l.Calendar != "" {
+	if p.algo.counted {
 		l.Rate, l.Burst = l.Burst, 0 // the limit is the rate: its burst follows
 	}
 	return l
 }
 
-// BeforeTake turns the decision of a take that its own bucket allowed but
+// beforeTake turns the decision of a take that its own bucket allowed but
 // that was not applied (another request of the multi-take was denied)
 // into the bucket as it is: a multi-take reports the tokens each request
 // would have left, but headers and statuses must show what is left. It
@@ -403,8 +391,8 @@ func share(l drip.Limit, f float64) drip.Limit {
 // to the micro-tokens, and the time to fill is shortened by the time those
 // micro-tokens take to refill (whole periods on a grid), as drip's math
 // computes both.
-func BeforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.Decision {
-	if l.Algorithm == drip.Concurrency {
+func beforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.Decision {
+	if algoOf(&l).slots {
 		// The slot the take would have held is free; the leases held and
 		// so when they expire are as they were.
 		d.Tokens++

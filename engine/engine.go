@@ -15,13 +15,11 @@
 // metadata); the engine knows no transport.
 //
 // Front doors that match limits their own way (Envoy's descriptors) hand
-// the engine the limits they matched, as Items, to DecideItems: the same
-// orchestration as Decide's (enforced limits all or nothing, shadow ones
-// after them, limits that can never allow), with refunds and quota mode
-// besides. They render with the engine's parts: Tighter (the limit the
-// single-value headers describe), MakeFields (the header values),
-// BeforeTake (the tokens a bucket held before a take that was not
-// applied). Apply is one store call under the deadline, through the
+// the engine the limits they matched, one Applied each (NewApplied), to
+// DecideItems: the same orchestration as Decide's (enforced limits all or
+// nothing, shadow ones after them, limits that can never allow), with
+// refunds and quota mode besides, and the same Outcome, which they
+// render. Apply is one store call under the deadline, through the
 // breaker, observed (the decision API's).
 //
 // The engine is public so that programs can build front doors of their

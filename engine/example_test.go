@@ -24,6 +24,9 @@ func (v values) Value(src rules.Source) (string, bool) {
 
 func (v values) Identity(key string) string { return "key:" + key }
 
+// Cost is 0, false: no rule here costs by a program's function.
+func (v values) Cost(*rules.Rule) (float64, bool) { return 0, false }
+
 // A front door of its own: the engine matches the rules, decides, and
 // says what to answer. The third request waits 30 s for a token, and
 // Retry-After adds the jitter its identity fixes (here 7 s).

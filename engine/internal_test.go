@@ -234,19 +234,19 @@ func TestBeforeTake(t *testing.T) {
 	// Continuous, 10/s burst 20: 5 left after taking 2 means 7 before,
 	// full in 1.3 s rather than 1.5 s.
 	d := drip.Decision{Allowed: true, Tokens: 5, Remaining: 5, Burst: 20, ResetAfter: 1500 * time.Millisecond}
-	got := BeforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 2)
+	got := beforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 2)
 	if got.Tokens != 7 || got.Remaining != 7 || got.ResetAfter != 1300*time.Millisecond {
 		t.Errorf("continuous: %+v", got)
 	}
 	// Interval, 5 per 10 s burst 20: 9 left after taking 2 (11 before);
 	// full after 3 periods from 9, 2 from 11.
-	got = BeforeTake(drip.Decision{Allowed: true, Tokens: 9, Remaining: 9, ResetAfter: 27 * time.Second},
+	got = beforeTake(drip.Decision{Allowed: true, Tokens: 9, Remaining: 9, ResetAfter: 27 * time.Second},
 		drip.Per(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval), "k", 2)
 	if got.Tokens != 11 || got.Remaining != 11 || got.ResetAfter != 17*time.Second {
 		t.Errorf("interval: %+v", got)
 	}
 	// Cost 0 changes nothing.
-	if got := BeforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 0); got != d {
+	if got := beforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 0); got != d {
 		t.Errorf("cost 0: %+v", got)
 	}
 }
@@ -263,8 +263,8 @@ func TestFillSeconds(t *testing.T) {
 		{drip.Per(3, 10*time.Second).Window(), 10},
 		{drip.PerSecond(0.1).WithBurst(1), 10},
 	} {
-		if got := seconds.Ceil(fillTime(c.l)); got != c.want {
-			t.Errorf("seconds.Ceil(fillTime(%v)) = %d, want %d", c.l, got, c.want)
+		if got := seconds.Ceil(PlanOf("", c.l).fill); got != c.want {
+			t.Errorf("seconds.Ceil(PlanOf(%v).fill) = %d, want %d", c.l, got, c.want)
 		}
 	}
 	// q is a whole number, the burst rounded down (never more than the
@@ -281,9 +281,9 @@ func TestFillSeconds(t *testing.T) {
 		{"slots", drip.InFlight(3, 30*time.Second), `"slots";q=3;qu="concurrent-requests"`},
 		{"shut", drip.Limit{}, `"shut";q=0`},
 	} {
-		got := PolicyItem(c.name, c.l)
+		got := PlanOf(c.name, c.l).policy
 		if got != c.want {
-			t.Errorf("PolicyItem(%q, %v) = %s, want %s", c.name, c.l, got, c.want)
+			t.Errorf("policyItem(%q, %v) = %s, want %s", c.name, c.l, got, c.want)
 		}
 		if err := sfv.CheckHeaders(func(h string) string {
 			if h == "RateLimit-Policy" {
@@ -369,7 +369,7 @@ func TestShareWindows(t *testing.T) {
 		{Algorithm: drip.SlidingWindow, Rate: 1, Period: time.Minute, Burst: 1},
 		{Algorithm: drip.FixedWindow, Rate: 1, Calendar: "day"},
 	} {
-		s := share(l, 0.5)
+		s := share(l, PlanOf("", l), 0.5)
 		if err := s.Validate(); err != nil || s.Rate != max(l.Rate/2, 1) {
 			t.Errorf("share(%v) = %v (%v), want a valid window of rate %v", l, s, err, max(l.Rate/2, 1))
 		}

@@ -10,23 +10,82 @@ import (
 )
 
 // DecideItems decides a request whose limits a front door matched itself
-// (Envoy's descriptors, in Items): the Refund items first, so that a
-// failing store fails the request before anything is taken; then the
-// Charge items (work done: into bounded debt, never denying); then the
-// Check items, peeked at their cost (one over its limit denies the
-// request); then the enforced items, all or nothing in one store call, with Quota items over
+// (Envoy's descriptors): one Applied each, made from NewApplied, with the
+// request's Key, Cost and Mode. Each item is decided by its Mode: the
+// Refund items first, so that a failing store fails the request before
+// anything is taken; then the Charge items (work done: into bounded
+// debt, never denying); then the Check items, peeked at their cost (one
+// over its limit denies the request); then the Enforce and EnforceQuota
+// items, all or nothing in one store call, with EnforceQuota items over
 // their limit left out and the call asked again without them; then the
-// Shadow items, taken when the request is allowed and else peeked, whose
-// failure (Failed) changes no answer. An item that can never be allowed
-// (Blocked, or Never) is over its limit without asking the store; when
-// the request is denied anyway the enforced items are only peeked, so
-// that their buckets can be told of. allowed reports the request's
-// answer; err is the store's failure of a refund or of the take (then
-// nothing more was asked).
+// Shadow and ShadowQuota items, taken when the request is allowed and
+// else peeked, whose failure (Failed) changes no answer. An item that can
+// never be allowed (its Limit is the zero Limit, which allows nothing, or
+// Never) is over its limit without asking the store; when the request is
+// denied anyway the enforced items are only peeked, so that their buckets
+// can be told of.
+//
+// The outcome's Applied are as, decided in place, each with its Event
+// (Failed for all when the store failed a refund, a charge or the take:
+// then nothing more was asked, and Err says why).
 //
 // It is the orchestration of Decide too, for the rules that apply to a
 // request (decide.go), so every front door decides alike.
-func (e *Engine) DecideItems(ctx context.Context, items []*Item) (allowed bool, err error) {
+func (e *Engine) DecideItems(ctx context.Context, as []Applied) *Outcome {
+	out := &Outcome{eng: e, Applied: as, items: true}
+	items := make([]*Item, len(as))
+	for i := range as {
+		a := &as[i]
+		a.blocked, a.item = a.Limit == drip.Limit{}, true
+		items[i] = &a.Item
+	}
+	allowed, err := e.decideItems(ctx, items)
+	if err != nil {
+		out.Err = err
+		for i := range as {
+			as[i].Event = Failed
+		}
+		return out
+	}
+	out.Allowed = allowed
+	for i := range as {
+		as[i].Event = as[i].itemEvent()
+	}
+	out.pickItems()
+	return out
+}
+
+// NewApplied is rule applied to the requests of a front door that
+// matches limits itself (Envoy's descriptors), its limit compiled once:
+// the door makes one when it loads the limit, and a copy for each request
+// of DecideItems, with the request's Key, Cost and Mode.
+func NewApplied(rule *rules.Rule) Applied {
+	return Applied{Rule: rule, Item: Item{Limit: rule.Limit, Plan: PlanOf(rule.Name, rule.Limit)}}
+}
+
+// itemEvent is what became of an item of DecideItems that the store
+// decided.
+func (a *Applied) itemEvent() Event {
+	switch {
+	case a.Failed:
+		return Failed
+	case a.Mode == Charge && !a.Decided: // nothing to charge
+		return Settled
+	case a.blocked || !a.Decided || (!a.Decision.Allowed && a.Mode != Charge):
+		return Denied
+	case a.Mode == Refund:
+		return Refunded
+	case a.Mode == Charge && a.Forgiven:
+		return Forgiven
+	case a.Mode == Charge:
+		return Charged
+	case !a.Changed:
+		return NotTaken
+	}
+	return Allowed
+}
+
+func (e *Engine) decideItems(ctx context.Context, items []*Item) (allowed bool, err error) {
 	if err := e.runItems(ctx, e.timeout, defaultBreaker, items, refundItems, false, false); err != nil {
 		return false, err
 	}
@@ -54,24 +113,25 @@ const (
 )
 
 func (it *Item) kind() itemKind {
-	switch {
-	case it.Blocked:
+	if it.blocked {
 		return blockedItems
-	case it.Refund:
-		return refundItems
-	case it.Charge:
-		return chargeItems
-	case it.Check:
-		return checkItems
-	case it.Shadow:
+	}
+	switch it.Mode {
+	case Shadow, ShadowQuota:
 		return shadowItems
+	case Check:
+		return checkItems
+	case Refund:
+		return refundItems
+	case Charge:
+		return chargeItems
 	}
 	return enforceItems
 }
 
-// quota reports whether the item counts in the quota: a Quota item that
-// is enforced (a Shadow one only lets the request pass).
-func (it *Item) quota() bool { return it.Quota && !it.Shadow && !it.Refund && !it.Check && !it.Charge }
+// quota reports whether the item counts in the quota: an EnforceQuota
+// item (a ShadowQuota one only lets the request pass).
+func (it *Item) quota() bool { return it.Mode == EnforceQuota }
 
 // takeItems decides the enforced items (peek: the request is denied
 // anyway, so they are only peeked; peekZero: at cost 0, the buckets as
@@ -96,17 +156,20 @@ func (e *Engine) takeItems(ctx context.Context, timeout time.Duration, br rules.
 		if k == refundItems || k == chargeItems {
 			continue
 		}
-		if it.Quota && it.Shadow {
+		switch it.Mode {
+		case ShadowQuota:
 			quotaPass = true // a limit in shadow mode is never over
 			continue
+		case Shadow:
+			continue
 		}
-		if it.Quota {
+		if it.quota() {
 			quotas++
 		}
-		if k == blockedItems || (k == enforceItems && it.Never()) {
-			if it.Quota {
+		if k == blockedItems || it.Never() {
+			if it.quota() {
 				it.Out = true
-			} else if !it.Shadow {
+			} else {
 				denied = true
 			}
 		}
@@ -212,7 +275,7 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 }
 
 // chargeItems takes the Charge items with a reservation, each at most
-// the burst plus its debt bound (DebtBound), in one store call (and one
+// the burst plus its debt bound (debtBound), in one store call (and one
 // more for those the bound refused: chargeReqs); items of one key add up.
 func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 	var reqs []drip.Request
@@ -222,7 +285,7 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 			continue
 		}
 		it.Decision, it.Decided, it.Changed, it.Forgiven, it.Taken = drip.Decision{}, false, false, false, 0
-		if it.Limit.Algorithm == drip.Concurrency || it.Cost <= 0 {
+		if it.plan().algo.slots || it.Cost <= 0 {
 			continue // a slot is held, not charged; nothing to charge
 		}
 		it.req = -1

@@ -51,16 +51,9 @@ type Observer interface {
 	// BreakerState is called when the circuit breaker changes state
 	// (BreakerClosed, BreakerOpen, BreakerHalfOpen).
 	BreakerState(state string)
-}
-
-// TokenObserver is an Observer that is also told the tokens each
-// settlement moved (Outcome.Settle, and Envoy's Charge items): with
-// Charged, the tokens charged; Forgiven, the tokens of a charge past its
-// debt bound, not charged; Refunded, the tokens given back. Observers
-// that do not implement it are told the events only (Decision); a
-// wrapper of an Observer forwards it when it can.
-type TokenObserver interface {
-	Observer
+	// Tokens is called with the tokens a settlement moved: Charged,
+	// Forgiven (past the debt bound, not charged), Refunded, Spent.
+	// Settlements are Outcome.Settle and Envoy's Charge items.
 	Tokens(rule string, event Event, tokens float64)
 }
 
@@ -83,3 +76,4 @@ func (NopObserver) Decision(string, rules.Mode, Event) {}
 func (NopObserver) StoreError(error)                   {}
 func (NopObserver) StoreLatency(time.Duration)         {}
 func (NopObserver) BreakerState(string)                {}
+func (NopObserver) Tokens(string, Event, float64)      {}

@@ -22,11 +22,10 @@ import (
 type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
-	// Reason of a denial: ReasonTokenBucket, ReasonFixedWindow,
-	// ReasonConcurrency or ReasonCostExceedsBurst (over a limit: HTTP
-	// doors answer 429), ReasonStoreUnavailable (the store failed and
-	// on_error is deny: 503), or a refusal's own (Refuse), such as
-	// httplimit's ambiguous_path.
+	// Reason is why the request was denied. Over a limit (HTTP 429): the
+	// algorithm's reason (ReasonOf), or ReasonCostExceedsBurst.
+	// ReasonStoreUnavailable: the store failed and on_error is deny (503).
+	// A refusal has its own (Refuse), such as httplimit's ambiguous_path.
 	Reason string
 	// Refused reports a front door's refusal (Refuse): the request could
 	// not be read as the rules need, and no rule was decided. Detail then
@@ -57,6 +56,7 @@ type Outcome struct {
 
 	eng      *Engine
 	rs       *Rules
+	items    bool       // DecideItems': its fields are itemFields
 	first    [2]Applied // Applied's backing array for up to two rules: one allocation with the Outcome
 	released atomic.Bool
 	settled  atomic.Bool
@@ -86,8 +86,8 @@ type Applied struct {
 	// Reason is why the rule denied, if it did.
 	Reason string
 
-	plan *plan // its limit compiled: the rule's (Rules), or an override's
-	held bool  // the lease was acquired: Release gives it back
+	held bool // the lease was acquired: Release gives it back
+	item bool // an item of DecideItems (Current)
 }
 
 // Held reports whether the rule holds a lease of its concurrency limit
@@ -142,25 +142,25 @@ func (out *Outcome) deny(reason string) {
 	out.Allowed, out.Reason = false, reason
 }
 
-// Tighter reports whether decision a describes a tighter limit than b,
+// tighter reports whether decision a describes a tighter limit than b,
 // for the single-value headers: on a denied request a longer wait; on an
 // allowed one fewer whole tokens left, or as many and longer to fill.
-func Tighter(a, b drip.Decision, denied bool) bool {
+func tighter(a, b drip.Decision, denied bool) bool {
 	if denied {
 		return a.RetryAfter > b.RetryAfter
 	}
 	return a.Remaining < b.Remaining || (a.Remaining == b.Remaining && a.ResetAfter > b.ResetAfter)
 }
 
-// tighter reports whether a, allowed, describes a tighter limit than b
-// for the single-value headers (Tighter); of a concurrency limit and
+// tighterThan reports whether a, allowed, describes a tighter limit than
+// b for the single-value headers (tighter); of a concurrency limit and
 // another with as few left, the other, whose reset is a wait to tell of
 // (a slot comes back when a request ends).
-func (a *Applied) tighter(b *Applied) bool {
-	if a.Decision.Remaining == b.Decision.Remaining && (a.Limit.Algorithm == drip.Concurrency) != (b.Limit.Algorithm == drip.Concurrency) {
-		return a.Limit.Algorithm != drip.Concurrency
+func (a *Applied) tighterThan(b *Applied) bool {
+	if as, bs := a.plan().algo.slots, b.plan().algo.slots; a.Decision.Remaining == b.Decision.Remaining && as != bs {
+		return !as
 	}
-	return Tighter(a.Decision, b.Decision, false)
+	return tighter(a.Decision, b.Decision, false)
 }
 
 // pick chooses the rule the single-value headers describe, the reason,
@@ -178,7 +178,7 @@ func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 			}
 			continue
 		}
-		if a.Decided && (top == nil || a.tighter(top)) {
+		if a.Decided && (top == nil || a.tighterThan(top)) {
 			top = a
 		}
 	}
@@ -201,40 +201,30 @@ func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 	}
 }
 
-// PolicyItem is the RateLimit-Policy item of a limit called name: q is
-// its quota (Quota); for a concurrency limit, qu="concurrent-requests" and
+// policyItem is the RateLimit-Policy item of a limit called name: q is
+// its quota (quotaOf); for a concurrency limit, qu="concurrent-requests" and
 // no window (its slots are held, not spent over a period); for others w,
 // the seconds to fill from empty, when it has one (a limit that never
 // allows, such as Envoy's requests_per_unit 0, has none).
-func PolicyItem(name string, l drip.Limit) string {
-	s := sfv.String(name) + ";q=" + strconv.FormatInt(Quota(l), 10)
-	if l.Algorithm == drip.Concurrency {
+// policyItem is the RateLimit-Policy item of plan p. Its w is p's fill time: exact in
+// fixed point (20 at 10/s is 2s), saturating at the largest Duration.
+func policyItem(name string, p *Plan) string {
+	s := sfv.String(name) + ";q=" + strconv.FormatInt(p.quota, 10)
+	if p.algo.slots {
 		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
 	}
-	if w := seconds.Ceil(fillTime(l)); w > 0 {
+	if w := seconds.Ceil(p.fill); w > 0 {
 		s += ";w=" + strconv.FormatInt(w, 10)
 	}
 	return s
 }
 
-// fillTime is how long an empty bucket of l takes to fill: burst/rate
-// periods for a continuous refill, whole periods for interval refill and
-// fixed windows. It is exact in drip's fixed point (20 at 10/s is exactly
-// 2s) and saturates at the largest Duration; it is 0 for an invalid limit.
-func fillTime(l drip.Limit) time.Duration {
-	p, err := l.Params("")
-	if err != nil {
-		return 0
-	}
-	return p.Until(bucket.State{}, p.Burst, 0)
-}
-
-// Quota is the quota the RateLimit headers advertise for l ("q" and
+// quotaOf is the quota the RateLimit headers advertise for l ("q" and
 // RateLimit-Limit), which the ratelimit-headers draft wants a whole
 // number: its burst (Burst) rounded down. Rounding down never promises
 // more than the limit holds: a burst of 2.5 admits two requests of cost 1,
 // not three.
-func Quota(l drip.Limit) int64 { return int64(math.Floor(Burst(l))) }
+func quotaOf(l drip.Limit) int64 { return int64(math.Floor(Burst(l))) }
 
 // ConcurrencyRetryAfter is the wait a denial by a concurrency limit
 // stands for in Retry-After (before its jitter): a slot frees when any
@@ -246,7 +236,7 @@ const ConcurrencyRetryAfter = time.Second
 // wait is how long a rule that denied stands for in Retry-After: its
 // decision's wait, at most ConcurrencyRetryAfter for a concurrency limit.
 func (a *Applied) wait() time.Duration {
-	if a.Limit.Algorithm == drip.Concurrency {
+	if a.plan().algo.slots {
 		return min(a.Decision.RetryAfter, ConcurrencyRetryAfter)
 	}
 	return a.Decision.RetryAfter
@@ -257,37 +247,33 @@ func (a *Applied) wait() time.Duration {
 // down).
 func Amount(x float64) string { return sfv.Number(x) }
 
-// field is an applied rule's RateLimit item. A concurrency limit has no
-// window: its item has no t, unless it denied (then t is the Retry-After
-// value, as for every rule that denied).
-func (out *Outcome) field(a *Applied) Field {
-	f := Field{Policy: a.plan.policy, Name: sfv.String(a.Rule.Name), Remaining: a.Decision.Remaining}
+// ruleField is an applied rule's RateLimit item. A concurrency limit has
+// no window: its item has no t, unless it denied (then t is the
+// Retry-After value, as for every rule that denied).
+func (out *Outcome) ruleField(a *Applied) field {
+	f := field{policy: a.plan().policy, name: a.plan().name, remaining: a.Decision.Remaining}
 	switch {
 	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
-		f.T = out.RetryAfter
-	case a.Limit.Algorithm == drip.Concurrency:
-		f.NoT = true
+		f.t = out.RetryAfter
+	case a.plan().algo.slots:
+		f.noT = true
 	default:
-		f.T = seconds.Ceil(a.Decision.ResetAfter)
+		f.t = seconds.Ceil(a.Decision.ResetAfter)
 	}
 	return f
 }
 
-// Field is one decided enforce limit as the RateLimit header lists it.
-type Field struct {
-	// Policy is its RateLimit-Policy item (PolicyItem).
-	Policy string
-	// Name is its name as a structured-field string (sfv.String).
-	Name string
-	// Remaining is the whole tokens left (for a concurrency limit, the
-	// free slots).
-	Remaining int64
-	// T is the seconds until full (on a denial, for the limits that
-	// denied, the Retry-After value), unless NoT: the limit has no window
-	// to tell of (a concurrency limit that did not deny, a limit that
-	// never allows), and its item has no t.
-	T   int64
-	NoT bool
+// field is one decided enforce limit as the RateLimit header lists it:
+// its RateLimit-Policy item (policyItem), its name as a structured-field
+// string (sfv.String), the whole tokens left (for a concurrency limit,
+// the free slots), and t, the seconds until full (on a denial, for the
+// limits that denied, the Retry-After value), unless noT: the limit has
+// no window to tell of (a concurrency limit that did not deny, a limit
+// that never allows), and its item has no t.
+type field struct {
+	policy, name string
+	remaining, t int64
+	noT          bool
 }
 
 // Fields are the values of the RateLimit headers and Retry-After, every
@@ -348,34 +334,34 @@ func (f Fields) All() iter.Seq2[string, string] {
 	}
 }
 
-// MakeFields builds the header values of the decided limits fs, of which
-// top (with quota, Quota of its limit) is the one the single-value headers
+// makeFields builds the header values of the decided limits fs, of which
+// top (with quota, quotaOf its limit) is the one the single-value headers
 // describe.
-func MakeFields(fs []Field, top Field, quota int64, retryAfter int64) Fields {
+func makeFields(fs []field, top field, quota int64, retryAfter int64) Fields {
 	var policy, rl strings.Builder
 	for i, f := range fs {
 		if i > 0 {
 			policy.WriteString(", ")
 			rl.WriteString(", ")
 		}
-		policy.WriteString(f.Policy)
-		rl.WriteString(f.Name)
+		policy.WriteString(f.policy)
+		rl.WriteString(f.name)
 		rl.WriteString(";r=")
-		rl.WriteString(strconv.FormatInt(f.Remaining, 10))
-		if !f.NoT {
+		rl.WriteString(strconv.FormatInt(f.remaining, 10))
+		if !f.noT {
 			rl.WriteString(";t=")
-			rl.WriteString(strconv.FormatInt(f.T, 10))
+			rl.WriteString(strconv.FormatInt(f.t, 10))
 		}
 	}
 	out := Fields{
 		Policy:     policy.String(),
 		RateLimit:  rl.String(),
 		Limit:      strconv.FormatInt(quota, 10),
-		Remaining:  strconv.FormatInt(top.Remaining, 10),
+		Remaining:  strconv.FormatInt(top.remaining, 10),
 		RetryAfter: retryAfter,
 	}
-	if !top.NoT {
-		out.Reset = strconv.FormatInt(top.T, 10)
+	if !top.noT {
+		out.Reset = strconv.FormatInt(top.t, 10)
 	}
 	return out
 }
@@ -385,21 +371,24 @@ func MakeFields(fs []Field, top Field, quota int64, retryAfter int64) Fields {
 // rule was decided (none applied, or the store failed and on_error
 // allowed).
 func (out *Outcome) Fields() Fields {
+	if out.items {
+		return out.itemFields()
+	}
 	if out.Top == nil || !out.Top.Decided {
 		return Fields{RetryAfter: out.RetryAfter}
 	}
-	var fs []Field
-	var top Field // out.Top's, one of fs
+	var fs []field
+	var top field // out.Top's, one of fs
 	for i := range out.Applied {
 		a := &out.Applied[i]
 		if a.Rule.Mode == rules.Shadow || !a.Decided {
 			continue
 		}
-		f := out.field(a)
+		f := out.ruleField(a)
 		if a == out.Top {
 			top = f
 		}
 		fs = append(fs, f)
 	}
-	return MakeFields(fs, top, out.Top.plan.quota, out.RetryAfter)
+	return makeFields(fs, top, out.Top.plan().quota, out.RetryAfter)
 }

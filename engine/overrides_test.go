@@ -6,7 +6,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"

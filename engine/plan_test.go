@@ -48,7 +48,7 @@ func TestPlanIsApply(t *testing.T) {
 	for step := range 3000 {
 		at = at.Add(time.Duration(rng.IntN(90)) * time.Millisecond)
 		l := limits[rng.IntN(len(limits))]
-		p, err := l.Params("")
+		_, err := l.Params("")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,10 +64,10 @@ func TestPlanIsApply(t *testing.T) {
 				// release some), at most one item a key.
 				lease, cost = leaseIDs[rng.IntN(len(leaseIDs))], float64(rng.IntN(5))
 			}
-			items = append(items, &Item{Key: key, Limit: l, Params: &p, Cost: cost, Lease: lease, ask: cost})
+			items = append(items, &Item{Key: key, Limit: l, Plan: PlanOf("", l), Cost: cost, Lease: lease, ask: cost})
 			if rng.IntN(4) == 0 && lease == "" { // a second item of the key: the costs add up
 				extra := float64(rng.IntN(30)) / 4
-				items = append(items, &Item{Key: key, Limit: l, Params: &p, Cost: extra, ask: extra})
+				items = append(items, &Item{Key: key, Limit: l, Plan: PlanOf("", l), Cost: extra, ask: extra})
 				cost += extra
 			}
 			reqs = append(reqs, drip.Request{Key: key, Limit: l, Cost: cost, Lease: lease})
@@ -133,23 +133,20 @@ func TestPlanErrors(t *testing.T) {
 	e := New(ms)
 	defer e.Close()
 	l := drip.PerSecond(10)
-	p, _ := l.Params("")
 	slots := drip.InFlight(2, time.Minute)
-	sp, _ := slots.Params("")
 	long := strings.Repeat("k", store.MaxKeyLen+1)
 	for _, c := range []struct {
 		name string
 		item Item
 		want error
 	}{
-		{"no key, bad cost", Item{Limit: l, Params: &p, Cost: math.NaN()}, store.ErrMissingKey},
-		{"long key", Item{Key: long, Limit: l, Params: &p, Cost: 1}, store.ErrKeyTooLong},
-		{"bad cost, bad lease", Item{Key: "a", Limit: l, Params: &p, Cost: math.Inf(1), Lease: "x"}, store.ErrInvalidCost},
-		{"a lease on a bucket", Item{Key: "a", Limit: l, Params: &p, Cost: 1, Lease: "x"}, store.ErrInvalidLease},
-		{"a take of a slot without a lease", Item{Key: "a", Limit: slots, Params: &sp, Cost: 1}, store.ErrInvalidLease},
+		{"no key, bad cost", Item{Limit: l, Plan: PlanOf("", l), Cost: math.NaN()}, store.ErrMissingKey},
+		{"long key", Item{Key: long, Limit: l, Plan: PlanOf("", l), Cost: 1}, store.ErrKeyTooLong},
+		{"bad cost, bad lease", Item{Key: "a", Limit: l, Plan: PlanOf("", l), Cost: math.Inf(1), Lease: "x"}, store.ErrInvalidCost},
+		{"a lease on a bucket", Item{Key: "a", Limit: l, Plan: PlanOf("", l), Cost: 1, Lease: "x"}, store.ErrInvalidLease},
+		{"a take of a slot without a lease", Item{Key: "a", Limit: slots, Plan: PlanOf("", slots), Cost: 1}, store.ErrInvalidLease},
 	} {
-		it := c.item
-		_, err := e.DecideItems(context.Background(), []*Item{&it})
+		err := e.DecideItems(context.Background(), []Applied{{Item: c.item}}).Err
 		r := c.item
 		_, want := drip.Apply(context.Background(), ms, bucket.Take, time.Time{}, drip.Request{Key: r.Key, Limit: r.Limit, Cost: r.Cost, Lease: r.Lease})
 		if !errors.Is(err, c.want) || !errors.Is(want, c.want) || err.Error() != want.Error() {

@@ -47,7 +47,7 @@ func waitOf(items []*Item) time.Duration {
 		if it.kind() != enforceItems && it.kind() != blockedItems {
 			continue
 		}
-		if it.Quota || it.kind() == blockedItems || it.Never() {
+		if it.quota() || it.kind() == blockedItems || it.Never() {
 			return 0
 		}
 		if it.Wait > 0 && (w == 0 || it.Wait < w) {
@@ -142,7 +142,7 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 // TakeWaiting takes the items all or nothing, as Apply takes requests,
 // except that a take they deny may wait for its turn as Decide's rules
 // do (Item.Wait, Queue, MaxQueue): the decision API's take with "wait".
-// The items are enforced ones: no Shadow, Refund, Charge, Check or Quota.
+// The items are Enforce ones.
 func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, err error) {
 	return e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
 }
@@ -155,7 +155,7 @@ func reserve(items []*Item, left time.Duration) {
 		it.debt = 0
 		// A leased limit (drip serve --leased) is decided from blocks in
 		// this process, which hold no debt: it does not wait.
-		if left > 0 && it.Wait > 0 && it.kind() == enforceItems && it.Limit.Algorithm != drip.Concurrency && !it.Limit.Leased {
+		if left > 0 && it.Wait > 0 && it.kind() == enforceItems && !it.plan().algo.slots && !it.plan().leased {
 			it.debt = debtWithin(it.fixed(), min(left, it.Wait))
 		}
 	}
@@ -206,7 +206,7 @@ func dueOf(items []*Item) time.Duration {
 // limit pays back within the wait: waiting longer cannot help.)
 func slotDenied(items []*Item) bool {
 	for _, it := range items {
-		if it.kind() == enforceItems && it.Decided && !it.Decision.Allowed && it.Limit.Algorithm != drip.Concurrency {
+		if it.kind() == enforceItems && it.Decided && !it.Decision.Allowed && !it.plan().algo.slots {
 			return false
 		}
 	}
@@ -236,7 +236,7 @@ func (e *Engine) giveBack(ctx context.Context, timeout time.Duration, br rules.B
 			continue
 		}
 		r := drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.Cost, Lease: it.Lease}
-		if it.Limit.Algorithm == drip.Concurrency {
+		if it.plan().algo.slots {
 			r.Cost = 0
 		} else {
 			it.Decision.Allowed = false
@@ -301,7 +301,7 @@ func (q *queues) behind(items []*Item) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range items {
-		if it.Wait > 0 && it.Limit.Algorithm == drip.Concurrency && len(q.slots[it.Key]) > 0 {
+		if it.Wait > 0 && it.plan().algo.slots && len(q.slots[it.Key]) > 0 {
 			return true
 		}
 	}
@@ -312,7 +312,7 @@ func (q *queues) behind(items []*Item) bool {
 // the first of its waiting concurrency items.
 func slotKey(items []*Item) (string, bool) {
 	for _, it := range items {
-		if it.Wait > 0 && it.kind() == enforceItems && it.Limit.Algorithm == drip.Concurrency {
+		if it.Wait > 0 && it.kind() == enforceItems && it.plan().algo.slots {
 			return it.Key, true
 		}
 	}

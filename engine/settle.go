@@ -24,7 +24,7 @@ const (
 	// Settled: the response cost what was taken, or its status did not
 	// count: nothing changed.
 	Settled Event = "settled"
-	// Spent, to a TokenObserver only: what a cost_from_response rule's
+	// Spent, to Observer.Tokens only: what a cost_from_response rule's
 	// request cost in the end, as its bucket counts it (the estimate,
 	// less what was refunded, plus what was charged).
 	Spent Event = "spent"
@@ -80,13 +80,13 @@ func (out *Outcome) ReadsUsage() bool {
 	return false
 }
 
-// DebtBound is the most debt a settlement may run a bucket of limit l
+// debtBound is the most debt a settlement may run a bucket of limit l
 // into: its max_reserved when set, else one burst; 0 for a sliding or a
 // calendar window, which hold no debt (a charge there takes what the
 // window has left, and the rest is forgiven).
-func DebtBound(l drip.Limit) float64 {
+func debtBound(l drip.Limit) float64 {
 	switch {
-	case l.Algorithm == drip.SlidingWindow || l.Calendar != "":
+	case algoOf(&l).counted:
 		return 0
 	case l.MaxReserved > 0:
 		return l.MaxReserved
@@ -95,10 +95,10 @@ func DebtBound(l drip.Limit) float64 {
 }
 
 // chargeReq is the request that charges cost of work done to key's bucket
-// of limit l: with a reservation, into debt at most DebtBound (cost cut to
+// of limit l: with a reservation, into debt at most debtBound (cost cut to
 // the burst plus the bound); a limit without debt is taken plainly.
 func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
-	l.MaxReserved = DebtBound(l)
+	l.MaxReserved = debtBound(l)
 	return drip.Request{Key: key, Limit: l, Cost: min(cost, Burst(l)+l.MaxReserved), Reserve: l.MaxReserved > 0}
 }
 
@@ -111,7 +111,7 @@ func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
 // A cost_from_response rule took its estimate (the rule's cost) before
 // the request was served: when the response reports its actual cost,
 // the difference is taken, with a reservation (the work is done, so the
-// bucket may go into debt, at most DebtBound: what would pass it is
+// bucket may go into debt, at most debtBound: what would pass it is
 // Forgiven), or given back (Refunded). The actual cost is never below
 // the rule's min_cost. A response that reports no cost (or one that is
 // not a cost, ParseUsage) leaves the estimate (Unreported), except an
@@ -187,12 +187,11 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	if len(refunds) > 0 {
 		_, err := e.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, refunds)
 		if err == nil {
-			to, _ := e.obs.(TokenObserver)
 			for i, a := range refunded {
 				e.spent(a, a.Cost-refunds[i].Cost)
 				e.obs.Decision(a.Rule.Name, a.Rule.Mode, Refunded)
-				if to != nil && refunds[i].Cost > 0 {
-					to.Tokens(a.Rule.Name, Refunded, refunds[i].Cost)
+				if refunds[i].Cost > 0 {
+					e.obs.Tokens(a.Rule.Name, Refunded, refunds[i].Cost)
 				}
 			}
 		} else {
@@ -238,33 +237,29 @@ func (out *Outcome) charge(ctx context.Context, reqs []drip.Request, asked []flo
 	return nil
 }
 
-// spent tells a TokenObserver what a cost_from_response rule's request
+// spent tells the observer what a cost_from_response rule's request
 // cost in the end (Spent).
 func (e *Engine) spent(a *Applied, tokens float64) {
 	if a.Rule.CostFrom == nil || tokens <= 0 {
 		return
 	}
-	if to, ok := e.obs.(TokenObserver); ok {
-		to.Tokens(a.Rule.Name, Spent, tokens)
-	}
+	e.obs.Tokens(a.Rule.Name, Spent, tokens)
 }
 
 // charged reports a charge of asked tokens of which charged were taken:
-// the event (Charged, or Forgiven when less was taken) and, to a
-// TokenObserver, the tokens charged and forgiven.
+// the event (Charged, or Forgiven when less was taken) and the tokens
+// charged and forgiven.
 func (e *Engine) charged(rule string, mode rules.Mode, charged, asked float64) {
 	ev := Charged
 	if charged < asked {
 		ev = Forgiven
 	}
 	e.obs.Decision(rule, mode, ev)
-	if to, ok := e.obs.(TokenObserver); ok {
-		if charged > 0 {
-			to.Tokens(rule, Charged, charged)
-		}
-		if charged < asked {
-			to.Tokens(rule, Forgiven, asked-charged)
-		}
+	if charged > 0 {
+		e.obs.Tokens(rule, Charged, charged)
+	}
+	if charged < asked {
+		e.obs.Tokens(rule, Forgiven, asked-charged)
 	}
 }
 

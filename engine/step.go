@@ -14,12 +14,12 @@ import (
 )
 
 // Item is one limit of a request: a bucket key, its limit, the request's
-// cost, and how it takes part (Shadow, Refund, Charge, Check, Quota, Blocked); the
-// decision fills in the rest. Each rule Decide applies is one (Applied);
-// a front door that matches limits itself (Envoy's descriptors) hands
-// its own to DecideItems. Items that share a key are one bucket: their
-// costs add up. An Item serves one decision: make a new one for the next
-// (its verdicts, Never's, are made once).
+// cost, and how it takes part (Mode); the decision fills in its Verdict.
+// Each rule Decide applies is one (Applied); a front door that matches
+// limits itself (Envoy's descriptors) hands its own to DecideItems. Items
+// that share a key are one bucket: their costs add up. An Item serves one
+// decision: make a new one for the next (its verdicts, Never's, are made
+// once).
 type Item struct {
 	Key   string
 	Limit drip.Limit
@@ -28,33 +28,9 @@ type Item struct {
 	// take), releases (a refund) or asks about (a peek). Items on a
 	// concurrency limit never share a key.
 	Lease string
-
-	// Shadow items are decided after the enforced ones and never deny:
-	// taken when the request is allowed, else peeked.
-	Shadow bool
-	// Refund items are given back (Envoy's is_negative_hits), before
-	// anything is taken.
-	Refund bool
-	// Quota items (Envoy's quota mode) do not deny the request on their
-	// own: one over its limit leaves the take (Out), and the request is
-	// allowed when one of them (or a Shadow one) is within its limit.
-	Quota bool
-	// Charge items are work already done (Envoy's apply_on_stream_done
-	// call): taken with a reservation, into debt at most DebtBound of
-	// their limit (what would pass it is Forgiven), after the refunds and
-	// before anything is decided; they never deny the request.
-	Charge bool
-	// Forgiven reports a Charge item charged less than its cost (or
-	// nothing): its bucket's debt would have passed the bound.
-	Forgiven bool
-	// Check items are only peeked at their cost, before the take: one
-	// over its limit denies the request, and they take nothing (a
-	// count_status rule: its cost is taken after the response, when its
-	// status matches, Outcome.Settle).
-	Check bool
-	// Blocked items never allow (a limit of 0): they are over their
-	// limit without asking the store.
-	Blocked bool
+	// Mode is how the item takes part in the decision (Enforce: taken
+	// all or nothing with the others).
+	Mode ItemMode
 	// Wait is how long an enforced item whose limit denies the request
 	// may hold it in its queue instead (Engine.Decide: the rule's
 	// max_wait), in Queue (a rule's name, in metrics) of at most MaxQueue
@@ -64,6 +40,63 @@ type Item struct {
 	Queue    string
 	MaxQueue int
 
+	// Plan is Limit compiled (PlanOf): a rule's, or a door's, compiled
+	// once when it loaded the limit. Nil: compiled from Limit when needed.
+	Plan *Plan
+
+	// Verdict is what the decision made of the item.
+	Verdict
+
+	never   verdict // Never, once made (costOf)
+	micro   int64   // Cost in fixed point, as the store takes it (takeCost)
+	costErr error   // what is wrong with Cost, if anything
+	// blocked: an item of DecideItems whose Limit is the zero Limit,
+	// which allows nothing (Envoy's requests_per_unit 0): over its limit
+	// without asking the store.
+	blocked bool
+
+	ask  float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
+	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
+	req  int     // its store request
+}
+
+// ItemMode is how an item takes part in a decision: one step of
+// DecideItems each, and whether an enforced or shadow item is in quota
+// mode (Envoy's quota_mode).
+type ItemMode uint8
+
+const (
+	// Enforce items are taken all or nothing; one over its limit denies
+	// the request.
+	Enforce ItemMode = iota
+	// EnforceQuota items are enforced in quota mode: one over its limit
+	// does not deny the request on its own, but leaves the take (Out);
+	// the request is allowed when one of them (or a ShadowQuota one) is
+	// within its limit.
+	EnforceQuota
+	// Shadow items are decided after the enforced ones and never deny:
+	// taken when the request is allowed, else peeked.
+	Shadow
+	// ShadowQuota items are Shadow items in quota mode: never over, they
+	// let the request pass its quota.
+	ShadowQuota
+	// Check items are only peeked at their cost, before the take: one
+	// over its limit denies the request, and they take nothing (a
+	// count_status rule: its cost is taken after the response, when its
+	// status matches, Outcome.Settle).
+	Check
+	// Refund items are given back (Envoy's is_negative_hits), before
+	// anything is taken.
+	Refund
+	// Charge items are work already done (Envoy's apply_on_stream_done
+	// call): taken with a reservation, into debt at most debtBound of
+	// their limit (what would pass it is Forgiven), after the refunds and
+	// before anything is decided; they never deny the request.
+	Charge
+)
+
+// Verdict is what a decision made of an item.
+type Verdict struct {
 	// Decision is the bucket's decision, for a shared key of the costs
 	// added (Taken); meaningful when Decided.
 	Decision drip.Decision
@@ -74,24 +107,14 @@ type Item struct {
 	// Taken is the cost the bucket was asked for: its items' costs added,
 	// at most its burst; for Charge items, what the bucket was charged.
 	Taken float64
-	// Out reports a Quota item found over its limit and left out of the
-	// take: it took nothing, and Decision is its last.
+	// Out reports an EnforceQuota item found over its limit and left out
+	// of the take: it took nothing, and Decision is its last.
 	Out bool
 	// Failed reports a Shadow item whose store call failed.
 	Failed bool
-
-	// Params is Limit in drip's fixed point (drip.Limit.Params, for any
-	// key: its burst decides Never), compiled once when the front door
-	// loaded the limit; nil, it is computed from Limit when needed.
-	Params *bucket.Params
-
-	never   verdict // Never, once made (costOf)
-	micro   int64   // Cost in fixed point, as the store takes it (takeCost)
-	costErr error   // what is wrong with Cost, if anything
-
-	ask  float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
-	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
-	req  int     // its store request
+	// Forgiven reports a Charge item charged less than its cost (or
+	// nothing): its bucket's debt would have passed the bound.
+	Forgiven bool
 }
 
 // Never reports whether the item can never be allowed: its cost exceeds
@@ -108,7 +131,7 @@ func (it *Item) Never() bool {
 // costOf is the item's cost as its store takes it (takeCost), made once.
 func (it *Item) costOf() (int64, error) {
 	if it.never == unknown {
-		c, over, err := takeCost(it.Limit, it.fixed(), it.Cost)
+		c, over, err := takeCost(&it.Limit, it.plan(), it.Cost)
 		it.micro, it.costErr, it.never = c, err, verdictOf(over)
 	}
 	return it.micro, it.costErr
@@ -130,16 +153,17 @@ func verdictOf(b bool) verdict {
 	return no
 }
 
-// fixed is the item's limit in drip's fixed point: Params, else computed
-// now. A limit that allows nothing (Envoy's requests_per_unit 0, a
-// Blocked item) has a burst of 0.
-func (it *Item) fixed() *bucket.Params {
-	if it.Params == nil {
-		p, _ := it.Limit.Params("")
-		it.Params = &p
+// plan is the item's Plan, compiled now if the door handed none.
+func (it *Item) plan() *Plan {
+	if it.Plan == nil {
+		it.Plan = PlanOf("", it.Limit)
 	}
-	return it.Params
+	return it.Plan
 }
+
+// fixed is the item's limit in drip's fixed point. A limit that allows
+// nothing (Envoy's requests_per_unit 0, a Blocked item) has a burst of 0.
+func (it *Item) fixed() *bucket.Params { return &it.plan().params }
 
 // takeCost is the store's cost of a take of cost under l (p in fixed
 // point, store.Cost), and whether it can never be allowed: it exceeds the
@@ -148,8 +172,9 @@ func (it *Item) fixed() *bucket.Params {
 // when cost is above its slots (the take then holds one slot, as every
 // take of a lease does). err is any other problem of the cost
 // (store.Cost's: not a finite number from 0 to 1e12).
-func takeCost(l drip.Limit, p *bucket.Params, cost float64) (c int64, over bool, err error) {
-	if l.Algorithm == drip.Concurrency {
+func takeCost(l *drip.Limit, pl *Plan, cost float64) (c int64, over bool, err error) {
+	p := &pl.params
+	if pl.algo.slots {
 		if cost > float64(l.MaxInFlight) {
 			return bucket.Micro, true, nil
 		}
@@ -163,13 +188,6 @@ func takeCost(l drip.Limit, p *bucket.Params, cost float64) (c int64, over bool,
 	return c, false, err
 }
 
-// perKey reports whether params p of limit l hold for one key at one
-// time only (Limit.Params): a fixed window placed by its key's hash, a
-// calendar window. Those are resolved at each decision (drip.Apply).
-func perKey(l *drip.Limit, p *bucket.Params) bool {
-	return p.Kind == bucket.Calendar || (p.Kind == bucket.Window && l.Start == 0)
-}
-
 // step makes one all-or-nothing store call for items, through the breaker
 // and under the deadline (call): a take, a peek or a refund of each
 // item's ask. Items of one key are one bucket: their asks add up. A take
@@ -177,10 +195,10 @@ func perKey(l *drip.Limit, p *bucket.Params) bool {
 // whole step is then a peek, at the burst, and that bucket denies (a
 // refund past the burst just fills the bucket).
 //
-// The store executes the items' compiled params (Item.Params), with the
+// The store executes the items' compiled params (Item.Plan), with the
 // cost in fixed point; what depends on the request (the key, the cost,
 // the lease) is checked here, once. Limits whose params depend on the
-// key or the time (perKey) go through drip.Apply, which resolves them.
+// key or the time (Plan.perKey) go through drip.Apply, which resolves them.
 func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, items []*Item) error {
 	if len(items) == 0 {
 		return nil
@@ -223,13 +241,14 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 	direct := true
 	for j := range reqs {
 		r := &reqs[j]
-		p := r.it.fixed()
+		pl := r.it.plan()
+		p := &pl.params
 		switch {
 		case r.cost == r.it.Cost: // the common case: one item a key, at its cost
 			r.c, r.err = r.it.costOf()
 			r.over = r.it.Never()
 		default:
-			r.c, r.over, r.err = takeCost(r.it.Limit, p, r.cost)
+			r.c, r.over, r.err = takeCost(&r.it.Limit, pl, r.cost)
 		}
 		if r.over { // takeCost's cost: the burst
 			r.cost = float64(p.Burst) / bucket.Micro
@@ -237,7 +256,7 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 				op = bucket.Peek
 			}
 		}
-		direct = direct && !perKey(&r.it.Limit, p)
+		direct = direct && !pl.perKey
 	}
 	var err error
 	if direct {
@@ -283,7 +302,7 @@ func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rul
 			e.refused(ctx, op, n, err)
 			return err
 		}
-		items[j].Leased = r.it.Limit.Leased // as drip.Apply marks it: a leased limit's blocks
+		items[j].Leased = r.it.plan().leased // as drip.Apply marks it: a leased limit's blocks
 		if reserve {
 			items[j].Params.MaxReserved = r.it.debt // a waiter's bound (queue.go)
 		}

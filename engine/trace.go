@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -52,38 +50,17 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 			return
 		}
 		e.tracer = tp.Tracer(TracerName)
-		e.kind = attribute.String("drip.store", StoreKind(e.store))
+		e.kind = attribute.String("drip.store", storeName(e.store))
 	}
 }
 
-// Unwrapper is a store.Store that decorates another (instruments it, say):
-// StoreKind looks through it.
-type Unwrapper interface {
-	Unwrap() store.Store
-}
-
-// StoreKind names the kind of s by its package ("memstore", "pgstore",
-// "redisstore"), looking through store.Separately and Unwrappers.
-func StoreKind(s store.Store) string {
-	for {
-		switch x := s.(type) {
-		case store.Separately:
-			s = x.Store
-			continue
-		case *store.Separately:
-			s = x.Store
-			continue
-		case Unwrapper:
-			s = x.Unwrap()
-			continue
-		}
-		break
+// storeName is the store's kind for spans (Caps.Name): "custom" when it
+// names none.
+func storeName(s store.Store) string {
+	if n := s.Caps().Name; n != "" {
+		return n
 	}
-	name := strings.TrimLeft(fmt.Sprintf("%T", s), "*")
-	if i := strings.IndexByte(name, '.'); i >= 0 {
-		name = name[:i]
-	}
-	return name
+	return "custom"
 }
 
 // startDecide starts a Decide's span, if the engine traces.

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/spantest"
+	"github.com/driplimit/drip/internal/testkit/spantest"
 )
 
 // BenchmarkDecideTracing is BenchmarkDecide with tracing on through the

@@ -249,7 +249,9 @@ func TestTraceApply(t *testing.T) {
 	if _, err := e.Apply(ctx, bucket.Take, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}); !store.IsInput(err) {
 		t.Fatalf("negative cost: %v", err)
 	}
-	if _, err := e.DecideItems(ctx, []*engine.Item{{Key: "a", Limit: drip.PerSecond(1), Cost: 1, Refund: true}}); err != nil {
+	a := engine.NewApplied(&rules.Rule{Name: "a", Limit: drip.PerSecond(1)})
+	a.Key, a.Cost, a.Mode = "a", 1, engine.Refund
+	if err := e.DecideItems(ctx, []engine.Applied{a}).Err; err != nil {
 		t.Fatal(err)
 	}
 	spans := rec.Ended()
@@ -292,16 +294,24 @@ func TestTraceOff(t *testing.T) {
 	}
 }
 
-func TestStoreKind(t *testing.T) {
+// The drip.store attribute names the store's kind (Caps.Name) through
+// every wrapper: Prefixed and Sharded too, which once read "store".
+func TestStoreName(t *testing.T) {
 	ms := memstore.New()
 	defer ms.Close()
-	for _, s := range []store.Store{ms, store.Separately{Store: ms}, wrapped{ms}, &store.Separately{Store: wrapped{ms}}} {
-		if k := engine.StoreKind(s); k != "memstore" {
-			t.Errorf("StoreKind(%T) = %q, want memstore", s, k)
+	for _, s := range []store.Store{ms, store.Separately{Store: ms}, wrapped{ms},
+		store.Prefixed{Store: ms, Prefix: "p:"}, store.Sharded{Store: ms, N: 2}} {
+		tp, rec := recorder(t)
+		e := engine.New(s, engine.WithTracerProvider(tp))
+		if _, err := e.Apply(context.Background(), bucket.Take, []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if k := engine.StoreKind(down{}); k != "engine_test" {
-		t.Errorf("StoreKind(down{}) = %q", k)
+		e.Close()
+		for _, sp := range rec.Ended() {
+			if k := attrs(sp)["drip.store"].AsString(); k != "memstore" {
+				t.Errorf("%T: %s span's drip.store %q, want memstore", s, sp.Name(), k)
+			}
+		}
 	}
 }
 
@@ -314,5 +324,3 @@ func (w wrapped) Caps() store.Caps {
 	c.InProcess = false
 	return c
 }
-
-func (w wrapped) Unwrap() store.Store { return w.Store }

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/driplimit/drip/bucket"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )

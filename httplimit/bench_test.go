@@ -12,7 +12,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/cputime"
-	"github.com/driplimit/drip/internal/spantest"
+	"github.com/driplimit/drip/internal/testkit/spantest"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )

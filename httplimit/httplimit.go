@@ -38,7 +38,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/frontdoor"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 )

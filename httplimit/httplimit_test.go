@@ -24,9 +24,9 @@ import (
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
-	"github.com/driplimit/drip/internal/testclock"
-	"github.com/driplimit/drip/internal/testserver"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/testclock"
+	"github.com/driplimit/drip/internal/testkit/testserver"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
@@ -56,7 +56,8 @@ func (o *observer) StoreLatency(time.Duration) {
 	o.calls++
 	o.mu.Unlock()
 }
-func (o *observer) BreakerState(s string) { o.mu.Lock(); o.states = append(o.states, s); o.mu.Unlock() }
+func (o *observer) BreakerState(s string)                { o.mu.Lock(); o.states = append(o.states, s); o.mu.Unlock() }
+func (o *observer) Tokens(string, engine.Event, float64) {}
 
 func (o *observer) count(key string) int {
 	o.mu.Lock()

@@ -13,7 +13,7 @@ import (
 
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/sfv"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/store/memstore"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/frontdoor"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 )
@@ -171,7 +171,7 @@ func (v *keyValues) Value(src rules.Source) (string, bool) {
 	return "", false
 }
 
-// Cost is the cost function's (engine.Coster).
+// Cost is the cost function's (engine.Values).
 func (v *keyValues) Cost(*rules.Rule) (float64, bool) {
 	if v.cost == nil {
 		return 0, false

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/driplimit/drip/internal/pathtest"
+	"github.com/driplimit/drip/internal/testkit/pathtest"
 )
 
 // TestPathSpellings: a request that spells a rule's path or method another

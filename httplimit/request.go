@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"net/url"
 
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/httplimit"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 )

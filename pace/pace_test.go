@@ -11,7 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/driplimit/drip/internal/pipenet"
+	"github.com/driplimit/drip/internal/testkit/pipenet"
 	"github.com/driplimit/drip/pace"
 )
 

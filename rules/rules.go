@@ -214,7 +214,7 @@ type Rule struct {
 	// Budget is Soft (or empty, the default) or Strict (budget: strict): a strict
 	// rule takes the most its request can cost (a cost_source of
 	// KindBound), refuses a request with no such bound, and settles
-	// without debt (DebtBound 0).
+	// without debt.
 	Budget Budget
 	// DefaultCost is the cost when the header or query value is absent,
 	// not a number, negative or not finite.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/store/memstore"
 )

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/internal/sfv"
-	"github.com/driplimit/drip/internal/testserver"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/testserver"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
 )

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/driplimit/drip/internal/testclock"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/testclock"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/store/memstore"
 )
 

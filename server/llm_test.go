@@ -20,7 +20,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	llm "github.com/driplimit/drip/examples/llm/upstream"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"

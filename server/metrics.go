@@ -170,9 +170,6 @@ func (m *metrics) observe(s store.Store) *observed {
 	}
 }
 
-// Unwrap is the store observed (engine.StoreKind names it in traces).
-func (o *observed) Unwrap() store.Store { return o.Store }
-
 func (o *observed) obs(op bucket.Op) (prometheus.Observer, string) {
 	switch op {
 	case bucket.Peek:

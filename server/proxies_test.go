@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip/internal/pathtest"
 	"github.com/driplimit/drip/internal/sfv"
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/pathtest"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store/memstore"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
-	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/storetest"

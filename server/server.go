@@ -32,7 +32,7 @@ import (
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/conncap"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/local"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/server/envoy"
 	"github.com/driplimit/drip/server/envoy/xds"
@@ -140,7 +140,7 @@ func New(cfg Config, st store.Store) (*Server, error) {
 	s.board, s.instance, s.topTTL = st.Caps().Board, instanceName(), topTTL
 	s.metrics.reg.MustRegister(whoCollector{s.who})
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
-		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(frontdoor.Local),
+		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(local.New),
 		engine.WithTracerProvider(cfg.TracerProvider), engine.WithKeys(s.who))
 	s.ost = st.Caps().Overrides
 	rs, err := s.loadRules()

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/store/memstore"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/simulate"
 	"github.com/driplimit/drip/store/memstore"

@@ -12,8 +12,8 @@ import (
 
 	"github.com/driplimit/drip"
 
-	"github.com/driplimit/drip/internal/testserver"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/testserver"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/override"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/redisstore"
 )

@@ -17,7 +17,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/frontdoor"
 	"github.com/driplimit/drip/internal/llm"
 	"github.com/driplimit/drip/override"
 	"github.com/driplimit/drip/rules"
@@ -98,6 +98,9 @@ func (a *tenantAsk) Value(src rules.Source) (string, bool) {
 }
 
 func (a *tenantAsk) Identity(key string) string { return "key:" + key }
+
+// Cost is 0, false: no rule here costs by a program's function.
+func (a *tenantAsk) Cost(*rules.Rule) (float64, bool) { return 0, false }
 
 // tenantRule is one rule of the picture.
 type tenantRule struct {

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip/internal/testserver"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/testserver"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/topkeys"
 )

@@ -11,7 +11,7 @@ import (
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/server/envoy/xds"
 	"github.com/driplimit/drip/server/envoy/xds/xdstest"
 	"github.com/driplimit/drip/store/memstore"

@@ -49,9 +49,10 @@ func (p Prefixed) Reset(ctx context.Context, key string) error {
 }
 
 // Caps are the store's, its overrides and its board seen under the
-// prefix.
+// prefix. The fast path would miss the prefix: it is dropped.
 func (p Prefixed) Caps() Caps {
 	c := p.Store.Caps()
+	c.Admit = nil
 	if c.Overrides != nil {
 		c.Overrides = prefixedOverrides{c.Overrides, p.Prefix}
 	}

@@ -130,5 +130,10 @@ func (s Sharded) Reset(ctx context.Context, key string) error {
 	return nil
 }
 
-// Caps are the store's.
-func (s Sharded) Caps() Caps { return s.Store.Caps() }
+// Caps are the store's, without its fast path, which would miss the
+// shard suffix.
+func (s Sharded) Caps() Caps {
+	c := s.Store.Caps()
+	c.Admit = nil
+	return c
+}

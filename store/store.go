@@ -46,28 +46,30 @@ type Store interface {
 	Caps() Caps
 }
 
-// Admitter is a store that decides a plain take in process and says only
-// yes or no (the memory store): drip.Limiter.Allow's path, which skips
-// the Result and the slices of Apply. Admit takes cost micro-tokens (as
-// Cost makes them, so within p's burst) from key's bucket under p, a
-// token bucket or a fixed window, without reserve, as Apply of that one
-// Take would, and reports whether it was allowed. key has passed
-// CheckKey; a zero at is the store's clock. A wrapper that changes keys
-// (Prefixed, Sharded) does not implement it, so its calls go through
-// Apply.
+// Admitter is a store's in-process fast path (Caps.Admit): one item
+// decided without the slices of Apply. The memory store has one.
 //
-// Decide is the same path for a whole decision: op of one item (key, p,
-// cost, reserve: as Prepare checked them, p a token bucket or a fixed
-// window) decided exactly as Apply of that one item would, and its
-// result; drip.Limiter's Take, Peek, Refund and Reserve on the memory
-// store, without the slices an interface call makes escape.
+// Admit takes cost micro-tokens from key's bucket under p. p is a token
+// bucket or a fixed window; cost is within its burst (Cost made it). It
+// reports whether the take was allowed, as Apply of that Take would.
+//
+// ApplyOne is Apply of one item, without reserve limits on p's kind: a
+// token bucket or a fixed window, checked as Prepare checks it.
+//
+// key has passed CheckKey. A zero at is the store's clock.
 type Admitter interface {
 	Admit(key string, p *bucket.Params, cost int64, at time.Time) bool
-	Decide(op bucket.Op, key string, p *bucket.Params, cost int64, reserve bool, at time.Time) bucket.Result
+	ApplyOne(op bucket.Op, key string, p *bucket.Params, cost int64, reserve bool, at time.Time) bucket.Result
 }
 
 // Caps is what a store can do beyond executing items.
 type Caps struct {
+	// Name is the store's kind: "memstore", "pgstore", "redisstore".
+	// Traces name the store by it. Wrappers forward it.
+	Name string
+	// Admit is the store's in-process fast path, or nil. Wrappers that
+	// change keys (Prefixed, Sharded) drop it.
+	Admit Admitter
 	// InProcess reports that the store decides in the caller's process
 	// and never waits on a network or a server (the memory store): callers
 	// give its calls no deadline of their own, which saves a timer.

@@ -24,6 +24,9 @@ func (v values) Value(s rules.Source) (string, bool) {
 
 func (v values) Identity(key string) string { return "key:" + key }
 
+// Cost is 0, false: no rule here costs by a program's function.
+func (v values) Cost(*rules.Rule) (float64, bool) { return 0, false }
+
 // benchDecide is engine.Decide on the memory store, one enforce rule
 // keyed by a header, over 100,000 clients: the path whose cost the
 // tracker adds to (BENCHMARKS.md, "Who is being limited").
@@ -81,7 +84,7 @@ func BenchmarkKey(b *testing.B) {
 	}
 	buf := []byte("per-key|client-")
 	prefix := len(buf)
-	it := &engine.Item{Decided: true}
+	it := &engine.Item{Verdict: engine.Verdict{Decided: true}}
 	it.Decision.Burst, it.Decision.Tokens = 10, 5
 	build := func(n uint64) {
 		buf = strconv.AppendUint(buf[:prefix], n, 10)

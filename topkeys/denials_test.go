@@ -25,8 +25,8 @@ func TestDenialLog(t *testing.T) {
 		Keys:   func(rule string) string { return keys[rule] },
 	}))
 	deny := func(rule string) {
-		it := &engine.Item{Key: rule + "|secret-key", Limit: drip.Limit{Algorithm: drip.FixedWindow}, Decided: true,
-			Decision: drip.Decision{Tokens: 0, Burst: 5, RetryAfter: 1500 * time.Millisecond}}
+		it := &engine.Item{Key: rule + "|secret-key", Limit: drip.Limit{Algorithm: drip.FixedWindow}, Verdict: engine.Verdict{Decided: true,
+			Decision: drip.Decision{Tokens: 0, Burst: 5, RetryAfter: 1500 * time.Millisecond}}}
 		tr.Key(rule, rules.Enforce, engine.Denied, it)
 	}
 	for range 1000 {

@@ -27,7 +27,7 @@ func tick(t *Tracker, c *clock) {
 }
 
 func decide(t *Tracker, rule, key string, ev engine.Event, tokens, burst float64) {
-	it := &engine.Item{Key: key, Decided: burst > 0, Decision: drip.Decision{Allowed: ev == engine.Allowed, Tokens: tokens, Burst: burst}}
+	it := &engine.Item{Key: key, Verdict: engine.Verdict{Decided: burst > 0, Decision: drip.Decision{Allowed: ev == engine.Allowed, Tokens: tokens, Burst: burst}}}
 	t.Key(rule, rules.Enforce, ev, it)
 }
 

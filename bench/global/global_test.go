@@ -66,7 +66,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/redisstore"

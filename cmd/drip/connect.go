@@ -87,8 +87,11 @@ func openServeStore(ctx context.Context, url string, log *slog.Logger, redisOpts
 // one, and store.Separately only falls back when the store refuses a
 // call's keys.
 func capsOf(url string) store.Caps {
-	c := store.Caps{Leases: true, Sliding: true, Calendar: true, Blocks: true}
+	c := store.Caps{Name: "redisstore", Leases: true, Sliding: true, Calendar: true, Blocks: true}
 	c.SplitsKeys = strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://")
+	if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
+		c.Name = "pgstore"
+	}
 	return c
 }
 

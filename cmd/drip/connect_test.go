@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store/pgstore"
 )
 

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 )
 
 // TestMain stops the PostgreSQL and Redis servers the replay tests share.

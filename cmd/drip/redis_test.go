@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/storetest"
 )
 

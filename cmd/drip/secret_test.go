@@ -66,14 +66,28 @@ func TestNoSecretInStartupErrors(t *testing.T) {
 			// Refused at start: were it served, the context's end stops it
 			// (0). A store that does not answer is no refusal: drip
 			// starts without it (after the store deadline, 2 s), logs each
-			// attempt to connect, and is stopped once it has logged one.
-			wait := 30 * time.Second
-			if tc.down {
-				wait = 6 * time.Second
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			// attempt to connect, and is stopped as soon as it has said
+			// the store does not answer (or at the generous deadline).
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			var out, errs lockedBuffer
+			if tc.down {
+				go func() {
+					tick := time.NewTicker(20 * time.Millisecond)
+					defer tick.Stop()
+					for {
+						select {
+						case <-ctx.Done():
+							return
+						case <-tick.C:
+						}
+						if strings.Contains(out.String()+errs.String(), "does not answer") {
+							cancel()
+							return
+						}
+					}
+				}()
+			}
 			code := run(ctx, args, strings.NewReader(""), &out, &errs)
 			all := out.String() + errs.String()
 			switch {

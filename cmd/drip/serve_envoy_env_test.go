@@ -15,7 +15,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/server/envoy/xds"
 	"github.com/driplimit/drip/store/redisstore"
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 )
 
 // TestServeLeased: with --leased, the decision API's takes are decided

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/server"
 )
 

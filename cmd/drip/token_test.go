@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 )
 
 // TestServeAdminTokenFile: the admin token can come from a file (so that

@@ -72,9 +72,9 @@ type Option func(*Observer)
 func WithoutStore() Option { return func(o *Observer) { o.store = false } }
 
 var (
-	_ engine.TokenObserver = (*Observer)(nil)
+	_ engine.Observer      = (*Observer)(nil)
 	_ engine.QueueObserver = (*Observer)(nil)
-	_ engine.TokenObserver = prefixed{}
+	_ engine.Observer      = prefixed{}
 	_ prometheus.Collector = (*Observer)(nil)
 )
 
@@ -286,7 +286,7 @@ func (o *Observer) Decision(rule string, mode rules.Mode, outcome engine.Event) 
 	}
 }
 
-// Tokens implements engine.TokenObserver.
+// Tokens implements engine.Observer.
 func (o *Observer) Tokens(rule string, outcome engine.Event, tokens float64) {
 	if outcome == engine.Spent {
 		if _, ok := o.money.Load(rule); ok {

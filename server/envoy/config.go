@@ -15,9 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/driplimit/drip"
-	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/sfv"
+	"github.com/driplimit/drip/rules"
 )
 
 // Config is a set of domains loaded from envoyproxy/ratelimit configuration
@@ -92,10 +91,9 @@ type Limit struct {
 	// Unlimited or RequestsPerUnit is 0.
 	Limit drip.Limit
 
-	qname  string        // the quoted name of RateLimit headers
-	policy string        // the RateLimit-Policy item
-	quota  int64         // q and RateLimit-Limit (engine.Quota)
-	params bucket.Params // Limit in drip's fixed point, compiled at load
+	// applied is the limit as the engine applies it (its rule: the
+	// label, the mode; its limit compiled), copied for each request.
+	applied engine.Applied
 	// globalShadow: in shadow mode by SHADOW_MODE only. Its status says
 	// OVER_LIMIT when it is over (the request is still allowed), as
 	// envoyproxy/ratelimit's does; a limit's own shadow_mode says OK.
@@ -124,13 +122,8 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm, leased bool) error {
 	if l.Unlimited {
 		return nil
 	}
-	name := l.Name
-	if name == "" {
-		name = l.Path
-	}
-	l.qname = sfv.String(name)
 	if l.RequestsPerUnit == 0 {
-		l.policy = engine.PolicyItem(name, l.Limit) // a quota of 0, no window
+		l.prepare() // the zero Limit: a quota of 0, no window
 		return nil
 	}
 	d, ok := units[l.Unit]
@@ -146,10 +139,18 @@ func newLimit(l *Limit, burst float64, algo drip.Algorithm, leased bool) error {
 	if err := l.Limit.Validate(); err != nil {
 		return err
 	}
-	l.policy = engine.PolicyItem(name, l.Limit)
-	l.quota = engine.Quota(l.Limit)
-	l.params, _ = l.Limit.Params("") // valid, and its burst does not depend on a key
+	l.prepare()
 	return nil
+}
+
+// prepare makes l's engine rule: its label, its mode, its limit
+// compiled (the zero Limit for a limit of 0, which allows nothing).
+func (l *Limit) prepare() {
+	mode := rules.Enforce
+	if l.Shadow {
+		mode = rules.Shadow
+	}
+	l.applied = engine.NewApplied(&rules.Rule{Name: l.Label(), Mode: mode, Limit: l.Limit})
 }
 
 // Label is what l's decisions are counted under: its name, else its Path.

@@ -1,6 +1,7 @@
 package envoy
 
 import (
+	"context"
 	"flag"
 	"os"
 	"path/filepath"
@@ -9,8 +10,10 @@ import (
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/bad/*.err from the loader's messages")
@@ -137,8 +140,8 @@ func TestLimits(t *testing.T) {
 	if want := (drip.Limit{Rate: 100, Period: 24 * time.Hour}); l.Limit != want {
 		t.Fatalf("limit %+v, want %+v", l.Limit, want)
 	}
-	if l.policy != `"messaging.to_number";q=100;w=86400` {
-		t.Fatalf("policy %s", l.policy)
+	if p := policyOf(t, c, "messaging", "to_number=1"); p != `"messaging.to_number";q=100;w=86400` {
+		t.Fatalf("policy %s", p)
 	}
 	if l := c.Match("internal", entries("ldap=x")); !l.Unlimited || l.Limit != (drip.Limit{}) {
 		t.Fatalf("unlimited: %+v", l)
@@ -167,8 +170,8 @@ func TestLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l := d.Match("api", entries("api_key=k")); l.Limit != (drip.Limit{Rate: 10, Period: time.Second, Burst: 20}) || l.policy != `"api.api_key";q=20;w=2` {
-		t.Fatalf("burst: %+v %s", l.Limit, l.policy)
+	if l, p := d.Match("api", entries("api_key=k")), policyOf(t, d, "api", "api_key=k"); l.Limit != (drip.Limit{Rate: 10, Period: time.Second, Burst: 20}) || p != `"api.api_key";q=20;w=2` {
+		t.Fatalf("burst: %+v %s", l.Limit, p)
 	}
 	if l := d.Match("api", entries("plan=free")); l.Limit != (drip.Limit{Algorithm: drip.FixedWindow, Rate: 60, Period: time.Minute, Start: time.Minute}) {
 		t.Fatalf("fixed window: %+v", l.Limit)
@@ -240,4 +243,22 @@ func FuzzParse(f *testing.F) {
 			c.Match(d, entries("a=x*y", "a=", "key=value*z"))
 		}
 	})
+}
+
+// policyOf is the RateLimit-Policy header of a request of one descriptor
+// (entries "key=value") under c, on a memory store.
+func policyOf(t *testing.T, c *Config, domain string, kvs ...string) string {
+	t.Helper()
+	ms := memstore.New()
+	defer ms.Close()
+	resp, err := NewService(ms, c).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc(kvs...)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range resp.ResponseHeadersToAdd {
+		if h.Key == "RateLimit-Policy" {
+			return h.Value
+		}
+	}
+	return ""
 }

@@ -10,7 +10,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/memstore"
 )

@@ -13,17 +13,16 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/seconds"
-	"github.com/driplimit/drip/rules"
 )
 
 // respond builds the response to req: the overall code, one status per
 // descriptor, the headers opts.Headers asks for (by default the RateLimit
 // headers, as the middleware writes them, of the enforced descriptors), and
 // the dynamic metadata when opts.DynamicMetadata.
-func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Options) *rlsv3.RateLimitResponse {
+func respond(req *rlsv3.RateLimitRequest, items []item, out *engine.Outcome, opts *Options) *rlsv3.RateLimitResponse {
+	allowed := out.Allowed
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items)),
@@ -31,7 +30,6 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 	if !allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	var top, fallback, shut *item
 	for i := range items {
 		it := &items[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -55,21 +53,13 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 			if !it.limit.Shadow || it.limit.globalShadow {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
-			if !allowed && !it.limit.Shadow && shut == nil {
-				shut = it
-			}
 			continue
 		}
 		if !it.step.Decided || (it.kind == enforce && it.step.Never()) {
 			// cost > burst: never allowed, and over the limit with
-			// nothing remaining, as envoyproxy/ratelimit says. Peeked
-			// when the request was denied (run): then the headers
-			// describe its bucket, unless a denial a wait cures does.
+			// nothing remaining, as envoyproxy/ratelimit says.
 			if it.kind == enforce {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			}
-			if it.kind == enforce && it.step.Decided && top == nil {
-				top = it
 			}
 			continue
 		}
@@ -82,37 +72,17 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 		}
-		if it.kind != enforce {
-			continue
-		}
-		if !allowed {
-			if !it.step.Decision.Allowed && (top == nil || engine.Tighter(it.step.Decision, top.step.Decision, true)) {
-				top = it
-			}
-			if it.step.Decision.Allowed && (fallback == nil || it.step.Decision.Remaining < fallback.step.Decision.Remaining) {
-				fallback = it
-			}
-		} else if top == nil || engine.Tighter(it.step.Decision, top.step.Decision, false) {
-			top = it
-		}
-	}
-	if top == nil {
-		// Denied only by a limit of 0 (or by quota descriptors that can
-		// never pass, set aside unasked), which no wait cures: no
-		// Retry-After; the single-value headers describe the limit of 0
-		// (a quota of 0, none remaining, no reset), else the buckets.
-		top = fallback
-		if shut != nil {
-			top = shut
-		}
 	}
 	switch opts.Headers.Mode {
 	case HeadersEnvoy:
 		resp.ResponseHeadersToAdd = envoyHeaders(opts.Headers, items, resp.Statuses)
 	case HeadersNone:
 	default:
-		if top != nil {
-			resp.ResponseHeadersToAdd = headers(items, top, allowed)
+		for name, v := range out.Fields().All() {
+			if resp.ResponseHeadersToAdd == nil {
+				resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, 0, 6)
+			}
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: name, Value: v})
 		}
 	}
 	if opts.DynamicMetadata {
@@ -121,91 +91,10 @@ func respond(req *rlsv3.RateLimitRequest, items []item, allowed bool, opts *Opti
 	return resp
 }
 
-// wait is how long a denied request waits before it may be allowed: the
-// longest wait of its descriptors over their limit outside quota mode and,
-// when none of its quota descriptors is within its limit, the shortest
-// wait of theirs (those that no wait cures aside).
-func wait(items []item) time.Duration {
-	var w, quota time.Duration
-	quotas, within, waits := 0, false, false
-	for i := range items {
-		it := &items[i]
-		denied := it.kind == enforce && it.step.Decided && !it.step.Decision.Allowed
-		if !it.quota {
-			if denied {
-				w = max(w, it.step.Decision.RetryAfter)
-			}
-			continue
-		}
-		quotas++
-		switch {
-		case denied:
-			if !waits || it.step.Decision.RetryAfter < quota {
-				quota, waits = it.step.Decision.RetryAfter, true
-			}
-		case it.kind == enforce && it.step.Decided:
-			within = true // allowed on its own
-		}
-	}
-	if quotas > 0 && !within {
-		w = max(w, quota)
-	}
-	return w
-}
-
 // remaining is the whole tokens left in a descriptor's bucket, as the
-// request left it (current).
+// request left it (engine.Applied.Current).
 func remaining(it *item) uint32 {
-	return uint32(min(current(it).Remaining, math.MaxUint32))
-}
-
-// current is a descriptor's bucket as the request left it: for an allowed
-// descriptor of a denied request (so not taken), as it was before
-// (engine.BeforeTake).
-func current(it *item) drip.Decision {
-	if it.step.Decision.Allowed && !it.step.Changed && it.kind != refund && it.kind != charge {
-		return engine.BeforeTake(it.step.Decision, it.limit.Limit, it.key, it.step.Taken)
-	}
-	return it.step.Decision
-}
-
-// headers are the engine's RateLimit headers (and Retry-After on a
-// denial) for the enforced descriptors that were decided, and those whose
-// limit is 0 (a quota of 0, with no window); the single-value ones
-// describe top: on a denial the denying descriptor with the longest wait
-// (or a limit of 0, when no wait cures the denial), else the one with the
-// fewest tokens left.
-func headers(items []item, top *item, allowed bool) []*corev3.HeaderValue {
-	var retry int64
-	if !allowed && top.kind != blocked {
-		// envoyproxy/ratelimit's config has no place for it: the default.
-		retry = rules.DefaultJitter.Seconds(top.key, wait(items))
-	}
-	field := func(it *item) engine.Field {
-		f := engine.Field{Policy: it.limit.policy, Name: it.limit.qname}
-		switch {
-		case it.kind == blocked:
-			f.NoT = true
-		case !allowed && !it.step.Decision.Allowed && retry > 0:
-			f.Remaining, f.T = int64(remaining(it)), retry
-		default:
-			f.Remaining, f.T = int64(remaining(it)), seconds.Ceil(current(it).ResetAfter)
-		}
-		return f
-	}
-	var fs []engine.Field
-	for i := range items {
-		it := &items[i]
-		if (it.kind == enforce && it.step.Decided) || (it.kind == blocked && !it.limit.Shadow) {
-			fs = append(fs, field(it))
-		}
-	}
-	f := engine.MakeFields(fs, field(top), top.limit.quota, retry)
-	h := make([]*corev3.HeaderValue, 0, 6)
-	for name, v := range f.All() {
-		h = append(h, &corev3.HeaderValue{Key: name, Value: v})
-	}
-	return h
+	return uint32(min(it.step.Current().Remaining, math.MaxUint32))
 }
 
 // envoyHeaders are envoyproxy/ratelimit's three headers (HeadersEnvoy),

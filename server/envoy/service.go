@@ -44,7 +44,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/local"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 )
@@ -132,7 +132,7 @@ func NewService(store store.Store, cfg *Config, opts ...Option) *Service {
 		f(&o)
 	}
 	if o.eng == nil {
-		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit"), engine.WithLocal(frontdoor.Local)}, o.opts...)...)
+		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit"), engine.WithLocal(local.New)}, o.opts...)...)
 	}
 	if o.obs == nil {
 		o.obs = o.eng.Observer()
@@ -174,8 +174,8 @@ const (
 // SettleKey marks a descriptor that charges work already done: a
 // descriptor whose last entry has this key (any value) is matched without
 // that entry, so it meets the same limit and bucket as the descriptor
-// without it, and its hits are charged, into debt at most the limit's
-// engine.DebtBound (what would pass it is forgiven), never denied. It is
+// without it, and its hits are charged, into debt at most one burst
+// (what would pass it is forgiven), never denied. It is
 // for Envoy's apply_on_stream_done rate limits, whose call comes when the
 // response has ended, with the actual cost as hits_addend; add the entry
 // with a generic_key action (descriptor_key: drip_settle). Envoy's request
@@ -190,10 +190,10 @@ type item struct {
 	limit *Limit
 	key   string
 	cost  float64
-	// step is its item of the engine's decision (decision, applied,
-	// the cost asked, set aside, failed); several descriptors with one
+	// step is its limit as the engine applied it (its decision,
+	// verdict and event), in the outcome; several descriptors with one
 	// key share a bucket (their costs added).
-	step engine.Item
+	step *engine.Applied
 	// quota marks an enforced (or blocked) descriptor in quota mode.
 	quota bool
 }
@@ -229,6 +229,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				// SHADOW_MODE overrides every answer in envoyproxy/ratelimit,
 				// a request's own limits' included.
 				l.Shadow, l.globalShadow = cfg.opts.Shadow, cfg.opts.Shadow
+				l.prepare()
 				m.limit = l
 			}
 		} else {
@@ -274,7 +275,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// then the enforced ones all or nothing (quota mode, limits of 0 and
 	// costs above the burst as the engine's Item says), then the shadow
 	// ones.
-	steps := sc.steps[:0]
+	as := make([]engine.Applied, 0, len(items))
 	for i := range items {
 		it := &items[i]
 		if it.kind < blocked {
@@ -282,27 +283,50 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		q := (it.limit.Quota || cfg.opts.Quota) && it.kind != refund && it.kind != charge
 		it.quota = q && !it.limit.Shadow
-		it.step = engine.Item{Key: it.key, Limit: it.limit.Limit, Params: &it.limit.params, Cost: it.cost,
-			Shadow: it.limit.Shadow && it.kind != charge, Refund: it.kind == refund, Charge: it.kind == charge,
-			Quota: q, Blocked: it.kind == blocked}
-		steps = append(steps, &it.step)
+		a := it.limit.applied
+		a.Key, a.Cost, a.Mode = it.key, it.cost, mode(it.kind, it.limit.Shadow, q)
+		as = append(as, a)
 	}
-	sc.steps = steps
-	allowed, err := s.eng.DecideItems(ctx, steps)
-	if err != nil {
-		s.observe(items, err)
-		return nil, storeError(err)
+	out := s.eng.DecideItems(ctx, as)
+	j := 0
+	for i := range items {
+		if items[i].kind >= blocked {
+			items[i].step = &out.Applied[j]
+			j++
+		}
 	}
-	s.observe(items, nil)
-	return respond(req, items, allowed, &cfg.opts), nil
+	s.observe(items)
+	if out.Err != nil {
+		return nil, storeError(out.Err)
+	}
+	return respond(req, items, out, &cfg.opts), nil
 }
 
-// scratch is a call's items and steps, kept between calls: what a call
-// returns (its response, its error) holds nothing of them, nor does what
-// it tells the observers (engine.KeyObserver keeps nothing of an Item).
+// mode is the engine's mode of a descriptor of kind k (blocked, enforce,
+// shadow, refund or charge; a blocked descriptor's limit is the zero
+// Limit, which allows nothing), of a limit in shadow mode or not, in quota
+// mode or not.
+func mode(k kind, shadowed, quota bool) engine.ItemMode {
+	switch {
+	case k == refund:
+		return engine.Refund
+	case k == charge:
+		return engine.Charge
+	case shadowed && quota:
+		return engine.ShadowQuota
+	case shadowed:
+		return engine.Shadow
+	case quota:
+		return engine.EnforceQuota
+	}
+	return engine.Enforce
+}
+
+// scratch is a call's items, kept between calls: what a call returns (its
+// response, its error) holds nothing of them, nor does what it tells the
+// observers (engine.KeyObserver keeps nothing it is shown).
 type scratch struct {
 	items []item
-	steps []*engine.Item
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -319,11 +343,10 @@ func (sc *scratch) take(n int) []item {
 // put clears what the call left and keeps sc for the next one, unless it
 // grew beyond a common call's size.
 func (sc *scratch) put() {
-	if cap(sc.items) > 8 || cap(sc.steps) > 8 {
+	if cap(sc.items) > 8 {
 		return
 	}
 	clear(sc.items)
-	clear(sc.steps)
 	scratchPool.Put(sc)
 }
 
@@ -339,33 +362,20 @@ func storeError(err error) error {
 	return status.Errorf(code, "rate limit store: %v", err)
 }
 
-// observe reports each descriptor that met a limit to the observer.
-func (s *Service) observe(items []item, err error) {
+// observe reports each descriptor that met a limit to the observer: the
+// engine's event of its limit (engine.Unlimited for an unlimited one).
+func (s *Service) observe(items []item) {
 	obs := s.obs
 	for i := range items {
 		it := &items[i]
 		var out engine.Event
-		switch {
-		case it.kind == none:
+		switch it.kind {
+		case none:
 			continue
-		case it.kind == unlimited:
+		case unlimited:
 			out = engine.Unlimited
-		case err != nil || it.step.Failed:
-			out = engine.Failed
-		case it.kind == charge && !it.step.Decided: // nothing to charge
-			out = engine.Settled
-		case it.kind == blocked || !it.step.Decided || (!it.step.Decision.Allowed && it.kind != charge):
-			out = engine.Denied
-		case it.kind == refund:
-			out = engine.Refunded
-		case it.kind == charge && it.step.Forgiven:
-			out = engine.Forgiven
-		case it.kind == charge:
-			out = engine.Charged
-		case !it.step.Changed:
-			out = engine.NotTaken
 		default:
-			out = engine.Allowed
+			out = it.step.Event
 		}
 		mode := rules.Enforce
 		if it.limit.Shadow {
@@ -373,17 +383,21 @@ func (s *Service) observe(items []item, err error) {
 		}
 		obs.Decision(it.limit.Label(), mode, out)
 		if s.keys != nil {
-			s.keys.Key(it.limit.Label(), mode, out, &it.step)
+			k := &engine.Item{} // an unlimited descriptor's: no bucket
+			if it.step != nil {
+				k = &it.step.Item
+			}
+			s.keys.Key(it.limit.Label(), mode, out, k)
 		}
-		if to, ok := obs.(engine.TokenObserver); ok && it.kind == charge && it.step.Decided {
+		if it.kind == charge && it.step.Decided {
 			// The tokens of the descriptor's bucket (for descriptors
 			// that share one, each is told the bucket's charge).
 			charged := min(it.step.Taken, it.cost)
 			if charged > 0 {
-				to.Tokens(it.limit.Label(), engine.Charged, charged)
+				obs.Tokens(it.limit.Label(), engine.Charged, charged)
 			}
 			if charged < it.cost {
-				to.Tokens(it.limit.Label(), engine.Forgiven, it.cost-charged)
+				obs.Tokens(it.limit.Label(), engine.Forgiven, it.cost-charged)
 			}
 		}
 	}

@@ -25,9 +25,9 @@ import (
 
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/testclock"
-	"github.com/driplimit/drip/internal/testserver"
-	"github.com/driplimit/drip/internal/teststores"
+	"github.com/driplimit/drip/internal/testkit/testclock"
+	"github.com/driplimit/drip/internal/testkit/testserver"
+	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
@@ -544,9 +544,10 @@ type observerFunc func(limit string, shadow bool, outcome string)
 func (f observerFunc) Decision(limit string, mode rules.Mode, event engine.Event) {
 	f(limit, mode == rules.Shadow, string(event))
 }
-func (observerFunc) StoreError(error)           {}
-func (observerFunc) StoreLatency(time.Duration) {}
-func (observerFunc) BreakerState(string)        {}
+func (observerFunc) StoreError(error)                     {}
+func (observerFunc) StoreLatency(time.Duration)           {}
+func (observerFunc) BreakerState(string)                  {}
+func (observerFunc) Tokens(string, engine.Event, float64) {}
 
 func TestObserver(t *testing.T) {
 	var mu sync.Mutex

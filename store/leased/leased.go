@@ -208,12 +208,13 @@ func (nopObserver) BlockFetched(string, int64)  {}
 func (nopObserver) BlockReturned(string, int64) {}
 func (nopObserver) BlockExpired(string, int64)  {}
 
-// Caps are the store's.
-func (s *Store) Caps() store.Caps { return s.st.Caps() }
-
-// Unwrap is the store under it (its kind is the one traces name:
-// engine.StoreKind).
-func (s *Store) Unwrap() store.Store { return s.st }
+// Caps are the store's, its name too, without its fast path: takes
+// go through the instance's blocks.
+func (s *Store) Caps() store.Caps {
+	c := s.st.Caps()
+	c.Admit = nil
+	return c
+}
 
 // Reset resets key in the store and forgets the instance's block of it
 // (its tokens were taken; the reset gives the bucket back whole).

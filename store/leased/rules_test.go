@@ -10,7 +10,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/leased"
@@ -57,6 +57,9 @@ func (r request) Value(src rules.Source) (string, bool) {
 	return "", false
 }
 func (r request) Identity(key string) string { return "key:" + key }
+
+// Cost is 0, false: no rule here costs by a program's function.
+func (r request) Cost(*rules.Rule) (float64, bool) { return 0, false }
 
 // TestRulesMarkWhatIsLeased: a rules file with a leased rule and a plain
 // one, decided by the engine on a wrapper that leases the marked limits

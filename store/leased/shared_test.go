@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/bucket"
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/memstore"

@@ -244,7 +244,7 @@ func (s *Store) clock() int64 {
 // leases, sliding and calendar windows, blocks of leased tokens, and
 // keeps overrides (override.go).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{InProcess: true, Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s, Board: s}
+	return store.Caps{Name: "memstore", Admit: s, InProcess: true, Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s, Board: s}
 }
 
 // Apply implements store.Store. One item is decided here, under its
@@ -270,9 +270,9 @@ func (s *Store) Apply(_ context.Context, op bucket.Op, at time.Time, items []buc
 	return nil
 }
 
-// Decide implements store.Admitter: Apply of one item of a token bucket
-// or fixed window, on the same path.
-func (s *Store) Decide(op bucket.Op, key string, p *bucket.Params, cost int64, reserve bool, at time.Time) bucket.Result {
+// ApplyOne implements store.Admitter: Apply of one item of a token
+// bucket or fixed window, on the same path.
+func (s *Store) ApplyOne(op bucket.Op, key string, p *bucket.Params, cost int64, reserve bool, at time.Time) bucket.Result {
 	it := bucket.Prepared{Key: key, Cost: cost, Reserve: reserve}
 	return s.decide(op, &it, p, at)
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store/pgstore"
 )
 

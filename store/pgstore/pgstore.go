@@ -401,7 +401,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 // calendar windows and blocks of leased tokens (blocks.go), and keeps
 // overrides (override.go).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s, Board: s}
+	return store.Caps{Name: "pgstore", Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s, Board: s}
 }
 
 // applyOne decides one request with one statement (take.sql, peek.sql);

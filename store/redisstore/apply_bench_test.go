@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/bucket"
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store/redisstore"
 )
 

@@ -3,7 +3,7 @@ package redisstore_test
 import (
 	"testing"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/redisstore"
 	"github.com/driplimit/drip/storetest"

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/storetest"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
-	"github.com/driplimit/drip/internal/stalltest"
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/stalltest"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store/redisstore"
 	"github.com/driplimit/drip/storetest"
 )

@@ -219,7 +219,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 // calendar windows, and keeps overrides (override.go); on Redis Cluster, keys of one call must share a hash slot
 // (ErrCrossSlot).
 func (s *Store) Caps() store.Caps {
-	return store.Caps{SplitsKeys: s.cluster, Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s, Board: s}
+	return store.Caps{Name: "redisstore", SplitsKeys: s.cluster, Leases: true, Sliding: true, Calendar: true, Blocks: true, Overrides: s, Board: s}
 }
 
 // applyMulti applies several items in one call of the script.

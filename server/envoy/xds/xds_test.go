@@ -16,7 +16,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
-	"github.com/driplimit/drip/internal/testclock"
+	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/server/envoy"
 	"github.com/driplimit/drip/server/envoy/xds"
 	"github.com/driplimit/drip/server/envoy/xds/xdstest"

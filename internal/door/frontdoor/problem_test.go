@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/driplimit/drip/engine"
-	"github.com/driplimit/drip/internal/frontdoor"
+	"github.com/driplimit/drip/internal/door/frontdoor"
 	"github.com/driplimit/drip/rules"
 )
 

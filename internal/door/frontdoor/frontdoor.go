@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/door/local"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store"
 )
@@ -41,7 +42,7 @@ type Door struct {
 func New(store store.Store, name string, set *rules.Set, c Config) *Door {
 	eng := c.Engine
 	if eng == nil {
-		eng = engine.New(store, append([]engine.Option{engine.WithName(name), engine.WithLocal(Local)}, c.Eng...)...)
+		eng = engine.New(store, append([]engine.Option{engine.WithName(name), engine.WithLocal(local.New)}, c.Eng...)...)
 	}
 	l := &Door{eng: eng, now: c.Now}
 	l.Swap(set)

@@ -132,3 +132,7 @@ func (v *Values) Identity(key string) string {
 	}
 	return "key:" + key
 }
+
+// Cost is 0, false: a program's cost function is the key-function
+// middleware's (httplimit.KeyLimiter).
+func (v *Values) Cost(*rules.Rule) (float64, bool) { return 0, false }
