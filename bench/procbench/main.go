@@ -57,7 +57,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/driplimit/drip/internal/testserver"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 )
 
 const envoyConfig = `domain: edge
