@@ -59,9 +59,14 @@ func startEnvoy(b *testing.B) *grpc.ClientConn { return startEnvoyStore(b, memst
 // startEnvoyStore is startEnvoy on st, with store calls under deadline
 // (0: drip serve's default).
 func startEnvoyStore(b *testing.B, st store.Store, deadline time.Duration) *grpc.ClientConn {
+	return startEnvoyStoreWith(b, st, deadline, envoyBenchConfig)
+}
+
+// startEnvoyStoreWith is startEnvoyStore reading the rules yaml.
+func startEnvoyStoreWith(b *testing.B, st store.Store, deadline time.Duration, yaml string) *grpc.ClientConn {
 	b.Helper()
 	rules := filepath.Join(b.TempDir(), "edge.yaml")
-	if err := os.WriteFile(rules, []byte(envoyBenchConfig), 0o644); err != nil {
+	if err := os.WriteFile(rules, []byte(yaml), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	s, err := server.New(server.Config{

@@ -87,6 +87,11 @@ func (p peerProvider) Stop()                                                  {}
 // startEnvoyPeer serves envoyproxy/ratelimit's service on loopback port 0
 // over the Redis at url until the benchmark ends, and returns a client.
 func startEnvoyPeer(b *testing.B, url string) *grpc.ClientConn {
+	return startEnvoyPeerWith(b, url, envoyBenchConfig)
+}
+
+// startEnvoyPeerWith is startEnvoyPeer reading the configuration yaml.
+func startEnvoyPeerWith(b *testing.B, url, yaml string) *grpc.ClientConn {
 	b.Helper()
 	logrus.SetLevel(logrus.ErrorLevel) // its pool logs its setup as warnings
 	s := rlsettings.NewSettings()
@@ -99,7 +104,7 @@ func startEnvoyPeer(b *testing.B, url string) *grpc.ClientConn {
 		rand.New(rlutils.NewLockedSource(time.Now().Unix())), s.ExpirationJitterMaxSeconds, nil,
 		s.NearLimitRatio, "bench:rl:", statsManager, s.StopCacheKeyIncrementWhenOverlimit)
 	cfg := rlconfig.NewRateLimitConfigImpl([]rlconfig.RateLimitConfigToLoad{
-		{Name: "edge.yaml", ConfigYaml: rlconfig.ConfigFileContentToYaml("edge.yaml", envoyBenchConfig)},
+		{Name: "edge.yaml", ConfigYaml: rlconfig.ConfigFileContentToYaml("edge.yaml", yaml)},
 	}, statsManager, false)
 	events := make(chan rlprovider.ConfigUpdateEvent, 1)
 	events <- peerConfig{cfg}

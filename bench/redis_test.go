@@ -17,10 +17,13 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,4 +311,82 @@ func BenchmarkRedisVsRate(b *testing.B) {
 		b.ReportMetric(med(cpu), "redis_rate/drip-cpu")
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkRedisLibrary calls each library as its users do, with its
+// defaults: drip.New on redisstore.Open(url) and Limiter.Take; redis_rate
+// on a go-redis client of redis.ParseURL(url) (its default pool) and
+// Allow. 64 goroutines (b.RunParallel), keys "user:N" made per call,
+// uniformly among 100,000, a limit that allows every call. cpu-µs/op is
+// this process's CPU plus redis-server's, per decision.
+//
+//	cd bench && go test -run '^$' -bench 'RedisLibrary' -benchtime 200000x -count 6
+func BenchmarkRedisLibrary(b *testing.B) {
+	url := redisURL(b)
+	libs := []struct {
+		name string
+		open func(b *testing.B) decider
+	}{
+		{"drip", func(b *testing.B) decider {
+			s, err := redisstore.Open(url)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			l := drip.New(s, drip.PerSecond(redisRate))
+			return func(ctx context.Context, key string) (bool, error) {
+				d, err := l.Take(ctx, key)
+				return d.Allowed, err
+			}
+		}},
+		{"redis_rate", func(b *testing.B) decider {
+			o, err := goredis.ParseURL(url)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := goredis.NewClient(o)
+			b.Cleanup(func() { c.Close() })
+			l := redis_rate.NewLimiter(c)
+			lim := redis_rate.Limit{Rate: redisRate, Burst: redisRate, Period: time.Second}
+			return func(ctx context.Context, key string) (bool, error) {
+				r, err := l.Allow(ctx, key, lim)
+				if err != nil {
+					return false, err
+				}
+				return r.Allowed > 0, nil
+			}
+		}},
+	}
+	for _, lib := range libs {
+		b.Run(lib.name, func(b *testing.B) {
+			redisDel(b, url, "drip:user:")
+			redisDel(b, url, "rate:user:")
+			decide := lib.open(b)
+			ctx := context.Background()
+			var denied, failed atomic.Int64
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			srv := redisCPU(b, url)
+			cpu := processCPU()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
+				for pb.Next() {
+					ok, err := decide(ctx, "user:"+strconv.Itoa(rng.IntN(keyCount)))
+					if err != nil {
+						failed.Add(1)
+					} else if !ok {
+						denied.Add(1)
+					}
+				}
+			})
+			b.StopTimer()
+			client := (processCPU() - cpu).Seconds()
+			server := redisCPU(b, url) - srv
+			if failed.Load()+denied.Load() > 0 {
+				b.Fatalf("%d failed, %d denied of %d", failed.Load(), denied.Load(), b.N)
+			}
+			b.ReportMetric((client+server)*1e6/float64(b.N), "cpu-µs/op")
+			b.ReportMetric(server*1e6/float64(b.N), "server-cpu-µs/op")
+		})
+	}
 }

@@ -89,6 +89,7 @@ func (e *Engine) Compile(set *rules.Set) *Rules {
 		rs.timeout = set.StoreTimeout
 	}
 	rs.breaker = rs.breaker.Or(rules.DefaultBreaker)
+	e.pruneAdaptive(set) // adaptive.go: the learned limits of rules gone
 	rs.plans = make([]*Plan, len(set.Rules))
 	for i := range set.Rules {
 		rs.plans[i] = PlanOf(set.Rules[i].Name, set.Rules[i].Limit)

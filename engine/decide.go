@@ -57,6 +57,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	out := &Outcome{Allowed: true, eng: e, rs: rs}
 	all := out.first[:0] // the rules that apply: enforce rules first, each in file order
 	ne := 0              // how many enforce rules
+	ad := 0              // how many adaptive rules
 	var groups []string
 	for i := range rs.Set.Rules {
 		rule := &rs.Set.Rules[i]
@@ -85,14 +86,16 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			return out
 		}
 		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
-			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
+			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}, class: classOf(r, rule)}
 		if len(rule.CountStatus) > 0 {
 			a.Mode = Check
 		}
-		if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
+		if rule.Adaptive != nil {
+			ad++ // learned in this engine, never in the store (adaptive.go)
+		} else if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
 			a.Limit, a.Plan = l, PlanOf(rule.Name, l)
 		}
-		if a.Plan.algo.slots {
+		if a.Plan.algo.slots && rule.Adaptive == nil {
 			a.Lease = store.NewLeaseID()
 		}
 		all = append(all, a)
@@ -110,7 +113,11 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	if len(all) > 0 {
 		out.Applied = all
 	}
-	e.enforce(ctx, rs, out, all[:ne])
+	if ad > 0 {
+		e.enforceAdaptive(ctx, rs, out, all[:ne]) // adaptive.go
+	} else {
+		e.enforce(ctx, rs, out, all[:ne], false)
+	}
 	e.shadow(ctx, rs, out, all[ne:])
 	for i := range out.Applied {
 		a := &out.Applied[i]
@@ -120,6 +127,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		}
 	}
 	out.pick(r, rs.Set.RetryJitter)
+	e.nameClass(out) // adaptive.go
 	e.endDecide(sp, out)
 	return out
 }
@@ -157,7 +165,9 @@ func rawCost(r Values, rule *rules.Rule) (float64, bool) {
 	return rule.DefaultCost, false
 }
 
-func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []Applied) {
+// enforce takes the enforce rules enf all or nothing (blocked: another
+// rule, an adaptive one, already denied the request: they are peeked).
+func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []Applied, blocked bool) {
 	if len(enf) == 0 {
 		return
 	}
@@ -170,6 +180,10 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 			over = i
 			break
 		}
+	}
+	if blocked {
+		blocked := blockedItem // adaptive.go
+		its = append(its, &blocked)
 	}
 	// A cost above the burst can never be allowed: the request is denied
 	// without taking anything, and the buckets are peeked at (cost 0)
@@ -190,7 +204,20 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 		e.fail(ctx, out, enf)
 		return
 	}
+	var shed *Applied
+	if allowed {
+		if shed = shedPriority(enf); shed != nil { // adaptive.go
+			e.giveBack(ctx, rs.timeout, rs.breaker, its)
+			for _, it := range its {
+				it.Decision.Allowed = true // given back: each shows its bucket as it is
+			}
+			allowed = false
+		}
+	}
 	settle(out, enf, allowed, false, func(i int) drip.Decision { return its[i].Decision })
+	if shed != nil {
+		e.shedBy(out, shed, ReasonShed)
+	}
 }
 
 // stepItems are the items of the rules as, for DecideItems' steps

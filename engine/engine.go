@@ -97,7 +97,8 @@ type Engine struct {
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
 	kind     attribute.KeyValue                // drip.store, on every span
 
-	queues queues // the requests waiting for their turn (queue.go)
+	queues queues    // the requests waiting for their turn (queue.go)
+	adapt  adaptives // the adaptive rules' learned limits (adaptive.go)
 
 	localMu  sync.Mutex
 	newLocal func() store.Store // WithLocal; nil: on_error local allows

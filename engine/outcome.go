@@ -53,6 +53,11 @@ type Outcome struct {
 	// Err is the store error when the store failed (the fail policy then
 	// decided), or nil.
 	Err error
+	// Shed is, when the request was denied for its class of priority
+	// (a prioritized rule kept the rest of its capacity for higher
+	// classes), that class's name (rules.PriorityName: critical,
+	// default, sheddable, batch, or a number); else empty.
+	Shed string
 
 	eng      *Engine
 	rs       *Rules
@@ -60,6 +65,42 @@ type Outcome struct {
 	first    [2]Applied // Applied's backing array for up to two rules: one allocation with the Outcome
 	released atomic.Bool
 	settled  atomic.Bool
+	dropped  atomic.Bool // Drop: the upstream did not serve the request well
+}
+
+// Learns reports whether the request holds a slot of an adaptive rule,
+// whose limit learns from how it ends (Drop, Release): a front door then
+// watches its answer.
+func (out *Outcome) Learns() bool {
+	if out == nil {
+		return false
+	}
+	for i := range out.Applied {
+		if out.Applied[i].slot != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Drops reports whether status tells of an overloaded upstream for an
+// adaptive rule the request holds a slot of (its drop_status).
+func (out *Outcome) Drops(status int) bool {
+	for i := range out.Applied {
+		if a := &out.Applied[i]; a.slot != nil && a.Rule.Adaptive.Drops(status) {
+			return true
+		}
+	}
+	return false
+}
+
+// Drop tells the adaptive rules that the request was not served well:
+// an answer of their drop_status, a timeout, a broken connection. Call
+// it before Release, which learns from it.
+func (out *Outcome) Drop() {
+	if out != nil {
+		out.dropped.Store(true)
+	}
 }
 
 // Refuse is the outcome of a request that a front door refuses before
@@ -88,7 +129,16 @@ type Applied struct {
 
 	held bool // the lease was acquired: Release gives it back
 	item bool // an item of DecideItems (Current)
+
+	class int       // the request's class of priority under the rule (adaptive.go)
+	shed  bool      // the rule denied the request for its class
+	slot  *adaptive // an adaptive rule's bucket, whose slot the request holds
+	since time.Time // when it took it
 }
+
+// Class is the request's class of priority under the rule: from 0
+// (batch) to 100 (critical); rules.PriorityName names it.
+func (a *Applied) Class() int { return a.class }
 
 // Held reports whether the rule holds a lease of its concurrency limit
 // for the request, which Outcome.Release gives back.
@@ -107,8 +157,10 @@ func (out *Outcome) Release(ctx context.Context) error {
 		return nil
 	}
 	var remote, local []drip.Request
+	now := out.eng.clock()
 	for i := range out.Applied {
 		a := &out.Applied[i]
+		a.releaseSlot(now, out.dropped.Load()) // adaptive.go
 		if !a.held {
 			continue
 		}

@@ -30,12 +30,36 @@ type QueueObserver interface {
 }
 
 // queues are the requests that wait in one engine: how many under each
-// rule (Item.Queue), and, for each concurrency bucket, the waiters for
-// its slots in arrival order.
+// rule (Item.Queue), each waiter, and, for each concurrency bucket, the
+// waiters for its slots in arrival order.
 type queues struct {
-	mu    sync.Mutex
-	n     map[string]int
-	slots map[string][]chan struct{}
+	mu      sync.Mutex
+	n       map[string]int
+	waiting map[*inLine]struct{}
+	slots   map[string][]*inLine
+}
+
+// inLine is one request in the queues: when it joined, when its wait
+// ends, and, once it waits for a concurrency slot, its wakeup.
+type inLine struct {
+	since, deadline time.Time
+	ch              chan struct{} // nil: it waits for no slot (yet)
+}
+
+// next is the waiter of line (not empty) that a free slot goes to: the
+// first in line, first in first out, while it has waited less than half
+// of its wait; past that the line is overloaded, and the slot goes to
+// the last in line, last in first out, until the line's first is again
+// one that has waited less. A line that only grows would otherwise
+// serve every request near the end of its wait, when its client may
+// have given up; last in first out serves most at once and lets the
+// oldest run out their waits (answered as without a wait).
+func next(line []*inLine, now time.Time) *inLine {
+	first := line[0]
+	if now.Sub(first.since) > first.deadline.Sub(first.since)/2 {
+		return line[len(line)-1]
+	}
+	return first
 }
 
 // waitOf is how long a take of items may wait for its turn: the
@@ -83,6 +107,7 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 		return e.takeItems(ctx, timeout, br, items, peekZero)
 	}
 	start := time.Now()
+	deadline := start.Add(wait)
 	behind := e.queues.behind(items)
 	if !behind {
 		allowed, err := e.takeItems(ctx, timeout, br, items, peekZero)
@@ -90,21 +115,20 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 			return allowed, err
 		}
 	}
-	if !e.queues.join(items) {
+	w := &inLine{since: start, deadline: deadline}
+	if !e.queues.join(items, w) {
 		if behind { // the bucket's decision, for the answer
 			return e.takeItems(ctx, timeout, br, items, peekZero)
 		}
 		return false, nil
 	}
 	e.queued(items, 1)
-	var slot chan struct{}
 	allowed := false
 	defer func() {
-		e.queues.leave(items, slot)
+		e.queues.leave(items, w)
 		e.queued(items, -1)
 		e.waited(items, time.Since(start), allowed)
 	}()
-	deadline := start.Add(wait)
 	ask := !behind // ask now, or wait for a turn first
 	for {
 		left := time.Until(deadline)
@@ -128,10 +152,8 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 				return false, nil
 			}
 		}
-		if slot == nil {
-			slot = e.queues.line(items)
-		}
-		e.queues.await(ctx, slot, items, time.Until(deadline))
+		e.queues.line(items, w)
+		e.queues.await(ctx, w, items, time.Until(deadline))
 		if ctx.Err() != nil {
 			return false, nil
 		}
@@ -272,14 +294,31 @@ func (e *Engine) waited(items []*Item, d time.Duration, allowed bool) {
 	}
 }
 
-// join counts the request in the queue of each of its items that waits,
-// unless one of those is full (Item.MaxQueue): then it counts nothing
-// and reports false.
-func (q *queues) join(items []*Item) bool {
+// WaitsUntil is the latest end of the waits of the requests waiting in
+// the engine's queues now (zero: none waits). A graceful shutdown lets
+// them wait that long for their turn.
+func (e *Engine) WaitsUntil() time.Time {
+	q := &e.queues
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var until time.Time
+	for w := range q.waiting {
+		if w.deadline.After(until) {
+			until = w.deadline
+		}
+	}
+	return until
+}
+
+// join counts the request w in the queue of each of its items that
+// waits, unless one of those is full (Item.MaxQueue): then it counts
+// nothing and reports false.
+func (q *queues) join(items []*Item, w *inLine) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.n == nil {
 		q.n = make(map[string]int)
+		q.waiting = make(map[*inLine]struct{})
 	}
 	for _, it := range items {
 		if it.Wait > 0 && q.n[it.Queue] >= max(it.MaxQueue, 1) {
@@ -291,12 +330,13 @@ func (q *queues) join(items []*Item) bool {
 			q.n[it.Queue]++
 		}
 	}
+	q.waiting[w] = struct{}{}
 	return true
 }
 
 // behind reports whether requests already wait here for a slot of one
-// of the items' concurrency buckets: the request then waits behind them
-// (first in, first out) rather than take a slot freed for the first.
+// of the items' concurrency buckets: the request then joins their line
+// (next) rather than take a slot freed for one of them.
 func (q *queues) behind(items []*Item) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -319,50 +359,50 @@ func slotKey(items []*Item) (string, bool) {
 	return "", false
 }
 
-// line puts the request at the end of the line for its slot, if it
-// waits for one, and returns its wakeup (nil: it waits for no slot).
-func (q *queues) line(items []*Item) chan struct{} {
+// line puts the request w at the end of the line for its slot, if it
+// waits for one and is not in line yet.
+func (q *queues) line(items []*Item, w *inLine) {
 	key, ok := slotKey(items)
-	if !ok {
-		return nil
+	if !ok || w.ch != nil {
+		return
 	}
-	ch := make(chan struct{}, 1)
+	w.ch = make(chan struct{}, 1)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.slots == nil {
-		q.slots = make(map[string][]chan struct{})
+		q.slots = make(map[string][]*inLine)
 	}
-	q.slots[key] = append(q.slots[key], ch)
-	return ch
+	q.slots[key] = append(q.slots[key], w)
 }
 
 // await waits for the request's turn to ask again: a wakeup, or, for the
-// first in line, PollInterval; at most left, and until ctx ends.
-func (q *queues) await(ctx context.Context, slot chan struct{}, items []*Item, left time.Duration) {
+// next in line, PollInterval; at most left, and until ctx ends.
+func (q *queues) await(ctx context.Context, w *inLine, items []*Item, left time.Duration) {
 	if left <= 0 {
 		return
 	}
-	if slot != nil {
+	if w.ch != nil {
 		key, _ := slotKey(items)
 		q.mu.Lock()
-		first := len(q.slots[key]) > 0 && q.slots[key][0] == slot
+		line := q.slots[key]
+		turn := len(line) > 0 && next(line, time.Now()) == w
 		q.mu.Unlock()
-		if first {
+		if turn {
 			left = min(left, PollInterval)
 		}
 	}
 	t := time.NewTimer(left)
 	defer t.Stop()
 	select {
-	case <-slot: // nil: never
+	case <-w.ch: // nil: never
 	case <-t.C:
 	case <-ctx.Done():
 	}
 }
 
-// leave takes the request out of its queues; when it was the first in
-// line for its slot, it wakes the next, now the first.
-func (q *queues) leave(items []*Item, slot chan struct{}) {
+// leave takes the request w out of its queues; when it was the next in
+// line for its slot, it wakes the one next now.
+func (q *queues) leave(items []*Item, w *inLine) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range items {
@@ -372,14 +412,17 @@ func (q *queues) leave(items []*Item, slot chan struct{}) {
 			}
 		}
 	}
-	if slot == nil {
+	delete(q.waiting, w)
+	if w.ch == nil {
 		return
 	}
 	key, _ := slotKey(items)
-	line, first := q.slots[key], false
-	for i, ch := range line {
-		if ch == slot {
-			line, first = append(line[:i:i], line[i+1:]...), i == 0
+	now := time.Now()
+	line := q.slots[key]
+	turn := len(line) > 0 && next(line, now) == w
+	for i, x := range line {
+		if x == w {
+			line = append(line[:i:i], line[i+1:]...)
 			break
 		}
 	}
@@ -388,18 +431,18 @@ func (q *queues) leave(items []*Item, slot chan struct{}) {
 		return
 	}
 	q.slots[key] = line
-	if first {
-		wake(line[0])
+	if turn {
+		wake(next(line, now).ch)
 	}
 }
 
-// released wakes the first request waiting for a slot of key: one was
+// released wakes the next request waiting for a slot of key: one was
 // released here.
 func (q *queues) released(key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if line := q.slots[key]; len(line) > 0 {
-		wake(line[0])
+		wake(next(line, time.Now()).ch)
 	}
 }
 

@@ -320,3 +320,87 @@ func TestQueueInFlightStores(t *testing.T) {
 		})
 	}
 }
+
+// TestQueueLIFO: the waiters for a slot take it first in, first out
+// while the first has waited less than half of its max_wait (1 s);
+// past that the line is overloaded and the last in goes first, so that
+// what is served has not waited long, while the first runs out its wait.
+func TestQueueLIFO(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs, a := holdSlot(t, e, "1s")
+		ctx := t.Context()
+		var mu sync.Mutex
+		var order []string
+		var wg sync.WaitGroup
+		wait := func(name string) {
+			wg.Go(func() {
+				out := e.Decide(ctx, rs, values{})
+				if !out.Allowed {
+					t.Errorf("%s: denied", name)
+					return
+				}
+				mu.Lock()
+				order = append(order, name)
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+				out.Release(ctx)
+			})
+			synctest.Wait()
+		}
+		// Not overloaded: the first in line has waited 400 ms of 1 s.
+		wait("w1")
+		time.Sleep(200 * time.Millisecond)
+		wait("w2")
+		time.Sleep(200 * time.Millisecond)
+		a.Release(ctx)
+		wg.Wait()
+		if want := []string{"w1", "w2"}; !slices.Equal(order, want) {
+			t.Errorf("served %v, want %v (first in, first out)", order, want)
+		}
+		// Overloaded: the first in line has waited 600 ms of 1 s.
+		order = nil
+		a = e.Decide(ctx, rs, values{})
+		wait("w1")
+		time.Sleep(100 * time.Millisecond)
+		wait("w2")
+		time.Sleep(500 * time.Millisecond)
+		wait("w3")
+		a.Release(ctx)
+		wg.Wait()
+		if want := []string{"w3", "w2", "w1"}; !slices.Equal(order, want) {
+			t.Errorf("served %v, want %v (last in, first out)", order, want)
+		}
+	})
+}
+
+// TestQueueWaitsUntil: the engine tells until when the requests in its
+// queues may wait (a graceful shutdown lets them): the latest end of
+// their waits, and zero once none waits.
+func TestQueueWaitsUntil(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs, a := holdSlot(t, e, "1s")
+		ctx := t.Context()
+		if got := e.WaitsUntil(); !got.IsZero() {
+			t.Errorf("with none waiting: %v, want zero", got)
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				if out := e.Decide(ctx, rs, values{}); out.Allowed {
+					out.Release(ctx)
+				}
+			})
+			synctest.Wait()
+			time.Sleep(300 * time.Millisecond)
+		}
+		if got, want := e.WaitsUntil(), start.Add(1300*time.Millisecond); !got.Equal(want) {
+			t.Errorf("with two waiting: %v after the start, want %v", got.Sub(start), want.Sub(start))
+		}
+		a.Release(ctx)
+		wg.Wait()
+		if got := e.WaitsUntil(); !got.IsZero() {
+			t.Errorf("once they passed: %v, want zero", got)
+		}
+	})
+}

@@ -179,6 +179,26 @@ func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(m
 	if !out.Allowed {
 		return Status(out).Err()
 	}
+	if out.Learns() {
+		// An adaptive rule learns from how the call ends: a code that
+		// tells of overload (its drop_status, as HTTPStatus reads the
+		// code) or a panic is a drop. Deferred after the release, so
+		// run before it.
+		ended := false
+		defer func() {
+			if !ended || out.Drops(HTTPStatus(status.Code(err))) {
+				out.Drop()
+			}
+		}()
+		err = l.run(ctx, out, run)
+		ended = true
+		return err
+	}
+	return l.run(ctx, out, run)
+}
+
+// run runs the call's handler, watched when a rule settles on it.
+func (l *Limiter) run(ctx context.Context, out *engine.Outcome, run func(w *watched) error) (err error) {
 	// The one place where the handler runs: the release deferred above
 	// comes when it returns.
 	if !out.Settles() {
@@ -261,7 +281,10 @@ func Metadata(out *engine.Outcome) metadata.MD {
 // on_error is deny; each with a google.rpc.ErrorInfo detail (domain
 // ErrorDomain) whose reason is the denial's in upper case
 // (TOKEN_BUCKET_EXCEEDED, FIXED_WINDOW_EXCEEDED, COST_EXCEEDS_BURST,
-// STORE_UNAVAILABLE) and whose metadata names the rule. The message is
+// STORE_UNAVAILABLE, OVERLOADED, PRIORITY_SHED) and whose metadata names
+// the rule (and, for a request shed for its class of priority, the class:
+// "priority"). An adaptive rule's denial (OVERLOADED) is
+// codes.Unavailable too. The message is
 // the problem details' (the HTTP doors' problem+json detail). An allowed call has status OK.
 func Status(out *engine.Outcome) *status.Status {
 	if out.Allowed {
@@ -269,12 +292,15 @@ func Status(out *engine.Outcome) *status.Status {
 	}
 	p := frontdoor.ProblemOf(out)
 	code := codes.ResourceExhausted
-	if out.Reason == engine.ReasonStoreUnavailable {
+	if out.Reason == engine.ReasonStoreUnavailable || out.Reason == engine.ReasonOverloaded {
 		code = codes.Unavailable
 	}
 	info := &errdetails.ErrorInfo{Reason: strings.ToUpper(p.Reason), Domain: ErrorDomain}
 	if p.Rule != "" {
 		info.Metadata = map[string]string{"rule": p.Rule}
+		if p.Priority != "" {
+			info.Metadata["priority"] = p.Priority
+		}
 	}
 	st := status.New(code, p.Detail)
 	var err error

@@ -220,6 +220,19 @@ func serve(w http.ResponseWriter, r *http.Request, next http.Handler, out *engin
 		}
 		return
 	}
+	if out.Learns() { // an adaptive rule learns from the response (adaptive.go)
+		var done func(bool)
+		w, done = watchDrops(w, r, out)
+		ended := false
+		defer func() { done(ended) }() // a panic: not ended
+		serveNext(w, r, next, out)
+		ended = true
+		return
+	}
+	serveNext(w, r, next, out)
+}
+
+func serveNext(w http.ResponseWriter, r *http.Request, next http.Handler, out *engine.Outcome) {
 	if out.Settles() { // settle.go
 		serveSettled(w, r, next, out)
 		return

@@ -13,7 +13,7 @@ import (
 
 // One rule: its name, keys, match and limit.
 
-var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased", "max_wait", "max_queue", "log_key", "budget"}
+var ruleFields = []string{"name", "group", "limit_keys", "match", "mode", "algorithm", "algorithm_config", "on_error", "local_share", "limit_from_claims", "cost_from_response", "count_status", "leased", "max_wait", "max_queue", "log_key", "budget", "priority", "priority_from", "reserve"}
 
 func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 	r := Rule{Mode: Enforce, OnError: s.OnError, LocalShare: s.LocalShare}
@@ -61,10 +61,20 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 		r.LocalShare, _ = c.share(fp, v)
 	}
 	algo := drip.TokenBucket
+	adaptive := false
 	if v, fp, ok := f.get("algorithm"); ok {
-		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window", "sliding_window", "concurrency"); ok {
+		if a, ok := c.enum(fp, v, "token_bucket", "fixed_window", "sliding_window", "concurrency", AlgorithmAdaptive); ok {
 			algo = drip.Algorithm(a)
+			if a == AlgorithmAdaptive {
+				algo, adaptive = drip.Concurrency, true
+			}
 		}
+	}
+	if adaptive && r.Mode == Shadow {
+		c.add(p+".mode", "an adaptive rule is enforced (its limit learns from the requests it lets through)")
+	}
+	if adaptive && ownOnError {
+		c.add(fp, "does not apply to an adaptive rule (its limit is learned and held in each instance: no store to fail)")
 	}
 	if algo == drip.Concurrency && !ownOnError {
 		// A store failure must not let a concurrency rule's slots
@@ -72,10 +82,18 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 		// default on_error is for rate limits.
 		r.OnError = Deny
 	}
-	if v, fp, ok := f.get("algorithm_config"); !ok {
+	if v, fp, ok := f.get("algorithm_config"); !ok && adaptive {
+		c.adaptiveConfig(&fields{c: c, path: p + ".algorithm_config", o: newObject(), used: map[string]bool{}}, &r) // every default
+	} else if !ok {
 		c.add(p+".algorithm_config", "required")
 	} else {
-		c.algorithmConfig(fp, v, algo, &r)
+		if adaptive {
+			if f, ok := c.object(fp, v); ok {
+				c.adaptiveConfig(f, &r) // adaptive.go
+			}
+		} else {
+			c.algorithmConfig(fp, v, algo, &r)
+		}
 	}
 	if v, fp, ok := f.get("leased"); ok {
 		if on, ok := c.boolean(fp, v); ok && on {
@@ -109,7 +127,8 @@ func (c *checker) rule(p string, v any, s *Set) (Rule, bool) {
 		}
 	}
 	c.settleRule(p, &r)
-	c.waitFields(f, &r) // wait.go
+	c.waitFields(f, &r)     // wait.go
+	c.priorityFields(f, &r) // adaptive.go
 	if c.jwtUser == "" && r.usesJWT() {
 		c.jwtUser = p
 	}

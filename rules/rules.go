@@ -250,6 +250,23 @@ type Rule struct {
 	// one instance (max_queue; DefaultMaxQueue with max_wait alone): a
 	// request beyond it is denied at once.
 	MaxQueue int
+	// Adaptive is the algorithm_config of an adaptive rule (algorithm:
+	// adaptive): its in-flight limit is learned in each instance, and
+	// Limit is then a concurrency limit of Adaptive.MaxLimit slots. Nil
+	// for every other rule.
+	Adaptive *Adaptive
+	// Priority (priority), when PrioritySet, is the class of the rule's
+	// requests, from 0 (batch) to 100 (critical); else they are of
+	// PriorityDefault (Class). A request may name its own (PriorityFrom).
+	Priority    int
+	PrioritySet bool
+	// PriorityFrom (priority_from), when set, is where a request names
+	// its class (ParsePriority; a value it cannot read is Priority).
+	PriorityFrom *Source
+	// Reserve (reserve) is the share of the rule's capacity that only
+	// critical requests may use (Share); DefaultReserve when the rule
+	// names priorities and sets none, else 0.
+	Reserve float64
 	// Index is the rule's position in the file.
 	Index int
 

@@ -114,6 +114,11 @@ func (s *Server) ruleRequest(name string, values json.RawMessage) (_ drip.Reques
 	if err != nil {
 		return drip.Request{}, "", err
 	}
+	if r.Adaptive != nil {
+		// Its slots are counted in each instance's front doors, from the
+		// requests they serve: nothing in the store to take or peek.
+		return drip.Request{}, "", inputf("rule %q is adaptive: its limit is learned and held by the front doors of each instance (the gateway, forward auth, the middleware), not in the store", name)
+	}
 	key, err := ruleKey(r, values, s.rules())
 	if err != nil {
 		return drip.Request{}, "", err
@@ -247,6 +252,34 @@ type ruleView struct {
 	// max_queue, when it sets max_wait.
 	MaxWait  string `json:"max_wait,omitempty"`
 	MaxQueue int    `json:"max_queue,omitempty"`
+	// Adaptive is, for an adaptive rule, its algorithm_config and what
+	// it has learned in this instance.
+	Adaptive *adaptiveView `json:"adaptive,omitempty"`
+	// Priority is the class of the rule's requests that name none,
+	// PriorityFrom where they name it, Reserve the share kept for
+	// critical ones: for a rule with priorities.
+	Priority     string  `json:"priority,omitempty"`
+	PriorityFrom string  `json:"priority_from,omitempty"`
+	Reserve      float64 `json:"reserve,omitempty"`
+}
+
+// adaptiveView is an adaptive rule's configuration and learned state.
+type adaptiveView struct {
+	InitialLimit int     `json:"initial_limit"`
+	MinLimit     int     `json:"min_limit"`
+	MaxLimit     int     `json:"max_limit"`
+	Tolerance    float64 `json:"tolerance"`
+	Smoothing    float64 `json:"smoothing"`
+	Window       string  `json:"window"`
+	// Limit is the learned limit (added up over the rule's keys, which
+	// Buckets counts), InFlight and Queued the requests holding and
+	// waiting for a slot, Baseline the latency learned of the upstream
+	// unloaded (the longest of the keys'), all in this instance.
+	Limit    float64 `json:"limit"`
+	InFlight int     `json:"in_flight"`
+	Queued   int     `json:"queued"`
+	Buckets  int     `json:"buckets"`
+	Baseline string  `json:"baseline"`
 }
 
 func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
@@ -263,6 +296,7 @@ func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
 		LoadedAt time.Time  `json:"loaded_at"`
 		Rules    []ruleView `json:"rules"`
 	}{File: file, LoadedAt: loaded, Rules: []ruleView{}}
+	learned := s.eng.Adaptive()
 	for _, ru := range set.Rules {
 		v := ruleView{Name: ru.Name, Group: ru.Group, Mode: string(ru.Mode), Limit: ru.Limit, OnError: string(ru.OnError), Leased: ru.Limit.Leased, LimitKeys: []string{}, Claims: ru.Claims}
 		for _, k := range ru.LimitKeys {
@@ -270,6 +304,22 @@ func (s *Server) adminRules(w http.ResponseWriter, r *http.Request) {
 		}
 		if ru.MaxWait > 0 {
 			v.MaxWait, v.MaxQueue = ru.MaxWait.String(), ru.MaxQueue
+		}
+		if a := ru.Adaptive; a != nil {
+			v.Adaptive = &adaptiveView{InitialLimit: a.InitialLimit, MinLimit: a.MinLimit, MaxLimit: a.MaxLimit,
+				Tolerance: a.Tolerance, Smoothing: a.Smoothing, Window: a.Window.String(), Limit: float64(a.InitialLimit), Baseline: "0s"}
+			for _, st := range learned {
+				if st.Rule == ru.Name {
+					v.Adaptive.Limit, v.Adaptive.InFlight, v.Adaptive.Queued, v.Adaptive.Buckets = st.Limit, st.InFlight, st.Queued, st.Buckets
+					v.Adaptive.Baseline = st.Baseline.String()
+				}
+			}
+		}
+		if ru.Prioritized() {
+			v.Priority, v.Reserve = rules.PriorityName(ru.Class()), ru.Reserve
+			if ru.PriorityFrom != nil {
+				v.PriorityFrom = ru.PriorityFrom.String()
+			}
 		}
 		out.Rules = append(out.Rules, v)
 	}

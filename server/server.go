@@ -142,6 +142,7 @@ func New(cfg Config, st store.Store) (*Server, error) {
 	s.eng = engine.New(s.store, engine.WithTimeout(cfg.StoreTimeout), engine.WithLogger(s.log),
 		engine.WithObserver(s.metrics.obs), engine.WithName("drip serve"), engine.WithLocal(local.New),
 		engine.WithTracerProvider(cfg.TracerProvider), engine.WithKeys(s.who))
+	s.metrics.obs.WatchAdaptive(s.eng.Adaptive) // the adaptive rules' learned limits, at each scrape
 	s.ost = st.Caps().Overrides
 	rs, err := s.loadRules()
 	if err != nil {
@@ -327,8 +328,9 @@ func (s *Server) Run(ctx context.Context) error {
 // watches the rules file, until ctx ends or a listener fails. When ctx
 // ends, it drains for Config.Drain (drain.go); then it shuts down
 // gracefully: listeners stop accepting, and in-flight requests get
-// Config.ShutdownTimeout to finish. It returns nil after a shutdown
-// caused by ctx.
+// Config.ShutdownTimeout to finish, and requests waiting in a rule's
+// queue their wait and then as long (shutdownDeadline). It returns nil
+// after a shutdown caused by ctx.
 func (s *Server) Serve(ctx context.Context) error {
 	if err := s.Listen(); err != nil {
 		return err
@@ -391,7 +393,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	cancel()
 	s.log.Info("drip serve: shutting down")
-	sctx, scancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	sctx, scancel := context.WithDeadline(context.Background(), shutdownDeadline(time.Now(), s.eng.WaitsUntil(), s.cfg.ShutdownTimeout))
 	defer scancel()
 	for _, l := range ls {
 		if e := l.shutdown(sctx); e != nil && err == nil {
@@ -401,4 +403,17 @@ func (s *Server) Serve(ctx context.Context) error {
 	wg.Wait()
 	s.eng.Close() // the local fallback of every front door
 	return err
+}
+
+// shutdownDeadline bounds a graceful shutdown that begins at now: the
+// requests in flight get timeout to finish. A request still waiting in
+// a rule's queue (max_wait, or the decision API's wait) is not dropped:
+// it waits its turn until its wait ends, at waitsUntil (zero: none
+// waits), and gets timeout from then, as if it had been in flight when
+// the shutdown began.
+func shutdownDeadline(now, waitsUntil time.Time, timeout time.Duration) time.Time {
+	if waitsUntil.After(now) {
+		now = waitsUntil
+	}
+	return now.Add(timeout)
 }

@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -221,5 +223,120 @@ func TestForwardAuthQueue(t *testing.T) {
 	})
 	if got[200] != 3 || got[429] != 2 {
 		t.Errorf("statuses %v, want 3 × 200 and 2 × 429", got)
+	}
+}
+
+// holdingUpstream answers /hold only once release is closed (entered
+// is sent when it starts to), and the rest at once.
+func holdingUpstream(t *testing.T) (url string, entered, release chan struct{}) {
+	entered, release = make(chan struct{}, 1), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			entered <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "upstream")
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	return up.URL, entered, release
+}
+
+// slotRules: one slot for all traffic; a request waits up to 30 s for it.
+const slotRules = `{"rules": [{"name": "slot", "limit_keys": ["global"], "algorithm": "concurrency",
+  "max_wait": "30s", "algorithm_config": {"max_in_flight": 1}}]}`
+
+// TestShutdownWaitsForQueue: a request waiting in a rule's queue when
+// the server shuts down is not dropped when the shutdown timeout (here
+// 50 ms) runs out: Serve waits for it until its wait ends (30 s), and
+// it is served when the slot it waits for is released.
+func TestShutdownWaitsForQueue(t *testing.T) {
+	upURL, entered, release := holdingUpstream(t)
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, slotRules)
+	srv := start(t, Config{Rules: path, Upstream: upURL, WatchEvery: -1, ShutdownTimeout: 50 * time.Millisecond}, memstore.New())
+	held, waiter := make(chan int, 1), make(chan int, 1)
+	get := func(path string, to chan int) {
+		resp, err := http.Get(srv.base + path)
+		if err != nil {
+			to <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		to <- resp.StatusCode
+	}
+	go get("/hold", held)
+	<-entered // the first request holds the slot
+	go get("/x", waiter)
+	waitFor(t, "the second request waits", func() bool { return scrape(t, srv.admin)[`drip_queue_length{rule=slot}`] == 1 })
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.stop() }()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Serve returned (%v) with a request waiting in the queue", err)
+	case <-time.After(time.Second): // 20 times the shutdown timeout
+	}
+	close(release)
+	if code := <-held; code != 200 {
+		t.Errorf("the request that held the slot: %d", code)
+	}
+	if code := <-waiter; code != 200 {
+		t.Errorf("the request that waited through the shutdown: %d, want 200", code)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}
+
+// TestGatewayQueueLeaveSlot: a client that goes away while it waits for
+// a concurrency rule's slot leaves the queue at once, long before its
+// 30 s wait ends, and takes nothing: the slot, once released, serves the
+// next request.
+func TestGatewayQueueLeaveSlot(t *testing.T) {
+	upURL, entered, release := holdingUpstream(t)
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, slotRules)
+	srv := start(t, Config{Rules: path, Upstream: upURL, WatchEvery: -1}, memstore.New())
+	held := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(srv.base + "/hold")
+		if err != nil {
+			held <- 0
+			return
+		}
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	<-entered // the first request holds the slot
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.base+"/x", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	waitFor(t, "the second request waits", func() bool { return scrape(t, srv.admin)[`drip_queue_length{rule=slot}`] == 1 })
+	cancel()
+	<-done
+	waitFor(t, "the request that went away leaves the queue", func() bool {
+		m := scrape(t, srv.admin)
+		return m[`drip_queue_length{rule=slot}`] == 0 && m[`drip_queue_wait_seconds{result=denied,rule=slot}`] == 1
+	})
+	close(release)
+	if code := <-held; code != 200 {
+		t.Fatalf("the request that held the slot: %d", code)
+	}
+	if resp, _ := gwGet(t, srv.base, "/x", ""); resp.StatusCode != 200 {
+		t.Errorf("the next request once the slot was released: %d, want 200", resp.StatusCode)
 	}
 }

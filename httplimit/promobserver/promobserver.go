@@ -22,6 +22,15 @@
 //	                                            the end: a token budget's spend
 //	drip_spent_micro_units_total{rule}          the same for a rule that counts a call's price
 //	                                            (openai:money): a money budget's spend
+//	drip_shed_total{rule, class}                requests a rule with priorities denied, by
+//	                                            their class (critical, default, sheddable,
+//	                                            batch, or a number)
+//	drip_adaptive_limit{rule}                   an adaptive rule's learned limit (added up
+//	                                            over its keys), with WatchAdaptive; and
+//	drip_adaptive_in_flight{rule}               its requests holding a slot,
+//	drip_adaptive_queue_length{rule}            waiting for one,
+//	drip_adaptive_baseline_seconds{rule}        and the latency it learned of the upstream
+//	                                            unloaded (the longest of its keys')
 //	drip_store_duration_seconds                 latency of the store calls made
 //	drip_store_errors_total                     store calls that failed or timed out
 //	drip_store_circuit_state{state}             1 for the breaker's state, 0 for the others
@@ -60,7 +69,47 @@ type Observer struct {
 	circuit       *prometheus.GaugeVec
 	queued        *prometheus.GaugeVec
 	waits         *prometheus.HistogramVec
+	shed          *prometheus.CounterVec
 	store         bool // the store series are collected
+
+	adaptiveMu sync.Mutex
+	adaptive   func() []engine.AdaptiveState // WatchAdaptive
+}
+
+var (
+	descAdaptiveLimit    = prometheus.NewDesc("drip_adaptive_limit", "The in-flight limit an adaptive rule learned in this instance (added up over its keys).", []string{"rule"}, nil)
+	descAdaptiveInFlight = prometheus.NewDesc("drip_adaptive_in_flight", "Requests holding a slot of an adaptive rule in this instance.", []string{"rule"}, nil)
+	descAdaptiveQueue    = prometheus.NewDesc("drip_adaptive_queue_length", "Requests waiting for a slot of an adaptive rule (max_wait) in this instance.", []string{"rule"}, nil)
+	descAdaptiveBaseline = prometheus.NewDesc("drip_adaptive_baseline_seconds", "The latency an adaptive rule learned of its upstream unloaded (the longest of its keys').", []string{"rule"}, nil)
+)
+
+// WatchAdaptive makes the observer report, at each scrape, what the
+// adaptive rules have learned (engine.Engine.Adaptive): the series of a
+// rule exist while the engine learns for it, and go with it on reload.
+func (o *Observer) WatchAdaptive(f func() []engine.AdaptiveState) {
+	o.adaptiveMu.Lock()
+	defer o.adaptiveMu.Unlock()
+	o.adaptive = f
+}
+
+// Shed implements engine.AdaptiveObserver.
+func (o *Observer) Shed(rule string, class int) {
+	o.shed.WithLabelValues(rule, rules.PriorityName(class)).Inc()
+}
+
+func (o *Observer) collectAdaptive(ch chan<- prometheus.Metric) {
+	o.adaptiveMu.Lock()
+	f := o.adaptive
+	o.adaptiveMu.Unlock()
+	if f == nil {
+		return
+	}
+	for _, st := range f() {
+		ch <- prometheus.MustNewConstMetric(descAdaptiveLimit, prometheus.GaugeValue, st.Limit, st.Rule)
+		ch <- prometheus.MustNewConstMetric(descAdaptiveInFlight, prometheus.GaugeValue, float64(st.InFlight), st.Rule)
+		ch <- prometheus.MustNewConstMetric(descAdaptiveQueue, prometheus.GaugeValue, float64(st.Queued), st.Rule)
+		ch <- prometheus.MustNewConstMetric(descAdaptiveBaseline, prometheus.GaugeValue, st.Baseline.Seconds(), st.Rule)
+	}
 }
 
 // Option configures an Observer.
@@ -72,10 +121,11 @@ type Option func(*Observer)
 func WithoutStore() Option { return func(o *Observer) { o.store = false } }
 
 var (
-	_ engine.Observer      = (*Observer)(nil)
-	_ engine.QueueObserver = (*Observer)(nil)
-	_ engine.Observer      = prefixed{}
-	_ prometheus.Collector = (*Observer)(nil)
+	_ engine.Observer         = (*Observer)(nil)
+	_ engine.QueueObserver    = (*Observer)(nil)
+	_ engine.AdaptiveObserver = (*Observer)(nil)
+	_ engine.Observer         = prefixed{}
+	_ prometheus.Collector    = (*Observer)(nil)
 )
 
 // New returns an Observer with its series at zero and the breaker closed.
@@ -128,6 +178,10 @@ func New(opts ...Option) *Observer {
 			Help:    "How long requests waited for their turn under a rule (max_wait, the decision API's wait), by rule and result: allowed (their turn came) or denied (the wait ran out, or the client left).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}, []string{"rule", "result"}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "drip_shed_total",
+			Help: "Requests a rule with classes of priority denied (an adaptive rule at its limit, or a rule keeping its reserve for higher classes), by rule and the request's class: critical, default, sheddable, batch, or a number from 0 to 100.",
+		}, []string{"rule", "class"}),
 	}
 	for _, f := range opts {
 		f(o)
@@ -141,6 +195,10 @@ func (o *Observer) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range o.collectors() {
 		c.Describe(ch)
 	}
+	ch <- descAdaptiveLimit
+	ch <- descAdaptiveInFlight
+	ch <- descAdaptiveQueue
+	ch <- descAdaptiveBaseline
 }
 
 // Collect implements prometheus.Collector.
@@ -148,13 +206,14 @@ func (o *Observer) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range o.collectors() {
 		c.Collect(ch)
 	}
+	o.collectAdaptive(ch)
 }
 
 func (o *Observer) collectors() []prometheus.Collector {
 	if !o.store {
-		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.spentMoney, o.circuit, o.queued, o.waits}
+		return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.spentMoney, o.circuit, o.queued, o.waits, o.shed}
 	}
-	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.spentMoney, o.storeSeconds, o.storeErrors, o.circuit, o.queued, o.waits}
+	return []prometheus.Collector{o.decisions, o.shadowDenials, o.fallback, o.settled, o.spent, o.spentMoney, o.storeSeconds, o.storeErrors, o.circuit, o.queued, o.waits, o.shed}
 }
 
 // Prefixed returns an observer of the same series that puts prefix before
@@ -214,6 +273,11 @@ func (o *Observer) Expect(rs ...rules.Rule) {
 			o.waits.WithLabelValues(r.Name, "allowed")
 			o.waits.WithLabelValues(r.Name, "denied")
 		}
+		if r.Prioritized() || r.Adaptive != nil {
+			for _, c := range []int{rules.PriorityCritical, rules.PriorityDefault, rules.PrioritySheddable, rules.PriorityBatch} {
+				o.shed.WithLabelValues(r.Name, rules.PriorityName(c))
+			}
+		}
 	}
 }
 
@@ -261,6 +325,7 @@ func (o *Observer) Forget(rule string, mode rules.Mode) {
 	o.spentMoney.DeleteLabelValues(rule)
 	o.money.Delete(rule)
 	o.waits.DeletePartialMatch(prometheus.Labels{"rule": rule})
+	o.shed.DeletePartialMatch(prometheus.Labels{"rule": rule})
 }
 
 // ForgetMode deletes the decisions of rule in mode (and its shadow

@@ -85,7 +85,10 @@ async function refresh() {
   let top, fleet;
   try {
     const q = 'top?window=' + $('#window').value + '&n=10';
-    [top, fleet] = await Promise.all([api('GET', q + '&scope=instance'), api('GET', q)]);
+    let r;
+    [top, fleet, r] = await Promise.all([api('GET', q + '&scope=instance'), api('GET', q),
+      rules.some((x) => x.adaptive) ? api('GET', 'rules') : null]);
+    if (r) rules = r.rules; // the adaptive rules' learned limits move
   } catch (e) {
     $('#status').textContent = e.message;
     return;
@@ -114,6 +117,7 @@ function ruleLimit(name) {
   const r = rules.find((x) => x.name === name);
   if (!r) return '';
   const l = r.limit;
+  if (r.adaptive) return 'adaptive: ' + Math.floor(r.adaptive.limit) + ' learned, ' + r.adaptive.in_flight + ' in flight' + (r.adaptive.queued ? ', ' + r.adaptive.queued + ' waiting' : '');
   if (l.max_in_flight) return l.max_in_flight + ' in flight';
   return (l.burst || l.rate) + ' burst, ' + l.rate + ' per ' + (l.period || '1s');
 }

@@ -14,10 +14,14 @@ import (
 	"github.com/driplimit/drip/storetest"
 )
 
-// TestEncoding checks both forms of a stored bucket: a take writes the
-// binary form (a zero byte and four little-endian doubles) while tokens
-// fit in 2^53, and the decimal form beyond; the script reads both,
-// including decimals a bucket was written as before the binary form.
+// TestEncoding checks the forms of a stored bucket: a take writes the
+// compact form (the byte 1, tokens as a 7-byte signed integer, s, n and
+// the TTL deadline in whole seconds as 32-bit unsigned ones, all
+// little-endian) while tokens fit in 2^52 and s in 32 bits, the binary
+// form of earlier versions (a zero byte and four little-endian doubles)
+// for an s beyond, and the decimal form for tokens beyond; the script
+// reads them all, including the binary and decimal buckets earlier
+// versions wrote.
 func TestEncoding(t *testing.T) {
 	s := open(t, testserver.SharedRedisURL(t))
 	c := s.Client()
@@ -31,11 +35,75 @@ func TestEncoding(t *testing.T) {
 		}
 		return v
 	}
+	compact := func(v string) (tokens int64, sec, nsec, deadline uint32) {
+		t.Helper()
+		if len(v) != 20 || v[0] != 1 {
+			t.Fatalf("stored %q: want the compact form, 20 bytes from the byte 1", v)
+		}
+		b := []byte(v)
+		tokens = int64(binary.LittleEndian.Uint64(append(b[1:8:8], 0))<<8) >> 8
+		return tokens, binary.LittleEndian.Uint32(b[8:]), binary.LittleEndian.Uint32(b[12:]), binary.LittleEndian.Uint32(b[16:])
+	}
 
-	// Binary: 10 tokens - 3 at a fixed time.
+	// Compact: 10 tokens - 3 at a fixed time.
 	key := "enc:" + randomTag()
 	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
 	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 3}); err != nil || !d.Allowed {
+		t.Fatalf("take: %+v, %v", d, err)
+	}
+	tok, sec, nsec, dl := compact(get(key))
+	if tok != 7e6 || sec != 1_700_000_000 || nsec != 250 {
+		t.Fatalf("stored tokens, s, n = %v, %v, %v; want 7e6, 1.7e9, 250", tok, sec, nsec)
+	}
+	// The deadline is the key's TTL's end, in the server's seconds,
+	// rounded down.
+	ms, err := c.Do(ctx, c.B().Pexpiretime().Key("drip:"+key).Build()).AsInt64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(dl) != ms/1000 {
+		t.Fatalf("stored deadline %d s, the TTL ends at %d ms", dl, ms)
+	}
+
+	// Below zero tokens (a reservation): a negative integer.
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 9, Reserve: true}); err != nil || !d.Allowed {
+		t.Fatalf("reserve: %+v, %v", d, err)
+	}
+	if tok, _, _, _ := compact(get(key)); tok != -2e6 {
+		t.Fatalf("stored tokens %d after a reservation, want -2e6", tok)
+	}
+
+	// Binary, as a bucket written by earlier versions: read as such (4.5
+	// tokens at the same instant), and rewritten compact.
+	legacy := make([]byte, 33)
+	for i, f := range []float64{4.5e6, 1_700_000_000, 250, 0} {
+		binary.LittleEndian.PutUint64(legacy[1+8*i:], math.Float64bits(f))
+	}
+	if err := c.Do(ctx, c.B().Set().Key("drip:"+key).Value(string(legacy)).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+	if err != nil || !d.Allowed || d.Remaining != 3 {
+		t.Fatalf("take on a binary bucket of 4.5 tokens: %+v, %v; want allowed, 3 remaining (3.5)", d, err)
+	}
+	if tok, _, _, _ := compact(get(key)); tok != 3.5e6 {
+		t.Fatalf("rewritten with %d tokens, want 3.5e6", tok)
+	}
+
+	// Decimal, as a bucket written before the binary form: read as such,
+	// and rewritten compact.
+	if err := c.Do(ctx, c.B().Set().Key("drip:"+key).Value("4500000 1700000000 250 0").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	d, err = storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+	if err != nil || !d.Allowed || d.Remaining != 3 {
+		t.Fatalf("take on a decimal bucket of 4.5 tokens: %+v, %v; want allowed, 3 remaining (3.5)", d, err)
+	}
+	compact(get(key))
+
+	// A time before 1970 (s < 0): the binary form.
+	key = "enc:" + randomTag()
+	if d, err := storetest.Apply(ctx, s, bucket.Take, time.Unix(-5, 7), drip.Request{Key: key, Limit: lim, Cost: 3}); err != nil || !d.Allowed {
 		t.Fatalf("take: %+v, %v", d, err)
 	}
 	v := get(key)
@@ -43,21 +111,8 @@ func TestEncoding(t *testing.T) {
 		t.Fatalf("stored %q: want a zero byte and 32 bytes of doubles", v)
 	}
 	f := func(i int) float64 { return math.Float64frombits(binary.LittleEndian.Uint64([]byte(v[1+8*i:]))) }
-	if f(0) != 7e6 || f(1) != 1_700_000_000 || f(2) != 250 {
-		t.Fatalf("stored tokens, s, n = %v, %v, %v; want 7e6, 1.7e9, 250", f(0), f(1), f(2))
-	}
-
-	// Decimal, as a bucket written before the binary form: read as such
-	// (4.5 tokens at the same instant), and rewritten in binary.
-	if err := c.Do(ctx, c.B().Set().Key("drip:"+key).Value("4500000 1700000000 250 0").Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 1})
-	if err != nil || !d.Allowed || d.Remaining != 3 {
-		t.Fatalf("take on a decimal bucket of 4.5 tokens: %+v, %v; want allowed, 3 remaining (3.5)", d, err)
-	}
-	if v := get(key); len(v) != 33 || v[0] != 0 {
-		t.Fatalf("rewritten as %q, want binary", v)
+	if f(0) != 7e6 || f(1) != -5 || f(2) != 7 {
+		t.Fatalf("stored tokens, s, n = %v, %v, %v; want 7e6, -5, 7", f(0), f(1), f(2))
 	}
 
 	// Beyond 2^53 micro-tokens: decimal, exact.
@@ -69,5 +124,44 @@ func TestEncoding(t *testing.T) {
 	want := strconv.FormatInt(1e12*1e6-1e6, 10) + " 1700000000 250 "
 	if v := get(key); len(v) < len(want) || v[:len(want)] != want {
 		t.Fatalf("stored %q, want %q and a deadline", v, want)
+	}
+}
+
+// TestEncodingBlocksUpgrade reads a bucket with a live block of leased
+// tokens in the binary form of earlier versions (the bucket, a newline,
+// "id size s n"): a plain take obeys the block's cap, and the key is
+// rewritten compact with the block after it.
+func TestEncodingBlocksUpgrade(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t))
+	c := s.Client()
+	ctx := context.Background()
+	at := time.Unix(1_700_000_000, 250)
+	key := "enc:" + randomTag()
+	legacy := make([]byte, 33)
+	for i, f := range []float64{10e6, 1_700_000_000, 250, 0} {
+		binary.LittleEndian.PutUint64(legacy[1+8*i:], math.Float64bits(f))
+	}
+	// A block of 6 tokens live for an hour: 4 of the 10 are left to
+	// plain takes.
+	v := string(legacy) + "\nb1 6000000 1700003600 250"
+	if err := c.Do(ctx, c.B().Set().Key("drip:"+key).Value(v).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	lim := drip.Limit{Rate: 1, Period: time.Hour, Burst: 10}
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 5}); err != nil || d.Allowed {
+		t.Fatalf("take of 5 beside a block of 6 of 10: %+v, %v; want denied", d, err)
+	}
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 3}); err != nil || !d.Allowed {
+		t.Fatalf("take of 3 beside a block of 6 of 10: %+v, %v; want allowed", d, err)
+	}
+	got, err := c.Do(ctx, c.B().Get().Key("drip:"+key).Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) < 21 || got[0] != 1 || got[20:] != "\nb1 6000000 1700003600 250" {
+		t.Fatalf("rewritten as %q, want the compact form and the block", got)
+	}
+	if d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 2}); err != nil || d.Allowed {
+		t.Fatalf("take of 2 after 3 of 4: %+v, %v; want denied", d, err)
 	}
 }

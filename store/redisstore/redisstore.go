@@ -13,9 +13,12 @@
 //
 // State is exact: one string key per bucket holding tokens
 // (micro-tokens), the bucket's time in seconds and nanoseconds, and when
-// the key's TTL ends, as four little-endian doubles after a zero byte
-// (exact: tokens below 2^53 in magnitude, as nearly always) or, beyond
-// that, as decimals, "tokens s n deadline". The script does its
+// the key's TTL ends: nearly always in a compact form of 20 bytes (the
+// byte 1, the tokens as a 7-byte integer, then the seconds, nanoseconds
+// and the TTL's end in whole seconds as 32-bit integers); for times
+// before 1970 or after 2106 as four little-endian doubles after a zero
+// byte (the form of earlier versions, still read), and for tokens beyond
+// 2^52 in magnitude as decimals, "tokens s n deadline". The script does its
 // arithmetic in exact integers (bigint.lua), so decisions are the ones
 // bucket.Eval makes, bit for bit; the Go side recomputes each with
 // bucket.Eval from the state the script read and reports any disagreement

@@ -23,7 +23,7 @@ func Status(out *engine.Outcome) int {
 		return 0
 	case out.Refused:
 		return http.StatusBadRequest
-	case out.Reason == engine.ReasonStoreUnavailable:
+	case out.Reason == engine.ReasonStoreUnavailable, out.Reason == engine.ReasonOverloaded:
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusTooManyRequests
@@ -92,12 +92,21 @@ type Problem struct {
 	Reason string `json:"reason"`
 	// RetryAfter repeats the Retry-After header, in seconds.
 	RetryAfter int64 `json:"retry_after,omitempty"`
+	// Priority is, when the request was shed for its class of priority
+	// (or denied by a rule that has classes), that class: critical,
+	// default, sheddable, batch or a number (engine.Outcome.Shed). The
+	// Drip-Priority header says it too.
+	Priority string `json:"priority,omitempty"`
 }
+
+// HeaderPriority is the header of a denial that names the request's
+// class of priority (Problem.Priority).
+const HeaderPriority = "Drip-Priority"
 
 // ProblemOf returns the problem details of a denied request.
 func ProblemOf(out *engine.Outcome) Problem {
 	status := Status(out)
-	p := Problem{Type: "about:blank", Status: status, Reason: out.Reason, RetryAfter: out.RetryAfter}
+	p := Problem{Type: "about:blank", Status: status, Reason: out.Reason, RetryAfter: out.RetryAfter, Priority: out.Shed}
 	p.Title = http.StatusText(status)
 	name := ""
 	if out.Top != nil {
@@ -110,6 +119,14 @@ func ProblemOf(out *engine.Outcome) Problem {
 	case out.Reason == engine.ReasonCostExceedsBurst:
 		a := out.Top
 		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", engine.Amount(a.Cost), engine.Amount(engine.Burst(a.Limit)), name)
+	case out.Reason == engine.ReasonOverloaded:
+		p.Detail = fmt.Sprintf("the upstream is at the in-flight limit rule %q learned from its latency", name)
+		if out.Shed != "" {
+			p.Detail += fmt.Sprintf(" for requests of class %s", out.Shed)
+		}
+		p.Detail += fmt.Sprintf("; retry after %d s", out.RetryAfter)
+	case out.Reason == engine.ReasonShed:
+		p.Detail = fmt.Sprintf("rule %q keeps its remaining capacity for requests of a higher class than %s; retry after %d s", name, out.Shed, out.RetryAfter)
 	case out.Reason == engine.ReasonStoreUnavailable:
 		p.Detail = fmt.Sprintf("the rate limit store is unavailable and rule %q denies requests then (how long a decision waits on the store is store_timeout; when it counts as down, circuit_breaker)", name)
 	default:
@@ -140,6 +157,9 @@ func WriteError(w http.ResponseWriter, out *engine.Outcome) {
 // caller passes on only some statuses (nginx's auth_request: 401 and
 // 403). The body still says the denial's status. Call WriteHeaders first.
 func WriteErrorAs(w http.ResponseWriter, out *engine.Outcome, status int) {
+	if out.Shed != "" {
+		w.Header().Set(HeaderPriority, out.Shed)
+	}
 	writeProblem(w, status, ProblemJSON(out))
 }
 

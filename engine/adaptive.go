@@ -1,0 +1,592 @@
+package engine
+
+import (
+	"context"
+	"math"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/rules"
+)
+
+// This file is the adaptive rules (algorithm: adaptive): an in-flight
+// limit learned in each instance from the latency and the failures of
+// the requests it let through, decided in process (never in the store:
+// the latency an instance sees is its own signal, and instances that
+// added up their in-flight counts would each shrink for the others'
+// load), with classes of priority and a queue ordered by them.
+//
+// The learning, per bucket (rule and key), over windows of completed
+// requests (at least the rule's window and the latency of the last one,
+// and a few requests, or ten windows):
+//
+//   - baseline: the latency of the upstream unloaded, learned without
+//     ever lowering the limit to measure it: a window faster than it
+//     moves it down (quickly), one within the tolerance above it moves
+//     it up (ten times slower), so it sits at a low quantile of healthy
+//     windows and the limit's own small swings keep it honest;
+//   - a window with drops (drop_status answers, requests that did not
+//     complete) shrinks the limit by half their share (at most half);
+//   - a window within tolerance grows the limit by its square root when
+//     the limit was used (in flight reached half of it): seconds from
+//     any limit back to the upstream's capacity;
+//   - a slower window moves the limit toward the capacity it measured
+//     (throughput times baseline, plus its square root as a queue to
+//     keep the upstream busy), by smoothing of the way and at most 20%
+//     per window;
+//   - a latency that does not fall from its highest while the limit
+//     shrank by 30% over four windows or more was not caused by this limit (the upstream got slower, or
+//     others load it): the baseline is relearned at once and the limit
+//     restored to where the shrinking began.
+
+// ReasonOverloaded is the reason of a denial by an adaptive rule: its
+// learned in-flight limit (for the request's class of priority) is
+// reached. HTTP doors answer 503.
+const ReasonOverloaded = "overloaded"
+
+// ReasonShed is the reason of a denial of a request of a low class of
+// priority by a rule that kept the rest of its capacity for higher
+// classes (reserve); HTTP doors answer 429.
+const ReasonShed = "priority_shed"
+
+// MaxAdaptiveKeys bounds the buckets of adaptive rules one engine
+// learns: beyond it, a new key of an adaptive rule shares its rule's
+// overflow bucket.
+const MaxAdaptiveKeys = 10000
+
+// AdaptiveObserver is an Observer that is also told of the requests an
+// adaptive rule or a rule with priorities shed (Shed: rule, the
+// request's class). Observers that do not implement it see the
+// decisions only.
+type AdaptiveObserver interface {
+	Observer
+	Shed(rule string, class int)
+}
+
+// AdaptiveState is what an adaptive rule has learned in this engine,
+// added up over its buckets (Engine.Adaptive).
+type AdaptiveState struct {
+	Rule string `json:"rule"`
+	// Limit is the learned limits added up (with one bucket, its limit),
+	// InFlight the requests holding a slot, Queued those waiting.
+	Limit    float64 `json:"limit"`
+	InFlight int     `json:"in_flight"`
+	Queued   int     `json:"queued"`
+	// Buckets is how many keys the rule learns for.
+	Buckets int `json:"buckets"`
+	// Baseline is the longest baseline latency of its buckets.
+	Baseline time.Duration `json:"baseline_ns"`
+}
+
+// adaptives are an engine's learned limits, by bucket key.
+type adaptives struct {
+	mu sync.RWMutex
+	m  map[string]*adaptive
+}
+
+// adaptive is one bucket of an adaptive rule: its limit, its slots, its
+// window of completed requests and its waiters.
+type adaptive struct {
+	rule string
+	mu   sync.Mutex
+	cfg  *rules.Adaptive // the rule's, as last loaded
+
+	limit    float64 // learned
+	inflight int
+	waiters  []*waiter // by class, then arrival (a higher class never has a smaller share)
+	plan     *Plan     // the RateLimit-Policy of the current cap
+	planCap  int
+
+	// the window
+	start      time.Time
+	n, drops   int
+	ok         int
+	sum        time.Duration // the latencies of the ok requests
+	peak       int           // most in flight
+	lastRTT    time.Duration
+	baseline   float64 // ns; 0 until learned
+	streak     int     // windows in a row that shrank the limit on latency
+	streakRTT  float64 // the highest latency of those windows
+	streakFrom float64 // the limit when they began
+}
+
+type waiter struct {
+	class int
+	share float64   // of the capacity its class may use
+	ch    chan bool // true: granted a slot; false: shed
+}
+
+// adaptiveOf is the bucket of an adaptive rule's key, made on first use.
+func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
+	as := &e.adapt
+	as.mu.RLock()
+	a, ok := as.m[key]
+	as.mu.RUnlock()
+	if ok && a.rule == rule.Name {
+		a.reconfigure(rule.Adaptive)
+		return a
+	}
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if a, ok := as.m[key]; ok && a.rule == rule.Name {
+		return a
+	}
+	if as.m == nil {
+		as.m = make(map[string]*adaptive)
+	}
+	if len(as.m) >= MaxAdaptiveKeys {
+		key = rule.Name + "\x00overflow"
+		if a, ok := as.m[key]; ok {
+			return a
+		}
+	}
+	a = &adaptive{rule: rule.Name, cfg: rule.Adaptive, limit: float64(rule.Adaptive.InitialLimit)}
+	as.m[key] = a
+	return a
+}
+
+// pruneAdaptive forgets the buckets of the rules that are no longer
+// adaptive in set (a reload): their requests in flight release into
+// buckets no longer found, which is harmless.
+func (e *Engine) pruneAdaptive(set *rules.Set) {
+	as := &e.adapt
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	for k, a := range as.m {
+		r, ok := set.Rule(a.rule)
+		if !ok || r.Adaptive == nil {
+			delete(as.m, k)
+		}
+	}
+}
+
+// Adaptive reports what each adaptive rule has learned in this engine,
+// by rule name.
+func (e *Engine) Adaptive() []AdaptiveState {
+	as := &e.adapt
+	as.mu.Lock()
+	all := make([]*adaptive, 0, len(as.m))
+	for _, a := range as.m {
+		all = append(all, a)
+	}
+	as.mu.Unlock()
+	by := map[string]*AdaptiveState{}
+	for _, a := range all {
+		a.mu.Lock()
+		s := by[a.rule]
+		if s == nil {
+			s = &AdaptiveState{Rule: a.rule}
+			by[a.rule] = s
+		}
+		s.Limit += math.Floor(a.limit*1000) / 1000
+		s.InFlight += a.inflight
+		s.Queued += len(a.waiters)
+		s.Buckets++
+		s.Baseline = max(s.Baseline, time.Duration(a.baseline))
+		a.mu.Unlock()
+	}
+	out := make([]AdaptiveState, 0, len(by))
+	for _, s := range by {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Rule < out[j].Rule })
+	return out
+}
+
+func (a *adaptive) reconfigure(cfg *rules.Adaptive) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cfg == cfg {
+		return
+	}
+	a.cfg = cfg
+	a.limit = min(max(a.limit, float64(cfg.MinLimit)), float64(cfg.MaxLimit))
+	a.grant()
+}
+
+// capacity is the most requests in flight now: the learned limit,
+// rounded down, within the rule's bounds.
+func (a *adaptive) capacity() int {
+	return min(max(int(a.limit), a.cfg.MinLimit), a.cfg.MaxLimit)
+}
+
+// room is the most requests in flight that a request of share s of the
+// capacity may join: all of the capacity for share 1 (critical, or a
+// rule without priorities), else the capacity less the slots kept for
+// higher classes, rounded down (a small capacity keeps none).
+func (a *adaptive) room(share float64) int {
+	c := a.capacity()
+	if share >= 1 {
+		return c
+	}
+	return c - int(float64(c)*(1-share)+1e-9)
+}
+
+// acquire takes a slot for a request of class (share of the capacity),
+// waiting up to wait in the bucket's queue (of at most maxQueue) when
+// there is none: ok reports a slot taken, at the time returned; shed
+// reports that the request's class was what kept it out (a higher class
+// would have had one).
+func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int, share float64, wait time.Duration, maxQueue int) (at time.Time, ok, shed bool) {
+	a.mu.Lock()
+	room := a.room(share)
+	if a.inflight < room && !a.higherWaiting(class) {
+		a.take(now())
+		a.mu.Unlock()
+		return now(), true, false
+	}
+	shed = share < 1 && a.inflight < a.capacity()
+	w := &waiter{class: class, share: share, ch: make(chan bool, 1)}
+	if wait <= 0 || !a.enqueue(w, maxQueue) {
+		a.mu.Unlock()
+		return time.Time{}, false, shed
+	}
+	a.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case got := <-w.ch:
+		return now(), got, !got || shed
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if i := slices.Index(a.waiters, w); i >= 0 {
+		a.waiters = slices.Delete(a.waiters, i, i+1)
+		return time.Time{}, false, shed
+	}
+	got := <-w.ch // granted or shed as it left: a grant is kept
+	return now(), got, !got || shed
+}
+
+// take counts a request in flight.
+func (a *adaptive) take(now time.Time) {
+	a.inflight++
+	if onTake != nil {
+		onTake(a.inflight, a.capacity())
+	}
+	if a.start.IsZero() {
+		a.start = now
+	}
+	a.peak = max(a.peak, a.inflight)
+}
+
+// higherWaiting reports whether a request of class at least class waits.
+func (a *adaptive) higherWaiting(class int) bool {
+	return len(a.waiters) > 0 && a.waiters[0].class >= class
+}
+
+// enqueue adds w after the waiters of its class and above; a full queue
+// sheds its lowest waiter for a higher class, else refuses.
+func (a *adaptive) enqueue(w *waiter, maxQueue int) bool {
+	if len(a.waiters) >= max(maxQueue, 1) {
+		last := a.waiters[len(a.waiters)-1]
+		if last.class >= w.class {
+			return false
+		}
+		a.waiters = a.waiters[:len(a.waiters)-1]
+		last.ch <- false
+	}
+	i := sort.Search(len(a.waiters), func(i int) bool { return a.waiters[i].class < w.class })
+	a.waiters = slices.Insert(a.waiters, i, w)
+	return true
+}
+
+// grant hands free slots to the waiters, highest class first, while
+// their class has room.
+func (a *adaptive) grant() {
+	for len(a.waiters) > 0 {
+		w := a.waiters[0]
+		if a.inflight >= a.room(w.share) {
+			return
+		}
+		a.waiters = a.waiters[1:]
+		a.inflight++
+		if onTake != nil {
+			onTake(a.inflight, a.capacity())
+		}
+		a.peak = max(a.peak, a.inflight)
+		w.ch <- true
+	}
+}
+
+// release gives back a slot taken at start: the request took until now
+// and dropped (an overloaded answer, or none) or not.
+func (a *adaptive) release(start, now time.Time, dropped, learn bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.inflight--
+	if learn {
+		a.sample(now.Sub(start), now, dropped)
+	}
+	a.grant()
+}
+
+// minSamples is how many completed requests a window holds at least,
+// unless it lasts ten windows.
+const minSamples = 5
+
+var debugAdaptive = false
+
+// onTake, set by tests only, sees each slot taken: the requests in
+// flight then, and the capacity they are held to.
+var onTake func(inflight, capacity int)
+
+// sample counts a completed request in the window, and ends the window
+// when it is long enough.
+func (a *adaptive) sample(rtt time.Duration, now time.Time, dropped bool) {
+	a.n++
+	if dropped {
+		a.drops++
+	} else {
+		a.ok++
+		a.sum += max(rtt, 0)
+	}
+	elapsed := now.Sub(a.start)
+	long := max(a.cfg.Window, a.lastRTT)
+	if elapsed < long || (a.n < minSamples && elapsed < 10*long) {
+		return
+	}
+	a.update(elapsed)
+	a.start, a.n, a.drops, a.ok, a.sum, a.peak = now, 0, 0, 0, 0, a.inflight
+}
+
+// update learns from the window just ended (elapsed long).
+func (a *adaptive) update(elapsed time.Duration) {
+	if debugAdaptive {
+		defer func(l float64) {
+			println("win", elapsed/time.Millisecond, "n", a.n, "drops", a.drops, "rtt", int(float64(a.sum)/float64(max(a.ok, 1))/1e6), "base", int(a.baseline/1e6), "peak", a.peak, "L", int(l), "->", int(a.limit), "streak", a.streak)
+		}(a.limit)
+	}
+	lo, hi := float64(a.cfg.MinLimit), float64(a.cfg.MaxLimit)
+	l := a.limit
+	used := float64(a.peak) >= l/2
+	if a.drops > 0 {
+		share := float64(a.drops) / float64(a.n)
+		a.limit = max(lo, l*(1-min(share, 1)/2))
+		a.streak = 0
+		return
+	}
+	if a.ok == 0 {
+		return
+	}
+	rtt := float64(a.sum) / float64(a.ok)
+	a.lastRTT = time.Duration(rtt)
+	if a.baseline == 0 {
+		a.baseline = rtt
+	}
+	weight := float64(a.ok) / float64(a.ok+minSamples)
+	tol := a.cfg.Tolerance
+	switch {
+	case rtt <= a.baseline:
+		a.baseline += (rtt - a.baseline) * 0.2 * weight
+	case rtt <= a.baseline*(1+tol) && !used:
+		// Up only while the limit is not what holds the requests: a
+		// limit in use would drift up with the latency it causes.
+		a.baseline += (rtt - a.baseline) * 0.02 * weight
+	}
+	if rtt <= a.baseline*(1+tol) {
+		a.streak = 0
+		if used {
+			a.limit = min(hi, l+max(1, math.Sqrt(l)))
+		}
+		return
+	}
+	// Slower than the baseline allows: the upstream queues.
+	if !used {
+		return // the limit is not what holds the requests: nothing to shrink for
+	}
+	if a.streak == 0 {
+		a.streakRTT, a.streakFrom = 0, l
+	}
+	a.streak++
+	a.streakRTT = max(a.streakRTT, rtt)
+	if a.streak > 3 && l <= 0.7*a.streakFrom && rtt >= 0.95*a.streakRTT {
+		// The limit shrank and the latency did not follow: not this
+		// limit's doing. Relearn the baseline, restore the limit.
+		a.baseline, a.limit, a.streak = rtt, max(l, a.streakFrom), 0
+		return
+	}
+	capacity := float64(a.ok+a.drops) / float64(elapsed) * a.baseline
+	target := capacity + math.Sqrt(capacity)
+	if target < l {
+		a.limit = max(lo, l*0.8, l+(target-l)*a.cfg.Smoothing)
+	}
+}
+
+// classOf is the request's class of priority under rule: the one its
+// priority_from names (one it cannot read: PriorityDefault), else the
+// rule's.
+func classOf(r Values, rule *rules.Rule) int {
+	if rule.PriorityFrom != nil {
+		if s, ok := r.Value(*rule.PriorityFrom); ok {
+			p, _ := rules.ParsePriority(s)
+			return p
+		}
+	}
+	return rule.Class()
+}
+
+// admit takes a slot of each adaptive rule of ad in turn, each waiting
+// up to its max_wait for one; when one is refused, those taken are given
+// back (learning nothing) and the one that denied is returned.
+func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
+	for i, a := range ad {
+		b := e.adaptiveOf(a.Rule, a.Key)
+		at, ok, shed := b.acquire(ctx, e.clock, a.class, a.Rule.Share(a.class), a.Wait, a.MaxQueue)
+		a.Decided = true
+		a.Decision, a.Plan = b.state(ok)
+		if !ok {
+			for _, x := range ad[:i] {
+				x.slot.release(x.since, x.since, false, false)
+				x.slot, x.Event = nil, NotTaken
+				x.Decision.Remaining++
+			}
+			for _, x := range ad[i+1:] {
+				x.Event = NotTaken // not asked
+			}
+			a.Event, a.Reason, a.shed = Denied, ReasonOverloaded, shed
+			return a
+		}
+		a.slot, a.since, a.Event = b, at, Allowed
+	}
+	return nil
+}
+
+// unadmit gives back the slots of ad: another rule denied the request.
+func unadmit(ad []*Applied) {
+	for _, a := range ad {
+		if a.slot != nil {
+			a.slot.release(a.since, a.since, false, false)
+			a.slot, a.Event = nil, NotTaken
+			a.Decision.Remaining++
+		}
+	}
+}
+
+// state is the bucket as the headers tell of it: its capacity now and
+// the free slots after the request (allowed or not), and the
+// RateLimit-Policy of that capacity (made again only when it changes).
+func (a *adaptive) state(allowed bool) (drip.Decision, *Plan) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.capacity()
+	d := drip.Decision{Allowed: allowed, Burst: float64(c), Remaining: int64(max(0, c-a.inflight))}
+	d.Tokens = float64(d.Remaining)
+	if !allowed {
+		d.RetryAfter = ConcurrencyRetryAfter
+	}
+	if a.plan == nil || a.planCap != c {
+		a.plan, a.planCap = PlanOf(a.rule, drip.Limit{Algorithm: drip.Concurrency, MaxInFlight: c}), c
+	}
+	return d, a.plan
+}
+
+// releaseSlot gives back an adaptive rule's slot when the request ends,
+// learning from it: it took from since to now, and dropped or not.
+func (a *Applied) releaseSlot(now time.Time, dropped bool) {
+	if a.slot != nil {
+		a.slot.release(a.since, now, dropped, true)
+		a.slot = nil
+	}
+}
+
+// shedPriority checks the prioritized rules a request was just allowed
+// by: a request of a class below critical must leave its share of the
+// rule's capacity (Rule.Share) free, else it is shed (what it took is
+// given back by the caller). It returns the rule that shed it.
+func shedPriority(enf []Applied) *Applied {
+	for i := range enf {
+		a := &enf[i]
+		if !a.Rule.Prioritized() || a.Rule.Adaptive != nil || !a.Decided || !a.Decision.Allowed {
+			continue
+		}
+		share := a.Rule.Share(a.class)
+		if share >= 1 {
+			continue
+		}
+		capacity := Burst(a.Limit)
+		left := a.Decision.Tokens
+		if a.Limit.Algorithm == drip.Concurrency {
+			left = float64(a.Decision.Remaining)
+		}
+		if left < capacity*(1-share)-1e-9 {
+			return a
+		}
+	}
+	return nil
+}
+
+// blockedItem stands for an adaptive rule that denied the request among
+// the items of the store's step: the others are then peeked.
+var blockedItem = Item{blocked: true, Plan: PlanOf("", drip.Limit{})}
+
+// shedBy records that rule a denied the request (for reason) and, when
+// its class is what kept it out, that it was shed.
+func (e *Engine) shedBy(out *Outcome, a *Applied, reason string) {
+	a.Event, a.Reason = Denied, reason
+	a.Decision.Allowed = false
+	a.Decision.RetryAfter = max(a.Decision.RetryAfter, ConcurrencyRetryAfter)
+	out.deny("")
+	if reason == ReasonShed || a.shed || a.Rule.Prioritized() {
+		out.Shed = rules.PriorityName(a.class)
+	}
+	if ao, ok := e.obs.(AdaptiveObserver); ok {
+		ao.Shed(a.Rule.Name, a.class)
+	}
+}
+
+// enforceAdaptive is enforce for enforce rules of which some are
+// adaptive: their slots are taken first, in this engine (waiting up to
+// their max_wait), then the other rules all or nothing in the store
+// (peeked when an adaptive rule denied); when those deny, the slots are
+// given back.
+func (e *Engine) enforceAdaptive(ctx context.Context, rs *Rules, out *Outcome, enf []Applied) {
+	var ad []*Applied
+	var rest []Applied
+	for i := range enf {
+		if enf[i].Rule.Adaptive != nil {
+			ad = append(ad, &enf[i])
+		} else {
+			rest = append(rest, enf[i])
+		}
+	}
+	denied := e.admit(ctx, ad)
+	if denied != nil {
+		e.shedBy(out, denied, ReasonOverloaded)
+		if out.Reason == "" {
+			out.Reason = ReasonOverloaded
+		}
+	}
+	if len(rest) > 0 {
+		e.enforce(ctx, rs, out, rest, denied != nil)
+		j := 0
+		for i := range enf {
+			if enf[i].Rule.Adaptive == nil {
+				enf[i] = rest[j]
+				j++
+			}
+		}
+	}
+	if !out.Allowed && denied == nil {
+		unadmit(ad)
+	}
+}
+
+// nameClass names the request's class in the outcome of a denial by a
+// rule with priorities at its limit (not shed for its class, which
+// shedBy named): the answer says which class was denied either way.
+func (e *Engine) nameClass(out *Outcome) {
+	a := out.Top
+	if out.Allowed || out.Shed != "" || a == nil || !a.Rule.Prioritized() || a.Reason == "" || a.Reason == ReasonStoreUnavailable {
+		return
+	}
+	out.Shed = rules.PriorityName(a.class)
+	if ao, ok := e.obs.(AdaptiveObserver); ok {
+		ao.Shed(a.Rule.Name, a.class)
+	}
+}

@@ -1,0 +1,123 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/driplimit/drip/rules"
+)
+
+// TestAdaptiveExact: however the limit moves (latency, drops) and
+// whatever the classes, waits and queue, a slot is only ever taken
+// within the capacity of the moment: in flight never exceeds the
+// learned limit.
+func TestAdaptiveExact(t *testing.T) {
+	var over atomic.Int64
+	onTake = func(inflight, capacity int) {
+		if inflight > capacity {
+			over.Add(1)
+		}
+	}
+	defer func() { onTake = nil }()
+	synctest.Test(t, func(t *testing.T) {
+		cfg := &rules.Adaptive{InitialLimit: 10, MinLimit: 1, MaxLimit: 40, Tolerance: 0.1, Smoothing: 1, Window: 10 * time.Millisecond, DropStatus: rules.DefaultDropStatus}
+		a := &adaptive{rule: "r", cfg: cfg, limit: 10}
+		rule := &rules.Rule{Reserve: 0.2}
+		var wg sync.WaitGroup
+		var taken atomic.Int64
+		for i := range 64 {
+			wg.Go(func() {
+				class := []int{rules.PriorityBatch, rules.PrioritySheddable, rules.PriorityDefault, rules.PriorityCritical}[i%4]
+				for j := range 200 {
+					start, ok, _ := a.acquire(context.Background(), time.Now, class, rule.Share(class), time.Duration(i%3)*5*time.Millisecond, 8)
+					if !ok {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					taken.Add(1)
+					time.Sleep(time.Duration(1+(i*7+j*3)%20) * time.Millisecond)
+					a.release(start, time.Now(), (i+j)%17 == 0, true)
+				}
+			})
+		}
+		wg.Wait()
+		if n := over.Load(); n != 0 {
+			t.Fatalf("%d slots taken beyond the capacity", n)
+		}
+		if taken.Load() == 0 || a.inflight != 0 || len(a.waiters) != 0 {
+			t.Fatalf("taken %d, left in flight %d, waiting %d", taken.Load(), a.inflight, len(a.waiters))
+		}
+	})
+}
+
+// TestAdaptiveQueueByClass: a freed slot goes to the highest class
+// waiting, then in arrival order; a full queue sheds its lowest waiter
+// for a higher class; a lower class is kept under its share.
+func TestAdaptiveQueueByClass(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := &rules.Adaptive{InitialLimit: 10, MinLimit: 1, MaxLimit: 10, Tolerance: 0.25, Smoothing: 0.5, Window: time.Second, DropStatus: rules.DefaultDropStatus}
+		a := &adaptive{rule: "r", cfg: cfg, limit: 10}
+		rule := &rules.Rule{Reserve: 0.1}
+		ctx := context.Background()
+		// Batch may use 8 of 10 slots, default 9, critical 10.
+		var starts []time.Time
+		for range 8 {
+			at, ok, _ := a.acquire(ctx, time.Now, rules.PriorityBatch, rule.Share(rules.PriorityBatch), 0, 3)
+			if !ok {
+				t.Fatal("batch refused below its share")
+			}
+			starts = append(starts, at)
+		}
+		if _, ok, shed := a.acquire(ctx, time.Now, rules.PriorityBatch, rule.Share(rules.PriorityBatch), 0, 3); ok || !shed {
+			t.Fatalf("batch past its share: ok %v shed %v", ok, shed)
+		}
+		if _, ok, _ := a.acquire(ctx, time.Now, rules.PriorityDefault, rule.Share(rules.PriorityDefault), 0, 3); !ok {
+			t.Fatal("default refused below its share")
+		}
+		if _, ok, _ := a.acquire(ctx, time.Now, rules.PriorityCritical, rule.Share(rules.PriorityCritical), 0, 3); !ok {
+			t.Fatal("critical refused below the capacity")
+		}
+		// Full: three wait (queue of 3), in class order.
+		got := make(chan int, 10)
+		wait := func(class int) {
+			go func() {
+				_, ok, _ := a.acquire(ctx, time.Now, class, rule.Share(class), time.Minute, 3)
+				if ok {
+					got <- class
+				} else {
+					got <- -1 - class
+				}
+			}()
+			synctest.Wait()
+		}
+		wait(rules.PriorityBatch)
+		wait(rules.PriorityDefault)
+		wait(rules.PrioritySheddable)
+		wait(rules.PriorityCritical) // the queue is full: batch is shed
+		if c := <-got; c != -1-rules.PriorityBatch {
+			t.Fatalf("a full queue: got %d, want batch shed", c)
+		}
+		a.release(starts[0], time.Now(), false, false)
+		synctest.Wait()
+		if c := <-got; c != rules.PriorityCritical {
+			t.Fatalf("first freed slot went to %d, want critical", c)
+		}
+		a.release(starts[1], time.Now(), false, false) // 9 in flight: default's share is full, sheddable's too
+		synctest.Wait()
+		select {
+		case c := <-got:
+			t.Fatalf("a slot past default's share went to %d", c)
+		default:
+		}
+		a.release(starts[2], time.Now(), false, false)
+		a.release(starts[3], time.Now(), false, false) // 7 in flight: default may use 9, sheddable 9 too (a reserve of 1.5 slots keeps 1)
+		synctest.Wait()
+		if c, d := <-got, <-got; c+d != rules.PriorityDefault+rules.PrioritySheddable {
+			t.Fatalf("then %d and %d, want default and sheddable", c, d)
+		}
+	})
+}
