@@ -22,7 +22,8 @@ package bench
 // decision does not.
 //
 // BenchmarkLeasedLocal is the leased instance's own cost: one key on the
-// memory store, every take but a few granted from a block.
+// memory store, leased there (leased.LeaseInProcess), every take but a
+// few granted from a block.
 
 import (
 	"context"
@@ -81,7 +82,9 @@ func BenchmarkLeasedPostgres(b *testing.B) {
 }
 
 // BenchmarkLeasedMemory is BenchmarkLeased on one memory store that the 4
-// instances share: the wrapper's own cost where the store costs least.
+// instances share: what a library user wrapping the memory store gets
+// (the wrapper passes every call to an in-process store as it is: its
+// cost is that of the call through it).
 //
 //	cd bench && go test -run '^$' -bench 'LeasedMemory' -benchtime 2s -count 3
 func BenchmarkLeasedMemory(b *testing.B) {
@@ -139,7 +142,14 @@ func benchLeased(b *testing.B, fresh func(*testing.B) string, serverCPU func(*te
 				if w.drain {
 					// The bucket emptied before the timer starts: the run
 					// measures the saturated key, not its burst's drain.
+					// The burst in one take first: on a busy machine a
+					// take at a time may come no faster than the limit.
+					whole := items[0]
+					whole.Cost = whole.Params.Burst
 					res := make([]bucket.Result, 1)
+					if err := raw.Apply(context.Background(), bucket.Take, time.Time{}, []bucket.Prepared{whole}, res); err != nil {
+						b.Fatal(err)
+					}
 					for res[0].Allowed = true; res[0].Allowed; {
 						if err := raw.Apply(context.Background(), bucket.Take, time.Time{}, items[:1], res); err != nil {
 							b.Fatal(err)
@@ -193,7 +203,7 @@ func benchLeased(b *testing.B, fresh func(*testing.B) string, serverCPU func(*te
 func BenchmarkLeasedLocal(b *testing.B) {
 	ms := memstore.New()
 	defer ms.Close()
-	l, err := leased.New(ms)
+	l, err := leased.New(ms, leased.LeaseInProcess()) // the blocks, not the pass-through
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -97,7 +97,7 @@ func TestLeasedDescriptors(t *testing.T) {
 	defer ms.Close()
 	ck := testclock.At(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	obs := &fetchedBy{n: map[string]int{}}
-	ls, err := leased.New(ms, leased.Marked(), leased.WithClock(ck.Now), leased.WithObserver(obs))
+	ls, err := leased.New(ms, leased.LeaseInProcess(), leased.Marked(), leased.WithClock(ck.Now), leased.WithObserver(obs))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestColdKeysPlainPath(t *testing.T) {
 	c := &counting{Store: ms}
 	var clock virtual
 	clock.now.Store(time.Unix(1_700_000_000, 0).UnixNano())
-	ls, err := leased.New(c, leased.WithClock(clock.Now))
+	ls, err := leased.New(c, leased.LeaseInProcess(), leased.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}

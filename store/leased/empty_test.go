@@ -42,7 +42,7 @@ func TestEmptyBucketNotQueued(t *testing.T) {
 		ms := memstore.New(memstore.WithSweep(0))
 		defer ms.Close()
 		g := &gated{Store: ms, gate: make(chan struct{})}
-		ls, err := leased.New(g)
+		ls, err := leased.New(g, leased.LeaseInProcess())
 		if err != nil {
 			t.Fatal(err)
 		}

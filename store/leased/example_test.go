@@ -13,14 +13,16 @@ import (
 // One limit of a program leased, the others decided by the store as
 // they are: the wrapper leases the limits marked Leased (leased.Marked),
 // and a drip.Limiter's limit carries its mark. The shared store here is
-// the memory store, for the example; a deployment shares Redis
-// (redisstore.Open) between its instances, each wrapping it so.
+// the memory store, for the example (LeaseInProcess: a Store passes
+// every call to an in-process store as it is otherwise); a deployment
+// shares Redis (redisstore.Open) or PostgreSQL between its instances,
+// each wrapping it so.
 func Example_oneLimit() {
 	shared := memstore.New()
 	defer shared.Close()
 	// The time of every decision, fixed for the example's output.
 	now := func() time.Time { return time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC) }
-	st, err := leased.New(shared, leased.Marked(), leased.WithClock(now))
+	st, err := leased.New(shared, leased.LeaseInProcess(), leased.Marked(), leased.WithClock(now))
 	if err != nil {
 		panic(err) // the store holds no blocks
 	}

@@ -13,6 +13,13 @@
 //
 // Since Store is a store.Store, the engine, a drip.Limiter and drip serve
 // use it unchanged. The store under it must hold blocks (Caps.Blocks).
+//
+// Over a store that decides in the process (Caps.InProcess: the memory
+// store) leasing saves no call and would cost its bookkeeping on every
+// take, so a Store passes every call to it as it is, counting nothing,
+// and is free: the decisions are the store's, exactly. LeaseInProcess
+// leases there too (a test or a simulation of several instances sharing
+// one memory store).
 package leased
 
 import (
@@ -137,6 +144,12 @@ func WithObserver(o Observer) Option { return func(s *Store) { s.obs = o } }
 // (default DefaultMaxKeys).
 func WithMaxKeys(n int) Option { return func(s *Store) { s.maxKeys = max(1, n) } }
 
+// LeaseInProcess leases over a store that decides in the process
+// (Caps.InProcess) too, which a Store otherwise passes every call to as
+// it is: for tests and simulations of several instances sharing one
+// memory store in place of a remote one.
+func LeaseInProcess() Option { return func(s *Store) { s.inproc = true } }
+
 // Store is one instance's view of a shared store with leased tokens. It
 // is safe for concurrent use. Call Close to give back its blocks.
 type Store struct {
@@ -147,6 +160,8 @@ type Store struct {
 	now     func() time.Time
 	sel     func(string, bucket.Params) bool
 	marked  bool // Marked: only the items marked Leased
+	inproc  bool // LeaseInProcess
+	through bool // every call passes to the store (an in-process one)
 	obs     Observer
 	maxKeys int
 
@@ -188,6 +203,10 @@ func New(st store.Store, opts ...Option) (*Store, error) {
 	}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.through = st.Caps().InProcess && !s.inproc; s.through {
+		close(s.done) // no blocks to give back: no janitor
+		return s, nil
 	}
 	go s.janitor()
 	return s, nil
@@ -282,9 +301,10 @@ func (s *Store) passes(items []bucket.Prepared) bool {
 // its key when the block covers it, and else through the store: a block
 // take when the key's demand calls for one (the take granted from it), or
 // the item's own take. Peeks, refunds, calls of several items and items
-// that are not leased go to the store as they are.
+// that are not leased go to the store as they are, and so does every call
+// over an in-process store (without LeaseInProcess).
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if s.passes(items) {
+	if s.through || s.passes(items) {
 		return s.st.Apply(ctx, op, at, items, results)
 	}
 	if op == bucket.Take && len(items) > 1 && s.allLeased(items) {

@@ -83,7 +83,7 @@ func runWorkload(t *testing.T, w workload, dur time.Duration) {
 	const instances, callers = 4, 4
 	ins := make([]*leased.Store, instances)
 	for i := range ins {
-		ins[i], err = leased.New(ms, leased.WithTTL(500*time.Millisecond))
+		ins[i], err = leased.New(ms, leased.LeaseInProcess(), leased.WithTTL(500*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,7 +230,7 @@ func checkDenials(t *testing.T, k int, es []event, p bucket.Params) int {
 func TestCapsForwarded(t *testing.T) {
 	inner := memstore.New()
 	defer inner.Close()
-	s, err := leased.New(inner)
+	s, err := leased.New(inner, leased.LeaseInProcess())
 	if err != nil {
 		t.Fatal(err)
 	}

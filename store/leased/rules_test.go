@@ -104,7 +104,7 @@ func TestRulesMarkWhatIsLeased(t *testing.T) {
 			clock.now.Store(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC).UnixNano())
 			obs := &byRule{}
 			st := sc.open(t)
-			ls, err := leased.New(st, leased.Marked(), leased.WithClock(clock.Now), leased.WithObserver(obs))
+			ls, err := leased.New(st, leased.LeaseInProcess(), leased.Marked(), leased.WithClock(clock.Now), leased.WithObserver(obs))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -177,7 +177,7 @@ func TestMarkedPassesTheRest(t *testing.T) {
 	plain, marked := prep(drip.PerSecond(100), "plain"), prep(drip.PerSecond(100).WithLeased(true), "marked")
 	sliding := prep(drip.Limit{Algorithm: drip.SlidingWindow, Rate: 100}, "sliding")
 
-	only, err := leased.New(rec, leased.Marked())
+	only, err := leased.New(rec, leased.LeaseInProcess(), leased.Marked())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestMarkedPassesTheRest(t *testing.T) {
 		t.Errorf("Marked: %d store calls counted, want still 1 (an unmarked call passes uncounted)", st.StoreCalls)
 	}
 
-	all, err := leased.New(rec)
+	all, err := leased.New(rec, leased.LeaseInProcess())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestLeasedBesidePlain(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var clock virtual
 			clock.now.Store(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC).UnixNano())
-			ls, err := leased.New(open(t), leased.Marked(), leased.WithClock(clock.Now))
+			ls, err := leased.New(open(t), leased.LeaseInProcess(), leased.Marked(), leased.WithClock(clock.Now))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -75,7 +75,7 @@ func saturatedRun(t *testing.T, leasedOn bool) (decided int64, stats leased.Stat
 		for range instances {
 			var inst store.Store = st
 			if leasedOn {
-				ls, err := leased.New(st)
+				ls, err := leased.New(st, leased.LeaseInProcess())
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -156,7 +156,7 @@ func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration, pla
 			continue
 		}
 		var err error
-		ins[i], err = leased.New(st, leased.WithTTL(500*time.Millisecond), leased.WithClock(clock.Now))
+		ins[i], err = leased.New(st, leased.LeaseInProcess(), leased.WithTTL(500*time.Millisecond), leased.WithClock(clock.Now))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -36,7 +36,7 @@ func TestSlowStoreHotKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ms := memstore.New(memstore.WithSweep(0))
 		defer ms.Close()
-		ls, err := leased.New(slow{ms, 150 * time.Millisecond})
+		ls, err := leased.New(slow{ms, 150 * time.Millisecond}, leased.LeaseInProcess())
 		if err != nil {
 			t.Fatal(err)
 		}

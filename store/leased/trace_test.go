@@ -23,7 +23,7 @@ func TestSpanSaysHow(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	ms := memstore.New(memstore.WithSweep(0))
 	defer ms.Close()
-	ls, err := leased.New(ms)
+	ls, err := leased.New(ms, leased.LeaseInProcess())
 	if err != nil {
 		t.Fatal(err)
 	}

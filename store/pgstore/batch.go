@@ -133,7 +133,7 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, resul
 		sql = batchSlidingSQL
 	}
 	return s.query(ctx, calls, "batch", func(i *int64, r *result) []any {
-		return []any{i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &r.slide.Last, &r.slide.Counts, &r.blocked}
+		return []any{i, &r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &r.slide.Last, &r.slide.Counts, &r.blocked, &r.cap}
 	}, sql, a.ops, a.keys, a.kinds, a.rates, a.periods,
 		a.bursts, a.maxres, a.starts, a.costs, a.reserves, a.ats, a.dls)
 }

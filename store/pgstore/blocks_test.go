@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/store/memstore"
 	"github.com/driplimit/drip/store/pgstore"
 	"github.com/driplimit/drip/storetest"
 )
@@ -316,14 +318,16 @@ func TestBlocksOverSlidingRow(t *testing.T) {
 	}
 }
 
-// statements is a pool that counts the statements it runs that call
-// drip.block_apply.
+// statements is a pool that counts the statements it runs (Query's),
+// and those that call drip.block_apply.
 type statements struct {
 	*pgxpool.Pool
 	blockApply atomic.Int64
+	queries    atomic.Int64 // every statement run by Query
 }
 
 func (s *statements) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	s.queries.Add(1)
 	if strings.HasPrefix(sql, "SELECT * FROM drip.block_apply(") {
 		s.blockApply.Add(1)
 	}
@@ -332,9 +336,8 @@ func (s *statements) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 
 // TestLeasedTakeIsPlain: a take marked leased but without a block (a
 // leased instance's take on a cold or exhausted key) is a plain take,
-// batched as any, on a key without blocks: no drip.block_apply of its
-// own. On a key whose row holds a block it goes to drip.block_apply,
-// and is held to the block's cap.
+// batched as any: no drip.block_apply of its own, on a key without
+// blocks or with, where it is held to the blocks' cap.
 func TestLeasedTakeIsPlain(t *testing.T) {
 	t.Parallel()
 	db := &statements{Pool: pool(t)}
@@ -366,7 +369,196 @@ func TestLeasedTakeIsPlain(t *testing.T) {
 	if d := take(leasedItem{key: p + "k", lim: lim, cost: 3, leased: true}); d.Allowed || d.Tokens != 2 {
 		t.Errorf("a take of 3 with 2 left beside a block of 5: %+v; want denied, 2 tokens", d)
 	}
-	if n := db.blockApply.Load(); n != 2 {
-		t.Errorf("a block take and a take on the key with the block: drip.block_apply %d times, want 2", n)
+	if n := db.blockApply.Load(); n != 1 {
+		t.Errorf("a block take and a take on the key with the block: drip.block_apply %d times, want 1 (the block's)", n)
 	}
+}
+
+// TestSaturatedKeyWithBlocksBatched: while blocks of a key are out (a hot
+// key that leased instances lease), the plain takes on it (an exhausted
+// key's, which leased instances send as they are) are decided by the
+// batched statements under the blocks' cap, never one drip.block_apply
+// each: at most one statement a take, none of them drip.block_apply, and
+// exactly the tokens left under the cap granted.
+func TestSaturatedKeyWithBlocksBatched(t *testing.T) {
+	t.Parallel()
+	db := &statements{Pool: pool(t)}
+	st, err := pgstore.New(context.Background(), db, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	key := prefix() + "hot"
+	at := time.Now().Truncate(time.Hour).Add(time.Hour) // one instant: nothing refills
+	lim := drip.PerSecond(200)
+	for i, cost := range []float64{20, 10} {
+		items := []bucket.Prepared{prepareLeased(t, bucket.Take, leasedItem{key: key, lim: lim, cost: cost, block: fmt.Sprint("b", i)})}
+		res := make([]bucket.Result, 1)
+		if err := st.Apply(ctx, bucket.Take, at, items, res); err != nil || !res[0].Allowed {
+			t.Fatalf("block %d: %+v, %v", i, res[0], err)
+		}
+	}
+	blocks, before := db.blockApply.Load(), db.queries.Load()
+	const callers, each = 48, 8
+	var granted atomic.Int64
+	errs := make(chan error, callers)
+	take := prepareLeased(t, bucket.Take, leasedItem{key: key, lim: lim, cost: 1, leased: true})
+	for range callers {
+		go func() {
+			var err error
+			for range each {
+				items := []bucket.Prepared{take}
+				res := make([]bucket.Result, 1)
+				if err = st.Apply(ctx, bucket.Take, at, items, res); err != nil {
+					break
+				}
+				if res[0].Allowed {
+					granted.Add(1)
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range callers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := db.blockApply.Load() - blocks; n != 0 {
+		t.Errorf("%d plain takes on a key with 2 blocks out ran drip.block_apply %d times, want 0 (batched)", callers*each, n)
+	}
+	if n := db.queries.Load() - before; n > callers*each {
+		t.Errorf("%d plain takes on a key with 2 blocks out ran %d statements, want at most one each", callers*each, n)
+	}
+	if g := granted.Load(); g != 200-30 {
+		t.Errorf("%d takes granted of a burst of 200 with blocks of 30 out, want 170", g)
+	}
+	// The blocks are still out: returned whole, their 30 tokens are
+	// all the bucket holds.
+	for i, cost := range []float64{20, 10} {
+		items := []bucket.Prepared{prepareLeased(t, bucket.Refund, leasedItem{key: key, lim: lim, cost: cost, block: fmt.Sprint("b", i)})}
+		res := make([]bucket.Result, 1)
+		if err := st.Apply(ctx, bucket.Refund, at, items, res); err != nil {
+			t.Fatal(err)
+		}
+		if d := drip.DecisionOf(res[0], items[0].Params.Burst); d.Tokens != []float64{20, 30}[i] {
+			t.Errorf("block %d returned: %v tokens, want %v", i, d.Tokens, []float64{20, 30}[i])
+		}
+	}
+}
+
+// TestBatchBlocksSameAsMemstore: the batched statements decide plain
+// requests on keys with blocks (live, expiring between two requests of
+// one batch, returned) as the memory store does, bucket.EvalBlocks:
+// chains of one key (batch.sql), distinct keys (batch_distinct.sql) and
+// batches of one (take.sql), beside block takes and returns.
+func TestBatchBlocksSameAsMemstore(t *testing.T) {
+	t.Parallel()
+	for _, distinct := range []bool{false, true} {
+		t.Run(fmt.Sprint("distinct=", distinct), func(t *testing.T) {
+			t.Parallel()
+			pg := newStore(t, pgstore.WithSweep(0))
+			ctx := context.Background()
+			for seed := range uint64(3) {
+				testBatchBlocks(ctx, t, pg, distinct, seed)
+			}
+		})
+	}
+}
+
+func testBatchBlocks(ctx context.Context, t *testing.T, pg *pgstore.Store, distinct bool, seed uint64) {
+	mem := memstore.New(memstore.WithSweep(0))
+	defer mem.Close()
+	rng := rand.New(rand.NewPCG(seed, 36))
+	p := prefix()
+	keys := []string{p + "a", p + "b", p + "c", p + "d"}
+	lims := []drip.Limit{drip.PerSecond(50).WithBurst(20), drip.Per(8, 100*time.Millisecond).Window(),
+		drip.PerSecond(100).WithBurst(30), drip.PerSecond(20).WithBurst(6)}
+	at := time.Now().Truncate(time.Hour).Add(time.Hour) // ahead of the sweeps of parallel tests
+	type out struct {
+		key   int
+		id    string
+		size  float64
+		until time.Time
+	}
+	var blocks []out
+	both := func(what string, op bucket.Op, when time.Time, it leasedItem) {
+		t.Helper()
+		var ds [2]drip.Decision
+		for i, st := range []store.Store{pg, mem} {
+			items := []bucket.Prepared{prepareLeased(t, op, it)}
+			res := make([]bucket.Result, 1)
+			if err := st.Apply(ctx, op, when, items, res); err != nil {
+				t.Fatalf("seed %d %s: %v", seed, what, err)
+			}
+			ds[i] = drip.DecisionOf(res[0], items[0].Params.Burst)
+		}
+		if ds[0] != ds[1] {
+			t.Fatalf("seed %d %s:\npostgres %+v\nmemory   %+v", seed, what, ds[0], ds[1])
+		}
+	}
+	runs, blocked := 0, 0
+	for step := range 160 {
+		at = at.Add(time.Duration(rng.IntN(30)) * time.Millisecond)
+		switch x := rng.IntN(10); {
+		case x < 2:
+			k := rng.IntN(len(keys))
+			b := out{k, fmt.Sprint("s", seed, "x", step), float64(1 + rng.IntN(5)), time.Time{}}
+			both(fmt.Sprintf("step %d: a block of %v of %s", step, b.size, keys[k]), bucket.Take, at,
+				leasedItem{key: keys[k], lim: lims[k], cost: b.size, block: b.id})
+			blocks = append(blocks, b)
+		case x < 3 && len(blocks) > 0:
+			i := rng.IntN(len(blocks))
+			b := blocks[i]
+			blocks = append(blocks[:i], blocks[i+1:]...)
+			unused := float64(rng.IntN(int(b.size) + 1))
+			both(fmt.Sprintf("step %d: block %s back with %v unused", step, b.id, unused), bucket.Refund, at,
+				leasedItem{key: keys[b.key], lim: lims[b.key], cost: unused, block: b.id})
+		default:
+			n := 1 + rng.IntN(12)
+			var ops []bucket.Op
+			var rs []drip.Request
+			var ats []time.Time
+			seen := map[int]bool{}
+			when := at
+			for range n {
+				k := rng.IntN(len(keys))
+				if distinct && seen[k] {
+					break
+				}
+				seen[k] = true
+				op := bucket.Take
+				switch y := rng.IntN(10); {
+				case y == 0:
+					op = bucket.Refund
+				case y == 1:
+					op = bucket.Peek
+				}
+				when = when.Add(time.Duration(rng.IntN(4)) * time.Millisecond)
+				ops = append(ops, op)
+				rs = append(rs, drip.Request{Key: keys[k], Limit: lims[k], Cost: float64(1 + rng.IntN(3))})
+				ats = append(ats, when)
+			}
+			at = when
+			got, errs := pgstore.ApplyBatch(ctx, pg, ops, rs, ats)
+			runs++
+			for i := range rs {
+				if errs[i] != nil {
+					t.Fatalf("seed %d step %d request %d of %d: %v", seed, step, i, len(rs), errs[i])
+				}
+				want, err := storetest.Apply(ctx, mem, ops[i], ats[i], rs[i])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got[i] != want {
+					t.Fatalf("seed %d step %d request %d of %d (%v %+v):\npostgres %+v\nmemory   %+v", seed, step, i, len(rs), ops[i], rs[i], got[i], want)
+				}
+			}
+			if len(blocks) > 0 {
+				blocked++
+			}
+		}
+	}
+	t.Logf("seed %d: %d batches, %d of them with blocks taken (some expired)", seed, runs, blocked)
 }

@@ -53,10 +53,10 @@ var (
 	// takeSQL is take.sql with its caller's deadline ($12), for the Go
 	// store (takeSlidingSQL when the request is a sliding window);
 	// takeFuncSQL without one, for the SQL function drip.apply_one.
-	goTake          = strings.NewReplacer("{{LATE}}", "coalesce(drip.clock() >= $12::bigint, false)", "{{GO_COLUMNS}}", ", d.late"+goColumns)
+	goTake          = strings.NewReplacer("{{LATE}}", "coalesce(drip.clock() >= $12::bigint, false)", "{{GO_COLUMNS}}", ", d.late"+goColumns+", d.cap", "{{BLOCKS}}", "true")
 	takeSQL         = goTake.Replace(withEval("take.sql"))
 	takeSlidingSQL  = goTake.Replace(withSliding("take.sql"))
-	takeFuncSQL     = strings.NewReplacer("{{LATE}}", "false", "{{GO_COLUMNS}}", "").Replace(withEval("take.sql"))
+	takeFuncSQL     = strings.NewReplacer("{{LATE}}", "false", "{{GO_COLUMNS}}", "", "{{BLOCKS}}", "false").Replace(withEval("take.sql"))
 	goPeek          = strings.NewReplacer("{{GO_COLUMNS}}", ", coalesce(i.ts, 0), i.counts, i.blocked")
 	peekSQL         = goPeek.Replace(withEval("peek.sql"))
 	peekSlidingSQL  = goPeek.Replace(withSliding("peek.sql"))

@@ -287,6 +287,11 @@ type result struct {
 	// blocked: the key's row holds blocks of leased tokens, and the
 	// statement decided and wrote nothing (errBlocked).
 	blocked bool
+	// cap, when set, is the burst the request was decided under: its
+	// key holds blocks of leased tokens (the batch statements decide
+	// such keys, bucket.EvalBlocks' plain request), and the bucket
+	// refills only up to the burst less their sizes.
+	cap *int64
 }
 
 // decide completes r, the statement's answer to op on p, with the Go
@@ -314,10 +319,14 @@ func (r result) slidingResult(op bucket.Op, p bucket.Prepared) (bucket.Result, e
 	return res, nil
 }
 
-// result completes r as bucket.Eval does: retry and reset come from the
-// bucket with the Go math (Params.Until), not from SQL.
+// result completes r as bucket.Eval does (under the blocks' cap when the
+// key held blocks, as bucket.EvalBlocks does): retry and reset come from
+// the bucket with the Go math (Params.Until), not from SQL.
 func (r result) result(op bucket.Op, p bucket.Prepared) bucket.Result {
 	n := bucket.State{Tokens: r.tokens, TS: r.ts}
+	if r.cap != nil {
+		p.Params.Burst = *r.cap // as bucket.EvalBlocks decides under the blocks' cap
+	}
 	if p.Params.Kind == bucket.Calendar {
 		r.now = max(r.now, p.Params.Start) // eval.sql decides at the window's start, at the earliest
 	}
@@ -439,6 +448,9 @@ func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, a
 				dest = append(dest, &res.late)
 			}
 			dest = append(dest, &res.slide.Last, &res.slide.Counts, &res.blocked)
+			if op != bucket.Peek {
+				dest = append(dest, &res.cap)
+			}
 			if err := rows.Scan(dest...); err != nil {
 				rows.Close()
 				return err
