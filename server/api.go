@@ -163,8 +163,8 @@ func (s *Server) decideHandler(opName string) http.Handler {
 			writeError(w, err)
 			return
 		}
-		if d, ok := out.(drip.Decision); ok {
-			writeDecision(w, d)
+		if d, ok := out.(*drip.Decision); ok {
+			writeDecision(w, *d)
 			return
 		}
 		writeJSON(w, http.StatusOK, out)
@@ -232,7 +232,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 	if opName == "acquire" {
 		return acquired{m.Decisions[0], leaseOf(m.Allowed, rs[0])}, nil
 	}
-	return m.Decisions[0], nil
+	return &m.Decisions[0], nil // a pointer: no copy boxed into the interface
 }
 
 // target is what a decision API request counts under: its rule's name
@@ -388,13 +388,20 @@ func (s *Server) count(t target, r drip.Request, m drip.Multi, i int, err error)
 	}
 	s.eng.Observer().Decision(t.name, t.mode, ev)
 	if k := s.eng.Keys(); k != nil {
-		it := &engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost}
+		// A KeyObserver keeps nothing of the Item: one from a pool, not
+		// an allocation of a few hundred bytes a request.
+		it := countItems.Get().(*engine.Item)
+		*it = engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost}
 		if err == nil && i < len(m.Decisions) {
 			it.Decision, it.Decided = m.Decisions[i], true
 		}
 		k.Key(t.name, t.mode, ev, it)
+		*it = engine.Item{}
+		countItems.Put(it)
 	}
 }
+
+var countItems = sync.Pool{New: func() any { return new(engine.Item) }}
 
 // countShadow reports a take of a shadow-mode rule: its bucket's own
 // answer (allowed), and whether it was taken (the other requests were

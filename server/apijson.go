@@ -21,13 +21,17 @@ func writeDecision(w http.ResponseWriter, d drip.Decision) {
 	if !ok { // a value JSON cannot hold: encoding/json's error path
 		writeJSON(w, http.StatusOK, d)
 	} else {
-		w.Header().Set("Content-Type", "application/json")
+		w.Header()["Content-Type"] = jsonContentType
 		w.WriteHeader(http.StatusOK)
 		w.Write(b)
 	}
 	*bp = b
 	decisionBufs.Put(bp)
 }
+
+// jsonContentType is the header's value, shared by every answer (net/http
+// only reads it): Header.Set would allocate it each time.
+var jsonContentType = []string{"application/json"}
 
 var decisionBufs = sync.Pool{New: func() any { b := make([]byte, 0, 160); return &b }}
 

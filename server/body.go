@@ -13,14 +13,16 @@ import (
 // known, is read with io.ReadAll, still bounded by max. A body that fits
 // in buf's capacity is read into buf.
 func readBody(w http.ResponseWriter, r *http.Request, max int64, buf []byte) ([]byte, error) {
-	body := http.MaxBytesReader(w, r.Body, max)
 	if r.ContentLength < 0 {
-		return io.ReadAll(body)
+		return io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 	}
 	if r.ContentLength > max {
-		body.Close() // the connection is not reused: the body is left unread
+		http.MaxBytesReader(w, r.Body, max).Close() // the connection is not reused: the body is left unread
 		return nil, &http.MaxBytesError{Limit: max}
 	}
+	// Up to Content-Length, at most max: r.Body as it is (net/http holds
+	// it to its length), without a MaxBytesReader's allocation.
+	body := r.Body
 	b := buf[:0]
 	if int64(cap(buf)) < r.ContentLength {
 		b = make([]byte, r.ContentLength)

@@ -131,6 +131,9 @@ func NewServerWithLimits(svc *Service, reflect bool, lim Limits, opts ...grpc.Se
 		// handler's CPU on Redis (see BENCHMARKS.md). A call that finds
 		// every worker busy gets a goroutine of its own, as without them.
 		grpc.NumStreamWorkers(streamWorkers),
+		// Requests read and responses written without reflection (see
+		// codec), for this server's calls only.
+		grpc.ForceServerCodecV2(newCodec()),
 	}, opts...)
 	g := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(g, svc)

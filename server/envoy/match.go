@@ -125,23 +125,25 @@ func bucketKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, 
 	for _, e := range entries {
 		n += len(e.Key) + len(e.Value) + 8
 	}
-	b := make([]byte, 0, n)
-	b = append(b, "envoy:"...)
-	b = netstring(b, domain)
+	// A Builder's string is its buffer, not a copy of it: one allocation.
+	var b strings.Builder
+	b.Grow(n)
+	b.WriteString("envoy:")
+	netstring(&b, domain)
 	for i, e := range entries {
-		b = netstring(b, e.Key)
+		netstring(&b, e.Key)
 		if shared != nil && shared[i] != "" {
-			b = append(b, '*')
-			b = netstring(b, shared[i])
+			b.WriteByte('*')
+			netstring(&b, shared[i])
 			continue
 		}
-		b = netstring(b, e.Value)
+		netstring(&b, e.Value)
 	}
-	return store.FitKey(string(b)) // a long value (say, a path) is hashed, never refused
+	return store.FitKey(b.String()) // a long value (say, a path) is hashed, never refused
 }
 
-func netstring(b []byte, s string) []byte {
-	b = strconv.AppendInt(b, int64(len(s)), 10)
-	b = append(b, ':')
-	return append(b, s...)
+func netstring(b *strings.Builder, s string) {
+	b.WriteString(strconv.Itoa(len(s))) // no allocation below 100
+	b.WriteByte(':')
+	b.WriteString(s)
 }

@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -203,7 +204,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		return nil, err
 	}
 	cfg := s.cfg.Load()
-	items := make([]item, len(req.Descriptors))
+	sc := scratchPool.Get().(*scratch)
+	defer sc.put()
+	items := sc.take(len(req.Descriptors))
 	replacing := map[string]bool{}
 	for i, d := range req.Descriptors {
 		it := &items[i]
@@ -318,6 +321,34 @@ func mode(k kind, shadowed, quota bool) engine.ItemMode {
 		return engine.EnforceQuota
 	}
 	return engine.Enforce
+}
+
+// scratch is a call's items, kept between calls: what a call returns (its
+// response, its error) holds nothing of them, nor does what it tells the
+// observers (engine.KeyObserver keeps nothing it is shown).
+type scratch struct {
+	items []item
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// take returns n zero items.
+func (sc *scratch) take(n int) []item {
+	if cap(sc.items) < n {
+		sc.items = make([]item, n)
+	}
+	sc.items = sc.items[:n]
+	return sc.items
+}
+
+// put clears what the call left and keeps sc for the next one, unless it
+// grew beyond a common call's size.
+func (sc *scratch) put() {
+	if cap(sc.items) > 8 {
+		return
+	}
+	clear(sc.items)
+	scratchPool.Put(sc)
 }
 
 // storeError is the gRPC error of a call whose store failed.

@@ -1,0 +1,185 @@
+package envoy
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// randomRequest is a request of random shape: mostly the common one, and
+// now and then a descriptor's limit, hits_addend or is_negative_hits, or
+// strings that are not UTF-8.
+func randomRequest(r *rand.Rand) *rlsv3.RateLimitRequest {
+	str := func() string {
+		b := make([]byte, r.IntN(12))
+		for i := range b {
+			b[i] = byte('a' + r.IntN(26))
+			if r.IntN(40) == 0 {
+				b[i] = byte(r.IntN(256)) // now and then not UTF-8
+			}
+		}
+		return string(b)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: str(), HitsAddend: uint32(r.IntN(3))}
+	for range r.IntN(4) {
+		d := &ratelimitv3.RateLimitDescriptor{}
+		for range r.IntN(4) {
+			d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: str(), Value: str()})
+		}
+		switch r.IntN(12) {
+		case 0:
+			d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_MINUTE}
+		case 1:
+			d.HitsAddend = wrapperspb.UInt64(uint64(r.IntN(10)))
+		case 2:
+			d.IsNegativeHits = true
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	return req
+}
+
+// TestCodecReadsAsProto holds the hand reading of requests to
+// proto.Unmarshal's: on random requests, the same message or an error
+// from both; and on the bytes of those requests mutated, the same.
+func TestCodecReadsAsProto(t *testing.T) {
+	c := newCodec()
+	pc := encoding.GetCodecV2("proto")
+	r := rand.New(rand.NewPCG(1, 2))
+	fast := 0
+	for i := range 20000 {
+		b, err := proto.Marshal(randomRequest(r))
+		if err != nil {
+			continue // a string not UTF-8: mutate a valid request instead
+		}
+		if i%2 == 1 && len(b) > 0 {
+			b = append([]byte(nil), b...)
+			for range 1 + r.IntN(3) {
+				b[r.IntN(len(b))] = byte(r.IntN(256))
+			}
+		}
+		if i%5 == 0 { // the same bytes over several buffers
+			b = append(b, protowire.AppendTag(nil, 3, protowire.VarintType)...)
+			b = append(b, 7)
+		}
+		var got, want rlsv3.RateLimitRequest
+		errGot := c.Unmarshal(split(b, r), &got)
+		errWant := pc.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &want)
+		if (errGot == nil) != (errWant == nil) {
+			t.Fatalf("bytes %x: error %v, proto's %v", b, errGot, errWant)
+		}
+		if errGot == nil && !proto.Equal(&got, &want) {
+			t.Fatalf("bytes %x: read %v, proto reads %v", b, &got, &want)
+		}
+		if readRequest(b, &rlsv3.RateLimitRequest{}) {
+			fast++
+		}
+	}
+	if fast < 5000 {
+		t.Fatalf("only %d requests of 20000 read by hand", fast)
+	}
+}
+
+// split is b as a BufferSlice of one to three pieces.
+func split(b []byte, r *rand.Rand) mem.BufferSlice {
+	if len(b) < 2 || r.IntN(2) == 0 {
+		return mem.BufferSlice{mem.SliceBuffer(b)}
+	}
+	i := 1 + r.IntN(len(b)-1)
+	return mem.BufferSlice{mem.SliceBuffer(b[:i]), mem.SliceBuffer(b[i:])}
+}
+
+// TestCodecWritesAsProto: a response written by the codec reads back as
+// the response, every field the service sets included, and big ones go
+// through the buffer pool.
+func TestCodecWritesAsProto(t *testing.T) {
+	c := newCodec()
+	meta, err := structpb.NewStruct(map[string]any{"a": "b", "n": 1.5, "l": []any{true, "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
+		Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{
+			{Code: rlsv3.RateLimitResponse_OK},
+			{Code: rlsv3.RateLimitResponse_OVER_LIMIT, LimitRemaining: 3, DurationUntilReset: durationpb.New(1500000000),
+				CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{Name: "n", RequestsPerUnit: 10, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE,
+					UnitMultiplier: wrapperspb.UInt32(3)}},
+		},
+		ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "RateLimit", Value: `"default";r=3;t=2`}, {Key: "Retry-After", Value: "2"}},
+		DynamicMetadata:      meta,
+	}
+	for _, n := range []int{1, 200} { // small, then over the pooling threshold
+		for len(resp.ResponseHeadersToAdd) < n {
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: "x-pad", Value: "0123456789"})
+		}
+		data, err := c.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back rlsv3.RateLimitResponse
+		if err := proto.Unmarshal(data.Materialize(), &back); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(resp)
+		if !proto.Equal(&back, resp) || len(want) != data.Len() {
+			t.Fatalf("wrote %x, want %x", data.Materialize(), want)
+		}
+		data.Free()
+	}
+	// Messages without vtprotobuf's marshalers go to the proto codec.
+	data, err := c.Marshal(wrapperspb.String("x"))
+	if err != nil || data.Len() != 3 {
+		t.Fatal(data, err)
+	}
+}
+
+// BenchmarkCodec reads a request of two descriptors and writes its
+// answer, with the codec and with gRPC's proto codec:
+//
+//	go test -run '^$' -bench Codec -benchmem ./server/envoy/
+func BenchmarkCodec(b *testing.B) {
+	ip := &ratelimitv3.RateLimitDescriptor_Entry{Key: "remote_address", Value: "10.1.2.3"}
+	req, _ := proto.Marshal(&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{ip}},
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{ip, {Key: "path", Value: "/api/orders"}}},
+	}})
+	st := func() *rlsv3.RateLimitResponse_DescriptorStatus {
+		return &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: 999999,
+			DurationUntilReset: durationpb.New(1000), CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: 1000000, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND}}
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{st(), st()},
+		ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "RateLimit-Policy", Value: `"default";q=1000000;w=1`}, {Key: "RateLimit", Value: `"default";r=999999;t=1`}}}
+	for _, c := range []encoding.CodecV2{newCodec(), encoding.GetCodecV2("proto")} {
+		name := "drip"
+		if _, ok := c.(codec); !ok {
+			name = "proto"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			data := mem.BufferSlice{mem.SliceBuffer(req)}
+			for b.Loop() {
+				var r rlsv3.RateLimitRequest
+				if err := c.Unmarshal(data, &r); err != nil {
+					b.Fatal(err)
+				}
+				out, err := c.Marshal(resp)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out.Free()
+			}
+		})
+	}
+}
