@@ -116,6 +116,7 @@ type adaptive struct {
 type waiter struct {
 	class int
 	share float64   // of the capacity its class may use
+	until time.Time // the end of its wait (Engine.WaitsUntil)
 	ch    chan bool // true: granted a slot; false: shed
 }
 
@@ -239,7 +240,7 @@ func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int,
 		return now(), true, false
 	}
 	shed = share < 1 && a.inflight < a.capacity()
-	w := &waiter{class: class, share: share, ch: make(chan bool, 1)}
+	w := &waiter{class: class, share: share, until: time.Now().Add(wait), ch: make(chan bool, 1)}
 	if wait <= 0 || !a.enqueue(w, maxQueue) {
 		a.mu.Unlock()
 		return time.Time{}, false, shed

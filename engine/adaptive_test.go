@@ -272,3 +272,40 @@ func TestPriorityShedsLowestFirst(t *testing.T) {
 		})
 	}
 }
+
+// TestAdaptiveWaitsUntil: a request waiting in an adaptive rule's queue
+// counts in WaitsUntil, so a graceful shutdown waits for it too.
+func TestAdaptiveWaitsUntil(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, rs := adaptiveEngine(t, `{"rules": [{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive",
+		  "algorithm_config": {"initial_limit": 1, "min_limit": 1, "max_limit": 1}, "max_wait": "1s", "max_queue": 4}]}`)
+		ctx := t.Context()
+		held := e.Decide(ctx, rs, values{})
+		if !held.Allowed {
+			t.Fatal("the first request was refused")
+		}
+		if got := e.WaitsUntil(); !got.IsZero() {
+			t.Errorf("with none waiting: %v, want zero", got)
+		}
+		start := time.Now()
+		done := make(chan bool)
+		go func() {
+			out := e.Decide(ctx, rs, values{})
+			if out.Allowed {
+				out.Release(ctx)
+			}
+			done <- out.Allowed
+		}()
+		synctest.Wait()
+		if got, want := e.WaitsUntil(), start.Add(time.Second); !got.Equal(want) {
+			t.Errorf("with one waiting: %v after the start, want %v", got.Sub(start), want.Sub(start))
+		}
+		held.Release(ctx)
+		if !<-done {
+			t.Error("the waiter was not served once the slot came free")
+		}
+		if got := e.WaitsUntil(); !got.IsZero() {
+			t.Errorf("once it passed: %v, want zero", got)
+		}
+	})
+}

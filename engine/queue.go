@@ -300,13 +300,26 @@ func (e *Engine) waited(items []*Item, d time.Duration, allowed bool) {
 func (e *Engine) WaitsUntil() time.Time {
 	q := &e.queues
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	var until time.Time
 	for w := range q.waiting {
 		if w.deadline.After(until) {
 			until = w.deadline
 		}
 	}
+	q.mu.Unlock()
+	// The adaptive rules' own queues (adaptive.go).
+	as := &e.adapt
+	as.mu.RLock()
+	for _, a := range as.m {
+		a.mu.Lock()
+		for _, w := range a.waiters {
+			if w.until.After(until) {
+				until = w.until
+			}
+		}
+		a.mu.Unlock()
+	}
+	as.mu.RUnlock()
 	return until
 }
 
