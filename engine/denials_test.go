@@ -10,6 +10,7 @@ import (
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/store"
@@ -79,8 +80,8 @@ func TestLocalDenials(t *testing.T) {
 				name += "/leased"
 			}
 			t.Run(name, func(t *testing.T) {
-				now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-				clock := func() time.Time { return now }
+				clk := testclock.At(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) // leased's janitor reads it too
+				clock := clk.Now
 				c := &countedStore{Store: s.Open(t)}
 				var st store.Store = c
 				if lease {
@@ -113,13 +114,13 @@ func TestLocalDenials(t *testing.T) {
 					t.Fatal("never denied")
 				}
 				calls := c.calls.Load()
-				until := now.Add(m.RetryAfter)
+				until := clk.Now().Add(m.RetryAfter)
 				// (A continuous refill's proof stops a nanosecond short of
 				// the answer's instant: semantics.md, "Local denials".)
 				for _, step := range []time.Duration{0, m.RetryAfter / 3, m.RetryAfter - 2} {
-					now = until.Add(step - m.RetryAfter)
-					if d := take(hot); d.Allowed || d.RetryAfter != until.Sub(now) {
-						t.Fatalf("%v before the proven instant: %+v", until.Sub(now), d)
+					clk.Set(until.Add(step - m.RetryAfter))
+					if d := take(hot); d.Allowed || d.RetryAfter != until.Sub(clk.Now()) {
+						t.Fatalf("%v before the proven instant: %+v", until.Sub(clk.Now()), d)
 					}
 				}
 				if n := c.calls.Load(); n != calls {
@@ -128,7 +129,7 @@ func TestLocalDenials(t *testing.T) {
 				// At the answer's instant the store is asked: it allows (or
 				// denies for at most a micro-token's refill time, 1 µs
 				// here, should its clock's grain fall so).
-				now = until
+				clk.Set(until)
 				d := take(hot)
 				if c.calls.Load() == calls {
 					t.Fatal("decided at the proven instant without asking the store")
@@ -137,7 +138,7 @@ func TestLocalDenials(t *testing.T) {
 					if d.RetryAfter > 2*time.Microsecond {
 						t.Fatalf("at the proven instant: %+v", d)
 					}
-					now = now.Add(d.RetryAfter)
+					clk.Add(d.RetryAfter)
 					if d = take(hot); !d.Allowed {
 						t.Fatalf("at the store's instant: %+v", d)
 					}
