@@ -229,7 +229,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 		// method, so that "/pkg.Service/*" still matches its calls.
 		fullMethod = rules.FoldPath(fullMethod)
 	}
-	v := &callValues{Values: frontdoor.Values{S: s, Lower: true}, method: fullMethod}
+	v := &callValues{Base: frontdoor.Base{S: s, Lower: true}, method: fullMethod}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		v.Peer = p.Addr.String()
 	}
@@ -243,7 +243,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 // verified claims as every front door does (frontdoor), and the full
 // method as its path (folded as the rules' paths are).
 type callValues struct {
-	frontdoor.Values
+	frontdoor.Base
 	method string
 }
 
@@ -256,7 +256,7 @@ func (v *callValues) Value(src rules.Source) (string, bool) {
 	case rules.KindQuery, rules.KindCookie:
 		return "", false
 	}
-	return v.Values.Value(src)
+	return v.Base.Value(src)
 }
 
 // Metadata returns the response header metadata of a decided call: the
