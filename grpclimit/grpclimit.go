@@ -63,8 +63,9 @@ type Option = frontdoor.Option
 // WithEngine makes the limiter decide with e, sharing its store, breaker,
 // observer and deadline with other front doors (an httplimit.Limiter of
 // the same program, for one); the options that configure an engine
-// (WithLogger, WithObserver, WithTimeout, WithSeparateTakes) are then
-// e's, and WithClock sets only the clock of token expiry.
+// (WithLogger, WithObserver, WithTimeout, WithSeparateTakes,
+// WithTracerProvider) are then e's, and WithClock sets only the clock of
+// token expiry.
 func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
 
 // WithLogger sets the logger for store failures and breaker changes
