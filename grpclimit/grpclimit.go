@@ -63,8 +63,9 @@ type Option = frontdoor.Option
 // WithEngine makes the limiter decide with e, sharing its store, breaker,
 // observer and deadline with other front doors (an httplimit.Limiter of
 // the same program, for one); the options that configure an engine
-// (WithLogger, WithObserver, WithTimeout, WithSeparateTakes) are then
-// e's, and WithClock sets only the clock of token expiry.
+// (WithLogger, WithObserver, WithTimeout, WithSeparateTakes,
+// WithTracerProvider) are then e's, and WithClock sets only the clock of
+// token expiry.
 func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
 
 // WithLogger sets the logger for store failures and breaker changes
@@ -229,7 +230,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 		// method, so that "/pkg.Service/*" still matches its calls.
 		fullMethod = rules.FoldPath(fullMethod)
 	}
-	v := &callValues{Values: frontdoor.Values{S: s, Lower: true}, method: fullMethod}
+	v := &callValues{Base: frontdoor.Base{S: s, Lower: true}, method: fullMethod}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		v.Peer = p.Addr.String()
 	}
@@ -243,7 +244,7 @@ func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome
 // verified claims as every front door does (frontdoor), and the full
 // method as its path (folded as the rules' paths are).
 type callValues struct {
-	frontdoor.Values
+	frontdoor.Base
 	method string
 }
 
@@ -256,7 +257,7 @@ func (v *callValues) Value(src rules.Source) (string, bool) {
 	case rules.KindQuery, rules.KindCookie:
 		return "", false
 	}
-	return v.Values.Value(src)
+	return v.Base.Value(src)
 }
 
 // Metadata returns the response header metadata of a decided call: the

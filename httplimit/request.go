@@ -13,7 +13,7 @@ import (
 // headers and verified claims as every front door does (frontdoor), and
 // the query, path, method and cookies of HTTP.
 type reqValues struct {
-	frontdoor.Values
+	frontdoor.Base
 	r *http.Request
 
 	queryDone bool
@@ -25,7 +25,7 @@ type reqValues struct {
 }
 
 func newReqValues(s *frontdoor.Snapshot, r *http.Request) *reqValues {
-	return &reqValues{Values: frontdoor.Values{S: s, Peer: r.RemoteAddr, Header: r.Header}, r: r}
+	return &reqValues{Base: frontdoor.Base{S: s, Peer: r.RemoteAddr, Header: r.Header}, r: r}
 }
 
 func (v *reqValues) Value(src rules.Source) (string, bool) {
@@ -48,7 +48,7 @@ func (v *reqValues) Value(src rules.Source) (string, bool) {
 		}
 		return frontdoor.Joined(vals)
 	}
-	return v.Values.Value(src)
+	return v.Base.Value(src)
 }
 
 // escapedPath is u's path as it was sent, percent-encoded: its RawPath

@@ -92,7 +92,7 @@ func (a *tenantAsk) Value(src rules.Source) (string, bool) {
 		for k, v := range a.headers {
 			h[k] = []string{v}
 		}
-		return (&frontdoor.Values{Header: h}).Value(src)
+		return (&frontdoor.Base{Header: h}).Value(src)
 	}
 	return v, ok
 }

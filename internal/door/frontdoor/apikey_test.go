@@ -26,7 +26,7 @@ func TestAPIKey(t *testing.T) {
 		{map[string][]string{"Authorization": {"Bearer "}}, "", false},
 		{map[string][]string{}, "", false},
 	} {
-		v := Values{Header: c.h}
+		v := Base{Header: c.h}
 		got, ok := v.Value(rules.Source{Kind: rules.KindAPIKey})
 		if got != c.want || ok != c.ok {
 			t.Errorf("%v: %q %v, want %q %v", c.h, got, ok, c.want, c.ok)

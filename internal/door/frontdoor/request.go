@@ -9,10 +9,10 @@ import (
 	"github.com/driplimit/drip/rules"
 )
 
-// Values holds what every front door reads the same way. Front doors
-// embed it, answer the sources of their own kind (path, method, query,
+// Base is the part of an engine.Values that every front door reads the
+// same way. Front doors embed it, answer the sources of their own kind (path, method, query,
 // cookie) and pass the rest to Value.
-type Values struct {
+type Base struct {
 	S *Snapshot
 	// Peer is the address the request came from ("ip:port").
 	Peer string
@@ -30,7 +30,7 @@ type Values struct {
 }
 
 // header returns the values of the header whose canonical name is name.
-func (v *Values) header(name string) []string {
+func (v *Base) header(name string) []string {
 	if v.Lower {
 		return v.Header[strings.ToLower(name)]
 	}
@@ -39,7 +39,7 @@ func (v *Values) header(name string) []string {
 
 // Value returns the request's value for the sources every front door has
 // (ip, header, jwt, global); ok is false for others.
-func (v *Values) Value(src rules.Source) (string, bool) {
+func (v *Base) Value(src rules.Source) (string, bool) {
 	switch src.Kind {
 	case rules.KindIP:
 		a, ok := v.ClientIP()
@@ -66,7 +66,7 @@ func (v *Values) Value(src rules.Source) (string, bool) {
 // apiKey is the API key a client of OpenAI's or Anthropic's API sends:
 // the token of "Authorization: Bearer <key>" (the scheme in any case),
 // else the x-api-key header; a header sent twice is no key.
-func (v *Values) apiKey() (string, bool) {
+func (v *Base) apiKey() (string, bool) {
 	if a := v.header("Authorization"); len(a) == 1 {
 		if scheme, tok, ok := strings.Cut(a[0], " "); ok && strings.EqualFold(scheme, "Bearer") {
 			if tok = strings.TrimSpace(tok); tok != "" {
@@ -98,7 +98,7 @@ func Joined(vals []string) (string, bool) {
 
 // ClientIP is the request's client address under the rules' trusted
 // proxies (the package's ClientIP).
-func (v *Values) ClientIP() (netip.Addr, bool) {
+func (v *Base) ClientIP() (netip.Addr, bool) {
 	if !v.ipDone {
 		v.ip, v.ipOK = ClientIP(v.Peer, v.header("X-Forwarded-For"), v.S.Rules.Set.TrustedProxies)
 		v.ipDone = true
@@ -108,7 +108,7 @@ func (v *Values) ClientIP() (netip.Addr, bool) {
 
 // Claims returns the verified claims of the request's bearer token, or
 // nil (no token, one that fails, or no jwt setting).
-func (v *Values) Claims() jwt.MapClaims {
+func (v *Base) Claims() jwt.MapClaims {
 	if !v.claimsDone {
 		v.claimsDone = true
 		if v.S.jwt != nil {
@@ -121,7 +121,7 @@ func (v *Values) Claims() jwt.MapClaims {
 // Identity is the client identity that seeds the Retry-After jitter:
 // "sub:" and the verified JWT subject, else "ip:" and the client IP (its
 // /64 for IPv6), else "key:" and the denying rule's key.
-func (v *Values) Identity(key string) string {
+func (v *Base) Identity(key string) string {
 	if v.S.jwt != nil {
 		if sub, ok := v.Claims()["sub"].(string); ok && sub != "" {
 			return "sub:" + sub
@@ -135,4 +135,4 @@ func (v *Values) Identity(key string) string {
 
 // Cost is 0, false: a program's cost function is the key-function
 // middleware's (httplimit.KeyLimiter).
-func (v *Values) Cost(*rules.Rule) (float64, bool) { return 0, false }
+func (v *Base) Cost(*rules.Rule) (float64, bool) { return 0, false }

@@ -44,8 +44,8 @@ type Load struct {
 	Running func() int
 }
 
-// Result is what a Load saw.
-type Result struct {
+// Report is what a Load saw.
+type Report struct {
 	Takes, Errors  int64
 	Late           time.Duration // the longest a caller waited past its deadline
 	Goroutines     int           // before the run
@@ -53,7 +53,7 @@ type Result struct {
 	PeakRunning    int
 }
 
-func (r Result) String() string {
+func (r Report) String() string {
 	return fmt.Sprintf("%d takes, %d errors; callers returned at most %v after their deadline; goroutines %d before, at most %d during; at most %d store calls in flight",
 		r.Takes, r.Errors, r.Late.Round(time.Millisecond), r.Goroutines, r.PeakGoroutines, r.PeakRunning)
 }
@@ -61,9 +61,9 @@ func (r Result) String() string {
 // Run runs l against st, which the caller has just stalled; every take
 // must fail. It returns what it saw; the caller checks the bounds it
 // expects and, once the server runs again, NothingTaken.
-func Run(t *testing.T, st store.Store, l Load) Result {
+func Run(t *testing.T, st store.Store, l Load) Report {
 	t.Helper()
-	res := Result{Goroutines: runtime.NumGoroutine()}
+	res := Report{Goroutines: runtime.NumGoroutine()}
 	var takes, errs, ok atomic.Int64
 	var late atomic.Int64
 	stop := make(chan struct{})
