@@ -365,7 +365,7 @@ func (p *Postgres) Start() error {
 	if p.external != "" {
 		return errors.New("external server (DRIP_TEST_POSTGRES_URL) cannot be started")
 	}
-	return p.start()
+	return retryBind(p.start)
 }
 
 // Restart stops and starts the server.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -114,4 +115,20 @@ func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// retryBind runs start until it does not fail on a port in use, for up to
+// 20 s. A stopped server's port lies in the kernel's ephemeral range, and
+// while the server is down a client retrying its connection may hold that
+// port for a moment (a TCP self-connect, or a source port it was given):
+// the restart then waits for it instead of failing the test.
+func retryBind(start func() error) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := start()
+		if err == nil || !strings.Contains(err.Error(), "Address already in use") || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 }

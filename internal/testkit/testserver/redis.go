@@ -58,7 +58,9 @@ func LaunchRedis(dir string, port int, extra ...string) (*Redis, error) {
 
 // Start starts the server again after Kill or Stop, on the same port and
 // with the same arguments, and waits until it answers.
-func (r *Redis) Start() error {
+func (r *Redis) Start() error { return retryBind(r.start) }
+
+func (r *Redis) start() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cmd != nil {
