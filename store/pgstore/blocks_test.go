@@ -24,7 +24,8 @@ import (
 
 // TestBlocks holds the blocks of leased limits on PostgreSQL to the exact
 // model: one statement a call, with batching on (leased calls bypass the
-// batcher) and off, and through PgBouncer in transaction mode.
+// batcher) and off, and through PgBouncer in transaction mode: the three
+// in parallel, each its own store (keys under prefixes of their own).
 func TestBlocks(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []struct {
@@ -35,11 +36,13 @@ func TestBlocks(t *testing.T) {
 		{"batching", []pgstore.Option{pgstore.WithBatching(pgstore.Batching{MaxBatch: 64, InFlight: 4})}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			st := newStore(t, mode.opts...)
 			storetest.RunBlocks(t, func(t *testing.T) store.Store { return st })
 		})
 	}
 	t.Run("pgbouncer", func(t *testing.T) {
+		t.Parallel()
 		bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
 		st := openVia(t, bouncer.URL(), "")
 		storetest.RunBlocks(t, func(t *testing.T) store.Store { return st })
