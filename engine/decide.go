@@ -67,7 +67,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if !rule.Matches(r.Value) {
 			continue
 		}
-		vals, ok := rule.Values(r.Value)
+		vals, ok := rule.KeyValues(r.Value)
 		if !ok {
 			continue
 		}

@@ -92,6 +92,7 @@ type Engine struct {
 	latency  atomic.Int64 // the store's usual answer time: an average of recent calls, ns
 	separate bool         // WithSeparateTakes
 	inproc   bool         // the store's Caps say InProcess: its calls get no deadline
+	shared   *Engine      // Shared: New returns it
 	name     string
 	ovr      atomic.Pointer[override.Snapshot] // overrides.go
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
@@ -114,10 +115,13 @@ type Engine struct {
 func New(st store.Store, opts ...Option) *Engine {
 	e := &Engine{store: st, log: slog.Default(), obs: NopObserver{},
 		timeout: DefaultTimeout, brk: newBreaker(), name: "drip"}
-	e.inproc = st.Caps().InProcess
 	for _, o := range opts {
 		o(e)
 	}
+	if e.shared != nil {
+		return e.shared
+	}
+	e.inproc = st.Caps().InProcess
 	// store.Separately: on a store that cannot take a request's keys in one
 	// step (Redis Cluster across hash slots), every multi-key call is
 	// applied one key at a time instead; with WithSeparateTakes, without
@@ -433,6 +437,10 @@ func (e *Engine) at() time.Time {
 	}
 	return e.now()
 }
+
+// Now returns the engine's clock: WithClock's, else the real clock.
+// Front doors read it for token expiry.
+func (e *Engine) Now() time.Time { return e.clock() }
 
 func (e *Engine) clock() time.Time {
 	if e.now == nil {

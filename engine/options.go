@@ -7,8 +7,14 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// Option configures an Engine.
+// Option configures an Engine. The front doors (httplimit, grpclimit)
+// take these options too.
 type Option func(*Engine)
+
+// Shared makes New return e itself and ignore its other options. A front
+// door built with it decides with e: one store, breaker, observer and
+// deadline for several doors.
+func Shared(e *Engine) Option { return func(x *Engine) { x.shared = e } }
 
 // WithLogger sets the logger for store failures and breaker changes
 // (default slog.Default()).

@@ -57,54 +57,51 @@ type Limiter struct {
 	fd *frontdoor.Door
 }
 
-// Option configures a Limiter.
-type Option = frontdoor.Option
+// Option configures a Limiter: it is an engine option (engine.WithLogger,
+// engine.WithObserver, engine.WithTimeout, engine.WithClock, ...). With
+// engine.Shared the limiter decides with an engine shared by other
+// doors, and the other options are that engine's.
+type Option = engine.Option
 
-// WithEngine makes the limiter decide with e, sharing its store, breaker,
-// observer and deadline with other front doors (an httplimit.Limiter of
-// the same program, for one); the options that configure an engine
-// (WithLogger, WithObserver, WithTimeout, WithSeparateTakes,
-// WithTracerProvider) are then e's, and WithClock sets only the clock of
-// token expiry.
-func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
+// WithEngine is engine.Shared(e).
+//
+// Deprecated: use engine.Shared.
+func WithEngine(e *engine.Engine) Option { return engine.Shared(e) }
 
-// WithLogger sets the logger for store failures and breaker changes
-// (default slog.Default()).
-func WithLogger(log *slog.Logger) Option { return frontdoor.WithEngineOption(engine.WithLogger(log)) }
+// WithLogger is engine.WithLogger(log).
+//
+// Deprecated: use engine.WithLogger.
+func WithLogger(log *slog.Logger) Option { return engine.WithLogger(log) }
 
-// WithObserver sets the observer of decisions, store calls and the
-// breaker (promobserver.Observer for Prometheus metrics).
-func WithObserver(obs engine.Observer) Option {
-	return frontdoor.WithEngineOption(engine.WithObserver(obs))
-}
+// WithObserver is engine.WithObserver(obs).
+//
+// Deprecated: use engine.WithObserver.
+func WithObserver(obs engine.Observer) Option { return engine.WithObserver(obs) }
 
-// WithTimeout sets the deadline of each store call (default
-// engine.DefaultTimeout). A rules file's store_timeout takes precedence.
-func WithTimeout(d time.Duration) Option { return frontdoor.WithEngineOption(engine.WithTimeout(d)) }
+// WithTimeout is engine.WithTimeout(d).
+//
+// Deprecated: use engine.WithTimeout.
+func WithTimeout(d time.Duration) Option { return engine.WithTimeout(d) }
 
-// WithSeparateTakes takes a call's enforce rules one store call each, for
-// stores that cannot take several keys in one atomic step (Redis Cluster);
-// see httplimit.WithSeparateTakes.
-func WithSeparateTakes() Option { return frontdoor.WithEngineOption(engine.WithSeparateTakes()) }
+// WithSeparateTakes is engine.WithSeparateTakes().
+//
+// Deprecated: use engine.WithSeparateTakes.
+func WithSeparateTakes() Option { return engine.WithSeparateTakes() }
 
-// WithTracerProvider makes the limiter trace its decisions with tp, as
-// httplimit.WithTracerProvider does: a drip.decide span per call, a child
-// of the span in the call's context (put the interceptors after the ones
-// that read trace context), and a drip.store span per store call. Nil, the
-// default, traces nothing.
-func WithTracerProvider(tp trace.TracerProvider) Option {
-	return frontdoor.WithEngineOption(engine.WithTracerProvider(tp))
-}
+// WithTracerProvider is engine.WithTracerProvider(tp).
+//
+// Deprecated: use engine.WithTracerProvider.
+func WithTracerProvider(tp trace.TracerProvider) Option { return engine.WithTracerProvider(tp) }
 
-// WithClock makes the limiter pass now() as the time of each decision
-// (instead of the store's clock), and use it for token expiry and the
-// circuit breaker.
-func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
+// WithClock is engine.WithClock(now).
+//
+// Deprecated: use engine.WithClock.
+func WithClock(now func() time.Time) Option { return engine.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store store.Store, set *rules.Set, opts ...Option) *Limiter {
-	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Configure(opts))}
+	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, opts)}
 }
 
 // Swap makes set the rules of every call from now on. Calls in flight

@@ -97,8 +97,8 @@ func newEnv(t *testing.T, store store.Store, set *rules.Set, opts ...httplimit.O
 	// A generous store deadline: the middleware's 50 ms default on a
 	// loaded machine would let on_error decide (the deadline tests set
 	// their own).
-	opts = append([]httplimit.Option{httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs),
-		httplimit.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	opts = append([]httplimit.Option{engine.WithTimeout(teststores.Timeout), engine.WithClock(e.clock.Now), engine.WithObserver(e.obs),
+		engine.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	e.lim = httplimit.New(e.store, set, opts...)
 	t.Cleanup(func() { e.lim.Close() })
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -679,8 +679,8 @@ func TestStoreDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &deadlineStore{}
 		obs := &observer{}
-		lim := httplimit.New(st, parse(t, downRules("allow")), httplimit.WithTimeout(20*time.Millisecond),
-			httplimit.WithObserver(obs), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+		lim := httplimit.New(st, parse(t, downRules("allow")), engine.WithTimeout(20*time.Millisecond),
+			engine.WithObserver(obs), engine.WithLogger(slog.New(slog.DiscardHandler)))
 		defer lim.Close()
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		for range 5 {
@@ -703,7 +703,7 @@ func TestStoreDeadline(t *testing.T) {
 	})
 	// The rules file's store_timeout wins over the option.
 	set := parse(t, `{"store_timeout": "5ms", "rules": [{"name": "g", "limit_keys": ["global"], "algorithm_config": {"rps": 1}}]}`)
-	l := httplimit.New(slowStore{}, set, httplimit.WithTimeout(time.Hour), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+	l := httplimit.New(slowStore{}, set, engine.WithTimeout(time.Hour), engine.WithLogger(slog.New(slog.DiscardHandler)))
 	defer l.Close()
 	req := httptest.NewRequest("GET", "/", nil)
 	if res := l.Decide(context.Background(), req); !res.Allowed || !errors.Is(res.Err, context.DeadlineExceeded) {
@@ -719,7 +719,7 @@ func TestDecideWithoutRules(t *testing.T) {
 		t.Errorf("%+v", res)
 	}
 	rec := httptest.NewRecorder()
-	res.WriteHeaders(rec.Header())
+	httplimit.WriteHeaders(rec.Header(), res)
 	if len(rec.Header()) != 0 {
 		t.Errorf("headers %v", rec.Header())
 	}
@@ -728,6 +728,35 @@ func TestDecideWithoutRules(t *testing.T) {
 	defer d.Close()
 	if d.Rules().Rules[0].Name != "per-ip" {
 		t.Errorf("default rules %v", d.Rules().Rules)
+	}
+}
+
+// TestDeprecatedNames: the names Decide's outcome and the engine's
+// options replaced still answer as before: Result renders as the
+// functions do, and the option wrappers are the engine's options.
+func TestDeprecatedNames(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	e := engine.New(memstore.New(), engine.WithClock(func() time.Time { return now }))
+	set := parse(t, `{"rules": [{"name": "all", "limit_keys": ["global"],
+		"algorithm_config": {"rate": 1, "period": "1m", "burst": 1}}]}`)
+	//lint:ignore SA1019 the deprecated wrappers are what this test checks
+	l := httplimit.New(nil, set, httplimit.WithEngine(e), httplimit.WithTimeout(time.Hour))
+	if l.Engine() != e {
+		t.Fatal("WithEngine: not the shared engine")
+	}
+	l.Decide(context.Background(), httptest.NewRequest("GET", "/", nil))
+	out := l.Decide(context.Background(), httptest.NewRequest("GET", "/", nil))
+	//lint:ignore SA1019 the deprecated Result is what this test checks
+	res := httplimit.Result{Outcome: out}
+	a, b := httptest.NewRecorder(), httptest.NewRecorder()
+	res.WriteHeaders(a.Header())
+	res.WriteError(a)
+	httplimit.WriteHeaders(b.Header(), out)
+	httplimit.WriteError(b, out)
+	if res.Status() != 429 || httplimit.Status(out) != 429 || a.Body.String() != b.Body.String() ||
+		fmt.Sprint(a.Header()) != fmt.Sprint(b.Header()) || string(res.ProblemJSON()) != string(httplimit.ProblemJSON(out)) ||
+		res.Problem() != httplimit.ProblemOf(out) {
+		t.Errorf("Result %d %v %s, outcome %d %v %s", res.Status(), a.Header(), a.Body, httplimit.Status(out), b.Header(), b.Body)
 	}
 }
 

@@ -25,8 +25,8 @@ type KeyFunc func(r *http.Request) (key string, err error)
 // DefaultKeyName is the name of a KeyLimit that sets none.
 const DefaultKeyName = "per-key"
 
-// ReasonKeyError is the reason of the default KeyError's 500 problem.
-const ReasonKeyError = "key_error"
+// ReasonKeyError is the reason of a 500: the key function failed.
+const ReasonKeyError = frontdoor.ReasonKeyError
 
 // KeyLimit is one limit per key without a rules file: a key function and
 // a limit, the shape of sethvargo/go-limiter's middleware, decided by the
@@ -72,10 +72,9 @@ type KeyLimiter struct {
 }
 
 // NewKeyLimiter returns the middleware of kl with state in store. The
-// options are the rules middleware's: WithLogger, WithObserver,
-// WithTimeout, WithClock, WithEngine. An invalid KeyLimit (no Key, a bad
-// name, limit, fail policy or share, a burst below 1 without Cost) is an
-// error.
+// options are engine options, as for New. An invalid KeyLimit is an
+// error: no Key, a bad name, limit, fail policy or share, or a burst
+// below 1 without Cost.
 func NewKeyLimiter(store store.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, error) {
 	if kl.Key == nil {
 		return nil, errors.New("httplimit: KeyLimit.Key is nil")
@@ -87,7 +86,7 @@ func NewKeyLimiter(store store.Store, kl KeyLimit, opts ...Option) (*KeyLimiter,
 	if err != nil {
 		return nil, errors.New("httplimit: KeyLimit: " + err.Error())
 	}
-	fd := frontdoor.New(store, "httplimit", set, frontdoor.Configure(opts))
+	fd := frontdoor.New(store, "httplimit", set, opts)
 	return &KeyLimiter{eng: fd.Engine(), rules: fd.Snapshot().Rules, kl: kl}, nil
 }
 
@@ -109,13 +108,23 @@ func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
 }
 
 // Decide decides r without writing a response, for callers that answer
-// requests themselves. It takes the tokens of an allowed request. The
-// error is the key function's (and then nothing was decided); a request
-// without a key is allowed, with no rule applied.
-func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) (Result, error) {
+// requests themselves. It takes the tokens of an allowed request. A
+// request without a key is allowed, with no rule applied.
+//
+// When the key function fails, nothing is decided: the outcome is a
+// refusal with the reason ReasonKeyError (a 500), and its Err is the
+// function's error.
+func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) *engine.Outcome {
 	out, err := l.decide(ctx, r)
-	return Result{out}, err
+	if err != nil {
+		out = engine.Refuse(ReasonKeyError, keyErrorDetail)
+		out.Err = err
+	}
+	return out
 }
+
+// keyErrorDetail is the detail of a key function's failure.
+const keyErrorDetail = "the rate limit key of the request could not be computed"
 
 func (l *KeyLimiter) decide(ctx context.Context, r *http.Request) (*engine.Outcome, error) {
 	key, err := l.kl.Key(r)
@@ -135,7 +144,7 @@ func (l *KeyLimiter) keyError(w http.ResponseWriter, r *http.Request, err error)
 		Type:   "about:blank",
 		Title:  http.StatusText(http.StatusInternalServerError),
 		Status: http.StatusInternalServerError,
-		Detail: "the rate limit key of the request could not be computed",
+		Detail: keyErrorDetail,
 		Rule:   l.kl.Name,
 		Reason: ReasonKeyError,
 	})

@@ -36,8 +36,8 @@ type FuncRule struct {
 // Retry-After jitter, no store_timeout of its own). An invalid name,
 // limit, fail policy or share is an *Error listing every problem.
 func (f FuncRule) Set() (*Set, error) {
-	var problems []Problem
-	add := func(path, msg string) { problems = append(problems, Problem{Path: path, Message: msg}) }
+	var problems []Issue
+	add := func(path, msg string) { problems = append(problems, Issue{Path: path, Message: msg}) }
 	if !validName(f.Name) {
 		add("name", "must be 1 to 128 letters, digits, '-', '_' or '.', not "+strconv.Quote(f.Name))
 	}

@@ -82,7 +82,7 @@ type Set struct {
 	// local fallback grants (0 < share <= 1, default 0.5).
 	LocalShare float64
 	// StoreTimeout is the deadline of each store call; zero leaves it to
-	// the middleware's option (httplimit.WithTimeout).
+	// the engine's option (engine.WithTimeout).
 	StoreTimeout time.Duration
 	// Breaker configures the circuit breaker in front of the store.
 	Breaker Breaker
@@ -354,26 +354,35 @@ func (r *Rule) usesJWT() bool {
 	return r.Claims != nil
 }
 
-// Problem is one problem of a rules file: where (a path such as
-// rules[2].algorithm_config.burst; empty for the whole file, and the line
-// of the file it is on; 0 when unknown) and what.
-type Problem struct {
+// Issue is one thing wrong in a rules file: where it is and what.
+type Issue struct {
+	// Path locates it, such as rules[2].algorithm_config.burst; empty
+	// for the whole file.
 	Path    string
 	Message string
-	Line    int
+	// Line is the line of the file it is on; 0 when unknown.
+	Line int
 }
 
-func (p Problem) String() string {
+// Problem is the old name of Issue.
+//
+// Deprecated: use Issue. Problem now names only the problem+json body of
+// a denial (httplimit.Problem).
+type Problem = Issue
+
+// String returns the path and the message.
+func (p Issue) String() string {
 	if p.Path == "" {
 		return p.Message
 	}
 	return p.Path + ": " + p.Message
 }
 
-// Error is a rules file that cannot be used, with every problem found.
+// Error is a rules file that cannot be used, with every issue found.
 type Error struct {
-	File     string
-	Problems []Problem
+	File string
+	// Problems lists every issue found.
+	Problems []Issue
 }
 
 // Error lists the problems one per line, each as "file:line: path:

@@ -267,10 +267,10 @@ func (r *Rule) Matches(get func(Source) (string, bool)) bool {
 	return true
 }
 
-// Values returns the values of the rule's limit keys (all but "global")
-// for a request, in the order Key expects; ok is false when one of them
-// is missing or empty: such a request is not limited by the rule.
-func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool) {
+// KeyValues returns a request's values of the rule's limit keys (all but
+// "global"), in the order Key expects. ok is false when one is missing or
+// empty: the rule then does not limit the request.
+func (r *Rule) KeyValues(get func(Source) (string, bool)) (values []string, ok bool) {
 	values = make([]string, 0, len(r.LimitKeys))
 	for _, s := range r.LimitKeys {
 		if s.Kind == KindGlobal {
@@ -286,6 +286,14 @@ func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool
 		values = append(values, v)
 	}
 	return values, true
+}
+
+// Values is KeyValues.
+//
+// Deprecated: use KeyValues. Values names what a front door offers the
+// engine about a request (engine.Values).
+func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool) {
+	return r.KeyValues(get)
 }
 
 // parseKeySource reads a limit key as written in a rules file: a source,
