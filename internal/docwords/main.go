@@ -4,9 +4,13 @@
 // about 12, as in x/time/rate, log/slog and net/http.
 //
 //	go run ./internal/docwords . engine httplimit grpclimit store rules
+//
+// With -long n it also lists the comments with a sentence over n words,
+// the longest first, to say where to start.
 package main
 
 import (
+	"flag"
 	"fmt"
 	"go/ast"
 	"go/doc"
@@ -17,9 +21,12 @@ import (
 	"unicode"
 )
 
+var long = flag.Int("long", 0, "list the comments with a sentence over this many words")
+
 func main() {
+	flag.Parse()
 	var words, sentences int
-	for _, dir := range os.Args[1:] {
+	for _, dir := range flag.Args() {
 		w, s, err := measure(dir)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -77,6 +84,9 @@ func measure(dir string) (words, sentences int, err error) {
 		w, s := count(t)
 		words += w
 		sentences += s
+		if *long > 0 && longest(t) > *long {
+			fmt.Printf("%s: %d words: %.70q\n", dir, longest(t), t)
+		}
 	}
 	return words, sentences, nil
 }
@@ -145,6 +155,36 @@ func count(text string) (words, sentences int) {
 		}
 	}
 	return words, sentences
+}
+
+// longest returns the words of the longest sentence of text.
+func longest(text string) int {
+	n := 0
+	for _, para := range strings.Split(text, "\n\n") {
+		for _, s := range splitSentences(para) {
+			if w, _ := count(s); w > n {
+				n = w
+			}
+		}
+	}
+	return n
+}
+
+// splitSentences splits a paragraph where count ends a sentence.
+func splitSentences(para string) []string {
+	var out []string
+	var cur []string
+	for _, w := range strings.Fields(para) {
+		cur = append(cur, w)
+		if end := strings.TrimRight(w, `)"'`); (strings.HasSuffix(end, ".") || strings.HasSuffix(end, "?") || strings.HasSuffix(end, "!")) && !abbreviation(end) {
+			out = append(out, strings.Join(cur, " "))
+			cur = nil
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, strings.Join(cur, " "))
+	}
+	return out
 }
 
 // abbreviation reports whether a word ending in '.' ends no sentence.
