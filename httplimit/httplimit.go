@@ -1,32 +1,28 @@
-// Package httplimit is drip's net/http middleware: it applies a rules file
-// (package rules) to each request, with bucket state in any store.Store.
+// Package httplimit is drip's net/http middleware. It applies a rules
+// file (package rules) to each request, with state in any store.Store.
 //
-// For each request, in file order, every rule whose match holds applies,
-// except that within a group only the first matching rule does (tiers). A
-// rule whose limit key has no value in the request (no such header, no
-// verified claim) does not apply, and the next rule of its group may. The
-// enforce rules that apply are taken all or nothing in one store call
-// (store.Store.Apply): if any denies, none is consumed, and the answer is 429
-// with RateLimit headers, a Retry-After jittered per client, and an
-// application/problem+json body naming the rule and the reason.
+// Every rule whose match holds applies, in file order. Within a group
+// only the first matching rule applies (tiers). A rule whose limit key
+// has no value in the request does not apply; the next rule of its group
+// may. The enforce rules that apply are taken all or nothing in one
+// store call. If any denies, none is consumed. The answer is then a 429
+// with RateLimit headers, a jittered Retry-After and a problem+json body.
 //
-// Shadow rules are decided and counted but never block. They are taken in
-// a second store call, after the enforce rules allowed the request (so they
-// never consume the enforce rules' tokens, and a request that is denied
-// anyway does not drain them); when the request was denied they are only
-// peeked, so they are still decided and counted.
+// Shadow rules are decided and counted but never block. They are taken
+// in a second store call, after the enforce rules allowed the request.
+// They never consume the enforce rules' tokens. On a denial they are only
+// peeked.
 //
-// When the store fails or exceeds its deadline, each rule's on_error
-// decides: allow (log and count), deny (503), or local (a per-instance
-// memory limiter at a share of the rule's rate and burst). A circuit
-// breaker stops calling a store that keeps failing, so that a dead store
-// costs no deadline per request; after its cooldown one probe goes
-// through, and only the probe's success closes it.
+// When the store fails or misses its deadline, each rule's on_error
+// decides: allow, deny (503), or local (a memory limiter in each
+// instance). A circuit breaker stops calling a store that keeps failing.
+// After its cooldown one probe goes through; only its success closes the
+// breaker. Adaptive rules learn their limit from the responses, and a
+// denial the store proved is repeated without a store call.
 //
-// NewKeyLimiter is the middleware without a rules file: a key function
-// that says who is calling (the user in the request's context, an API
-// key) and one limit (KeyLimit), decided as one rule keyed by that value
-// would be, with the same headers, 429 body, fail policy and metrics.
+// NewKeyLimiter is the middleware without a rules file. A key function
+// says who is calling, and one limit applies to each key (KeyLimit).
+// It behaves as one rule keyed by that value would.
 package httplimit
 
 import (
@@ -197,10 +193,9 @@ func (l *Limiter) BreakerState() string { return l.fd.Engine().BreakerState() }
 // Close releases the local fallback's memory store, if one was started.
 func (l *Limiter) Close() error { return l.fd.Engine().Close() }
 
-// Handler returns next behind the limiter: a request over an enforce
-// rule's limit gets 429 (or 503 when the store fails and on_error is deny)
-// and never reaches next; every request that enforce rules decided gets
-// the RateLimit headers.
+// Handler returns next behind the limiter. A denied request gets its
+// status (Status) and never reaches next. Every request that enforce
+// rules decided gets the RateLimit headers.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		serve(w, r, next, l.Decide(r.Context(), r), l.fd)
