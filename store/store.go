@@ -1,11 +1,15 @@
-// Package store is the kit of store writers: the Store interface every
-// store implements (memstore, pgstore, redisstore), its capabilities
-// (Caps), the checks that turn a request into a prepared item of package
-// bucket (Prepare, Cost, CheckKey, CheckLease) and the errors they return,
-// and the wrappers that change keys on the way to a store (Prefixed,
-// Sharded) or take several keys one by one (Separately). A user of drip
-// meets it only to wrap a store: a drip.Limiter checks and prepares every
-// request, and hands the store checked, fixed-point items.
+// Package store is the kit of store writers. It holds the Store
+// interface every store implements (memstore, pgstore, redisstore) and
+// its capabilities (Caps). Prepare, Cost, CheckKey and CheckLease turn a
+// request into a checked item of package bucket; the errors are theirs.
+//
+// Wrappers change what reaches a store. Prefixed and Sharded change
+// keys. Separately takes several keys one by one. Denials repeats a
+// denial the store proved, without a store call.
+//
+// A user of drip meets this package only to wrap a store. A
+// drip.Limiter checks and prepares every request; the store gets
+// checked, fixed-point items.
 //
 // It imports the standard library and package bucket only.
 package store
@@ -23,16 +27,16 @@ import (
 // atomic step.
 //
 // Apply performs op on items and writes each item's result to results
-// (len(results) == len(items)). For a take of several items it is all or
-// nothing: if any item is denied none is applied, and every result says
+// (len(results) == len(items)). A take of several items is all or
+// nothing. If any item is denied, none is applied, and each result says
 // what that item alone would have got. The caller has checked every item
-// (Prepare) and that their keys are distinct (CheckDistinct); a store
-// trusts them and checks nothing again. items and results are the
-// caller's: a store keeps neither after it returns.
+// (Prepare) and their keys' distinctness (CheckDistinct). A store checks
+// nothing again. A store keeps neither items nor results after it
+// returns.
 //
-// A zero at means the store's own clock (a shared store uses its
-// server's, so that instances with skewed clocks agree); any other value
-// is the time of the decision, which tests and replays supply.
+// A zero at means the store's own clock; a shared store uses its
+// server's, so instances with skewed clocks agree. Any other value is the
+// time of the decision, as tests and replays supply.
 //
 // Reset deletes the bucket (or the leases) of key: it is full again. It
 // checks key itself (CheckKey).
@@ -70,9 +74,9 @@ type Caps struct {
 	// Admit is the store's in-process fast path, or nil. Wrappers that
 	// change keys (Prefixed, Sharded) drop it.
 	Admit Admitter
-	// InProcess reports that the store decides in the caller's process
-	// and never waits on a network or a server (the memory store): callers
-	// give its calls no deadline of their own, which saves a timer.
+	// InProcess reports that the store decides in the caller's process,
+	// as the memory store does. Callers then give its calls no deadline
+	// of their own, which saves a timer.
 	InProcess bool
 	// SplitsKeys reports that a call on several keys may fail with
 	// ErrNotColocated when the store cannot hold them in one atomic step
