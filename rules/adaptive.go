@@ -38,9 +38,8 @@ type Adaptive struct {
 	// a few requests, or lasts up to ten times this).
 	Window time.Duration
 	// DropStatus (drop_status, default 429, 502, 503 and 504) are the
-	// statuses of an upstream that is overloaded: such an answer, or a
-	// request that did not complete (a timeout, a broken connection),
-	// shrinks the limit.
+	// statuses of an overloaded upstream. Such an answer shrinks the
+	// limit, as does a request that did not complete.
 	DropStatus StatusSet
 }
 

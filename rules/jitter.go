@@ -47,14 +47,12 @@ func jitterFraction(identity string) float64 {
 	return float64(x>>11) / (1 << 53)
 }
 
-// Jitter is how a Retry-After is spread over clients: by up to
-// Fraction of the wait, and by at most Max whatever the wait.
+// Jitter is how a Retry-After is spread over clients: by up to Fraction
+// of the wait, and by at most Max.
 //
-// The spread exists to break up a herd of clients denied at once, which a
-// minute does for any herd; beyond that it only costs the client: 50% of a
-// one-day wait is twelve hours of quota lost. DefaultJitter therefore
-// caps it at 60 seconds, which leaves waits up to two minutes with their
-// full 50% and takes at most a minute from any longer one.
+// The spread breaks up a herd of clients denied at once; a minute does
+// that for any herd. Beyond that it only costs the client: 50% of a
+// one-day wait is twelve hours lost. DefaultJitter caps it at 60 seconds.
 type Jitter struct {
 	// Fraction of the wait (rounded up to whole seconds) the jitter may
 	// add, from 0 (none) to 1.

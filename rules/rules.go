@@ -111,13 +111,13 @@ type Set struct {
 }
 
 // Breaker configures the circuit breaker in front of the store. It opens
-// when the store is down, not when calls are slow: when, within a second,
-// at least Failures store calls failed and they were at least FailureRatio
-// of the calls (a call that missed its deadline while the store answered
-// others is slow, not failed), or when a call has waited Stall without the
-// store answering anything (zero: DefaultBreakerStall, or half the store
-// deadline if that is longer). Open, the store is not called for
-// Cooldown; then one probe decides whether it is back.
+// when the store is down, not when calls are slow. It opens when, within
+// a second, at least Failures calls failed, and they were at least
+// FailureRatio of the calls. A call that missed its deadline while the
+// store answered others is slow, not failed. It also opens when a call
+// has waited Stall without the store answering anything. Zero Stall is
+// DefaultBreakerStall, or half the store deadline if that is longer.
+// Open, the store is not called for Cooldown; then one probe decides.
 type Breaker struct {
 	Failures     int
 	FailureRatio float64
@@ -196,11 +196,10 @@ type Rule struct {
 	Match []Condition
 	// Mode is Enforce or Shadow.
 	Mode Mode
-	// Limit is the rule's limit (algorithm, rate, period, burst, refill,
-	// max_reserved; Leased for "leased": true). Its MaxReserved is 0 unless the rule sets
-	// max_reserved, and then the rule allows no reservations at all (the
-	// decision API refuses "reserve": true by such a rule), where for
-	// drip.Limit itself 0 would mean no bound on the debt.
+	// Limit is the rule's limit: its algorithm and algorithm_config, and
+	// Leased for "leased": true. MaxReserved is 0 unless the rule sets
+	// max_reserved. A rule at 0 allows no reservation: the decision API
+	// refuses "reserve": true. For drip.Limit itself, 0 means no bound.
 	Limit drip.Limit
 	// CostSource is where a request's cost is read: Kind KindFixed (cost
 	// FixedCost), KindHeader or KindQuery.
@@ -227,24 +226,23 @@ type Rule struct {
 	// Claims, when set, reads the rate and burst of a request's bucket
 	// from its verified token's claims (limit_from_claims; see LimitFor).
 	Claims *ClaimLimit
-	// CostFrom, when set (cost_from_response), is where the response
-	// tells the request's actual cost: the request takes its cost
-	// (CostSource, the estimate) before it is served, and the front door
-	// settles the difference when the response ends.
+	// CostFrom (cost_from_response) is where the response tells the
+	// request's actual cost. The request takes an estimate (CostSource)
+	// before it is served. The door settles the difference when the
+	// response ends.
 	CostFrom *ResponseSource
-	// CountStatus, when set (count_status), makes the rule count only the
-	// responses whose status is in the set: before the request its bucket
-	// is only checked (peeked at the cost), and the cost is taken after
-	// the response when its status matches.
+	// CountStatus (count_status) makes the rule count only the responses
+	// whose status is in the set. Before the request, its bucket is only
+	// peeked at the cost. The cost is taken after a matching response.
 	CountStatus StatusSet
 	// LogKey is how the log of denials shows the rule's keys (log_key):
 	// LogKeyHash ("" too: a short hash of the key), LogKeyRedact (not at
 	// all) or LogKeyPlain (as it is).
 	LogKey string
-	// MaxWait, when set (max_wait), is how long a request this rule would
-	// deny may wait for its turn instead: a rate rule's request holds a
-	// reservation (its place in line), a concurrency rule's waits for a
-	// slot. Zero: the rule answers at once.
+	// MaxWait (max_wait) is how long a request this rule would deny may
+	// wait for its turn instead. A rate rule's request holds a
+	// reservation; a concurrency rule's waits for a slot. Zero answers at
+	// once.
 	MaxWait time.Duration
 	// MaxQueue is how many requests may wait under the rule at once in
 	// one instance (max_queue; DefaultMaxQueue with max_wait alone): a
@@ -459,10 +457,10 @@ func parse(data []byte, name string, env *Env) (*Set, error) {
 	return set, nil
 }
 
-// DefaultJSON is the built-in rules file that drip serve uses when it is
-// given none: every client IP gets a token bucket of 10 requests per
-// second with bursts of 20, and a shadow rule counts (without blocking)
-// how often all traffic together would exceed 1000 per second.
+// DefaultJSON is the rules file drip serve uses when given none. Every
+// client IP gets a token bucket of 10 requests per second, with bursts of
+// 20. A shadow rule counts how often all traffic would exceed 1000 per
+// second.
 //
 //go:embed default.json
 var DefaultJSON []byte
