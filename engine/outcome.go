@@ -326,12 +326,12 @@ type field struct {
 //	RateLimit-Remaining: 7
 //	RateLimit-Reset: 2
 //
-// A concurrency limit is a quota of concurrent requests, without a window:
-// "slots";q=3;qu="concurrent-requests" in RateLimit-Policy, "slots";r=1
-// in RateLimit (r the free slots; t only on a 429 it caused), and no
-// RateLimit-Reset when it is the one the single-value headers describe,
-// unless it denied. Every number is an integer, as the ratelimit-headers
-// draft wants. A rule's name is an sf-string of printable ASCII: other
+// A concurrency limit is a quota of concurrent requests, without a
+// window: "slots";q=3;qu="concurrent-requests" in RateLimit-Policy, and
+// "slots";r=1 in RateLimit, r the free slots. Its t shows only on a 429
+// it caused. Described by the single-value headers, it has no
+// RateLimit-Reset unless it denied. Every number is an integer, as the
+// ratelimit-headers draft wants. A rule's name is an sf-string of printable ASCII: other
 // bytes are written as %xx ("café" is "caf%c3%a9"). Shadow rules never
 // show in headers. Policy is empty when no limit was decided. Reset is
 // empty when the described limit has no window. RetryAfter is 0 when
@@ -353,11 +353,9 @@ const (
 	FieldRetryAfter = "Retry-After"
 )
 
-// All yields the fields that have a value, by name, in this order:
-// RateLimit-Policy, RateLimit, RateLimit-Limit and RateLimit-Remaining
-// (when a limit was decided), RateLimit-Reset (when it has a window),
-// Retry-After (when there is one): the one building of the headers of
-// every front door.
+// All yields the fields that have a value, by name. The order is
+// RateLimit-Policy, RateLimit, RateLimit-Limit, RateLimit-Remaining,
+// RateLimit-Reset, Retry-After. Every front door builds its headers here.
 func (f Fields) All() iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
 		if f.Policy != "" {

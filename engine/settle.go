@@ -65,9 +65,9 @@ func (out *Outcome) Settles() bool {
 
 func (a *Applied) settles() bool { return a.Rule.Settles() && a.Event == Allowed && !a.Local }
 
-// ReadsUsage reports whether a rule to settle reads the usage a model
-// server reports in the response's body (cost_from_response: openai or
-// anthropic): the door then reads the body as it goes by.
+// ReadsUsage reports whether a rule to settle reads a model server's
+// usage in the response's body (cost_from_response: openai or
+// anthropic). The door then reads the body as it goes by.
 func (out *Outcome) ReadsUsage() bool {
 	if !out.Settles() {
 		return false
