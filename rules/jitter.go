@@ -66,13 +66,12 @@ type Jitter struct {
 // wait, at most 60 seconds.
 var DefaultJitter = Jitter{Fraction: 0.5, Max: time.Minute}
 
-// Seconds is the value of a Retry-After header for a wait of d: ceil(d)
-// whole seconds plus a jitter of up to min(Fraction*ceil(d), Max), fixed
-// by identity. The jitter is rounded to whole seconds up or down at random,
-// again fixed by identity, with the odds of its fraction, so that even
-// one-second waits spread (over clients, 1 or 2 s; on average 1 s plus the
-// jitter). The result lies in [ceil(d), ceil(d) + ceil(min(Fraction*ceil(d),
-// Max))]. It is 0 for d <= 0.
+// Seconds returns the Retry-After value for a wait of d: ceil(d) whole
+// seconds plus a jitter of up to min(Fraction*ceil(d), Max). identity
+// fixes the jitter. It is rounded up or down at random, with the odds of
+// its fraction, again fixed by identity. Even one-second waits then
+// spread over clients. The result lies in [ceil(d), ceil(d) +
+// ceil(min(Fraction*ceil(d), Max))]. It is 0 for d <= 0.
 func (j Jitter) Seconds(identity string, d time.Duration) int64 {
 	if d <= 0 {
 		return 0

@@ -90,11 +90,10 @@ type Set struct {
 	// (retry_after_jitter; default DefaultJitter: up to 50% of
 	// the wait, at most 60 s).
 	RetryJitter Jitter
-	// ExactPaths is the file's exact_paths: request paths are compared in
-	// their own case and keep their segments' trailing dots and spaces
-	// (CleanPath). False, the default, folds case and drops them, so that
-	// a rule on /admin/* is not dodged on an app that routes /ADMIN/ or
-	// /admin./ there (ASP.NET, Express, IIS, files on Windows).
+	// ExactPaths is the file's exact_paths: request paths keep their case
+	// and their segments' trailing dots and spaces (CleanPath). False, the
+	// default, folds case and drops them. A rule on /admin/* then holds on
+	// apps that route /ADMIN/ or /admin./ there (ASP.NET, Express, IIS).
 	ExactPaths bool
 	// File is the name the set was loaded from.
 	File string
@@ -210,9 +209,9 @@ type Rule struct {
 	// source says and whatever its response reports: its estimate is
 	// never below it, nor its settled cost.
 	MinCost float64
-	// Budget is Soft (or empty, the default) or Strict (budget: strict): a strict
-	// rule takes the most its request can cost (a cost_source of
-	// KindBound), refuses a request with no such bound, and settles
+	// Budget is Soft (or empty, the default) or Strict (budget: strict).
+	// A strict rule takes the most its request can cost (a cost_source of
+	// KindBound). It refuses a request with no such bound, and settles
 	// without debt.
 	Budget Budget
 	// DefaultCost is the cost when the header or query value is absent,
@@ -438,9 +437,9 @@ func Load(path string) (*Set, error) {
 // ParseEnv or Load for a Set that verifies tokens.
 func Parse(data []byte, name string) (*Set, error) { return parse(data, name, nil) }
 
-// ParseEnv is Parse, then reads a jwt section's secret and key files from
-// env: a missing variable, an unreadable or bad key file is a problem of
-// the file, with its line.
+// ParseEnv is Parse, then reads a jwt section's secret and key files
+// from env. A missing variable or a bad key file is an issue of the
+// file, with its line.
 func ParseEnv(data []byte, name string, env Env) (*Set, error) { return parse(data, name, &env) }
 
 func parse(data []byte, name string, env *Env) (*Set, error) {

@@ -302,10 +302,10 @@ func parseKeySource(s string) (Source, error) {
 	return src, err
 }
 
-// HashValue is the value a hashed limit key keys by, for the value v in
+// HashValue returns what a hashed limit key keys by, for the value v in
 // clear: "~" and the first 128 bits of its HMAC-SHA-256 under the file's
-// key secret, in hex. Values of a hashed limit key given by hand (the
-// decision and admin APIs) are keyed by it, as requests' are.
+// key secret, in hex. Values given by hand (the decision and admin APIs)
+// are keyed by it too.
 func (r *Rule) HashValue(v string) string {
 	m := hmac.New(sha256.New, r.keySecret)
 	m.Write([]byte(v))
