@@ -161,17 +161,17 @@ func (l Limit) WithLeased(on bool) Limit { l.Leased = on; return l }
 func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
 
 // Sliding returns l as a sliding window: at most Rate tokens in any
-// rolling window of Period, in Slots slots (10 unless WithSlots), so
+// rolling window of Period, counted in Slots slots (10 unless WithSlots).
 // PerMinute(100).Sliding() never lets 101 through in any minute. Its
-// burst is its rate (a Burst other than Rate is invalid).
+// burst is its rate.
 func (l Limit) Sliding() Limit { l.Algorithm = SlidingWindow; return l }
 
 // WithSlots returns l, a sliding window, cut into n slots (1 to 1000).
 func (l Limit) WithSlots(n int) Limit { l.Slots = n; return l }
 
 // PerDayIn returns a fixed window of n tokens per calendar day in loc
-// (nil: UTC): each day's window starts full at local midnight, whether
-// the day is 23, 24 or 25 hours long.
+// (nil: UTC). Each day's window starts full at local midnight, whether
+// the day has 23, 24 or 25 hours.
 func PerDayIn(n float64, loc *time.Location) Limit { return perCalendar(n, "day", loc) }
 
 // PerWeekIn returns a fixed window of n tokens per ISO week in loc (nil:
@@ -381,11 +381,11 @@ func (l Limit) forKey(key string) Limit {
 	return l
 }
 
-// Params validates l and resolves it to fixed point for key (the key
-// matters only to a fixed window without Start, whose grid it places):
-// what a store executes. Front doors that compile limits once call it.
-// A calendar window's params are those of the window that holds the
-// present instant: decisions resolve theirs at their own time.
+// Params validates l and resolves it to fixed point for key: what a store
+// executes. The key places the grid of a fixed window without Start.
+// Front doors that compile limits once call it. A calendar window's
+// params are those of the present window; decisions resolve theirs at
+// their own time.
 func (l Limit) Params(key string) (bucket.Params, error) { return l.paramsAt(key, time.Time{}) }
 
 // paramsAt is Params for a decision at t (zero: now, by the caller's
