@@ -55,9 +55,9 @@ func FitKey(key string) string {
 // ShardKey is the key of shard i of key (Sharded).
 func ShardKey(key string, i int) string { return key + "#" + strconv.Itoa(i) }
 
-// WindowStart is the default grid offset of a fixed window for key: a hash
-// of the key modulo period, so that windows of different keys are spread
-// over the period. The same key always gets the same offset.
+// WindowStart returns the default grid offset of a fixed window for key:
+// a hash of the key modulo period. Windows of different keys spread over
+// the period; a key always gets the same offset.
 func WindowStart(key string, period time.Duration) time.Duration {
 	if period <= 0 {
 		return 0

@@ -176,10 +176,10 @@ func checkBurst(op bucket.Op, c int64, cost float64, reserve bool, p bucket.Para
 	return nil
 }
 
-// CheckLease checks a request's lease ID for op under params p: a take or
-// refund on a concurrency limit needs one; a peek may name one or not;
-// other limits take none. IDs are 1 to MaxLeaseLen bytes of printable
-// ASCII (NewLeaseID makes such IDs). Prepare calls it.
+// CheckLease checks a request's lease ID for op under params p. A take or
+// refund on a concurrency limit needs one; a peek may name one. Other
+// limits take none. IDs are 1 to MaxLeaseLen bytes of printable ASCII,
+// as NewLeaseID makes. Prepare calls it.
 func CheckLease(op bucket.Op, id string, p bucket.Params) error {
 	if p.Kind != bucket.Concurrency {
 		if id != "" {
