@@ -7,9 +7,9 @@ import (
 	"unicode/utf8"
 )
 
-// PathError is a request path that servers read in different ways, so
-// that a rule on the path could be dodged: CleanPath refuses it, and the
-// front doors answer 400.
+// PathError is a request path that servers read in different ways, which
+// could dodge a rule on the path. CleanPath refuses it; the front doors
+// answer 400.
 type PathError struct{ msg string }
 
 func (e *PathError) Error() string { return "ambiguous request path: " + e.msg }

@@ -1,12 +1,13 @@
-// Package rules reads drip's rules files (docs/rules.md): which requests
-// are limited, by which keys, under which limits, and what to do when the
-// store fails. Files are JSON or YAML, decoded strictly: unknown fields
-// are errors, and every problem is reported at once with its line and
-// path (rules.yaml:12: rules[2].algorithm_config.burst: must be > 0).
+// Package rules reads drip's rules files (docs/rules.md). A file says
+// which requests are limited, by which keys, under which limits, and what
+// to do when the store fails. Files are JSON or YAML, decoded strictly:
+// unknown fields are errors. Every issue is reported at once, with its
+// line and path (rules.yaml:12: rules[2].algorithm_config.burst: must be
+// > 0).
 //
-// A Set is immutable once loaded; a reload builds a new Set and swaps it
-// in whole. The same loader backs drip check, drip serve and the
-// httplimit middleware.
+// A Set is immutable once loaded. A reload builds a new Set and swaps it
+// in whole. The same loader backs drip check, drip serve and the front
+// doors.
 package rules
 
 import (
@@ -152,9 +153,9 @@ type JWT struct {
 	// then read without checking the signature (a gateway in front has).
 	// Expiry (exp, nbf) is checked either way.
 	Verify bool
-	// HMACSecretEnv, PublicKeyFiles and JWKSFile name where the file says
-	// the secret or keys are: an environment variable, key files (paths
-	// resolved against the rules file's directory), a JWKS file.
+	// HMACSecretEnv, PublicKeyFiles and JWKSFile say where the secret or
+	// keys are: an environment variable, key files, a JWKS file. Paths
+	// are relative to the rules file's directory.
 	HMACSecretEnv  string
 	PublicKeyFiles []string
 	JWKSFile       string
@@ -206,8 +207,8 @@ type Rule struct {
 	// FixedCost is the cost of every request when CostSource is fixed.
 	FixedCost float64
 	// MinCost (min_cost) is the least a request costs, whatever its cost
-	// source says and whatever its response reports: its estimate is
-	// never below it, nor its settled cost.
+	// source or its response says. Neither its estimate nor its settled
+	// cost is below it.
 	MinCost float64
 	// Budget is Soft (or empty, the default) or Strict (budget: strict).
 	// A strict rule takes the most its request can cost (a cost_source of
@@ -234,9 +235,9 @@ type Rule struct {
 	// whose status is in the set. Before the request, its bucket is only
 	// peeked at the cost. The cost is taken after a matching response.
 	CountStatus StatusSet
-	// LogKey is how the log of denials shows the rule's keys (log_key):
-	// LogKeyHash ("" too: a short hash of the key), LogKeyRedact (not at
-	// all) or LogKeyPlain (as it is).
+	// LogKey (log_key) is how the log of denials shows the rule's keys.
+	// LogKeyHash, or "", shows a short hash. LogKeyRedact hides them.
+	// LogKeyPlain shows them as they are.
 	LogKey string
 	// MaxWait (max_wait) is how long a request this rule would deny may
 	// wait for its turn instead. A rate rule's request holds a
@@ -317,9 +318,9 @@ func (s *Set) UsesJWT() bool {
 	return false
 }
 
-// ReadsPath reports whether a rule matches or keys on the request's path:
-// only then do the HTTP front doors read it (CleanPath), and refuse a
-// request whose path is ambiguous.
+// ReadsPath reports whether a rule matches or keys on the request's
+// path. Only then do the HTTP doors read it (CleanPath) and refuse an
+// ambiguous one.
 func (s *Set) ReadsPath() bool {
 	for i := range s.Rules {
 		r := &s.Rules[i]
@@ -426,10 +427,10 @@ func Load(path string) (*Set, error) {
 	return ParseEnv(data, path, OSEnv)
 }
 
-// Parse decodes and validates a rules file. name tells the format (.json,
-// .yaml or .yml; otherwise it is sniffed: JSON starts with '{'), names the
-// file in errors, and is the base for relative key file paths. A bad file
-// gives an *Error listing every problem.
+// Parse decodes and validates a rules file. name tells the format: .json,
+// .yaml or .yml; else it is sniffed (JSON starts with '{'). name also names the
+// file in errors, and is the base of relative key file paths. A bad file
+// gives an *Error listing every issue.
 //
 // Parse has no side effects: it reads no environment variable and no
 // file. A jwt section's secret and keys are named in the Set
