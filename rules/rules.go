@@ -427,10 +427,10 @@ func Load(path string) (*Set, error) {
 	return ParseEnv(data, path, OSEnv)
 }
 
-// Parse decodes and validates a rules file. name tells the format: .json,
-// .yaml or .yml; else it is sniffed (JSON starts with '{'). name also names the
-// file in errors, and is the base of relative key file paths. A bad file
-// gives an *Error listing every issue.
+// Parse decodes and validates a rules file. name tells the format:
+// .json, .yaml or .yml; else it is sniffed (JSON starts with '{'). name
+// also names the file in errors, and is the base of relative key file
+// paths. A bad file gives an *Error listing every issue.
 //
 // Parse has no side effects: it reads no environment variable and no
 // file. A jwt section's secret and keys are named in the Set
