@@ -65,15 +65,14 @@ func Run(t *testing.T, newStore NewStore, opts ...Option) {
 	t.Run("Extremes", func(t *testing.T) { RunExtremes(t, newStore) })
 }
 
-// RunTransport runs the parts of Run that hold a store's calls, rather than
-// its arithmetic, to the rules: the scenarios of every rule, errors,
-// rounding, multi-takes, concurrent callers, concurrency limits, the
-// capabilities, overrides and the notice board. It is for a store already
-// held to the whole of Run that a test reaches another way, where only
-// the way differs: over TLS, or through Sentinel. The long model
-// comparisons (Traces, Random, Windows, Calendar, their replays,
-// Extremes) send the same calls to the same server code as Run does, and
-// take most of its time.
+// RunTransport runs the parts of Run that hold a store's calls to the
+// rules. These are the scenarios of every rule, errors, rounding,
+// multi-takes, concurrent callers, concurrency limits, the capabilities,
+// overrides and the notice board. Call it for a store that another test
+// already holds to all of Run, reached here another way: over TLS, or
+// through Sentinel. The long model comparisons are left out (Traces,
+// Random, Windows, Calendar, their replays, Extremes). They send the same
+// calls to the same server code as Run does, and take most of its time.
 func RunTransport(t *testing.T, newStore NewStore, opts ...Option) {
 	t.Run("Scenarios", func(t *testing.T) { RunScenarios(t, newStore) })
 	t.Run("Errors", func(t *testing.T) { RunErrors(t, newStore) })
