@@ -847,8 +847,7 @@ func (s *Store) span() time.Duration {
 // plain takes, which the store batches, until it has tokens again:
 // small blocks of what refilled between two answers would save few
 // calls, and while a key holds blocks a store decides each take of it,
-// every instance's, under their cap (PostgreSQL one at a time). The
-// caller holds l.mu.
+// every instance's, under their cap. The caller holds l.mu.
 func (s *Store) blockSize(l *local, cost int64) int64 {
 	if l.starved {
 		return 0
