@@ -638,17 +638,29 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 		return s.perDecision(ctx, at, l, now, items, results)
 	}
 	// One block call per key at a time from this instance, so that a hot
-	// key's callers do not all ask the store at once for blocks; the
-	// callers that come while it is out take as without leasing, each a
-	// take of its own (batched by the store as any), rather than wait for
-	// its answer. Queued behind it, they waited a round trip or more (a
-	// return, a take, then a per-decision take), and on a saturated key
-	// whose store answers slowly the key's decisions fell to about the
-	// limit's pace, far below a plain instance's.
+	// key's callers do not all ask the store at once for blocks. While
+	// the store's last answer showed the bucket at least half full, the
+	// callers that come while it is out wait for it: it brings a block
+	// that will cover them. Else they take as without leasing, each a
+	// take of its own (batched by the store as any): queued behind it
+	// they waited a round trip or more (a return, a take, then a
+	// per-decision take), and on a saturated key whose store answers
+	// slowly the key's decisions fell to about the limit's pace, far
+	// below a plain instance's.
+	l.mu.Lock()
+	wait := l.known && 2*l.avail >= l.p.Burst
+	l.mu.Unlock()
 	select {
 	case l.sem <- struct{}{}:
 	default:
-		return s.perDecision(ctx, at, l, now, items, results)
+		if !wait {
+			return s.perDecision(ctx, at, l, now, items, results)
+		}
+		select {
+		case l.sem <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	defer func() { <-l.sem }()
 	now = s.clock(at)

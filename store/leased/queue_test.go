@@ -33,10 +33,12 @@ func (s *slowBlocks) Apply(ctx context.Context, op bucket.Op, at time.Time, item
 }
 
 // TestNoQueueBehindBlockTake: while one caller takes a block of a hot
-// key, the instance's other callers of the key are decided as without
-// leasing, each by a take of its own, rather than queued behind it. They
-// waited for the block take's answer: with a store slow to answer block
-// takes (5 s here) every caller with a deadline of 1 s failed.
+// key whose bucket is less than half full (a key near its limit, where
+// leasing serves little), the instance's other callers of the key are
+// decided as without leasing, each by a take of its own, rather than
+// queued behind it. They waited for the block take's answer: with a
+// store slow to answer block takes (5 s here) every caller with a
+// deadline of 1 s failed.
 func TestNoQueueBehindBlockTake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ms := memstore.New(memstore.WithSweep(0))
@@ -53,6 +55,12 @@ func TestNoQueueBehindBlockTake(t *testing.T) {
 		}
 		var it bucket.Prepared
 		if err := store.Prepare(&it, bucket.Take, "k", &p, 1, false, ""); err != nil {
+			t.Fatal(err)
+		}
+		// The bucket less than half full: 600 of its 1,000 taken.
+		most := it
+		most.Cost = 600 * bucket.Micro
+		if err := ms.Apply(context.Background(), bucket.Take, time.Time{}, []bucket.Prepared{most}, make([]bucket.Result, 1)); err != nil {
 			t.Fatal(err)
 		}
 		take := func(ctx context.Context) (bucket.Result, error) {
