@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -401,6 +402,159 @@ func TestQueueWaitsUntil(t *testing.T) {
 		wg.Wait()
 		if got := e.WaitsUntil(); !got.IsZero() {
 			t.Errorf("once they passed: %v, want zero", got)
+		}
+	})
+}
+
+// classRules is one global token bucket of 10 a second, burst 2, whose
+// requests name their class in x-priority and may wait up to maxWait in
+// a queue of at most maxQueue; the classes share all of the capacity.
+func classRules(t *testing.T, e *engine.Engine, algo, maxWait string, maxQueue int) *engine.Rules {
+	t.Helper()
+	set, err := rules.Parse([]byte(fmt.Sprintf(`{"rules": [{"name": "q", "limit_keys": ["global"], %s
+	  "priority_from": "header:x-priority", "reserve": 0, "max_wait": %q, "max_queue": %d}]}`, algo, maxWait, maxQueue)), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Compile(set)
+}
+
+const (
+	rateAlgo  = `"algorithm_config": {"rps": 10, "burst": 2},`
+	slotsAlgo = `"algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1},`
+)
+
+// served decides a request of class in the background, once the
+// requests started before it wait, and records when it passed (or -1:
+// denied) under its name.
+type served struct {
+	mu    sync.Mutex
+	wg    sync.WaitGroup
+	start time.Time
+	at    map[string]time.Duration
+	order []string
+}
+
+func newServed() *served { return &served{start: time.Now(), at: map[string]time.Duration{}} }
+
+func (s *served) decide(t *testing.T, e *engine.Engine, rs *engine.Rules, name, class string, hold time.Duration) {
+	s.wg.Go(func() {
+		out := e.Decide(t.Context(), rs, values{"header:x-priority": class})
+		s.mu.Lock()
+		if out.Allowed {
+			s.at[name] = time.Since(s.start)
+			s.order = append(s.order, name)
+		} else {
+			s.at[name] = -1
+		}
+		s.mu.Unlock()
+		if out.Allowed {
+			time.Sleep(hold)
+			out.Release(t.Context())
+		}
+	})
+	synctest.Wait()
+}
+
+// TestQueueClassRate: the reservations of a rate rule's waiters go to
+// the highest class first: three batch requests wait for the tokens due
+// at 100, 200 and 300 ms; a critical one that comes after them passes
+// at 100 ms, and they at 200, 300 and 400 ms. No more pass than the
+// limit refills.
+func TestQueueClassRate(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs := classRules(t, e, rateAlgo, "1s", 10)
+		s := newServed()
+		for range 2 {
+			s.decide(t, e, rs, "burst", "batch", 0)
+		}
+		for _, n := range []string{"b1", "b2", "b3"} {
+			s.decide(t, e, rs, n, "batch", 0)
+		}
+		time.Sleep(10 * time.Millisecond)
+		s.decide(t, e, rs, "c", "critical", 0)
+		s.wg.Wait()
+		ms := time.Millisecond
+		want := map[string]time.Duration{"burst": 0, "c": 100 * ms, "b1": 200 * ms, "b2": 300 * ms, "b3": 400 * ms}
+		for n, at := range want {
+			if s.at[n] != at {
+				t.Errorf("%s passed at %v, want %v (all: %v)", n, s.at[n], at, s.at)
+			}
+		}
+	})
+}
+
+// TestQueueClassDrop: a full queue drops its lowest class for a higher
+// one, which takes its place; a request of the lowest class finds it
+// full and is denied at once. With max_wait 200 ms the bucket's debt
+// holds two reservations: a critical request that finds both held by
+// batch requests takes the last's (given back), so the debt and the
+// requests passed stay within the limit.
+func TestQueueClassDrop(t *testing.T) {
+	for _, tc := range []struct {
+		name, maxWait string
+		maxQueue      int
+	}{
+		{"queue full", "1s", 2},
+		{"debt full", "200ms", 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inBubble(t, func(t *testing.T, e *engine.Engine) {
+				rs := classRules(t, e, rateAlgo, tc.maxWait, tc.maxQueue)
+				s := newServed()
+				for range 2 {
+					s.decide(t, e, rs, "burst", "batch", 0)
+				}
+				s.decide(t, e, rs, "b1", "batch", 0)
+				s.decide(t, e, rs, "b2", "batch", 0)
+				s.decide(t, e, rs, "b3", "batch", 0) // the queue or the debt is full: denied at once
+				s.mu.Lock()
+				if s.at["b3"] != -1 {
+					t.Errorf("a batch request past a full queue: passed at %v, want denied", s.at["b3"])
+				}
+				s.mu.Unlock()
+				s.decide(t, e, rs, "c", "critical", 0)
+				s.mu.Lock()
+				if s.at["b2"] != -1 {
+					t.Errorf("the last batch waiter: passed at %v, want dropped for the critical one", s.at["b2"])
+				}
+				s.mu.Unlock()
+				s.wg.Wait()
+				ms := time.Millisecond
+				if s.at["c"] != 100*ms || s.at["b1"] != 200*ms {
+					t.Errorf("critical passed at %v and b1 at %v, want 100ms and 200ms", s.at["c"], s.at["b1"])
+				}
+				// The bucket holds what the limit allows: nothing more
+				// passes before the next refill.
+				if out := e.Decide(t.Context(), rs, values{"header:x-priority": "critical"}); out.Allowed && tc.maxWait == "200ms" && time.Since(s.start) < 300*ms {
+					t.Errorf("a request passed at %v beyond the limit", time.Since(s.start))
+				}
+			})
+		})
+	}
+}
+
+// TestQueueClassInFlight: the waiters for a concurrency rule's slot get
+// it by class: a critical request that comes after two batch ones takes
+// the slot released first; a batch request that finds the queue full of
+// its class is denied at once, and a critical one drops the last batch
+// waiter.
+func TestQueueClassInFlight(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs := classRules(t, e, slotsAlgo, "1s", 3)
+		s := newServed()
+		s.decide(t, e, rs, "holder", "batch", 100*time.Millisecond)
+		s.decide(t, e, rs, "b1", "batch", 10*time.Millisecond)
+		s.decide(t, e, rs, "b2", "batch", 10*time.Millisecond)
+		s.decide(t, e, rs, "c1", "critical", 10*time.Millisecond)
+		s.decide(t, e, rs, "b3", "batch", 10*time.Millisecond) // full of its class
+		s.decide(t, e, rs, "c2", "critical", 10*time.Millisecond)
+		s.wg.Wait()
+		if want := []string{"holder", "c1", "c2", "b1"}; !slices.Equal(s.order, want) {
+			t.Errorf("served %v, want %v", s.order, want)
+		}
+		if s.at["b3"] != -1 || s.at["b2"] != -1 {
+			t.Errorf("b3 (past a full queue) at %v, b2 (dropped for c2) at %v: want both denied", s.at["b3"], s.at["b2"])
 		}
 	})
 }
