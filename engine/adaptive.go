@@ -494,20 +494,7 @@ func (a *Applied) releaseSlot(now time.Time, dropped bool) {
 // given back by the caller). It returns the rule that shed it.
 func shedPriority(enf []Applied) *Applied {
 	for i := range enf {
-		a := &enf[i]
-		if !a.Rule.Prioritized() || a.Rule.Adaptive != nil || !a.Decided || !a.Decision.Allowed {
-			continue
-		}
-		share := a.Rule.Share(a.class)
-		if share >= 1 || (a.Wait > 0 && a.Decision.RetryAfter > 0) {
-			continue // a reservation of a queue kept the share (queue.go's reserve)
-		}
-		capacity := Burst(a.Limit)
-		left := a.Decision.Tokens
-		if a.Limit.Algorithm == drip.Concurrency {
-			left = float64(a.Decision.Remaining)
-		}
-		if left < capacity*(1-share)-1e-9 {
+		if a := &enf[i]; a.Rule.Adaptive == nil && sheds(&a.Item) {
 			return a
 		}
 	}

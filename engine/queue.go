@@ -320,6 +320,21 @@ func keptDue(items []*Item) time.Duration {
 	return due
 }
 
+// sheds reports whether an item just allowed leaves less than the share
+// of its limit's capacity kept for higher classes (Item.SetClass): the
+// request is shed, what it took given back. A reservation of a queue
+// kept the share already (reserve).
+func sheds(it *Item) bool {
+	if it.keep == 0 || !it.Decided || !it.Decision.Allowed || (it.Wait > 0 && it.Decision.RetryAfter > 0) {
+		return false
+	}
+	left := it.Decision.Tokens
+	if it.plan().algo.slots {
+		left = float64(it.Decision.Remaining)
+	}
+	return left < Burst(it.Limit)*it.keep-1e-9
+}
+
 // classOfItems is the class a request waits as: the lowest of its
 // waiting items' (a request any of its rules ranks low is shed first).
 func classOfItems(items []*Item) int {
@@ -398,8 +413,25 @@ func gone(ctx context.Context, v *waiter) bool {
 // except that a take they deny may wait for its turn as Decide's rules
 // do (Item.Wait, Queue, MaxQueue): the decision API's take with "wait".
 // The items are Enforce ones.
-func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, err error) {
-	return e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
+//
+// Items of a class below critical (Item.SetClass) must leave their share
+// of the capacity free, as Decide's rules with a reserve: shed reports
+// the item that denied a take it allowed for that reason, its bucket then
+// shown as it is and its Decision denied.
+func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, shed *Item, err error) {
+	allowed, err = e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
+	if !allowed || err != nil {
+		return allowed, nil, err
+	}
+	for _, it := range items {
+		if sheds(it) {
+			e.giveBack(ctx, e.timeout, defaultBreaker, items)
+			it.Decision.Allowed = false
+			it.Decision.RetryAfter = max(it.Decision.RetryAfter, ConcurrencyRetryAfter)
+			return false, it, nil
+		}
+	}
+	return true, nil, nil
 }
 
 // reserve sets the items' reservations for a wait of left: a rate
