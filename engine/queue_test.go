@@ -10,6 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/internal/testkit/teststores"
@@ -557,4 +559,73 @@ func TestQueueClassInFlight(t *testing.T) {
 			t.Errorf("b3 (past a full queue) at %v, b2 (dropped for c2) at %v: want both denied", s.at["b3"], s.at["b2"])
 		}
 	})
+}
+
+// TestQueueClassStores: on every store, a critical request that finds a
+// rate rule's debt full of batch reservations takes the place of the
+// last: it gives its reservation back to the store and the critical one
+// reserves, so the bucket owes exactly two; requests that leave give
+// theirs back and it owes nothing. The engine's clock stands still, so
+// the store refills nothing meanwhile; it keeps no proofs of denial, so
+// that its peeks read the store.
+func TestQueueClassStores(t *testing.T) {
+	for _, st := range teststores.Shared() {
+		t.Run(st.Name, func(t *testing.T) {
+			now := time.Unix(1_800_000_000, 0)
+			e := engine.New(st.Open(t), engine.WithClock(func() time.Time { return now }), engine.WithoutDenials(),
+				engine.WithTimeout(teststores.Timeout), engine.WithLogger(slog.New(slog.DiscardHandler)))
+			defer e.Close()
+			rs := classRules(t, e, `"algorithm_config": {"rate": 1, "period": "10s", "burst": 1},`, "25s", 10)
+			first := e.Decide(t.Context(), rs, values{"header:x-priority": "critical"})
+			if !first.Allowed {
+				t.Fatalf("the burst: denied (%v)", first.Err)
+			}
+			bucketKey, limit := first.Applied[0].Key, first.Applied[0].Limit
+			owed := func() float64 {
+				m, err := e.Apply(t.Context(), bucket.Peek, []drip.Request{{Key: bucketKey, Limit: limit}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return -m.Decisions[0].Tokens
+			}
+			waitOwed := func(want float64) {
+				t.Helper()
+				for deadline := time.Now().Add(20 * time.Second); owed() != want; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the bucket owes %v, want %v", owed(), want)
+					}
+				}
+			}
+			type waiting struct {
+				cancel func()
+				out    chan *engine.Outcome
+			}
+			wait := func(class string) waiting {
+				ctx, cancel := context.WithCancel(t.Context())
+				w := waiting{cancel, make(chan *engine.Outcome, 1)}
+				go func() { w.out <- e.Decide(ctx, rs, values{"header:x-priority": class}) }()
+				return w
+			}
+			b1 := wait("batch")
+			waitOwed(1)
+			b2 := wait("batch")
+			waitOwed(2) // the debt 25 s refill allows: full
+			c := wait("critical")
+			select {
+			case out := <-b2.out:
+				if out.Allowed {
+					t.Error("the last batch waiter passed; want it dropped for the critical one")
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the last batch waiter was not dropped")
+			}
+			waitOwed(2)
+			b1.cancel()
+			c.cancel()
+			if (<-b1.out).Allowed || (<-c.out).Allowed {
+				t.Error("a waiter that went away passed")
+			}
+			waitOwed(0)
+		})
+	}
 }

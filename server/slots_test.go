@@ -2,11 +2,15 @@ package server
 
 import (
 	"encoding/json"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -122,4 +126,40 @@ func TestAPIPriorityQueue(t *testing.T) {
 	if code, out := post(t, srv.base+"/v1/take", `{"rule": "q", "priority": "critical"}`); code != 200 || decision(t, out).Allowed {
 		t.Errorf("a take once both reservations passed: %d %s, want denied (the limit is spent)", code, out)
 	}
+}
+
+// TestHeldSlotExpires: an adaptive slot acquired through the decision
+// API and never released is given back once its lease TTL has passed,
+// and its lease then releases nothing.
+func TestHeldSlotExpires(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		e := engine.New(ms, engine.WithLogger(slog.New(slog.DiscardHandler)))
+		defer e.Close()
+		set, err := rules.Parse([]byte(`{"rules": [{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive"}]}`), "rules.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, _ := set.Rule("up")
+		key := r.Key(nil)
+		slot, _, _ := e.AcquireSlot(t.Context(), r, key, rules.PriorityDefault, 0, 1)
+		var h heldSlots
+		if slot == nil || !h.add("l", r.Name, key, slot, time.Minute) {
+			t.Fatal("no slot held")
+		}
+		time.Sleep(time.Minute - time.Millisecond)
+		synctest.Wait()
+		if got := e.Adaptive()[0].InFlight; got != 1 {
+			t.Errorf("before its TTL: %d in flight, want 1", got)
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if got := e.Adaptive()[0].InFlight; got != 0 {
+			t.Errorf("after its TTL: %d in flight, want 0", got)
+		}
+		if h.take("l", r.Name, key) != nil {
+			t.Error("the expired lease is still held")
+		}
+	})
 }
