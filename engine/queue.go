@@ -415,23 +415,23 @@ func gone(ctx context.Context, v *waiter) bool {
 // The items are Enforce ones.
 //
 // Items of a class below critical (Item.SetClass) must leave their share
-// of the capacity free, as Decide's rules with a reserve: shed reports
-// the item that denied a take it allowed for that reason, its bucket then
-// shown as it is and its Decision denied.
-func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, shed *Item, err error) {
+// of the capacity free, as Decide's rules with a reserve: an item that
+// allowed a take but would eat into that share denies it (what was taken
+// is given back), its Decision denied.
+func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, err error) {
 	allowed, err = e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
 	if !allowed || err != nil {
-		return allowed, nil, err
+		return allowed, err
 	}
 	for _, it := range items {
 		if sheds(it) {
 			e.giveBack(ctx, e.timeout, defaultBreaker, items)
 			it.Decision.Allowed = false
 			it.Decision.RetryAfter = max(it.Decision.RetryAfter, ConcurrencyRetryAfter)
-			return false, it, nil
+			return false, nil
 		}
 	}
-	return true, nil, nil
+	return true, nil
 }
 
 // reserve sets the items' reservations for a wait of left: a rate

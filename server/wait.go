@@ -62,7 +62,7 @@ func (s *Server) take(ctx context.Context, op bucket.Op, wait time.Duration, cla
 		it.SetClass(c, share)
 		items[i] = it
 	}
-	allowed, _, err := s.eng.TakeWaiting(ctx, items)
+	allowed, err := s.eng.TakeWaiting(ctx, items)
 	if err != nil {
 		return drip.Multi{}, err
 	}
