@@ -163,3 +163,25 @@ func TestHeldSlotExpires(t *testing.T) {
 		}
 	})
 }
+
+// TestAPIPriorityReserve: a take without "wait" keeps a rule's reserve
+// by the body's class: with a reserve of 50%, batch may use none of the
+// bucket, critical all of it.
+func TestAPIPriorityReserve(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"rules": [{"name": "r", "limit_keys": ["global"], "reserve": "50%",
+	  "algorithm_config": {"rate": 1, "period": "1h", "burst": 10}}]}`)
+	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	for _, c := range []struct {
+		class   string
+		allowed bool
+	}{{"batch", false}, {"critical", true}, {"default", true}} {
+		code, out := post(t, srv.base+"/v1/take", `{"rule": "r", "priority": "`+c.class+`"}`)
+		if code != 200 || decision(t, out).Allowed != c.allowed {
+			t.Errorf("a %s take: %d %s, want allowed %v", c.class, code, out, c.allowed)
+		}
+	}
+	if code, out := post(t, srv.base+"/v1/peek", `{"rule": "r", "cost": 0}`); code != 200 || decision(t, out).Remaining != 8 {
+		t.Errorf("the bucket after them: %d %s, want 8 left (the batch take given back)", code, out)
+	}
+}
