@@ -25,7 +25,9 @@ import (
 // concurrency limits POST /v1/acquire (a take under a lease ID the server
 // makes, returned as "lease" when allowed) and /v1/release (a refund of
 // the request's "lease"; a release gives back slots only, so its requests
-// on token buckets give back nothing).
+// on token buckets give back nothing). An adaptive rule's slots are held
+// in this instance by the same acquire and release (slots.go); a body's
+// "priority" names its class.
 //
 // A request names its bucket in one of two ways:
 //   - inline: {"key": "user:1", "limit": {"rate": 10, "burst": 20}, "cost": 1}
