@@ -258,6 +258,10 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 				if due > left {
 					return false, nil
 				}
+			case ok && left <= 0 && due > 0:
+				// Its wait is over short of its class's share: the caller
+				// sheds it (shedPriority), as without a wait.
+				return true, nil
 			case ok:
 				if due > 0 {
 					if !e.queues.hold(ctx, w, items, due) {
@@ -266,7 +270,7 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 					}
 					for _, it := range items {
 						if it.Decided && it.Decision.Allowed && it.Wait > 0 {
-							it.Decision.RetryAfter = max(it.Decision.RetryAfter, due) // when it was served
+							it.Decision.RetryAfter = max(it.Decision.RetryAfter, due) // the wait it took
 						}
 					}
 				}
@@ -286,7 +290,7 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 			}
 		}
 		e.queues.line(items, w)
-		e.queues.await(ctx, w, time.Until(w.until))
+		e.queues.await(ctx, w)
 		if ctx.Err() != nil {
 			return false, nil
 		}
@@ -794,17 +798,50 @@ func (q *queues) line(items []*Item, w *waiter) {
 }
 
 // await waits for the request's turn to ask again: a wakeup, or, for the
-// next in line, PollInterval; at most left, and until ctx ends.
-func (q *queues) await(ctx context.Context, w *waiter, left time.Duration) {
-	if left <= 0 {
-		return
+// next in line, PollInterval (one that is no longer next when its poll
+// comes, a higher class having joined ahead, waits on); until the end of
+// its wait, and until ctx ends.
+func (q *queues) await(ctx context.Context, w *waiter) {
+	for {
+		left := time.Until(w.until)
+		if left <= 0 {
+			return
+		}
+		if q.turn(w) {
+			left = min(left, PollInterval)
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-w.ch:
+			t.Stop()
+			return
+		case <-t.C:
+			if w.slot == "" || q.turn(w) {
+				return
+			}
+			q.handOn(w) // its poll goes to the next in line now
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
 	}
+}
+
+// turn reports whether w is the next in line for its slot.
+func (q *queues) turn(w *waiter) bool {
 	q.mu.Lock()
-	if l := q.slots[w.slot]; w.slot != "" && len(l) > 0 && l.next(time.Now()) == w {
-		left = min(left, PollInterval)
+	defer q.mu.Unlock()
+	l := q.slots[w.slot]
+	return w.slot != "" && len(l) > 0 && l.next(time.Now()) == w
+}
+
+// handOn wakes the next in line for w's slot to ask in its place.
+func (q *queues) handOn(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if l := q.slots[w.slot]; len(l) > 0 {
+		wake(l.next(time.Now()).ch)
 	}
-	q.mu.Unlock()
-	sleepOrWake(ctx, w.ch, left)
 }
 
 // leave takes the request w out of its queues: when it was the next in
