@@ -629,3 +629,35 @@ func TestQueueClassStores(t *testing.T) {
 		})
 	}
 }
+
+// TestQueueClassShare: a waiting request below critical waits for its
+// class's share instead of being shed at once. With a reserve of 10%,
+// batch keeps a fifth of the burst of 2 (0.4 tokens) for higher classes:
+// the second batch request, which would leave the bucket empty, passes
+// at 40 ms, when the refill has brought the kept share back; a critical
+// one passes at once while a token is left.
+func TestQueueClassShare(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		set, err := rules.Parse([]byte(`{"rules": [{"name": "q", "limit_keys": ["global"], "priority_from": "header:x-priority",
+		  "reserve": "10%", "max_wait": "1s", "algorithm_config": {"rps": 10, "burst": 2}}]}`), "rules.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := e.Compile(set)
+		s := newServed()
+		s.decide(t, e, rs, "b1", "batch", 0)
+		s.decide(t, e, rs, "b2", "batch", 0)
+		s.wg.Wait()
+		if s.at["b1"] != 0 || s.at["b2"] != 40*time.Millisecond {
+			t.Errorf("batch passed at %v and %v, want 0 and 40ms (its share refilled)", s.at["b1"], s.at["b2"])
+		}
+		time.Sleep(time.Second) // the bucket full again
+		s = newServed()
+		s.decide(t, e, rs, "c1", "critical", 0)
+		s.decide(t, e, rs, "c2", "critical", 0)
+		s.wg.Wait()
+		if s.at["c1"] != 0 || s.at["c2"] != 0 {
+			t.Errorf("critical passed at %v and %v, want both at once", s.at["c1"], s.at["c2"])
+		}
+	})
+}
