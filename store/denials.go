@@ -22,7 +22,11 @@ import (
 // Only what gives tokens back could change the answer: a refund, a
 // reset, an override, a returned block, a released lease. Those made
 // through this wrapper clear the key's proof at once. Those made
-// elsewhere are seen at the next store answer. A proof is trusted for at
+// elsewhere are seen at the next store answer. What a take through this
+// wrapper took is counted in the proofs too: a take the store allowed
+// (an item of it allowed, or a call that failed) clears the key's proof
+// and leaves unkept the answers of the key's calls that were out
+// meanwhile, which the store may have answered before it. A proof is trusted for at
 // most Stale. From three quarters of Stale on, one call of the key goes
 // to the store and renews the proof. Once a proof has ended, one call
 // goes and the others wait for its answer.
@@ -67,8 +71,15 @@ type denialShard struct {
 	mu    sync.Mutex
 	m     map[string]denial
 	bytes int64
-	gen   uint64 // bumped by every refund and reset of one of its keys
+	// gen is bumped by every call through the wrapper that changed one
+	// of its keys (a refund, a reset, an allowed take), in the lane of
+	// the key's hash: an answer sent before it is not kept.
+	gen [denialLanes]uint64
 }
+
+// denialLanes is how many generations a shard keeps: keys of different
+// lanes do not unkeep each other's answers.
+const denialLanes = 64
 
 // denial is the store's last answer for a key, as a proof (until > 0:
 // a take of cost is denied before until) or as the answer of one item of
@@ -153,18 +164,32 @@ func (d *Denials) Reset(ctx context.Context, key string) error {
 }
 
 func (d *Denials) shard(key string) *denialShard {
-	return &d.shards[maphash.String(d.seed, key)%denialShards]
+	s, _ := d.lane(key)
+	return s
 }
 
+// lane is key's shard and its lane of generations.
+func (d *Denials) lane(key string) (*denialShard, int) {
+	h := maphash.String(d.seed, key)
+	return &d.shards[h%denialShards], int(h / denialShards % denialLanes)
+}
+
+// forget drops key's proof, and leaves unkept the answers of its calls
+// out now.
 func (d *Denials) forget(key string) {
-	s := d.shard(key)
+	s, l := d.lane(key)
 	s.mu.Lock()
-	s.gen++
+	s.gen[l]++
+	s.drop(key)
+	s.mu.Unlock()
+}
+
+// drop deletes key's proof. The caller holds s.mu.
+func (s *denialShard) drop(key string) {
 	if _, ok := s.m[key]; ok {
 		delete(s.m, key)
 		s.bytes -= int64(len(key)) + DenialEntryBytes
 	}
-	s.mu.Unlock()
 }
 
 // flight is, for a take of one item whose key's proof is due for
@@ -258,12 +283,19 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 	var buf [4]uint64
 	gens := buf[:0]
 	for i := range items {
-		s := d.shard(items[i].Key)
+		s, l := d.lane(items[i].Key)
 		s.mu.Lock()
-		gens = append(gens, s.gen)
+		gens = append(gens, s.gen[l])
 		s.mu.Unlock()
 	}
 	if err := d.st.Apply(ctx, op, at, items, results); err != nil {
+		if op == bucket.Take {
+			// The store may have taken it: what was out meanwhile, or
+			// is known already, may not count it.
+			for i := range items {
+				d.forget(items[i].Key)
+			}
+		}
 		return err
 	}
 	d.learn(op, t, byAt, gens, items, results)
@@ -367,10 +399,14 @@ func (e *denial) at(t int64) bucket.Result {
 }
 
 // learn keeps what the store's answer proves: a denial of one item, or
-// the answers of every item of a denied call of several. An allowed item
-// clears its key's proof. gens are the items' shards' generations when
-// the call was sent: a refund or a reset since then leaves the answer
-// unkept.
+// the answers of every item of a denied call of several. gens are the
+// items' lanes' generations when the call was sent: a call that changed
+// the key since then leaves the answer unkept. An item a take allowed
+// changed its key (a call of several the store denied took nothing, but
+// one applied item by item, store.Separately, took and gave back): the
+// store may have answered the key's calls out meanwhile before it, so
+// it bumps the generation and drops the key's proof, whenever that was
+// sent, keeping only its own answer of a denied call of several.
 func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items []bucket.Prepared, results []bucket.Result) {
 	denied := false
 	for i := range results {
@@ -379,24 +415,27 @@ func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items [
 	for i := range items {
 		it, r := &items[i], results[i]
 		keep := provable(it) && denied && (!r.Allowed || len(items) > 1)
-		s := d.shard(it.Key)
+		changed := op == bucket.Take && r.Allowed
+		s, l := d.lane(it.Key)
 		s.mu.Lock()
-		if s.gen != gens[i] {
+		current := s.gen[l] == gens[i]
+		if changed {
+			s.gen[l]++
+			s.drop(it.Key)
+		}
+		if !current {
 			s.mu.Unlock()
 			continue
 		}
 		old, had := s.m[it.Key]
 		if had && old.t0 > t && old.byAt == byAt {
-			// A later call's answer is kept already (an allowed one
-			// sent before the denial it proved says nothing of it).
+			// A later call's answer is kept already: this denial, sent
+			// before it, changed nothing it counted.
 			s.mu.Unlock()
 			continue
 		}
 		if !keep {
-			if had {
-				delete(s.m, it.Key)
-				s.bytes -= int64(len(it.Key)) + DenialEntryBytes
-			}
+			s.drop(it.Key)
 			s.mu.Unlock()
 			continue
 		}

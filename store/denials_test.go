@@ -236,3 +236,98 @@ func TestDenialsAnswerRenews(t *testing.T) {
 		t.Errorf("%d store calls (%+v), want 5: two, and a renewal at 80, 160 and 240 ms", c.calls, res[0])
 	}
 }
+
+// gated holds one call of op at a store: before the store gets it
+// (before) or after it answered, until release is closed. held is closed
+// once the call is held.
+type gated struct {
+	store.Store
+	op            bucket.Op
+	before        bool
+	held, release chan struct{}
+}
+
+func (g *gated) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if op != g.op || g.held == nil {
+		return g.Store.Apply(ctx, op, at, items, results)
+	}
+	held := g.held
+	g.held = nil
+	if g.before {
+		close(held)
+		<-g.release
+	}
+	err := g.Store.Apply(ctx, op, at, items, results)
+	if !g.before {
+		close(held)
+		<-g.release
+	}
+	return err
+}
+
+// TestDenialsInFlight: a take into debt that the store allowed while a
+// denied peek of the key was out (answered before the take at the
+// store, known after it, or sent after the take and answered before
+// it) leaves no proof of that peek: the next peek is the store's, the
+// debt the take added counted.
+func TestDenialsInFlight(t *testing.T) {
+	p := bucket.Params{Kind: bucket.Continuous, Rate: bucket.Micro, Period: int64(10 * time.Second), Burst: bucket.Micro, MaxReserved: 2 * bucket.Micro}
+	for _, tc := range []struct {
+		name   string
+		gate   bucket.Op
+		before bool
+		peekAt time.Duration
+	}{
+		{"the peek answered first, known last", bucket.Peek, false, 0},
+		{"the take sent first, answered last", bucket.Take, true, time.Nanosecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ms := memstore.New(memstore.WithSweep(0))
+			defer ms.Close()
+			g := &gated{Store: ms, op: tc.gate, before: tc.before}
+			d := store.NewDenials(g, store.DenialsOptions{Stale: time.Hour})
+			ctx := context.Background()
+			at := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+			take := []bucket.Prepared{{Key: "k", Params: p, Cost: bucket.Micro, Reserve: true}}
+			peek := []bucket.Prepared{{Key: "k", Params: p, Cost: bucket.Micro}}
+			res := make([]bucket.Result, 1)
+			apply := func(op bucket.Op, at time.Time, items []bucket.Prepared) bucket.Result {
+				t.Helper()
+				res := make([]bucket.Result, 1)
+				if err := d.Apply(ctx, op, at, items, res); err != nil {
+					t.Fatal(err)
+				}
+				return res[0]
+			}
+			apply(bucket.Take, at, take)
+			apply(bucket.Take, at, take) // owes 1
+			g.held, g.release = make(chan struct{}), make(chan struct{})
+			held, done := g.held, make(chan bucket.Result, 1)
+			if tc.gate == bucket.Peek {
+				go func() { done <- apply(bucket.Peek, at, peek) }()
+				<-held
+				if r := apply(bucket.Take, at, take); !r.Allowed {
+					t.Fatalf("the second reservation: %+v", r)
+				}
+				close(g.release)
+				<-done
+			} else {
+				go func() { done <- apply(bucket.Take, at, take) }()
+				<-held
+				if r := apply(bucket.Peek, at.Add(tc.peekAt), peek); r.Allowed || r.Tokens != -bucket.Micro {
+					t.Fatalf("the peek before the take: %+v", r)
+				}
+				close(g.release)
+				if r := <-done; !r.Allowed {
+					t.Fatalf("the second reservation: %+v", r)
+				}
+			}
+			if err := ms.Apply(ctx, bucket.Peek, at.Add(tc.peekAt), peek, res); err != nil {
+				t.Fatal(err)
+			}
+			if got := apply(bucket.Peek, at.Add(tc.peekAt), peek); got.Tokens != res[0].Tokens || got.Tokens != -2*bucket.Micro {
+				t.Errorf("peek after the take: %v tokens, the store's %v (want -2)", got.Tokens, res[0].Tokens)
+			}
+		})
+	}
+}
