@@ -566,13 +566,14 @@ func TestQueueClassInFlight(t *testing.T) {
 // last: it gives its reservation back to the store and the critical one
 // reserves, so the bucket owes exactly two; requests that leave give
 // theirs back and it owes nothing. The engine's clock stands still, so
-// the store refills nothing meanwhile; it keeps no proofs of denial, so
-// that its peeks read the store.
+// the store refills nothing meanwhile, and no proof of denial it keeps
+// grows stale: its peeks count every take and give-back it made, even
+// one that was out while a peek was.
 func TestQueueClassStores(t *testing.T) {
 	for _, st := range teststores.Shared() {
 		t.Run(st.Name, func(t *testing.T) {
 			now := time.Unix(1_800_000_000, 0)
-			e := engine.New(st.Open(t), engine.WithClock(func() time.Time { return now }), engine.WithoutDenials(),
+			e := engine.New(st.Open(t), engine.WithClock(func() time.Time { return now }),
 				engine.WithTimeout(teststores.Timeout), engine.WithLogger(slog.New(slog.DiscardHandler)))
 			defer e.Close()
 			rs := classRules(t, e, `"algorithm_config": {"rate": 1, "period": "10s", "burst": 1},`, "25s", 10)
