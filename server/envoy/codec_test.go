@@ -17,20 +17,24 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
+// randomString is a string of fewer than n bytes from the k after from,
+// each byte one in notUTF8 any byte (now and then not UTF-8).
+func randomString(r *rand.Rand, from byte, k, n, notUTF8 int) string {
+	b := make([]byte, r.IntN(n))
+	for i := range b {
+		b[i] = from + byte(r.IntN(k))
+		if r.IntN(notUTF8) == 0 {
+			b[i] = byte(r.IntN(256))
+		}
+	}
+	return string(b)
+}
+
 // randomRequest is a request of random shape: mostly the common one, and
 // now and then a descriptor's limit, hits_addend or is_negative_hits, or
 // strings that are not UTF-8.
 func randomRequest(r *rand.Rand) *rlsv3.RateLimitRequest {
-	str := func() string {
-		b := make([]byte, r.IntN(12))
-		for i := range b {
-			b[i] = byte('a' + r.IntN(26))
-			if r.IntN(40) == 0 {
-				b[i] = byte(r.IntN(256)) // now and then not UTF-8
-			}
-		}
-		return string(b)
-	}
+	str := func() string { return randomString(r, 'a', 26, 12, 40) }
 	req := &rlsv3.RateLimitRequest{Domain: str(), HitsAddend: uint32(r.IntN(3))}
 	for range r.IntN(4) {
 		d := &ratelimitv3.RateLimitDescriptor{}
@@ -189,16 +193,7 @@ func BenchmarkCodec(b *testing.B) {
 // (a raw body, dynamic metadata, a quota, a header's raw value) or a
 // string that is not UTF-8.
 func randomResponse(r *rand.Rand) *rlsv3.RateLimitResponse {
-	str := func() string {
-		b := make([]byte, r.IntN(20))
-		for i := range b {
-			b[i] = byte(' ' + r.IntN(90))
-			if r.IntN(200) == 0 {
-				b[i] = byte(r.IntN(256))
-			}
-		}
-		return string(b)
-	}
+	str := func() string { return randomString(r, ' ', 90, 20, 200) }
 	code := func() rlsv3.RateLimitResponse_Code { return rlsv3.RateLimitResponse_Code(r.IntN(3)) }
 	big := func() uint32 { return uint32(r.Uint64() >> r.IntN(64)) }
 	m := &rlsv3.RateLimitResponse{OverallCode: code()}
