@@ -34,7 +34,7 @@ import (
 // the bucket short of the next take for at least DenialQueueAfter (a hot
 // key over its limit: its next token goes to one call, and the denial of
 // the call after it proves the others'), instead of all asking the store
-// at once.
+// at once. A call waits behind two such calls at most, then asks itself.
 //
 // A call of several items is denied from the proofs when one item's
 // proof holds and every other item has an answer of the store from
@@ -73,6 +73,9 @@ const (
 	// instance may be seen.
 	DefaultDenialStale = 100 * time.Millisecond
 )
+
+// maxWaits is how many flights of a key a call waits for at most.
+const maxWaits = 2
 
 // DenialQueueAfter is how long a grant must leave a key short of its next
 // take for the key's next calls to queue behind one call to the store
@@ -260,7 +263,7 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 		return nil
 	}
 	lead, wait := d.flight(t, byAt, items)
-	for wait != nil {
+	for waited := 0; wait != nil; waited++ {
 		select {
 		case <-wait:
 		case <-ctx.Done():
@@ -271,7 +274,12 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 			d.denied.Add(1)
 			return nil
 		}
-		lead, wait = d.flight(t, byAt, items)
+		if lead, wait = d.flight(t, byAt, items); waited+1 == maxWaits {
+			// A call waits for at most two (the grant of the token that
+			// came back, the denial after it): behind more, it asks the
+			// store itself, so that its wait stays within two answers.
+			wait = nil
+		}
 	}
 	if lead != nil {
 		defer d.landed(items[0].Key, lead)

@@ -312,3 +312,52 @@ func TestDenialsQueue(t *testing.T) {
 		}
 	})
 }
+
+// granting grants every take, reporting an empty bucket (as a leased
+// instance does while blocks come in as fast as its calls take them).
+type granting struct{ store.Store }
+
+func (granting) Apply(_ context.Context, _ bucket.Op, _ time.Time, _ []bucket.Prepared, results []bucket.Result) error {
+	for i := range results {
+		results[i] = bucket.Result{Allowed: true, ResetAfter: time.Second}
+	}
+	return nil
+}
+
+// TestDenialsQueueBounded: a call waits behind at most two calls of its
+// key; when both were grants that proved nothing, it asks the store
+// itself rather than wait on, one grant at a time.
+func TestDenialsQueueBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &held{Store: granting{}, release: make(chan struct{})}
+		d := store.NewDenials(h, store.DenialsOptions{})
+		p := bucket.Params{Kind: bucket.Continuous, Rate: 10 * bucket.Micro, Period: int64(time.Second), Burst: bucket.Micro}
+		it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
+		take := func() {
+			if err := d.Apply(context.Background(), bucket.Take, time.Time{}, it, make([]bucket.Result, 1)); err != nil {
+				t.Error(err)
+			}
+		}
+		take() // a grant that left the bucket short: the next calls queue
+		h.hold.Store(true)
+		const callers = 16
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(take)
+		}
+		for _, want := range []int64{2, 3} {
+			synctest.Wait()
+			if n := h.calls.Load(); n != want {
+				t.Fatalf("%d store calls, want %d: one out, the others waiting", n, want)
+			}
+			h.release <- struct{}{}
+		}
+		synctest.Wait()
+		if n := h.calls.Load(); n != 1+callers {
+			t.Errorf("%d store calls, want %d: behind two grants, every call asks", n, 1+callers)
+		}
+		h.hold.Store(false)
+		close(h.release)
+		wg.Wait()
+	})
+}
