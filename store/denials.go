@@ -34,7 +34,8 @@ import (
 // the bucket short of the next take for at least DenialQueueAfter (a hot
 // key over its limit: its next token goes to one call, and the denial of
 // the call after it proves the others'), instead of all asking the store
-// at once. A call waits behind two such calls at most, then asks itself.
+// at once. A call waits behind two such calls at most (the second only
+// when the first came back within a quarter of Stale), then asks itself.
 //
 // A call of several items is denied from the proofs when one item's
 // proof holds and every other item has an answer of the store from
@@ -263,6 +264,10 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 		return nil
 	}
 	lead, wait := d.flight(t, byAt, items)
+	var since time.Time
+	if wait != nil {
+		since = d.now()
+	}
 	for waited := 0; wait != nil; waited++ {
 		select {
 		case <-wait:
@@ -274,10 +279,12 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 			d.denied.Add(1)
 			return nil
 		}
-		if lead, wait = d.flight(t, byAt, items); waited+1 == maxWaits {
+		if lead, wait = d.flight(t, byAt, items); waited+1 == maxWaits || d.now().Sub(since) > time.Duration(d.stale/4) {
 			// A call waits for at most two (the grant of the token that
-			// came back, the denial after it): behind more, it asks the
-			// store itself, so that its wait stays within two answers.
+			// came back, the denial after it), and for the second only
+			// when the first came back soon: behind more, or behind a
+			// slow store, it asks the store itself, so that waiting adds
+			// at most one answer and a quarter of Stale to its own.
 			wait = nil
 		}
 	}

@@ -325,39 +325,55 @@ func (granting) Apply(_ context.Context, _ bucket.Op, _ time.Time, _ []bucket.Pr
 }
 
 // TestDenialsQueueBounded: a call waits behind at most two calls of its
-// key; when both were grants that proved nothing, it asks the store
-// itself rather than wait on, one grant at a time.
+// key, and behind the second only when the first came back within a
+// quarter of Stale; then, after grants that proved nothing, it asks the
+// store itself rather than wait on, one grant at a time.
 func TestDenialsQueueBounded(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := &held{Store: granting{}, release: make(chan struct{})}
-		d := store.NewDenials(h, store.DenialsOptions{})
-		p := bucket.Params{Kind: bucket.Continuous, Rate: 10 * bucket.Micro, Period: int64(time.Second), Burst: bucket.Micro}
-		it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
-		take := func() {
-			if err := d.Apply(context.Background(), bucket.Take, time.Time{}, it, make([]bucket.Result, 1)); err != nil {
-				t.Error(err)
-			}
-		}
-		take() // a grant that left the bucket short: the next calls queue
-		h.hold.Store(true)
-		const callers = 16
-		var wg sync.WaitGroup
-		for range callers {
-			wg.Go(take)
-		}
-		for _, want := range []int64{2, 3} {
-			synctest.Wait()
-			if n := h.calls.Load(); n != want {
-				t.Fatalf("%d store calls, want %d: one out, the others waiting", n, want)
-			}
-			h.release <- struct{}{}
-		}
-		synctest.Wait()
-		if n := h.calls.Load(); n != 1+callers {
-			t.Errorf("%d store calls, want %d: behind two grants, every call asks", n, 1+callers)
-		}
-		h.hold.Store(false)
-		close(h.release)
-		wg.Wait()
-	})
+	type step struct {
+		after time.Duration // of the store's call, before it answers
+		calls int64         // store calls made then
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"two grants", []step{{0, 2}, {0, 3}}},
+		{"a slow grant", []step{{30 * time.Millisecond, 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := &held{Store: granting{}, release: make(chan struct{})}
+				d := store.NewDenials(h, store.DenialsOptions{Stale: 100 * time.Millisecond})
+				p := bucket.Params{Kind: bucket.Continuous, Rate: 10 * bucket.Micro, Period: int64(time.Second), Burst: bucket.Micro}
+				it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
+				take := func() {
+					if err := d.Apply(context.Background(), bucket.Take, time.Time{}, it, make([]bucket.Result, 1)); err != nil {
+						t.Error(err)
+					}
+				}
+				take() // a grant that left the bucket short: the next calls queue
+				h.hold.Store(true)
+				const callers = 16
+				var wg sync.WaitGroup
+				for range callers {
+					wg.Go(take)
+				}
+				for _, st := range tc.steps {
+					synctest.Wait()
+					if n := h.calls.Load(); n != st.calls {
+						t.Fatalf("%d store calls, want %d: one out, the others waiting", n, st.calls)
+					}
+					time.Sleep(st.after)
+					h.release <- struct{}{}
+				}
+				synctest.Wait()
+				if n := h.calls.Load(); n != 1+callers {
+					t.Errorf("%d store calls, want %d: every call asks", n, 1+callers)
+				}
+				h.hold.Store(false)
+				close(h.release)
+				wg.Wait()
+			})
+		})
+	}
 }
