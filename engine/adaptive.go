@@ -510,7 +510,7 @@ func shedPriority(enf []Applied) *Applied {
 		if share >= 1 {
 			continue
 		}
-		capacity := Burst(a.Limit)
+		capacity := a.plan().burst
 		left := a.Decision.Tokens
 		if a.Limit.Algorithm == drip.Concurrency {
 			left = float64(a.Decision.Remaining)
