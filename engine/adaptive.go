@@ -47,9 +47,9 @@ import (
 // reached. HTTP doors answer 503.
 const ReasonOverloaded = "overloaded"
 
-// ReasonShed is the reason of a denial of a request of a low class of
-// priority by a rule that kept the rest of its capacity for higher
-// classes (reserve); HTTP doors answer 429.
+// ReasonShed is the reason of a denial for a low priority class: the
+// rule kept the rest of its capacity for higher classes (reserve). HTTP
+// doors answer 429.
 const ReasonShed = "priority_shed"
 
 // MaxAdaptiveKeys bounds the buckets of adaptive rules one engine

@@ -18,11 +18,11 @@ import (
 // seen at its next ask, within PollInterval.
 const PollInterval = 100 * time.Millisecond
 
-// QueueObserver is an Observer that is also told of the requests that
-// wait (Item.Wait): Queued with +1 when one joins rule's queue and -1
-// when it leaves, and Waited when it leaves, with how long it waited and
-// whether it then passed. Observers that do not implement it see the
-// decisions only; a wrapper of an Observer forwards it when it can.
+// QueueObserver is an Observer that also hears of the requests that wait
+// (Item.Wait). Queued gets +1 when one joins rule's queue and -1 when it
+// leaves. Waited tells how long it waited and whether it passed. Other
+// Observers see the decisions only. A wrapper of an Observer forwards it
+// when it can.
 type QueueObserver interface {
 	Observer
 	Queued(rule string, delta int)
@@ -161,10 +161,9 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 	}
 }
 
-// TakeWaiting takes the items all or nothing, as Apply takes requests,
-// except that a take they deny may wait for its turn as Decide's rules
-// do (Item.Wait, Queue, MaxQueue): the decision API's take with "wait".
-// The items are Enforce ones.
+// TakeWaiting takes Enforce items all or nothing, as Apply takes
+// requests. A denied take may wait for its turn, as Decide's rules do
+// (Item.Wait). It serves the decision API's take with "wait".
 func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, err error) {
 	return e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
 }

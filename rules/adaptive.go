@@ -25,22 +25,21 @@ type Adaptive struct {
 	// MinLimit and MaxLimit (min_limit, default 1; max_limit, default
 	// 1000) bound the limit.
 	MinLimit, MaxLimit int
-	// Tolerance (tolerance, default 0.25) is how much the latency of a
-	// window may exceed the baseline (the latency of the upstream
-	// unloaded) before the limit shrinks: 0.25 lets it be 25% slower.
+	// Tolerance (tolerance, default 0.25) is how much a window's latency
+	// may exceed the unloaded upstream's before the limit shrinks. 0.25
+	// lets it be 25% slower.
 	Tolerance float64
 	// Smoothing (smoothing, default 0.5) is the share of the way from the
 	// limit to its new estimate that one window moves it down (1: all
 	// at once).
 	Smoothing float64
 	// Window (window, default 100ms) is the shortest window of completed
-	// requests the limit is updated from (a window also holds at least
-	// a few requests, or lasts up to ten times this).
+	// requests the limit learns from. A window also holds a few requests
+	// at least, or lasts up to ten times this.
 	Window time.Duration
 	// DropStatus (drop_status, default 429, 502, 503 and 504) are the
-	// statuses of an upstream that is overloaded: such an answer, or a
-	// request that did not complete (a timeout, a broken connection),
-	// shrinks the limit.
+	// statuses of an overloaded upstream. Such an answer shrinks the
+	// limit, as does a request that did not complete.
 	DropStatus StatusSet
 }
 
