@@ -83,7 +83,9 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			return out
 		}
 		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
-			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}, class: classOf(r, rule)}
+			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
+		class := classOf(r, rule)
+		a.SetClass(class, rule.Share(class))
 		if len(rule.CountStatus) > 0 {
 			a.Mode = Check
 		}
