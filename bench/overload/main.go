@@ -34,26 +34,53 @@ type config struct {
 	shares   []float64
 }
 
-func main() {
-	var (
-		cfg     config
-		loads   = flag.String("loads", "1,2,5,10", "offered loads, as multiples of C's throughput (C/base per second)")
-		statics = flag.String("statics", "0.25,0.5,0.75,1,1.5,2", "static limits to search, as multiples of C")
-		shares  = flag.String("shares", "4,46,30,20", "shares of critical, default, sheddable and batch requests")
-		only    = flag.String("only", "", "run only the contenders whose name matches this regexp (the static search always runs)")
-		rounds  = flag.Int("rounds", 1, "rounds of every run: each row is the median of its rounds")
-	)
-	flag.IntVar(&cfg.c, "c", 64, "the upstream's capacity: requests at once it serves at its base latency")
-	flag.DurationVar(&cfg.base, "base", 100*time.Millisecond, "the upstream's latency at or below capacity")
-	flag.DurationVar(&cfg.duration, "duration", 4*time.Second, "each run's length; C steps at half of it")
-	flag.DurationVar(&cfg.timeout, "timeout", time.Second, "the callers' deadline: a response after it is not served")
-	flag.Float64Var(&cfg.step, "step", 0.5, "C's multiple after the step")
-	flag.Float64Var(&cfg.collapse, "collapse", 4, "past this multiple of C in flight the upstream fails")
-	flag.Parse()
-	cfg.shares = floats(*shares)
-	filter := regexp.MustCompile(*only)
+// options are the command's flags.
+type options struct {
+	cfg                          config
+	loads, statics, shares, only string
+	rounds                       int
+	virtual                      bool // in a synctest bubble: no load average to tell
+}
 
-	fmt.Printf("load average at the start: %s\n\n", loadavg())
+func parse(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("overload", flag.ContinueOnError)
+	fs.StringVar(&o.loads, "loads", "1,2,5,10", "offered loads, as multiples of C's throughput (C/base per second)")
+	fs.StringVar(&o.statics, "statics", "0.25,0.5,0.75,1,1.5,2", "static limits to search, as multiples of C")
+	fs.StringVar(&o.shares, "shares", "4,46,30,20", "shares of critical, default, sheddable and batch requests")
+	fs.StringVar(&o.only, "only", "", "run only the contenders whose name matches this regexp (the static search always runs)")
+	fs.IntVar(&o.rounds, "rounds", 1, "rounds of every run: each row is the median of its rounds")
+	fs.IntVar(&o.cfg.c, "c", 64, "the upstream's capacity: requests at once it serves at its base latency")
+	fs.DurationVar(&o.cfg.base, "base", 100*time.Millisecond, "the upstream's latency at or below capacity")
+	fs.DurationVar(&o.cfg.duration, "duration", 4*time.Second, "each run's length; C steps at half of it")
+	fs.DurationVar(&o.cfg.timeout, "timeout", time.Second, "the callers' deadline: a response after it is not served")
+	fs.Float64Var(&o.cfg.step, "step", 0.5, "C's multiple after the step")
+	fs.Float64Var(&o.cfg.collapse, "collapse", 4, "past this multiple of C in flight the upstream fails")
+	err := fs.Parse(args)
+	return o, err
+}
+
+func main() {
+	o, err := parse(os.Args[1:])
+	if err != nil {
+		os.Exit(2)
+	}
+	measure(o)
+}
+
+// measure runs every round and prints the table.
+func measure(o options) {
+	cfg, shares, rounds := o.cfg, &o.shares, &o.rounds
+	loads, statics := &o.loads, &o.statics
+	cfg.shares = floats(*shares)
+	filter := regexp.MustCompile(o.only)
+
+	if o.virtual {
+		fmt.Printf("in virtual time (testing/synctest): the limiters' CPU and the machine's load take no time\n\n")
+	} else {
+		fmt.Printf("load average at the start: %s\n\n", loadavg())
+		defer func() { fmt.Printf("\nload average at the end: %s\n", loadavg()) }()
+	}
 	ls := floats(*loads)
 	ms := floats(*statics)
 	// runs[load][row][round]: row 0.. are the statics, then the contenders.
