@@ -35,8 +35,8 @@ import (
 //     complete) shrinks the limit by half their share (at most half);
 //   - the limit grows only when it held requests back (one found no
 //     room): by half each window from the start until the latency
-//     rises (a quarter of the tolerance), then, while the latency stays
-//     within an eighth of the tolerance, by a slot, two, four... as
+//     rises past an eighth of the tolerance, then, while it stays
+//     within that, by a slot, two, four... as
 //     long as it goes on (at most half the limit): it creeps near the
 //     knee where the latency begins to grow, and is back from far below
 //     it within a few windows;
@@ -422,7 +422,7 @@ func (a *adaptive) update(elapsed time.Duration) {
 		// limit in use would drift up with the latency it causes.
 		a.baseline += (rtt - a.baseline) * 0.02 * weight
 	}
-	if !a.grown && rtt <= a.baseline*(1+tol/4) {
+	if !a.grown && rtt <= a.baseline*(1+tol/8) {
 		// Slow start: half again a window until the latency grows.
 		if full {
 			a.limit = min(hi, l*1.5)
