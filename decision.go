@@ -21,8 +21,8 @@ type Decision struct {
 	// Burst is the bucket's capacity, in tokens ("limit" in JSON).
 	Burst float64
 	// RetryAfter is how long until a request of the same cost would be
-	// allowed: 0 when allowed; for a granted reservation, when the reserved
-	// work may run (the moment the debt is repaid).
+	// allowed; 0 when allowed. For a granted reservation, it is when the
+	// reserved work may run: when the debt is repaid.
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration

@@ -24,15 +24,15 @@ const (
 	// FixedWindow adds Rate tokens at the start of every window of length
 	// Period, on a grid anchored at Start.
 	FixedWindow Algorithm = "fixed_window"
-	// Concurrency bounds how many requests are in flight at once rather
-	// than how many start per period: a take acquires one of MaxInFlight
-	// slots under a lease (Request.Lease), a refund of the lease releases
-	// it, and a lease not released within LeaseTTL of its acquisition
-	// frees its slot by itself (a crashed holder). See Limiter.Acquire.
+	// Concurrency bounds the requests in flight, not the requests per
+	// period. A take acquires one of MaxInFlight slots under a lease
+	// (Request.Lease). A refund of the lease releases it. A lease not
+	// released within LeaseTTL frees its slot by itself. See
+	// Limiter.Acquire.
 	Concurrency Algorithm = "concurrency"
 	// SlidingWindow allows at most Rate tokens in any rolling window of
-	// length Period: never more, and a denial reaches back at most one
-	// slot (Period/Slots) further than Period. See docs/semantics.md.
+	// length Period. A denial reaches back at most one slot (Period/Slots)
+	// further than Period. See docs/semantics.md.
 	SlidingWindow Algorithm = "sliding_window"
 )
 
@@ -66,60 +66,50 @@ type Limit struct {
 	// limits. MaxInFlight and LeaseTTL describe Concurrency alone.
 	// Validate says which other fields each one takes.
 	Algorithm Algorithm
-	// Rate is how many tokens are added per Period. Must be > 0 for a
-	// token bucket or a fixed window, and zero for a concurrency limit;
-	// fractional rates are allowed.
+	// Rate is how many tokens a Period allows; it may be fractional. It
+	// must be > 0, except for Concurrency, where it is zero.
 	Rate float64
-	// Period is the length of time over which Rate tokens are added. Zero
-	// means one second.
+	// Period is the time Rate tokens take to refill, or the length of a
+	// window. Zero means one second, except for a Calendar window.
 	Period time.Duration
-	// Burst is the bucket's capacity. Zero means Rate.
+	// Burst is the bucket's capacity. Zero means Rate. A sliding or
+	// calendar window holds Rate: Burst stays zero or Rate.
 	Burst float64
 	// Refill is Continuous (the zero value) or Interval; token buckets only.
 	Refill Refill
 	// Start is, for fixed windows, the offset of the window grid from the
-	// Unix epoch, taken modulo Period. Zero means an offset derived from a
-	// hash of the key, so that the windows of different keys do not all open
-	// at once. To align windows with the epoch (on the minute, on the hour),
-	// set Start to Period.
+	// Unix epoch, modulo Period. Zero means an offset hashed from the key,
+	// so that the windows of different keys open at different times. Set
+	// Start to Period to open them on the minute or the hour.
 	Start time.Duration
-	// MaxReserved is the most debt (in tokens) a reservation may run up.
-	// Zero means no bound (in practice 1e12 tokens, the largest amount
-	// drip takes, so that fixed-point state cannot overflow).
+	// MaxReserved is the most debt, in tokens, a reservation may run up.
+	// Zero means 1e12, the largest amount drip takes.
 	MaxReserved float64
-	// MaxInFlight is, for a Concurrency limit, how many leases may be held
-	// at once (1 to store.MaxInFlight, a million). Other algorithms leave
-	// it zero.
+	// MaxInFlight is how many leases a Concurrency limit lets be held at
+	// once, from 1 to store.MaxInFlight. Other algorithms leave it zero.
 	MaxInFlight int
-	// LeaseTTL is, for a Concurrency limit, how long a lease lasts unless
-	// it is released first: the slot of a holder that never releases (it
-	// crashed) comes back after it. Zero means store.DefaultLeaseTTL. Other
-	// algorithms leave it zero.
+	// LeaseTTL is how long a Concurrency lease lasts unless released. The
+	// slot of a crashed holder comes back after it. Zero means
+	// store.DefaultLeaseTTL. Other algorithms leave it zero.
 	LeaseTTL time.Duration
-	// Slots is, for a SlidingWindow, how many slots its window is cut
-	// into: 1 to 1000, zero meaning 10. More slots count closer to the
-	// exact rolling window (a denial reaches back at most Period/Slots
-	// further than Period) at the cost of a count per slot per key. Other
-	// algorithms leave it zero.
+	// Slots is how many slots a SlidingWindow is cut into: 1 to 1000,
+	// zero meaning 10. More slots count closer to the exact window, at the
+	// cost of a count per slot per key. Other algorithms leave it zero.
 	Slots int
-	// Calendar is, for a FixedWindow, a calendar period instead of a
-	// Period: "day", "week" (ISO, from Monday) or "month", each window
-	// starting at local midnight in Location (nil: UTC), DST included. A
-	// calendar window holds Rate tokens (Burst must be zero or Rate), and
-	// Period and Start stay zero. See docs/semantics.md.
+	// Calendar makes a FixedWindow follow the calendar: "day", "week"
+	// (ISO, from Monday) or "month". Each window starts at local midnight
+	// in Location, DST included. Period and Start then stay zero. See
+	// docs/semantics.md.
 	Calendar string
 	// Location is the time zone of a Calendar window (nil: UTC).
 	Location *time.Location
-	// Leased marks a token bucket or a fixed window as leased: a store
-	// wrapped by package store/leased (leased.New with leased.Marked, or
-	// leasing every limit it can) decides it from blocks of its tokens,
-	// at memory speed and never over the limit (docs/semantics.md,
-	// "Leased tokens"). Every request of the limit carries the mark to the store
-	// (bucket.Prepared.Leased), so that every instance deciding its keys
-	// obeys the blocks out; a store without the wrapper decides it as it
-	// would any other. Sliding windows and concurrency limits are not
-	// leased (Validate refuses the mark). It is not part of a limit's
-	// JSON: the decision API and overrides never set it.
+	// Leased marks a token bucket or a fixed window as leased. A store
+	// wrapped by package store/leased then decides it from blocks of its
+	// tokens, at memory speed and never over the limit. The mark goes with
+	// every request to the store (bucket.Prepared.Leased), so every
+	// instance obeys the blocks out. Other stores ignore it. Sliding
+	// windows and concurrency limits are not leased. It is not part of a
+	// limit's JSON. See docs/semantics.md, "Leased tokens".
 	Leased bool
 }
 
@@ -171,17 +161,17 @@ func (l Limit) WithLeased(on bool) Limit { l.Leased = on; return l }
 func (l Limit) Window() Limit { l.Algorithm = FixedWindow; return l }
 
 // Sliding returns l as a sliding window: at most Rate tokens in any
-// rolling window of Period, in Slots slots (10 unless WithSlots), so
+// rolling window of Period, counted in Slots slots (10 unless WithSlots).
 // PerMinute(100).Sliding() never lets 101 through in any minute. Its
-// burst is its rate (a Burst other than Rate is invalid).
+// burst is its rate.
 func (l Limit) Sliding() Limit { l.Algorithm = SlidingWindow; return l }
 
 // WithSlots returns l, a sliding window, cut into n slots (1 to 1000).
 func (l Limit) WithSlots(n int) Limit { l.Slots = n; return l }
 
 // PerDayIn returns a fixed window of n tokens per calendar day in loc
-// (nil: UTC): each day's window starts full at local midnight, whether
-// the day is 23, 24 or 25 hours long.
+// (nil: UTC). Each day's window starts full at local midnight, whether
+// the day has 23, 24 or 25 hours.
 func PerDayIn(n float64, loc *time.Location) Limit { return perCalendar(n, "day", loc) }
 
 // PerWeekIn returns a fixed window of n tokens per ISO week in loc (nil:
@@ -391,11 +381,11 @@ func (l Limit) forKey(key string) Limit {
 	return l
 }
 
-// Params validates l and resolves it to fixed point for key (the key
-// matters only to a fixed window without Start, whose grid it places):
-// what a store executes. Front doors that compile limits once call it.
-// A calendar window's params are those of the window that holds the
-// present instant: decisions resolve theirs at their own time.
+// Params validates l and resolves it to fixed point for key: what a store
+// executes. The key places the grid of a fixed window without Start.
+// Front doors that compile limits once call it. A calendar window's
+// params are those of the present window; decisions resolve theirs at
+// their own time.
 func (l Limit) Params(key string) (bucket.Params, error) { return l.paramsAt(key, time.Time{}) }
 
 // paramsAt is Params for a decision at t (zero: now, by the caller's

@@ -158,10 +158,10 @@ var calls = sync.Pool{New: func() any { return new(call) }}
 // until Release, or until the limit's LeaseTTL has passed since the
 // acquisition, whichever comes first.
 type Lease struct {
-	// Decision is the acquisition's: Allowed reports whether the slot is
-	// held; Burst is MaxInFlight and Remaining the free slots; a denial's
-	// RetryAfter is how long until the earliest lease held expires (an
-	// upper bound: a holder may release sooner).
+	// Decision is the acquisition's. Allowed reports whether the slot is
+	// held. Burst is MaxInFlight, and Remaining the free slots. A denial's
+	// RetryAfter is how long until the earliest lease expires. A holder
+	// may release sooner.
 	Decision
 	// Key and ID name the lease in the store.
 	Key, ID string

@@ -26,12 +26,11 @@ type Request struct {
 	// Limit.MaxReserved): it is allowed, and Decision.RetryAfter says when
 	// the reserved work may run.
 	Reserve bool
-	// Lease is, for a concurrency limit (Algorithm Concurrency), the lease
-	// ID a take acquires a slot under, a refund releases, or a peek asks
-	// about (a peek without one asks whether a slot is free): 1 to
-	// store.MaxLeaseLen bytes of printable ASCII, store.NewLeaseID's. Other limits
-	// leave it empty. A concurrency take ignores Cost: a lease holds one
-	// slot.
+	// Lease is a concurrency limit's lease ID: a take acquires a slot
+	// under it, a refund releases it, a peek asks about it. A peek without
+	// one asks whether a slot is free. It has 1 to store.MaxLeaseLen bytes
+	// of printable ASCII (store.NewLeaseID). Other limits leave it empty.
+	// A concurrency take ignores Cost: a lease holds one slot.
 	Lease string
 }
 
@@ -53,11 +52,11 @@ func prepare(op bucket.Op, r *Request, at time.Time) (bucket.Prepared, error) {
 }
 
 // Apply performs op for the requests rs in one call of st, at the time at
-// (zero: the store's clock), after checking every request: the path of
-// Limiter.TakeMulti, and of callers that hold requests of several limits
-// (drip replay, the decision API). For a take of several requests it is
-// all or nothing. A bad request is an error, with its index when rs holds
-// several; keys must be distinct.
+// (zero: the store's clock), after checking every request. It serves
+// Limiter.TakeMulti and callers that hold requests of several limits
+// (drip replay, the decision API). A take of several requests is all or
+// nothing. Keys must be distinct. A bad request is an error, with its
+// index when rs holds several.
 func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs ...Request) (Multi, error) {
 	return apply(ctx, st, op, at, len(rs) > 1, rs)
 }

@@ -17,10 +17,9 @@ type Values interface {
 	// verified claim, path, method, ...); ok is false when it has none,
 	// and the rule then does not apply.
 	Value(src rules.Source) (value string, ok bool)
-	// Identity is the client identity that seeds the Retry-After jitter
-	// of a denial, given the denying rule's bucket key (for example
-	// "sub:" and a verified subject, else "ip:" and the client address,
-	// else "key:" and the key).
+	// Identity returns the client identity that seeds a denial's
+	// Retry-After jitter, given the denying rule's bucket key. It is, for
+	// example, "sub:" and a verified subject, else "ip:" and the address.
 	Identity(key string) string
 	// Cost is the request's own cost under a rule whose cost_source is a
 	// program's function (rules.KindFunc, rules.FuncRule). ok false, or
@@ -43,15 +42,13 @@ const (
 	ReasonUnbounded = "unbounded_request"
 )
 
-// Decide decides one request under rs: for each rule in file order whose
-// match holds, except that within a group only the first matching rule
-// does (tiers), and a rule whose limit key has no value does not apply.
-// The enforce rules that apply are taken all or nothing in one store call;
-// shadow rules are taken in a second call after the enforce rules allowed
-// the request (peeked when it was denied), so they never consume the
-// enforce rules' tokens. When the store fails, each enforce rule's
-// on_error decides: allow, deny (503) or local (a per-instance limiter at
-// a share of the rule's rate and burst).
+// Decide decides one request under rs. Every rule whose match holds
+// applies, in file order; within a group, only the first (tiers). A rule
+// whose limit key has no value does not apply. The enforce rules are
+// taken all or nothing in one store call. Shadow rules are taken in a
+// second call once the request is allowed, else peeked. When the store
+// fails, each enforce rule's on_error decides: allow, deny (503) or
+// local.
 func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 	ctx, sp := e.startDecide(ctx) // trace.go
 	out := &Outcome{Allowed: true, eng: e, rs: rs}
@@ -67,7 +64,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		if !rule.Matches(r.Value) {
 			continue
 		}
-		vals, ok := rule.Values(r.Value)
+		vals, ok := rule.KeyValues(r.Value)
 		if !ok {
 			continue
 		}
@@ -86,7 +83,9 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			return out
 		}
 		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
-			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}, class: classOf(r, rule)}
+			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
+		class := classOf(r, rule)
+		a.SetClass(class, rule.Share(class))
 		if len(rule.CountStatus) > 0 {
 			a.Mode = Check
 		}

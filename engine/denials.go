@@ -6,13 +6,13 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// WithDenials sets the bound of the proofs of denial the engine keeps
-// (store.Denials: bytes; 0 store.DefaultDenialBytes) and how long each is
-// trusted at most (0: store.DefaultDenialStale). Every engine on a store
-// that does not decide in process keeps them (a decision the store's
-// last answer proves denied is denied without a store call), unless
-// WithoutDenials; a store already wrapped in store.Denials (drip serve's,
-// whose admin resets clear its proofs) is used as it is.
+// WithDenials bounds the proofs of denial the engine keeps (store.Denials).
+// bytes bounds their memory (0: store.DefaultDenialBytes). stale bounds
+// how long each is trusted (0: store.DefaultDenialStale). A decision the
+// store's last answer proves denied is then denied without a store call.
+// Every engine on a store not in process keeps them, unless
+// WithoutDenials. A store already wrapped in store.Denials is used as it
+// is.
 func WithDenials(bytes int64, stale time.Duration) Option {
 	return func(e *Engine) { e.denials = store.DenialsOptions{Bytes: bytes, Stale: stale} }
 }

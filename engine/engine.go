@@ -1,30 +1,29 @@
-// Package engine is drip's one decision engine: every front door (the
-// net/http middleware, the gRPC interceptors, the gateway, the decision
-// API, Envoy's rate limit service) hands it what a request offers and
-// writes what it answers.
+// Package engine is drip's one decision engine. Every front door hands
+// it what a request offers and renders what it answers: the net/http
+// middleware, the gRPC interceptors, the gateway, the decision API and
+// Envoy's rate limit service.
 //
-// Given the values a request offers for the rules' limit keys (Values),
-// Decide matches the rules (groups, shadow), makes one all-or-nothing store
-// call under a deadline, through a circuit breaker, applies each rule's
-// on_error when the store fails (allow, deny, or a local limiter in a
-// store handed in with WithLocal), and returns one Outcome, as data: the
-// decision, the rules that decided, the RateLimit and RateLimit-Policy
-// field values, Retry-After with jitter and the reason; and the events of
-// the Observer, in one vocabulary (Event). Each front door renders the
-// Outcome its own way (HTTP headers and problem+json, a gRPC status and
-// metadata); the engine knows no transport.
+// Decide takes a request's values for the rules' limit keys (Values). It
+// matches the rules (groups, shadow) and makes one all-or-nothing store
+// call, under a deadline and behind a circuit breaker. When the store
+// fails, each rule's on_error applies: allow, deny, or a local limiter
+// (WithLocal). A denial the store's last answer proved is repeated
+// without a store call (WithDenials). Adaptive rules learn their limit
+// from the responses (Outcome.Drop, Outcome.Release).
 //
-// Front doors that match limits their own way (Envoy's descriptors) hand
-// the engine the limits they matched, one Applied each (NewApplied), to
-// DecideItems: the same orchestration as Decide's (enforced limits all or
-// nothing, shadow ones after them, limits that can never allow), with
-// refunds and quota mode besides, and the same Outcome, which they
-// render. Apply is one store call under the deadline, through the
-// breaker, observed (the decision API's).
+// Decide returns one Outcome, as data: the decision, the rules that
+// decided, the RateLimit field values, Retry-After with jitter and the
+// reason. The Observer hears events in one vocabulary (Event). Each door
+// renders the Outcome its own way; the engine knows no transport.
+//
+// Doors that match limits their own way (Envoy's descriptors) call
+// DecideItems with one Applied per limit (NewApplied). It is Decide's
+// orchestration, with refunds and quota modes besides, and it returns
+// the same Outcome. Apply is one observed store call, as the decision API
+// makes.
 //
 // The engine is public so that programs can build front doors of their
-// own (a key-function middleware, say) that behave as drip's
-// do. An Engine is safe for concurrent use.
+// own that behave as drip's do. An Engine is safe for concurrent use.
 package engine
 
 import (
@@ -46,22 +45,19 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// DefaultTimeout is the longest a decision waits on the store, in every
-// front door, unless an option or the rules file's store_timeout says
-// otherwise; a caller's own deadline (a request's context, Envoy's
-// timeout) shortens it. It is generous on purpose: a store that is slow
-// for a moment (a busy host, a GC pause, a fsync) makes decisions slower,
-// not wrong or absent. A store that is down is found by the circuit
-// breaker instead, in its stall time (750 ms unless set) when it
-// answers nothing, or at once when it refuses connections. A store whose
-// Caps say InProcess (the memory store) never waits on a server, and its
-// calls get no deadline of their own (the caller's context still applies).
+// DefaultTimeout is the longest a decision waits on the store, unless
+// WithTimeout or the rules file's store_timeout says otherwise. A
+// caller's own deadline shortens it. It is generous on purpose: a store
+// slow for a moment makes decisions slower, not wrong. The circuit
+// breaker finds a store that is down: in its stall time (750 ms unless
+// set), or at once when it refuses connections. An in-process store
+// (Caps.InProcess) gets no deadline of its own.
 const DefaultTimeout = time.Second
 
-// MaxPending bounds the store calls an engine waits on at once: a call
-// beyond it is shed at once with ErrOverloaded (and the rule's on_error
-// decides), so that a store that cannot keep up does not make every caller
-// wait out its deadline, nor pile up goroutines without bound.
+// MaxPending bounds the store calls an engine waits on at once. A call
+// beyond it fails at once with ErrOverloaded, and the rule's on_error
+// decides. A store that cannot keep up then costs no deadline per caller
+// and piles up no goroutines.
 const MaxPending = 4096
 
 // ErrBreakerOpen is the error of a store call that the circuit breaker
@@ -92,6 +88,7 @@ type Engine struct {
 	latency  atomic.Int64 // the store's usual answer time: an average of recent calls, ns
 	separate bool         // WithSeparateTakes
 	inproc   bool         // the store's Caps say InProcess: its calls get no deadline
+	shared   *Engine      // Shared: New returns it
 	name     string
 	ovr      atomic.Pointer[override.Snapshot] // overrides.go
 	tracer   trace.Tracer                      // WithTracerProvider; nil: no tracing
@@ -114,10 +111,13 @@ type Engine struct {
 func New(st store.Store, opts ...Option) *Engine {
 	e := &Engine{store: st, log: slog.Default(), obs: NopObserver{},
 		timeout: DefaultTimeout, brk: newBreaker(), name: "drip"}
-	e.inproc = st.Caps().InProcess
 	for _, o := range opts {
 		o(e)
 	}
+	if e.shared != nil {
+		return e.shared
+	}
+	e.inproc = st.Caps().InProcess
 	// store.Separately: on a store that cannot take a request's keys in one
 	// step (Redis Cluster across hash slots), every multi-key call is
 	// applied one key at a time instead; with WithSeparateTakes, without
@@ -148,14 +148,13 @@ func (e *Engine) Keys() KeyObserver { return e.keys }
 // defaultBreaker is the breaker of store calls made without rules.
 var defaultBreaker = rules.DefaultBreaker
 
-// Apply makes one store call (drip.Apply: every request checked, then one
-// store.Store.Apply for all of them) behind the circuit breaker and under the engine's deadline (or
-// the shorter one of ctx), and reports its latency and any failure to the
-// observer. A call the breaker skips fails with ErrBreakerOpen. Input
-// errors (store.IsInput) are the caller's, not the store's: they neither
-// count against the breaker nor reach the observer. An error the store
-// answered about the call's items (store.IsAnswered) reaches the
-// observer, and counts for the breaker as a call the store answered.
+// Apply makes one store call for rs (drip.Apply), behind the circuit
+// breaker and under the engine's deadline or ctx's, if shorter. The
+// observer hears its latency and any failure. A call the breaker skips
+// fails with ErrBreakerOpen. Input errors (store.IsInput) are the
+// caller's: the breaker and the observer never see them. An error the
+// store answered about the items (store.IsAnswered) reaches the
+// observer. The breaker counts it as an answer.
 func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
 	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
 }
@@ -434,6 +433,10 @@ func (e *Engine) at() time.Time {
 	return e.now()
 }
 
+// Now returns the engine's clock: WithClock's, else the real clock.
+// Front doors read it for token expiry.
+func (e *Engine) Now() time.Time { return e.clock() }
+
 func (e *Engine) clock() time.Time {
 	if e.now == nil {
 		return time.Now()
@@ -449,9 +452,9 @@ func (e *Engine) breakerChanged(state string) {
 	e.log.Warn(e.name+": store circuit breaker "+state, "state", state)
 }
 
-// LogError logs err as a warning with the engine's logger and name, at
-// most one error a second (with those of the store), so that an outage or
-// a flood of bad requests does not flood the log.
+// LogError logs err as a warning with the engine's logger and name. It
+// logs at most one error a second, the store's included, so an outage
+// does not flood the log.
 func (e *Engine) LogError(msg string, err error) { e.logError(msg, err) }
 
 // logError logs at most one error a second, so that an outage does not

@@ -9,25 +9,26 @@ import (
 	"github.com/driplimit/drip/rules"
 )
 
-// DecideItems decides a request whose limits a front door matched itself
-// (Envoy's descriptors): one Applied each, made from NewApplied, with the
-// request's Key, Cost and Mode. Each item is decided by its Mode: the
-// Refund items first, so that a failing store fails the request before
-// anything is taken; then the Charge items (work done: into bounded
-// debt, never denying); then the Check items, peeked at their cost (one
-// over its limit denies the request); then the Enforce and EnforceQuota
-// items, all or nothing in one store call, with EnforceQuota items over
-// their limit left out and the call asked again without them; then the
-// Shadow and ShadowQuota items, taken when the request is allowed and
-// else peeked, whose failure (Failed) changes no answer. An item that can
-// never be allowed (its Limit is the zero Limit, which allows nothing, or
-// Never) is over its limit without asking the store; when the request is
-// denied anyway the enforced items are only peeked, so that their buckets
-// can be told of.
+// DecideItems decides a request whose limits a front door matched
+// itself, such as Envoy's descriptors. It takes one Applied per limit,
+// made by NewApplied, with the request's Key, Cost and Mode.
 //
-// The outcome's Applied are copies of as, decided, each with its Event
-// (Failed for all when the store failed a refund, a charge or the take:
-// then nothing more was asked, and Err says why).
+// The modes go in this order. Refund items come first, so a failing
+// store fails the request before anything is taken. Charge items go
+// into bounded debt and never deny. Check items are peeked at their
+// cost; one over its limit denies. Enforce and EnforceQuota items are
+// taken all or nothing in one store call. An EnforceQuota item over its
+// limit is left out, and the call is asked again without it. Shadow and
+// ShadowQuota items come last: taken when the request is allowed, else
+// peeked. Their failure changes no answer.
+//
+// An item that can never be allowed (the zero Limit, or Never) is over
+// its limit without a store call. When the request is denied anyway, the
+// enforced items are only peeked, for the headers.
+//
+// The outcome's Applied are copies of as, decided, each with its Event.
+// When the store fails a refund, a charge or the take, every item is
+// Failed, nothing more is asked, and Err says why.
 //
 // It is the orchestration of Decide too, for the rules that apply to a
 // request (decide.go), so every front door decides alike.
@@ -62,10 +63,10 @@ func (e *Engine) DecideItems(ctx context.Context, as []Applied) *Outcome {
 	return out
 }
 
-// NewApplied is rule applied to the requests of a front door that
-// matches limits itself (Envoy's descriptors), its limit compiled once:
-// the door makes one when it loads the limit, and a copy for each request
-// of DecideItems, with the request's Key, Cost and Mode.
+// NewApplied returns rule applied, its limit compiled once, for a door
+// that matches limits itself (Envoy's descriptors). The door makes one
+// when it loads the limit. It copies it for each request to DecideItems,
+// with the request's Key, Cost and Mode.
 func NewApplied(rule *rules.Rule) Applied {
 	return Applied{Rule: rule, Item: Item{Limit: rule.Limit, Plan: PlanOf(rule.Name, rule.Limit)}}
 }

@@ -57,14 +57,13 @@ type Observer interface {
 	Tokens(rule string, event Event, tokens float64)
 }
 
-// KeyObserver is told the bucket key behind each event of Observer.Decision
-// that a request's rule (or Envoy limit) met, with its Item: the key, the
-// limit, and the bucket's Decision when Decided. It sees keys, which an
-// Observer never does, so that a program can tell who is limited without
-// a key ever becoming a metric label. Like Observer's, its method runs on
-// the request path: it must be fast, allocate nothing and keep nothing
-// the Item points to (the key string may be kept; it is never changed).
-// Set it with WithKeys.
+// KeyObserver hears the bucket key behind each Observer.Decision event,
+// with its Item: the key, the limit, and the Decision when Decided. It
+// sees keys, which an Observer never does. A program can then tell who
+// is limited, and no key becomes a metric label. Its method runs on the
+// request path: it must be fast and allocate nothing. It must keep
+// nothing the Item points to, except the key string. Set it with
+// WithKeys.
 type KeyObserver interface {
 	Key(rule string, mode rules.Mode, event Event, it *Item)
 }

@@ -21,41 +21,42 @@ import (
 type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
-	// Reason is why the request was denied. Over a limit (HTTP 429): the
-	// algorithm's reason (ReasonOf), or ReasonCostExceedsBurst.
-	// ReasonStoreUnavailable: the store failed and on_error is deny (503).
-	// A refusal has its own (Refuse), such as httplimit's ambiguous_path.
+	// Reason is why the request was denied. Over a limit (HTTP 429), it
+	// is the algorithm's reason (ReasonOf) or ReasonCostExceedsBurst. A
+	// request shed for its priority class has ReasonShed (429). An
+	// adaptive rule at its learned limit gives ReasonOverloaded (503). A
+	// failed store under on_error deny gives ReasonStoreUnavailable (503).
+	// A refusal has its own (Refuse).
 	Reason string
-	// Refused reports a front door's refusal (Refuse): the request could
-	// not be read as the rules need, and no rule was decided. Detail then
-	// says why.
+	// Refused reports a front door's refusal (Refuse): no rule was
+	// decided. Detail then says why.
 	Refused bool
 	Detail  string
-	// Top is the rule that denied the request (the longest wait), or else
-	// the most restrictive enforce rule (least remaining; of a concurrency
-	// rule and another with as few left, the other): the one the
-	// single-value headers describe. Nil when no enforce rule was decided.
+	// Top is the rule the single-value headers describe. On a denial it
+	// is the denying rule with the longest wait. Else it is the enforce
+	// rule with the least remaining; on a tie, not a concurrency rule. Nil
+	// when no enforce rule was decided.
 	Top *Applied
-	// RetryAfter is the Retry-After header's value in seconds on a 429:
-	// the longest wait of the rules that denied (for a concurrency rule,
-	// at most ConcurrencyRetryAfter), rounded up, plus a jitter fixed by
-	// Identity (the rules' retry_after_jitter: by default up to 50% of the
-	// wait, at most 60 s). Zero when the request can never succeed
-	// (cost_exceeds_burst).
+	// RetryAfter is the Retry-After value in seconds on a denial. It is
+	// the longest wait of the denying rules, rounded up, plus a jitter
+	// that Identity seeds (retry_after_jitter). A concurrency rule waits
+	// at most ConcurrencyRetryAfter. Zero when the request can never
+	// succeed (cost_exceeds_burst).
 	RetryAfter int64
-	// Identity is the client identity that seeds the jitter, set on a
-	// denial (Values.Identity of the denying rule's key).
+	// Identity seeds the jitter: on a denial, Values.Identity of the
+	// denying rule's key.
 	Identity string
 	// Applied lists the rules that applied, enforce rules first, each in
 	// file order.
 	Applied []Applied
-	// Err is the store error when the store failed (the fail policy then
-	// decided), or nil.
+	// Err is the store's error when the store failed, and the fail policy
+	// decided. On a refusal it may hold the cause, such as a key
+	// function's error. Else nil.
 	Err error
-	// Shed is, when the request was denied for its class of priority
-	// (a prioritized rule kept the rest of its capacity for higher
-	// classes), that class's name (rules.PriorityName: critical,
-	// default, sheddable, batch, or a number); else empty.
+	// Shed names the request's priority class when it was denied for it:
+	// a prioritized rule kept its rest for higher classes. The name is
+	// rules.PriorityName's: critical, default, sheddable, batch or a
+	// number. Else empty.
 	Shed string
 
 	eng      *Engine
@@ -102,20 +103,19 @@ func (out *Outcome) Drop() {
 	}
 }
 
-// Refuse is the outcome of a request that a front door refuses before
-// any rule is decided, because it cannot read the request as the rules
-// would need (an HTTP path that servers read in different ways): nothing
-// was taken; the door answers with the reason and the detail (an HTTP
-// door, 400).
+// Refuse returns the outcome of a request a front door refuses before
+// deciding any rule. The door cannot read the request as the rules need,
+// such as an HTTP path that servers read in different ways. Nothing is
+// taken. The door answers with the reason and the detail (HTTP: 400).
 func Refuse(reason, detail string) *Outcome {
 	return &Outcome{Reason: reason, Refused: true, Detail: detail}
 }
 
-// Applied is one rule applied to a request: its Item (the bucket Key,
-// the rule's Limit, or the local fallback's share of it, the request's
-// Cost, a concurrency rule's Lease, and the bucket's Decision, meaningful
-// when Decided; for a rule that allowed but was not taken, the bucket as
-// it is) and what became of the rule.
+// Applied is one rule applied to a request, and what became of it. Its
+// Item holds the bucket Key, the Limit (or the local fallback's share of
+// it), the Cost, a concurrency rule's Lease and the bucket's Decision.
+// The Decision holds when Decided; for a rule not taken, it is the
+// bucket as it is.
 type Applied struct {
 	Item
 	Rule *rules.Rule
@@ -129,28 +129,22 @@ type Applied struct {
 	held bool // the lease was acquired: Release gives it back
 	item bool // an item of DecideItems (Current)
 
-	class int       // the request's class of priority under the rule (adaptive.go)
 	shed  bool      // the rule denied the request for its class
 	slot  *adaptive // an adaptive rule's bucket, whose slot the request holds
 	since time.Time // when it took it
 }
 
-// Class is the request's class of priority under the rule: from 0
-// (batch) to 100 (critical); rules.PriorityName names it.
-func (a *Applied) Class() int { return a.class }
-
 // Held reports whether the rule holds a lease of its concurrency limit
 // for the request, which Outcome.Release gives back.
 func (a *Applied) Held() bool { return a.held }
 
-// Release gives back the slots of the concurrency rules the request
-// acquired, in one store call through the engine (and one to the local
-// fallback for those it decided), under the rules' store deadline on a
-// context that ctx's cancellation does not end: call it when the response
-// is over, however it ended (a panic, a client gone). It does nothing
-// when the outcome holds no lease, and only once however often it is
-// called. An error means the store failed: the slots then come back when
-// their leases expire (the rule's lease_ttl).
+// Release gives back the slots the request's concurrency rules acquired.
+// Call it when the response is over, however it ended (a panic, a client
+// gone). It makes one store call through the engine, and one to the
+// local fallback if it decided some. The call runs under the rules'
+// deadline; ctx's cancellation does not end it. Release does nothing
+// without a lease, and acts only once. An error means the store failed;
+// the slots then come back when their leases expire (lease_ttl).
 func (out *Outcome) Release(ctx context.Context) error {
 	if out == nil || out.eng == nil || !out.released.CompareAndSwap(false, true) {
 		return nil
@@ -269,11 +263,10 @@ func policyItem(name string, p *Plan) string {
 	return s
 }
 
-// ConcurrencyRetryAfter is the wait a denial by a concurrency limit
-// stands for in Retry-After (before its jitter): a slot frees when any
-// request holding one ends, which is unknown and usually soon, so the
-// client is told to come back shortly rather than when the earliest
-// lease would expire (up to lease_ttl), unless that is sooner.
+// ConcurrencyRetryAfter is the Retry-After of a concurrency limit's
+// denial, before its jitter, unless the earliest lease expires sooner. A
+// slot frees when any holder ends, usually soon. Waiting for the earliest
+// lease to expire (up to lease_ttl) would be too long.
 const ConcurrencyRetryAfter = time.Second
 
 // wait is how long a rule that denied stands for in Retry-After: its
@@ -328,16 +321,16 @@ type field struct {
 //	RateLimit-Remaining: 7
 //	RateLimit-Reset: 2
 //
-// A concurrency limit is a quota of concurrent requests, without a window:
-// "slots";q=3;qu="concurrent-requests" in RateLimit-Policy, "slots";r=1
-// in RateLimit (r the free slots; t only on a 429 it caused), and no
-// RateLimit-Reset when it is the one the single-value headers describe,
-// unless it denied. Every number is an integer, as the ratelimit-headers
-// draft wants. A rule's name is an sf-string, which holds printable ASCII
-// only: other bytes are written as %xx (sfv.String: "café" is
-// "caf%c3%a9"). Shadow rules never show in headers. Policy is empty when no limit was decided;
-// Reset is empty when the limit the single-value headers describe has no
-// window; RetryAfter is 0 when there is no Retry-After.
+// A concurrency limit is a quota of concurrent requests, without a
+// window: "slots";q=3;qu="concurrent-requests" in RateLimit-Policy, and
+// "slots";r=1 in RateLimit, r the free slots. Its t shows only on a 429
+// it caused. Described by the single-value headers, it has no
+// RateLimit-Reset unless it denied. Every number is an integer, as the
+// ratelimit-headers draft wants. A rule's name is an sf-string of printable ASCII: other
+// bytes are written as %xx ("café" is "caf%c3%a9"). Shadow rules never
+// show in headers. Policy is empty when no limit was decided. Reset is
+// empty when the described limit has no window. RetryAfter is 0 when
+// there is no Retry-After.
 type Fields struct {
 	Policy, RateLimit, Limit, Remaining, Reset string
 	RetryAfter                                 int64
@@ -355,11 +348,9 @@ const (
 	FieldRetryAfter = "Retry-After"
 )
 
-// All yields the fields that have a value, by name, in this order:
-// RateLimit-Policy, RateLimit, RateLimit-Limit and RateLimit-Remaining
-// (when a limit was decided), RateLimit-Reset (when it has a window),
-// Retry-After (when there is one): the one building of the headers of
-// every front door.
+// All yields the fields that have a value, by name. The order is
+// RateLimit-Policy, RateLimit, RateLimit-Limit, RateLimit-Remaining,
+// RateLimit-Reset, Retry-After. Every front door builds its headers here.
 func (f Fields) All() iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
 		if f.Policy != "" {

@@ -65,9 +65,9 @@ func (out *Outcome) Settles() bool {
 
 func (a *Applied) settles() bool { return a.Rule.Settles() && a.Event == Allowed && !a.Local }
 
-// ReadsUsage reports whether a rule to settle reads the usage a model
-// server reports in the response's body (cost_from_response: openai or
-// anthropic): the door then reads the body as it goes by.
+// ReadsUsage reports whether a rule to settle reads a model server's
+// usage in the response's body (cost_from_response: openai or
+// anthropic). The door then reads the body as it goes by.
 func (out *Outcome) ReadsUsage() bool {
 	if !out.Settles() {
 		return false
@@ -102,31 +102,29 @@ func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
 	return drip.Request{Key: key, Limit: l, Cost: min(cost, Burst(l)+l.MaxReserved), Reserve: l.MaxReserved > 0}
 }
 
-// Settle settles the request's rules that know the response, when it
-// has ended (however it ended: a client gone, a panic): call it once,
-// after the response, with what the door read of it; further calls do
-// nothing. It goes through the engine (breaker, the rules' deadline,
-// observer) on a context that ctx's cancellation does not end.
+// Settle settles the rules that know the response, once it has ended,
+// however it ended. Call it once, with what the door read of the
+// response; further calls do nothing. It goes through the engine
+// (breaker, deadline, observer); ctx's cancellation does not end it.
 //
-// A cost_from_response rule took its estimate (the rule's cost) before
-// the request was served: when the response reports its actual cost,
-// the difference is taken, with a reservation (the work is done, so the
-// bucket may go into debt, at most debtBound: what would pass it is
-// Forgiven), or given back (Refunded). The actual cost is never below
-// the rule's min_cost. A response that reports no cost (or one that is
-// not a cost, ParseUsage) leaves the estimate (Unreported), except an
-// answer with an error status (400 and up) from a rule that reads a
-// model server's usage, which generated nothing: it costs min_cost. A
-// request that errored (Status 0) took nothing: its estimate is
-// refunded.
+// A cost_from_response rule took its estimate before the request was
+// served. When the response reports the actual cost, the difference is
+// taken or given back (Refunded). A take is a reservation: the work is
+// done, so the bucket may go into debt up to a bound. What would pass
+// the bound is Forgiven. The actual cost is never below min_cost.
 //
-// A count_status rule was only checked before the request: its cost is
+// A response without a cost (ParseUsage) leaves the estimate
+// (Unreported). But such a response with an error status (400 and up),
+// under a rule that reads a model server's usage, costs min_cost: it
+// generated nothing. A request that errored (Status 0) took nothing: its
+// estimate is refunded.
+//
+// A count_status rule was only checked before the request. Its cost is
 // taken now, as a charge, when Status is in its set.
 //
-// Charges are one store call and refunds another (each only when there
-// is one); a charge the debt bound refuses is asked once more at what
-// the bound leaves. A store failure changes nothing (the error is
-// returned; the estimates stand).
+// Charges are one store call and refunds another. A charge the debt
+// bound refuses is asked once more at what the bound leaves. A store
+// failure changes nothing: the error is returned, the estimates stand.
 func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	if !out.Settles() || !out.settled.CompareAndSwap(false, true) {
 		return nil

@@ -58,6 +58,23 @@ type Item struct {
 	ask  float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
 	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
 	req  int     // its store request
+
+	class int     // the request's class of priority (SetClass)
+	keep  float64 // the share of the limit's capacity kept for higher classes
+}
+
+// Class is the request's class of priority under the item's rule: from
+// 0 (batch) to 100 (critical); rules.PriorityName names it.
+func (it *Item) Class() int { return it.class }
+
+// SetClass sets the request's class of priority and the share of the
+// limit's capacity (rules.Rule.Share) that class may use. A waiting item
+// is queued by it (highest class first; a full queue drops its lowest),
+// and a concurrency item waits while taking its slot would leave less
+// than the rest of the capacity free. Decide sets it from the rule; the
+// zero Item is of class 0 with all the capacity.
+func (it *Item) SetClass(class int, share float64) {
+	it.class, it.keep = class, 1-min(max(share, 0), 1)
 }
 
 // ItemMode is how an item takes part in a decision: one step of

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/grpclimit"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
@@ -30,7 +31,7 @@ func (s *headerSink) SetTrailer(metadata.MD) error    { return nil }
 func BenchmarkUnary(b *testing.B) {
 	ms := memstore.New()
 	defer ms.Close()
-	l := grpclimit.New(ms, rules.Default(), grpclimit.WithLogger(slog.New(slog.DiscardHandler)))
+	l := grpclimit.New(ms, rules.Default(), engine.WithLogger(slog.New(slog.DiscardHandler)))
 	defer l.Close()
 	intercept := l.UnaryInterceptor()
 	info := &grpc.UnaryServerInfo{FullMethod: "/pkg.Service/Method"}

@@ -1,7 +1,7 @@
-// Package grpclimit is drip's gRPC server interceptors: they apply a
-// rules file (package rules) to each call, with bucket state in any
-// store.Store, deciding through the same engine and with the same rules as
-// the net/http middleware (package httplimit).
+// Package grpclimit is drip's gRPC server interceptors. They apply a
+// rules file (package rules) to each call, with state in any
+// store.Store. They decide through the same engine, with the same rules,
+// as the net/http middleware (package httplimit).
 //
 // A rule's sources read a call this way:
 //
@@ -13,16 +13,11 @@
 //	global          one bucket for every call
 //	query, cookie   no value: a rule keyed or matched on them does not apply
 //
-// A unary call is decided before its handler runs; a stream once, when it
-// opens, before its handler runs: its messages are not counted. A call
-// over an enforce rule's limit fails with codes.ResourceExhausted and a
-// google.rpc.RetryInfo detail holding the Retry-After delay (none when its
-// cost can never fit the burst), and never reaches the handler; when the
-// store fails and on_error is deny, with codes.Unavailable. Both carry a
-// google.rpc.ErrorInfo detail naming the reason and the rule. Every call
-// that enforce rules decided gets the RateLimit values in its response
-// header metadata: ratelimit-policy, ratelimit, ratelimit-limit,
-// ratelimit-remaining, ratelimit-reset, and retry-after on a denial.
+// A unary call is decided before its handler runs. A stream is decided
+// once, when it opens; its messages are not counted. A denied call never
+// reaches the handler: it fails with the status Status returns. Every
+// call that enforce rules decided gets the RateLimit values in its
+// response header metadata (Metadata).
 package grpclimit
 
 import (
@@ -57,54 +52,51 @@ type Limiter struct {
 	fd *frontdoor.Door
 }
 
-// Option configures a Limiter.
-type Option = frontdoor.Option
+// Option configures a Limiter: it is an engine option (engine.WithLogger,
+// engine.WithObserver, engine.WithTimeout, engine.WithClock, ...). With
+// engine.Shared the limiter decides with an engine shared by other
+// doors, and the other options are that engine's.
+type Option = engine.Option
 
-// WithEngine makes the limiter decide with e, sharing its store, breaker,
-// observer and deadline with other front doors (an httplimit.Limiter of
-// the same program, for one); the options that configure an engine
-// (WithLogger, WithObserver, WithTimeout, WithSeparateTakes,
-// WithTracerProvider) are then e's, and WithClock sets only the clock of
-// token expiry.
-func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
+// WithEngine is engine.Shared(e).
+//
+// Deprecated: use engine.Shared.
+func WithEngine(e *engine.Engine) Option { return engine.Shared(e) }
 
-// WithLogger sets the logger for store failures and breaker changes
-// (default slog.Default()).
-func WithLogger(log *slog.Logger) Option { return frontdoor.WithEngineOption(engine.WithLogger(log)) }
+// WithLogger is engine.WithLogger(log).
+//
+// Deprecated: use engine.WithLogger.
+func WithLogger(log *slog.Logger) Option { return engine.WithLogger(log) }
 
-// WithObserver sets the observer of decisions, store calls and the
-// breaker (promobserver.Observer for Prometheus metrics).
-func WithObserver(obs engine.Observer) Option {
-	return frontdoor.WithEngineOption(engine.WithObserver(obs))
-}
+// WithObserver is engine.WithObserver(obs).
+//
+// Deprecated: use engine.WithObserver.
+func WithObserver(obs engine.Observer) Option { return engine.WithObserver(obs) }
 
-// WithTimeout sets the deadline of each store call (default
-// engine.DefaultTimeout). A rules file's store_timeout takes precedence.
-func WithTimeout(d time.Duration) Option { return frontdoor.WithEngineOption(engine.WithTimeout(d)) }
+// WithTimeout is engine.WithTimeout(d).
+//
+// Deprecated: use engine.WithTimeout.
+func WithTimeout(d time.Duration) Option { return engine.WithTimeout(d) }
 
-// WithSeparateTakes takes a call's enforce rules one store call each, for
-// stores that cannot take several keys in one atomic step (Redis Cluster);
-// see httplimit.WithSeparateTakes.
-func WithSeparateTakes() Option { return frontdoor.WithEngineOption(engine.WithSeparateTakes()) }
+// WithSeparateTakes is engine.WithSeparateTakes().
+//
+// Deprecated: use engine.WithSeparateTakes.
+func WithSeparateTakes() Option { return engine.WithSeparateTakes() }
 
-// WithTracerProvider makes the limiter trace its decisions with tp, as
-// httplimit.WithTracerProvider does: a drip.decide span per call, a child
-// of the span in the call's context (put the interceptors after the ones
-// that read trace context), and a drip.store span per store call. Nil, the
-// default, traces nothing.
-func WithTracerProvider(tp trace.TracerProvider) Option {
-	return frontdoor.WithEngineOption(engine.WithTracerProvider(tp))
-}
+// WithTracerProvider is engine.WithTracerProvider(tp).
+//
+// Deprecated: use engine.WithTracerProvider.
+func WithTracerProvider(tp trace.TracerProvider) Option { return engine.WithTracerProvider(tp) }
 
-// WithClock makes the limiter pass now() as the time of each decision
-// (instead of the store's clock), and use it for token expiry and the
-// circuit breaker.
-func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
+// WithClock is engine.WithClock(now).
+//
+// Deprecated: use engine.WithClock.
+func WithClock(now func() time.Time) Option { return engine.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store store.Store, set *rules.Set, opts ...Option) *Limiter {
-	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, frontdoor.Configure(opts))}
+	return &Limiter{fd: frontdoor.New(store, "grpclimit", set, opts)}
 }
 
 // Swap makes set the rules of every call from now on. Calls in flight
@@ -219,10 +211,10 @@ func (l *Limiter) run(ctx context.Context, out *engine.Outcome, run func(w *watc
 	return err
 }
 
-// Decide decides a call to fullMethod ("/pkg.Service/Method") whose
-// peer and incoming metadata ctx holds, without answering it: the
-// interceptors' work, for callers that answer by themselves. It takes
-// the tokens of an allowed call.
+// Decide decides a call to fullMethod ("/pkg.Service/Method") without
+// answering it, for callers that answer by themselves. ctx holds the
+// call's peer and incoming metadata. It takes the tokens of an allowed
+// call. Render the outcome with Status and Metadata.
 func (l *Limiter) Decide(ctx context.Context, fullMethod string) *engine.Outcome {
 	s := l.fd.Snapshot()
 	if !s.Rules.Set.ExactPaths {
@@ -260,11 +252,10 @@ func (v *callValues) Value(src rules.Source) (string, bool) {
 	return v.Base.Value(src)
 }
 
-// Metadata returns the response header metadata of a decided call: the
-// RateLimit fields of the enforce rules that decided it, under lower-case
-// names (ratelimit-policy, ratelimit, ratelimit-limit,
-// ratelimit-remaining, ratelimit-reset), and retry-after on a denial over
-// a limit. It is empty when no enforce rule was decided.
+// Metadata returns the response header metadata of a decided call. It
+// holds the RateLimit fields in lower case: ratelimit-policy, ratelimit,
+// ratelimit-limit, ratelimit-remaining, ratelimit-reset, and retry-after
+// on a denial. It is empty when no enforce rule was decided.
 func Metadata(out *engine.Outcome) metadata.MD {
 	h := http.Header{}
 	frontdoor.WriteHeaders(h, out)
@@ -275,18 +266,16 @@ func Metadata(out *engine.Outcome) metadata.MD {
 	return md
 }
 
-// Status returns the status of a denied call: codes.ResourceExhausted
-// over a limit, with a google.rpc.RetryInfo detail holding the
-// Retry-After delay (none when the call's cost exceeds a burst: it can
-// never succeed), or codes.Unavailable when the store failed and
-// on_error is deny; each with a google.rpc.ErrorInfo detail (domain
-// ErrorDomain) whose reason is the denial's in upper case
-// (TOKEN_BUCKET_EXCEEDED, FIXED_WINDOW_EXCEEDED, COST_EXCEEDS_BURST,
-// STORE_UNAVAILABLE, OVERLOADED, PRIORITY_SHED) and whose metadata names
-// the rule (and, for a request shed for its class of priority, the class:
-// "priority"). An adaptive rule's denial (OVERLOADED) is
-// codes.Unavailable too. The message is
-// the problem details' (the HTTP doors' problem+json detail). An allowed call has status OK.
+// Status returns the status of a call: OK when allowed. Over a limit it
+// is codes.ResourceExhausted. A failed store under on_error deny, or an
+// adaptive rule's denial (OVERLOADED), is codes.Unavailable.
+//
+// A denial carries a google.rpc.ErrorInfo detail (domain ErrorDomain).
+// Its reason is the denial's in upper case, such as
+// SLIDING_WINDOW_EXCEEDED. Its metadata names the rule, and the priority
+// class of a request shed for it. A google.rpc.RetryInfo detail holds the
+// Retry-After delay, if any; a cost over the burst has none. The message
+// is the problem details' detail, as the HTTP doors write it.
 func Status(out *engine.Outcome) *status.Status {
 	if out.Allowed {
 		return status.New(codes.OK, "")

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/grpclimit"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testkit/testclock"
@@ -73,8 +74,8 @@ func newEnv(t *testing.T, store store.Store, set *rules.Set) *env {
 	}
 	// A generous store deadline: the default 50 ms on a loaded machine
 	// would let on_error decide.
-	e.lim = grpclimit.New(store, set, grpclimit.WithClock(e.clock.Now), grpclimit.WithTimeout(teststores.Timeout),
-		grpclimit.WithLogger(slog.New(slog.DiscardHandler)))
+	e.lim = grpclimit.New(store, set, engine.WithClock(e.clock.Now), engine.WithTimeout(teststores.Timeout),
+		engine.WithLogger(slog.New(slog.DiscardHandler)))
 	t.Cleanup(func() { e.lim.Close() })
 	// Interceptors after the limiter's count the calls it let through.
 	srv := grpc.NewServer(
@@ -511,7 +512,7 @@ func TestSwap(t *testing.T) {
 func TestSharedWithMiddleware(t *testing.T) {
 	set := parse(t, `{"rules": [{"name": "k", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rate": 1, "period": "1m", "burst": 3}}]}`)
 	e := newEnv(t, nil, set)
-	web := httplimit.New(nil, set, httplimit.WithEngine(e.lim.Engine()))
+	web := httplimit.New(nil, set, engine.Shared(e.lim.Engine()))
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Set("X-Api-Key", "k")
 	if res := web.Decide(context.Background(), r); !res.Allowed {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/grpclimit"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -25,7 +26,7 @@ func TestQueueRate(t *testing.T) {
 		ms := memstore.New(memstore.WithSweep(0))
 		defer ms.Close()
 		lim := grpclimit.New(ms, parse(t, `{"rules": [{"name": "q", "limit_keys": ["global"], "max_wait": "300ms",
-		  "algorithm_config": {"rps": 10, "burst": 1}}]}`), grpclimit.WithLogger(slog.New(slog.DiscardHandler)))
+		  "algorithm_config": {"rps": 10, "burst": 1}}]}`), engine.WithLogger(slog.New(slog.DiscardHandler)))
 		defer lim.Close()
 		in := lim.UnaryInterceptor()
 		info := &grpc.UnaryServerInfo{FullMethod: "/svc/M"}

@@ -104,11 +104,10 @@ func (s *stream) SetTrailer(md metadata.MD) {
 	s.ServerStream.SetTrailer(md)
 }
 
-// HTTPStatus is the HTTP status that a gRPC code stands for, as Google's
-// APIs map them (OK 200, InvalidArgument 400, Unauthenticated 401,
-// PermissionDenied 403, NotFound 404, ResourceExhausted 429, Canceled 499,
-// Internal 500, Unavailable 503, ...): the status a count_status rule
-// matches on a gRPC call.
+// HTTPStatus returns the HTTP status a gRPC code stands for, as Google's
+// APIs map them: OK 200, InvalidArgument 400, NotFound 404,
+// ResourceExhausted 429, Canceled 499, Unavailable 503, and so on. A
+// count_status rule matches it on a gRPC call.
 func HTTPStatus(c codes.Code) int {
 	switch c {
 	case codes.OK:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/grpclimit"
 	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/internal/testkit/teststores"
@@ -78,7 +79,7 @@ func TestSettle(t *testing.T) {
 	clock := testclock.New()
 	ms := memstore.New(memstore.WithClock(clock.Now))
 	t.Cleanup(func() { ms.Close() })
-	lim := grpclimit.New(ms, set, grpclimit.WithClock(clock.Now), grpclimit.WithTimeout(teststores.Timeout))
+	lim := grpclimit.New(ms, set, engine.WithClock(clock.Now), engine.WithTimeout(teststores.Timeout))
 	t.Cleanup(func() { lim.Close() })
 	srv := grpc.NewServer(grpc.UnaryInterceptor(lim.UnaryInterceptor()), grpc.StreamInterceptor(lim.StreamInterceptor()))
 	healthpb.RegisterHealthServer(srv, usageHealth{})

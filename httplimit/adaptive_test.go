@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -25,7 +26,7 @@ func TestAdaptiveMiddleware(t *testing.T) {
 		  "algorithm_config": {"initial_limit": 10, "min_limit": 1, "max_limit": 10, "window": "10ms"}}]}`)
 		ms := memstore.New(memstore.WithSweep(0))
 		defer ms.Close()
-		lim := httplimit.New(ms, set, httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+		lim := httplimit.New(ms, set, engine.WithLogger(slog.New(slog.DiscardHandler)))
 		defer lim.Close()
 		release := make(chan struct{})
 		h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

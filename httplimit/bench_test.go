@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/cputime"
 	"github.com/driplimit/drip/internal/testkit/spantest"
@@ -33,7 +34,7 @@ func BenchmarkHandlerTracing(b *testing.B) {
 		b.Run(bc.Name, func(b *testing.B) {
 			tp := spantest.Provider(bc.Sampler)
 			defer tp.Shutdown(context.Background())
-			benchHandler(b, httplimit.WithTracerProvider(tp))
+			benchHandler(b, engine.WithTracerProvider(tp))
 		})
 	}
 }
@@ -41,7 +42,7 @@ func BenchmarkHandlerTracing(b *testing.B) {
 func benchHandler(b *testing.B, opts ...httplimit.Option) {
 	ms := memstore.New()
 	defer ms.Close()
-	l := httplimit.New(ms, rules.Default(), append([]httplimit.Option{httplimit.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	l := httplimit.New(ms, rules.Default(), append([]httplimit.Option{engine.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
 	defer l.Close()
 	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	reqs := make([]*http.Request, 1000)
@@ -66,7 +67,7 @@ func BenchmarkKeyHandler(b *testing.B) {
 	defer ms.Close()
 	l, err := httplimit.NewKeyLimiter(ms, httplimit.KeyLimit{Limit: drip.PerSecond(10).WithBurst(20),
 		Key: func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }},
-		httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+		engine.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func ExampleLimiter_Decide() {
 		if res.Allowed {
 			fmt.Println("allowed")
 		} else {
-			fmt.Println(res.Status(), res.Reason, "rule", res.Top.Rule.Name)
+			fmt.Println(httplimit.Status(res), res.Reason, "rule", res.Top.Rule.Name)
 		}
 	}
 	// Output:

@@ -1,32 +1,28 @@
-// Package httplimit is drip's net/http middleware: it applies a rules file
-// (package rules) to each request, with bucket state in any store.Store.
+// Package httplimit is drip's net/http middleware. It applies a rules
+// file (package rules) to each request, with state in any store.Store.
 //
-// For each request, in file order, every rule whose match holds applies,
-// except that within a group only the first matching rule does (tiers). A
-// rule whose limit key has no value in the request (no such header, no
-// verified claim) does not apply, and the next rule of its group may. The
-// enforce rules that apply are taken all or nothing in one store call
-// (store.Store.Apply): if any denies, none is consumed, and the answer is 429
-// with RateLimit headers, a Retry-After jittered per client, and an
-// application/problem+json body naming the rule and the reason.
+// Every rule whose match holds applies, in file order. Within a group
+// only the first matching rule applies (tiers). A rule whose limit key
+// has no value in the request does not apply; the next rule of its group
+// may. The enforce rules that apply are taken all or nothing in one
+// store call. If any denies, none is consumed. The answer is then a 429
+// with RateLimit headers, a jittered Retry-After and a problem+json body.
 //
-// Shadow rules are decided and counted but never block. They are taken in
-// a second store call, after the enforce rules allowed the request (so they
-// never consume the enforce rules' tokens, and a request that is denied
-// anyway does not drain them); when the request was denied they are only
-// peeked, so they are still decided and counted.
+// Shadow rules are decided and counted but never block. They are taken
+// in a second store call, after the enforce rules allowed the request.
+// They never consume the enforce rules' tokens. On a denial they are only
+// peeked.
 //
-// When the store fails or exceeds its deadline, each rule's on_error
-// decides: allow (log and count), deny (503), or local (a per-instance
-// memory limiter at a share of the rule's rate and burst). A circuit
-// breaker stops calling a store that keeps failing, so that a dead store
-// costs no deadline per request; after its cooldown one probe goes
-// through, and only the probe's success closes it.
+// When the store fails or misses its deadline, each rule's on_error
+// decides: allow, deny (503), or local (a memory limiter in each
+// instance). A circuit breaker stops calling a store that keeps failing.
+// After its cooldown one probe goes through; only its success closes the
+// breaker. Adaptive rules learn their limit from the responses, and a
+// denial the store proved is repeated without a store call.
 //
-// NewKeyLimiter is the middleware without a rules file: a key function
-// that says who is calling (the user in the request's context, an API
-// key) and one limit (KeyLimit), decided as one rule keyed by that value
-// would be, with the same headers, 429 body, fail policy and metrics.
+// NewKeyLimiter is the middleware without a rules file. A key function
+// says who is calling, and one limit applies to each key (KeyLimit).
+// It behaves as one rule keyed by that value would.
 package httplimit
 
 import (
@@ -52,42 +48,76 @@ const ReasonAmbiguousPath = "ambiguous_path"
 // Problem is the application/problem+json body of a denial.
 type Problem = frontdoor.Problem
 
-// Result is the middleware's answer on one request: the engine's
-// decision (engine.Outcome: allowed, the rules that applied, the
-// RateLimit values, Retry-After, the reason) and its HTTP form (Status,
-// WriteHeaders, WriteError).
+// Status returns the HTTP status of the answer to out: 0 when allowed,
+// 429 over a limit, 503 when the store failed and on_error denied. A
+// request refused before any rule was decided gets 400
+// (ReasonAmbiguousPath), or 500 when its key function failed
+// (ReasonKeyError).
+func Status(out *engine.Outcome) int { return frontdoor.Status(out) }
+
+// WriteHeaders sets the RateLimit headers, and Retry-After on a 429. It
+// writes nothing when no enforce rule was decided.
+func WriteHeaders(h http.Header, out *engine.Outcome) { frontdoor.WriteHeaders(h, out) }
+
+// WriteError writes the status and problem+json body of a denial. Call
+// WriteHeaders first.
+func WriteError(w http.ResponseWriter, out *engine.Outcome) { frontdoor.WriteError(w, out) }
+
+// WriteErrorAs writes the problem+json body of a denial under status. It
+// serves callers that pass on only some statuses, such as nginx's
+// auth_request (401 and 403). The body keeps the denial's own status.
+// Call WriteHeaders first.
+func WriteErrorAs(w http.ResponseWriter, out *engine.Outcome, status int) {
+	frontdoor.WriteErrorAs(w, out, status)
+}
+
+// ProblemOf returns the problem details of a denial.
+func ProblemOf(out *engine.Outcome) Problem { return frontdoor.ProblemOf(out) }
+
+// ProblemJSON returns the problem+json body of a denial, without the
+// final newline.
+func ProblemJSON(out *engine.Outcome) []byte { return frontdoor.ProblemJSON(out) }
+
+// Result is a decision with its HTTP form as methods.
+//
+// Deprecated: Decide returns the *engine.Outcome itself; render it with
+// Status, WriteHeaders, WriteError, WriteErrorAs, ProblemOf and
+// ProblemJSON. Result{Outcome: out} still works.
 type Result struct {
 	*engine.Outcome
 }
 
-// Status is the HTTP status of the answer: 0 when allowed, 429 over a
-// limit, 503 when the store failed and on_error denied, 400 for a
-// request refused before any rule was decided (ReasonAmbiguousPath).
-func (r Result) Status() int { return frontdoor.Status(r.Outcome) }
+// Status is Status(r.Outcome).
+//
+// Deprecated: use Status.
+func (r Result) Status() int { return Status(r.Outcome) }
 
-// WriteHeaders sets the RateLimit headers (and Retry-After on a 429) for
-// the enforce rules that were decided. It writes nothing when none was
-// (no rule applied, or the store failed and on_error allowed).
-func (r Result) WriteHeaders(h http.Header) { frontdoor.WriteHeaders(h, r.Outcome) }
+// WriteHeaders is WriteHeaders(h, r.Outcome).
+//
+// Deprecated: use WriteHeaders.
+func (r Result) WriteHeaders(h http.Header) { WriteHeaders(h, r.Outcome) }
 
-// WriteError writes the status and problem+json body of a denied
-// request. Call WriteHeaders first.
-func (r Result) WriteError(w http.ResponseWriter) { frontdoor.WriteError(w, r.Outcome) }
+// WriteError is WriteError(w, r.Outcome).
+//
+// Deprecated: use WriteError.
+func (r Result) WriteError(w http.ResponseWriter) { WriteError(w, r.Outcome) }
 
-// WriteErrorAs writes the problem+json body of a denied request under
-// status instead of its own (Status), for a front door whose caller
-// passes on only some statuses (nginx's auth_request: 401 and 403). The
-// body still says the denial's status. Call WriteHeaders first.
+// WriteErrorAs is WriteErrorAs(w, r.Outcome, status).
+//
+// Deprecated: use WriteErrorAs.
 func (r Result) WriteErrorAs(w http.ResponseWriter, status int) {
-	frontdoor.WriteErrorAs(w, r.Outcome, status)
+	WriteErrorAs(w, r.Outcome, status)
 }
 
-// Problem returns the problem details of a denied request.
-func (r Result) Problem() Problem { return frontdoor.ProblemOf(r.Outcome) }
+// Problem is ProblemOf(r.Outcome).
+//
+// Deprecated: use ProblemOf.
+func (r Result) Problem() Problem { return ProblemOf(r.Outcome) }
 
-// ProblemJSON is the problem+json body of a denied request, without the
-// final newline.
-func (r Result) ProblemJSON() []byte { return frontdoor.ProblemJSON(r.Outcome) }
+// ProblemJSON is ProblemJSON(r.Outcome).
+//
+// Deprecated: use ProblemJSON.
+func (r Result) ProblemJSON() []byte { return ProblemJSON(r.Outcome) }
 
 // Limiter applies a rules Set to HTTP requests. It is safe for concurrent
 // use; Swap replaces its rules atomically. Construct it with New.
@@ -95,68 +125,51 @@ type Limiter struct {
 	fd *frontdoor.Door
 }
 
-// Option configures a Limiter.
-type Option = frontdoor.Option
+// Option configures a Limiter: it is an engine option (engine.WithLogger,
+// engine.WithObserver, engine.WithTimeout, engine.WithClock, ...). With
+// engine.Shared the limiter decides with an engine shared by other
+// doors, and the other options are that engine's.
+type Option = engine.Option
 
-// WithEngine makes the limiter decide with e, sharing its store, breaker,
-// observer and deadline with other front doors; the options that
-// configure an engine (WithLogger, WithObserver, WithTimeout,
-// WithSeparateTakes, WithTracerProvider) are then e's, and WithClock sets only the clock of
-// token expiry.
-func WithEngine(e *engine.Engine) Option { return frontdoor.WithEngine(e) }
+// WithEngine is engine.Shared(e).
+//
+// Deprecated: use engine.Shared.
+func WithEngine(e *engine.Engine) Option { return engine.Shared(e) }
 
-// WithLogger sets the logger for store failures and breaker changes
-// (default slog.Default()).
-func WithLogger(log *slog.Logger) Option {
-	return frontdoor.WithEngineOption(engine.WithLogger(log))
-}
+// WithLogger is engine.WithLogger(log).
+//
+// Deprecated: use engine.WithLogger.
+func WithLogger(log *slog.Logger) Option { return engine.WithLogger(log) }
 
-// WithObserver sets the observer of decisions, store calls and the
-// breaker.
-func WithObserver(obs engine.Observer) Option {
-	return frontdoor.WithEngineOption(engine.WithObserver(obs))
-}
+// WithObserver is engine.WithObserver(obs).
+//
+// Deprecated: use engine.WithObserver.
+func WithObserver(obs engine.Observer) Option { return engine.WithObserver(obs) }
 
-// WithTimeout sets the deadline of each store call (default
-// engine.DefaultTimeout). A rules file's store_timeout takes precedence.
-func WithTimeout(d time.Duration) Option {
-	return frontdoor.WithEngineOption(engine.WithTimeout(d))
-}
+// WithTimeout is engine.WithTimeout(d).
+//
+// Deprecated: use engine.WithTimeout.
+func WithTimeout(d time.Duration) Option { return engine.WithTimeout(d) }
 
-// WithSeparateTakes is for stores that cannot take several keys in one
-// atomic step, such as Redis Cluster (whose multi-takes need every key in
-// one hash slot, while rules' keys land anywhere): the enforce rules of a
-// request are taken one store call each, in file order (store.Separately),
-// and when one denies, those already taken are given back, tokens and
-// slots, and the rest are peeked at for the headers. Without the option, a
-// store that answers a multi-take with store.ErrNotColocated gets the same
-// treatment, after a first attempt that the store refuses without a round
-// trip. The answers are those of one atomic multi-take; all or nothing
-// holds in the end rather than at every instant: between a take and its
-// give-back, another request may find fewer tokens or slots.
-func WithSeparateTakes() Option {
-	return frontdoor.WithEngineOption(engine.WithSeparateTakes())
-}
+// WithSeparateTakes is engine.WithSeparateTakes().
+//
+// Deprecated: use engine.WithSeparateTakes.
+func WithSeparateTakes() Option { return engine.WithSeparateTakes() }
 
-// WithTracerProvider makes the limiter trace its decisions with tp: a
-// drip.decide span per request, a child of the span in the request's
-// context, and a drip.store span per store call (engine.WithTracerProvider).
-// Nil, the default, traces nothing. The middleware neither reads nor
-// writes trace headers: put it behind the handler that does (drip serve's
-// gateway does both).
-func WithTracerProvider(tp trace.TracerProvider) Option {
-	return frontdoor.WithEngineOption(engine.WithTracerProvider(tp))
-}
+// WithTracerProvider is engine.WithTracerProvider(tp).
+//
+// Deprecated: use engine.WithTracerProvider.
+func WithTracerProvider(tp trace.TracerProvider) Option { return engine.WithTracerProvider(tp) }
 
-// WithClock makes the limiter pass now() as the time of each decision
-// (instead of the store's clock), and use it for token expiry and the
-// circuit breaker.
-func WithClock(now func() time.Time) Option { return frontdoor.WithClock(now) }
+// WithClock is engine.WithClock(now).
+//
+// Deprecated: use engine.WithClock.
+func WithClock(now func() time.Time) Option { return engine.WithClock(now) }
 
 // New returns a Limiter that applies set with state in store. A nil set
 // means rules.Default().
 func New(store store.Store, set *rules.Set, opts ...Option) *Limiter {
-	return &Limiter{fd: frontdoor.New(store, "httplimit", set, frontdoor.Configure(opts))}
+	return &Limiter{fd: frontdoor.New(store, "httplimit", set, opts)}
 }
 
 // Swap makes set the rules of every request from now on. Requests in
@@ -180,13 +193,12 @@ func (l *Limiter) BreakerState() string { return l.fd.Engine().BreakerState() }
 // Close releases the local fallback's memory store, if one was started.
 func (l *Limiter) Close() error { return l.fd.Engine().Close() }
 
-// Handler returns next behind the limiter: a request over an enforce
-// rule's limit gets 429 (or 503 when the store fails and on_error is deny)
-// and never reaches next; every request that enforce rules decided gets
-// the RateLimit headers.
+// Handler returns next behind the limiter. A denied request gets its
+// status (Status) and never reaches next. Every request that enforce
+// rules decided gets the RateLimit headers.
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		serve(w, r, next, l.decide(r.Context(), r), l.fd)
+		serve(w, r, next, l.Decide(r.Context(), r), l.fd)
 	})
 }
 
@@ -240,19 +252,14 @@ func serveNext(w http.ResponseWriter, r *http.Request, next http.Handler, out *e
 	next.ServeHTTP(w, r)
 }
 
-// Decide decides r without writing a response: the middleware's work,
-// for callers that answer requests themselves. It takes the tokens of an
-// allowed request.
+// Decide decides r without writing a response, for callers that answer
+// requests themselves. It takes the tokens of an allowed request. Render
+// the outcome with Status, WriteHeaders and WriteError.
 //
-// When a rule matches or keys on the path, r's path is read as
-// rules.Set.CleanPath reads it, and a path that servers read in different
-// ways (an encoded NUL, a double encoding, ...) is refused: the Result is
-// a 400 with the reason ReasonAmbiguousPath, and nothing is taken.
-func (l *Limiter) Decide(ctx context.Context, r *http.Request) Result {
-	return Result{l.decide(ctx, r)}
-}
-
-func (l *Limiter) decide(ctx context.Context, r *http.Request) *engine.Outcome {
+// A path that servers read in different ways (an encoded NUL, a double
+// encoding) is refused when a rule reads the path: the outcome is a 400
+// with the reason ReasonAmbiguousPath, and nothing is taken.
+func (l *Limiter) Decide(ctx context.Context, r *http.Request) *engine.Outcome {
 	s := l.fd.Snapshot()
 	v := newReqValues(s, r)
 	if s.ReadsPath {

@@ -97,8 +97,8 @@ func newEnv(t *testing.T, store store.Store, set *rules.Set, opts ...httplimit.O
 	// A generous store deadline: the middleware's 50 ms default on a
 	// loaded machine would let on_error decide (the deadline tests set
 	// their own).
-	opts = append([]httplimit.Option{httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs),
-		httplimit.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	opts = append([]httplimit.Option{engine.WithTimeout(teststores.Timeout), engine.WithClock(e.clock.Now), engine.WithObserver(e.obs),
+		engine.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	e.lim = httplimit.New(e.store, set, opts...)
 	t.Cleanup(func() { e.lim.Close() })
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -679,8 +679,8 @@ func TestStoreDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &deadlineStore{}
 		obs := &observer{}
-		lim := httplimit.New(st, parse(t, downRules("allow")), httplimit.WithTimeout(20*time.Millisecond),
-			httplimit.WithObserver(obs), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+		lim := httplimit.New(st, parse(t, downRules("allow")), engine.WithTimeout(20*time.Millisecond),
+			engine.WithObserver(obs), engine.WithLogger(slog.New(slog.DiscardHandler)))
 		defer lim.Close()
 		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		for range 5 {
@@ -703,7 +703,7 @@ func TestStoreDeadline(t *testing.T) {
 	})
 	// The rules file's store_timeout wins over the option.
 	set := parse(t, `{"store_timeout": "5ms", "rules": [{"name": "g", "limit_keys": ["global"], "algorithm_config": {"rps": 1}}]}`)
-	l := httplimit.New(slowStore{}, set, httplimit.WithTimeout(time.Hour), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+	l := httplimit.New(slowStore{}, set, engine.WithTimeout(time.Hour), engine.WithLogger(slog.New(slog.DiscardHandler)))
 	defer l.Close()
 	req := httptest.NewRequest("GET", "/", nil)
 	if res := l.Decide(context.Background(), req); !res.Allowed || !errors.Is(res.Err, context.DeadlineExceeded) {
@@ -719,7 +719,7 @@ func TestDecideWithoutRules(t *testing.T) {
 		t.Errorf("%+v", res)
 	}
 	rec := httptest.NewRecorder()
-	res.WriteHeaders(rec.Header())
+	httplimit.WriteHeaders(rec.Header(), res)
 	if len(rec.Header()) != 0 {
 		t.Errorf("headers %v", rec.Header())
 	}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/internal/testkit/teststores"
@@ -29,7 +30,7 @@ func inflightLimiter(t *testing.T, store interface{}, max string) *httplimit.Lim
 	t.Helper()
 	src := strings.NewReplacer("MAX", max, "{id}", runID()).Replace(inflightRules)
 	var lim *httplimit.Limiter
-	opts := []httplimit.Option{httplimit.WithTimeout(teststores.Timeout), httplimit.WithLogger(slog.New(slog.DiscardHandler))}
+	opts := []httplimit.Option{engine.WithTimeout(teststores.Timeout), engine.WithLogger(slog.New(slog.DiscardHandler))}
 	switch st := store.(type) {
 	case nil:
 		ms := memstore.New()

@@ -12,54 +12,47 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// KeyFunc returns the key of a request's bucket under a KeyLimit: the
-// user a previous middleware put in the request's context, an API key, a
-// tenant. An empty key with a nil error leaves the request unlimited, as
-// a rule whose key has no value in a request does; to limit such
-// requests together, return a constant ("anonymous"). An error answers
-// the request with KeyLimit.KeyError (by default 500), and nothing is
-// taken. A panic (here or in KeyLimit.Cost) is not recovered: it goes up
-// the chain as a handler's would, and nothing is taken.
+// KeyFunc returns the key of a request's bucket under a KeyLimit: a user
+// from the request's context, an API key, a tenant. An empty key with a
+// nil error leaves the request unlimited. To limit such requests
+// together, return a constant ("anonymous"). An error answers the
+// request with KeyLimit.KeyError, and nothing is taken. A panic, here or
+// in KeyLimit.Cost, is not recovered, and nothing is taken.
 type KeyFunc func(r *http.Request) (key string, err error)
 
 // DefaultKeyName is the name of a KeyLimit that sets none.
 const DefaultKeyName = "per-key"
 
-// ReasonKeyError is the reason of the default KeyError's 500 problem.
-const ReasonKeyError = "key_error"
+// ReasonKeyError is the reason of a 500: the key function failed.
+const ReasonKeyError = frontdoor.ReasonKeyError
 
 // KeyLimit is one limit per key without a rules file: a key function and
-// a limit, the shape of sethvargo/go-limiter's middleware, decided by the
-// same engine as the rules (the same bucket keys, RateLimit headers,
-// Retry-After jitter, 429 problem body, fail policy, circuit breaker and
-// observer events), as one rule called Name would be.
+// a limit. The engine decides it as one rule called Name. Bucket keys,
+// headers, problem body, fail policy, breaker and events are a rule's.
 type KeyLimit struct {
-	// Name of the limit (default DefaultKeyName): in the RateLimit
-	// headers, the problem body, the observer's events and bucket keys
-	// ("name|key", escaped, long keys hashed, as a rule's), so two
-	// limits that share a store need different names, also from the rules
-	// of a rules file on that store. 1 to 128 letters, digits, '-', '_'
-	// or '.'.
+	// Name names the limit (default DefaultKeyName) in headers, problem
+	// bodies, events and bucket keys ("name|key", as a rule's). Limits
+	// and rules that share a store need different names. It has 1 to 128
+	// letters, digits, '-', '_' or '.'.
 	Name string
 	// Limit applies to each key.
 	Limit drip.Limit
 	// Key computes each request's key. Required.
 	Key KeyFunc
-	// Cost computes a request's cost (nil: 1), called after Key, and
-	// only for requests with a key. A cost that is negative, not finite
-	// or above 1e12 counts as 1; one above the burst can never pass (429
+	// Cost computes a request's cost (nil: 1). It is called after Key,
+	// for requests with a key. A cost that is negative, not finite or
+	// above 1e12 counts as 1. A cost above the burst never passes (429
 	// cost_exceeds_burst).
 	Cost func(r *http.Request) float64
-	// OnError is what happens when the store fails or misses its
-	// deadline, as a rule's on_error: rules.Allow (the default), Deny
-	// (503) or Local (a per-instance memory limiter at LocalShare of the
-	// rate and burst, default 0.5).
+	// OnError decides when the store fails or misses its deadline, as a
+	// rule's on_error: rules.Allow (the default), Deny (503) or Local.
+	// Local is a memory limiter in each instance, at LocalShare of the
+	// rate and burst (default 0.5).
 	OnError    rules.OnError
 	LocalShare float64
-	// KeyError answers a request whose Key failed (nil: the error is
-	// logged, at most once a second, and the answer is a 500
-	// application/problem+json with reason key_error; the error's text is
-	// not sent).
+	// KeyError answers a request whose Key failed. When nil, the error is
+	// logged, at most once a second. The answer is then a 500 problem+json
+	// with reason key_error, without the error's text.
 	KeyError func(w http.ResponseWriter, r *http.Request, err error)
 }
 
@@ -72,10 +65,9 @@ type KeyLimiter struct {
 }
 
 // NewKeyLimiter returns the middleware of kl with state in store. The
-// options are the rules middleware's: WithLogger, WithObserver,
-// WithTimeout, WithClock, WithEngine. An invalid KeyLimit (no Key, a bad
-// name, limit, fail policy or share, a burst below 1 without Cost) is an
-// error.
+// options are engine options, as for New. An invalid KeyLimit is an
+// error: no Key, a bad name, limit, fail policy or share, or a burst
+// below 1 without Cost.
 func NewKeyLimiter(store store.Store, kl KeyLimit, opts ...Option) (*KeyLimiter, error) {
 	if kl.Key == nil {
 		return nil, errors.New("httplimit: KeyLimit.Key is nil")
@@ -87,16 +79,15 @@ func NewKeyLimiter(store store.Store, kl KeyLimit, opts ...Option) (*KeyLimiter,
 	if err != nil {
 		return nil, errors.New("httplimit: KeyLimit: " + err.Error())
 	}
-	fd := frontdoor.New(store, "httplimit", set, frontdoor.Configure(opts))
+	fd := frontdoor.New(store, "httplimit", set, opts)
 	return &KeyLimiter{eng: fd.Engine(), rules: fd.Snapshot().Rules, kl: kl}, nil
 }
 
-// Handler returns next behind the limit: a request over it gets 429 (or
-// 503 when the store fails and OnError is Deny) and never reaches next;
-// every request with a key gets the RateLimit headers (unless the store
-// failed and OnError allowed it); a request whose key function failed
-// gets KeyError's answer. Its signature is the middleware type of chi
-// and gorilla/mux (r.Use(l.Handler)).
+// Handler returns next behind the limit. A denied request gets its
+// status (Status) and never reaches next. A request whose key function
+// failed gets KeyError's answer. Every decided request gets the RateLimit
+// headers. Its signature is chi's and gorilla/mux's middleware type
+// (r.Use(l.Handler)).
 func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		out, err := l.decide(r.Context(), r)
@@ -109,13 +100,23 @@ func (l *KeyLimiter) Handler(next http.Handler) http.Handler {
 }
 
 // Decide decides r without writing a response, for callers that answer
-// requests themselves. It takes the tokens of an allowed request. The
-// error is the key function's (and then nothing was decided); a request
-// without a key is allowed, with no rule applied.
-func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) (Result, error) {
+// requests themselves. It takes the tokens of an allowed request. A
+// request without a key is allowed, with no rule applied.
+//
+// When the key function fails, nothing is decided: the outcome is a
+// refusal with the reason ReasonKeyError (a 500), and its Err is the
+// function's error.
+func (l *KeyLimiter) Decide(ctx context.Context, r *http.Request) *engine.Outcome {
 	out, err := l.decide(ctx, r)
-	return Result{out}, err
+	if err != nil {
+		out = engine.Refuse(ReasonKeyError, keyErrorDetail)
+		out.Err = err
+	}
+	return out
 }
+
+// keyErrorDetail is the detail of a key function's failure.
+const keyErrorDetail = "the rate limit key of the request could not be computed"
 
 func (l *KeyLimiter) decide(ctx context.Context, r *http.Request) (*engine.Outcome, error) {
 	key, err := l.kl.Key(r)
@@ -135,7 +136,7 @@ func (l *KeyLimiter) keyError(w http.ResponseWriter, r *http.Request, err error)
 		Type:   "about:blank",
 		Title:  http.StatusText(http.StatusInternalServerError),
 		Status: http.StatusInternalServerError,
-		Detail: "the rate limit key of the request could not be computed",
+		Detail: keyErrorDetail,
 		Rule:   l.kl.Name,
 		Reason: ReasonKeyError,
 	})

@@ -49,8 +49,8 @@ func newKeyed(t *testing.T, store store.Store, kl httplimit.KeyLimit, clock *tes
 		clock = testclock.New()
 	}
 	k := &keyed{clock: clock, obs: &observer{}}
-	lim, err := httplimit.NewKeyLimiter(store, kl, httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(clock.Now),
-		httplimit.WithObserver(k.obs), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+	lim, err := httplimit.NewKeyLimiter(store, kl, engine.WithTimeout(teststores.Timeout), engine.WithClock(clock.Now),
+		engine.WithObserver(k.obs), engine.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestKeyLimiterAsRules(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			clock := testclock.New()
-			e := newEnv(t, nil, parse(t, `{"rules": [`+c.rule+`]}`), httplimit.WithClock(clock.Now))
+			e := newEnv(t, nil, parse(t, `{"rules": [`+c.rule+`]}`), engine.WithClock(clock.Now))
 			kl := httplimit.KeyLimit{Name: "per-user", Limit: c.limit, Key: headerKey}
 			if c.cost {
 				kl.Cost = headerCost
@@ -226,9 +226,9 @@ func TestKeyFromContext(t *testing.T) {
 	if k.hits != 8 || k.obs.count("per-user/enforce/allowed") != 3 || k.obs.count("per-user/enforce/denied") != 1 {
 		t.Errorf("hits %d, observed %v", k.hits, k.obs.decisions)
 	}
-	res, err := k.lim.Decide(context.Background(), httptest.NewRequest("GET", "/", nil))
-	if err != nil || !res.Allowed || len(res.Applied) != 0 {
-		t.Errorf("Decide without a user: %+v, %v", res, err)
+	res := k.lim.Decide(context.Background(), httptest.NewRequest("GET", "/", nil))
+	if res.Err != nil || !res.Allowed || len(res.Applied) != 0 {
+		t.Errorf("Decide without a user: %+v", res)
 	}
 }
 
@@ -349,8 +349,11 @@ func TestKeyError(t *testing.T) {
 	if len(k.obs.decisions) != 0 {
 		t.Errorf("observed %v", k.obs.decisions)
 	}
-	if _, err := k.lim.Decide(context.Background(), userReq("", "")); !errors.Is(err, errNoUser) {
-		t.Errorf("Decide: %v", err)
+	// Decide's outcome of a failed key function: a refusal (a 500 in
+	// the problem Handler writes), nothing decided, the function's error.
+	if out := k.lim.Decide(context.Background(), userReq("", "")); !errors.Is(out.Err, errNoUser) || out.Allowed ||
+		!out.Refused || out.Reason != httplimit.ReasonKeyError || httplimit.Status(out) != 500 || len(out.Applied) != 0 {
+		t.Errorf("Decide: %+v", out)
 	}
 
 	var mu sync.Mutex
@@ -453,8 +456,8 @@ func TestNewKeyLimiterInvalid(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if res, err := l.Decide(context.Background(), userReq("", "")); err != nil || !res.Allowed || res.Top.Decision.Remaining != 0 {
-		t.Errorf("%+v %v", res, err)
+	if res := l.Decide(context.Background(), userReq("", "")); res.Err != nil || !res.Allowed || res.Top.Decision.Remaining != 0 {
+		t.Errorf("%+v", res)
 	}
 }
 

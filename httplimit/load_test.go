@@ -13,6 +13,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/memstore"
@@ -122,7 +123,7 @@ func TestSeparateTakes(t *testing.T) {
 		{"name": "ip", "limit_keys": ["ip:address"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 10}},
 		{"name": "key", "limit_keys": ["header:x-api-key"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 2}},
 		{"name": "all", "limit_keys": ["global"], "algorithm_config": {"rate": 1, "period": "1h", "burst": 100}}]}`),
-		httplimit.WithSeparateTakes())
+		engine.WithSeparateTakes())
 	atomic := newEnv(t, nil, e.lim.Rules())
 	same := func(what string, h ...string) resp {
 		t.Helper()

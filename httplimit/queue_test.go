@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/store/memstore"
 )
@@ -23,7 +24,7 @@ func TestQueueInFlight(t *testing.T) {
 		ms := memstore.New(memstore.WithSweep(0))
 		defer ms.Close()
 		lim := httplimit.New(ms, parse(t, `{"rules": [{"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency",
-		  "max_wait": "1s", "algorithm_config": {"max_in_flight": 1}}]}`), httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+		  "max_wait": "1s", "algorithm_config": {"max_in_flight": 1}}]}`), engine.WithLogger(slog.New(slog.DiscardHandler)))
 		defer lim.Close()
 		hold := make(chan struct{})
 		h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -64,13 +64,12 @@ func escapedPath(u *url.URL) string {
 }
 
 // ClientIP returns the address of the client that sent r. It is the peer
-// address (r.RemoteAddr) unless that peer is one of the trusted proxies;
-// then X-Forwarded-For is read from right to left, skipping trusted hops,
-// and the first address not trusted is the client. If every hop is
-// trusted, the leftmost is the client; if an entry cannot be parsed, the
-// last good address before it is. With no trusted proxies the header is
-// never read: a client cannot choose its own key. ok is false when the
-// peer address itself is not an IP (a Unix socket).
+// address (r.RemoteAddr), unless that peer is a trusted proxy. Then
+// X-Forwarded-For is read from right to left, skipping trusted hops; the
+// first address not trusted is the client. If every hop is trusted, the
+// leftmost is. If an entry cannot be parsed, the last good one before it
+// is. With no trusted proxies the header is never read. ok is false when
+// the peer address is not an IP (a Unix socket).
 func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, bool) {
 	return frontdoor.ClientIP(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), trusted)
 }
@@ -81,8 +80,7 @@ func FromTrustedProxy(r *http.Request, trusted []netip.Prefix) bool {
 	return frontdoor.FromTrustedProxy(r.RemoteAddr, trusted)
 }
 
-// KeyIP is the key value of a client address: an IPv4 address as is, an
-// IPv6 address as its prefix of v6bits ("2001:db8:1:2::/64"), because one
-// IPv6 client usually holds a whole /64 and could otherwise take a new
-// bucket per request.
+// KeyIP returns the key value of a client address. An IPv4 address is
+// kept as is. An IPv6 address becomes its prefix of v6bits
+// ("2001:db8:1:2::/64"): one client usually holds a whole /64.
 func KeyIP(a netip.Addr, v6bits int) string { return frontdoor.KeyIP(a, v6bits) }

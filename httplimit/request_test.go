@@ -99,15 +99,15 @@ func FuzzDecide(f *testing.F) {
 		r.Header.Set("X-Key", key)
 		res := l.Decide(context.Background(), r)
 		rec := httptest.NewRecorder()
-		res.WriteHeaders(rec.Header())
+		WriteHeaders(rec.Header(), res)
 		if res.Allowed {
-			if res.Status() != 0 || res.RetryAfter != 0 {
+			if Status(res) != 0 || res.RetryAfter != 0 {
 				t.Fatalf("allowed with %+v", res)
 			}
 			return
 		}
-		res.WriteError(rec)
-		if res.Status() == 400 {
+		WriteError(rec, res)
+		if Status(res) == 400 {
 			// A path servers read in different ways: refused, nothing taken.
 			if res.Reason != ReasonAmbiguousPath || res.Top != nil || rec.Header().Get("RateLimit-Policy") != "" {
 				t.Fatalf("refused: %d %v %+v", rec.Code, rec.Header(), res)

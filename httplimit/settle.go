@@ -106,12 +106,11 @@ func (w *settleWriter) response() engine.Response {
 	}}
 }
 
-// Errored tells the middleware in front of a handler that the request
-// failed without being served (a gateway whose upstream could not be
-// reached): the estimates of its cost_from_response rules are refunded
-// and no count_status rule counts it, whatever the handler then writes
-// (its own error page). It does nothing for a writer the middleware did
-// not wrap (no rule to settle).
+// Errored tells the middleware that the request failed without being
+// served, such as a gateway's unreachable upstream. The estimates of
+// its cost_from_response rules are refunded. No count_status rule counts
+// it, whatever the handler then writes. It does nothing for a writer the
+// middleware did not wrap.
 func Errored(w http.ResponseWriter) {
 	for {
 		if sw, ok := w.(*settleWriter); ok {

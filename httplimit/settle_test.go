@@ -88,7 +88,7 @@ func newSettleEnv(t *testing.T, st store.Store, src string, handler http.Handler
 	}
 	e := &settleEnv{obs: &settleObserver{events: make(chan string, 1024)}, clock: testclock.New(), set: parse(t, src)}
 	e.clock.Set(time.Now())
-	e.lim = httplimit.New(st, e.set, httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs))
+	e.lim = httplimit.New(st, e.set, engine.WithTimeout(teststores.Timeout), engine.WithClock(e.clock.Now), engine.WithObserver(e.obs))
 	t.Cleanup(func() { e.lim.Close() })
 	e.srv = httptest.NewUnstartedServer(e.lim.Handler(handler))
 	e.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // TestSettlePanic's panic

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/internal/testkit/teststores"
 	"github.com/driplimit/drip/rules"
@@ -136,7 +137,7 @@ var storeCases = []struct {
 	}},
 	{"a key limiter shares the bucket of its rule", func(t *testing.T, s *storeUnder) {
 		e, id := storeEnv(t, s, `{"rules": [{"name": "kf-{id}", "limit_keys": ["header:x-user"], "algorithm_config": {"rps": 10, "burst": 20}}]}`)
-		opts := append([]httplimit.Option{httplimit.WithTimeout(teststores.Timeout), httplimit.WithClock(e.clock.Now), httplimit.WithObserver(e.obs)}, s.opts...)
+		opts := append([]httplimit.Option{engine.WithTimeout(teststores.Timeout), engine.WithClock(e.clock.Now), engine.WithObserver(e.obs)}, s.opts...)
 		k, err := httplimit.NewKeyLimiter(s.store, httplimit.KeyLimit{Name: "kf-" + id, Limit: drip.PerSecond(10).WithBurst(20), Key: headerKey}, opts...)
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
@@ -28,7 +29,7 @@ func TestDripConcurrencyRule(t *testing.T) {
 			t.Fatal(err)
 		}
 		ms := memstore.New(memstore.WithSweep(0))
-		lim := httplimit.New(ms, set, httplimit.WithLogger(slog.New(slog.DiscardHandler)))
+		lim := httplimit.New(ms, set, engine.WithLogger(slog.New(slog.DiscardHandler)))
 		t.Cleanup(func() { lim.Close(); ms.Close() })
 		var mu sync.Mutex
 		inflight, peak, refused := 0, 0, 0

@@ -25,25 +25,23 @@ type Adaptive struct {
 	// MinLimit and MaxLimit (min_limit, default 1; max_limit, default
 	// 1000) bound the limit.
 	MinLimit, MaxLimit int
-	// Tolerance (tolerance, default 0.25) is how much the latency of a
-	// window may exceed the baseline (the latency of the upstream
-	// unloaded) before the limit shrinks at once: 0.25 lets it be 25%
-	// slower. The limit grows only within an eighth of it, and eases
-	// toward the capacity it measured past that.
+	// Tolerance (tolerance, default 0.25) is how much a window's latency
+	// may exceed the unloaded upstream's before the limit shrinks at
+	// once. 0.25 lets it be 25% slower. The limit grows only within an
+	// eighth of it, and eases toward the capacity it measured past that.
 	Tolerance float64
 	// Smoothing (smoothing, default 0.5) is the share of the way from the
 	// limit to its new estimate that one window moves it down while the
-	// latency is within twice the tolerance (1: all at once); past that
+	// latency is within twice the tolerance (1: all at once). Past that
 	// it moves all the way, halving at most.
 	Smoothing float64
 	// Window (window, default 100ms) is the shortest window of completed
-	// requests the limit is updated from (a window also holds at least
-	// a few requests, or lasts up to ten times this).
+	// requests the limit learns from. A window also holds a few requests
+	// at least, or lasts up to ten times this.
 	Window time.Duration
 	// DropStatus (drop_status, default 429, 502, 503 and 504) are the
-	// statuses of an upstream that is overloaded: such an answer, or a
-	// request that did not complete (a timeout, a broken connection),
-	// shrinks the limit.
+	// statuses of an overloaded upstream. Such an answer shrinks the
+	// limit, as does a request that did not complete.
 	DropStatus StatusSet
 }
 

@@ -17,13 +17,13 @@ import (
 type checker struct {
 	file     string
 	env      *Env // nil: name the jwt secret and key files, read none
-	problems []Problem
+	problems []Issue
 	jwtUser  string // the first rule that reads jwt: claims
 	keyUser  string // the first limit key that is hashed
 }
 
 func (c *checker) add(path, format string, args ...any) {
-	c.problems = append(c.problems, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
+	c.problems = append(c.problems, Issue{Path: path, Message: fmt.Sprintf(format, args...)})
 }
 
 // fields reads the fields of one object and reports those never read.

@@ -38,7 +38,7 @@ func (o *object) set(k string, v any) {
 
 // decode reads data as JSON or YAML into plain values, with the line on
 // which each value (by path) begins.
-func decode(data []byte, name string) (any, map[string]int, []Problem) {
+func decode(data []byte, name string) (any, map[string]int, []Issue) {
 	if isYAML(data, name) {
 		return decodeYAML(data)
 	}
@@ -47,7 +47,7 @@ func decode(data []byte, name string) (any, map[string]int, []Problem) {
 
 // withLines gives each problem without a line the line of its path, or of
 // the nearest enclosing value that has one.
-func withLines(problems []Problem, lines map[string]int) []Problem {
+func withLines(problems []Issue, lines map[string]int) []Issue {
 	for i, p := range problems {
 		for path := p.Path; p.Line == 0; path = parent(path) {
 			if l, ok := lines[path]; ok {
@@ -97,7 +97,7 @@ func isYAML(data []byte, name string) bool {
 
 // decodeJSON reads JSON token by token, so that duplicate fields are
 // reported (encoding/json keeps the last one silently).
-func decodeJSON(data []byte) (any, map[string]int, []Problem) {
+func decodeJSON(data []byte) (any, map[string]int, []Issue) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	jd := &jsonReader{dec: dec, data: data, lines: map[string]int{}, line: 1}
@@ -108,7 +108,7 @@ func decodeJSON(data []byte) (any, map[string]int, []Problem) {
 		}
 	}
 	if err != nil {
-		return nil, nil, []Problem{{Message: err.Error()}}
+		return nil, nil, []Issue{{Message: err.Error()}}
 	}
 	return v, jd.lines, jd.problems
 }
@@ -116,7 +116,7 @@ func decodeJSON(data []byte) (any, map[string]int, []Problem) {
 type jsonReader struct {
 	dec      *json.Decoder
 	data     []byte
-	problems []Problem
+	problems []Issue
 	lines    map[string]int // path -> line of the value
 	off      int64          // lines counted up to here
 	line     int            // the line at off
@@ -179,7 +179,7 @@ func (r *jsonReader) value(path string, depth int) (any, error) {
 					return nil, err
 				}
 				if _, dup := o.vals[k]; dup {
-					r.problems = append(r.problems, Problem{Path: p, Message: "duplicate field"})
+					r.problems = append(r.problems, Issue{Path: p, Message: "duplicate field"})
 					continue
 				}
 				o.set(k, v)
@@ -207,26 +207,26 @@ func (r *jsonReader) value(path string, depth int) (any, error) {
 }
 
 // decodeYAML reads one YAML document into the same plain values as JSON.
-func decodeYAML(data []byte) (v any, lines map[string]int, problems []Problem) {
+func decodeYAML(data []byte) (v any, lines map[string]int, problems []Issue) {
 	// The YAML parser is third-party code fed untrusted files: a panic in
 	// it must be a bad file, not a crashed server (a reload keeps the old
 	// rules).
 	defer func() {
 		if r := recover(); r != nil {
-			v, lines, problems = nil, nil, []Problem{{Message: fmt.Sprintf("invalid YAML: %v", r)}}
+			v, lines, problems = nil, nil, []Issue{{Message: fmt.Sprintf("invalid YAML: %v", r)}}
 		}
 	}()
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
 		if err == io.EOF {
-			return nil, nil, []Problem{{Message: "the file is empty"}}
+			return nil, nil, []Issue{{Message: "the file is empty"}}
 		}
-		return nil, nil, []Problem{yamlSyntax(data, err)}
+		return nil, nil, []Issue{yamlSyntax(data, err)}
 	}
 	var more yaml.Node
 	if err := dec.Decode(&more); err != io.EOF {
-		return nil, nil, []Problem{{Message: "invalid YAML: the file holds more than one document"}}
+		return nil, nil, []Issue{{Message: "invalid YAML: the file holds more than one document"}}
 	}
 	y := &yamlReader{lines: map[string]int{}}
 	v = y.value("", &doc, 0)
@@ -253,10 +253,10 @@ var yamlLine = regexp.MustCompile(`^line (\d+): (.*)$`)
 // unclosed bracket and wrong for a misindented key several lines below: so
 // the problem is put on the first line from there at which the file, cut
 // after that line, fails with the same message.
-func yamlSyntax(data []byte, err error) Problem {
+func yamlSyntax(data []byte, err error) Issue {
 	msg, line := yamlError(err)
 	if !yamlParserProblems[msg] {
-		return Problem{Message: "invalid YAML: " + msg, Line: line}
+		return Issue{Message: "invalid YAML: " + msg, Line: line}
 	}
 	// The parser counts this line from 0, and gives the line of the
 	// problem instead when the construct began on the first line: start
@@ -264,7 +264,7 @@ func yamlSyntax(data []byte, err error) Problem {
 	line = max(line, 1)
 	lines := bytes.SplitAfter(data, []byte("\n"))
 	if line > len(lines) {
-		return Problem{Message: "invalid YAML: " + msg, Line: line}
+		return Issue{Message: "invalid YAML: " + msg, Line: line}
 	}
 	prefix := bytes.Join(lines[:line-1], nil)
 	for l := line; l <= len(lines) && l < line+maxYAMLSearch; l++ {
@@ -272,11 +272,11 @@ func yamlSyntax(data []byte, err error) Problem {
 		var n yaml.Node
 		if err := yaml.Unmarshal(prefix, &n); err != nil {
 			if m, _ := yamlError(err); m == msg {
-				return Problem{Message: "invalid YAML: " + msg, Line: l}
+				return Issue{Message: "invalid YAML: " + msg, Line: l}
 			}
 		}
 	}
-	return Problem{Message: "invalid YAML: " + msg, Line: line}
+	return Issue{Message: "invalid YAML: " + msg, Line: line}
 }
 
 // maxYAMLSearch bounds the lines yamlSyntax tries.
@@ -298,7 +298,7 @@ type yamlReader struct {
 	nodes    int
 	tooBig   bool
 	active   map[*yaml.Node]bool // the nodes being read: an alias to one is a cycle
-	problems []Problem
+	problems []Issue
 }
 
 func (y *yamlReader) enter(n *yaml.Node) {
@@ -313,7 +313,7 @@ func (y *yamlReader) leave(n *yaml.Node) { delete(y.active, n) }
 func (y *yamlReader) add(path, msg string) { y.addAt(path, 0, msg) }
 
 func (y *yamlReader) addAt(path string, line int, msg string) {
-	y.problems = append(y.problems, Problem{Path: path, Message: msg, Line: line})
+	y.problems = append(y.problems, Issue{Path: path, Message: msg, Line: line})
 }
 
 func (y *yamlReader) value(path string, n *yaml.Node, depth int) any {

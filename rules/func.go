@@ -9,10 +9,8 @@ import (
 )
 
 // FuncRule is a rule without a rules file: one enforce limit whose key,
-// and optionally cost, a program computes for each request (the
-// httplimit middleware's key functions). Set turns it into a Set that the
-// engine decides like any other, so it has the same keys, headers, fail
-// policy and metrics as a rule read from a file.
+// and maybe cost, a program computes per request (httplimit's key
+// functions). Set turns it into a Set the engine decides like any other.
 type FuncRule struct {
 	// Name of the limit, as a rule's: in bucket keys ("name|key"),
 	// headers, problem bodies and metrics. 1 to 128 letters, digits, '-',
@@ -20,9 +18,9 @@ type FuncRule struct {
 	Name string
 	// Limit is the rule's limit.
 	Limit drip.Limit
-	// Cost says that the program computes each request's cost (a
-	// cost_source of kind KindFunc, whose default_cost is 1); otherwise
-	// every request costs 1, and the burst must be at least 1.
+	// Cost says that the program computes each request's cost: a
+	// cost_source of kind KindFunc, default_cost 1. Otherwise every
+	// request costs 1, and the burst must be at least 1.
 	Cost bool
 	// OnError is the fail policy (empty: Allow).
 	OnError OnError
@@ -31,13 +29,13 @@ type FuncRule struct {
 	LocalShare float64
 }
 
-// Set returns a Set of the one rule, keyed by a source of kind KindFunc,
-// with a rules file's defaults for the rest (circuit breaker,
-// Retry-After jitter, no store_timeout of its own). An invalid name,
-// limit, fail policy or share is an *Error listing every problem.
+// Set returns a Set of the one rule, keyed by a source of kind KindFunc.
+// The rest takes a rules file's defaults: breaker, jitter, no
+// store_timeout. An invalid name, limit, fail policy or share is an
+// *Error listing every issue.
 func (f FuncRule) Set() (*Set, error) {
-	var problems []Problem
-	add := func(path, msg string) { problems = append(problems, Problem{Path: path, Message: msg}) }
+	var problems []Issue
+	add := func(path, msg string) { problems = append(problems, Issue{Path: path, Message: msg}) }
 	if !validName(f.Name) {
 		add("name", "must be 1 to 128 letters, digits, '-', '_' or '.', not "+strconv.Quote(f.Name))
 	}

@@ -20,7 +20,7 @@ func TestHashedKeys(t *testing.T) {
 		return r
 	}
 	r := load(strings.Repeat("a", 32))
-	vals, ok := r.Values(func(s Source) (string, bool) {
+	vals, ok := r.KeyValues(func(s Source) (string, bool) {
 		if s.Kind == KindAPIKey {
 			return "sk-secret-key", true
 		}

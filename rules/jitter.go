@@ -47,14 +47,12 @@ func jitterFraction(identity string) float64 {
 	return float64(x>>11) / (1 << 53)
 }
 
-// Jitter is how a Retry-After is spread over clients: by up to
-// Fraction of the wait, and by at most Max whatever the wait.
+// Jitter is how a Retry-After is spread over clients: by up to Fraction
+// of the wait, and by at most Max.
 //
-// The spread exists to break up a herd of clients denied at once, which a
-// minute does for any herd; beyond that it only costs the client: 50% of a
-// one-day wait is twelve hours of quota lost. DefaultJitter therefore
-// caps it at 60 seconds, which leaves waits up to two minutes with their
-// full 50% and takes at most a minute from any longer one.
+// The spread breaks up a herd of clients denied at once; a minute does
+// that for any herd. Beyond that it only costs the client: 50% of a
+// one-day wait is twelve hours lost. DefaultJitter caps it at 60 seconds.
 type Jitter struct {
 	// Fraction of the wait (rounded up to whole seconds) the jitter may
 	// add, from 0 (none) to 1.
@@ -68,13 +66,12 @@ type Jitter struct {
 // wait, at most 60 seconds.
 var DefaultJitter = Jitter{Fraction: 0.5, Max: time.Minute}
 
-// Seconds is the value of a Retry-After header for a wait of d: ceil(d)
-// whole seconds plus a jitter of up to min(Fraction*ceil(d), Max), fixed
-// by identity. The jitter is rounded to whole seconds up or down at random,
-// again fixed by identity, with the odds of its fraction, so that even
-// one-second waits spread (over clients, 1 or 2 s; on average 1 s plus the
-// jitter). The result lies in [ceil(d), ceil(d) + ceil(min(Fraction*ceil(d),
-// Max))]. It is 0 for d <= 0.
+// Seconds returns the Retry-After value for a wait of d: ceil(d) whole
+// seconds plus a jitter of up to min(Fraction*ceil(d), Max). identity
+// fixes the jitter. It is rounded up or down at random, with the odds of
+// its fraction, again fixed by identity. Even one-second waits then
+// spread over clients. The result lies in [ceil(d), ceil(d) +
+// ceil(min(Fraction*ceil(d), Max))]. It is 0 for d <= 0.
 func (j Jitter) Seconds(identity string, d time.Duration) int64 {
 	if d <= 0 {
 		return 0

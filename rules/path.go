@@ -7,9 +7,9 @@ import (
 	"unicode/utf8"
 )
 
-// PathError is a request path that servers read in different ways, so
-// that a rule on the path could be dodged: CleanPath refuses it, and the
-// front doors answer 400.
+// PathError is a request path that servers read in different ways, which
+// could dodge a rule on the path. CleanPath refuses it; the front doors
+// answer 400.
 type PathError struct{ msg string }
 
 func (e *PathError) Error() string { return "ambiguous request path: " + e.msg }
@@ -24,11 +24,10 @@ var (
 	errPathDots      = &PathError{`a segment of it is dots and spaces only (such as "..." or ".. "), which some servers read as "." or ".."`}
 )
 
-// CleanPath returns the path that rules match and key on, for a request
-// whose path is escaped: as it was sent, percent-encoded (for a request
-// a Go server received, its URL's RawPath, else EscapedPath()). It reads
-// the path as application servers route it, so that spelling it another
-// way never dodges a rule on it:
+// CleanPath returns the path that rules match and key on. escaped is the
+// path as sent, percent-encoded: for a Go server, the URL's RawPath, else
+// EscapedPath(). It reads the path as application servers route it, so
+// no other spelling dodges a rule:
 //
 //   - percent-escapes are decoded once ("/%61pi" is "/api"; an encoded
 //     slash is a slash);
@@ -237,12 +236,10 @@ func unhex(c byte) byte {
 	return c - 'a' + 10
 }
 
-// FoldPath folds p's case as paths are compared case-insensitively: two
-// paths that strings.EqualFold finds equal fold to the same string ("/API"
-// and "/api" to "/api", and so do the Kelvin sign and 'k', or 'ſ' and
-// 's', which an app comparing in upper case finds equal). It is what
-// CleanPath does last, and what a rules file's path matches go through
-// when they are loaded (unless ExactPaths).
+// FoldPath folds p's case for paths compared case-insensitively. Paths
+// that strings.EqualFold finds equal fold alike: "/API" and "/api", and
+// also the Kelvin sign and 'k'. CleanPath does it last. A rules file's
+// path matches go through it when loaded, unless ExactPaths.
 func FoldPath(p string) string {
 	ascii, upper := true, false
 	for i := 0; i < len(p); i++ {
@@ -269,9 +266,9 @@ func foldRune(r rune) rune {
 	return unicode.ToLower(least)
 }
 
-// CleanMethod is the method that rules match and key on: in upper case,
-// as servers that match methods case-insensitively read it ("post" is
-// "POST"), so that a rule on POST cannot be dodged by spelling it "post".
+// CleanMethod returns the method that rules match and key on: in upper
+// case, as servers that match methods case-insensitively read it. A rule
+// on POST is not dodged by "post".
 func CleanMethod(m string) string {
 	for i := 0; i < len(m); i++ {
 		if 'a' <= m[i] && m[i] <= 'z' {

@@ -13,18 +13,16 @@ import (
 // when the response ends) and count_status (only responses whose status
 // matches are counted).
 
-// ResponseSource names the value of a response that a rule's cost is read
-// from (cost_from_response): "header:<name>", a response header (on
-// gRPC, header metadata), or "trailer:<name>", a trailer (an HTTP
-// trailer, which a streamed response sends after its body, or gRPC
-// trailer metadata). Name is in canonical form (X-Usage-Tokens); gRPC
+// ResponseSource names the value of a response that a rule's cost is
+// read from (cost_from_response). "header:<name>" is a response header,
+// or gRPC header metadata. "trailer:<name>" is an HTTP trailer, or gRPC
+// trailer metadata. Name is in canonical form (X-Usage-Tokens); gRPC
 // doors read it in lower case.
 //
-// API, when set ("openai" or "anthropic"), is the usage a model server
-// reports in its response's body, as that API sends it: a JSON body's
-// "usage", or in a stream of server-sent events the events that carry
-// it; the cost is the call's tokens (docs/llm.md says which). Trailer and
-// Name are then unset. Only HTTP doors read a body.
+// API ("openai" or "anthropic") reads the usage a model server reports
+// in its body: a JSON body's "usage", or the server-sent events that
+// carry it. The cost is the call's tokens (docs/llm.md). Trailer and Name
+// are then unset. Only HTTP doors read a body.
 type ResponseSource struct {
 	Trailer bool
 	Name    string

@@ -1,12 +1,13 @@
-// Package rules reads drip's rules files (docs/rules.md): which requests
-// are limited, by which keys, under which limits, and what to do when the
-// store fails. Files are JSON or YAML, decoded strictly: unknown fields
-// are errors, and every problem is reported at once with its line and
-// path (rules.yaml:12: rules[2].algorithm_config.burst: must be > 0).
+// Package rules reads drip's rules files (docs/rules.md). A file says
+// which requests are limited, by which keys, under which limits, and what
+// to do when the store fails. Files are JSON or YAML, decoded strictly:
+// unknown fields are errors. Every issue is reported at once, with its
+// line and path (rules.yaml:12: rules[2].algorithm_config.burst: must be
+// > 0).
 //
-// A Set is immutable once loaded; a reload builds a new Set and swaps it
-// in whole. The same loader backs drip check, drip serve and the
-// httplimit middleware.
+// A Set is immutable once loaded. A reload builds a new Set and swaps it
+// in whole. The same loader backs drip check, drip serve and the front
+// doors.
 package rules
 
 import (
@@ -82,7 +83,7 @@ type Set struct {
 	// local fallback grants (0 < share <= 1, default 0.5).
 	LocalShare float64
 	// StoreTimeout is the deadline of each store call; zero leaves it to
-	// the middleware's option (httplimit.WithTimeout).
+	// the engine's option (engine.WithTimeout).
 	StoreTimeout time.Duration
 	// Breaker configures the circuit breaker in front of the store.
 	Breaker Breaker
@@ -90,11 +91,10 @@ type Set struct {
 	// (retry_after_jitter; default DefaultJitter: up to 50% of
 	// the wait, at most 60 s).
 	RetryJitter Jitter
-	// ExactPaths is the file's exact_paths: request paths are compared in
-	// their own case and keep their segments' trailing dots and spaces
-	// (CleanPath). False, the default, folds case and drops them, so that
-	// a rule on /admin/* is not dodged on an app that routes /ADMIN/ or
-	// /admin./ there (ASP.NET, Express, IIS, files on Windows).
+	// ExactPaths is the file's exact_paths: request paths keep their case
+	// and their segments' trailing dots and spaces (CleanPath). False, the
+	// default, folds case and drops them. A rule on /admin/* then holds on
+	// apps that route /ADMIN/ or /admin./ there (ASP.NET, Express, IIS).
 	ExactPaths bool
 	// File is the name the set was loaded from.
 	File string
@@ -111,13 +111,13 @@ type Set struct {
 }
 
 // Breaker configures the circuit breaker in front of the store. It opens
-// when the store is down, not when calls are slow: when, within a second,
-// at least Failures store calls failed and they were at least FailureRatio
-// of the calls (a call that missed its deadline while the store answered
-// others is slow, not failed), or when a call has waited Stall without the
-// store answering anything (zero: DefaultBreakerStall, or half the store
-// deadline if that is longer). Open, the store is not called for
-// Cooldown; then one probe decides whether it is back.
+// when the store is down, not when calls are slow. It opens when, within
+// a second, at least Failures calls failed, and they were at least
+// FailureRatio of the calls. A call that missed its deadline while the
+// store answered others is slow, not failed. It also opens when a call
+// has waited Stall without the store answering anything. Zero Stall is
+// DefaultBreakerStall, or half the store deadline if that is longer.
+// Open, the store is not called for Cooldown; then one probe decides.
 type Breaker struct {
 	Failures     int
 	FailureRatio float64
@@ -153,9 +153,9 @@ type JWT struct {
 	// then read without checking the signature (a gateway in front has).
 	// Expiry (exp, nbf) is checked either way.
 	Verify bool
-	// HMACSecretEnv, PublicKeyFiles and JWKSFile name where the file says
-	// the secret or keys are: an environment variable, key files (paths
-	// resolved against the rules file's directory), a JWKS file.
+	// HMACSecretEnv, PublicKeyFiles and JWKSFile say where the secret or
+	// keys are: an environment variable, key files, a JWKS file. Paths
+	// are relative to the rules file's directory.
 	HMACSecretEnv  string
 	PublicKeyFiles []string
 	JWKSFile       string
@@ -196,11 +196,10 @@ type Rule struct {
 	Match []Condition
 	// Mode is Enforce or Shadow.
 	Mode Mode
-	// Limit is the rule's limit (algorithm, rate, period, burst, refill,
-	// max_reserved; Leased for "leased": true). Its MaxReserved is 0 unless the rule sets
-	// max_reserved, and then the rule allows no reservations at all (the
-	// decision API refuses "reserve": true by such a rule), where for
-	// drip.Limit itself 0 would mean no bound on the debt.
+	// Limit is the rule's limit: its algorithm and algorithm_config, and
+	// Leased for "leased": true. MaxReserved is 0 unless the rule sets
+	// max_reserved. A rule at 0 allows no reservation: the decision API
+	// refuses "reserve": true. For drip.Limit itself, 0 means no bound.
 	Limit drip.Limit
 	// CostSource is where a request's cost is read: Kind KindFixed (cost
 	// FixedCost), KindHeader or KindQuery.
@@ -208,12 +207,12 @@ type Rule struct {
 	// FixedCost is the cost of every request when CostSource is fixed.
 	FixedCost float64
 	// MinCost (min_cost) is the least a request costs, whatever its cost
-	// source says and whatever its response reports: its estimate is
-	// never below it, nor its settled cost.
+	// source or its response says. Neither its estimate nor its settled
+	// cost is below it.
 	MinCost float64
-	// Budget is Soft (or empty, the default) or Strict (budget: strict): a strict
-	// rule takes the most its request can cost (a cost_source of
-	// KindBound), refuses a request with no such bound, and settles
+	// Budget is Soft (or empty, the default) or Strict (budget: strict).
+	// A strict rule takes the most its request can cost (a cost_source of
+	// KindBound). It refuses a request with no such bound, and settles
 	// without debt.
 	Budget Budget
 	// DefaultCost is the cost when the header or query value is absent,
@@ -227,24 +226,23 @@ type Rule struct {
 	// Claims, when set, reads the rate and burst of a request's bucket
 	// from its verified token's claims (limit_from_claims; see LimitFor).
 	Claims *ClaimLimit
-	// CostFrom, when set (cost_from_response), is where the response
-	// tells the request's actual cost: the request takes its cost
-	// (CostSource, the estimate) before it is served, and the front door
-	// settles the difference when the response ends.
+	// CostFrom (cost_from_response) is where the response tells the
+	// request's actual cost. The request takes an estimate (CostSource)
+	// before it is served. The door settles the difference when the
+	// response ends.
 	CostFrom *ResponseSource
-	// CountStatus, when set (count_status), makes the rule count only the
-	// responses whose status is in the set: before the request its bucket
-	// is only checked (peeked at the cost), and the cost is taken after
-	// the response when its status matches.
+	// CountStatus (count_status) makes the rule count only the responses
+	// whose status is in the set. Before the request, its bucket is only
+	// peeked at the cost. The cost is taken after a matching response.
 	CountStatus StatusSet
-	// LogKey is how the log of denials shows the rule's keys (log_key):
-	// LogKeyHash ("" too: a short hash of the key), LogKeyRedact (not at
-	// all) or LogKeyPlain (as it is).
+	// LogKey (log_key) is how the log of denials shows the rule's keys.
+	// LogKeyHash, or "", shows a short hash. LogKeyRedact hides them.
+	// LogKeyPlain shows them as they are.
 	LogKey string
-	// MaxWait, when set (max_wait), is how long a request this rule would
-	// deny may wait for its turn instead: a rate rule's request holds a
-	// reservation (its place in line), a concurrency rule's waits for a
-	// slot. Zero: the rule answers at once.
+	// MaxWait (max_wait) is how long a request this rule would deny may
+	// wait for its turn instead. A rate rule's request holds a
+	// reservation; a concurrency rule's waits for a slot. Zero answers at
+	// once.
 	MaxWait time.Duration
 	// MaxQueue is how many requests may wait under the rule at once in
 	// one instance (max_queue; DefaultMaxQueue with max_wait alone): a
@@ -320,9 +318,9 @@ func (s *Set) UsesJWT() bool {
 	return false
 }
 
-// ReadsPath reports whether a rule matches or keys on the request's path:
-// only then do the HTTP front doors read it (CleanPath), and refuse a
-// request whose path is ambiguous.
+// ReadsPath reports whether a rule matches or keys on the request's
+// path. Only then do the HTTP doors read it (CleanPath) and refuse an
+// ambiguous one.
 func (s *Set) ReadsPath() bool {
 	for i := range s.Rules {
 		r := &s.Rules[i]
@@ -354,26 +352,35 @@ func (r *Rule) usesJWT() bool {
 	return r.Claims != nil
 }
 
-// Problem is one problem of a rules file: where (a path such as
-// rules[2].algorithm_config.burst; empty for the whole file, and the line
-// of the file it is on; 0 when unknown) and what.
-type Problem struct {
+// Issue is one thing wrong in a rules file: where it is and what.
+type Issue struct {
+	// Path locates it, such as rules[2].algorithm_config.burst; empty
+	// for the whole file.
 	Path    string
 	Message string
-	Line    int
+	// Line is the line of the file it is on; 0 when unknown.
+	Line int
 }
 
-func (p Problem) String() string {
+// Problem is the old name of Issue.
+//
+// Deprecated: use Issue. Problem now names only the problem+json body of
+// a denial (httplimit.Problem).
+type Problem = Issue
+
+// String returns the path and the message.
+func (p Issue) String() string {
 	if p.Path == "" {
 		return p.Message
 	}
 	return p.Path + ": " + p.Message
 }
 
-// Error is a rules file that cannot be used, with every problem found.
+// Error is a rules file that cannot be used, with every issue found.
 type Error struct {
-	File     string
-	Problems []Problem
+	File string
+	// Problems lists every issue found.
+	Problems []Issue
 }
 
 // Error lists the problems one per line, each as "file:line: path:
@@ -420,10 +427,10 @@ func Load(path string) (*Set, error) {
 	return ParseEnv(data, path, OSEnv)
 }
 
-// Parse decodes and validates a rules file. name tells the format (.json,
-// .yaml or .yml; otherwise it is sniffed: JSON starts with '{'), names the
-// file in errors, and is the base for relative key file paths. A bad file
-// gives an *Error listing every problem.
+// Parse decodes and validates a rules file. name tells the format:
+// .json, .yaml or .yml; else it is sniffed (JSON starts with '{'). name
+// also names the file in errors, and is the base of relative key file
+// paths. A bad file gives an *Error listing every issue.
 //
 // Parse has no side effects: it reads no environment variable and no
 // file. A jwt section's secret and keys are named in the Set
@@ -431,9 +438,9 @@ func Load(path string) (*Set, error) {
 // ParseEnv or Load for a Set that verifies tokens.
 func Parse(data []byte, name string) (*Set, error) { return parse(data, name, nil) }
 
-// ParseEnv is Parse, then reads a jwt section's secret and key files from
-// env: a missing variable, an unreadable or bad key file is a problem of
-// the file, with its line.
+// ParseEnv is Parse, then reads a jwt section's secret and key files
+// from env. A missing variable or a bad key file is an issue of the
+// file, with its line.
 func ParseEnv(data []byte, name string, env Env) (*Set, error) { return parse(data, name, &env) }
 
 func parse(data []byte, name string, env *Env) (*Set, error) {
@@ -450,10 +457,10 @@ func parse(data []byte, name string, env *Env) (*Set, error) {
 	return set, nil
 }
 
-// DefaultJSON is the built-in rules file that drip serve uses when it is
-// given none: every client IP gets a token bucket of 10 requests per
-// second with bursts of 20, and a shadow rule counts (without blocking)
-// how often all traffic together would exceed 1000 per second.
+// DefaultJSON is the rules file drip serve uses when given none. Every
+// client IP gets a token bucket of 10 requests per second, with bursts of
+// 20. A shadow rule counts how often all traffic would exceed 1000 per
+// second.
 //
 //go:embed default.json
 var DefaultJSON []byte

@@ -148,7 +148,7 @@ func TestErrorListsEveryProblem(t *testing.T) {
 	if !errors.As(err, &re) {
 		t.Fatalf("err %v", err)
 	}
-	want := []Problem{
+	want := []Issue{
 		{"rules[0].limit_keys", `required (use ["global"] for one bucket shared by every request)`, 1},
 		{"rules[0].algorithm_config", "required", 1},
 		{"rules[1].limit_keys[0]", `"x" is not a key source (` + sourceList + ")", 1},
@@ -260,11 +260,11 @@ func TestMatchAndValues(t *testing.T) {
 			t.Errorf("Matches(%v) = %v", c.vals, got)
 		}
 	}
-	if v, ok := r.Values(get(map[Source]string{key: "k"})); !ok || !reflect.DeepEqual(v, []string{"k"}) {
+	if v, ok := r.KeyValues(get(map[Source]string{key: "k"})); !ok || !reflect.DeepEqual(v, []string{"k"}) {
 		t.Errorf("Values = %v, %v", v, ok)
 	}
 	for _, m := range []map[Source]string{{}, {key: ""}} {
-		if _, ok := r.Values(get(m)); ok {
+		if _, ok := r.KeyValues(get(m)); ok {
 			t.Errorf("Values(%v) ok: a missing or empty key value must not limit", m)
 		}
 	}

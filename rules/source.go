@@ -42,10 +42,9 @@ const (
 // "header:x-api-key", "jwt:plan", "path". Name is the part after the
 // colon; for headers it is in canonical form (X-Api-Key).
 //
-// Hashed (a limit key written "hash:header:x-api-key") keys the bucket by
-// the value's keyed hash (HMAC-SHA-256 under the file's key_secret_env),
-// never the value itself: an API key used as a limit key is then never
-// stored, logged or shown in clear.
+// Hashed ("hash:header:x-api-key") keys the bucket by the value's keyed
+// hash: HMAC-SHA-256 under the file's key_secret_env. An API key used as
+// a limit key is then never stored, logged or shown in clear.
 type Source struct {
 	Kind   Kind
 	Name   string
@@ -133,16 +132,14 @@ func isToken(s string) bool {
 // replaced by their SHA-256, so that a huge header cannot make a huge key.
 const maxValueLen = 128
 
-// Key returns the bucket key of the rule for the values of its LimitKeys,
-// in order: the rule name and the values, separated by '|'. Each value is
-// escaped ('\' becomes `\\`, '|' becomes `\|`), so that no value can forge
-// the key of another rule or of other values; a value longer than 128
-// bytes is replaced by `\h` and its SHA-256 in hex (a form escaping never
-// produces). A "global" key contributes no value. A key that still ends
-// up over store.MaxKeyLen bytes (a rule with many limit keys) is replaced
-// whole by store.FitKey's stand-in. The middleware and the
-// decision API both build keys here, so they hit the same buckets; keys
-// depend only on the rule name, so bucket state survives a reload.
+// Key returns the rule's bucket key for the values of its LimitKeys, in
+// order: the rule name and the values, separated by '|'. Each value is
+// escaped ('\' becomes `\\`, '|' becomes `\|`), so no value forges
+// another key. A value over 128 bytes becomes `\h` and its hex SHA-256.
+// A "global" key adds no value. A key still over store.MaxKeyLen becomes
+// store.FitKey's stand-in. Every front door builds keys here, so they
+// share buckets. Keys depend only on the rule name, so state survives a
+// reload.
 func (r *Rule) Key(values []string) string {
 	var b strings.Builder
 	b.Grow(len(r.Name) + 16*len(values))
@@ -267,10 +264,10 @@ func (r *Rule) Matches(get func(Source) (string, bool)) bool {
 	return true
 }
 
-// Values returns the values of the rule's limit keys (all but "global")
-// for a request, in the order Key expects; ok is false when one of them
-// is missing or empty: such a request is not limited by the rule.
-func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool) {
+// KeyValues returns a request's values of the rule's limit keys (all but
+// "global"), in the order Key expects. ok is false when one is missing or
+// empty: the rule then does not limit the request.
+func (r *Rule) KeyValues(get func(Source) (string, bool)) (values []string, ok bool) {
 	values = make([]string, 0, len(r.LimitKeys))
 	for _, s := range r.LimitKeys {
 		if s.Kind == KindGlobal {
@@ -288,6 +285,14 @@ func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool
 	return values, true
 }
 
+// Values is KeyValues.
+//
+// Deprecated: use KeyValues. Values names what a front door offers the
+// engine about a request (engine.Values).
+func (r *Rule) Values(get func(Source) (string, bool)) (values []string, ok bool) {
+	return r.KeyValues(get)
+}
+
 // parseKeySource reads a limit key as written in a rules file: a source,
 // or "hash:" and a source.
 func parseKeySource(s string) (Source, error) {
@@ -297,10 +302,10 @@ func parseKeySource(s string) (Source, error) {
 	return src, err
 }
 
-// HashValue is the value a hashed limit key keys by, for the value v in
+// HashValue returns what a hashed limit key keys by, for the value v in
 // clear: "~" and the first 128 bits of its HMAC-SHA-256 under the file's
-// key secret, in hex. Values of a hashed limit key given by hand (the
-// decision and admin APIs) are keyed by it, as requests' are.
+// key secret, in hex. Values given by hand (the decision and admin APIs)
+// are keyed by it too.
 func (r *Rule) HashValue(v string) string {
 	m := hmac.New(sha256.New, r.keySecret)
 	m.Write([]byte(v))

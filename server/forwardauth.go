@@ -78,24 +78,24 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	res := s.lim.Decide(r.Context(), orig)
+	out := s.lim.Decide(r.Context(), orig)
 	// The proxy never says when the response it guards ends, so forward
 	// auth cannot hold an in-flight slot for it: a concurrency rule's
 	// slot is given back as the ask is answered (it bounds the asks in
 	// flight, not the requests). Holding it until its lease expired
 	// instead would turn the rule into max_in_flight per lease_ttl.
-	defer res.Release(r.Context())
+	defer out.Release(r.Context())
 	h := w.Header()
-	res.WriteHeaders(h)
+	httplimit.WriteHeaders(h, out)
 	switch {
-	case res.Allowed:
+	case out.Allowed:
 		w.WriteHeader(http.StatusOK)
 	case deny != 0:
-		h.Set(hdrDripStatus, strconv.Itoa(res.Status()))
-		h.Set(hdrDripProblem, string(res.ProblemJSON()))
-		res.WriteErrorAs(w, deny)
+		h.Set(hdrDripStatus, strconv.Itoa(httplimit.Status(out)))
+		h.Set(hdrDripProblem, string(httplimit.ProblemJSON(out)))
+		httplimit.WriteErrorAs(w, out, deny)
 	default:
-		res.WriteError(w)
+		httplimit.WriteError(w, out)
 	}
 }
 

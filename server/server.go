@@ -74,6 +74,8 @@ type Server struct {
 	ovrOpts []override.Option
 	stale   staleOverrides // stale.go
 
+	slots heldSlots // the adaptive rules' slots held through /v1/acquire (slots.go)
+
 	mu        sync.Mutex
 	listeners []*listener
 	served    bool
@@ -156,7 +158,7 @@ func New(cfg Config, st store.Store) (*Server, error) {
 		return nil, err
 	}
 	s.rs = rs
-	s.lim = httplimit.New(s.store, rs.set.Load(), httplimit.WithEngine(s.eng))
+	s.lim = httplimit.New(s.store, rs.set.Load(), engine.Shared(s.eng))
 
 	front, name := s.apiHandler(), "api"
 	if cfg.Upstream != "" {

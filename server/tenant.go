@@ -195,7 +195,7 @@ func (s *Server) tenant(ctx context.Context, a *tenantAsk) ([]tenantRule, error)
 	for i := range set.Rules {
 		ru := &set.Rules[i]
 		t := tenantRule{Rule: ru.Name, Group: ru.Group, Mode: string(ru.Mode)}
-		vals, ok := ru.Values(a.Value)
+		vals, ok := ru.KeyValues(a.Value)
 		switch {
 		case ru.Group != "" && slices.Contains(groups, ru.Group):
 			t.Why = "an earlier rule of group " + ru.Group + " applies"

@@ -1,8 +1,8 @@
 // Package simulate shows what a limit does to traffic before it ships: it
 // runs a traffic pattern (see ParsePattern), a replay trace (ReadTrace) or
 // an access log (ReadLog) against a limit on the memory store, in virtual
-// time, and reports what was accepted and denied (Result.WriteSummary) and
-// how the bucket evolved (Result.WriteSVG).
+// time, and reports what was accepted and denied (Report.WriteSummary) and
+// how the bucket evolved (Report.WriteSVG).
 //
 // Virtual time means every decision is made with a caller-supplied time on
 // a fresh memstore: nothing sleeps, so ten seconds of traffic at 60
@@ -67,7 +67,7 @@ type Options struct {
 	// ChartKey is the bucket whose tokens are charted and tabulated; ""
 	// means the key with the most takes.
 	ChartKey string
-	// Keep is how many of the first takes to keep in Result.First.
+	// Keep is how many of the first takes to keep in Report.First.
 	Keep int
 	// From is the instant of virtual time 0; zero means the Unix epoch
 	// (so that a fixed window's grid is the one drip replay gives the same
@@ -90,7 +90,7 @@ type Row struct {
 	// Sent, Accepted and Denied count takes (requests, not tokens).
 	Sent, Accepted, Denied int
 	// Tokens is what the chart key's bucket holds at To (before any
-	// request at that instant). Only set for Result.Rows.
+	// request at that instant). Only set for Report.Rows.
 	Tokens float64
 }
 
@@ -117,8 +117,8 @@ type Sample struct {
 	Tokens float64
 }
 
-// Result is what a run did.
-type Result struct {
+// Report is what a run did.
+type Report struct {
 	// Limit is the chart key's limit.
 	Limit drip.Limit
 	// ChartKey is the bucket whose tokens Rows and Tokens follow.
@@ -154,6 +154,12 @@ type Result struct {
 	First []Outcome
 }
 
+// Result is the old name of Report.
+//
+// Deprecated: use Report. Result names one evaluation of the math
+// (bucket.Result).
+type Result = Report
+
 // ErrConcurrency is Run's error for a concurrency limit: simulated
 // requests have no duration, so none would ever give its slot back, and
 // what such a limit does depends on how long requests run.
@@ -163,7 +169,7 @@ var ErrConcurrency = errors.New("concurrency limits (requests in flight) cannot 
 // given order) on a fresh memory store, in virtual time. It returns an
 // error for an event the store rejects (a bad limit, a cost above the burst
 // without reserve), naming the event.
-func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
+func Run(ctx context.Context, events []Event, o Options) (*Report, error) {
 	evs := slices.Clone(events)
 	slices.SortStableFunc(evs, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
 	for i := range evs {
@@ -175,7 +181,7 @@ func Run(ctx context.Context, events []Event, o Options) (*Result, error) {
 		}
 	}
 
-	res := &Result{ChartKey: o.ChartKey}
+	res := &Report{ChartKey: o.ChartKey}
 	// The chart key: asked for, or the busiest.
 	takes := map[string]int{}
 	var order []string

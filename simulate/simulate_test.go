@@ -16,7 +16,7 @@ import (
 // second, b = 50.
 var burst50 = drip.PerSecond(10).WithBurst(50)
 
-func run(t *testing.T, pattern string, l drip.Limit, tmpl Event, keep int) *Result {
+func run(t *testing.T, pattern string, l drip.Limit, tmpl Event, keep int) *Report {
 	t.Helper()
 	p, err := ParsePattern(pattern)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 // first denial, the steady state, the longest Retry-After, the first takes
 // one by one (Options.Keep) and a row per step. traffic describes the
 // traffic (a pattern, a file name); it may be empty.
-func (r *Result) WriteSummary(w io.Writer, traffic string) error {
+func (r *Report) WriteSummary(w io.Writer, traffic string) error {
 	b := bufio.NewWriter(w)
 	p := func(label, format string, args ...any) {
 		fmt.Fprintf(b, "%-15s %s\n", label, fmt.Sprintf(format, args...))
@@ -100,7 +100,7 @@ func share(n, total int) string {
 	return strconv.FormatFloat(100*float64(n)/float64(total), 'f', 1, 64) + "%"
 }
 
-func keyNote(r *Result, o *Outcome) string {
+func keyNote(r *Report, o *Outcome) string {
 	if r.Keys > 1 {
 		return fmt.Sprintf(" (key %q)", o.Event.Key)
 	}

@@ -37,7 +37,7 @@ const (
 // second accepted and denied (stacked bars), with the limit's rate marked.
 // Both panels share the time axis; every axis is labelled. title heads the
 // chart. It uses the standard library only.
-func (r *Result) WriteSVG(w io.Writer, title string) error {
+func (r *Report) WriteSVG(w io.Writer, title string) error {
 	b := bufio.NewWriter(w)
 	end := r.End.Seconds()
 	xOf := func(t float64) float64 { return plotLeft + (plotRight-plotLeft)*t/end }

@@ -14,33 +14,27 @@ import (
 // Denials wraps a shared store so that a decision its last answer has
 // already proven denied is denied in this process, without a store call.
 //
-// A take (or a peek) of cost c denied by the store at t0 with RetryAfter
-// r proves, by the math of docs/semantics.md, that the bucket cannot hold
-// what c needs before t0+r: its level at t0 is below it, its refill
-// reaches it at t0+r exactly, and every other decision meanwhile only
-// takes. Until then the same request (same key, limit, cost and reserve)
-// is denied again from the proof, as the store would answer it. Only
-// what gives tokens back could make the store answer otherwise: a
-// refund, a reset, an override of the limit, a block of leased tokens
-// given back, a lease released. Those made through this wrapper clear
-// the key's proof at once; those made elsewhere (another instance) are
-// seen at the next store answer, which comes at most Stale after the
-// answer that proved the denial: a proof is trusted for at most Stale.
-// From three quarters of Stale on, one call of the key goes to the store
-// (while the others are still denied), and its answer renews the proof;
-// once a proof has ended or grown stale, one call goes and the others
-// wait for its answer, which may prove them denied again.
+// A take or peek of cost c that the store denied at t0 with RetryAfter r
+// is a proof. By the math of docs/semantics.md, the bucket cannot hold c
+// before t0+r: other decisions meanwhile only take. Until then the same
+// request (key, limit, cost, reserve) is denied again from the proof.
+//
+// Only what gives tokens back could change the answer: a refund, a
+// reset, an override, a returned block, a released lease. Those made
+// through this wrapper clear the key's proof at once. Those made
+// elsewhere are seen at the next store answer. A proof is trusted for at
+// most Stale. From three quarters of Stale on, one call of the key goes
+// to the store and renews the proof. Once a proof has ended, one call
+// goes and the others wait for its answer.
 //
 // A call of several items is denied from the proofs when one item's
-// proof holds and every other item has an answer of the store from
-// within Stale (a call of the same keys that the store denied: nothing
-// was taken, and each item reports what it alone would have got). Calls
-// with a lease (a concurrency limit) or a block of leased tokens, and
-// refunds, always go to the store.
+// proof holds and the store answered every other item within Stale.
+// Calls with a lease or a block of leased tokens, and refunds, always go
+// to the store.
 //
-// The proofs are bounded in bytes (a key's proof costs its length and
-// DenialEntryBytes): past the bound, older proofs are dropped, which only
-// costs their keys a store call. Denied reports the local denials.
+// The proofs are bounded in bytes: a key's proof costs its length plus
+// DenialEntryBytes. Past the bound, older proofs are dropped; their keys
+// then cost a store call. Denied reports the local denials.
 type Denials struct {
 	st     Store
 	stale  int64
@@ -276,12 +270,11 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 	return nil
 }
 
-// Answer answers a take or a peek of items at at from the proofs when
-// they prove it denied, writing results, and reports whether it did: a
-// caller that wraps its store calls in deadlines and timers asks first,
-// without them, and calls Apply when it did not. (When a proof is due
-// for renewal, Answer leaves the call to Apply, which sends one call
-// of the key to the store and denies the others.)
+// Answer answers a take or a peek of items at at from the proofs, when
+// they prove it denied. It writes results and reports whether it did. A
+// caller that puts deadlines on store calls asks first, without one, and
+// calls Apply when Answer did not. A proof due for renewal is left to
+// Apply.
 func (d *Denials) Answer(op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) bool {
 	if op != bucket.Take && op != bucket.Peek {
 		return false

@@ -14,11 +14,9 @@ func (e *InputError) Error() string { return e.Err.Error() }
 // Unwrap returns the underlying error (ErrMissingKey, ErrInvalidLimit, ...).
 func (e *InputError) Unwrap() error { return e.Err }
 
-// IsInput reports whether err is the caller's fault rather than a failing
-// store's: an *InputError, or one of the input errors of this package
-// (ErrInvalidLimit, ErrInvalidCost, ErrMissingKey, ErrCostExceedsBurst,
-// ErrNoRequests, ErrDuplicateKey, ErrNotColocated, ErrInvalidOp,
-// ErrKeyTooLong, ErrInvalidLease).
+// IsInput reports whether err is the caller's fault, not a failing
+// store's. That is an *InputError or one of this package's input errors,
+// such as ErrInvalidLimit or ErrKeyTooLong.
 func IsInput(err error) bool {
 	var ie *InputError
 	if errors.As(err, &ie) {
@@ -33,15 +31,13 @@ func IsInput(err error) bool {
 	return false
 }
 
-// AnsweredError is an error the store answered about one call's items:
-// its script or statement failed on their values (a Lua error, an
-// arithmetic or constraint error in SQL) while the store itself worked.
-// Unlike an InputError, the request passed every check drip makes, so
-// the fault is drip's or the store's, not the caller's; unlike a failing
-// store, it says nothing about the store's health. The engine's circuit
-// breaker does not count it (the store answered), and the decision API
-// answers it with 500 for that request alone. Stores wrap such errors in
-// it (drip's own do); its message is the underlying error's.
+// AnsweredError is an error the store answered about one call's items.
+// Its script or statement failed on their values, while the store
+// worked. The request passed every check, so the caller is not at fault.
+// It says nothing about the store's health either. The circuit breaker
+// does not count it, and the decision API answers it with 500 for that
+// request alone. Stores wrap such errors in it; its message is the
+// underlying error's.
 type AnsweredError struct{ Err error }
 
 func (e *AnsweredError) Error() string { return e.Err.Error() }

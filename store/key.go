@@ -9,18 +9,15 @@ import (
 	"time"
 )
 
-// MaxKeyLen is the longest key drip accepts, in bytes. A longer key is
-// refused with ErrKeyTooLong, by Prepare (so every take, peek and refund)
-// and by every store's Reset, so that no caller can make a store hold huge
-// keys. The bound counts the key as the store is given it: with Prefixed,
-// the prefix too, and with Sharded the shard's suffix; a store's own
-// prefix (redisstore.WithPrefix) is not counted.
+// MaxKeyLen is the longest key drip accepts, in bytes. Prepare and every
+// store's Reset refuse a longer key with ErrKeyTooLong. The bound counts
+// the key as the store gets it, with Prefixed's prefix and Sharded's
+// suffix. A store's own prefix (redisstore.WithPrefix) is not counted.
 //
-// drip's own front doors never send a longer key: the middleware and the
-// decision API hash rule values over 128 bytes, and they and Envoy's
-// service pass every key they build through FitKey. Only a caller who
-// chooses keys itself (the library, the decision API's inline "key") can
-// meet the error: the decision API answers it with 400.
+// drip's front doors never send a longer key: they hash rule values over
+// 128 bytes and pass every key through FitKey. Only a caller that
+// chooses keys can meet the error: the library, or the decision API's
+// inline "key" (a 400).
 const MaxKeyLen = 1024
 
 // CheckKey returns ErrMissingKey for an empty key and ErrKeyTooLong for a
@@ -41,15 +38,12 @@ func badKey(key string) error {
 	return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(key), MaxKeyLen)
 }
 
-// FitKey returns key when it is at most MaxKeyLen/2 bytes long, and else a
-// stand-in of fixed length: "sha256:" and the hex SHA-256 of key (71
-// bytes), which no two keys share in practice. Front doors that build keys
-// from request content use it, so that a long value is limited under a
-// key of its own rather than refused. The other half of MaxKeyLen is room
-// for what a store wrapper adds (Prefixed's prefix, Sharded's suffix):
-// were a front door's key refused there, the store would seem to fail,
-// and the rule's on_error (allow, by default) would let a client who
-// chose its values' lengths pass unlimited.
+// FitKey returns key when it is at most MaxKeyLen/2 bytes long. A longer
+// key becomes "sha256:" and its hex SHA-256 (71 bytes). Front doors use
+// it on keys built from request content: a long value gets a key of its
+// own instead of a refusal. The other half of MaxKeyLen is room for what
+// wrappers add (Prefixed, Sharded). A key refused there would look like a
+// failing store, and on_error allow would let its client pass.
 func FitKey(key string) string {
 	if len(key) <= MaxKeyLen/2 {
 		return key
@@ -61,9 +55,9 @@ func FitKey(key string) string {
 // ShardKey is the key of shard i of key (Sharded).
 func ShardKey(key string, i int) string { return key + "#" + strconv.Itoa(i) }
 
-// WindowStart is the default grid offset of a fixed window for key: a hash
-// of the key modulo period, so that windows of different keys are spread
-// over the period. The same key always gets the same offset.
+// WindowStart returns the default grid offset of a fixed window for key:
+// a hash of the key modulo period. Windows of different keys spread over
+// the period; a key always gets the same offset.
 func WindowStart(key string, period time.Duration) time.Duration {
 	if period <= 0 {
 		return 0

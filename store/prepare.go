@@ -24,14 +24,10 @@ const MaxLeaseTTL = 24 * time.Hour
 // DefaultLeaseTTL is the lease TTL of a concurrency limit without one.
 const DefaultLeaseTTL = 30 * time.Second
 
-// MaxInFlight bounds a concurrency limit's slots, so that a key's leases
-// stay a bounded amount of state in every store: at most a million leases,
-// about 130 bytes each in the memory store, a row each in PostgreSQL, a
-// sorted-set member each in Redis. No store's acquire or release costs
-// time that grows with the leases held (a heap in memory, an index in
-// PostgreSQL, a sorted set in Redis; BENCHMARKS.md), so the bound is the
-// state, not the time: it was 10,000 while the memory store and
-// PostgreSQL rewrote a key's leases whole at each acquire and release.
+// MaxInFlight bounds a concurrency limit's slots, so a key's leases are
+// bounded state in every store. A lease costs about 130 bytes in memory,
+// a row in PostgreSQL, a sorted-set member in Redis. No store's acquire
+// or release slows down with the leases held (BENCHMARKS.md).
 const MaxInFlight = 1_000_000
 
 // MaxSlidingRate bounds a sliding window's rate, so that its counts stay
@@ -46,12 +42,12 @@ func NewLeaseID() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// Prepare checks one request against its limit's params p (made by
-// drip.Limit.Params) and writes it to it as an item for Store.Apply: the
-// key (CheckKey), the op and the cost (Cost) and the lease (CheckLease),
-// in that order. Bad input gets the same error on every store, before any
-// store is called; it is then left as it was. it is written in place, so
-// that a caller on a hot path copies nothing more.
+// Prepare checks one request against its limit's params p
+// (drip.Limit.Params) and writes it to it, an item for Store.Apply. It
+// checks the key (CheckKey), the op and the cost (Cost), then the lease
+// (CheckLease). Bad input gets the same error on every store, before any
+// store call, and leaves it as it was. Writing in place spares a hot
+// path a copy.
 func Prepare(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, cost float64, reserve bool, lease string) error {
 	if err := CheckKey(key); err != nil {
 		return err
@@ -61,9 +57,9 @@ func Prepare(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, co
 }
 
 // PrepareCost is Prepare for a caller that turned the cost to fixed point
-// itself, with Cost or as Cost does (c, or what is wrong with it: err):
-// a plan that holds its params checks only the request's key and lease
-// here, and reports the first problem as Prepare would.
+// itself, as Cost does: c, or err for what is wrong with it. A plan that
+// holds its params then checks only the key and the lease. It reports
+// the first problem as Prepare would.
 func PrepareCost(it *bucket.Prepared, op bucket.Op, key string, p *bucket.Params, c int64, err error, reserve bool, lease string) error {
 	if err := CheckKey(key); err != nil {
 		return err
@@ -124,17 +120,15 @@ func CheckOp(op bucket.Op) error {
 	return fmt.Errorf("%w: %v is not take, peek or refund", ErrInvalidOp, op)
 }
 
-// Cost checks op, and a request's cost against params p, and turns the
+// Cost checks op and a request's cost against params p, and turns the
 // cost to fixed point (bucket.CostMicro). It is the one place an unknown
-// op is refused and the one place a cost is held to the burst.
+// op is refused, and the one place a cost is held to the burst.
 //
-// A take or peek that can never be allowed is an error rather than a
-// denial, because no wait would help: a cost above the burst without
-// reserve, or with reserve a cost above the burst plus MaxReserved (a
-// bounded reservation needs the bucket to hold cost - MaxReserved, more
-// than it ever holds). A refund takes any valid cost: it may give back a
-// reservation larger than the burst, and the bucket is capped at its
-// burst. A concurrency limit's lease holds one slot, whatever the cost.
+// A take or peek that can never be allowed is an error, not a denial: no
+// wait would help. Without reserve, that is a cost above the burst. With
+// reserve, it is a cost above the burst plus MaxReserved. A refund takes
+// any valid cost; the bucket stays capped at its burst. A concurrency
+// limit's lease holds one slot, whatever the cost.
 func Cost(op bucket.Op, cost float64, reserve bool, p bucket.Params) (int64, error) {
 	// The common case in a few comparisons (NaN fails both); cost says
 	// why otherwise.
@@ -182,10 +176,10 @@ func checkBurst(op bucket.Op, c int64, cost float64, reserve bool, p bucket.Para
 	return nil
 }
 
-// CheckLease checks a request's lease ID for op under params p: a take or
-// refund on a concurrency limit needs one; a peek may name one or not;
-// other limits take none. IDs are 1 to MaxLeaseLen bytes of printable
-// ASCII (NewLeaseID makes such IDs). Prepare calls it.
+// CheckLease checks a request's lease ID for op under params p. A take or
+// refund on a concurrency limit needs one; a peek may name one. Other
+// limits take none. IDs are 1 to MaxLeaseLen bytes of printable ASCII,
+// as NewLeaseID makes. Prepare calls it.
 func CheckLease(op bucket.Op, id string, p bucket.Params) error {
 	if p.Kind != bucket.Concurrency {
 		if id != "" {
@@ -210,13 +204,12 @@ func CheckLease(op bucket.Op, id string, p bucket.Params) error {
 	return nil
 }
 
-// PrepareBlock checks a block take (op Take: size tokens under the block
-// ID id, to live ttl) or a block return (op Refund: size tokens unused of
-// the block id) on key under params p, and returns it as an item for
-// Store.Apply (see bucket.EvalBlocks). A concurrency limit takes no
-// blocks; a block take's size is at most the burst; ttl is from one
-// millisecond to bucket.MaxBlockTTL (a return ignores it); IDs are as
-// lease IDs are (CheckLease).
+// PrepareBlock checks a block of leased tokens on key under params p and
+// returns it as an item for Store.Apply (bucket.EvalBlocks). op Take
+// takes size tokens under the block ID id, to live ttl. op Refund returns
+// size unused tokens of block id; it ignores ttl. A block is at most the
+// burst, and ttl from one millisecond to bucket.MaxBlockTTL. IDs are as
+// lease IDs are (CheckLease). A concurrency limit takes no blocks.
 func PrepareBlock(op bucket.Op, key string, p bucket.Params, size int64, id string, ttl time.Duration) (bucket.Prepared, error) {
 	if err := CheckKey(key); err != nil {
 		return bucket.Prepared{}, err

@@ -8,21 +8,20 @@ import (
 	"github.com/driplimit/drip/bucket"
 )
 
-// Separately wraps a store whose calls on several keys may refuse keys it
-// cannot apply in one atomic step (ErrNotColocated, Caps.SplitsKeys: Redis
-// Cluster across hash slots). Such a call is then applied one item at a
-// time: a take takes each item in order and, at the first denial, gives
-// back those already taken (their tokens, and the slots of their leases)
-// and peeks at the rest, so that every item still reports its own result,
-// as the store's own call would. All or nothing then holds in the end
-// rather than at every instant: between a take and its give-back another
-// caller may find fewer tokens or slots. The give-backs run even after ctx
-// has ended, under a deadline as long as ctx had left when the call began,
-// so that a take failing on the deadline still leaves its predecessors
-// undone; only a store failing in the middle may leave one undone (its
-// lease then expires after its TTL). A lease the call renewed (held
-// already under the same ID) is released by the give-back. Calls of one
-// item pass straight through.
+// Separately wraps a store that may refuse keys it cannot apply in one
+// atomic step (ErrNotColocated, Caps.SplitsKeys), such as Redis Cluster
+// across hash slots. Such a call is then applied one item at a time. A
+// take takes each item in order. At the first denial it gives back those
+// already taken, tokens and slots, and peeks at the rest. Every item
+// still reports its own result.
+//
+// All or nothing then holds in the end, not at every instant: between a
+// take and its give-back, another caller may find fewer tokens. The
+// give-backs run even after ctx has ended, under a deadline as long as
+// ctx had left at the start. Only a store failing in the middle may leave
+// a take in place; its lease then expires after its TTL. A lease the call
+// renewed is released by the give-back. Calls of one item pass straight
+// through.
 type Separately struct {
 	Store Store
 	// Always applies every call of several items one item at a time,

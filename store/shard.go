@@ -8,18 +8,16 @@ import (
 	"github.com/driplimit/drip/bucket"
 )
 
-// Sharded spreads each key over N sub-buckets, each holding 1/N of the
-// limit's rate and burst, for keys too hot for one bucket (one row, one
-// Redis key). A take peeks two random shards and takes from the one with
-// more tokens (the power of two choices), so load stays even while every
-// shard's own limit still holds: the sum over shards never grants more than
-// the whole limit would. Fixed windows and interval refills put every shard
-// on one grid (see part), so that this holds within each window too.
+// Sharded spreads each key over N sub-buckets, for keys too hot for one
+// bucket. Each holds 1/N of the limit's rate and burst. A take peeks two
+// random shards and takes from the one with more tokens (the power of two
+// choices). Load stays even, and the shards together never grant more
+// than the whole limit. Fixed windows and interval refills put every
+// shard on one grid, so this holds within each window too.
 //
-// The price: a request may be denied while another shard still has tokens
-// (at most a little, thanks to the two choices), and a cost above burst/N
-// is refused (ErrCostExceedsBurst). A concurrency limit is not spread: its
-// items pass through under their own key.
+// The price: a request may be denied while another shard has tokens
+// left, though little, thanks to the two choices. A cost above burst/N is
+// refused (ErrCostExceedsBurst). A concurrency limit is not spread.
 type Sharded struct {
 	Store Store
 	N     int

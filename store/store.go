@@ -1,11 +1,15 @@
-// Package store is the kit of store writers: the Store interface every
-// store implements (memstore, pgstore, redisstore), its capabilities
-// (Caps), the checks that turn a request into a prepared item of package
-// bucket (Prepare, Cost, CheckKey, CheckLease) and the errors they return,
-// and the wrappers that change keys on the way to a store (Prefixed,
-// Sharded) or take several keys one by one (Separately). A user of drip
-// meets it only to wrap a store: a drip.Limiter checks and prepares every
-// request, and hands the store checked, fixed-point items.
+// Package store is the kit of store writers. It holds the Store
+// interface every store implements (memstore, pgstore, redisstore) and
+// its capabilities (Caps). Prepare, Cost, CheckKey and CheckLease turn a
+// request into a checked item of package bucket; the errors are theirs.
+//
+// Wrappers change what reaches a store. Prefixed and Sharded change
+// keys. Separately takes several keys one by one. Denials repeats a
+// denial the store proved, without a store call.
+//
+// A user of drip meets this package only to wrap a store. A
+// drip.Limiter checks and prepares every request; the store gets
+// checked, fixed-point items.
 //
 // It imports the standard library and package bucket only.
 package store
@@ -23,16 +27,16 @@ import (
 // atomic step.
 //
 // Apply performs op on items and writes each item's result to results
-// (len(results) == len(items)). For a take of several items it is all or
-// nothing: if any item is denied none is applied, and every result says
+// (len(results) == len(items)). A take of several items is all or
+// nothing. If any item is denied, none is applied, and each result says
 // what that item alone would have got. The caller has checked every item
-// (Prepare) and that their keys are distinct (CheckDistinct); a store
-// trusts them and checks nothing again. items and results are the
-// caller's: a store keeps neither after it returns.
+// (Prepare) and their keys' distinctness (CheckDistinct). A store checks
+// nothing again. A store keeps neither items nor results after it
+// returns.
 //
-// A zero at means the store's own clock (a shared store uses its
-// server's, so that instances with skewed clocks agree); any other value
-// is the time of the decision, which tests and replays supply.
+// A zero at means the store's own clock; a shared store uses its
+// server's, so instances with skewed clocks agree. Any other value is the
+// time of the decision, as tests and replays supply.
 //
 // Reset deletes the bucket (or the leases) of key: it is full again. It
 // checks key itself (CheckKey).
@@ -70,14 +74,14 @@ type Caps struct {
 	// Admit is the store's in-process fast path, or nil. Wrappers that
 	// change keys (Prefixed, Sharded) drop it.
 	Admit Admitter
-	// InProcess reports that the store decides in the caller's process
-	// and never waits on a network or a server (the memory store): callers
-	// give its calls no deadline of their own, which saves a timer.
+	// InProcess reports that the store decides in the caller's process,
+	// as the memory store does. Callers then give its calls no deadline
+	// of their own, which saves a timer.
 	InProcess bool
 	// SplitsKeys reports that a call on several keys may fail with
-	// ErrNotColocated when the store cannot hold them in one atomic step
-	// (Redis Cluster, keys in different hash slots). Separately then takes
-	// them one by one.
+	// ErrNotColocated: the store cannot take them in one atomic step,
+	// like Redis Cluster across hash slots. Separately then takes them one
+	// by one.
 	SplitsKeys bool
 	// Leases reports that the store holds the leases of concurrency limits
 	// (bucket.Concurrency items).
@@ -87,9 +91,9 @@ type Caps struct {
 	// store without them refuses such items with ErrUnsupported
 	// (CheckKinds).
 	Sliding, Calendar bool
-	// Blocks reports that the store holds blocks of leased tokens
-	// (bucket.EvalBlocks: items with a Block, and the cap they put on
-	// every take of their key), which package leased needs.
+	// Blocks reports that the store holds blocks of leased tokens, as
+	// package leased needs (bucket.EvalBlocks). A key's blocks cap every
+	// take of the key.
 	Blocks bool
 	// Overrides is the store's side that keeps per-tenant limits (package
 	// override), or nil when it keeps none.
@@ -101,13 +105,12 @@ type Caps struct {
 }
 
 // Board keeps one blob per instance, shared by every instance that uses
-// the store, each dropped ttl after it was last put, so that an instance
+// the store. Each is dropped ttl after it was last put, so an instance
 // that stops drops out.
 type Board interface {
-	// PutBoard sets instance's blob (at most MaxBoardBlob bytes; instance
-	// at most MaxBoardInstance) for ttl (at most MaxBoardTTL), failing
-	// with ErrBoardFull when instance has no blob and MaxBoardInstances
-	// instances have one already.
+	// PutBoard sets instance's blob for ttl. The bounds are MaxBoardBlob,
+	// MaxBoardInstance and MaxBoardTTL. It fails with ErrBoardFull when
+	// instance is new and MaxBoardInstances have a blob already.
 	PutBoard(ctx context.Context, instance string, blob []byte, ttl time.Duration) error
 	// ReadBoard returns every instance's unexpired blob (at most
 	// MaxBoardInstances), with how long ago it was put by the store's
@@ -151,9 +154,9 @@ func CheckNotice(instance string, blob []byte, ttl time.Duration) error {
 // values, shared by every instance that uses the store. Every change
 // bumps a version number that only grows.
 type Overrides interface {
-	// PutOverride sets the value of key, failing with ErrOverridesFull
-	// when key is new and max values are held already (by the whole
-	// store: a prefixed view's bound counts the other prefixes' too).
+	// PutOverride sets the value of key. It fails with ErrOverridesFull
+	// when key is new and the store holds max values already. The bound
+	// counts the whole store, every prefix included.
 	PutOverride(ctx context.Context, key string, val []byte, max int) error
 	// DeleteOverride removes key's value, reporting whether it had one.
 	DeleteOverride(ctx context.Context, key string) (bool, error)
@@ -163,12 +166,11 @@ type Overrides interface {
 	// Overrides returns every override, and a version that is at most
 	// theirs (it is read first).
 	Overrides(ctx context.Context) (int64, map[string][]byte, error)
-	// OverridesSince returns the overrides changed after version since
-	// (a set one with its value, a deleted one with nil) and the version
-	// they bring the overrides of version since to, read together. ok is
-	// false when the store cannot tell what changed (its record of
-	// changes, KeepChanges long, does not reach back to since, or since is not one of its
-	// versions): the caller loads them all.
+	// OverridesSince returns the overrides changed after version since,
+	// and the version they lead to, read together. A deleted override has
+	// a nil value. ok is false when the store cannot tell what changed:
+	// its record (KeepChanges long) does not reach since, or since is not
+	// its version. The caller then loads them all.
 	OverridesSince(ctx context.Context, since int64) (version int64, changed map[string][]byte, ok bool, err error)
 	// WatchOverrides calls changed after each change, and once when it is
 	// listening, until ctx ends or the notifications stop (an error; the
@@ -203,8 +205,8 @@ var (
 )
 
 // CheckKinds reports ErrUnsupported when items hold a sliding window and
-// c has no Sliding, or a calendar window and c has no Calendar: the check
-// of a store that holds neither.
+// c has no Sliding, or a calendar window and c has no Calendar. A store
+// that holds neither calls it.
 func CheckKinds(items []bucket.Prepared, c Caps) error {
 	for i := range items {
 		switch k := items[i].Params.Kind; {
@@ -217,9 +219,9 @@ func CheckKinds(items []bucket.Prepared, c Caps) error {
 	return nil
 }
 
-// KeepChanges is how many of the latest changes of the overrides a store
-// keeps a record of (which key changed at which version), for
-// OverridesSince: a follower further behind loads every override.
+// KeepChanges is how many of the latest override changes a store
+// records, for OverridesSince. A follower further behind loads every
+// override.
 const KeepChanges = 4096
 
 // Errors of the overrides side.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/httplimit/promobserver"
 	"github.com/driplimit/drip/rules"
@@ -30,7 +31,7 @@ func Example() {
 	metrics := promobserver.New()
 	reg := prometheus.NewRegistry() // or prometheus.MustRegister(metrics)
 	reg.MustRegister(metrics)
-	lim := httplimit.New(store, set, httplimit.WithLogger(slog.Default()), httplimit.WithObserver(metrics))
+	lim := httplimit.New(store, set, engine.WithLogger(slog.Default()), engine.WithObserver(metrics))
 	defer lim.Close()
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello\n") })
 	handler := lim.Handler(app) // http.ListenAndServe(":8080", handler)

@@ -6,7 +6,7 @@
 //	obs := promobserver.New()
 //	prometheus.MustRegister(obs) // or your own registry
 //	obs.Expect(set.Rules...)     // their series at 0 (again after a reload)
-//	lim := httplimit.New(store, set, httplimit.WithObserver(obs))
+//	lim := httplimit.New(store, set, engine.WithObserver(obs))
 //
 // The series:
 //

@@ -36,7 +36,7 @@ func TestCounts(t *testing.T) {
 	obs := promobserver.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(obs)
-	lim := httplimit.New(store, set, httplimit.WithObserver(obs))
+	lim := httplimit.New(store, set, engine.WithObserver(obs))
 	defer lim.Close()
 	h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	var codes []int
@@ -96,7 +96,7 @@ func TestStoreDown(t *testing.T) {
 	obs := promobserver.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(obs)
-	lim := httplimit.New(down{}, set, httplimit.WithObserver(obs))
+	lim := httplimit.New(down{}, set, engine.WithObserver(obs))
 	defer lim.Close()
 	w := httptest.NewRecorder()
 	lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))

@@ -226,7 +226,7 @@ func httpTraffic(t *testing.T, storeName string, seed uint64, w *bytes.Buffer) {
 	now := time.Unix(1_700_000_000, 0)
 	var buf bytes.Buffer
 	ev := &events{buf: &buf}
-	l := httplimit.New(st, set, httplimit.WithClock(func() time.Time { return now }), httplimit.WithObserver(ev), httplimit.WithTimeout(teststores.Timeout))
+	l := httplimit.New(st, set, engine.WithClock(func() time.Time { return now }), engine.WithObserver(ev), engine.WithTimeout(teststores.Timeout))
 	h := l.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if u := r.Header.Get("x-give"); u != "" {
 			w.Header().Set("x-used", u)

@@ -84,6 +84,9 @@ func (s *Store) runCalls(ctx context.Context, calls []*batch.Call[request, resul
 	if calls = s.splitLeases(ctx, calls); len(calls) == 0 {
 		return
 	}
+	if calls = s.splitBlocks(ctx, calls); len(calls) == 0 {
+		return
+	}
 	if len(calls) == 1 {
 		c := calls[0]
 		c.Res, c.Err = s.applyOne(ctx, c.Req.op, c.Req.p, c.Req.at, c.SendBy)

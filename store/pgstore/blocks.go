@@ -12,20 +12,26 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// Blocks of leased tokens (package leased) live in their key's own row of
-// drip.buckets (migration 8: the columns ids, sizes and exps, NULL for a
-// key without blocks), as memstore and redisstore keep them beside the
+// Blocks of leased tokens (package leased) live in their key's own row
+// of drip.buckets (migration 8: the columns ids, sizes and exps, NULL for
+// a key without blocks), as memstore and redisstore keep them beside the
 // bucket: every request on the key, from a leased instance or a plain
-// one, marked Leased or not, is held to their cap. A call with a block's
-// take or return, or one the plain statements found a key with blocks in
-// (errBlocked), is one statement, drip.block_apply (sql/blocks.sql): it
+// one, marked Leased or not, is held to their cap. A lone block take or
+// return (a leased instance's) goes through the batcher as a plain take
+// does: the block calls of a batch are one statement, drip.block_batch
+// (sql/blocks.sql), which decides them in order, one key's after one
+// another, each with drip.block_step (bucket.EvalBlocks in plpgsql), and
+// writes each key once; the plain calls of the batch are batch.sql's, as
+// ever. Without batching, and for a call of several items with a block,
+// or one the plain statements found a key with blocks in (errBlocked: a
+// peek or a multi-take), the call is one statement, drip.block_apply: it
 // locks the call's rows in one order, decides every item with the math of
-// bucket.EvalMultiAll in plpgsql (eval.sql for each bucket,
-// bucket.EvalBlocks' rules around it), and writes all or nothing. It
-// returns the state it read, and the Go side decides again from it with
-// bucket.EvalMultiAll: the results are Go's, and a disagreement on a
-// verdict or on the state written is an error (a bug), as for leases. A
-// take marked Leased without a block is a plain take: batched, as any.
+// bucket.EvalMultiAll in plpgsql, and writes all or nothing. Both return
+// the state each item was decided on, and the Go side decides again from
+// it (bucket.EvalBlocks, bucket.EvalMultiAll): the results are Go's, and
+// a disagreement on a verdict or on the state written is an error (a
+// bug), as for leases. A take marked Leased without a block is a plain
+// take: batched, as any.
 
 // errBlocked is a plain statement's answer for a key whose row holds
 // blocks: nothing was decided or written, and the call goes to
@@ -72,74 +78,187 @@ func (s *Store) blockApply(ctx context.Context, op bucket.Op, at time.Time, item
 	if err := s.syncClock(ctx, dl); err != nil {
 		return err
 	}
-	states := make([]bucket.State, len(items))
-	found := make([]bool, len(items))
-	leases := make([]bucket.LeaseSet, len(items))
-	bs := make([][]bucket.Block, len(items))
-	sqlNext := make([]bucket.State, len(items))
-	sqlBlocks := make([]int, len(items))
-	allowed := make([]bool, len(items))
-	var now int64
+	var rows []blockRow
 	err := s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, "SELECT * FROM drip.block_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+		var err error
+		rows, err = s.blockRows(ctx, len(items), "drip.block_apply", blockApplySQL,
 			int(op), a.keys, a.kinds, a.rates, a.periods, a.bursts, a.maxres, a.starts, a.costs, a.reserves,
 			a.leases, blocks, ttls, nanos(at), s.deadline(dl))
 		if err != nil {
 			return err
 		}
-		n := 0
-		for rows.Next() {
-			var ord, nblocks int
-			var ids []string
-			var sizes, exps []int64
-			var ok, present, late bool
-			var ls bucket.LeaseSet
-			var b, nb bucket.State
-			if err := rows.Scan(&ord, &ok, &present, &b.Tokens, &b.TS, &ids, &sizes, &exps, &nb.Tokens, &nb.TS, &nblocks,
-				&ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &now, &late); err != nil {
-				rows.Close()
-				return err
-			}
-			if at.IsZero() && n == 0 {
-				s.clock.Observe(time.Now(), now) // now is the server's clock
-			}
-			if late {
-				rows.Close()
-				return errLate
-			}
-			if ord != n+1 || n >= len(items) || len(sizes) != len(ids) || len(exps) != len(ids) {
-				rows.Close()
-				return fmt.Errorf("pgstore: drip.block_apply returned row %d (%d blocks) as row %d of %d", ord, len(ids), n+1, len(items))
-			}
-			states[n], found[n], leases[n], bs[n] = b, present, ls, nil
-			allowed[n], sqlNext[n], sqlBlocks[n] = ok, nb, nblocks
-			for j := range ids {
-				bs[n] = append(bs[n], bucket.Block{ID: ids[j], Size: sizes[j], Exp: exps[j]})
-			}
-			n++
+		if at.IsZero() {
+			s.clock.Observe(time.Now(), rows[0].now) // now is the server's clock, late or not
 		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if n != len(items) {
-			return fmt.Errorf("pgstore: drip.block_apply returned %d rows for %d items", n, len(items))
+		if rows[0].late {
+			return errLate
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	states := make([]bucket.State, len(items))
+	found := make([]bool, len(items))
+	leases := make([]bucket.LeaseSet, len(items))
+	bs := make([][]bucket.Block, len(items))
+	for i, r := range rows {
+		states[i], found[i], leases[i], bs[i] = r.state, r.found, r.leases, r.blocks
+	}
+	now := rows[0].now
 	res, next, _, nextBlocks, write := bucket.EvalMultiAll(op, items, states, found, leases, nil, bs, now)
 	for i := range items {
-		if res[i].Allowed != allowed[i] {
-			return fmt.Errorf("pgstore: drip.block_apply and bucket.EvalMultiAll disagree on item %d (a bug): statement allowed=%v, Go allowed=%v", i, allowed[i], res[i].Allowed)
-		}
-		if write[i] && items[i].Params.Kind != bucket.Concurrency &&
-			(next[i] != sqlNext[i] || len(nextBlocks[i]) != sqlBlocks[i]) {
-			return fmt.Errorf("pgstore: drip.block_apply and bucket.EvalMultiAll disagree on item %d (a bug): statement wrote %d, %d with %d blocks, Go %d, %d with %d",
-				i, sqlNext[i].Tokens, sqlNext[i].TS, sqlBlocks[i], next[i].Tokens, next[i].TS, len(nextBlocks[i]))
+		if err := rows[i].agrees("drip.block_apply", i, res[i], next[i], nextBlocks[i], write[i] && items[i].Params.Kind != bucket.Concurrency); err != nil {
+			return err
 		}
 	}
 	copy(results, res)
+	return nil
+}
+
+// blockApplySQL runs drip.block_apply (sql/blocks.sql).
+const blockApplySQL = "SELECT * FROM drip.block_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+
+// blockBatchSQL runs drip.block_batch (sql/blocks.sql).
+const blockBatchSQL = "SELECT * FROM drip.block_batch($1::int[], $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+
+// blockRow is one row of drip.block_apply or drip.block_batch: an item's
+// verdict, the state it was decided on (its bucket and blocks, or what
+// bucket.Leases summarizes of a concurrency limit's leases), the bucket
+// and the number of blocks it left, the time and whether it was late.
+type blockRow struct {
+	allowed bool
+	found   bool
+	state   bucket.State
+	blocks  []bucket.Block
+	leases  bucket.LeaseSet
+	next    bucket.State
+	nblocks int
+	now     int64
+	late    bool
+}
+
+// blockRows runs sql, a statement answering blockRows, and reads its n
+// rows, in order.
+func (s *Store) blockRows(ctx context.Context, n int, what, sql string, args ...any) ([]blockRow, error) {
+	rows, err := s.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]blockRow, 0, n)
+	for rows.Next() {
+		var ord int
+		var ids []string
+		var sizes, exps []int64
+		var r blockRow
+		if err := rows.Scan(&ord, &r.allowed, &r.found, &r.state.Tokens, &r.state.TS, &ids, &sizes, &exps, &r.next.Tokens, &r.next.TS, &r.nblocks,
+			&r.leases.Live, &r.leases.Held, &r.leases.Earliest, &r.leases.Latest, &r.now, &r.late); err != nil {
+			return nil, err
+		}
+		if ord != len(out)+1 || len(out) >= n || len(sizes) != len(ids) || len(exps) != len(ids) {
+			return nil, fmt.Errorf("pgstore: %s returned row %d (%d blocks) as row %d of %d", what, ord, len(ids), len(out)+1, n)
+		}
+		for j := range ids {
+			r.blocks = append(r.blocks, bucket.Block{ID: ids[j], Size: sizes[j], Exp: exps[j]})
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) != n {
+		return nil, fmt.Errorf("pgstore: %s returned %d rows for %d items", what, len(out), n)
+	}
+	return out, nil
+}
+
+// agrees checks the statement's row of item i against the Go decision
+// of it (res, and next with nextBlocks when it writes): a disagreement is
+// a bug.
+func (r blockRow) agrees(what string, i int, res bucket.Result, next bucket.State, nextBlocks []bucket.Block, write bool) error {
+	if res.Allowed != r.allowed {
+		return fmt.Errorf("pgstore: %s and Go disagree on item %d (a bug): statement allowed=%v, Go allowed=%v", what, i, r.allowed, res.Allowed)
+	}
+	if write && (next != r.next || len(nextBlocks) != r.nblocks) {
+		return fmt.Errorf("pgstore: %s and Go disagree on item %d (a bug): statement wrote %d, %d with %d blocks, Go %d, %d with %d",
+			what, i, r.next.Tokens, r.next.TS, r.nblocks, next.Tokens, next.TS, len(nextBlocks))
+	}
+	return nil
+}
+
+// batchedBlock reports whether a call is a block's take or return that
+// goes through the batcher: one item, no sliding window.
+func batchedBlock(items []bucket.Prepared) bool {
+	return len(items) == 1 && items[0].Block != "" && items[0].Params.Kind != bucket.Sliding
+}
+
+// splitBlocks decides the block takes and returns among calls with
+// drip.block_batch, in one statement, and returns the others.
+func (s *Store) splitBlocks(ctx context.Context, calls []*batch.Call[request, result]) []*batch.Call[request, result] {
+	var blocks, others []*batch.Call[request, result]
+	for _, c := range calls {
+		if c.Req.p.Block != "" {
+			blocks = append(blocks, c)
+		} else {
+			others = append(others, c)
+		}
+	}
+	if len(blocks) == 0 {
+		return calls
+	}
+	err := s.runBlocks(ctx, blocks)
+	for _, c := range blocks {
+		if err != nil {
+			c.Err = err
+		}
+	}
+	return others
+}
+
+// runBlocks decides calls, block takes and returns, with
+// drip.block_batch: each as drip.block_apply would alone, those of one
+// key one after another, in one statement. Go decides each again with
+// bucket.EvalBlocks from the state the statement read for it.
+func (s *Store) runBlocks(ctx context.Context, calls []*batch.Call[request, result]) error {
+	a := newArrays(len(calls))
+	blocks := make([]string, len(calls))
+	ttls := make([]int64, len(calls))
+	for i, c := range calls {
+		if err := s.syncClock(ctx, c.Deadline); err != nil {
+			return err
+		}
+		a.add(c.Req.op, c.Req.key, c.Req.p, c.Req.at)
+		a.dls = append(a.dls, s.deadline(c.SendBy))
+		blocks[i], ttls[i] = c.Req.p.Block, c.Req.p.BlockTTL
+	}
+	var rows []blockRow
+	err := s.retry(ctx, func() error {
+		var err error
+		rows, err = s.blockRows(ctx, len(calls), "drip.block_batch", blockBatchSQL,
+			a.ops, a.keys, a.kinds, a.rates, a.periods, a.bursts, a.maxres, a.starts, a.costs, a.reserves,
+			blocks, ttls, a.ats, a.dls)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	recv := time.Now()
+	observed := false
+	for i, c := range calls {
+		r := rows[i]
+		if c.Req.at == nil && !observed { // now is the server's clock
+			s.clock.Observe(recv, r.now)
+			observed = true
+		}
+		if r.late {
+			c.Res, c.Err = result{late: true}, errLate
+			continue
+		}
+		res, next, nextBlocks, write := bucket.EvalBlocks(c.Req.op, r.state, r.found, r.blocks, &c.Req.p, r.now)
+		if c.Err = r.agrees("drip.block_batch", i, res, next, nextBlocks, write); c.Err == nil {
+			c.Res = result{allowed: res.Allowed, now: r.now, decided: &res}
+		}
+	}
 	return nil
 }

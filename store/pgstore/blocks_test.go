@@ -24,7 +24,8 @@ import (
 
 // TestBlocks holds the blocks of leased limits on PostgreSQL to the exact
 // model: one statement a call, with batching on (leased calls bypass the
-// batcher) and off, and through PgBouncer in transaction mode.
+// batcher) and off, and through PgBouncer in transaction mode: the three
+// in parallel, each its own store (keys under prefixes of their own).
 func TestBlocks(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []struct {
@@ -35,11 +36,13 @@ func TestBlocks(t *testing.T) {
 		{"batching", []pgstore.Option{pgstore.WithBatching(pgstore.Batching{MaxBatch: 64, InFlight: 4})}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			st := newStore(t, mode.opts...)
 			storetest.RunBlocks(t, func(t *testing.T) store.Store { return st })
 		})
 	}
 	t.Run("pgbouncer", func(t *testing.T) {
+		t.Parallel()
 		bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
 		st := openVia(t, bouncer.URL(), "")
 		storetest.RunBlocks(t, func(t *testing.T) store.Store { return st })
@@ -322,13 +325,13 @@ func TestBlocksOverSlidingRow(t *testing.T) {
 // and those that call drip.block_apply.
 type statements struct {
 	*pgxpool.Pool
-	blockApply atomic.Int64
+	blockApply atomic.Int64 // drip.block_apply and drip.block_batch
 	queries    atomic.Int64 // every statement run by Query
 }
 
 func (s *statements) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	s.queries.Add(1)
-	if strings.HasPrefix(sql, "SELECT * FROM drip.block_apply(") {
+	if strings.HasPrefix(sql, "SELECT * FROM drip.block_apply(") || strings.HasPrefix(sql, "SELECT * FROM drip.block_batch(") {
 		s.blockApply.Add(1)
 	}
 	return s.Pool.Query(ctx, sql, args...)
@@ -370,7 +373,7 @@ func TestLeasedTakeIsPlain(t *testing.T) {
 		t.Errorf("a take of 3 with 2 left beside a block of 5: %+v; want denied, 2 tokens", d)
 	}
 	if n := db.blockApply.Load(); n != 1 {
-		t.Errorf("a block take and a take on the key with the block: drip.block_apply %d times, want 1 (the block's)", n)
+		t.Errorf("a block take and a take on the key with the block: %d block statements, want 1 (the block's)", n)
 	}
 }
 
@@ -561,4 +564,138 @@ func testBatchBlocks(ctx context.Context, t *testing.T, pg *pgstore.Store, disti
 		}
 	}
 	t.Logf("seed %d: %d batches, %d of them with blocks taken (some expired)", seed, runs, blocked)
+}
+
+// TestBlockTakesBatched: concurrent block takes and returns on one key
+// (a hot key's, leased by many instances) go through the batcher as
+// plain takes do, several in one statement (drip.block_batch), instead of
+// one drip.block_apply each queued on the row's lock; and they stay
+// exact: of 48 blocks of 5 on a burst of 200 at one instant, exactly 40
+// are granted, and returned whole they give the bucket back whole.
+func TestBlockTakesBatched(t *testing.T) {
+	t.Parallel()
+	db := &statements{Pool: pool(t)}
+	st, err := pgstore.New(context.Background(), db, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	key := prefix() + "hot"
+	at := time.Now().Truncate(time.Hour).Add(time.Hour) // one instant: nothing refills
+	lim := drip.PerSecond(200)
+	const callers = 48
+	run := func(op bucket.Op, ids []string) (granted []string, statements int64) {
+		t.Helper()
+		before := db.queries.Load()
+		start := make(chan struct{})
+		type answer struct {
+			id  string
+			ok  bool
+			err error
+		}
+		answers := make(chan answer, len(ids))
+		for _, id := range ids {
+			items := []bucket.Prepared{prepareLeased(t, op, leasedItem{key: key, lim: lim, cost: 5, block: id})}
+			go func() {
+				res := make([]bucket.Result, 1)
+				<-start
+				err := st.Apply(ctx, op, at, items, res)
+				answers <- answer{id, res[0].Allowed, err}
+			}()
+		}
+		close(start)
+		for range ids {
+			a := <-answers
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			if a.ok {
+				granted = append(granted, a.id)
+			}
+		}
+		return granted, db.queries.Load() - before
+	}
+	var ids []string
+	for i := range callers {
+		ids = append(ids, fmt.Sprint("b", i))
+	}
+	granted, n := run(bucket.Take, ids)
+	t.Logf("%d block takes: %d statements", callers, n)
+	if len(granted) != 40 {
+		t.Errorf("%d blocks of 5 granted of a burst of 200, want 40", len(granted))
+	}
+	if n > callers/2 {
+		t.Errorf("%d concurrent block takes on one key ran %d statements, want at most %d (batched)", callers, n, callers/2)
+	}
+	_, n = run(bucket.Refund, granted)
+	t.Logf("%d block returns: %d statements", len(granted), n)
+	if n > int64(len(granted))/2 {
+		t.Errorf("%d concurrent block returns on one key ran %d statements, want at most %d (batched)", len(granted), n, len(granted)/2)
+	}
+	items := []bucket.Prepared{prepareLeased(t, bucket.Peek, leasedItem{key: key, lim: lim, cost: 1})}
+	res := make([]bucket.Result, 1)
+	if err := st.Apply(ctx, bucket.Peek, at, items, res); err != nil {
+		t.Fatal(err)
+	}
+	if d := drip.DecisionOf(res[0], items[0].Params.Burst); d.Tokens != 199 {
+		t.Errorf("every block returned whole, a peek of 1: %v tokens, want 199 (of 200)", d.Tokens)
+	}
+}
+
+// TestBlockBatchSameAsMemstore: block takes and returns decided in one
+// statement (drip.block_batch), chains of one key among them, decide as
+// the memory store decides them one after another (bucket.EvalBlocks):
+// blocks taken, denied, taken again under a live ID, returned, returned
+// twice, expiring within a batch.
+func TestBlockBatchSameAsMemstore(t *testing.T) {
+	t.Parallel()
+	pg := newStore(t, pgstore.WithSweep(0))
+	ctx := context.Background()
+	for seed := range uint64(3) {
+		mem := memstore.New(memstore.WithSweep(0))
+		rng := rand.New(rand.NewPCG(seed, 7))
+		p := prefix()
+		keys := []string{p + "a", p + "b"}
+		lims := []drip.Limit{drip.PerSecond(50).WithBurst(20), drip.Per(8, 100*time.Millisecond).Window()}
+		at := time.Now().Truncate(time.Hour).Add(time.Hour)
+		var ids []string
+		for step := range 40 {
+			n := 1 + rng.IntN(10)
+			ops := make([]bucket.Op, n)
+			items := make([]bucket.Prepared, n)
+			ats := make([]time.Time, n)
+			for i := range n {
+				at = at.Add(time.Duration(rng.IntN(40)) * time.Millisecond)
+				k := rng.IntN(len(keys))
+				it := leasedItem{key: keys[k], lim: lims[k], cost: float64(1 + rng.IntN(6))}
+				ops[i] = bucket.Take
+				switch {
+				case len(ids) > 0 && rng.IntN(3) == 0:
+					ops[i], it.block = bucket.Refund, ids[rng.IntN(len(ids))]
+				case len(ids) > 0 && rng.IntN(8) == 0:
+					it.block = ids[rng.IntN(len(ids))] // a take under a live ID, or one returned
+				default:
+					it.block = fmt.Sprint("s", seed, "x", step, "i", i)
+					ids = append(ids, it.block)
+				}
+				items[i], ats[i] = prepareLeased(t, ops[i], it), at
+			}
+			got, errs := pgstore.ApplyCalls(ctx, pg, ops, items, ats)
+			for i := range items {
+				if errs[i] != nil {
+					t.Fatalf("seed %d step %d call %d of %d: %v", seed, step, i, n, errs[i])
+				}
+				want := make([]bucket.Result, 1)
+				if err := mem.Apply(ctx, ops[i], ats[i], items[i:i+1], want); err != nil {
+					t.Fatal(err)
+				}
+				g, w := drip.DecisionOf(got[i], items[i].Params.Burst), drip.DecisionOf(want[0], items[i].Params.Burst)
+				if g != w {
+					t.Fatalf("seed %d step %d call %d of %d (%v %s %s %d):\npostgres %+v\nmemory   %+v", seed, step, i, n, ops[i], items[i].Key, items[i].Block, items[i].Cost, g, w)
+				}
+			}
+		}
+		mem.Close()
+	}
 }

@@ -57,3 +57,21 @@ func StoreKey(key string) []byte { return storeKey(key) }
 // Migrations is the schema's migrations, in order: for the test of the
 // migration of leases to rows.
 var Migrations = migration
+
+// ApplyCalls decides single-item calls (ops, items, times) as one batch
+// of the batcher, in order: block takes and returns with them.
+func ApplyCalls(ctx context.Context, s *Store, ops []bucket.Op, items []bucket.Prepared, ats []time.Time) ([]bucket.Result, []error) {
+	calls := make([]*batch.Call[request, result], len(items))
+	for i, p := range items {
+		calls[i] = &batch.Call[request, result]{Req: request{ops[i], storeKey(p.Key), p, nanos(ats[i])}}
+	}
+	s.runCalls(ctx, calls)
+	res := make([]bucket.Result, len(items))
+	errs := make([]error, len(items))
+	for i, c := range calls {
+		if errs[i] = c.Err; errs[i] == nil {
+			res[i], errs[i] = c.Res.decide(ops[i], items[i])
+		}
+	}
+	return res, errs
+}

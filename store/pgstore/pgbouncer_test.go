@@ -31,7 +31,8 @@ func openVia(t *testing.T, url string, params string) *pgstore.Store {
 
 // TestPgBouncerConformance runs the conformance suite (its concurrency
 // bound included) through PgBouncer in transaction mode, batched and one
-// statement a decision, with the plain URL.
+// statement a decision (in parallel, each its own store), with the plain
+// URL.
 func TestPgBouncerConformance(t *testing.T) {
 	t.Parallel()
 	bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
@@ -40,6 +41,7 @@ func TestPgBouncerConformance(t *testing.T) {
 		{"statement", "&drip_batch=off"},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			st := openVia(t, bouncer.URL(), mode.params)
 			// LISTEN does not reach the server through the pooler:
 			// followers poll, and the suite checks overrides unwatched.

@@ -53,13 +53,15 @@
 //
 // Leased tokens (package leased): a key's live blocks are in its own row
 // of drip.buckets, beside its bucket (NULL for none), so every request on
-// the key is held to their cap. The plain statements decide keys without
-// blocks and leave the others (errBlocked); a call with a block's take or
-// return, or on a key with blocks, is one plpgsql function,
-// drip.block_apply (sql/blocks.sql, blocks.go): the call's rows locked in
-// one order, every item decided with bucket.EvalMultiAll's rules, all or
-// nothing; the Go side decides again from the state it read and checks
-// the verdicts.
+// the key is held to their cap. The plain take and batch statements
+// decide a plain request on a key with blocks under their cap; a lone
+// block take or return is batched like a plain take, the block calls of
+// a batch one plpgsql statement (drip.block_batch); a peek or a call of
+// several items on a key with blocks, and every block call without
+// batching, is one plpgsql function, drip.block_apply (sql/blocks.sql,
+// blocks.go): the call's rows locked in one order, every item decided
+// with bucket.EvalMultiAll's rules, all or nothing. The Go side decides
+// again from the state they read and checks the verdicts.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
 // the SQL functions, including drip.take, drip.peek, drip.refund and
@@ -292,12 +294,18 @@ type result struct {
 	// such keys, bucket.EvalBlocks' plain request), and the bucket
 	// refills only up to the burst less their sizes.
 	cap *int64
+	// decided is a block take's or return's result, decided by
+	// drip.block_batch and checked with bucket.EvalBlocks (blocks.go).
+	decided *bucket.Result
 }
 
 // decide completes r, the statement's answer to op on p, with the Go
 // math: a concurrency limit's by leaseResult, a sliding window's by
 // slidingResult, a bucket's by result.
 func (r result) decide(op bucket.Op, p bucket.Prepared) (bucket.Result, error) {
+	if r.decided != nil {
+		return *r.decided, nil
+	}
 	switch p.Params.Kind {
 	case bucket.Concurrency:
 		return r.leaseResult(op, p)
@@ -369,7 +377,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	if err := store.CheckKinds(items, store.Caps{Sliding: true, Calendar: true}); err != nil {
 		return err
 	}
-	if blockItems(items) {
+	if blockItems(items) && (s.batch == nil || !batchedBlock(items)) {
 		return s.applyBlocks(ctx, op, at, items, results)
 	}
 	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {

@@ -13,9 +13,11 @@ import (
 	"github.com/driplimit/drip/storetest"
 )
 
-// TestTLS runs the suite over sslmode=verify-full with a certificate from
-// a throwaway CA, and wants a wrong CA or a wrong host name to fail at
-// once with an error that says so.
+// TestTLS runs the suite's calls (storetest.RunTransport: the store is
+// held to the whole suite by TestConformance, on the same server code)
+// over sslmode=verify-full with a certificate from a throwaway CA, and
+// wants a wrong CA or a wrong host name to fail at once with an error
+// that says so.
 func TestTLS(t *testing.T) {
 	ca := testserver.NewCA(t, "drip-test")
 	cert, key := ca.Issue(t, ca.Dir(t), "localhost")
@@ -29,7 +31,7 @@ func TestTLS(t *testing.T) {
 	if err := mustPool(t, good).QueryRow(context.Background(), "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").Scan(&ssl); err != nil || !ssl {
 		t.Fatalf("a connection with the store's URL is not TLS: %v %v", ssl, err)
 	}
-	storetest.Run(t, func(t *testing.T) store.Store { return st })
+	storetest.RunTransport(t, func(t *testing.T) store.Store { return st })
 
 	other := testserver.NewCA(t, "other")
 	for _, c := range []struct{ name, url, want string }{

@@ -26,6 +26,7 @@ func TestBlocksScripts(t *testing.T) {
 }
 
 func TestBlocksCluster(t *testing.T) {
+	t.Parallel()
 	c := open(t, testserver.SharedRedisClusterURL(t)).Client()
 	storetest.RunBlocks(t, func(t *testing.T) store.Store {
 		return redisstore.New(c, redisstore.WithPrefix("drip:{"+randomTag()+"}:"))

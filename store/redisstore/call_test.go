@@ -59,6 +59,7 @@ func TestFunctionReload(t *testing.T) {
 // without functions (FCALL and FUNCTION renamed away, as on a server
 // before Redis 7): the store falls back to scripts (EVALSHA/EVAL).
 func TestScriptsWithoutFunctions(t *testing.T) {
+	t.Parallel()
 	r := testserver.StartRedis(t, "--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
 	if out, _ := r.Cli("FUNCTION", "LIST"); !strings.Contains(out, "unknown command") {
 		t.Fatalf("FUNCTION LIST answered %q", out)

@@ -12,13 +12,16 @@
 // coalesced into one call (WithBatching).
 //
 // State is exact: one string key per bucket holding tokens
-// (micro-tokens), the bucket's time in seconds and nanoseconds, and when
-// the key's TTL ends: nearly always in a compact form of 20 bytes (the
-// byte 1, the tokens as a 7-byte integer, then the seconds, nanoseconds
-// and the TTL's end in whole seconds as 32-bit integers); for times
+// (micro-tokens), the bucket's time in seconds and nanoseconds, and (in
+// the wider forms) when the key's TTL ends: nearly always in a short form
+// of 12 bytes (the nanoseconds plus 2^31, the seconds and the tokens as
+// big-endian 32-bit integers; the key's own TTL holds its end); for
+// tokens beyond 32 bits in a compact form of 20 bytes (the byte 1, the
+// tokens as a 7-byte integer, then the seconds, nanoseconds and the TTL's
+// end in whole seconds as little-endian 32-bit integers); for times
 // before 1970 or after 2106 as four little-endian doubles after a zero
-// byte (the form of earlier versions, still read), and for tokens beyond
-// 2^52 in magnitude as decimals, "tokens s n deadline". The script does its
+// byte, and for tokens beyond 2^52 in magnitude as decimals, "tokens s n
+// deadline" (the forms of earlier versions, all still read). The script does its
 // arithmetic in exact integers (bigint.lua), so decisions are the ones
 // bucket.Eval makes, bit for bit; the Go side recomputes each with
 // bucket.Eval from the state the script read and reports any disagreement

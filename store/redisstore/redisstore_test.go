@@ -31,7 +31,12 @@ func open(t testing.TB, url string, opts ...redisstore.Option) *redisstore.Store
 // randomTag is a fresh key prefix, so tests sharing a server keep apart.
 func randomTag() string { return testserver.Prefix() }
 
+// The conformance suites (these, TestBlocksCluster and
+// TestScriptsWithoutFunctions) run in parallel with each other: each keeps
+// its keys under a prefix of its own, or has a server of its own, and
+// spends most of its time waiting for round trips, which overlap.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	url := testserver.SharedRedisURL(t)
 	s := open(t, url)
 	storetest.Run(t, func(t *testing.T) store.Store { return s })
@@ -41,6 +46,7 @@ func TestConformance(t *testing.T) {
 // own script call (the default coalesces concurrent ones, and so does
 // TestConformance).
 func TestConformanceWithoutBatching(t *testing.T) {
+	t.Parallel()
 	url := testserver.SharedRedisURL(t)
 	s := open(t, url, redisstore.WithoutBatching())
 	storetest.Run(t, func(t *testing.T) store.Store { return s })
@@ -50,6 +56,7 @@ func TestConformanceWithoutBatching(t *testing.T) {
 // prefix with its own hash tag, so that its multi-takes can span its keys
 // while the tests spread over the cluster's masters.
 func TestConformanceCluster(t *testing.T) {
+	t.Parallel()
 	url := testserver.SharedRedisClusterURL(t)
 	c := open(t, url).Client()
 	storetest.Run(t, func(t *testing.T) store.Store {

@@ -13,13 +13,14 @@ import (
 	"github.com/driplimit/drip/storetest"
 )
 
-// TestConformanceSentinel runs the suite, and the blocks of leased
-// tokens, on a master found through three Sentinels, with the
+// TestConformanceSentinel runs the suite's calls (storetest.RunTransport:
+// the store is held to the whole suite by TestConformance), and the blocks
+// of leased tokens, on a master found through three Sentinels, with the
 // redis+sentinel:// URL.
 func TestConformanceSentinel(t *testing.T) {
 	rs := testserver.StartRedisSentinel(t)
 	s := open(t, rs.URL())
-	storetest.Run(t, func(t *testing.T) store.Store { return s })
+	storetest.RunTransport(t, func(t *testing.T) store.Store { return s })
 	t.Run("Blocks", func(t *testing.T) { storetest.RunBlocks(t, func(t *testing.T) store.Store { return s }) })
 }
 

@@ -12,8 +12,9 @@ import (
 	"github.com/driplimit/drip/storetest"
 )
 
-// TestTLS runs the suite over rediss:// with a certificate from a
-// throwaway CA, and wants a wrong CA or a wrong host name to fail at once
+// TestTLS runs the suite's calls (storetest.RunTransport: the store is
+// held to the whole suite by TestConformance) over rediss:// with a
+// certificate from a throwaway CA, and wants a wrong CA or a wrong host name to fail at once
 // with an error that says so.
 func TestTLS(t *testing.T) {
 	ca := testserver.NewCA(t, "drip-test")
@@ -21,7 +22,7 @@ func TestTLS(t *testing.T) {
 	_, port := testserver.StartRedisTLS(t, cert, key)
 	url := fmt.Sprintf("rediss://localhost:%d?tls_ca_file=%s", port, ca.CAFile)
 	s := open(t, url)
-	storetest.Run(t, func(t *testing.T) store.Store { return s })
+	storetest.RunTransport(t, func(t *testing.T) store.Store { return s })
 
 	other := testserver.NewCA(t, "other")
 	for _, c := range []struct{ name, url, want string }{
@@ -51,7 +52,8 @@ func TestTLS(t *testing.T) {
 	}
 }
 
-// TestTLSSentinel runs the suite over rediss+sentinel://: the Sentinels,
+// TestTLSSentinel runs the suite's calls (storetest.RunTransport) over
+// rediss+sentinel://: the Sentinels,
 // the master and the replica all serve TLS with a throwaway CA's
 // certificate, and the client reaches each over TLS, checked against the
 // host it is reached at.
@@ -60,7 +62,7 @@ func TestTLSSentinel(t *testing.T) {
 	cert, key := ca.Issue(t, ca.Dir(t), "localhost", "127.0.0.1")
 	rs := testserver.StartRedisSentinelTLS(t, ca.CAFile, cert, key)
 	s := open(t, rs.URL()+"?tls_ca_file="+ca.CAFile)
-	storetest.Run(t, func(t *testing.T) store.Store { return s })
+	storetest.RunTransport(t, func(t *testing.T) store.Store { return s })
 	other := testserver.NewCA(t, "other")
 	if s, err := redisstore.Open(rs.URL() + "?tls_ca_file=" + other.CAFile); err == nil {
 		s.Close()

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driplimit/drip/httplimit"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -16,7 +16,7 @@ func TestEngine(t *testing.T) {
 	defer store.Close()
 	// Time stands still: no token comes back however slow the machine.
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	h, err := newEngine(store, httplimit.WithClock(func() time.Time { return now }))
+	h, err := newEngine(store, engine.WithClock(func() time.Time { return now }))
 	if err != nil {
 		t.Fatal(err)
 	}

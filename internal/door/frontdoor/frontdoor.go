@@ -18,33 +18,20 @@ import (
 	"github.com/driplimit/drip/store"
 )
 
-// Config is what a front door's options set.
-type Config struct {
-	// Engine, if set, is the engine to decide with (WithEngine); Eng then
-	// goes unused.
-	Engine *engine.Engine
-	// Eng are the options of the engine New builds otherwise.
-	Eng []engine.Option
-	// Now is the clock of token expiry; nil for the real clock.
-	Now func() time.Time
-}
-
 // Door holds a front door's engine and its rules in force. It is safe
 // for concurrent use.
 type Door struct {
 	eng  *engine.Engine
 	snap atomic.Pointer[Snapshot]
-	now  func() time.Time
 }
 
 // New returns a Door that applies set (nil: rules.Default()) with
-// state in store; name prefixes the log messages of the engine it builds.
-func New(store store.Store, name string, set *rules.Set, c Config) *Door {
-	eng := c.Engine
-	if eng == nil {
-		eng = engine.New(store, append([]engine.Option{engine.WithName(name), engine.WithLocal(local.New)}, c.Eng...)...)
-	}
-	l := &Door{eng: eng, now: c.Now}
+// state in store, deciding with the engine opts configure
+// (engine.Shared: an engine of its own); name prefixes the log messages
+// of the engine it builds.
+func New(store store.Store, name string, set *rules.Set, opts []engine.Option) *Door {
+	eng := engine.New(store, append([]engine.Option{engine.WithName(name), engine.WithLocal(local.New)}, opts...)...)
+	l := &Door{eng: eng}
 	l.Swap(set)
 	return l
 }
@@ -56,16 +43,11 @@ func (l *Door) Swap(set *rules.Set) {
 	for i := range rs.Set.Rules {
 		apis = apis || ruleAPI(&rs.Set.Rules[i]) != ""
 	}
-	l.snap.Store(&Snapshot{Rules: rs, ReadsPath: rs.Set.ReadsPath(), APIs: apis, jwt: newVerifier(rs.Set.JWT, l.now)})
+	l.snap.Store(&Snapshot{Rules: rs, ReadsPath: rs.Set.ReadsPath(), APIs: apis, jwt: newVerifier(rs.Set.JWT, l.eng.Now)})
 }
 
-// Now is the door's clock.
-func (l *Door) Now() time.Time {
-	if l.now == nil {
-		return time.Now()
-	}
-	return l.now()
-}
+// Now is the door's clock: its engine's.
+func (l *Door) Now() time.Time { return l.eng.Now() }
 
 // Snapshot returns the rules in force.
 func (l *Door) Snapshot() *Snapshot { return l.snap.Load() }
@@ -83,31 +65,4 @@ type Snapshot struct {
 	// answers carry that API's headers and errors (llm.go).
 	APIs bool
 	jwt  *verifier
-}
-
-// Option sets a Config: the options of every front door.
-type Option func(*Config)
-
-// Configure returns the Config that opts set.
-func Configure(opts []Option) Config {
-	var c Config
-	for _, f := range opts {
-		f(&c)
-	}
-	return c
-}
-
-// WithEngine decides with e (Config.Engine).
-func WithEngine(e *engine.Engine) Option { return func(c *Config) { c.Engine = e } }
-
-// WithEngineOption adds an option of the engine New builds.
-func WithEngineOption(o engine.Option) Option { return func(c *Config) { c.Eng = append(c.Eng, o) } }
-
-// WithClock makes now the time of decisions, token expiry and the
-// breaker.
-func WithClock(now func() time.Time) Option {
-	return func(c *Config) {
-		c.Now = now
-		c.Eng = append(c.Eng, engine.WithClock(now))
-	}
 }

@@ -14,13 +14,20 @@ import (
 // interceptors' metadata and messages: the status, the RateLimit headers
 // and the application/problem+json body.
 
+// ReasonKeyError is the reason of a refusal whose key function failed:
+// the request could not be read, through no fault of the client's.
+const ReasonKeyError = "key_error"
+
 // Status is the HTTP status of an answer to out: 0 when allowed, 400 for
-// a refusal (engine.Refuse), 503 when the store failed and on_error denied
-// (engine.ReasonStoreUnavailable), else 429.
+// a refusal (engine.Refuse; 500 when the key function failed), 503 when
+// the store failed and on_error denied (engine.ReasonStoreUnavailable),
+// else 429.
 func Status(out *engine.Outcome) int {
 	switch {
 	case out.Allowed:
 		return 0
+	case out.Refused && out.Reason == ReasonKeyError:
+		return http.StatusInternalServerError
 	case out.Refused:
 		return http.StatusBadRequest
 	case out.Reason == engine.ReasonStoreUnavailable, out.Reason == engine.ReasonOverloaded:

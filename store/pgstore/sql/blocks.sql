@@ -94,6 +94,81 @@ BEGIN
     RETURN greatest(last, drip.expires_at(kind, rate, period, burst, least(tokens, 0), last));
 END $$;
 
+-- drip.block_step is bucket.EvalBlocks on one bucket: a request (op 0
+-- take, 1 peek, 2 refund; a block's take or return when p_block is not
+-- '') on the bucket (present, tokens, ts) of a key whose blocks are
+-- (ids, sizes, exps), at p_now. It returns the verdict, whether the
+-- request writes, and the bucket and blocks it leaves. drip.block_apply
+-- and drip.block_batch decide each bucket with it.
+CREATE OR REPLACE FUNCTION drip.block_step(p_op int, p_present bool, p_tokens bigint, p_ts bigint,
+    p_ids text[], p_sizes bigint[], p_exps bigint[], p_kind int, p_rate bigint, p_period bigint,
+    p_burst bigint, p_maxres bigint, p_start bigint, p_cost bigint, p_reserve bool, p_block text,
+    p_ttl bigint, p_now bigint,
+    OUT allowed bool, OUT write bool, OUT n_tokens bigint, OUT n_ts bigint,
+    OUT n_ids text[], OUT n_sizes bigint[], OUT n_exps bigint[])
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    a record;
+    e record;
+    x int;
+    v_cap bigint;
+    v_exp bigint;
+BEGIN
+    a := drip.block_advance(p_kind, p_rate, p_period, p_burst, p_maxres, p_start, p_present, p_tokens, p_ts,
+                            p_ids, p_sizes, p_exps, p_now);
+    v_cap := a.cap;
+    n_ids := a.ids; n_sizes := a.sizes; n_exps := a.exps;
+    x := array_position(a.ids, p_block);
+    IF p_block = '' OR p_op = 1 THEN
+        e := drip.eval_one(p_op, a.present, a.tokens, a.ts, p_kind, p_rate, p_period,
+                           v_cap, p_maxres, p_start, p_cost, p_reserve, p_now);
+        allowed := e.allowed;
+        write := e.write;
+    ELSIF p_op = 0 AND x IS NOT NULL THEN
+        -- a take under a live ID: nothing more taken
+        e := drip.eval_one(1, a.present, a.tokens, a.ts, p_kind, p_rate, p_period,
+                           v_cap, p_maxres, p_start, 0, false, p_now);
+        allowed := e.allowed;
+        write := false;
+    ELSIF p_op = 0 AND cardinality(a.ids) >= 64 THEN
+        -- bucket.MaxBlocks live: denied
+        e := drip.eval_one(1, a.present, a.tokens, a.ts, p_kind, p_rate, p_period,
+                           v_cap, p_maxres, p_start, p_cost, false, p_now);
+        allowed := false;
+        write := false;
+    ELSIF p_op = 0 THEN
+        e := drip.eval_one(0, a.present, a.tokens, a.ts, p_kind, p_rate, p_period,
+                           v_cap, p_maxres, p_start, p_cost, false, p_now);
+        allowed := e.allowed;
+        write := e.write;
+        IF e.write THEN
+            -- bucket.Params.BlockExp
+            v_exp := p_now + p_ttl;
+            IF p_kind = 2 THEN
+                v_exp := least(v_exp, e.n_ts + p_period);
+            END IF;
+            n_ids := a.ids || p_block;
+            n_sizes := a.sizes || p_cost;
+            n_exps := a.exps || v_exp;
+        END IF;
+    ELSE
+        -- a return: the block leaves the outstanding tokens, its unused
+        -- ones go back, capped
+        e := drip.eval_one(2, a.present, a.tokens, a.ts, p_kind, p_rate, p_period,
+                           v_cap, p_maxres, p_start, 0, false, p_now);
+        allowed := e.allowed;
+        write := x IS NOT NULL;
+        IF x IS NOT NULL THEN
+            v_cap := v_cap + a.sizes[x];
+            e.n_tokens := least(v_cap, e.n_tokens + least(p_cost, a.sizes[x]));
+            n_ids := a.ids[:x - 1] || a.ids[x + 1:];
+            n_sizes := a.sizes[:x - 1] || a.sizes[x + 1:];
+            n_exps := a.exps[:x - 1] || a.exps[x + 1:];
+        END IF;
+    END IF;
+    n_tokens := e.n_tokens; n_ts := e.n_ts;
+END $$;
+
 -- drip.block_apply decides one call (a take, peek or refund of several
 -- items, distinct keys) as bucket.EvalMultiAll does, all or nothing. One
 -- array per field, one element per item: keys (stored form), kinds, rates,
@@ -144,11 +219,8 @@ DECLARE
     k record;
     r record;
     e record;
-    a record;
     s record;
     j int;
-    x int;
-    v_cap bigint;
     v_exp bigint;
 BEGIN
     -- The class of each item: 0 a bucket (with its blocks), 1 a
@@ -203,60 +275,14 @@ BEGIN
                 ids := coalesce(r.ids, '{}'); sizes := coalesce(r.sizes, '{}'); exps := coalesce(r.exps, '{}');
             END IF;
             -- bucket.EvalBlocks
-            a := drip.block_advance(p_kinds[i], p_rates[i], p_periods[i], p_bursts[i], p_maxres[i],
-                                    p_starts[i], present, tokens, ts, ids, sizes, exps, now);
-            v_cap := a.cap;
-            v_row.ids := a.ids; v_row.sizes := a.sizes; v_row.exps := a.exps;
-            x := array_position(a.ids, p_blocks[i]);
-            IF p_blocks[i] = '' OR p_op = 1 THEN
-                e := drip.eval_one(p_op, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
-                                   v_cap, p_maxres[i], p_starts[i], p_costs[i], p_reserves[i], now);
-                allowed := e.allowed;
-                v_write[i] := e.write;
-            ELSIF p_op = 0 AND x IS NOT NULL THEN
-                -- a take under a live ID: nothing more taken
-                e := drip.eval_one(1, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
-                                   v_cap, p_maxres[i], p_starts[i], 0, false, now);
-                allowed := e.allowed;
-                v_write[i] := false;
-            ELSIF p_op = 0 AND cardinality(a.ids) >= 64 THEN
-                -- bucket.MaxBlocks live: denied
-                e := drip.eval_one(1, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
-                                   v_cap, p_maxres[i], p_starts[i], p_costs[i], false, now);
-                allowed := false;
-                v_write[i] := false;
-            ELSIF p_op = 0 THEN
-                e := drip.eval_one(0, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
-                                   v_cap, p_maxres[i], p_starts[i], p_costs[i], false, now);
-                allowed := e.allowed;
-                v_write[i] := e.write;
-                IF e.write THEN
-                    -- bucket.Params.BlockExp
-                    v_exp := now + p_ttls[i];
-                    IF p_kinds[i] = 2 THEN
-                        v_exp := least(v_exp, e.n_ts + p_periods[i]);
-                    END IF;
-                    v_row.ids := a.ids || p_blocks[i];
-                    v_row.sizes := a.sizes || p_costs[i];
-                    v_row.exps := a.exps || v_exp;
-                END IF;
-            ELSE
-                -- a return: the block leaves the outstanding tokens, its
-                -- unused ones go back, capped
-                e := drip.eval_one(2, a.present, a.tokens, a.ts, p_kinds[i], p_rates[i], p_periods[i],
-                                   v_cap, p_maxres[i], p_starts[i], 0, false, now);
-                allowed := e.allowed;
-                v_write[i] := x IS NOT NULL;
-                IF x IS NOT NULL THEN
-                    v_cap := v_cap + a.sizes[x];
-                    e.n_tokens := least(v_cap, e.n_tokens + least(p_costs[i], a.sizes[x]));
-                    v_row.ids := a.ids[:x - 1] || a.ids[x + 1:];
-                    v_row.sizes := a.sizes[:x - 1] || a.sizes[x + 1:];
-                    v_row.exps := a.exps[:x - 1] || a.exps[x + 1:];
-                END IF;
-            END IF;
+            e := drip.block_step(p_op, present, tokens, ts, ids, sizes, exps, p_kinds[i], p_rates[i],
+                                 p_periods[i], p_bursts[i], p_maxres[i], p_starts[i], p_costs[i],
+                                 p_reserves[i], p_blocks[i], p_ttls[i], now);
+            allowed := e.allowed;
+            v_write[i] := e.write;
             n_tokens := e.n_tokens; n_ts := e.n_ts;
             v_row.tokens := e.n_tokens; v_row.ts := e.n_ts;
+            v_row.ids := e.n_ids; v_row.sizes := e.n_sizes; v_row.exps := e.n_exps;
             n_blocks := coalesce(cardinality(v_row.ids), 0);
         END IF;
         v_next[i] := v_row;
@@ -290,6 +316,117 @@ BEGIN
         ELSE
             INSERT INTO drip.buckets (key, tokens, ts, expires, ids, sizes, exps)
             VALUES (p_keys[j], v_row.tokens, v_row.ts, v_exp, v_row.ids, v_row.sizes, v_row.exps)
+            ON CONFLICT (key) DO NOTHING;
+            PERFORM drip.ensure(FOUND);
+        END IF;
+    END LOOP;
+END $$;
+
+-- drip.block_batch decides many independent single-item calls (from
+-- concurrent callers: block takes and returns of leased instances, and
+-- undo refunds of them) in one statement, as the batches of batch.sql
+-- decide plain takes: each as if alone, in array order per key, each
+-- seeing the bucket and blocks the one before left, and each key's row
+-- written once, at the end. One array per field, one element per call,
+-- as drip.block_apply's (ops per element), with $13 times in ns (NULL
+-- elements: the server's clock, read once after the locks) and $14
+-- deadlines in the server's clock (NULL elements: none). No element is a
+-- sliding window or a concurrency limit.
+--
+-- It locks the rows of the keys in key order (as batch.sql does), then
+-- decides each element with drip.block_step on its key's state. An
+-- element whose deadline passed when the locks were got is late: it is
+-- left out (neither decided nor written). A key whose row appeared after
+-- it was read raises 40001 (drip.ensure), and the store runs the batch
+-- again. A row per element, in order, with drip.block_apply's columns:
+-- the state its element was decided on and the state it left, so that
+-- the Go store decides each element again with bucket.EvalBlocks and
+-- checks that both agree.
+CREATE OR REPLACE FUNCTION drip.block_batch(p_ops int[], p_keys bytea[], p_kinds int[],
+    p_rates bigint[], p_periods bigint[], p_bursts bigint[], p_maxres bigint[], p_starts bigint[],
+    p_costs bigint[], p_reserves bool[], p_blocks text[], p_ttls bigint[], p_ats bigint[], p_dls bigint[])
+RETURNS TABLE (ord int, allowed bool, present bool, tokens bigint, ts bigint, ids text[],
+    sizes bigint[], exps bigint[], n_tokens bigint, n_ts bigint, n_blocks int,
+    live bigint, held bool, earliest bigint, latest bigint, now bigint, late bool)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    n int := coalesce(cardinality(p_keys), 0);
+    v_clock bigint;
+    v_keys bytea[] := '{}'; -- the keys, in the order first met
+    v_exists bool[];        -- a row of the key was read
+    v_present bool[];       -- a bucket of the key (no sliding window's counts)
+    v_dirty bool[];
+    v_rows drip.buckets[];  -- each key's state, as its last write left it
+    v_row drip.buckets;
+    e record;
+    k record;
+    j int;
+BEGIN
+    PERFORM FROM drip.buckets b WHERE b.key = ANY (p_keys) ORDER BY b.key FOR UPDATE;
+    v_clock := drip.clock();
+    live := 0; held := false; earliest := 0; latest := 0;
+    FOR i IN 1 .. n LOOP
+        ord := i;
+        now := coalesce(p_ats[i], v_clock);
+        late := p_dls[i] IS NOT NULL AND v_clock >= p_dls[i];
+        present := false; tokens := 0; ts := 0; ids := '{}'; sizes := '{}'; exps := '{}';
+        allowed := false; n_tokens := 0; n_ts := 0; n_blocks := 0;
+        IF late THEN
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        j := array_position(v_keys, p_keys[i]);
+        IF j IS NULL THEN
+            -- read under the lock: a fresh snapshot, which holds every
+            -- write committed before the lock was got
+            v_keys := v_keys || p_keys[i];
+            j := cardinality(v_keys);
+            SELECT b.* INTO v_row FROM drip.buckets b WHERE b.key = p_keys[i];
+            v_exists[j] := FOUND;
+            v_present[j] := FOUND AND v_row.counts IS NULL;
+            v_dirty[j] := false;
+            v_rows[j] := v_row;
+        END IF;
+        v_row := v_rows[j];
+        present := v_present[j];
+        IF present THEN
+            tokens := v_row.tokens; ts := v_row.ts;
+            ids := coalesce(v_row.ids, '{}'); sizes := coalesce(v_row.sizes, '{}'); exps := coalesce(v_row.exps, '{}');
+        END IF;
+        e := drip.block_step(p_ops[i], present, tokens, ts, ids, sizes, exps, p_kinds[i], p_rates[i],
+                             p_periods[i], p_bursts[i], p_maxres[i], p_starts[i], p_costs[i],
+                             p_reserves[i], p_blocks[i], p_ttls[i], now);
+        allowed := e.allowed;
+        n_tokens := e.n_tokens; n_ts := e.n_ts;
+        n_blocks := coalesce(cardinality(e.n_ids), 0);
+        IF e.write AND p_ops[i] <> 1 THEN
+            v_row.key := p_keys[i];
+            v_row.tokens := e.n_tokens; v_row.ts := e.n_ts; v_row.counts := NULL;
+            v_row.ids := e.n_ids; v_row.sizes := e.n_sizes; v_row.exps := e.n_exps;
+            v_row.expires := drip.block_expires(p_kinds[i], p_rates[i], p_periods[i], p_bursts[i],
+                                                e.n_tokens, e.n_ts, e.n_exps);
+            v_rows[j] := v_row;
+            v_present[j] := true;
+            v_dirty[j] := true;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+    -- The writes, in key order. A key left without blocks has NULL ones,
+    -- so the plain statements decide it again.
+    FOR k IN SELECT u.j FROM unnest(v_keys) WITH ORDINALITY AS u(key, j) ORDER BY u.key LOOP
+        j := k.j;
+        CONTINUE WHEN NOT v_dirty[j];
+        v_row := v_rows[j];
+        IF coalesce(cardinality(v_row.ids), 0) = 0 THEN
+            v_row.ids := NULL; v_row.sizes := NULL; v_row.exps := NULL;
+        END IF;
+        IF v_exists[j] THEN
+            UPDATE drip.buckets b SET tokens = v_row.tokens, ts = v_row.ts, expires = v_row.expires, counts = NULL,
+                ids = v_row.ids, sizes = v_row.sizes, exps = v_row.exps
+            WHERE b.key = v_row.key;
+        ELSE
+            INSERT INTO drip.buckets (key, tokens, ts, expires, ids, sizes, exps)
+            VALUES (v_row.key, v_row.tokens, v_row.ts, v_row.expires, v_row.ids, v_row.sizes, v_row.exps)
             ON CONFLICT (key) DO NOTHING;
             PERFORM drip.ensure(FOUND);
         END IF;

@@ -1,0 +1,116 @@
+package leased_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/store"
+	"github.com/driplimit/drip/store/leased"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// slowBlocks is a store whose block takes take rtt (queued on a loaded
+// database's row lock) and whose other calls answer at once; started is
+// closed at the first block take.
+type slowBlocks struct {
+	store.Store
+	rtt     time.Duration
+	once    sync.Once
+	started chan struct{}
+}
+
+func (s *slowBlocks) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if op == bucket.Take && items[0].Block != "" {
+		s.once.Do(func() { close(s.started) })
+		time.Sleep(s.rtt)
+	}
+	return s.Store.Apply(ctx, op, at, items, results)
+}
+
+// TestNoQueueBehindBlockTake: while one caller takes a block of a hot
+// key whose bucket is less than half full (a key near its limit, where
+// leasing serves little), the instance's other callers of the key are
+// decided as without leasing, each by a take of its own, rather than
+// queued behind it. They waited for the block take's answer: with a
+// store slow to answer block takes (5 s here) every caller with a
+// deadline of 1 s failed.
+func TestNoQueueBehindBlockTake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		st := &slowBlocks{Store: ms, rtt: 5 * time.Second, started: make(chan struct{})}
+		ls, err := leased.New(st, leased.LeaseInProcess())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ls.Close()
+		p, err := drip.PerSecond(1000).Params("k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var it bucket.Prepared
+		if err := store.Prepare(&it, bucket.Take, "k", &p, 1, false, ""); err != nil {
+			t.Fatal(err)
+		}
+		// The bucket less than half full: 600 of its 1,000 taken.
+		most := it
+		most.Cost = 600 * bucket.Micro
+		if err := ms.Apply(context.Background(), bucket.Take, time.Time{}, []bucket.Prepared{most}, make([]bucket.Result, 1)); err != nil {
+			t.Fatal(err)
+		}
+		take := func(ctx context.Context) (bucket.Result, error) {
+			res := make([]bucket.Result, 1)
+			err := ls.Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res)
+			return res[0], err
+		}
+		// Takes at one instant until the key is hot and one of them
+		// takes a block (and waits for it).
+		first := make(chan struct{})
+		go func() {
+			defer close(first)
+			for {
+				select {
+				case <-st.started:
+					return
+				default:
+				}
+				if _, err := take(context.Background()); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+		<-st.started
+		const callers = 10
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		for range callers {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				r, err := take(ctx)
+				if err == nil && !r.Allowed {
+					t.Errorf("a take of a bucket far from empty denied: %+v", r)
+				}
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		failed := 0
+		for err := range errs {
+			if err != nil {
+				failed++
+			}
+		}
+		if failed > 0 {
+			t.Errorf("%d of %d takes of a hot key failed while a block take was out: want each decided by its own take", failed, callers)
+		}
+		<-first
+	})
+}
