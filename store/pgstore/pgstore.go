@@ -382,11 +382,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	}
 	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {
 		// Without batching, a concurrency item is a multi-take of one.
-		err := s.applyMulti(ctx, op, at, items, results)
-		if errors.Is(err, errBlocked) {
-			return s.applyBlocks(ctx, op, at, items, results)
-		}
-		return err
+		return s.applyMulti(ctx, op, at, items, results)
 	}
 	p := items[0]
 	var res result
@@ -455,10 +451,7 @@ func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, a
 			if op != bucket.Peek {
 				dest = append(dest, &res.late)
 			}
-			dest = append(dest, &res.slide.Last, &res.slide.Counts, &res.blocked)
-			if op != bucket.Peek {
-				dest = append(dest, &res.cap)
-			}
+			dest = append(dest, &res.slide.Last, &res.slide.Counts, &res.blocked, &res.cap)
 			if err := rows.Scan(dest...); err != nil {
 				rows.Close()
 				return err
