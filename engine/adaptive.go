@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"math"
-	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -107,8 +106,8 @@ type adaptive struct {
 
 	limit    float64 // learned
 	inflight int
-	waiters  []*waiter // by class, then arrival (a higher class never has a smaller share)
-	plan     *Plan     // the RateLimit-Policy of the current cap
+	waiters  line  // by class, then arrival (a higher class never has a smaller share)
+	plan     *Plan // the RateLimit-Policy of the current cap
 	planCap  int
 
 	// the window
@@ -122,13 +121,6 @@ type adaptive struct {
 	streak     int     // windows in a row that shrank the limit on latency
 	streakRTT  float64 // the highest latency of those windows
 	streakFrom float64 // the limit when they began
-}
-
-type waiter struct {
-	class int
-	share float64   // of the capacity its class may use
-	until time.Time // the end of its wait (Engine.WaitsUntil)
-	ch    chan bool // true: granted a slot; false: shed
 }
 
 // adaptiveOf is the bucket of an adaptive rule's key, made on first use,
@@ -280,7 +272,7 @@ func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int,
 		return now(), true, false
 	}
 	shed = share < 1 && a.inflight < a.capacity()
-	w := &waiter{class: class, share: share, until: time.Now().Add(wait), ch: make(chan bool, 1)}
+	w := &waiter{class: class, share: share, since: time.Now(), until: time.Now().Add(wait), ch: make(chan bool, 1)}
 	if wait <= 0 || !a.enqueue(w, maxQueue) {
 		a.mu.Unlock()
 		return time.Time{}, false, shed
@@ -296,8 +288,7 @@ func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int,
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if i := slices.Index(a.waiters, w); i >= 0 {
-		a.waiters = slices.Delete(a.waiters, i, i+1)
+	if a.waiters.remove(w) {
 		return time.Time{}, false, shed
 	}
 	got := <-w.ch // granted or shed as it left: a grant is kept
@@ -321,31 +312,32 @@ func (a *adaptive) higherWaiting(class int) bool {
 	return len(a.waiters) > 0 && a.waiters[0].class >= class
 }
 
-// enqueue adds w after the waiters of its class and above; a full queue
-// sheds its lowest waiter for a higher class, else refuses.
+// enqueue adds w to the bucket's queue (queue.go's line, as the rate
+// and concurrency rules' queues); a full queue sheds its lowest waiter
+// for a higher class, else refuses.
 func (a *adaptive) enqueue(w *waiter, maxQueue int) bool {
 	if len(a.waiters) >= max(maxQueue, 1) {
-		last := a.waiters[len(a.waiters)-1]
-		if last.class >= w.class {
+		last := a.waiters.dropFor(w)
+		if last == nil {
 			return false
 		}
-		a.waiters = a.waiters[:len(a.waiters)-1]
+		a.waiters.remove(last)
 		last.ch <- false
 	}
-	i := sort.Search(len(a.waiters), func(i int) bool { return a.waiters[i].class < w.class })
-	a.waiters = slices.Insert(a.waiters, i, w)
+	a.waiters.insert(w)
 	return true
 }
 
-// grant hands free slots to the waiters, highest class first, while
+// grant hands free slots to the waiters, highest class first (first in
+// first out, or last in first out when overloaded: line.next), while
 // their class has room.
 func (a *adaptive) grant() {
 	for len(a.waiters) > 0 {
-		w := a.waiters[0]
+		w := a.waiters.next(time.Now())
 		if a.inflight >= a.room(w.share) {
 			return
 		}
-		a.waiters = a.waiters[1:]
+		a.waiters.remove(w)
 		a.inflight++
 		if onTake != nil {
 			onTake(a.inflight, a.capacity())
@@ -543,20 +535,7 @@ func (a *Applied) releaseSlot(now time.Time, dropped bool) {
 // given back by the caller). It returns the rule that shed it.
 func shedPriority(enf []Applied) *Applied {
 	for i := range enf {
-		a := &enf[i]
-		if !a.Rule.Prioritized() || a.Rule.Adaptive != nil || !a.Decided || !a.Decision.Allowed {
-			continue
-		}
-		share := a.Rule.Share(a.class)
-		if share >= 1 {
-			continue
-		}
-		capacity := Burst(a.Limit)
-		left := a.Decision.Tokens
-		if a.Limit.Algorithm == drip.Concurrency {
-			left = float64(a.Decision.Remaining)
-		}
-		if left < capacity*(1-share)-1e-9 {
+		if a := &enf[i]; a.Rule.Adaptive == nil && sheds(&a.Item) {
 			return a
 		}
 	}
