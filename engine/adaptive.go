@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -62,9 +63,15 @@ const ReasonOverloaded = "overloaded"
 const ReasonShed = "priority_shed"
 
 // MaxAdaptiveKeys bounds the buckets of adaptive rules one engine
-// learns: beyond it, a new key of an adaptive rule shares its rule's
-// overflow bucket.
+// learns. When they are all taken, the idle ones (no request in flight
+// or waiting) are forgotten, at most once per adaptiveSweep; a new key
+// that still finds no room shares its rule's overflow bucket.
 const MaxAdaptiveKeys = 10000
+
+// adaptiveSweep is how often a full set of adaptive buckets is swept of
+// its idle ones: a sweep reads every bucket, so a set full of busy ones
+// is not read again for each new key.
+const adaptiveSweep = time.Second
 
 // AdaptiveObserver is an Observer that is also told of the requests an
 // adaptive rule or a rule with priorities shed (Shed: rule, the
@@ -92,8 +99,9 @@ type AdaptiveState struct {
 
 // adaptives are an engine's learned limits, by bucket key.
 type adaptives struct {
-	mu sync.RWMutex
-	m  map[string]*adaptive
+	mu    sync.RWMutex
+	m     map[string]*adaptive
+	swept time.Time // the last sweep of idle buckets (forgetIdle)
 }
 
 // adaptive is one bucket of an adaptive rule: its limit, its slots, its
@@ -102,6 +110,9 @@ type adaptive struct {
 	rule string
 	mu   sync.Mutex
 	cfg  *rules.Adaptive // the rule's, as last loaded
+	// pins counts the requests that found the bucket (adaptiveOf) and
+	// have not yet left acquire: a pinned bucket is not forgotten.
+	pins atomic.Int32
 
 	limit    float64 // learned
 	inflight int
@@ -126,11 +137,15 @@ type adaptive struct {
 	streakFrom float64 // the limit when they began
 }
 
-// adaptiveOf is the bucket of an adaptive rule's key, made on first use.
+// adaptiveOf is the bucket of an adaptive rule's key, made on first use,
+// pinned: the caller unpins it when it has left acquire.
 func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
 	as := &e.adapt
 	as.mu.RLock()
 	a, ok := as.m[key]
+	if ok && a.rule == rule.Name {
+		a.pins.Add(1)
+	}
 	as.mu.RUnlock()
 	if ok && a.rule == rule.Name {
 		a.reconfigure(rule.Adaptive)
@@ -139,20 +154,45 @@ func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	if a, ok := as.m[key]; ok && a.rule == rule.Name {
+		a.pins.Add(1)
 		return a
 	}
 	if as.m == nil {
 		as.m = make(map[string]*adaptive)
 	}
 	if len(as.m) >= MaxAdaptiveKeys {
+		as.forgetIdle(e.clock())
+	}
+	if len(as.m) >= MaxAdaptiveKeys {
 		key = rule.Name + "\x00overflow"
 		if a, ok := as.m[key]; ok {
+			a.pins.Add(1)
 			return a
 		}
 	}
 	a = &adaptive{rule: rule.Name, cfg: rule.Adaptive, limit: float64(rule.Adaptive.InitialLimit)}
+	a.pins.Add(1)
 	as.m[key] = a
 	return a
+}
+
+// forgetIdle deletes the buckets no request holds, waits for or is
+// about to ask (pins), at most once per adaptiveSweep, so that keys a
+// client made up once do not fill the set for good. A key forgotten
+// learns again from initial_limit. The caller holds as.mu.
+func (as *adaptives) forgetIdle(now time.Time) {
+	if !as.swept.IsZero() && now.Sub(as.swept) < adaptiveSweep {
+		return
+	}
+	as.swept = now
+	for k, a := range as.m {
+		a.mu.Lock()
+		idle := a.inflight == 0 && len(a.waiters) == 0 && a.pins.Load() == 0
+		a.mu.Unlock()
+		if idle {
+			delete(as.m, k)
+		}
+	}
 }
 
 // pruneAdaptive forgets the buckets of the rules that are no longer
@@ -495,6 +535,7 @@ func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
 	for i, a := range ad {
 		b := e.adaptiveOf(a.Rule, a.Key)
 		at, ok, shed := b.acquire(ctx, e.clock, a.class, a.Rule.Share(a.class), a.Wait, a.MaxQueue)
+		b.pins.Add(-1) // held (in flight) or no longer needed
 		a.Decided = true
 		a.Decision, a.Plan = b.state(ok)
 		if !ok {
