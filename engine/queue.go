@@ -336,7 +336,7 @@ func sheds(it *Item) bool {
 	if it.plan().algo.slots {
 		left = float64(it.Decision.Remaining)
 	}
-	return left < Burst(it.Limit)*it.keep-1e-9
+	return left < it.plan().burst*it.keep-1e-9
 }
 
 // classOfItems is the class a request waits as: the lowest of its
@@ -357,7 +357,7 @@ func classOfItems(items []*Item) int {
 func roomy(items []*Item) bool {
 	for _, it := range items {
 		if it.kind() == enforceItems && it.keep > 0 && it.plan().algo.slots && it.Decided && it.Decision.Allowed &&
-			float64(it.Decision.Remaining) < Burst(it.Limit)*it.keep-1e-9 {
+			float64(it.Decision.Remaining) < it.plan().burst*it.keep-1e-9 {
 			return false
 		}
 	}

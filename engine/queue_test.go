@@ -576,7 +576,10 @@ func TestQueueClassStores(t *testing.T) {
 			e := engine.New(st.Open(t), engine.WithClock(func() time.Time { return now }),
 				engine.WithTimeout(teststores.Timeout), engine.WithLogger(slog.New(slog.DiscardHandler)))
 			defer e.Close()
-			rs := classRules(t, e, `"algorithm_config": {"rate": 1, "period": "10s", "burst": 1},`, "25s", 10)
+			// The engine's clock stands still, but a waiter sleeps on the real
+			// clock until its reservation is due: due times of 25 s and 50 s
+			// outlast any pause a loaded machine gives the test.
+			rs := classRules(t, e, `"algorithm_config": {"rate": 1, "period": "25s", "burst": 1},`, "59s", 10)
 			first := e.Decide(t.Context(), rs, values{"header:x-priority": "critical"})
 			if !first.Allowed {
 				t.Fatalf("the burst: denied (%v)", first.Err)
@@ -610,7 +613,7 @@ func TestQueueClassStores(t *testing.T) {
 			b1 := wait("batch")
 			waitOwed(1)
 			b2 := wait("batch")
-			waitOwed(2) // the debt 25 s refill allows: full
+			waitOwed(2) // the debt 59 s of refill allows: full
 			c := wait("critical")
 			select {
 			case out := <-b2.out:

@@ -203,11 +203,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 			}
 			rs[i], ts[i] = r, t
 		}
-		op := apiOp(opName)
-		if err := check(op, rs, true); err != nil {
-			return nil, err
-		}
-		m, err := s.apply(ctx, op, b.Wait, class, b.Requests, rs, ts, true)
+		m, err := s.apply(ctx, apiOp(opName), b.Wait, class, b.Requests, rs, ts, true)
 		if err != nil {
 			return nil, err
 		}
@@ -229,12 +225,8 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		}
 		return map[string]bool{"reset": true}, nil
 	}
-	op := apiOp(opName)
 	rs := []drip.Request{r}
-	if err := check(op, rs, false); err != nil {
-		return nil, err
-	}
-	m, err := s.apply(ctx, op, b.Wait, class, []replay.ReqJSON{b.ReqJSON}, rs, []target{t}, false)
+	m, err := s.apply(ctx, apiOp(opName), b.Wait, class, []replay.ReqJSON{b.ReqJSON}, rs, []target{t}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -254,8 +246,12 @@ type target struct {
 // inline is what requests with an inline limit count under.
 var inline = target{"inline", rules.Enforce}
 
-// apply decides checked requests through the engine and counts the
-// takes. The requests of shadow-mode rules never deny: a take or a peek
+// apply decides requests through the engine and counts the takes. Bad
+// input is refused before any request is decided: by the engine's one
+// store call, which prepares every request before it asks the store,
+// or by check where the requests are decided in parts (shadow rules,
+// items that may wait) or a multi-take of one request names its index.
+// The requests of shadow-mode rules never deny: a take or a peek
 // decides the others first, all or nothing, then the shadow ones, taken
 // when the others were allowed and else peeked, as the rules decide on
 // HTTP requests; their decisions say allowed, with their buckets' state,
@@ -275,8 +271,14 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, cl
 			enf = append(enf, i)
 		}
 	}
+	set := s.rules()
+	if len(sh) > 0 || waits(set, op, wait, its) || (multi && len(rs) == 1) {
+		if err := check(op, rs, multi); err != nil {
+			return drip.Multi{}, err
+		}
+	}
 	if len(sh) == 0 {
-		m, err := s.take(ctx, op, wait, class, its, rs)
+		m, err := s.take(ctx, set, op, wait, class, its, rs)
 		if counted(err) {
 			for i, t := range ts {
 				s.count(t, rs[i], m, i, err)
@@ -286,7 +288,7 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, cl
 	}
 	m := drip.Multi{Allowed: true, Decisions: make([]drip.Decision, len(rs))}
 	if len(enf) > 0 {
-		em, err := s.take(ctx, op, wait, class, pick(its, enf), pick(rs, enf))
+		em, err := s.take(ctx, set, op, wait, class, pick(its, enf), pick(rs, enf))
 		if counted(err) {
 			for j, i := range enf {
 				s.count(ts[i], rs[i], em, j, err)

@@ -29,16 +29,15 @@ func checkWait(b replay.Raw, opName string) error {
 	return nil
 }
 
-// take decides the API's requests rs (of the items its): through the
+// take decides the API's requests rs (of the items its) under set: through the
 // engine's Apply, or, for a take whose body asks to wait or that a rule
 // with a reserve decides, through the engine's one queue
 // (engine.TakeWaiting), each request in its rule's queue ("inline" for
 // an inline limit) for at most wait, the server's MaxWait and the rule's
 // max_wait, as of class (-1: each rule's own; a rule's reserve keeps its
 // share of the capacity for higher classes).
-func (s *Server) take(ctx context.Context, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request) (drip.Multi, error) {
-	set := s.rules()
-	if op != bucket.Take || (wait <= 0 && !prioritized(set, its)) {
+func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request) (drip.Multi, error) {
+	if !waits(set, op, wait, its) {
 		return s.eng.Apply(ctx, op, rs)
 	}
 	items := make([]*engine.Item, len(rs))
@@ -75,6 +74,13 @@ func (s *Server) take(ctx context.Context, op bucket.Op, wait time.Duration, cla
 		}
 	}
 	return m, nil
+}
+
+// waits reports whether take decides its requests as items that may
+// wait (Engine.TakeWaiting) under set: a take that asks to wait, or one
+// a rule keeps a reserve for higher classes against.
+func waits(set *rules.Set, op bucket.Op, wait time.Duration, its []replay.ReqJSON) bool {
+	return op == bucket.Take && (wait > 0 || prioritized(set, its))
 }
 
 // prioritized reports whether a rule of its keeps a share of its

@@ -1,6 +1,7 @@
 package envoy
 
 import (
+	"fmt"
 	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -87,11 +88,75 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 		} else {
 			b = data.Materialize()
 		}
+		if err := bounds(b); err != nil {
+			return err
+		}
 		if readRequest(b, req) {
 			return nil
 		}
 	}
 	return c.proto.Unmarshal(data, v)
+}
+
+// maxDecoded bounds the descriptors and entries, together, of a
+// RateLimitRequest the codec decodes: four times the most a valid call
+// may have (MaxDescriptors of MaxEntries). A descriptor or an entry takes
+// 2 bytes of a message and about 80 once decoded, so a 1 MiB message of
+// them would otherwise take some 40 MiB of memory only to be refused by
+// validate. A request with more is refused before it is decoded; one
+// with fewer is decoded, and validate refuses it with InvalidArgument.
+const maxDecoded = 4 * MaxDescriptors * (MaxEntries + 1)
+
+// bounds refuses a RateLimitRequest of more than maxDecoded descriptors
+// and entries. Bytes that are not a message are left to the decoder.
+func bounds(b []byte) error {
+	nd, ne := 0, 0
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		if num != 2 || typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return nil
+			}
+			b = b[n:]
+			continue
+		}
+		d, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		nd++
+		ne += countFields(d, 1)
+	}
+	if nd+ne > maxDecoded {
+		return fmt.Errorf("%d descriptors with %d entries: at most %d descriptors of at most %d entries each", nd, ne, MaxDescriptors, MaxEntries)
+	}
+	return nil
+}
+
+// countFields counts the fields numbered num in the message b, up to the
+// first bytes that are not one.
+func countFields(b []byte, num protowire.Number) int {
+	k := 0
+	for len(b) > 0 {
+		fn, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return k
+		}
+		b = b[n:]
+		if n = protowire.ConsumeFieldValue(fn, typ, b); n < 0 {
+			return k
+		}
+		b = b[n:]
+		if fn == num {
+			k++
+		}
+	}
+	return k
 }
 
 // readRequest reads b into req (which must be empty) when b is a

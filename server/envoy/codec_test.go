@@ -188,6 +188,63 @@ func BenchmarkCodec(b *testing.B) {
 	}
 }
 
+// TestCodecRefusesOversizedRequests: a request of far more descriptors
+// and entries than a call may have is refused before it is decoded, in
+// either of the codec's paths (read by hand, or by the proto codec for a
+// descriptor with a limit): a 1 MiB message of empty descriptors used to
+// take some 46 MiB once decoded, only to be refused by validate. A
+// request at the bounds, or a little over them (validate refuses it), is
+// read.
+func TestCodecRefusesOversizedRequests(t *testing.T) {
+	descriptor := func(entries int, limit bool) []byte {
+		var d []byte
+		for range entries {
+			d = protowire.AppendTag(d, 1, protowire.BytesType)
+			d = protowire.AppendBytes(d, []byte("\x0a\x01k\x12\x01v"))
+		}
+		if limit {
+			d = protowire.AppendTag(d, 2, protowire.BytesType)
+			d = protowire.AppendVarint(d, 0)
+		}
+		return d
+	}
+	request := func(descriptors, entries int, limit bool) []byte {
+		b := protowire.AppendTag(nil, 1, protowire.BytesType)
+		b = protowire.AppendString(b, "d")
+		d := descriptor(entries, limit)
+		for range descriptors {
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			b = protowire.AppendBytes(b, d)
+		}
+		return b
+	}
+	c := newCodec()
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+		want string // "" reads it
+	}{
+		{"at the bounds", request(MaxDescriptors, MaxEntries, false), ""},
+		{"at the bounds, with limits", request(MaxDescriptors, MaxEntries, true), ""},
+		{"a little over", request(MaxDescriptors+1, MaxEntries+1, false), ""},
+		{"many empty descriptors", request(500000, 0, false), "500000 descriptors with 0 entries: at most 64 descriptors of at most 32 entries each"},
+		{"many descriptors with limits", request(200000, 0, true), "200000 descriptors with 0 entries: at most 64 descriptors of at most 32 entries each"},
+		{"many entries", request(1, 100000, false), "1 descriptors with 100000 entries: at most 64 descriptors of at most 32 entries each"},
+		{"many entries beside a limit", request(2, 50000, true), "2 descriptors with 100000 entries: at most 64 descriptors of at most 32 entries each"},
+	} {
+		var req rlsv3.RateLimitRequest
+		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(tc.msg)}, &req)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || err.Error() != tc.want):
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
+		case tc.want != "" && len(req.Descriptors) != 0:
+			t.Errorf("%s: %d descriptors decoded", tc.name, len(req.Descriptors))
+		}
+	}
+}
+
 // randomResponse is a response of random shape: mostly the one the
 // service builds, and now and then a field written by the proto codec
 // (a raw body, dynamic metadata, a quota, a header's raw value) or a
