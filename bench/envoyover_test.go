@@ -21,7 +21,6 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -222,7 +221,7 @@ func BenchmarkEnvoyOverLimit(b *testing.B) {
 		for i, s := range services {
 			b.ReportMetric(med(out[i].perSec), s.name+"-calls/s")
 			b.ReportMetric(med(out[i].cpu), s.name+"-cpu-µs/call")
-			b.Log(fmt.Sprintf("%s: median %.0f calls/s, %.1f µs CPU/call, %.4f denied", s.name, med(out[i].perSec), med(out[i].cpu), med(out[i].denied)))
+			b.Logf("%s: median %.0f calls/s, %.1f µs CPU/call, %.4f denied", s.name, med(out[i].perSec), med(out[i].cpu), med(out[i].denied))
 		}
 	}
 	b.ReportMetric(0, "ns/op")

@@ -200,6 +200,16 @@ func (e *Engine) enforce(ctx context.Context, rs *Rules, out *Outcome, enf []App
 	}
 	if err != nil {
 		out.Err = err
+		if ctx.Err() != nil {
+			// The caller left (it cancelled, or its deadline passed)
+			// while the store was asked: no one waits for an answer, so
+			// on_error does not apply. A denial, whatever the store did.
+			out.deny("")
+			for i := range enf {
+				enf[i].Event = NotTaken
+			}
+			return
+		}
 		e.fail(ctx, out, enf)
 		return
 	}

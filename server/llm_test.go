@@ -70,7 +70,7 @@ func (e *llmEnv) left(t *testing.T, rule, apiKey string) float64 {
 	if !ok {
 		t.Fatalf("no rule %s", rule)
 	}
-	vals, _ := r.Values(func(rules.Source) (string, bool) { return apiKey, true })
+	vals, _ := r.KeyValues(func(rules.Source) (string, bool) { return apiKey, true })
 	if strings.Contains(r.Key(vals), apiKey) {
 		t.Fatalf("the bucket key %q holds the API key", r.Key(vals))
 	}
@@ -475,7 +475,7 @@ rules:
 		t.Fatalf("%d %s", code, body)
 	}
 	r, _ := set.Rule("requests")
-	vals, _ := r.Values(func(rules.Source) (string, bool) { return "sk-by-hand", true })
+	vals, _ := r.KeyValues(func(rules.Source) (string, bool) { return "sk-by-hand", true })
 	m, err := drip.Apply(context.Background(), st, bucket.Peek, time.Time{}, drip.Request{Key: r.Key(vals), Limit: r.Limit})
 	if err != nil {
 		t.Fatal(err)
@@ -525,7 +525,7 @@ func TestLLMNestedBudgets(t *testing.T) {
 		var out [4]float64
 		for i, name := range []string{"org", "team", "key", "user"} {
 			r, _ := e.set.Rule(name)
-			vals, _ := r.Values(func(s rules.Source) (string, bool) {
+			vals, _ := r.KeyValues(func(s rules.Source) (string, bool) {
 				switch s.Name {
 				case "org":
 					return "acme", true

@@ -18,6 +18,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
 	"strings"
 	"unicode"
 )
@@ -51,18 +52,31 @@ func ratio(w, s int) float64 {
 // exported names of the package in dir (tests excluded).
 func measure(dir string) (words, sentences int, err error) {
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, parser.ParseComments)
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, 0, err
 	}
-	var texts []string
-	for _, p := range pkgs {
-		if p.Name == "main" {
+	pkgs := map[string][]*ast.File{}
+	for _, e := range entries {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
 			continue
 		}
-		d := doc.New(p, dir, 0)
+		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, parser.ParseComments)
+		if err != nil {
+			return 0, 0, err
+		}
+		pkgs[f.Name.Name] = append(pkgs[f.Name.Name], f)
+	}
+	var texts []string
+	for name, files := range pkgs {
+		if name == "main" {
+			continue
+		}
+		d, err := doc.NewFromFiles(fset, files, dir)
+		if err != nil {
+			return 0, 0, err
+		}
 		texts = append(texts, d.Doc)
 		for _, v := range append(d.Consts, d.Vars...) {
 			texts = append(texts, v.Doc)

@@ -107,7 +107,7 @@ func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f
 func (g *gateway) waitLeft(t *testing.T, rule, apiKey string, want float64) {
 	t.Helper()
 	r, _ := g.set.Rule(rule)
-	vals, _ := r.Values(func(rules.Source) (string, bool) { return apiKey, true })
+	vals, _ := r.KeyValues(func(rules.Source) (string, bool) { return apiKey, true })
 	var got float64
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		m, err := drip.Apply(context.Background(), g.st, bucket.Peek, time.Time{}, drip.Request{Key: r.Key(vals), Limit: r.Limit})
