@@ -643,8 +643,8 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	// callers that come while it is out wait for it, since it brings a
 	// block that will cover them; but each waits only for that call,
 	// never in turn behind the callers before it, and no longer than
-	// about two block takes' time (waitFor): then it takes as without
-	// leasing. Else they take as without leasing at once, each a take of
+	// about two block takes' time or half its deadline (waitFor): then
+	// it takes as without leasing. Else they take as without leasing at once, each a take of
 	// its own (batched by the store as any). Queued behind the call they
 	// waited a round trip or more each (a return, a take, then a
 	// per-decision take): on a saturated key whose store answers slowly
@@ -663,7 +663,7 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 		if !wait {
 			return s.perDecision(ctx, at, l, now, items, results)
 		}
-		t := time.NewTimer(s.waitFor())
+		t := time.NewTimer(s.waitFor(ctx))
 		select {
 		case <-busy:
 		case <-t.C:
@@ -873,9 +873,14 @@ func localResult(p *bucket.Params, tokens int64) bucket.Result {
 
 // waitFor is how long a caller waits for the block call of its key out
 // now before it takes as without leasing: two block takes' usual time,
-// at least a millisecond.
-func (s *Store) waitFor() time.Duration {
-	return max(2*time.Duration(s.rtt.Load()), time.Millisecond)
+// at least a millisecond, and at most half of what is left of its
+// deadline, so that a take of its own still has time.
+func (s *Store) waitFor(ctx context.Context) time.Duration {
+	d := max(2*time.Duration(s.rtt.Load()), time.Millisecond)
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	return d
 }
 
 // span is how much of a key's demand a block holds: the horizon, or

@@ -32,6 +32,45 @@ func (s *slowBlocks) Apply(ctx context.Context, op bucket.Op, at time.Time, item
 	return s.Store.Apply(ctx, op, at, items, results)
 }
 
+// takeOfK is a take of one token of key k, limited to 1,000 a second,
+// and a function that takes it from ls.
+func takeOfK(t *testing.T, ls *leased.Store) (bucket.Prepared, func(context.Context) (bucket.Result, error)) {
+	p, err := drip.PerSecond(1000).Params("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var it bucket.Prepared
+	if err := store.Prepare(&it, bucket.Take, "k", &p, 1, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	return it, func(ctx context.Context) (bucket.Result, error) {
+		res := make([]bucket.Result, 1)
+		err := ls.Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res)
+		return res[0], err
+	}
+}
+
+// takeUntil takes, at one instant, until started is closed (a block
+// take of the store began), and closes the channel it returns.
+func takeUntil(t *testing.T, started <-chan struct{}, take func(context.Context) (bucket.Result, error)) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-started:
+				return
+			default:
+			}
+			if _, err := take(context.Background()); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	return done
+}
+
 // TestNoQueueBehindBlockTake: while one caller takes a block of a hot
 // key whose bucket is less than half full (a key near its limit, where
 // leasing serves little), the instance's other callers of the key are
@@ -49,42 +88,16 @@ func TestNoQueueBehindBlockTake(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ls.Close()
-		p, err := drip.PerSecond(1000).Params("k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var it bucket.Prepared
-		if err := store.Prepare(&it, bucket.Take, "k", &p, 1, false, ""); err != nil {
-			t.Fatal(err)
-		}
+		it, take := takeOfK(t, ls)
 		// The bucket less than half full: 600 of its 1,000 taken.
 		most := it
 		most.Cost = 600 * bucket.Micro
 		if err := ms.Apply(context.Background(), bucket.Take, time.Time{}, []bucket.Prepared{most}, make([]bucket.Result, 1)); err != nil {
 			t.Fatal(err)
 		}
-		take := func(ctx context.Context) (bucket.Result, error) {
-			res := make([]bucket.Result, 1)
-			err := ls.Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res)
-			return res[0], err
-		}
 		// Takes at one instant until the key is hot and one of them
 		// takes a block (and waits for it).
-		first := make(chan struct{})
-		go func() {
-			defer close(first)
-			for {
-				select {
-				case <-st.started:
-					return
-				default:
-				}
-				if _, err := take(context.Background()); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
+		first := takeUntil(t, st.started, take)
 		<-st.started
 		const callers = 10
 		var wg sync.WaitGroup
@@ -134,34 +147,10 @@ func TestNoQueueBehindSlowBlockTakeOfFullBucket(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ls.Close()
-		p, err := drip.PerSecond(1000).Params("k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var it bucket.Prepared
-		if err := store.Prepare(&it, bucket.Take, "k", &p, 1, false, ""); err != nil {
-			t.Fatal(err)
-		}
-		take := func(ctx context.Context) (bucket.Result, error) {
-			res := make([]bucket.Result, 1)
-			err := ls.Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res)
-			return res[0], err
-		}
+		_, take := takeOfK(t, ls)
 		// Takes at one instant until the key is hot, has a block (its
 		// take answered at once), and the next block take stalls.
-		go func() {
-			for {
-				select {
-				case <-st.started:
-					return
-				default:
-				}
-				if _, err := take(context.Background()); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
+		takeUntil(t, st.started, take)
 		<-st.started
 		const callers = 10
 		var wg sync.WaitGroup
@@ -183,6 +172,21 @@ func TestNoQueueBehindSlowBlockTakeOfFullBucket(t *testing.T) {
 				}
 				if time.Since(start) > 100*time.Millisecond {
 					slow++
+				}
+			})
+		}
+		wg.Wait()
+		// Again once the slow take has answered, block takes now taking
+		// 5 s as a rule: still none waits out its deadline.
+		time.Sleep(6 * time.Second)
+		for range callers {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if _, err := take(ctx); err != nil {
+					mu.Lock()
+					failed++
+					mu.Unlock()
 				}
 			})
 		}
