@@ -421,17 +421,8 @@ func (l Limit) paramsAt(key string, t time.Time) (bucket.Params, error) {
 		if t.IsZero() {
 			t = wallNow()
 		}
-		u, _ := calendar.ParseUnit(l.Calendar) // valid
-		start, end := calendar.Period{Unit: u, Loc: l.Location}.Window(t)
-		if first := time.Unix(0, math.MinInt64); start.Before(first) {
-			// The window began before the first instant of int64
-			// nanoseconds (in 1677): it is counted from that instant, and
-			// still ends where it ends.
-			start = first
-		}
 		p.Kind = bucket.Calendar
-		p.Start = start.UnixNano()
-		p.Period = end.Sub(start).Nanoseconds()
+		p.Start, p.Period = l.calendarPeriod().Span(t)
 		p.Rate = p.Burst
 	case l.Algorithm == SlidingWindow:
 		// The limit is a count: the rate is the burst (so that a divided
@@ -447,6 +438,12 @@ func (l Limit) paramsAt(key string, t time.Time) (bucket.Params, error) {
 		p.Kind = bucket.Interval
 	}
 	return p, nil
+}
+
+// calendarPeriod is the calendar period of a valid calendar window.
+func (l Limit) calendarPeriod() calendar.Period {
+	u, _ := calendar.ParseUnit(l.Calendar)
+	return calendar.Period{Unit: u, Loc: l.Location}
 }
 
 func (l Limit) slots() int {
@@ -481,9 +478,5 @@ func calendarHints(r *bucket.Result, l *Limit, p *bucket.Params, at time.Time) {
 	if at.IsZero() {
 		at = wallNow()
 	}
-	u, _ := calendar.ParseUnit(l.Calendar) // valid: p came from l
-	per := calendar.Period{Unit: u, Loc: l.Location}
-	end, length := time.Unix(0, p.Start+p.Period), time.Duration(p.Period)
-	r.RetryAfter = per.Hint(end, length, at, r.RetryAfter)
-	r.ResetAfter = per.Hint(end, length, at, r.ResetAfter)
+	l.calendarPeriod().Hints(p.Start, p.Period, at, &r.RetryAfter, &r.ResetAfter)
 }

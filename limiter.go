@@ -123,8 +123,7 @@ func (l *Limiter) apply(ctx context.Context, op bucket.Op, key string, cost floa
 	}
 	c := calls.Get().(*call)
 	it := &c.items[0]
-	err := store.Prepare(it, op, key, p, cost, reserve, lease)
-	it.Leased = l.limit.Leased
+	err := prepareOf(it, op, key, &l.limit, p, cost, reserve, lease)
 	if err == nil {
 		err = l.store.Apply(ctx, op, at, c.items[:1], c.results[:1])
 	}

@@ -46,9 +46,16 @@ func prepare(op bucket.Op, r *Request, at time.Time) (bucket.Prepared, error) {
 		return bucket.Prepared{}, err
 	}
 	var it bucket.Prepared
-	err = store.Prepare(&it, op, r.Key, &p, r.Cost, r.Reserve, r.Lease)
-	it.Leased = r.Limit.Leased // valid: a token bucket or a fixed window
+	err = prepareOf(&it, op, r.Key, &r.Limit, &p, r.Cost, r.Reserve, r.Lease)
 	return it, err
+}
+
+// prepareOf is store.Prepare of a request of limit l (p in fixed point),
+// marked leased as l is: the root's one place that marks items.
+func prepareOf(it *bucket.Prepared, op bucket.Op, key string, l *Limit, p *bucket.Params, cost float64, reserve bool, lease string) error {
+	err := store.Prepare(it, op, key, p, cost, reserve, lease)
+	it.Leased = l.Leased // valid: a token bucket or a fixed window
+	return err
 }
 
 // Apply performs op for the requests rs in one call of st, at the time at

@@ -24,8 +24,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -37,23 +35,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coocood/freecache"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	rlconfig "github.com/envoyproxy/ratelimit/src/config"
-	rlprovider "github.com/envoyproxy/ratelimit/src/provider"
-	rlredis "github.com/envoyproxy/ratelimit/src/redis"
-	rlserver "github.com/envoyproxy/ratelimit/src/server"
-	rlservice "github.com/envoyproxy/ratelimit/src/service"
-	rlsettings "github.com/envoyproxy/ratelimit/src/settings"
-	rlstats "github.com/envoyproxy/ratelimit/src/stats"
-	rlutils "github.com/envoyproxy/ratelimit/src/utils"
-	gostats "github.com/lyft/gostats"
-	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 
+	"github.com/driplimit/drip/bench/envoypeer"
 	"github.com/driplimit/drip/server"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/leased"
@@ -118,38 +105,9 @@ func startEnvoyOver(b *testing.B, st store.Store, denialBytes int64) rlsv3.RateL
 // startEnvoyOverPeer is envoyproxy/ratelimit on url with envoyOverConfig
 // and its local cache of cacheBytes.
 func startEnvoyOverPeer(b *testing.B, url string, cacheBytes int) rlsv3.RateLimitServiceClient {
-	b.Helper()
-	logrus.SetLevel(logrus.ErrorLevel)
-	s := rlsettings.NewSettings()
-	sink := gostats.NewStore(gostats.NewNullSink(), false)
-	statsManager := rlstats.NewStatManager(sink, s)
-	addr := strings.TrimPrefix(url, "redis://")
-	client := rlredis.NewClientImpl(sink.Scope("redis_pool"), false, "", "tcp", s.RedisType, addr, s.RedisPoolSize,
-		s.RedisPipelineWindow, 0, nil, false, nil, s.RedisTimeout, s.RedisPoolOnEmptyBehavior, "")
-	cache := rlredis.NewFixedRateLimitCacheImpl(client, nil, rlutils.NewTimeSourceImpl(),
-		rand.New(rlutils.NewLockedSource(time.Now().Unix())), s.ExpirationJitterMaxSeconds, freecache.NewCache(cacheBytes),
-		s.NearLimitRatio, "bench:rlover:", statsManager, s.StopCacheKeyIncrementWhenOverlimit)
-	cfg := rlconfig.NewRateLimitConfigImpl([]rlconfig.RateLimitConfigToLoad{
-		{Name: "over.yaml", ConfigYaml: rlconfig.ConfigFileContentToYaml("over.yaml", envoyOverConfig)},
-	}, statsManager, false)
-	events := make(chan rlprovider.ConfigUpdateEvent, 1)
-	events <- peerConfig{cfg}
-	checker := rlserver.NewHealthChecker(health.NewServer(), "ratelimit", false)
-	svc := rlservice.NewService(cache, peerProvider{events}, statsManager, checker, rlutils.NewTimeSourceImpl(),
-		s.GlobalShadowMode, false, false)
-	gs := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(gs, svc)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go gs.Serve(ln)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close(); gs.Stop(); client.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return rlsv3.NewRateLimitServiceClient(startPeer(b, envoypeer.Config{
+		Redis: strings.TrimPrefix(url, "redis://"), Name: "over.yaml", YAML: envoyOverConfig, Prefix: "bench:rlover:", LocalCacheBytes: cacheBytes,
+	}))
 }
 
 // overPhase runs the hot key's calls on client for envoyPhase and

@@ -34,7 +34,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"math/rand"
 	"net"
 	"os"
 	"slices"
@@ -45,22 +44,12 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	rlconfig "github.com/envoyproxy/ratelimit/src/config"
-	rlprovider "github.com/envoyproxy/ratelimit/src/provider"
-	rlredis "github.com/envoyproxy/ratelimit/src/redis"
-	rlserver "github.com/envoyproxy/ratelimit/src/server"
-	rlservice "github.com/envoyproxy/ratelimit/src/service"
-	rlsettings "github.com/envoyproxy/ratelimit/src/settings"
-	rlstats "github.com/envoyproxy/ratelimit/src/stats"
-	rlutils "github.com/envoyproxy/ratelimit/src/utils"
-	gostats "github.com/lyft/gostats"
-	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/status"
 
+	"github.com/driplimit/drip/bench/envoypeer"
 	"github.com/driplimit/drip/store/redisstore"
 )
 
@@ -72,18 +61,6 @@ const (
 	envoyDeadline    = 5 * time.Second
 )
 
-// peerConfig is the one configuration the peer's service loads.
-type peerConfig struct{ cfg rlconfig.RateLimitConfig }
-
-func (p peerConfig) GetConfig() (rlconfig.RateLimitConfig, any) { return p.cfg, nil }
-
-type peerProvider struct {
-	ch chan rlprovider.ConfigUpdateEvent
-}
-
-func (p peerProvider) ConfigUpdateEvent() <-chan rlprovider.ConfigUpdateEvent { return p.ch }
-func (p peerProvider) Stop()                                                  {}
-
 // startEnvoyPeer serves envoyproxy/ratelimit's service on loopback port 0
 // over the Redis at url until the benchmark ends, and returns a client.
 func startEnvoyPeer(b *testing.B, url string) *grpc.ClientConn {
@@ -92,27 +69,14 @@ func startEnvoyPeer(b *testing.B, url string) *grpc.ClientConn {
 
 // startEnvoyPeerWith is startEnvoyPeer reading the configuration yaml.
 func startEnvoyPeerWith(b *testing.B, url, yaml string) *grpc.ClientConn {
+	return startPeer(b, envoypeer.Config{Redis: strings.TrimPrefix(url, "redis://"), Name: "edge.yaml", YAML: yaml, Prefix: "bench:rl:"})
+}
+
+// startPeer serves the peer c sets up on loopback port 0 until the
+// benchmark ends, and returns a client.
+func startPeer(b *testing.B, c envoypeer.Config) *grpc.ClientConn {
 	b.Helper()
-	logrus.SetLevel(logrus.ErrorLevel) // its pool logs its setup as warnings
-	s := rlsettings.NewSettings()
-	sink := gostats.NewStore(gostats.NewNullSink(), false)
-	statsManager := rlstats.NewStatManager(sink, s)
-	addr := strings.TrimPrefix(url, "redis://")
-	client := rlredis.NewClientImpl(sink.Scope("redis_pool"), false, "", "tcp", s.RedisType, addr, s.RedisPoolSize,
-		s.RedisPipelineWindow, 0, nil, false, nil, s.RedisTimeout, s.RedisPoolOnEmptyBehavior, "")
-	cache := rlredis.NewFixedRateLimitCacheImpl(client, nil, rlutils.NewTimeSourceImpl(),
-		rand.New(rlutils.NewLockedSource(time.Now().Unix())), s.ExpirationJitterMaxSeconds, nil,
-		s.NearLimitRatio, "bench:rl:", statsManager, s.StopCacheKeyIncrementWhenOverlimit)
-	cfg := rlconfig.NewRateLimitConfigImpl([]rlconfig.RateLimitConfigToLoad{
-		{Name: "edge.yaml", ConfigYaml: rlconfig.ConfigFileContentToYaml("edge.yaml", yaml)},
-	}, statsManager, false)
-	events := make(chan rlprovider.ConfigUpdateEvent, 1)
-	events <- peerConfig{cfg}
-	checker := rlserver.NewHealthChecker(health.NewServer(), "ratelimit", false)
-	svc := rlservice.NewService(cache, peerProvider{events}, statsManager, checker, rlutils.NewTimeSourceImpl(),
-		s.GlobalShadowMode, false, false)
-	gs := grpc.NewServer()
-	rlsv3.RegisterRateLimitServiceServer(gs, svc)
+	gs, closeRedis := envoypeer.NewServer(c)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -122,7 +86,7 @@ func startEnvoyPeerWith(b *testing.B, url, yaml string) *grpc.ClientConn {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { conn.Close(); gs.Stop(); client.Close() })
+	b.Cleanup(func() { conn.Close(); gs.Stop(); closeRedis() })
 	return conn
 }
 

@@ -3,9 +3,9 @@ package engine
 import (
 	"context"
 	"math"
-	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -21,26 +21,36 @@ import (
 //
 // The learning, per bucket (rule and key), over windows of completed
 // requests (at least the rule's window and the latency of the last one,
-// and a few requests, or ten windows):
+// and a few requests, or ten windows; only requests let in since the
+// limit last changed, whose latency tells of the limit as it is):
 //
 //   - baseline: the latency of the upstream unloaded, learned without
 //     ever lowering the limit to measure it: a window faster than it
 //     moves it down (quickly), one within the tolerance above it moves
-//     it up (ten times slower), so it sits at a low quantile of healthy
-//     windows and the limit's own small swings keep it honest;
+//     it up (ten times slower) while the limit holds nothing back, so
+//     it sits at a low quantile of healthy windows; the first window
+//     lasts twice its first latency, so that it is not of the fastest
+//     few;
 //   - a window with drops (drop_status answers, requests that did not
 //     complete) shrinks the limit by half their share (at most half);
-//   - a window within tolerance grows the limit by its square root when
-//     the limit was used (in flight reached half of it): seconds from
-//     any limit back to the upstream's capacity;
+//   - the limit grows only when it held requests back (one found no
+//     room): by half each window from the start until the latency
+//     rises past an eighth of the tolerance, then, while it stays
+//     within that, by a slot, two, four... as
+//     long as it goes on (at most half the limit): it creeps near the
+//     knee where the latency begins to grow, and is back from far below
+//     it within a few windows;
 //   - a slower window moves the limit toward the capacity it measured
-//     (throughput times baseline, plus its square root as a queue to
-//     keep the upstream busy), by smoothing of the way and at most 20%
-//     per window;
+//     (throughput times baseline, plus half its square root as a queue
+//     to keep the upstream busy): by smoothing of the way within the
+//     tolerance, and past twice it (the upstream's capacity fell) at
+//     once, halving at most. A throughput that fell with in-flight
+//     requests still out shows there before their latency does;
 //   - a latency that does not fall from its highest while the limit
-//     shrank by 30% over four windows or more was not caused by this limit (the upstream got slower, or
-//     others load it): the baseline is relearned at once and the limit
-//     restored to where the shrinking began.
+//     shrank by 30% over four windows or more was not caused by this
+//     limit (the upstream got slower, or others load it): the baseline
+//     is relearned at once and the limit restored to where the
+//     shrinking began.
 
 // ReasonOverloaded is the reason of a denial by an adaptive rule: its
 // learned in-flight limit (for the request's class of priority) is
@@ -53,9 +63,15 @@ const ReasonOverloaded = "overloaded"
 const ReasonShed = "priority_shed"
 
 // MaxAdaptiveKeys bounds the buckets of adaptive rules one engine
-// learns: beyond it, a new key of an adaptive rule shares its rule's
-// overflow bucket.
+// learns. When they are all taken, the idle ones (no request in flight
+// or waiting) are forgotten, at most once per adaptiveSweep; a new key
+// that still finds no room shares its rule's overflow bucket.
 const MaxAdaptiveKeys = 10000
+
+// adaptiveSweep is how often a full set of adaptive buckets is swept of
+// its idle ones: a sweep reads every bucket, so a set full of busy ones
+// is not read again for each new key.
+const adaptiveSweep = time.Second
 
 // AdaptiveObserver is an Observer that is also told of the requests an
 // adaptive rule or a rule with priorities shed (Shed: rule, the
@@ -83,8 +99,9 @@ type AdaptiveState struct {
 
 // adaptives are an engine's learned limits, by bucket key.
 type adaptives struct {
-	mu sync.RWMutex
-	m  map[string]*adaptive
+	mu    sync.RWMutex
+	m     map[string]*adaptive
+	swept time.Time // the last sweep of idle buckets (forgetIdle)
 }
 
 // adaptive is one bucket of an adaptive rule: its limit, its slots, its
@@ -93,11 +110,14 @@ type adaptive struct {
 	rule string
 	mu   sync.Mutex
 	cfg  *rules.Adaptive // the rule's, as last loaded
+	// pins counts the requests that found the bucket (adaptiveOf) and
+	// have not yet left acquire: a pinned bucket is not forgotten.
+	pins atomic.Int32
 
 	limit    float64 // learned
 	inflight int
-	waiters  []*waiter // by class, then arrival (a higher class never has a smaller share)
-	plan     *Plan     // the RateLimit-Policy of the current cap
+	waiters  line  // by class, then arrival (a higher class never has a smaller share)
+	plan     *Plan // the RateLimit-Policy of the current cap
 	planCap  int
 
 	// the window
@@ -106,6 +126,10 @@ type adaptive struct {
 	ok         int
 	sum        time.Duration // the latencies of the ok requests
 	peak       int           // most in flight
+	short      bool          // a request found no room
+	changed    time.Time     // when the limit last changed
+	grown      bool          // the slow start is over
+	run        int           // windows in a row that grew the limit
 	lastRTT    time.Duration
 	baseline   float64 // ns; 0 until learned
 	streak     int     // windows in a row that shrank the limit on latency
@@ -113,18 +137,15 @@ type adaptive struct {
 	streakFrom float64 // the limit when they began
 }
 
-type waiter struct {
-	class int
-	share float64   // of the capacity its class may use
-	until time.Time // the end of its wait (Engine.WaitsUntil)
-	ch    chan bool // true: granted a slot; false: shed
-}
-
-// adaptiveOf is the bucket of an adaptive rule's key, made on first use.
+// adaptiveOf is the bucket of an adaptive rule's key, made on first use,
+// pinned: the caller unpins it when it has left acquire.
 func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
 	as := &e.adapt
 	as.mu.RLock()
 	a, ok := as.m[key]
+	if ok && a.rule == rule.Name {
+		a.pins.Add(1)
+	}
 	as.mu.RUnlock()
 	if ok && a.rule == rule.Name {
 		a.reconfigure(rule.Adaptive)
@@ -133,20 +154,45 @@ func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	if a, ok := as.m[key]; ok && a.rule == rule.Name {
+		a.pins.Add(1)
 		return a
 	}
 	if as.m == nil {
 		as.m = make(map[string]*adaptive)
 	}
 	if len(as.m) >= MaxAdaptiveKeys {
+		as.forgetIdle(e.clock())
+	}
+	if len(as.m) >= MaxAdaptiveKeys {
 		key = rule.Name + "\x00overflow"
 		if a, ok := as.m[key]; ok {
+			a.pins.Add(1)
 			return a
 		}
 	}
 	a = &adaptive{rule: rule.Name, cfg: rule.Adaptive, limit: float64(rule.Adaptive.InitialLimit)}
+	a.pins.Add(1)
 	as.m[key] = a
 	return a
+}
+
+// forgetIdle deletes the buckets no request holds, waits for or is
+// about to ask (pins), at most once per adaptiveSweep, so that keys a
+// client made up once do not fill the set for good. A key forgotten
+// learns again from initial_limit. The caller holds as.mu.
+func (as *adaptives) forgetIdle(now time.Time) {
+	if !as.swept.IsZero() && now.Sub(as.swept) < adaptiveSweep {
+		return
+	}
+	as.swept = now
+	for k, a := range as.m {
+		a.mu.Lock()
+		idle := a.inflight == 0 && len(a.waiters) == 0 && a.pins.Load() == 0
+		a.mu.Unlock()
+		if idle {
+			delete(as.m, k)
+		}
+	}
 }
 
 // pruneAdaptive forgets the buckets of the rules that are no longer
@@ -239,8 +285,9 @@ func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int,
 		a.mu.Unlock()
 		return now(), true, false
 	}
+	a.short = true
 	shed = share < 1 && a.inflight < a.capacity()
-	w := &waiter{class: class, share: share, until: time.Now().Add(wait), ch: make(chan bool, 1)}
+	w := &waiter{class: class, share: share, since: time.Now(), until: time.Now().Add(wait), ch: make(chan bool, 1)}
 	if wait <= 0 || !a.enqueue(w, maxQueue) {
 		a.mu.Unlock()
 		return time.Time{}, false, shed
@@ -256,8 +303,7 @@ func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int,
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if i := slices.Index(a.waiters, w); i >= 0 {
-		a.waiters = slices.Delete(a.waiters, i, i+1)
+	if a.waiters.remove(w) {
 		return time.Time{}, false, shed
 	}
 	got := <-w.ch // granted or shed as it left: a grant is kept
@@ -281,31 +327,32 @@ func (a *adaptive) higherWaiting(class int) bool {
 	return len(a.waiters) > 0 && a.waiters[0].class >= class
 }
 
-// enqueue adds w after the waiters of its class and above; a full queue
-// sheds its lowest waiter for a higher class, else refuses.
+// enqueue adds w to the bucket's queue (queue.go's line, as the rate
+// and concurrency rules' queues); a full queue sheds its lowest waiter
+// for a higher class, else refuses.
 func (a *adaptive) enqueue(w *waiter, maxQueue int) bool {
 	if len(a.waiters) >= max(maxQueue, 1) {
-		last := a.waiters[len(a.waiters)-1]
-		if last.class >= w.class {
+		last := a.waiters.dropFor(w)
+		if last == nil {
 			return false
 		}
-		a.waiters = a.waiters[:len(a.waiters)-1]
+		a.waiters.remove(last)
 		last.ch <- false
 	}
-	i := sort.Search(len(a.waiters), func(i int) bool { return a.waiters[i].class < w.class })
-	a.waiters = slices.Insert(a.waiters, i, w)
+	a.waiters.insert(w)
 	return true
 }
 
-// grant hands free slots to the waiters, highest class first, while
+// grant hands free slots to the waiters, highest class first (first in
+// first out, or last in first out when overloaded: line.next), while
 // their class has room.
 func (a *adaptive) grant() {
 	for len(a.waiters) > 0 {
-		w := a.waiters[0]
+		w := a.waiters.next(time.Now())
 		if a.inflight >= a.room(w.share) {
 			return
 		}
-		a.waiters = a.waiters[1:]
+		a.waiters.remove(w)
 		a.inflight++
 		if onTake != nil {
 			onTake(a.inflight, a.capacity())
@@ -340,6 +387,12 @@ var onTake func(inflight, capacity int)
 // sample counts a completed request in the window, and ends the window
 // when it is long enough.
 func (a *adaptive) sample(rtt time.Duration, now time.Time, dropped bool) {
+	if now.Add(-rtt).Before(a.changed) {
+		// Let in before the limit last changed: it tells of the old
+		// one. The window begins after the last of them.
+		a.start = now
+		return
+	}
 	a.n++
 	if dropped {
 		a.drops++
@@ -347,13 +400,23 @@ func (a *adaptive) sample(rtt time.Duration, now time.Time, dropped bool) {
 		a.ok++
 		a.sum += max(rtt, 0)
 	}
+	if a.lastRTT == 0 {
+		// The first window lasts twice the latency of its first request
+		// at least: else it would end with the fastest few, and the
+		// baseline be learned from them.
+		a.lastRTT = 2 * max(rtt, 0)
+	}
 	elapsed := now.Sub(a.start)
 	long := max(a.cfg.Window, a.lastRTT)
 	if elapsed < long || (a.n < minSamples && elapsed < 10*long) {
 		return
 	}
+	l := a.limit
 	a.update(elapsed)
-	a.start, a.n, a.drops, a.ok, a.sum, a.peak = now, 0, 0, 0, 0, a.inflight
+	if a.limit != l {
+		a.changed = now
+	}
+	a.start, a.n, a.drops, a.ok, a.sum, a.peak, a.short = now, 0, 0, 0, 0, a.inflight, len(a.waiters) > 0
 }
 
 // update learns from the window just ended (elapsed long).
@@ -366,10 +429,11 @@ func (a *adaptive) update(elapsed time.Duration) {
 	lo, hi := float64(a.cfg.MinLimit), float64(a.cfg.MaxLimit)
 	l := a.limit
 	used := float64(a.peak) >= l/2
+	full := a.short
 	if a.drops > 0 {
 		share := float64(a.drops) / float64(a.n)
 		a.limit = max(lo, l*(1-min(share, 1)/2))
-		a.streak = 0
+		a.streak, a.run = 0, 0
 		return
 	}
 	if a.ok == 0 {
@@ -390,16 +454,44 @@ func (a *adaptive) update(elapsed time.Duration) {
 		// limit in use would drift up with the latency it causes.
 		a.baseline += (rtt - a.baseline) * 0.02 * weight
 	}
-	if rtt <= a.baseline*(1+tol) {
-		a.streak = 0
-		if used {
-			a.limit = min(hi, l+max(1, math.Sqrt(l)))
+	if !a.grown && rtt <= a.baseline*(1+tol/8) {
+		// Slow start: half again a window until the latency grows.
+		if full {
+			a.limit = min(hi, l*1.5)
 		}
 		return
 	}
-	// Slower than the baseline allows: the upstream queues.
+	a.grown = true
+	if rtt <= a.baseline*(1+tol/8) {
+		a.streak = 0
+		if !full {
+			a.run = 0
+			return
+		}
+		// The limit held requests back and the upstream is hardly
+		// slower: there is room. A slot, then twice as many each
+		// window it goes on (half the limit at most): near the knee
+		// the limit creeps, far below it it is back within a few
+		// windows.
+		a.limit = min(hi, l+min(max(1, l/2), math.Ldexp(1, min(a.run, 30))))
+		a.run++
+		return
+	}
+	a.run = 0
+	// Slower: the upstream begins to queue.
 	if !used {
 		return // the limit is not what holds the requests: nothing to shrink for
+	}
+	capacity := float64(a.ok+a.drops) / float64(elapsed) * a.baseline
+	target := capacity + math.Sqrt(capacity)/2
+	if rtt <= a.baseline*(1+tol) {
+		// Within the tolerance: toward the capacity measured, by
+		// smoothing, near the knee where the latency grows.
+		a.streak = 0
+		if target < l {
+			a.limit = max(lo, l+(target-l)*a.cfg.Smoothing)
+		}
+		return
 	}
 	if a.streak == 0 {
 		a.streakRTT, a.streakFrom = 0, l
@@ -412,10 +504,14 @@ func (a *adaptive) update(elapsed time.Duration) {
 		a.baseline, a.limit, a.streak = rtt, max(l, a.streakFrom), 0
 		return
 	}
-	capacity := float64(a.ok+a.drops) / float64(elapsed) * a.baseline
-	target := capacity + math.Sqrt(capacity)
-	if target < l {
-		a.limit = max(lo, l*0.8, l+(target-l)*a.cfg.Smoothing)
+	switch {
+	case target >= l:
+	case rtt > a.baseline*(1+2*tol):
+		// Far past the knee (the upstream's capacity fell): to the
+		// capacity measured at once, halving at most.
+		a.limit = max(lo, l/2, target)
+	default:
+		a.limit = max(lo, l+(target-l)*a.cfg.Smoothing)
 	}
 }
 
@@ -439,6 +535,7 @@ func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
 	for i, a := range ad {
 		b := e.adaptiveOf(a.Rule, a.Key)
 		at, ok, shed := b.acquire(ctx, e.clock, a.class, a.Rule.Share(a.class), a.Wait, a.MaxQueue)
+		b.pins.Add(-1) // held (in flight) or no longer needed
 		a.Decided = true
 		a.Decision, a.Plan = b.state(ok)
 		if !ok {
@@ -502,20 +599,7 @@ func (a *Applied) releaseSlot(now time.Time, dropped bool) {
 // given back by the caller). It returns the rule that shed it.
 func shedPriority(enf []Applied) *Applied {
 	for i := range enf {
-		a := &enf[i]
-		if !a.Rule.Prioritized() || a.Rule.Adaptive != nil || !a.Decided || !a.Decision.Allowed {
-			continue
-		}
-		share := a.Rule.Share(a.class)
-		if share >= 1 {
-			continue
-		}
-		capacity := Burst(a.Limit)
-		left := a.Decision.Tokens
-		if a.Limit.Algorithm == drip.Concurrency {
-			left = float64(a.Decision.Remaining)
-		}
-		if left < capacity*(1-share)-1e-9 {
+		if a := &enf[i]; a.Rule.Adaptive == nil && sheds(&a.Item) {
 			return a
 		}
 	}

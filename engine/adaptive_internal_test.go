@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -119,5 +120,59 @@ func TestAdaptiveQueueByClass(t *testing.T) {
 		if c, d := <-got, <-got; c+d != rules.PriorityDefault+rules.PrioritySheddable {
 			t.Fatalf("then %d and %d, want default and sheddable", c, d)
 		}
+	})
+}
+
+// TestAdaptiveForgetsIdleKeys: the keys a client makes up do not fill an
+// engine's adaptive buckets for good. When the set is full, the buckets
+// no request holds, waits for or is about to ask are forgotten, so a new
+// key gets a bucket of its own rather than sharing the overflow bucket
+// with every later key; a busy bucket is kept, with what it learned.
+func TestAdaptiveForgetsIdleKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := &rules.Adaptive{InitialLimit: 2, MinLimit: 1, MaxLimit: 4, Tolerance: 0.25, Smoothing: 0.5, Window: time.Second, DropStatus: rules.DefaultDropStatus}
+		rule := &rules.Rule{Name: "r", Adaptive: cfg}
+		e := &Engine{}
+		ctx := context.Background()
+		busy := e.adaptiveOf(rule, "r|busy")
+		start, ok, _ := busy.acquire(ctx, time.Now, rules.PriorityDefault, 1, 0, 1)
+		busy.pins.Add(-1)
+		if !ok {
+			t.Fatal("no slot for the first request")
+		}
+		pinned := e.adaptiveOf(rule, "r|pinned") // found, not yet in acquire
+		fill := func(prefix string) {
+			for i := 0; len(e.adapt.m) < MaxAdaptiveKeys; i++ {
+				e.adaptiveOf(rule, fmt.Sprintf("r|%s-%d", prefix, i)).pins.Add(-1)
+			}
+		}
+		fill("junk")
+		a := e.adaptiveOf(rule, "r|new")
+		a.pins.Add(-1)
+		if e.adapt.m["r|new"] != a {
+			t.Fatal("a new key shares the overflow bucket after idle keys filled the set")
+		}
+		if e.adapt.m["r|busy"] != busy || e.adapt.m["r|pinned"] != pinned {
+			t.Fatal("a bucket in use was forgotten")
+		}
+		if n := len(e.adapt.m); n > 3 {
+			t.Fatalf("%d buckets after the sweep, want the 3 in use", n)
+		}
+		// A set filled again within a second is not read again for each
+		// new key: the key shares the overflow bucket until the next sweep.
+		fill("again")
+		if b := e.adaptiveOf(rule, "r|soon"); e.adapt.m["r|soon"] == b {
+			t.Fatal("a second sweep within adaptiveSweep")
+		} else {
+			b.pins.Add(-1)
+		}
+		time.Sleep(adaptiveSweep)
+		b := e.adaptiveOf(rule, "r|later")
+		b.pins.Add(-1)
+		if e.adapt.m["r|later"] != b {
+			t.Fatal("no sweep after adaptiveSweep")
+		}
+		busy.release(start, time.Now(), false, true)
+		pinned.pins.Add(-1)
 	})
 }

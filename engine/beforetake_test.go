@@ -50,7 +50,7 @@ func TestBeforeTakeIsThePeek(t *testing.T) {
 			s.Close()
 			continue // a denied on its own: nothing to turn
 		}
-		got := beforeTake(m.Decisions[0], l, "a", cost)
+		got := beforeTake(m.Decisions[0], PlanOf("", l), "a", cost)
 		want, err := storetest.Apply(ctx, s, bucket.Peek, at, drip.Request{Key: "a", Limit: l, Cost: 0})
 		s.Close()
 		if err != nil {

@@ -7,8 +7,10 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/calendar"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
+	"github.com/driplimit/drip/store"
 )
 
 // Rules is a rules Set ready for Decide: build it with Engine.Compile
@@ -32,10 +34,11 @@ type Plan struct {
 	burst  float64       // Burst
 	fill   time.Duration // how long it takes to fill from empty (w)
 	algo   algo          // what its algorithm means for the engine
-	// perKey: params hold for one key at one time only (a fixed window
-	// placed by its key's hash, a calendar window). drip.Apply resolves
-	// them at each decision.
-	perKey bool
+	// keyed: a fixed window without Start, whose grid its key's hash
+	// places; cal: a calendar window, placed by the decision's time.
+	// paramsAt resolves both at each decision.
+	keyed  bool
+	cal    *calendar.Period
 	leased bool // its requests carry the leased mark (drip.Limit.Leased)
 
 	local atomic.Pointer[localPlan] // the local fallback's, made at first need
@@ -53,7 +56,13 @@ type localPlan struct {
 func PlanOf(name string, l drip.Limit) *Plan {
 	p, err := l.Params("") // its burst does not depend on a key
 	pl := &Plan{params: p, algo: algoOf(&l), leased: l.Leased}
-	pl.perKey = p.Kind == bucket.Calendar || (p.Kind == bucket.Window && l.Start == 0)
+	switch {
+	case p.Kind == bucket.Calendar:
+		u, _ := calendar.ParseUnit(l.Calendar) // valid
+		pl.cal = &calendar.Period{Unit: u, Loc: l.Location}
+	case p.Kind == bucket.Window:
+		pl.keyed = l.Start == 0
+	}
 	switch {
 	case pl.algo.slots:
 		pl.burst = float64(l.MaxInFlight)
@@ -68,6 +77,51 @@ func PlanOf(name string, l drip.Limit) *Plan {
 	}
 	pl.policy, pl.name = policyItem(name, pl), sfv.String(name)
 	return pl
+}
+
+// paramsAt is the plan's params for a decision on key at at (zero: now):
+// the one resolver of windows placed by their key or by the time, as
+// drip.Limit.Params places them.
+func (p *Plan) paramsAt(key string, at time.Time) bucket.Params {
+	q := p.params
+	switch {
+	case p.keyed:
+		q.Start = int64(store.WindowStart(key, time.Duration(q.Period))) % q.Period
+	case p.cal != nil:
+		if at.IsZero() {
+			at = time.Now()
+		}
+		q.Start, q.Period = p.cal.Span(at)
+	}
+	return q
+}
+
+// prepare is store.PrepareCost of a request under the plan at at, the
+// cost in fixed point already (c, or what is wrong with it: err): its
+// params placed for key and at, its leased mark the plan's.
+func (p *Plan) prepare(it *bucket.Prepared, op bucket.Op, key string, at time.Time, c int64, err error, reserve bool, lease string) error {
+	q := &p.params
+	if p.keyed || p.cal != nil {
+		pk := p.paramsAt(key, at)
+		q = &pk
+	}
+	if err := store.PrepareCost(it, op, key, q, c, err, reserve, lease); err != nil {
+		return err
+	}
+	it.Leased = p.leased
+	return nil
+}
+
+// hints puts the waits of r, decided under q (paramsAt's) at at, on a
+// calendar window's calendar.
+func (p *Plan) hints(r *bucket.Result, q *bucket.Params, at time.Time) {
+	if p.cal == nil {
+		return
+	}
+	if at.IsZero() {
+		at = time.Now()
+	}
+	p.cal.Hints(q.Start, q.Period, at, &r.RetryAfter, &r.ResetAfter)
 }
 
 // localOf is the plan of l's local fallback (share), made once.

@@ -83,7 +83,9 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			return out
 		}
 		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
-			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}, class: classOf(r, rule)}
+			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
+		class := classOf(r, rule)
+		a.SetClass(class, rule.Share(class))
 		if len(rule.CountStatus) > 0 {
 			a.Mode = Check
 		}
@@ -251,7 +253,7 @@ func settle(out *Outcome, enf []Applied, taken, local bool, decision func(i int)
 			a.held = a.Lease != ""
 		default:
 			a.Event = NotTaken
-			a.Decision = beforeTake(a.Decision, a.Limit, a.Key, a.Cost)
+			a.Decision = beforeTake(a.Decision, a.plan(), a.Key, a.Cost)
 		}
 	}
 	if !taken {
@@ -414,19 +416,16 @@ func share(l drip.Limit, p *Plan, f float64) drip.Limit {
 // works in drip's fixed point: the cost as drip rounds it is added back
 // to the micro-tokens, and the time to fill is shortened by the time those
 // micro-tokens take to refill (whole periods on a grid), as drip's math
-// computes both.
-func beforeTake(d drip.Decision, l drip.Limit, key string, cost float64) drip.Decision {
-	if algoOf(&l).slots {
+// computes both, under the plan pl of the item's limit.
+func beforeTake(d drip.Decision, pl *Plan, key string, cost float64) drip.Decision {
+	if pl.algo.slots {
 		// The slot the take would have held is free; the leases held and
 		// so when they expire are as they were.
 		d.Tokens++
 		d.Remaining++
 		return d
 	}
-	p, err := l.Params(key)
-	if err != nil {
-		return d
-	}
+	p := pl.paramsAt(key, time.Time{}) // a limit not valid allows nothing: no cost
 	c, err := store.Cost(bucket.Take, cost, false, p)
 	if err != nil || c == 0 {
 		return d

@@ -234,19 +234,19 @@ func TestBeforeTake(t *testing.T) {
 	// Continuous, 10/s burst 20: 5 left after taking 2 means 7 before,
 	// full in 1.3 s rather than 1.5 s.
 	d := drip.Decision{Allowed: true, Tokens: 5, Remaining: 5, Burst: 20, ResetAfter: 1500 * time.Millisecond}
-	got := beforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 2)
+	got := beforeTake(d, PlanOf("", drip.PerSecond(10).WithBurst(20)), "k", 2)
 	if got.Tokens != 7 || got.Remaining != 7 || got.ResetAfter != 1300*time.Millisecond {
 		t.Errorf("continuous: %+v", got)
 	}
 	// Interval, 5 per 10 s burst 20: 9 left after taking 2 (11 before);
 	// full after 3 periods from 9, 2 from 11.
 	got = beforeTake(drip.Decision{Allowed: true, Tokens: 9, Remaining: 9, ResetAfter: 27 * time.Second},
-		drip.Per(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval), "k", 2)
+		PlanOf("", drip.Per(5, 10*time.Second).WithBurst(20).WithRefill(drip.Interval)), "k", 2)
 	if got.Tokens != 11 || got.Remaining != 11 || got.ResetAfter != 17*time.Second {
 		t.Errorf("interval: %+v", got)
 	}
 	// Cost 0 changes nothing.
-	if got := beforeTake(d, drip.PerSecond(10).WithBurst(20), "k", 0); got != d {
+	if got := beforeTake(d, PlanOf("", drip.PerSecond(10).WithBurst(20)), "k", 0); got != d {
 		t.Errorf("cost 0: %+v", got)
 	}
 }

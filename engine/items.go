@@ -287,7 +287,7 @@ func (e *Engine) runItems(ctx context.Context, timeout time.Duration, br rules.B
 // more for those the bound refused: chargeReqs); items of one key add up.
 func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 	var reqs []drip.Request
-	var its []*Item
+	var its, firsts []*Item // firsts[j]: the first item of reqs[j]
 	for _, it := range items {
 		if it.kind() != chargeItems {
 			continue
@@ -306,13 +306,14 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 		if it.req < 0 {
 			it.req = len(reqs)
 			reqs = append(reqs, drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.Cost})
+			firsts = append(firsts, it)
 		}
 		its = append(its, it)
 	}
 	asked := make([]float64, len(reqs))
 	for j, r := range reqs {
 		asked[j] = r.Cost
-		reqs[j] = chargeReq(r.Key, r.Limit, r.Cost)
+		reqs[j] = chargeReq(r.Key, r.Limit, firsts[j].plan(), r.Cost)
 	}
 	if len(reqs) == 0 {
 		return nil

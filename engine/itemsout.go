@@ -25,7 +25,7 @@ func (a *Applied) enforced() bool {
 // (Decide's rules already show so).
 func (a *Applied) Current() drip.Decision {
 	if a.item && a.Decision.Allowed && !a.Changed && a.Mode != Refund && a.Mode != Charge {
-		return beforeTake(a.Decision, a.Limit, a.Key, a.Taken)
+		return beforeTake(a.Decision, a.plan(), a.Key, a.Taken)
 	}
 	return a.Decision
 }

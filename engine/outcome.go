@@ -129,15 +129,10 @@ type Applied struct {
 	held bool // the lease was acquired: Release gives it back
 	item bool // an item of DecideItems (Current)
 
-	class int       // the request's class of priority under the rule (adaptive.go)
 	shed  bool      // the rule denied the request for its class
 	slot  *adaptive // an adaptive rule's bucket, whose slot the request holds
 	since time.Time // when it took it
 }
-
-// Class is the request's class of priority under the rule: from 0
-// (batch) to 100 (critical); rules.PriorityName names it.
-func (a *Applied) Class() int { return a.class }
 
 // Held reports whether the rule holds a lease of its concurrency limit
 // for the request, which Outcome.Release gives back.

@@ -157,3 +157,35 @@ func TestPlanErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacedWindowsAllocate holds a decision on a window placed by its key
+// (a fixed window without Start) or by the time (a calendar window) to
+// the allocations of one on a token bucket: the plan places the window
+// itself, without drip.Apply's requests, decisions and params cache.
+func TestPlacedWindowsAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts under the race detector, whose sync.Pool drops items")
+	}
+	ms := memstore.New(memstore.WithSweep(0))
+	defer ms.Close()
+	at := time.Date(2026, 3, 28, 22, 59, 0, 0, time.UTC)
+	e := New(ms, WithClock(func() time.Time { return at }))
+	defer e.Close()
+	ctx := context.Background()
+	allocs := func(l drip.Limit) float64 {
+		pl := PlanOf("r", l)
+		return testing.AllocsPerRun(200, func() {
+			at = at.Add(time.Millisecond)
+			e.DecideItems(ctx, []Applied{{Item: Item{Key: "k", Limit: l, Cost: 1, Plan: pl}}})
+		})
+	}
+	base := allocs(drip.PerSecond(1e6))
+	for _, l := range []drip.Limit{
+		drip.Per(1e6, time.Second).Window(),
+		drip.PerDayIn(1e9, time.UTC),
+	} {
+		if got := allocs(l); got > base {
+			t.Errorf("%v: %v allocations a decision, a token bucket's %v", l, got, base)
+		}
+	}
+}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"math"
 	"math/bits"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,37 +33,115 @@ type QueueObserver interface {
 	Waited(rule string, d time.Duration, allowed bool)
 }
 
-// queues are the requests that wait in one engine: how many under each
-// rule (Item.Queue), each waiter, and, for each concurrency bucket, the
-// waiters for its slots in arrival order.
+// queues are the requests that wait in one engine for rate and
+// concurrency rules: each rule's queue (Item.Queue), the line for each
+// concurrency bucket's slots, and the reservations held by the waiters
+// of each rate bucket (by sigOf). Each is a line, served as the adaptive
+// rules' queues are: highest class first.
 type queues struct {
-	mu      sync.Mutex
-	n       map[string]int
-	waiting map[*inLine]struct{}
-	slots   map[string][]*inLine
+	mu    sync.Mutex
+	rules map[string]line  // by Item.Queue
+	slots map[string]line  // by concurrency bucket key
+	held  map[string]*dues // by sigOf
 }
 
-// inLine is one request in the queues: when it joined, when its wait
-// ends, and, once it waits for a concurrency slot, its wakeup.
-type inLine struct {
-	since, deadline time.Time
-	ch              chan struct{} // nil: it waits for no slot (yet)
+// waiter is one request in a queue: its class of priority (and, in an
+// adaptive rule's queue, the share of the capacity its class may use),
+// when it joined and when its wait ends, and its wakeup.
+type waiter struct {
+	class        int
+	share        float64
+	since, until time.Time
+	// ch wakes it: in an adaptive rule's queue, true when it was granted
+	// a slot, false when a higher class dropped it; in the engine's
+	// queues, a turn to look again (dropped tells why).
+	ch chan bool
+
+	// In the engine's queues (under queues.mu):
+	queues  []string      // the rules' queues it is in
+	slot    string        // the concurrency bucket it is in line for ("": none)
+	sig     string        // the reservations it holds (sigOf; "": none)
+	due     time.Time     // when the reservation it was given is due
+	dropped bool          // a waiter of a higher class took its place
+	gone    chan struct{} // closed when it has left, what it held given back
 }
 
-// next is the waiter of line (not empty) that a free slot goes to: the
-// first in line, first in first out, while it has waited less than half
-// of its wait; past that the line is overloaded, and the slot goes to
-// the last in line, last in first out, until the line's first is again
-// one that has waited less. A line that only grows would otherwise
-// serve every request near the end of its wait, when its client may
-// have given up; last in first out serves most at once and lets the
-// oldest run out their waits (answered as without a wait).
-func next(line []*inLine, now time.Time) *inLine {
-	first := line[0]
-	if now.Sub(first.since) > first.deadline.Sub(first.since)/2 {
-		return line[len(line)-1]
+// line is the waiters of one queue in the order they are served: by
+// class, highest first, then by arrival. A waiter of a higher class is
+// never behind one of a lower class, and a full queue drops its last.
+type line []*waiter
+
+// insert puts w after the waiters of its class and above.
+func (l *line) insert(w *waiter) {
+	i := sort.Search(len(*l), func(i int) bool { return (*l)[i].class < w.class })
+	*l = slices.Insert(*l, i, w)
+}
+
+// remove takes w out of the line, and reports whether it was in it.
+func (l *line) remove(w *waiter) bool {
+	i := slices.Index(*l, w)
+	if i < 0 {
+		return false
 	}
-	return first
+	*l = slices.Delete(*l, i, i+1)
+	return true
+}
+
+// next is the waiter (of a line not empty) that a free slot goes to: of
+// the highest class waiting, the first in line, first in first out,
+// while it has waited less than half of its wait; past that the class's
+// line is overloaded, and the slot goes to its last, last in first out,
+// until its first is again one that has waited less. A line that only
+// grows would otherwise serve every request near the end of its wait,
+// when its client may have given up; last in first out serves most at
+// once and lets the oldest run out their waits (answered as without a
+// wait).
+func (l line) next(now time.Time) *waiter {
+	first := l[0]
+	if now.Sub(first.since) <= first.until.Sub(first.since)/2 {
+		return first
+	}
+	last := 0
+	for last+1 < len(l) && l[last+1].class == first.class {
+		last++
+	}
+	return l[last]
+}
+
+// dropFor makes room in a full line for w: it drops the line's last
+// waiter when w's class is higher, and returns it; nil when none is
+// lower.
+func (l *line) dropFor(w *waiter) *waiter {
+	if len(*l) == 0 {
+		return nil
+	}
+	last := (*l)[len(*l)-1]
+	if last.class >= w.class {
+		return nil
+	}
+	return last
+}
+
+// dues are the reservations held by the waiters of one signature (the
+// same buckets at the same costs: any of them serves any of the
+// waiters), and their waiters: the earliest due goes to the first in
+// line, the highest class. A reservation is as good as another of the
+// same cost on the same bucket, so handing them out by class passes
+// no more than the store reserved by any instant.
+type dues struct {
+	line line
+	at   []time.Time // sorted
+}
+
+// assign gives the i-th waiter the i-th earliest reservation, and wakes
+// those whose due moved.
+func (d *dues) assign() {
+	for i, w := range d.line {
+		if !w.due.Equal(d.at[i]) {
+			w.due = d.at[i]
+			wake(w.ch)
+		}
+	}
 }
 
 // waitOf is how long a take of items may wait for its turn: the
@@ -93,30 +175,46 @@ func waitable(items []*Item) bool {
 
 // takeWaiting is takeItems for the enforced take of a request whose
 // items may wait (Item.Wait; none: takeItems itself). A take they deny
-// waits in their rules' queues, at most the shortest Wait: a rate
+// waits in their rules' queues, at most the shortest Wait, served by
+// class (Item.SetClass: highest first; a full queue drops its lowest
+// waiter for a higher class, else denies the newcomer at once): a rate
 // limit's item takes a reservation (a take into debt, bounded by what
 // its limit refills within the wait left, so that no more pass than the
-// limit allows) and the request sleeps until it is due; a concurrency
-// limit's item waits for a release (a wakeup) or its next ask
-// (PollInterval), and asks again. A full queue, or an item that denies
-// and may not wait, denies at once. A request whose ctx ends while it
-// waits leaves the queue and gives back what it holds.
+// limit allows) and the request sleeps until a reservation is due (the
+// earliest held by its kind go to the highest class; a debt that is full
+// gives back the reservation of a lower class for a higher one); a
+// concurrency limit's item waits for a release (a wakeup) or its next
+// ask (PollInterval), and asks again. An item that denies and may not
+// wait denies at once. A request whose ctx ends while it waits leaves
+// the queue and gives back what it holds.
 func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item, peekZero bool) (bool, error) {
 	wait := waitOf(items)
 	if wait <= 0 {
 		return e.takeItems(ctx, timeout, br, items, peekZero)
 	}
 	start := time.Now()
-	deadline := start.Add(wait)
-	behind := e.queues.behind(items)
+	w := &waiter{class: classOfItems(items), since: start, until: start.Add(wait),
+		ch: make(chan bool, 1), gone: make(chan struct{})}
+	behind := e.queues.behind(items, w.class)
+	var ok, asked bool
+	var err error
 	if !behind {
-		allowed, err := e.takeItems(ctx, timeout, br, items, peekZero)
-		if err != nil || allowed || !waitable(items) {
-			return allowed, err
+		ok, err = e.takeItems(ctx, timeout, br, items, peekZero)
+		switch {
+		case err != nil || !waitable(items):
+			return ok, err
+		case ok && roomy(items) && keptDue(items) == 0:
+			return true, nil
+		case !ok && !slotDenied(items) && noDebt(items):
+			return false, nil
 		}
+		asked = ok || slotDenied(items) // a rate limit's denial: ask again for a reservation
 	}
-	w := &inLine{since: start, deadline: deadline}
-	if !e.queues.join(items, w) {
+	victim, joined := e.queues.join(items, w)
+	if !joined {
+		if ok {
+			return true, nil // the caller sheds it for its class (shedPriority)
+		}
 		if behind { // the bucket's decision, for the answer
 			return e.takeItems(ctx, timeout, br, items, peekZero)
 		}
@@ -125,35 +223,74 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 	e.queued(items, 1)
 	allowed := false
 	defer func() {
-		e.queues.leave(items, w)
+		e.queues.leave(w)
 		e.queued(items, -1)
 		e.waited(items, time.Since(start), allowed)
 	}()
+	if victim != nil && !gone(ctx, victim) {
+		if ok {
+			e.giveBack(ctx, timeout, br, items)
+		}
+		return false, nil
+	}
 	ask := !behind // ask now, or wait for a turn first
 	for {
-		left := time.Until(deadline)
-		if ask || left <= 0 {
+		left := time.Until(w.until)
+		var due time.Duration // a reservation's
+		if !asked && (ask || left <= 0) {
 			reserve(items, left)
-			ok, err := e.takeItems(ctx, timeout, br, items, peekZero)
-			due := dueOf(items)
+			ok, err = e.takeItems(ctx, timeout, br, items, peekZero)
+			due = dueOf(items)
 			reserve(items, 0)
-			if err != nil {
+			asked = true
+		}
+		if asked {
+			asked = false
+			due = max(due, keptDue(items))
+			switch {
+			case err != nil:
 				return false, err
-			}
-			if ok {
-				if due > 0 && !sleep(ctx, due) {
-					e.giveBack(ctx, timeout, br, items)
+			case ok && e.queues.dropped(w):
+				e.giveBack(ctx, timeout, br, items)
+				return false, nil
+			case ok && left > 0 && (!roomy(items) || due > left):
+				e.giveBack(ctx, timeout, br, items) // and wait for room
+				if due > left {
 					return false, nil
+				}
+			case ok && left <= 0 && due > 0:
+				// Its wait is over short of its class's share: the caller
+				// sheds it (shedPriority), as without a wait.
+				return true, nil
+			case ok:
+				if due > 0 {
+					if !e.queues.hold(ctx, w, items, due) {
+						e.giveBack(ctx, timeout, br, items)
+						return false, nil
+					}
+					for _, it := range items {
+						if it.Decided && it.Decision.Allowed && it.Wait > 0 {
+							it.Decision.RetryAfter = max(it.Decision.RetryAfter, due) // the wait it took
+						}
+					}
 				}
 				allowed = true
 				return true, nil
-			}
-			if left <= 0 || !waitable(items) || !slotDenied(items) {
+			case left <= 0 || !waitable(items) || e.queues.dropped(w):
 				return false, nil
+			case !slotDenied(items):
+				// A rate limit's debt is full: a waiter of a lower class
+				// that holds a reservation like it gives its back.
+				v := e.queues.dropHolder(items, w)
+				if v == nil || !gone(ctx, v) {
+					return false, nil
+				}
+				ask = true
+				continue
 			}
 		}
 		e.queues.line(items, w)
-		e.queues.await(ctx, w, items, time.Until(deadline))
+		e.queues.await(ctx, w)
 		if ctx.Err() != nil {
 			return false, nil
 		}
@@ -161,11 +298,143 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 	}
 }
 
+// keptDue is how long the rate limits' tokens the items just took take
+// to come back to the share of the capacity kept for higher classes
+// (Item.SetClass): a waiting request of a lower class passes then, as if
+// it had found that share left. 0: none keeps one, or enough is left.
+func keptDue(items []*Item) time.Duration {
+	var due time.Duration
+	for _, it := range items {
+		if it.kind() != enforceItems || it.keep == 0 || it.Wait <= 0 || it.plan().algo.slots || !it.Decided || !it.Decision.Allowed {
+			continue
+		}
+		p := it.fixed()
+		short := (it.keep*float64(p.Burst)/bucket.Micro - it.Decision.Tokens) * bucket.Micro
+		if short <= 1e-3 || p.Rate <= 0 {
+			continue
+		}
+		var d time.Duration
+		if p.Kind == bucket.Continuous {
+			d = time.Duration(math.Ceil(short * float64(p.Period) / float64(p.Rate)))
+		} else {
+			d = time.Duration(math.Ceil(short/float64(p.Rate))) * time.Duration(p.Period)
+		}
+		due = max(due, d)
+	}
+	return due
+}
+
+// sheds reports whether an item just allowed leaves less than the share
+// of its limit's capacity kept for higher classes (Item.SetClass): the
+// request is shed, what it took given back. A reservation of a queue
+// kept the share already (reserve).
+func sheds(it *Item) bool {
+	if it.keep == 0 || !it.Decided || !it.Decision.Allowed || (it.Wait > 0 && it.Decision.RetryAfter > 0) {
+		return false
+	}
+	left := it.Decision.Tokens
+	if it.plan().algo.slots {
+		left = float64(it.Decision.Remaining)
+	}
+	return left < it.plan().burst*it.keep-1e-9
+}
+
+// classOfItems is the class a request waits as: the lowest of its
+// waiting items' (a request any of its rules ranks low is shed first).
+func classOfItems(items []*Item) int {
+	c := rules.PriorityCritical
+	for _, it := range items {
+		if it.Wait > 0 && it.kind() == enforceItems {
+			c = min(c, it.class)
+		}
+	}
+	return c
+}
+
+// roomy reports whether the slots the items took leave their classes'
+// shares of the capacities free (Item.SetClass): else the request waits
+// on for a slot within its share.
+func roomy(items []*Item) bool {
+	for _, it := range items {
+		if it.kind() == enforceItems && it.keep > 0 && it.plan().algo.slots && it.Decided && it.Decision.Allowed &&
+			float64(it.Decision.Remaining) < it.plan().burst*it.keep-1e-9 {
+			return false
+		}
+	}
+	return true
+}
+
+// noDebt reports whether none of the items' rate limits may take a
+// reservation: a take they deny then has nothing to wait for.
+func noDebt(items []*Item) bool {
+	for _, it := range items {
+		if it.kind() == enforceItems && it.Decided && !it.Decision.Allowed && !it.plan().algo.slots && mayReserve(it) {
+			return false
+		}
+	}
+	return true
+}
+
+// mayReserve reports whether a waiting item may take a reservation: a
+// rate limit's, unless it is leased (drip serve --leased: decided from
+// blocks in this process, which hold no debt).
+func mayReserve(it *Item) bool {
+	return it.Wait > 0 && it.kind() == enforceItems && !it.plan().algo.slots && !it.plan().leased
+}
+
+// sigOf is what the reservations of a request that waits for rate
+// limits only are: its buckets and costs (any reservation of the same
+// signature serves it); "" when it waits for anything else.
+func sigOf(items []*Item) string {
+	var b strings.Builder
+	for _, it := range items {
+		if it.kind() != enforceItems {
+			continue
+		}
+		if !mayReserve(it) {
+			return ""
+		}
+		b.WriteString(it.Key)
+		b.WriteByte(0)
+		b.WriteString(strconv.FormatFloat(it.Cost, 'g', -1, 64))
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+// gone waits for the dropped waiter v to have left, what it held given
+// back; false if ctx ended first.
+func gone(ctx context.Context, v *waiter) bool {
+	select {
+	case <-v.gone:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // TakeWaiting takes Enforce items all or nothing, as Apply takes
 // requests. A denied take may wait for its turn, as Decide's rules do
 // (Item.Wait). It serves the decision API's take with "wait".
+//
+// Items of a class below critical (Item.SetClass) must leave their share
+// of the capacity free, as Decide's rules with a reserve: an item that
+// allowed a take but would eat into that share denies it (what was taken
+// is given back), its Decision denied.
 func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, err error) {
-	return e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
+	allowed, err = e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
+	if !allowed || err != nil {
+		return allowed, err
+	}
+	for _, it := range items {
+		if sheds(it) {
+			e.giveBack(ctx, e.timeout, defaultBreaker, items)
+			it.Decision.Allowed = false
+			it.Decision.RetryAfter = max(it.Decision.RetryAfter, ConcurrencyRetryAfter)
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // reserve sets the items' reservations for a wait of left: a rate
@@ -174,10 +443,12 @@ func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, 
 func reserve(items []*Item, left time.Duration) {
 	for _, it := range items {
 		it.debt = 0
-		// A leased limit (drip serve --leased) is decided from blocks in
-		// this process, which hold no debt: it does not wait.
-		if left > 0 && it.Wait > 0 && it.kind() == enforceItems && !it.plan().algo.slots && !it.plan().leased {
-			it.debt = debtWithin(it.fixed(), min(left, it.Wait))
+		if left > 0 && mayReserve(it) {
+			// A class that keeps a share of the capacity for higher ones
+			// keeps it of the debt too: its reservation leaves the last
+			// share of what the limit refills within the wait to them.
+			kept := int64(it.keep * float64(it.fixed().Burst))
+			it.debt = max(0, debtWithin(it.fixed(), min(left, it.Wait))-kept)
 		}
 	}
 }
@@ -300,9 +571,11 @@ func (e *Engine) WaitsUntil() time.Time {
 	q := &e.queues
 	q.mu.Lock()
 	var until time.Time
-	for w := range q.waiting {
-		if w.deadline.After(until) {
-			until = w.deadline
+	for _, l := range q.rules {
+		for _, w := range l {
+			if w.until.After(until) {
+				until = w.until
+			}
 		}
 	}
 	q.mu.Unlock()
@@ -322,39 +595,176 @@ func (e *Engine) WaitsUntil() time.Time {
 	return until
 }
 
-// join counts the request w in the queue of each of its items that
-// waits, unless one of those is full (Item.MaxQueue): then it counts
-// nothing and reports false.
-func (q *queues) join(items []*Item, w *inLine) bool {
+// join puts the request w in the queue of each of its items that waits.
+// When one of those is full (Item.MaxQueue) it drops the queue's last
+// waiter, of a lower class than w, and returns it (it leaves, giving
+// back what it holds); when none is lower it puts w nowhere and reports
+// false.
+func (q *queues) join(items []*Item, w *waiter) (victim *waiter, ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n == nil {
-		q.n = make(map[string]int)
-		q.waiting = make(map[*inLine]struct{})
+	if q.rules == nil {
+		q.rules = make(map[string]line)
+		q.slots = make(map[string]line)
+		q.held = make(map[string]*dues)
 	}
 	for _, it := range items {
-		if it.Wait > 0 && q.n[it.Queue] >= max(it.MaxQueue, 1) {
+		if it.Wait <= 0 || slices.Contains(w.queues, it.Queue) {
+			continue
+		}
+		w.queues = append(w.queues, it.Queue)
+		l := q.rules[it.Queue]
+		if len(l) < max(it.MaxQueue, 1) {
+			continue
+		}
+		v := l.dropFor(w)
+		if v == nil || (victim != nil && victim != v) {
+			w.queues = nil
+			return nil, false
+		}
+		victim = v
+	}
+	if victim != nil {
+		q.drop(victim)
+	}
+	for _, name := range w.queues {
+		l := q.rules[name]
+		l.insert(w)
+		q.rules[name] = l
+	}
+	return victim, true
+}
+
+// drop takes v out of its rules' queues for a waiter of a higher class
+// and wakes it: it leaves at once.
+func (q *queues) drop(v *waiter) {
+	v.dropped = true
+	q.unqueue(v)
+	wake(v.ch)
+}
+
+// unqueue takes w out of its rules' queues.
+func (q *queues) unqueue(w *waiter) {
+	for _, name := range w.queues {
+		l := q.rules[name]
+		if l.remove(w); len(l) == 0 {
+			delete(q.rules, name)
+		} else {
+			q.rules[name] = l
+		}
+	}
+	w.queues = nil
+}
+
+// dropped reports whether a waiter of a higher class took w's place.
+func (q *queues) dropped(w *waiter) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return w.dropped
+}
+
+// dropHolder drops, for w, the last waiter of a lower class that holds
+// reservations like w's would be (sigOf), and returns it; nil if none.
+func (q *queues) dropHolder(items []*Item, w *waiter) *waiter {
+	sig := sigOf(items)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	h := q.held[sig]
+	if sig == "" || h == nil {
+		return nil
+	}
+	for i := len(h.line) - 1; i >= 0; i-- {
+		v := h.line[i]
+		if v.class >= w.class {
+			return nil
+		}
+		if !v.dropped {
+			q.drop(v)
+			return v
+		}
+	}
+	return nil
+}
+
+// hold sleeps until the reservations the request just took (due in d)
+// may be used: among the waiters holding reservations like them, the
+// earliest due go to the highest class. It reports false when ctx ended
+// or a higher class dropped the request first: the caller gives them
+// back.
+func (q *queues) hold(ctx context.Context, w *waiter, items []*Item, d time.Duration) bool {
+	sig := sigOf(items)
+	if sig == "" {
+		return sleep(ctx, d)
+	}
+	q.mu.Lock()
+	h := q.held[sig]
+	if h == nil {
+		h = &dues{}
+		q.held[sig] = h
+	}
+	at := time.Now().Add(d)
+	h.at = slices.Insert(h.at, sort.Search(len(h.at), func(i int) bool { return h.at[i].After(at) }), at)
+	h.line.insert(w)
+	w.sig = sig
+	h.assign()
+	q.mu.Unlock()
+	for {
+		q.mu.Lock()
+		if w.dropped {
+			q.mu.Unlock()
+			return false
+		}
+		left := time.Until(w.due)
+		if left <= 0 { // its turn: it passes with the earliest
+			h.line.remove(w)
+			h.at = slices.Delete(h.at, 0, 1)
+			w.sig = ""
+			q.unheld(sig, h)
+			q.mu.Unlock()
+			return true
+		}
+		q.mu.Unlock()
+		if !sleepOrWake(ctx, w.ch, left) {
 			return false
 		}
 	}
-	for _, it := range items {
-		if it.Wait > 0 {
-			q.n[it.Queue]++
-		}
+}
+
+// unheld forgets h when it holds nothing, else hands out its dues again.
+func (q *queues) unheld(sig string, h *dues) {
+	if len(h.line) == 0 {
+		delete(q.held, sig)
+		return
 	}
-	q.waiting[w] = struct{}{}
+	h.assign()
+}
+
+// sleepOrWake waits d or a wakeup on ch, and reports false if ctx ended
+// first.
+func sleepOrWake(ctx context.Context, ch chan bool, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ch:
+	case <-ctx.Done():
+		return false
+	}
 	return true
 }
 
-// behind reports whether requests already wait here for a slot of one
-// of the items' concurrency buckets: the request then joins their line
-// (next) rather than take a slot freed for one of them.
-func (q *queues) behind(items []*Item) bool {
+// behind reports whether requests of w's class or higher already wait
+// here for a slot of one of the items' concurrency buckets: the request
+// then joins their line (next) rather than take a slot freed for one of
+// them.
+func (q *queues) behind(items []*Item, class int) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, it := range items {
-		if it.Wait > 0 && it.plan().algo.slots && len(q.slots[it.Key]) > 0 {
-			return true
+		if it.Wait > 0 && it.plan().algo.slots {
+			if l := q.slots[it.Key]; len(l) > 0 && l[0].class >= class {
+				return true
+			}
 		}
 	}
 	return false
@@ -371,80 +781,99 @@ func slotKey(items []*Item) (string, bool) {
 	return "", false
 }
 
-// line puts the request w at the end of the line for its slot, if it
+// line puts the request w in the line for its slot, by class, if it
 // waits for one and is not in line yet.
-func (q *queues) line(items []*Item, w *inLine) {
+func (q *queues) line(items []*Item, w *waiter) {
 	key, ok := slotKey(items)
-	if !ok || w.ch != nil {
-		return
-	}
-	w.ch = make(chan struct{}, 1)
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.slots == nil {
-		q.slots = make(map[string][]*inLine)
+	if !ok || w.slot != "" || w.dropped {
+		return
 	}
-	q.slots[key] = append(q.slots[key], w)
+	w.slot = key
+	l := q.slots[key]
+	l.insert(w)
+	q.slots[key] = l
 }
 
 // await waits for the request's turn to ask again: a wakeup, or, for the
-// next in line, PollInterval; at most left, and until ctx ends.
-func (q *queues) await(ctx context.Context, w *inLine, items []*Item, left time.Duration) {
-	if left <= 0 {
-		return
-	}
-	if w.ch != nil {
-		key, _ := slotKey(items)
-		q.mu.Lock()
-		line := q.slots[key]
-		turn := len(line) > 0 && next(line, time.Now()) == w
-		q.mu.Unlock()
-		if turn {
+// next in line, PollInterval (one that is no longer next when its poll
+// comes, a higher class having joined ahead, waits on); until the end of
+// its wait, and until ctx ends.
+func (q *queues) await(ctx context.Context, w *waiter) {
+	for {
+		left := time.Until(w.until)
+		if left <= 0 {
+			return
+		}
+		if q.turn(w) {
 			left = min(left, PollInterval)
 		}
-	}
-	t := time.NewTimer(left)
-	defer t.Stop()
-	select {
-	case <-w.ch: // nil: never
-	case <-t.C:
-	case <-ctx.Done():
+		t := time.NewTimer(left)
+		select {
+		case <-w.ch:
+			t.Stop()
+			return
+		case <-t.C:
+			if w.slot == "" || q.turn(w) {
+				return
+			}
+			q.handOn(w) // its poll goes to the next in line now
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
 	}
 }
 
-// leave takes the request w out of its queues; when it was the next in
-// line for its slot, it wakes the one next now.
-func (q *queues) leave(items []*Item, w *inLine) {
+// turn reports whether w is the next in line for its slot.
+func (q *queues) turn(w *waiter) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, it := range items {
-		if it.Wait > 0 {
-			if q.n[it.Queue]--; q.n[it.Queue] <= 0 {
-				delete(q.n, it.Queue)
-			}
-		}
+	l := q.slots[w.slot]
+	return w.slot != "" && len(l) > 0 && l.next(time.Now()) == w
+}
+
+// handOn wakes the next in line for w's slot to ask in its place.
+func (q *queues) handOn(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if l := q.slots[w.slot]; len(l) > 0 {
+		wake(l.next(time.Now()).ch)
 	}
-	delete(q.waiting, w)
-	if w.ch == nil {
+}
+
+// leave takes the request w out of its queues: when it was the next in
+// line for its slot, it wakes the one next now; when it held
+// reservations (given back by the caller), the latest due of its kind
+// goes with it.
+func (q *queues) leave(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	defer close(w.gone)
+	q.unqueue(w)
+	if w.sig != "" {
+		h := q.held[w.sig]
+		h.line.remove(w)
+		h.at = h.at[:len(h.at)-1]
+		q.unheld(w.sig, h)
+		w.sig = ""
+	}
+	if w.slot == "" {
 		return
 	}
-	key, _ := slotKey(items)
+	key := w.slot
 	now := time.Now()
-	line := q.slots[key]
-	turn := len(line) > 0 && next(line, now) == w
-	for i, x := range line {
-		if x == w {
-			line = append(line[:i:i], line[i+1:]...)
-			break
-		}
-	}
-	if len(line) == 0 {
+	l := q.slots[key]
+	turn := len(l) > 0 && l.next(now) == w
+	l.remove(w)
+	if len(l) == 0 {
 		delete(q.slots, key)
 		return
 	}
-	q.slots[key] = line
+	q.slots[key] = l
 	if turn {
-		wake(next(line, now).ch)
+		wake(l.next(now).ch)
 	}
 }
 
@@ -453,14 +882,14 @@ func (q *queues) leave(items []*Item, w *inLine) {
 func (q *queues) released(key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if line := q.slots[key]; len(line) > 0 {
-		wake(next(line, time.Now()).ch)
+	if l := q.slots[key]; len(l) > 0 {
+		wake(l.next(time.Now()).ch)
 	}
 }
 
-func wake(ch chan struct{}) {
+func wake(ch chan bool) {
 	select {
-	case ch <- struct{}{}:
+	case ch <- true:
 	default:
 	}
 }

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -9,6 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/internal/testkit/teststores"
@@ -401,6 +404,263 @@ func TestQueueWaitsUntil(t *testing.T) {
 		wg.Wait()
 		if got := e.WaitsUntil(); !got.IsZero() {
 			t.Errorf("once they passed: %v, want zero", got)
+		}
+	})
+}
+
+// classRules is one global token bucket of 10 a second, burst 2, whose
+// requests name their class in x-priority and may wait up to maxWait in
+// a queue of at most maxQueue; the classes share all of the capacity.
+func classRules(t *testing.T, e *engine.Engine, algo, maxWait string, maxQueue int) *engine.Rules {
+	t.Helper()
+	set, err := rules.Parse([]byte(fmt.Sprintf(`{"rules": [{"name": "q", "limit_keys": ["global"], %s
+	  "priority_from": "header:x-priority", "reserve": 0, "max_wait": %q, "max_queue": %d}]}`, algo, maxWait, maxQueue)), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Compile(set)
+}
+
+const (
+	rateAlgo  = `"algorithm_config": {"rps": 10, "burst": 2},`
+	slotsAlgo = `"algorithm": "concurrency", "algorithm_config": {"max_in_flight": 1},`
+)
+
+// served decides a request of class in the background, once the
+// requests started before it wait, and records when it passed (or -1:
+// denied) under its name.
+type served struct {
+	mu    sync.Mutex
+	wg    sync.WaitGroup
+	start time.Time
+	at    map[string]time.Duration
+	order []string
+}
+
+func newServed() *served { return &served{start: time.Now(), at: map[string]time.Duration{}} }
+
+func (s *served) decide(t *testing.T, e *engine.Engine, rs *engine.Rules, name, class string, hold time.Duration) {
+	s.wg.Go(func() {
+		out := e.Decide(t.Context(), rs, values{"header:x-priority": class})
+		s.mu.Lock()
+		if out.Allowed {
+			s.at[name] = time.Since(s.start)
+			s.order = append(s.order, name)
+		} else {
+			s.at[name] = -1
+		}
+		s.mu.Unlock()
+		if out.Allowed {
+			time.Sleep(hold)
+			out.Release(t.Context())
+		}
+	})
+	synctest.Wait()
+}
+
+// TestQueueClassRate: the reservations of a rate rule's waiters go to
+// the highest class first: three batch requests wait for the tokens due
+// at 100, 200 and 300 ms; a critical one that comes after them passes
+// at 100 ms, and they at 200, 300 and 400 ms. No more pass than the
+// limit refills.
+func TestQueueClassRate(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs := classRules(t, e, rateAlgo, "1s", 10)
+		s := newServed()
+		for range 2 {
+			s.decide(t, e, rs, "burst", "batch", 0)
+		}
+		for _, n := range []string{"b1", "b2", "b3"} {
+			s.decide(t, e, rs, n, "batch", 0)
+		}
+		time.Sleep(10 * time.Millisecond)
+		s.decide(t, e, rs, "c", "critical", 0)
+		s.wg.Wait()
+		ms := time.Millisecond
+		want := map[string]time.Duration{"burst": 0, "c": 100 * ms, "b1": 200 * ms, "b2": 300 * ms, "b3": 400 * ms}
+		for n, at := range want {
+			if s.at[n] != at {
+				t.Errorf("%s passed at %v, want %v (all: %v)", n, s.at[n], at, s.at)
+			}
+		}
+	})
+}
+
+// TestQueueClassDrop: a full queue drops its lowest class for a higher
+// one, which takes its place; a request of the lowest class finds it
+// full and is denied at once. With max_wait 200 ms the bucket's debt
+// holds two reservations: a critical request that finds both held by
+// batch requests takes the last's (given back), so the debt and the
+// requests passed stay within the limit.
+func TestQueueClassDrop(t *testing.T) {
+	for _, tc := range []struct {
+		name, maxWait string
+		maxQueue      int
+	}{
+		{"queue full", "1s", 2},
+		{"debt full", "200ms", 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inBubble(t, func(t *testing.T, e *engine.Engine) {
+				rs := classRules(t, e, rateAlgo, tc.maxWait, tc.maxQueue)
+				s := newServed()
+				for range 2 {
+					s.decide(t, e, rs, "burst", "batch", 0)
+				}
+				s.decide(t, e, rs, "b1", "batch", 0)
+				s.decide(t, e, rs, "b2", "batch", 0)
+				s.decide(t, e, rs, "b3", "batch", 0) // the queue or the debt is full: denied at once
+				s.mu.Lock()
+				if s.at["b3"] != -1 {
+					t.Errorf("a batch request past a full queue: passed at %v, want denied", s.at["b3"])
+				}
+				s.mu.Unlock()
+				s.decide(t, e, rs, "c", "critical", 0)
+				s.mu.Lock()
+				if s.at["b2"] != -1 {
+					t.Errorf("the last batch waiter: passed at %v, want dropped for the critical one", s.at["b2"])
+				}
+				s.mu.Unlock()
+				s.wg.Wait()
+				ms := time.Millisecond
+				if s.at["c"] != 100*ms || s.at["b1"] != 200*ms {
+					t.Errorf("critical passed at %v and b1 at %v, want 100ms and 200ms", s.at["c"], s.at["b1"])
+				}
+				// The bucket holds what the limit allows: nothing more
+				// passes before the next refill.
+				if out := e.Decide(t.Context(), rs, values{"header:x-priority": "critical"}); out.Allowed && tc.maxWait == "200ms" && time.Since(s.start) < 300*ms {
+					t.Errorf("a request passed at %v beyond the limit", time.Since(s.start))
+				}
+			})
+		})
+	}
+}
+
+// TestQueueClassInFlight: the waiters for a concurrency rule's slot get
+// it by class: a critical request that comes after two batch ones takes
+// the slot released first; a batch request that finds the queue full of
+// its class is denied at once, and a critical one drops the last batch
+// waiter.
+func TestQueueClassInFlight(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs := classRules(t, e, slotsAlgo, "1s", 3)
+		s := newServed()
+		s.decide(t, e, rs, "holder", "batch", 100*time.Millisecond)
+		s.decide(t, e, rs, "b1", "batch", 10*time.Millisecond)
+		s.decide(t, e, rs, "b2", "batch", 10*time.Millisecond)
+		s.decide(t, e, rs, "c1", "critical", 10*time.Millisecond)
+		s.decide(t, e, rs, "b3", "batch", 10*time.Millisecond) // full of its class
+		s.decide(t, e, rs, "c2", "critical", 10*time.Millisecond)
+		s.wg.Wait()
+		if want := []string{"holder", "c1", "c2", "b1"}; !slices.Equal(s.order, want) {
+			t.Errorf("served %v, want %v", s.order, want)
+		}
+		if s.at["b3"] != -1 || s.at["b2"] != -1 {
+			t.Errorf("b3 (past a full queue) at %v, b2 (dropped for c2) at %v: want both denied", s.at["b3"], s.at["b2"])
+		}
+	})
+}
+
+// TestQueueClassStores: on every store, a critical request that finds a
+// rate rule's debt full of batch reservations takes the place of the
+// last: it gives its reservation back to the store and the critical one
+// reserves, so the bucket owes exactly two; requests that leave give
+// theirs back and it owes nothing. The engine's clock stands still, so
+// the store refills nothing meanwhile; it keeps no proofs of denial, so
+// that its peeks read the store.
+func TestQueueClassStores(t *testing.T) {
+	for _, st := range teststores.Shared() {
+		t.Run(st.Name, func(t *testing.T) {
+			now := time.Unix(1_800_000_000, 0)
+			e := engine.New(st.Open(t), engine.WithClock(func() time.Time { return now }), engine.WithoutDenials(),
+				engine.WithTimeout(teststores.Timeout), engine.WithLogger(slog.New(slog.DiscardHandler)))
+			defer e.Close()
+			// The engine's clock stands still, but a waiter sleeps on the real
+			// clock until its reservation is due: due times of 25 s and 50 s
+			// outlast any pause a loaded machine gives the test.
+			rs := classRules(t, e, `"algorithm_config": {"rate": 1, "period": "25s", "burst": 1},`, "59s", 10)
+			first := e.Decide(t.Context(), rs, values{"header:x-priority": "critical"})
+			if !first.Allowed {
+				t.Fatalf("the burst: denied (%v)", first.Err)
+			}
+			bucketKey, limit := first.Applied[0].Key, first.Applied[0].Limit
+			owed := func() float64 {
+				m, err := e.Apply(t.Context(), bucket.Peek, []drip.Request{{Key: bucketKey, Limit: limit}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return -m.Decisions[0].Tokens
+			}
+			waitOwed := func(want float64) {
+				t.Helper()
+				for deadline := time.Now().Add(20 * time.Second); owed() != want; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("the bucket owes %v, want %v", owed(), want)
+					}
+				}
+			}
+			type waiting struct {
+				cancel func()
+				out    chan *engine.Outcome
+			}
+			wait := func(class string) waiting {
+				ctx, cancel := context.WithCancel(t.Context())
+				w := waiting{cancel, make(chan *engine.Outcome, 1)}
+				go func() { w.out <- e.Decide(ctx, rs, values{"header:x-priority": class}) }()
+				return w
+			}
+			b1 := wait("batch")
+			waitOwed(1)
+			b2 := wait("batch")
+			waitOwed(2) // the debt 59 s of refill allows: full
+			c := wait("critical")
+			select {
+			case out := <-b2.out:
+				if out.Allowed {
+					t.Error("the last batch waiter passed; want it dropped for the critical one")
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the last batch waiter was not dropped")
+			}
+			waitOwed(2)
+			b1.cancel()
+			c.cancel()
+			if (<-b1.out).Allowed || (<-c.out).Allowed {
+				t.Error("a waiter that went away passed")
+			}
+			waitOwed(0)
+		})
+	}
+}
+
+// TestQueueClassShare: a waiting request below critical waits for its
+// class's share instead of being shed at once. With a reserve of 10%,
+// batch keeps a fifth of the burst of 2 (0.4 tokens) for higher classes:
+// the second batch request, which would leave the bucket empty, passes
+// at 40 ms, when the refill has brought the kept share back; a critical
+// one passes at once while a token is left.
+func TestQueueClassShare(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		set, err := rules.Parse([]byte(`{"rules": [{"name": "q", "limit_keys": ["global"], "priority_from": "header:x-priority",
+		  "reserve": "10%", "max_wait": "1s", "algorithm_config": {"rps": 10, "burst": 2}}]}`), "rules.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := e.Compile(set)
+		s := newServed()
+		s.decide(t, e, rs, "b1", "batch", 0)
+		s.decide(t, e, rs, "b2", "batch", 0)
+		s.wg.Wait()
+		if s.at["b1"] != 0 || s.at["b2"] != 40*time.Millisecond {
+			t.Errorf("batch passed at %v and %v, want 0 and 40ms (its share refilled)", s.at["b1"], s.at["b2"])
+		}
+		time.Sleep(time.Second) // the bucket full again
+		s = newServed()
+		s.decide(t, e, rs, "c1", "critical", 0)
+		s.decide(t, e, rs, "c2", "critical", 0)
+		s.wg.Wait()
+		if s.at["c1"] != 0 || s.at["c2"] != 0 {
+			t.Errorf("critical passed at %v and %v, want both at once", s.at["c1"], s.at["c2"])
 		}
 	})
 }

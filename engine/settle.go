@@ -84,22 +84,23 @@ func (out *Outcome) ReadsUsage() bool {
 // into: its max_reserved when set, else one burst; 0 for a sliding or a
 // calendar window, which hold no debt (a charge there takes what the
 // window has left, and the rest is forgiven).
-func debtBound(l drip.Limit) float64 {
+func debtBound(l *drip.Limit, pl *Plan) float64 {
 	switch {
-	case algoOf(&l).counted:
+	case pl.algo.counted:
 		return 0
 	case l.MaxReserved > 0:
 		return l.MaxReserved
 	}
-	return Burst(l)
+	return pl.burst
 }
 
 // chargeReq is the request that charges cost of work done to key's bucket
 // of limit l: with a reservation, into debt at most debtBound (cost cut to
-// the burst plus the bound); a limit without debt is taken plainly.
-func chargeReq(key string, l drip.Limit, cost float64) drip.Request {
-	l.MaxReserved = debtBound(l)
-	return drip.Request{Key: key, Limit: l, Cost: min(cost, Burst(l)+l.MaxReserved), Reserve: l.MaxReserved > 0}
+// the burst plus the bound); a limit without debt is taken plainly. pl
+// is l's plan.
+func chargeReq(key string, l drip.Limit, pl *Plan, cost float64) drip.Request {
+	l.MaxReserved = debtBound(&l, pl)
+	return drip.Request{Key: key, Limit: l, Cost: min(cost, pl.burst+l.MaxReserved), Reserve: l.MaxReserved > 0}
 }
 
 // Settle settles the rules that know the response, once it has ended,
@@ -164,12 +165,12 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 		}
 		switch {
 		case delta > 0:
-			req := chargeReq(a.Key, a.Limit, delta)
+			req := chargeReq(a.Key, a.Limit, a.plan(), delta)
 			if a.Rule.Budget == rules.Strict {
 				// No debt: what the worst case taken did not cover
 				// is forgiven, so the limit is never exceeded.
 				req.Limit.MaxReserved, req.Reserve = 0, false
-				req.Cost = min(delta, Burst(a.Limit))
+				req.Cost = min(delta, a.plan().burst)
 			}
 			charges = append(charges, req)
 			charged, asked = append(charged, a), append(asked, delta)

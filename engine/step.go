@@ -58,6 +58,23 @@ type Item struct {
 	ask  float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
 	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
 	req  int     // its store request
+
+	class int     // the request's class of priority (SetClass)
+	keep  float64 // the share of the limit's capacity kept for higher classes
+}
+
+// Class is the request's class of priority under the item's rule: from
+// 0 (batch) to 100 (critical); rules.PriorityName names it.
+func (it *Item) Class() int { return it.class }
+
+// SetClass sets the request's class of priority and the share of the
+// limit's capacity (rules.Rule.Share) that class may use. A waiting item
+// is queued by it (highest class first; a full queue drops its lowest),
+// and a concurrency item waits while taking its slot would leave less
+// than the rest of the capacity free. Decide sets it from the rule; the
+// zero Item is of class 0 with all the capacity.
+func (it *Item) SetClass(class int, share float64) {
+	it.class, it.keep = class, 1-min(max(share, 0), 1)
 }
 
 // ItemMode is how an item takes part in a decision: one step of
@@ -195,10 +212,10 @@ func takeCost(l *drip.Limit, pl *Plan, cost float64) (c int64, over bool, err er
 // whole step is then a peek, at the burst, and that bucket denies (a
 // refund past the burst just fills the bucket).
 //
-// The store executes the items' compiled params (Item.Plan), with the
-// cost in fixed point; what depends on the request (the key, the cost,
-// the lease) is checked here, once. Limits whose params depend on the
-// key or the time (Plan.perKey) go through drip.Apply, which resolves them.
+// The store executes the items' compiled params (Item.Plan, a window
+// placed for its key and time by Plan.paramsAt), with the cost in fixed
+// point; what depends on the request (the key, the cost, the lease) is
+// checked here, once.
 func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, items []*Item) error {
 	if len(items) == 0 {
 		return nil
@@ -238,7 +255,6 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 		}
 	}
 	sc.reqs = reqs
-	direct := true
 	for j := range reqs {
 		r := &reqs[j]
 		pl := r.it.plan()
@@ -256,15 +272,8 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 				op = bucket.Peek
 			}
 		}
-		direct = direct && !pl.perKey
 	}
-	var err error
-	if direct {
-		err = e.stepPrepared(ctx, timeout, br, op, sc)
-	} else {
-		err = e.stepRequests(ctx, timeout, br, op, sc)
-	}
-	if err != nil {
+	if err := e.stepPrepared(ctx, timeout, br, op, sc); err != nil {
 		return err
 	}
 	allowed := true
@@ -282,9 +291,9 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 	return nil
 }
 
-// stepPrepared is step's store call of items whose params hold for every
-// key: each request checked (the key, the cost, the lease, in that
-// order, as store.Prepare does) and handed to the store as it is.
+// stepPrepared is step's store call: each request checked (the key,
+// the cost, the lease, in that order, as store.Prepare does) under its
+// plan's params and handed to the store.
 func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, sc *scratch) error {
 	reqs := sc.reqs
 	n := len(reqs)
@@ -292,46 +301,27 @@ func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rul
 		sc.items, sc.res = make([]bucket.Prepared, n), make([]bucket.Result, n)
 	}
 	items, res := sc.items[:n], sc.res[:n]
+	at := e.at()
 	for j := range reqs {
 		r := &reqs[j]
 		reserve := op == bucket.Take && r.it.debt > 0
-		if err := store.PrepareCost(&items[j], op, r.it.Key, r.it.fixed(), r.c, r.err, reserve, r.it.Lease); err != nil {
+		if err := r.it.plan().prepare(&items[j], op, r.it.Key, at, r.c, r.err, reserve, r.it.Lease); err != nil {
 			if n > 1 {
 				err = fmt.Errorf("requests[%d]: %w", j, err)
 			}
 			e.refused(ctx, op, n, err)
 			return err
 		}
-		items[j].Leased = r.it.plan().leased // as drip.Apply marks it: a leased limit's blocks
 		if reserve {
 			items[j].Params.MaxReserved = r.it.debt // a waiter's bound (queue.go)
 		}
 	}
-	if err := e.call(ctx, timeout, br, op, e.at(), items, res); err != nil {
+	if err := e.call(ctx, timeout, br, op, at, items, res); err != nil {
 		return err
 	}
 	for j := range reqs {
+		reqs[j].it.plan().hints(&res[j], &items[j].Params, at)
 		reqs[j].d = drip.DecisionOf(res[j], items[j].Params.Burst)
-	}
-	return nil
-}
-
-// stepRequests is step's store call through drip.Apply, for limits whose
-// params it resolves per key and time.
-func (e *Engine) stepRequests(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, sc *scratch) error {
-	rs := make([]drip.Request, len(sc.reqs))
-	for j, r := range sc.reqs {
-		rs[j] = drip.Request{Key: r.it.Key, Limit: r.it.Limit, Cost: r.cost, Lease: r.it.Lease}
-		if op == bucket.Take && r.it.debt > 0 { // a waiter's bound (queue.go)
-			rs[j].Reserve, rs[j].Limit.MaxReserved = true, float64(r.it.debt)/bucket.Micro
-		}
-	}
-	m, err := e.apply(ctx, timeout, br, op, rs)
-	if err != nil {
-		return err
-	}
-	for j := range sc.reqs {
-		sc.reqs[j].d = m.Decisions[j]
 	}
 	return nil
 }

@@ -69,12 +69,18 @@ type Raw struct {
 	// Wait is how long a take may wait for its turn instead of being
 	// denied (the decision API's "wait"); 0: it answers at once.
 	Wait time.Duration
+	// Priority is the class of priority the body names (the decision
+	// API's "priority": a class name, or a whole number given as a
+	// number or a string), as text for rules.ParsePriority; "": none.
+	Priority string
 }
 
 type lineJSON struct {
 	At   json.RawMessage `json:"at"`
 	Op   *string         `json:"op"`
 	Wait json.RawMessage `json:"wait"`
+	// Priority is a string or a number: json.Number keeps a number's text.
+	Priority *json.RawMessage `json:"priority"`
 	ReqJSON
 	Requests []ReqJSON `json:"requests"`
 }
@@ -144,6 +150,13 @@ func decodeJSON(b []byte, f Format) (Raw, error) {
 		}
 		r.Wait = w
 	}
+	if j.Priority != nil {
+		p, err := priorityText(*j.Priority)
+		if err != nil {
+			return Raw{}, err
+		}
+		r.Priority = p
+	}
 	if len(j.At) > 0 {
 		var v any
 		if err := json.Unmarshal(j.At, &v); err != nil {
@@ -166,6 +179,26 @@ func decodeJSON(b []byte, f Format) (Raw, error) {
 	return r, nil
 }
 
+// priorityText is the text of a "priority" value: a string as it is,
+// a number as written (rules.ParsePriority reads either); anything else,
+// or an empty string, is bad input. The decision API bounds the text
+// (rules.MaxPriorityValue) as it parses it.
+func priorityText(v json.RawMessage) (string, error) {
+	bad := inputf("priority: must be critical, default, sheddable, batch or a whole number from 0 to 100")
+	var s string
+	if err := json.Unmarshal(v, &s); err == nil {
+		if s == "" {
+			return "", bad
+		}
+		return s, nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(v, &n); err != nil {
+		return "", bad
+	}
+	return n.String(), nil
+}
+
 // allowed refuses the fields f does not allow, as unknown fields.
 func (f Format) allowed(j *lineJSON) error {
 	unknown := func(name string) error { return inputf("bad JSON: json: unknown field %q", name) }
@@ -186,6 +219,8 @@ func (f Format) allowed(j *lineJSON) error {
 		return unknown("op")
 	case !f.Rules && j.Wait != nil:
 		return unknown("wait") // only the decision API waits
+	case !f.Rules && j.Priority != nil:
+		return unknown("priority")
 	}
 	return nil
 }

@@ -26,12 +26,14 @@ type Adaptive struct {
 	// 1000) bound the limit.
 	MinLimit, MaxLimit int
 	// Tolerance (tolerance, default 0.25) is how much a window's latency
-	// may exceed the unloaded upstream's before the limit shrinks. 0.25
-	// lets it be 25% slower.
+	// may exceed the unloaded upstream's before the limit shrinks at
+	// once. 0.25 lets it be 25% slower. The limit grows only within an
+	// eighth of it, and eases toward the capacity it measured past that.
 	Tolerance float64
 	// Smoothing (smoothing, default 0.5) is the share of the way from the
-	// limit to its new estimate that one window moves it down (1: all
-	// at once).
+	// limit to its new estimate that one window moves it down while the
+	// latency is within twice the tolerance (1: all at once). Past that
+	// it moves all the way, halving at most.
 	Smoothing float64
 	// Window (window, default 100ms) is the shortest window of completed
 	// requests the limit learns from. A window also holds a few requests

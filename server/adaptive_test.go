@@ -16,8 +16,8 @@ import (
 // TestGatewayAdaptive: drip serve's gateway with an adaptive rule: at
 // its learned limit a request is a 503 naming its class; the limit, the
 // requests in flight and the shedding by class are in the metrics and
-// the admin rules listing; the decision API refuses the rule (its slots
-// are the front doors').
+// the admin rules listing; the decision API's take refuses the rule
+// (its slots are acquired and released, slots.go).
 func TestGatewayAdaptive(t *testing.T) {
 	var hits atomic.Int64
 	release := make(chan struct{})

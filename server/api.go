@@ -25,7 +25,9 @@ import (
 // concurrency limits POST /v1/acquire (a take under a lease ID the server
 // makes, returned as "lease" when allowed) and /v1/release (a refund of
 // the request's "lease"; a release gives back slots only, so its requests
-// on token buckets give back nothing).
+// on token buckets give back nothing). An adaptive rule's slots are held
+// in this instance by the same acquire and release (slots.go); a body's
+// "priority" names its class.
 //
 // A request names its bucket in one of two ways:
 //   - inline: {"key": "user:1", "limit": {"rate": 10, "burst": 20}, "cost": 1}
@@ -177,6 +179,13 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 	if err := checkWait(b, opName); err != nil {
 		return nil, err
 	}
+	class, err := bodyPriority(b) // slots.go
+	if err != nil {
+		return nil, err
+	}
+	if r, ok := s.adaptiveRule(b.ReqJSON); ok && b.Requests == nil {
+		return s.adaptive(ctx, opName, b, r, class)
+	}
 	if b.Requests != nil {
 		var opErr error
 		if opName != "take" && opName != "peek" && opName != "acquire" && opName != "release" {
@@ -194,11 +203,7 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 			}
 			rs[i], ts[i] = r, t
 		}
-		op := apiOp(opName)
-		if err := check(op, rs, true); err != nil {
-			return nil, err
-		}
-		m, err := s.apply(ctx, op, b.Wait, b.Requests, rs, ts, true)
+		m, err := s.apply(ctx, apiOp(opName), b.Wait, class, b.Requests, rs, ts, true)
 		if err != nil {
 			return nil, err
 		}
@@ -220,17 +225,13 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		}
 		return map[string]bool{"reset": true}, nil
 	}
-	op := apiOp(opName)
 	rs := []drip.Request{r}
-	if err := check(op, rs, false); err != nil {
-		return nil, err
-	}
-	m, err := s.apply(ctx, op, b.Wait, []replay.ReqJSON{b.ReqJSON}, rs, []target{t}, false)
+	m, err := s.apply(ctx, apiOp(opName), b.Wait, class, []replay.ReqJSON{b.ReqJSON}, rs, []target{t}, false)
 	if err != nil {
 		return nil, err
 	}
 	if opName == "acquire" {
-		return acquired{m.Decisions[0], leaseOf(m.Allowed, rs[0])}, nil
+		return acquired{d: m.Decisions[0], lease: leaseOf(m.Allowed, rs[0])}, nil
 	}
 	return &m.Decisions[0], nil // a pointer: no copy boxed into the interface
 }
@@ -245,8 +246,12 @@ type target struct {
 // inline is what requests with an inline limit count under.
 var inline = target{"inline", rules.Enforce}
 
-// apply decides checked requests through the engine and counts the
-// takes. The requests of shadow-mode rules never deny: a take or a peek
+// apply decides requests through the engine and counts the takes. Bad
+// input is refused before any request is decided: by the engine's one
+// store call, which prepares every request before it asks the store,
+// or by check where the requests are decided in parts (shadow rules,
+// items that may wait) or a multi-take of one request names its index.
+// The requests of shadow-mode rules never deny: a take or a peek
 // decides the others first, all or nothing, then the shadow ones, taken
 // when the others were allowed and else peeked, as the rules decide on
 // HTTP requests; their decisions say allowed, with their buckets' state,
@@ -254,9 +259,9 @@ var inline = target{"inline", rules.Enforce}
 // denial, a store failure as error_allowed). A shadow acquire that its
 // bucket refused holds no lease (rs[i].Lease is cleared). Takes are
 // counted, and so are the failures of a multi-take's other ops. A take
-// that asks to wait (wait > 0) waits through s.take, the shadow requests
-// never.
-func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, its []replay.ReqJSON, rs []drip.Request, ts []target, multi bool) (drip.Multi, error) {
+// that asks to wait (wait > 0) waits through s.take, by class (-1: each
+// rule's), the shadow requests never.
+func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request, ts []target, multi bool) (drip.Multi, error) {
 	counted := func(err error) bool { return op == bucket.Take || (multi && err != nil) }
 	var enf, sh []int // indexes of rs
 	for i, t := range ts {
@@ -266,8 +271,14 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, it
 			enf = append(enf, i)
 		}
 	}
+	set := s.rules()
+	if len(sh) > 0 || waits(set, op, wait, its) || (multi && len(rs) == 1) {
+		if err := check(op, rs, multi); err != nil {
+			return drip.Multi{}, err
+		}
+	}
 	if len(sh) == 0 {
-		m, err := s.take(ctx, op, wait, its, rs)
+		m, err := s.take(ctx, set, op, wait, class, its, rs)
 		if counted(err) {
 			for i, t := range ts {
 				s.count(t, rs[i], m, i, err)
@@ -277,7 +288,7 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, it
 	}
 	m := drip.Multi{Allowed: true, Decisions: make([]drip.Decision, len(rs))}
 	if len(enf) > 0 {
-		em, err := s.take(ctx, op, wait, pick(its, enf), pick(rs, enf))
+		em, err := s.take(ctx, set, op, wait, class, pick(its, enf), pick(rs, enf))
 		if counted(err) {
 			for j, i := range enf {
 				s.count(ts[i], rs[i], em, j, err)
@@ -336,19 +347,27 @@ func apiOp(opName string) bucket.Op {
 }
 
 // acquired is a decision of /v1/acquire: the decision's fields and, when
-// it acquired a lease, "lease", the ID to release it with.
+// it acquired a lease, "lease", the ID to release it with; when it was
+// denied for its class of priority, "shed", the class's name.
 type acquired struct {
 	d     drip.Decision
 	lease string
+	shed  string
 }
 
 func (a acquired) MarshalJSON() ([]byte, error) {
 	b, err := json.Marshal(a.d)
-	if err != nil || a.lease == "" {
+	if err != nil {
 		return b, err
 	}
-	l, _ := json.Marshal(a.lease)
-	return append(append(append(b[:len(b)-1], `,"lease":`...), l...), '}'), nil
+	for _, f := range [...]struct{ name, v string }{{"lease", a.lease}, {"shed", a.shed}} {
+		if f.v != "" {
+			v, _ := json.Marshal(f.v)
+			b = append(append(append(append(b[:len(b)-1], `,"`...), f.name...), `":`...), v...)
+			b = append(b, '}')
+		}
+	}
+	return b, nil
 }
 
 // leaseOf is the lease r acquired: its ID when the take was allowed.
@@ -364,7 +383,7 @@ func leaseOf(allowed bool, r drip.Request) string {
 func acquiredMulti(m drip.Multi, rs []drip.Request) any {
 	res := make([]acquired, len(rs))
 	for i, r := range rs {
-		res[i] = acquired{m.Decisions[i], leaseOf(m.Allowed, r)}
+		res[i] = acquired{d: m.Decisions[i], lease: leaseOf(m.Allowed, r)}
 	}
 	return struct {
 		Allowed    bool       `json:"allowed"`

@@ -10,7 +10,8 @@ import (
 
 // check refuses bad input before the engine is called, as drip.Apply
 // would (the same errors, with the index of the request when there are
-// of a multi-take), so that it counts as no decision.
+// of a multi-take): for requests the engine decides in parts (Server.apply),
+// so that none is decided when one is bad.
 func check(op bucket.Op, rs []drip.Request, multi bool) error {
 	var one [1]bucket.Prepared // the single request's, without an allocation
 	items := one[:]

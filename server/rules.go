@@ -115,9 +115,9 @@ func (s *Server) ruleRequest(name string, values json.RawMessage) (_ drip.Reques
 		return drip.Request{}, "", err
 	}
 	if r.Adaptive != nil {
-		// Its slots are counted in each instance's front doors, from the
-		// requests they serve: nothing in the store to take or peek.
-		return drip.Request{}, "", inputf("rule %q is adaptive: its limit is learned and held by the front doors of each instance (the gateway, forward auth, the middleware), not in the store", name)
+		// Its slots are counted in each instance, not in the store: a
+		// single request acquires one (slots.go), never a multi-take.
+		return drip.Request{}, "", inputf("rule %q is adaptive: its slots are held in each instance, one request at a time (a single /v1/acquire), not in a multi-take", name)
 	}
 	key, err := ruleKey(r, values, s.rules())
 	if err != nil {

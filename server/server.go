@@ -74,6 +74,8 @@ type Server struct {
 	ovrOpts []override.Option
 	stale   staleOverrides // stale.go
 
+	slots heldSlots // the adaptive rules' slots held through /v1/acquire (slots.go)
+
 	mu        sync.Mutex
 	listeners []*listener
 	served    bool

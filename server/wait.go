@@ -29,26 +29,36 @@ func checkWait(b replay.Raw, opName string) error {
 	return nil
 }
 
-// take decides the API's requests rs (of the items its): through the
-// engine's Apply, or, for a take whose body asks to wait, through the
-// engine's one wait (engine.TakeWaiting), each request in its rule's
-// queue ("inline" for an inline limit) for at most wait, the server's
-// MaxWait and the rule's max_wait.
-func (s *Server) take(ctx context.Context, op bucket.Op, wait time.Duration, its []replay.ReqJSON, rs []drip.Request) (drip.Multi, error) {
-	if wait <= 0 || op != bucket.Take {
+// take decides the API's requests rs (of the items its) under set: through the
+// engine's Apply, or, for a take whose body asks to wait or that a rule
+// with a reserve decides, through the engine's one queue
+// (engine.TakeWaiting), each request in its rule's queue ("inline" for
+// an inline limit) for at most wait, the server's MaxWait and the rule's
+// max_wait, as of class (-1: each rule's own; a rule's reserve keeps its
+// share of the capacity for higher classes).
+func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request) (drip.Multi, error) {
+	if !waits(set, op, wait, its) {
 		return s.eng.Apply(ctx, op, rs)
 	}
 	items := make([]*engine.Item, len(rs))
-	set := s.rules()
 	for i, r := range rs {
 		it := &engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost, Lease: r.Lease,
 			Wait: min(wait, s.cfg.MaxWait), Queue: "inline", MaxQueue: rules.DefaultMaxQueue}
+		c, share := class, 1.0
 		if rule, ok := set.Rule(ruleOf(its[i])); ok {
 			it.Queue = rule.Name
 			if rule.MaxWait > 0 {
 				it.Wait, it.MaxQueue = min(it.Wait, rule.MaxWait), rule.MaxQueue
 			}
+			if c < 0 {
+				c = rule.Class()
+			}
+			share = rule.Share(c)
 		}
+		if c < 0 {
+			c = rules.PriorityDefault
+		}
+		it.SetClass(c, share)
 		items[i] = it
 	}
 	allowed, err := s.eng.TakeWaiting(ctx, items)
@@ -64,4 +74,22 @@ func (s *Server) take(ctx context.Context, op bucket.Op, wait time.Duration, its
 		}
 	}
 	return m, nil
+}
+
+// waits reports whether take decides its requests as items that may
+// wait (Engine.TakeWaiting) under set: a take that asks to wait, or one
+// a rule keeps a reserve for higher classes against.
+func waits(set *rules.Set, op bucket.Op, wait time.Duration, its []replay.ReqJSON) bool {
+	return op == bucket.Take && (wait > 0 || prioritized(set, its))
+}
+
+// prioritized reports whether a rule of its keeps a share of its
+// capacity for higher classes (a reserve).
+func prioritized(set *rules.Set, its []replay.ReqJSON) bool {
+	for _, it := range its {
+		if r, ok := set.Rule(ruleOf(it)); ok && r.Prioritized() {
+			return true
+		}
+	}
+	return false
 }

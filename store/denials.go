@@ -23,9 +23,17 @@ import (
 // reset, an override, a returned block, a released lease. Those made
 // through this wrapper clear the key's proof at once. Those made
 // elsewhere are seen at the next store answer. A proof is trusted for at
-// most Stale. From three quarters of Stale on, one call of the key goes
-// to the store and renews the proof. Once a proof has ended, one call
-// goes and the others wait for its answer.
+// most Stale. A proof that would outlive Stale is renewed: from three
+// quarters of Stale on, one call of the key goes to the store and renews
+// it. Once a proof has ended, one call goes and the others wait for its
+// answer.
+//
+// So do they after a grant that left the bucket short of the next take
+// for at least DenialQueueAfter. On a hot key over its limit, the token
+// that comes back goes to one call, and the denial of the call after it
+// proves the others'; they do not all ask the store at once. A call
+// waits behind two such calls at most, and behind the second only when
+// the first came back within a quarter of Stale; then it asks itself.
 //
 // A call of several items is denied from the proofs when one item's
 // proof holds and the store answered every other item within Stale.
@@ -63,6 +71,15 @@ const (
 	DefaultDenialStale = 100 * time.Millisecond
 )
 
+// maxWaits is how many flights of a key a call waits for at most.
+const maxWaits = 2
+
+// DenialQueueAfter is how long a grant must leave a key short of its next
+// take for the key's next calls to queue behind one call to the store
+// (see Denials) rather than all ask it: a key whose next token comes
+// sooner is not queued, so that calls the store may allow are not held.
+const DenialQueueAfter = time.Millisecond
+
 type denialShard struct {
 	mu    sync.Mutex
 	m     map[string]denial
@@ -90,7 +107,10 @@ type denial struct {
 	flight chan struct{}
 	ts     int64 // the bucket's TS as of t0, reconstructed (tsOK)
 	tsOK   bool
-	res    bucket.Result
+	// queue: a grant left the bucket short of the next take (proving
+	// nothing): the next call of the key leads a flight, the others wait.
+	queue bool
+	res   bucket.Result
 }
 
 // DenialsOptions configure NewDenials; the zero value is the defaults.
@@ -183,7 +203,7 @@ func (d *Denials) flight(t int64, byAt bool, items []bucket.Prepared) (lead, wai
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.m[it.Key]
-	if !ok || e.until == 0 || e.byAt != byAt || e.cost != it.Cost || e.reserve != it.Reserve || e.p != it.Params || t < e.t0 || t < e.renew {
+	if !ok || e.until == 0 && !e.queue || e.byAt != byAt || e.cost != it.Cost || e.reserve != it.Reserve || e.p != it.Params || t < e.t0 || t < e.renew {
 		return nil, nil
 	}
 	if e.flight != nil {
@@ -240,7 +260,11 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 		return nil
 	}
 	lead, wait := d.flight(t, byAt, items)
+	var since time.Time
 	if wait != nil {
+		since = d.now()
+	}
+	for waited := 0; wait != nil; waited++ {
 		select {
 		case <-wait:
 		case <-ctx.Done():
@@ -250,6 +274,14 @@ func (d *Denials) Apply(ctx context.Context, op bucket.Op, at time.Time, items [
 		if d.local(t, byAt, items, results) {
 			d.denied.Add(1)
 			return nil
+		}
+		if lead, wait = d.flight(t, byAt, items); waited+1 == maxWaits || d.now().Sub(since) > time.Duration(d.stale/4) {
+			// A call waits for at most two (the grant of the token that
+			// came back, the denial after it), and for the second only
+			// when the first came back soon: behind more, or behind a
+			// slow store, it asks the store itself, so that waiting adds
+			// at most one answer and a quarter of Stale to its own.
+			wait = nil
 		}
 	}
 	if lead != nil {
@@ -378,7 +410,7 @@ func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items [
 	}
 	for i := range items {
 		it, r := &items[i], results[i]
-		keep := provable(it) && denied && (!r.Allowed || len(items) > 1)
+		keep := provable(it) && denied && (!r.Allowed || len(items) > 1) || queue(op, it, r, len(items))
 		s := d.shard(it.Key)
 		s.mu.Lock()
 		if s.gen != gens[i] {
@@ -401,6 +433,9 @@ func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items [
 			continue
 		}
 		e := denial{p: it.Params, cost: it.Cost, reserve: it.Reserve, byAt: byAt, t0: t, stop: addSat(t, d.stale), renew: addSat(t, d.stale-d.stale/4), res: r}
+		if r.Allowed && len(items) == 1 {
+			e.queue, e.stop, e.renew = true, t, t // proves nothing
+		}
 		if !r.Allowed {
 			e.until = addSat(t, int64(r.RetryAfter))
 			e.retryAt = e.until
@@ -413,6 +448,10 @@ func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items [
 			if e.until <= t {
 				e.until = 0
 				e.stop = t // proves nothing
+			} else if e.until <= e.stop {
+				// It ends before it grows stale: nothing to renew; its
+				// end is a flight's (one call asks, the others wait).
+				e.renew = e.until
 			}
 			if k := it.Params.Kind; (k == bucket.Continuous || k == bucket.Interval) && r.RetryAfter < math.MaxInt64/4 {
 				// The bucket's TS then: its refill reaches the need at
@@ -437,6 +476,25 @@ func (d *Denials) learn(op bucket.Op, t int64, byAt bool, gens []uint64, items [
 		}
 		s.m[it.Key] = e
 		s.mu.Unlock()
+	}
+}
+
+// queue reports whether r, the answer to a take of the one item it, was
+// a grant that left its bucket short of the next take of the same cost
+// for at least DenialQueueAfter.
+func queue(op bucket.Op, it *bucket.Prepared, r bucket.Result, n int) bool {
+	if op != bucket.Take || n != 1 || !r.Allowed || !provable(it) {
+		return false
+	}
+	need := it.Params.NeedFor(it.Cost, it.Reserve)
+	if r.Tokens >= need {
+		return false
+	}
+	switch it.Params.Kind {
+	case bucket.Continuous, bucket.Interval:
+		return it.Params.Until(bucket.State{Tokens: r.Tokens}, need, 0) >= DenialQueueAfter
+	default: // a window's tokens come back at its end
+		return r.ResetAfter >= DenialQueueAfter
 	}
 }
 

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/driplimit/drip/bucket"
@@ -234,5 +237,143 @@ func TestDenialsAnswerRenews(t *testing.T) {
 	}
 	if c.calls != 5 || res[0].Allowed {
 		t.Errorf("%d store calls (%+v), want 5: two, and a renewal at 80, 160 and 240 ms", c.calls, res[0])
+	}
+}
+
+// held is a store whose calls, while hold is set, each wait for a value
+// on release before they are made.
+type held struct {
+	store.Store
+	calls   atomic.Int64
+	hold    atomic.Bool
+	release chan struct{}
+}
+
+func (h *held) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	h.calls.Add(1)
+	if h.hold.Load() {
+		<-h.release
+	}
+	return h.Store.Apply(ctx, op, at, items, results)
+}
+
+// TestDenialsQueue: on a hot key over a token bucket of 10 a second, the
+// calls that arrive when its proof ends do not all ask the store: one
+// goes (and takes the token that came back), one more goes after it
+// (and is denied, proving the others denied), and the rest wait for
+// them and are denied locally.
+func TestDenialsQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		h := &held{Store: ms, release: make(chan struct{})}
+		d := store.NewDenials(h, store.DenialsOptions{})
+		ctx := context.Background()
+		p := bucket.Params{Kind: bucket.Continuous, Rate: 10 * bucket.Micro, Period: int64(time.Second), Burst: bucket.Micro}
+		it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
+		take := func() bucket.Result {
+			res := make([]bucket.Result, 1)
+			if err := d.Apply(ctx, bucket.Take, time.Time{}, it, res); err != nil {
+				t.Error(err)
+			}
+			return res[0]
+		}
+		if r := take(); !r.Allowed {
+			t.Fatalf("first take: %+v", r)
+		}
+		if r := take(); r.Allowed || h.calls.Load() != 2 {
+			t.Fatalf("second take: %+v, %d store calls", r, h.calls.Load())
+		}
+		time.Sleep(100 * time.Millisecond) // the proof has ended: a token is back
+		h.hold.Store(true)
+		const callers = 16
+		var allowed, denied atomic.Int64
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(func() {
+				if take().Allowed {
+					allowed.Add(1)
+				} else {
+					denied.Add(1)
+				}
+			})
+		}
+		for _, want := range []int64{3, 4} {
+			synctest.Wait() // one call out, the others waiting for it
+			if n := h.calls.Load(); n != want {
+				t.Fatalf("%d store calls, want %d", n, want)
+			}
+			h.release <- struct{}{}
+		}
+		wg.Wait()
+		if n := h.calls.Load(); n != 4 || allowed.Load() != 1 || denied.Load() != callers-1 || d.Denied() != callers-2 {
+			t.Errorf("%d store calls, %d allowed, %d denied (%d locally), want 4 calls, 1 allowed, %d denied (%d locally)",
+				n, allowed.Load(), denied.Load(), d.Denied(), callers-1, callers-2)
+		}
+	})
+}
+
+// granting grants every take, reporting an empty bucket (as a leased
+// instance does while blocks come in as fast as its calls take them).
+type granting struct{ store.Store }
+
+func (granting) Apply(_ context.Context, _ bucket.Op, _ time.Time, _ []bucket.Prepared, results []bucket.Result) error {
+	for i := range results {
+		results[i] = bucket.Result{Allowed: true, ResetAfter: time.Second}
+	}
+	return nil
+}
+
+// TestDenialsQueueBounded: a call waits behind at most two calls of its
+// key, and behind the second only when the first came back within a
+// quarter of Stale; then, after grants that proved nothing, it asks the
+// store itself rather than wait on, one grant at a time.
+func TestDenialsQueueBounded(t *testing.T) {
+	type step struct {
+		after time.Duration // of the store's call, before it answers
+		calls int64         // store calls made then
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"two grants", []step{{0, 2}, {0, 3}}},
+		{"a slow grant", []step{{30 * time.Millisecond, 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := &held{Store: granting{}, release: make(chan struct{})}
+				d := store.NewDenials(h, store.DenialsOptions{Stale: 100 * time.Millisecond})
+				p := bucket.Params{Kind: bucket.Continuous, Rate: 10 * bucket.Micro, Period: int64(time.Second), Burst: bucket.Micro}
+				it := []bucket.Prepared{{Key: "hot", Params: p, Cost: bucket.Micro}}
+				take := func() {
+					if err := d.Apply(context.Background(), bucket.Take, time.Time{}, it, make([]bucket.Result, 1)); err != nil {
+						t.Error(err)
+					}
+				}
+				take() // a grant that left the bucket short: the next calls queue
+				h.hold.Store(true)
+				const callers = 16
+				var wg sync.WaitGroup
+				for range callers {
+					wg.Go(take)
+				}
+				for _, st := range tc.steps {
+					synctest.Wait()
+					if n := h.calls.Load(); n != st.calls {
+						t.Fatalf("%d store calls, want %d: one out, the others waiting", n, st.calls)
+					}
+					time.Sleep(st.after)
+					h.release <- struct{}{}
+				}
+				synctest.Wait()
+				if n := h.calls.Load(); n != 1+callers {
+					t.Errorf("%d store calls, want %d: every call asks", n, 1+callers)
+				}
+				h.hold.Store(false)
+				close(h.release)
+				wg.Wait()
+			})
+		})
 	}
 }

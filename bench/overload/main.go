@@ -5,7 +5,7 @@
 // halfway through each run. Each limiter is net/http middleware around
 // the same upstream, driven in process by the same generator.
 //
-//	go run ./overload -c 64 -duration 10s
+//	go run ./overload -c 64 -duration 6s -rounds 3
 //
 // It is a benchmark: it runs on the wall clock and prints a markdown
 // table (progress goes to stderr).
@@ -34,60 +34,136 @@ type config struct {
 	shares   []float64
 }
 
+// options are the command's flags.
+type options struct {
+	cfg                          config
+	loads, statics, shares, only string
+	rounds                       int
+	virtual                      bool // in a synctest bubble: no load average to tell
+}
+
+func parse(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("overload", flag.ContinueOnError)
+	fs.StringVar(&o.loads, "loads", "1,2,5,10", "offered loads, as multiples of C's throughput (C/base per second)")
+	fs.StringVar(&o.statics, "statics", "0.25,0.5,0.75,1,1.5,2", "static limits to search, as multiples of C")
+	fs.StringVar(&o.shares, "shares", "4,46,30,20", "shares of critical, default, sheddable and batch requests")
+	fs.StringVar(&o.only, "only", "", "run only the contenders whose name matches this regexp (the static search always runs)")
+	fs.IntVar(&o.rounds, "rounds", 1, "rounds of every run: each row is the median of its rounds")
+	fs.IntVar(&o.cfg.c, "c", 64, "the upstream's capacity: requests at once it serves at its base latency")
+	fs.DurationVar(&o.cfg.base, "base", 100*time.Millisecond, "the upstream's latency at or below capacity")
+	fs.DurationVar(&o.cfg.duration, "duration", 4*time.Second, "each run's length; C steps at half of it")
+	fs.DurationVar(&o.cfg.timeout, "timeout", time.Second, "the callers' deadline: a response after it is not served")
+	fs.Float64Var(&o.cfg.step, "step", 0.5, "C's multiple after the step")
+	fs.Float64Var(&o.cfg.collapse, "collapse", 4, "past this multiple of C in flight the upstream fails")
+	err := fs.Parse(args)
+	return o, err
+}
+
 func main() {
-	var (
-		cfg     config
-		loads   = flag.String("loads", "1,2,5,10", "offered loads, as multiples of C's throughput (C/base per second)")
-		statics = flag.String("statics", "0.25,0.5,0.75,1,1.5,2", "static limits to search, as multiples of C")
-		shares  = flag.String("shares", "4,46,30,20", "shares of critical, default, sheddable and batch requests")
-		only    = flag.String("only", "", "run only the contenders whose name matches this regexp (the static search always runs)")
-	)
-	flag.IntVar(&cfg.c, "c", 64, "the upstream's capacity: requests at once it serves at its base latency")
-	flag.DurationVar(&cfg.base, "base", 100*time.Millisecond, "the upstream's latency at or below capacity")
-	flag.DurationVar(&cfg.duration, "duration", 4*time.Second, "each run's length; C steps at half of it")
-	flag.DurationVar(&cfg.timeout, "timeout", time.Second, "the callers' deadline: a response after it is not served")
-	flag.Float64Var(&cfg.step, "step", 0.5, "C's multiple after the step")
-	flag.Float64Var(&cfg.collapse, "collapse", 4, "past this multiple of C in flight the upstream fails")
-	flag.Parse()
+	o, err := parse(os.Args[1:])
+	if err != nil {
+		os.Exit(2)
+	}
+	measure(o)
+}
+
+// measure runs every round and prints the table.
+func measure(o options) {
+	cfg, shares, rounds := o.cfg, &o.shares, &o.rounds
+	loads, statics := &o.loads, &o.statics
 	cfg.shares = floats(*shares)
-	filter := regexp.MustCompile(*only)
+	filter := regexp.MustCompile(o.only)
 
-	up := &upstream{base: cfg.base, collapse: cfg.collapse}
-	up.capacity.Store(int64(cfg.c))
-	calib := generate(up, 0.5*float64(cfg.c)/cfg.base.Seconds(), 2*time.Second, cfg.timeout, cfg.shares, func() {})
-	unloaded := summarize(calib, 2*time.Second, cfg.timeout).p99
-	slo := 2 * unloaded
-	fmt.Fprintf(os.Stderr, "unloaded p99 %v\n", unloaded)
-
-	fmt.Printf("C=%d base=%v duration=%v (C steps to %gxC at %v) timeout=%v shares=%s unloaded p99=%v: goodput counts the responses within 2x that\n\n",
-		cfg.c, cfg.base, cfg.duration, cfg.step, cfg.duration/2, cfg.timeout, *shares, unloaded.Round(time.Millisecond))
-	fmt.Printf("load average at the start: %s\n\n", loadavg())
-	defer func() { fmt.Printf("\nload average at the end: %s\n", loadavg()) }()
+	if o.virtual {
+		fmt.Printf("in virtual time (testing/synctest): the limiters' CPU and the machine's load take no time\n\n")
+	} else {
+		fmt.Printf("load average at the start: %s\n\n", loadavg())
+		defer func() { fmt.Printf("\nload average at the end: %s\n", loadavg()) }()
+	}
+	ls := floats(*loads)
+	ms := floats(*statics)
+	// runs[load][row][round]: row 0.. are the statics, then the contenders.
+	runs := make([][][]result, len(ls))
+	bestNs := make([][]int, len(ls))
+	var unloaded []time.Duration
+	for round := range *rounds {
+		// The unloaded p99 is measured again each round, the way every
+		// run is measured, so that the bound moves with the machine.
+		up := &upstream{base: cfg.base, collapse: cfg.collapse}
+		up.capacity.Store(int64(cfg.c))
+		calib := generate(up, 0.5*float64(cfg.c)/cfg.base.Seconds(), 2*time.Second, cfg.timeout, cfg.shares, func() {})
+		u := summarize(calib, 2*time.Second, cfg.timeout).p99
+		unloaded = append(unloaded, u)
+		slo := 2 * u
+		fmt.Fprintf(os.Stderr, "round %d: unloaded p99 %v\n", round+1, u)
+		for i, l := range ls {
+			rate := l * float64(cfg.c) / cfg.base.Seconds()
+			var best result
+			bestN := 0
+			var rs []result
+			for _, m := range ms {
+				n := max(1, int(math.Round(m*float64(cfg.c))))
+				r := run(static(n), rate, cfg, slo)
+				rs = append(rs, r)
+				if bestN == 0 || r.goodput > best.goodput {
+					best, bestN = r, n
+				}
+			}
+			// The contenders in an order that turns each round, so that
+			// none always runs first or after the same one.
+			cs := contenders(bestN, cfg.base)
+			out := make([]result, len(cs))
+			for k := range cs {
+				j := (k + round) % len(cs)
+				c := cs[j]
+				switch {
+				case !filter.MatchString(c.name):
+					out[j] = result{name: c.name, skipped: true}
+				case c.missing != nil:
+					fmt.Fprintf(os.Stderr, "%s: not in this build: %v\n", c.name, c.missing)
+					out[j] = result{name: c.name, skipped: true}
+				default:
+					out[j] = run(c, rate, cfg, slo)
+				}
+			}
+			rs = append(rs, out...)
+			if runs[i] == nil {
+				runs[i] = make([][]result, len(rs))
+			}
+			for j, r := range rs {
+				runs[i][j] = append(runs[i][j], r)
+			}
+			bestNs[i] = append(bestNs[i], bestN)
+		}
+	}
+	u := medianDuration(unloaded)
+	slo := 2 * u
+	fmt.Printf("C=%d base=%v duration=%v (C steps to %gxC at %v) timeout=%v shares=%s, %d rounds: unloaded p99 %v (median; each round's goodput counts the responses within 2x its own: %v)\n\n",
+		cfg.c, cfg.base, cfg.duration, cfg.step, cfg.duration/2, cfg.timeout, *shares, *rounds, u.Round(time.Millisecond), roundAll(unloaded))
 	fmt.Println("| load | limiter | goodput/s | vs best static | served/s | p50 | p99 | critical served | critical worst 0.5 s | failed | settle | adapt | goals missed |")
 	fmt.Println("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-	for _, l := range floats(*loads) {
-		rate := l * float64(cfg.c) / cfg.base.Seconds()
-		var best result
-		bestN := 0
-		for _, m := range floats(*statics) {
-			n := max(1, int(math.Round(m*float64(cfg.c))))
-			r := run(static(n), rate, cfg, slo)
-			if bestN == 0 || r.goodput > best.goodput {
-				best, bestN = r, n
+	for i, l := range ls {
+		// The best static limit in hindsight: the one of the most
+		// goodput, median over the rounds (the best of each round
+		// alone would favour the luckiest run).
+		bi := 0
+		for j := range ms {
+			if median(runs[i][j]).goodput > median(runs[i][bi]).goodput {
+				bi = j
 			}
 		}
-		rows := []result{best}
-		for _, c := range contenders(bestN, cfg.base) {
-			switch {
-			case !filter.MatchString(c.name):
-			case c.missing != nil:
-				fmt.Fprintf(os.Stderr, "%s: not in this build: %v\n", c.name, c.missing)
-			default:
-				rows = append(rows, run(c, rate, cfg, slo))
+		best := median(runs[i][bi])
+		best.name = fmt.Sprintf("best static (%d)", max(1, int(math.Round(ms[bi]*float64(cfg.c)))))
+		fmt.Println(best.row(l, best.goodput, slo))
+		for _, rs := range runs[i][len(ms):] {
+			r := median(rs)
+			if r.skipped {
+				continue
 			}
-		}
-		rows[0].name = fmt.Sprintf("best static (%d)", bestN)
-		for _, r := range rows {
+			if strings.HasPrefix(r.name, "drip in_flight") {
+				r.name += fmt.Sprintf(" (each round's best: %v)", bestNs[i])
+			}
 			fmt.Println(r.row(l, best.goodput, slo))
 		}
 	}
@@ -136,6 +212,63 @@ type result struct {
 	settle, adapt time.Duration
 	settled       bool // settle is within the first half
 	adapted       bool // adapt is within the second half
+	skipped       bool // not run
+}
+
+// median is the median of each measure of rs, apart (a run that never
+// settled or adapted counts as the longest).
+func median(rs []result) result {
+	m := rs[len(rs)-1]
+	if m.skipped {
+		return m
+	}
+	pick := func(f func(r result) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, r := range rs {
+			v[i] = f(r)
+		}
+		slices.Sort(v)
+		if len(v)%2 == 1 || v[len(v)-1] >= float64(time.Hour) {
+			return v[len(v)/2] // of an even count with a "never", the upper one
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	never := float64(time.Hour)
+	span := func(d time.Duration, within bool) float64 {
+		if !within {
+			return never
+		}
+		return float64(d)
+	}
+	m.goodput = pick(func(r result) float64 { return r.goodput })
+	m.served = pick(func(r result) float64 { return r.served })
+	m.p50 = time.Duration(pick(func(r result) float64 { return float64(r.p50) }))
+	m.p99 = time.Duration(pick(func(r result) float64 { return float64(r.p99) }))
+	m.critical = pick(func(r result) float64 { return r.critical })
+	m.criticalWorst = pick(func(r result) float64 { return r.criticalWorst })
+	m.failed = pick(func(r result) float64 { return r.failed })
+	settle := pick(func(r result) float64 { return span(r.settle, r.settled) })
+	adapt := pick(func(r result) float64 { return span(r.adapt, r.adapted) })
+	m.settled, m.adapted = settle < never, adapt < never
+	m.settle, m.adapt = time.Duration(min(settle, never)), time.Duration(min(adapt, never))
+	return m
+}
+
+func medianDuration(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond)
+	}
+	return out
 }
 
 // summarize reads a run's outcomes. A request is served when the

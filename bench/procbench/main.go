@@ -3,6 +3,7 @@
 // peer, with one load generator in this process:
 //
 //	cd bench && go run ./procbench -suite envoy   # Envoy RLS: drip serve on Redis, envoyproxy/ratelimit (local cache on), drip serve on memory
+//	cd bench && go run ./procbench -suite envoy -leased   # and drip serve --leased on Redis
 //	cd bench && go run ./procbench -suite api     # decision API: drip serve on memory, a trivial Go JSON server
 //
 // -drip takes a drip binary (else it is built from this repository), so
@@ -85,6 +86,7 @@ func main() {
 	drips := flag.String("drip", "", "drip binaries, comma-separated (default: built from this repository)")
 	only := flag.String("only", "", "comma-separated systems to run (default all)")
 	workloads := flag.String("workloads", "", "comma-separated workloads (default all)")
+	leased := flag.Bool("leased", false, "envoy: also run each drip on Redis with --leased (drip-leased)")
 	callers := flag.Int("callers", 64, "callers (envoy: on 8 connections; api: one connection each)")
 	trivial := flag.String("trivial", "", "serve the trivial JSON server on this address (internal)")
 	peer := flag.String("peer", "", "serve envoyproxy/ratelimit on this address (internal)")
@@ -114,7 +116,7 @@ func main() {
 	load1 = append(load1, loadavg())
 	switch *suite {
 	case "envoy":
-		runEnvoy(dir, bins, *rounds, *phase, *callers, split(*only), split(*workloads))
+		runEnvoy(dir, bins, *rounds, *phase, *callers, split(*only), split(*workloads), *leased)
 	case "api":
 		runAPI(dir, bins, *rounds, *phase, *callers, split(*only))
 	default:
@@ -307,7 +309,7 @@ func want(only []string, name string) bool { return len(only) == 0 || slices.Con
 
 // ---- Envoy RLS ----
 
-func runEnvoy(dir string, bins []string, n int, d time.Duration, callers int, only, wls []string) {
+func runEnvoy(dir string, bins []string, n int, d time.Duration, callers int, only, wls []string, leased bool) {
 	cfgDir := filepath.Join(dir, "runtime", "current", "ratelimit", "config")
 	check(os.MkdirAll(cfgDir, 0o755))
 	rulesFile := filepath.Join(cfgDir, "edge.yaml")
@@ -337,13 +339,13 @@ func runEnvoy(dir string, bins []string, n int, d time.Duration, callers int, on
 			p.stop()
 		}
 	}()
-	addDrip := func(name, bin, store string, redisPid int) {
+	addDrip := func(name, bin, store string, redisPid int, args ...string) {
 		if !want(only, name) {
 			return
 		}
 		addr := port()
-		p := start(dir, name, exec.Command(bin, "serve", "--listen", port(), "--admin-listen", "off",
-			"--grpc-listen", addr, "--store", store, "--rules", rulesFile))
+		p := start(dir, name, exec.Command(bin, append([]string{"serve", "--listen", port(), "--admin-listen", "off",
+			"--grpc-listen", addr, "--store", store, "--rules", rulesFile}, args...)...))
 		procs = append(procs, p)
 		waitTCP(addr, p)
 		systems = append(systems, system{name: name, pid: func() int { return p.cmd.Process.Pid }, redis: redisPid, run: envoyLoad(addr, callers)})
@@ -354,6 +356,9 @@ func runEnvoy(dir string, bins []string, n int, d time.Duration, callers int, on
 			suffix = fmt.Sprintf("#%d", i)
 		}
 		addDrip("drip-redis"+suffix, bin, redis.URL(), redisPid)
+		if leased {
+			addDrip("drip-leased"+suffix, bin, redis.URL(), redisPid, "--leased")
+		}
 	}
 	if want(only, "envoyproxy-ratelimit") {
 		self, err := os.Executable()

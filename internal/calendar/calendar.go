@@ -18,6 +18,7 @@ package calendar
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -88,6 +89,27 @@ func (p Period) Window(t time.Time) (start, end time.Time) {
 		}
 		u, start = next, end
 	}
+}
+
+// Span is the window of p that holds t as a store is handed it: its
+// start and length in nanoseconds. A window that began before the first
+// instant of int64 nanoseconds (in 1677) is counted from that instant,
+// and still ends where it ends.
+func (p Period) Span(t time.Time) (start, length int64) {
+	s, e := p.Window(t)
+	if first := time.Unix(0, math.MinInt64); s.Before(first) {
+		s = first
+	}
+	return s.UnixNano(), e.Sub(s).Nanoseconds()
+}
+
+// Hints puts a store's two waits (a retry and a reset) on the calendar
+// (Hint): start and length are the window the store was handed (Span),
+// at the decision's time.
+func (p Period) Hints(start, length int64, at time.Time, retry, reset *time.Duration) {
+	end, l := time.Unix(0, start+length), time.Duration(length)
+	*retry = p.Hint(end, l, at, *retry)
+	*reset = p.Hint(end, l, at, *reset)
 }
 
 // date is a day of the proleptic Gregorian calendar.

@@ -1,8 +1,10 @@
 package envoy
 
 import (
+	"fmt"
 	"unicode/utf8"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/encoding"
@@ -16,9 +18,11 @@ import (
 // servers). It reads and writes the same bytes as gRPC's proto codec, for
 // less CPU per call:
 //
-//   - A message with vtprotobuf's marshalers (go-control-plane generates
-//     them for RateLimitResponse and what it holds) is sized and written
-//     by them, into a buffer of gRPC's shared pool, without reflection.
+//   - A RateLimitResponse of the shape the service builds is sized and
+//     written by hand (appendResponse), into a buffer of gRPC's shared
+//     pool when it is big enough, without reflection; so is a message
+//     with vtprotobuf's marshalers (go-control-plane's, in a build with
+//     the vtprotobuf tag).
 //   - A RateLimitRequest of the common shape (a domain, descriptors of
 //     entries, hits_addend) is read by hand, its strings cut from one copy
 //     of the message and its descriptors and entries allocated together;
@@ -39,21 +43,37 @@ type vtMarshaler interface {
 }
 
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if m, ok := v.(*rlsv3.RateLimitResponse); ok {
+		if size := responseSize(m); size >= 0 {
+			return written(size, func(b []byte) error {
+				appendResponse(b[:0], m)
+				return nil
+			})
+		}
+	}
 	m, ok := v.(vtMarshaler)
 	if !ok {
 		return c.proto.Marshal(v)
 	}
-	size := m.SizeVT()
+	return written(m.SizeVT(), func(b []byte) error {
+		_, err := m.MarshalToSizedBufferVTStrict(b)
+		return err
+	})
+}
+
+// written is a message of size bytes written by write into a buffer of
+// exactly that size: of gRPC's shared pool when it is big enough to pool.
+func written(size int, write func([]byte) error) (mem.BufferSlice, error) {
 	if mem.IsBelowBufferPoolingThreshold(size) {
 		buf := make([]byte, size)
-		if _, err := m.MarshalToSizedBufferVTStrict(buf); err != nil {
+		if err := write(buf); err != nil {
 			return nil, err
 		}
 		return mem.BufferSlice{mem.SliceBuffer(buf)}, nil
 	}
 	pool := mem.DefaultBufferPool()
 	buf := pool.Get(size)
-	if _, err := m.MarshalToSizedBufferVTStrict(*buf); err != nil {
+	if err := write(*buf); err != nil {
 		pool.Put(buf)
 		return nil, err
 	}
@@ -68,11 +88,75 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 		} else {
 			b = data.Materialize()
 		}
+		if err := bounds(b); err != nil {
+			return err
+		}
 		if readRequest(b, req) {
 			return nil
 		}
 	}
 	return c.proto.Unmarshal(data, v)
+}
+
+// maxDecoded bounds the descriptors and entries, together, of a
+// RateLimitRequest the codec decodes: four times the most a valid call
+// may have (MaxDescriptors of MaxEntries). A descriptor or an entry takes
+// 2 bytes of a message and about 80 once decoded, so a 1 MiB message of
+// them would otherwise take some 40 MiB of memory only to be refused by
+// validate. A request with more is refused before it is decoded; one
+// with fewer is decoded, and validate refuses it with InvalidArgument.
+const maxDecoded = 4 * MaxDescriptors * (MaxEntries + 1)
+
+// bounds refuses a RateLimitRequest of more than maxDecoded descriptors
+// and entries. Bytes that are not a message are left to the decoder.
+func bounds(b []byte) error {
+	nd, ne := 0, 0
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		if num != 2 || typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return nil
+			}
+			b = b[n:]
+			continue
+		}
+		d, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return nil
+		}
+		b = b[n:]
+		nd++
+		ne += countFields(d, 1)
+	}
+	if nd+ne > maxDecoded {
+		return fmt.Errorf("%d descriptors with %d entries: at most %d descriptors of at most %d entries each", nd, ne, MaxDescriptors, MaxEntries)
+	}
+	return nil
+}
+
+// countFields counts the fields numbered num in the message b, up to the
+// first bytes that are not one.
+func countFields(b []byte, num protowire.Number) int {
+	k := 0
+	for len(b) > 0 {
+		fn, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return k
+		}
+		b = b[n:]
+		if n = protowire.ConsumeFieldValue(fn, typ, b); n < 0 {
+			return k
+		}
+		b = b[n:]
+		if fn == num {
+			k++
+		}
+	}
+	return k
 }
 
 // readRequest reads b into req (which must be empty) when b is a
@@ -218,4 +302,158 @@ func readEntry(s string, b []byte, off int, e *ratelimitv3.RateLimitDescriptor_E
 		}
 		b, off = b[n:], off+n
 	}
+}
+
+// The hand writing of a RateLimitResponse of the shape respond builds: an
+// overall code, statuses (a code, the current limit, the remaining, the
+// duration until reset) and headers to add. It writes what proto.Marshal
+// writes (the fields in the order of their numbers, zeros left out); a
+// response holding anything else (a raw body, dynamic metadata, a quota,
+// a header's raw value, a nil element, unknown fields) or a string that
+// is not UTF-8 (which proto.Marshal refuses) goes to the proto codec.
+// (go-control-plane's vtprotobuf marshalers are built only with the
+// vtprotobuf build tag, which a module cannot set for those who build it.)
+
+// responseSize is the size of m written by hand, or -1 when m is not of
+// the shape written by hand.
+func responseSize(m *rlsv3.RateLimitResponse) int {
+	if m.RawBody != nil || m.DynamicMetadata != nil || m.Quota != nil || len(m.ProtoReflect().GetUnknown()) > 0 {
+		return -1
+	}
+	n := varintSize(1, uint64(int64(m.OverallCode)))
+	for _, st := range m.Statuses {
+		k := statusSize(st)
+		if k < 0 {
+			return -1
+		}
+		n += fieldSize(2, k)
+	}
+	for _, hs := range [][]*corev3.HeaderValue{m.ResponseHeadersToAdd, m.RequestHeadersToAdd} {
+		for _, h := range hs {
+			k := headerSize(h)
+			if k < 0 {
+				return -1
+			}
+			n += fieldSize(3, k) // 3 and 4 have tags of one byte
+		}
+	}
+	return n
+}
+
+func statusSize(st *rlsv3.RateLimitResponse_DescriptorStatus) int {
+	if st == nil || st.Quota != nil || len(st.ProtoReflect().GetUnknown()) > 0 {
+		return -1
+	}
+	n := varintSize(1, uint64(int64(st.Code))) + varintSize(3, uint64(st.LimitRemaining))
+	if l := st.CurrentLimit; l != nil {
+		k := limitSize(l)
+		if k < 0 {
+			return -1
+		}
+		n += fieldSize(2, k)
+	}
+	if d := st.DurationUntilReset; d != nil {
+		if len(d.ProtoReflect().GetUnknown()) > 0 {
+			return -1
+		}
+		n += fieldSize(4, durationSize(d.Seconds, d.Nanos))
+	}
+	return n
+}
+
+func limitSize(l *rlsv3.RateLimitResponse_RateLimit) int {
+	if len(l.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(l.Name) {
+		return -1
+	}
+	n := varintSize(1, uint64(l.RequestsPerUnit)) + varintSize(2, uint64(int64(l.Unit))) + stringSize(3, l.Name)
+	if u := l.UnitMultiplier; u != nil {
+		if len(u.ProtoReflect().GetUnknown()) > 0 {
+			return -1
+		}
+		n += fieldSize(4, varintSize(1, uint64(u.Value)))
+	}
+	return n
+}
+
+func headerSize(h *corev3.HeaderValue) int {
+	if h == nil || len(h.RawValue) > 0 || len(h.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(h.Key) || !utf8.ValidString(h.Value) {
+		return -1
+	}
+	return stringSize(1, h.Key) + stringSize(2, h.Value)
+}
+
+func durationSize(s int64, ns int32) int {
+	return varintSize(1, uint64(s)) + varintSize(2, uint64(int64(ns)))
+}
+
+// varintSize, stringSize and fieldSize are the sizes of a field of a
+// varint (left out when zero), of a string (left out when empty) and of
+// a message of n bytes, all of field numbers below 16 (tags of one byte).
+func varintSize(_ protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeVarint(v)
+}
+
+func stringSize(_ protowire.Number, s string) int {
+	if s == "" {
+		return 0
+	}
+	return 1 + protowire.SizeBytes(len(s))
+}
+
+func fieldSize(_ protowire.Number, n int) int { return 1 + protowire.SizeBytes(n) }
+
+// appendResponse appends m, checked by responseSize, as proto.Marshal
+// writes it.
+func appendResponse(b []byte, m *rlsv3.RateLimitResponse) []byte {
+	b = appendVarint(b, 1, uint64(int64(m.OverallCode)))
+	for _, st := range m.Statuses {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(statusSize(st)))
+		b = appendVarint(b, 1, uint64(int64(st.Code)))
+		if l := st.CurrentLimit; l != nil {
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(limitSize(l)))
+			b = appendVarint(b, 1, uint64(l.RequestsPerUnit))
+			b = appendVarint(b, 2, uint64(int64(l.Unit)))
+			b = appendString(b, 3, l.Name)
+			if u := l.UnitMultiplier; u != nil {
+				b = protowire.AppendTag(b, 4, protowire.BytesType)
+				b = protowire.AppendVarint(b, uint64(varintSize(1, uint64(u.Value))))
+				b = appendVarint(b, 1, uint64(u.Value))
+			}
+		}
+		b = appendVarint(b, 3, uint64(st.LimitRemaining))
+		if d := st.DurationUntilReset; d != nil {
+			b = protowire.AppendTag(b, 4, protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(durationSize(d.Seconds, d.Nanos)))
+			b = appendVarint(b, 1, uint64(d.Seconds))
+			b = appendVarint(b, 2, uint64(int64(d.Nanos)))
+		}
+	}
+	for num, hs := range [][]*corev3.HeaderValue{m.ResponseHeadersToAdd, m.RequestHeadersToAdd} {
+		for _, h := range hs {
+			b = protowire.AppendTag(b, protowire.Number(3+num), protowire.BytesType)
+			b = protowire.AppendVarint(b, uint64(headerSize(h)))
+			b = appendString(b, 1, h.Key)
+			b = appendString(b, 2, h.Value)
+		}
+	}
+	return b
+}
+
+func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
+}
+
+func appendString(b []byte, num protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), s)
 }

@@ -17,20 +17,24 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
+// randomString is a string of fewer than n bytes from the k after from,
+// each byte one in notUTF8 any byte (now and then not UTF-8).
+func randomString(r *rand.Rand, from byte, k, n, notUTF8 int) string {
+	b := make([]byte, r.IntN(n))
+	for i := range b {
+		b[i] = from + byte(r.IntN(k))
+		if r.IntN(notUTF8) == 0 {
+			b[i] = byte(r.IntN(256))
+		}
+	}
+	return string(b)
+}
+
 // randomRequest is a request of random shape: mostly the common one, and
 // now and then a descriptor's limit, hits_addend or is_negative_hits, or
 // strings that are not UTF-8.
 func randomRequest(r *rand.Rand) *rlsv3.RateLimitRequest {
-	str := func() string {
-		b := make([]byte, r.IntN(12))
-		for i := range b {
-			b[i] = byte('a' + r.IntN(26))
-			if r.IntN(40) == 0 {
-				b[i] = byte(r.IntN(256)) // now and then not UTF-8
-			}
-		}
-		return string(b)
-	}
+	str := func() string { return randomString(r, 'a', 26, 12, 40) }
 	req := &rlsv3.RateLimitRequest{Domain: str(), HitsAddend: uint32(r.IntN(3))}
 	for range r.IntN(4) {
 		d := &ratelimitv3.RateLimitDescriptor{}
@@ -181,5 +185,136 @@ func BenchmarkCodec(b *testing.B) {
 				out.Free()
 			}
 		})
+	}
+}
+
+// TestCodecRefusesOversizedRequests: a request of far more descriptors
+// and entries than a call may have is refused before it is decoded, in
+// either of the codec's paths (read by hand, or by the proto codec for a
+// descriptor with a limit): a 1 MiB message of empty descriptors used to
+// take some 46 MiB once decoded, only to be refused by validate. A
+// request at the bounds, or a little over them (validate refuses it), is
+// read.
+func TestCodecRefusesOversizedRequests(t *testing.T) {
+	descriptor := func(entries int, limit bool) []byte {
+		var d []byte
+		for range entries {
+			d = protowire.AppendTag(d, 1, protowire.BytesType)
+			d = protowire.AppendBytes(d, []byte("\x0a\x01k\x12\x01v"))
+		}
+		if limit {
+			d = protowire.AppendTag(d, 2, protowire.BytesType)
+			d = protowire.AppendVarint(d, 0)
+		}
+		return d
+	}
+	request := func(descriptors, entries int, limit bool) []byte {
+		b := protowire.AppendTag(nil, 1, protowire.BytesType)
+		b = protowire.AppendString(b, "d")
+		d := descriptor(entries, limit)
+		for range descriptors {
+			b = protowire.AppendTag(b, 2, protowire.BytesType)
+			b = protowire.AppendBytes(b, d)
+		}
+		return b
+	}
+	c := newCodec()
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+		want string // "" reads it
+	}{
+		{"at the bounds", request(MaxDescriptors, MaxEntries, false), ""},
+		{"at the bounds, with limits", request(MaxDescriptors, MaxEntries, true), ""},
+		{"a little over", request(MaxDescriptors+1, MaxEntries+1, false), ""},
+		{"many empty descriptors", request(500000, 0, false), "500000 descriptors with 0 entries: at most 64 descriptors of at most 32 entries each"},
+		{"many descriptors with limits", request(200000, 0, true), "200000 descriptors with 0 entries: at most 64 descriptors of at most 32 entries each"},
+		{"many entries", request(1, 100000, false), "1 descriptors with 100000 entries: at most 64 descriptors of at most 32 entries each"},
+		{"many entries beside a limit", request(2, 50000, true), "2 descriptors with 100000 entries: at most 64 descriptors of at most 32 entries each"},
+	} {
+		var req rlsv3.RateLimitRequest
+		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(tc.msg)}, &req)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || err.Error() != tc.want):
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.want)
+		case tc.want != "" && len(req.Descriptors) != 0:
+			t.Errorf("%s: %d descriptors decoded", tc.name, len(req.Descriptors))
+		}
+	}
+}
+
+// randomResponse is a response of random shape: mostly the one the
+// service builds, and now and then a field written by the proto codec
+// (a raw body, dynamic metadata, a quota, a header's raw value) or a
+// string that is not UTF-8.
+func randomResponse(r *rand.Rand) *rlsv3.RateLimitResponse {
+	str := func() string { return randomString(r, ' ', 90, 20, 200) }
+	code := func() rlsv3.RateLimitResponse_Code { return rlsv3.RateLimitResponse_Code(r.IntN(3)) }
+	big := func() uint32 { return uint32(r.Uint64() >> r.IntN(64)) }
+	m := &rlsv3.RateLimitResponse{OverallCode: code()}
+	for range r.IntN(4) {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: code(), LimitRemaining: big()}
+		if r.IntN(4) > 0 {
+			st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: str(), RequestsPerUnit: big(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(r.IntN(7))}
+			if r.IntN(5) == 0 {
+				st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(big())
+			}
+		}
+		if r.IntN(4) > 0 {
+			st.DurationUntilReset = &durationpb.Duration{Seconds: int64(r.Uint64()>>r.IntN(64)) * int64(1-2*r.IntN(2)), Nanos: int32(r.IntN(1e9)) * int32(1-2*r.IntN(2))}
+		}
+		if r.IntN(50) == 0 {
+			st.Quota = &rlsv3.RateLimitResponse_Quota{Requests: 3}
+		}
+		m.Statuses = append(m.Statuses, st)
+	}
+	for range r.IntN(5) {
+		h := &corev3.HeaderValue{Key: str(), Value: str()}
+		if r.IntN(50) == 0 {
+			h.RawValue = []byte("raw")
+		}
+		if r.IntN(2) == 0 {
+			m.ResponseHeadersToAdd = append(m.ResponseHeadersToAdd, h)
+		} else {
+			m.RequestHeadersToAdd = append(m.RequestHeadersToAdd, h)
+		}
+	}
+	switch r.IntN(40) {
+	case 0:
+		m.RawBody = []byte("body")
+	case 1:
+		m.DynamicMetadata = &structpb.Struct{}
+	case 2:
+		m.Quota = &rlsv3.RateLimitResponse_Quota{Requests: 1}
+	}
+	return m
+}
+
+// TestCodecWritesProtoBytes holds the hand writing of responses to
+// proto.Marshal's: on random responses, the same bytes or an error from
+// both, and most of them written by hand.
+func TestCodecWritesProtoBytes(t *testing.T) {
+	c := newCodec()
+	pc := encoding.GetCodecV2("proto")
+	r := rand.New(rand.NewPCG(3, 4))
+	hand := 0
+	for range 20000 {
+		m := randomResponse(r)
+		got, errGot := c.Marshal(m)
+		want, errWant := pc.Marshal(m)
+		if (errGot == nil) != (errWant == nil) {
+			t.Fatalf("%v: error %v, proto's %v", m, errGot, errWant)
+		}
+		if errGot == nil && string(got.Materialize()) != string(want.Materialize()) {
+			t.Fatalf("%v: wrote %x, proto writes %x", m, got.Materialize(), want.Materialize())
+		}
+		if responseSize(m) >= 0 {
+			hand++
+		}
+	}
+	if hand < 15000 {
+		t.Fatalf("only %d responses of 20000 written by hand", hand)
 	}
 }

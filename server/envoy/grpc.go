@@ -3,6 +3,7 @@ package envoy
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/driplimit/drip/internal/conncap"
@@ -26,6 +27,7 @@ type Server struct {
 	Health *health.Server
 
 	maxConns int
+	calls    atomic.Int64 // unary calls in flight, for Shutdown
 }
 
 // Limits bound what the clients of a Server may hold, so that a client
@@ -103,7 +105,17 @@ func NewServer(svc *Service, reflect bool, opts ...grpc.ServerOption) *Server {
 // drip's own options, and so win over them.
 func NewServerWithLimits(svc *Service, reflect bool, lim Limits, opts ...grpc.ServerOption) *Server {
 	lim = lim.withDefaults()
+	s := &Server{maxConns: lim.MaxConnections}
 	opts = append([]grpc.ServerOption{
+		// Unary calls (decisions, health checks) are counted, so that
+		// Shutdown knows whether its bound cut one or only connections
+		// holding none, or holding streams that never end on their own
+		// (health watches, reflection).
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+			s.calls.Add(1)
+			defer s.calls.Add(-1)
+			return next(ctx, req)
+		}),
 		// Envoy clusters often send HTTP/2 keepalive pings
 		// (connection_keepalive) more often than gRPC-Go's default minimum
 		// of 5 minutes, which would answer them with GOAWAY: allow one
@@ -144,7 +156,8 @@ func NewServerWithLimits(svc *Service, reflect bool, lim Limits, opts ...grpc.Se
 	if reflect {
 		reflection.Register(g)
 	}
-	return &Server{GRPC: g, Health: h, maxConns: lim.MaxConnections}
+	s.GRPC, s.Health = g, h
+	return s
 }
 
 // Serve serves on ln until Shutdown; it returns nil after a shutdown.
@@ -153,9 +166,12 @@ func (s *Server) Serve(ln net.Listener) error {
 	return s.GRPC.Serve(conncap.New(ln, s.maxConns))
 }
 
-// Shutdown reports NOT_SERVING to health checks, stops accepting, and
-// waits for calls in flight to finish; when ctx ends first, it closes
-// every connection and returns ctx's error.
+// Shutdown reports NOT_SERVING to health checks, stops accepting, sends
+// GOAWAY on every connection, and waits for calls in flight to finish
+// and for the connections to close. When ctx ends first, it closes every
+// connection: a client that keeps its connection open (one that never
+// acknowledges the GOAWAY) holds the shutdown no longer than ctx. It
+// returns ctx's error only when that cut a unary call in flight.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Health.Shutdown()
 	done := make(chan struct{})
@@ -167,8 +183,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		cut := s.calls.Load() > 0
 		s.GRPC.Stop()
 		<-done
+		if !cut {
+			return nil
+		}
 		return ctx.Err()
 	}
 }

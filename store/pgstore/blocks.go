@@ -22,9 +22,10 @@ import (
 // (sql/blocks.sql), which decides them in order, one key's after one
 // another, each with drip.block_step (bucket.EvalBlocks in plpgsql), and
 // writes each key once; the plain calls of the batch are batch.sql's, as
-// ever. Without batching, and for a call of several items with a block,
-// or one the plain statements found a key with blocks in (errBlocked: a
-// peek or a multi-take), the call is one statement, drip.block_apply: it
+// ever. Plain calls on a key with blocks (takes, peeks, multi-takes) are
+// decided by the plain statements under the blocks' cap. Without
+// batching, and for a call of several items with a block, the call is
+// one statement, drip.block_apply: it
 // locks the call's rows in one order, decides every item with the math of
 // bucket.EvalMultiAll in plpgsql, and writes all or nothing. Both return
 // the state each item was decided on, and the Go side decides again from
@@ -34,8 +35,9 @@ import (
 // take: batched, as any.
 
 // errBlocked is a plain statement's answer for a key whose row holds
-// blocks: nothing was decided or written, and the call goes to
-// drip.block_apply instead.
+// blocks when it left the key to drip.block_apply (nothing decided or
+// written): the call goes there instead. The Go store's plain statements
+// decide such keys themselves; the answer is kept as a safety net.
 var errBlocked = errors.New("pgstore: the key holds blocks of leased tokens")
 
 // blockItems reports whether a call holds a block's take or return.

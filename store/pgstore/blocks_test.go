@@ -295,19 +295,7 @@ func TestBlocksOverSlidingRow(t *testing.T) {
 	l := leasedItem{key: p + "L", lim: drip.PerSecond(1).WithBurst(5), cost: 1, leased: true}
 	apply := func(op bucket.Op, its ...leasedItem) []drip.Decision {
 		t.Helper()
-		items := make([]bucket.Prepared, len(its))
-		for i, it := range its {
-			items[i] = prepareLeased(t, op, it)
-		}
-		res := make([]bucket.Result, len(items))
-		if err := st.Apply(ctx, op, at, items, res); err != nil {
-			t.Fatal(err)
-		}
-		ds := make([]drip.Decision, len(res))
-		for i := range res {
-			ds[i] = drip.DecisionOf(res[i], items[i].Params.Burst)
-		}
-		return ds
+		return applyLeased(ctx, t, st, op, at, its...)
 	}
 	apply(bucket.Take, window)
 	apply(bucket.Take, window)
@@ -698,4 +686,199 @@ func TestBlockBatchSameAsMemstore(t *testing.T) {
 		}
 		mem.Close()
 	}
+}
+
+// blockModes are the ways TestPeekAndMultiWithBlocksPlain and
+// TestPeekAndMultiBlocksSameAsMemstore run the store: batched, one
+// statement a call, and through PgBouncer in transaction mode.
+var blockModes = []blockMode{
+	{"batching", false, nil},
+	{"statement", false, []pgstore.Option{pgstore.WithoutBatching()}},
+	{"pgbouncer", true, nil},
+}
+
+type blockMode struct {
+	name    string
+	bouncer bool
+	opts    []pgstore.Option
+}
+
+// open is a store of the mode on the shared server, and the count of
+// its statements.
+func (m blockMode) open(t *testing.T) (*pgstore.Store, *statements) {
+	t.Helper()
+	db := &statements{Pool: pool(t)} // the schema installed
+	if m.bouncer {
+		bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
+		db = &statements{Pool: mustPool(t, bouncer.URL())}
+	}
+	st, err := pgstore.New(context.Background(), db, append([]pgstore.Option{pgstore.WithSweep(0)}, m.opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st, db
+}
+
+// TestPeekAndMultiWithBlocksPlain: peeks and multi-takes on a key whose
+// row holds blocks are decided by their own statements (peek.sql,
+// multi.sql) under the blocks' cap, one statement a call and no
+// drip.block_apply, batched and not, and through PgBouncer.
+func TestPeekAndMultiWithBlocksPlain(t *testing.T) {
+	t.Parallel()
+	for _, mode := range blockModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			st, db := mode.open(t)
+			testPeekAndMultiWithBlocks(t, st, db)
+		})
+	}
+}
+
+func testPeekAndMultiWithBlocks(t *testing.T, st *pgstore.Store, db *statements) {
+	ctx := context.Background()
+	p := prefix()
+	hot, cold := p+"hot", p+"cold"
+	at := time.Now().Truncate(time.Hour).Add(time.Hour) // one instant: nothing refills
+	lim := drip.PerSecond(200)
+	apply := func(op bucket.Op, its ...leasedItem) []drip.Decision {
+		t.Helper()
+		return applyLeased(ctx, t, st, op, at, its...)
+	}
+	for i, cost := range []float64{20, 10} {
+		if d := apply(bucket.Take, leasedItem{key: hot, lim: lim, cost: cost, block: fmt.Sprint("b", i)}); !d[0].Allowed {
+			t.Fatalf("block %d: %+v", i, d[0])
+		}
+	}
+	blocks, before := db.blockApply.Load(), db.queries.Load()
+	const calls = 10
+	for range calls {
+		if d := apply(bucket.Peek, leasedItem{key: hot, lim: lim, cost: 1}); !d[0].Allowed || d[0].Tokens != 169 {
+			t.Fatalf("a peek of 1 on 200 with blocks of 30 out: %+v, want allowed with 169 tokens", d[0])
+		}
+	}
+	for i := range calls {
+		ds := apply(bucket.Take, leasedItem{key: hot, lim: lim, cost: 1}, leasedItem{key: cold, lim: lim, cost: 1})
+		if !ds[0].Allowed || ds[0].Tokens != float64(169-i) || !ds[1].Allowed || ds[1].Tokens != float64(199-i) {
+			t.Fatalf("multi-take %d of 1 on each key: %+v, want %v and %v tokens", i, ds, 169-i, 199-i)
+		}
+	}
+	ds := apply(bucket.Peek, leasedItem{key: hot, lim: lim, cost: 161}, leasedItem{key: cold, lim: lim, cost: 1})
+	if ds[0].Allowed || ds[0].Tokens != 160 || !ds[1].Allowed {
+		t.Errorf("a multi-peek of 161 on the key with 160 left under the blocks' cap: %+v, want denied", ds)
+	}
+	if n := db.blockApply.Load() - blocks; n != 0 {
+		t.Errorf("%d peeks and %d multi-takes on a key with 2 blocks out ran drip.block_apply %d times, want 0", calls, calls+1, n)
+	}
+	if n := db.queries.Load() - before; n > 2*calls+1 {
+		t.Errorf("%d peeks and multi-takes on a key with 2 blocks out ran %d statements, want at most one each", 2*calls+1, n)
+	}
+	// The blocks stayed out through the multi-takes: returned whole,
+	// they give back their 30 tokens.
+	for i, cost := range []float64{20, 10} {
+		if d := apply(bucket.Refund, leasedItem{key: hot, lim: lim, cost: cost, block: fmt.Sprint("b", i)}); d[0].Tokens != []float64{180, 190}[i] {
+			t.Errorf("block %d returned: %v tokens, want %v", i, d[0].Tokens, []float64{180, 190}[i])
+		}
+	}
+}
+
+// TestPeekAndMultiBlocksSameAsMemstore: peeks and multi-takes (and
+// multi-peeks, multi-refunds) on keys with blocks (live, expiring between
+// two calls, returned) decide as the memory store does,
+// bucket.EvalBlocks and bucket.EvalMultiAll: batched and not, and
+// through PgBouncer.
+func TestPeekAndMultiBlocksSameAsMemstore(t *testing.T) {
+	t.Parallel()
+	for _, mode := range blockModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			pg, _ := mode.open(t)
+			for seed := range uint64(3) {
+				testPeekMultiBlocks(t, pg, seed)
+			}
+		})
+	}
+}
+
+func testPeekMultiBlocks(t *testing.T, pg *pgstore.Store, seed uint64) {
+	ctx := context.Background()
+	mem := memstore.New(memstore.WithSweep(0))
+	defer mem.Close()
+	rng := rand.New(rand.NewPCG(seed, 37))
+	p := prefix()
+	keys := []string{p + "a", p + "b", p + "c", p + "d", p + "e"}
+	lims := []drip.Limit{drip.PerSecond(50).WithBurst(20), drip.Per(8, 100*time.Millisecond).Window(),
+		drip.PerSecond(100).WithBurst(30), drip.PerSecond(20).WithBurst(6), drip.PerSecond(10).Sliding().WithSlots(4)}
+	const leasable = 4                                  // keys[4] is a sliding window: never leased
+	at := time.Now().Truncate(time.Hour).Add(time.Hour) // ahead of the sweeps of parallel tests
+	type out struct {
+		key  int
+		id   string
+		size float64
+	}
+	var blocks []out
+	both := func(what string, op bucket.Op, its ...leasedItem) {
+		t.Helper()
+		var ds [2][]drip.Decision
+		for i, st := range []store.Store{pg, mem} {
+			ds[i] = applyLeased(ctx, t, st, op, at, its...)
+		}
+		if fmt.Sprint(ds[0]) != fmt.Sprint(ds[1]) {
+			t.Fatalf("seed %d %s:\npostgres %+v\nmemory   %+v", seed, what, ds[0], ds[1])
+		}
+	}
+	for step := range 160 {
+		at = at.Add(time.Duration(rng.IntN(40)) * time.Millisecond)
+		switch x := rng.IntN(10); {
+		case x < 2:
+			k := rng.IntN(leasable)
+			b := out{k, fmt.Sprint("s", seed, "x", step), float64(1 + rng.IntN(5))}
+			both(fmt.Sprintf("step %d: a block of %v of %s", step, b.size, keys[k]), bucket.Take,
+				leasedItem{key: keys[k], lim: lims[k], cost: b.size, block: b.id})
+			blocks = append(blocks, b)
+		case x < 3 && len(blocks) > 0:
+			i := rng.IntN(len(blocks))
+			b := blocks[i]
+			blocks = append(blocks[:i], blocks[i+1:]...)
+			unused := float64(rng.IntN(int(b.size) + 1))
+			both(fmt.Sprintf("step %d: block %s back with %v unused", step, b.id, unused), bucket.Refund,
+				leasedItem{key: keys[b.key], lim: lims[b.key], cost: unused, block: b.id})
+		case x < 5:
+			k := rng.IntN(len(keys))
+			cost := float64(1 + rng.IntN(6))
+			both(fmt.Sprintf("step %d: a peek of %v on %s", step, cost, keys[k]), bucket.Peek,
+				leasedItem{key: keys[k], lim: lims[k], cost: cost})
+		default:
+			op := bucket.Take
+			switch y := rng.IntN(10); {
+			case y == 0:
+				op = bucket.Refund
+			case y < 3:
+				op = bucket.Peek
+			}
+			var its []leasedItem
+			for _, k := range rng.Perm(len(keys))[:2+rng.IntN(3)] {
+				its = append(its, leasedItem{key: keys[k], lim: lims[k], cost: float64(1 + rng.IntN(4))})
+			}
+			both(fmt.Sprintf("step %d: %v of %+v", step, op, its), op, its...)
+		}
+	}
+}
+
+// applyLeased applies the call of its to st and answers its decisions.
+func applyLeased(ctx context.Context, t *testing.T, st store.Store, op bucket.Op, at time.Time, its ...leasedItem) []drip.Decision {
+	t.Helper()
+	items := make([]bucket.Prepared, len(its))
+	for i, it := range its {
+		items[i] = prepareLeased(t, op, it)
+	}
+	res := make([]bucket.Result, len(items))
+	if err := st.Apply(ctx, op, at, items, res); err != nil {
+		t.Fatalf("%v %+v: %v", op, its, err)
+	}
+	ds := make([]drip.Decision, len(res))
+	for i := range res {
+		ds[i] = drip.DecisionOf(res[i], items[i].Params.Burst)
+	}
+	return ds
 }

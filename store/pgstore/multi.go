@@ -11,7 +11,7 @@ import (
 )
 
 // applyMulti applies items with multi.sql: one statement, all or nothing
-// (errBlocked, having written nothing, when a key holds blocks).
+// (a key that holds blocks decided under their cap).
 func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps []bucket.Prepared, ds []bucket.Result) error {
 	a := newArrays(len(ps))
 	seen := make(map[string]bool, len(ps))
@@ -41,14 +41,14 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 		for rows.Next() {
 			var r result
 			var ls bucket.LeaseSet
-			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &r.slide.Last, &r.slide.Counts, &r.blocked); err != nil {
+			if err := rows.Scan(&r.allowed, &r.tokens, &r.ts, &r.now, &r.late, &ls.Live, &ls.Held, &ls.Earliest, &ls.Latest, &r.slide.Last, &r.slide.Counts, &r.cap); err != nil {
 				rows.Close()
 				return err
 			}
 			if at.IsZero() && i == 0 {
 				s.clock.Observe(time.Now(), r.now) // now is the server's clock
 			}
-			if r.late || r.blocked {
+			if r.late {
 				rows.Close()
 				return r.err()
 			}

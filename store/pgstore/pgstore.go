@@ -53,14 +53,14 @@
 //
 // Leased tokens (package leased): a key's live blocks are in its own row
 // of drip.buckets, beside its bucket (NULL for none), so every request on
-// the key is held to their cap. The plain take and batch statements
-// decide a plain request on a key with blocks under their cap; a lone
-// block take or return is batched like a plain take, the block calls of
-// a batch one plpgsql statement (drip.block_batch); a peek or a call of
-// several items on a key with blocks, and every block call without
-// batching, is one plpgsql function, drip.block_apply (sql/blocks.sql,
-// blocks.go): the call's rows locked in one order, every item decided
-// with bucket.EvalMultiAll's rules, all or nothing. The Go side decides
+// the key is held to their cap. The plain statements (take, peek, batch,
+// multi-take) decide a plain request on a key with blocks under their
+// cap; a lone block take or return is batched like a plain take, the
+// block calls of a batch one plpgsql statement (drip.block_batch); a
+// call of several items with a block take or return, and every block
+// call without batching, is one plpgsql function, drip.block_apply
+// (sql/blocks.sql, blocks.go): the call's rows locked in one order, every
+// item decided with bucket.EvalMultiAll's rules, all or nothing. The Go side decides
 // again from the state they read and checks the verdicts.
 //
 // Schema. Everything lives in the schema drip: the table drip.buckets and
@@ -382,11 +382,7 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	}
 	if len(items) != 1 || (items[0].Params.Kind == bucket.Concurrency && s.batch == nil) {
 		// Without batching, a concurrency item is a multi-take of one.
-		err := s.applyMulti(ctx, op, at, items, results)
-		if errors.Is(err, errBlocked) {
-			return s.applyBlocks(ctx, op, at, items, results)
-		}
-		return err
+		return s.applyMulti(ctx, op, at, items, results)
 	}
 	p := items[0]
 	var res result
@@ -455,10 +451,7 @@ func (s *Store) applyOne(ctx context.Context, op bucket.Op, p bucket.Prepared, a
 			if op != bucket.Peek {
 				dest = append(dest, &res.late)
 			}
-			dest = append(dest, &res.slide.Last, &res.slide.Counts, &res.blocked)
-			if op != bucket.Peek {
-				dest = append(dest, &res.cap)
-			}
+			dest = append(dest, &res.slide.Last, &res.slide.Counts, &res.blocked, &res.cap)
 			if err := rows.Scan(dest...); err != nil {
 				rows.Close()
 				return err

@@ -6,8 +6,9 @@
 -- A key's blocks live in its own row of drip.buckets (migration 8: ids,
 -- sizes, exps; NULL for none), beside its bucket, so every request on the
 -- key, leased or not, is held to their cap. A call that holds a block's
--- take or return, or a request on a key whose row holds blocks (the plain
--- statements leave those to it), is decided here whole: its buckets by
+-- take or return, or a request of the SQL functions on a key whose row
+-- holds blocks (drip.decide, api.sql; the Go store's plain statements
+-- decide those themselves), is decided here whole: its buckets by
 -- bucket.EvalBlocks on their rows, its concurrency limits on their lease
 -- rows (sql/leases.sql), all or nothing.
 
