@@ -538,7 +538,7 @@ func (s *Store) held(it *bucket.Prepared) *local {
 // fetched ahead of need, and its recent demand.
 type local struct {
 	mu       sync.Mutex
-	sem      chan struct{} // held by the one store call of take at a time
+	busy     chan struct{} // the one block call of take out now, closed at its end (nil: none)
 	key      string
 	p        bucket.Params
 	cur      block
@@ -594,7 +594,7 @@ func (s *Store) localOf(it *bucket.Prepared) *local {
 	if s.nkeys.Load() >= int64(s.maxKeys) {
 		return nil
 	}
-	l := &local{key: it.Key, p: it.Params, sem: make(chan struct{}, 1)}
+	l := &local{key: it.Key, p: it.Params}
 	if v, loaded := s.keys.LoadOrStore(it.Key, l); loaded {
 		old := v.(*local)
 		if old.p == it.Params {
@@ -640,29 +640,58 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	// One block call per key at a time from this instance, so that a hot
 	// key's callers do not all ask the store at once for blocks. While
 	// the store's last answer showed the bucket at least half full, the
-	// callers that come while it is out wait for it: it brings a block
-	// that will cover them. Else they take as without leasing, each a
-	// take of its own (batched by the store as any): queued behind it
-	// they waited a round trip or more (a return, a take, then a
-	// per-decision take), and on a saturated key whose store answers
-	// slowly the key's decisions fell to about the limit's pace, far
-	// below a plain instance's.
+	// callers that come while it is out wait for it, since it brings a
+	// block that will cover them; but each waits only for that call,
+	// never in turn behind the callers before it, and no longer than
+	// about two block takes' time or half its deadline (waitFor): then
+	// it takes as without leasing. Else they take as without leasing at once, each a take of
+	// its own (batched by the store as any). Queued behind the call they
+	// waited a round trip or more each (a return, a take, then a
+	// per-decision take): on a saturated key whose store answers slowly
+	// the key's decisions fell to about the limit's pace, and with a
+	// block take that stalled every caller of the key waited out its
+	// deadline (through drip serve, long enough for the engine's stall
+	// timer to open its breaker).
 	l.mu.Lock()
+	busy := l.busy
+	if busy == nil {
+		l.busy = make(chan struct{})
+	}
 	wait := l.known && 2*l.avail >= l.p.Burst
 	l.mu.Unlock()
-	select {
-	case l.sem <- struct{}{}:
-	default:
+	if busy != nil {
 		if !wait {
 			return s.perDecision(ctx, at, l, now, items, results)
 		}
+		t := time.NewTimer(s.waitFor(ctx))
 		select {
-		case l.sem <- struct{}{}:
+		case <-busy:
+		case <-t.C:
 		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
 		}
+		t.Stop()
+		now = s.clock(at)
+		l.mu.Lock()
+		if s.fromLocal(l, now, it.Cost, at, res) {
+			spans.Leased(ctx, "local")
+			return nil
+		}
+		l.mu.Unlock()
+		return s.perDecision(ctx, at, l, now, items, results)
 	}
-	defer func() { <-l.sem }()
+	done := false
+	release := func() {
+		if !done {
+			done = true
+			l.mu.Lock()
+			close(l.busy)
+			l.busy = nil
+			l.mu.Unlock()
+		}
+	}
+	defer release()
 	now = s.clock(at)
 	l.mu.Lock()
 	if s.fromLocal(l, now, it.Cost, at, res) {
@@ -713,6 +742,7 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 			return nil
 		}
 	}
+	release() // the block call is over: the callers waiting on it need not wait for this take too
 	return s.perDecision(ctx, at, l, now, items, results)
 }
 
@@ -839,6 +869,18 @@ func localResult(p *bucket.Params, tokens int64) bucket.Result {
 	tokens = min(tokens, p.Burst)
 	reset := time.Duration(float64(p.Burst-tokens) * float64(p.Period) / float64(p.Rate))
 	return bucket.Result{Allowed: true, Tokens: tokens, ResetAfter: reset}
+}
+
+// waitFor is how long a caller waits for the block call of its key out
+// now before it takes as without leasing: two block takes' usual time,
+// at least a millisecond, and at most half of what is left of its
+// deadline, so that a take of its own still has time.
+func (s *Store) waitFor(ctx context.Context) time.Duration {
+	d := max(2*time.Duration(s.rtt.Load()), time.Millisecond)
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
+	}
+	return d
 }
 
 // span is how much of a key's demand a block holds: the horizon, or

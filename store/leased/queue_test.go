@@ -32,6 +32,45 @@ func (s *slowBlocks) Apply(ctx context.Context, op bucket.Op, at time.Time, item
 	return s.Store.Apply(ctx, op, at, items, results)
 }
 
+// takeOfK is a take of one token of key k, limited to 1,000 a second,
+// and a function that takes it from ls.
+func takeOfK(t *testing.T, ls *leased.Store) (bucket.Prepared, func(context.Context) (bucket.Result, error)) {
+	p, err := drip.PerSecond(1000).Params("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var it bucket.Prepared
+	if err := store.Prepare(&it, bucket.Take, "k", &p, 1, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	return it, func(ctx context.Context) (bucket.Result, error) {
+		res := make([]bucket.Result, 1)
+		err := ls.Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res)
+		return res[0], err
+	}
+}
+
+// takeUntil takes, at one instant, until started is closed (a block
+// take of the store began), and closes the channel it returns.
+func takeUntil(t *testing.T, started <-chan struct{}, take func(context.Context) (bucket.Result, error)) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-started:
+				return
+			default:
+			}
+			if _, err := take(context.Background()); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	return done
+}
+
 // TestNoQueueBehindBlockTake: while one caller takes a block of a hot
 // key whose bucket is less than half full (a key near its limit, where
 // leasing serves little), the instance's other callers of the key are
@@ -49,42 +88,16 @@ func TestNoQueueBehindBlockTake(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ls.Close()
-		p, err := drip.PerSecond(1000).Params("k")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var it bucket.Prepared
-		if err := store.Prepare(&it, bucket.Take, "k", &p, 1, false, ""); err != nil {
-			t.Fatal(err)
-		}
+		it, take := takeOfK(t, ls)
 		// The bucket less than half full: 600 of its 1,000 taken.
 		most := it
 		most.Cost = 600 * bucket.Micro
 		if err := ms.Apply(context.Background(), bucket.Take, time.Time{}, []bucket.Prepared{most}, make([]bucket.Result, 1)); err != nil {
 			t.Fatal(err)
 		}
-		take := func(ctx context.Context) (bucket.Result, error) {
-			res := make([]bucket.Result, 1)
-			err := ls.Apply(ctx, bucket.Take, time.Time{}, []bucket.Prepared{it}, res)
-			return res[0], err
-		}
 		// Takes at one instant until the key is hot and one of them
 		// takes a block (and waits for it).
-		first := make(chan struct{})
-		go func() {
-			defer close(first)
-			for {
-				select {
-				case <-st.started:
-					return
-				default:
-				}
-				if _, err := take(context.Background()); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		}()
+		first := takeUntil(t, st.started, take)
 		<-st.started
 		const callers = 10
 		var wg sync.WaitGroup
@@ -113,4 +126,99 @@ func TestNoQueueBehindBlockTake(t *testing.T) {
 		}
 		<-first
 	})
+}
+
+// TestNoQueueBehindSlowBlockTakeOfFullBucket: while the store's last
+// answer showed the bucket at least half full, the callers of a hot key
+// that come while the instance's block take is out wait for it, but no
+// longer than about two of its usual round trips, and never one after
+// another: if it stalls they are decided as without leasing. They waited
+// for it up to their deadline, each in turn (through drip serve, a
+// block take slow on a loaded PostgreSQL left every caller of the key
+// waiting until the engine's stall timer opened its breaker, which then
+// answered 503 to every request for its cool-down).
+func TestNoQueueBehindSlowBlockTakeOfFullBucket(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		st := &slowAfter{Store: ms, fast: 1, rtt: 5 * time.Second, started: make(chan struct{})}
+		ls, err := leased.New(st, leased.LeaseInProcess())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ls.Close()
+		_, take := takeOfK(t, ls)
+		// Takes at one instant until the key is hot, has a block (its
+		// take answered at once), and the next block take stalls.
+		takeUntil(t, st.started, take)
+		<-st.started
+		const callers = 10
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		failed, slow := 0, 0
+		for range callers {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				start := time.Now()
+				r, err := take(ctx)
+				if err == nil && !r.Allowed {
+					t.Errorf("a take of a bucket far from empty denied: %+v", r)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					failed++
+				}
+				if time.Since(start) > 100*time.Millisecond {
+					slow++
+				}
+			})
+		}
+		wg.Wait()
+		// Again once the slow take has answered, block takes now taking
+		// 5 s as a rule: still none waits out its deadline.
+		time.Sleep(6 * time.Second)
+		for range callers {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				if _, err := take(ctx); err != nil {
+					mu.Lock()
+					failed++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if failed > 0 || slow > 0 {
+			t.Errorf("of %d takes of a hot key, full bucket, while its block take stalled: %d failed, %d waited over 100 ms: want each decided soon by a take of its own", callers, failed, slow)
+		}
+	})
+}
+
+// slowAfter is a store whose first fast block takes answer at once and
+// whose later ones take rtt; started is closed at the first slow one.
+type slowAfter struct {
+	store.Store
+	fast    int
+	rtt     time.Duration
+	mu      sync.Mutex
+	started chan struct{}
+}
+
+func (s *slowAfter) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	if op == bucket.Take && items[0].Block != "" {
+		s.mu.Lock()
+		s.fast--
+		slow := s.fast < 0
+		if s.fast == -1 {
+			close(s.started)
+		}
+		s.mu.Unlock()
+		if slow {
+			time.Sleep(s.rtt)
+		}
+	}
+	return s.Store.Apply(ctx, op, at, items, results)
 }
