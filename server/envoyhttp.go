@@ -73,6 +73,10 @@ func envoyJSON(svc *envoy.Service, w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "reading the request: " + err.Error()})
 		return
 	}
+	if err := envoy.JSONBounds(body); err != nil { // before protojson, which would hold them all
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return
+	}
 	var req rlsv3.RateLimitRequest
 	if err := protojson.Unmarshal(body, &req); err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "not a RateLimitRequest in JSON: " + err.Error()})

@@ -1,6 +1,9 @@
 package envoy
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"unicode/utf8"
 
@@ -132,10 +135,109 @@ func bounds(b []byte) error {
 		nd++
 		ne += countFields(d, 1)
 	}
+	return decodable(nd, ne)
+}
+
+// decodable refuses nd descriptors with ne entries, together, past
+// maxDecoded.
+func decodable(nd, ne int) error {
 	if nd+ne > maxDecoded {
 		return fmt.Errorf("%d descriptors with %d entries: at most %d descriptors of at most %d entries each", nd, ne, MaxDescriptors, MaxEntries)
 	}
 	return nil
+}
+
+// JSONBounds is the codec's bound (maxDecoded) for a RateLimitRequest in
+// protojson's form (envoyproxy/ratelimit's POST /json), checked before
+// protojson decodes it: an empty descriptor is 3 bytes of JSON and some
+// 80 once decoded. It counts the elements of "descriptors" and of their
+// "entries" token by token, keeping none; JSON that is not of that shape
+// is left to protojson once what it counted is within the bound.
+func JSONBounds(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	nd, ne := 0, 0
+	jsonObject(dec, func(k string) error {
+		if k != "descriptors" {
+			return jsonSkip(dec)
+		}
+		return jsonArray(dec, func() error {
+			nd++
+			return jsonObject(dec, func(k string) error {
+				if k != "entries" {
+					return jsonSkip(dec)
+				}
+				return jsonArray(dec, func() error {
+					ne++
+					return jsonSkip(dec)
+				})
+			})
+		})
+	})
+	return decodable(nd, ne)
+}
+
+// errShape stops JSONBounds at JSON it does not count.
+var errShape = errors.New("not of a RateLimitRequest's shape")
+
+// jsonObject reads an object (or null) from dec, calling f after each
+// key to read its value.
+func jsonObject(dec *json.Decoder, f func(key string) error) error {
+	return jsonEach(dec, '{', '}', func() error {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		k, ok := t.(string)
+		if !ok {
+			return errShape
+		}
+		return f(k)
+	})
+}
+
+// jsonArray reads an array (or null) from dec, calling f to read each
+// element.
+func jsonArray(dec *json.Decoder, f func() error) error {
+	return jsonEach(dec, '[', ']', f)
+}
+
+func jsonEach(dec *json.Decoder, open, end json.Delim, f func() error) error {
+	t, err := dec.Token()
+	if err != nil || t == nil {
+		return err
+	}
+	if t != open {
+		return errShape
+	}
+	for dec.More() {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	t, err = dec.Token()
+	if err == nil && t != end {
+		return errShape
+	}
+	return err
+}
+
+// jsonSkip reads one value from dec.
+func jsonSkip(dec *json.Decoder) error {
+	for depth := 0; ; {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch t {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+		if depth <= 0 {
+			return nil
+		}
+	}
 }
 
 // countFields counts the fields numbered num in the message b, up to the
