@@ -75,8 +75,9 @@ const adaptiveSweep = time.Second
 
 // AdaptiveObserver is an Observer that is also told of the requests an
 // adaptive rule or a rule with priorities shed (Shed: rule, the
-// request's class). Observers that do not implement it see the
-// decisions only.
+// request's class, a number from 0 to 100 the client may choose: a
+// metric labelled by it counts it in its band, rules.PriorityBand).
+// Observers that do not implement it see the decisions only.
 type AdaptiveObserver interface {
 	Observer
 	Shed(rule string, class int)

@@ -179,6 +179,22 @@ func PriorityName(p int) string {
 	return strconv.Itoa(p)
 }
 
+// PriorityBand is the named class that p falls in: the highest of the
+// four at or below it. critical is 100 alone, default 50 to 99,
+// sheddable 25 to 49 and batch 0 to 24. A metric labels classes so: a
+// client that names its class gets four series, not 101.
+func PriorityBand(p int) int {
+	switch {
+	case p >= PriorityCritical:
+		return PriorityCritical
+	case p >= PriorityDefault:
+		return PriorityDefault
+	case p >= PrioritySheddable:
+		return PrioritySheddable
+	}
+	return PriorityBatch
+}
+
 // Share is the share of the rule's capacity (its burst, its slots, its
 // learned limit) that a request of class p may use: all of it for
 // critical, 1-reserve for default, and linearly less below, down to

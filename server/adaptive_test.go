@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,5 +75,41 @@ func TestGatewayAdaptive(t *testing.T) {
 	api := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
 	if code, body := post(t, api.base+"/v1/take", `{"rule": "up"}`); code != 400 || !strings.Contains(body, "adaptive") {
 		t.Errorf("decision API take by the adaptive rule: %d %s, want 400", code, body)
+	}
+}
+
+// TestShedClassesBounded: a client names its class with any number from
+// 0 to 100; drip_shed_total counts each in its named band
+// (rules.PriorityBand), so a prioritized rule has at most four series
+// whatever its clients send.
+func TestShedClassesBounded(t *testing.T) {
+	up := newUpstream(t)
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"rules": [{"name": "p", "limit_keys": ["global"], "priority_from": "header:x-priority",
+	  "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}}]}`)
+	srv := start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1}, memstore.New())
+	if code, body := call(t, "GET", srv.base+"/", "", "X-Priority", "critical"); code != 200 {
+		t.Fatalf("the first request: %d %s", code, body)
+	}
+	for n := range 101 {
+		if code, body := call(t, "GET", srv.base+"/", "", "X-Priority", strconv.Itoa(n)); code != 429 {
+			t.Fatalf("class %d past the limit: %d %s", n, code, body)
+		}
+	}
+	_, metrics := call(t, "GET", srv.admin+"/metrics", "")
+	var series []string
+	for line := range strings.Lines(metrics) {
+		if strings.HasPrefix(line, `drip_shed_total{`) {
+			series = append(series, strings.TrimSpace(line))
+		}
+	}
+	want := []string{ // 0-24, 25-49, 50-99, 100
+		`drip_shed_total{class="batch",rule="p"} 25`,
+		`drip_shed_total{class="critical",rule="p"} 1`,
+		`drip_shed_total{class="default",rule="p"} 50`,
+		`drip_shed_total{class="sheddable",rule="p"} 25`,
+	}
+	if !slices.Equal(series, want) {
+		t.Errorf("drip_shed_total series:\n%s\nwant:\n%s", strings.Join(series, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -24,7 +24,8 @@
 //	                                            (openai:money): a money budget's spend
 //	drip_shed_total{rule, class}                requests a rule with priorities denied, by
 //	                                            their class (critical, default, sheddable,
-//	                                            batch, or a number)
+//	                                            batch; a number is counted in its band,
+//	                                            rules.PriorityBand)
 //	drip_adaptive_limit{rule}                   an adaptive rule's learned limit (added up
 //	                                            over its keys), with WatchAdaptive; and
 //	drip_adaptive_in_flight{rule}               its requests holding a slot,
@@ -94,7 +95,7 @@ func (o *Observer) WatchAdaptive(f func() []engine.AdaptiveState) {
 
 // Shed implements engine.AdaptiveObserver.
 func (o *Observer) Shed(rule string, class int) {
-	o.shed.WithLabelValues(rule, rules.PriorityName(class)).Inc()
+	o.shed.WithLabelValues(rule, rules.PriorityName(rules.PriorityBand(class))).Inc()
 }
 
 func (o *Observer) collectAdaptive(ch chan<- prometheus.Metric) {
@@ -180,7 +181,7 @@ func New(opts ...Option) *Observer {
 		}, []string{"rule", "result"}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "drip_shed_total",
-			Help: "Requests a rule with classes of priority denied (an adaptive rule at its limit, or a rule keeping its reserve for higher classes), by rule and the request's class: critical, default, sheddable, batch, or a number from 0 to 100.",
+			Help: "Requests a rule with classes of priority denied (an adaptive rule at its limit, or a rule keeping its reserve for higher classes), by rule and the request's class: critical (100), default (50 to 99), sheddable (25 to 49) or batch (0 to 24).",
 		}, []string{"rule", "class"}),
 	}
 	for _, f := range opts {
