@@ -166,13 +166,58 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		e.refused(ctx, op, len(reqs), err)
 	}
 	if err == nil && op == bucket.Refund {
-		for _, r := range reqs {
-			if r.Lease != "" {
-				e.queues.released(r.Key) // a slot is free: the first waiting for it asks
-			}
-		}
+		e.freed(reqs)
 	}
 	return m, err
+}
+
+// preparePlans prepares reqs into items under plans at at, as
+// drip.Apply checks them.
+func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan, items []bucket.Prepared) error {
+	for i := range reqs {
+		r, pl := &reqs[i], plans[i]
+		c, err := store.Cost(op, r.Cost, r.Reserve, pl.params)
+		if err := pl.prepare(&items[i], op, r.Key, at, c, err, r.Reserve, r.Lease); err != nil {
+			if len(reqs) > 1 {
+				return fmt.Errorf("requests[%d]: %w", i, err)
+			}
+			return err
+		}
+	}
+	return store.CheckDistinct(items)
+}
+
+// freed tells the queues of the leases among reqs, refunded: a slot is
+// free, the first waiting for it asks.
+func (e *Engine) freed(reqs []drip.Request) {
+	for _, r := range reqs {
+		if r.Lease != "" {
+			e.queues.released(r.Key)
+		}
+	}
+}
+
+// applyPlans is apply for requests the engine holds the plans of
+// (plans[i] is reqs[i].Limit's): each prepared by its plan
+// (Plan.prepare), a keyed or calendar window placed there, not through
+// drip.Apply and its cache of params. Its checks, their order and its
+// errors are drip.Apply's. It serves the engine's give-backs, whose
+// answers nobody reads: it returns none.
+func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request, plans []*Plan) error {
+	n := len(reqs)
+	items, res := make([]bucket.Prepared, n), make([]bucket.Result, n)
+	at := e.at()
+	if err := preparePlans(op, at, reqs, plans, items); err != nil {
+		e.refused(ctx, op, n, err)
+		return err
+	}
+	if err := e.call(ctx, timeout, br, op, at, items, res); err != nil {
+		return err
+	}
+	if op == bucket.Refund {
+		e.freed(reqs)
+	}
+	return nil
 }
 
 // guarded is the engine's store seen through call: what drip.Apply hands
