@@ -150,6 +150,7 @@ func (out *Outcome) Release(ctx context.Context) error {
 		return nil
 	}
 	var remote, local []drip.Request
+	var plans []*Plan // remote's
 	now := out.eng.clock()
 	for i := range out.Applied {
 		a := &out.Applied[i]
@@ -161,7 +162,7 @@ func (out *Outcome) Release(ctx context.Context) error {
 		if a.Local {
 			local = append(local, r)
 		} else {
-			remote = append(remote, r)
+			remote, plans = append(remote, r), append(plans, a.plan())
 		}
 	}
 	if len(remote) == 0 && len(local) == 0 {
@@ -170,8 +171,7 @@ func (out *Outcome) Release(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	if len(remote) > 0 {
-		_, err := out.eng.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, remote)
-		errs = append(errs, err)
+		errs = append(errs, out.eng.applyPlans(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, remote, plans))
 	}
 	if len(local) > 0 {
 		_, err := drip.Apply(ctx, out.eng.localStore(), bucket.Refund, out.eng.at(), local...)
