@@ -134,6 +134,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	e := out.eng
 	var charges, refunds []drip.Request
 	var charged, refunded []*Applied
+	var plans []*Plan // refunds'
 	var asked []float64
 	for i := range out.Applied {
 		a := &out.Applied[i]
@@ -176,6 +177,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 			charged, asked = append(charged, a), append(asked, delta)
 		case delta < 0:
 			refunds = append(refunds, drip.Request{Key: a.Key, Limit: a.Limit, Cost: -delta})
+			plans = append(plans, a.plan())
 			refunded = append(refunded, a)
 		default:
 			e.spent(a, a.Cost)
@@ -184,7 +186,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	}
 	var errs []error
 	if len(refunds) > 0 {
-		_, err := e.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, refunds)
+		err := e.applyPlans(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, refunds, plans)
 		if err == nil {
 			for i, a := range refunded {
 				e.spent(a, a.Cost-refunds[i].Cost)
