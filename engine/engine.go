@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,22 +172,6 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 	return m, err
 }
 
-// preparePlans prepares reqs into items under plans at at, as
-// drip.Apply checks them.
-func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan, items []bucket.Prepared) error {
-	for i := range reqs {
-		r, pl := &reqs[i], plans[i]
-		c, err := store.Cost(op, r.Cost, r.Reserve, pl.params)
-		if err := pl.prepare(&items[i], op, r.Key, at, c, err, r.Reserve, r.Lease); err != nil {
-			if len(reqs) > 1 {
-				return fmt.Errorf("requests[%d]: %w", i, err)
-			}
-			return err
-		}
-	}
-	return store.CheckDistinct(items)
-}
-
 // freed tells the queues of the leases among reqs, refunded: a slot is
 // free, the first waiting for it asks.
 func (e *Engine) freed(reqs []drip.Request) {
@@ -198,26 +183,54 @@ func (e *Engine) freed(reqs []drip.Request) {
 }
 
 // applyPlans is apply for requests the engine holds the plans of
-// (plans[i] is reqs[i].Limit's): each prepared by its plan
-// (Plan.prepare), a keyed or calendar window placed there, not through
-// drip.Apply and its cache of params. Its checks, their order and its
-// errors are drip.Apply's. It serves the engine's give-backs, whose
-// answers nobody reads: it returns none.
-func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request, plans []*Plan) error {
+// (plans[i] is reqs[i].Limit's but for its MaxReserved, a charge's debt
+// bound): each prepared by its plan (Plan.prepare), a keyed or calendar
+// window placed there, not through drip.Apply and its cache of params.
+// Its checks, their order, its errors and its decisions are
+// drip.Apply's.
+func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request, plans []*Plan) ([]drip.Decision, error) {
 	n := len(reqs)
 	items, res := make([]bucket.Prepared, n), make([]bucket.Result, n)
 	at := e.at()
 	if err := preparePlans(op, at, reqs, plans, items); err != nil {
 		e.refused(ctx, op, n, err)
-		return err
+		return nil, err
 	}
 	if err := e.call(ctx, timeout, br, op, at, items, res); err != nil {
-		return err
+		return nil, err
 	}
 	if op == bucket.Refund {
 		e.freed(reqs)
 	}
-	return nil
+	ds := make([]drip.Decision, n)
+	for i := range res {
+		plans[i].hints(&res[i], &items[i].Params, at)
+		ds[i] = drip.DecisionOf(res[i], items[i].Params.Burst)
+	}
+	return ds, nil
+}
+
+// preparePlans prepares reqs into items under plans at at, as
+// drip.Apply checks them, each with its request's debt bound
+// (Limit.MaxReserved; none: the most drip takes).
+func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan, items []bucket.Prepared) error {
+	for i := range reqs {
+		r, pl := &reqs[i], plans[i]
+		q := pl.params
+		q.MaxReserved = int64(math.Round(store.MaxAmount * bucket.Micro))
+		if r.Limit.MaxReserved > 0 {
+			q.MaxReserved = int64(math.Round(r.Limit.MaxReserved * bucket.Micro))
+		}
+		c, err := store.Cost(op, r.Cost, r.Reserve, q)
+		if err := pl.prepare(&items[i], op, r.Key, at, c, err, r.Reserve, r.Lease); err != nil {
+			if len(reqs) > 1 {
+				return fmt.Errorf("requests[%d]: %w", i, err)
+			}
+			return err
+		}
+		items[i].Params.MaxReserved = q.MaxReserved
+	}
+	return store.CheckDistinct(items)
 }
 
 // guarded is the engine's store seen through call: what drip.Apply hands

@@ -171,7 +171,8 @@ func (out *Outcome) Release(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	if len(remote) > 0 {
-		errs = append(errs, out.eng.applyPlans(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, remote, plans))
+		_, err := out.eng.applyPlans(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, remote, plans)
+		errs = append(errs, err)
 	}
 	if len(local) > 0 {
 		_, err := drip.Apply(ctx, out.eng.localStore(), bucket.Refund, out.eng.at(), local...)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -200,11 +201,11 @@ func TestPlacedWindowsAllocate(t *testing.T) {
 	}
 }
 
-// TestApplyPlansIsApply holds applyPlans, the engine's give-backs
-// prepared by each request's plan, to drip.Apply: the same errors and
-// the same buckets after, for every kind of limit, including a keyed and
-// a calendar window, with a bad cost or two requests of one key now and
-// then.
+// TestApplyPlansIsApply holds applyPlans, the engine's give-backs and
+// charges prepared by each request's plan, to drip.Apply: the same
+// errors, decisions and buckets after, for every kind of limit, a keyed
+// and a calendar window among them, with a charge's debt bound, a bad
+// cost or two requests of one key now and then.
 func TestApplyPlansIsApply(t *testing.T) {
 	limits, ctx, rng := planLimits(t), context.Background(), rand.New(rand.NewPCG(37, 3))
 	at := time.Date(2026, 3, 28, 22, 59, 0, 0, time.UTC) // a minute before midnight in Paris
@@ -221,6 +222,9 @@ func TestApplyPlansIsApply(t *testing.T) {
 			if l.Algorithm == drip.Concurrency {
 				r.Lease, r.Cost = leaseIDs[rng.IntN(len(leaseIDs))], float64(rng.IntN(2))
 			}
+			if rng.IntN(4) == 0 && l.Algorithm != drip.Concurrency {
+				r = chargeReq(r.Key, l, pl, r.Cost) // a settlement's charge: its debt bound
+			}
 			switch rng.IntN(40) {
 			case 0:
 				r.Cost = math.NaN()
@@ -236,10 +240,10 @@ func TestApplyPlansIsApply(t *testing.T) {
 		if rng.IntN(3) == 0 {
 			op = bucket.Refund
 		}
-		got := e.applyPlans(ctx, e.timeout, defaultBreaker, op, reqs, plans)
-		_, want := drip.Apply(ctx, viaApply, op, at, reqs...)
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("step %d, %v %v: error %v, drip.Apply's %v", step, op, l, got, want)
+		ds, got := e.applyPlans(ctx, e.timeout, defaultBreaker, op, reqs, plans)
+		m, want := drip.Apply(ctx, viaApply, op, at, reqs...)
+		if fmt.Sprint(got) != fmt.Sprint(want) || !slices.Equal(ds, m.Decisions) {
+			t.Fatalf("step %d, %v %v: %+v, error %v; drip.Apply's %+v, %v", step, op, l, ds, got, m.Decisions, want)
 		}
 		for _, r := range reqs {
 			if r.Key == "" {

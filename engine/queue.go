@@ -540,7 +540,7 @@ func (e *Engine) giveBack(ctx context.Context, timeout time.Duration, br rules.B
 	if len(reqs) == 0 {
 		return
 	}
-	if err := e.applyPlans(context.WithoutCancel(ctx), timeout, br, bucket.Refund, reqs, plans); err != nil {
+	if _, err := e.applyPlans(context.WithoutCancel(ctx), timeout, br, bucket.Refund, reqs, plans); err != nil {
 		e.logError("giving back a waiter's reservation", err)
 	}
 }
