@@ -189,18 +189,27 @@ func (e *Engine) freed(reqs []drip.Request) {
 // Its checks, their order, its errors and its decisions are
 // drip.Apply's.
 func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request, plans []*Plan) ([]drip.Decision, error) {
+	g := &guarded{e: e, timeout: timeout, br: br}
+	ds, err := applyPlansOn(ctx, g, op, e.at(), reqs, plans)
+	if err != nil && !g.asked {
+		e.refused(ctx, op, len(reqs), err)
+	}
+	if err == nil && op == bucket.Refund {
+		e.freed(reqs)
+	}
+	return ds, err
+}
+
+// applyPlansOn is drip.Apply of reqs on st at at, each request prepared
+// by its plan (preparePlans).
+func applyPlansOn(ctx context.Context, st store.Store, op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan) ([]drip.Decision, error) {
 	n := len(reqs)
 	items, res := make([]bucket.Prepared, n), make([]bucket.Result, n)
-	at := e.at()
 	if err := preparePlans(op, at, reqs, plans, items); err != nil {
-		e.refused(ctx, op, n, err)
 		return nil, err
 	}
-	if err := e.call(ctx, timeout, br, op, at, items, res); err != nil {
+	if err := st.Apply(ctx, op, at, items, res); err != nil {
 		return nil, err
-	}
-	if op == bucket.Refund {
-		e.freed(reqs)
 	}
 	ds := make([]drip.Decision, n)
 	for i := range res {
@@ -208,6 +217,17 @@ func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules
 		ds[i] = drip.DecisionOf(res[i], items[i].Params.Burst)
 	}
 	return ds, nil
+}
+
+// allAllowed reports whether every one of ds was allowed: a call of
+// several requests all applied (drip.Multi.Allowed).
+func allAllowed(ds []drip.Decision) bool {
+	for _, d := range ds {
+		if !d.Allowed {
+			return false
+		}
+	}
+	return true
 }
 
 // preparePlans prepares reqs into items under plans at at, as

@@ -150,7 +150,7 @@ func (out *Outcome) Release(ctx context.Context) error {
 		return nil
 	}
 	var remote, local []drip.Request
-	var plans []*Plan // remote's
+	var plans, lplans []*Plan // remote's, local's
 	now := out.eng.clock()
 	for i := range out.Applied {
 		a := &out.Applied[i]
@@ -160,7 +160,7 @@ func (out *Outcome) Release(ctx context.Context) error {
 		}
 		r := drip.Request{Key: a.Key, Limit: a.Limit, Lease: a.Lease}
 		if a.Local {
-			local = append(local, r)
+			local, lplans = append(local, r), append(lplans, a.plan())
 		} else {
 			remote, plans = append(remote, r), append(plans, a.plan())
 		}
@@ -175,7 +175,7 @@ func (out *Outcome) Release(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if len(local) > 0 {
-		_, err := drip.Apply(ctx, out.eng.localStore(), bucket.Refund, out.eng.at(), local...)
+		_, err := applyPlansOn(ctx, out.eng.localStore(), bucket.Refund, out.eng.at(), local, lplans)
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

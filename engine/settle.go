@@ -286,12 +286,10 @@ func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules
 		if err != nil {
 			return nil, nil, err
 		}
-		allowed := true
 		for j, i := range idx {
 			decs[i] = ds[j]
-			allowed = allowed && ds[j].Allowed
 		}
-		if allowed {
+		if allAllowed(ds) {
 			for j, i := range idx {
 				charged[i] = reqs[j].Cost
 			}
