@@ -204,7 +204,9 @@ func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules
 // by its plan (preparePlans).
 func applyPlansOn(ctx context.Context, st store.Store, op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan) ([]drip.Decision, error) {
 	n := len(reqs)
-	items, res := make([]bucket.Prepared, n), make([]bucket.Result, n)
+	sc := scratches.Get().(*scratch) // step's memory: the same sizes
+	defer sc.free()
+	items, res := sc.sized(n)
 	if err := preparePlans(op, at, reqs, plans, items); err != nil {
 		return nil, err
 	}
