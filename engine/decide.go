@@ -300,12 +300,13 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 	}
 	loc := make([]Applied, len(idx))
 	lreqs := make([]drip.Request, len(idx))
+	plans := make([]*Plan, len(idx))
 	for j, i := range idx {
 		a := enf[i]
 		a.Limit, a.Plan = a.plan().localOf(a.Rule.Name, a.Limit, a.Rule.LocalShare)
 		a.never = unknown // a new limit: its own verdict
 		loc[j] = a
-		lreqs[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
+		lreqs[j], plans[j] = drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}, a.Plan
 	}
 	for j := range loc {
 		if loc[j].Never() {
@@ -318,7 +319,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 			return
 		}
 	}
-	m, err := drip.Apply(ctx, local, bucket.Take, e.at(), lreqs...)
+	ds, err := applyPlansOn(ctx, local, bucket.Take, e.at(), lreqs, plans)
 	if err != nil { // cannot happen with validated rules; fail open
 		e.logError("local fallback", err)
 		for j := range loc {
@@ -327,7 +328,7 @@ func (e *Engine) fail(ctx context.Context, out *Outcome, enf []Applied) {
 		copyBack(enf, idx, loc)
 		return
 	}
-	settle(out, loc, m.Allowed, true, func(i int) drip.Decision { return m.Decisions[i] })
+	settle(out, loc, allAllowed(ds), true, func(i int) drip.Decision { return ds[i] })
 	copyBack(enf, idx, loc)
 }
 

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,13 +167,92 @@ func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Brea
 		e.refused(ctx, op, len(reqs), err)
 	}
 	if err == nil && op == bucket.Refund {
-		for _, r := range reqs {
-			if r.Lease != "" {
-				e.queues.released(r.Key) // a slot is free: the first waiting for it asks
-			}
-		}
+		e.freed(reqs)
 	}
 	return m, err
+}
+
+// freed tells the queues of the leases among reqs, refunded: a slot is
+// free, the first waiting for it asks.
+func (e *Engine) freed(reqs []drip.Request) {
+	for _, r := range reqs {
+		if r.Lease != "" {
+			e.queues.released(r.Key)
+		}
+	}
+}
+
+// applyPlans is apply for requests the engine holds the plans of
+// (plans[i] is reqs[i].Limit's but for its MaxReserved, a charge's debt
+// bound): each prepared by its plan (Plan.prepare), a keyed or calendar
+// window placed there, not through drip.Apply and its cache of params.
+// Its checks, their order, its errors and its decisions are
+// drip.Apply's.
+func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request, plans []*Plan) ([]drip.Decision, error) {
+	g := &guarded{e: e, timeout: timeout, br: br}
+	ds, err := applyPlansOn(ctx, g, op, e.at(), reqs, plans)
+	if err != nil && !g.asked {
+		e.refused(ctx, op, len(reqs), err)
+	}
+	if err == nil && op == bucket.Refund {
+		e.freed(reqs)
+	}
+	return ds, err
+}
+
+// applyPlansOn is drip.Apply of reqs on st at at, each request prepared
+// by its plan (preparePlans).
+func applyPlansOn(ctx context.Context, st store.Store, op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan) ([]drip.Decision, error) {
+	n := len(reqs)
+	sc := scratches.Get().(*scratch) // step's memory: the same sizes
+	defer sc.free()
+	items, res := sc.sized(n)
+	if err := preparePlans(op, at, reqs, plans, items); err != nil {
+		return nil, err
+	}
+	if err := st.Apply(ctx, op, at, items, res); err != nil {
+		return nil, err
+	}
+	ds := make([]drip.Decision, n)
+	for i := range res {
+		plans[i].hints(&res[i], &items[i].Params, at)
+		ds[i] = drip.DecisionOf(res[i], items[i].Params.Burst)
+	}
+	return ds, nil
+}
+
+// allAllowed reports whether every one of ds was allowed: a call of
+// several requests all applied (drip.Multi.Allowed).
+func allAllowed(ds []drip.Decision) bool {
+	for _, d := range ds {
+		if !d.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// preparePlans prepares reqs into items under plans at at, as
+// drip.Apply checks them, each with its request's debt bound
+// (Limit.MaxReserved; none: the most drip takes).
+func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan, items []bucket.Prepared) error {
+	for i := range reqs {
+		r, pl := &reqs[i], plans[i]
+		q := pl.params
+		q.MaxReserved = int64(math.Round(store.MaxAmount * bucket.Micro))
+		if r.Limit.MaxReserved > 0 {
+			q.MaxReserved = int64(math.Round(r.Limit.MaxReserved * bucket.Micro))
+		}
+		c, err := store.Cost(op, r.Cost, r.Reserve, q)
+		if err := pl.prepare(&items[i], op, r.Key, at, c, err, r.Reserve, r.Lease); err != nil {
+			if len(reqs) > 1 {
+				return fmt.Errorf("requests[%d]: %w", i, err)
+			}
+			return err
+		}
+		items[i].Params.MaxReserved = q.MaxReserved
+	}
+	return store.CheckDistinct(items)
 }
 
 // guarded is the engine's store seen through call: what drip.Apply hands

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/sfv"
 	"github.com/driplimit/drip/rules"
@@ -207,5 +209,65 @@ func TestAppliedOrder(t *testing.T) {
 	}
 	if got := strings.Join(names, " "); got != "e1 e2 e3 s1 s2 s3" {
 		t.Errorf("applied %s, want e1 e2 e3 s1 s2 s3", got)
+	}
+}
+
+// TestLocalWindows: the local fallback places a fixed window without
+// start by its key and a calendar window by the decision's time, as
+// drip.Apply does with the same (shared) limit: the same decisions
+// across the windows' ends (midnight in Paris among them), with slots
+// released.
+func TestLocalWindows(t *testing.T) {
+	set, err := rules.Parse([]byte(`{"rules": [
+	  {"name": "keyed", "limit_keys": ["global"], "algorithm": "fixed_window", "on_error": "local", "local_share": 0.5,
+	   "algorithm_config": {"rate": 6, "period": "10s"}},
+	  {"name": "day", "limit_keys": ["global"], "algorithm": "fixed_window", "on_error": "local", "local_share": 0.5,
+	   "algorithm_config": {"rate": 8, "period": "day", "time_zone": "Europe/Paris"}},
+	  {"name": "slots", "limit_keys": ["global"], "algorithm": "concurrency", "on_error": "local", "local_share": 1,
+	   "algorithm_config": {"max_in_flight": 2, "lease_ttl": "1m"}}]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 3, 28, 22, 59, 0, 0, time.UTC) // a minute before midnight in Paris
+	e := engine.New(down{}, engine.WithClock(func() time.Time { return now }), engine.WithLogger(slog.New(slog.DiscardHandler)), withLocal)
+	defer e.Close()
+	rs := e.Compile(set)
+	ref := memstore.New(memstore.WithSweep(0))
+	defer ref.Close()
+	for i := range 60 {
+		now = now.Add(1700 * time.Millisecond)
+		out := e.Decide(context.Background(), rs, values{})
+		var reqs, held []drip.Request
+		var as []engine.Applied
+		for _, a := range out.Applied {
+			if a.Local && a.Decided {
+				r := drip.Request{Key: a.Key, Limit: a.Limit, Cost: a.Cost, Lease: a.Lease}
+				reqs, as = append(reqs, r), append(as, a)
+				if a.Lease != "" {
+					held = append(held, r)
+				}
+			}
+		}
+		m, err := drip.Apply(context.Background(), ref, bucket.Take, now, reqs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, a := range as {
+			// A take that was allowed but not applied (another was
+			// denied) reports its bucket as it is (beforeTake).
+			if (m.Allowed || !m.Decisions[j].Allowed) && m.Decisions[j] != a.Decision {
+				t.Fatalf("request %d, %s: %+v; drip.Apply's %+v", i, a.Rule.Name, a.Decision, m.Decisions[j])
+			}
+		}
+		if i%2 == 0 && m.Allowed && len(held) > 0 {
+			if _, err := drip.Apply(context.Background(), ref, bucket.Refund, now, held...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%2 == 0 {
+			if err := out.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

@@ -318,7 +318,11 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 	if len(reqs) == 0 {
 		return nil
 	}
-	decs, charged, err := e.chargeReqs(ctx, e.timeout, defaultBreaker, reqs)
+	plans := make([]*Plan, len(firsts))
+	for j, it := range firsts {
+		plans[j] = it.plan()
+	}
+	decs, charged, err := e.chargeReqs(ctx, e.timeout, defaultBreaker, reqs, plans)
 	if err != nil {
 		return err
 	}

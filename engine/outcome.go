@@ -150,6 +150,7 @@ func (out *Outcome) Release(ctx context.Context) error {
 		return nil
 	}
 	var remote, local []drip.Request
+	var plans, lplans []*Plan // remote's, local's
 	now := out.eng.clock()
 	for i := range out.Applied {
 		a := &out.Applied[i]
@@ -159,9 +160,9 @@ func (out *Outcome) Release(ctx context.Context) error {
 		}
 		r := drip.Request{Key: a.Key, Limit: a.Limit, Lease: a.Lease}
 		if a.Local {
-			local = append(local, r)
+			local, lplans = append(local, r), append(lplans, a.plan())
 		} else {
-			remote = append(remote, r)
+			remote, plans = append(remote, r), append(plans, a.plan())
 		}
 	}
 	if len(remote) == 0 && len(local) == 0 {
@@ -170,11 +171,11 @@ func (out *Outcome) Release(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	if len(remote) > 0 {
-		_, err := out.eng.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, remote)
+		_, err := out.eng.applyPlans(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, remote, plans)
 		errs = append(errs, err)
 	}
 	if len(local) > 0 {
-		_, err := drip.Apply(ctx, out.eng.localStore(), bucket.Refund, out.eng.at(), local...)
+		_, err := applyPlansOn(ctx, out.eng.localStore(), bucket.Refund, out.eng.at(), local, lplans)
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -3,8 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,27 +25,9 @@ import (
 // the time (a calendar window), and for items of one key whose costs add
 // up past the burst.
 func TestPlanIsApply(t *testing.T) {
-	paris, err := time.LoadLocation("Europe/Paris")
-	if err != nil {
-		t.Fatal(err)
-	}
-	limits := []drip.Limit{
-		drip.PerSecond(10).WithBurst(20),
-		drip.Per(3, time.Minute).WithRefill(drip.Interval),
-		drip.Per(5, time.Second).Window(),
-		{Algorithm: drip.FixedWindow, Rate: 5, Period: 7 * time.Second, Start: 3 * time.Second},
-		{Algorithm: drip.SlidingWindow, Rate: 6, Period: 10 * time.Second, Slots: 5},
-		{Algorithm: drip.FixedWindow, Rate: 40, Calendar: "day", Location: paris},
-		drip.InFlight(3, 5*time.Second),
-	}
-	ctx := context.Background()
-	rng := rand.New(rand.NewPCG(26, 1))
+	limits, ctx, rng := planLimits(t), context.Background(), rand.New(rand.NewPCG(26, 1))
 	at := time.Date(2026, 3, 28, 22, 59, 0, 0, time.UTC) // a minute before midnight in Paris
-	viaPlan, viaApply := memstore.New(memstore.WithSweep(0)), memstore.New(memstore.WithSweep(0))
-	defer viaPlan.Close()
-	defer viaApply.Close()
-	e := New(viaPlan, WithClock(func() time.Time { return at }))
-	defer e.Close()
+	e, _, viaApply := twoStores(t, &at)
 	leaseIDs := []string{store.NewLeaseID(), store.NewLeaseID(), store.NewLeaseID(), store.NewLeaseID()}
 	for step := range 3000 {
 		at = at.Add(time.Duration(rng.IntN(90)) * time.Millisecond)
@@ -105,6 +89,33 @@ func TestPlanIsApply(t *testing.T) {
 			}
 		}
 	}
+}
+
+// planLimits are a limit of every kind, a keyed and a calendar window
+// among them.
+func planLimits(t *testing.T) []drip.Limit {
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []drip.Limit{
+		drip.PerSecond(10).WithBurst(20),
+		drip.Per(3, time.Minute).WithRefill(drip.Interval),
+		drip.Per(5, time.Second).Window(),
+		{Algorithm: drip.FixedWindow, Rate: 5, Period: 7 * time.Second, Start: 3 * time.Second},
+		{Algorithm: drip.SlidingWindow, Rate: 6, Period: 10 * time.Second, Slots: 5},
+		{Algorithm: drip.FixedWindow, Rate: 40, Calendar: "day", Location: paris},
+		drip.InFlight(3, 5*time.Second),
+	}
+}
+
+// twoStores is an engine on a memory store (viaPlan) at the time *at,
+// and a second memory store to compare it with (viaApply).
+func twoStores(t *testing.T, at *time.Time) (e *Engine, viaPlan, viaApply *memstore.Store) {
+	viaPlan, viaApply = memstore.New(memstore.WithSweep(0)), memstore.New(memstore.WithSweep(0))
+	e = New(viaPlan, WithClock(func() time.Time { return *at }))
+	t.Cleanup(func() { e.Close(); viaPlan.Close(); viaApply.Close() })
+	return e, viaPlan, viaApply
 }
 
 // opOf is the op step is asked for: a refund, else a take.
@@ -186,6 +197,64 @@ func TestPlacedWindowsAllocate(t *testing.T) {
 	} {
 		if got := allocs(l); got > base {
 			t.Errorf("%v: %v allocations a decision, a token bucket's %v", l, got, base)
+		}
+	}
+}
+
+// TestApplyPlansIsApply holds applyPlans, the engine's give-backs and
+// charges prepared by each request's plan, to drip.Apply: the same
+// errors, decisions and buckets after, for every kind of limit, a keyed
+// and a calendar window among them, with a charge's debt bound, a bad
+// cost or two requests of one key now and then.
+func TestApplyPlansIsApply(t *testing.T) {
+	limits, ctx, rng := planLimits(t), context.Background(), rand.New(rand.NewPCG(37, 3))
+	at := time.Date(2026, 3, 28, 22, 59, 0, 0, time.UTC) // a minute before midnight in Paris
+	e, viaPlan, viaApply := twoStores(t, &at)
+	leaseIDs := []string{store.NewLeaseID(), store.NewLeaseID()}
+	for step := range 2000 {
+		at = at.Add(time.Duration(rng.IntN(90)) * time.Millisecond)
+		l := limits[rng.IntN(len(limits))]
+		pl := PlanOf("", l)
+		var reqs []drip.Request
+		var plans []*Plan
+		for _, k := range []string{"a", "b", "c"}[:1+rng.IntN(3)] {
+			r := drip.Request{Key: l.String() + "/" + k, Limit: l, Cost: float64(rng.IntN(30)) / 4}
+			if l.Algorithm == drip.Concurrency {
+				r.Lease, r.Cost = leaseIDs[rng.IntN(len(leaseIDs))], float64(rng.IntN(2))
+			}
+			if rng.IntN(4) == 0 && l.Algorithm != drip.Concurrency {
+				r = chargeReq(r.Key, l, pl, r.Cost) // a settlement's charge: its debt bound
+			}
+			switch rng.IntN(40) {
+			case 0:
+				r.Cost = math.NaN()
+			case 1:
+				r.Key = "" // a bad key
+			}
+			reqs, plans = append(reqs, r), append(plans, pl)
+		}
+		if rng.IntN(40) == 0 {
+			reqs, plans = append(reqs, reqs[0]), append(plans, pl)
+		}
+		op := bucket.Take
+		if rng.IntN(3) == 0 {
+			op = bucket.Refund
+		}
+		ds, got := e.applyPlans(ctx, e.timeout, defaultBreaker, op, reqs, plans)
+		m, want := drip.Apply(ctx, viaApply, op, at, reqs...)
+		if fmt.Sprint(got) != fmt.Sprint(want) || !slices.Equal(ds, m.Decisions) {
+			t.Fatalf("step %d, %v %v: %+v, error %v; drip.Apply's %+v, %v", step, op, l, ds, got, m.Decisions, want)
+		}
+		for _, r := range reqs {
+			if r.Key == "" {
+				continue
+			}
+			peek := drip.Request{Key: r.Key, Limit: l}
+			g, err1 := drip.Apply(ctx, viaPlan, bucket.Peek, at, peek)
+			w, err2 := drip.Apply(ctx, viaApply, bucket.Peek, at, peek)
+			if err1 != nil || err2 != nil || g.Decisions[0] != w.Decisions[0] {
+				t.Fatalf("step %d, %v %v, key %s: %+v (%v), drip.Apply's %+v (%v)", step, op, l, r.Key, g, err1, w, err2)
+			}
 		}
 	}
 }

@@ -523,6 +523,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // its own.
 func (e *Engine) giveBack(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item) {
 	var reqs []drip.Request
+	var plans []*Plan
 	for _, it := range items {
 		if it.kind() != enforceItems || !it.Changed {
 			continue
@@ -533,13 +534,13 @@ func (e *Engine) giveBack(ctx context.Context, timeout time.Duration, br rules.B
 		} else {
 			it.Decision.Allowed = false
 		}
-		reqs = append(reqs, r)
+		reqs, plans = append(reqs, r), append(plans, it.plan())
 		it.Changed = false
 	}
 	if len(reqs) == 0 {
 		return
 	}
-	if _, err := e.apply(context.WithoutCancel(ctx), timeout, br, bucket.Refund, reqs); err != nil {
+	if _, err := e.applyPlans(context.WithoutCancel(ctx), timeout, br, bucket.Refund, reqs, plans); err != nil {
 		e.logError("giving back a waiter's reservation", err)
 	}
 }

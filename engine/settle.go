@@ -134,6 +134,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	e := out.eng
 	var charges, refunds []drip.Request
 	var charged, refunded []*Applied
+	var plans []*Plan // refunds'
 	var asked []float64
 	for i := range out.Applied {
 		a := &out.Applied[i]
@@ -176,6 +177,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 			charged, asked = append(charged, a), append(asked, delta)
 		case delta < 0:
 			refunds = append(refunds, drip.Request{Key: a.Key, Limit: a.Limit, Cost: -delta})
+			plans = append(plans, a.plan())
 			refunded = append(refunded, a)
 		default:
 			e.spent(a, a.Cost)
@@ -184,7 +186,7 @@ func (out *Outcome) Settle(ctx context.Context, resp Response) error {
 	}
 	var errs []error
 	if len(refunds) > 0 {
-		_, err := e.apply(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, refunds)
+		_, err := e.applyPlans(ctx, out.rs.timeout, out.rs.breaker, bucket.Refund, refunds, plans)
 		if err == nil {
 			for i, a := range refunded {
 				e.spent(a, a.Cost-refunds[i].Cost)
@@ -222,7 +224,11 @@ func reported(resp Response, src *rules.ResponseSource) (float64, bool) {
 // (asked: what each would have charged before the cap at the burst plus
 // the bound).
 func (out *Outcome) charge(ctx context.Context, reqs []drip.Request, asked []float64, as []*Applied) error {
-	_, charged, err := out.eng.chargeReqs(ctx, out.rs.timeout, out.rs.breaker, reqs)
+	plans := make([]*Plan, len(as))
+	for i, a := range as {
+		plans[i] = a.plan()
+	}
+	_, charged, err := out.eng.chargeReqs(ctx, out.rs.timeout, out.rs.breaker, reqs, plans)
 	if err != nil {
 		for _, a := range as {
 			out.eng.spent(a, a.Cost) // the estimate stands
@@ -268,7 +274,7 @@ func (e *Engine) charged(rule string, mode rules.Mode, charged, asked float64) {
 // at what its bound leaves (its tokens plus the bound), and forgives the
 // rest: charged[i] is what request i was charged (its cost, less, or 0);
 // decs are the bucket's decisions, the last asked of each.
-func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules.Breaker, reqs []drip.Request) (decs []drip.Decision, charged []float64, err error) {
+func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules.Breaker, reqs []drip.Request, plans []*Plan) (decs []drip.Decision, charged []float64, err error) {
 	decs, charged = make([]drip.Decision, len(reqs)), make([]float64, len(reqs))
 	idx := make([]int, len(reqs)) // reqs[j] is the request idx[j] of the caller
 	for i := range idx {
@@ -276,14 +282,14 @@ func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules
 	}
 	reqs = slices.Clone(reqs)
 	for try := 0; ; try++ {
-		m, err := e.apply(ctx, timeout, br, bucket.Take, reqs)
+		ds, err := e.applyPlans(ctx, timeout, br, bucket.Take, reqs, plans)
 		if err != nil {
 			return nil, nil, err
 		}
 		for j, i := range idx {
-			decs[i] = m.Decisions[j]
+			decs[i] = ds[j]
 		}
-		if m.Allowed {
+		if allAllowed(ds) {
 			for j, i := range idx {
 				charged[i] = reqs[j].Cost
 			}
@@ -298,8 +304,9 @@ func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules
 		// there is a bound (a window without debt is taken to 0).
 		var keep []drip.Request
 		var kept []int
+		var keptPlans []*Plan
 		for j, r := range reqs {
-			if d := m.Decisions[j]; !d.Allowed {
+			if d := ds[j]; !d.Allowed {
 				left := toMicro(d.Tokens) + toMicro(r.Limit.MaxReserved)
 				if r.Reserve {
 					left--
@@ -309,11 +316,11 @@ func (e *Engine) chargeReqs(ctx context.Context, timeout time.Duration, br rules
 				}
 				r.Cost = float64(left) / bucket.Micro
 			}
-			keep, kept = append(keep, r), append(kept, idx[j])
+			keep, kept, keptPlans = append(keep, r), append(kept, idx[j]), append(keptPlans, plans[j])
 		}
 		if len(keep) == 0 {
 			return decs, charged, nil
 		}
-		reqs, idx = keep, kept
+		reqs, idx, plans = keep, kept, keptPlans
 	}
 }

@@ -297,10 +297,7 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, sc *scratch) error {
 	reqs := sc.reqs
 	n := len(reqs)
-	if cap(sc.items) < n {
-		sc.items, sc.res = make([]bucket.Prepared, n), make([]bucket.Result, n)
-	}
-	items, res := sc.items[:n], sc.res[:n]
+	items, res := sc.sized(n)
 	at := e.at()
 	for j := range reqs {
 		r := &reqs[j]
@@ -350,6 +347,14 @@ type scratch struct {
 var scratches = sync.Pool{New: func() any {
 	return &scratch{reqs: make([]stepReq, 0, 4), items: make([]bucket.Prepared, 4), res: make([]bucket.Result, 4)}
 }}
+
+// sized is sc's items and results, n of each.
+func (sc *scratch) sized(n int) ([]bucket.Prepared, []bucket.Result) {
+	if cap(sc.items) < n {
+		sc.items, sc.res = make([]bucket.Prepared, n), make([]bucket.Result, n)
+	}
+	return sc.items[:n], sc.res[:n]
+}
 
 // free returns sc to the pool, holding no caller's items or strings.
 func (sc *scratch) free() {
