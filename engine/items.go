@@ -220,9 +220,48 @@ func (e *Engine) takeItems(ctx context.Context, timeout time.Duration, br rules.
 			it.Out, over = true, true
 		}
 		if !over {
+			if checks && takesSlot(items) {
+				return e.recheck(ctx, timeout, br, items)
+			}
 			return true, nil
 		}
 	}
+}
+
+// takesSlot reports whether the take holds a slot of a concurrency rule.
+func takesSlot(items []*Item) bool {
+	for _, it := range items {
+		if it.kind() == enforceItems && it.Changed && it.plan().algo.slots {
+			return true
+		}
+	}
+	return false
+}
+
+// recheck peeks the Check items again once the take holds its slots.
+// The first peek came before the slots: a request of the same key that
+// held them meanwhile may have settled its charge since (count_status),
+// and only a peek under the slot sees it. One over its limit now denies
+// the request: what was taken is given back, and each enforce item shows
+// its bucket as it is.
+func (e *Engine) recheck(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item) (bool, error) {
+	err := e.runItems(ctx, timeout, br, items, checkItems, true, false)
+	denied := err != nil
+	for _, it := range items {
+		if it.kind() == checkItems && it.Decided && !it.Decision.Allowed {
+			denied = true
+		}
+	}
+	if !denied {
+		return true, nil
+	}
+	e.giveBack(ctx, timeout, br, items)
+	for _, it := range items {
+		if it.kind() == enforceItems {
+			it.Decision.Allowed = true
+		}
+	}
+	return false, err
 }
 
 // shadowItems decides the Shadow items: taken, or peeked when peek (the
