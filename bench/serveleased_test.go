@@ -24,13 +24,19 @@ package bench
 // On a machine shared with other jobs decisions/s follow the share of the
 // CPU the process gets, and a run whose store is another process (Redis,
 // PostgreSQL) gets that process's share too: compare decisions/cpu-s.
+// runq-s/cpu-s is the time the process's threads waited for a CPU while
+// runnable, a second of CPU they got (Linux): how much of the machine
+// the other jobs kept from the process.
 
 import (
 	"bytes"
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -121,9 +127,10 @@ func BenchmarkServeLeased(b *testing.B) {
 						if be.cpu != nil {
 							server, cmds = be.cpu(b), redisCommands(b, redisOnce())
 						}
-						cpu := processCPU()
+						cpu, waited := processCPU(), runQueueWait()
 						run := serveLoad(b, c, urls, clients, body)
 						used := float64(processCPU()-cpu) / 1e9 // CPU seconds, this process's and the server's
+						b.ReportMetric(float64(runQueueWait()-waited)/1e9/used, "runq-s/cpu-s")
 						b.ReportMetric(used*1e6/run.n, "cpu-µs/decision")
 						if be.cpu != nil {
 							sv := be.cpu(b) - server
@@ -154,6 +161,25 @@ func BenchmarkServeLeased(b *testing.B) {
 			}
 		}
 	}
+}
+
+// runQueueWait is the time the process's threads have waited for a CPU
+// while runnable (the second field of each thread's schedstat, Linux
+// only; 0 elsewhere), in ns. Threads that ended are not counted.
+func runQueueWait() int64 {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	var sum int64
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(b)); len(f) >= 2 {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += n
+		}
+	}
+	return sum
 }
 
 // serveRun is a load's result: decisions (200s) a second, their p50 and
