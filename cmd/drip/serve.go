@@ -159,7 +159,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 		defer ls.Close() // before closeStore: it gives the blocks back
 		store = ls
-		c.Collectors = append(c.Collectors, leasedCollector{ls}, byRule.blocks, byRule.tokens)
+		c.Collectors = append(c.Collectors, leasedCollector{ls}, byRule)
 	}
 	s, err := server.New(c, store)
 	if err != nil {
