@@ -10,6 +10,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -648,7 +649,7 @@ func TestUpstreamOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	var heard []string
-	svc := NewService(memstore.New(), cfg, WithObserver(observerFunc(func(limit string, shadow bool, outcome string) {
+	svc := NewService(memstore.New(), cfg, engine.WithObserver(observerFunc(func(limit string, shadow bool, outcome string) {
 		heard = append(heard, limit)
 	})))
 	for _, tc := range []struct {
