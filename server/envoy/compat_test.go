@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -583,7 +585,7 @@ func TestUpstreamCompatibility(t *testing.T) {
 			t.Errorf("%s: loaded, want rejected", c.name)
 			continue
 		case !c.loads:
-			if _, ok := err.(*Error); !ok {
+			if re := (*rules.Error)(nil); !errors.As(err, &re) {
 				t.Errorf("%s: error %T, want *Error", c.name, err)
 				continue
 			}
