@@ -30,9 +30,16 @@ const node = "envoy-ratelimit"
 // returns it; it stops when the test ends.
 func follow(t *testing.T, srv *xdstest.Server, svc *envoy.Service, applied *atomic.Int64) *xds.Client {
 	t.Helper()
-	c, err := xds.New(xds.Config{Server: srv.Addr, NodeID: node,
-		Backoff: xds.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
-		Logger:  slog.New(slog.NewTextHandler(t.Output(), nil))},
+	return followConfig(t, xds.Config{Server: srv.Addr, NodeID: node,
+		Backoff: xds.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}}, svc, applied)
+}
+
+// followConfig is follow with the client's Config (its Logger: the
+// test's output).
+func followConfig(t *testing.T, cfg xds.Config, svc *envoy.Service, applied *atomic.Int64) *xds.Client {
+	t.Helper()
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	c, err := xds.New(cfg,
 		func(_ string, files []envoy.File) error {
 			cfg, err := envoy.ParseWith(envoy.Options{}, files...)
 			if err != nil {
