@@ -40,14 +40,14 @@ func switchAlgos() []switchAlgo {
 	}
 }
 
-// RunSwitch moves one key from each kind of limit to each other one and
-// back (a rules reload that changes a rule's algorithm): take under A,
-// peek and take under B, take under A again. It holds every answer to the
-// rule of docs/semantics.md, "When a limit changes": a state of the same
-// shape is kept (its tokens carry over); a state of another shape counts
-// as none (the key starts afresh) and the next write replaces it; never an
-// error. Every take is made alone, then, for a store that takes several
-// keys in one call, in a multi-take beside a key of its own.
+// RunSwitch moves one key between every two kinds of limit, both ways,
+// as a rules reload that changes a rule's algorithm does. It takes under
+// A, peeks and takes under B, then takes under A again. Each answer is
+// held to docs/semantics.md, "When a limit changes". A state of the same
+// shape is kept: its tokens carry over. A state of another shape counts
+// as none: the key starts afresh, and the next write replaces it. No
+// answer is an error. Every take is made alone, then in a multi-take
+// beside a key of its own, unless the store splits keys.
 func RunSwitch(t *testing.T, newStore NewStore) {
 	st := newStore(t)
 	c := ctx(t)
