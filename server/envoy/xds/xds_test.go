@@ -16,6 +16,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/server/envoy"
 	"github.com/driplimit/drip/server/envoy/xds"
@@ -85,7 +86,7 @@ func code(t *testing.T, svc *envoy.Service, req *rlsv3.RateLimitRequest) rlsv3.R
 func TestSnapshotsUnderLoad(t *testing.T) {
 	srv := xdstest.Start(t, nil)
 	ck := testclock.At(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	svc := envoy.NewService(memstore.New(), nil, envoy.WithClock(ck.Now))
+	svc := envoy.NewService(memstore.New(), nil, engine.WithClock(ck.Now))
 	// v1: 2 a minute on path=/a; nothing on /b.
 	srv.Push(t, node, "v1", xdstest.Config("api", "gw", xdstest.Limit("path", "/a", 2, rlconfv3.RateLimitUnit_MINUTE)))
 	c := follow(t, srv, svc, nil)
