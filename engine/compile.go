@@ -35,11 +35,13 @@ type Plan struct {
 	fill   time.Duration // how long it takes to fill from empty (w)
 	algo   algo          // what its algorithm means for the engine
 	// keyed: a fixed window without Start, whose grid its key's hash
-	// places; cal: a calendar window, placed by the decision's time.
-	// paramsAt resolves both at each decision.
+	// places; dated: a calendar window (cal), placed by the decision's
+	// time. paramsAt resolves both at each decision.
 	keyed  bool
-	cal    *calendar.Period
-	leased bool // its requests carry the leased mark (drip.Limit.Leased)
+	dated  bool
+	cal    calendar.Period
+	leased bool  // its requests carry the leased mark (drip.Limit.Leased)
+	err    error // what is wrong with the limit (drip.Limit.Validate): its requests are refused with it
 
 	local atomic.Pointer[localPlan] // the local fallback's, made at first need
 }
@@ -52,31 +54,39 @@ type localPlan struct {
 }
 
 // PlanOf compiles limit l of a rule (or a door's limit) called name.
-// A limit that is not valid allows nothing.
+// A limit that is not valid allows nothing, and a request of it is
+// refused with what is wrong with it.
 func PlanOf(name string, l drip.Limit) *Plan {
-	p, err := l.Params("") // its burst does not depend on a key
-	pl := &Plan{params: p, algo: algoOf(&l), leased: l.Leased}
+	pl := new(Plan)
+	pl.compile(&l)
+	pl.policy, pl.name = policyItem(name, pl), sfv.String(name)
+	return pl
+}
+
+// compile makes p the plan of l, but for its rendering (policy, name):
+// what a store call needs. The local fallback's plan stays unmade.
+func (p *Plan) compile(l *drip.Limit) {
+	q, err := l.Params("") // its burst does not depend on a key
+	*p = Plan{params: q, algo: algoOf(l), leased: l.Leased, err: err}
 	switch {
-	case p.Kind == bucket.Calendar:
+	case q.Kind == bucket.Calendar:
 		u, _ := calendar.ParseUnit(l.Calendar) // valid
-		pl.cal = &calendar.Period{Unit: u, Loc: l.Location}
-	case p.Kind == bucket.Window:
-		pl.keyed = l.Start == 0
+		p.dated, p.cal = true, calendar.Period{Unit: u, Loc: l.Location}
+	case q.Kind == bucket.Window:
+		p.keyed = l.Start == 0
 	}
 	switch {
-	case pl.algo.slots:
-		pl.burst = float64(l.MaxInFlight)
+	case p.algo.slots:
+		p.burst = float64(l.MaxInFlight)
 	case err == nil:
-		pl.burst = float64(p.Burst) / bucket.Micro
+		p.burst = float64(q.Burst) / bucket.Micro
 	}
 	// The headers' quota is a whole number: the burst rounded down, which
 	// never promises more than the limit holds.
-	pl.quota = int64(math.Floor(pl.burst))
-	if err == nil && !pl.algo.slots { // slots have no window
-		pl.fill = p.Until(bucket.State{}, p.Burst, 0)
+	p.quota = int64(math.Floor(p.burst))
+	if err == nil && !p.algo.slots { // slots have no window
+		p.fill = q.Until(bucket.State{}, q.Burst, 0)
 	}
-	pl.policy, pl.name = policyItem(name, pl), sfv.String(name)
-	return pl
 }
 
 // paramsAt is the plan's params for a decision on key at at (zero: now):
@@ -87,7 +97,7 @@ func (p *Plan) paramsAt(key string, at time.Time) bucket.Params {
 	switch {
 	case p.keyed:
 		q.Start = int64(store.WindowStart(key, time.Duration(q.Period))) % q.Period
-	case p.cal != nil:
+	case p.dated:
 		if at.IsZero() {
 			at = time.Now()
 		}
@@ -101,7 +111,7 @@ func (p *Plan) paramsAt(key string, at time.Time) bucket.Params {
 // params placed for key and at, its leased mark the plan's.
 func (p *Plan) prepare(it *bucket.Prepared, op bucket.Op, key string, at time.Time, c int64, err error, reserve bool, lease string) error {
 	q := &p.params
-	if p.keyed || p.cal != nil {
+	if p.keyed || p.dated {
 		pk := p.paramsAt(key, at)
 		q = &pk
 	}
@@ -115,7 +125,7 @@ func (p *Plan) prepare(it *bucket.Prepared, op bucket.Op, key string, at time.Ti
 // hints puts the waits of r, decided under q (paramsAt's) at at, on a
 // calendar window's calendar.
 func (p *Plan) hints(r *bucket.Result, q *bucket.Params, at time.Time) {
-	if p.cal == nil {
+	if !p.dated {
 		return
 	}
 	if at.IsZero() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -342,6 +343,8 @@ type scratch struct {
 	reqs  []stepReq
 	items []bucket.Prepared
 	res   []bucket.Result
+	plans []*Plan // a call's plans (planned)
+	own   []Plan  // those compiled for the call
 }
 
 var scratches = sync.Pool{New: func() any {
@@ -356,10 +359,39 @@ func (sc *scratch) sized(n int) ([]bucket.Prepared, []bucket.Result) {
 	return sc.items[:n], sc.res[:n]
 }
 
-// free returns sc to the pool, holding no caller's items or strings.
+// planned is plans, a plan for each of reqs, with each one missing (nil,
+// or plans shorter than reqs) compiled into sc for this call: an inline
+// limit compiled once, without the rendering a rule's plan holds.
+func (sc *scratch) planned(reqs []drip.Request, plans []*Plan) []*Plan {
+	n := len(reqs)
+	if len(plans) >= n && !slices.Contains(plans[:n], nil) {
+		return plans[:n]
+	}
+	if cap(sc.own) < n {
+		sc.own = make([]Plan, n)
+	}
+	sc.plans = sc.plans[:0]
+	for i := range reqs {
+		var pl *Plan
+		if i < len(plans) {
+			pl = plans[i]
+		}
+		if pl == nil {
+			pl = &sc.own[i]
+			pl.compile(&reqs[i].Limit)
+		}
+		sc.plans = append(sc.plans, pl)
+	}
+	return sc.plans
+}
+
+// free returns sc to the pool, holding no caller's items, strings or
+// plans.
 func (sc *scratch) free() {
 	clear(sc.reqs[:cap(sc.reqs)])
 	clear(sc.items[:cap(sc.items)])
-	sc.reqs = sc.reqs[:0]
+	clear(sc.plans[:cap(sc.plans)])
+	clear(sc.own)
+	sc.reqs, sc.plans = sc.reqs[:0], sc.plans[:0]
 	scratches.Put(sc)
 }
