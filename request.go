@@ -58,8 +58,8 @@ func prepareOf(it *bucket.Prepared, op bucket.Op, key string, l *Limit, p *bucke
 	return err
 }
 
-// Apply performs op for the requests rs in one call of st, at the time at
-// (zero: the store's clock), after checking every request. It serves
+// Apply performs op for the requests rs in one call of st, at the time
+// at (zero: the store's clock). It checks every request first. It serves
 // Limiter.TakeMulti and callers that hold requests of several limits
 // (drip replay, drip simulate). A take of several requests is all or
 // nothing. Keys must be distinct. A bad request is an error, with its
