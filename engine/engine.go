@@ -275,7 +275,7 @@ func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan
 	for i := range reqs {
 		r, pl := &reqs[i], plans[i]
 		q := pl.params
-		q.MaxReserved = debtOf(&r.Limit, q.Kind)
+		q.MaxReserved = debtOf(&r.Limit, pl)
 		var c int64
 		err := pl.err // the limit's problem comes before the cost's
 		if err == nil {
@@ -292,12 +292,13 @@ func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan
 	return store.CheckDistinct(items)
 }
 
-// debtOf is the most debt, in fixed point, a request of limit l (of kind
-// k) may run up, as drip.Limit.Params holds it: l.MaxReserved, none
-// (the most drip takes) when zero, and zero where nothing is reserved.
-func debtOf(l *drip.Limit, k bucket.Kind) int64 {
+// debtOf is the most debt, in fixed point, a request of limit l may run
+// up under plan pl, as drip.Limit.Params holds it: l.MaxReserved, or
+// none (the most drip takes) when zero; zero where the plan's algorithm
+// reserves nothing (its own bound is zero: sliding windows, slots).
+func debtOf(l *drip.Limit, pl *Plan) int64 {
 	switch {
-	case k == bucket.Sliding || k == bucket.Concurrency:
+	case pl.params.MaxReserved == 0:
 		return 0
 	case l.MaxReserved > 0:
 		return int64(math.Round(l.MaxReserved * bucket.Micro))
