@@ -300,6 +300,9 @@ func (a *Applied) wait() time.Duration {
 // Amount formats a number of tokens for a problem's detail: an integer
 // when it is one, else a decimal (at most three decimal places, rounded
 // down).
+//
+// Deprecated: a front door's rendering, not the engine's; it is
+// internal/sfv.Number.
 func Amount(x float64) string { return sfv.Number(x) }
 
 // ruleField is an applied rule's RateLimit item. A concurrency limit has

@@ -172,6 +172,11 @@ func verdictOf(b bool) verdict {
 	return no
 }
 
+// Burst is the item's burst, as its plan holds it: the limit's burst in
+// drip's fixed point, its slots for a concurrency limit, 0 for a limit
+// that allows nothing.
+func (it *Item) Burst() float64 { return it.plan().burst }
+
 // plan is the item's Plan, compiled now if the door handed none.
 func (it *Item) plan() *Plan {
 	if it.Plan == nil {
