@@ -71,6 +71,9 @@ func (p *Prepared) Apply(ctx context.Context, op bucket.Op, idx []int) (drip.Mul
 	if idx == nil {
 		n = len(p.reqs)
 	}
+	if n == 0 {
+		return drip.Multi{}, store.ErrNoRequests
+	}
 	at := func(j int) int {
 		if idx == nil {
 			return j
@@ -88,9 +91,6 @@ func (p *Prepared) Apply(ctx context.Context, op bucket.Op, idx []int) (drip.Mul
 			q := pl.paramsAt(p.reqs[i].Key, now)
 			items[j].Params.Start, items[j].Params.Period = q.Start, q.Period
 		}
-	}
-	if n == 0 {
-		return drip.Multi{}, store.ErrNoRequests
 	}
 	if err := e.call(ctx, e.timeout, defaultBreaker, op, now, items, res); err != nil {
 		return drip.Multi{}, err
