@@ -63,29 +63,38 @@ func PlanOf(name string, l drip.Limit) *Plan {
 	return pl
 }
 
-// compile makes p the plan of l, but for its rendering (policy, name):
-// what a store call needs. The local fallback's plan stays unmade.
+// compile makes p the plan of l, but for its rendering (policy, name).
+// The local fallback's plan stays unmade.
 func (p *Plan) compile(l *drip.Limit) {
-	q, err := l.Params("") // its burst does not depend on a key
-	*p = Plan{params: q, algo: algoOf(l), leased: l.Leased, err: err}
-	switch {
-	case q.Kind == bucket.Calendar:
-		u, _ := calendar.ParseUnit(l.Calendar) // valid
-		p.dated, p.cal = true, calendar.Period{Unit: u, Loc: l.Location}
-	case q.Kind == bucket.Window:
-		p.keyed = l.Start == 0
-	}
+	p.compileCall(l)
+	p.algo = algoOf(l)
 	switch {
 	case p.algo.slots:
 		p.burst = float64(l.MaxInFlight)
-	case err == nil:
-		p.burst = float64(q.Burst) / bucket.Micro
+	case p.err == nil:
+		p.burst = float64(p.params.Burst) / bucket.Micro
 	}
 	// The headers' quota is a whole number: the burst rounded down, which
 	// never promises more than the limit holds.
 	p.quota = int64(math.Floor(p.burst))
-	if err == nil && !p.algo.slots { // slots have no window
-		p.fill = q.Until(bucket.State{}, q.Burst, 0)
+	if p.err == nil && !p.algo.slots { // slots have no window
+		p.fill = p.params.Until(bucket.State{}, p.params.Burst, 0)
+	}
+}
+
+// compileCall makes p the plan of l as far as one store call needs it
+// (prepare, hints): its params, where its window is placed, its leased
+// mark, and what is wrong with it. Engine.Apply compiles an inline
+// limit so.
+func (p *Plan) compileCall(l *drip.Limit) {
+	q, err := l.Params("") // its burst does not depend on a key
+	*p = Plan{params: q, leased: l.Leased, err: err}
+	switch q.Kind {
+	case bucket.Calendar:
+		u, _ := calendar.ParseUnit(l.Calendar) // valid
+		p.dated, p.cal = true, calendar.Period{Unit: u, Loc: l.Location}
+	case bucket.Window:
+		p.keyed = l.Start == 0
 	}
 }
 

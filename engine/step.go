@@ -355,7 +355,7 @@ type scratch struct {
 	items []bucket.Prepared
 	res   []bucket.Result
 	plans []*Plan // a call's plans (planned)
-	own   []Plan  // those compiled for the call
+	own   []Plan  // those compiled for the call: overwritten by the next, they hold no caller's strings
 }
 
 var scratches = sync.Pool{New: func() any {
@@ -372,7 +372,7 @@ func (sc *scratch) sized(n int) ([]bucket.Prepared, []bucket.Result) {
 
 // planned is plans, a plan for each of reqs, with each one missing (nil,
 // or plans shorter than reqs) compiled into sc for this call: an inline
-// limit compiled once, without the rendering a rule's plan holds.
+// limit compiled once, as far as the call needs (compileCall).
 func (sc *scratch) planned(reqs []drip.Request, plans []*Plan) []*Plan {
 	n := len(reqs)
 	if len(plans) >= n && !slices.Contains(plans[:n], nil) {
@@ -389,7 +389,7 @@ func (sc *scratch) planned(reqs []drip.Request, plans []*Plan) []*Plan {
 		}
 		if pl == nil {
 			pl = &sc.own[i]
-			pl.compile(&reqs[i].Limit)
+			pl.compileCall(&reqs[i].Limit)
 		}
 		sc.plans = append(sc.plans, pl)
 	}
@@ -401,8 +401,7 @@ func (sc *scratch) planned(reqs []drip.Request, plans []*Plan) []*Plan {
 func (sc *scratch) free() {
 	clear(sc.reqs[:cap(sc.reqs)])
 	clear(sc.items[:cap(sc.items)])
-	clear(sc.plans[:cap(sc.plans)])
-	clear(sc.own)
+	clear(sc.plans)
 	sc.reqs, sc.plans = sc.reqs[:0], sc.plans[:0]
 	scratches.Put(sc)
 }
