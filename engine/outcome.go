@@ -276,7 +276,7 @@ func policyItemFill(name string, p *Plan, fill time.Duration) string {
 // plan was compiled in.
 func (it *Item) policy() string {
 	p := it.plan()
-	if p.cal == nil || it.span <= 0 || time.Duration(it.span) == p.fill {
+	if !p.dated || it.span <= 0 || time.Duration(it.span) == p.fill {
 		return p.policy
 	}
 	return policyItemFill(p.name, p, time.Duration(it.span))

@@ -586,7 +586,7 @@ func TestQueueClassStores(t *testing.T) {
 			}
 			bucketKey, limit := first.Applied[0].Key, first.Applied[0].Limit
 			owed := func() float64 {
-				m, err := e.Apply(t.Context(), bucket.Peek, []drip.Request{{Key: bucketKey, Limit: limit}})
+				m, err := e.Apply(t.Context(), bucket.Peek, []drip.Request{{Key: bucketKey, Limit: limit}}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
