@@ -177,6 +177,24 @@ func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
 	return a
 }
 
+// adaptiveFound is the bucket of an adaptive rule's key when the engine
+// has one (its rule's overflow bucket when the set is full), unpinned;
+// nil when it has none.
+func (e *Engine) adaptiveFound(rule *rules.Rule, key string) *adaptive {
+	as := &e.adapt
+	as.mu.RLock()
+	a, ok := as.m[key]
+	if !ok && len(as.m) >= MaxAdaptiveKeys {
+		a, ok = as.m[rule.Name+"\x00overflow"]
+	}
+	as.mu.RUnlock()
+	if !ok || a.rule != rule.Name {
+		return nil
+	}
+	a.reconfigure(rule.Adaptive)
+	return a
+}
+
 // forgetIdle deletes the buckets no request holds, waits for or is
 // about to ask (pins), at most once per adaptiveSweep, so that keys a
 // client made up once do not fill the set for good. A key forgotten

@@ -176,3 +176,43 @@ func TestAdaptiveForgetsIdleKeys(t *testing.T) {
 		pinned.pins.Add(-1)
 	})
 }
+
+// TestSlotStatePinsNothing: the decision API's /v1/peek and a release of
+// a lease not held (SlotState) ask about a key and hold nothing. Before,
+// each asked left its key's bucket pinned for good, so peeks of 10,000
+// made-up keys filled the set for good and every new key afterwards
+// shared the rule's overflow bucket.
+func TestSlotStatePinsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := &rules.Adaptive{InitialLimit: 2, MinLimit: 1, MaxLimit: 4, Tolerance: 0.25, Smoothing: 0.5, Window: time.Second, DropStatus: rules.DefaultDropStatus}
+		rule := &rules.Rule{Name: "r", Adaptive: cfg}
+		e := &Engine{}
+		busy := e.adaptiveOf(rule, "r|busy")
+		start, ok, _ := busy.acquire(context.Background(), time.Now, rules.PriorityDefault, 1, 0, 1)
+		busy.pins.Add(-1)
+		if !ok {
+			t.Fatal("no slot for the first request")
+		}
+		if d := e.SlotState(rule, "r|busy"); d.Burst != 2 || d.Remaining != 1 {
+			t.Fatalf("SlotState of a busy key: %+v, want limit 2, 1 free", d)
+		}
+		for i := range MaxAdaptiveKeys + 10 {
+			if d := e.SlotState(rule, fmt.Sprintf("r|peek-%d", i)); d.Burst != 2 || d.Remaining != 2 {
+				t.Fatalf("SlotState of a new key: %+v, want limit 2, 2 free", d)
+			}
+		}
+		for i := 0; len(e.adapt.m) < MaxAdaptiveKeys; i++ { // idle keys, as requests leave them
+			e.adaptiveOf(rule, fmt.Sprintf("r|junk-%d", i)).pins.Add(-1)
+		}
+		time.Sleep(adaptiveSweep)
+		a := e.adaptiveOf(rule, "r|new")
+		a.pins.Add(-1)
+		if e.adapt.m["r|new"] != a {
+			t.Fatal("a new key shares the overflow bucket: the keys asked about stay pinned")
+		}
+		if e.adapt.m["r|busy"] != busy {
+			t.Fatal("a busy bucket was forgotten")
+		}
+		busy.release(start, time.Now(), false, true)
+	})
+}
