@@ -134,15 +134,7 @@ func TestAPIPriorityQueue(t *testing.T) {
 // and its lease then releases nothing.
 func TestHeldSlotExpires(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ms := memstore.New(memstore.WithSweep(0))
-		defer ms.Close()
-		e := engine.New(ms, engine.WithLogger(slog.New(slog.DiscardHandler)))
-		defer e.Close()
-		set, err := rules.Parse([]byte(`{"rules": [{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive"}]}`), "rules.json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, _ := set.Rule("up")
+		e, r := adaptiveEngine(t, `{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive"}`)
 		key := r.Key(nil)
 		slot, _, _ := e.AcquireSlot(t.Context(), r, key, rules.PriorityDefault, 0, 1)
 		var h heldSlots
@@ -194,16 +186,8 @@ func TestAPIPriorityReserve(t *testing.T) {
 // it as a failure (the limit shrank for callers that hung up).
 func TestAcquireSlotGone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ms := memstore.New(memstore.WithSweep(0))
-		defer ms.Close()
-		e := engine.New(ms, engine.WithLogger(slog.New(slog.DiscardHandler)))
-		defer e.Close()
-		set, err := rules.Parse([]byte(`{"rules": [{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive",
-		  "algorithm_config": {"initial_limit": 1, "min_limit": 1, "max_limit": 1}}]}`), "rules.json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, _ := set.Rule("up")
+		e, r := adaptiveEngine(t, `{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive",
+		  "algorithm_config": {"initial_limit": 1, "min_limit": 1, "max_limit": 1}}`)
 		key := r.Key(nil)
 		gone, cancel := context.WithCancel(t.Context())
 		cancel()
@@ -234,4 +218,23 @@ func TestAcquireSlotGone(t *testing.T) {
 			t.Errorf("after the waiter left: %d in flight, want 0", got)
 		}
 	})
+}
+
+// adaptiveEngine is an engine on the memory store, closed when the test
+// ends, and the rule "up" of rule (JSON), which it parses.
+func adaptiveEngine(t *testing.T, rule string) (*engine.Engine, *rules.Rule) {
+	t.Helper()
+	ms := memstore.New(memstore.WithSweep(0))
+	t.Cleanup(func() { ms.Close() })
+	e := engine.New(ms, engine.WithLogger(slog.New(slog.DiscardHandler)))
+	t.Cleanup(func() { e.Close() })
+	set, err := rules.Parse([]byte(`{"rules": [`+rule+`]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, ok := set.Rule("up")
+	if !ok {
+		t.Fatal("no rule up")
+	}
+	return e, r
 }
