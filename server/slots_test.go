@@ -89,6 +89,8 @@ func TestAPIAdaptive(t *testing.T) {
 		{"/v1/acquire", `{` + rule + `, "priority": "` + strings.Repeat("9", 100) + `"}`, "priority"},
 		{"/v1/acquire", `{` + rule + `, "priority": ["batch"]}`, "priority"},
 		{"/v1/release", `{` + rule + `}`, "lease"},
+		{"/v1/release", `{` + rule + `, "lease": "` + strings.Repeat("x", 65) + `"}`, "lease"},
+		{"/v1/release", `{` + rule + `, "lease": "a b"}`, "lease"},
 	} {
 		if code, out := post(t, srv.base+c.path, c.body); code != 400 || !strings.Contains(out, c.want) {
 			t.Errorf("%s %s: %d %s, want 400 saying %q", c.path, c.body, code, out, c.want)
