@@ -604,10 +604,11 @@ func (a *adaptive) state(allowed bool) (drip.Decision, *Plan) {
 }
 
 // releaseSlot gives back an adaptive rule's slot when the request ends,
-// learning from it: it took from since to now, and dropped or not.
-func (a *Applied) releaseSlot(now time.Time, dropped bool) {
+// learning from it when learn: it took from since to now, and dropped or
+// not.
+func (a *Applied) releaseSlot(now time.Time, dropped, learn bool) {
 	if a.slot != nil {
-		a.slot.release(a.since, now, dropped, true)
+		a.slot.release(a.since, now, dropped, learn)
 		a.slot = nil
 	}
 }

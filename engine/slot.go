@@ -59,7 +59,7 @@ func (e *Engine) AcquireSlot(ctx context.Context, rule *rules.Rule, key string, 
 // not. Only the first call counts.
 // It returns the bucket as it is then.
 func (s *Slot) Release(dropped bool) drip.Decision {
-	s.once.Do(func() { s.a.releaseSlot(s.e.clock(), dropped) })
+	s.once.Do(func() { s.a.releaseSlot(s.e.clock(), dropped, true) })
 	d, _ := s.b.state(true)
 	return d
 }
