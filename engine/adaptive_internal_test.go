@@ -184,9 +184,7 @@ func TestAdaptiveForgetsIdleKeys(t *testing.T) {
 // shared the rule's overflow bucket.
 func TestSlotStatePinsNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := &rules.Adaptive{InitialLimit: 2, MinLimit: 1, MaxLimit: 4, Tolerance: 0.25, Smoothing: 0.5, Window: time.Second, DropStatus: rules.DefaultDropStatus}
-		rule := &rules.Rule{Name: "r", Adaptive: cfg}
-		e := &Engine{}
+		rule, e := adaptiveRule(2, 4), &Engine{}
 		busy := e.adaptiveOf(rule, "r|busy")
 		start, ok, _ := busy.acquire(context.Background(), time.Now, rules.PriorityDefault, 1, 0, 1)
 		busy.pins.Add(-1)
@@ -215,4 +213,76 @@ func TestSlotStatePinsNothing(t *testing.T) {
 		}
 		busy.release(start, time.Now(), false, true)
 	})
+}
+
+// TestAdaptiveQueueByRule: max_queue bounds the waiters of an adaptive
+// rule in all its buckets, as rules.md says of every queue, not those of
+// each key: a client that makes up keys gets no queue of its own for
+// each. A higher class still takes the place of a lower one in its
+// bucket when the rule's queue is full.
+func TestAdaptiveQueueByRule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule, e, ctx := adaptiveRule(1, 1), &Engine{}, context.Background()
+		type result struct {
+			key string
+			ok  bool
+		}
+		got := make(chan result, 10)
+		var held []*adaptive
+		for _, key := range []string{"r|a", "r|b", "r|c"} {
+			b := e.adaptiveOf(rule, key)
+			if _, ok, _ := b.acquire(ctx, time.Now, rules.PriorityDefault, 1, 0, 2); !ok {
+				t.Fatalf("no slot for the first request of %s", key)
+			}
+			b.pins.Add(-1)
+			held = append(held, b)
+		}
+		wait := func(key string, class int) {
+			b := e.adaptiveOf(rule, key)
+			go func() {
+				_, ok, _ := b.acquire(ctx, time.Now, class, 1, time.Minute, 2)
+				b.pins.Add(-1)
+				got <- result{key, ok}
+			}()
+			synctest.Wait()
+		}
+		wait("r|a", rules.PriorityDefault)
+		wait("r|b", rules.PriorityBatch) // the rule's queue of 2 is full
+		wait("r|c", rules.PriorityDefault)
+		if r := <-got; r != (result{"r|c", false}) {
+			t.Fatalf("a third waiter of the rule, under another key: %+v, want refused at once", r)
+		}
+		wait("r|b", rules.PriorityCritical) // takes the batch waiter's place
+		if r := <-got; r != (result{"r|b", false}) {
+			t.Fatalf("%+v, want the batch waiter dropped", r)
+		}
+		for _, b := range held {
+			b.release(time.Now(), time.Now(), false, false)
+		}
+		for range 2 {
+			if r := <-got; !r.ok {
+				t.Errorf("a waiter after the releases: %+v, want a slot", r)
+			}
+		}
+		// They all left: the rule's queue has its 2 places again (r|a and
+		// r|b are at their limit, held by the waiters served).
+		wait("r|a", rules.PriorityDefault)
+		wait("r|b", rules.PriorityDefault)
+		select {
+		case r := <-got:
+			t.Fatalf("%+v: a waiter was refused, its places not given back", r)
+		default:
+		}
+		time.Sleep(time.Minute)
+		for range 2 {
+			<-got
+		}
+	})
+}
+
+// adaptiveRule is an adaptive rule named r, of the initial limit and
+// the max limit given (min 1), learning in windows of a second.
+func adaptiveRule(initial, most int) *rules.Rule {
+	cfg := &rules.Adaptive{InitialLimit: initial, MinLimit: 1, MaxLimit: most, Tolerance: 0.25, Smoothing: 0.5, Window: time.Second, DropStatus: rules.DefaultDropStatus}
+	return &rules.Rule{Name: "r", Adaptive: cfg}
 }
