@@ -83,8 +83,11 @@ func (s *Server) forwardAuth(w http.ResponseWriter, r *http.Request) {
 	// auth cannot hold an in-flight slot for it: a concurrency rule's
 	// slot is given back as the ask is answered (it bounds the asks in
 	// flight, not the requests). Holding it until its lease expired
-	// instead would turn the rule into max_in_flight per lease_ttl.
+	// instead would turn the rule into max_in_flight per lease_ttl. An
+	// adaptive rule learns nothing here (Abandon): the ask's latency and
+	// outcome tell nothing of the upstream's.
 	defer out.Release(r.Context())
+	out.Abandon()
 	h := w.Header()
 	httplimit.WriteHeaders(h, out)
 	switch {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
@@ -405,5 +406,32 @@ func TestForwardAuthEncodedPaths(t *testing.T) {
 		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("RateLimit-Policy"), `"search"`) {
 			t.Errorf("%s: %d %q, policy %q: want the search rule", target, resp.StatusCode, body, resp.Header.Get("RateLimit-Policy"))
 		}
+	}
+}
+
+// TestForwardAuthAdaptiveLearnsNothing: forward auth answers before the
+// request it guards runs, so an adaptive rule would learn the latency
+// and the outcome of the ask: near zero, always a success. It learns
+// nothing from forward auth (its windows here are 1ms: many end), and its
+// limit stays where it starts.
+func TestForwardAuthAdaptiveLearnsNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"trusted_proxies": ["127.0.0.1/32"], "rules": [
+  {"name": "upstream", "limit_keys": ["global"], "algorithm": "adaptive", "algorithm_config": {"window": "1ms"}}]}`)
+	fa := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				ask(t, fa.base, "", "GET", "/x")
+			}
+		}()
+	}
+	wg.Wait()
+	after := fa.eng.Adaptive()
+	if len(after) != 1 || after[0].Baseline != 0 {
+		t.Errorf("after 800 asks through forward auth in windows of 1ms, the rule learned %+v: want no baseline", after)
 	}
 }
