@@ -159,14 +159,21 @@ func serveLeasedRule(t *testing.T, args []string) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("admin reload: %d", resp.StatusCode)
 	}
-	// Takes until the instance leases a block of hot2's (a key seen once
-	// is not leased), with hot's series already gone at each scrape.
-	for i := range 100 {
-		if code, body := httpDo(t, "POST", "http://"+api+"/v1/take", `{"rule": "hot2", "values": [`+strconv.Quote(tenant+"2")+`]}`); code != 200 {
-			t.Fatalf("hot2: %d %s", code, body)
+	// Bursts of takes until the instance leases a block of hot2's (a key
+	// is leased once it proves hot: several takes within a short while).
+	for range 20 {
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if code, body := httpDo(t, "POST", "http://"+api+"/v1/take", `{"rule": "hot2", "values": [`+strconv.Quote(tenant+"2")+`]}`); code != 200 {
+					t.Errorf("hot2: %d %s", code, body)
+				}
+			}()
 		}
-		_, metrics = httpDo(t, "GET", "http://"+admin+"/metrics", "")
-		if i >= 10 && strings.Contains(metrics, `rule="hot2"`) {
+		wg.Wait()
+		if _, metrics = httpDo(t, "GET", "http://"+admin+"/metrics", ""); strings.Contains(metrics, `rule="hot2"`) {
 			break
 		}
 	}
