@@ -56,6 +56,9 @@ type waiter struct {
 	// a slot, false when a higher class dropped it; in the engine's
 	// queues, a turn to look again (dropped tells why).
 	ch chan bool
+	// load is, in an adaptive rule's queue, the requests in flight when
+	// it was granted its slot, itself included.
+	load int
 
 	// In the engine's queues (under queues.mu):
 	queues  []string      // the rules' queues it is in
@@ -95,10 +98,14 @@ func (l *line) remove(w *waiter) bool {
 // grows would otherwise serve every request near the end of its wait,
 // when its client may have given up; last in first out serves most at
 // once and lets the oldest run out their waits (answered as without a
-// wait).
+// wait). The critical class is always served first in first out: its
+// share is kept for it, so its line is short but for a moment (the
+// upstream's capacity fell, and nothing completes for a latency), when
+// serving the oldest first lets all of it through within its wait,
+// where the newest first would let the oldest run out.
 func (l line) next(now time.Time) *waiter {
 	first := l[0]
-	if now.Sub(first.since) <= first.until.Sub(first.since)/2 {
+	if !first.overloaded(now) {
 		return first
 	}
 	last := 0
@@ -108,18 +115,30 @@ func (l line) next(now time.Time) *waiter {
 	return l[last]
 }
 
-// dropFor makes room in a full line for w: it drops the line's last
-// waiter when w's class is higher, and returns it; nil when none is
-// lower.
-func (l *line) dropFor(w *waiter) *waiter {
+// overloaded reports whether w, the first of its class in line, shows
+// its class's line overloaded: below critical, it has waited half its
+// wait.
+func (w *waiter) overloaded(now time.Time) bool {
+	return w.class < rules.PriorityCritical && now.Sub(w.since) > w.until.Sub(w.since)/4
+}
+
+// dropFor makes room in a full line for w and returns the waiter to
+// drop: the line's last when w's class is lower; else, when w's own
+// class is overloaded (served last in first out), the first of it, the
+// one that waited longest and that would be served last; nil when
+// neither (w is refused).
+func (l *line) dropFor(w *waiter, now time.Time) *waiter {
 	if len(*l) == 0 {
 		return nil
 	}
-	last := (*l)[len(*l)-1]
-	if last.class >= w.class {
-		return nil
+	if last := (*l)[len(*l)-1]; last.class < w.class {
+		return last
 	}
-	return last
+	i := sort.Search(len(*l), func(i int) bool { return (*l)[i].class <= w.class })
+	if i < len(*l) && (*l)[i].class == w.class && (*l)[i].overloaded(now) {
+		return (*l)[i]
+	}
+	return nil
 }
 
 // dues are the reservations held by the waiters of one signature (the
@@ -618,7 +637,7 @@ func (q *queues) join(items []*Item, w *waiter) (victim *waiter, ok bool) {
 		if len(l) < max(it.MaxQueue, 1) {
 			continue
 		}
-		v := l.dropFor(w)
+		v := l.dropFor(w, time.Now())
 		if v == nil || (victim != nil && victim != v) {
 			w.queues = nil
 			return nil, false

@@ -325,7 +325,7 @@ func TestQueueInFlightStores(t *testing.T) {
 }
 
 // TestQueueLIFO: the waiters for a slot take it first in, first out
-// while the first has waited less than half of its max_wait (1 s);
+// while the first has waited less than a quarter of its max_wait (1 s);
 // past that the line is overloaded and the last in goes first, so that
 // what is served has not waited long, while the first runs out its wait.
 func TestQueueLIFO(t *testing.T) {
@@ -350,28 +350,90 @@ func TestQueueLIFO(t *testing.T) {
 			})
 			synctest.Wait()
 		}
-		// Not overloaded: the first in line has waited 400 ms of 1 s.
+		// Not overloaded: the first in line has waited 200 ms of 1 s.
 		wait("w1")
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		wait("w2")
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		a.Release(ctx)
 		wg.Wait()
 		if want := []string{"w1", "w2"}; !slices.Equal(order, want) {
 			t.Errorf("served %v, want %v (first in, first out)", order, want)
 		}
-		// Overloaded: the first in line has waited 600 ms of 1 s.
+		// Overloaded: the first in line has waited 300 ms of 1 s.
 		order = nil
 		a = e.Decide(ctx, rs, values{})
 		wait("w1")
 		time.Sleep(100 * time.Millisecond)
 		wait("w2")
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 		wait("w3")
 		a.Release(ctx)
 		wg.Wait()
 		if want := []string{"w3", "w2", "w1"}; !slices.Equal(order, want) {
 			t.Errorf("served %v, want %v (last in, first out)", order, want)
+		}
+	})
+}
+
+// TestQueueCriticalFIFO: the critical class's waiters take their slots
+// first in, first out even when the first of them has waited past a
+// quarter of its max_wait (its share is kept for it: its line grows
+// only for a moment, and the oldest first lets it all through within
+// its wait). Below critical the same line is served last in first out.
+func TestQueueCriticalFIFO(t *testing.T) {
+	for _, tc := range []struct {
+		class string
+		want  []string
+	}{
+		{"critical", []string{"holder", "w1", "w2", "w3"}},
+		{"default", []string{"holder", "w3", "w2", "w1"}},
+	} {
+		t.Run(tc.class, func(t *testing.T) {
+			inBubble(t, func(t *testing.T, e *engine.Engine) {
+				rs := classRules(t, e, slotsAlgo, "1s", 10)
+				s := newServed()
+				s.decide(t, e, rs, "holder", "batch", 600*time.Millisecond)
+				s.decide(t, e, rs, "w1", tc.class, 10*time.Millisecond)
+				time.Sleep(100 * time.Millisecond)
+				s.decide(t, e, rs, "w2", tc.class, 10*time.Millisecond)
+				time.Sleep(400 * time.Millisecond)
+				s.decide(t, e, rs, "w3", tc.class, 10*time.Millisecond)
+				s.wg.Wait()
+				if !slices.Equal(s.order, tc.want) {
+					t.Errorf("served %v, want %v", s.order, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// TestQueueFullOverloaded: a full queue whose class is overloaded (its
+// first has waited past a quarter of its max_wait, served last in first
+// out) takes a newcomer of that class in place of its first, who would
+// be served last and is denied at once; a full queue that is not
+// overloaded denies the newcomer.
+func TestQueueFullOverloaded(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs := classRules(t, e, slotsAlgo, "1s", 2)
+		s := newServed()
+		s.decide(t, e, rs, "holder", "default", 500*time.Millisecond)
+		s.decide(t, e, rs, "d1", "default", 10*time.Millisecond)
+		s.decide(t, e, rs, "d2", "default", 10*time.Millisecond)
+		s.decide(t, e, rs, "early", "default", 10*time.Millisecond) // full, not overloaded
+		time.Sleep(400 * time.Millisecond)
+		s.decide(t, e, rs, "d3", "default", 10*time.Millisecond) // full, overloaded: d1 leaves
+		s.mu.Lock()
+		if s.at["early"] != -1 {
+			t.Errorf("a newcomer past a full queue not overloaded: passed at %v, want denied", s.at["early"])
+		}
+		if at, ok := s.at["d1"]; at != -1 {
+			t.Errorf("the first of an overloaded full queue: decided %v, at %v (-1: denied), want denied for the newcomer", ok, at)
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+		if want := []string{"holder", "d3", "d2"}; !slices.Equal(s.order, want) {
+			t.Errorf("served %v, want %v", s.order, want)
 		}
 	})
 }
