@@ -727,3 +727,87 @@ func TestQueueClassShare(t *testing.T) {
 		}
 	})
 }
+
+// TestQueueWaitTaken: a waiter served out of its turn by class answers
+// the wait it took, not its own reservation's due. Three batch requests
+// reserve the tokens due at 100, 200 and 300 ms; a critical one that
+// comes at 10 ms (its own reservation due at 400 ms) passes with the
+// one due at 100 ms and answers 90 ms; the batch ones each pass a turn
+// later and answer 200, 300 and 400 ms.
+func TestQueueWaitTaken(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		start := time.Now()
+		limit := drip.Limit{Rate: 10, Period: time.Second, Burst: 2}
+		var mu sync.Mutex
+		got := map[string]time.Duration{}
+		var wg sync.WaitGroup
+		take := func(name string, class int) {
+			wg.Go(func() {
+				it := &engine.Item{Key: "k", Limit: limit, Cost: 1, Wait: time.Second, Queue: "q", MaxQueue: 10}
+				it.SetClass(class, 1)
+				ok, err := e.TakeWaiting(t.Context(), []*engine.Item{it})
+				mu.Lock()
+				defer mu.Unlock()
+				if !ok || err != nil {
+					t.Errorf("%s: allowed %v (%v)", name, ok, err)
+					return
+				}
+				got[name] = it.Decision.RetryAfter
+			})
+			synctest.Wait()
+		}
+		take("burst1", rules.PriorityBatch)
+		take("burst2", rules.PriorityBatch)
+		for _, n := range []string{"b1", "b2", "b3"} {
+			take(n, rules.PriorityBatch)
+		}
+		time.Sleep(10 * time.Millisecond)
+		take("c", rules.PriorityCritical)
+		wg.Wait()
+		if time.Since(start) != 400*time.Millisecond {
+			t.Errorf("the last passed at %v, want 400ms", time.Since(start))
+		}
+		ms := time.Millisecond
+		want := map[string]time.Duration{"burst1": 0, "burst2": 0, "c": 90 * ms, "b1": 200 * ms, "b2": 300 * ms, "b3": 400 * ms}
+		for n, w := range want {
+			if got[n] != w {
+				t.Errorf("%s answered retry_after %v, want %v (all: %v)", n, got[n], w, got)
+			}
+		}
+	})
+}
+
+// TestQueueDroppedShed: a waiter that a higher class drops from a full
+// queue is denied for its class (Verdict.Shed), so that the decision
+// API names it; the one that took its place is not.
+func TestQueueDroppedShed(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		limit := drip.Limit{Rate: 10, Period: time.Second, Burst: 1}
+		items := map[string]*engine.Item{}
+		ok := map[string]bool{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		take := func(name string, class int) {
+			it := &engine.Item{Key: "k", Limit: limit, Cost: 1, Wait: time.Second, Queue: "q", MaxQueue: 1}
+			it.SetClass(class, 1)
+			items[name] = it
+			wg.Go(func() {
+				allowed, _ := e.TakeWaiting(t.Context(), []*engine.Item{it})
+				mu.Lock()
+				ok[name] = allowed
+				mu.Unlock()
+			})
+			synctest.Wait()
+		}
+		take("burst", rules.PriorityBatch)
+		take("b", rules.PriorityBatch)
+		take("c", rules.PriorityCritical)
+		wg.Wait()
+		if ok["b"] || !items["b"].Shed {
+			t.Errorf("the batch waiter dropped for a critical one: allowed %v, shed %v; want denied, shed", ok["b"], items["b"].Shed)
+		}
+		if !ok["c"] || items["c"].Shed {
+			t.Errorf("the critical one: allowed %v, shed %v; want allowed", ok["c"], items["c"].Shed)
+		}
+	})
+}

@@ -35,10 +35,13 @@ func checkWait(b replay.Raw, opName string) error {
 // (engine.TakeWaiting), each request in its rule's queue ("inline" for
 // an inline limit) for at most wait, the server's MaxWait and the rule's
 // max_wait, as of class (-1: each rule's own; a rule's reserve keeps its
-// share of the capacity for higher classes).
-func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request) (drip.Multi, error) {
+// share of the capacity for higher classes). A take denied for its
+// class (engine.Verdict.Shed) names it in shed, as an adaptive rule's
+// denial does.
+func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request) (drip.Multi, string, error) {
 	if !waits(set, op, wait, its) {
-		return s.eng.Apply(ctx, op, rs)
+		m, err := s.eng.Apply(ctx, op, rs)
+		return m, "", err
 	}
 	items := make([]*engine.Item, len(rs))
 	for i, r := range rs {
@@ -63,17 +66,21 @@ func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait ti
 	}
 	allowed, err := s.eng.TakeWaiting(ctx, items)
 	if err != nil {
-		return drip.Multi{}, err
+		return drip.Multi{}, "", err
 	}
 	m := drip.Multi{Allowed: allowed, Decisions: make([]drip.Decision, len(items))}
+	shed := ""
 	for i, it := range items {
 		d := it.Decision
 		m.Decisions[i] = d
 		if allowed || !d.Allowed {
 			m.RetryAfter = max(m.RetryAfter, d.RetryAfter)
 		}
+		if !allowed && it.Shed && shed == "" {
+			shed = rules.PriorityName(it.Class())
+		}
 	}
-	return m, nil
+	return m, shed, nil
 }
 
 // waits reports whether take decides its requests as items that may
