@@ -238,15 +238,41 @@ func (s *Store) Caps() store.Caps {
 // Reset resets key in the store and forgets the instance's block of it
 // (its tokens were taken; the reset gives the bucket back whole).
 func (s *Store) Reset(ctx context.Context, key string) error {
+	s.forget(key)
+	return s.st.Reset(ctx, key)
+}
+
+// forget drops the instance's state of key and its blocks, which the
+// store no longer holds: a reset dropped them, or a state of another
+// shape replaced the key's bucket.
+func (s *Store) forget(key string) {
 	if v, ok := s.keys.LoadAndDelete(key); ok {
 		s.nkeys.Add(-1)
 		l := v.(*local)
 		l.mu.Lock()
 		l.cur, l.next = block{}, block{}
-		l.out.Store(0) // the reset drops the store's blocks of key too
+		l.out.Store(0)
 		l.mu.Unlock()
 	}
-	return s.st.Reset(ctx, key)
+}
+
+// replacing forgets the keys whose bucket the items replace: a take or
+// refund of a sliding window or a concurrency limit, a state of another
+// shape, replaces a bucket's state, blocks and all (docs/semantics.md,
+// "When a limit changes"). The instance must not grant from those blocks
+// after a rules reload changed the keys' algorithm.
+func (s *Store) replacing(op bucket.Op, items []bucket.Prepared) {
+	if op == bucket.Peek {
+		return
+	}
+	for i := range items {
+		// (A release changes nothing on a key that holds no leases.)
+		if k := items[i].Params.Kind; k == bucket.Sliding || k == bucket.Concurrency && op == bucket.Take {
+			if _, ok := s.keys.Load(items[i].Key); ok {
+				s.forget(items[i].Key)
+			}
+		}
+	}
 }
 
 // Stats returns the instance's counters.
@@ -307,7 +333,11 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	if op == bucket.Refund && !s.through {
 		s.refunded(items)
 	}
-	if s.through || s.passes(items) {
+	if s.through {
+		return s.st.Apply(ctx, op, at, items, results)
+	}
+	s.replacing(op, items)
+	if s.passes(items) {
 		return s.st.Apply(ctx, op, at, items, results)
 	}
 	if op == bucket.Take && len(items) > 1 && s.allLeased(items) {
