@@ -22,7 +22,9 @@ import (
 // The learning, per bucket (rule and key), over windows of completed
 // requests (at least the rule's window and the latency of the last one,
 // and a few requests, or ten windows; only requests let in since the
-// limit last changed, whose latency tells of the limit as it is):
+// limit last changed, whose latency tells of the limit as it is, and
+// those let in before that were slower than the tolerance by more than
+// the fewer in flight now explain: they tell of it too):
 //
 //   - baseline: the latency of the upstream unloaded, learned without
 //     ever lowering the limit to measure it: a window faster than it
@@ -41,11 +43,15 @@ import (
 //     knee where the latency begins to grow, and is back from far below
 //     it within a few windows;
 //   - a slower window moves the limit toward the capacity it measured
-//     (throughput times baseline, plus half its square root as a queue
-//     to keep the upstream busy): by smoothing of the way within the
-//     tolerance, and past twice it (the upstream's capacity fell) at
-//     once, halving at most. A throughput that fell with in-flight
-//     requests still out shows there before their latency does;
+//     (the lesser of throughput times baseline and of the requests in
+//     flight when they were let in times baseline/latency, plus half its
+//     square root as a queue to keep the upstream busy): by smoothing of
+//     the way within the tolerance, and past twice it (the upstream's
+//     capacity fell) at once, halving at most. A throughput that fell
+//     with in-flight requests still out shows there before their
+//     latency does; a few requests past twice the tolerance end the
+//     window at once (the capacity then from their load alone), since
+//     every release until it ends would let in another as slow;
 //   - a latency that does not fall from its highest while the limit
 //     shrank by 30% over four windows or more was not caused by this
 //     limit (the upstream got slower, or others load it): the baseline
@@ -131,6 +137,7 @@ type adaptive struct {
 	n, drops   int
 	ok         int
 	sum        time.Duration // the latencies of the ok requests
+	loads      int           // the requests in flight when each was let in
 	peak       int           // most in flight
 	short      bool          // a request found no room
 	changed    time.Time     // when the limit last changed
@@ -303,42 +310,50 @@ func (a *adaptive) room(share float64) int {
 	return c - int(float64(c)*(1-share)+1e-9)
 }
 
+// admission is when a request took its slot and how many were in
+// flight with it then: what the latency it sees tells of.
+type admission struct {
+	at   time.Time
+	load int
+}
+
 // acquire takes a slot for a request of class (share of the capacity),
 // waiting up to wait in the bucket's queue (of at most maxQueue) when
-// there is none: ok reports a slot taken, at the time returned; shed
-// reports that the request's class was what kept it out (a higher class
-// would have had one).
-func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int, share float64, wait time.Duration, maxQueue int) (at time.Time, ok, shed bool) {
+// there is none: ok reports a slot taken, at the admission returned;
+// shed reports that the request's class was what kept it out (a higher
+// class would have had one).
+func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int, share float64, wait time.Duration, maxQueue int) (adm admission, ok, shed bool) {
 	a.mu.Lock()
 	room := a.room(share)
 	if a.inflight < room && !a.higherWaiting(class) {
 		a.take(now())
+		adm = admission{now(), a.inflight}
 		a.mu.Unlock()
-		return now(), true, false
+		return adm, true, false
 	}
 	a.short = true
 	shed = share < 1 && a.inflight < a.capacity()
 	w := &waiter{class: class, share: share, since: time.Now(), until: time.Now().Add(wait), ch: make(chan bool, 1)}
 	if wait <= 0 || !a.enqueue(w, maxQueue) {
 		a.mu.Unlock()
-		return time.Time{}, false, shed
+		return admission{}, false, shed
 	}
 	a.mu.Unlock()
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case got := <-w.ch:
-		return now(), got, !got || shed
+		return admission{now(), w.load}, got, !got || shed
 	case <-t.C:
 	case <-ctx.Done():
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.unqueue(w) {
-		return time.Time{}, false, shed
+		return admission{}, false, shed
 	}
 	got := <-w.ch // granted or shed as it left: a grant is kept
-	return now(), got, !got || shed
+	return admission{now(), w.load}, got, !got || shed
 }
 
 // take counts a request in flight.
@@ -365,7 +380,7 @@ func (a *adaptive) higherWaiting(class int) bool {
 func (a *adaptive) enqueue(w *waiter, maxQueue int) bool {
 	maxQueue = max(maxQueue, 1)
 	if len(a.waiters) >= maxQueue || !a.count(maxQueue) {
-		last := a.waiters.dropFor(w)
+		last := a.waiters.dropFor(w, time.Now())
 		if last == nil {
 			return false
 		}
@@ -419,18 +434,19 @@ func (a *adaptive) grant() {
 			onTake(a.inflight, a.capacity())
 		}
 		a.peak = max(a.peak, a.inflight)
+		w.load = a.inflight
 		w.ch <- true
 	}
 }
 
-// release gives back a slot taken at start: the request took until now
+// release gives back a slot taken at adm: the request took until now
 // and dropped (an overloaded answer, or none) or not.
-func (a *adaptive) release(start, now time.Time, dropped, learn bool) {
+func (a *adaptive) release(adm admission, now time.Time, dropped, learn bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.inflight--
 	if learn {
-		a.sample(now.Sub(start), now, dropped)
+		a.sample(now.Sub(adm.at), now, adm.load, dropped)
 	}
 	a.grant()
 }
@@ -446,9 +462,9 @@ var debugAdaptive = false
 var onTake func(inflight, capacity int)
 
 // sample counts a completed request in the window, and ends the window
-// when it is long enough.
-func (a *adaptive) sample(rtt time.Duration, now time.Time, dropped bool) {
-	if now.Add(-rtt).Before(a.changed) {
+// when it is long enough: it took rtt, let in with load in flight.
+func (a *adaptive) sample(rtt time.Duration, now time.Time, load int, dropped bool) {
+	if now.Add(-rtt).Before(a.changed) && !a.tells(rtt, load) {
 		// Let in before the limit last changed: it tells of the old
 		// one. The window begins after the last of them.
 		a.start = now
@@ -460,6 +476,7 @@ func (a *adaptive) sample(rtt time.Duration, now time.Time, dropped bool) {
 	} else {
 		a.ok++
 		a.sum += max(rtt, 0)
+		a.loads += load
 	}
 	if a.lastRTT == 0 {
 		// The first window lasts twice the latency of its first request
@@ -469,7 +486,7 @@ func (a *adaptive) sample(rtt time.Duration, now time.Time, dropped bool) {
 	}
 	elapsed := now.Sub(a.start)
 	long := max(a.cfg.Window, a.lastRTT)
-	if elapsed < long || (a.n < minSamples && elapsed < 10*long) {
+	if (elapsed < long || (a.n < minSamples && elapsed < 10*long)) && !a.far() {
 		return
 	}
 	l := a.limit
@@ -477,18 +494,43 @@ func (a *adaptive) sample(rtt time.Duration, now time.Time, dropped bool) {
 	if a.limit != l {
 		a.changed = now
 	}
-	a.start, a.n, a.drops, a.ok, a.sum, a.peak, a.short = now, 0, 0, 0, 0, a.inflight, len(a.waiters) > 0
+	a.start, a.n, a.drops, a.ok, a.sum, a.loads, a.peak, a.short = now, 0, 0, 0, 0, 0, a.inflight, len(a.waiters) > 0
+}
+
+// far reports whether the window holds enough requests, and slow
+// enough, to end it at once: a few, on average past twice the
+// tolerance (the upstream's capacity fell). Each request let in until
+// the window would have ended is let in under the limit it shows too
+// high, and is as slow.
+func (a *adaptive) far() bool {
+	return a.grown && a.ok >= minSamples && a.baseline > 0 &&
+		float64(a.sum)/float64(a.ok) > a.baseline*(1+2*a.cfg.Tolerance)
+}
+
+// tells reports whether a request let in before the limit last
+// changed, with load in flight, that took rtt tells of the limit as it
+// is: it was slower than the tolerance by more than the load the limit
+// now lets in fewer than then explains (as when the upstream's capacity
+// fell while it was in flight). Its window then counts it: else the
+// limit would go on letting in as many, each as slow, until a window of
+// requests let in since ended.
+func (a *adaptive) tells(rtt time.Duration, load int) bool {
+	if a.baseline == 0 || load <= 0 || a.limit <= 0 {
+		return false
+	}
+	return float64(rtt) > a.baseline*(1+a.cfg.Tolerance)*max(1, float64(load)/a.limit)
 }
 
 // update learns from the window just ended (elapsed long).
 func (a *adaptive) update(elapsed time.Duration) {
 	if debugAdaptive {
 		defer func(l float64) {
-			println("win", elapsed/time.Millisecond, "n", a.n, "drops", a.drops, "rtt", int(float64(a.sum)/float64(max(a.ok, 1))/1e6), "base", int(a.baseline/1e6), "peak", a.peak, "L", int(l), "->", int(a.limit), "streak", a.streak)
+			println("win", elapsed/time.Millisecond, "n", a.n, "drops", a.drops, "rtt", int(float64(a.sum)/float64(max(a.ok, 1))/1e6), "base", int(a.baseline/1e6), "peak", a.peak, "load", a.loads/max(a.ok, 1), "L", int(l), "->", int(a.limit), "streak", a.streak)
 		}(a.limit)
 	}
 	lo, hi := float64(a.cfg.MinLimit), float64(a.cfg.MaxLimit)
 	l := a.limit
+	early := elapsed < max(a.cfg.Window, a.lastRTT) // ended early (far)
 	used := float64(a.peak) >= l/2
 	full := a.short
 	if a.drops > 0 {
@@ -544,6 +586,19 @@ func (a *adaptive) update(elapsed time.Duration) {
 		return // the limit is not what holds the requests: nothing to shrink for
 	}
 	capacity := float64(a.ok+a.drops) / float64(elapsed) * a.baseline
+	if a.loads > 0 {
+		// The requests were let in with loads/ok in flight on average
+		// and took rtt: at the baseline the upstream serves as many as
+		// that times baseline/rtt at once. Throughput shows a capacity
+		// that fell only as the requests let in before complete, and
+		// over a window ended early it tells nothing.
+		byLoad := float64(a.loads) / float64(a.ok) * a.baseline / rtt
+		if early {
+			capacity = byLoad
+		} else {
+			capacity = min(capacity, byLoad)
+		}
+	}
 	target := capacity + math.Sqrt(capacity)/2
 	if rtt <= a.baseline*(1+tol) {
 		// Within the tolerance: toward the capacity measured, by
@@ -595,13 +650,13 @@ func classOf(r Values, rule *rules.Rule) int {
 func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
 	for i, a := range ad {
 		b := e.adaptiveOf(a.Rule, a.Key)
-		at, ok, shed := b.acquire(ctx, e.clock, a.class, a.Rule.Share(a.class), a.Wait, a.MaxQueue)
+		adm, ok, shed := b.acquire(ctx, e.clock, a.class, a.Rule.Share(a.class), a.Wait, a.MaxQueue)
 		b.pins.Add(-1) // held (in flight) or no longer needed
 		a.Decided = true
 		a.Decision, a.Plan = b.state(ok)
 		if !ok {
 			for _, x := range ad[:i] {
-				x.slot.release(x.since, x.since, false, false)
+				x.slot.release(x.since, x.since.at, false, false)
 				x.slot, x.Event = nil, NotTaken
 				x.Decision.Remaining++
 			}
@@ -611,7 +666,7 @@ func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
 			a.Event, a.Reason, a.shed = Denied, ReasonOverloaded, shed
 			return a
 		}
-		a.slot, a.since, a.Event = b, at, Allowed
+		a.slot, a.since, a.Event = b, adm, Allowed
 	}
 	return nil
 }
@@ -620,7 +675,7 @@ func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
 func unadmit(ad []*Applied) {
 	for _, a := range ad {
 		if a.slot != nil {
-			a.slot.release(a.since, a.since, false, false)
+			a.slot.release(a.since, a.since.at, false, false)
 			a.slot, a.Event = nil, NotTaken
 			a.Decision.Remaining++
 		}

@@ -65,7 +65,7 @@ func TestAdaptiveQueueByClass(t *testing.T) {
 		rule := &rules.Rule{Reserve: 0.1}
 		ctx := context.Background()
 		// Batch may use 8 of 10 slots, default 9, critical 10.
-		var starts []time.Time
+		var starts []admission
 		for range 8 {
 			at, ok, _ := a.acquire(ctx, time.Now, rules.PriorityBatch, rule.Share(rules.PriorityBatch), 0, 3)
 			if !ok {
@@ -257,7 +257,7 @@ func TestAdaptiveQueueByRule(t *testing.T) {
 			t.Fatalf("%+v, want the batch waiter dropped", r)
 		}
 		for _, b := range held {
-			b.release(time.Now(), time.Now(), false, false)
+			b.release(admission{at: time.Now()}, time.Now(), false, false)
 		}
 		for range 2 {
 			if r := <-got; !r.ok {
@@ -285,4 +285,35 @@ func TestAdaptiveQueueByRule(t *testing.T) {
 func adaptiveRule(initial, most int) *rules.Rule {
 	cfg := &rules.Adaptive{InitialLimit: initial, MinLimit: 1, MaxLimit: most, Tolerance: 0.25, Smoothing: 0.5, Window: time.Second, DropStatus: rules.DefaultDropStatus}
 	return &rules.Rule{Name: "r", Adaptive: cfg}
+}
+
+// TestAdaptiveCapacityFalls: the upstream's capacity halves while a
+// limit of 64, just grown, is full. The requests let in before the
+// limit grew come back twice as slow: they tell of the limit as it is
+// (it only grew since), and five of them end the window at once, the
+// limit falling to the capacity their load and latency show (64 in
+// flight at twice the baseline: 32, and the queue kept at the
+// upstream), not waiting out a window while every release lets in
+// another as slow. Then requests as slow let in with 64 in flight
+// tell nothing of the lower limit: it stays.
+func TestAdaptiveCapacityFalls(t *testing.T) {
+	cfg := &rules.Adaptive{InitialLimit: 10, MinLimit: 1, MaxLimit: 1000, Tolerance: 0.25, Smoothing: 0.5, Window: 100 * time.Millisecond, DropStatus: rules.DefaultDropStatus}
+	const base = 100 * time.Millisecond
+	t0 := time.Unix(1000, 0)
+	a := &adaptive{rule: "r", cfg: cfg, limit: 64, baseline: float64(base), grown: true, lastRTT: base,
+		inflight: 64, peak: 64, start: t0, changed: t0}
+	for i := range minSamples {
+		now := t0.Add(50*time.Millisecond + time.Duration(i)*time.Millisecond)
+		a.sample(2*base, now, 64, false)
+	}
+	if a.limit < 32 || a.limit > 40 {
+		t.Fatalf("after %d requests twice as slow: limit %.1f, want 32-40", minSamples, a.limit)
+	}
+	l := a.limit
+	for i := range 2 * minSamples {
+		a.sample(2*base, t0.Add(60*time.Millisecond+time.Duration(i)*time.Millisecond), 64, false)
+	}
+	if a.limit != l {
+		t.Errorf("requests let in with 64 in flight moved the limit of %.1f to %.1f", l, a.limit)
+	}
 }

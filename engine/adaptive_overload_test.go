@@ -42,13 +42,32 @@ func (u *ovUpstream) serve() {
 	u.mu.Unlock()
 }
 
-// ovLimiter admits a request or not; done ends one it admitted.
-type ovLimiter func(ctx context.Context) (done func(), ok bool)
+// ovLimiter admits a request of class (0: critical, the benchmark's
+// classes in order) or not; done ends one it admitted.
+type ovLimiter func(ctx context.Context, class int) (done func(), ok bool)
+
+// ovClasses are the benchmark's classes, most important first, and
+// ovMix their shares of the load (4%, 46%, 30% and 20%), in the order
+// requests come.
+var (
+	ovClasses = []string{"critical", "default", "sheddable", "batch"}
+	ovMix     = func() []int {
+		var m []int
+		for c, n := range []int{2, 23, 15, 10} {
+			for range n {
+				m = append(m, c)
+			}
+		}
+		rand.New(rand.NewPCG(1, 2)).Shuffle(len(m), func(i, j int) { m[i], m[j] = m[j], m[i] })
+		return m
+	}()
+)
 
 type ovResult struct {
 	goodput  float64 // a second, within slo
 	p99      time.Duration
 	rejected int
+	critical float64 // the share of critical requests served
 }
 
 // ovRunLoad offers load*c/base requests a second to the upstream
@@ -58,10 +77,11 @@ func ovRunLoad(lim ovLimiter, load float64, d time.Duration, step bool, slo time
 	u := &ovUpstream{c: ovC, rng: rand.New(rand.NewPCG(uint64(load*10), 7))}
 	rate := load * ovC / ovBase.Seconds()
 	var (
-		mu       sync.Mutex
-		lat      []time.Duration
-		rejected int
-		wg       sync.WaitGroup
+		mu           sync.Mutex
+		lat          []time.Duration
+		rejected     int
+		crit, critOK int
+		wg           sync.WaitGroup
 	)
 	start := time.Now()
 	tick := time.NewTicker(time.Millisecond)
@@ -78,11 +98,17 @@ func ovRunLoad(lim ovLimiter, load float64, d time.Duration, step bool, slo time
 			stepped = true
 		}
 		for due := int(rate * el.Seconds()); sent < due; sent++ {
+			class := ovMix[sent%len(ovMix)]
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
 				t0 := time.Now()
-				done, ok := lim(ctx)
+				done, ok := lim(ctx, class)
+				mu.Lock()
+				if class == 0 {
+					crit++
+				}
+				mu.Unlock()
 				if !ok {
 					mu.Lock()
 					rejected++
@@ -93,6 +119,9 @@ func ovRunLoad(lim ovLimiter, load float64, d time.Duration, step bool, slo time
 				done()
 				mu.Lock()
 				lat = append(lat, time.Since(t0))
+				if class == 0 {
+					critOK++
+				}
 				mu.Unlock()
 			})
 		}
@@ -100,7 +129,7 @@ func ovRunLoad(lim ovLimiter, load float64, d time.Duration, step bool, slo time
 	tick.Stop()
 	wg.Wait()
 	slices.Sort(lat)
-	r := ovResult{rejected: rejected}
+	r := ovResult{rejected: rejected, critical: float64(critOK) / float64(max(crit, 1))}
 	if len(lat) > 0 {
 		r.p99 = lat[min(len(lat)-1, len(lat)*99/100)]
 	}
@@ -115,7 +144,7 @@ func ovRunLoad(lim ovLimiter, load float64, d time.Duration, step bool, slo time
 // ovStatic is a semaphore of n slots that rejects when full.
 func ovStatic(n int) ovLimiter {
 	sem := make(chan struct{}, n)
-	return func(context.Context) (func(), bool) {
+	return func(context.Context, int) (func(), bool) {
 		select {
 		case sem <- struct{}{}:
 			return func() { <-sem }, true
@@ -130,15 +159,8 @@ func ovStatic(n int) ovLimiter {
 func ovEngine(t *testing.T, extra string) ovLimiter {
 	e, rs := adaptiveEngine(t, `{"rules": [{"name": "upstream", "limit_keys": ["global"], "algorithm": "adaptive",
 	  "priority_from": "header:x-priority"`+extra+`}]}`)
-	var n int
-	var mu sync.Mutex
-	mix := []string{"critical", "default", "default", "default", "default", "default", "sheddable", "sheddable", "sheddable", "batch", "batch"}
-	return func(ctx context.Context) (func(), bool) {
-		mu.Lock()
-		n++
-		class := mix[n%len(mix)]
-		mu.Unlock()
-		out := e.Decide(ctx, rs, values{"header:x-priority": class})
+	return func(ctx context.Context, class int) (func(), bool) {
+		out := e.Decide(ctx, rs, values{"header:x-priority": ovClasses[class]})
 		if !out.Allowed {
 			return nil, false
 		}
@@ -146,21 +168,27 @@ func ovEngine(t *testing.T, extra string) ovLimiter {
 	}
 }
 
-// TestAdaptiveOverloadGoals: in the benchmark's scenario, at 1, 2, 5
-// and 10 times the upstream's capacity, an adaptive rule at its
-// defaults serves near the goodput of the best static limit chosen
-// afterwards, and the p99 of what it serves stays near twice the
-// upstream's unloaded p99, through the step of the capacity. Issue 40's
-// goals are 90% and 2x; runs measure 91-94% and 2.0-2.15x (the requests
-// let in during the first latency after the step, before any of them
-// tells of it, take the learned limit over the new capacity), and the
-// order goroutines run in moves them by a few percent, so the test
-// holds them to 88% and 2.25x: before the learning near the knee they
-// were 65-92% and 2.05-4.1x.
+// TestAdaptiveOverloadGoals: in the benchmark's scenario (its mix of
+// classes too), at 1, 2, 5 and 10 times the upstream's capacity, an
+// adaptive rule at its defaults, with no queue and with max_wait 100ms,
+// serves near the goodput of the best static limit chosen afterwards,
+// and the p99 of what it serves stays near twice the upstream's
+// unloaded p99, through the step of the capacity; with its queue the
+// critical class is served at 10x. Issue 40's goals are 90%, 2x and
+// 99%. Runs measure 92-94% of the goodput; p99 1.92-1.99x with the
+// queue, 1.91-2.08x without (2x load: the requests let in before the
+// first slow one completes take the learned limit, which keeps a queue
+// of half the square root of the capacity at the upstream, over the
+// halved capacity); 99.3% of the critical class with the queue. The
+// test holds them to 90%, 2.05x, 2.15x and 99%. Before the slow
+// requests let in under a limit that only grew since counted, and the
+// critical class was served first in first out, it measured 90-94%,
+// 1.99-2.22x with the queue and 98.2% critical.
 func TestAdaptiveOverloadGoals(t *testing.T) {
 	if testing.Short() {
 		t.Skip("seconds of CPU")
 	}
+	const minGoodput, minCritical = 0.90, 0.99
 	for _, load := range []float64{1, 2, 5, 10} {
 		t.Run(fmt.Sprintf("%gx", load), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -174,14 +202,26 @@ func TestAdaptiveOverloadGoals(t *testing.T) {
 						best, bestN = r, n
 					}
 				}
-				got := ovRunLoad(ovEngine(t, ""), load, ovRun, true, slo)
-				t.Logf("unloaded p99 %v; best static %d: goodput %.0f/s p99 %v; adaptive: goodput %.0f/s (%.0f%%) p99 %v",
-					unloaded, bestN, best.goodput, best.p99, got.goodput, 100*got.goodput/best.goodput, got.p99)
-				if got.goodput < 0.88*best.goodput {
-					t.Errorf("goodput %.0f/s, below 88%% of the best static limit's %.0f/s", got.goodput, best.goodput)
-				}
-				if bound := 2.25 * float64(unloaded); float64(got.p99) > bound {
-					t.Errorf("p99 %v, over 2.25 times the unloaded p99 (%v)", got.p99, time.Duration(bound))
+				t.Logf("unloaded p99 %v; best static %d: goodput %.0f/s p99 %v", unloaded, bestN, best.goodput, best.p99)
+				for _, tc := range []struct {
+					name, extra string
+					maxP99      float64
+				}{
+					{"no queue", "", 2.15},
+					{"max_wait 100ms", `, "max_wait": "100ms"`, 2.05},
+				} {
+					got := ovRunLoad(ovEngine(t, tc.extra), load, ovRun, true, slo)
+					t.Logf("adaptive, %s: goodput %.0f/s (%.0f%%) p99 %v (%.2fx), critical %.1f%%",
+						tc.name, got.goodput, 100*got.goodput/best.goodput, got.p99, float64(got.p99)/float64(unloaded), 100*got.critical)
+					if got.goodput < minGoodput*best.goodput {
+						t.Errorf("%s: goodput %.0f/s, below %.0f%% of the best static limit's %.0f/s", tc.name, got.goodput, 100*minGoodput, best.goodput)
+					}
+					if bound := tc.maxP99 * float64(unloaded); float64(got.p99) > bound {
+						t.Errorf("%s: p99 %v, over %g times the unloaded p99 (%v)", tc.name, got.p99, tc.maxP99, time.Duration(bound))
+					}
+					if tc.extra != "" && load >= 10 && got.critical < minCritical {
+						t.Errorf("%s: %.1f%% of the critical requests served, want %.0f%%", tc.name, 100*got.critical, 100*minCritical)
+					}
 				}
 			})
 		})

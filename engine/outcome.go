@@ -144,7 +144,7 @@ type Applied struct {
 
 	shed  bool      // the rule denied the request for its class
 	slot  *adaptive // an adaptive rule's bucket, whose slot the request holds
-	since time.Time // when it took it
+	since admission // when it took it, with how many in flight
 }
 
 // Held reports whether the rule holds a lease of its concurrency limit

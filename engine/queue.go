@@ -56,12 +56,16 @@ type waiter struct {
 	// a slot, false when a higher class dropped it; in the engine's
 	// queues, a turn to look again (dropped tells why).
 	ch chan bool
+	// load is, in an adaptive rule's queue, the requests in flight when
+	// it was granted its slot, itself included.
+	load int
 
 	// In the engine's queues (under queues.mu):
 	queues  []string      // the rules' queues it is in
 	slot    string        // the concurrency bucket it is in line for ("": none)
 	sig     string        // the reservations it holds (sigOf; "": none)
 	due     time.Time     // when the reservation it was given is due
+	own     time.Time     // when the reservation it took is due
 	dropped bool          // a waiter of a higher class took its place
 	gone    chan struct{} // closed when it has left, what it held given back
 }
@@ -95,10 +99,14 @@ func (l *line) remove(w *waiter) bool {
 // grows would otherwise serve every request near the end of its wait,
 // when its client may have given up; last in first out serves most at
 // once and lets the oldest run out their waits (answered as without a
-// wait).
+// wait). The critical class is always served first in first out: its
+// share is kept for it, so its line is short but for a moment (the
+// upstream's capacity fell, and nothing completes for a latency), when
+// serving the oldest first lets all of it through within its wait,
+// where the newest first would let the oldest run out.
 func (l line) next(now time.Time) *waiter {
 	first := l[0]
-	if now.Sub(first.since) <= first.until.Sub(first.since)/2 {
+	if !first.overloaded(now) {
 		return first
 	}
 	last := 0
@@ -108,24 +116,37 @@ func (l line) next(now time.Time) *waiter {
 	return l[last]
 }
 
-// dropFor makes room in a full line for w: it drops the line's last
-// waiter when w's class is higher, and returns it; nil when none is
-// lower.
-func (l *line) dropFor(w *waiter) *waiter {
+// overloaded reports whether w, the first of its class in line, shows
+// its class's line overloaded: below critical, it has waited half its
+// wait.
+func (w *waiter) overloaded(now time.Time) bool {
+	return w.class < rules.PriorityCritical && now.Sub(w.since) > w.until.Sub(w.since)/4
+}
+
+// dropFor makes room in a full line for w and returns the waiter to
+// drop: the line's last when w's class is lower; else, when w's own
+// class is overloaded (served last in first out), the first of it, the
+// one that waited longest and that would be served last; nil when
+// neither (w is refused).
+func (l *line) dropFor(w *waiter, now time.Time) *waiter {
 	if len(*l) == 0 {
 		return nil
 	}
-	last := (*l)[len(*l)-1]
-	if last.class >= w.class {
-		return nil
+	if last := (*l)[len(*l)-1]; last.class < w.class {
+		return last
 	}
-	return last
+	i := sort.Search(len(*l), func(i int) bool { return (*l)[i].class <= w.class })
+	if i < len(*l) && (*l)[i].class == w.class && (*l)[i].overloaded(now) {
+		return (*l)[i]
+	}
+	return nil
 }
 
 // dues are the reservations held by the waiters of one signature (the
 // same buckets at the same costs: any of them serves any of the
-// waiters), and their waiters: the earliest due goes to the first in
-// line, the highest class. A reservation is as good as another of the
+// waiters), and their waiters, by class, then by their own
+// reservations' dues: the earliest due goes to the first in line, the
+// highest class. A reservation is as good as another of the
 // same cost on the same bucket, so handing them out by class passes
 // no more than the store reserved by any instant.
 type dues struct {
@@ -189,7 +210,7 @@ func waitable(items []*Item) bool {
 // ask (PollInterval), and asks again. An item that denies and may not
 // wait denies at once. A request whose ctx ends while it waits leaves
 // the queue and gives back what it holds.
-func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item, peekZero bool) (bool, error) {
+func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item, peekZero bool) (passed bool, failed error) {
 	wait := waitOf(items)
 	if wait <= 0 {
 		return e.takeItems(ctx, timeout, br, items, peekZero)
@@ -228,6 +249,9 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 		e.queues.leave(w)
 		e.queued(items, -1)
 		e.waited(items, time.Since(start), allowed)
+		if !passed && failed == nil && e.queues.dropped(w) {
+			shedWaiting(items) // a higher class took its place
+		}
 	}()
 	if victim != nil && !gone(ctx, victim) {
 		if ok {
@@ -266,13 +290,17 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 				return true, nil
 			case ok:
 				if due > 0 {
-					if !e.queues.hold(ctx, w, items, due) {
+					held, ok := e.queues.hold(ctx, w, items, due)
+					if !ok {
 						e.giveBack(ctx, timeout, br, items)
 						return false, nil
 					}
 					for _, it := range items {
 						if it.Decided && it.Decision.Allowed && it.Wait > 0 {
-							it.Decision.RetryAfter = max(it.Decision.RetryAfter, due) // the wait it took
+							// The wait it took: the reservation it passed
+							// with, not its own, was due then (handed out
+							// by class, an earlier one for a higher class).
+							it.Decision.RetryAfter = held
 						}
 					}
 				}
@@ -417,12 +445,15 @@ func gone(ctx context.Context, v *waiter) bool {
 
 // TakeWaiting takes Enforce items all or nothing, as Apply takes
 // requests. A denied take may wait for its turn, as Decide's rules do
-// (Item.Wait). It serves the decision API's take with "wait".
+// (Item.Wait). It serves the decision API's take with "wait". An
+// allowed item that waited for a reservation has the wait it took as
+// its Decision's RetryAfter.
 //
 // Items of a class below critical (Item.SetClass) must leave their share
 // of the capacity free, as Decide's rules with a reserve: an item that
 // allowed a take but would eat into that share denies it (what was taken
-// is given back), its Decision denied.
+// is given back), its Decision denied and Shed set. So are the items a
+// request waited for when a higher class took its place.
 func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, err error) {
 	allowed, err = e.takeWaiting(ctx, e.timeout, defaultBreaker, items, false)
 	if !allowed || err != nil {
@@ -433,10 +464,21 @@ func (e *Engine) TakeWaiting(ctx context.Context, items []*Item) (allowed bool, 
 			e.giveBack(ctx, e.timeout, defaultBreaker, items)
 			it.Decision.Allowed = false
 			it.Decision.RetryAfter = max(it.Decision.RetryAfter, ConcurrencyRetryAfter)
+			it.Shed = true
 			return false, nil
 		}
 	}
 	return true, nil
+}
+
+// shedWaiting marks the items a request waited for as shed for its
+// class: a waiter of a higher class took its place.
+func shedWaiting(items []*Item) {
+	for _, it := range items {
+		if it.Wait > 0 && it.kind() == enforceItems {
+			it.Shed = true
+		}
+	}
 }
 
 // reserve sets the items' reservations for a wait of left: a rate
@@ -620,7 +662,7 @@ func (q *queues) join(items []*Item, w *waiter) (victim *waiter, ok bool) {
 		if len(l) < max(it.MaxQueue, 1) {
 			continue
 		}
-		v := l.dropFor(w)
+		v := l.dropFor(w, time.Now())
 		if v == nil || (victim != nil && victim != v) {
 			w.queues = nil
 			return nil, false
@@ -691,13 +733,15 @@ func (q *queues) dropHolder(items []*Item, w *waiter) *waiter {
 
 // hold sleeps until the reservations the request just took (due in d)
 // may be used: among the waiters holding reservations like them, the
-// earliest due go to the highest class. It reports false when ctx ended
-// or a higher class dropped the request first: the caller gives them
-// back.
-func (q *queues) hold(ctx context.Context, w *waiter, items []*Item, d time.Duration) bool {
+// earliest due go to the highest class. It returns when the one it
+// passed with was due (from its start: the wait it took), and false
+// when ctx ended or a higher class dropped the request first: the
+// caller gives them back.
+func (q *queues) hold(ctx context.Context, w *waiter, items []*Item, d time.Duration) (time.Duration, bool) {
 	sig := sigOf(items)
+	start := time.Now()
 	if sig == "" {
-		return sleep(ctx, d)
+		return d, sleep(ctx, d)
 	}
 	q.mu.Lock()
 	h := q.held[sig]
@@ -705,9 +749,16 @@ func (q *queues) hold(ctx context.Context, w *waiter, items []*Item, d time.Dura
 		h = &dues{}
 		q.held[sig] = h
 	}
-	at := time.Now().Add(d)
+	at := start.Add(d)
 	h.at = slices.Insert(h.at, sort.Search(len(h.at), func(i int) bool { return h.at[i].After(at) }), at)
-	h.line.insert(w)
+	// By class, then by the reservations taken: within a class each
+	// passes with its own (the order they joined in may not be theirs).
+	w.own = at
+	i := sort.Search(len(h.line), func(i int) bool {
+		v := h.line[i]
+		return v.class < w.class || (v.class == w.class && v.own.After(at))
+	})
+	h.line = slices.Insert(h.line, i, w)
 	w.sig = sig
 	h.assign()
 	q.mu.Unlock()
@@ -715,7 +766,7 @@ func (q *queues) hold(ctx context.Context, w *waiter, items []*Item, d time.Dura
 		q.mu.Lock()
 		if w.dropped {
 			q.mu.Unlock()
-			return false
+			return 0, false
 		}
 		left := time.Until(w.due)
 		if left <= 0 { // its turn: it passes with the earliest
@@ -724,11 +775,11 @@ func (q *queues) hold(ctx context.Context, w *waiter, items []*Item, d time.Dura
 			w.sig = ""
 			q.unheld(sig, h)
 			q.mu.Unlock()
-			return true
+			return w.due.Sub(start), true
 		}
 		q.mu.Unlock()
 		if !sleepOrWake(ctx, w.ch, left) {
-			return false
+			return 0, false
 		}
 	}
 }

@@ -325,7 +325,7 @@ func TestQueueInFlightStores(t *testing.T) {
 }
 
 // TestQueueLIFO: the waiters for a slot take it first in, first out
-// while the first has waited less than half of its max_wait (1 s);
+// while the first has waited less than a quarter of its max_wait (1 s);
 // past that the line is overloaded and the last in goes first, so that
 // what is served has not waited long, while the first runs out its wait.
 func TestQueueLIFO(t *testing.T) {
@@ -350,28 +350,90 @@ func TestQueueLIFO(t *testing.T) {
 			})
 			synctest.Wait()
 		}
-		// Not overloaded: the first in line has waited 400 ms of 1 s.
+		// Not overloaded: the first in line has waited 200 ms of 1 s.
 		wait("w1")
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		wait("w2")
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		a.Release(ctx)
 		wg.Wait()
 		if want := []string{"w1", "w2"}; !slices.Equal(order, want) {
 			t.Errorf("served %v, want %v (first in, first out)", order, want)
 		}
-		// Overloaded: the first in line has waited 600 ms of 1 s.
+		// Overloaded: the first in line has waited 300 ms of 1 s.
 		order = nil
 		a = e.Decide(ctx, rs, values{})
 		wait("w1")
 		time.Sleep(100 * time.Millisecond)
 		wait("w2")
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 		wait("w3")
 		a.Release(ctx)
 		wg.Wait()
 		if want := []string{"w3", "w2", "w1"}; !slices.Equal(order, want) {
 			t.Errorf("served %v, want %v (last in, first out)", order, want)
+		}
+	})
+}
+
+// TestQueueCriticalFIFO: the critical class's waiters take their slots
+// first in, first out even when the first of them has waited past a
+// quarter of its max_wait (its share is kept for it: its line grows
+// only for a moment, and the oldest first lets it all through within
+// its wait). Below critical the same line is served last in first out.
+func TestQueueCriticalFIFO(t *testing.T) {
+	for _, tc := range []struct {
+		class string
+		want  []string
+	}{
+		{"critical", []string{"holder", "w1", "w2", "w3"}},
+		{"default", []string{"holder", "w3", "w2", "w1"}},
+	} {
+		t.Run(tc.class, func(t *testing.T) {
+			inBubble(t, func(t *testing.T, e *engine.Engine) {
+				rs := classRules(t, e, slotsAlgo, "1s", 10)
+				s := newServed()
+				s.decide(t, e, rs, "holder", "batch", 600*time.Millisecond)
+				s.decide(t, e, rs, "w1", tc.class, 10*time.Millisecond)
+				time.Sleep(100 * time.Millisecond)
+				s.decide(t, e, rs, "w2", tc.class, 10*time.Millisecond)
+				time.Sleep(400 * time.Millisecond)
+				s.decide(t, e, rs, "w3", tc.class, 10*time.Millisecond)
+				s.wg.Wait()
+				if !slices.Equal(s.order, tc.want) {
+					t.Errorf("served %v, want %v", s.order, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// TestQueueFullOverloaded: a full queue whose class is overloaded (its
+// first has waited past a quarter of its max_wait, served last in first
+// out) takes a newcomer of that class in place of its first, who would
+// be served last and is denied at once; a full queue that is not
+// overloaded denies the newcomer.
+func TestQueueFullOverloaded(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		rs := classRules(t, e, slotsAlgo, "1s", 2)
+		s := newServed()
+		s.decide(t, e, rs, "holder", "default", 500*time.Millisecond)
+		s.decide(t, e, rs, "d1", "default", 10*time.Millisecond)
+		s.decide(t, e, rs, "d2", "default", 10*time.Millisecond)
+		s.decide(t, e, rs, "early", "default", 10*time.Millisecond) // full, not overloaded
+		time.Sleep(400 * time.Millisecond)
+		s.decide(t, e, rs, "d3", "default", 10*time.Millisecond) // full, overloaded: d1 leaves
+		s.mu.Lock()
+		if s.at["early"] != -1 {
+			t.Errorf("a newcomer past a full queue not overloaded: passed at %v, want denied", s.at["early"])
+		}
+		if at, ok := s.at["d1"]; at != -1 {
+			t.Errorf("the first of an overloaded full queue: decided %v, at %v (-1: denied), want denied for the newcomer", ok, at)
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+		if want := []string{"holder", "d3", "d2"}; !slices.Equal(s.order, want) {
+			t.Errorf("served %v, want %v", s.order, want)
 		}
 	})
 }
@@ -701,6 +763,90 @@ func TestQueueCheckDenies(t *testing.T) {
 			if a.Decision.Remaining > int64(a.Decision.Burst) {
 				t.Errorf("%s told of %d remaining of a burst of %v", a.Rule.Name, a.Decision.Remaining, a.Decision.Burst)
 			}
+		}
+	})
+}
+
+// TestQueueWaitTaken: a waiter served out of its turn by class answers
+// the wait it took, not its own reservation's due. Three batch requests
+// reserve the tokens due at 100, 200 and 300 ms; a critical one that
+// comes at 10 ms (its own reservation due at 400 ms) passes with the
+// one due at 100 ms and answers 90 ms; the batch ones each pass a turn
+// later and answer 200, 300 and 400 ms.
+func TestQueueWaitTaken(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		start := time.Now()
+		limit := drip.Limit{Rate: 10, Period: time.Second, Burst: 2}
+		var mu sync.Mutex
+		got := map[string]time.Duration{}
+		var wg sync.WaitGroup
+		take := func(name string, class int) {
+			wg.Go(func() {
+				it := &engine.Item{Key: "k", Limit: limit, Cost: 1, Wait: time.Second, Queue: "q", MaxQueue: 10}
+				it.SetClass(class, 1)
+				ok, err := e.TakeWaiting(t.Context(), []*engine.Item{it})
+				mu.Lock()
+				defer mu.Unlock()
+				if !ok || err != nil {
+					t.Errorf("%s: allowed %v (%v)", name, ok, err)
+					return
+				}
+				got[name] = it.Decision.RetryAfter
+			})
+			synctest.Wait()
+		}
+		take("burst1", rules.PriorityBatch)
+		take("burst2", rules.PriorityBatch)
+		for _, n := range []string{"b1", "b2", "b3"} {
+			take(n, rules.PriorityBatch)
+		}
+		time.Sleep(10 * time.Millisecond)
+		take("c", rules.PriorityCritical)
+		wg.Wait()
+		if time.Since(start) != 400*time.Millisecond {
+			t.Errorf("the last passed at %v, want 400ms", time.Since(start))
+		}
+		ms := time.Millisecond
+		want := map[string]time.Duration{"burst1": 0, "burst2": 0, "c": 90 * ms, "b1": 200 * ms, "b2": 300 * ms, "b3": 400 * ms}
+		for n, w := range want {
+			if got[n] != w {
+				t.Errorf("%s answered retry_after %v, want %v (all: %v)", n, got[n], w, got)
+			}
+		}
+	})
+}
+
+// TestQueueDroppedShed: a waiter that a higher class drops from a full
+// queue is denied for its class (Verdict.Shed), so that the decision
+// API names it; the one that took its place is not.
+func TestQueueDroppedShed(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		limit := drip.Limit{Rate: 10, Period: time.Second, Burst: 1}
+		items := map[string]*engine.Item{}
+		ok := map[string]bool{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		take := func(name string, class int) {
+			it := &engine.Item{Key: "k", Limit: limit, Cost: 1, Wait: time.Second, Queue: "q", MaxQueue: 1}
+			it.SetClass(class, 1)
+			items[name] = it
+			wg.Go(func() {
+				allowed, _ := e.TakeWaiting(t.Context(), []*engine.Item{it})
+				mu.Lock()
+				ok[name] = allowed
+				mu.Unlock()
+			})
+			synctest.Wait()
+		}
+		take("burst", rules.PriorityBatch)
+		take("b", rules.PriorityBatch)
+		take("c", rules.PriorityCritical)
+		wg.Wait()
+		if ok["b"] || !items["b"].Shed {
+			t.Errorf("the batch waiter dropped for a critical one: allowed %v, shed %v; want denied, shed", ok["b"], items["b"].Shed)
+		}
+		if !ok["c"] || items["c"].Shed {
+			t.Errorf("the critical one: allowed %v, shed %v; want allowed", ok["c"], items["c"].Shed)
 		}
 	})
 }

@@ -134,6 +134,11 @@ type Verdict struct {
 	// Forgiven reports a Charge item charged less than its cost (or
 	// nothing): its bucket's debt would have passed the bound.
 	Forgiven bool
+	// Shed reports an enforced item that denied the request for its
+	// class of priority (SetClass, Engine.TakeWaiting): the take would
+	// have eaten into the share kept for higher classes, or a waiter of
+	// a higher class took its place in the queue.
+	Shed bool
 }
 
 // Never reports whether the item can never be allowed: its cost exceeds

@@ -43,6 +43,11 @@ type Adaptive struct {
 	// statuses of an overloaded upstream. Such an answer shrinks the
 	// limit, as does a request that did not complete.
 	DropStatus StatusSet
+	// LeaseTTL (lease_ttl, default 30s, above 0 and at most 24h) is how
+	// long a slot acquired through the decision API stays held unless
+	// released. Then it is given back and learned as a drop. It is the
+	// rule's Limit.LeaseTTL too.
+	LeaseTTL time.Duration
 }
 
 // Defaults of an adaptive rule's algorithm_config.
@@ -58,7 +63,7 @@ const (
 // DefaultDropStatus is an adaptive rule's drop_status when it sets none.
 var DefaultDropStatus = StatusSet{{429, 429}, {502, 504}}
 
-var adaptiveFields = []string{"initial_limit", "min_limit", "max_limit", "tolerance", "smoothing", "window", "drop_status"}
+var adaptiveFields = []string{"initial_limit", "min_limit", "max_limit", "tolerance", "smoothing", "window", "drop_status", "lease_ttl"}
 
 // adaptiveConfig reads the algorithm_config of an adaptive rule. Its
 // Limit is a concurrency limit of max_limit slots (what the headers
@@ -66,7 +71,8 @@ var adaptiveFields = []string{"initial_limit", "min_limit", "max_limit", "tolera
 // the store.
 func (c *checker) adaptiveConfig(f *fields, r *Rule) {
 	a := &Adaptive{InitialLimit: DefaultInitialLimit, MinLimit: DefaultMinLimit, MaxLimit: DefaultMaxLimit,
-		Tolerance: DefaultTolerance, Smoothing: DefaultSmoothing, Window: DefaultWindow, DropStatus: DefaultDropStatus}
+		Tolerance: DefaultTolerance, Smoothing: DefaultSmoothing, Window: DefaultWindow, DropStatus: DefaultDropStatus,
+		LeaseTTL: store.DefaultLeaseTTL}
 	n := len(c.problems)
 	intField := func(name string, dst *int) {
 		if v, fp, ok := f.get(name); ok {
@@ -104,6 +110,7 @@ func (c *checker) adaptiveConfig(f *fields, r *Rule) {
 	if v, fp, ok := f.get("drop_status"); ok {
 		a.DropStatus = c.countStatus(fp, v)
 	}
+	c.leaseTTL(f, &a.LeaseTTL)
 	f.done(adaptiveFields...)
 	if len(c.problems) == n {
 		if a.MinLimit > a.MaxLimit {
@@ -115,7 +122,7 @@ func (c *checker) adaptiveConfig(f *fields, r *Rule) {
 	r.Adaptive = a
 	r.CostSource = Source{Kind: KindFixed}
 	r.FixedCost, r.DefaultCost = defaultCost, defaultCost
-	r.Limit = drip.Limit{Algorithm: drip.Concurrency, MaxInFlight: a.MaxLimit, LeaseTTL: store.DefaultLeaseTTL}
+	r.Limit = drip.Limit{Algorithm: drip.Concurrency, MaxInFlight: a.MaxLimit, LeaseTTL: a.LeaseTTL}
 }
 
 // Drops reports whether status tells of an upstream that is overloaded

@@ -9,22 +9,25 @@ import (
 )
 
 // TestAdaptiveRule: an adaptive rule needs no algorithm_config; its
-// knobs are bounded; priorities are read and checked.
+// knobs are bounded (lease_ttl, the decision API's leases, as a
+// concurrency rule's); priorities are read and checked.
 func TestAdaptiveRule(t *testing.T) {
 	set, err := rules.Parse([]byte(`{"rules": [
 	  {"name": "a", "limit_keys": ["global"], "algorithm": "adaptive"},
 	  {"name": "b", "limit_keys": ["global"], "algorithm": "adaptive", "priority": "batch", "priority_from": "header:x-priority",
-	   "algorithm_config": {"initial_limit": 5, "min_limit": 2, "max_limit": 50, "tolerance": 0.1, "smoothing": 1, "window": "50ms", "drop_status": ["5xx", 429]}},
+	   "algorithm_config": {"initial_limit": 5, "min_limit": 2, "max_limit": 50, "tolerance": 0.1, "smoothing": 1, "window": "50ms", "drop_status": ["5xx", 429], "lease_ttl": "2m"}},
 	  {"name": "c", "limit_keys": ["global"], "reserve": "20%", "algorithm_config": {"rps": 10}}]}`), "rules.json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a, b, c := set.Rules[0], set.Rules[1], set.Rules[2]
-	if a.Adaptive == nil || a.Adaptive.InitialLimit != rules.DefaultInitialLimit || a.Adaptive.MaxLimit != rules.DefaultMaxLimit || a.Limit.MaxInFlight != rules.DefaultMaxLimit || a.Prioritized() {
+	if a.Adaptive == nil || a.Adaptive.InitialLimit != rules.DefaultInitialLimit || a.Adaptive.MaxLimit != rules.DefaultMaxLimit || a.Limit.MaxInFlight != rules.DefaultMaxLimit || a.Prioritized() ||
+		a.Adaptive.LeaseTTL != 30*time.Second || a.Limit.LeaseTTL != 30*time.Second {
 		t.Errorf("defaults: %+v %+v", a.Adaptive, a.Limit)
 	}
-	if x := b.Adaptive; x.InitialLimit != 5 || x.MinLimit != 2 || x.MaxLimit != 50 || x.Tolerance != 0.1 || x.Smoothing != 1 || x.Window != 50*time.Millisecond || !x.Drops(500) || !x.Drops(429) || x.Drops(404) {
-		t.Errorf("knobs: %+v", x)
+	if x := b.Adaptive; x.InitialLimit != 5 || x.MinLimit != 2 || x.MaxLimit != 50 || x.Tolerance != 0.1 || x.Smoothing != 1 || x.Window != 50*time.Millisecond || !x.Drops(500) || !x.Drops(429) || x.Drops(404) ||
+		x.LeaseTTL != 2*time.Minute || b.Limit.LeaseTTL != 2*time.Minute {
+		t.Errorf("knobs: %+v (limit %+v)", x, b.Limit)
 	}
 	if b.Class() != rules.PriorityBatch || b.Reserve != rules.DefaultReserve || b.PriorityFrom == nil {
 		t.Errorf("priorities: class %d reserve %v from %v", b.Class(), b.Reserve, b.PriorityFrom)
@@ -37,6 +40,8 @@ func TestAdaptiveRule(t *testing.T) {
 		{`"algorithm": "adaptive", "algorithm_config": {"initial_limit": 0}`, "initial_limit: must be a whole number"},
 		{`"algorithm": "adaptive", "algorithm_config": {"tolerance": 0}`, "tolerance: must be from 0.01 to 10"},
 		{`"algorithm": "adaptive", "algorithm_config": {"window": "1h"}`, "window: must be from 1ms to 1m"},
+		{`"algorithm": "adaptive", "algorithm_config": {"lease_ttl": "0s"}`, "lease_ttl: must be > 0"},
+		{`"algorithm": "adaptive", "algorithm_config": {"lease_ttl": "25h"}`, "lease_ttl: must be at most 24h"},
 		{`"algorithm": "adaptive", "algorithm_config": {"max_in_flight": 3}`, "max_in_flight"},
 		{`"algorithm": "adaptive", "on_error": "deny"`, "on_error: does not apply to an adaptive rule"},
 		{`"algorithm": "adaptive", "mode": "shadow"`, "mode: an adaptive rule is enforced"},

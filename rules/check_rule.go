@@ -464,6 +464,20 @@ func (c *checker) algorithmConfig(p string, v any, algo drip.Algorithm, r *Rule)
 	r.Limit = l
 }
 
+// leaseTTL reads a lease_ttl into dst, when f has one: a duration above
+// 0, at most store.MaxLeaseTTL.
+func (c *checker) leaseTTL(f *fields, dst *time.Duration) {
+	if v, fp, ok := f.get("lease_ttl"); ok {
+		if d, ok := c.duration(fp, v, false); ok {
+			if d > store.MaxLeaseTTL {
+				c.add(fp, "must be at most 24h")
+			} else {
+				*dst = d
+			}
+		}
+	}
+}
+
 // concurrencyConfig reads the algorithm_config of a concurrency rule:
 // max_in_flight (required) and lease_ttl (default store.DefaultLeaseTTL).
 // Every request holds one slot: such a rule has no cost.
@@ -475,15 +489,7 @@ func (c *checker) concurrencyConfig(f *fields, r *Rule) {
 	} else if m, ok := c.integer(fp, v, 1, store.MaxInFlight); ok {
 		l.MaxInFlight = m
 	}
-	if v, fp, ok := f.get("lease_ttl"); ok {
-		if d, ok := c.duration(fp, v, false); ok {
-			if d > store.MaxLeaseTTL {
-				c.add(fp, "must be at most 24h")
-			} else {
-				l.LeaseTTL = d
-			}
-		}
-	}
+	c.leaseTTL(f, &l.LeaseTTL)
 	r.CostSource = Source{Kind: KindFixed}
 	r.FixedCost, r.DefaultCost = defaultCost, defaultCost
 	f.done("max_in_flight", "lease_ttl")

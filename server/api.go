@@ -207,12 +207,15 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 			}
 			rs[i], ts[i] = r, t
 		}
-		m, err := s.apply(ctx, apiOp(opName), b.Wait, class, b.Requests, rs, ts, true)
+		m, shed, err := s.apply(ctx, apiOp(opName), b.Wait, class, b.Requests, rs, ts, true)
 		if err != nil {
 			return nil, err
 		}
 		if opName == "acquire" {
-			return acquiredMulti(m, rs), nil
+			return acquiredMulti(m, rs, shed), nil
+		}
+		if shed != "" {
+			return shedMulti{m, shed}, nil
 		}
 		return m, nil
 	}
@@ -230,12 +233,12 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 		return map[string]bool{"reset": true}, nil
 	}
 	rs := []drip.Request{r}
-	m, err := s.apply(ctx, apiOp(opName), b.Wait, class, []replay.ReqJSON{b.ReqJSON}, rs, []target{t}, false)
+	m, shed, err := s.apply(ctx, apiOp(opName), b.Wait, class, []replay.ReqJSON{b.ReqJSON}, rs, []target{t}, false)
 	if err != nil {
 		return nil, err
 	}
-	if opName == "acquire" {
-		return acquired{d: m.Decisions[0], lease: leaseOf(m.Allowed, rs[0])}, nil
+	if opName == "acquire" || shed != "" {
+		return acquired{d: m.Decisions[0], lease: leaseOf(m.Allowed && opName == "acquire", rs[0]), shed: shed}, nil
 	}
 	return &m.Decisions[0], nil // a pointer: no copy boxed into the interface
 }
@@ -269,8 +272,9 @@ var inline = target{name: "inline", mode: rules.Enforce}
 // bucket refused holds no lease (rs[i].Lease is cleared). Takes are
 // counted, and so are the failures of a multi-take's other ops. A take
 // that asks to wait (wait > 0) waits through s.take, by class (-1: each
-// rule's), the shadow requests never.
-func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request, ts []target, multi bool) (drip.Multi, error) {
+// rule's), the shadow requests never; shed names the class a denied
+// take was shed for, if it was.
+func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request, ts []target, multi bool) (m drip.Multi, shed string, err error) {
 	counted := func(err error) bool { return op == bucket.Take || (multi && err != nil) }
 	var enf, sh []int       // indexes of rs
 	var one [1]*engine.Plan // a single request's plans, without an allocation
@@ -299,32 +303,33 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, cl
 				s.count(t, rs[i], m, i, err)
 			}
 		}
-		return m, err
+		return m, "", err
 	}
 	p, err := s.eng.Prepare(op, rs, plans, multi)
 	if err != nil {
-		return drip.Multi{}, err
+		return drip.Multi{}, "", err
 	}
 	if len(sh) == 0 {
-		m, err := s.take(ctx, set, op, wait, class, its, p, nil)
+		m, shed, err := s.take(ctx, set, op, wait, class, its, p, nil)
 		if counted(err) {
 			for i, t := range ts {
 				s.count(t, rs[i], m, i, err)
 			}
 		}
-		return m, err
+		return m, shed, err
 	}
-	m := drip.Multi{Allowed: true, Decisions: make([]drip.Decision, len(rs))}
+	m = drip.Multi{Allowed: true, Decisions: make([]drip.Decision, len(rs))}
 	if len(enf) > 0 {
-		em, err := s.take(ctx, set, op, wait, class, its, p, enf)
+		em, emShed, err := s.take(ctx, set, op, wait, class, its, p, enf)
 		if counted(err) {
 			for j, i := range enf {
 				s.count(ts[i], rs[i], em, j, err)
 			}
 		}
 		if err != nil {
-			return drip.Multi{}, err
+			return drip.Multi{}, "", err
 		}
+		shed = emShed
 		m.Allowed, m.RetryAfter = em.Allowed, em.RetryAfter
 		for j, i := range enf {
 			m.Decisions[i] = em.Decisions[j]
@@ -349,7 +354,7 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, cl
 		d.Allowed, d.RetryAfter = true, 0
 		m.Decisions[i] = d
 	}
-	return m, nil
+	return m, shed, nil
 }
 
 // apiOp is the store op of a decision API path: acquire is a take (of
@@ -365,9 +370,10 @@ func apiOp(opName string) bucket.Op {
 	return op
 }
 
-// acquired is a decision of /v1/acquire: the decision's fields and, when
-// it acquired a lease, "lease", the ID to release it with; when it was
-// denied for its class of priority, "shed", the class's name.
+// acquired is a decision of /v1/acquire, or one of /v1/take shed for
+// its class: the decision's fields and, when it acquired a lease,
+// "lease", the ID to release it with; when it was denied for its class
+// of priority, "shed", the class's name.
 type acquired struct {
 	d     drip.Decision
 	lease string
@@ -379,14 +385,35 @@ func (a acquired) MarshalJSON() ([]byte, error) {
 	if err != nil {
 		return b, err
 	}
-	for _, f := range [...]struct{ name, v string }{{"lease", a.lease}, {"shed", a.shed}} {
-		if f.v != "" {
-			v, _ := json.Marshal(f.v)
-			b = append(append(append(append(b[:len(b)-1], `,"`...), f.name...), `":`...), v...)
+	return withFields(b, "lease", a.lease, "shed", a.shed), nil
+}
+
+// withFields adds to the JSON object b each name and value of nv (in
+// pairs) whose value is not empty.
+func withFields(b []byte, nv ...string) []byte {
+	for i := 0; i+1 < len(nv); i += 2 {
+		if nv[i+1] != "" {
+			v, _ := json.Marshal(nv[i+1])
+			b = append(append(append(append(b[:len(b)-1], `,"`...), nv[i]...), `":`...), v...)
 			b = append(b, '}')
 		}
 	}
-	return b, nil
+	return b
+}
+
+// shedMulti is a multi-take denied for its class of priority: the
+// answer's fields and "shed", the class's name.
+type shedMulti struct {
+	m    drip.Multi
+	shed string
+}
+
+func (s shedMulti) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(s.m)
+	if err != nil {
+		return b, err
+	}
+	return withFields(b, "shed", s.shed), nil
 }
 
 // leaseOf is the lease r acquired: its ID when the take was allowed.
@@ -399,7 +426,7 @@ func leaseOf(allowed bool, r drip.Request) string {
 
 // acquiredMulti is a multi-take of /v1/acquire: its results carry the
 // leases acquired.
-func acquiredMulti(m drip.Multi, rs []drip.Request) any {
+func acquiredMulti(m drip.Multi, rs []drip.Request, shed string) any {
 	res := make([]acquired, len(rs))
 	for i, r := range rs {
 		res[i] = acquired{d: m.Decisions[i], lease: leaseOf(m.Allowed, r)}
@@ -408,7 +435,8 @@ func acquiredMulti(m drip.Multi, rs []drip.Request) any {
 		Allowed    bool       `json:"allowed"`
 		RetryAfter float64    `json:"retry_after"`
 		Results    []acquired `json:"results"`
-	}{m.Allowed, m.RetryAfter.Seconds(), res}
+		Shed       string     `json:"shed,omitempty"`
+	}{m.Allowed, m.RetryAfter.Seconds(), res, shed}
 }
 
 // count reports a take's decision (or failure) on t to the observer,

@@ -20,8 +20,9 @@ import (
 // ID the server makes, and /v1/release gives it back by that lease. The
 // rule learns from the time between (the request's latency, as the
 // gateway learns from a response's); a lease not released within the
-// rule's lease TTL (30 s) is given back as dropped, which the rule
-// learns as a failure (the caller is gone, or its work hung). /v1/peek
+// rule's lease_ttl (rules.Adaptive.LeaseTTL, 30 s unless set) is given
+// back as dropped, which the rule learns as a failure (the caller is
+// gone, or its work hung). /v1/peek
 // answers the bucket as it is; /v1/take, /v1/refund and a multi-take
 // are a 400.
 

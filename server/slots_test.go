@@ -132,15 +132,16 @@ func TestAPIPriorityQueue(t *testing.T) {
 }
 
 // TestHeldSlotExpires: an adaptive slot acquired through the decision
-// API and never released is given back once its lease TTL has passed,
-// and its lease then releases nothing.
+// API and never released is given back once its rule's lease_ttl has
+// passed, and its lease then releases nothing.
 func TestHeldSlotExpires(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, r := adaptiveEngine(t, `{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive"}`)
+		e, r := adaptiveEngine(t, `{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive",
+		  "algorithm_config": {"lease_ttl": "1m"}}`)
 		key := r.Key(nil)
 		slot, _, _ := e.AcquireSlot(t.Context(), r, key, rules.PriorityDefault, 0, 1)
 		var h heldSlots
-		if slot == nil || !h.add("l", r.Name, key, slot, time.Minute) {
+		if slot == nil || !h.add("l", r.Name, key, slot, r.Limit.LeaseTTL) {
 			t.Fatal("no slot held")
 		}
 		time.Sleep(time.Minute - time.Millisecond)
@@ -161,11 +162,15 @@ func TestHeldSlotExpires(t *testing.T) {
 
 // TestAPIPriorityReserve: a take without "wait" keeps a rule's reserve
 // by the body's class: with a reserve of 50%, batch may use none of the
-// bucket, critical all of it.
+// bucket, critical all of it. A take or an acquire shed for its class
+// names it ("shed"), as an adaptive rule's denial does, on a token
+// bucket, a concurrency limit and a multi-take alike.
 func TestAPIPriorityReserve(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.json")
 	writeFile(t, path, `{"rules": [{"name": "r", "limit_keys": ["global"], "reserve": "50%",
-	  "algorithm_config": {"rate": 1, "period": "1h", "burst": 10}}]}`)
+	  "algorithm_config": {"rate": 1, "period": "1h", "burst": 10}},
+	  {"name": "c", "limit_keys": ["global"], "reserve": "50%", "algorithm": "concurrency",
+	  "algorithm_config": {"max_in_flight": 2}}]}`)
 	srv := start(t, Config{Rules: path, WatchEvery: -1}, memstore.New())
 	for _, c := range []struct {
 		class   string
@@ -175,10 +180,39 @@ func TestAPIPriorityReserve(t *testing.T) {
 		if code != 200 || decision(t, out).Allowed != c.allowed {
 			t.Errorf("a %s take: %d %s, want allowed %v", c.class, code, out, c.allowed)
 		}
+		if shed := answerShed(t, out); (shed == c.class) == c.allowed {
+			t.Errorf("a %s take: %s, want \"shed\" %q only when denied", c.class, out, c.class)
+		}
 	}
 	if code, out := post(t, srv.base+"/v1/peek", `{"rule": "r", "cost": 0}`); code != 200 || decision(t, out).Remaining != 8 {
 		t.Errorf("the bucket after them: %d %s, want 8 left (the batch take given back)", code, out)
 	}
+	for _, body := range []string{
+		`{"requests": [{"rule": "r"}], "priority": "batch"}`,
+		`{"rule": "c", "priority": "batch"}`,
+	} {
+		for _, op := range []string{"take", "acquire"} {
+			if op == "take" && strings.Contains(body, `"c"`) {
+				continue
+			}
+			code, out := post(t, srv.base+"/v1/"+op, body)
+			if code != 200 || answerShed(t, out) != "batch" || strings.Contains(out, `"allowed":true`) {
+				t.Errorf("/v1/%s %s: %d %s, want denied with \"shed\": \"batch\"", op, body, code, out)
+			}
+		}
+	}
+}
+
+// answerShed is the "shed" of a decision API answer.
+func answerShed(t *testing.T, out string) string {
+	t.Helper()
+	var a struct {
+		Shed string `json:"shed"`
+	}
+	if err := json.Unmarshal([]byte(out), &a); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	return a.Shed
 }
 
 // TestAcquireSlotGone: an acquire whose caller has gone takes no slot,

@@ -37,10 +37,12 @@ func checkWait(b replay.Raw, opName string) error {
 // rule's queue ("inline" for an inline limit) for at most wait, the
 // server's MaxWait and the rule's max_wait, as of class (-1: each rule's
 // own; a rule's reserve keeps its share of the capacity for higher
-// classes).
-func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, p *engine.Prepared, idx []int) (drip.Multi, error) {
+// classes). A take denied for its class (engine.Verdict.Shed) names it
+// in shed, as an adaptive rule's denial does.
+func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, p *engine.Prepared, idx []int) (drip.Multi, string, error) {
 	if !waits(set, op, wait, its, idx) {
-		return p.Apply(ctx, op, idx)
+		m, err := p.Apply(ctx, op, idx)
+		return m, "", err
 	}
 	n := len(its)
 	if idx != nil {
@@ -74,17 +76,21 @@ func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait ti
 	}
 	allowed, err := s.eng.TakeWaiting(ctx, items)
 	if err != nil {
-		return drip.Multi{}, err
+		return drip.Multi{}, "", err
 	}
 	m := drip.Multi{Allowed: allowed, Decisions: make([]drip.Decision, len(items))}
+	shed := ""
 	for i, it := range items {
 		d := it.Decision
 		m.Decisions[i] = d
 		if allowed || !d.Allowed {
 			m.RetryAfter = max(m.RetryAfter, d.RetryAfter)
 		}
+		if !allowed && it.Shed && shed == "" {
+			shed = rules.PriorityName(it.Class())
+		}
 	}
-	return m, nil
+	return m, shed, nil
 }
 
 // waits reports whether take decides the requests of its at idx (nil:
