@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store/redisstore"
+	"github.com/driplimit/drip/storetest"
 )
 
 // TestConcurrentMultiTakes: 64 callers at once, each multi-take all or
@@ -71,5 +73,97 @@ func TestConcurrentMultiTakes(t *testing.T) {
 				t.Fatalf("a peek of 1 on a leaves %d, want 1000 - 200 granted - 1 = 799 (a denied pair took from a)", got)
 			}
 		})
+	}
+}
+
+// TestMultiTakesBatched: multi-takes wait for a batch beside single
+// takes, and the batch decides each in its place, all or nothing. With
+// one call in flight at a stopped server, four single takes and six
+// multi-takes of two keys queue; once the server runs again they all go
+// in one call (two calls in all, where each multi-take was a call of its
+// own before), the four pairs on fresh keys are granted, the two pairs
+// with an empty bucket are denied and take nothing from the other key.
+func TestMultiTakesBatched(t *testing.T) {
+	srv := testserver.StartRedis(t)
+	s := open(t, srv.URL(), redisstore.WithBatching(redisstore.Batching{MaxBatch: 64, InFlight: 1}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	day := 24 * time.Hour
+	wide := drip.Limit{Rate: 1, Period: day, Burst: 1000}
+	one := drip.Limit{Rate: 1, Period: day, Burst: 1}
+	// The bucket "empty" emptied first (which also loads the library and
+	// learns the server's clock).
+	if m, err := drip.Apply(ctx, s, bucket.Take, time.Time{}, drip.Request{Key: "empty", Limit: one, Cost: 1}); err != nil || !m.Allowed {
+		t.Fatalf("emptying: %+v %v", m, err)
+	}
+	before := fcalls(t, srv)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := srv.Resume(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer resume()
+	var wg sync.WaitGroup
+	allowed := make([]bool, 11)
+	errs := make(chan error, 11)
+	take := func(i int, reqs ...drip.Request) {
+		wg.Go(func() {
+			m, err := drip.Apply(ctx, s, bucket.Take, time.Time{}, reqs...)
+			if err != nil {
+				errs <- err
+				return
+			}
+			allowed[i] = m.Allowed
+		})
+	}
+	wait := func(what string, cond func() bool) {
+		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				running, queued := redisstore.Running(s), redisstore.Queued(s)
+				resume()
+				t.Fatalf("%s: not after 30 s (running %d, queued %d)", what, running, queued)
+			}
+		}
+	}
+	take(0, drip.Request{Key: "a", Limit: wide, Cost: 1})
+	wait("the first call in flight", func() bool { return redisstore.Running(s) == 1 })
+	for i := 1; i <= 10; i++ {
+		switch {
+		case i <= 4:
+			take(i, drip.Request{Key: "a", Limit: wide, Cost: 1})
+		case i <= 8:
+			take(i, drip.Request{Key: "a", Limit: wide, Cost: 1}, drip.Request{Key: fmt.Sprint("b", i), Limit: wide, Cost: 1})
+		default:
+			take(i, drip.Request{Key: "a", Limit: wide, Cost: 1}, drip.Request{Key: "empty", Limit: one, Cost: 1})
+		}
+	}
+	wait("ten calls queued behind it", func() bool { return redisstore.Queued(s) == 10 })
+	resume()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for i, ok := range allowed[:9] {
+		if !ok {
+			t.Errorf("call %d denied, want allowed", i)
+		}
+	}
+	if allowed[9] || allowed[10] {
+		t.Errorf("a pair with the empty bucket allowed: %v", allowed[9:])
+	}
+	if n := fcalls(t, srv) - before; n != 2 {
+		t.Errorf("%d calls of the script, want 2 (the first, then one batch of the ten behind it)", n)
+	}
+	d, err := storetest.Apply(ctx, s, bucket.Peek, time.Time{}, drip.Request{Key: "a", Limit: wide, Cost: 0})
+	if err != nil || d.Tokens != 1000-9 {
+		t.Fatalf("a holds %v (err %v), want 1000 - 9 granted: a denied pair took from it", d.Tokens, err)
 	}
 }
