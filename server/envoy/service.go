@@ -289,6 +289,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		as = append(as, a)
 	}
 	out := s.eng.DecideItems(ctx, as)
+	// Nothing of out outlives the call: the response holds copies, and
+	// the items' steps point into it until sc.put clears them.
+	defer out.Recycle()
 	j := 0
 	for i := range items {
 		if items[i].kind >= blocked {
