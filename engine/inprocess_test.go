@@ -61,3 +61,63 @@ func TestInProcessNoDeadline(t *testing.T) {
 		ms.Close()
 	}
 }
+
+// ctxs records each store call's context.
+type ctxs struct {
+	store.Store
+	got []context.Context
+}
+
+func (c *ctxs) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
+	c.got = append(c.got, ctx)
+	return c.Store.Apply(ctx, op, at, items, results)
+}
+
+func (c *ctxs) Caps() store.Caps {
+	caps := c.Store.Caps()
+	caps.InProcess = false
+	return caps
+}
+
+// TestCallerDeadlineWithinTimeout: a caller whose deadline comes before
+// the engine's store timeout (Envoy's 20 ms against a second) has its
+// store call made under its own context, which bounds it already, and
+// no context or timer is made for it; a caller with a later deadline,
+// or none, gets one that ends at the timeout.
+func TestCallerDeadlineWithinTimeout(t *testing.T) {
+	req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
+	for _, c := range []struct {
+		name string
+		in   time.Duration // the caller's deadline from now (0: none)
+		own  bool          // the store call gets the caller's context
+	}{
+		{"a deadline within the timeout", time.Minute, true},
+		{"a deadline after the timeout", time.Hour, false},
+		{"no deadline", 0, false},
+	} {
+		ms := memstore.New()
+		rec := &ctxs{Store: ms}
+		e := engine.New(rec, engine.WithTimeout(10*time.Minute))
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if c.in > 0 {
+			ctx, cancel = context.WithTimeout(ctx, c.in)
+		}
+		if _, err := e.Apply(ctx, bucket.Take, req); err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.got) != 1 {
+			t.Fatalf("%s: %d store calls", c.name, len(rec.got))
+		}
+		got := rec.got[0]
+		dl, ok := got.Deadline()
+		if own := got == ctx; own != c.own || !ok {
+			t.Errorf("%s: the store call had the caller's context: %v (want %v); a deadline: %v", c.name, own, c.own, ok)
+		}
+		if want, _ := ctx.Deadline(); c.own && !dl.Equal(want) {
+			t.Errorf("%s: the store call's deadline %v, want the caller's %v", c.name, dl, want)
+		}
+		cancel()
+		e.Close()
+		ms.Close()
+	}
+}
