@@ -12,17 +12,18 @@ import (
 	"github.com/driplimit/drip/store/memstore"
 )
 
-// deadlines records whether each store call's context had a deadline;
-// its Caps say InProcess when inproc is set.
+// deadlines records whether each store call's context had a deadline,
+// and the context; its Caps say InProcess when inproc is set.
 type deadlines struct {
 	store.Store
 	inproc bool
 	had    []bool
+	got    []context.Context
 }
 
 func (d *deadlines) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	_, ok := ctx.Deadline()
-	d.had = append(d.had, ok)
+	d.had, d.got = append(d.had, ok), append(d.got, ctx)
 	return d.Store.Apply(ctx, op, at, items, results)
 }
 
@@ -62,23 +63,6 @@ func TestInProcessNoDeadline(t *testing.T) {
 	}
 }
 
-// ctxs records each store call's context.
-type ctxs struct {
-	store.Store
-	got []context.Context
-}
-
-func (c *ctxs) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	c.got = append(c.got, ctx)
-	return c.Store.Apply(ctx, op, at, items, results)
-}
-
-func (c *ctxs) Caps() store.Caps {
-	caps := c.Store.Caps()
-	caps.InProcess = false
-	return caps
-}
-
 // TestCallerDeadlineWithinTimeout: a caller whose deadline comes before
 // the engine's store timeout (Envoy's 20 ms against a second) has its
 // store call made under its own context, which bounds it already, and
@@ -96,7 +80,7 @@ func TestCallerDeadlineWithinTimeout(t *testing.T) {
 		{"no deadline", 0, false},
 	} {
 		ms := memstore.New()
-		rec := &ctxs{Store: ms}
+		rec := &deadlines{Store: ms}
 		e := engine.New(rec, engine.WithTimeout(10*time.Minute))
 		ctx, cancel := context.Background(), context.CancelFunc(func() {})
 		if c.in > 0 {
