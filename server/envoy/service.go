@@ -387,9 +387,11 @@ func (s *Service) observe(items []item) {
 		}
 		obs.Decision(it.limit.Label(), mode, out)
 		if s.keys != nil {
-			k := &engine.Item{} // an unlimited descriptor's: no bucket
+			var k *engine.Item
 			if it.step != nil {
 				k = &it.step.Item
+			} else {
+				k = &engine.Item{} // an unlimited descriptor's: no bucket (made only for one)
 			}
 			s.keys.Key(it.limit.Label(), mode, out, k)
 		}
