@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/driplimit/drip/engine"
@@ -24,22 +23,8 @@ func TestKeyObserverAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts under the race detector, whose sync.Pool drops items")
 	}
-	c, err := Parse(File{Name: "a.yaml", Data: []byte(`domain: edge
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 1000000}
-    descriptors:
-      - key: path
-        rate_limit: {unit: second, requests_per_unit: 1000000}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ip := &ratelimitv3.RateLimitDescriptor_Entry{Key: "remote_address", Value: "10.0.0.1"}
-	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{ip}},
-		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{ip, {Key: "path", Value: "/api"}}},
-	}}
+	c, reqs := twoDescriptors(t, 1)
+	req := reqs[0]
 	allocs := func(opts ...Option) float64 {
 		ms := memstore.New()
 		defer ms.Close()
