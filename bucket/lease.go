@@ -18,12 +18,19 @@ import (
 // MaxReserved and Start are unused.
 const Concurrency Kind = 3
 
-// Lease is one held slot of a concurrency limit: who holds it, and until
-// when (nanoseconds; the lease is live while now < Exp).
-type Lease struct {
+// Holder is one held slot of a concurrency limit, as a store keeps it:
+// the lease ID that holds it, and until when (nanoseconds; live while
+// now < Exp).
+type Holder struct {
 	ID  string
 	Exp int64
 }
+
+// Lease is the old name of Holder.
+//
+// Deprecated: use Holder. A Lease is what a caller holds
+// (drip.Lease, from Limiter.Acquire).
+type Lease = Holder
 
 // LeaseSet is what a decision needs to know of a key's leases at now:
 // how many are live, whether the request's own lease is among them, and
@@ -50,7 +57,7 @@ func (p Params) LeaseExp(now int64) int64 {
 
 // Leases summarizes the leases ls (any order, expired ones among them) for
 // a request with lease id at now.
-func Leases(ls []Lease, id string, now int64) LeaseSet {
+func Leases(ls []Holder, id string, now int64) LeaseSet {
 	var s LeaseSet
 	for _, l := range ls {
 		if l.Exp <= now {
@@ -118,8 +125,8 @@ func leaseResult(allowed bool, free int64, retry, reset time.Duration) Result {
 // NextLeases is the leases to store after a decision that EvalLeases said
 // to write: the live ones of ls at now, in their order, with lease
 // acquired (appended) or renewed for a take, or removed for a refund.
-func (p Params) NextLeases(op Op, ls []Lease, lease string, now int64) []Lease {
-	next := make([]Lease, 0, len(ls)+1)
+func (p Params) NextLeases(op Op, ls []Holder, lease string, now int64) []Holder {
+	next := make([]Holder, 0, len(ls)+1)
 	held := false
 	for _, l := range ls {
 		switch {
@@ -128,18 +135,18 @@ func (p Params) NextLeases(op Op, ls []Lease, lease string, now int64) []Lease {
 			next = append(next, l)
 		case op == Take:
 			held = true
-			next = append(next, Lease{ID: lease, Exp: p.LeaseExp(now)})
+			next = append(next, Holder{ID: lease, Exp: p.LeaseExp(now)})
 		}
 	}
 	if op == Take && !held {
-		next = append(next, Lease{ID: lease, Exp: p.LeaseExp(now)})
+		next = append(next, Holder{ID: lease, Exp: p.LeaseExp(now)})
 	}
 	return next
 }
 
 // LeasesExpireAt is when the leases ls have all expired, so a store may
 // drop the key: the latest expiry (0 for none).
-func LeasesExpireAt(ls []Lease) int64 {
+func LeasesExpireAt(ls []Holder) int64 {
 	var latest int64
 	for _, l := range ls {
 		latest = max(latest, l.Exp)

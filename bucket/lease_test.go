@@ -24,7 +24,7 @@ func TestLeaseExp(t *testing.T) {
 
 func TestEvalLeases(t *testing.T) {
 	p := Params{Kind: Concurrency, Burst: 2 * Micro, Period: 100}
-	ls := []Lease{{"a", 1000}, {"b", 500}, {"old", 50}}
+	ls := []Holder{{"a", 1000}, {"b", 500}, {"old", 50}}
 	s := Leases(ls, "a", 60)
 	if s != (LeaseSet{Live: 2, Held: true, Earliest: 500, Latest: 1000}) {
 		t.Fatalf("Leases = %+v", s)
@@ -40,7 +40,7 @@ func TestEvalLeases(t *testing.T) {
 		t.Errorf("take a again: %+v write %v", r, w)
 	}
 	next := p.NextLeases(Take, ls, "a", 60)
-	if len(next) != 2 || next[0].ID != "a" || next[1] != (Lease{"b", 500}) {
+	if len(next) != 2 || next[0].ID != "a" || next[1] != (Holder{"b", 500}) {
 		t.Errorf("NextLeases after renewing a: %+v", next)
 	}
 	if next[0].Exp != p.LeaseExp(60) {

@@ -388,6 +388,8 @@ func ReasonOf(l drip.Limit) string { return algoOf(&l).reason }
 // rate when it has none); for a concurrency limit, its slots
 // (max_in_flight); 0 for a limit that allows nothing (Envoy's
 // requests_per_unit 0).
+//
+// Deprecated: use Item.Burst, which reads the compiled plan.
 func Burst(l drip.Limit) float64 {
 	if algoOf(&l).slots {
 		return float64(l.MaxInFlight)

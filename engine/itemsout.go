@@ -124,7 +124,7 @@ func (out *Outcome) itemFields() Fields {
 		return Fields{}
 	}
 	fieldOf := func(a *Applied) field {
-		f := field{policy: a.plan().policy, name: a.plan().name}
+		f := field{policy: a.policy(), name: a.plan().name}
 		switch {
 		case a.blocked:
 			f.noT = true

@@ -254,14 +254,32 @@ func (out *Outcome) pick(r Values, jitter rules.Jitter) {
 // 10/s is 2s), when it has one (a limit that never allows, such as
 // Envoy's requests_per_unit 0, has none).
 func policyItem(name string, p *Plan) string {
-	s := sfv.String(name) + ";q=" + strconv.FormatInt(p.quota, 10)
+	return policyItemFill(sfv.String(name), p, p.fill)
+}
+
+// policyItemFill is policyItem for a plan whose window takes fill to
+// fill from empty, with its name as a string item already.
+func policyItemFill(name string, p *Plan, fill time.Duration) string {
+	s := name + ";q=" + strconv.FormatInt(p.quota, 10)
 	if p.algo.slots {
 		return s + `;qu="` + sfv.UnitConcurrentRequests + `"`
 	}
-	if w := seconds.Ceil(p.fill); w > 0 {
+	if w := seconds.Ceil(fill); w > 0 {
 		s += ";w=" + strconv.FormatInt(w, 10)
 	}
 	return s
+}
+
+// policy is the RateLimit-Policy item of the item's plan. A calendar
+// window's w is the length of the window the decision fell in (a day of
+// 23 or 25 hours, a month of 28 to 31 days), not that of the window the
+// plan was compiled in.
+func (it *Item) policy() string {
+	p := it.plan()
+	if p.cal == nil || it.span <= 0 || time.Duration(it.span) == p.fill {
+		return p.policy
+	}
+	return policyItemFill(p.name, p, time.Duration(it.span))
 }
 
 // ConcurrencyRetryAfter is the Retry-After of a concurrency limit's
@@ -282,13 +300,16 @@ func (a *Applied) wait() time.Duration {
 // Amount formats a number of tokens for a problem's detail: an integer
 // when it is one, else a decimal (at most three decimal places, rounded
 // down).
+//
+// Deprecated: a front door's rendering, not the engine's; it is
+// internal/sfv.Number.
 func Amount(x float64) string { return sfv.Number(x) }
 
 // ruleField is an applied rule's RateLimit item. A concurrency limit has
 // no window: its item has no t, unless it denied (then t is the
 // Retry-After value, as for every rule that denied).
 func (out *Outcome) ruleField(a *Applied) field {
-	f := field{policy: a.plan().policy, name: a.plan().name, remaining: a.Decision.Remaining}
+	f := field{policy: a.policy(), name: a.plan().name, remaining: a.Decision.Remaining}
 	switch {
 	case !out.Allowed && out.RetryAfter > 0 && a.Reason != "":
 		f.t = out.RetryAfter

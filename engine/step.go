@@ -59,6 +59,7 @@ type Item struct {
 	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
 	req  int     // its store request
 
+	span  int64   // a calendar window's length in the decision's window (policy)
 	class int     // the request's class of priority (SetClass)
 	keep  float64 // the share of the limit's capacity kept for higher classes
 }
@@ -169,6 +170,11 @@ func verdictOf(b bool) verdict {
 	}
 	return no
 }
+
+// Burst is the item's burst, as its plan holds it: the limit's burst in
+// drip's fixed point, its slots for a concurrency limit, 0 for a limit
+// that allows nothing.
+func (it *Item) Burst() float64 { return it.plan().burst }
 
 // plan is the item's Plan, compiled now if the door handed none.
 func (it *Item) plan() *Plan {
@@ -282,7 +288,7 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 	}
 	for _, it := range items {
 		r := &reqs[it.req]
-		it.Decision, it.Decided, it.Taken = r.d, true, r.cost
+		it.Decision, it.Decided, it.Taken, it.span = r.d, true, r.cost, r.span
 		it.Changed = op == bucket.Refund || (op == bucket.Take && allowed)
 		if r.over && op == bucket.Peek {
 			it.Decision.Allowed = false
@@ -317,8 +323,12 @@ func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rul
 		return err
 	}
 	for j := range reqs {
-		reqs[j].it.plan().hints(&res[j], &items[j].Params, at)
+		pl := reqs[j].it.plan()
+		pl.hints(&res[j], &items[j].Params, at)
 		reqs[j].d = drip.DecisionOf(res[j], items[j].Params.Burst)
+		if pl.cal != nil {
+			reqs[j].span = items[j].Params.Period
+		}
 	}
 	return nil
 }
@@ -333,6 +343,7 @@ type stepReq struct {
 	err  error
 	over bool
 	d    drip.Decision
+	span int64 // a calendar window's length at the decision (Item.span)
 }
 
 // scratch is a step's memory, pooled: the items and results handed to a

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
@@ -137,7 +138,7 @@ func ExampleKeyLimit_cost() {
 		},
 		// A batch of n items costs n.
 		Cost: func(r *http.Request) float64 {
-			n, _ := httplimit.ParseCost(r.URL.Query().Get("items"))
+			n, _ := engine.ParseCost(r.URL.Query().Get("items"))
 			return max(n, 1)
 		},
 		KeyError: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -272,5 +272,7 @@ func (l *Limiter) Decide(ctx context.Context, r *http.Request) *engine.Outcome {
 	return l.fd.Engine().Decide(ctx, s.Rules, v)
 }
 
-// ParseCost reads a request's cost (engine.ParseCost).
+// ParseCost is engine.ParseCost(s).
+//
+// Deprecated: use engine.ParseCost.
 func ParseCost(s string) (float64, bool) { return engine.ParseCost(s) }

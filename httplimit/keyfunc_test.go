@@ -91,7 +91,7 @@ func headerKey(r *http.Request) (string, error) { return r.Header.Get("X-User"),
 // headerCost reads X-Cost as the rules' cost_source header:x-cost does,
 // with a default cost of 1.
 func headerCost(r *http.Request) float64 {
-	if c, ok := httplimit.ParseCost(r.Header.Get("X-Cost")); ok {
+	if c, ok := engine.ParseCost(r.Header.Get("X-Cost")); ok {
 		return c
 	}
 	return 1

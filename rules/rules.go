@@ -360,6 +360,9 @@ type Issue struct {
 	Message string
 	// Line is the line of the file it is on; 0 when unknown.
 	Line int
+	// File is the file it is in, when its Error spans several files (an
+	// envoyproxy/ratelimit configuration); empty: the Error's File.
+	File string
 }
 
 // Problem is the old name of Issue.
@@ -376,7 +379,9 @@ func (p Issue) String() string {
 	return p.Path + ": " + p.Message
 }
 
-// Error is a rules file that cannot be used, with every issue found.
+// Error is a rules file that cannot be used, with every issue found. It
+// is also the error of an envoyproxy/ratelimit configuration (package
+// server/envoy), whose issues each name their file.
 type Error struct {
 	File string
 	// Problems lists every issue found.
@@ -392,8 +397,12 @@ func (e *Error) Error() string {
 		if i > 0 {
 			b.WriteByte('\n')
 		}
-		if e.File != "" {
-			b.WriteString(e.File)
+		file := p.File
+		if file == "" {
+			file = e.File
+		}
+		if file != "" {
+			b.WriteString(file)
 			if p.Line > 0 {
 				b.WriteString(":" + strconv.Itoa(p.Line))
 			}

@@ -149,11 +149,11 @@ func TestErrorListsEveryProblem(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	want := []Issue{
-		{"rules[0].limit_keys", `required (use ["global"] for one bucket shared by every request)`, 1},
-		{"rules[0].algorithm_config", "required", 1},
-		{"rules[1].limit_keys[0]", `"x" is not a key source (` + sourceList + ")", 1},
-		{"rules[1].algorithm_config.rps", "must be > 0", 1},
-		{"x", "unknown field", 1},
+		{"rules[0].limit_keys", `required (use ["global"] for one bucket shared by every request)`, 1, ""},
+		{"rules[0].algorithm_config", "required", 1, ""},
+		{"rules[1].limit_keys[0]", `"x" is not a key source (` + sourceList + ")", 1, ""},
+		{"rules[1].algorithm_config.rps", "must be > 0", 1, ""},
+		{"x", "unknown field", 1, ""},
 	}
 	if !reflect.DeepEqual(re.Problems, want) {
 		t.Errorf("problems:\n%q\nwant\n%q", re.Problems, want)

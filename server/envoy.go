@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/server/envoy"
 )
@@ -40,8 +41,8 @@ func (s *Server) envoyService() *envoy.Service {
 	if s.rls == nil {
 		// On the server's engine; its decisions count as rule
 		// "envoy:<limit name or config path>".
-		s.rls = envoy.NewService(s.store, s.rs.envoy, envoy.WithEngine(s.eng),
-			envoy.WithObserver(s.metrics.obs.Prefixed(envoyPrefix)), envoy.WithKeys(s.who.Prefixed(envoyPrefix)))
+		s.rls = envoy.NewService(s.store, s.rs.envoy, engine.Shared(s.eng))
+		s.rls.Observe(s.metrics.obs.Prefixed(envoyPrefix), s.who.Prefixed(envoyPrefix))
 	}
 	return s.rls
 }

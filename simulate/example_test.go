@@ -17,7 +17,7 @@ func Example() {
 		panic(err)
 	}
 	limit := drip.PerSecond(10).WithBurst(50)
-	res, err := simulate.Run(context.Background(), p.Events(simulate.Event{Cost: 1}), simulate.Options{Limit: limit, End: p.Duration()})
+	res, err := simulate.Run(context.Background(), p.Arrivals(simulate.Arrival{Cost: 1}), simulate.Options{Limit: limit, End: p.Duration()})
 	if err != nil {
 		panic(err)
 	}

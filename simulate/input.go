@@ -17,13 +17,13 @@ import (
 // ReadTrace reads a trace in the JSON-lines format of drip replay (docs/api.md):
 // "at" (seconds since the start), "op" (take, peek, refund or reset; take
 // by default), "key", "cost" (default 1), "reserve" and "limit" (kept in
-// Event.Limit; Run uses Options.Limit for lines without one). Multi-takes
+// Arrival.Limit; Run uses Options.Limit for lines without one). Multi-takes
 // ("requests") are not simulated: they are an error, as is any bad line,
 // reported with its line number.
-func ReadTrace(r io.Reader) ([]Event, error) {
+func ReadTrace(r io.Reader) ([]Arrival, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
-	var evs []Event
+	var evs []Arrival
 	for n := 1; sc.Scan(); n++ {
 		b := bytes.TrimSpace(sc.Bytes())
 		if len(b) == 0 {
@@ -34,23 +34,23 @@ func ReadTrace(r io.Reader) ([]Event, error) {
 			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
 		evs = append(evs, e)
-		if len(evs) > MaxEvents {
-			return nil, fmt.Errorf("more than %d requests", MaxEvents)
+		if len(evs) > MaxArrivals {
+			return nil, fmt.Errorf("more than %d requests", MaxArrivals)
 		}
 	}
 	return evs, sc.Err()
 }
 
 // parseTraceLine reads a line with drip replay's parser.
-func parseTraceLine(b []byte) (Event, error) {
+func parseTraceLine(b []byte) (Arrival, error) {
 	r, err := replay.Decode(b, replay.LineFormat)
 	if err != nil {
-		return Event{}, err
+		return Arrival{}, err
 	}
 	if r.Requests != nil {
-		return Event{}, errors.New("multi-takes (requests) are not simulated")
+		return Arrival{}, errors.New("multi-takes (requests) are not simulated")
 	}
-	e := Event{At: r.At}
+	e := Arrival{At: r.At}
 	switch r.Op {
 	case "take":
 		e.Op = Take
@@ -62,7 +62,7 @@ func parseTraceLine(b []byte) (Event, error) {
 		e.Op = Reset
 	}
 	if r.Key == "" {
-		return Event{}, store.ErrMissingKey
+		return Arrival{}, store.ErrMissingKey
 	}
 	e.Key, e.Reserve, e.Limit, e.Cost = r.Key, r.Reserve, r.Limit, 1
 	if r.Cost != nil {
@@ -106,7 +106,7 @@ type LogStats struct {
 // are accepted, a missing zone means UTC). Lines without a timestamp are
 // skipped and counted. Without a key option, every request shares one
 // bucket (DefaultKey); with one, each client has its own.
-func ReadLog(r io.Reader, o LogOptions) ([]Event, LogStats, error) {
+func ReadLog(r io.Reader, o LogOptions) ([]Arrival, LogStats, error) {
 	var st LogStats
 	type stamped struct {
 		t   time.Time
@@ -149,8 +149,8 @@ func ReadLog(r io.Reader, o LogOptions) ([]Event, LogStats, error) {
 		}
 		key = store.FitKey(key) // a huge field is a client of its own, not an error
 		lines = append(lines, stamped{t, key})
-		if len(lines) > MaxEvents {
-			return nil, st, fmt.Errorf("more than %d requests", MaxEvents)
+		if len(lines) > MaxArrivals {
+			return nil, st, fmt.Errorf("more than %d requests", MaxArrivals)
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -165,9 +165,9 @@ func ReadLog(r io.Reader, o LogOptions) ([]Event, LogStats, error) {
 			st.Start = l.t
 		}
 	}
-	evs := make([]Event, len(lines))
+	evs := make([]Arrival, len(lines))
 	for i, l := range lines {
-		evs[i] = Event{At: l.t.Sub(st.Start), Key: l.key, Cost: cost}
+		evs[i] = Arrival{At: l.t.Sub(st.Start), Key: l.key, Cost: cost}
 	}
 	return evs, st, nil
 }

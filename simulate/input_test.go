@@ -67,7 +67,7 @@ func TestReadLog(t *testing.T) {
 	if st.Lines != 4 || st.Skipped != 1 || st.NoKey != 0 || !st.Start.Equal(time.Date(2000, 10, 10, 20, 55, 36, 0, time.UTC)) {
 		t.Errorf("stats %+v", st)
 	}
-	want := []Event{{At: 0, Key: "10.0.0.1", Cost: 1}, {At: time.Second, Key: "10.0.0.2", Cost: 1}, {At: 2500 * time.Millisecond, Key: "10.0.0.1", Cost: 1}}
+	want := []Arrival{{At: 0, Key: "10.0.0.1", Cost: 1}, {At: time.Second, Key: "10.0.0.2", Cost: 1}, {At: 2500 * time.Millisecond, Key: "10.0.0.1", Cost: 1}}
 	if len(evs) != len(want) {
 		t.Fatalf("events %+v, want %+v", evs, want)
 	}

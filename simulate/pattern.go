@@ -10,8 +10,14 @@ import (
 	"time"
 )
 
-// MaxEvents bounds the number of requests a pattern may generate.
-const MaxEvents = 10_000_000
+// MaxArrivals bounds the number of requests a pattern, a trace or a log
+// may give a run.
+const MaxArrivals = 10_000_000
+
+// MaxEvents is the old name of MaxArrivals.
+//
+// Deprecated: use MaxArrivals.
+const MaxEvents = MaxArrivals
 
 // PhaseKind is what a phase of a pattern sends.
 type PhaseKind uint8
@@ -66,8 +72,8 @@ func ParsePattern(s string) (Pattern, error) {
 	if len(problems) > 0 {
 		return nil, errors.New(strings.Join(problems, "; "))
 	}
-	if n := p.Len(); n > MaxEvents {
-		return nil, fmt.Errorf("the pattern sends %d requests, more than %d", n, MaxEvents)
+	if n := p.Len(); n > MaxArrivals {
+		return nil, fmt.Errorf("the pattern sends %d requests, more than %d", n, MaxArrivals)
 	}
 	return p, nil
 }
@@ -107,8 +113,8 @@ func parsePhase(s string) (Phase, error) {
 	}
 	if m := burstRE.FindStringSubmatch(s); m != nil {
 		n, err := strconv.Atoi(m[1])
-		if err != nil || n <= 0 || n > MaxEvents {
-			return Phase{}, fmt.Errorf("count %q must be a whole number from 1 to %d", m[1], MaxEvents)
+		if err != nil || n <= 0 || n > MaxArrivals {
+			return Phase{}, fmt.Errorf("count %q must be a whole number from 1 to %d", m[1], MaxArrivals)
 		}
 		return Phase{Kind: Burst, Count: n}, nil
 	}
@@ -132,7 +138,7 @@ func (ph Phase) count() int {
 		// Request i is sent at i*Per/Rate, for every i with i*Per/Rate <
 		// For. The epsilon absorbs float error in exact products.
 		n := math.Ceil(ph.For.Seconds()*ph.Rate/ph.Per.Seconds() - 1e-9)
-		return int(min(n, MaxEvents+1))
+		return int(min(n, MaxArrivals+1))
 	}
 	return 0
 }
@@ -141,7 +147,7 @@ func (ph Phase) count() int {
 func (p Pattern) Len() int {
 	n := 0
 	for _, ph := range p {
-		n = min(n+ph.count(), MaxEvents+1)
+		n = min(n+ph.count(), MaxArrivals+1)
 	}
 	return n
 }
@@ -155,10 +161,10 @@ func (p Pattern) Duration() time.Duration {
 	return d
 }
 
-// Events returns the pattern's requests, each a copy of tmpl (key, cost,
+// Arrivals returns the pattern's requests, each a copy of tmpl (key, cost,
 // reserve, limit) at its own time.
-func (p Pattern) Events(tmpl Event) []Event {
-	evs := make([]Event, 0, min(p.Len(), MaxEvents))
+func (p Pattern) Arrivals(tmpl Arrival) []Arrival {
+	evs := make([]Arrival, 0, min(p.Len(), MaxArrivals))
 	var start time.Duration
 	for _, ph := range p {
 		n := ph.count()
@@ -174,6 +180,11 @@ func (p Pattern) Events(tmpl Event) []Event {
 	}
 	return evs
 }
+
+// Events is Arrivals.
+//
+// Deprecated: use Arrivals.
+func (p Pattern) Events(tmpl Arrival) []Arrival { return p.Arrivals(tmpl) }
 
 // String writes p in the syntax ParsePattern reads.
 func (p Pattern) String() string {

@@ -29,7 +29,7 @@ func TestParsePattern(t *testing.T) {
 			t.Errorf("%q: %v", c.in, err)
 			continue
 		}
-		if p.String() != c.canon || p.Len() != c.n || p.Duration() != c.duration || len(p.Events(Event{})) != c.n {
+		if p.String() != c.canon || p.Len() != c.n || p.Duration() != c.duration || len(p.Arrivals(Arrival{})) != c.n {
 			t.Errorf("%q: %q, %d requests over %v; want %q, %d, %v", c.in, p, p.Len(), p.Duration(), c.canon, c.n, c.duration)
 		}
 		if q, err := ParsePattern(p.String()); err != nil || q.String() != p.String() {
@@ -59,13 +59,13 @@ func TestParsePatternErrors(t *testing.T) {
 	}
 }
 
-func TestPatternEvents(t *testing.T) {
+func TestPatternArrivals(t *testing.T) {
 	p, err := ParsePattern("3/s for 1s, idle 1s, 2 at once, 2/s for 1s")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []time.Duration
-	for _, e := range p.Events(Event{Key: "k", Cost: 2, Reserve: true}) {
+	for _, e := range p.Arrivals(Arrival{Key: "k", Cost: 2, Reserve: true}) {
 		if e.Key != "k" || e.Cost != 2 || !e.Reserve {
 			t.Fatalf("event %+v does not copy the template", e)
 		}

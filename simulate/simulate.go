@@ -36,8 +36,8 @@ const (
 	Reset            // forget the bucket: it is full again
 )
 
-// Event is one request of a run.
-type Event struct {
+// Arrival is one request of a run, at its virtual time.
+type Arrival struct {
 	// At is the virtual time of the request, since the start of the run.
 	At time.Duration
 	// Key names the bucket; "" means DefaultKey.
@@ -76,11 +76,11 @@ type Options struct {
 	From time.Time
 }
 
-// Outcome is the decision on one take.
-type Outcome struct {
+// Record is one take of a run and the decision on it.
+type Record struct {
 	// N is the take's number in the run, from 1.
 	N        int
-	Event    Event
+	Arrival  Arrival
 	Decision drip.Decision
 }
 
@@ -132,12 +132,12 @@ type Report struct {
 	// Reserved counts takes allowed in debt: work delayed by RetryAfter.
 	Reserved int
 	// FirstDenial is the first denied take, or nil.
-	FirstDenial *Outcome
+	FirstDenial *Record
 	// LongestRetry is the denied take with the longest RetryAfter, or nil.
-	LongestRetry *Outcome
+	LongestRetry *Record
 	// LongestDelay is the reserved take with the longest RetryAfter (the
 	// longest wait of reserved work), or nil.
-	LongestDelay *Outcome
+	LongestDelay *Record
 	// Steady counts the takes of the end of the run: its second half, cut
 	// to whole periods of the limit when it holds one or more. It shows how
 	// the limit holds a sustained load once an initial burst is spent.
@@ -151,7 +151,7 @@ type Report struct {
 	// samples per 1/800 of the run (about a pixel of the chart).
 	Tokens []Sample
 	// First holds the first Options.Keep takes.
-	First []Outcome
+	First []Record
 }
 
 // Result is the old name of Report.
@@ -159,6 +159,18 @@ type Report struct {
 // Deprecated: use Report. Result names one evaluation of the math
 // (bucket.Result).
 type Result = Report
+
+// Event is the old name of Arrival.
+//
+// Deprecated: use Arrival. An event is what the engine tells its
+// observer (engine.Event).
+type Event = Arrival
+
+// Outcome is the old name of Record. Its field Event is now Arrival.
+//
+// Deprecated: use Record. An outcome is a front door's decision
+// (engine.Outcome).
+type Outcome = Record
 
 // ErrConcurrency is Run's error for a concurrency limit: simulated
 // requests have no duration, so none would ever give its slot back, and
@@ -169,9 +181,9 @@ var ErrConcurrency = errors.New("concurrency limits (requests in flight) cannot 
 // given order) on a fresh memory store, in virtual time. It returns an
 // error for an event the store rejects (a bad limit, a cost above the burst
 // without reserve), naming the event.
-func Run(ctx context.Context, events []Event, o Options) (*Report, error) {
+func Run(ctx context.Context, events []Arrival, o Options) (*Report, error) {
 	evs := slices.Clone(events)
-	slices.SortStableFunc(evs, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
+	slices.SortStableFunc(evs, func(a, b Arrival) int { return cmp.Compare(a.At, b.At) })
 	for i := range evs {
 		if evs[i].Key == "" {
 			evs[i].Key = DefaultKey
@@ -332,7 +344,7 @@ func Run(ctx context.Context, events []Event, o Options) (*Report, error) {
 			continue
 		}
 		n++
-		out := Outcome{N: n, Event: e, Decision: d}
+		out := Record{N: n, Arrival: e, Decision: d}
 		if len(res.First) < o.Keep {
 			res.First = append(res.First, out)
 		}

@@ -16,13 +16,13 @@ import (
 // second, b = 50.
 var burst50 = drip.PerSecond(10).WithBurst(50)
 
-func run(t *testing.T, pattern string, l drip.Limit, tmpl Event, keep int) *Report {
+func run(t *testing.T, pattern string, l drip.Limit, tmpl Arrival, keep int) *Report {
 	t.Helper()
 	p, err := ParsePattern(pattern)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(context.Background(), p.Events(tmpl), Options{Limit: l, End: p.Duration(), Keep: keep})
+	res, err := Run(context.Background(), p.Arrivals(tmpl), Options{Limit: l, End: p.Duration(), Keep: keep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func secondsAt(n, rps int) time.Duration {
 // TestSteadyOverloadOddLength: a run that does not end on a whole row
 // still reports the steady rate of its traffic, not of a padded tail.
 func TestSteadyOverloadOddLength(t *testing.T) {
-	res := run(t, "60/s for 61s", burst50, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 61s", burst50, Arrival{Cost: 1}, 0)
 	if res.Total.To != 61*time.Second {
 		t.Errorf("total over %v, want 61s", res.Total.To)
 	}
@@ -52,7 +52,7 @@ func TestSteadyOverloadOddLength(t *testing.T) {
 }
 
 func TestSteadyOverload(t *testing.T) {
-	res := run(t, "60/s for 10s", burst50, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 10s", burst50, Arrival{Cost: 1}, 0)
 	if res.Total.Sent != 600 || res.Total.Accepted != 59+9*10 || res.Total.Denied != 600-149 {
 		t.Errorf("total = %+v, want 600 sent, 149 accepted, 451 denied", res.Total)
 	}
@@ -75,7 +75,7 @@ func TestSteadyOverload(t *testing.T) {
 		t.Errorf("steady = %+v, want 50 of 300 accepted from 5s, 10/s", s)
 	}
 	d := res.FirstDenial
-	if d == nil || d.N != 60 || d.Event.At != secondsAt(59, 60) {
+	if d == nil || d.N != 60 || d.Arrival.At != secondsAt(59, 60) {
 		t.Fatalf("first denial = %+v, want request 60 at 59/60 s", d)
 	}
 	// 50 + 10*59/60 - 59 = 0.8333 tokens: 1/60 s until 1 token.
@@ -102,14 +102,14 @@ func near(d, want time.Duration) bool { return (d - want).Abs() <= time.Microsec
 // tokens that drip in while the burst is spent let 9 more through (see
 // TestSteadyOverload); the steady state is the same.
 func TestWorkedExampleInterval(t *testing.T) {
-	res := run(t, "60/s for 10s", burst50.WithRefill(drip.Interval), Event{Cost: 1}, 60)
+	res := run(t, "60/s for 10s", burst50.WithRefill(drip.Interval), Arrival{Cost: 1}, 60)
 	for i, o := range res.First[:50] {
 		if !o.Decision.Allowed || o.Decision.Tokens != float64(49-i) {
 			t.Errorf("request %d: %+v, want accepted with %d tokens after", i+1, o.Decision, 49-i)
 		}
 	}
 	d := res.FirstDenial
-	if d == nil || d.N != 51 || d.Event.At != secondsAt(50, 60) {
+	if d == nil || d.N != 51 || d.Arrival.At != secondsAt(50, 60) {
 		t.Fatalf("first denial = %+v, want the 51st request, at 50/60 s", d)
 	}
 	if d.Decision.Tokens != 0 || header(d.Decision.RetryAfter) != 1 || !near(d.Decision.RetryAfter, time.Second/6) {
@@ -135,7 +135,7 @@ func TestIdleGapRefillsToBurst(t *testing.T) {
 	for _, refill := range []drip.Refill{drip.Continuous, drip.Interval} {
 		t.Run(string(refill), func(t *testing.T) {
 			l := burst50.WithRefill(refill)
-			res := run(t, "60/s for 10s, idle 5s, 60/s for 1s", l, Event{Cost: 1}, 0)
+			res := run(t, "60/s for 10s, idle 5s, 60/s for 1s", l, Arrival{Cost: 1}, 0)
 			if len(res.Rows) != 16 {
 				t.Fatalf("%d rows, want 16", len(res.Rows))
 			}
@@ -154,7 +154,7 @@ func TestIdleGapRefillsToBurst(t *testing.T) {
 	}
 	// A gap too short to fill: the last token is taken at 9.9 s, so at the
 	// end of a 3 s gap (13 s) the bucket holds 0 + 3.1 * 10 = 31.
-	res := run(t, "60/s for 10s, idle 3s", burst50, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 10s, idle 3s", burst50, Arrival{Cost: 1}, 0)
 	if got := res.Rows[12].Tokens; math.Abs(got-31) > 1e-6 {
 		t.Errorf("tokens at 13s: %v, want 31", got)
 	}
@@ -164,7 +164,7 @@ func TestIdleGapRefillsToBurst(t *testing.T) {
 // first 10 requests of each window.
 func TestFixedWindow(t *testing.T) {
 	l := drip.Limit{Algorithm: drip.FixedWindow, Rate: 10, Period: time.Second, Start: time.Second}
-	res := run(t, "60/s for 3s", l, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 3s", l, Arrival{Cost: 1}, 0)
 	for _, r := range res.Rows {
 		if r.Accepted != 10 || r.Denied != 50 {
 			t.Errorf("window %v: %+v, want 10 accepted", r.From, r)
@@ -181,13 +181,13 @@ func TestFixedWindow(t *testing.T) {
 
 func TestCostAndReserve(t *testing.T) {
 	// Cost 2 halves the accepted requests in the steady state.
-	res := run(t, "60/s for 10s", burst50, Event{Cost: 2}, 0)
+	res := run(t, "60/s for 10s", burst50, Arrival{Cost: 2}, 0)
 	if s := res.Steady; s.AcceptedPerSecond() != 5 {
 		t.Errorf("cost 2: steady %+v, want 5 accepted/s", s)
 	}
 	// Reservations within 5 tokens of debt are all accepted, delayed by at
 	// most 5 tokens' worth of refill (0.5 s); beyond, they are denied.
-	res = run(t, "60/s for 10s", burst50.WithMaxReserved(5), Event{Cost: 1, Reserve: true}, 0)
+	res = run(t, "60/s for 10s", burst50.WithMaxReserved(5), Arrival{Cost: 1, Reserve: true}, 0)
 	if res.Reserved == 0 || res.LongestDelay == nil || res.LongestDelay.Decision.RetryAfter > time.Second/2 {
 		t.Errorf("reserve: %d reserved, longest %+v, want some, at most 0.5 s", res.Reserved, res.LongestDelay)
 	}
@@ -196,7 +196,7 @@ func TestCostAndReserve(t *testing.T) {
 	}
 	// Cost over burst without reserve is an error, not a run of denials.
 	p, _ := ParsePattern("1 at once")
-	_, err := Run(context.Background(), p.Events(Event{Cost: 51}), Options{Limit: burst50})
+	_, err := Run(context.Background(), p.Arrivals(Arrival{Cost: 51}), Options{Limit: burst50})
 	if !errors.Is(err, drip.ErrCostExceedsBurst) {
 		t.Errorf("cost 51 > burst 50: err = %v, want ErrCostExceedsBurst", err)
 	}
@@ -212,14 +212,14 @@ func TestNeverOverGrants(t *testing.T) {
 	} {
 		for _, l := range []drip.Limit{burst50, burst50.WithRefill(drip.Interval), drip.Per(3, 700*time.Millisecond).WithBurst(4.5)} {
 			p, _ := ParsePattern(pat)
-			res, err := Run(context.Background(), p.Events(Event{Cost: 1}), Options{Limit: l, End: p.Duration(), Keep: p.Len()})
+			res, err := Run(context.Background(), p.Arrivals(Arrival{Cost: 1}), Options{Limit: l, End: p.Duration(), Keep: p.Len()})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var acc []time.Duration
 			for _, o := range res.First {
 				if o.Decision.Allowed {
-					acc = append(acc, o.Event.At)
+					acc = append(acc, o.Arrival.At)
 				}
 			}
 			burst := l.Burst
@@ -240,11 +240,11 @@ func TestNeverOverGrants(t *testing.T) {
 }
 
 func TestManyKeys(t *testing.T) {
-	var evs []Event
+	var evs []Arrival
 	for i := range 30 {
-		evs = append(evs, Event{At: time.Duration(i) * time.Second / 30, Key: "a", Cost: 1})
+		evs = append(evs, Arrival{At: time.Duration(i) * time.Second / 30, Key: "a", Cost: 1})
 		if i%3 == 0 {
-			evs = append(evs, Event{At: time.Duration(i) * time.Second / 30, Key: "b", Cost: 1})
+			evs = append(evs, Arrival{At: time.Duration(i) * time.Second / 30, Key: "b", Cost: 1})
 		}
 	}
 	res, err := Run(context.Background(), evs, Options{Limit: drip.PerSecond(5)})
@@ -273,7 +273,7 @@ func TestRunIsFast(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p, _ := ParsePattern("60/s for 10s")
 		start := time.Now()
-		if _, err := Run(context.Background(), p.Events(Event{Cost: 1}), Options{Limit: burst50, End: p.Duration()}); err != nil {
+		if _, err := Run(context.Background(), p.Arrivals(Arrival{Cost: 1}), Options{Limit: burst50, End: p.Duration()}); err != nil {
 			t.Fatal(err)
 		}
 		if d := time.Since(start); d != 0 {
@@ -284,7 +284,7 @@ func TestRunIsFast(t *testing.T) {
 
 func BenchmarkRun(b *testing.B) {
 	p, _ := ParsePattern("60/s for 10s")
-	evs := p.Events(Event{Cost: 1})
+	evs := p.Arrivals(Arrival{Cost: 1})
 	for b.Loop() {
 		if _, err := Run(context.Background(), evs, Options{Limit: burst50, End: p.Duration()}); err != nil {
 			b.Fatal(err)
@@ -295,7 +295,7 @@ func BenchmarkRun(b *testing.B) {
 // The chart's samples are in time order, start full, reach the bottom of
 // every sawtooth tooth and end at the end of the run.
 func TestTokenSamples(t *testing.T) {
-	res := run(t, "60/s for 10s", burst50, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 10s", burst50, Arrival{Cost: 1}, 0)
 	s := res.Tokens
 	if len(s) < 100 || len(s) > 3*800+3 {
 		t.Fatalf("%d samples", len(s))
@@ -343,10 +343,10 @@ func TestConcurrencyRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	inflight := drip.InFlight(2, time.Minute)
-	if _, err := Run(context.Background(), p.Events(Event{Cost: 1}), Options{Limit: inflight, End: p.Duration()}); !errors.Is(err, ErrConcurrency) {
+	if _, err := Run(context.Background(), p.Arrivals(Arrival{Cost: 1}), Options{Limit: inflight, End: p.Duration()}); !errors.Is(err, ErrConcurrency) {
 		t.Errorf("limit: %v, want ErrConcurrency", err)
 	}
-	evs := p.Events(Event{Cost: 1})
+	evs := p.Arrivals(Arrival{Cost: 1})
 	evs[3].Key, evs[3].Limit = "other", &inflight
 	if _, err := Run(context.Background(), evs, Options{Limit: drip.PerSecond(5), End: p.Duration()}); !errors.Is(err, ErrConcurrency) {
 		t.Errorf("a trace line's limit: %v, want ErrConcurrency", err)

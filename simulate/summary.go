@@ -52,7 +52,7 @@ func (r *Report) WriteSummary(w io.Writer, traffic string) error {
 	p("denied", "%d (%s)", r.Total.Denied, share(r.Total.Denied, r.Total.Sent))
 	if d := r.FirstDenial; d != nil {
 		p("first denial", "request %d at %.3fs%s: %s tokens left, retry after %.3fs (Retry-After: %d)",
-			d.N, d.Event.At.Seconds(), keyNote(r, d), tok(d.Decision.Tokens), d.Decision.RetryAfter.Seconds(), header(d.Decision.RetryAfter))
+			d.N, d.Arrival.At.Seconds(), keyNote(r, d), tok(d.Decision.Tokens), d.Decision.RetryAfter.Seconds(), header(d.Decision.RetryAfter))
 	} else {
 		p("first denial", "none")
 	}
@@ -60,11 +60,11 @@ func (r *Report) WriteSummary(w io.Writer, traffic string) error {
 		share(r.Steady.Accepted, r.Steady.Sent), rate(r.Steady.AcceptedPerSecond()), secs(r.Steady.From), secs(r.Steady.To))
 	if d := r.LongestRetry; d != nil {
 		p("longest retry", "%.3fs (Retry-After: %d), request %d at %.3fs%s",
-			d.Decision.RetryAfter.Seconds(), header(d.Decision.RetryAfter), d.N, d.Event.At.Seconds(), keyNote(r, d))
+			d.Decision.RetryAfter.Seconds(), header(d.Decision.RetryAfter), d.N, d.Arrival.At.Seconds(), keyNote(r, d))
 	}
 	if d := r.LongestDelay; d != nil {
 		p("reserved", "%d allowed in debt; longest wait %.3fs, request %d at %.3fs%s",
-			r.Reserved, d.Decision.RetryAfter.Seconds(), d.N, d.Event.At.Seconds(), keyNote(r, d))
+			r.Reserved, d.Decision.RetryAfter.Seconds(), d.N, d.Arrival.At.Seconds(), keyNote(r, d))
 	}
 
 	if len(r.First) > 0 {
@@ -78,9 +78,9 @@ func (r *Report) WriteSummary(w io.Writer, traffic string) error {
 				res = fmt.Sprintf("reserved, runs in %.3fs", o.Decision.RetryAfter.Seconds())
 			}
 			if r.Keys > 1 {
-				res += " (key " + strconv.Quote(o.Event.Key) + ")"
+				res += " (key " + strconv.Quote(o.Arrival.Key) + ")"
 			}
-			fmt.Fprintf(b, "%6d  %8.3fs  %12s  %s\n", o.N, o.Event.At.Seconds(), tok(o.Decision.Tokens), res)
+			fmt.Fprintf(b, "%6d  %8.3fs  %12s  %s\n", o.N, o.Arrival.At.Seconds(), tok(o.Decision.Tokens), res)
 		}
 	}
 
@@ -100,9 +100,9 @@ func share(n, total int) string {
 	return strconv.FormatFloat(100*float64(n)/float64(total), 'f', 1, 64) + "%"
 }
 
-func keyNote(r *Report, o *Outcome) string {
+func keyNote(r *Report, o *Record) string {
 	if r.Keys > 1 {
-		return fmt.Sprintf(" (key %q)", o.Event.Key)
+		return fmt.Sprintf(" (key %q)", o.Arrival.Key)
 	}
 	return ""
 }

@@ -85,7 +85,7 @@ func parseSVG(t *testing.T, b []byte) svgDoc {
 }
 
 func TestSVG(t *testing.T) {
-	res := run(t, "60/s for 10s, idle 5s, 60/s for 1s", burst50, Event{Cost: 1}, 0)
+	res := run(t, "60/s for 10s, idle 5s, 60/s for 1s", burst50, Arrival{Cost: 1}, 0)
 	var b bytes.Buffer
 	if err := res.WriteSVG(&b, `drip simulate: 10/1s burst 50 & "60/s" <test>`); err != nil {
 		t.Fatal(err)
@@ -137,11 +137,11 @@ func TestSVGEdgeCases(t *testing.T) {
 	for _, c := range []struct {
 		pattern string
 		limit   drip.Limit
-		tmpl    Event
+		tmpl    Arrival
 	}{
-		{"idle 3s", burst50, Event{Cost: 1}},
-		{"100 at once", drip.Limit{Algorithm: drip.FixedWindow, Rate: 5}, Event{Cost: 1}},
-		{"30/s for 2s", drip.PerSecond(2), Event{Cost: 1.5, Reserve: true}},
+		{"idle 3s", burst50, Arrival{Cost: 1}},
+		{"100 at once", drip.Limit{Algorithm: drip.FixedWindow, Rate: 5}, Arrival{Cost: 1}},
+		{"30/s for 2s", drip.PerSecond(2), Arrival{Cost: 1.5, Reserve: true}},
 	} {
 		res := run(t, c.pattern, c.limit, c.tmpl, 0)
 		var b bytes.Buffer

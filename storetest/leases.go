@@ -262,7 +262,7 @@ func compareLeases(t *testing.T, st store.Store, seed uint64, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var model []bucket.Lease
+	var model []bucket.Holder
 	at := base()
 	ops := []bucket.Op{bucket.Take, bucket.Take, bucket.Refund, bucket.Peek}
 	for i := range n {
@@ -321,7 +321,7 @@ func compareLeasesBack(t *testing.T, st store.Store, seed uint64, n int) {
 		}
 		ps = append(ps, p)
 	}
-	var model []bucket.Lease
+	var model []bucket.Holder
 	at := base()
 	ops := []bucket.Op{bucket.Take, bucket.Take, bucket.Take, bucket.Refund, bucket.Peek}
 	for i := range n {

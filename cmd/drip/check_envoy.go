@@ -70,12 +70,10 @@ func checkEnvoy(path string, stdout, stderr io.Writer) (handled, bad bool) {
 	}
 	cfg, err := envoy.ParseWith(opts, files...)
 	if err != nil {
-		var ee *envoy.Error
-		if errors.As(err, &ee) {
-			for _, p := range ee.Problems {
-				fmt.Fprintln(stderr, p)
-			}
-			fmt.Fprintf(stderr, "%s: %d problem(s)\n", path, len(ee.Problems))
+		var re *rules.Error
+		if errors.As(err, &re) {
+			fmt.Fprintln(stderr, re.Error())
+			fmt.Fprintf(stderr, "%s: %d problem(s)\n", path, len(re.Problems))
 		} else {
 			fmt.Fprintf(stderr, "%s: %v\n", path, err)
 		}

@@ -84,6 +84,7 @@ type k8sPodTemplate struct {
 			RunAsNonRoot bool `yaml:"runAsNonRoot"`
 			RunAsUser    int  `yaml:"runAsUser"`
 			RunAsGroup   int  `yaml:"runAsGroup"`
+			FSGroup      *int `yaml:"fsGroup"`
 		} `yaml:"securityContext"`
 		Containers []k8sContainer `yaml:"containers"`
 		Volumes    []struct {
@@ -91,6 +92,14 @@ type k8sPodTemplate struct {
 			ConfigMap struct {
 				Name string `yaml:"name"`
 			} `yaml:"configMap"`
+			Secret struct {
+				SecretName  string `yaml:"secretName"`
+				DefaultMode *int   `yaml:"defaultMode"`
+				Items       []struct {
+					Path string `yaml:"path"`
+					Mode *int   `yaml:"mode"`
+				} `yaml:"items"`
+			} `yaml:"secret"`
 		} `yaml:"volumes"`
 	} `yaml:"spec"`
 }
@@ -317,10 +326,45 @@ func TestKubernetesManifests(t *testing.T) {
 	if c.Resources.Requests["cpu"] == "" || c.Resources.Requests["memory"] == "" || c.Resources.Limits["memory"] == "" {
 		t.Errorf("resources %+v: want cpu and memory requests and a memory limit", c.Resources)
 	}
+	// The store URL may hold a password: from a Secret mounted as the
+	// file DRIP_STORE_FILE names, never in an environment variable (one
+	// shows in kubectl describe, in /proc and in crash reports).
+	storeFile := ""
 	for _, e := range c.Env {
-		if e.Name == "DRIP_STORE" && (e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
-			t.Errorf("DRIP_STORE must come from a Secret: the URL may hold a password")
+		switch {
+		case e.Name == "DRIP_STORE_FILE":
+			storeFile = e.Value
+		case e.Name == "DRIP_STORE" || e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == "drip-store":
+			t.Errorf("env %s: the store URL must come from the Secret drip-store mounted as a file (DRIP_STORE_FILE), not the environment", e.Name)
 		}
+	}
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == m.Name && v.Secret.SecretName == "drip-store" && storeFile != "" && filepath.Dir(storeFile) == m.MountPath && m.SubPath == "" {
+				mounted = true
+			}
+			// The kubelet writes a Secret's files as root, in the group
+			// fsGroup when the pod has one: drip's user must read them.
+			if v.Name != m.Name || v.Secret.SecretName == "" {
+				continue
+			}
+			for _, it := range v.Secret.Items {
+				mode := 0o644
+				switch {
+				case it.Mode != nil:
+					mode = *it.Mode
+				case v.Secret.DefaultMode != nil:
+					mode = *v.Secret.DefaultMode
+				}
+				if mode&0o004 == 0 && (sc.FSGroup == nil || mode&0o040 == 0) {
+					t.Errorf("Secret %s, file %s: mode %o, which the pod's user %d cannot read (no fsGroup, or no group read)", v.Secret.SecretName, it.Path, mode, sc.RunAsUser)
+				}
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("DRIP_STORE_FILE=%q is not a file of the Secret drip-store mounted in the container", storeFile)
 	}
 
 	// Services and the disruption budget select the pod; the rate limit

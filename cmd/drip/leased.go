@@ -1,6 +1,7 @@
 package main
 
 import (
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,11 +51,16 @@ func (c leasedCollector) Collect(ch chan<- prometheus.Metric) {
 // block's worth of decisions), so naming a key's rule on each is cheap.
 // The rule label is bounded by the rules in force: ruleOf (the server's
 // RuleOf, set once it exists) names "envoy" for Envoy's limits and ""
-// for any other key.
+// for any other key, and the series of a rule a reload took out of force
+// are deleted at the next scrape or the next new rule counted, so that
+// rules that come and go do not pile up.
 type leasedRules struct {
 	ruleOf atomic.Pointer[func(string) string]
 	blocks *prometheus.CounterVec
 	tokens *prometheus.CounterVec
+
+	mu   sync.Mutex
+	seen map[string]bool // the rule labels counted and not yet deleted
 }
 
 func newLeasedRules() *leasedRules {
@@ -67,6 +73,7 @@ func newLeasedRules() *leasedRules {
 			Name: "drip_leased_rule_tokens_total",
 			Help: "Tokens of each rule's blocks: fetched (taken from the store in blocks), returned (given back unused) or lost (expired unused: counted as granted, never granted).",
 		}, []string{"rule", "event"}),
+		seen: map[string]bool{},
 	}
 }
 
@@ -79,8 +86,42 @@ func (o *leasedRules) rule(key string) string {
 
 func (o *leasedRules) count(key, event, tokens string, micro int64) {
 	r := o.rule(key)
+	o.mu.Lock() // blocks are few: a lock each is cheap
+	defer o.mu.Unlock()
+	if !o.seen[r] {
+		o.forget()
+		o.seen[r] = true
+	}
 	o.blocks.WithLabelValues(r, event).Inc()
 	o.tokens.WithLabelValues(r, tokens).Add(float64(micro) / 1e6)
+}
+
+// forget deletes the series of the rules no longer in force (a rule's
+// keys are "name|..."; "envoy" and "" always are). Called under mu.
+func (o *leasedRules) forget() {
+	for r := range o.seen {
+		if r == "" || r == "envoy" || o.rule(r+"|") == r {
+			continue
+		}
+		o.blocks.DeletePartialMatch(prometheus.Labels{"rule": r})
+		o.tokens.DeletePartialMatch(prometheus.Labels{"rule": r})
+		delete(o.seen, r)
+	}
+}
+
+// Describe and Collect make leasedRules the collector of its two
+// families, forgetting the rules out of force first.
+func (o *leasedRules) Describe(ch chan<- *prometheus.Desc) {
+	o.blocks.Describe(ch)
+	o.tokens.Describe(ch)
+}
+
+func (o *leasedRules) Collect(ch chan<- prometheus.Metric) {
+	o.mu.Lock()
+	o.forget()
+	o.mu.Unlock()
+	o.blocks.Collect(ch)
+	o.tokens.Collect(ch)
 }
 
 func (o *leasedRules) BlockFetched(key string, size int64) { o.count(key, "fetched", "fetched", size) }

@@ -67,6 +67,10 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fmt.Fprintf(stderr, "drip serve: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	if err := misspeltDRIP(fs, os.Environ()); err != nil {
+		fmt.Fprintln(stderr, "drip serve:", err)
+		return 2
+	}
 	if err := fromFile(&c.AdminToken, *tokenFile, c.AdminToken != "", "admin-token"); err != nil {
 		fmt.Fprintln(stderr, "drip serve:", err)
 		return 2
@@ -155,7 +159,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 		defer ls.Close() // before closeStore: it gives the blocks back
 		store = ls
-		c.Collectors = append(c.Collectors, leasedCollector{ls}, byRule.blocks, byRule.tokens)
+		c.Collectors = append(c.Collectors, leasedCollector{ls}, byRule)
 	}
 	s, err := server.New(c, store)
 	if err != nil {

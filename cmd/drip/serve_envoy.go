@@ -303,11 +303,14 @@ func xdsConfig(e *envoyReader) (*xds.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: e.getenv("CONFIG_GRPC_XDS_SERVER_TLS_SAN")}
 	if ca := e.getenv("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"); ca != "" {
-		pool, err := certPool(ca)
+		// Read again when it changes, as the client certificate is: each
+		// connection to the xDS server gets the CAs in force.
+		cas, err := caPool(e.tls, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca)
 		if err != nil {
 			return nil, fmt.Errorf("CONFIG_GRPC_XDS_SERVER_TLS_CACERT: %w", err)
 		}
-		cfg.RootCAs = pool
+		cfg.RootCAs, _ = cas.get()
+		c.RootCAs = cas.get
 	}
 	cert, key := e.getenv("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"), e.getenv("CONFIG_GRPC_XDS_CLIENT_TLS_KEY")
 	if (cert == "") != (key == "") {

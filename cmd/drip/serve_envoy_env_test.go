@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"os"
@@ -596,4 +597,57 @@ func tlsVerdict(addr string, cfg *tls.Config) error {
 	defer conn.Close()
 	_, err = conn.Read(make([]byte, 1)) // TLS 1.3: the server's verdict comes with the first read
 	return err
+}
+
+// TestXDSCARotates: CONFIG_GRPC_XDS_SERVER_TLS_CACERT is read again when
+// it changes, as the client certificate is: the xDS client's RootCAs
+// give the new CA's pool from the next check on (it was read once, at
+// start, so a rotated CA cut drip off its xDS server until a restart).
+func TestXDSCARotates(t *testing.T) {
+	oldCA, newCA := testserver.NewCA(t, "old"), testserver.NewCA(t, "new")
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	write := func(from string) {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(caFile, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(oldCA.CAFile)
+	var c server.Config
+	st, err := envoyEnv(&c, environOf(map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "127.0.0.1:18000",
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "CONFIG_GRPC_XDS_SERVER_TLS_CACERT": caFile}), none, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(time.Hour)
+	st.tls.now = func() time.Time { return at }
+	if c.XDS == nil || c.XDS.RootCAs == nil || !slices.Contains(st.tls.names, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT") {
+		t.Fatalf("the xDS CA file is not watched: %+v, watched %q", c.XDS, st.tls.names)
+	}
+	signs := func(ca *testserver.CA) bool { // the pool in force takes a certificate of ca
+		certFile, _ := ca.Issue(t, ca.Dir(t), "xds")
+		b, _ := os.ReadFile(certFile)
+		blk, _ := pem.Decode(b)
+		cert, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := c.XDS.RootCAs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: "xds"})
+		return err == nil
+	}
+	if !signs(oldCA) || signs(newCA) {
+		t.Fatal("before the rotation, the pool is not the old CA's")
+	}
+	write(newCA.CAFile)
+	at = at.Add(time.Second)
+	if signs(oldCA) || !signs(newCA) {
+		t.Fatal("after the rotation, the pool is not the new CA's")
+	}
 }

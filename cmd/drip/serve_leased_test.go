@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -73,26 +74,36 @@ func postgresStoreArgs(t *testing.T) []string {
 // never more than its burst, and /metrics counts the leased rule's blocks
 // under its name (takes come 16 at once, so that the leased rule's demand
 // calls for blocks however slow the machine).
+//
+// A reload that renames the leased rule takes the old name's series off
+// /metrics: rules that come and go do not pile up.
 func TestServeLeasedRule(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "rules.json")
-	if err := os.WriteFile(file, []byte(`{"rules": [
-		{"name": "hot", "limit_keys": ["header:x-tenant"], "match": {"path": "/hot"}, "leased": true,
-		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 100}},
-		{"name": "cold", "limit_keys": ["header:x-tenant"], "match": {"path": "/cold"},
-		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 100}}]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	for name, store := range map[string]func(*testing.T) []string{
 		"redis":    func(t *testing.T) []string { return []string{"--store", testserver.SharedRedisURL(t)} },
 		"postgres": postgresStoreArgs,
 	} {
-		t.Run(name, func(t *testing.T) { serveLeasedRule(t, append(store(t), "--rules", file)) })
+		t.Run(name, func(t *testing.T) { serveLeasedRule(t, store(t)) })
 	}
+}
+
+// leasedRulesFile is TestServeLeasedRule's rules, its leased rule named
+// hot.
+func leasedRulesFile(hot string) []byte {
+	return []byte(`{"rules": [
+		{"name": "` + hot + `", "limit_keys": ["header:x-tenant"], "match": {"path": "/hot"}, "leased": true,
+		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 100}},
+		{"name": "cold", "limit_keys": ["header:x-tenant"], "match": {"path": "/cold"},
+		 "algorithm_config": {"rate": 1, "period": "24h", "burst": 100}}]}`)
 }
 
 // serveLeasedRule is TestServeLeasedRule on the store args give.
 func serveLeasedRule(t *testing.T, args []string) {
-	api, admin, _ := serveInProcess(t, append(args, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")...)
+	file := filepath.Join(t.TempDir(), "rules.json")
+	if err := os.WriteFile(file, leasedRulesFile("hot"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DRIP_ADMIN_TOKEN", "tok")
+	api, admin, _ := serveInProcess(t, append(args, "--rules", file, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")...)
 	tenant := testserver.Prefix() + "t"
 	granted := map[string]int{}
 	for _, rule := range []string{"hot", "cold"} {
@@ -129,6 +140,38 @@ func serveLeasedRule(t *testing.T, args []string) {
 	}
 	if !strings.Contains(metrics, "drip_leased_decisions_total ") {
 		t.Errorf("/metrics lacks drip_leased_decisions_total")
+	}
+
+	// The leased rule renamed: hot's series go, hot2's come.
+	if err := os.WriteFile(file+".tmp", leasedRulesFile("hot2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(file+".tmp", file); err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("POST", "http://"+admin+"/v1/admin/reload", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("admin reload: %d", resp.StatusCode)
+	}
+	// Takes until the instance leases a block of hot2's (a key seen once
+	// is not leased), with hot's series already gone at each scrape.
+	for i := range 100 {
+		if code, body := httpDo(t, "POST", "http://"+api+"/v1/take", `{"rule": "hot2", "values": [`+strconv.Quote(tenant+"2")+`]}`); code != 200 {
+			t.Fatalf("hot2: %d %s", code, body)
+		}
+		_, metrics = httpDo(t, "GET", "http://"+admin+"/metrics", "")
+		if i >= 10 && strings.Contains(metrics, `rule="hot2"`) {
+			break
+		}
+	}
+	if got := grepLines(metrics, "drip_leased_rule"); strings.Contains(got, `rule="hot"`) || !strings.Contains(got, `rule="hot2"`) {
+		t.Errorf("/metrics after hot was renamed hot2 (hot's series must go, hot2's come):\n%s", got)
 	}
 }
 

@@ -168,9 +168,9 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		return fail(2, errors.New("give a limit: --rate N [--period D] [--burst N], or --rules FILE --rule NAME"))
 	}
 
-	tmpl := simulate.Event{Cost: *cost, Reserve: *reserve}
+	tmpl := simulate.Arrival{Cost: *cost, Reserve: *reserve}
 	var (
-		events  []simulate.Event
+		events  []simulate.Arrival
 		end     time.Duration
 		traffic string
 	)
@@ -184,7 +184,7 @@ func runSimulate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		if err != nil {
 			return fail(2, err)
 		}
-		events, end = pat.Events(tmpl), pat.Duration()
+		events, end = pat.Arrivals(tmpl), pat.Duration()
 		traffic = pat.String()
 	case set["trace"]:
 		err := withInput(*trace, stdin, func(r io.Reader) (err error) {

@@ -162,7 +162,7 @@ func envoyTraffic(t *testing.T, storeName string, seed uint64, w *bytes.Buffer) 
 		now := time.Unix(1_700_000_000, 0)
 		var buf bytes.Buffer
 		ev := &events{buf: &buf}
-		svc := envoy.NewService(st, cfg, envoy.WithClock(func() time.Time { return now }), envoy.WithObserver(ev), envoy.WithTimeout(teststores.Timeout))
+		svc := envoy.NewService(st, cfg, engine.WithClock(func() time.Time { return now }), engine.WithObserver(ev), engine.WithTimeout(teststores.Timeout))
 		r := rand.New(rand.NewPCG(seed, 2))
 		keys := []string{"user", "team", "org", "shadowed", "shadowq", "zero", "zeroq", "zeros", "free", "win", "named", "newer", "settle", "other"}
 		fmt.Fprintf(w, "-- options %+v\n", opts)

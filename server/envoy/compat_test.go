@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -10,6 +11,8 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -582,7 +585,7 @@ func TestUpstreamCompatibility(t *testing.T) {
 			t.Errorf("%s: loaded, want rejected", c.name)
 			continue
 		case !c.loads:
-			if _, ok := err.(*Error); !ok {
+			if re := (*rules.Error)(nil); !errors.As(err, &re) {
 				t.Errorf("%s: error %T, want *Error", c.name, err)
 				continue
 			}
@@ -648,7 +651,7 @@ func TestUpstreamOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	var heard []string
-	svc := NewService(memstore.New(), cfg, WithObserver(observerFunc(func(limit string, shadow bool, outcome string) {
+	svc := NewService(memstore.New(), cfg, engine.WithObserver(observerFunc(func(limit string, shadow bool, outcome string) {
 		heard = append(heard, limit)
 	})))
 	for _, tc := range []struct {

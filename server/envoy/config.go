@@ -209,17 +209,33 @@ func (c *Config) Limits() []*Limit {
 	return out
 }
 
-// Error is a configuration that failed to load: every problem found, each
-// as "file: path: message".
-type Error struct {
-	Problems []string
-}
+// Error is the old name of rules.Error, the error of a configuration
+// that cannot be used.
+//
+// Deprecated: use rules.Error, which errors.As finds in the errors of
+// Parse and Load; each of its Problems names its file.
+type Error = rules.Error
 
-func (e *Error) Error() string {
-	if len(e.Problems) == 1 {
-		return "envoy ratelimit config: " + e.Problems[0]
+// configError is a configuration that failed to load: its text is
+// "envoy ratelimit config: " and every problem found, each as
+// "file:line: path: message"; it wraps the rules.Error.
+type configError struct{ err *rules.Error }
+
+func (e *configError) Unwrap() error { return e.err }
+
+func (e *configError) Error() string {
+	lines := make([]string, len(e.err.Problems))
+	for i, p := range e.err.Problems {
+		lines[i] = p.File
+		if p.Line > 0 {
+			lines[i] += ":" + strconv.Itoa(p.Line)
+		}
+		lines[i] += ": " + p.String()
 	}
-	return "envoy ratelimit config: " + strconv.Itoa(len(e.Problems)) + " problems:\n  " + strings.Join(e.Problems, "\n  ")
+	if len(lines) == 1 {
+		return "envoy ratelimit config: " + lines[0]
+	}
+	return "envoy ratelimit config: " + strconv.Itoa(len(lines)) + " problems:\n  " + strings.Join(lines, "\n  ")
 }
 
 // IsConfig reports whether data is an envoyproxy/ratelimit configuration
@@ -258,7 +274,7 @@ type File struct {
 // Parse builds a Config from configuration files, one domain each, in
 // envoyproxy/ratelimit's format; two files of one domain are an error, as
 // in envoyproxy/ratelimit by default. Every problem of every file is
-// reported at once, in an *Error.
+// reported at once, in a *rules.Error (errors.As finds it).
 func Parse(files ...File) (*Config, error) { return ParseWith(Options{}, files...) }
 
 // ParseWith is Parse with options: with MergeDomains, files of one domain
@@ -269,7 +285,7 @@ func Parse(files ...File) (*Config, error) { return ParseWith(Options{}, files..
 // answers as Quota, DynamicMetadata and Headers say.
 func ParseWith(opts Options, files ...File) (*Config, error) {
 	c := &Config{domains: map[string]*node{}, opts: opts}
-	var problems []string
+	var problems []rules.Issue
 	domainFile := map[string]string{}
 	for _, f := range files {
 		p := &parser{file: f.Name, shadow: opts.Shadow, algo: opts.Algorithm, leased: opts.Leased}
@@ -292,7 +308,7 @@ func ParseWith(opts Options, files ...File) (*Config, error) {
 		c.files = append(c.files, f.Name)
 	}
 	if len(problems) > 0 {
-		return nil, &Error{Problems: problems}
+		return nil, &configError{&rules.Error{Problems: problems}}
 	}
 	return c, nil
 }

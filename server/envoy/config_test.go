@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -196,7 +198,7 @@ func TestBadConfigs(t *testing.T) {
 			if err == nil {
 				t.Fatal("loaded")
 			}
-			if _, ok := err.(*Error); !ok {
+			if re := (*rules.Error)(nil); !errors.As(err, &re) {
 				t.Fatalf("error %T %v, want *Error", err, err)
 			}
 			golden := strings.TrimSuffix(p, ".yaml") + ".err"
@@ -233,7 +235,7 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseWith(Options{MergeDomains: true}, File{Name: "f.yaml", Data: data}, File{Name: "g.yaml", Data: data})
 		if err != nil {
-			if _, ok := err.(*Error); !ok {
+			if re := (*rules.Error)(nil); !errors.As(err, &re) {
 				t.Fatalf("error %T", err)
 			}
 			return

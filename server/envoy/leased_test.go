@@ -10,6 +10,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/memstore"
@@ -117,13 +118,13 @@ func TestLeasedDescriptors(t *testing.T) {
 		}
 		return n
 	}
-	svc := NewService(ls, cfg, WithClock(ck.Now), WithTimeout(30*time.Second))
+	svc := NewService(ls, cfg, engine.WithClock(ck.Now), engine.WithTimeout(30*time.Second))
 	if n := ok(svc, "b=1"); n != 20 {
 		t.Errorf("plain: %d of 60 OK, want 20", n)
 	}
 	hot := ok(svc, "c=1")
 	ls.Close()
-	rest := ok(NewService(ms, cfg, WithClock(ck.Now), WithTimeout(30*time.Second)), "c=1")
+	rest := ok(NewService(ms, cfg, engine.WithClock(ck.Now), engine.WithTimeout(30*time.Second)), "c=1")
 	if hot > 20 || hot+rest != 20 {
 		t.Errorf("leased: %d of 60 OK, then %d from the store; want at most 20, and 20 in all", hot, rest)
 	}

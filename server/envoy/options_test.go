@@ -12,6 +12,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -301,7 +302,7 @@ func TestFixedWindowsAsUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Date(2026, 3, 1, 10, 0, 58, 0, time.UTC)
-	svc := NewService(memstore.New(), c, WithClock(func() time.Time { return now }))
+	svc := NewService(memstore.New(), c, engine.WithClock(func() time.Time { return now }))
 	call := func() (rlsv3.RateLimitResponse_Code, time.Duration) {
 		t.Helper()
 		resp, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: entries("a=x")}}})

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/rules"
 )
 
 // parser decodes one file strictly, collecting every problem.
@@ -22,25 +23,19 @@ type parser struct {
 	shadow   bool           // every limit in shadow mode (SHADOW_MODE)
 	algo     drip.Algorithm // of limits without "algorithm" (Options.Algorithm)
 	leased   bool           // of limits without "leased" (Options.Leased)
-	problems []string
+	problems []rules.Issue
 }
 
 func (p *parser) add(path, format string, args ...any) { p.addAt(nil, path, format, args...) }
 
 // addAt reports a problem at node n (for its line; nil when unknown) and
-// path: "file:line: path: message".
+// path.
 func (p *parser) addAt(n *yaml.Node, path, format string, args ...any) {
-	var b strings.Builder
-	b.WriteString(p.file)
+	is := rules.Issue{File: p.file, Path: path, Message: fmt.Sprintf(format, args...)}
 	if n != nil && n.Line > 0 {
-		b.WriteString(":" + strconv.Itoa(n.Line))
+		is.Line = n.Line
 	}
-	b.WriteString(": ")
-	if path != "" {
-		b.WriteString(path + ": ")
-	}
-	fmt.Fprintf(&b, format, args...)
-	p.problems = append(p.problems, b.String())
+	p.problems = append(p.problems, is)
 }
 
 // fields walks a mapping node: known keys to their values, unknown keys

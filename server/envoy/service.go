@@ -71,78 +71,73 @@ type Service struct {
 	cfg  atomic.Pointer[Config]
 }
 
-// Option configures a Service.
-type Option func(*options)
+// Option configures a Service: it is an engine option (engine.WithTimeout,
+// engine.WithClock, engine.WithLogger, engine.WithObserver,
+// engine.WithKeys, ...). With engine.Shared the service decides with an
+// engine shared by other front doors, and the other options are that
+// engine's.
+type Option = engine.Option
 
-type options struct {
-	eng  *engine.Engine
-	obs  engine.Observer
-	keys engine.KeyObserver
-	opts []engine.Option
-}
+// WithTimeout is engine.WithTimeout(d).
+//
+// Deprecated: use engine.WithTimeout.
+func WithTimeout(d time.Duration) Option { return engine.WithTimeout(d) }
 
-// WithTimeout bounds each store call (default engine.DefaultTimeout; the
-// caller's deadline applies when it is shorter: Envoy's own is 20ms by
-// default).
-func WithTimeout(d time.Duration) Option {
-	return func(o *options) { o.opts = append(o.opts, engine.WithTimeout(d)) }
-}
+// WithClock is engine.WithClock(now).
+//
+// Deprecated: use engine.WithClock.
+func WithClock(now func() time.Time) Option { return engine.WithClock(now) }
 
-// WithClock decides at the times now returns instead of on the store's
-// clock (for tests).
-func WithClock(now func() time.Time) Option {
-	return func(o *options) { o.opts = append(o.opts, engine.WithClock(now)) }
-}
+// WithLogger is engine.WithLogger(l).
+//
+// Deprecated: use engine.WithLogger.
+func WithLogger(l *slog.Logger) Option { return engine.WithLogger(l) }
 
-// WithLogger sets the logger of store errors (default slog.Default()).
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.opts = append(o.opts, engine.WithLogger(l)) }
-}
+// WithObserver is engine.WithObserver(obs). Beside engine.Shared, use
+// Service.Observe.
+//
+// Deprecated: use engine.WithObserver.
+func WithObserver(obs engine.Observer) Option { return engine.WithObserver(obs) }
 
-// WithObserver sets the observer of decisions, store calls and the
-// breaker. For each descriptor of a call that met a limit it hears
-// Decision with the limit's name (rate_limit.name, else its place in the
-// config, e.g. "messaging.to_number"), rules.Shadow for a limit in shadow
-// mode (else rules.Enforce), and the event: engine.Allowed, Denied,
-// NotTaken (allowed on its own, but the call was denied by another
-// descriptor, so nothing was taken), Refunded, Unlimited or Failed (the
-// store failed and the call got an error).
-func WithObserver(obs engine.Observer) Option {
-	return func(o *options) { o.obs = obs; o.opts = append(o.opts, engine.WithObserver(obs)) }
-}
+// WithKeys is engine.WithKeys(k). Beside engine.Shared, use
+// Service.Observe.
+//
+// Deprecated: use engine.WithKeys.
+func WithKeys(k engine.KeyObserver) Option { return engine.WithKeys(k) }
 
-// WithKeys sets the observer of the keys behind the service's decisions
-// (by default the engine's, engine.WithKeys): it hears Key with what
-// WithObserver's Decision hears, and the descriptor's bucket.
-func WithKeys(k engine.KeyObserver) Option {
-	return func(o *options) { o.keys = k; o.opts = append(o.opts, engine.WithKeys(k)) }
-}
-
-// WithEngine makes the service decide with e, sharing its store, breaker
-// and deadline with other front doors; the other options are then e's,
-// except that WithObserver still sets the observer of the service's
-// decisions (by default e's).
-func WithEngine(e *engine.Engine) Option { return func(o *options) { o.eng = e } }
+// WithEngine is engine.Shared(e).
+//
+// Deprecated: use engine.Shared.
+func WithEngine(e *engine.Engine) Option { return engine.Shared(e) }
 
 // NewService returns a service deciding with cfg (nil: no domain, every
 // request OK) on store.
+//
+// The engine's observer hears the service's decisions. For each
+// descriptor of a call that met a limit it hears Decision with the
+// limit's name (rate_limit.name, else its place in the config, e.g.
+// "messaging.to_number"). The mode is rules.Shadow for a limit in shadow
+// mode, else rules.Enforce. The event is engine.Allowed, Denied,
+// NotTaken (allowed, but another descriptor denied the call), Refunded,
+// Unlimited or Failed (the store failed). The engine's key observer
+// hears Key with the same, and the descriptor's bucket.
 func NewService(store store.Store, cfg *Config, opts ...Option) *Service {
-	var o options
-	for _, f := range opts {
-		f(&o)
-	}
-	if o.eng == nil {
-		o.eng = engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit"), engine.WithLocal(local.New)}, o.opts...)...)
-	}
-	if o.obs == nil {
-		o.obs = o.eng.Observer()
-	}
-	if o.keys == nil {
-		o.keys = o.eng.Keys()
-	}
-	s := &Service{eng: o.eng, obs: o.obs, keys: o.keys}
+	eng := engine.New(store, append([]engine.Option{engine.WithName("envoy ratelimit"), engine.WithLocal(local.New)}, opts...)...)
+	s := &Service{eng: eng, obs: eng.Observer(), keys: eng.Keys()}
 	s.Swap(cfg)
 	return s
+}
+
+// Observe makes the service tell its decisions to obs and keys (nil:
+// none) instead of its engine's observers, which still hear its store
+// calls and the breaker. It is for a service on a shared engine
+// (engine.Shared) whose decisions are counted apart. Call it before the
+// service answers.
+func (s *Service) Observe(obs engine.Observer, keys engine.KeyObserver) {
+	if obs == nil {
+		obs = engine.NopObserver{}
+	}
+	s.obs, s.keys = obs, keys
 }
 
 // Swap replaces the configuration: calls already deciding finish on the

@@ -52,7 +52,7 @@ type running struct {
 func serve(t *testing.T, store store.Store, cfg *Config, reflect bool) *running {
 	t.Helper()
 	ck := testclock.At(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	svc := NewService(store, cfg, WithClock(ck.Now), WithTimeout(teststores.Timeout))
+	svc := NewService(store, cfg, engine.WithClock(ck.Now), engine.WithTimeout(teststores.Timeout))
 	srv := NewServer(svc, reflect)
 	conn, done := listen(t, srv)
 	t.Cleanup(func() {
@@ -558,7 +558,7 @@ func TestObserver(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s shadow=%t %s", limit, shadow, outcome))
 	})
 	c := loadReadme(t)
-	svc := NewService(memstore.New(), c, WithObserver(obs))
+	svc := NewService(memstore.New(), c, engine.WithObserver(obs))
 	call := func(domain string, ds ...*ratelimitv3.RateLimitDescriptor) {
 		if _, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds}); err != nil {
 			t.Fatal(err)
@@ -580,7 +580,7 @@ func TestObserver(t *testing.T) {
 		t.Fatalf("observed:\n%s", strings.Join(got, "\n"))
 	}
 
-	down := NewService(down{}, c, WithObserver(obs))
+	down := NewService(down{}, c, engine.WithObserver(obs))
 	got = nil
 	if _, err := down.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: []*ratelimitv3.RateLimitDescriptor{number}}); err == nil {
 		t.Fatal("no error from a failing store")
@@ -626,7 +626,7 @@ func TestOverrideNames(t *testing.T) {
 		defer mu.Unlock()
 		names[limit]++
 	})
-	svc := NewService(memstore.New(), loadReadme(t), WithObserver(obs))
+	svc := NewService(memstore.New(), loadReadme(t), engine.WithObserver(obs))
 	for i := range 300 {
 		d := desc(fmt.Sprintf("database=%d-%s", i, strings.Repeat("v", 2000)))
 		d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_MINUTE}

@@ -83,6 +83,36 @@ descriptors:
 	}
 }
 
+// settleRig serves domain llm on the memory store: tenant, a limit of
+// 1000 a minute with settle, beside second, the same without; tokens
+// reads a descriptor's bucket.
+func settleRig(t *testing.T, second string) (r *running, tokens func(kv string) float64) {
+	t.Helper()
+	cfg, err := Parse(File{Name: "llm.yaml", Data: []byte(`domain: llm
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1000, settle: true}
+  - key: ` + second + `
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := memstore.New()
+	t.Cleanup(func() { ms.Close() })
+	r = serve(t, ms, cfg, false)
+	tokens = func(kv string) float64 {
+		t.Helper()
+		l := drip.Limit{Rate: 1000, Period: 60e9, Burst: 1000}
+		m, err := drip.Apply(context.Background(), ms, bucket.Peek, r.clock.Now(), drip.Request{Key: bucketKey("llm", entries(kv), nil), Limit: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Decisions[0].Tokens
+	}
+	return r, tokens
+}
+
 // TestSettleLimit: Envoy's plain apply_on_stream_done call, without a
 // drip_settle entry, on a limit with "settle: true": the call that gives
 // the descriptor its own hits_addend above 0 (Envoy's hits_addend of the
@@ -93,28 +123,7 @@ descriptors:
 // without settle is a take: the over-limit cost is refused and records
 // nothing.
 func TestSettleLimit(t *testing.T) {
-	cfg, err := Parse(File{Name: "llm.yaml", Data: []byte(`domain: llm
-descriptors:
-  - key: tenant
-    rate_limit: {unit: minute, requests_per_unit: 1000, settle: true}
-  - key: plain
-    rate_limit: {unit: minute, requests_per_unit: 1000}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := memstore.New()
-	t.Cleanup(func() { ms.Close() })
-	r := serve(t, ms, cfg, false)
-	tokens := func(kv string) float64 {
-		t.Helper()
-		l := drip.Limit{Rate: 1000, Period: 60e9, Burst: 1000}
-		m, err := drip.Apply(context.Background(), ms, bucket.Peek, r.clock.Now(), drip.Request{Key: bucketKey("llm", entries(kv), nil), Limit: l})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m.Decisions[0].Tokens
-	}
+	r, tokens := settleRig(t, "plain")
 	own := func(kv string, hits uint64) *rlsv3.RateLimitResponse {
 		d := desc(kv)
 		d.HitsAddend = wrapperspb.UInt64(hits)
@@ -189,28 +198,7 @@ func TestSettleParse(t *testing.T) {
 // on a settle limit; one more is INVALID_ARGUMENT and takes nothing, from
 // the other descriptors of the call too.
 func TestSettleHuge(t *testing.T) {
-	cfg, err := Parse(File{Name: "llm.yaml", Data: []byte(`domain: llm
-descriptors:
-  - key: tenant
-    rate_limit: {unit: minute, requests_per_unit: 1000, settle: true}
-  - key: other
-    rate_limit: {unit: minute, requests_per_unit: 1000}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := memstore.New()
-	t.Cleanup(func() { ms.Close() })
-	r := serve(t, ms, cfg, false)
-	tokens := func(kv string) float64 {
-		t.Helper()
-		l := drip.Limit{Rate: 1000, Period: 60e9, Burst: 1000}
-		m, err := drip.Apply(context.Background(), ms, bucket.Peek, r.clock.Now(), drip.Request{Key: bucketKey("llm", entries(kv), nil), Limit: l})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m.Decisions[0].Tokens
-	}
+	r, tokens := settleRig(t, "other")
 	for _, d := range []*ratelimitv3.RateLimitDescriptor{desc("tenant=a"), desc("other=a", SettleKey+"=1")} {
 		d.HitsAddend = wrapperspb.UInt64(1e12)
 		if c := r.call(t, "llm", 0, d).OverallCode; c != rlsv3.RateLimitResponse_OK {
@@ -224,7 +212,7 @@ descriptors:
 	}
 	over := desc("tenant=b")
 	over.HitsAddend = wrapperspb.UInt64(1e12 + 1)
-	_, err = r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("other=b"), over}})
+	_, err := r.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("other=b"), over}})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptors[1].hits_addend") {
 		t.Errorf("a charge of 1e12+1: %v, want INVALID_ARGUMENT naming descriptors[1].hits_addend", err)
 	}

@@ -30,7 +30,7 @@ func TestLeaseSetModel(t *testing.T) {
 		}
 		key := held("k")
 		sh, _ := s.locate(key)
-		var model []bucket.Lease
+		var model []bucket.Holder
 		now := int64(1_700_000_000) * 1e9
 		ops := []bucket.Op{bucket.Take, bucket.Take, bucket.Take, bucket.Refund, bucket.Peek}
 		for step := range 3000 {

@@ -409,6 +409,7 @@ func checkRendered(t *testing.T, r *rendered, expose []string, uid string, dashb
 		csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation {
 		t.Errorf("container securityContext: want readOnlyRootFilesystem and no privilege escalation")
 	}
+	checkSecretModes(t, "the drip container", c.VolumeMounts, pod.Spec.Volumes, sc)
 	if pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken {
 		t.Errorf("the pod mounts a service account token: drip talks to no Kubernetes API")
 	}
@@ -573,6 +574,7 @@ func checkRendered(t *testing.T, r *rendered, expose []string, uid string, dashb
 		}
 		jc := spec.Containers[0]
 		checkEnv("Job "+j.Name, jc.Env, jc.VolumeMounts, spec.Volumes)
+		checkSecretModes(t, "Job "+j.Name, jc.VolumeMounts, spec.Volumes, spec.SecurityContext)
 		if !slices.ContainsFunc(jc.Env, func(e corev1.EnvVar) bool { return e.Name == "DRIP_STORE_FILE" }) {
 			t.Errorf("Job %s: no DRIP_STORE_FILE from the Secret", j.Name)
 		}
@@ -602,6 +604,51 @@ func secretFile(path string, mounts []corev1.VolumeMount, volumes []corev1.Volum
 		}
 	}
 	return false
+}
+
+// checkSecretModes: every Secret file mounted in a container is readable
+// by the pod's user (sc's). The kubelet writes them as root, in the group
+// fsGroup when the pod has one, with their mode as given: 0400 alone,
+// with a user that is not root, cannot be read.
+func checkSecretModes(t *testing.T, what string, mounts []corev1.VolumeMount, volumes []corev1.Volume, sc *corev1.PodSecurityContext) {
+	t.Helper()
+	for _, m := range mounts {
+		for _, v := range volumes {
+			if v.Name != m.Name || v.Secret == nil {
+				continue
+			}
+			for _, it := range append([]corev1.KeyToPath{{Path: "(default)", Mode: v.Secret.DefaultMode}}, v.Secret.Items...) {
+				if !readable(it.Mode, v.Secret.DefaultMode, sc) {
+					t.Errorf("%s: Secret volume %s, file %s: mode %o, which the pod's user cannot read (no fsGroup, or no group read)", what, v.Name, it.Path, modeOf(it.Mode, v.Secret.DefaultMode))
+				}
+			}
+		}
+	}
+}
+
+// modeOf is a Secret file's mode: its own, else the volume's default,
+// else Kubernetes' 0644.
+func modeOf(mode, def *int32) int32 {
+	switch {
+	case mode != nil:
+		return *mode
+	case def != nil:
+		return *def
+	}
+	return 0o644
+}
+
+// readable says whether a Secret file of that mode, owned by root and in
+// the group fsGroup when sc has one, can be read by sc's user.
+func readable(mode, def *int32, sc *corev1.PodSecurityContext) bool {
+	m := modeOf(mode, def)
+	switch {
+	case m&0o004 != 0:
+		return true
+	case sc != nil && sc.FSGroup != nil && m&0o040 != 0:
+		return true
+	}
+	return sc == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0
 }
 
 // storeType is the store.type the chart was rendered with.

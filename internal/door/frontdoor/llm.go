@@ -79,7 +79,7 @@ func WriteAPIHeaders(h http.Header, out *engine.Outcome, now time.Time) {
 			continue
 		}
 		d := k.a.Decision
-		limit, left := strconv.FormatInt(int64(engine.Burst(k.a.Limit)), 10), strconv.FormatInt(max(d.Remaining, 0), 10)
+		limit, left := strconv.FormatInt(int64(k.a.Burst()), 10), strconv.FormatInt(max(d.Remaining, 0), 10)
 		reset := d.ResetAfter.Round(time.Millisecond)
 		if api == "anthropic" {
 			h.Set("Anthropic-Ratelimit-"+k.kind+"-Limit", limit)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/driplimit/drip/engine"
+	"github.com/driplimit/drip/internal/sfv"
 )
 
 // This file is the HTTP rendering of an engine.Outcome, the one of every
@@ -125,7 +126,7 @@ func ProblemOf(out *engine.Outcome) Problem {
 		p.Detail = out.Detail
 	case out.Reason == engine.ReasonCostExceedsBurst:
 		a := out.Top
-		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", engine.Amount(a.Cost), engine.Amount(engine.Burst(a.Limit)), name)
+		p.Detail = fmt.Sprintf("the request's cost %s exceeds the burst %s of rate limit %q: it can never be allowed", sfv.Number(a.Cost), sfv.Number(a.Burst()), name)
 	case out.Reason == engine.ReasonOverloaded:
 		p.Detail = fmt.Sprintf("the upstream is at the in-flight limit rule %q learned from its latency", name)
 		if out.Shed != "" {

@@ -15,10 +15,12 @@ package xds
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -86,6 +88,10 @@ type Config struct {
 	// TLS, when set, secures the connection (with a client certificate
 	// for mutual TLS when it holds one); nil connects in plaintext.
 	TLS *tls.Config
+	// RootCAs, when set with TLS, gives the CAs the server's certificate
+	// must chain to, read at each connection in place of TLS.RootCAs: a
+	// CA file that rotates is followed without a restart.
+	RootCAs func() (*x509.CertPool, error)
 	// Backoff is the wait between streams; zero fields take
 	// DefaultBackoff's.
 	Backoff Backoff
@@ -138,7 +144,10 @@ func New(cfg Config, apply Apply) (*Client, error) {
 		cfg.Logger = slog.Default()
 	}
 	creds := insecure.NewCredentials()
-	if cfg.TLS != nil {
+	switch {
+	case cfg.TLS != nil && cfg.RootCAs != nil:
+		creds = &rootsEachConn{TransportCredentials: credentials.NewTLS(cfg.TLS), cfg: cfg.TLS, roots: cfg.RootCAs}
+	case cfg.TLS != nil:
 		creds = credentials.NewTLS(cfg.TLS)
 	}
 	conn, err := grpc.NewClient(cfg.Server, grpc.WithTransportCredentials(creds),
@@ -147,6 +156,28 @@ func New(cfg Config, apply Apply) (*Client, error) {
 		return nil, fmt.Errorf("xds: %w", err)
 	}
 	return &Client{cfg: cfg, apply: apply, log: cfg.Logger, conn: conn, rnd: rand.Float64, after: time.After, first: make(chan struct{})}, nil
+}
+
+// rootsEachConn are TLS credentials whose root CAs are read at each
+// connection (Config.RootCAs).
+type rootsEachConn struct {
+	credentials.TransportCredentials
+	cfg   *tls.Config
+	roots func() (*x509.CertPool, error)
+}
+
+func (r *rootsEachConn) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	pool, err := r.roots()
+	if err != nil {
+		return nil, nil, err
+	}
+	c := r.cfg.Clone()
+	c.RootCAs = pool
+	return credentials.NewTLS(c).ClientHandshake(ctx, authority, conn)
+}
+
+func (r *rootsEachConn) Clone() credentials.TransportCredentials {
+	return &rootsEachConn{TransportCredentials: r.TransportCredentials.Clone(), cfg: r.cfg, roots: r.roots}
 }
 
 // Applied is closed once a first snapshot has been applied.

@@ -16,6 +16,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/internal/testkit/testclock"
 	"github.com/driplimit/drip/server/envoy"
 	"github.com/driplimit/drip/server/envoy/xds"
@@ -29,9 +30,16 @@ const node = "envoy-ratelimit"
 // returns it; it stops when the test ends.
 func follow(t *testing.T, srv *xdstest.Server, svc *envoy.Service, applied *atomic.Int64) *xds.Client {
 	t.Helper()
-	c, err := xds.New(xds.Config{Server: srv.Addr, NodeID: node,
-		Backoff: xds.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond},
-		Logger:  slog.New(slog.NewTextHandler(t.Output(), nil))},
+	return followConfig(t, xds.Config{Server: srv.Addr, NodeID: node,
+		Backoff: xds.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}}, svc, applied)
+}
+
+// followConfig is follow with the client's Config (its Logger: the
+// test's output).
+func followConfig(t *testing.T, cfg xds.Config, svc *envoy.Service, applied *atomic.Int64) *xds.Client {
+	t.Helper()
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	c, err := xds.New(cfg,
 		func(_ string, files []envoy.File) error {
 			cfg, err := envoy.ParseWith(envoy.Options{}, files...)
 			if err != nil {
@@ -78,7 +86,7 @@ func code(t *testing.T, svc *envoy.Service, req *rlsv3.RateLimitRequest) rlsv3.R
 func TestSnapshotsUnderLoad(t *testing.T) {
 	srv := xdstest.Start(t, nil)
 	ck := testclock.At(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	svc := envoy.NewService(memstore.New(), nil, envoy.WithClock(ck.Now))
+	svc := envoy.NewService(memstore.New(), nil, engine.WithClock(ck.Now))
 	// v1: 2 a minute on path=/a; nothing on /b.
 	srv.Push(t, node, "v1", xdstest.Config("api", "gw", xdstest.Limit("path", "/a", 2, rlconfv3.RateLimitUnit_MINUTE)))
 	c := follow(t, srv, svc, nil)
