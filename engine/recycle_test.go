@@ -9,11 +9,11 @@ import (
 	"github.com/driplimit/drip/store/memstore"
 )
 
-// TestItemOutcomeRecycled: an outcome of DecideItems handed back with
+// TestItemOutcomeRecycledAllocates: an outcome of DecideItems handed back with
 // Recycle is not allocated again by the next call, and carries nothing of
 // the call before: after a denial (its reason, wait and events) handed
 // back, an allowed call answers as on an engine that never recycles.
-func TestItemOutcomeRecycled(t *testing.T) {
+func TestItemOutcomeRecycledAllocates(t *testing.T) {
 	at := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return at }
 	ctx := context.Background()
