@@ -58,12 +58,18 @@ func prepareOf(it *bucket.Prepared, op bucket.Op, key string, l *Limit, p *bucke
 	return err
 }
 
-// Apply performs op for the requests rs in one call of st, at the time at
-// (zero: the store's clock), after checking every request. It serves
+// Apply performs op for the requests rs in one call of st, at the time
+// at (zero: the store's clock). It checks every request first. It serves
 // Limiter.TakeMulti and callers that hold requests of several limits
-// (drip replay, the decision API). A take of several requests is all or
+// (drip replay, drip simulate). A take of several requests is all or
 // nothing. Keys must be distinct. A bad request is an error, with its
 // index when rs holds several.
+//
+// Each request's limit is validated and resolved at each call. The
+// params of the last 8 limits that do not depend on the key are kept,
+// process-wide, so that a caller of a few limits skips that work. A
+// caller that meets many limits compiles each once instead (the engine's
+// plans: engine.PlanOf, Engine.Apply): drip serve's decisions do.
 func Apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, rs ...Request) (Multi, error) {
 	return apply(ctx, st, op, at, len(rs) > 1, rs)
 }
@@ -110,8 +116,10 @@ func apply(ctx context.Context, st store.Store, op bucket.Op, at time.Time, mult
 }
 
 // recent holds the params of the last key-independent limits prepare
-// resolved, so that the common cases (one limit, many keys; a few rules'
-// limits in turn) skip validating them again. A power of two.
+// resolved, so that the common cases of Apply's callers (one limit,
+// many keys; a few limits in turn) skip validating them again. The
+// engine's decisions do not use it: they are prepared by plans. A power
+// of two.
 var recent [8]atomic.Pointer[cachedParams]
 
 // cachedParams is a limit and its params, immutable once stored.

@@ -35,6 +35,7 @@ import (
 
 	"github.com/driplimit/drip"
 	"github.com/driplimit/drip/bucket"
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store"
 	"github.com/driplimit/drip/store/leased"
 	"github.com/driplimit/drip/store/memstore"
@@ -78,6 +79,73 @@ func BenchmarkLeasedPostgres(b *testing.B) {
 		}
 		b.Cleanup(func() { st.Close() })
 		return st
+	})
+}
+
+// BenchmarkLeasedPgBouncer is BenchmarkLeasedPostgres through a PgBouncer
+// in transaction mode (4 server connections, testserver's default) in
+// front of the same PostgreSQL server, started for the benchmark:
+//
+//	cd bench && go test -run '^$' -bench 'LeasedPgBouncer' -benchtime 2s -count 3
+//
+// It needs the server pgURL starts (not DRIP_BENCH_POSTGRES_URL).
+func BenchmarkLeasedPgBouncer(b *testing.B) {
+	url := pgURL(b)
+	if pgServer.srv == nil {
+		b.Skip("DRIP_BENCH_POSTGRES_URL: no server of the benchmark's own to put PgBouncer in front of")
+	}
+	if err := pgstore.Install(context.Background(), pgPool(b, url, 1, ""), pgstore.InstallOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	pb, err := testserver.NewPgBouncer(pgServer.srv, 0)
+	if err != nil {
+		b.Skipf("no PgBouncer: %v", err)
+	}
+	b.Cleanup(pb.Stop)
+	var run atomic.Int64
+	benchLeased(b, func(*testing.B) string {
+		return fmt.Sprint("leasedpgb", time.Now().UnixNano(), ".", run.Add(1), ":k")
+	}, nil, func(b *testing.B) store.Store {
+		st, err := pgstore.Open(context.Background(), pb.URL(), pgstore.WithSweep(0))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { st.Close() })
+		return st
+	})
+}
+
+// BenchmarkLeasedCluster is BenchmarkLeased on a Redis Cluster of three
+// masters without replicas, started for the benchmark (the store does not
+// batch on a cluster, plain and leased alike); the server CPU is the
+// three masters' together:
+//
+//	cd bench && go test -run '^$' -bench 'LeasedCluster' -benchtime 2s -count 3
+func BenchmarkLeasedCluster(b *testing.B) {
+	if err := testserver.RedisMissing(); err != nil {
+		b.Skipf("no Redis: %v", err)
+	}
+	c, err := testserver.LaunchRedisCluster(b.TempDir(), 3, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Stop)
+	var run atomic.Int64
+	benchLeased(b, func(*testing.B) string {
+		return fmt.Sprint("leased", time.Now().UnixNano(), ".", run.Add(1), ":k")
+	}, func(b *testing.B) float64 {
+		var sum float64
+		for _, n := range c.Nodes {
+			sum += redisCPU(b, n.URL())
+		}
+		return sum
+	}, func(b *testing.B) store.Store {
+		rs, err := redisstore.Open(c.URL(), redisstore.WithPrefix("bench:"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { rs.Close() })
+		return rs
 	})
 }
 

@@ -50,6 +50,7 @@ const pgRate = 1_000_000
 var pgServer struct {
 	once sync.Once
 	url  string
+	srv  *testserver.Postgres // nil with DRIP_BENCH_POSTGRES_URL
 	err  error
 }
 
@@ -66,7 +67,7 @@ func pgURL(b *testing.B) string {
 			pgServer.err = err
 			return
 		}
-		pgServer.url = srv.URL()
+		pgServer.url, pgServer.srv = srv.URL(), srv
 		pgStop = func() { srv.Stop(); srv.Remove() }
 	})
 	if pgServer.err != nil {

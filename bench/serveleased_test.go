@@ -15,15 +15,28 @@ package bench
 // burst 10 million), and one of 200 a second (burst 200), which the
 // clients exhaust at once: its bucket is empty nearly all the run.
 // Metrics: decisions/s, p50 and p99 of a request, the share granted,
-// the errors (503s: the store missed drip serve's 1 s deadline), and for
-// the leased runs the store calls per decision.
+// the errors (503s: the store missed drip serve's 1 s deadline), the CPU
+// a request cost this process (clients and servers: cpu-µs/decision)
+// and the Redis server (server-cpu-µs/decision), the decisions a second
+// of both CPUs together made (decisions/cpu-s), the commands the Redis
+// server ran a request (commands/decision: FCALL and the commands of
+// its function), and for the leased runs the store calls per decision.
+// On a machine shared with other jobs decisions/s follow the share of the
+// CPU the process gets, and a run whose store is another process (Redis,
+// PostgreSQL) gets that process's share too: compare decisions/cpu-s.
+// runq-s/cpu-s is the time the process's threads waited for a CPU while
+// runnable, a second of CPU they got (Linux): how much of the machine
+// the other jobs kept from the process.
 
 import (
 	"bytes"
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,17 +56,21 @@ func BenchmarkServeLeased(b *testing.B) {
 		name   string
 		open   func(b *testing.B) store.Store // one instance's store
 		shared bool                           // one store for the 4 instances
+		cpu    func(b *testing.B) float64     // the server's CPU seconds (nil: not reported)
 	}
+	// One redis-server for the whole benchmark, which the 4 instances of
+	// a run share (before, each instance started a server of its own).
+	redisOnce := sync.OnceValue(func() string { return redisURL(b) })
 	backends := []backend{
-		{"memory", func(b *testing.B) store.Store { return memstore.New() }, true},
+		{"memory", func(b *testing.B) store.Store { return memstore.New() }, true, nil},
 		{"redis", func(b *testing.B) store.Store {
-			rs, err := redisstore.Open(redisURL(b), redisstore.WithPrefix("bench:"))
+			rs, err := redisstore.Open(redisOnce(), redisstore.WithPrefix("bench:"))
 			if err != nil {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { rs.Close() })
 			return rs
-		}, false},
+		}, false, func(b *testing.B) float64 { return redisCPU(b, redisOnce()) }},
 		{"postgres", func(b *testing.B) store.Store {
 			url := pgURL(b)
 			if err := pgstore.Install(context.Background(), pgPool(b, url, 1, ""), pgstore.InstallOptions{}); err != nil {
@@ -65,7 +82,7 @@ func BenchmarkServeLeased(b *testing.B) {
 			}
 			b.Cleanup(func() { st.Close() })
 			return st
-		}, false},
+		}, false, nil},
 	}
 	limits := []struct{ name, json string }{
 		{"unsaturated", `{"rate": 100000000, "burst": 10000000}`},
@@ -99,12 +116,31 @@ func BenchmarkServeLeased(b *testing.B) {
 							ls = append(ls, l)
 							st = l
 						}
-						urls[i] = startServe(b, server.Config{}, st) + "/v1/take"
+						// No drain at the end: 5 s a server, 20 s a run before.
+						urls[i] = startServe(b, server.Config{Drain: -1}, st) + "/v1/take"
 					}
 					body := fmt.Appendf(nil, `{"key": "hot:%d", "limit": %s}`, time.Now().UnixNano(), lim.json)
 					c := benchClient()
 					for range b.N {
+						var server float64
+						var cmds int64
+						if be.cpu != nil {
+							server, cmds = be.cpu(b), redisCommands(b, redisOnce())
+						}
+						cpu, waited := processCPU(), runQueueWait()
 						run := serveLoad(b, c, urls, clients, body)
+						used := float64(processCPU()-cpu) / 1e9 // CPU seconds, this process's and the server's
+						b.ReportMetric(float64(runQueueWait()-waited)/1e9/used, "runq-s/cpu-s")
+						b.ReportMetric(used*1e6/run.n, "cpu-µs/decision")
+						if be.cpu != nil {
+							sv := be.cpu(b) - server
+							used += sv
+							b.ReportMetric(sv*1e6/run.n, "server-cpu-µs/decision")
+							b.ReportMetric(float64(redisCommands(b, redisOnce())-cmds)/run.n, "commands/decision")
+						}
+						if be.cpu != nil || be.shared { // PostgreSQL's CPU is not read
+							b.ReportMetric(run.n/used, "decisions/cpu-s")
+						}
 						b.ReportMetric(run.perSec, "decisions/s")
 						b.ReportMetric(run.p50, "p50-µs")
 						b.ReportMetric(run.p99, "p99-µs")
@@ -127,9 +163,28 @@ func BenchmarkServeLeased(b *testing.B) {
 	}
 }
 
+// runQueueWait is the time the process's threads have waited for a CPU
+// while runnable (the second field of each thread's schedstat, Linux
+// only; 0 elsewhere), in ns. Threads that ended are not counted.
+func runQueueWait() int64 {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	var sum int64
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(b)); len(f) >= 2 {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += n
+		}
+	}
+	return sum
+}
+
 // serveRun is a load's result: decisions (200s) a second, their p50 and
 // p99 in µs, the share granted, and the answers that were errors.
-type serveRun struct{ perSec, p50, p99, granted, errors float64 }
+type serveRun struct{ perSec, p50, p99, granted, errors, n float64 }
 
 // serveLoad sends body from clients goroutines, each to one of urls in
 // turn, for servePhaseLeased.
@@ -174,5 +229,6 @@ func serveLoad(b *testing.B, c *http.Client, urls []string, clients int, body []
 		p99:     pct(lat, 0.99),
 		granted: float64(granted) / float64(max(1, len(lat))),
 		errors:  float64(errors),
+		n:       float64(max(1, len(lat)+errors)),
 	}
 }

@@ -103,6 +103,10 @@ type adaptives struct {
 	mu    sync.RWMutex
 	m     map[string]*adaptive
 	swept time.Time // the last sweep of idle buckets (forgetIdle)
+	// queued counts the waiters of each rule (by name) in all its
+	// buckets, which its max_queue bounds: a client that makes up keys
+	// gets no queue of its own for each.
+	queued map[string]*atomic.Int32
 }
 
 // adaptive is one bucket of an adaptive rule: its limit, its slots, its
@@ -117,8 +121,9 @@ type adaptive struct {
 
 	limit    float64 // learned
 	inflight int
-	waiters  line  // by class, then arrival (a higher class never has a smaller share)
-	plan     *Plan // the RateLimit-Policy of the current cap
+	waiters  line          // by class, then arrival (a higher class never has a smaller share)
+	queued   *atomic.Int32 // the waiters of the rule in all its buckets (adaptives.queued); nil: not counted
+	plan     *Plan         // the RateLimit-Policy of the current cap
 	planCap  int
 
 	// the window
@@ -172,8 +177,33 @@ func (e *Engine) adaptiveOf(rule *rules.Rule, key string) *adaptive {
 		}
 	}
 	a = &adaptive{rule: rule.Name, cfg: rule.Adaptive, limit: float64(rule.Adaptive.InitialLimit)}
+	if as.queued == nil {
+		as.queued = make(map[string]*atomic.Int32)
+	}
+	if a.queued = as.queued[rule.Name]; a.queued == nil {
+		a.queued = new(atomic.Int32)
+		as.queued[rule.Name] = a.queued
+	}
 	a.pins.Add(1)
 	as.m[key] = a
+	return a
+}
+
+// adaptiveFound is the bucket of an adaptive rule's key when the engine
+// has one (its rule's overflow bucket when the set is full), unpinned;
+// nil when it has none.
+func (e *Engine) adaptiveFound(rule *rules.Rule, key string) *adaptive {
+	as := &e.adapt
+	as.mu.RLock()
+	a, ok := as.m[key]
+	if !ok && len(as.m) >= MaxAdaptiveKeys {
+		a, ok = as.m[rule.Name+"\x00overflow"]
+	}
+	as.mu.RUnlock()
+	if !ok || a.rule != rule.Name {
+		return nil
+	}
+	a.reconfigure(rule.Adaptive)
 	return a
 }
 
@@ -304,7 +334,7 @@ func (a *adaptive) acquire(ctx context.Context, now func() time.Time, class int,
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.waiters.remove(w) {
+	if a.unqueue(w) {
 		return time.Time{}, false, shed
 	}
 	got := <-w.ch // granted or shed as it left: a grant is kept
@@ -329,18 +359,48 @@ func (a *adaptive) higherWaiting(class int) bool {
 }
 
 // enqueue adds w to the bucket's queue (queue.go's line, as the rate
-// and concurrency rules' queues); a full queue sheds its lowest waiter
-// for a higher class, else refuses.
+// and concurrency rules' queues). A queue is full when it holds
+// maxQueue waiters, or the rule does in all its buckets: a full queue
+// sheds its lowest waiter for a higher class, else refuses.
 func (a *adaptive) enqueue(w *waiter, maxQueue int) bool {
-	if len(a.waiters) >= max(maxQueue, 1) {
+	maxQueue = max(maxQueue, 1)
+	if len(a.waiters) >= maxQueue || !a.count(maxQueue) {
 		last := a.waiters.dropFor(w)
 		if last == nil {
 			return false
 		}
-		a.waiters.remove(last)
+		a.waiters.remove(last) // its place in the count goes to w
 		last.ch <- false
 	}
 	a.waiters.insert(w)
+	return true
+}
+
+// count counts one more waiter of the rule, unless it has maxQueue.
+func (a *adaptive) count(maxQueue int) bool {
+	if a.queued == nil {
+		return true
+	}
+	for {
+		n := a.queued.Load()
+		if int(n) >= maxQueue {
+			return false
+		}
+		if a.queued.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// unqueue takes w out of the bucket's queue, and reports whether it was
+// there.
+func (a *adaptive) unqueue(w *waiter) bool {
+	if !a.waiters.remove(w) {
+		return false
+	}
+	if a.queued != nil {
+		a.queued.Add(-1)
+	}
 	return true
 }
 
@@ -353,7 +413,7 @@ func (a *adaptive) grant() {
 		if a.inflight >= a.room(w.share) {
 			return
 		}
-		a.waiters.remove(w)
+		a.unqueue(w)
 		a.inflight++
 		if onTake != nil {
 			onTake(a.inflight, a.capacity())
@@ -586,10 +646,11 @@ func (a *adaptive) state(allowed bool) (drip.Decision, *Plan) {
 }
 
 // releaseSlot gives back an adaptive rule's slot when the request ends,
-// learning from it: it took from since to now, and dropped or not.
-func (a *Applied) releaseSlot(now time.Time, dropped bool) {
+// learning from it when learn: it took from since to now, and dropped or
+// not.
+func (a *Applied) releaseSlot(now time.Time, dropped, learn bool) {
 	if a.slot != nil {
-		a.slot.release(a.since, now, dropped, true)
+		a.slot.release(a.since, now, dropped, learn)
 		a.slot = nil
 	}
 }

@@ -176,3 +176,113 @@ func TestAdaptiveForgetsIdleKeys(t *testing.T) {
 		pinned.pins.Add(-1)
 	})
 }
+
+// TestSlotStatePinsNothing: the decision API's /v1/peek and a release of
+// a lease not held (SlotState) ask about a key and hold nothing. Before,
+// each asked left its key's bucket pinned for good, so peeks of 10,000
+// made-up keys filled the set for good and every new key afterwards
+// shared the rule's overflow bucket.
+func TestSlotStatePinsNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule, e := adaptiveRule(2, 4), &Engine{}
+		busy := e.adaptiveOf(rule, "r|busy")
+		start, ok, _ := busy.acquire(context.Background(), time.Now, rules.PriorityDefault, 1, 0, 1)
+		busy.pins.Add(-1)
+		if !ok {
+			t.Fatal("no slot for the first request")
+		}
+		if d := e.SlotState(rule, "r|busy"); d.Burst != 2 || d.Remaining != 1 {
+			t.Fatalf("SlotState of a busy key: %+v, want limit 2, 1 free", d)
+		}
+		for i := range MaxAdaptiveKeys + 10 {
+			if d := e.SlotState(rule, fmt.Sprintf("r|peek-%d", i)); d.Burst != 2 || d.Remaining != 2 {
+				t.Fatalf("SlotState of a new key: %+v, want limit 2, 2 free", d)
+			}
+		}
+		for i := 0; len(e.adapt.m) < MaxAdaptiveKeys; i++ { // idle keys, as requests leave them
+			e.adaptiveOf(rule, fmt.Sprintf("r|junk-%d", i)).pins.Add(-1)
+		}
+		time.Sleep(adaptiveSweep)
+		a := e.adaptiveOf(rule, "r|new")
+		a.pins.Add(-1)
+		if e.adapt.m["r|new"] != a {
+			t.Fatal("a new key shares the overflow bucket: the keys asked about stay pinned")
+		}
+		if e.adapt.m["r|busy"] != busy {
+			t.Fatal("a busy bucket was forgotten")
+		}
+		busy.release(start, time.Now(), false, true)
+	})
+}
+
+// TestAdaptiveQueueByRule: max_queue bounds the waiters of an adaptive
+// rule in all its buckets, as rules.md says of every queue, not those of
+// each key: a client that makes up keys gets no queue of its own for
+// each. A higher class still takes the place of a lower one in its
+// bucket when the rule's queue is full.
+func TestAdaptiveQueueByRule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rule, e, ctx := adaptiveRule(1, 1), &Engine{}, context.Background()
+		type result struct {
+			key string
+			ok  bool
+		}
+		got := make(chan result, 10)
+		var held []*adaptive
+		for _, key := range []string{"r|a", "r|b", "r|c"} {
+			b := e.adaptiveOf(rule, key)
+			if _, ok, _ := b.acquire(ctx, time.Now, rules.PriorityDefault, 1, 0, 2); !ok {
+				t.Fatalf("no slot for the first request of %s", key)
+			}
+			b.pins.Add(-1)
+			held = append(held, b)
+		}
+		wait := func(key string, class int) {
+			b := e.adaptiveOf(rule, key)
+			go func() {
+				_, ok, _ := b.acquire(ctx, time.Now, class, 1, time.Minute, 2)
+				b.pins.Add(-1)
+				got <- result{key, ok}
+			}()
+			synctest.Wait()
+		}
+		wait("r|a", rules.PriorityDefault)
+		wait("r|b", rules.PriorityBatch) // the rule's queue of 2 is full
+		wait("r|c", rules.PriorityDefault)
+		if r := <-got; r != (result{"r|c", false}) {
+			t.Fatalf("a third waiter of the rule, under another key: %+v, want refused at once", r)
+		}
+		wait("r|b", rules.PriorityCritical) // takes the batch waiter's place
+		if r := <-got; r != (result{"r|b", false}) {
+			t.Fatalf("%+v, want the batch waiter dropped", r)
+		}
+		for _, b := range held {
+			b.release(time.Now(), time.Now(), false, false)
+		}
+		for range 2 {
+			if r := <-got; !r.ok {
+				t.Errorf("a waiter after the releases: %+v, want a slot", r)
+			}
+		}
+		// They all left: the rule's queue has its 2 places again (r|a and
+		// r|b are at their limit, held by the waiters served).
+		wait("r|a", rules.PriorityDefault)
+		wait("r|b", rules.PriorityDefault)
+		select {
+		case r := <-got:
+			t.Fatalf("%+v: a waiter was refused, its places not given back", r)
+		default:
+		}
+		time.Sleep(time.Minute)
+		for range 2 {
+			<-got
+		}
+	})
+}
+
+// adaptiveRule is an adaptive rule named r, of the initial limit and
+// the max limit given (min 1), learning in windows of a second.
+func adaptiveRule(initial, most int) *rules.Rule {
+	cfg := &rules.Adaptive{InitialLimit: initial, MinLimit: 1, MaxLimit: most, Tolerance: 0.25, Smoothing: 0.5, Window: time.Second, DropStatus: rules.DefaultDropStatus}
+	return &rules.Rule{Name: "r", Adaptive: cfg}
+}

@@ -35,11 +35,13 @@ type Plan struct {
 	fill   time.Duration // how long it takes to fill from empty (w)
 	algo   algo          // what its algorithm means for the engine
 	// keyed: a fixed window without Start, whose grid its key's hash
-	// places; cal: a calendar window, placed by the decision's time.
-	// paramsAt resolves both at each decision.
+	// places; dated: a calendar window (cal), placed by the decision's
+	// time. paramsAt resolves both at each decision.
 	keyed  bool
-	cal    *calendar.Period
-	leased bool // its requests carry the leased mark (drip.Limit.Leased)
+	dated  bool
+	cal    calendar.Period
+	leased bool  // its requests carry the leased mark (drip.Limit.Leased)
+	err    error // what is wrong with the limit (drip.Limit.Validate): its requests are refused with it
 
 	local atomic.Pointer[localPlan] // the local fallback's, made at first need
 }
@@ -52,31 +54,48 @@ type localPlan struct {
 }
 
 // PlanOf compiles limit l of a rule (or a door's limit) called name.
-// A limit that is not valid allows nothing.
+// A limit that is not valid allows nothing, and a request of it is
+// refused with what is wrong with it.
 func PlanOf(name string, l drip.Limit) *Plan {
-	p, err := l.Params("") // its burst does not depend on a key
-	pl := &Plan{params: p, algo: algoOf(&l), leased: l.Leased}
+	pl := new(Plan)
+	pl.compile(&l)
+	pl.policy, pl.name = policyItem(name, pl), sfv.String(name)
+	return pl
+}
+
+// compile makes p the plan of l, but for its rendering (policy, name).
+// The local fallback's plan stays unmade.
+func (p *Plan) compile(l *drip.Limit) {
+	p.compileCall(l)
+	p.algo = algoOf(l)
 	switch {
-	case p.Kind == bucket.Calendar:
-		u, _ := calendar.ParseUnit(l.Calendar) // valid
-		pl.cal = &calendar.Period{Unit: u, Loc: l.Location}
-	case p.Kind == bucket.Window:
-		pl.keyed = l.Start == 0
-	}
-	switch {
-	case pl.algo.slots:
-		pl.burst = float64(l.MaxInFlight)
-	case err == nil:
-		pl.burst = float64(p.Burst) / bucket.Micro
+	case p.algo.slots:
+		p.burst = float64(l.MaxInFlight)
+	case p.err == nil:
+		p.burst = float64(p.params.Burst) / bucket.Micro
 	}
 	// The headers' quota is a whole number: the burst rounded down, which
 	// never promises more than the limit holds.
-	pl.quota = int64(math.Floor(pl.burst))
-	if err == nil && !pl.algo.slots { // slots have no window
-		pl.fill = p.Until(bucket.State{}, p.Burst, 0)
+	p.quota = int64(math.Floor(p.burst))
+	if p.err == nil && !p.algo.slots { // slots have no window
+		p.fill = p.params.Until(bucket.State{}, p.params.Burst, 0)
 	}
-	pl.policy, pl.name = policyItem(name, pl), sfv.String(name)
-	return pl
+}
+
+// compileCall makes p the plan of l as far as one store call needs it
+// (prepare, hints): its params, where its window is placed, its leased
+// mark, and what is wrong with it. Engine.Apply compiles an inline
+// limit so.
+func (p *Plan) compileCall(l *drip.Limit) {
+	q, err := l.Params("") // its burst does not depend on a key
+	*p = Plan{params: q, leased: l.Leased, err: err}
+	switch q.Kind {
+	case bucket.Calendar:
+		u, _ := calendar.ParseUnit(l.Calendar) // valid
+		p.dated, p.cal = true, calendar.Period{Unit: u, Loc: l.Location}
+	case bucket.Window:
+		p.keyed = l.Start == 0
+	}
 }
 
 // paramsAt is the plan's params for a decision on key at at (zero: now):
@@ -87,7 +106,7 @@ func (p *Plan) paramsAt(key string, at time.Time) bucket.Params {
 	switch {
 	case p.keyed:
 		q.Start = int64(store.WindowStart(key, time.Duration(q.Period))) % q.Period
-	case p.cal != nil:
+	case p.dated:
 		if at.IsZero() {
 			at = time.Now()
 		}
@@ -101,7 +120,7 @@ func (p *Plan) paramsAt(key string, at time.Time) bucket.Params {
 // params placed for key and at, its leased mark the plan's.
 func (p *Plan) prepare(it *bucket.Prepared, op bucket.Op, key string, at time.Time, c int64, err error, reserve bool, lease string) error {
 	q := &p.params
-	if p.keyed || p.cal != nil {
+	if p.keyed || p.dated {
 		pk := p.paramsAt(key, at)
 		q = &pk
 	}
@@ -115,7 +134,7 @@ func (p *Plan) prepare(it *bucket.Prepared, op bucket.Op, key string, at time.Ti
 // hints puts the waits of r, decided under q (paramsAt's) at at, on a
 // calendar window's calendar.
 func (p *Plan) hints(r *bucket.Result, q *bucket.Params, at time.Time) {
-	if p.cal == nil {
+	if !p.dated {
 		return
 	}
 	if at.IsZero() {

@@ -98,7 +98,7 @@ func TestLocalDenials(t *testing.T) {
 				hot := drip.Request{Key: "hot", Limit: drip.Limit{Rate: 1, Period: time.Second, Burst: 3}, Cost: 1}
 				take := func(reqs ...drip.Request) drip.Multi {
 					t.Helper()
-					m, err := e.Apply(ctx, bucket.Take, reqs)
+					m, err := e.Apply(ctx, bucket.Take, reqs, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -168,7 +168,7 @@ func TestLocalDenials(t *testing.T) {
 					again.Decisions[0].Tokens != first.Decisions[0].Tokens || c.calls.Load() != calls {
 					t.Fatalf("two limits again: %+v after %+v, %d store calls", again, first, c.calls.Load()-calls)
 				}
-				if _, err := e.Apply(ctx, bucket.Refund, []drip.Request{hot}); err != nil {
+				if _, err := e.Apply(ctx, bucket.Refund, []drip.Request{hot}, nil); err != nil {
 					t.Fatal(err)
 				}
 				if d := take(other, hot); !d.Allowed {

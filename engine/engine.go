@@ -149,20 +149,19 @@ func (e *Engine) Keys() KeyObserver { return e.keys }
 // defaultBreaker is the breaker of store calls made without rules.
 var defaultBreaker = rules.DefaultBreaker
 
-// Apply makes one store call for rs (drip.Apply), behind the circuit
-// breaker and under the engine's deadline or ctx's, if shorter. The
-// observer hears its latency and any failure. A call the breaker skips
-// fails with ErrBreakerOpen. Input errors (store.IsInput) are the
-// caller's: the breaker and the observer never see them. An error the
-// store answered about the items (store.IsAnswered) reaches the
-// observer. The breaker counts it as an answer.
-func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
-	return e.apply(ctx, e.timeout, defaultBreaker, op, reqs)
-}
-
-func (e *Engine) apply(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request) (drip.Multi, error) {
-	g := &guarded{e: e, timeout: timeout, br: br}
-	m, err := drip.Apply(ctx, g, op, e.at(), reqs...)
+// Apply makes one store call for reqs, behind the circuit breaker and
+// under the engine's deadline or ctx's, if shorter. It checks and
+// decides the requests as drip.Apply does. Each is prepared by plans[i],
+// its limit compiled (PlanOf: a rule's plan). A nil plan, or nil plans,
+// is compiled now for this call. The observer hears the call's latency
+// and any failure. A call the breaker skips fails with ErrBreakerOpen.
+// Input errors (store.IsInput) are the caller's: the breaker and the
+// observer never see them. An error the store answered about the items
+// (store.IsAnswered) reaches the observer. The breaker counts it as an
+// answer.
+func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request, plans []*Plan) (drip.Multi, error) {
+	g := &guarded{e: e, timeout: e.timeout, br: defaultBreaker}
+	m, err := applyOn(ctx, g, op, e.at(), reqs, plans)
 	if err != nil && !g.asked {
 		e.refused(ctx, op, len(reqs), err)
 	}
@@ -200,25 +199,61 @@ func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules
 	return ds, err
 }
 
+// applyOn is drip.Apply of reqs on st at at, each request prepared by
+// its plan (a nil one compiled for this call: scratch.planned).
+func applyOn(ctx context.Context, st store.Store, op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan) (drip.Multi, error) {
+	sc := scratches.Get().(*scratch) // step's memory: the same sizes
+	defer sc.free()
+	ds, err := applyIn(ctx, st, op, at, reqs, sc.planned(reqs, plans), sc)
+	if err != nil {
+		return drip.Multi{}, err
+	}
+	return multiOf(ds), nil
+}
+
 // applyPlansOn is drip.Apply of reqs on st at at, each request prepared
 // by its plan (preparePlans).
 func applyPlansOn(ctx context.Context, st store.Store, op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan) ([]drip.Decision, error) {
-	n := len(reqs)
 	sc := scratches.Get().(*scratch) // step's memory: the same sizes
 	defer sc.free()
-	items, res := sc.sized(n)
-	if err := preparePlans(op, at, reqs, plans, items); err != nil {
+	return applyIn(ctx, st, op, at, reqs, plans, sc)
+}
+
+// applyIn is applyPlansOn in sc's memory.
+func applyIn(ctx context.Context, st store.Store, op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan, sc *scratch) ([]drip.Decision, error) {
+	items, res := sc.sized(len(reqs))
+	if err := preparePlans(op, at, reqs, plans, items, len(reqs) > 1); err != nil {
 		return nil, err
 	}
 	if err := st.Apply(ctx, op, at, items, res); err != nil {
 		return nil, err
 	}
-	ds := make([]drip.Decision, n)
+	return decisionsOf(at, plans, items, res), nil
+}
+
+// decisionsOf is the decisions of res, the results of items (under
+// plans) decided at at: drip.Apply's.
+func decisionsOf(at time.Time, plans []*Plan, items []bucket.Prepared, res []bucket.Result) []drip.Decision {
+	ds := make([]drip.Decision, len(res))
 	for i := range res {
 		plans[i].hints(&res[i], &items[i].Params, at)
 		ds[i] = drip.DecisionOf(res[i], items[i].Params.Burst)
 	}
-	return ds, nil
+	return ds
+}
+
+// multiOf is the decisions ds of one call as drip.Apply answers them:
+// allowed when all are, retry after the longest wait of the denials
+// (of all when allowed).
+func multiOf(ds []drip.Decision) drip.Multi {
+	m := drip.Multi{Allowed: allAllowed(ds), Decisions: ds}
+	for _, d := range ds {
+		if !m.Allowed && d.Allowed {
+			continue
+		}
+		m.RetryAfter = max(m.RetryAfter, d.RetryAfter)
+	}
+	return m
 }
 
 // allAllowed reports whether every one of ds was allowed: a call of
@@ -233,19 +268,21 @@ func allAllowed(ds []drip.Decision) bool {
 }
 
 // preparePlans prepares reqs into items under plans at at, as
-// drip.Apply checks them, each with its request's debt bound
-// (Limit.MaxReserved; none: the most drip takes).
-func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan, items []bucket.Prepared) error {
+// drip.Apply checks them (the key, the limit, the cost, the lease; an
+// error names its request when multi), each with its request's debt
+// bound (Limit.MaxReserved; none: the most drip takes).
+func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan, items []bucket.Prepared, multi bool) error {
 	for i := range reqs {
 		r, pl := &reqs[i], plans[i]
 		q := pl.params
-		q.MaxReserved = int64(math.Round(store.MaxAmount * bucket.Micro))
-		if r.Limit.MaxReserved > 0 {
-			q.MaxReserved = int64(math.Round(r.Limit.MaxReserved * bucket.Micro))
+		q.MaxReserved = debtOf(&r.Limit, pl)
+		var c int64
+		err := pl.err // the limit's problem comes before the cost's
+		if err == nil {
+			c, err = store.Cost(op, r.Cost, r.Reserve, q)
 		}
-		c, err := store.Cost(op, r.Cost, r.Reserve, q)
 		if err := pl.prepare(&items[i], op, r.Key, at, c, err, r.Reserve, r.Lease); err != nil {
-			if len(reqs) > 1 {
+			if multi {
 				return fmt.Errorf("requests[%d]: %w", i, err)
 			}
 			return err
@@ -253,6 +290,20 @@ func preparePlans(op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan
 		items[i].Params.MaxReserved = q.MaxReserved
 	}
 	return store.CheckDistinct(items)
+}
+
+// debtOf is the most debt, in fixed point, a request of limit l may run
+// up under plan pl, as drip.Limit.Params holds it: l.MaxReserved, or
+// none (the most drip takes) when zero; zero where the plan's algorithm
+// reserves nothing (its own bound is zero: sliding windows, slots).
+func debtOf(l *drip.Limit, pl *Plan) int64 {
+	switch {
+	case pl.params.MaxReserved == 0:
+		return 0
+	case l.MaxReserved > 0:
+		return int64(math.Round(l.MaxReserved * bucket.Micro))
+	}
+	return int64(math.Round(store.MaxAmount * bucket.Micro))
 }
 
 // guarded is the engine's store seen through call: what drip.Apply hands

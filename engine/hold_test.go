@@ -92,7 +92,7 @@ func load(e *engine.Engine, callers int, budget time.Duration, stop time.Time) (
 				if budget > 0 {
 					ctx, cancel = context.WithTimeout(ctx, budget)
 				}
-				_, err := e.Apply(ctx, bucket.Take, req)
+				_, err := e.Apply(ctx, bucket.Take, req, nil)
 				cancel()
 				n.Add(1)
 				if err != nil {
@@ -256,7 +256,7 @@ func TestStarvedDeadlines(t *testing.T) {
 		for range 8 {
 			wg.Go(func() {
 				for range 5 {
-					if _, err := e.Apply(context.Background(), bucket.Take, req); !errors.Is(err, context.DeadlineExceeded) {
+					if _, err := e.Apply(context.Background(), bucket.Take, req, nil); !errors.Is(err, context.DeadlineExceeded) {
 						t.Errorf("err %v", err)
 					}
 				}
@@ -355,7 +355,7 @@ func TestProbePanics(t *testing.T) {
 		req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
 		st.down.Store(true)
 		for range 5 {
-			e.Apply(context.Background(), bucket.Take, req)
+			e.Apply(context.Background(), bucket.Take, req, nil)
 		}
 		if e.BreakerState() != engine.BreakerOpen {
 			t.Fatalf("breaker %s after 5 failures", e.BreakerState())
@@ -364,11 +364,11 @@ func TestProbePanics(t *testing.T) {
 		st.panics.Store(true)
 		func() {
 			defer func() { recover() }()
-			e.Apply(context.Background(), bucket.Take, req)
+			e.Apply(context.Background(), bucket.Take, req, nil)
 		}()
 		st.panics.Store(false)
 		st.down.Store(false)
-		if _, err := e.Apply(context.Background(), bucket.Take, req); err != nil || e.BreakerState() != engine.BreakerClosed {
+		if _, err := e.Apply(context.Background(), bucket.Take, req, nil); err != nil || e.BreakerState() != engine.BreakerClosed {
 			t.Fatalf("after a panicking probe: %v, breaker %s", err, e.BreakerState())
 		}
 	})

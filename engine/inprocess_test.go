@@ -52,7 +52,7 @@ func TestInProcessNoDeadline(t *testing.T) {
 		ms := memstore.New()
 		d := &deadlines{Store: ms, inproc: c.inproc}
 		e := engine.New(d)
-		if _, err := e.Apply(context.Background(), bucket.Take, req); err != nil {
+		if _, err := e.Apply(context.Background(), bucket.Take, req, nil); err != nil {
 			t.Fatal(err)
 		}
 		if len(d.had) != 1 || d.had[0] != c.want {

@@ -66,6 +66,8 @@ type Outcome struct {
 	released atomic.Bool
 	settled  atomic.Bool
 	dropped  atomic.Bool // Drop: the upstream did not serve the request well
+	// abandoned: Abandon, the caller went away before the request ended
+	abandoned atomic.Bool
 }
 
 // Learns reports whether the request holds a slot of an adaptive rule,
@@ -100,6 +102,17 @@ func (out *Outcome) Drops(status int) bool {
 func (out *Outcome) Drop() {
 	if out != nil {
 		out.dropped.Store(true)
+	}
+}
+
+// Abandon tells the adaptive rules that the request's caller went away
+// before it ended (a client that hung up): how it ended, and when, tells
+// nothing of the upstream, so they learn nothing from it. Call it before
+// Release. A hostile client that hangs up at will then cannot teach a
+// limit failures, nor latencies it cut short.
+func (out *Outcome) Abandon() {
+	if out != nil {
+		out.abandoned.Store(true)
 	}
 }
 
@@ -154,7 +167,7 @@ func (out *Outcome) Release(ctx context.Context) error {
 	now := out.eng.clock()
 	for i := range out.Applied {
 		a := &out.Applied[i]
-		a.releaseSlot(now, out.dropped.Load()) // adaptive.go
+		a.releaseSlot(now, out.dropped.Load(), !out.abandoned.Load()) // adaptive.go
 		if !a.held {
 			continue
 		}
@@ -276,7 +289,7 @@ func policyItemFill(name string, p *Plan, fill time.Duration) string {
 // plan was compiled in.
 func (it *Item) policy() string {
 	p := it.plan()
-	if p.cal == nil || it.span <= 0 || time.Duration(it.span) == p.fill {
+	if !p.dated || it.span <= 0 || time.Duration(it.span) == p.fill {
 		return p.policy
 	}
 	return policyItemFill(p.name, p, time.Duration(it.span))

@@ -258,3 +258,119 @@ func TestApplyPlansIsApply(t *testing.T) {
 		}
 	}
 }
+
+// recorder is a store that keeps the items of its last call.
+type recorder struct {
+	store.Store
+	items []bucket.Prepared
+}
+
+func (r *recorder) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, res []bucket.Result) error {
+	r.items = slices.Clone(items)
+	return r.Store.Apply(ctx, op, at, items, res)
+}
+
+// TestApplyIsApply holds Engine.Apply, whose requests are prepared by
+// plans (a nil one compiled for the call: an inline limit of the
+// decision API), and Prepare with Prepared.Apply, which decide prepared
+// requests in parts, to drip.Apply: the same errors (a multi-take of one
+// names its request), the same items handed to the store, params and
+// debt bound included, and the same decisions, for every kind of limit,
+// a keyed and a calendar window, and a limit that is not valid among
+// them, across midnight in Paris.
+func TestApplyIsApply(t *testing.T) {
+	limits, ctx, rng := planLimits(t), context.Background(), rand.New(rand.NewPCG(37, 7))
+	limits = append(limits, drip.Limit{Rate: -1}, drip.Limit{Rate: 5, Period: time.Second, Burst: 2, MaxReserved: 3})
+	at := time.Date(2026, 3, 28, 22, 59, 0, 0, time.UTC) // a minute before midnight in Paris
+	ms := []*memstore.Store{memstore.New(memstore.WithSweep(0)), memstore.New(memstore.WithSweep(0)), memstore.New(memstore.WithSweep(0))}
+	viaPlan, viaApply, viaCheck := &recorder{Store: ms[0]}, &recorder{Store: ms[1]}, ms[2]
+	e := New(viaPlan, WithClock(func() time.Time { return at }))
+	t.Cleanup(func() {
+		e.Close()
+		for _, m := range ms {
+			m.Close()
+		}
+	})
+	leaseIDs := []string{store.NewLeaseID(), store.NewLeaseID()}
+	for step := range 3000 {
+		at = at.Add(time.Duration(rng.IntN(90)) * time.Millisecond)
+		var reqs []drip.Request
+		var plans []*Plan
+		for _, k := range []string{"a", "b", "c"}[:1+rng.IntN(3)] {
+			l := limits[rng.IntN(len(limits))]
+			r := drip.Request{Key: l.String() + "/" + k, Limit: l, Cost: float64(rng.IntN(30)) / 4, Reserve: rng.IntN(5) == 0}
+			if l.Algorithm == drip.Concurrency {
+				r.Lease, r.Cost, r.Reserve = leaseIDs[rng.IntN(len(leaseIDs))], float64(rng.IntN(2)), false
+			}
+			switch rng.IntN(40) {
+			case 0:
+				r.Cost = math.NaN()
+			case 1:
+				r.Key = "" // a bad key
+			}
+			var pl *Plan // an inline limit's: compiled for the call
+			if rng.IntN(2) == 0 {
+				pl = PlanOf("rule", l) // a rule's
+			}
+			reqs, plans = append(reqs, r), append(plans, pl)
+		}
+		if rng.IntN(40) == 0 {
+			reqs, plans = append(reqs, reqs[0]), append(plans, plans[0])
+		}
+		op := []bucket.Op{bucket.Take, bucket.Peek, bucket.Refund}[rng.IntN(3)]
+		var got, want error
+		var gm, wm drip.Multi
+		switch parts := rng.IntN(3); {
+		case parts == 0:
+			wm, want = drip.Apply(ctx, viaApply, op, at, reqs...)
+			gm, got = e.Apply(ctx, op, reqs, plans)
+		default:
+			multi := rng.IntN(2) == 0
+			_, want = drip.Apply(ctx, viaCheck, op, at, reqs...) // its errors, on a store not compared
+			if multi && len(reqs) == 1 && want != nil {
+				want = fmt.Errorf("requests[0]: %w", want)
+			}
+			var p *Prepared
+			if p, got = e.Prepare(op, reqs, plans, multi); got != nil || want != nil {
+				break
+			}
+			// In parts: the first request, then the others, each part
+			// as drip.Apply decides it, at a time of its own.
+			idx := []int{0}
+			if parts == 2 || len(reqs) == 1 {
+				idx = nil // all at once
+			}
+			for _, part := range [][]drip.Request{reqs[:len(idx)], reqs[len(idx):]} {
+				if idx == nil {
+					part = reqs
+				}
+				if len(part) == 0 {
+					break
+				}
+				wm, want = drip.Apply(ctx, viaApply, op, at, part...)
+				gm, got = p.Apply(ctx, op, idx)
+				if fmt.Sprint(got) != fmt.Sprint(want) || fmt.Sprint(gm) != fmt.Sprint(wm) {
+					break
+				}
+				if idx == nil {
+					break
+				}
+				at = at.Add(time.Duration(rng.IntN(90)) * time.Millisecond)
+				if rng.IntN(4) == 0 {
+					at = at.Add(time.Duration(rng.IntN(48)) * time.Hour) // a wait: a calendar window ends
+				}
+				idx = nil
+				for i := 1; i < len(reqs); i++ {
+					idx = append(idx, i)
+				}
+			}
+		}
+		wantItems := viaApply.items
+		if fmt.Sprint(got) != fmt.Sprint(want) || fmt.Sprint(gm) != fmt.Sprint(wm) {
+			t.Fatalf("step %d, %v %v: %+v, error %v; drip.Apply's %+v, %v", step, op, reqs, gm, got, wm, want)
+		}
+		if want == nil && fmt.Sprint(viaPlan.items) != fmt.Sprint(wantItems) {
+			t.Fatalf("step %d, %v: items %+v, drip.Apply's %+v", step, op, viaPlan.items, wantItems)
+		}
+	}
+}

@@ -163,10 +163,12 @@ func waitOf(items []*Item) time.Duration {
 	return w
 }
 
-// waitable reports whether every enforced item that denied may wait.
+// waitable reports whether every enforced item that denied may wait. A
+// Check item that denied never may (a count_status rule has no
+// max_wait): no wait makes it pass, so the request is denied at once.
 func waitable(items []*Item) bool {
 	for _, it := range items {
-		if it.kind() == enforceItems && it.Decided && !it.Decision.Allowed && it.Wait <= 0 {
+		if k := it.kind(); (k == enforceItems || k == checkItems) && it.Decided && !it.Decision.Allowed && it.Wait <= 0 {
 			return false
 		}
 	}

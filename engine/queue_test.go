@@ -586,7 +586,7 @@ func TestQueueClassStores(t *testing.T) {
 			}
 			bucketKey, limit := first.Applied[0].Key, first.Applied[0].Limit
 			owed := func() float64 {
-				m, err := e.Apply(t.Context(), bucket.Peek, []drip.Request{{Key: bucketKey, Limit: limit}})
+				m, err := e.Apply(t.Context(), bucket.Peek, []drip.Request{{Key: bucketKey, Limit: limit}}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -662,6 +662,45 @@ func TestQueueClassShare(t *testing.T) {
 		s.wg.Wait()
 		if s.at["c1"] != 0 || s.at["c2"] != 0 {
 			t.Errorf("critical passed at %v and %v, want both at once", s.at["c1"], s.at["c2"])
+		}
+	})
+}
+
+// TestQueueCheckDenies: a request that a count_status rule denies is
+// answered at once, though another of its rules would let it wait: a
+// count_status rule has no max_wait, and waiting cannot make it pass.
+// Before, the request waited the other rule's whole max_wait in its
+// queue (a client locked out of its logins filled that queue for every
+// other client) and was then denied, the other rule's bucket told of
+// with more tokens than its burst.
+func TestQueueCheckDenies(t *testing.T) {
+	inBubble(t, func(t *testing.T, e *engine.Engine) {
+		set, err := rules.Parse([]byte(`{"rules": [
+		  {"name": "logins", "limit_keys": ["global"], "count_status": [401],
+		   "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}},
+		  {"name": "q", "limit_keys": ["global"], "max_wait": "10s", "max_queue": 1,
+		   "algorithm_config": {"rate": 1, "period": "1s", "burst": 1}}]}`), "rules.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := e.Compile(set)
+		ctx := t.Context()
+		out := e.Decide(ctx, rs, values{})
+		if !out.Allowed {
+			t.Fatal("the first request denied")
+		}
+		if err := out.Settle(ctx, engine.Response{Status: 401}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		out = e.Decide(ctx, rs, values{})
+		if out.Allowed || time.Since(start) != 0 {
+			t.Errorf("a request logins denies: allowed %v after %v, want denied at once", out.Allowed, time.Since(start))
+		}
+		for _, a := range out.Applied {
+			if a.Decision.Remaining > int64(a.Decision.Burst) {
+				t.Errorf("%s told of %d remaining of a burst of %v", a.Rule.Name, a.Decision.Remaining, a.Decision.Burst)
+			}
 		}
 	})
 }

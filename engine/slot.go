@@ -28,7 +28,8 @@ type Slot struct {
 // capacity and free slots); a denial carries the class's name in shed
 // when the class is what kept it out (its share of the capacity is
 // used, or a higher class took its place). The engine's observer counts
-// the decision.
+// the decision. A caller whose ctx has ended takes no slot: it is
+// denied, even when a slot was handed to it as it left the queue.
 func (e *Engine) AcquireSlot(ctx context.Context, rule *rules.Rule, key string, class int, wait time.Duration, maxQueue int) (s *Slot, d drip.Decision, shed string) {
 	a := Applied{Rule: rule, Item: Item{Key: key, Limit: rule.Limit, Wait: wait, Queue: rule.Name, MaxQueue: maxQueue}}
 	a.SetClass(class, rule.Share(class))
@@ -37,6 +38,16 @@ func (e *Engine) AcquireSlot(ctx context.Context, rule *rules.Rule, key string, 
 		e.shedBy(out, &a, ReasonOverloaded)
 		e.obs.Decision(rule.Name, rule.Mode, Denied)
 		return nil, a.Decision, out.Shed
+	}
+	if ctx.Err() != nil {
+		// The caller left before it asked, or as a slot was handed to
+		// it in the queue: it takes nothing, and the rule learns
+		// nothing (nobody would release the slot: held under a lease
+		// nobody has, it would count as a failure at its TTL).
+		unadmit([]*Applied{&a})
+		a.Decision.Allowed, a.Decision.RetryAfter = false, ConcurrencyRetryAfter
+		e.obs.Decision(rule.Name, rule.Mode, Denied)
+		return nil, a.Decision, ""
 	}
 	e.obs.Decision(rule.Name, rule.Mode, Allowed)
 	return &Slot{e: e, a: a, b: a.slot}, a.Decision, ""
@@ -48,14 +59,21 @@ func (e *Engine) AcquireSlot(ctx context.Context, rule *rules.Rule, key string, 
 // not. Only the first call counts.
 // It returns the bucket as it is then.
 func (s *Slot) Release(dropped bool) drip.Decision {
-	s.once.Do(func() { s.a.releaseSlot(s.e.clock(), dropped) })
+	s.once.Do(func() { s.a.releaseSlot(s.e.clock(), dropped, true) })
 	d, _ := s.b.state(true)
 	return d
 }
 
 // SlotState is the adaptive rule's bucket key as it is, as the headers
-// would tell of it: its learned capacity and its free slots.
+// would tell of it: its learned capacity and its free slots. It makes
+// no bucket and pins none: a key it does not find (the set full, its
+// rule's overflow bucket) is told of as a new bucket would be, so that
+// asking about keys a client made up leaves nothing behind.
 func (e *Engine) SlotState(rule *rules.Rule, key string) drip.Decision {
-	d, _ := e.adaptiveOf(rule, key).state(true)
+	a := e.adaptiveFound(rule, key)
+	if a == nil {
+		a = &adaptive{rule: rule.Name, cfg: rule.Adaptive, limit: float64(rule.Adaptive.InitialLimit)}
+	}
+	d, _ := a.state(true)
 	return d
 }

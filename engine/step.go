@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -326,7 +327,7 @@ func (e *Engine) stepPrepared(ctx context.Context, timeout time.Duration, br rul
 		pl := reqs[j].it.plan()
 		pl.hints(&res[j], &items[j].Params, at)
 		reqs[j].d = drip.DecisionOf(res[j], items[j].Params.Burst)
-		if pl.cal != nil {
+		if pl.dated {
 			reqs[j].span = items[j].Params.Period
 		}
 	}
@@ -353,6 +354,8 @@ type scratch struct {
 	reqs  []stepReq
 	items []bucket.Prepared
 	res   []bucket.Result
+	plans []*Plan // a call's plans (planned)
+	own   []Plan  // those compiled for the call: overwritten by the next, they hold no caller's strings
 }
 
 var scratches = sync.Pool{New: func() any {
@@ -367,10 +370,38 @@ func (sc *scratch) sized(n int) ([]bucket.Prepared, []bucket.Result) {
 	return sc.items[:n], sc.res[:n]
 }
 
-// free returns sc to the pool, holding no caller's items or strings.
+// planned is plans, a plan for each of reqs, with each one missing (nil,
+// or plans shorter than reqs) compiled into sc for this call: an inline
+// limit compiled once, as far as the call needs (compileCall).
+func (sc *scratch) planned(reqs []drip.Request, plans []*Plan) []*Plan {
+	n := len(reqs)
+	if len(plans) >= n && !slices.Contains(plans[:n], nil) {
+		return plans[:n]
+	}
+	if cap(sc.own) < n {
+		sc.own = make([]Plan, n)
+	}
+	sc.plans = sc.plans[:0]
+	for i := range reqs {
+		var pl *Plan
+		if i < len(plans) {
+			pl = plans[i]
+		}
+		if pl == nil {
+			pl = &sc.own[i]
+			pl.compileCall(&reqs[i].Limit)
+		}
+		sc.plans = append(sc.plans, pl)
+	}
+	return sc.plans
+}
+
+// free returns sc to the pool, holding no caller's items, strings or
+// plans.
 func (sc *scratch) free() {
 	clear(sc.reqs[:cap(sc.reqs)])
 	clear(sc.items[:cap(sc.items)])
-	sc.reqs = sc.reqs[:0]
+	clear(sc.plans)
+	sc.reqs, sc.plans = sc.reqs[:0], sc.plans[:0]
 	scratches.Put(sc)
 }

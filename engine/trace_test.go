@@ -243,10 +243,10 @@ func TestTraceApply(t *testing.T) {
 	e := engine.New(ms, engine.WithTracerProvider(tp))
 	defer e.Close()
 	ctx := context.Background()
-	if _, err := e.Apply(ctx, bucket.Peek, []drip.Request{{Key: "a", Limit: drip.PerSecond(1)}, {Key: "b", Limit: drip.PerSecond(1)}}); err != nil {
+	if _, err := e.Apply(ctx, bucket.Peek, []drip.Request{{Key: "a", Limit: drip.PerSecond(1)}, {Key: "b", Limit: drip.PerSecond(1)}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Apply(ctx, bucket.Take, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}); !store.IsInput(err) {
+	if _, err := e.Apply(ctx, bucket.Take, []drip.Request{{Key: "secret-key", Limit: drip.PerSecond(1), Cost: -1}}, nil); !store.IsInput(err) {
 		t.Fatalf("negative cost: %v", err)
 	}
 	a := engine.NewApplied(&rules.Rule{Name: "a", Limit: drip.PerSecond(1)})
@@ -303,7 +303,7 @@ func TestStoreName(t *testing.T) {
 		store.Prefixed{Store: ms, Prefix: "p:"}, store.Sharded{Store: ms, N: 2}} {
 		tp, rec := recorder(t)
 		e := engine.New(s, engine.WithTracerProvider(tp))
-		if _, err := e.Apply(context.Background(), bucket.Take, []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}); err != nil {
+		if _, err := e.Apply(context.Background(), bucket.Take, []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}, nil); err != nil {
 			t.Fatal(err)
 		}
 		e.Close()

@@ -63,3 +63,35 @@ func TestAdaptive(t *testing.T) {
 		}
 	})
 }
+
+// TestAdaptiveCallerGone: a caller that cancels its call teaches an
+// adaptive rule nothing, whatever the handler then returns (here
+// UNAVAILABLE, as a proxy's cut call to its upstream may be): the limit
+// does not shrink. Before, each cancelled call counted as the upstream
+// failing.
+func TestAdaptiveCallerGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		lim := grpclimit.New(ms, parse(t, `{"rules": [{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive",
+		  "algorithm_config": {"initial_limit": 10, "max_limit": 10, "window": "10ms"}}]}`))
+		defer lim.Close()
+		intercept := lim.UnaryInterceptor()
+		info := &grpc.UnaryServerInfo{FullMethod: "/pkg.Service/Method"}
+		for range 100 {
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				time.Sleep(time.Millisecond)
+				cancel()
+			}()
+			intercept(ctx, nil, info, func(ctx context.Context, _ any) (any, error) {
+				<-ctx.Done()
+				return nil, status.Error(codes.Unavailable, "upstream call cut")
+			})
+			time.Sleep(time.Millisecond)
+		}
+		if st := lim.Engine().Adaptive(); st[0].Limit != 10 || st[0].InFlight != 0 {
+			t.Fatalf("after 100 callers cancelled: %+v, want the limit of 10 as it was", st[0])
+		}
+	})
+}

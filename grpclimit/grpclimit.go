@@ -22,6 +22,7 @@ package grpclimit
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -175,11 +176,18 @@ func (l *Limiter) guard(ctx context.Context, fullMethod string, setHeader func(m
 	if out.Learns() {
 		// An adaptive rule learns from how the call ends: a code that
 		// tells of overload (its drop_status, as HTTPStatus reads the
-		// code) or a panic is a drop. Deferred after the release, so
-		// run before it.
+		// code) or a panic is a drop; a call its caller cancelled
+		// teaches nothing, whatever the handler returned
+		// (engine.Outcome.Abandon). Deferred after the release, so run
+		// before it.
 		ended := false
 		defer func() {
-			if !ended || out.Drops(HTTPStatus(status.Code(err))) {
+			switch {
+			case !ended:
+				out.Drop()
+			case errors.Is(ctx.Err(), context.Canceled):
+				out.Abandon()
+			case out.Drops(HTTPStatus(status.Code(err))):
 				out.Drop()
 			}
 		}()

@@ -42,7 +42,10 @@ func (w *dropWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // and what to call when the handler has returned (ended: normally, not
 // by a panic): a response of their drop_status, a request whose
 // deadline passed, or a handler that panicked tells them of an
-// overloaded upstream.
+// overloaded upstream. A request whose client went away (its context
+// cancelled) tells them nothing, whatever the handler answered (a
+// proxy's 502 for the upstream call it cut): they learn nothing from it
+// (engine.Outcome.Abandon).
 func watchDrops(w http.ResponseWriter, r *http.Request, out *engine.Outcome) (http.ResponseWriter, func(ended bool)) {
 	dw := &dropWriter{ResponseWriter: w}
 	return dw, func(ended bool) {
@@ -50,7 +53,12 @@ func watchDrops(w http.ResponseWriter, r *http.Request, out *engine.Outcome) (ht
 		if status == 0 && ended {
 			status = http.StatusOK
 		}
-		if !ended || out.Drops(status) || errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		switch err := r.Context().Err(); {
+		case !ended || errors.Is(err, context.DeadlineExceeded):
+			out.Drop()
+		case errors.Is(err, context.Canceled):
+			out.Abandon()
+		case out.Drops(status):
 			out.Drop()
 		}
 	}

@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -71,6 +72,38 @@ func TestAdaptiveMiddleware(t *testing.T) {
 		}
 		if st := lim.Engine().Adaptive(); st[0].Limit > 2 {
 			t.Fatalf("after the upstream answered 503s: limit %v, want it shrunk", st[0].Limit)
+		}
+	})
+}
+
+// TestAdaptiveClientGone: a client that hangs up teaches an adaptive
+// rule nothing. Its handler answers as a proxy does when its client has
+// gone (502, the upstream call cancelled): that is no drop, and the limit
+// does not shrink. Before, each hang-up counted as the upstream failing,
+// so a client could drive the limit down to min_limit for every other.
+func TestAdaptiveClientGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		set := parse(t, `{"rules": [{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive",
+		  "algorithm_config": {"initial_limit": 10, "min_limit": 1, "max_limit": 10, "window": "10ms"}}]}`)
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		lim := httplimit.New(ms, set, engine.WithLogger(slog.New(slog.DiscardHandler)))
+		defer lim.Close()
+		h := lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-r.Context().Done()
+			w.WriteHeader(http.StatusBadGateway)
+		}))
+		for range 100 {
+			ctx, hangUp := context.WithCancel(t.Context())
+			go func() {
+				time.Sleep(time.Millisecond)
+				hangUp()
+			}()
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+			time.Sleep(time.Millisecond)
+		}
+		if st := lim.Engine().Adaptive(); len(st) != 1 || st[0].InFlight != 0 || st[0].Limit != 10 {
+			t.Fatalf("after 100 clients hung up: %+v, want the limit of 10 as it was", st)
 		}
 	})
 }

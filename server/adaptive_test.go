@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/driplimit/drip/internal/testkit/testserver"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -111,5 +114,46 @@ func TestShedClassesBounded(t *testing.T) {
 	}
 	if !slices.Equal(series, want) {
 		t.Errorf("drip_shed_total series:\n%s\nwant:\n%s", strings.Join(series, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestGatewayClientGone: a client that hangs up while the upstream
+// works is not an upstream failure: the gateway logs no "upstream
+// failed" warning for it (one line a hang-up, at the client's will),
+// and the adaptive rule it held a slot of learns nothing (its limit
+// stays).
+func TestGatewayClientGone(t *testing.T) {
+	reached := make(chan struct{}, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached <- struct{}{}
+		<-r.Context().Done()
+	}))
+	defer up.Close()
+	path := filepath.Join(t.TempDir(), "rules.json")
+	writeFile(t, path, `{"rules": [{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive",
+	  "algorithm_config": {"initial_limit": 10, "min_limit": 1, "max_limit": 10, "window": "1ms"}}]}`)
+	var logs testserver.LockedBuffer
+	srv := start(t, Config{Rules: path, Upstream: up.URL, WatchEvery: -1,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, memstore.New())
+	for range 6 {
+		ctx, hangUp := context.WithCancel(t.Context())
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.base+"/", nil)
+		go func() {
+			<-reached
+			hangUp()
+		}()
+		if _, err := http.DefaultClient.Do(req); err == nil {
+			t.Fatal("a request whose client hung up was answered")
+		}
+		waitFor(t, "the gateway to let the request go", func() bool {
+			st := srv.eng.Adaptive()
+			return len(st) == 1 && st[0].InFlight == 0
+		})
+	}
+	if st := srv.eng.Adaptive(); st[0].Limit != 10 {
+		t.Errorf("after 6 clients hung up: limit %v, want 10 as it was", st[0].Limit)
+	}
+	if strings.Contains(logs.String(), "upstream failed") {
+		t.Errorf("a client that hung up was logged as the upstream failing:\n%s", logs.String())
 	}
 }

@@ -195,7 +195,11 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 			return nil, err
 		}
 		rs := make([]drip.Request, len(b.Requests))
-		ts := make([]target, len(b.Requests))
+		var one [1]target // a multi-take of one, without an allocation
+		ts := one[:]
+		if len(b.Requests) > 1 {
+			ts = make([]target, len(b.Requests))
+		}
 		for i, it := range b.Requests {
 			r, t, err := s.request(it, opName)
 			if err != nil {
@@ -237,20 +241,25 @@ func (s *Server) decide(ctx context.Context, opName string, b replay.Raw) (any, 
 }
 
 // target is what a decision API request counts under: its rule's name
-// and mode, or "inline" in enforce mode for an inline limit.
+// and mode, or "inline" in enforce mode for an inline limit; and the
+// plan its limit is decided by: its rule's, compiled once (nil: its
+// limit is compiled for the request, an inline limit or an override).
 type target struct {
 	name string
 	mode rules.Mode
+	plan *engine.Plan
 }
 
 // inline is what requests with an inline limit count under.
-var inline = target{"inline", rules.Enforce}
+var inline = target{name: "inline", mode: rules.Enforce}
 
-// apply decides requests through the engine and counts the takes. Bad
-// input is refused before any request is decided: by the engine's one
-// store call, which prepares every request before it asks the store,
-// or by check where the requests are decided in parts (shadow rules,
-// items that may wait) or a multi-take of one request names its index.
+// apply decides requests through the engine and counts the takes, each
+// prepared once under its plan (target.plan). Bad input is refused
+// before any request is decided: by the engine's one store call, which
+// prepares every request before it asks the store, or, where the
+// requests are decided in parts (shadow rules, items that may wait) or
+// a multi-take of one request names its index, by Engine.Prepare, whose
+// requests the parts then decide.
 // The requests of shadow-mode rules never deny: a take or a peek
 // decides the others first, all or nothing, then the shadow ones, taken
 // when the others were allowed and else peeked, as the rules decide on
@@ -263,22 +272,41 @@ var inline = target{"inline", rules.Enforce}
 // rule's), the shadow requests never.
 func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request, ts []target, multi bool) (drip.Multi, error) {
 	counted := func(err error) bool { return op == bucket.Take || (multi && err != nil) }
-	var enf, sh []int // indexes of rs
+	var enf, sh []int       // indexes of rs
+	var one [1]*engine.Plan // a single request's plans, without an allocation
+	var plans []*engine.Plan
 	for i, t := range ts {
 		if t.mode == rules.Shadow && (op == bucket.Take || op == bucket.Peek) {
 			sh = append(sh, i)
 		} else {
 			enf = append(enf, i)
 		}
-	}
-	set := s.rules()
-	if len(sh) > 0 || waits(set, op, wait, its) || (multi && len(rs) == 1) {
-		if err := check(op, rs, multi); err != nil {
-			return drip.Multi{}, err
+		if t.plan != nil && plans == nil {
+			plans = one[:]
+			if len(ts) > 1 {
+				plans = make([]*engine.Plan, len(ts))
+			}
+		}
+		if plans != nil {
+			plans[i] = t.plan
 		}
 	}
+	set := s.rules()
+	if len(sh) == 0 && !waits(set, op, wait, its, nil) && !(multi && len(rs) == 1) {
+		m, err := s.eng.Apply(ctx, op, rs, plans)
+		if counted(err) {
+			for i, t := range ts {
+				s.count(t, rs[i], m, i, err)
+			}
+		}
+		return m, err
+	}
+	p, err := s.eng.Prepare(op, rs, plans, multi)
+	if err != nil {
+		return drip.Multi{}, err
+	}
 	if len(sh) == 0 {
-		m, err := s.take(ctx, set, op, wait, class, its, rs)
+		m, err := s.take(ctx, set, op, wait, class, its, p, nil)
 		if counted(err) {
 			for i, t := range ts {
 				s.count(t, rs[i], m, i, err)
@@ -288,7 +316,7 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, cl
 	}
 	m := drip.Multi{Allowed: true, Decisions: make([]drip.Decision, len(rs))}
 	if len(enf) > 0 {
-		em, err := s.take(ctx, set, op, wait, class, pick(its, enf), pick(rs, enf))
+		em, err := s.take(ctx, set, op, wait, class, its, p, enf)
 		if counted(err) {
 			for j, i := range enf {
 				s.count(ts[i], rs[i], em, j, err)
@@ -306,7 +334,7 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, cl
 	if !m.Allowed {
 		shOp = bucket.Peek
 	}
-	sm, err := s.eng.Apply(ctx, shOp, pick(rs, sh))
+	sm, err := p.Apply(ctx, shOp, sh)
 	for j, i := range sh {
 		var d drip.Decision
 		if err == nil {
@@ -322,15 +350,6 @@ func (s *Server) apply(ctx context.Context, op bucket.Op, wait time.Duration, cl
 		m.Decisions[i] = d
 	}
 	return m, nil
-}
-
-// pick is the elements of rs at idx.
-func pick[T any](rs []T, idx []int) []T {
-	out := make([]T, len(idx))
-	for j, i := range idx {
-		out[j] = rs[i]
-	}
-	return out
 }
 
 // apiOp is the store op of a decision API path: acquire is a take (of
@@ -472,7 +491,7 @@ func (s *Server) request1(it replay.ReqJSON, opName string) (drip.Request, targe
 		if it.Key != "" || it.Limit != nil {
 			return drip.Request{}, target{}, inputf("a request by rule has values instead of key and limit")
 		}
-		r, mode, err := s.ruleRequest(rule, it.Values)
+		r, t, err := s.ruleRequest(rule, it.Values)
 		if err != nil {
 			return drip.Request{}, target{}, err
 		}
@@ -486,7 +505,7 @@ func (s *Server) request1(it replay.ReqJSON, opName string) (drip.Request, targe
 			return drip.Request{}, target{}, inputf("rule %q allows no reservations: its algorithm_config sets no max_reserved", rule)
 		}
 		r.Reserve = it.Reserve
-		return r, target{rule, mode}, nil
+		return r, t, nil
 	}
 	if it.Values != nil {
 		return drip.Request{}, target{}, inputf("values need a rule")

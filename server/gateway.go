@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -44,7 +46,11 @@ func (s *Server) gateway() (http.Handler, error) {
 		Transport:  tr,
 		BufferPool: bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			s.log.Warn("drip serve: upstream failed", "err", err, "path", r.URL.Path)
+			if !errors.Is(r.Context().Err(), context.Canceled) {
+				// Not when the client went away, which cut the call: a
+				// line a hang-up would be the client's to write.
+				s.log.Warn("drip serve: upstream failed", "err", err, "path", r.URL.Path)
+			}
 			httplimit.Errored(w) // not served: the rules that settle on the response take nothing
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.WriteHeader(http.StatusBadGateway)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/httplimit"
 	"github.com/driplimit/drip/rules"
 	"github.com/driplimit/drip/server/envoy"
@@ -19,7 +20,7 @@ import (
 // ruleState is the rules in force, an immutable snapshot swapped whole on
 // reload, and the bookkeeping of reloads.
 type ruleState struct {
-	set atomic.Pointer[rules.Set]
+	cur atomic.Pointer[ruleSet]
 
 	mu       sync.Mutex // serializes reloads
 	hash     [32]byte   // of the file content last loaded or tried
@@ -27,8 +28,28 @@ type ruleState struct {
 	envoy    *envoy.Config // envoyproxy/ratelimit files at the rules path (envoy.go)
 }
 
+// ruleSet is a rules set and its rules' limits compiled once, by rule:
+// the plans of the decision API's requests by rule.
+type ruleSet struct {
+	set   *rules.Set
+	plans map[*rules.Rule]*engine.Plan
+}
+
+func newRuleSet(set *rules.Set) *ruleSet {
+	rs := &ruleSet{set: set, plans: make(map[*rules.Rule]*engine.Plan, len(set.Rules))}
+	for i := range set.Rules {
+		r := &set.Rules[i]
+		rs.plans[r] = engine.PlanOf(r.Name, r.Limit)
+	}
+	return rs
+}
+
 // rules returns the rules in force.
-func (s *Server) rules() *rules.Set { return s.rs.set.Load() }
+func (s *Server) rules() *rules.Set { return s.rs.cur.Load().set }
+
+// plan is the compiled plan of rule r's own limit; nil when r is no
+// longer in force (the engine then compiles its limit for the request).
+func (s *Server) plan(r *rules.Rule) *engine.Plan { return s.rs.cur.Load().plans[r] }
 
 // loadRules loads the rules at start: a bad file is an error here (there
 // are no older rules to keep).
@@ -47,7 +68,7 @@ func (s *Server) loadRules() (*ruleState, error) {
 			return nil, err
 		}
 	}
-	rs.set.Store(set)
+	rs.cur.Store(newRuleSet(set))
 	rs.loadedAt = time.Now()
 	s.metrics.expect(set, rs.envoy) // their series at 0
 	s.metrics.rulesOK.Set(1)
@@ -82,7 +103,7 @@ func (s *Server) Reload() error {
 		s.log.Error("drip serve: rules reload failed; the rules in force stay", "file", s.cfg.Rules, "err", err.Error())
 		return err
 	}
-	s.rs.set.Store(set)
+	s.rs.cur.Store(newRuleSet(set))
 	s.swapLimiter(set)
 	s.checkStale(s.eng.Overrides(), true, nil) // stale.go: overrides of a rule whose algorithm changed
 	s.rs.envoy = env
@@ -109,22 +130,26 @@ func (s *Server) lastHash() [32]byte {
 // JSON list (one per limit key but "global", in order) or object (limit
 // key to value). Its cost is the rule's fixed_cost, or default_cost when
 // the rule reads costs from requests. mode is the rule's.
-func (s *Server) ruleRequest(name string, values json.RawMessage) (_ drip.Request, mode rules.Mode, _ error) {
+func (s *Server) ruleRequest(name string, values json.RawMessage) (drip.Request, target, error) {
 	r, err := s.rule(name)
 	if err != nil {
-		return drip.Request{}, "", err
+		return drip.Request{}, target{}, err
 	}
 	if r.Adaptive != nil {
 		// Its slots are counted in each instance, not in the store: a
 		// single request acquires one (slots.go), never a multi-take.
-		return drip.Request{}, "", inputf("rule %q is adaptive: its slots are held in each instance, one request at a time (a single /v1/acquire), not in a multi-take", name)
+		return drip.Request{}, target{}, inputf("rule %q is adaptive: its slots are held in each instance, one request at a time (a single /v1/acquire), not in a multi-take", name)
 	}
 	key, err := ruleKey(r, values, s.rules())
 	if err != nil {
-		return drip.Request{}, "", err
+		return drip.Request{}, target{}, err
 	}
-	l, _ := s.eng.LimitOf(r, key, nil) // the key's override, if any
-	return drip.Request{Key: key, Limit: l, Cost: ruleCost(r)}, r.Mode, nil
+	t := target{name: r.Name, mode: r.Mode}
+	l, over := s.eng.LimitOf(r, key, nil) // the key's override, if any
+	if !over {
+		t.plan = s.plan(r)
+	}
+	return drip.Request{Key: key, Limit: l, Cost: ruleCost(r)}, t, nil
 }
 
 // ruleCost is the cost of a request by rule r that names none: its

@@ -158,7 +158,7 @@ func New(cfg Config, st store.Store) (*Server, error) {
 		return nil, err
 	}
 	s.rs = rs
-	s.lim = httplimit.New(s.store, rs.set.Load(), engine.Shared(s.eng))
+	s.lim = httplimit.New(s.store, rs.cur.Load().set, engine.Shared(s.eng))
 
 	front, name := s.apiHandler(), "api"
 	if cfg.Upstream != "" {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/engine"
 	"github.com/driplimit/drip/replay"
 	"github.com/driplimit/drip/rules"
@@ -99,6 +100,11 @@ func (s *Server) adaptive(ctx context.Context, opName string, b replay.Raw, r *r
 	case "release":
 		if b.Lease == "" {
 			return nil, inputf("%v: a release names the lease its acquire returned", store.ErrInvalidLease)
+		}
+		// A lease as a concurrency limit's: one no acquire could have
+		// made is a 400 here too, not a release of nothing.
+		if err := store.CheckLease(bucket.Refund, b.Lease, bucket.Params{Kind: bucket.Concurrency}); err != nil {
+			return nil, &store.InputError{Err: err}
 		}
 		if hs := s.slots.take(b.Lease, r.Name, key); hs != nil {
 			d := hs.slot.Release(false)

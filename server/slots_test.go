@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
 	"path/filepath"
@@ -88,6 +89,8 @@ func TestAPIAdaptive(t *testing.T) {
 		{"/v1/acquire", `{` + rule + `, "priority": "` + strings.Repeat("9", 100) + `"}`, "priority"},
 		{"/v1/acquire", `{` + rule + `, "priority": ["batch"]}`, "priority"},
 		{"/v1/release", `{` + rule + `}`, "lease"},
+		{"/v1/release", `{` + rule + `, "lease": "` + strings.Repeat("x", 65) + `"}`, "lease"},
+		{"/v1/release", `{` + rule + `, "lease": "a b"}`, "lease"},
 	} {
 		if code, out := post(t, srv.base+c.path, c.body); code != 400 || !strings.Contains(out, c.want) {
 			t.Errorf("%s %s: %d %s, want 400 saying %q", c.path, c.body, code, out, c.want)
@@ -133,15 +136,7 @@ func TestAPIPriorityQueue(t *testing.T) {
 // and its lease then releases nothing.
 func TestHeldSlotExpires(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ms := memstore.New(memstore.WithSweep(0))
-		defer ms.Close()
-		e := engine.New(ms, engine.WithLogger(slog.New(slog.DiscardHandler)))
-		defer e.Close()
-		set, err := rules.Parse([]byte(`{"rules": [{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive"}]}`), "rules.json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, _ := set.Rule("up")
+		e, r := adaptiveEngine(t, `{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive"}`)
 		key := r.Key(nil)
 		slot, _, _ := e.AcquireSlot(t.Context(), r, key, rules.PriorityDefault, 0, 1)
 		var h heldSlots
@@ -184,4 +179,64 @@ func TestAPIPriorityReserve(t *testing.T) {
 	if code, out := post(t, srv.base+"/v1/peek", `{"rule": "r", "cost": 0}`); code != 200 || decision(t, out).Remaining != 8 {
 		t.Errorf("the bucket after them: %d %s, want 8 left (the batch take given back)", code, out)
 	}
+}
+
+// TestAcquireSlotGone: an acquire whose caller has gone takes no slot,
+// whether it left before asking or while it waited, just as a slot was
+// handed to it. Before, the slot was kept: the decision API held it
+// under a lease nobody had, for the 30 s of its TTL, and then learned
+// it as a failure (the limit shrank for callers that hung up).
+func TestAcquireSlotGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, r := adaptiveEngine(t, `{"name": "up", "limit_keys": ["global"], "algorithm": "adaptive",
+		  "algorithm_config": {"initial_limit": 1, "min_limit": 1, "max_limit": 1}}`)
+		key := r.Key(nil)
+		gone, cancel := context.WithCancel(t.Context())
+		cancel()
+		if slot, d, _ := e.AcquireSlot(gone, r, key, rules.PriorityDefault, 0, 1); slot != nil || d.Allowed {
+			t.Fatalf("an acquire whose caller has gone: %+v, want denied with no slot", d)
+		}
+		if got := e.Adaptive()[0].InFlight; got != 0 {
+			t.Fatalf("after an acquire whose caller has gone: %d in flight, want 0", got)
+		}
+		held, _, _ := e.AcquireSlot(t.Context(), r, key, rules.PriorityDefault, 0, 1)
+		if held == nil {
+			t.Fatal("no slot for the first acquire")
+		}
+		leaving, leave := context.WithCancel(t.Context())
+		got := make(chan *engine.Slot)
+		go func() {
+			slot, _, _ := e.AcquireSlot(leaving, r, key, rules.PriorityDefault, time.Minute, 1)
+			got <- slot
+		}()
+		synctest.Wait()
+		held.Release(false) // the slot goes to the waiter, which leaves at once
+		leave()
+		if slot := <-got; slot != nil {
+			t.Error("a waiter that left as it was handed a slot kept it")
+			slot.Release(false)
+		}
+		if got := e.Adaptive()[0].InFlight; got != 0 {
+			t.Errorf("after the waiter left: %d in flight, want 0", got)
+		}
+	})
+}
+
+// adaptiveEngine is an engine on the memory store, closed when the test
+// ends, and the rule "up" of rule (JSON), which it parses.
+func adaptiveEngine(t *testing.T, rule string) (*engine.Engine, *rules.Rule) {
+	t.Helper()
+	ms := memstore.New(memstore.WithSweep(0))
+	t.Cleanup(func() { ms.Close() })
+	e := engine.New(ms, engine.WithLogger(slog.New(slog.DiscardHandler)))
+	t.Cleanup(func() { e.Close() })
+	set, err := rules.Parse([]byte(`{"rules": [`+rule+`]}`), "rules.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, ok := set.Rule("up")
+	if !ok {
+		t.Fatal("no rule up")
+	}
+	return e, r
 }

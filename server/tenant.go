@@ -190,6 +190,7 @@ func (s *Server) tenant(ctx context.Context, a *tenantAsk) ([]tenantRule, error)
 	ovr := s.eng.Overrides()
 	out := make([]tenantRule, len(set.Rules))
 	var reqs []drip.Request
+	var plans []*engine.Plan
 	var at []int
 	var groups []string
 	for i := range set.Rules {
@@ -221,7 +222,11 @@ func (s *Server) tenant(ctx context.Context, a *tenantAsk) ([]tenantRule, error)
 				t.LimitFrom = "limit_from_claims"
 			}
 			t.Limit = &l
-			reqs = append(reqs, drip.Request{Key: t.Key, Limit: l, Cost: 0})
+			var pl *engine.Plan // an override's, or limit_from_claims's: compiled for the call
+			if !own {
+				pl = s.plan(ru)
+			}
+			reqs, plans = append(reqs, drip.Request{Key: t.Key, Limit: l, Cost: 0}), append(plans, pl)
 			at = append(at, i)
 		}
 		out[i] = t
@@ -231,7 +236,7 @@ func (s *Server) tenant(ctx context.Context, a *tenantAsk) ([]tenantRule, error)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StoreTimeout)
 	defer cancel()
-	m, err := s.eng.Apply(ctx, bucket.Peek, reqs)
+	m, err := s.eng.Apply(ctx, bucket.Peek, reqs, plans)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/driplimit/drip"
@@ -29,20 +30,30 @@ func checkWait(b replay.Raw, opName string) error {
 	return nil
 }
 
-// take decides the API's requests rs (of the items its) under set: through the
-// engine's Apply, or, for a take whose body asks to wait or that a rule
-// with a reserve decides, through the engine's one queue
-// (engine.TakeWaiting), each request in its rule's queue ("inline" for
-// an inline limit) for at most wait, the server's MaxWait and the rule's
-// max_wait, as of class (-1: each rule's own; a rule's reserve keeps its
-// share of the capacity for higher classes).
-func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, rs []drip.Request) (drip.Multi, error) {
-	if !waits(set, op, wait, its) {
-		return s.eng.Apply(ctx, op, rs)
+// take decides the API's requests p prepared, those at idx (nil: all;
+// its are their items), under set: in one store call, or, for a take
+// whose body asks to wait or that a rule with a reserve decides, through
+// the engine's one queue (engine.TakeWaiting), each request in its
+// rule's queue ("inline" for an inline limit) for at most wait, the
+// server's MaxWait and the rule's max_wait, as of class (-1: each rule's
+// own; a rule's reserve keeps its share of the capacity for higher
+// classes).
+func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait time.Duration, class int, its []replay.ReqJSON, p *engine.Prepared, idx []int) (drip.Multi, error) {
+	if !waits(set, op, wait, its, idx) {
+		return p.Apply(ctx, op, idx)
 	}
-	items := make([]*engine.Item, len(rs))
-	for i, r := range rs {
-		it := &engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost, Lease: r.Lease,
+	n := len(its)
+	if idx != nil {
+		n = len(idx)
+	}
+	items := make([]*engine.Item, n)
+	for j := range items {
+		i := j
+		if idx != nil {
+			i = idx[j]
+		}
+		r := p.Request(i)
+		it := &engine.Item{Key: r.Key, Limit: r.Limit, Cost: r.Cost, Lease: r.Lease, Plan: p.Plan(i),
 			Wait: min(wait, s.cfg.MaxWait), Queue: "inline", MaxQueue: rules.DefaultMaxQueue}
 		c, share := class, 1.0
 		if rule, ok := set.Rule(ruleOf(its[i])); ok {
@@ -59,7 +70,7 @@ func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait ti
 			c = rules.PriorityDefault
 		}
 		it.SetClass(c, share)
-		items[i] = it
+		items[j] = it
 	}
 	allowed, err := s.eng.TakeWaiting(ctx, items)
 	if err != nil {
@@ -76,17 +87,21 @@ func (s *Server) take(ctx context.Context, set *rules.Set, op bucket.Op, wait ti
 	return m, nil
 }
 
-// waits reports whether take decides its requests as items that may
-// wait (Engine.TakeWaiting) under set: a take that asks to wait, or one
-// a rule keeps a reserve for higher classes against.
-func waits(set *rules.Set, op bucket.Op, wait time.Duration, its []replay.ReqJSON) bool {
-	return op == bucket.Take && (wait > 0 || prioritized(set, its))
+// waits reports whether take decides the requests of its at idx (nil:
+// all) as items that may wait (Engine.TakeWaiting) under set: a take
+// that asks to wait, or one a rule keeps a reserve for higher classes
+// against.
+func waits(set *rules.Set, op bucket.Op, wait time.Duration, its []replay.ReqJSON, idx []int) bool {
+	return op == bucket.Take && (wait > 0 || prioritized(set, its, idx))
 }
 
-// prioritized reports whether a rule of its keeps a share of its
-// capacity for higher classes (a reserve).
-func prioritized(set *rules.Set, its []replay.ReqJSON) bool {
-	for _, it := range its {
+// prioritized reports whether a rule of its at idx (nil: all) keeps a
+// share of its capacity for higher classes (a reserve).
+func prioritized(set *rules.Set, its []replay.ReqJSON, idx []int) bool {
+	for j, it := range its {
+		if idx != nil && !slices.Contains(idx, j) {
+			continue
+		}
 		if r, ok := set.Rule(ruleOf(it)); ok && r.Prioritized() {
 			return true
 		}

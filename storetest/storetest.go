@@ -6,7 +6,8 @@
 // all or nothing beside buckets, 64 concurrent callers, random steps
 // against bucket.EvalLeases), multi-takes applied one request at a time
 // through store.Separately (RunSeparately), the capabilities and that
-// every wrapper forwards them (RunCaps), the overrides side
+// every wrapper forwards them (RunCaps), one key switched between every
+// two kinds of limit (RunSwitch), the overrides side
 // (RunOverrides), and every kind of limit at the longest periods up to
 // the end of int64 nanoseconds (RunExtremes; RunExtremesPast, apart from
 // Run, from before 1970). RunTransport is the part of Run that holds a
@@ -68,6 +69,7 @@ func Run(t *testing.T, newStore NewStore, opts ...Option) {
 // RunTransport runs the parts of Run that hold a store's calls to the
 // rules. These are the scenarios of every rule, errors, rounding,
 // multi-takes, concurrent callers, concurrency limits, the capabilities,
+// a key whose kind of limit changes,
 // overrides and the notice board. Call it for a store that another test
 // already holds to all of Run, reached here another way: over TLS, or
 // through Sentinel. The long model comparisons are left out (Traces,
@@ -82,6 +84,7 @@ func RunTransport(t *testing.T, newStore NewStore, opts ...Option) {
 	t.Run("Leases", func(t *testing.T) { RunLeases(t, newStore) })
 	t.Run("Separately", func(t *testing.T) { RunSeparately(t, newStore) })
 	t.Run("Caps", func(t *testing.T) { RunCaps(t, newStore) })
+	t.Run("Switch", func(t *testing.T) { RunSwitch(t, newStore) })
 	t.Run("Overrides", func(t *testing.T) { RunOverrides(t, newStore, opts...) })
 	t.Run("Board", func(t *testing.T) { RunBoard(t, newStore) })
 }

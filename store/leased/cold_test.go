@@ -103,3 +103,57 @@ func TestColdKeysPlainPath(t *testing.T) {
 		t.Errorf("a hot key: %d store calls for 100 takes, %d block takes, %d local; want blocks, most takes local", calls-before, blocks, st.Local)
 	}
 }
+
+// TestHotAfterEightTakesInHorizon: a key proves hot once it has been
+// taken 8 times (of its cost) within one horizon, however the 8 are
+// spread over it; from then on the instance keeps its state, and repeats
+// the store's denial of it rather than asking again. Here 8 takes 12 ms
+// apart (within the default 100 ms horizon) empty a burst of 8; of the 12
+// takes that follow at the same instant the first is denied by the store
+// and the others locally. (Before, the demand was an average that forgot
+// as it went: the 8 spread takes counted as 5.4, and the key proved hot
+// only 3 takes later, each a store call.)
+func TestHotAfterEightTakesInHorizon(t *testing.T) {
+	ms := memstore.New(memstore.WithSweep(0))
+	defer ms.Close()
+	c := &counting{Store: ms}
+	var clock virtual
+	t0 := time.Unix(1_700_000_000, 0) // a multiple of the horizon: one window
+	clock.now.Store(t0.UnixNano())
+	ls, err := leased.New(c, leased.LeaseInProcess(), leased.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Close()
+	p, err := drip.PerHour(8).WithBurst(8).Params("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var it bucket.Prepared
+	if err := store.Prepare(&it, bucket.Take, "k", &p, 1, false, ""); err != nil {
+		t.Fatal(err)
+	}
+	take := func() bool {
+		t.Helper()
+		res := make([]bucket.Result, 1)
+		if err := ls.Apply(context.Background(), bucket.Take, time.Time{}, []bucket.Prepared{it}, res); err != nil {
+			t.Fatal(err)
+		}
+		return res[0].Allowed
+	}
+	for k := range 8 {
+		clock.now.Store(t0.Add(time.Duration(k) * 12 * time.Millisecond).UnixNano())
+		if !take() {
+			t.Fatalf("take %d denied from a burst of 8", k+1)
+		}
+	}
+	before, _, _ := c.counts()
+	for k := range 12 {
+		if take() {
+			t.Fatalf("take %d after the burst granted", 9+k)
+		}
+	}
+	if calls, _, _ := c.counts(); calls-before != 1 {
+		t.Errorf("12 takes of an empty bucket after 8 takes in 84 ms: %d store calls, want 1 (the key hot, the first denial repeated)", calls-before)
+	}
+}

@@ -177,6 +177,10 @@ type Store struct {
 	once   sync.Once
 
 	decisions, local, calls, fetched, returned, expired, lost, failures atomic.Int64
+	// plain counts the takes passed to the store as they are, each a
+	// decision and a store call (Stats adds them to both): one counter
+	// where two would each be a contended write a take.
+	plain atomic.Int64
 
 	// rtt is the time a block take takes, an average over the recent
 	// ones (ns, on the instance's clock).
@@ -238,21 +242,47 @@ func (s *Store) Caps() store.Caps {
 // Reset resets key in the store and forgets the instance's block of it
 // (its tokens were taken; the reset gives the bucket back whole).
 func (s *Store) Reset(ctx context.Context, key string) error {
+	s.forget(key)
+	return s.st.Reset(ctx, key)
+}
+
+// forget drops the instance's state of key and its blocks, which the
+// store no longer holds: a reset dropped them, or a state of another
+// shape replaced the key's bucket.
+func (s *Store) forget(key string) {
 	if v, ok := s.keys.LoadAndDelete(key); ok {
 		s.nkeys.Add(-1)
 		l := v.(*local)
 		l.mu.Lock()
 		l.cur, l.next = block{}, block{}
-		l.out.Store(0) // the reset drops the store's blocks of key too
+		l.out.Store(0)
 		l.mu.Unlock()
 	}
-	return s.st.Reset(ctx, key)
+}
+
+// replacing forgets the keys whose bucket the items replace: a take or
+// refund of a sliding window or a concurrency limit, a state of another
+// shape, replaces a bucket's state, blocks and all (docs/semantics.md,
+// "When a limit changes"). The instance must not grant from those blocks
+// after a rules reload changed the keys' algorithm.
+func (s *Store) replacing(op bucket.Op, items []bucket.Prepared) {
+	if op == bucket.Peek {
+		return
+	}
+	for i := range items {
+		// (A release changes nothing on a key that holds no leases.)
+		if k := items[i].Params.Kind; k == bucket.Sliding || k == bucket.Concurrency && op == bucket.Take {
+			if _, ok := s.keys.Load(items[i].Key); ok {
+				s.forget(items[i].Key)
+			}
+		}
+	}
 }
 
 // Stats returns the instance's counters.
 func (s *Store) Stats() Stats {
 	st := Stats{
-		Decisions: s.decisions.Load(), Local: s.local.Load(), StoreCalls: s.calls.Load(),
+		Decisions: s.decisions.Load() + s.plain.Load(), Local: s.local.Load(), StoreCalls: s.calls.Load() + s.plain.Load(),
 		Fetched: s.fetched.Load(), Returned: s.returned.Load(), Expired: s.expired.Load(),
 		TokensLost: s.lost.Load(), FetchFailures: s.failures.Load(),
 	}
@@ -307,7 +337,11 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	if op == bucket.Refund && !s.through {
 		s.refunded(items)
 	}
-	if s.through || s.passes(items) {
+	if s.through {
+		return s.st.Apply(ctx, op, at, items, results)
+	}
+	s.replacing(op, items)
+	if s.passes(items) {
 		return s.st.Apply(ctx, op, at, items, results)
 	}
 	if op == bucket.Take && len(items) > 1 && s.allLeased(items) {
@@ -339,12 +373,12 @@ func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []b
 	}
 	if op != bucket.Take || len(items) != 1 || !s.leased(&items[0]) {
 		if op == bucket.Take {
-			s.decisions.Add(1)
+			s.plain.Add(1)
+		} else {
+			s.calls.Add(1)
 		}
-		s.calls.Add(1)
 		return s.st.Apply(ctx, op, at, items, results)
 	}
-	s.decisions.Add(1)
 	return s.take(ctx, at, items[:1], results[:1])
 }
 
@@ -460,24 +494,49 @@ type due struct {
 // A key proves hot before the instance keeps state for it: until then
 // its takes go to the store as they are, the plain path (batched as any
 // take), and cost here only a count of their demand. A key is hot once
-// its demand over the horizon reaches hotTakes takes of its cost (80 a
-// second at the default horizon): thinner demand would fill blocks of a
-// few takes, each a store call that saves little, and keep state for
-// every key of a workload spread over many. The demand of keys not yet
-// hot is counted in a fixed table of meters, two per key picked by a
-// hash of it (heatSlots in each of two rows; a key's demand is the
+// its demand in a window of the horizon (windows end where the
+// instance's clock is a multiple of it) reaches hotTakes takes of its
+// cost (80 a second at the default horizon): thinner demand would fill
+// blocks of a few takes, each a store call that saves little, and keep
+// state for every key of a workload spread over many. The demand of keys
+// not yet hot is counted in a fixed table of meters, two per key picked
+// by a hash of it (heatSlots in each of two rows; a key's demand is the
 // lesser of its two), so it costs the same whatever the number of keys;
 // keys that share a meter add up, so a cold key may look hotter than it
-// is (in both rows at once: rarely), never colder.
+// is (in both rows at once: rarely), never colder. A meter is one word,
+// its window and the micro-tokens taken in it, counted with a
+// compare-and-swap: a take of a key not yet hot takes no lock, inserts
+// nothing and allocates nothing (BenchmarkColdKeys).
 const (
 	heatSlots = 1 << 12
 	hotTakes  = 8
+	// heatBits is the width of a meter's count, heatMax the largest
+	// count: the bits above hold the window's number, modulo 2^16 (a
+	// meter left for 2^16 windows and taken in the same window number
+	// again starts from its old count: a cold key may look hotter).
+	heatBits = 48
+	heatMax  = 1<<heatBits - 1
 )
 
-// heat is one meter of the demand of keys not yet hot.
-type heat struct {
-	mu sync.Mutex
-	meter
+// heat is one meter of the demand of keys not yet hot: the micro-tokens
+// taken in the current window (the low heatBits bits) and the window's
+// number (the bits above).
+type heat struct{ atomic.Uint64 }
+
+// add counts cost in window w and returns the window's count so far.
+func (h *heat) add(w, cost uint64) uint64 {
+	tag := w << heatBits
+	for {
+		v := h.Load()
+		n := cost
+		if v&^heatMax == tag {
+			n += v & heatMax
+		}
+		n = min(n, heatMax)
+		if h.CompareAndSwap(v, tag|n) {
+			return n
+		}
+	}
 }
 
 // meter is a recent demand, in micro-tokens per second: an average that
@@ -489,22 +548,21 @@ type meter struct {
 
 // hot returns the instance's state of it's key and limit, counting this
 // take's demand toward it while the key has not proved hot; nil while
-// it has not, or when the instance keeps MaxKeys keys already.
+// it has not, or when the instance keeps MaxKeys keys already. A take
+// of more than heatMax/hotTakes micro-tokens (35 million tokens) never
+// proves its key hot: the store decides it.
 func (s *Store) hot(it *bucket.Prepared, at time.Time) *local {
 	if l := s.held(it); l != nil {
 		return l
 	}
-	x := maphash.String(s.seed, it.Key)
-	now := s.clock(at)
-	least := math.Inf(1)
-	for row := range 2 {
-		h := &s.heat[row*heatSlots+int(x>>(32*row)%heatSlots)]
-		h.mu.Lock()
-		h.add(now, it.Cost, s.horizon)
-		least = min(least, h.rate)
-		h.mu.Unlock()
+	cost := uint64(max(it.Cost, 1))
+	if cost > heatMax/hotTakes {
+		return nil
 	}
-	if least*s.horizon.Seconds() < hotTakes*float64(max(it.Cost, 1)) {
+	x := maphash.String(s.seed, it.Key)
+	w := uint64(s.clock(at).UnixNano() / int64(s.horizon))
+	least := min(s.heat[x%heatSlots].add(w, cost), s.heat[heatSlots+(x>>32)%heatSlots].add(w, cost))
+	if least < hotTakes*cost {
 		return nil
 	}
 	return s.localOf(it)
@@ -613,10 +671,11 @@ func (s *Store) take(ctx context.Context, at time.Time, items []bucket.Prepared,
 	it, res := &items[0], &results[0]
 	l := s.hot(it, at)
 	if l == nil {
-		s.calls.Add(1)
+		s.plain.Add(1)
 		spans.Leased(ctx, "store")
 		return s.st.Apply(ctx, bucket.Take, at, items, results)
 	}
+	s.decisions.Add(1)
 	now := s.clock(at)
 	l.mu.Lock()
 	l.at = at

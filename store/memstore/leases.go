@@ -9,8 +9,8 @@ import (
 
 // A concurrency limit's state is a set of leases per key, held in its
 // shard's lease table under the shard's lock, apart from the token buckets
-// of the table: a key names a bucket or a lease set, and the two never
-// meet. Lease sets have a bound of their own, the bound on keys
+// of the table: a key holds one or the other (a set made for a key drops
+// its bucket, and a bucket made for it drops its set: see dropOthers). Lease sets have a bound of their own, the bound on keys
 // (WithMaxKeys): a shard holds at most that many sets beside its buckets.
 // A set holds at most the limit's MaxInFlight leases of at most
 // store.MaxLeaseLen bytes each: its size is fixed by the limit, not by
@@ -268,6 +268,7 @@ func (s *Store) writeLeases(sh *shard, key string, p *bucket.Params, op bucket.O
 				t.drop(t.byExp[0])
 			}
 		}
+		s.dropOthers(sh, key, shapeLeases)
 		ls = newLeaseSet(key)
 		t.sets[key] = ls
 		heap.Push(&t.byExp, ls)

@@ -364,6 +364,7 @@ func (s *Store) put(sh *shard, h uint64, key string, b bucket.State, exp, now in
 		sh.grow()
 	}
 	sh.add(h, key, b, exp)
+	s.dropOthers(sh, key, shapeBucket)
 }
 
 // applyMulti decides several items as one step. It locks the shards
@@ -453,4 +454,40 @@ func (s *Store) Reset(_ context.Context, key string) error {
 	delete(sh.blocks, key)
 	sh.mu.Unlock()
 	return nil
+}
+
+// A key holds one state at a time, of the shape of the limit that last
+// wrote it (docs/semantics.md, "When a limit changes"): a bucket (token
+// buckets, fixed and calendar windows, with the key's blocks of leased
+// tokens), a sliding window's counts, or a lease set. The three are held
+// apart (the table, windows, leases), so a write that makes a key's state
+// of one shape drops the key's state of the others: a decision then
+// finds its own shape's state or none, and none is a fresh key. Only the
+// write that makes a state pays for this, never one that updates it.
+const (
+	shapeBucket = iota
+	shapeSliding
+	shapeLeases
+)
+
+// dropOthers drops the held key's states of every shape but keep. The
+// caller holds sh.mu, the key's shard's lock.
+func (s *Store) dropOthers(sh *shard, key string, keep int) {
+	if keep != shapeBucket {
+		if sh.n > 0 {
+			_, h := s.locate(key)
+			if i, ok := sh.find(h, key); ok {
+				sh.remove(i)
+			}
+		}
+		if len(sh.blocks) > 0 {
+			delete(sh.blocks, key)
+		}
+	}
+	if keep != shapeSliding && len(sh.windows) > 0 {
+		delete(sh.windows, key)
+	}
+	if keep != shapeLeases && sh.leases != nil {
+		sh.dropLeases(key)
+	}
 }

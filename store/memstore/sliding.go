@@ -8,7 +8,8 @@ import (
 
 // A sliding window's state (bucket.SlidingState: a count per slot) is
 // held per key in its shard's windows map under the shard's lock, apart
-// from the token buckets of the table, as lease sets are. The map has the
+// from the token buckets of the table, as lease sets are; a key holds
+// one of them at a time (dropOthers). The map has the
 // bound on keys of its own (WithMaxKeys), and a state holds Slots+1
 // counts, at most bucket.MaxSlots+1: its size is fixed by the limit, not
 // by callers. Expired states are dropped by Sweep (and on insert into a
@@ -45,7 +46,11 @@ func (s *Store) putWindow(sh *shard, key string, st bucket.SlidingState, exp, no
 	if sh.windows == nil {
 		sh.windows = map[string]window{}
 	}
-	if _, ok := sh.windows[key]; !ok && len(sh.windows) >= s.maxKeys {
+	_, had := sh.windows[key]
+	if !had {
+		s.dropOthers(sh, key, shapeSliding)
+	}
+	if !had && len(sh.windows) >= s.maxKeys {
 		sh.sweepWindows(now)
 		if len(sh.windows) >= s.maxKeys {
 			victim, first, seen := "", int64(0), 0

@@ -32,20 +32,31 @@ func openVia(t *testing.T, url string, params string) *pgstore.Store {
 // TestPgBouncerConformance runs the conformance suite (its concurrency
 // bound included) through PgBouncer in transaction mode, batched and one
 // statement a decision (in parallel, each its own store), with the plain
-// URL.
+// URL. Batched, all of it. One statement a decision, the parts that hold
+// a store's calls to the rules (storetest.RunTransport) and the extremes
+// (numbers at their bounds, through the pooler's query protocol): the
+// long model comparisons send the same statements to the same server as
+// TestConformance does directly, and through the pooler's protocol as the
+// batched run does, and took 100 s of the package's time.
 func TestPgBouncerConformance(t *testing.T) {
 	t.Parallel()
 	bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
-	for _, mode := range []struct{ name, params string }{
-		{"batching", ""},
-		{"statement", "&drip_batch=off"},
+	for _, mode := range []struct {
+		name, params string
+		run          func(*testing.T, storetest.NewStore, ...storetest.Option)
+	}{
+		{"batching", "", storetest.Run},
+		{"statement", "&drip_batch=off", func(t *testing.T, ns storetest.NewStore, opts ...storetest.Option) {
+			storetest.RunTransport(t, ns, opts...)
+			t.Run("Extremes", func(t *testing.T) { storetest.RunExtremes(t, ns) })
+		}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			st := openVia(t, bouncer.URL(), mode.params)
 			// LISTEN does not reach the server through the pooler:
 			// followers poll, and the suite checks overrides unwatched.
-			storetest.Run(t, func(t *testing.T) store.Store { return st }, storetest.WithoutOverrideNotifications())
+			mode.run(t, func(t *testing.T) store.Store { return st }, storetest.WithoutOverrideNotifications())
 			if _, err := st.Sweep(context.Background()); err != nil {
 				t.Fatalf("sweep through pgbouncer: %v", err)
 			}

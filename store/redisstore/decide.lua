@@ -714,7 +714,11 @@ end
 local function readLeases(key, id, nowus)
   local from = '(' .. format('%.0f', nowus)
   local live = rpcall('ZCOUNT', key, from, '+inf')
-  if type(live) == 'table' then return 8, 0, 0, 0 end
+  if type(live) == 'table' then
+    -- A string is a bucket's or a sliding window's: no leases.
+    if rcall('TYPE', key).ok == 'string' then return 0, 0, 0, 0 end
+    return 8, 0, 0, 0
+  end
   if live == 0 then return 0, 0, 0, 0 end
   local flags = 4
   if id ~= '' then
@@ -739,7 +743,12 @@ end
 -- no key at all.
 local function writeLeases(key, l, op, id, nows, nown, latest)
   local nowus = usNow(nows, nown)
-  rcall('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', nowus))
+  if type(rpcall('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', nowus))) == 'table' then
+    -- A string (readLeases found no leases): a release leaves it, an
+    -- acquire replaces it.
+    if op == REFUND then return end
+    rcall('DEL', key)
+  end
   if op == REFUND then
     rcall('ZREM', key, id)
     return
@@ -752,10 +761,10 @@ local function writeLeases(key, l, op, id, nows, nown, latest)
   rcall('PEXPIRE', key, format('%.0f', (us - us % 1000) / 1000 + 60001))
 end
 
--- Sliding windows (kind 4): the key is a string of decimals, "last c1 ...
--- cn": the newest slot written and a count per slot for the last n =
--- slots+1 slots (bucket.SlidingState). The shape carries the slot's
--- length in nanoseconds as its rate, the number of slots as its start and
+-- Sliding windows (kind 4): the key is a string, "+" then decimals,
+-- "last c1 ... cn": the newest slot written and a count per slot for the
+-- last n = slots+1 slots (bucket.SlidingState). The shape carries the
+-- slot's length in nanoseconds as its rate, the number of slots as its start and
 -- the offset of the slot grid from the epoch's (0 to slot-1) as its
 -- max_reserved.
 -- Counts are plain doubles (drip.Limit holds a sliding window to 1e9
@@ -768,14 +777,37 @@ end
 -- script's.
 local SLIDE = 4
 
+-- A sliding window's value starts with "+" (SLIDETAG), which no
+-- bucket's form starts with (a byte of 128 or more, 1, 0, a digit or
+-- "-"): a key whose limit changes between a sliding window and a bucket
+-- finds a state of another shape, which counts as none
+-- (docs/semantics.md, "When a limit changes"). Versions before the tag
+-- read "+last" as the number last, and a bucket as none.
+local SLIDETAG = '+'
+
+-- slidingBody is the sliding window's state "last c1 ... cn" in the
+-- value v (a string), or nil when v holds a bucket. A value without the
+-- tag was written before it, in decimals only; one whose first number is
+-- 2^53 or more in magnitude is a bucket's decimal form (a slot index is
+-- smaller until the year 2255).
+local function slidingBody(v)
+  if byte(v, 1) == 43 then return ssub(v, 2) end
+  if not find(v, '^%-?%d+[%d ]*$') then return nil end
+  local first = tonumber(match(v, '^%-?%d+'))
+  if first >= SAFE or first <= -SAFE then return nil end
+  return v
+end
+
 -- decideSliding decides op on the state v (GET's answer) at now. It
 -- returns flags (1 allowed, 4 found, 8 another type), the state before as
--- stored ("" when none) and the state after {last, counts}.
+-- stored without its tag ("" when none, or a bucket's) and the state
+-- after {last, counts}.
 local function decideSliding(v, l, op, nows, nown)
   if type(v) == 'table' and v.err then return 8, '', nil end
   local n = l.slots + 1
   local j = divmod(sub(add(mul(nows, NS), nown), l.maxr), l.slot)
   local flags, before, last, counts = 0, '', nil, {}
+  if v then v = slidingBody(v) end
   if v then
     flags, before = 4, v
     for x in gmatch(v, '%-?%d+') do
@@ -817,7 +849,16 @@ local function writeSliding(key, l, st)
   for i = 1, #st[2] do parts[i + 1] = format('%.0f', st[2][i]) end
   local ms = (l.slots + 2) * todouble(l.slot) / 1e6
   ms = ms - ms % 1 + 60001
-  rcall('SET', key, concat(parts, ' '), 'PX', format('%.0f', ms))
+  rcall('SET', key, SLIDETAG .. concat(parts, ' '), 'PX', format('%.0f', ms))
+end
+
+-- noState is GET's failed answer v on key as a bucket or a sliding
+-- window reads it: none (false) when the key holds a concurrency limit's
+-- leases (a sorted set), a state of another shape; else v, the error (the
+-- key holds a type drip never writes).
+local function noState(key, v)
+  if rcall('TYPE', key).ok == 'zset' then return false end
+  return v
 end
 
 -- parseShape reads a shape: "kind rate period crate cperiod burst
@@ -931,10 +972,13 @@ local function together(KEYS, ARGV, limits, reqs, first, last, li, mode, srvs, s
       -- and its op
       r[8], r[9] = ARGV[li], op
     elseif l.kind == SLIDE then
-      local flags, before, st = decideSliding(rpcall('GET', KEYS[i]), l, op, nows, nown)
+      local v = rpcall('GET', KEYS[i])
+      if type(v) == 'table' then v = noState(KEYS[i], v) end
+      local flags, before, st = decideSliding(v, l, op, nows, nown)
       r = {l, nows, nown, flags, before, st}
     else
       local v = rpcall('GET', KEYS[i])
+      if type(v) == 'table' then v = noState(KEYS[i], v) end
       if blk or (type(v) == 'string' and #v > 12 and hasBlocks(v)) then
         local bid, bttl
         if blk then
@@ -1035,7 +1079,9 @@ local function main(KEYS, ARGV)
           end
         elseif l.kind == SLIDE then
           local before, st
-          flags, before, st = decideSliding(rpcall('GET', key), l, op, nows, nown)
+          local v = rpcall('GET', key)
+          if type(v) == 'table' then v = noState(key, v) end
+          flags, before, st = decideSliding(v, l, op, nows, nown)
           if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
             writeSliding(key, l, st)
             flags = flags + 2
@@ -1046,6 +1092,7 @@ local function main(KEYS, ARGV)
           -- pcall: a key of another type (WRONGTYPE) fails its own request
           -- only, not the others of a batch, some of which may be written.
           local v = rpcall('GET', key)
+          if type(v) == 'table' then v = noState(key, v) end
           if blk or (type(v) == 'string' and #v > 12 and hasBlocks(v)) then
             local bid, bttl, btxt, st
             if blk then bid, bttl = blockArg(ARGV[li]) end

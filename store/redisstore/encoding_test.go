@@ -238,3 +238,43 @@ func TestEncodingBlocksUpgrade(t *testing.T) {
 		t.Fatalf("take of 2 after 3 of 4: %+v, %v; want denied", d, err)
 	}
 }
+
+// TestSlidingEncoding: a sliding window's value is "+" and its decimals,
+// which no bucket's form starts with, so that a key whose limit changes
+// between a bucket and a sliding window reads the other's value as no
+// state (docs/semantics.md, "When a limit changes"). A value without the
+// "+", written by earlier versions, is still read as the window's counts,
+// unless its first number is beyond 2^53: that is a bucket in decimals.
+func TestSlidingEncoding(t *testing.T) {
+	s := open(t, testserver.SharedRedisURL(t))
+	c := s.Client()
+	ctx := context.Background()
+	at := time.Unix(1_700_000_000, 0) // slot 340,000,000 of 5 s
+	lim := drip.Limit{Algorithm: drip.SlidingWindow, Rate: 10, Period: 10 * time.Second, Slots: 2}
+	for _, tc := range []struct {
+		name, stored string
+		tokens       float64 // after a take of 1
+	}{
+		{"an earlier version's counts", "340000000 0 1000000 6000000", 2},
+		{"counts", "+340000000 0 1000000 6000000", 2},
+		{"a bucket in decimals", "90071992547409930 1700000000 0 1700000060000", 9},
+		{"a bucket in the short form", "\x80\x00\x00\x00\x65\x53\xf1\x00\x00\x98\x96\x80", 9},
+	} {
+		key := "slide:" + randomTag()
+		if err := c.Do(ctx, c.B().Set().Key("drip:"+key).Value(tc.stored).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		d, err := storetest.Apply(ctx, s, bucket.Take, at, drip.Request{Key: key, Limit: lim, Cost: 1})
+		if err != nil || !d.Allowed || d.Tokens != tc.tokens {
+			t.Errorf("%s: take %+v, %v; want allowed, %v tokens", tc.name, d, err, tc.tokens)
+			continue
+		}
+		want := "+340000000 0 1000000 7000000"
+		if tc.tokens == 9 {
+			want = "+340000000 0 0 1000000" // afresh
+		}
+		if v, err := c.Do(ctx, c.B().Get().Key("drip:"+key).Build()).ToString(); err != nil || v != want {
+			t.Errorf("%s: stored %q (%v), want %q", tc.name, v, err, want)
+		}
+	}
+}

@@ -124,7 +124,8 @@ func parseSliding(s string) (bucket.SlidingState, error) {
 	for i, x := range f {
 		n, err := strconv.ParseInt(x, 10, 64)
 		if err != nil {
-			return st, fmt.Errorf("sliding window state: %w", err)
+			// Not the value: it is the key's state, not the server's word.
+			return st, fmt.Errorf("sliding window state: field %d of %d is not an integer", i+1, len(f))
 		}
 		if i == 0 {
 			st.Last = n

@@ -21,7 +21,11 @@
 -- live). It writes nothing. It locks the key's row (a no-op when the
 -- statement did already): a row a concurrent first acquire made and
 -- committed after the statement's own locking read is seen here, and must
--- be held before its leases are counted and written.
+-- be held before its leases are counted and written. A key with a row in
+-- drip.buckets (a bucket's or a sliding window's, written after the
+-- leases: an acquire deletes that row, see drip.lease_write) holds a
+-- state of another shape, and its leases count as none
+-- (docs/semantics.md, "When a limit changes").
 CREATE OR REPLACE FUNCTION drip.lease_read(p_key bytea, p_lease text, p_now bigint,
     OUT present bool, OUT live bigint, OUT held bool, OUT earliest bigint, OUT latest bigint)
 LANGUAGE plpgsql VOLATILE SET enable_seqscan = off AS $$
@@ -31,7 +35,7 @@ BEGIN
     live := 0; held := false; earliest := 0; latest := 0;
     SELECT l.n INTO v_n FROM drip.leases l WHERE l.key = p_key FOR UPDATE;
     present := FOUND;
-    IF NOT present OR v_n = 0 THEN
+    IF NOT present OR v_n = 0 OR EXISTS (SELECT FROM drip.buckets b WHERE b.key = p_key) THEN
         RETURN;
     END IF;
     SELECT h.exp INTO latest FROM drip.lease_holders h WHERE h.key = p_key ORDER BY h.exp DESC LIMIT 1;
@@ -56,7 +60,9 @@ END $$;
 -- left of its leases (rows it could not see); it returns false if a
 -- concurrent statement made the row first: the caller's snapshot missed
 -- that statement's leases, and the caller must raise 40001 (drip.ensure)
--- so that it is run again.
+-- so that it is run again. An acquire deletes the key's row in
+-- drip.buckets, a state of another shape; if it had one, the leases
+-- before were from before it (drip.lease_read counted none) and go too.
 CREATE OR REPLACE FUNCTION drip.lease_write(p_op int, p_key bytea, p_lease text, p_period bigint,
     p_now bigint, p_present bool)
 RETURNS bool
@@ -67,6 +73,13 @@ DECLARE
     v_exp bigint;
     v_latest bigint;
 BEGIN
+    IF p_op = 0 THEN
+        DELETE FROM drip.buckets b WHERE b.key = p_key;
+        IF FOUND AND p_present THEN
+            DELETE FROM drip.lease_holders h WHERE h.key = p_key;
+            UPDATE drip.leases l SET n = 0 WHERE l.key = p_key;
+        END IF;
+    END IF;
     IF NOT p_present THEN
         IF p_op <> 0 THEN
             RETURN true;

@@ -10,6 +10,9 @@ WITH page AS MATERIALIZED (
 victims AS (
     SELECT b.key FROM drip.buckets b
     WHERE b.key IN (SELECT key FROM page) AND b.expires <= drip.clock() - $3::bigint
+      -- A key's leases older than its row (drip.lease_read counts none of
+      -- them) would count again without it: the row stays while they live.
+      AND NOT EXISTS (SELECT FROM drip.leases l WHERE l.key = b.key AND l.expires > drip.clock() - $3::bigint)
     FOR UPDATE OF b SKIP LOCKED
 ),
 del AS (
