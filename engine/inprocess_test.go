@@ -86,7 +86,7 @@ func TestCallerDeadlineWithinTimeout(t *testing.T) {
 		if c.in > 0 {
 			ctx, cancel = context.WithTimeout(ctx, c.in)
 		}
-		if _, err := e.Apply(ctx, bucket.Take, req); err != nil {
+		if _, err := e.Apply(ctx, bucket.Take, req, nil); err != nil {
 			t.Fatal(err)
 		}
 		if len(rec.got) != 1 {
