@@ -21,7 +21,7 @@ serve:
 # build vet just made.
 test: testdeps
 	$(STATIC_ENV) go vet $(STATIC_FLAGS) ./...
-	$(STATIC_ENV) go test $(STATIC_FLAGS) -count=1 -run 'Allocate' ./engine/ ./server/
+	$(STATIC_ENV) go test $(STATIC_FLAGS) -count=1 -run 'Allocate' ./engine/ ./server/ ./server/envoy/
 	go test -race -count=1 -timeout 10m ./...
 
 bench:

@@ -376,9 +376,13 @@ func (e *Engine) call(ctx context.Context, timeout time.Duration, br rules.Break
 			// no longer than that either.
 			timeout = min(timeout, stall)
 		}
-		var cancel context.CancelFunc
-		cctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
+		if dl, ok := ctx.Deadline(); !ok || dl.After(start.Add(timeout)) {
+			// (A caller's deadline within the timeout, such as Envoy's
+			// 20 ms, bounds the call already: no context, no timer.)
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
 		w = &watch{e: e, br: br, tk: tk, start: start.UnixNano(), stall: stall}
 		w.timer = time.AfterFunc(time.Hour, w.fire) // set before it can fire: fire may Reset it
 		w.set(w.start, w.stall)

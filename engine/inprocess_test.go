@@ -12,17 +12,18 @@ import (
 	"github.com/driplimit/drip/store/memstore"
 )
 
-// deadlines records whether each store call's context had a deadline;
-// its Caps say InProcess when inproc is set.
+// deadlines records whether each store call's context had a deadline,
+// and the context; its Caps say InProcess when inproc is set.
 type deadlines struct {
 	store.Store
 	inproc bool
 	had    []bool
+	got    []context.Context
 }
 
 func (d *deadlines) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
 	_, ok := ctx.Deadline()
-	d.had = append(d.had, ok)
+	d.had, d.got = append(d.had, ok), append(d.got, ctx)
 	return d.Store.Apply(ctx, op, at, items, results)
 }
 
@@ -57,6 +58,49 @@ func TestInProcessNoDeadline(t *testing.T) {
 		if len(d.had) != 1 || d.had[0] != c.want {
 			t.Errorf("%s: deadlines %v, want [%v]", c.name, d.had, c.want)
 		}
+		e.Close()
+		ms.Close()
+	}
+}
+
+// TestCallerDeadlineWithinTimeout: a caller whose deadline comes before
+// the engine's store timeout (Envoy's 20 ms against a second) has its
+// store call made under its own context, which bounds it already, and
+// no context or timer is made for it; a caller with a later deadline,
+// or none, gets one that ends at the timeout.
+func TestCallerDeadlineWithinTimeout(t *testing.T) {
+	req := []drip.Request{{Key: "k", Limit: drip.PerSecond(10), Cost: 1}}
+	for _, c := range []struct {
+		name string
+		in   time.Duration // the caller's deadline from now (0: none)
+		own  bool          // the store call gets the caller's context
+	}{
+		{"a deadline within the timeout", time.Minute, true},
+		{"a deadline after the timeout", time.Hour, false},
+		{"no deadline", 0, false},
+	} {
+		ms := memstore.New()
+		rec := &deadlines{Store: ms}
+		e := engine.New(rec, engine.WithTimeout(10*time.Minute))
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if c.in > 0 {
+			ctx, cancel = context.WithTimeout(ctx, c.in)
+		}
+		if _, err := e.Apply(ctx, bucket.Take, req, nil); err != nil {
+			t.Fatal(err)
+		}
+		if len(rec.got) != 1 {
+			t.Fatalf("%s: %d store calls", c.name, len(rec.got))
+		}
+		got := rec.got[0]
+		dl, ok := got.Deadline()
+		if own := got == ctx; own != c.own || !ok {
+			t.Errorf("%s: the store call had the caller's context: %v (want %v); a deadline: %v", c.name, own, c.own, ok)
+		}
+		if want, _ := ctx.Deadline(); c.own && !dl.Equal(want) {
+			t.Errorf("%s: the store call's deadline %v, want the caller's %v", c.name, dl, want)
+		}
+		cancel()
 		e.Close()
 		ms.Close()
 	}

@@ -166,6 +166,16 @@ func (b *Batcher[Q, R]) Close() {
 // Running is the number of store calls in progress (at most InFlight).
 func (b *Batcher[Q, R]) Running() int { return int(b.running.Load()) }
 
+// Queued is the number of requests waiting in the queues (not yet taken
+// by a worker).
+func (b *Batcher[Q, R]) Queued() int {
+	n := 0
+	for _, q := range b.qs {
+		n += len(q)
+	}
+	return n
+}
+
 // Undone reports how many answers were taken back because their callers
 // had left, and how many of those takebacks failed.
 func (b *Batcher[Q, R]) Undone() (n, failed int64) { return b.undone.Load(), b.undoFailed.Load() }

@@ -14,6 +14,20 @@ import (
 // BenchmarkShouldRateLimit is the service's own work per call, without
 // gRPC: matching, the store step, the response and its headers.
 func BenchmarkShouldRateLimit(b *testing.B) {
+	c, reqs := twoDescriptors(b, 1000)
+	svc := NewService(memstore.New(), c)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		resp, err := svc.ShouldRateLimit(context.Background(), reqs[i%len(reqs)])
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			b.Fatal(resp, err)
+		}
+	}
+}
+
+// twoDescriptors is a configuration of an address and a path under it,
+// and n requests of two descriptors (n addresses, one path).
+func twoDescriptors(tb testing.TB, n int) (*Config, []*rlsv3.RateLimitRequest) {
 	c, err := Parse(File{Name: "b.yaml", Data: []byte(`domain: edge
 descriptors:
   - key: remote_address
@@ -23,10 +37,9 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 1000000}
 `)})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	svc := NewService(memstore.New(), c)
-	reqs := make([]*rlsv3.RateLimitRequest, 1000)
+	reqs := make([]*rlsv3.RateLimitRequest, n)
 	for i := range reqs {
 		ip := &ratelimitv3.RateLimitDescriptor_Entry{Key: "remote_address", Value: fmt.Sprint("10.0.0.", i)}
 		reqs[i] = &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
@@ -34,11 +47,5 @@ descriptors:
 			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{ip, {Key: "path", Value: "/api"}}},
 		}}
 	}
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		resp, err := svc.ShouldRateLimit(context.Background(), reqs[i%len(reqs)])
-		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
-			b.Fatal(resp, err)
-		}
-	}
+	return c, reqs
 }

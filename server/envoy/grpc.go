@@ -90,9 +90,16 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// streamWorkers is the number of goroutines that run calls: the calls in
-// flight of a busy Envoy fleet, at a few KiB of stack each while idle.
-const streamWorkers = 256
+// streamWorkers is the number of goroutines that run calls, at a few KiB
+// of stack each while idle: the calls in flight of a busy instance (tens
+// of thousands of calls a second, a millisecond or two each at the
+// store), and no more. gRPC hands a call to the worker idle longest, so
+// every worker runs calls between two garbage collections, each of which
+// halves an idle worker's stack, which its next call grows again: 256
+// workers cost three times what 64 cost in stack copies on a hot key
+// (5.8% against 1.6% of the process, BENCHMARKS.md). A call beyond them
+// runs on a goroutine of its own.
+const streamWorkers = 64
 
 // NewServer returns a gRPC server of svc with DefaultLimits. reflection
 // turns on server reflection (off by default in drip serve: it lists the

@@ -284,6 +284,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		as = append(as, a)
 	}
 	out := s.eng.DecideItems(ctx, as)
+	// Nothing of out outlives the call: the response holds copies, and
+	// the items' steps point into it until sc.put clears them.
+	defer out.Recycle()
 	j := 0
 	for i := range items {
 		if items[i].kind >= blocked {
@@ -379,9 +382,11 @@ func (s *Service) observe(items []item) {
 		}
 		obs.Decision(it.limit.Label(), mode, out)
 		if s.keys != nil {
-			k := &engine.Item{} // an unlimited descriptor's: no bucket
+			var k *engine.Item
 			if it.step != nil {
 				k = &it.step.Item
+			} else {
+				k = &engine.Item{} // an unlimited descriptor's: no bucket (made only for one)
 			}
 			s.keys.Key(it.limit.Label(), mode, out, k)
 		}

@@ -11,8 +11,9 @@ import (
 	"github.com/driplimit/drip/internal/batch"
 )
 
-// Batching says how concurrent single-key decisions (Apply) are coalesced
-// into one call each; the same shape as pgstore.Batching. Its fields
+// Batching says how concurrent decisions (Apply, multi-takes of up to 16
+// keys included) are coalesced into one call each; the same shape as
+// pgstore.Batching. Its fields
 // are Window, MaxBatch and InFlight; WithBatching says what each means.
 type Batching = batch.Options
 
@@ -22,8 +23,8 @@ type Batching = batch.Options
 // the measurements behind it.
 var DefaultBatching = Batching{Window: 0, MaxBatch: 64, InFlight: 2}
 
-// WithBatching tunes how concurrent single-key decisions (Apply) are
-// coalesced into one call each: up to o.MaxBatch requests, gathered for at
+// WithBatching tunes how concurrent decisions (Apply) are coalesced into
+// one call each: up to o.MaxBatch requests, gathered for at
 // most o.Window after the first (0: only those already waiting, so a lone
 // request waits for nothing), with up to o.InFlight calls in flight. Zero
 // fields keep DefaultBatching's; MaxBatch 1 turns batching off, as
@@ -44,14 +45,28 @@ var errClosed = fmt.Errorf("redisstore: %w", batch.ErrClosed)
 // decided and wrote nothing.
 var errLate = fmt.Errorf("redisstore: the server ran the request after its deadline and applied nothing: %w", context.DeadlineExceeded)
 
-// request is one Apply waiting in a batch.
+// request is one Apply waiting in a batch: one item (p), or a
+// multi-take's items (ps, a copy of the caller's), decided together, all
+// or nothing, in their place in the batch.
 type request struct {
 	op bucket.Op
 	at time.Time
 	p  bucket.Prepared
+	ps []bucket.Prepared
 }
 
-func newBatcher(s *Store) *batch.Batcher[request, bucket.Result] {
+// answer is a request's: the item's result, or a multi-take's results.
+type answer struct {
+	one  bucket.Result
+	many []bucket.Result
+}
+
+// maxJoined is the most items of a multi-take that goes in a batch; a
+// larger one is a call of its own, so that no batch holds the server for
+// long.
+const maxJoined = 16
+
+func newBatcher(s *Store) *batch.Batcher[request, answer] {
 	return batch.New(s.batching, nil, s.runBatch, undo)
 }
 
@@ -63,9 +78,20 @@ func newBatcher(s *Store) *batch.Batcher[request, bucket.Result] {
 // lease either way, so an acquire whose caller left frees its slot at
 // once. A renewal answered with an error may thus have lost its lease,
 // which docs/semantics.md tells holders to assume of any failed renewal.
-func undo(q request, d bucket.Result) (request, bool) {
-	if q.op != bucket.Take || !d.Allowed {
+//
+// A multi-take that was allowed took from every item (all or nothing):
+// its refund gives back every item's, together.
+func undo(q request, a answer) (request, bool) {
+	if q.op != bucket.Take {
 		return request{}, false
+	}
+	if q.ps == nil && !a.one.Allowed {
+		return request{}, false
+	}
+	for _, r := range a.many {
+		if !r.Allowed {
+			return request{}, false
+		}
 	}
 	q.op = bucket.Refund
 	return q, true
@@ -73,10 +99,11 @@ func undo(q request, d bucket.Result) (request, bool) {
 
 // buffers are a batch's arguments, reused from one batch to the next.
 type buffers struct {
-	ops []bucket.Op
-	ats []time.Time
-	dls []time.Time
-	ps  []bucket.Prepared
+	ops    []bucket.Op
+	ats    []time.Time
+	dls    []time.Time
+	ps     []bucket.Prepared
+	joined []bool
 }
 
 var bufs = sync.Pool{New: func() any { return new(buffers) }}
@@ -94,7 +121,11 @@ var bufs = sync.Pool{New: func() any { return new(buffers) }}
 // InFlight batches at a stalled server, and changes nothing in what is
 // applied: each request carries its caller's deadline, and the server
 // refuses the late ones.
-func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, bucket.Result]) {
+//
+// A multi-take's items go in as requests joined to the next (the last
+// one not), which the script decides together, all or nothing, as a
+// call of their own would (see decide.lua).
+func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, answer]) {
 	for _, c := range calls {
 		if c.Deadline.IsZero() || s.clock.Known() {
 			continue
@@ -107,17 +138,34 @@ func (s *Store) runBatch(ctx context.Context, calls []*batch.Call[request, bucke
 		}
 	}
 	w := bufs.Get().(*buffers)
-	w.ops, w.ats, w.dls, w.ps = w.ops[:0], w.ats[:0], w.dls[:0], w.ps[:0]
+	w.ops, w.ats, w.dls, w.ps, w.joined = w.ops[:0], w.ats[:0], w.dls[:0], w.ps[:0], w.joined[:0]
 	for _, c := range calls {
-		w.ops, w.ats, w.ps = append(w.ops, c.Req.op), append(w.ats, c.Req.at), append(w.ps, c.Req.p)
-		w.dls = append(w.dls, c.SendBy)
+		if c.Req.ps == nil {
+			w.ops, w.ats, w.ps = append(w.ops, c.Req.op), append(w.ats, c.Req.at), append(w.ps, c.Req.p)
+			w.dls, w.joined = append(w.dls, c.SendBy), append(w.joined, false)
+			continue
+		}
+		for i, p := range c.Req.ps {
+			w.ops, w.ats, w.ps = append(w.ops, c.Req.op), append(w.ats, c.Req.at), append(w.ps, p)
+			w.dls, w.joined = append(w.dls, c.SendBy), append(w.joined, i < len(c.Req.ps)-1)
+		}
 	}
-	rep, err := s.run(s.life, "batch", w.ops, w.ats, w.dls, w.ps)
-	for i, c := range calls {
-		if err != nil {
+	rep, err := s.run(s.life, "batch", w.ops, w.ats, w.dls, w.ps, w.joined)
+	at := 0 // the call's first request in the batch
+	for _, c := range calls {
+		switch {
+		case err != nil:
 			c.Err = err
+		case c.Req.ps == nil:
+			c.Res.one, c.Err = rep.decide(at, c.Req.op, c.Req.at, c.Req.p)
+		default:
+			c.Res.many = make([]bucket.Result, len(c.Req.ps))
+			c.Err = rep.decideAll(at, c.Req.op, c.Req.at, c.Req.ps, c.Res.many)
+		}
+		if c.Req.ps == nil {
+			at++
 		} else {
-			c.Res, c.Err = rep.decide(i, c.Req.op, c.Req.at, c.Req.p)
+			at += len(c.Req.ps)
 		}
 	}
 	clear(w.ps) // no keys kept alive

@@ -5,7 +5,10 @@
 -- ARGV[1] is the mode: "take", "peek" or "refund" decide the requests
 -- together (one request, or an all-or-nothing multi-take over them all);
 -- "batch" decides each request on its own, in order, with its own op
--- (requests coalesced from concurrent callers).
+-- (requests coalesced from concurrent callers), except requests joined
+-- (op plus 16: joined to the next request), which it decides together,
+-- all or nothing, as "take", "peek" or "refund" would (a multi-take in a
+-- batch).
 --
 -- KEYS[i] is request i's bucket: a string, compact (20 bytes: the byte
 -- 1, tokens as a 7-byte signed integer, s, n and the deadline in whole
@@ -29,7 +32,8 @@
 -- its op (0 take, 1 peek, 2 refund; used in batch mode), plus 4 when the
 -- request carries its own time, plus 8 when it is a block's (its ID and
 -- life, "id ttl", follow the records in request order, with the lease
--- IDs of concurrency requests); that time, whole seconds and nanoseconds
+-- IDs of concurrency requests), plus 16 when joined to the next; that
+-- time, whole seconds and nanoseconds
 -- (both 0 for the server's TIME); and its deadline in the server's clock,
 -- in microseconds (0: none). A request whose deadline is not after the
 -- server's TIME is late: it is neither decided nor written (flag 32), and
@@ -60,6 +64,9 @@ local rcall, rpcall = redis.call, redis.pcall
 local pack, unpack, byte, concat = struct.pack, struct.unpack, string.byte, table.concat
 local gmatch, ssub, find, sort = string.gmatch, string.sub, string.find, table.sort
 local TAKE, PEEK, REFUND = 0, 1, 2 -- drip.Op
+-- REC is the size of a request's record; JOINED, added to its op, joins
+-- it to the next request, all or nothing (a multi-take in a batch).
+local REC, JOINED = 29, 16
 
 -- Times are pairs (s, n): s is a plain number (|s| < 2^34 for any int64
 -- of nanoseconds), n in [0, 1e9).
@@ -493,26 +500,28 @@ local function takeFast(key, v, l, nows, nown, srvms)
   return flags + 3, otok, os, on
 end
 
--- takeAllFast is an all-or-nothing multi-take (or a single take) in the
--- case takeFast handles, for every request: it decides all, then writes
--- all or nothing, as the general path does, and puts the reply records in
--- recs. It returns nil, having written nothing, when any request is not
--- that case (or is late), and the general path decides them all. The
--- general path costs a table per request, load, bring, applyOp and keep
--- with their generic branches, write with its own: about twice the
--- server's time of this one for two keys (BENCHMARKS.md).
-local function takeAllFast(KEYS, limits, reqs, srvs, srvn, srvus, srvms, recs)
+-- takeAllFast is an all-or-nothing multi-take (or a single take) of
+-- requests first..last in the case takeFast handles, for every request:
+-- it decides all, then writes all or nothing, as the general path does,
+-- and puts the reply records in recs. It returns nil, having written
+-- nothing, when any request is not that case (or is late), and the
+-- general path decides them all. The general path costs a table per
+-- request, load, bring, applyOp and keep with their generic branches,
+-- write with its own: about twice the server's time of this one for two
+-- keys (BENCHMARKS.md).
+local function takeAllFast(KEYS, limits, reqs, first, last, srvs, srvn, srvus, srvms, recs)
   -- w: per request, 11 slots: l, nows, nown, tokens after, s, n, TTL
   -- deadline, flags, and the stored tokens, s, n for its record. Sized
   -- for two requests up front (an Envoy request of two descriptors): an
   -- empty table grown to 22 slots reallocates five times, which costs
   -- about as much as a GET.
   local w = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-  local pos, all = 1, true
-  for i = 1, #KEYS do
+  local pos, all = first * REC - REC + 1, true
+  for i = first, last do
     local sh, op, nows, nown, rdl
     sh, op, nows, nown, rdl, pos = unpack('<IBddd', reqs, pos)
     local l = limits[sh]
+    if op >= JOINED then op = op - JOINED end
     if not l.fastTake or (op ~= TAKE and op ~= TAKE + 4) or (rdl > 0 and rdl <= srvus) then return nil end
     if op == TAKE then nows, nown = srvs, srvn end
     local tok, s, n, dl, flags, otok, os, on = fastRead(rpcall('GET', KEYS[i]), l, nows, nown)
@@ -524,12 +533,12 @@ local function takeAllFast(KEYS, limits, reqs, srvs, srvn, srvus, srvms, recs)
     else
       all = false
     end
-    local b = i * 11 - 11
+    local b = (i - first) * 11
     w[b + 1], w[b + 2], w[b + 3], w[b + 4], w[b + 5], w[b + 6], w[b + 7], w[b + 8], w[b + 9], w[b + 10], w[b + 11] =
       l, nows, nown, tok - l.cost, s, n, dl, flags, otok, os, on
   end
-  for i = 1, #KEYS do
-    local b = i * 11 - 11
+  for i = first, last do
+    local b = (i - first) * 11
     local flags = w[b + 8]
     if all then
       writeFast(KEYS[i], w[b + 1], w[b + 2], w[b + 3], w[b + 4], w[b + 5], w[b + 6], w[b + 7], srvms)
@@ -910,121 +919,50 @@ local function record(recs, big, i, flags, otok, os, on)
   recs[i] = pack('<Bddd', flags, otok, os, on)
 end
 
--- main is one call: it decides the requests of KEYS and ARGV.
-local function main(KEYS, ARGV)
-  -- The server's clock: the time of decisions without one, and the frame
-  -- of the keys' TTL deadlines.
-  local srv = rcall('TIME')
-  local srvs, srvn = tonumber(srv[1]), tonumber(srv[2]) * 1000
-  local srvms = srvs * 1000 + floor(srvn / 1000000)
-  local srvus = srvs * 1000000 + tonumber(srv[2])
-  local mode = ARGV[1]
-  local limits, reqs, li = shapes(ARGV)
-  if mode == 'take' then
-    -- (Before the closures below: this is an Envoy request's hot path.)
-    local recs = {}
-    if takeAllFast(KEYS, limits, reqs, srvs, srvn, srvus, srvms, recs) then
-      return {srvs, srvn, concat(recs)}
-    end
+-- skipArgs is li past the lease IDs and blocks of requests first..last
+-- (from li0, the index before them): for requests not decided.
+local function skipArgs(limits, reqs, first, last, li0)
+  for i = first, last do
+    local sh, op = unpack('<IB', reqs, i * REC - REC + 1)
+    if op >= JOINED then op = op - JOINED end
+    if op >= 8 or limits[sh].kind == LEASE then li0 = li0 + 1 end
   end
-  local pos = 1
+  return li0
+end
+
+-- together decides requests first..last together: one request, or a
+-- multi-take all or nothing. mode is their op, 'take', 'peek' or
+-- 'refund'; li is the index in ARGV before their lease IDs and blocks.
+-- It puts their records in recs (and what goes in big, in order), and
+-- returns li past them.
+local function together(KEYS, ARGV, limits, reqs, first, last, li, mode, srvs, srvn, srvus, srvms, recs, big)
+  if mode == 'take' and takeAllFast(KEYS, limits, reqs, first, last, srvs, srvn, srvus, srvms, recs) then
+    return li -- (no leases or blocks on that path)
+  end
+  local li0, pos = li, first * REC - REC + 1
   -- request reads the next record of the packed requests: its shape, op
   -- and time.
   local function request()
     local sh, op, ts, tn, dl
     sh, op, ts, tn, dl, pos = unpack('<IBddd', reqs, pos)
     local late = dl > 0 and dl <= srvus
+    if op >= JOINED then op = op - JOINED end
     local blk = op >= 8
     if blk then op = op - 8 end
     if op >= 4 then return limits[sh], op - 4, ts, tn, late, blk end
     return limits[sh], op, srvs, srvn, late, blk
   end
 
-  local recs, big = {}, {}
-  local function reply()
-    local out = {srvs, srvn, concat(recs)}
-    for k = 1, #big do out[3 + k] = big[k] end
-    return out
-  end
-  if mode == 'batch' then
-    -- Each request on its own, in order: a later request on the same key
-    -- sees the earlier one's write.
-    -- (request and record inlined: this loop is the hot path.)
-    for i = 1, #KEYS do
-      local key, sh, op, nows, nown, dl = KEYS[i]
-      sh, op, nows, nown, dl, pos = unpack('<IBddd', reqs, pos)
-      local l = limits[sh]
-      local blk = op >= 8
-      if blk then op = op - 8 end
-      if op >= 4 then op = op - 4 else nows, nown = srvs, srvn end
-      local flags, otok, os, on
-      if l.kind == LEASE or blk then li = li + 1 end
-      if dl > 0 and dl <= srvus then
-        -- Late (its caller gave up): nothing decided, nothing written.
-        flags, otok, os, on = 32, 0, 0, 0
-      elseif l.kind == LEASE then
-        flags, otok, os, on = decideLeases(key, l, op, ARGV[li], nows, nown)
-        if flags % 2 == 1 and (op == REFUND or op == TAKE) then
-          writeLeases(key, l, op, ARGV[li], nows, nown, on)
-          flags = flags + 2
-        end
-      elseif l.kind == SLIDE then
-        local before, st
-        local v = rpcall('GET', key)
-        if type(v) == 'table' then v = noState(key, v) end
-        flags, before, st = decideSliding(v, l, op, nows, nown)
-        if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
-          writeSliding(key, l, st)
-          flags = flags + 2
-        end
-        big[#big + 1] = before
-        flags, otok, os, on = flags + 128, 0, 0, 0
-      else
-        -- pcall: a key of another type (WRONGTYPE) fails its own request
-        -- only, not the others of a batch, some of which may be written.
-        local v = rpcall('GET', key)
-        if type(v) == 'table' then v = noState(key, v) end
-        if blk or (type(v) == 'string' and #v > 12 and hasBlocks(v)) then
-          local bid, bttl, btxt, st
-          if blk then bid, bttl = blockArg(ARGV[li]) end
-          flags, otok, os, on, btxt, st = decideBlocks(v, l, op, nows, nown, bid, bttl)
-          if st then
-            writeBlocks(key, l, nows, nown, st, srvms)
-            flags = flags + 2
-          end
-          big[#big + 1] = btxt
-          flags = flags + 192
-        elseif op == TAKE and l.fastTake then
-          flags, otok, os, on = takeFast(key, v, l, nows, nown, srvms)
-        end
-        if not flags then
-          local kdl, nt, s, n
-          flags, otok, os, on, kdl, nt, s, n = decide(v, l, op, nows, nown)
-          if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
-            write(key, l, nows, nown, kdl, nt, s, n, srvms)
-            flags = flags + 2
-          end
-        end
-      end
-      if type(otok) == 'number' then
-        recs[i] = pack('<Bddd', flags, otok, os, on)
-      else
-        record(recs, big, i, flags, otok, os, on)
-      end
-    end
-    return reply()
-  end
-
   -- One request, or a multi-take: decide all, then write all or nothing
   -- (nothing at all when a key holds another type).
   local all, bad = true, false
   local res = {}
-  for i = 1, #KEYS do
+  for i = first, last do
     local l, op, nows, nown, late, blk = request()
     if late then
       -- The caller gave up: nothing is decided or written.
-      for j = 1, #KEYS do recs[j] = pack('<Bddd', 32, 0, 0, 0) end
-      return reply()
+      for j = first, last do recs[j] = pack('<Bddd', 32, 0, 0, 0) end
+      return skipArgs(limits, reqs, first, last, li0)
     end
     local r
     if l.kind == LEASE then
@@ -1061,7 +999,7 @@ local function main(KEYS, ARGV)
     res[i] = r
   end
   local doWrite = not bad and (mode == 'refund' or (mode == 'take' and all))
-  for i = 1, #KEYS do
+  for i = first, last do
     local r = res[i]
     if r[1].kind == SLIDE then
       if doWrite then
@@ -1086,5 +1024,108 @@ local function main(KEYS, ARGV)
     end
     record(recs, big, i, r[4], r[5], r[6], r[7])
   end
-  return reply()
+  return li
 end
+
+-- main is one call: it decides the requests of KEYS and ARGV.
+local function main(KEYS, ARGV)
+  -- The server's clock: the time of decisions without one, and the frame
+  -- of the keys' TTL deadlines.
+  local srv = rcall('TIME')
+  local srvs, srvn = tonumber(srv[1]), tonumber(srv[2]) * 1000
+  local srvms = srvs * 1000 + floor(srvn / 1000000)
+  local srvus = srvs * 1000000 + tonumber(srv[2])
+  local mode = ARGV[1]
+  local limits, reqs, li = shapes(ARGV)
+  local recs, big = {}, {}
+  if mode ~= 'batch' then
+    -- One request, or a multi-take: decide all, then write all or
+    -- nothing (nothing at all when a key holds another type).
+    together(KEYS, ARGV, limits, reqs, 1, #KEYS, li, mode, srvs, srvn, srvus, srvms, recs, big)
+  else
+    -- Each request on its own, in order: a later request on the same key
+    -- sees the earlier one's write. Requests joined (a multi-take) are
+    -- decided together, all or nothing, in their place.
+    -- (The single requests' path inlined: this loop is the hot path.)
+    local i, nk, pos = 1, #KEYS, 1
+    while i <= nk do
+      local key, sh, op, nows, nown, dl = KEYS[i]
+      sh, op, nows, nown, dl, pos = unpack('<IBddd', reqs, pos)
+      local l = limits[sh]
+      if op >= JOINED then
+        local j = i + 1
+        while byte(reqs, j * REC - REC + 5) >= JOINED do j = j + 1 end
+        op = op - JOINED
+        if op >= 8 then op = op - 8 end
+        if op >= 4 then op = op - 4 end
+        local gmode = 'take'
+        if op == PEEK then gmode = 'peek' elseif op == REFUND then gmode = 'refund' end
+        li = together(KEYS, ARGV, limits, reqs, i, j, li, gmode, srvs, srvn, srvus, srvms, recs, big)
+        i, pos = j + 1, j * REC + 1
+      else
+        local blk = op >= 8
+        if blk then op = op - 8 end
+        if op >= 4 then op = op - 4 else nows, nown = srvs, srvn end
+        local flags, otok, os, on
+        if l.kind == LEASE or blk then li = li + 1 end
+        if dl > 0 and dl <= srvus then
+          -- Late (its caller gave up): nothing decided, nothing written.
+          flags, otok, os, on = 32, 0, 0, 0
+        elseif l.kind == LEASE then
+          flags, otok, os, on = decideLeases(key, l, op, ARGV[li], nows, nown)
+          if flags % 2 == 1 and (op == REFUND or op == TAKE) then
+            writeLeases(key, l, op, ARGV[li], nows, nown, on)
+            flags = flags + 2
+          end
+        elseif l.kind == SLIDE then
+          local before, st
+          local v = rpcall('GET', key)
+          if type(v) == 'table' then v = noState(key, v) end
+          flags, before, st = decideSliding(v, l, op, nows, nown)
+          if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
+            writeSliding(key, l, st)
+            flags = flags + 2
+          end
+          big[#big + 1] = before
+          flags, otok, os, on = flags + 128, 0, 0, 0
+        else
+          -- pcall: a key of another type (WRONGTYPE) fails its own request
+          -- only, not the others of a batch, some of which may be written.
+          local v = rpcall('GET', key)
+          if type(v) == 'table' then v = noState(key, v) end
+          if blk or (type(v) == 'string' and #v > 12 and hasBlocks(v)) then
+            local bid, bttl, btxt, st
+            if blk then bid, bttl = blockArg(ARGV[li]) end
+            flags, otok, os, on, btxt, st = decideBlocks(v, l, op, nows, nown, bid, bttl)
+            if st then
+              writeBlocks(key, l, nows, nown, st, srvms)
+              flags = flags + 2
+            end
+            big[#big + 1] = btxt
+            flags = flags + 192
+          elseif op == TAKE and l.fastTake then
+            flags, otok, os, on = takeFast(key, v, l, nows, nown, srvms)
+          end
+          if not flags then
+            local kdl, nt, s, n
+            flags, otok, os, on, kdl, nt, s, n = decide(v, l, op, nows, nown)
+            if flags < 8 and (op == REFUND or (op == TAKE and flags % 2 == 1)) then
+              write(key, l, nows, nown, kdl, nt, s, n, srvms)
+              flags = flags + 2
+            end
+          end
+        end
+        if type(otok) == 'number' then
+          recs[i] = pack('<Bddd', flags, otok, os, on)
+        else
+          record(recs, big, i, flags, otok, os, on)
+        end
+        i = i + 1
+      end
+    end
+  end
+  local out = {srvs, srvn, concat(recs)}
+  for k = 1, #big do out[3 + k] = big[k] end
+  return out
+end
+

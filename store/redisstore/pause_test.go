@@ -49,10 +49,11 @@ func TestPauseTakesNothing(t *testing.T) {
 				}
 				res := stalltest.Run(t, s, stalltest.Load{
 					Callers: 32, Deadline: 100 * time.Millisecond, For: time.Second, Keys: keys,
-					// Multi-takes are not batched: without batching
-					// only, where no bound on calls is claimed.
-					Multi:   !batching,
-					Leases:  !batching,
+					// Multi-takes (and those that acquire a slot) wait
+					// for a batch as single takes do, under the same
+					// bound on calls.
+					Multi:   true,
+					Leases:  true,
 					Running: func() int { return redisstore.Running(s) },
 				})
 				if pause == "WRITE" {

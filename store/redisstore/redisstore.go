@@ -8,8 +8,9 @@
 // and writes in one atomic step, with the server's clock (TIME) unless the
 // caller supplies a time. A multi-take is one call over all its keys,
 // all-or-nothing. Concurrent calls share connections through rueidis's
-// auto-pipelining, and on a standalone server concurrent decisions are
-// coalesced into one call (WithBatching).
+// auto-pipelining, and on a standalone server concurrent decisions,
+// multi-takes of up to 16 keys included, are coalesced into one call
+// (WithBatching).
 //
 // State is exact: one string key per bucket holding tokens
 // (micro-tokens), the bucket's time in seconds and nanoseconds, and (in
@@ -113,7 +114,7 @@ type Store struct {
 	prefix  string
 	cluster bool
 	owned   bool
-	batch   *batch.Batcher[request, bucket.Result]
+	batch   *batch.Batcher[request, answer]
 
 	batching    Batching
 	clock       batch.Clock // the server's clock, for deadlines
@@ -197,23 +198,43 @@ func Tag(tag, key string) string { return "{" + tag + "}:" + key }
 
 // Apply implements store.Store: one item through the batcher (or a batch
 // of one), several in one call of the script, all or nothing.
+//
+// With batching, a multi-take of up to 16 items goes in a batch too, its
+// items decided together in their place (all or nothing, as in a call
+// of its own): a call of the script costs the server far more than one
+// more take in it.
 func (s *Store) Apply(ctx context.Context, op bucket.Op, at time.Time, items []bucket.Prepared, results []bucket.Result) error {
-	if len(items) != 1 {
+	if len(items) > 1 && (s.batch == nil || len(items) > maxJoined) {
 		return s.applyMulti(ctx, op, at, items, results)
 	}
-	p := items[0]
+	if len(items) == 0 {
+		return nil
+	}
 	if s.batch != nil {
-		r, err := s.batch.Do(ctx, request{op, at, p})
+		q := request{op: op, at: at}
+		if len(items) == 1 {
+			q.p = items[0]
+		} else {
+			// A copy: the batch may read the items after its caller
+			// left (to take back what they took).
+			q.ps = slices.Clone(items)
+		}
+		a, err := s.batch.Do(ctx, q)
 		if errors.Is(err, batch.ErrClosed) {
 			err = errClosed
 		}
-		results[0] = r
+		if q.ps == nil {
+			results[0] = a.one
+		} else if err == nil {
+			copy(results, a.many)
+		}
 		return err
 	}
+	p := items[0]
 	// A batch of one: the same decision as a take of one key, and the
 	// batch loop has the script's straight path for common takes.
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
-	rep, err := s.run(ctx, "batch", []bucket.Op{op}, []time.Time{at}, []time.Time{dl}, items)
+	rep, err := s.run(ctx, "batch", []bucket.Op{op}, []time.Time{at}, []time.Time{dl}, items, nil)
 	if err != nil {
 		return err
 	}
@@ -240,11 +261,19 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 	}
 	dl := batch.SendBy(ctx) // the caller's deadline, less the reply's margin
 	// One op, time and deadline for every item (see run).
-	rep, err := s.run(ctx, op.String(), []bucket.Op{op}, []time.Time{at}, []time.Time{dl}, ps)
+	rep, err := s.run(ctx, op.String(), []bucket.Op{op}, []time.Time{at}, []time.Time{dl}, ps, nil)
 	if err != nil {
 		return err
 	}
-	if rep.reqs[0].late {
+	return rep.decideAll(0, op, at, ps, results)
+}
+
+// decideAll is the decisions of a multi-take whose items ps are requests
+// from, from+1, ... of the reply, recomputed with bucket.EvalMultiAll
+// from the states the script read and checked against what it did; it
+// sets results.
+func (rep *reply) decideAll(from int, op bucket.Op, at time.Time, ps []bucket.Prepared, results []bucket.Result) error {
+	if rep.reqs[from].late {
 		return errLate // and the script wrote nothing
 	}
 	now := rep.nowFor(at)
@@ -258,10 +287,10 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 	buckets, found, leases, slides := bucketsA[:0], foundA[:0], leasesA[:0], slidesA[:0]
 	var blocks [][]bucket.Block
 	for i := range ps {
-		if rep.reqs[i].badType {
+		r := &rep.reqs[from+i]
+		if r.badType {
 			return wrongType // and the script wrote nothing
 		}
-		r := &rep.reqs[i]
 		buckets, found = append(buckets, r.before), append(found, r.found)
 		leases, slides = append(leases, r.leases), append(slides, r.slide)
 		if r.hasBlocks && blocks == nil {
@@ -273,7 +302,7 @@ func (s *Store) applyMulti(ctx context.Context, op bucket.Op, at time.Time, ps [
 	}
 	res, _, _, _, write := bucket.EvalMultiAll(op, ps, buckets, found, leases, slides, blocks, now)
 	for i := range ps {
-		if err := rep.check(i, res[i].Allowed, write[i]); err != nil {
+		if err := rep.check(from+i, res[i].Allowed, write[i]); err != nil {
 			return err
 		}
 	}
@@ -364,12 +393,13 @@ func (sh shape) text() string {
 // requests ps, each with its op, time and deadline (ops, ats and dls of
 // one element: the same for every request; a zero deadline: none; the
 // script refuses a request whose deadline passed on the server's clock,
-// see batch.Clock). Requests of the same shape (a
+// see batch.Clock); joined (nil: none) marks, in batch mode, the requests
+// joined to the next, all or nothing. Requests of the same shape (a
 // limit and a cost, as a rule's requests) share its arguments, sent as
 // decimals once per call; each request is a small fixed record of one
 // packed argument (see decide.lua), which costs the server much less to
 // read than arguments of its own.
-func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls []time.Time, ps []bucket.Prepared) (reply, error) {
+func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls []time.Time, ps []bucket.Prepared, joined []bool) (reply, error) {
 	if !s.clock.Known() && slices.ContainsFunc(dls, func(d time.Time) bool { return !d.IsZero() }) {
 		if err := s.syncClock(ctx); err != nil {
 			return reply{}, err
@@ -407,6 +437,9 @@ func (s *Store) run(ctx context.Context, mode string, ops []bucket.Op, ats, dls 
 		op := byte(ops[j])
 		if p.Block != "" {
 			op += 8 // its block's ID and life follow the records
+		}
+		if joined != nil && joined[i] {
+			op += 16 // decided with the next, all or nothing
 		}
 		var sec, nsec int64
 		if !ats[j].IsZero() {

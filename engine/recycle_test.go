@@ -1,0 +1,78 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/store/memstore"
+)
+
+// TestItemOutcomeRecycledAllocates: an outcome of DecideItems handed back with
+// Recycle is not allocated again by the next call, and carries nothing of
+// the call before: after a denial (its reason, wait and events) handed
+// back, an allowed call answers as on an engine that never recycles.
+func TestItemOutcomeRecycledAllocates(t *testing.T) {
+	at := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return at }
+	ctx := context.Background()
+	wide, narrow := drip.PerSecond(1e6), drip.Limit{Rate: 1, Period: time.Hour, Burst: 1}
+	item := func(key string, l drip.Limit) Applied {
+		return Applied{Item: Item{Key: key, Limit: l, Cost: 1, Plan: PlanOf(key, l)}}
+	}
+	var got, want []*Outcome
+	for _, recycle := range []bool{true, false} {
+		ms := memstore.New(memstore.WithSweep(0))
+		defer ms.Close()
+		e := New(ms, WithClock(clock))
+		defer e.Close()
+		for i := range 4 {
+			// Two takes of narrow: the second is denied, both items
+			// with it; then wide alone, allowed.
+			as := []Applied{item("n", narrow), item("w", wide)}
+			if i == 3 {
+				as = as[1:]
+			}
+			out := e.DecideItems(ctx, as)
+			snap := &Outcome{Allowed: out.Allowed, Reason: out.Reason, RetryAfter: out.RetryAfter,
+				Identity: out.Identity, Err: out.Err, Applied: append([]Applied(nil), out.Applied...)}
+			if recycle {
+				got = append(got, snap)
+				out.Recycle()
+			} else {
+				want = append(want, snap)
+			}
+		}
+	}
+	for i := range got {
+		g, w := got[i], want[i]
+		if g.Allowed != w.Allowed || g.Reason != w.Reason || g.RetryAfter != w.RetryAfter || g.Identity != w.Identity ||
+			g.Err != w.Err || len(g.Applied) != len(w.Applied) {
+			t.Fatalf("call %d: recycled %+v, fresh %+v", i, g, w)
+		}
+		for j := range g.Applied {
+			if g.Applied[j].Event != w.Applied[j].Event || g.Applied[j].Decision != w.Applied[j].Decision {
+				t.Errorf("call %d item %d: recycled %v %+v, fresh %v %+v", i, j,
+					g.Applied[j].Event, g.Applied[j].Decision, w.Applied[j].Event, w.Applied[j].Decision)
+			}
+		}
+	}
+	if want[1].Allowed || !want[3].Allowed {
+		t.Fatalf("the sequence did not deny then allow: %+v", want)
+	}
+
+	if raceEnabled {
+		t.Skip("allocation counts under the race detector, whose sync.Pool drops items")
+	}
+	ms := memstore.New(memstore.WithSweep(0))
+	defer ms.Close()
+	e := New(ms, WithClock(clock))
+	defer e.Close()
+	as := []Applied{item("a", wide), item("b", wide)}
+	kept := testing.AllocsPerRun(200, func() { e.DecideItems(ctx, as) })
+	recycled := testing.AllocsPerRun(200, func() { e.DecideItems(ctx, as).Recycle() })
+	if recycled > kept-1 {
+		t.Errorf("%v allocations a call with Recycle, %v without: want one fewer (the outcome)", recycled, kept)
+	}
+}
