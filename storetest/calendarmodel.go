@@ -103,6 +103,13 @@ func (m *Model) applyCalendar(op bucket.Op, p bucket.Prepared, l drip.Limit, at 
 	}
 	start, end := calendarWindow(l.Calendar, loc, at)
 	c, ok := m.counts[p.Key]
+	if ok && start.Before(c.start) {
+		// The clock went back across the start of the window the key
+		// counts in: a time before the state's adds nothing and removes
+		// nothing (docs/semantics.md), so the decision is made in that
+		// window, never in an earlier one granted again.
+		start, end = calendarWindow(l.Calendar, loc, c.start)
+	}
 	if !ok || !c.start.Equal(start) {
 		c = calendarCount{start: start, tokens: rate}
 	}

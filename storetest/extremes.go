@@ -48,11 +48,20 @@ func extremeLimits() []drip.Limit {
 }
 
 // extremeOrigins are the instants the extreme traces of RunExtremes
-// start from: now, 2116 (2^62 ns) and near the end of int64 nanoseconds.
-// All lie ahead of the real clock, so that no store drops their state by
-// its own clock mid-trace.
+// start from: now, 13 hours before a month starts in Berlin, 2116 (2^62
+// ns) and near the end of int64 nanoseconds. All lie ahead of the real
+// clock, so that no store drops their state by its own clock mid-trace.
+// From the second, the traces' clock goes back across the start of a
+// day and of a month (ExtremeLines: a take 13h01m after the origin,
+// then one an hour before it), whatever the time they run at.
 func extremeOrigins() []time.Time {
-	return []time.Time{base(), time.Unix(0, 1<<62), time.Unix(0, math.MaxInt64-int64(2*time.Hour))}
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		panic(err)
+	}
+	y, m, _ := time.Now().In(berlin).Date()
+	monthStart := time.Date(y, m+2, 1, 0, 0, 0, 0, berlin)
+	return []time.Time{base(), monthStart.Add(-13 * time.Hour), time.Unix(0, 1<<62), time.Unix(0, math.MaxInt64-int64(2*time.Hour))}
 }
 
 // pastOrigins are those of RunExtremesPast: the epoch, 2^53 ns, 1906 and
