@@ -650,7 +650,7 @@ func classOf(r Values, rule *rules.Rule) int {
 func (e *Engine) admit(ctx context.Context, ad []*Applied) (denied *Applied) {
 	for i, a := range ad {
 		b := e.adaptiveOf(a.Rule, a.Key)
-		adm, ok, shed := b.acquire(ctx, e.clock, a.class, a.Rule.Share(a.class), a.Wait, a.MaxQueue)
+		adm, ok, shed := b.acquire(ctx, e.clock, a.Class(), a.Rule.Share(a.Class()), a.Wait, a.MaxQueue)
 		b.pins.Add(-1) // held (in flight) or no longer needed
 		a.Decided = true
 		a.Decision, a.Plan = b.state(ok)
@@ -735,10 +735,10 @@ func (e *Engine) shedBy(out *Outcome, a *Applied, reason string) {
 	a.Decision.RetryAfter = max(a.Decision.RetryAfter, ConcurrencyRetryAfter)
 	out.deny("")
 	if reason == ReasonShed || a.shed || a.Rule.Prioritized() {
-		out.Shed = rules.PriorityName(a.class)
+		out.Shed = rules.PriorityName(a.Class())
 	}
 	if ao, ok := e.obs.(AdaptiveObserver); ok {
-		ao.Shed(a.Rule.Name, a.class)
+		ao.Shed(a.Rule.Name, a.Class())
 	}
 }
 
@@ -787,8 +787,8 @@ func (e *Engine) nameClass(out *Outcome) {
 	if out.Allowed || out.Shed != "" || a == nil || !a.Rule.Prioritized() || a.Reason == "" || a.Reason == ReasonStoreUnavailable {
 		return
 	}
-	out.Shed = rules.PriorityName(a.class)
+	out.Shed = rules.PriorityName(a.Class())
 	if ao, ok := e.obs.(AdaptiveObserver); ok {
-		ao.Shed(a.Rule.Name, a.class)
+		ao.Shed(a.Rule.Name, a.Class())
 	}
 }

@@ -359,12 +359,12 @@ func (e *Engine) chargeItems(ctx context.Context, items []*Item) error {
 		it.req = -1
 		for j, r := range reqs { // items of one key are one bucket: their costs add up
 			if r.Key == it.Key {
-				it.req = j
+				it.req = int32(j)
 				reqs[j].Cost += it.Cost
 			}
 		}
 		if it.req < 0 {
-			it.req = len(reqs)
+			it.req = int32(len(reqs))
 			reqs = append(reqs, drip.Request{Key: it.Key, Limit: it.Limit, Cost: it.Cost})
 			firsts = append(firsts, it)
 		}

@@ -21,6 +21,10 @@ import (
 type Outcome struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool
+	// Refused reports a front door's refusal (Refuse): no rule was
+	// decided. Detail then says why.
+	Refused bool
+	items   bool // DecideItems': its fields are itemFields (here: the Outcome stays within 1 KiB)
 	// Reason is why the request was denied. Over a limit (HTTP 429), it
 	// is the algorithm's reason (ReasonOf) or ReasonCostExceedsBurst. A
 	// request shed for its priority class has ReasonShed (429). An
@@ -28,10 +32,7 @@ type Outcome struct {
 	// failed store under on_error deny gives ReasonStoreUnavailable (503).
 	// A refusal has its own (Refuse).
 	Reason string
-	// Refused reports a front door's refusal (Refuse): no rule was
-	// decided. Detail then says why.
-	Refused bool
-	Detail  string
+	Detail string
 	// Top is the rule the single-value headers describe. On a denial it
 	// is the denying rule with the longest wait. Else it is the enforce
 	// rule with the least remaining; on a tie, not a concurrency rule. Nil
@@ -61,8 +62,7 @@ type Outcome struct {
 
 	eng      *Engine
 	rs       *Rules
-	items    bool       // DecideItems': its fields are itemFields
-	first    [2]Applied // Applied's backing array for up to two rules: one allocation with the Outcome
+	first    [2]Applied // Applied's backing array for up to two rules: one allocation with the Outcome (TestOutcomeFitsOneKiB)
 	released atomic.Bool
 	settled  atomic.Bool
 	dropped  atomic.Bool // Drop: the upstream did not serve the request well
@@ -132,12 +132,12 @@ func Refuse(reason, detail string) *Outcome {
 type Applied struct {
 	Item
 	Rule *rules.Rule
-	// Local reports that the local fallback decided, at Limit.
-	Local bool
 	// Event is what happened to the rule.
 	Event Event
 	// Reason is why the rule denied, if it did.
 	Reason string
+	// Local reports that the local fallback decided, at Limit.
+	Local bool
 
 	held bool // the lease was acquired: Release gives it back
 	item bool // an item of DecideItems (Current)

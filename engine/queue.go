@@ -375,7 +375,7 @@ func classOfItems(items []*Item) int {
 	c := rules.PriorityCritical
 	for _, it := range items {
 		if it.Wait > 0 && it.kind() == enforceItems {
-			c = min(c, it.class)
+			c = min(c, it.Class())
 		}
 	}
 	return c

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -32,6 +33,12 @@ type Item struct {
 	// Mode is how the item takes part in the decision (Enforce: taken
 	// all or nothing with the others).
 	Mode ItemMode
+	// (Small fields of the item's own beside Mode, so that an Outcome
+	// with its two Applied stays in one 1 KiB allocation.)
+	never   verdict // Never, once made (costOf)
+	blocked bool    // see below
+	class   int8    // the request's class of priority (SetClass), 0 to 100
+	req     int32   // its store request
 	// Wait is how long an enforced item whose limit denies the request
 	// may hold it in its queue instead (Engine.Decide: the rule's
 	// max_wait), in Queue (a rule's name, in metrics) of at most MaxQueue
@@ -48,26 +55,22 @@ type Item struct {
 	// Verdict is what the decision made of the item.
 	Verdict
 
-	never   verdict // Never, once made (costOf)
-	micro   int64   // Cost in fixed point, as the store takes it (takeCost)
-	costErr error   // what is wrong with Cost, if anything
-	// blocked: an item of DecideItems whose Limit is the zero Limit,
-	// which allows nothing (Envoy's requests_per_unit 0): over its limit
-	// without asking the store.
-	blocked bool
+	micro   int64 // Cost in fixed point, as the store takes it (takeCost)
+	costErr error // what is wrong with Cost, if anything
+	// blocked (above): an item of DecideItems whose Limit is the zero
+	// Limit, which allows nothing (Envoy's requests_per_unit 0): over its
+	// limit without asking the store.
 
 	ask  float64 // the cost asked in this step: Cost, or 0 for a peek at the bucket as it is
 	debt int64   // a take's reservation: the most debt it may run up, in micro-tokens (0: a plain take)
-	req  int     // its store request
 
-	span  int64   // a calendar window's length in the decision's window (policy)
-	class int     // the request's class of priority (SetClass)
-	keep  float64 // the share of the limit's capacity kept for higher classes
+	span int64   // a calendar window's length in the decision's window (policy)
+	keep float64 // the share of the limit's capacity kept for higher classes
 }
 
 // Class is the request's class of priority under the item's rule: from
 // 0 (batch) to 100 (critical); rules.PriorityName names it.
-func (it *Item) Class() int { return it.class }
+func (it *Item) Class() int { return int(it.class) }
 
 // SetClass sets the request's class of priority and the share of the
 // limit's capacity (rules.Rule.Share) that class may use. A waiting item
@@ -76,7 +79,7 @@ func (it *Item) Class() int { return it.class }
 // than the rest of the capacity free. Decide sets it from the rule; the
 // zero Item is of class 0 with all the capacity.
 func (it *Item) SetClass(class int, share float64) {
-	it.class, it.keep = class, 1-min(max(share, 0), 1)
+	it.class, it.keep = int8(min(max(class, math.MinInt8), math.MaxInt8)), 1-min(max(share, 0), 1)
 }
 
 // ItemMode is how an item takes part in a decision: one step of
@@ -119,13 +122,13 @@ type Verdict struct {
 	// Decision is the bucket's decision, for a shared key of the costs
 	// added (Taken); meaningful when Decided.
 	Decision drip.Decision
-	Decided  bool
+	// Taken is the cost the bucket was asked for: its items' costs added,
+	// at most its burst; for Charge items, what the bucket was charged.
+	Taken   float64
+	Decided bool
 	// Changed reports that the bucket changed: a take whose whole was
 	// allowed, or a refund.
 	Changed bool
-	// Taken is the cost the bucket was asked for: its items' costs added,
-	// at most its burst; for Charge items, what the bucket was charged.
-	Taken float64
 	// Out reports an EnforceQuota item found over its limit and left out
 	// of the take: it took nothing, and Decision is its last.
 	Out bool
@@ -251,11 +254,11 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 			}
 		}
 		if j >= 0 {
-			it.req = j
+			it.req = int32(j)
 			reqs[j].cost += it.ask
 			continue
 		}
-		it.req = len(reqs)
+		it.req = int32(len(reqs))
 		reqs = append(reqs, stepReq{it: it, cost: it.ask})
 		if byKey == nil && len(reqs) > 8 {
 			byKey = make(map[string]int, len(items))
@@ -263,7 +266,7 @@ func (e *Engine) step(ctx context.Context, timeout time.Duration, br rules.Break
 				byKey[r.it.Key] = x
 			}
 		} else if byKey != nil {
-			byKey[it.Key] = it.req
+			byKey[it.Key] = int(it.req)
 		}
 	}
 	sc.reqs = reqs
