@@ -296,13 +296,28 @@ func liveMetrics(t *testing.T) map[string]*dto.MetricFamily {
 	// The decision API: an allowed and a denied take, a reload.
 	apiRules := filepath.Join(dir, "api.json")
 	writeTestFile(t, apiRules, `{"rules": [{"name": "api", "limit_keys": ["header:x-api-key"],
-	  "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}}]}`)
+	  "algorithm_config": {"rate": 1, "period": "1h", "burst": 1}},
+	 {"name": "up", "limit_keys": ["global"], "algorithm": "adaptive", "max_wait": "20ms", "max_queue": 1,
+	  "algorithm_config": {"initial_limit": 1, "min_limit": 1, "max_limit": 1}}]}`)
 	api, apiAdmin, _ := serveInProcess(t, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--rules", apiRules, "--admin-token", token)
 	for range 2 {
 		if code, out := httpDo(t, "POST", "http://"+api+"/v1/take", `{"rule": "api", "values": ["k"]}`); code != 200 {
 			t.Fatalf("take: %d %s", code, out)
 		}
+	}
+	// The adaptive rule: its one slot held, a second acquire waits its
+	// max_wait in the queue and is shed; then the slot is released.
+	code, held := httpDo(t, "POST", "http://"+api+"/v1/acquire", `{"rule": "up", "values": []}`)
+	lease := regexp.MustCompile(`"lease":"([^"]+)"`).FindStringSubmatch(held)
+	if code != 200 || lease == nil {
+		t.Fatalf("acquire: %d %s", code, held)
+	}
+	if code, out := httpDo(t, "POST", "http://"+api+"/v1/acquire", `{"rule": "up", "values": [], "wait": "20ms"}`); code != 200 || strings.Contains(out, `"allowed":true`) {
+		t.Fatalf("a second acquire of one slot: %d %s, want denied after its wait", code, out)
+	}
+	if code, out := httpDo(t, "POST", "http://"+api+"/v1/release", `{"rule": "up", "values": [], "lease": "`+lease[1]+`"}`); code != 200 {
+		t.Fatalf("release: %d %s", code, out)
 	}
 	req, _ := http.NewRequest("POST", "http://"+apiAdmin+"/v1/admin/reload", nil)
 	req.Header.Set("Authorization", "Bearer "+token)
