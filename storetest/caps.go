@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,6 +81,9 @@ func RunCaps(t *testing.T, newStore NewStore) {
 	}
 }
 
+// overridesTurn is RunOverrides' turn in this test binary.
+var overridesTurn sync.Mutex
+
 // RunOverrides holds the store's overrides side (Caps.Overrides), seen
 // through store.Prefixed under a fresh prefix, to the store.Overrides
 // contract: the bound on their number counts new keys only (and every key
@@ -89,6 +93,11 @@ func RunCaps(t *testing.T, newStore NewStore) {
 // ErrNoWatch, or WithoutOverrideNotifications is given). A store that
 // keeps no overrides has nothing to check.
 func RunOverrides(t *testing.T, newStore NewStore, opts ...Option) {
+	// The overrides' version and bound are the whole store's: suites run
+	// in parallel on one shared server (a test binary's) take turns here,
+	// or each would see the other's versions and count its overrides.
+	overridesTurn.Lock()
+	defer overridesTurn.Unlock()
 	var cfg config
 	for _, o := range opts {
 		o(&cfg)

@@ -38,7 +38,10 @@ func randomTag() string { return testserver.Prefix() }
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	url := testserver.SharedRedisURL(t)
-	s := open(t, url)
+	// A prefix of its own: the overrides live under the store's prefix,
+	// and TestConformanceWithoutBatching runs beside it on this server
+	// (sharing one, each saw the other's versions and bound).
+	s := open(t, url, redisstore.WithPrefix("drip:"+randomTag()+":"))
 	storetest.Run(t, func(t *testing.T) store.Store { return s })
 }
 
@@ -48,7 +51,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceWithoutBatching(t *testing.T) {
 	t.Parallel()
 	url := testserver.SharedRedisURL(t)
-	s := open(t, url, redisstore.WithoutBatching())
+	s := open(t, url, redisstore.WithoutBatching(), redisstore.WithPrefix("drip:"+randomTag()+":"))
 	storetest.Run(t, func(t *testing.T) store.Store { return s })
 }
 
