@@ -160,15 +160,13 @@ var defaultBreaker = rules.DefaultBreaker
 // (store.IsAnswered) reaches the observer. The breaker counts it as an
 // answer.
 func (e *Engine) Apply(ctx context.Context, op bucket.Op, reqs []drip.Request, plans []*Plan) (drip.Multi, error) {
-	g := &guarded{e: e, timeout: e.timeout, br: defaultBreaker}
-	m, err := applyOn(ctx, g, op, e.at(), reqs, plans)
-	if err != nil && !g.asked {
-		e.refused(ctx, op, len(reqs), err)
+	sc := scratches.Get().(*scratch) // step's memory: the same sizes
+	defer sc.free()
+	ds, err := e.applyGuarded(ctx, e.timeout, defaultBreaker, op, reqs, sc.planned(reqs, plans), sc)
+	if err != nil {
+		return drip.Multi{}, err
 	}
-	if err == nil && op == bucket.Refund {
-		e.freed(reqs)
-	}
-	return m, err
+	return multiOf(ds), nil
 }
 
 // freed tells the queues of the leases among reqs, refunded: a slot is
@@ -188,8 +186,17 @@ func (e *Engine) freed(reqs []drip.Request) {
 // Its checks, their order, its errors and its decisions are
 // drip.Apply's.
 func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request, plans []*Plan) ([]drip.Decision, error) {
+	sc := scratches.Get().(*scratch) // step's memory: the same sizes
+	defer sc.free()
+	return e.applyGuarded(ctx, timeout, br, op, reqs, plans, sc)
+}
+
+// applyGuarded is applyIn behind the breaker br, under timeout (Apply
+// and applyPlans): an input error the store never saw is a refusal, and
+// a refund frees its leases' waiters.
+func (e *Engine) applyGuarded(ctx context.Context, timeout time.Duration, br rules.Breaker, op bucket.Op, reqs []drip.Request, plans []*Plan, sc *scratch) ([]drip.Decision, error) {
 	g := &guarded{e: e, timeout: timeout, br: br}
-	ds, err := applyPlansOn(ctx, g, op, e.at(), reqs, plans)
+	ds, err := applyIn(ctx, g, op, e.at(), reqs, plans, sc)
 	if err != nil && !g.asked {
 		e.refused(ctx, op, len(reqs), err)
 	}
@@ -197,18 +204,6 @@ func (e *Engine) applyPlans(ctx context.Context, timeout time.Duration, br rules
 		e.freed(reqs)
 	}
 	return ds, err
-}
-
-// applyOn is drip.Apply of reqs on st at at, each request prepared by
-// its plan (a nil one compiled for this call: scratch.planned).
-func applyOn(ctx context.Context, st store.Store, op bucket.Op, at time.Time, reqs []drip.Request, plans []*Plan) (drip.Multi, error) {
-	sc := scratches.Get().(*scratch) // step's memory: the same sizes
-	defer sc.free()
-	ds, err := applyIn(ctx, st, op, at, reqs, sc.planned(reqs, plans), sc)
-	if err != nil {
-		return drip.Multi{}, err
-	}
-	return multiOf(ds), nil
 }
 
 // applyPlansOn is drip.Apply of reqs on st at at, each request prepared
