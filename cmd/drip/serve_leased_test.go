@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,27 +106,28 @@ func serveLeasedRule(t *testing.T, args []string) {
 	t.Setenv("DRIP_ADMIN_TOKEN", "tok")
 	api, admin, _ := serveInProcess(t, append(args, "--rules", file, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")...)
 	tenant := testserver.Prefix() + "t"
+	// burst sends 16 takes of rule's value at once and counts the granted.
+	burst := func(rule, value string) int {
+		var granted atomic.Int64
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				code, body := httpDo(t, "POST", "http://"+api+"/v1/take", `{"rule": "`+rule+`", "values": [`+strconv.Quote(value)+`]}`)
+				if code != 200 {
+					t.Errorf("%s: %d %s", rule, code, body)
+				}
+				if strings.Contains(body, `"allowed":true`) {
+					granted.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		return int(granted.Load())
+	}
 	granted := map[string]int{}
 	for _, rule := range []string{"hot", "cold"} {
-		var mu sync.Mutex
 		for range 10 {
-			var wg sync.WaitGroup
-			for range 16 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					code, body := httpDo(t, "POST", "http://"+api+"/v1/take", `{"rule": "`+rule+`", "values": [`+strconv.Quote(tenant)+`]}`)
-					if code != 200 {
-						t.Errorf("%s: %d %s", rule, code, body)
-					}
-					if strings.Contains(body, `"allowed":true`) {
-						mu.Lock()
-						granted[rule]++
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
+			granted[rule] += burst(rule, tenant)
 		}
 	}
 	if granted["cold"] != 100 || granted["hot"] > 100 {
@@ -162,17 +164,7 @@ func serveLeasedRule(t *testing.T, args []string) {
 	// Bursts of takes until the instance leases a block of hot2's (a key
 	// is leased once it proves hot: several takes within a short while).
 	for range 20 {
-		var wg sync.WaitGroup
-		for range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if code, body := httpDo(t, "POST", "http://"+api+"/v1/take", `{"rule": "hot2", "values": [`+strconv.Quote(tenant+"2")+`]}`); code != 200 {
-					t.Errorf("hot2: %d %s", code, body)
-				}
-			}()
-		}
-		wg.Wait()
+		burst("hot2", tenant+"2")
 		if _, metrics = httpDo(t, "GET", "http://"+admin+"/metrics", ""); strings.Contains(metrics, `rule="hot2"`) {
 			break
 		}
