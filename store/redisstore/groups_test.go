@@ -99,18 +99,7 @@ func TestMultiTakesBatched(t *testing.T) {
 		t.Fatalf("emptying: %+v %v", m, err)
 	}
 	before := fcalls(t, srv)
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := srv.Resume(); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	resume := pause(t, srv)
 	defer resume()
 	var wg sync.WaitGroup
 	allowed := make([]bool, 11)
@@ -222,18 +211,7 @@ func TestJoinedBatchAgainstMemstore(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := fcalls(t, srv)
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := srv.Resume(); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	resume := pause(t, srv)
 	defer resume()
 	got := make([]drip.Multi, len(calls))
 	errs := make([]error, len(calls))
@@ -263,5 +241,22 @@ func TestJoinedBatchAgainstMemstore(t *testing.T) {
 	}
 	if n := fcalls(t, srv) - before; n != 2 {
 		t.Errorf("%d calls of the script, want 2", n)
+	}
+}
+
+// pause pauses srv; resume resumes it, once, however often it is called
+// (the test may resume it early, and defers it besides).
+func pause(t *testing.T, srv *testserver.Redis) (resume func()) {
+	t.Helper()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if err := srv.Resume(); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }
