@@ -309,6 +309,19 @@ func TestBlocksOverSlidingRow(t *testing.T) {
 	}
 }
 
+// countedStore is a store on the shared server whose statements db
+// counts; it closes when the test ends.
+func countedStore(t *testing.T) (*statements, *pgstore.Store) {
+	t.Helper()
+	db := &statements{Pool: pool(t)}
+	st, err := pgstore.New(context.Background(), db, pgstore.WithSweep(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return db, st
+}
+
 // statements is a pool that counts the statements it runs (Query's),
 // and those that call drip.block_apply.
 type statements struct {
@@ -331,12 +344,7 @@ func (s *statements) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 // blocks or with, where it is held to the blocks' cap.
 func TestLeasedTakeIsPlain(t *testing.T) {
 	t.Parallel()
-	db := &statements{Pool: pool(t)}
-	st, err := pgstore.New(context.Background(), db, pgstore.WithSweep(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	db, st := countedStore(t)
 	ctx := context.Background()
 	p := prefix()
 	at := time.Now().Truncate(time.Hour).Add(time.Hour)
@@ -373,12 +381,7 @@ func TestLeasedTakeIsPlain(t *testing.T) {
 // exactly the tokens left under the cap granted.
 func TestSaturatedKeyWithBlocksBatched(t *testing.T) {
 	t.Parallel()
-	db := &statements{Pool: pool(t)}
-	st, err := pgstore.New(context.Background(), db, pgstore.WithSweep(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	db, st := countedStore(t)
 	ctx := context.Background()
 	key := prefix() + "hot"
 	at := time.Now().Truncate(time.Hour).Add(time.Hour) // one instant: nothing refills
@@ -562,12 +565,7 @@ func testBatchBlocks(ctx context.Context, t *testing.T, pg *pgstore.Store, disti
 // are granted, and returned whole they give the bucket back whole.
 func TestBlockTakesBatched(t *testing.T) {
 	t.Parallel()
-	db := &statements{Pool: pool(t)}
-	st, err := pgstore.New(context.Background(), db, pgstore.WithSweep(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	db, st := countedStore(t)
 	ctx := context.Background()
 	key := prefix() + "hot"
 	at := time.Now().Truncate(time.Hour).Add(time.Hour) // one instant: nothing refills
