@@ -7,10 +7,22 @@ import (
 	"strings"
 
 	"github.com/driplimit/drip/internal/nearest"
+	"github.com/driplimit/drip/server/envoy"
 )
 
-// dripVariables are the DRIP_ names drip serve reads besides its flags'.
-var dripVariables = []string{"DRIP_ENVOY_ALGORITHM", "DRIP_ENVOY_LEASED"}
+// envoyDRIPVariables are the DRIP_ names drip serve reads besides its
+// flags': those envoy.OptionsFromEnv asks for (DRIP_ENVOY_ALGORITHM,
+// DRIP_ENVOY_LEASED), found by asking it.
+func envoyDRIPVariables() []string {
+	var names []string
+	_, _ = envoy.OptionsFromEnv(func(k string) string { // nothing set: no error, every name asked
+		if strings.HasPrefix(k, "DRIP_") {
+			names = append(names, k)
+		}
+		return ""
+	})
+	return names
+}
 
 // misspeltDRIP refuses the first DRIP_ variable in environ (os.Environ's
 // form), in sort order, that drip serve does not read but that is within
@@ -18,7 +30,7 @@ var dripVariables = []string{"DRIP_ENVOY_ALGORITHM", "DRIP_ENVOY_LEASED"}
 // the memory store. Other DRIP_ names pass, as a rules file may read its
 // secrets from any variable (DRIP_KEY_SECRET, say).
 func misspeltDRIP(fs *flag.FlagSet, environ []string) error {
-	known := slices.Clone(dripVariables)
+	known := envoyDRIPVariables()
 	fs.VisitAll(func(f *flag.Flag) {
 		known = append(known, "DRIP_"+strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_")))
 	})
