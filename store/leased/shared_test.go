@@ -170,6 +170,7 @@ func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration, pla
 	}
 	prefix := testserver.Prefix()
 	key := func(k int) string { return fmt.Sprint(prefix, "k", k) }
+	keys, items := takesOf(t, w, key)
 	var mu sync.Mutex
 	var events []event
 	var failed atomic.Bool
@@ -201,23 +202,16 @@ func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration, pla
 						break
 					}
 					k := w.pick(wk.r)
-					pk, err := w.lim.Params(key(k))
+					at := clock.Now()
+					err := apps[wk.i].Apply(ctx, bucket.Take, at, []bucket.Prepared{items[k]}, wk.res)
 					if err == nil {
-						var it bucket.Prepared
-						err = store.Prepare(&it, bucket.Take, key(k), &pk, 1, false, "")
-						at := clock.Now()
-						if err == nil {
-							err = apps[wk.i].Apply(ctx, bucket.Take, at, []bucket.Prepared{it}, wk.res)
-						}
-						if err == nil {
-							e := event{key: k, at: at.UnixNano(), allowed: wk.res[0].Allowed}
-							if !e.allowed {
-								for _, o := range ins {
-									e.out += o.Outstanding(key(k))
-								}
+						e := event{key: k, at: at.UnixNano(), allowed: wk.res[0].Allowed}
+						if !e.allowed {
+							for _, o := range ins {
+								e.out += o.Outstanding(keys[k])
 							}
-							wk.own = append(wk.own, e)
 						}
+						wk.own = append(wk.own, e)
 					}
 					if err != nil && !failed.Swap(true) {
 						t.Error(err)
@@ -241,7 +235,7 @@ func runVirtual(t *testing.T, st store.Store, w workload, dur time.Duration, pla
 		events = append(events, wk.own...)
 		mu.Unlock()
 	}
-	report(t, w, ins, events, func(k int) string { return key(k) })
+	report(t, w, ins, events, func(k int) string { return keys[k] })
 }
 
 // report closes the instances, logs their counters and checks every key's
