@@ -69,12 +69,13 @@ func Run(t *testing.T, newStore NewStore, opts ...Option) {
 // RunTransport runs the parts of Run that hold a store's calls to the
 // rules. These are the scenarios of every rule, errors, rounding,
 // multi-takes, concurrent callers, concurrency limits, the capabilities,
-// a key whose kind of limit changes,
-// overrides and the notice board. Call it for a store that another test
-// already holds to all of Run, reached here another way: over TLS, or
-// through Sentinel. The long model comparisons are left out (Traces,
-// Random, Windows, Calendar, their replays, Extremes). They send the same
-// calls to the same server code as Run does, and take most of its time.
+// a key whose kind of limit changes, overrides and the notice board.
+// Call it for a store that another test already holds to all of Run,
+// reached here another way: over TLS, through Sentinel, on Redis
+// Cluster, through PgBouncer, or through scripts rather than functions.
+// The long model comparisons are left out (Traces, Random, Windows,
+// Calendar, their replays, Extremes). They send the same calls to the
+// same server code as Run does, and take most of its time.
 func RunTransport(t *testing.T, newStore NewStore, opts ...Option) {
 	t.Run("Scenarios", func(t *testing.T) { RunScenarios(t, newStore) })
 	t.Run("Errors", func(t *testing.T) { RunErrors(t, newStore) })

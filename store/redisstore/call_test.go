@@ -55,9 +55,10 @@ func TestFunctionReload(t *testing.T) {
 	}
 }
 
-// TestScriptsWithoutFunctions runs the conformance suite on a server
-// without functions (FCALL and FUNCTION renamed away, as on a server
-// before Redis 7): the store falls back to scripts (EVALSHA/EVAL).
+// TestScriptsWithoutFunctions runs the conformance suite's calls and the
+// extremes (runTransport) on a server without functions (FCALL and
+// FUNCTION renamed away, as on a server before Redis 7): the store falls
+// back to scripts (EVALSHA/EVAL).
 func TestScriptsWithoutFunctions(t *testing.T) {
 	t.Parallel()
 	r := testserver.StartRedis(t, "--rename-command", "FCALL", "", "--rename-command", "FUNCTION", "")
@@ -65,7 +66,7 @@ func TestScriptsWithoutFunctions(t *testing.T) {
 		t.Fatalf("FUNCTION LIST answered %q", out)
 	}
 	s := open(t, r.URL())
-	storetest.Run(t, func(t *testing.T) store.Store { return s })
+	runTransport(t, func(t *testing.T) store.Store { return s })
 	if out, err := r.Cli("INFO", "commandstats"); err != nil || !strings.Contains(out, "cmdstat_evalsha") {
 		t.Fatalf("no EVALSHA in the server's command stats (%v): %s", err, out)
 	}
