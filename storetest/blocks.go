@@ -18,13 +18,24 @@ import (
 // Every other plain request is marked Leased (bucket.Prepared.Leased),
 // the others not: a key's blocks cap both alike, whichever instance
 // sends them.
-func RunBlocks(t *testing.T, newStore NewStore) {
+func RunBlocks(t *testing.T, newStore NewStore) { runBlocks(t, newStore, 4) }
+
+// RunBlocksTransport is RunBlocks with one random trace rather than four:
+// every scenario, and random steps of every kind, reach the store. Call
+// it for a store that another test holds to RunBlocks, reached here
+// another way (through a pooler, Sentinel or Cluster, as a script rather
+// than a function), where the other traces would send the same calls to
+// the same code again.
+func RunBlocksTransport(t *testing.T, newStore NewStore) { runBlocks(t, newStore, 1) }
+
+// runBlocks is RunBlocks with seeds random traces.
+func runBlocks(t *testing.T, newStore NewStore, seeds int) {
 	st := newStore(t)
 	if !st.Caps().Blocks {
 		t.Fatal("the store does not report Caps.Blocks")
 	}
 	t.Run("Scenarios", func(t *testing.T) { blockScenarios(t, st) })
-	for seed := range 4 {
+	for seed := range seeds {
 		t.Run(fmt.Sprint("Random/seed", seed), func(t *testing.T) { CompareBlocks(t, st, uint64(seed), 1500) })
 	}
 }

@@ -26,6 +26,10 @@ import (
 // model: one statement a call, with batching on (leased calls bypass the
 // batcher) and off, and through PgBouncer in transaction mode: the three
 // in parallel, each its own store (keys under prefixes of their own).
+// Through the pooler, every scenario and one random trace of the four
+// (storetest.RunBlocksTransport): the other three would send the
+// batching run's statements to the same server again, with the same
+// encodings (see TestPgBouncerConformance).
 func TestBlocks(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []struct {
@@ -45,7 +49,7 @@ func TestBlocks(t *testing.T) {
 		t.Parallel()
 		bouncer := testserver.StartPgBouncer(t, testserver.SharedPostgres(t), 0)
 		st := openVia(t, bouncer.URL(), "")
-		storetest.RunBlocks(t, func(t *testing.T) store.Store { return st })
+		storetest.RunBlocksTransport(t, func(t *testing.T) store.Store { return st })
 	})
 }
 

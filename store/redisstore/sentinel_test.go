@@ -15,13 +15,14 @@ import (
 
 // TestConformanceSentinel runs the suite's calls (storetest.RunTransport:
 // the store is held to the whole suite by TestConformance), and the blocks
-// of leased tokens, on a master found through three Sentinels, with the
-// redis+sentinel:// URL.
+// of leased tokens (storetest.RunBlocksTransport: TestBlocks holds them
+// to all of RunBlocks), on a master found through three Sentinels, with
+// the redis+sentinel:// URL.
 func TestConformanceSentinel(t *testing.T) {
 	rs := testserver.StartRedisSentinel(t)
 	s := open(t, rs.URL())
 	storetest.RunTransport(t, func(t *testing.T) store.Store { return s })
-	t.Run("Blocks", func(t *testing.T) { storetest.RunBlocks(t, func(t *testing.T) store.Store { return s }) })
+	t.Run("Blocks", func(t *testing.T) { storetest.RunBlocksTransport(t, func(t *testing.T) store.Store { return s }) })
 }
 
 // TestSentinelFailover kills the master under load. Decisions fail only
