@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/driplimit/drip"
+	"github.com/driplimit/drip/bucket"
 	"github.com/driplimit/drip/store/memstore"
 )
 
@@ -74,5 +75,36 @@ func TestItemOutcomeRecycledAllocates(t *testing.T) {
 	recycled := testing.AllocsPerRun(200, func() { e.DecideItems(ctx, as).Recycle() })
 	if recycled > kept-1 {
 		t.Errorf("%v allocations a call with Recycle, %v without: want one fewer (the outcome)", recycled, kept)
+	}
+}
+
+// TestScratchFreedHoldsNothing: a scratch back in the pool holds none of
+// its last caller's items or keys, whatever sizes its uses had (free
+// clears what a use wrote, not the whole capacity).
+func TestScratchFreedHoldsNothing(t *testing.T) {
+	sc := &scratch{reqs: make([]stepReq, 0, 4), items: make([]bucket.Prepared, 4), res: make([]bucket.Result, 4)}
+	for _, n := range []int{6, 2, 1, 9, 3} {
+		for range n {
+			sc.reqs = append(sc.reqs, stepReq{it: &Item{Key: "k"}, cost: 1})
+		}
+		items, _ := sc.sized(n)
+		for j := range items {
+			items[j].Key = "key"
+		}
+		sc.plans = append(sc.plans, &Plan{})
+		sc.free()
+		for j, r := range sc.reqs[:cap(sc.reqs)] {
+			if r.it != nil {
+				t.Fatalf("after a use of %d: reqs[%d] still holds an item", n, j)
+			}
+		}
+		for j, it := range sc.items[:cap(sc.items)] {
+			if it.Key != "" {
+				t.Fatalf("after a use of %d: items[%d] still holds key %q", n, j, it.Key)
+			}
+		}
+		if len(sc.plans) != 0 || cap(sc.plans) > 0 && sc.plans[:1][0] != nil {
+			t.Fatalf("after a use of %d: plans held", n)
+		}
 	}
 }
