@@ -78,7 +78,7 @@ func TestConformanceCluster(t *testing.T) {
 // functions, which wrap the same decision code (decide.lua). The long
 // model comparisons (Traces, Random, Windows, Calendar, their replays)
 // would send the same calls to the same code again: on Cluster and
-// through scripts they took 19 s of the package's 98 (load average 5 to
+// through scripts they took 18 s of the package's 98 (load average 5 to
 // 8).
 func runTransport(t *testing.T, ns storetest.NewStore) {
 	storetest.RunTransport(t, ns)
