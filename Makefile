@@ -18,10 +18,12 @@ serve:
 # The tests that count allocations (testing.AllocsPerRun) skip under the
 # race detector, whose sync.Pool drops items: they run once more without
 # it, with the vet's build flags, so that their packages come from the
-# build vet just made.
+# build vet just made. So do the long simulations of adaptive rules,
+# which are five times the CPU under it (engine's simWithoutRace says
+# which part of them still runs under it).
 test: testdeps
 	$(STATIC_ENV) go vet $(STATIC_FLAGS) ./...
-	$(STATIC_ENV) go test $(STATIC_FLAGS) -count=1 -run 'Allocate' ./engine/ ./server/ ./server/envoy/
+	$(STATIC_ENV) go test $(STATIC_FLAGS) -count=1 -run 'Allocate|AdaptiveOverloadGoals|AdaptiveConverges|AdaptiveRecovers' ./engine/ ./server/ ./server/envoy/
 	go test -race -count=1 -timeout 10m ./...
 
 bench:

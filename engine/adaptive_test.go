@@ -135,11 +135,23 @@ func mean(xs []float64) float64 {
 	return s / float64(len(xs))
 }
 
+// simWithoutRace says why the long simulations of adaptive rules
+// (TestAdaptiveConverges, TestAdaptiveRecovers, all but one load of
+// TestAdaptiveOverloadGoals) skip under the race detector: they are
+// minutes of virtual time, 17 s of CPU with it against 3.6 s without,
+// and make test runs them without it first (as it does the allocation
+// counts). Their harnesses still run under it: simulate in
+// TestAdaptiveSteady, ovRunLoad in TestAdaptiveOverloadGoals' 2x load.
+const simWithoutRace = "a simulation of seconds of CPU under the race detector: make test runs it without"
+
 // TestAdaptiveConverges: an upstream of capacity 50 whose latency grows
 // past it, offered twice that: the learned limit settles near 50
 // (not the 1000 it may reach), and tracks a step of the capacity to 25
 // and back to 50 within seconds, with no tuning.
 func TestAdaptiveConverges(t *testing.T) {
+	if engine.RaceEnabled {
+		t.Skip(simWithoutRace)
+	}
 	synctest.Test(t, func(t *testing.T) {
 		e, rs := adaptiveEngine(t, adaptiveSet)
 		u := &simUpstream{c: 50, base: 20 * time.Millisecond}
@@ -201,6 +213,9 @@ func TestAdaptiveSteady(t *testing.T) {
 // shrinks the limit; when it recovers the limit is back near its
 // capacity within seconds.
 func TestAdaptiveRecovers(t *testing.T) {
+	if engine.RaceEnabled {
+		t.Skip(simWithoutRace)
+	}
 	synctest.Test(t, func(t *testing.T) {
 		e, rs := adaptiveEngine(t, adaptiveSet)
 		u := &simUpstream{c: 50, base: 20 * time.Millisecond}
