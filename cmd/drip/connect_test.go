@@ -185,7 +185,7 @@ func TestServeStoreDown(t *testing.T) {
 		testserver.Missing(t, "redis: %v", err)
 	}
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	defer upstream.Close()
+	t.Cleanup(upstream.Close)
 	cases := []struct {
 		store   string
 		onError string
@@ -209,6 +209,9 @@ func TestServeStoreDown(t *testing.T) {
 			name += ", decision API"
 		}
 		t.Run(name, func(t *testing.T) {
+			// Each case its own servers and its own drip serve, mostly
+			// waiting for them to start and connect: two at a time.
+			t.Parallel()
 			st := storesDown[tc.store](t)
 			args := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--store", st.url,
 				"--rules", storeDownRules(t, tc.onError)}
