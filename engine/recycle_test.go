@@ -108,3 +108,32 @@ func TestScratchFreedHoldsNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestFieldsAllocateOnce: the header values of an outcome of several
+// limits are one string cut into its fields, whatever the numbers (above
+// the small ones strconv keeps): one allocation, and the same text as
+// the fields written one by one.
+func TestFieldsAllocateOnce(t *testing.T) {
+	at := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	ms := memstore.New(memstore.WithSweep(0))
+	defer ms.Close()
+	e := New(ms, WithClock(func() time.Time { return at }))
+	defer e.Close()
+	a := drip.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
+	b := drip.Limit{Rate: 500, Period: time.Minute, Burst: 700}
+	out := e.DecideItems(context.Background(), []Applied{
+		{Item: Item{Key: "a", Limit: a, Cost: 1, Plan: PlanOf("a", a)}},
+		{Item: Item{Key: "b", Limit: b, Cost: 1, Plan: PlanOf("b", b)}}})
+	f := out.Fields()
+	want := Fields{Policy: `"a";q=1000;w=3600, "b";q=700;w=84`, RateLimit: `"a";r=999;t=4, "b";r=699;t=1`,
+		Limit: "700", Remaining: "699", Reset: "1"}
+	if f != want {
+		t.Fatalf("fields\n%+v, want\n%+v", f, want)
+	}
+	if raceEnabled {
+		t.Skip("allocation counts under the race detector")
+	}
+	if n := testing.AllocsPerRun(100, func() { out.Fields() }); n != 1 {
+		t.Errorf("%v allocations for the fields, want 1", n)
+	}
+}
