@@ -124,6 +124,9 @@ var overrideBackends = []overrideBackend{
 func TestOverridesTwoInstances(t *testing.T) {
 	for _, be := range overrideBackends {
 		t.Run(be.name, func(t *testing.T) {
+			// Two backends at a time: each its own prefix (or servers),
+			// and mostly waiting for B to poll or be told.
+			t.Parallel()
 			openA, openB := be.open(t)
 			follow := []override.Option{override.WithoutWatch(), override.WithPoll(50 * time.Millisecond)}
 			switch {
