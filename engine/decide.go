@@ -82,7 +82,15 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 			e.endDecide(sp, out)
 			return out
 		}
-		a := Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
+		// Built in place: an Applied is over 400 bytes, and a copy of it
+		// is a typed move with write barriers while the GC runs.
+		if len(all) < cap(all) {
+			all = all[:len(all)+1]
+		} else {
+			all = append(all, Applied{})
+		}
+		a := &all[len(all)-1]
+		*a = Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
 			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
 		class := classOf(r, rule)
 		a.SetClass(class, rule.Share(class))
@@ -91,20 +99,22 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		}
 		if rule.Adaptive != nil {
 			ad++ // learned in this engine, never in the store (adaptive.go)
-		} else if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
-			a.Limit, a.Plan = l, PlanOf(rule.Name, l)
+		} else if rule.Claims != nil || e.ovr.Load().Len() > 0 { // else the rule's own, without copying it twice
+			if l, ok := e.LimitOf(rule, a.Key, r.Value); ok { // overrides.go
+				a.Limit, a.Plan = l, PlanOf(rule.Name, l)
+			}
 		}
 		if a.Plan.algo.slots && rule.Adaptive == nil {
 			a.Lease = store.NewLeaseID()
 		}
-		all = append(all, a)
 		if rule.Mode != rules.Shadow {
 			// Before the shadow rules found so far, in one backing array
 			// for both (the rules' outcome, decided in place).
 			last := len(all) - 1
 			if last > ne {
+				t := *a
 				copy(all[ne+1:], all[ne:last])
-				all[ne] = a
+				all[ne] = t
 			}
 			ne++
 		}

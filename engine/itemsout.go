@@ -135,14 +135,23 @@ func (out *Outcome) itemFields() Fields {
 		}
 		return f
 	}
-	var fs []field
+	var buf [4]field // most calls carry a few descriptors: no allocation
+	fs := buf[:0]
+	var top *field // out.Top's when it is one of fs
 	for i := range out.Applied {
 		a := &out.Applied[i]
 		if (a.enforced() && a.Decided) || (a.blocked && a.Rule.Mode != rules.Shadow) {
 			fs = append(fs, fieldOf(a))
+			if a == out.Top {
+				top = &fs[len(fs)-1]
+			}
 		}
 	}
-	return makeFields(fs, fieldOf(out.Top), out.Top.plan().quota, out.RetryAfter)
+	if top == nil {
+		f := fieldOf(out.Top)
+		top = &f
+	}
+	return makeFields(fs, *top, out.Top.plan().quota, out.RetryAfter)
 }
 
 // remaining is the whole tokens left in an item's bucket, as the request

@@ -215,6 +215,13 @@ func (e *Engine) takeWaiting(ctx context.Context, timeout time.Duration, br rule
 	if wait <= 0 {
 		return e.takeItems(ctx, timeout, br, items, peekZero)
 	}
+	return e.takeQueued(ctx, timeout, br, items, peekZero, wait)
+}
+
+// takeQueued is takeWaiting of items that may wait up to wait. It is a
+// function of its own so that its deferred cleanup (not open-coded: too
+// many returns) costs nothing on the path of items that may not wait.
+func (e *Engine) takeQueued(ctx context.Context, timeout time.Duration, br rules.Breaker, items []*Item, peekZero bool, wait time.Duration) (passed bool, failed error) {
 	start := time.Now()
 	w := &waiter{class: classOfItems(items), since: start, until: start.Add(wait),
 		ch: make(chan bool, 1), gone: make(chan struct{})}

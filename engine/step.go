@@ -364,6 +364,7 @@ type scratch struct {
 	res   []bucket.Result
 	plans []*Plan // a call's plans (planned)
 	own   []Plan  // those compiled for the call: overwritten by the next, they hold no caller's strings
+	used  int     // how many items this use of sc has sized: all free clears
 }
 
 var scratches = sync.Pool{New: func() any {
@@ -375,6 +376,7 @@ func (sc *scratch) sized(n int) ([]bucket.Prepared, []bucket.Result) {
 	if cap(sc.items) < n {
 		sc.items, sc.res = make([]bucket.Prepared, n), make([]bucket.Result, n)
 	}
+	sc.used = max(sc.used, n)
 	return sc.items[:n], sc.res[:n]
 }
 
@@ -405,11 +407,13 @@ func (sc *scratch) planned(reqs []drip.Request, plans []*Plan) []*Plan {
 }
 
 // free returns sc to the pool, holding no caller's items, strings or
-// plans.
+// plans. It clears what this use wrote, not the whole capacity: a batch
+// that once grew the arrays would otherwise make every later decision
+// clear them all.
 func (sc *scratch) free() {
-	clear(sc.reqs[:cap(sc.reqs)])
-	clear(sc.items[:cap(sc.items)])
+	clear(sc.reqs)
+	clear(sc.items[:sc.used])
 	clear(sc.plans)
-	sc.reqs, sc.plans = sc.reqs[:0], sc.plans[:0]
+	sc.reqs, sc.plans, sc.used = sc.reqs[:0], sc.plans[:0], 0
 	scratches.Put(sc)
 }

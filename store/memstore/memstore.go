@@ -27,6 +27,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"time"
 
@@ -374,16 +375,19 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 	keys := make([]string, len(ps))
 	shards := make([]*shard, len(ps))
 	hashes := make([]uint64, len(ps))
-	var locked [shardCount]bool
+	// The shards involved, each once, in ascending order (a scan of all
+	// 256 for the few a multi-take touches cost more than its decision).
+	var buf [16]int
+	order := buf[:0]
 	for i, p := range ps {
 		keys[i] = held(p.Key)
 		shards[i], hashes[i] = s.locate(keys[i])
-		locked[hashes[i]%shardCount] = true
-	}
-	for i := range locked {
-		if locked[i] {
-			s.shards[i].mu.Lock()
+		if j, in := slices.BinarySearch(order, int(hashes[i]%shardCount)); !in {
+			order = slices.Insert(order, j, int(hashes[i]%shardCount))
 		}
+	}
+	for _, j := range order {
+		s.shards[j].mu.Lock()
 	}
 	buckets := make([]bucket.State, len(ps))
 	found := make([]bool, len(ps))
@@ -398,7 +402,11 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 			slides[i] = shards[i].windows[k].s
 			continue
 		}
-		if bs := shards[i].blocks[k]; ps[i].Block != "" || bs != nil {
+		var bs []bucket.Block
+		if len(shards[i].blocks) > 0 { // no hash of the key when no key of the shard has blocks
+			bs = shards[i].blocks[k]
+		}
+		if ps[i].Block != "" || bs != nil {
 			if blocks == nil {
 				blocks = make([][]bucket.Block, len(ps))
 			}
@@ -430,10 +438,8 @@ func (s *Store) applyMulti(op bucket.Op, at time.Time, ps []bucket.Prepared, res
 			s.write(shards[i], hashes[i], keys[i], next[i], p.Params.ExpiresAt(next[i]), now)
 		}
 	}
-	for i := range locked {
-		if locked[i] {
-			s.shards[i].mu.Unlock()
-		}
+	for _, j := range order {
+		s.shards[j].mu.Unlock()
 	}
 	copy(results, res)
 }
