@@ -84,11 +84,7 @@ func (e *Engine) Decide(ctx context.Context, rs *Rules, r Values) *Outcome {
 		}
 		// Built in place: an Applied is over 400 bytes, and a copy of it
 		// is a typed move with write barriers while the GC runs.
-		if len(all) < cap(all) {
-			all = all[:len(all)+1]
-		} else {
-			all = append(all, Applied{})
-		}
+		all = slices.Grow(all, 1)[:len(all)+1]
 		a := &all[len(all)-1]
 		*a = Applied{Rule: rule, Item: Item{Key: rule.Key(vals), Cost: c, Limit: rule.Limit,
 			Wait: rule.MaxWait, Queue: rule.Name, MaxQueue: rule.MaxQueue, Plan: rs.plans[i]}}
