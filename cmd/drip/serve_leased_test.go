@@ -163,8 +163,11 @@ func serveLeasedRule(t *testing.T, args []string) {
 	}
 	// Bursts of takes until the instance leases a block of hot2's (a key
 	// is leased once it proves hot: several takes within a short while).
-	for range 20 {
-		burst("hot2", tenant+"2")
+	// Each burst is on a key of its own: on a busy machine a key may not
+	// prove hot before its bucket is empty, and an empty bucket's takes
+	// go to the store as probes, not blocks, so it would never show.
+	for i := range 50 {
+		burst("hot2", tenant+"2-"+strconv.Itoa(i))
 		if _, metrics = httpDo(t, "GET", "http://"+admin+"/metrics", ""); strings.Contains(metrics, `rule="hot2"`) {
 			break
 		}

@@ -455,9 +455,7 @@ func (s *Store) takeLocal(at time.Time, items []bucket.Prepared, results []bucke
 		}
 		if !l.fetching && l.next.id == "" && !l.covers(now, items[i].Cost) {
 			if size := s.blockSize(l, items[i].Cost); size > 0 {
-				l.fetching = true
-				s.wg.Add(1)
-				go s.ahead(at, l, size)
+				s.fetchAhead(at, l, size)
 			}
 		}
 	}
@@ -1133,9 +1131,7 @@ func (s *Store) grant(l *local, now time.Time, cost int64, at time.Time) (bucket
 	}
 	if !l.fetching && l.next.id == "" && (l.cur.left*2 < l.cur.size || !now.Before(l.cur.ret) || l.cur.id == "") {
 		if size := s.blockSize(l, 0); size > 0 {
-			l.fetching = true
-			s.wg.Add(1)
-			go s.ahead(at, l, size)
+			s.fetchAhead(at, l, size)
 		}
 	}
 	return localResult(&l.p, l.cur.left+l.next.left+max(0, l.avail)), true
@@ -1197,8 +1193,26 @@ func (s *Store) blockSize(l *local, cost int64) int64 {
 	return size
 }
 
-// ahead fetches l's next block in the background.
-func (s *Store) ahead(at time.Time, l *local, size int64) {
+// fetchAhead starts fetching l's next block of size in the background
+// (ahead). The fetch is the key's one block call out (busy) unless
+// another is, so that a caller finding the blocks used up while it is
+// out waits for it briefly or takes as without leasing, rather than
+// sending a second block call behind it: with the fetch stalled, that
+// call stalled too and its caller waited out its deadline. The caller
+// holds l.mu.
+func (s *Store) fetchAhead(at time.Time, l *local, size int64) {
+	l.fetching = true
+	own := l.busy == nil
+	if own {
+		l.busy = make(chan struct{})
+	}
+	s.wg.Add(1)
+	go s.ahead(at, l, size, own)
+}
+
+// ahead fetches l's next block in the background, and ends l's block
+// call out (busy) if it owns it.
+func (s *Store) ahead(at time.Time, l *local, size int64, own bool) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)
 	defer cancel()
@@ -1206,6 +1220,10 @@ func (s *Store) ahead(at time.Time, l *local, size int64) {
 	b, _, ok, _ := s.fetch(ctx, at, l, size, now)
 	l.mu.Lock()
 	l.fetching = false
+	if own {
+		close(l.busy)
+		l.busy = nil
+	}
 	if ok {
 		if l.next.id == "" {
 			l.next = b
