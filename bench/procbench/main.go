@@ -4,6 +4,7 @@
 //
 //	cd bench && go run ./procbench -suite envoy   # Envoy RLS: drip serve on Redis, envoyproxy/ratelimit (local cache on), drip serve on memory
 //	cd bench && go run ./procbench -suite envoy -leased   # and drip serve --leased on Redis
+//	cd bench && go run ./procbench -suite envoy -only drip-memory,envoyproxy-ratelimit,trivial-rls   # the gRPC floor: a service that answers OK and keeps nothing
 //	cd bench && go run ./procbench -suite api     # decision API: drip serve on memory, a trivial Go JSON server
 //
 // -drip takes a drip binary (else it is built from this repository), so
@@ -89,6 +90,7 @@ func main() {
 	leased := flag.Bool("leased", false, "envoy: also run each drip on Redis with --leased (drip-leased)")
 	callers := flag.Int("callers", 64, "callers (envoy: on 8 connections; api: one connection each)")
 	trivial := flag.String("trivial", "", "serve the trivial JSON server on this address (internal)")
+	trivialRLSAddr := flag.String("trivial-rls", "", "serve the trivial Envoy rate limit service on this address (internal)")
 	peer := flag.String("peer", "", "serve envoyproxy/ratelimit on this address (internal)")
 	peerRedis := flag.String("redis", "", "the peer's Redis (internal)")
 	peerConfig := flag.String("config", "", "the peer's configuration file (internal)")
@@ -99,6 +101,10 @@ func main() {
 	}
 	if *trivial != "" {
 		serveTrivial(*trivial)
+		return
+	}
+	if *trivialRLSAddr != "" {
+		serveTrivialRLS(*trivialRLSAddr)
 		return
 	}
 	dir, err := os.MkdirTemp("", "procbench-")
@@ -375,6 +381,15 @@ func runEnvoy(dir string, bins []string, n int, d time.Duration, callers int, on
 			suffix = fmt.Sprintf("#%d", i)
 		}
 		addDrip("drip-memory"+suffix, bin, "memory", 0)
+	}
+	if want(only, "trivial-rls") {
+		self, err := os.Executable()
+		check(err)
+		addr := port()
+		p := start(dir, "trivial-rls", exec.Command(self, "-trivial-rls", addr))
+		procs = append(procs, p)
+		waitTCP(addr, p)
+		systems = append(systems, system{name: "trivial-rls", pid: func() int { return p.cmd.Process.Pid }, run: envoyLoad(addr, callers)})
 	}
 	for _, w := range []string{"100k-keys", "hot-key", "2-descriptors"} {
 		if want(wls, w) {
