@@ -240,6 +240,20 @@ type system struct {
 	run func(workload string, d time.Duration) (calls, errs int64, lat []time.Duration)
 }
 
+// loadFunc drives a system with a workload for d.
+type loadFunc = func(workload string, d time.Duration) (calls, errs int64, lat []time.Duration)
+
+// selfSystem is this program run as the server of its flag -name on a
+// port of its own (a trivial server), driven by load.
+func selfSystem(dir, name string, load func(addr string) loadFunc) (*proc, system) {
+	self, err := os.Executable()
+	check(err)
+	addr := port()
+	p := start(dir, name, exec.Command(self, "-"+name, addr))
+	waitTCP(addr, p)
+	return p, system{name: name, pid: func() int { return p.cmd.Process.Pid }, run: load(addr)}
+}
+
 func measure(s system, workload string, d time.Duration) phase {
 	pid := s.pid()
 	c0, r0 := cpu(pid), time.Duration(0)
@@ -383,13 +397,8 @@ func runEnvoy(dir string, bins []string, n int, d time.Duration, callers int, on
 		addDrip("drip-memory"+suffix, bin, "memory", 0)
 	}
 	if want(only, "trivial-rls") {
-		self, err := os.Executable()
-		check(err)
-		addr := port()
-		p := start(dir, "trivial-rls", exec.Command(self, "-trivial-rls", addr))
-		procs = append(procs, p)
-		waitTCP(addr, p)
-		systems = append(systems, system{name: "trivial-rls", pid: func() int { return p.cmd.Process.Pid }, run: envoyLoad(addr, callers)})
+		p, s := selfSystem(dir, "trivial-rls", func(addr string) loadFunc { return envoyLoad(addr, callers) })
+		procs, systems = append(procs, p), append(systems, s)
 	}
 	for _, w := range []string{"100k-keys", "hot-key", "2-descriptors"} {
 		if want(wls, w) {
@@ -486,13 +495,8 @@ func runAPI(dir string, bins []string, n int, d time.Duration, callers int, only
 		systems = append(systems, system{name: name, pid: func() int { return p.cmd.Process.Pid }, run: httpLoad(addr, callers)})
 	}
 	if want(only, "trivial") {
-		self, err := os.Executable()
-		check(err)
-		addr := port()
-		p := start(dir, "trivial", exec.Command(self, "-trivial", addr))
-		procs = append(procs, p)
-		waitTCP(addr, p)
-		systems = append(systems, system{name: "trivial", pid: func() int { return p.cmd.Process.Pid }, run: httpLoad(addr, callers)})
+		p, s := selfSystem(dir, "trivial", func(addr string) loadFunc { return httpLoad(addr, callers) })
+		procs, systems = append(procs, p), append(systems, s)
 	}
 	for _, s := range systems {
 		s.run("", time.Second)
