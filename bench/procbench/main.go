@@ -4,6 +4,7 @@
 //
 //	cd bench && go run ./procbench -suite envoy   # Envoy RLS: drip serve on Redis, envoyproxy/ratelimit (local cache on), drip serve on memory
 //	cd bench && go run ./procbench -suite envoy -leased   # and drip serve --leased on Redis
+//	cd bench && go run ./procbench -suite envoy -only drip-memory,envoyproxy-ratelimit,trivial-rls   # the gRPC floor: a service that answers OK and keeps nothing
 //	cd bench && go run ./procbench -suite api     # decision API: drip serve on memory, a trivial Go JSON server
 //
 // -drip takes a drip binary (else it is built from this repository), so
@@ -89,6 +90,7 @@ func main() {
 	leased := flag.Bool("leased", false, "envoy: also run each drip on Redis with --leased (drip-leased)")
 	callers := flag.Int("callers", 64, "callers (envoy: on 8 connections; api: one connection each)")
 	trivial := flag.String("trivial", "", "serve the trivial JSON server on this address (internal)")
+	trivialRLSAddr := flag.String("trivial-rls", "", "serve the trivial Envoy rate limit service on this address (internal)")
 	peer := flag.String("peer", "", "serve envoyproxy/ratelimit on this address (internal)")
 	peerRedis := flag.String("redis", "", "the peer's Redis (internal)")
 	peerConfig := flag.String("config", "", "the peer's configuration file (internal)")
@@ -99,6 +101,10 @@ func main() {
 	}
 	if *trivial != "" {
 		serveTrivial(*trivial)
+		return
+	}
+	if *trivialRLSAddr != "" {
+		serveTrivialRLS(*trivialRLSAddr)
 		return
 	}
 	dir, err := os.MkdirTemp("", "procbench-")
@@ -232,6 +238,20 @@ type system struct {
 	redis int // pid of its redis-server, 0 if none
 	// run drives the system with the load for d.
 	run func(workload string, d time.Duration) (calls, errs int64, lat []time.Duration)
+}
+
+// loadFunc drives a system with a workload for d.
+type loadFunc = func(workload string, d time.Duration) (calls, errs int64, lat []time.Duration)
+
+// selfSystem is this program run as the server of its flag -name on a
+// port of its own (a trivial server), driven by load.
+func selfSystem(dir, name string, load func(addr string) loadFunc) (*proc, system) {
+	self, err := os.Executable()
+	check(err)
+	addr := port()
+	p := start(dir, name, exec.Command(self, "-"+name, addr))
+	waitTCP(addr, p)
+	return p, system{name: name, pid: func() int { return p.cmd.Process.Pid }, run: load(addr)}
 }
 
 func measure(s system, workload string, d time.Duration) phase {
@@ -376,6 +396,10 @@ func runEnvoy(dir string, bins []string, n int, d time.Duration, callers int, on
 		}
 		addDrip("drip-memory"+suffix, bin, "memory", 0)
 	}
+	if want(only, "trivial-rls") {
+		p, s := selfSystem(dir, "trivial-rls", func(addr string) loadFunc { return envoyLoad(addr, callers) })
+		procs, systems = append(procs, p), append(systems, s)
+	}
 	for _, w := range []string{"100k-keys", "hot-key", "2-descriptors"} {
 		if want(wls, w) {
 			for _, s := range systems { // warm up
@@ -471,13 +495,8 @@ func runAPI(dir string, bins []string, n int, d time.Duration, callers int, only
 		systems = append(systems, system{name: name, pid: func() int { return p.cmd.Process.Pid }, run: httpLoad(addr, callers)})
 	}
 	if want(only, "trivial") {
-		self, err := os.Executable()
-		check(err)
-		addr := port()
-		p := start(dir, "trivial", exec.Command(self, "-trivial", addr))
-		procs = append(procs, p)
-		waitTCP(addr, p)
-		systems = append(systems, system{name: "trivial", pid: func() int { return p.cmd.Process.Pid }, run: httpLoad(addr, callers)})
+		p, s := selfSystem(dir, "trivial", func(addr string) loadFunc { return httpLoad(addr, callers) })
+		procs, systems = append(procs, p), append(systems, s)
 	}
 	for _, s := range systems {
 		s.run("", time.Second)

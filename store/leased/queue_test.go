@@ -139,15 +139,7 @@ func TestNoQueueBehindBlockTake(t *testing.T) {
 // answered 503 to every request for its cool-down).
 func TestNoQueueBehindSlowBlockTakeOfFullBucket(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ms := memstore.New(memstore.WithSweep(0))
-		defer ms.Close()
-		st := &slowAfter{Store: ms, fast: 1, rtt: 5 * time.Second, started: make(chan struct{})}
-		ls, err := leased.New(st, leased.LeaseInProcess())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ls.Close()
-		_, take := takeOfK(t, ls)
+		st, take := stallAfterFirstBlock(t)
 		// Takes at one instant until the key is hot, has a block (its
 		// take answered at once), and the next block take stalls.
 		takeUntil(t, st.started, take)
@@ -197,6 +189,23 @@ func TestNoQueueBehindSlowBlockTakeOfFullBucket(t *testing.T) {
 	})
 }
 
+// stallAfterFirstBlock is a leased instance in front of a memory store
+// whose first block take answers at once and whose later ones take 5 s
+// (slowAfter), and takeOfK's take from it; both close with the test
+// (within its bubble).
+func stallAfterFirstBlock(t *testing.T) (*slowAfter, func(context.Context) (bucket.Result, error)) {
+	ms := memstore.New(memstore.WithSweep(0))
+	t.Cleanup(func() { ms.Close() })
+	st := &slowAfter{Store: ms, fast: 1, rtt: 5 * time.Second, started: make(chan struct{})}
+	ls, err := leased.New(st, leased.LeaseInProcess())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ls.Close() })
+	_, take := takeOfK(t, ls)
+	return st, take
+}
+
 // slowAfter is a store whose first fast block takes answer at once and
 // whose later ones take rtt; started is closed at the first slow one.
 type slowAfter struct {
@@ -221,4 +230,38 @@ func (s *slowAfter) Apply(ctx context.Context, op bucket.Op, at time.Time, items
 		}
 	}
 	return s.Store.Apply(ctx, op, at, items, results)
+}
+
+// TestNoSecondBlockCallBehindStalledFetch: a block fetched ahead of need
+// (when the current one is half used) is the key's one block call out.
+// While it stalls, a caller that finds the blocks used up waits for it no
+// longer than about two block takes' usual time, then is decided as
+// without leasing. It sent a block call of its own, which queued behind
+// the stalled one on the store (here: took the same 5 s), and waited out
+// its deadline.
+func TestNoSecondBlockCallBehindStalledFetch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st, take := stallAfterFirstBlock(t)
+		// One caller's takes, one after another at one instant: the key
+		// proves hot, its first block comes at once, the next (fetched
+		// ahead) stalls, and the takes go on past the first block's end.
+		slow := 0
+		for range 1500 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			start := time.Now()
+			_, err := take(ctx)
+			cancel()
+			if err != nil || time.Since(start) > 100*time.Millisecond {
+				slow++
+			}
+		}
+		select {
+		case <-st.started:
+		default:
+			t.Fatal("no block take stalled: the test tests nothing")
+		}
+		if slow > 0 {
+			t.Errorf("%d of 1,500 takes failed or waited over 100 ms while the block fetched ahead stalled: want each decided soon", slow)
+		}
+	})
 }
