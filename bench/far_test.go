@@ -1,17 +1,10 @@
 package bench
 
 import (
-	"context"
-	"fmt"
 	"net"
 	"net/url"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/driplimit/drip/internal/testkit/testserver"
-	"github.com/driplimit/drip/store"
-	"github.com/driplimit/drip/store/pgstore"
 )
 
 // BenchmarkLeasedPgBouncerFar is BenchmarkLeasedPgBouncer with the
@@ -23,30 +16,7 @@ import (
 //
 //	cd bench && go test -run '^$' -bench 'LeasedPgBouncerFar' -benchtime 2s
 func BenchmarkLeasedPgBouncerFar(b *testing.B) {
-	url := pgURL(b)
-	if pgServer.srv == nil {
-		b.Skip("DRIP_BENCH_POSTGRES_URL: no server of the benchmark's own to put PgBouncer in front of")
-	}
-	if err := pgstore.Install(context.Background(), pgPool(b, url, 1, ""), pgstore.InstallOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	pb, err := testserver.NewPgBouncer(pgServer.srv, 0)
-	if err != nil {
-		b.Skipf("no PgBouncer: %v", err)
-	}
-	b.Cleanup(pb.Stop)
-	far := farURL(b, pb.URL(), 10*time.Millisecond)
-	var run atomic.Int64
-	benchLeased(b, func(*testing.B) string {
-		return fmt.Sprint("leasedfar", time.Now().UnixNano(), ".", run.Add(1), ":k")
-	}, nil, func(b *testing.B) store.Store {
-		st, err := pgstore.Open(context.Background(), far, pgstore.WithSweep(0))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { st.Close() })
-		return st
-	})
+	benchLeasedPgBouncer(b, "leasedfar", 10*time.Millisecond)
 }
 
 // farURL is raw with its host replaced by a proxy's, started for b, that

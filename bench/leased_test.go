@@ -89,7 +89,11 @@ func BenchmarkLeasedPostgres(b *testing.B) {
 //	cd bench && go test -run '^$' -bench 'LeasedPgBouncer' -benchtime 2s -count 3
 //
 // It needs the server pgURL starts (not DRIP_BENCH_POSTGRES_URL).
-func BenchmarkLeasedPgBouncer(b *testing.B) {
+func BenchmarkLeasedPgBouncer(b *testing.B) { benchLeasedPgBouncer(b, "leasedpgb", 0) }
+
+// benchLeasedPgBouncer is BenchmarkLeasedPgBouncer with the pooler delay
+// away each way (0: none), on keys whose names begin with name.
+func benchLeasedPgBouncer(b *testing.B, name string, delay time.Duration) {
 	url := pgURL(b)
 	if pgServer.srv == nil {
 		b.Skip("DRIP_BENCH_POSTGRES_URL: no server of the benchmark's own to put PgBouncer in front of")
@@ -102,11 +106,15 @@ func BenchmarkLeasedPgBouncer(b *testing.B) {
 		b.Skipf("no PgBouncer: %v", err)
 	}
 	b.Cleanup(pb.Stop)
+	pooler := pb.URL()
+	if delay > 0 {
+		pooler = farURL(b, pooler, delay)
+	}
 	var run atomic.Int64
 	benchLeased(b, func(*testing.B) string {
-		return fmt.Sprint("leasedpgb", time.Now().UnixNano(), ".", run.Add(1), ":k")
+		return fmt.Sprint(name, time.Now().UnixNano(), ".", run.Add(1), ":k")
 	}, nil, func(b *testing.B) store.Store {
-		st, err := pgstore.Open(context.Background(), pb.URL(), pgstore.WithSweep(0))
+		st, err := pgstore.Open(context.Background(), pooler, pgstore.WithSweep(0))
 		if err != nil {
 			b.Fatal(err)
 		}
